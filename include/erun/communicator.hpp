@@ -1,0 +1,60 @@
+// Communicator: CPU collectives among the ranks of one generation. Every
+// operation is collective (all ranks call it, in the same order), in place
+// unless stated, bounded by the collective timeout, and throws erun::CommError
+// when a peer dies or the deadline passes; after a CommError the communicator
+// is unusable and a new generation brings a new one. abort() may be called
+// from any thread and makes blocked and later operations throw CommError.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "erun/errors.hpp"
+
+namespace erun {
+
+enum class DataType { kFloat32, kFloat64, kInt32, kInt64, kUInt8, kFloat16, kBFloat16 };
+enum class ReduceOp { kSum, kAverage, kMin, kMax, kProduct };
+
+size_t data_type_size(DataType t);
+const char* to_string(DataType t);
+const char* to_string(ReduceOp op);
+
+template <typename T> constexpr DataType data_type_of();
+template <> constexpr DataType data_type_of<float>() { return DataType::kFloat32; }
+template <> constexpr DataType data_type_of<double>() { return DataType::kFloat64; }
+template <> constexpr DataType data_type_of<int32_t>() { return DataType::kInt32; }
+template <> constexpr DataType data_type_of<int64_t>() { return DataType::kInt64; }
+template <> constexpr DataType data_type_of<uint8_t>() { return DataType::kUInt8; }
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  // Elementwise reduction of `count` elements across ranks, result on every rank.
+  virtual void allreduce(void* data, size_t count, DataType type, ReduceOp op) = 0;
+  // `bytes` bytes from `root` to every rank.
+  virtual void broadcast(void* data, size_t bytes, int root) = 0;
+  // Every rank gives `bytes`; `out` receives size()*bytes, rank r's at r*bytes.
+  virtual void allgather(const void* in, void* out, size_t bytes) = 0;
+  // Every rank gives any number of bytes; returns all ranks' contributions by rank.
+  virtual std::vector<std::vector<char>> allgatherv(const void* in, size_t bytes) = 0;
+  virtual void barrier() = 0;
+  virtual void abort() = 0;
+
+  template <typename T>
+  void allreduce(std::vector<T>& v, ReduceOp op) {
+    allreduce(v.data(), v.size(), data_type_of<T>(), op);
+  }
+  template <typename T>
+  T allreduce_value(T value, ReduceOp op) {
+    allreduce(&value, 1, data_type_of<T>(), op);
+    return value;
+  }
+};
+
+}  // namespace erun

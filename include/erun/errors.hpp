@@ -1,0 +1,27 @@
+// The typed exceptions a worker sees. CommError: a peer died, hung past the
+// collective timeout, or the communicator was aborted; restore the last commit
+// and re-join. HostsUpdated: the membership is changing and every rank agreed
+// on it at the same step; re-join without restoring. erun::run() handles both.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+namespace erun {
+
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+class CommError : public Error {
+ public:
+  using Error::Error;
+};
+
+class HostsUpdated : public Error {
+ public:
+  HostsUpdated() : Error("erun: hosts updated; re-joining the next generation") {}
+};
+
+}  // namespace erun

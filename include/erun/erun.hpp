@@ -1,0 +1,67 @@
+// erun's worker API. A training program calls erun::init() once, keeps its
+// training state in an erun::State, and runs its loop inside erun::run():
+//
+//   erun::Context& ctx = erun::init();
+//   erun::State state(ctx);
+//   state.register_value("epoch", &epoch);
+//   state.register_vector("weights", &weights);
+//   erun::run(state, [&](erun::State& s) {
+//     for (; epoch < epochs; ++epoch) { ...; ctx.comm().allreduce(grads, erun::ReduceOp::kAverage);
+//                                       s.commit(); }
+//   });
+//
+// Under the erun driver the worker joins the driver's rendezvous and is
+// elastic; under mpirun/srun it bootstraps from MPI and is static; alone it is
+// a world of one. All of that is hidden behind Context.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "erun/communicator.hpp"
+#include "erun/errors.hpp"
+#include "erun/state.hpp"
+
+namespace erun {
+
+struct WorkerInfo {
+  int rank = 0;
+  int size = 1;
+  int local_rank = 0;
+  int local_size = 1;
+  int cross_rank = 0;
+  int cross_size = 1;
+  long generation = 0;
+  std::string host;
+};
+
+// The worker's view of the job. Used from the training thread; only
+// host_update_pending() may be called from any thread.
+class Context {
+ public:
+  virtual ~Context() = default;
+  virtual const WorkerInfo& info() const = 0;
+  int rank() const { return info().rank; }
+  int size() const { return info().size; }
+  int local_rank() const { return info().local_rank; }
+  virtual Communicator& comm() = 0;
+  // This worker's local view: the driver announced a membership change.
+  // State::check_host_updates() turns it into an agreement among all ranks.
+  virtual bool host_update_pending() const = 0;
+  // Leaves the current generation and blocks until the driver publishes the
+  // next one containing this worker; then info() and comm() are the new ones.
+  // last_commit_id tells the driver which worker holds the newest state.
+  virtual void rejoin(uint64_t last_commit_id) = 0;
+  // True under the erun driver (membership can change); false under MPI or alone.
+  virtual bool elastic() const = 0;
+};
+
+// Connects this process to its launcher (the erun driver, MPI, or nothing) once;
+// later calls return the same Context. Throws erun::Error with a clear message
+// when the environment is inconsistent or the rendezvous cannot be reached.
+Context& init();
+// Leaves the job cleanly (optional; also done at exit).
+void shutdown();
+
+}  // namespace erun

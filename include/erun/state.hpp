@@ -1,0 +1,145 @@
+// Elastic training state. Values are registered by name and pointer; the State
+// never owns them. commit() takes a deep copy of every registered value (and
+// writes it durably when a checkpoint directory is set), then checks for host
+// updates; restore() copies the last commit back; sync() makes every rank hold
+// the newest commit of any rank (the lowest rank among those with the highest
+// commit id is the root) and writes it into the registered values.
+//
+// Collective calls (commit, sync, check_host_updates) must be made by all ranks
+// at the same step. Used from the training thread only.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace erun {
+
+class Context;
+
+// How a user type becomes bytes and back. Give one to register_object().
+template <typename T>
+struct Serializer {
+  std::function<std::vector<char>(const T&)> save;
+  std::function<void(T&, const std::vector<char>&)> load;
+};
+
+class State {
+ public:
+  explicit State(Context& ctx);
+  ~State();
+  State(const State&) = delete;
+  State& operator=(const State&) = delete;
+
+  // Trivially copyable values (int, double, a POD struct).
+  template <typename T>
+  void register_value(const std::string& name, T* value) {
+    static_assert(std::is_trivially_copyable_v<T>, "use register_object with a Serializer");
+    register_entry(name, [value] {
+      std::vector<char> b(sizeof(T));
+      std::memcpy(b.data(), value, sizeof(T));
+      return b;
+    }, [value, name](const std::vector<char>& b) {
+      check_size(name, b.size(), sizeof(T));
+      std::memcpy(value, b.data(), sizeof(T));
+    });
+  }
+  // std::vector of trivially copyable elements; restore() resizes it.
+  template <typename T>
+  void register_vector(const std::string& name, std::vector<T>* v) {
+    static_assert(std::is_trivially_copyable_v<T>);
+    register_entry(name, [v] {
+      std::vector<char> b(v->size() * sizeof(T));
+      if (!b.empty()) std::memcpy(b.data(), v->data(), b.size());
+      return b;
+    }, [v, name](const std::vector<char>& b) {
+      check_multiple(name, b.size(), sizeof(T));
+      v->resize(b.size() / sizeof(T));
+      if (!b.empty()) std::memcpy(v->data(), b.data(), b.size());
+    });
+  }
+  void register_string(const std::string& name, std::string* s);
+  // A fixed-size raw buffer (e.g. model parameters in one allocation).
+  void register_buffer(const std::string& name, void* data, size_t bytes);
+  template <typename T>
+  void register_object(const std::string& name, T* obj, Serializer<T> ser) {
+    register_entry(name, [obj, ser] { return ser.save(*obj); },
+                   [obj, ser](const std::vector<char>& b) { ser.load(*obj, b); });
+  }
+
+  void commit();
+  void restore();
+  void sync();
+  // Collective: throws HostsUpdated on every rank when any rank saw a pending update.
+  void check_host_updates();
+
+  // Monotonic id of the last commit (0: nothing committed yet).
+  uint64_t commit_id() const;
+  // Durable commits: every commit is also written to DIR/rank-independent file,
+  // atomically; a State created with a directory holding one starts from it.
+  void set_checkpoint_dir(const std::string& dir);
+  // Called after every re-join with the old and new world size.
+  void on_reset(std::function<void(int old_size, int new_size)> callback);
+  // For erun::run(): runs the reset callbacks.
+  void notify_reset(int old_size, int new_size);
+
+  Context& context() { return ctx_; }
+
+ private:
+  using SaveFn = std::function<std::vector<char>()>;
+  using LoadFn = std::function<void(const std::vector<char>&)>;
+  void register_entry(const std::string& name, SaveFn save, LoadFn load);
+  static void check_size(const std::string& name, size_t got, size_t want);
+  static void check_multiple(const std::string& name, size_t got, size_t unit);
+
+  Context& ctx_;
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Runs fn(state) to completion across membership changes: sync() first; on
+// CommError restore() and re-join; on HostsUpdated re-join without restoring;
+// then sync() again and call fn again. Returns what fn returns.
+template <typename Fn>
+auto run(State& state, Fn&& fn) -> decltype(fn(state));
+
+// The partition of an epoch's sample indices across a changing world. It
+// shuffles 0..n-1 per epoch with a seed, skips the samples already processed
+// this epoch (recorded through record_batch and kept in the State when
+// registered), and splits the rest evenly over the current ranks, so every
+// sample of an epoch is processed exactly once across resizes and failures.
+class ElasticSampler {
+ public:
+  ElasticSampler(size_t num_samples, uint64_t seed, bool shuffle = true);
+  // Registers its position (epoch, processed count) in a State.
+  void register_with(State& state, const std::string& name = "erun.sampler");
+  // Recomputes this rank's share for the current world; call after every (re)join.
+  void reset(int rank, int size);
+  void set_epoch(uint64_t epoch);
+  uint64_t epoch() const { return epoch_; }
+  // This rank's remaining indices for the epoch, in order.
+  const std::vector<size_t>& indices() const { return mine_; }
+  // Marks the next `global_batch` samples of the epoch as processed by all ranks
+  // together (each rank took global_batch/size of its indices).
+  void record_batch(size_t global_batch);
+  // Samples of this epoch not yet processed (by anyone).
+  size_t remaining() const;
+  size_t processed() const { return processed_; }
+
+ private:
+  size_t n_;
+  uint64_t seed_;
+  bool shuffle_;
+  uint64_t epoch_ = 0;
+  size_t processed_ = 0;
+  int rank_ = 0, size_ = 1;
+  std::vector<size_t> mine_;
+};
+
+}  // namespace erun
+
+#include "erun/run_impl.hpp"

@@ -1,0 +1,44 @@
+// Clock: the driver's only source of time, so that cooldowns, timeouts and the
+// discovery interval are tested with a FakeClock in microseconds. Clocks are
+// thread-safe. FakeClock::sleep_for advances the fake time instead of sleeping.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+namespace erun {
+
+using Duration = std::chrono::steady_clock::duration;
+using TimePoint = std::chrono::steady_clock::time_point;
+
+class Clock {
+ public:
+  virtual ~Clock() = default;
+  virtual TimePoint now() const = 0;
+  virtual void sleep_for(Duration d) = 0;
+};
+
+class SystemClock final : public Clock {
+ public:
+  TimePoint now() const override { return std::chrono::steady_clock::now(); }
+  void sleep_for(Duration d) override { std::this_thread::sleep_for(d); }
+};
+
+class FakeClock final : public Clock {
+ public:
+  TimePoint now() const override { return TimePoint(Duration(ticks_.load())); }
+  void sleep_for(Duration d) override { advance(d); }
+  void advance(Duration d) { ticks_ += d.count(); }
+
+ private:
+  std::atomic<Duration::rep> ticks_{Duration(std::chrono::hours(1)).count()};
+};
+
+// Seconds as a double, for logs and the event log.
+inline double seconds(Duration d) { return std::chrono::duration<double>(d).count(); }
+inline Duration from_seconds(double s) {
+  return std::chrono::duration_cast<Duration>(std::chrono::duration<double>(s));
+}
+
+}  // namespace erun
