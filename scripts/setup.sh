@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs every Debian package erun's build, tests and demo need (root or sudo).
+# Idempotent: does nothing when everything is already installed.
+set -euo pipefail
+
+packages=(
+  build-essential cmake ninja-build pkg-config
+  libboost-dev libboost-program-options-dev libspdlog-dev libfmt-dev
+  libgtest-dev libgmock-dev googletest
+  libgloo-dev libopenmpi-dev openmpi-bin
+  libssl-dev openssh-client openssh-server
+  procps psmisc iproute2 python3
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "setup: all packages present"
+  exit 0
+fi
+
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+echo "setup: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"

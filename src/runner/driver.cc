@@ -1,0 +1,580 @@
+#include "runner/driver.h"
+
+#include <netinet/in.h>
+#include <openssl/rand.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <random>
+#include <set>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "common/log.h"
+#include "common/strings.h"
+
+namespace erun {
+namespace {
+
+constexpr auto kTick = std::chrono::milliseconds(5);
+
+std::string random_hex(size_t bytes) {
+  std::vector<unsigned char> buf(bytes);
+  if (RAND_bytes(buf.data(), static_cast<int>(buf.size())) != 1) {
+    std::random_device rd;
+    for (auto& b : buf) b = static_cast<unsigned char>(rd());
+  }
+  std::string out;
+  for (auto b : buf) out += fmt::format("{:02x}", b);
+  return out;
+}
+
+// Listening TCP ports in /proc/net/tcp{,6} text.
+std::set<int> listening_ports(const std::string& proc_net_tcp) {
+  std::set<int> ports;
+  std::istringstream in(proc_net_tcp);
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream f(line);
+    std::string sl, local, remote, st;
+    if (!(f >> sl >> local >> remote >> st)) continue;
+    auto colon = local.rfind(':');
+    if (colon == std::string::npos || st != "0A") continue;
+    ports.insert(static_cast<int>(std::stol(local.substr(colon + 1), nullptr, 16)));
+  }
+  return ports;
+}
+
+}  // namespace
+
+int find_free_local_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return 29500;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  addr.sin_port = 0;
+  socklen_t len = sizeof addr;
+  int port = 29500;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  ::close(fd);
+  return port;
+}
+
+Driver::Driver(DriverOptions options, DriverDeps deps)
+    : o_(std::move(options)),
+      d_(std::move(deps)),
+      clock_(*d_.clock),
+      hosts_(*d_.clock, BlacklistPolicy{o_.blacklist_after, from_seconds(o_.cooldown_min_s),
+                                        from_seconds(o_.cooldown_max_s)}) {
+  ERUN_CHECK(d_.discovery && d_.local_launcher && d_.clock);
+  if (d_.job_id.empty()) d_.job_id = "erun-" + random_hex(6);
+  if (d_.secret.empty()) d_.secret = random_hex(32);
+  if (!d_.free_port) {
+    d_.free_port = [this](const std::string& host, bool local) -> int {
+      if (local) return find_free_local_port();
+      // Ask the host which ports listen, then pick one that does not.
+      WorkerSpec probe;
+      probe.host = host;
+      probe.command = {"cat", "/proc/net/tcp", "/proc/net/tcp6"};
+      probe.secret = d_.secret;
+      probe.term_grace = std::chrono::seconds(1);
+      std::mt19937 rng(std::random_device{}());
+      std::uniform_int_distribution<int> pick(20000, 32000);
+      std::set<int> busy;
+      if (d_.remote_launcher) {
+        if (auto h = d_.remote_launcher->launch(probe)) {
+          std::string text;
+          int fd = (*h)->take_stdout();
+          if (fd >= 0) {
+            read_all_until(fd, text, std::chrono::steady_clock::now() + o_.ssh_connect_timeout);
+            ::close(fd);
+          }
+          int efd = (*h)->take_stderr();
+          if (efd >= 0) ::close(efd);
+          busy = listening_ports(text);
+        }
+      }
+      int port = pick(rng);
+      while (busy.count(port)) port = pick(rng);
+      return port;
+    };
+  }
+}
+
+Driver::~Driver() {
+  if (loop_) loop_->stop();
+  for (auto& w : workers_) {
+    if (!w.exit && w.handle) w.handle->kill();
+  }
+}
+
+Status Driver::start() {
+  loop_ = std::make_unique<DiscoveryLoop>(*d_.discovery, o_.discovery_interval);
+  Status s = loop_->first();
+  if (!s) {
+    return Status::error(fmt::format("host discovery ({}) failed at start: {}", d_.discovery->describe(),
+                                     s.message()));
+  }
+  auto snap = loop_->snapshot();
+  discovered_ = snap.hosts;
+  discovered_version_ = snap.version;
+  last_discovery_ = clock_.now();
+  ERUN_LOG_INFO("job {}: {} found {} host{} with {} slot{}: {}", d_.job_id, d_.discovery->describe(),
+                discovered_.size(), discovered_.size() == 1 ? "" : "s", discovered_.total_slots(),
+                discovered_.total_slots() == 1 ? "" : "s", discovered_.to_string());
+  if (d_.events) {
+    d_.events->write("job_started", {{"job_id", json_string(d_.job_id)},
+                                     {"hosts", json_string(discovered_.to_string())},
+                                     {"min_np", json_number(long{o_.min_np})},
+                                     {"max_np", json_number(long{o_.max_np})}});
+  }
+  if (!d_.synchronous_discovery && o_.elastic) loop_->start();
+  waiting_since_ = clock_.now();
+  return Status::ok();
+}
+
+void Driver::refresh_hosts() {
+  if (!o_.elastic) return;  // a static host set never changes
+  if (d_.synchronous_discovery) {
+    if (clock_.now() - last_discovery_ < o_.discovery_interval) return;
+    last_discovery_ = clock_.now();
+    auto r = d_.discovery->discover();
+    if (!r) {
+      if (r.message() != last_discovery_error_) {
+        ERUN_LOG_WARN("host discovery failed, keeping the previous {} host(s): {}", discovered_.size(),
+                      r.message());
+      }
+      last_discovery_error_ = r.message();
+      return;
+    }
+    last_discovery_error_.clear();
+    if (!(*r == discovered_)) {
+      ERUN_LOG_INFO("hosts changed: {} (now {})", diff_hosts(discovered_, *r).to_string(), r->to_string());
+      if (d_.events) d_.events->write("hosts_changed", {{"hosts", json_string(r->to_string())}});
+      discovered_ = *r;
+    }
+    return;
+  }
+  auto snap = loop_->snapshot();
+  if (snap.version != discovered_version_) {
+    ERUN_LOG_INFO("hosts changed: {} (now {})", diff_hosts(discovered_, snap.hosts).to_string(),
+                  snap.hosts.to_string());
+    if (d_.events) d_.events->write("hosts_changed", {{"hosts", json_string(snap.hosts.to_string())}});
+    discovered_ = snap.hosts;
+    discovered_version_ = snap.version;
+  }
+}
+
+Launcher& Driver::launcher_for(const std::string& host, bool* local) const {
+  bool is_local = o_.launcher == LauncherKind::kLocal ||
+                  (o_.launcher == LauncherKind::kAuto && is_local_host(host)) || !d_.remote_launcher;
+  *local = is_local;
+  return is_local ? *d_.local_launcher : *d_.remote_launcher;
+}
+
+std::string Driver::master_address() const {
+  const std::string& host = plan_.ranks.front().slot.host;
+  bool all_local = true;
+  for (auto& r : plan_.ranks) {
+    bool local;
+    launcher_for(r.slot.host, &local);
+    all_local = all_local && local;
+  }
+  if (all_local) return "127.0.0.1";
+  if (is_local_host(host)) {
+    char name[256] = {};
+    ::gethostname(name, sizeof name - 1);
+    return name;
+  }
+  return host;
+}
+
+std::vector<std::pair<std::string, std::string>> Driver::worker_env(const RankAssignment& a,
+                                                                    const std::string& master_addr,
+                                                                    int master_port) const {
+  std::vector<std::pair<std::string, std::string>> env;
+  auto put = [&](const char* k, auto v) { env.emplace_back(k, fmt::format("{}", v)); };
+  put("ERUN_RANK", a.rank);
+  put("ERUN_SIZE", a.size);
+  put("ERUN_LOCAL_RANK", a.local_rank);
+  put("ERUN_LOCAL_SIZE", a.local_size);
+  put("ERUN_CROSS_RANK", a.cross_rank);
+  put("ERUN_CROSS_SIZE", a.cross_size);
+  put("ERUN_GENERATION", generation_);
+  put("ERUN_HOSTNAME", a.slot.host);
+  put("ERUN_LOCAL_INDEX", a.slot.local_index);
+  put("ERUN_JOB_ID", d_.job_id);
+  put("RANK", a.rank);
+  put("WORLD_SIZE", a.size);
+  put("LOCAL_RANK", a.local_rank);
+  put("LOCAL_WORLD_SIZE", a.local_size);
+  put("GROUP_RANK", a.cross_rank);
+  put("ROLE_RANK", a.rank);
+  put("ROLE_WORLD_SIZE", a.size);
+  put("MASTER_ADDR", master_addr);
+  put("MASTER_PORT", master_port);
+  put("TORCHELASTIC_RESTART_COUNT", restarts_);
+  put("TORCHELASTIC_MAX_RESTARTS", o_.reset_limit < 0 ? 1000000000 : o_.reset_limit);
+  put("TORCHELASTIC_RUN_ID", d_.job_id);
+  if (!o_.checkpoint_dir.empty()) put("ERUN_CHECKPOINT_DIR", o_.checkpoint_dir);
+  for (auto& e : o_.env) {
+    auto eq = e.find('=');
+    if (eq != std::string::npos) env.emplace_back(e.substr(0, eq), e.substr(eq + 1));
+  }
+  return env;
+}
+
+WorkerSpec Driver::make_spec(const RankAssignment& a, const std::string& master_addr, int master_port) const {
+  WorkerSpec s;
+  s.generation = generation_;
+  s.rank = a.rank;
+  s.host = a.slot.host;
+  s.local_index = a.slot.local_index;
+  s.command = o_.command;
+  s.env = worker_env(a, master_addr, master_port);
+  char cwd[4096];
+  if (::getcwd(cwd, sizeof cwd)) s.cwd = cwd;
+  s.secret = d_.secret;
+  s.term_grace = o_.term_grace;
+  return s;
+}
+
+bool Driver::start_generation(const HostSet& usable) {
+  plan_ = make_plan(generation_ + 1, usable, o_.max_np, plan_.empty() ? nullptr : &plan_);
+  ++generation_;
+  if (generation_ > 1) ++restarts_;
+  generation_failure_.reset();
+  std::string master_addr = master_address();
+  bool rank0_local;
+  launcher_for(plan_.ranks.front().slot.host, &rank0_local);
+  int master_port = d_.free_port(plan_.ranks.front().slot.host, rank0_local);
+  ERUN_LOG_INFO("{}: starting {} (MASTER_ADDR={} MASTER_PORT={})", who(generation_), plan_.to_string(),
+                master_addr, master_port);
+  if (d_.events) {
+    d_.events->write("generation_started", {{"generation", json_number(generation_)},
+                                            {"size", json_number(long{plan_.size()})},
+                                            {"plan", json_string(plan_.to_string())}});
+  }
+  workers_.clear();
+  for (auto& a : plan_.ranks) {
+    Worker w;
+    w.key = next_key_++;
+    w.assignment = a;
+    w.started = clock_.now();
+    auto spec = make_spec(a, master_addr, master_port);
+    auto& launcher = launcher_for(a.slot.host, &w.local);
+    auto h = launcher.launch(spec);
+    if (!h) {
+      ERUN_LOG_ERROR("{}: launch failed: {}", who(generation_, a.slot.host, a.rank), h.message());
+      w.exit = ExitStatus{127, 0};
+      if (!generation_failure_) {
+        generation_failure_ = Failure{generation_, a.slot.host, a.rank, *w.exit, {h.message()}, 0};
+      }
+      workers_.push_back(std::move(w));
+      continue;
+    }
+    w.handle = std::move(h.value());
+    if (d_.output) d_.output->add(w.key, a.rank, w.handle->take_stdout(), w.handle->take_stderr());
+    ERUN_LOG_DEBUG("{}: launched (pid {})", who(generation_, a.slot.host, a.rank), w.handle->pid());
+    workers_.push_back(std::move(w));
+  }
+  phase_ = Phase::kRunning;
+  return true;
+}
+
+void Driver::reap() {
+  for (auto& w : workers_) {
+    if (w.exit || !w.handle) continue;
+    auto s = w.handle->poll();
+    if (!s) continue;
+    w.exit = *s;
+    const auto& a = w.assignment;
+    double after = seconds(clock_.now() - w.started);
+    if (d_.output) d_.output->drain(w.key, 200);
+    if (d_.events) {
+      d_.events->write("worker_exited", {{"generation", json_number(generation_)},
+                                         {"host", json_string(a.slot.host)},
+                                         {"rank", json_number(long{a.rank})},
+                                         {"exit_code", json_number(long{s->shell_code()})},
+                                         {"stopped_by_erun", w.stopping ? "true" : "false"}});
+    }
+    if (w.stopping) continue;
+    if (s->ok()) {
+      ERUN_LOG_INFO("{}: finished successfully after {:.1f} s", who(generation_, a.slot.host, a.rank), after);
+      any_success_ = true;
+      continue;
+    }
+    ERUN_LOG_WARN("{}: failed with {} after {:.1f} s", who(generation_, a.slot.host, a.rank), s->describe(),
+                  after);
+    if (!generation_failure_) {
+      std::vector<std::string> tail;
+      if (d_.output) tail = d_.output->tail(w.key);
+      generation_failure_ = Failure{generation_, a.slot.host, a.rank, *s, tail, after};
+    }
+  }
+}
+
+void Driver::stop_all(int sig) {
+  bool any = false;
+  for (auto& w : workers_) {
+    if (w.exit || !w.handle) continue;
+    any = true;
+    w.stopping = true;
+    if (sig == SIGTERM || sig == 0) w.handle->terminate();
+    else w.handle->signal(sig);
+  }
+  if (!any) return;
+  auto deadline = std::chrono::steady_clock::now() + o_.term_grace + std::chrono::seconds(2);
+  bool killed = false;
+  while (true) {
+    bool running = false;
+    for (auto& w : workers_) {
+      if (w.exit || !w.handle) continue;
+      if (auto s = w.handle->poll()) w.exit = *s;
+      else running = true;
+    }
+    if (!running) break;
+    auto now = std::chrono::steady_clock::now();
+    if (!killed && (now >= deadline || stop_signal_.load() == SIGKILL)) {
+      for (auto& w : workers_) {
+        if (!w.exit && w.handle) {
+          ERUN_LOG_WARN("{}: did not stop within {:.1f} s, killing", who(generation_, w.assignment.slot.host,
+                                                                         w.assignment.rank),
+                        seconds(o_.term_grace));
+          w.handle->kill();
+        }
+      }
+      killed = true;
+      deadline = now + std::chrono::seconds(10);
+    } else if (killed && now >= deadline) {
+      for (auto& w : workers_) {
+        if (!w.exit) ERUN_LOG_ERROR("{}: could not be reaped", who(generation_, w.assignment.slot.host,
+                                                                   w.assignment.rank));
+      }
+      break;
+    }
+    std::this_thread::sleep_for(kTick);
+  }
+  for (auto& w : workers_) {
+    if (d_.output && w.handle) d_.output->drain(w.key, 200);
+  }
+}
+
+void Driver::report_failure(const Failure& f) {
+  ERUN_LOG_ERROR("root cause: {} exited with {} after {:.1f} s", who(f.generation, f.host, f.rank),
+                 f.status.describe(), f.after_s);
+  if (!f.stderr_tail.empty()) {
+    ERUN_LOG_ERROR("last stderr lines of rank {}:", f.rank);
+    for (auto& l : f.stderr_tail) ERUN_LOG_ERROR("  {}", l);
+  }
+}
+
+int Driver::finish_with_failure(const Failure& f) {
+  stop_all(SIGTERM);
+  report_failure(f);
+  int code = f.status.shell_code();
+  if (code == 0) code = 1;
+  if (d_.events) {
+    d_.events->write("job_finished", {{"exit_code", json_number(long{code})},
+                                      {"generation", json_number(generation_)},
+                                      {"resets", json_number(long{resets_})}});
+  }
+  return code;
+}
+
+int Driver::job_exit_code() {
+  int code = first_failure_ ? first_failure_->status.shell_code() : 0;
+  if (first_failure_) report_failure(*first_failure_);
+  ERUN_LOG_INFO("job {} finished with exit code {} after {} generation{} and {} reset{}", d_.job_id, code,
+                generation_, generation_ == 1 ? "" : "s", resets_, resets_ == 1 ? "" : "s");
+  if (d_.events) {
+    d_.events->write("job_finished", {{"exit_code", json_number(long{code})},
+                                      {"generation", json_number(generation_)},
+                                      {"resets", json_number(long{resets_})}});
+  }
+  return code;
+}
+
+void Driver::log_waiting(const HostSet& usable) {
+  auto now = clock_.now();
+  if (now - last_wait_log_ < std::chrono::seconds(5)) return;
+  last_wait_log_ = now;
+  auto bl = hosts_.blacklisted();
+  ERUN_LOG_INFO("waiting for hosts: {} usable slot{} of --min-np {} ({:.0f} s of --elastic-timeout {:.0f} s){}",
+                usable.total_slots(), usable.total_slots() == 1 ? "" : "s", o_.min_np,
+                seconds(now - waiting_since_), seconds(o_.elastic_timeout),
+                bl.empty() ? "" : "; blacklisted: " + join(bl, ","));
+}
+
+std::optional<int> Driver::step() {
+  if (int sig = stop_signal_.load()) {
+    ERUN_LOG_WARN("received signal {} ({}): stopping all workers", sig, strsignal(sig));
+    if (d_.events) d_.events->write("signal", {{"signal", json_number(long{sig})}});
+    stop_all(sig == SIGHUP ? SIGTERM : sig);
+    return 128 + sig;
+  }
+  refresh_hosts();
+  reap();
+  auto now = clock_.now();
+
+  switch (phase_) {
+    case Phase::kWaiting: {
+      HostSet usable = hosts_.usable(discovered_);
+      if (usable.total_slots() >= std::max(o_.min_np, 1)) {
+        start_generation(usable);
+        return std::nullopt;
+      }
+      if (now - waiting_since_ > o_.elastic_timeout) {
+        ERUN_LOG_ERROR("gave up after --elastic-timeout {:.0f} s: {} usable slot{}, --min-np is {}; add hosts "
+                       "or lower --min-np",
+                       seconds(o_.elastic_timeout), usable.total_slots(), usable.total_slots() == 1 ? "" : "s",
+                       o_.min_np);
+        if (first_failure_) report_failure(*first_failure_);
+        return first_failure_ ? std::max(1, first_failure_->status.shell_code()) : 1;
+      }
+      log_waiting(usable);
+      break;
+    }
+    case Phase::kRunning: {
+      if (generation_failure_) {
+        Failure f = *generation_failure_;
+        if (!first_failure_) first_failure_ = f;
+        bool blacklisted = hosts_.record_failure(f.host);
+        for (auto& h : plan_.hosts()) {
+          if (h != f.host) hosts_.record_success(h);
+        }
+        if (blacklisted) {
+          ERUN_LOG_WARN("{} blacklisted until its cooldown ends ({:.0f} s)", f.host,
+                        seconds(hosts_.blacklisted_until(f.host) - now));
+          if (d_.events) d_.events->write("host_blacklisted", {{"host", json_string(f.host)}});
+        }
+        if (any_success_) {
+          // Training is over for at least one rank: no restart, let the job end.
+          phase_ = Phase::kFinishing;
+          finish_deadline_ = now;
+          break;
+        }
+        if (o_.reset_limit >= 0 && resets_ >= o_.reset_limit) {
+          ERUN_LOG_ERROR("{}: reset limit {} reached; ending the job", who(generation_), o_.reset_limit);
+          return finish_with_failure(f);
+        }
+        ++resets_;
+        ERUN_LOG_WARN("{}: {} failed; restarting all workers (reset {}{})", who(generation_),
+                      who(-1, f.host, f.rank), resets_,
+                      o_.reset_limit >= 0 ? fmt::format(" of {}", o_.reset_limit) : "");
+        if (d_.events) {
+          d_.events->write("reset", {{"generation", json_number(generation_)},
+                                     {"reason", json_string("worker failed")},
+                                     {"resets", json_number(long{resets_})}});
+        }
+        stop_all(SIGTERM);
+        phase_ = Phase::kWaiting;
+        waiting_since_ = clock_.now();
+        last_wait_log_ = {};
+        return std::nullopt;
+      }
+      bool all_done = std::all_of(workers_.begin(), workers_.end(), [](const Worker& w) { return w.exit; });
+      if (all_done) return job_exit_code();
+      if (any_success_) {
+        phase_ = Phase::kFinishing;
+        finish_deadline_ = now + o_.finish_timeout;
+        ERUN_LOG_INFO("{}: a worker finished; waiting up to {:.0f} s for the others", who(generation_),
+                      seconds(o_.finish_timeout));
+        break;
+      }
+      // Membership: would a fresh plan differ from the running one?
+      HostSet usable = hosts_.usable(discovered_);
+      Plan next = make_plan(generation_ + 1, usable, o_.max_np, &plan_);
+      if (!next.same_layout(plan_)) {
+        if (o_.reset_limit >= 0 && resets_ >= o_.reset_limit) {
+          bool lost = std::any_of(plan_.ranks.begin(), plan_.ranks.end(),
+                                  [&](const RankAssignment& r) { return !next.contains(r.slot); });
+          if (!lost) break;  // could grow, but may not reset any more: keep running
+          ERUN_LOG_ERROR("{}: hosts of the job were removed and the reset limit {} is reached", who(generation_),
+                         o_.reset_limit);
+          stop_all(SIGTERM);
+          return 1;
+        }
+        ++resets_;
+        ERUN_LOG_INFO("{}: membership changes ({} -> {}); restarting all workers (reset {})", who(generation_),
+                      plan_.to_string(), next.to_string(), resets_);
+        if (d_.events) {
+          d_.events->write("reset", {{"generation", json_number(generation_)},
+                                     {"reason", json_string("membership changed")},
+                                     {"resets", json_number(long{resets_})}});
+        }
+        stop_all(SIGTERM);
+        phase_ = Phase::kWaiting;
+        waiting_since_ = clock_.now();
+        last_wait_log_ = {};
+      }
+      break;
+    }
+    case Phase::kFinishing: {
+      if (generation_failure_ && !first_failure_) first_failure_ = generation_failure_;
+      bool all_done = std::all_of(workers_.begin(), workers_.end(), [](const Worker& w) { return w.exit; });
+      if (all_done) return job_exit_code();
+      if (now >= finish_deadline_) {
+        ERUN_LOG_ERROR("{}: {:.0f} s after the first worker finished, others still run; stopping them",
+                       who(generation_), seconds(o_.finish_timeout));
+        stop_all(SIGTERM);
+        if (!first_failure_) {
+          for (auto& w : workers_) {
+            if (w.stopping && w.exit) {
+              first_failure_ = Failure{generation_, w.assignment.slot.host, w.assignment.rank, ExitStatus{1, 0},
+                                       {}, seconds(now - w.started)};
+              break;
+            }
+          }
+        }
+        return job_exit_code();
+      }
+      break;
+    }
+  }
+  return std::nullopt;
+}
+
+int Driver::run() {
+  if (Status s = start(); !s) {
+    ERUN_LOG_ERROR("{}", s.message());
+    return 1;
+  }
+  while (true) {
+    if (auto code = step()) return *code;
+    clock_.sleep_for(kTick);
+  }
+}
+
+int Driver::dry_run(std::FILE* out) {
+  HostSet usable = hosts_.usable(discovered_);
+  if (usable.total_slots() < std::max(o_.min_np, 1)) {
+    std::fprintf(out, "hosts offer %d slots, fewer than --min-np %d: erun would wait for more\n",
+                 usable.total_slots(), o_.min_np);
+    return 1;
+  }
+  plan_ = make_plan(1, usable, o_.max_np, nullptr);
+  generation_ = 1;
+  std::fprintf(out, "job %s, generation 1: %s\n", d_.job_id.c_str(), plan_.to_string().c_str());
+  std::string master_addr = master_address();
+  for (auto& a : plan_.ranks) {
+    bool local;
+    auto& launcher = launcher_for(a.slot.host, &local);
+    auto spec = make_spec(a, master_addr, 0);
+    std::vector<std::string> quoted;
+    for (auto& w : launcher.command_line(spec)) quoted.push_back(shell_quote(w));
+    std::fprintf(out, "rank %d on %s slot %d (%s): %s\n", a.rank, a.slot.host.c_str(), a.slot.local_index,
+                 local ? "local" : "ssh", join(quoted, " ").c_str());
+  }
+  std::fprintf(out, "MASTER_PORT is chosen at launch; the job secret goes over each worker's stdin.\n");
+  return 0;
+}
+
+}  // namespace erun

@@ -1,0 +1,65 @@
+#include "runner/event_log.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <ctime>
+
+#include <fmt/format.h>
+
+namespace erun {
+
+EventLog::~EventLog() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+Status EventLog::open(const std::string& path) {
+  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd_ < 0) {
+    return Status::error(fmt::format("--event-log {}: cannot open for appending: {}", path, strerror(errno)));
+  }
+  return Status::ok();
+}
+
+void EventLog::write(const std::string& event, const std::vector<Field>& fields) {
+  if (fd_ < 0) return;
+  timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  tm utc;
+  gmtime_r(&ts.tv_sec, &utc);
+  char when[32];
+  strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%S", &utc);
+  std::string line = fmt::format("{{\"time\":\"{}.{:03d}Z\",\"t\":{:.3f},\"event\":{}", when,
+                                 static_cast<int>(ts.tv_nsec / 1000000),
+                                 seconds(std::chrono::steady_clock::now() - start_), json_string(event));
+  for (auto& [k, v] : fields) line += fmt::format(",{}:{}", json_string(k), v);
+  line += "}\n";
+  ssize_t n;
+  do {
+    n = ::write(fd_, line.data(), line.size());
+  } while (n < 0 && errno == EINTR);
+}
+
+std::string json_string(const std::string& s) {
+  std::string out = "\"";
+  for (unsigned char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (c < 0x20) out += fmt::format("\\u{:04x}", c);
+        else out += static_cast<char>(c);
+    }
+  }
+  return out + "\"";
+}
+
+std::string json_number(double v) { return fmt::format("{:.6g}", v); }
+std::string json_number(long v) { return fmt::format("{}", v); }
+
+}  // namespace erun

@@ -1,0 +1,47 @@
+// FakeLauncher: a Launcher for the driver's unit tests. launch() records the
+// spec and returns a handle whose exit the test decides (finish()); no process
+// is started. Driver thread only, like the real ones.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "runner/launcher.h"
+
+namespace erun {
+
+class FakeLauncher final : public Launcher {
+ public:
+  struct Worker {
+    WorkerSpec spec;
+    std::optional<ExitStatus> exit;
+    bool terminated = false;  // terminate() or kill() was called
+    std::vector<int> signals;
+  };
+
+  Result<std::unique_ptr<WorkerHandle>> launch(const WorkerSpec& spec) override;
+  std::vector<std::string> command_line(const WorkerSpec& spec) const override;
+
+  // Every launch so far, in order.
+  const std::vector<std::shared_ptr<Worker>>& launched() const { return workers_; }
+  // Workers launched and not yet exited.
+  std::vector<std::shared_ptr<Worker>> running() const;
+  // The running worker of a rank in the newest generation that has it.
+  std::shared_ptr<Worker> running_rank(int rank) const;
+  void finish(const std::shared_ptr<Worker>& w, ExitStatus status) { w->exit = status; }
+  // Workers exit at once when terminated (default), or stay until finish().
+  void set_obey_terminate(bool obey) { obey_terminate_ = obey; }
+  // launch() fails for this host.
+  void fail_launches_on(const std::string& host) { failing_hosts_.insert(host); }
+
+ private:
+  std::vector<std::shared_ptr<Worker>> workers_;
+  std::set<std::string> failing_hosts_;
+  bool obey_terminate_ = true;
+};
+
+}  // namespace erun

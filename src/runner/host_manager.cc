@@ -1,0 +1,50 @@
+#include "runner/host_manager.h"
+
+#include <algorithm>
+
+namespace erun {
+
+bool HostManager::record_failure(const std::string& host) {
+  auto& r = records_[host];
+  if (++r.failures_in_a_row < policy_.blacklist_after) return false;
+  r.failures_in_a_row = 0;
+  Duration cooldown = policy_.cooldown_min;
+  for (int i = 0; i < r.times_blacklisted && cooldown < policy_.cooldown_max; ++i) cooldown *= 2;
+  cooldown = std::min(cooldown, policy_.cooldown_max);
+  r.times_blacklisted++;
+  r.until = clock_.now() + cooldown;
+  return true;
+}
+
+void HostManager::record_success(const std::string& host) {
+  auto it = records_.find(host);
+  if (it != records_.end()) it->second.failures_in_a_row = 0;
+}
+
+bool HostManager::is_blacklisted(const std::string& host) const {
+  auto it = records_.find(host);
+  return it != records_.end() && it->second.until > clock_.now();
+}
+
+TimePoint HostManager::blacklisted_until(const std::string& host) const {
+  auto it = records_.find(host);
+  return it == records_.end() ? TimePoint{} : it->second.until;
+}
+
+HostSet HostManager::usable(const HostSet& discovered) const {
+  std::vector<Host> out;
+  for (auto& h : discovered.hosts()) {
+    if (!is_blacklisted(h.name)) out.push_back(h);
+  }
+  return HostSet(std::move(out));
+}
+
+std::vector<std::string> HostManager::blacklisted() const {
+  std::vector<std::string> out;
+  for (auto& [host, r] : records_) {
+    if (r.until > clock_.now()) out.push_back(host);
+  }
+  return out;
+}
+
+}  // namespace erun

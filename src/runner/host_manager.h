@@ -1,0 +1,48 @@
+// HostManager: which hosts may be used now. A host whose workers failed in
+// `blacklist_after` consecutive generations is blacklisted for a cooldown that
+// starts at cooldown_min and doubles with each blacklisting, up to
+// cooldown_max; after it the host is tried again. A generation in which the
+// host's workers ran without failing resets its count. Driver thread only.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "common/clock.h"
+#include "discovery/host_set.h"
+
+namespace erun {
+
+struct BlacklistPolicy {
+  int blacklist_after = 2;
+  Duration cooldown_min = std::chrono::seconds(10);
+  Duration cooldown_max = std::chrono::seconds(300);
+};
+
+class HostManager {
+ public:
+  HostManager(const Clock& clock, BlacklistPolicy policy) : clock_(clock), policy_(policy) {}
+
+  // Returns true when this failure blacklisted the host.
+  bool record_failure(const std::string& host);
+  void record_success(const std::string& host);
+  bool is_blacklisted(const std::string& host) const;
+  // When a blacklisted host may be used again.
+  TimePoint blacklisted_until(const std::string& host) const;
+  // The discovered hosts minus the blacklisted ones, order kept.
+  HostSet usable(const HostSet& discovered) const;
+  std::vector<std::string> blacklisted() const;
+
+ private:
+  struct Record {
+    int failures_in_a_row = 0;
+    int times_blacklisted = 0;
+    TimePoint until{};
+  };
+  const Clock& clock_;
+  BlacklistPolicy policy_;
+  std::map<std::string, Record> records_;
+};
+
+}  // namespace erun

@@ -1,0 +1,58 @@
+// DriverOptions: everything the driver is told, built once from the command
+// line in main (see cli.h) and passed down by value. Nothing inside the driver
+// reads the environment or argv again.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "common/clock.h"
+
+namespace erun {
+
+enum class LauncherKind { kAuto, kLocal, kSsh };
+enum class WorkerMode { kAuto, kElastic, kRestart };
+
+struct DriverOptions {
+  int np = 0;      // -np: the number of workers to start with (0: all available slots)
+  int min_np = 0;  // smallest world the job may run with
+  int max_np = 0;  // largest world the job may grow to
+  bool elastic = false;  // discovery script or --min-np/--max-np given
+
+  std::string discovery_script;
+  Duration discovery_interval = std::chrono::seconds(1);
+  Duration discovery_timeout = std::chrono::seconds(30);
+  std::string hosts;     // -H
+  std::string hostfile;  // --hostfile
+  int slots_per_host = 0;  // 0: not given
+
+  Duration elastic_timeout = std::chrono::seconds(600);
+  int reset_limit = -1;  // -1: unlimited
+  double cooldown_min_s = 10;
+  double cooldown_max_s = 300;
+  int blacklist_after = 2;  // consecutive failures of a host before it is blacklisted
+
+  LauncherKind launcher = LauncherKind::kAuto;
+  WorkerMode mode = WorkerMode::kAuto;
+  int ssh_port = 0;
+  std::string ssh_identity_file;
+  Duration ssh_connect_timeout = std::chrono::seconds(10);
+  std::vector<std::string> env;  // -x NAME or NAME=VALUE
+
+  std::string output_dir;
+  bool tag_output = true;
+  std::string event_log;
+  bool dry_run = false;
+  bool verbose = false;
+
+  Duration term_grace = std::chrono::seconds(5);       // SIGTERM -> SIGKILL
+  Duration finish_timeout = std::chrono::seconds(60);  // after the first worker succeeded
+  Duration rendezvous_timeout = std::chrono::seconds(60);
+  Duration collective_timeout = std::chrono::seconds(30);
+  std::string driver_address;  // address workers reach the driver at (empty: detect)
+  std::string checkpoint_dir;
+
+  std::vector<std::string> command;
+};
+
+}  // namespace erun

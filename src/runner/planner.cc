@@ -1,0 +1,95 @@
+#include "runner/planner.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <map>
+
+namespace erun {
+
+std::vector<std::string> Plan::hosts() const {
+  std::vector<std::string> out;
+  for (auto& r : ranks) {
+    if (out.empty() || out.back() != r.slot.host) out.push_back(r.slot.host);
+  }
+  return out;
+}
+
+bool Plan::contains(const SlotKey& slot) const { return find(slot) != nullptr; }
+
+const RankAssignment* Plan::find(const SlotKey& slot) const {
+  for (auto& r : ranks) {
+    if (r.slot == slot) return &r;
+  }
+  return nullptr;
+}
+
+bool Plan::same_layout(const Plan& other) const {
+  if (ranks.size() != other.ranks.size()) return false;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (!(ranks[i].slot == other.ranks[i].slot)) return false;
+  }
+  return true;
+}
+
+std::string Plan::to_string() const {
+  std::string out = fmt::format("{} rank{}:", ranks.size(), ranks.size() == 1 ? "" : "s");
+  size_t i = 0;
+  while (i < ranks.size()) {
+    size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1].slot.host == ranks[i].slot.host) ++j;
+    out += i == j ? fmt::format(" {}[{}]", ranks[i].slot.host, i)
+                  : fmt::format(" {}[{}-{}]", ranks[i].slot.host, i, j);
+    i = j + 1;
+  }
+  return out;
+}
+
+std::vector<Host> order_hosts(const HostSet& usable, const Plan* previous) {
+  std::vector<Host> out;
+  std::vector<bool> taken(usable.size(), false);
+  if (previous) {
+    for (auto& name : previous->hosts()) {
+      int i = usable.find(name);
+      if (i >= 0 && !taken[static_cast<size_t>(i)]) {
+        out.push_back(usable.hosts()[static_cast<size_t>(i)]);
+        taken[static_cast<size_t>(i)] = true;
+      }
+    }
+  }
+  for (size_t i = 0; i < usable.size(); ++i) {
+    if (!taken[i]) out.push_back(usable.hosts()[i]);
+  }
+  return out;
+}
+
+Plan make_plan(long generation, const HostSet& usable, int max_np, const Plan* previous) {
+  Plan plan;
+  plan.generation = generation;
+  auto hosts = order_hosts(usable, previous);
+  int limit = max_np > 0 ? max_np : usable.total_slots();
+  for (auto& h : hosts) {
+    for (int s = 0; s < h.slots && plan.size() < limit; ++s) {
+      RankAssignment r;
+      r.slot = SlotKey{h.name, s};
+      plan.ranks.push_back(r);
+    }
+  }
+  // Local and cross ranks.
+  std::map<std::string, int> local_size;
+  for (auto& r : plan.ranks) local_size[r.slot.host]++;
+  std::map<int, int> hosts_with_local_rank;  // local_rank -> count so far
+  int size = plan.size();
+  for (int i = 0; i < size; ++i) {
+    auto& r = plan.ranks[static_cast<size_t>(i)];
+    r.rank = i;
+    r.size = size;
+    r.local_rank = r.slot.local_index;
+    r.local_size = local_size[r.slot.host];
+    r.cross_rank = hosts_with_local_rank[r.local_rank]++;
+  }
+  for (auto& r : plan.ranks) r.cross_size = hosts_with_local_rank[r.local_rank];
+  return plan;
+}
+
+}  // namespace erun

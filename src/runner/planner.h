@@ -1,0 +1,40 @@
+// The Planner: which slot gets which rank in a generation. Pure functions.
+//
+// Hosts that were in the previous plan keep their order and come first; new
+// hosts follow in discovery order. Slots are filled host by host, up to
+// max_np, so ranks are contiguous per host (local_rank = slot index), survivors'
+// ranks move as little as possible, and rank 0 stays on the first surviving
+// host. cross_rank/cross_size follow Horovod: among hosts with a slot at this
+// local_rank, this host's index and their count.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "discovery/host_set.h"
+#include "rendezvous/rendezvous.h"
+
+namespace erun {
+
+struct Plan {
+  long generation = 0;
+  std::vector<RankAssignment> ranks;  // index == rank
+  int size() const { return static_cast<int>(ranks.size()); }
+  bool empty() const { return ranks.empty(); }
+  // Distinct hosts in rank order.
+  std::vector<std::string> hosts() const;
+  bool contains(const SlotKey& slot) const;
+  const RankAssignment* find(const SlotKey& slot) const;
+  // Same slots at the same ranks (generation ignored).
+  bool same_layout(const Plan& other) const;
+  std::string to_string() const;  // "4 ranks: a[0-1] b[2-3]"
+};
+
+// Orders the usable hosts: previous plan's hosts first (in their order), then
+// the rest in discovery order.
+std::vector<Host> order_hosts(const HostSet& usable, const Plan* previous);
+
+// Plans generation `generation` over `usable` with at most max_np ranks.
+Plan make_plan(long generation, const HostSet& usable, int max_np, const Plan* previous);
+
+}  // namespace erun

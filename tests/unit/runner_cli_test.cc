@@ -1,0 +1,103 @@
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "runner/cli.h"
+
+namespace erun {
+namespace {
+
+std::variant<DriverOptions, CliError, CliInfo> parse(std::vector<std::string> words) {
+  words.insert(words.begin(), "erun");
+  std::vector<const char*> argv;
+  for (auto& w : words) argv.push_back(w.c_str());
+  return parse_cli(static_cast<int>(argv.size()), argv.data());
+}
+
+DriverOptions ok(std::vector<std::string> words) {
+  auto r = parse(words);
+  if (auto* e = std::get_if<CliError>(&r)) ADD_FAILURE() << e->message;
+  EXPECT_TRUE(std::holds_alternative<DriverOptions>(r));
+  return std::holds_alternative<DriverOptions>(r) ? std::get<DriverOptions>(r) : DriverOptions{};
+}
+
+std::string error(std::vector<std::string> words) {
+  auto r = parse(words);
+  EXPECT_TRUE(std::holds_alternative<CliError>(r));
+  return std::holds_alternative<CliError>(r) ? std::get<CliError>(r).message : "";
+}
+
+TEST(Cli, MpirunStyleNpAndCommandArgumentsStayTheCommands) {
+  auto o = ok({"-np", "4", "./train", "--epochs", "5", "-v"});
+  EXPECT_EQ(o.np, 4);
+  EXPECT_EQ(o.min_np, 4);
+  EXPECT_EQ(o.max_np, 4);
+  EXPECT_FALSE(o.elastic);
+  EXPECT_FALSE(o.verbose);  // -v after the program belongs to the program
+  EXPECT_EQ(o.command, (std::vector<std::string>{"./train", "--epochs", "5", "-v"}));
+  EXPECT_EQ(o.reset_limit, 0);
+}
+
+TEST(Cli, ElasticDefaults) {
+  auto o = ok({"-np", "8", "--min-np", "4", "--host-discovery-script", "./d.sh", "./train"});
+  EXPECT_TRUE(o.elastic);
+  EXPECT_EQ(o.min_np, 4);
+  EXPECT_EQ(o.max_np, 8);
+  EXPECT_EQ(o.reset_limit, -1);
+  EXPECT_EQ(o.discovery_script, "./d.sh");
+  EXPECT_EQ(o.discovery_interval, std::chrono::seconds(1));
+  EXPECT_EQ(o.elastic_timeout, std::chrono::seconds(600));
+}
+
+TEST(Cli, AllFlags) {
+  auto o = ok({"--np=2", "--max-np", "6", "-H", "a:2,b:2", "--slots-per-host", "2", "--elastic-timeout", "30",
+               "--reset-limit", "3", "--blacklist-cooldown-range", "5", "60", "--ssh-port", "2222",
+               "--ssh-identity-file", "/k", "-x", "A=1", "-x", "B=2", "--output-filename", "/tmp/o",
+               "--no-tag-output", "--event-log", "/tmp/e.jsonl", "--dry-run", "-v", "--discovery-interval",
+               "0.5", "--launcher", "ssh", "--mode", "restart", "--", "prog", "-np", "3"});
+  EXPECT_EQ(o.np, 2);
+  EXPECT_EQ(o.max_np, 6);
+  EXPECT_EQ(o.hosts, "a:2,b:2");
+  EXPECT_EQ(o.reset_limit, 3);
+  EXPECT_DOUBLE_EQ(o.cooldown_min_s, 5);
+  EXPECT_DOUBLE_EQ(o.cooldown_max_s, 60);
+  EXPECT_EQ(o.ssh_port, 2222);
+  EXPECT_EQ(o.env, (std::vector<std::string>{"A=1", "B=2"}));
+  EXPECT_FALSE(o.tag_output);
+  EXPECT_TRUE(o.dry_run);
+  EXPECT_TRUE(o.verbose);
+  EXPECT_EQ(o.launcher, LauncherKind::kSsh);
+  EXPECT_EQ(o.mode, WorkerMode::kRestart);
+  EXPECT_EQ(o.discovery_interval, std::chrono::milliseconds(500));
+  EXPECT_EQ(o.command, (std::vector<std::string>{"prog", "-np", "3"}));
+}
+
+TEST(Cli, ContradictionsAreOneClearLine) {
+  EXPECT_NE(error({"-np", "2", "--min-np", "4", "--host-discovery-script", "d", "x"}).find("--min-np 4 is larger"),
+            std::string::npos);
+  EXPECT_NE(error({"-np", "8", "--max-np", "4", "x"}).find("--max-np 4 is smaller than -np 8"), std::string::npos);
+  EXPECT_NE(error({"-np", "2", "-H", "a", "--hostfile", "f", "x"}).find("only one of"), std::string::npos);
+  EXPECT_NE(error({"-np", "2"}).find("no command"), std::string::npos);
+  EXPECT_NE(error({"./train"}).find("-np"), std::string::npos);
+  EXPECT_NE(error({"-np", "0", "x"}).find("at least 1"), std::string::npos);
+  EXPECT_NE(error({"-np", "x", "y"}).find("np"), std::string::npos);
+  EXPECT_NE(error({"--bogus", "-np", "2", "x"}).find("bogus"), std::string::npos);
+  EXPECT_NE(error({"-np", "2", "--tag-output", "--no-tag-output", "x"}).find("contradict"), std::string::npos);
+  EXPECT_NE(error({"-np", "2", "--blacklist-cooldown-range", "9", "3", "x"}).find("MIN MAX"), std::string::npos);
+  EXPECT_NE(error({"-np", "2", "--launcher", "rsh", "x"}).find("auto, local or ssh"), std::string::npos);
+  EXPECT_NE(error({"-np", "2", "-x", "1BAD=2", "x"}).find("not a variable name"), std::string::npos);
+  EXPECT_NE(error({"-np", "2", "--discovery-interval", "0", "x"}).find("positive"), std::string::npos);
+}
+
+TEST(Cli, HelpAndVersion) {
+  auto h = parse({"--help"});
+  ASSERT_TRUE(std::holds_alternative<CliInfo>(h));
+  EXPECT_NE(std::get<CliInfo>(h).text.find("--host-discovery-script"), std::string::npos);
+  auto v = parse({"--version"});
+  ASSERT_TRUE(std::holds_alternative<CliInfo>(v));
+  EXPECT_NE(std::get<CliInfo>(v).text.find("erun "), std::string::npos);
+}
+
+}  // namespace
+}  // namespace erun

@@ -1,0 +1,264 @@
+// The driver's state machine over FakeDiscovery, FakeLauncher and FakeClock:
+// no process, no thread, no sleep.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <map>
+
+#include "discovery/discovery.h"
+#include "runner/driver.h"
+#include "runner/fake_launcher.h"
+
+namespace erun {
+namespace {
+
+class DriverTest : public ::testing::Test {
+ protected:
+  void make(DriverOptions o) {
+    o.command = {"./train"};
+    o.term_grace = std::chrono::milliseconds(10);
+    DriverDeps d;
+    d.discovery = &discovery;
+    d.local_launcher = &launcher;
+    d.clock = &clock;
+    d.synchronous_discovery = true;
+    d.free_port = [](const std::string&, bool) { return 4242; };
+    d.job_id = "job";
+    d.secret = "s3cret";
+    driver = std::make_unique<Driver>(o, d);
+  }
+  DriverOptions elastic(int np, int min_np, int max_np) {
+    DriverOptions o;
+    o.np = np;
+    o.min_np = min_np;
+    o.max_np = max_np;
+    o.elastic = true;
+    o.discovery_interval = std::chrono::seconds(1);
+    o.elastic_timeout = std::chrono::seconds(30);
+    return o;
+  }
+  // Steps until the driver returns or `limit` steps of 100 ms fake time pass.
+  std::optional<int> steps(int limit = 5) {
+    for (int i = 0; i < limit; ++i) {
+      if (auto c = driver->step()) return c;
+      clock.advance(std::chrono::milliseconds(100));
+    }
+    return std::nullopt;
+  }
+  std::map<std::string, std::string> env_of(const FakeLauncher::Worker& w) {
+    std::map<std::string, std::string> m;
+    for (auto& [k, v] : w.spec.env) m[k] = v;
+    return m;
+  }
+  void finish_all(ExitStatus s) {
+    for (auto& w : launcher.running()) launcher.finish(w, s);
+  }
+
+  FakeDiscovery discovery;
+  FakeLauncher launcher;
+  FakeClock clock;
+  std::unique_ptr<Driver> driver;
+};
+
+TEST_F(DriverTest, StaticJobLaunchesRanksWithTorchrunEnvAndSucceeds) {
+  discovery.set(HostSet({{"localhost", 4}}));
+  DriverOptions o;
+  o.np = o.min_np = o.max_np = 4;
+  make(o);
+  ASSERT_TRUE(driver->start());
+  EXPECT_FALSE(steps(1));
+  ASSERT_EQ(launcher.running().size(), 4u);
+  for (int r = 0; r < 4; ++r) {
+    auto w = launcher.running_rank(r);
+    ASSERT_TRUE(w);
+    auto env = env_of(*w);
+    EXPECT_EQ(env["RANK"], std::to_string(r));
+    EXPECT_EQ(env["ERUN_RANK"], std::to_string(r));
+    EXPECT_EQ(env["WORLD_SIZE"], "4");
+    EXPECT_EQ(env["LOCAL_RANK"], std::to_string(r));
+    EXPECT_EQ(env["LOCAL_WORLD_SIZE"], "4");
+    EXPECT_EQ(env["MASTER_ADDR"], "127.0.0.1");
+    EXPECT_EQ(env["MASTER_PORT"], "4242");
+    EXPECT_EQ(env["TORCHELASTIC_RESTART_COUNT"], "0");
+    EXPECT_EQ(env["TORCHELASTIC_RUN_ID"], "job");
+    EXPECT_EQ(env["ERUN_GENERATION"], "1");
+    EXPECT_EQ(w->spec.secret, "s3cret");
+    for (auto& [k, v] : w->spec.env) EXPECT_EQ(v.find("s3cret"), std::string::npos) << k;
+  }
+  finish_all(ExitStatus{0, 0});
+  EXPECT_EQ(steps(1), 0);
+}
+
+TEST_F(DriverTest, NonElasticFailureEndsWithTheWorkersExitCode) {
+  discovery.set(HostSet({{"localhost", 2}}));
+  DriverOptions o;
+  o.np = o.min_np = o.max_np = 2;
+  o.reset_limit = 0;
+  make(o);
+  ASSERT_TRUE(driver->start());
+  steps(1);
+  launcher.finish(launcher.running_rank(1), ExitStatus{3, 0});
+  EXPECT_EQ(steps(2), 3);
+  EXPECT_TRUE(launcher.running().empty());  // the survivor was stopped
+  EXPECT_TRUE(launcher.launched()[0]->terminated);
+}
+
+TEST_F(DriverTest, SignalExitCodeIs128PlusSignal) {
+  discovery.set(HostSet({{"localhost", 1}}));
+  DriverOptions o;
+  o.np = o.min_np = o.max_np = 1;
+  make(o);
+  ASSERT_TRUE(driver->start());
+  steps(1);
+  launcher.finish(launcher.running_rank(0), ExitStatus{0, SIGKILL});
+  EXPECT_EQ(steps(2), 128 + SIGKILL);
+}
+
+TEST_F(DriverTest, FailureRestartsEveryWorkerUntilTheResetLimit) {
+  discovery.set(HostSet({{"a", 2}, {"b", 2}}));
+  auto o = elastic(4, 2, 4);
+  o.reset_limit = 2;
+  o.blacklist_after = 5;
+  make(o);
+  ASSERT_TRUE(driver->start());
+  steps(1);
+  ASSERT_EQ(launcher.running().size(), 4u);
+  for (int reset = 1; reset <= 2; ++reset) {
+    launcher.finish(launcher.running_rank(2), ExitStatus{1, 0});
+    EXPECT_FALSE(steps(2));
+    EXPECT_EQ(driver->resets(), reset);
+    EXPECT_EQ(driver->generation(), reset + 1);
+    ASSERT_EQ(launcher.running().size(), 4u);
+    EXPECT_EQ(env_of(*launcher.running_rank(0))["TORCHELASTIC_RESTART_COUNT"], std::to_string(reset));
+  }
+  EXPECT_EQ(launcher.launched().size(), 12u);
+  launcher.finish(launcher.running_rank(3), ExitStatus{7, 0});
+  EXPECT_EQ(steps(2), 7);
+}
+
+TEST_F(DriverTest, GrowsShrinksAndWaitsForMinNp) {
+  discovery.set(HostSet({{"a", 2}}));
+  make(elastic(2, 2, 4));
+  ASSERT_TRUE(driver->start());
+  steps(1);
+  EXPECT_EQ(driver->plan().size(), 2);
+  // A host appears: the job restarts at 4 ranks, a's ranks first.
+  discovery.set(HostSet({{"a", 2}, {"b", 4}}));
+  steps(15);
+  EXPECT_EQ(driver->generation(), 2);
+  EXPECT_EQ(driver->plan().to_string(), "4 ranks: a[0-1] b[2-3]");
+  EXPECT_EQ(launcher.running().size(), 4u);
+  // More slots than max-np change nothing.
+  discovery.set(HostSet({{"a", 2}, {"b", 4}, {"c", 4}}));
+  steps(15);
+  EXPECT_EQ(driver->generation(), 2);
+  // a leaves: b takes ranks 0-3.
+  discovery.set(HostSet({{"b", 4}, {"c", 4}}));
+  steps(15);
+  EXPECT_EQ(driver->generation(), 3);
+  EXPECT_EQ(driver->plan().to_string(), "4 ranks: b[0-3]");
+  // Everything but one slot goes: below --min-np, wait; then the elastic timeout ends the job.
+  discovery.set(HostSet({{"c", 1}}));
+  steps(15);
+  EXPECT_TRUE(launcher.running().empty());
+  EXPECT_EQ(driver->generation(), 3);
+  auto code = steps(400);
+  EXPECT_EQ(code, 1);
+}
+
+TEST_F(DriverTest, DiscoveryErrorsKeepTheJobRunning) {
+  discovery.set(HostSet({{"a", 2}}));
+  make(elastic(2, 2, 2));
+  ASSERT_TRUE(driver->start());
+  steps(1);
+  discovery.set_error("script exited with exit code 1");
+  EXPECT_FALSE(steps(30));
+  EXPECT_EQ(driver->generation(), 1);
+  EXPECT_EQ(launcher.running().size(), 2u);
+}
+
+TEST_F(DriverTest, FirstDiscoveryFailureFailsTheStart) {
+  discovery.set_error("bad line 1");
+  make(elastic(2, 2, 2));
+  Status s = driver->start();
+  EXPECT_FALSE(s);
+  EXPECT_NE(s.message().find("bad line 1"), std::string::npos);
+}
+
+TEST_F(DriverTest, HostFailingTwiceIsBlacklistedAndTheJobGoesOnWithoutIt) {
+  discovery.set(HostSet({{"a", 2}, {"b", 2}}));
+  auto o = elastic(4, 2, 4);
+  o.blacklist_after = 2;
+  o.cooldown_min_s = 60;
+  make(o);
+  ASSERT_TRUE(driver->start());
+  steps(1);
+  for (int i = 0; i < 2; ++i) {
+    launcher.finish(launcher.running_rank(3), ExitStatus{1, 0});
+    steps(2);
+  }
+  EXPECT_TRUE(driver->host_manager().is_blacklisted("b"));
+  EXPECT_EQ(driver->plan().to_string(), "2 ranks: a[0-1]");
+  EXPECT_EQ(launcher.running().size(), 2u);
+  // After the cooldown b is used again.
+  clock.advance(std::chrono::seconds(61));
+  steps(15);
+  EXPECT_EQ(driver->plan().size(), 4);
+}
+
+TEST_F(DriverTest, AfterOneWorkerSucceedsTheOthersMayFinish) {
+  discovery.set(HostSet({{"a", 3}}));
+  DriverOptions o;
+  o.np = o.min_np = o.max_np = 3;
+  o.finish_timeout = std::chrono::seconds(10);
+  make(o);
+  ASSERT_TRUE(driver->start());
+  steps(1);
+  launcher.finish(launcher.running_rank(0), ExitStatus{0, 0});
+  EXPECT_FALSE(steps(20));
+  EXPECT_EQ(launcher.running().size(), 2u);  // not killed
+  finish_all(ExitStatus{0, 0});
+  EXPECT_EQ(steps(1), 0);
+}
+
+TEST_F(DriverTest, StragglersPastTheFinishTimeoutAreStopped) {
+  discovery.set(HostSet({{"a", 2}}));
+  DriverOptions o;
+  o.np = o.min_np = o.max_np = 2;
+  o.finish_timeout = std::chrono::seconds(2);
+  make(o);
+  ASSERT_TRUE(driver->start());
+  steps(1);
+  launcher.finish(launcher.running_rank(0), ExitStatus{0, 0});
+  auto code = steps(40);
+  EXPECT_EQ(code, 1);
+  EXPECT_TRUE(launcher.running().empty());
+}
+
+TEST_F(DriverTest, StopRequestForwardsAndExitsWith128PlusSignal) {
+  discovery.set(HostSet({{"a", 2}}));
+  DriverOptions o;
+  o.np = o.min_np = o.max_np = 2;
+  make(o);
+  ASSERT_TRUE(driver->start());
+  steps(1);
+  driver->request_stop(SIGTERM);
+  EXPECT_EQ(steps(1), 128 + SIGTERM);
+  EXPECT_TRUE(launcher.running().empty());
+}
+
+TEST_F(DriverTest, LaunchFailureCountsAsAFailureOfThatHost) {
+  discovery.set(HostSet({{"a", 1}, {"b", 1}}));
+  auto o = elastic(2, 1, 2);
+  o.blacklist_after = 1;
+  make(o);
+  launcher.fail_launches_on("b");
+  ASSERT_TRUE(driver->start());
+  steps(3);
+  EXPECT_TRUE(driver->host_manager().is_blacklisted("b"));
+  EXPECT_EQ(driver->plan().to_string(), "1 rank: a[0]");
+  EXPECT_EQ(launcher.running().size(), 1u);
+}
+
+}  // namespace
+}  // namespace erun

@@ -1,0 +1,93 @@
+#include <gtest/gtest.h>
+
+#include "common/clock.h"
+#include "runner/host_manager.h"
+#include "runner/planner.h"
+
+namespace erun {
+namespace {
+
+HostSet hosts(std::vector<Host> h) { return HostSet(std::move(h)); }
+
+TEST(Planner, FillsHostsInOrderWithLocalAndCrossRanks) {
+  Plan p = make_plan(1, hosts({{"a", 2}, {"b", 3}}), 0, nullptr);
+  ASSERT_EQ(p.size(), 5);
+  EXPECT_EQ(p.ranks[0].slot, (SlotKey{"a", 0}));
+  EXPECT_EQ(p.ranks[4].slot, (SlotKey{"b", 2}));
+  EXPECT_EQ(p.ranks[3].local_rank, 1);
+  EXPECT_EQ(p.ranks[3].local_size, 3);
+  EXPECT_EQ(p.ranks[0].local_size, 2);
+  // local rank 0 and 1 exist on both hosts, 2 only on b.
+  EXPECT_EQ(p.ranks[0].cross_rank, 0);
+  EXPECT_EQ(p.ranks[2].cross_rank, 1);
+  EXPECT_EQ(p.ranks[0].cross_size, 2);
+  EXPECT_EQ(p.ranks[4].cross_rank, 0);
+  EXPECT_EQ(p.ranks[4].cross_size, 1);
+  for (int i = 0; i < p.size(); ++i) {
+    EXPECT_EQ(p.ranks[i].rank, i);
+    EXPECT_EQ(p.ranks[i].size, 5);
+  }
+  EXPECT_EQ(p.to_string(), "5 ranks: a[0-1] b[2-4]");
+}
+
+TEST(Planner, CapsAtMaxNp) {
+  Plan p = make_plan(1, hosts({{"a", 4}, {"b", 4}}), 6, nullptr);
+  EXPECT_EQ(p.size(), 6);
+  EXPECT_EQ(p.ranks[5].slot, (SlotKey{"b", 1}));
+  EXPECT_EQ(p.ranks[5].local_size, 2);
+}
+
+TEST(Planner, SurvivorsKeepOrderNewHostsAppendedRankZeroOnSurvivor) {
+  Plan p1 = make_plan(1, hosts({{"b", 2}, {"c", 2}}), 0, nullptr);
+  // Discovery now lists a new host first and drops nothing.
+  Plan p2 = make_plan(2, hosts({{"a", 2}, {"b", 2}, {"c", 2}}), 0, &p1);
+  EXPECT_EQ(p2.hosts(), (std::vector<std::string>{"b", "c", "a"}));
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(p2.ranks[r].slot, p1.ranks[r].slot) << r;
+  // b disappears: c's workers become ranks 0-1, a follows.
+  Plan p3 = make_plan(3, hosts({{"a", 2}, {"c", 2}}), 0, &p2);
+  EXPECT_EQ(p3.ranks[0].slot, (SlotKey{"c", 0}));
+  EXPECT_EQ(p3.hosts(), (std::vector<std::string>{"c", "a"}));
+}
+
+TEST(Planner, SameLayoutIgnoresGeneration) {
+  Plan a = make_plan(1, hosts({{"a", 2}}), 0, nullptr);
+  Plan b = make_plan(7, hosts({{"a", 2}, {"b", 1}}), 2, &a);
+  EXPECT_TRUE(a.same_layout(b));
+  Plan c = make_plan(8, hosts({{"a", 1}}), 2, &a);
+  EXPECT_FALSE(a.same_layout(c));
+  EXPECT_TRUE(a.contains(SlotKey{"a", 1}));
+  EXPECT_FALSE(c.contains(SlotKey{"a", 1}));
+}
+
+TEST(HostManager, BlacklistsAfterConsecutiveFailuresWithDoublingCooldown) {
+  FakeClock clock;
+  HostManager m(clock, BlacklistPolicy{2, std::chrono::seconds(10), std::chrono::seconds(25)});
+  EXPECT_FALSE(m.record_failure("a"));
+  m.record_success("a");  // resets the streak
+  EXPECT_FALSE(m.record_failure("a"));
+  EXPECT_TRUE(m.record_failure("a"));
+  EXPECT_TRUE(m.is_blacklisted("a"));
+  EXPECT_EQ(m.usable(HostSet({{"a", 1}, {"b", 2}})).to_string(), "b:2");
+  clock.advance(std::chrono::seconds(9));
+  EXPECT_TRUE(m.is_blacklisted("a"));
+  clock.advance(std::chrono::seconds(2));
+  EXPECT_FALSE(m.is_blacklisted("a"));
+  // Second blacklisting: 20 s; third: capped at 25 s.
+  m.record_failure("a");
+  EXPECT_TRUE(m.record_failure("a"));
+  clock.advance(std::chrono::seconds(19));
+  EXPECT_TRUE(m.is_blacklisted("a"));
+  clock.advance(std::chrono::seconds(2));
+  EXPECT_FALSE(m.is_blacklisted("a"));
+  m.record_failure("a");
+  m.record_failure("a");
+  clock.advance(std::chrono::seconds(24));
+  EXPECT_TRUE(m.is_blacklisted("a"));
+  EXPECT_EQ(m.blacklisted(), (std::vector<std::string>{"a"}));
+  clock.advance(std::chrono::seconds(2));
+  EXPECT_FALSE(m.is_blacklisted("a"));
+  EXPECT_TRUE(m.blacklisted().empty());
+}
+
+}  // namespace
+}  // namespace erun
