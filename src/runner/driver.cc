@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <random>
 #include <set>
+#include <set>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -196,6 +197,29 @@ std::string Driver::master_address() const {
   return host;
 }
 
+std::string Driver::advertise_address(const std::string& host, bool local) const {
+  if (!local) return host;
+  bool all_local = true;
+  for (auto& h : discovered_.hosts()) {
+    bool l;
+    launcher_for(h.name, &l);
+    all_local = all_local && l;
+  }
+  if (all_local) return "127.0.0.1";
+  char name[256] = {};
+  ::gethostname(name, sizeof name - 1);
+  return name;
+}
+
+std::string Driver::rendezvous_address(const std::string& host, bool local) const {
+  if (local) return "127.0.0.1";
+  if (!o_.driver_address.empty()) return o_.driver_address;
+  if (starts_with(host, "127.")) return "127.0.0.1";
+  char name[256] = {};
+  ::gethostname(name, sizeof name - 1);
+  return name;
+}
+
 std::vector<std::pair<std::string, std::string>> Driver::worker_env(const RankAssignment& a,
                                                                     const std::string& master_addr,
                                                                     int master_port) const {
@@ -224,6 +248,15 @@ std::vector<std::pair<std::string, std::string>> Driver::worker_env(const RankAs
   put("TORCHELASTIC_MAX_RESTARTS", o_.reset_limit < 0 ? 1000000000 : o_.reset_limit);
   put("TORCHELASTIC_RUN_ID", d_.job_id);
   if (!o_.checkpoint_dir.empty()) put("ERUN_CHECKPOINT_DIR", o_.checkpoint_dir);
+  put("ERUN_COLLECTIVE_TIMEOUT", seconds(o_.collective_timeout));
+  put("ERUN_RENDEZVOUS_TIMEOUT", seconds(o_.rendezvous_timeout));
+  if (d_.rendezvous) {
+    bool local;
+    launcher_for(a.slot.host, &local);
+    put("ERUN_RDZV_ADDR", rendezvous_address(a.slot.host, local));
+    put("ERUN_RDZV_PORT", d_.rendezvous->port());
+    put("ERUN_ADVERTISE_ADDR", advertise_address(a.slot.host, local));
+  }
   for (auto& e : o_.env) {
     auto eq = e.find('=');
     if (eq != std::string::npos) env.emplace_back(e.substr(0, eq), e.substr(eq + 1));
@@ -246,6 +279,41 @@ WorkerSpec Driver::make_spec(const RankAssignment& a, const std::string& master_
   return s;
 }
 
+bool Driver::launch_worker(const RankAssignment& a, const std::string& master_addr, int master_port) {
+  Worker w;
+  w.key = next_key_++;
+  w.assignment = a;
+  w.started = clock_.now();
+  auto spec = make_spec(a, master_addr, master_port);
+  auto& launcher = launcher_for(a.slot.host, &w.local);
+  auto h = launcher.launch(spec);
+  if (!h) {
+    ERUN_LOG_ERROR("{}: launch failed: {}", who(generation_, a.slot.host, a.rank), h.message());
+    w.exit = ExitStatus{127, 0};
+    if (!generation_failure_) {
+      generation_failure_ = Failure{generation_, a.slot.host, a.rank, *w.exit, {h.message()}, 0};
+    }
+    workers_.push_back(std::move(w));
+    return false;
+  }
+  w.handle = std::move(h.value());
+  if (d_.output) d_.output->add(w.key, a.rank, w.handle->take_stdout(), w.handle->take_stderr());
+  ERUN_LOG_DEBUG("{}: launched (pid {})", who(generation_, a.slot.host, a.rank), w.handle->pid());
+  workers_.push_back(std::move(w));
+  return true;
+}
+
+void Driver::publish() {
+  published_at_ = clock_.now();
+  generation_complete_ = false;
+  if (d_.rendezvous) d_.rendezvous->publish(generation_, plan_.ranks);
+  if (d_.events) {
+    d_.events->write("generation_started", {{"generation", json_number(generation_)},
+                                            {"size", json_number(long{plan_.size()})},
+                                            {"plan", json_string(plan_.to_string())}});
+  }
+}
+
 bool Driver::start_generation(const HostSet& usable) {
   plan_ = make_plan(generation_ + 1, usable, o_.max_np, plan_.empty() ? nullptr : &plan_);
   ++generation_;
@@ -257,36 +325,131 @@ bool Driver::start_generation(const HostSet& usable) {
   int master_port = d_.free_port(plan_.ranks.front().slot.host, rank0_local);
   ERUN_LOG_INFO("{}: starting {} (MASTER_ADDR={} MASTER_PORT={})", who(generation_), plan_.to_string(),
                 master_addr, master_port);
-  if (d_.events) {
-    d_.events->write("generation_started", {{"generation", json_number(generation_)},
-                                            {"size", json_number(long{plan_.size()})},
-                                            {"plan", json_string(plan_.to_string())}});
-  }
   workers_.clear();
-  for (auto& a : plan_.ranks) {
-    Worker w;
-    w.key = next_key_++;
-    w.assignment = a;
-    w.started = clock_.now();
-    auto spec = make_spec(a, master_addr, master_port);
-    auto& launcher = launcher_for(a.slot.host, &w.local);
-    auto h = launcher.launch(spec);
-    if (!h) {
-      ERUN_LOG_ERROR("{}: launch failed: {}", who(generation_, a.slot.host, a.rank), h.message());
-      w.exit = ExitStatus{127, 0};
-      if (!generation_failure_) {
-        generation_failure_ = Failure{generation_, a.slot.host, a.rank, *w.exit, {h.message()}, 0};
-      }
-      workers_.push_back(std::move(w));
-      continue;
-    }
-    w.handle = std::move(h.value());
-    if (d_.output) d_.output->add(w.key, a.rank, w.handle->take_stdout(), w.handle->take_stderr());
-    ERUN_LOG_DEBUG("{}: launched (pid {})", who(generation_, a.slot.host, a.rank), w.handle->pid());
-    workers_.push_back(std::move(w));
-  }
+  publish();
+  for (auto& a : plan_.ranks) launch_worker(a, master_addr, master_port);
   phase_ = Phase::kRunning;
   return true;
+}
+
+void Driver::update_joined() {
+  if (!d_.rendezvous || generation_complete_) return;
+  std::set<SlotKey> members;
+  for (auto& j : d_.rendezvous->members()) members.insert(j.slot);
+  std::set<SlotKey> waiting;
+  for (auto& j : d_.rendezvous->waiting()) waiting.insert(j.slot);
+  size_t in_current = 0;
+  for (auto& w : workers_) {
+    if (w.exit) continue;
+    bool member = members.count(w.assignment.slot) > 0;
+    if (member || waiting.count(w.assignment.slot)) w.joined = true;
+    if (member && !w.retiring) ++in_current;
+  }
+  if (in_current == static_cast<size_t>(plan_.size())) {
+    generation_complete_ = true;
+    ERUN_LOG_INFO("{}: all {} ranks joined in {:.3f} s", who(generation_), plan_.size(),
+                  seconds(clock_.now() - published_at_));
+    if (d_.events) {
+      d_.events->write("generation_joined", {{"generation", json_number(generation_)},
+                                             {"seconds", json_number(seconds(clock_.now() - published_at_))}});
+    }
+  }
+}
+
+bool Driver::in_place_possible() {
+  if (!d_.rendezvous || o_.mode == WorkerMode::kRestart) return false;
+  if (o_.mode == WorkerMode::kElastic) return true;
+  bool any = false;
+  for (auto& w : workers_) {
+    if (w.exit || w.retiring) continue;
+    if (!w.joined) return false;
+    any = true;
+  }
+  return any;
+}
+
+void Driver::enforce_rejoin_deadline() {
+  if (!d_.rendezvous || generation_complete_) return;
+  if (clock_.now() - published_at_ < o_.rendezvous_timeout) return;
+  std::set<SlotKey> members;
+  for (auto& j : d_.rendezvous->members()) members.insert(j.slot);
+  for (auto& w : workers_) {
+    if (w.exit || w.retiring || members.count(w.assignment.slot)) continue;
+    if (!w.joined && o_.mode != WorkerMode::kElastic) continue;  // a restart-mode program never joins
+    ERUN_LOG_WARN("{}: did not join generation {} within --rendezvous-timeout {:.0f} s; killing it",
+                  who(generation_, w.assignment.slot.host, w.assignment.rank), generation_,
+                  seconds(o_.rendezvous_timeout));
+    w.handle->kill();
+    if (!generation_failure_) {
+      generation_failure_ = Failure{generation_, w.assignment.slot.host, w.assignment.rank, ExitStatus{0, SIGKILL},
+                                    {"did not re-join within --rendezvous-timeout"},
+                                    seconds(clock_.now() - w.started)};
+    }
+    w.stopping = true;
+  }
+}
+
+void Driver::retire_workers() {
+  bool any = std::any_of(workers_.begin(), workers_.end(), [](const Worker& w) { return w.retiring && !w.exit; });
+  if (!any) return;
+  std::set<SlotKey> waiting;
+  if (d_.rendezvous) {
+    for (auto& j : d_.rendezvous->waiting()) waiting.insert(j.slot);
+  }
+  for (auto& w : workers_) {
+    if (!w.retiring || w.exit || !w.handle) continue;
+    bool rejoined = waiting.count(w.assignment.slot) > 0;
+    if (rejoined || clock_.now() >= w.retire_by) {
+      ERUN_LOG_INFO("{}: slot left the job; stopping its worker", who(generation_, w.assignment.slot.host,
+                                                                      w.assignment.rank));
+      w.handle->terminate();
+      w.retire_by = TimePoint::max();
+    }
+  }
+}
+
+void Driver::reconfigure(const char* reason) {
+  HostSet usable = hosts_.usable(discovered_);
+  if (usable.total_slots() < std::max(o_.min_np, 1)) {
+    ERUN_LOG_WARN("{}: {} usable slots are fewer than --min-np {}: stopping the workers and waiting for hosts",
+                  who(generation_), usable.total_slots(), o_.min_np);
+    stop_all(SIGTERM);
+    phase_ = Phase::kWaiting;
+    waiting_since_ = clock_.now();
+    last_wait_log_ = {};
+    return;
+  }
+  // Forget workers that are gone; survivors keep their processes.
+  workers_.erase(std::remove_if(workers_.begin(), workers_.end(), [](const Worker& w) { return w.exit.has_value(); }),
+                 workers_.end());
+  Plan next = make_plan(generation_ + 1, usable, o_.max_np, &plan_);
+  ++generation_;
+  generation_failure_.reset();
+  std::string master_addr = next.ranks.front().slot.host;
+  int launched = 0, retired = 0;
+  for (auto& w : workers_) {
+    if (w.retiring) continue;
+    if (const RankAssignment* a = next.find(w.assignment.slot)) {
+      w.assignment = *a;
+    } else {
+      w.retiring = true;
+      w.stopping = true;
+      w.retire_by = clock_.now() + o_.rendezvous_timeout;
+      ++retired;
+    }
+  }
+  plan_ = next;
+  publish();
+  for (auto& a : plan_.ranks) {
+    bool alive = std::any_of(workers_.begin(), workers_.end(),
+                             [&](const Worker& w) { return !w.retiring && w.assignment.slot == a.slot && !w.exit; });
+    if (!alive) {
+      launch_worker(a, master_addr, 0);
+      ++launched;
+    }
+  }
+  ERUN_LOG_INFO("{}: {} in place: {} ({} survivor{}, {} new, {} leaving)", who(generation_), reason,
+                plan_.to_string(), plan_.size() - launched, plan_.size() - launched == 1 ? "" : "s", launched, retired);
 }
 
 void Driver::reap() {
@@ -443,6 +606,9 @@ std::optional<int> Driver::step() {
       break;
     }
     case Phase::kRunning: {
+      update_joined();
+      retire_workers();
+      enforce_rejoin_deadline();
       if (generation_failure_) {
         Failure f = *generation_failure_;
         if (!first_failure_) first_failure_ = f;
@@ -466,13 +632,18 @@ std::optional<int> Driver::step() {
           return finish_with_failure(f);
         }
         ++resets_;
-        ERUN_LOG_WARN("{}: {} failed; restarting all workers (reset {}{})", who(generation_),
-                      who(-1, f.host, f.rank), resets_,
+        ERUN_LOG_WARN("{}: {} failed; {} (reset {}{})", who(generation_),
+                      who(-1, f.host, f.rank),
+                      in_place_possible() ? "survivors re-join in place" : "restarting all workers", resets_,
                       o_.reset_limit >= 0 ? fmt::format(" of {}", o_.reset_limit) : "");
         if (d_.events) {
           d_.events->write("reset", {{"generation", json_number(generation_)},
                                      {"reason", json_string("worker failed")},
                                      {"resets", json_number(long{resets_})}});
+        }
+        if (in_place_possible()) {
+          reconfigure("recovering");
+          return std::nullopt;
         }
         stop_all(SIGTERM);
         phase_ = Phase::kWaiting;
@@ -503,12 +674,18 @@ std::optional<int> Driver::step() {
           return 1;
         }
         ++resets_;
-        ERUN_LOG_INFO("{}: membership changes ({} -> {}); restarting all workers (reset {})", who(generation_),
-                      plan_.to_string(), next.to_string(), resets_);
+        bool in_place = in_place_possible();
+        ERUN_LOG_INFO("{}: membership changes ({} -> {}); {} (reset {})", who(generation_), plan_.to_string(),
+                      next.to_string(), in_place ? "notifying workers" : "restarting all workers", resets_);
         if (d_.events) {
           d_.events->write("reset", {{"generation", json_number(generation_)},
                                      {"reason", json_string("membership changed")},
                                      {"resets", json_number(long{resets_})}});
+        }
+        if (in_place) {
+          d_.rendezvous->notify_hosts_updated(generation_);
+          reconfigure("membership changes");
+          break;
         }
         stop_all(SIGTERM);
         phase_ = Phase::kWaiting;

@@ -4,7 +4,13 @@
 //
 // Restart mode (any program): on a failure or a membership change every worker
 // is stopped and the next generation starts them all again with torchrun-style
-// variables. The driver runs on one thread: run() loops over step() until it
+// variables. In-place mode (workers that joined the rendezvous through
+// erun::init()): survivors keep running; the driver launches only new slots,
+// publishes the next generation, tells every worker of a membership change,
+// retires workers whose slots left the plan, and kills a worker that does not
+// re-join within the rendezvous timeout.
+//
+// The driver runs on one thread: run() loops over step() until it
 // returns an exit code. request_stop() is async-signal-safe and may be called
 // from a signal handler; the next step stops all workers and ends the job.
 #pragma once
@@ -35,6 +41,7 @@ struct DriverDeps {
   Clock* clock = nullptr;
   OutputForwarder* output = nullptr;    // may be null (tests)
   EventLog* events = nullptr;           // may be null
+  RendezvousServer* rendezvous = nullptr;  // started; null: restart mode only
   // Runs discovery inside step() (every discovery_interval of `clock`) instead
   // of on the DiscoveryLoop's thread: deterministic unit tests.
   bool synchronous_discovery = false;
@@ -73,6 +80,9 @@ class Driver {
     std::unique_ptr<WorkerHandle> handle;
     bool local = false;
     bool stopping = false;  // erun asked it to stop: its exit is not a failure
+    bool joined = false;    // it joined the rendezvous at least once (in-place capable)
+    bool retiring = false;  // its slot left the plan: stop it once it re-joins
+    TimePoint retire_by{};
     std::optional<ExitStatus> exit;
     TimePoint started{};
   };
@@ -88,6 +98,14 @@ class Driver {
   void refresh_hosts();
   void reap();
   bool start_generation(const HostSet& usable);
+  bool launch_worker(const RankAssignment& a, const std::string& master_addr, int master_port);
+  // In-place: plan the next generation over the survivors and new slots.
+  void reconfigure(const char* reason);
+  bool in_place_possible();
+  void update_joined();
+  void enforce_rejoin_deadline();
+  void retire_workers();
+  void publish();
   std::vector<std::pair<std::string, std::string>> worker_env(const RankAssignment& a,
                                                                const std::string& master_addr,
                                                                int master_port) const;
@@ -98,6 +116,8 @@ class Driver {
   int job_exit_code();
   void report_failure(const Failure& f);
   std::string master_address() const;
+  std::string advertise_address(const std::string& host, bool local) const;
+  std::string rendezvous_address(const std::string& host, bool local) const;
   void log_waiting(const HostSet& usable);
 
   DriverOptions o_;
@@ -123,6 +143,8 @@ class Driver {
   std::optional<Failure> generation_failure_;  // first failure of the current generation
   std::optional<Failure> first_failure_;       // first failure of the job
   bool any_success_ = false;
+  TimePoint published_at_{};
+  bool generation_complete_ = false;  // every rank of the plan joined the current generation
   std::atomic<int> stop_signal_{0};
 };
 

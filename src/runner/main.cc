@@ -18,8 +18,22 @@
 #include "runner/event_log.h"
 #include "runner/launcher.h"
 #include "runner/output.h"
+#include "rendezvous/rendezvous.h"
+
+#include <openssl/rand.h>
 
 namespace {
+
+std::string random_hex(size_t bytes) {
+  std::vector<unsigned char> buf(bytes);
+  if (RAND_bytes(buf.data(), static_cast<int>(buf.size())) != 1) {
+    std::fprintf(stderr, "erun: cannot get random bytes for the job secret (OpenSSL RAND_bytes failed)\n");
+    std::exit(1);
+  }
+  std::string out;
+  for (auto b : buf) out += fmt::format("{:02x}", b);
+  return out;
+}
 
 erun::Driver* g_driver = nullptr;
 volatile sig_atomic_t g_signals = 0;
@@ -105,7 +119,23 @@ int main(int argc, char** argv) {
   erun::OutputForwarder output(erun::OutputOptions{options.tag_output, options.output_dir, 1, 20});
   erun::SystemClock clock;
 
+  std::string job_id = "erun-" + random_hex(6);
+  std::string secret = random_hex(32);
+  erun::ServerOptions server_options;
+  server_options.job_id = job_id;
+  server_options.secret = secret;
+  erun::RendezvousServer rendezvous(server_options);
+  if (!options.dry_run && options.mode != erun::WorkerMode::kRestart) {
+    if (auto s = rendezvous.start(); !s) {
+      ERUN_LOG_ERROR("cannot start the rendezvous server: {}", s.message());
+      return 1;
+    }
+  }
+
   erun::DriverDeps deps;
+  deps.job_id = job_id;
+  deps.secret = secret;
+  if (!options.dry_run && options.mode != erun::WorkerMode::kRestart) deps.rendezvous = &rendezvous;
   deps.discovery = discovery->get();
   deps.local_launcher = local.get();
   deps.remote_launcher = remote.get();

@@ -1,0 +1,199 @@
+// erun::init(): the worker's side of the job. Reads the launcher's environment
+// once into WorkerOptions and builds the matching Context:
+//  - ElasticContext under the erun driver (ERUN_RDZV_ADDR set): joins the
+//    driver's rendezvous, builds a Gloo communicator per generation, re-joins
+//    on membership changes;
+//  - StandaloneContext otherwise: a world of one.
+#include <unistd.h>
+
+#include <cstdlib>
+#include <mutex>
+
+#include <fmt/format.h>
+
+#include "collectives/gloo/gloo_communicator.h"
+#include "common/log.h"
+#include "common/strings.h"
+#include "erun/erun.hpp"
+#include "rendezvous/memory_store.h"
+#include "rendezvous/rendezvous.h"
+
+namespace erun {
+namespace {
+
+struct WorkerOptions {
+  std::string rdzv_address;
+  int rdzv_port = 0;
+  std::string job_id;
+  std::string secret;
+  std::string host;            // the slot's host as the driver named it
+  int local_index = 0;
+  std::string advertise;       // address peers reach this worker at
+  Duration collective_timeout = std::chrono::seconds(30);
+  Duration rendezvous_timeout = std::chrono::seconds(60);
+};
+
+std::string env_or(const char* name, const std::string& fallback = "") {
+  const char* v = std::getenv(name);
+  return v ? std::string(v) : fallback;
+}
+
+long env_int(const char* name, long fallback) {
+  long v;
+  std::string s = env_or(name);
+  if (s.empty()) return fallback;
+  if (!parse_int(s, v)) throw Error(fmt::format("erun: {}={} is not an integer", name, s));
+  return v;
+}
+
+double env_seconds(const char* name, double fallback) {
+  std::string s = env_or(name);
+  if (s.empty()) return fallback;
+  try {
+    return std::stod(s);
+  } catch (...) {
+    throw Error(fmt::format("erun: {}={} is not a number of seconds", name, s));
+  }
+}
+
+WorkerOptions read_worker_options() {
+  WorkerOptions o;
+  o.rdzv_address = env_or("ERUN_RDZV_ADDR");
+  o.rdzv_port = static_cast<int>(env_int("ERUN_RDZV_PORT", 0));
+  o.job_id = env_or("ERUN_JOB_ID");
+  o.secret = env_or("ERUN_SECRET");
+  // The secret was only needed to get here: keep it out of children's environments.
+  ::unsetenv("ERUN_SECRET");
+  o.host = env_or("ERUN_HOSTNAME", "localhost");
+  o.local_index = static_cast<int>(env_int("ERUN_LOCAL_INDEX", 0));
+  o.advertise = env_or("ERUN_ADVERTISE_ADDR", "127.0.0.1");
+  o.collective_timeout = from_seconds(env_seconds("ERUN_COLLECTIVE_TIMEOUT", 30));
+  o.rendezvous_timeout = from_seconds(env_seconds("ERUN_RENDEZVOUS_TIMEOUT", 60));
+  if (o.rdzv_port <= 0 || o.job_id.empty() || o.secret.empty()) {
+    throw Error("erun: ERUN_RDZV_ADDR is set but ERUN_RDZV_PORT, ERUN_JOB_ID or the job secret is missing; "
+                "start workers through erun, not by hand");
+  }
+  return o;
+}
+
+class StandaloneContext final : public Context {
+ public:
+  StandaloneContext() {
+    info_.host = "localhost";
+    GlooOptions g;
+    comm_ = make_gloo_communicator(store_, g);
+  }
+  const WorkerInfo& info() const override { return info_; }
+  Communicator& comm() override { return *comm_; }
+  bool host_update_pending() const override { return false; }
+  void rejoin(uint64_t) override { throw Error("erun: a standalone worker (not started by erun) cannot re-join"); }
+  bool elastic() const override { return false; }
+
+ private:
+  WorkerInfo info_;
+  MemoryKvStore store_;
+  std::unique_ptr<Communicator> comm_;
+};
+
+class ElasticContext final : public Context {
+ public:
+  explicit ElasticContext(WorkerOptions o) : o_(std::move(o)), client_(client_options(o_)) {
+    if (Status s = client_.connect(); !s) {
+      throw Error(fmt::format("erun: cannot reach the driver's rendezvous at {}:{}: {}", o_.rdzv_address,
+                              o_.rdzv_port, s.message()));
+    }
+    join(0);
+  }
+  ~ElasticContext() override {
+    if (comm_) comm_->abort();
+  }
+
+  const WorkerInfo& info() const override { return info_; }
+  Communicator& comm() override { return *comm_; }
+  bool host_update_pending() const override { return client_.hosts_updated(); }
+  bool elastic() const override { return true; }
+  void rejoin(uint64_t last_commit_id) override {
+    if (comm_) comm_->abort();
+    comm_.reset();
+    join(last_commit_id);
+  }
+
+ private:
+  static ClientOptions client_options(const WorkerOptions& o) {
+    ClientOptions c;
+    c.address = o.rdzv_address;
+    c.port = o.rdzv_port;
+    c.job_id = o.job_id;
+    c.secret = o.secret;
+    c.join_timeout = o.rendezvous_timeout;
+    return c;
+  }
+
+  // Joins the next generation containing this slot and connects its
+  // communicator. A generation whose communicator cannot be built (a peer
+  // died meanwhile) is left for the next one, up to the rendezvous timeout.
+  void join(uint64_t commit_id) {
+    auto deadline = std::chrono::steady_clock::now() + o_.rendezvous_timeout;
+    while (true) {
+      long gen = -1;
+      auto t0 = std::chrono::steady_clock::now();
+      auto r = client_.join(JoinRequest{SlotKey{o_.host, o_.local_index}, commit_id, ::getpid()}, &gen);
+      if (!r) {
+        throw CommError(fmt::format("erun: {} slot {}: join failed: {}", o_.host, o_.local_index, r.message()));
+      }
+      info_.rank = r->rank;
+      info_.size = r->size;
+      info_.local_rank = r->local_rank;
+      info_.local_size = r->local_size;
+      info_.cross_rank = r->cross_rank;
+      info_.cross_size = r->cross_size;
+      info_.generation = gen;
+      info_.host = o_.host;
+      try {
+        GlooOptions g;
+        g.rank = r->rank;
+        g.size = r->size;
+        g.timeout = o_.collective_timeout;
+        g.hostname = o_.advertise;
+        g.prefix = "gloo";
+        comm_ = make_gloo_communicator(client_.store(), g);
+        ERUN_LOG_DEBUG("{}: joined with size {} in {:.3f} s", who(gen, o_.host, r->rank), r->size,
+                       seconds(std::chrono::steady_clock::now() - t0));
+        return;
+      } catch (const CommError& e) {
+        ERUN_LOG_WARN("{}: could not connect generation {}: {}; waiting for the next", who(gen, o_.host, r->rank),
+                      gen, e.what());
+        if (std::chrono::steady_clock::now() > deadline) throw;
+      }
+    }
+  }
+
+  WorkerOptions o_;
+  RendezvousClient client_;
+  WorkerInfo info_;
+  std::unique_ptr<Communicator> comm_;
+};
+
+std::mutex g_mu;
+std::unique_ptr<Context> g_context;
+
+}  // namespace
+
+Context& init() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (g_context) return *g_context;
+  init_logging(!env_or("ERUN_VERBOSE").empty());
+  if (!env_or("ERUN_RDZV_ADDR").empty()) {
+    g_context = std::make_unique<ElasticContext>(read_worker_options());
+  } else {
+    g_context = std::make_unique<StandaloneContext>();
+  }
+  return *g_context;
+}
+
+void shutdown() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  g_context.reset();
+}
+
+}  // namespace erun
