@@ -3,7 +3,9 @@
 // writes it durably when a checkpoint directory is set), then checks for host
 // updates; restore() copies the last commit back; sync() makes every rank hold
 // the newest commit of any rank (the lowest rank among those with the highest
-// commit id is the root) and writes it into the registered values.
+// commit id is the root) and writes it into the registered values; when no
+// rank has committed, rank 0's current values are spread instead and kept as
+// everyone's baseline snapshot (restore() returns to it; commit_id stays 0).
 //
 // Collective calls (commit, sync, check_host_updates) must be made by all ranks
 // at the same step. Used from the training thread only.
@@ -39,10 +41,9 @@ class State {
   template <typename T>
   void register_value(const std::string& name, T* value) {
     static_assert(std::is_trivially_copyable_v<T>, "use register_object with a Serializer");
-    register_entry(name, [value] {
-      std::vector<char> b(sizeof(T));
+    register_entry(name, [value](std::vector<char>& b) {
+      b.resize(sizeof(T));
       std::memcpy(b.data(), value, sizeof(T));
-      return b;
     }, [value, name](const std::vector<char>& b) {
       check_size(name, b.size(), sizeof(T));
       std::memcpy(value, b.data(), sizeof(T));
@@ -52,10 +53,9 @@ class State {
   template <typename T>
   void register_vector(const std::string& name, std::vector<T>* v) {
     static_assert(std::is_trivially_copyable_v<T>);
-    register_entry(name, [v] {
-      std::vector<char> b(v->size() * sizeof(T));
+    register_entry(name, [v](std::vector<char>& b) {
+      b.resize(v->size() * sizeof(T));
       if (!b.empty()) std::memcpy(b.data(), v->data(), b.size());
-      return b;
     }, [v, name](const std::vector<char>& b) {
       check_multiple(name, b.size(), sizeof(T));
       v->resize(b.size() / sizeof(T));
@@ -67,8 +67,9 @@ class State {
   void register_buffer(const std::string& name, void* data, size_t bytes);
   template <typename T>
   void register_object(const std::string& name, T* obj, Serializer<T> ser) {
-    register_entry(name, [obj, ser] { return ser.save(*obj); },
-                   [obj, ser](const std::vector<char>& b) { ser.load(*obj, b); });
+    register_entry(name, [obj, ser](std::vector<char>& b) { b = ser.save(*obj); },
+                   [obj, ser](const std::vector<char>& b) { ser.load(*obj, b); },
+                   /*may_throw=*/true);
   }
 
   void commit();
@@ -79,8 +80,11 @@ class State {
 
   // Monotonic id of the last commit (0: nothing committed yet).
   uint64_t commit_id() const;
-  // Durable commits: every commit is also written to DIR/rank-independent file,
-  // atomically; a State created with a directory holding one starts from it.
+  // Durable commits; call after registering every entry. Rank 0 writes each
+  // commit to DIR/erun-state.bin atomically (temp file, fsync, rename, fsync
+  // DIR). A valid file already there becomes the committed snapshot, with its
+  // commit id, and is loaded into the values. Throws erun::Error when the file
+  // is corrupt, does not match the registered entries, or cannot be written.
   void set_checkpoint_dir(const std::string& dir);
   // Called after every re-join with the old and new world size.
   void on_reset(std::function<void(int old_size, int new_size)> callback);
@@ -90,9 +94,13 @@ class State {
   Context& context() { return ctx_; }
 
  private:
-  using SaveFn = std::function<std::vector<char>()>;
+  // SaveFn writes the value into `out`, reusing its allocation when the size
+  // is unchanged, so that a commit of a large buffer costs one memcpy.
+  using SaveFn = std::function<void(std::vector<char>& out)>;
   using LoadFn = std::function<void(const std::vector<char>&)>;
-  void register_entry(const std::string& name, SaveFn save, LoadFn load);
+  // may_throw: a user Serializer; commit() runs those first, into a side
+  // buffer, so that a throwing one leaves the previous commit intact.
+  void register_entry(const std::string& name, SaveFn save, LoadFn load, bool may_throw = false);
   static void check_size(const std::string& name, size_t got, size_t want);
   static void check_multiple(const std::string& name, size_t got, size_t unit);
 
@@ -119,12 +127,20 @@ class ElasticSampler {
   void register_with(State& state, const std::string& name = "erun.sampler");
   // Recomputes this rank's share for the current world; call after every (re)join.
   void reset(int rank, int size);
+  // Starts epoch `epoch` from its first sample. Calling it with the current
+  // epoch keeps the progress, so a loop re-entered after a restore resumes
+  // mid-epoch.
   void set_epoch(uint64_t epoch);
   uint64_t epoch() const { return epoch_; }
   // This rank's remaining indices for the epoch, in order.
   const std::vector<size_t>& indices() const { return mine_; }
+  // This rank's share of the next `global_batch` samples of the epoch: the
+  // remaining-list positions p < global_batch with p % size == rank (fewer at
+  // the end of the epoch). The union over ranks is exactly the next
+  // min(global_batch, remaining()) samples.
+  std::vector<size_t> next_batch(size_t global_batch) const;
   // Marks the next `global_batch` samples of the epoch as processed by all ranks
-  // together (each rank took global_batch/size of its indices).
+  // together (each rank took its next_batch(global_batch)).
   void record_batch(size_t global_batch);
   // Samples of this epoch not yet processed (by anyone).
   size_t remaining() const;
@@ -137,7 +153,10 @@ class ElasticSampler {
   uint64_t epoch_ = 0;
   size_t processed_ = 0;
   int rank_ = 0, size_ = 1;
+  std::vector<size_t> perm_;  // the epoch's order of 0..n-1
   std::vector<size_t> mine_;
+  void reshuffle();
+  void recompute();
 };
 
 }  // namespace erun

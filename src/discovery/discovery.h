@@ -5,7 +5,7 @@
 //
 // DiscoveryLoop runs discovery on its own thread every interval and keeps the
 // newest good result, so a slow or hanging script never holds up the driver.
-// Its accessors are thread-safe.
+// Call first() (if at all) before start(); the accessors are thread-safe.
 #pragma once
 
 #include <atomic>
@@ -14,6 +14,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -31,10 +32,11 @@ class HostDiscovery {
   virtual std::string describe() const = 0;
 };
 
-// Runs a user script (argv[0] is the script path; run directly, so it needs a
-// shebang and +x, or through `sh` when it is not executable), kills its process
-// group when it runs past the timeout, and parses its stdout. Errors carry the
-// exit status and the tail of its stderr.
+// Runs a user command line through `/bin/sh -c` (as horovodrun does, so
+// "./discover.sh --flag" works; a script path needs +x and a #! line) in its own
+// process group, kills that group when it runs past the timeout (and after it
+// exits, so nothing it started lingers), and parses its stdout. Errors carry
+// the exit status and the tail of its stderr.
 class ScriptDiscovery final : public HostDiscovery {
  public:
   ScriptDiscovery(std::string script, Duration timeout, int default_slots);
@@ -109,6 +111,9 @@ class DiscoveryLoop {
   Snapshot snap_;
   bool stop_ = false;
   bool poked_ = false;
+  bool attempted_ = false;           // a discovery has run (first() or the loop)
+  bool have_good_ = false;           // snap_.hosts came from a successful discovery
+  std::set<std::string> warned_;     // errors already logged in this failure streak
   std::thread thread_;
 };
 

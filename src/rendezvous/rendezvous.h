@@ -8,8 +8,9 @@
 //
 // Server threads: one I/O thread owned by the server; the methods below are
 // thread-safe and called from the driver's thread. Client: one connection,
-// a reader thread for pushed notifications; methods are called from the
-// worker's training thread.
+// a reader thread that owns all reads (replies and pushed notifications);
+// methods are called from the worker's threads, and the client is destroyed
+// when none is inside a method (the destructor returns promptly, driver or not).
 #pragma once
 
 #include <atomic>
@@ -64,12 +65,17 @@ class RendezvousServer {
   Status start();
   int port() const;
 
-  // Workers waiting in join (not yet in a published generation) and members
-  // of the current one, by slot.
+  // Workers blocked in join (connected, not yet given an assignment), by
+  // slot, with the commit id they hold (the driver picks the sync root).
   std::vector<JoinRequest> waiting() const;
-  // Publishes generation `gen`: each listed slot's waiting (or later) join
-  // returns its assignment. Keys of older generations are dropped.
+  // Connected workers that received an assignment of the current generation.
+  std::vector<JoinRequest> members() const;
+  // Publishes generation `gen` (greater than any before): each listed slot's
+  // waiting (or later) join returns its assignment; joins of unlisted slots
+  // keep waiting. Keys and pending gets of older generations are dropped.
   void publish(long gen, const std::vector<RankAssignment>& ranks);
+  // The last published generation (-1 before the first).
+  long generation() const;
   // Tells every connected worker of generation `gen` that membership changes.
   void notify_hosts_updated(long gen);
   // Slots whose connection closed since the last call (a worker died or left).
@@ -89,6 +95,7 @@ struct ClientOptions {
   std::string secret;
   Duration io_timeout = std::chrono::seconds(10);
   Duration join_timeout = std::chrono::seconds(600);
+  size_t max_frame_bytes = 64 << 20;
 };
 
 class RendezvousClient {
@@ -96,13 +103,19 @@ class RendezvousClient {
   explicit RendezvousClient(ClientOptions options);
   ~RendezvousClient();
   Status connect();
-  // Blocks until the driver publishes a generation containing this slot.
+  // Blocks until the driver publishes a generation newer than the last one
+  // this client joined that contains this slot, or join_timeout.
   Result<RankAssignment> join(const JoinRequest& request, long* generation_out);
-  // The generation-scoped store of the current generation.
+  // The generation-scoped store of the current generation: set/get/check throw
+  // CommError on a stale generation, a timeout, or a lost connection.
   KvStore& store();
   // Set by the reader thread when the driver announced a membership change
-  // for the current generation.
+  // for the current generation; cleared by the next successful join.
   bool hosts_updated() const;
+  // The generation of the last successful join (-1 before).
+  long generation() const;
+  // False once the connection to the driver is lost.
+  bool connected() const;
 
  private:
   struct Impl;

@@ -553,8 +553,9 @@ int Driver::finish_with_failure(const Failure& f) {
 }
 
 int Driver::job_exit_code() {
-  int code = first_failure_ ? first_failure_->status.shell_code() : 0;
-  if (first_failure_) report_failure(*first_failure_);
+  // The final generation decides: earlier failures were recovered from.
+  int code = generation_failure_ ? std::max(1, generation_failure_->status.shell_code()) : 0;
+  if (generation_failure_) report_failure(*generation_failure_);
   ERUN_LOG_INFO("job {} finished with exit code {} after {} generation{} and {} reset{}", d_.job_id, code,
                 generation_, generation_ == 1 ? "" : "s", resets_, resets_ == 1 ? "" : "s");
   if (d_.events) {
@@ -695,21 +696,21 @@ std::optional<int> Driver::step() {
       break;
     }
     case Phase::kFinishing: {
-      if (generation_failure_ && !first_failure_) first_failure_ = generation_failure_;
       bool all_done = std::all_of(workers_.begin(), workers_.end(), [](const Worker& w) { return w.exit; });
       if (all_done) return job_exit_code();
       if (now >= finish_deadline_) {
         ERUN_LOG_ERROR("{}: {:.0f} s after the first worker finished, others still run; stopping them",
                        who(generation_), seconds(o_.finish_timeout));
+        std::vector<const Worker*> stragglers;
+        for (auto& w : workers_) {
+          if (!w.exit) stragglers.push_back(&w);
+        }
         stop_all(SIGTERM);
-        if (!first_failure_) {
-          for (auto& w : workers_) {
-            if (w.stopping && w.exit) {
-              first_failure_ = Failure{generation_, w.assignment.slot.host, w.assignment.rank, ExitStatus{1, 0},
-                                       {}, seconds(now - w.started)};
-              break;
-            }
-          }
+        if (!generation_failure_ && !stragglers.empty()) {
+          const Worker& w = *stragglers.front();
+          generation_failure_ = Failure{generation_, w.assignment.slot.host, w.assignment.rank, ExitStatus{1, 0},
+                                        {"still running --finish-timeout after another rank finished"},
+                                        seconds(now - w.started)};
         }
         return job_exit_code();
       }

@@ -107,6 +107,7 @@ TEST_F(DriverTest, SignalExitCodeIs128PlusSignal) {
   discovery.set(HostSet({{"localhost", 1}}));
   DriverOptions o;
   o.np = o.min_np = o.max_np = 1;
+  o.reset_limit = 0;
   make(o);
   ASSERT_TRUE(driver->start());
   steps(1);
@@ -134,6 +135,19 @@ TEST_F(DriverTest, FailureRestartsEveryWorkerUntilTheResetLimit) {
   EXPECT_EQ(launcher.launched().size(), 12u);
   launcher.finish(launcher.running_rank(3), ExitStatus{7, 0});
   EXPECT_EQ(steps(2), 7);
+}
+
+TEST_F(DriverTest, RecoveredFailureDoesNotFailTheJob) {
+  discovery.set(HostSet({{"a", 2}}));
+  auto o = elastic(2, 2, 2);
+  make(o);
+  ASSERT_TRUE(driver->start());
+  steps(1);
+  launcher.finish(launcher.running_rank(1), ExitStatus{0, SIGKILL});
+  steps(2);
+  EXPECT_EQ(driver->generation(), 2);
+  finish_all(ExitStatus{0, 0});
+  EXPECT_EQ(steps(2), 0);
 }
 
 TEST_F(DriverTest, GrowsShrinksAndWaitsForMinNp) {

@@ -1,0 +1,354 @@
+#include "collectives/gloo/gloo_communicator.h"
+
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <functional>
+#include <mutex>
+#include <stdexcept>
+
+#include <gloo/allgather.h>
+#include <gloo/allgatherv.h>
+#include <gloo/allreduce.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/common/error.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/device.h>
+#include <gloo/transport/tcp/pair.h>
+
+#include "common/check.h"
+
+namespace erun {
+namespace {
+
+using Millis = std::chrono::milliseconds;
+
+// gloo sizes are size_t, but keep single transfers well below 2 GiB so that no
+// int inside a transport or the kernel's socket calls ever sees a larger count.
+constexpr size_t kMaxChunkBytes = size_t{1} << 30;
+
+Millis to_millis(Duration d) {
+  return std::max(Millis(1), std::chrono::duration_cast<Millis>(d));
+}
+
+// gloo::rendezvous::Store over an erun KvStore, keys scoped by a prefix.
+class StoreAdapter final : public gloo::rendezvous::Store {
+ public:
+  StoreAdapter(KvStore& store, std::string prefix, Duration timeout)
+      : store_(store), prefix_(std::move(prefix)), timeout_(timeout) {}
+
+  void set(const std::string& key, const std::vector<char>& data) override {
+    store_.set(scoped(key), data);
+  }
+  std::vector<char> get(const std::string& key) override {
+    return store_.get(scoped(key), timeout_);
+  }
+  void wait(const std::vector<std::string>& keys) override { wait(keys, to_millis(timeout_)); }
+  void wait(const std::vector<std::string>& keys, const Millis& timeout) override {
+    for (auto& key : keys) store_.get(scoped(key), timeout);
+  }
+
+ private:
+  std::string scoped(const std::string& key) const { return prefix_ + "/" + key; }
+
+  KvStore& store_;
+  const std::string prefix_;
+  const Duration timeout_;
+};
+
+// Reads a tcp::Pair's socket under the pair's own lock (both are protected
+// members; naming them through a derived class is the standard way to reach
+// them without changing gloo).
+struct PairAccess : gloo::transport::tcp::Pair {
+  static void shutdown_socket(gloo::transport::tcp::Pair& pair) {
+    auto mu = &PairAccess::m_;
+    auto fd = &PairAccess::fd_;
+    std::lock_guard<std::mutex> lock(pair.*mu);
+    int sock = pair.*fd;
+    if (sock >= 0) ::shutdown(sock, SHUT_RDWR);
+  }
+};
+
+template <typename T>
+void reduce_sum(void* out, const void* a, const void* b, size_t n) {
+  auto* o = static_cast<T*>(out);
+  auto* x = static_cast<const T*>(a);
+  auto* y = static_cast<const T*>(b);
+  for (size_t i = 0; i < n; ++i) o[i] = static_cast<T>(x[i] + y[i]);
+}
+template <typename T>
+void reduce_product(void* out, const void* a, const void* b, size_t n) {
+  auto* o = static_cast<T*>(out);
+  auto* x = static_cast<const T*>(a);
+  auto* y = static_cast<const T*>(b);
+  for (size_t i = 0; i < n; ++i) o[i] = static_cast<T>(x[i] * y[i]);
+}
+template <typename T>
+void reduce_min(void* out, const void* a, const void* b, size_t n) {
+  auto* o = static_cast<T*>(out);
+  auto* x = static_cast<const T*>(a);
+  auto* y = static_cast<const T*>(b);
+  for (size_t i = 0; i < n; ++i) o[i] = std::min(x[i], y[i]);
+}
+template <typename T>
+void reduce_max(void* out, const void* a, const void* b, size_t n) {
+  auto* o = static_cast<T*>(out);
+  auto* x = static_cast<const T*>(a);
+  auto* y = static_cast<const T*>(b);
+  for (size_t i = 0; i < n; ++i) o[i] = std::max(x[i], y[i]);
+}
+
+// Wrapping arithmetic for the integer types (signed overflow is otherwise UB).
+template <typename T>
+struct Wide {
+  using type = T;
+};
+template <>
+struct Wide<int32_t> {
+  using type = uint32_t;
+};
+template <>
+struct Wide<int64_t> {
+  using type = uint64_t;
+};
+template <>
+struct Wide<uint8_t> {
+  using type = uint32_t;
+};
+
+template <typename T>
+void reduce_sum_int(void* out, const void* a, const void* b, size_t n) {
+  using W = typename Wide<T>::type;
+  auto* o = static_cast<T*>(out);
+  auto* x = static_cast<const T*>(a);
+  auto* y = static_cast<const T*>(b);
+  for (size_t i = 0; i < n; ++i) o[i] = static_cast<T>(static_cast<W>(x[i]) + static_cast<W>(y[i]));
+}
+template <typename T>
+void reduce_product_int(void* out, const void* a, const void* b, size_t n) {
+  using W = typename Wide<T>::type;
+  auto* o = static_cast<T*>(out);
+  auto* x = static_cast<const T*>(a);
+  auto* y = static_cast<const T*>(b);
+  for (size_t i = 0; i < n; ++i) o[i] = static_cast<T>(static_cast<W>(x[i]) * static_cast<W>(y[i]));
+}
+
+template <typename T>
+gloo::AllreduceOptions::Func reduce_function(ReduceOp op) {
+  constexpr bool is_int = std::is_integral_v<T>;
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAverage:
+      if constexpr (is_int) return &reduce_sum_int<T>;
+      else return &reduce_sum<T>;
+    case ReduceOp::kProduct:
+      if constexpr (is_int) return &reduce_product_int<T>;
+      else return &reduce_product<T>;
+    case ReduceOp::kMin: return &reduce_min<T>;
+    case ReduceOp::kMax: return &reduce_max<T>;
+  }
+  ERUN_CHECK(false);
+  return nullptr;
+}
+
+template <typename T>
+void divide(void* data, size_t count, int by) {
+  auto* p = static_cast<T*>(data);
+  for (size_t i = 0; i < count; ++i) p[i] = static_cast<T>(p[i] / static_cast<T>(by));
+}
+
+class GlooCommunicator final : public Communicator {
+ public:
+  GlooCommunicator(KvStore& store, const GlooOptions& o) : options_(o), timeout_(to_millis(o.timeout)) {
+    ERUN_CHECK(o.size >= 1 && o.rank >= 0 && o.rank < o.size);
+    run("connect", [&] {
+      gloo::transport::tcp::attr attr;
+      attr.hostname = o.hostname;
+      device_ = gloo::transport::tcp::CreateDevice(attr);
+      auto context = std::make_shared<gloo::rendezvous::Context>(o.rank, o.size);
+      context->setTimeout(timeout_);
+      StoreAdapter adapter(store, o.prefix, o.timeout);
+      context->connectFullMesh(adapter, device_);
+      context_ = std::move(context);
+    });
+  }
+
+  ~GlooCommunicator() override = default;
+
+  int rank() const override { return options_.rank; }
+  int size() const override { return options_.size; }
+
+  void allreduce(void* data, size_t count, DataType type, ReduceOp op) override {
+    switch (type) {
+      case DataType::kFloat32: return allreduce_typed<float>(data, count, op);
+      case DataType::kFloat64: return allreduce_typed<double>(data, count, op);
+      case DataType::kInt32: return allreduce_typed<int32_t>(data, count, op);
+      case DataType::kInt64: return allreduce_typed<int64_t>(data, count, op);
+      case DataType::kUInt8: return allreduce_typed<uint8_t>(data, count, op);
+      case DataType::kFloat16:
+      case DataType::kBFloat16:
+        throw std::invalid_argument(std::string("erun: CPU allreduce does not support ") + to_string(type) +
+                                    "; convert to float32 or use the NCCL communicator for GPU buffers");
+    }
+    ERUN_CHECK(false);
+  }
+
+  void broadcast(void* data, size_t bytes, int root) override {
+    ERUN_CHECK(root >= 0 && root < size());
+    run("broadcast", [&] {
+      auto* p = static_cast<uint8_t*>(data);
+      for (size_t off = 0; off < bytes; off += kMaxChunkBytes) {
+        size_t n = std::min(kMaxChunkBytes, bytes - off);
+        gloo::BroadcastOptions opts(context_);
+        opts.setOutput(p + off, n);
+        opts.setRoot(root);
+        opts.setTag(next_tag());
+        opts.setTimeout(timeout_);
+        gloo::broadcast(opts);
+      }
+    });
+  }
+
+  void allgather(const void* in, void* out, size_t bytes) override {
+    run("allgather", [&] {
+      if (bytes == 0) return;
+      gloo::AllgatherOptions opts(context_);
+      opts.setInput(const_cast<uint8_t*>(static_cast<const uint8_t*>(in)), bytes);
+      opts.setOutput(static_cast<uint8_t*>(out), bytes * static_cast<size_t>(size()));
+      opts.setTag(next_tag());
+      opts.setTimeout(timeout_);
+      gloo::allgather(opts);
+    });
+  }
+
+  std::vector<std::vector<char>> allgatherv(const void* in, size_t bytes) override {
+    std::vector<uint64_t> sizes(size());
+    uint64_t mine = bytes;
+    allgather(&mine, sizes.data(), sizeof(mine));
+    std::vector<size_t> counts(sizes.begin(), sizes.end());
+    size_t total = 0;
+    for (size_t c : counts) total += c;
+    std::vector<char> flat(total);
+    run("allgatherv", [&] {
+      if (total == 0) return;
+      gloo::AllgathervOptions opts(context_);
+      opts.setInput(const_cast<char*>(static_cast<const char*>(in)), bytes);
+      opts.setOutput(flat.data(), counts);
+      opts.setTag(next_tag());
+      opts.setTimeout(timeout_);
+      gloo::allgatherv(opts);
+    });
+    std::vector<std::vector<char>> result(size());
+    size_t off = 0;
+    for (int r = 0; r < size(); ++r) {
+      result[r].assign(flat.begin() + off, flat.begin() + off + counts[r]);
+      off += counts[r];
+    }
+    return result;
+  }
+
+  void barrier() override {
+    run("barrier", [&] {
+      gloo::BarrierOptions opts(context_);
+      opts.setTag(next_tag());
+      opts.setTimeout(timeout_);
+      gloo::barrier(opts);
+    });
+  }
+
+  void abort() override {
+    std::lock_guard<std::mutex> lock(abort_mu_);
+    if (aborted_.exchange(true)) return;
+    if (!context_) return;
+    // Shutting the sockets down wakes every blocked operation here (the
+    // transport sees end-of-stream) and tells the peers at once.
+    for (int r = 0; r < size(); ++r) {
+      if (r == rank()) continue;
+      auto& pair = context_->getPair(r);
+      if (auto* tcp = dynamic_cast<gloo::transport::tcp::Pair*>(pair.get())) PairAccess::shutdown_socket(*tcp);
+    }
+  }
+
+ private:
+  template <typename T>
+  void allreduce_typed(void* data, size_t count, ReduceOp op) {
+    run("allreduce", [&] {
+      auto fn = reduce_function<T>(op);
+      auto* p = static_cast<T*>(data);
+      const size_t chunk = kMaxChunkBytes / sizeof(T);
+      for (size_t off = 0; off < count; off += chunk) {
+        size_t n = std::min(chunk, count - off);
+        gloo::AllreduceOptions opts(context_);
+        opts.setOutput(p + off, n);
+        opts.setReduceFunction(fn);
+        opts.setTag(next_tag());
+        opts.setTimeout(timeout_);
+        gloo::allreduce(opts);
+      }
+    });
+    if (op == ReduceOp::kAverage) divide<T>(data, count, size());
+  }
+
+  uint32_t next_tag() { return tag_++; }
+
+  // Runs one operation and turns every failure into a CommError; after one, the
+  // communicator refuses further work.
+  template <typename F>
+  void run(const char* what, F&& body) {
+    if (aborted_) fail(what, "the communicator was aborted");
+    if (broken_) fail(what, "an earlier operation failed: " + broken_reason_);
+    try {
+      body();
+    } catch (const CommError& e) {
+      mark_broken(e.what());
+      fail(what, e.what());
+    } catch (const gloo::Exception& e) {
+      mark_broken(e.what());
+      fail(what, aborted_ ? std::string("the communicator was aborted (") + e.what() + ")" : e.what());
+    } catch (const std::invalid_argument&) {
+      throw;
+    } catch (const std::exception& e) {
+      // gloo reports protocol violations (GLOO_ENFORCE) as plain exceptions.
+      mark_broken(e.what());
+      fail(what, e.what());
+    }
+    if (aborted_) {
+      mark_broken("aborted");
+      fail(what, "the communicator was aborted");
+    }
+  }
+
+  void mark_broken(const std::string& reason) {
+    if (!broken_) broken_reason_ = reason;
+    broken_ = true;
+  }
+
+  [[noreturn]] void fail(const char* what, const std::string& cause) const {
+    throw CommError("gloo " + std::string(what) + " failed on rank " + std::to_string(rank()) + " of " +
+                    std::to_string(size()) + " (prefix '" + options_.prefix + "', timeout " +
+                    std::to_string(timeout_.count()) + " ms): " + cause +
+                    "; rebuild the communicator (restore and re-join)");
+  }
+
+  const GlooOptions options_;
+  const Millis timeout_;
+  std::shared_ptr<gloo::transport::Device> device_;
+  std::shared_ptr<gloo::rendezvous::Context> context_;
+  uint32_t tag_ = 0;
+  bool broken_ = false;
+  std::string broken_reason_;
+  std::mutex abort_mu_;
+  std::atomic<bool> aborted_{false};
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_gloo_communicator(KvStore& store, const GlooOptions& options) {
+  return std::make_unique<GlooCommunicator>(store, options);
+}
+
+}  // namespace erun

@@ -1,0 +1,36 @@
+// GlooCommunicator: the CPU Communicator of one generation, Gloo over TCP.
+// Built by every rank of the generation at once (construction is itself
+// collective: it exchanges pair addresses through the KvStore under `prefix`
+// and connects a full mesh, bounded by `timeout`). Operations run on the
+// caller's thread, one at a time; abort() may be called from any other thread.
+// Every failure (peer reset, timeout, abort, store timeout) is a CommError that
+// names the operation and the rank; afterwards the object only throws.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "common/clock.h"
+#include "erun/communicator.hpp"
+#include "rendezvous/kv_store.h"
+
+namespace erun {
+
+struct GlooOptions {
+  int rank = 0;
+  int size = 1;
+  // Bounds construction and every operation (gloo's per-op timeout).
+  Duration timeout = std::chrono::seconds(30);
+  // The address peers reach this rank at: a hostname or IP of this host.
+  std::string hostname = "127.0.0.1";
+  // Scopes the store keys, e.g. "gen3/gloo"; ranks of one communicator share it.
+  std::string prefix = "gloo";
+};
+
+// Reductions: float types exactly as IEEE arithmetic gives them; integer kSum and
+// kProduct wrap around on overflow (uint8 modulo 256), and integer kAverage is
+// the sum divided by size() with truncation toward zero. float16/bfloat16 are
+// not supported on the CPU (std::invalid_argument): use NCCL for them.
+std::unique_ptr<Communicator> make_gloo_communicator(KvStore& store, const GlooOptions& options);
+
+}  // namespace erun

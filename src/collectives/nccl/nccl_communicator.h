@@ -1,0 +1,67 @@
+// NcclCommunicator: collectives on GPU buffers among the ranks of one
+// generation, one GPU per rank. Construction is collective: rank 0 creates the
+// NCCL unique id and shares it through the KvStore under `prefix`; init is
+// nonblocking and bounded by `timeout`. Operations are enqueued on the caller's
+// stream and then waited for by the caller's thread, which polls the stream and
+// NCCL's async error until the deadline; on error or timeout it aborts the NCCL
+// communicator and throws CommError, and the object only throws afterwards.
+// abort() may be called from any thread. Only built when ERUN_HAVE_NCCL.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include "common/clock.h"
+#include "erun/communicator.hpp"
+#include "rendezvous/kv_store.h"
+
+namespace erun {
+
+// False when the CUDA runtime finds no device (no driver, no GPU): callers use
+// the CPU communicator, tests skip.
+bool nccl_available();
+int cuda_device_count();
+
+struct NcclOptions {
+  int rank = 0;
+  int size = 1;
+  int device = 0;  // CUDA device of this rank
+  Duration timeout = std::chrono::seconds(60);
+  std::string prefix = "nccl";
+};
+
+class NcclCommunicator {
+ public:
+  NcclCommunicator(KvStore& store, const NcclOptions& options);
+  ~NcclCommunicator();
+  NcclCommunicator(const NcclCommunicator&) = delete;
+  NcclCommunicator& operator=(const NcclCommunicator&) = delete;
+
+  int rank() const { return options_.rank; }
+  int size() const { return options_.size; }
+  int device() const { return options_.device; }
+
+  // Device pointers; each call returns when the result is in `data` (the
+  // stream has drained up to and including the operation).
+  void allreduce(void* data, size_t count, DataType type, ReduceOp op, cudaStream_t stream);
+  void broadcast(void* data, size_t bytes, int root, cudaStream_t stream);
+  void allgather(const void* in, void* out, size_t bytes, cudaStream_t stream);
+  void abort();
+
+ private:
+  struct Comm;
+  void wait_ready(const char* what, TimePoint deadline);
+  void wait_stream(const char* what, cudaStream_t stream);
+  void check_usable(const char* what);
+  [[noreturn]] void fail(const char* what, const std::string& cause);
+
+  const NcclOptions options_;
+  std::unique_ptr<Comm> comm_;
+  std::atomic<bool> abort_requested_{false};
+  bool broken_ = false;
+};
+
+}  // namespace erun

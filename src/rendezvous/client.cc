@@ -1,0 +1,345 @@
+// RendezvousClient: the handshake runs on the caller's thread in connect();
+// after it a reader thread owns every read of the socket. Requests carry an id
+// in the frame header; the caller sends under a write mutex and waits on a
+// condition variable, with a deadline, for the reader to hand over the reply.
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+
+#include "common/log.h"
+#include "erun/errors.hpp"
+#include "rendezvous/rendezvous.h"
+#include "rendezvous/wire.h"
+
+namespace erun {
+namespace {
+
+using wire::Type;
+using SteadyClock = std::chrono::steady_clock;
+constexpr size_t kMaxHandshakeReply = 4096;
+
+std::string slot_name(const SlotKey& s) { return fmt::format("{}:{}", s.host, s.local_index); }
+
+std::string error_message(const wire::Frame& f) {
+  wire::PayloadReader r(f.payload);
+  std::string m = r.bytes();
+  return r.failed() ? std::string("(unreadable error message)") : m;
+}
+
+}  // namespace
+
+struct RendezvousClient::Impl {
+  explicit Impl(ClientOptions o) : opt(std::move(o)), job_hash(wire::job_hash(opt.job_id)), store(this) {}
+
+  struct Pending {
+    bool done = false;
+    wire::Frame frame;
+  };
+
+  class RemoteStore final : public KvStore {
+   public:
+    explicit RemoteStore(Impl* impl) : impl_(impl) {}
+    void set(const std::string& key, const std::vector<char>& value) override {
+      wire::PayloadWriter w;
+      w.bytes(key).bytes({value.data(), value.size()});
+      auto f = impl_->kv_call(Type::kKvSet, w.str(), impl_->opt.io_timeout, "set '" + key + "'");
+      impl_->expect(f, Type::kKvSetOk, "set '" + key + "'");
+    }
+    std::vector<char> get(const std::string& key, Duration timeout) override {
+      if (timeout < Duration::zero()) timeout = Duration::zero();
+      wire::PayloadWriter w;
+      auto ms = std::chrono::ceil<std::chrono::milliseconds>(timeout).count();
+      w.bytes(key).u64(static_cast<uint64_t>(ms));
+      auto f = impl_->kv_call(Type::kKvGet, w.str(), timeout + impl_->opt.io_timeout, "get '" + key + "'");
+      impl_->expect(f, Type::kKvValue, "get '" + key + "'");
+      wire::PayloadReader r(f.payload);
+      std::string v = r.bytes();
+      if (!r.done()) throw CommError("store: malformed reply to get '" + key + "'");
+      return std::vector<char>(v.begin(), v.end());
+    }
+    bool check(const std::vector<std::string>& keys) override {
+      wire::PayloadWriter w;
+      w.u32(static_cast<uint32_t>(keys.size()));
+      for (auto& k : keys) w.bytes(k);
+      auto f = impl_->kv_call(Type::kKvCheck, w.str(), impl_->opt.io_timeout, "check");
+      impl_->expect(f, Type::kKvCheckResult, "check");
+      wire::PayloadReader r(f.payload);
+      uint8_t all = r.u8();
+      if (!r.done()) throw CommError("store: malformed reply to check");
+      return all != 0;
+    }
+
+   private:
+    Impl* impl_;
+  };
+
+  ClientOptions opt;
+  uint64_t job_hash;
+  RemoteStore store;
+  int fd = -1, wake_fd = -1;
+  std::thread reader;
+  std::atomic<bool> stop{false};
+  std::atomic<bool> hosts_updated{false};
+  std::atomic<long> gen{-1};
+
+  std::mutex write_mu;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::unordered_map<uint32_t, Pending*> pending;  // guarded by mu
+  uint32_t next_request = 1;                       // guarded by mu
+  bool broken = false;                             // guarded by mu
+  std::string broken_reason;                       // guarded by mu
+  std::string server_said;                         // guarded by mu: last pushed ERROR
+
+  ~Impl() {
+    stop = true;
+    if (wake_fd >= 0) {
+      uint64_t one = 1;
+      [[maybe_unused]] auto n = ::write(wake_fd, &one, sizeof(one));
+    }
+    if (fd >= 0) ::shutdown(fd, SHUT_RDWR);
+    if (reader.joinable()) reader.join();
+    fail("the client was closed");
+    if (fd >= 0) ::close(fd);
+    if (wake_fd >= 0) ::close(wake_fd);
+  }
+
+  std::string where() const { return fmt::format("{}:{}", opt.address, opt.port); }
+
+  void fail(const std::string& reason) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (broken) return;
+      broken = true;
+      broken_reason = server_said.empty() ? reason : reason + " (server said: " + server_said + ")";
+    }
+    cv.notify_all();
+  }
+
+  Status connect() {
+    if (fd >= 0) return Status::error("rendezvous: connect() called twice");
+    TimePoint deadline = SteadyClock::now() + opt.io_timeout;
+    auto sock = wire::connect_tcp(opt.address, opt.port, deadline);
+    if (!sock) return sock.status();
+    fd = *sock;
+    auto fail_with = [&](const std::string& what) {
+      ::close(fd);
+      fd = -1;
+      return Status::error(fmt::format("rendezvous: handshake with {} failed: {}", where(), what));
+    };
+    std::string client_nonce = wire::random_bytes(wire::kNonceBytes);
+    auto s = wire::send_all(fd, wire::encode_frame(Type::kHello, job_hash, -1, 0, client_nonce), deadline);
+    if (!s) return fail_with(s.message());
+    auto ch = wire::recv_frame(fd, job_hash, kMaxHandshakeReply, deadline);
+    if (!ch) return fail_with(ch.message());
+    if (ch->header.type == static_cast<uint16_t>(Type::kError)) return fail_with(error_message(*ch));
+    if (ch->header.type != static_cast<uint16_t>(Type::kChallenge) || ch->payload.size() != wire::kNonceBytes) {
+      return fail_with(fmt::format("expected CHALLENGE, got {}", wire::type_name(ch->header.type)));
+    }
+    const std::string& server_nonce = ch->payload;
+    auto proof = wire::client_proof(opt.secret, server_nonce, opt.job_id, client_nonce);
+    s = wire::send_all(fd, wire::encode_frame(Type::kAuth, job_hash, -1, 0, proof), deadline);
+    if (!s) return fail_with(s.message());
+    auto ok = wire::recv_frame(fd, job_hash, kMaxHandshakeReply, deadline);
+    if (!ok) return fail_with(ok.message());
+    if (ok->header.type == static_cast<uint16_t>(Type::kError)) {
+      return fail_with(error_message(*ok) + " (check the job secret given to this worker)");
+    }
+    if (ok->header.type != static_cast<uint16_t>(Type::kAuthOk) ||
+        !wire::equal_ct(ok->payload, wire::server_proof(opt.secret, client_nonce, opt.job_id, server_nonce))) {
+      return fail_with("the server did not prove it knows the job secret (another job, or an impostor)");
+    }
+    wake_fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (wake_fd < 0) return fail_with(fmt::format("eventfd: {}", std::strerror(errno)));
+    reader = std::thread([this] { read_loop(); });
+    return Status::ok();
+  }
+
+  void read_loop() {
+    std::vector<char> buf;
+    size_t len = 0;
+    TimePoint frame_deadline = TimePoint::max();
+    while (!stop) {
+      pollfd fds[2] = {{fd, POLLIN, 0}, {wake_fd, POLLIN, 0}};
+      int ms = -1;
+      if (len > 0) {
+        auto left = frame_deadline - SteadyClock::now();
+        ms = left <= Duration::zero() ? 0 : static_cast<int>(std::chrono::ceil<std::chrono::milliseconds>(left).count());
+      }
+      int n = ::poll(fds, 2, ms);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return fail(fmt::format("rendezvous: poll failed: {}", std::strerror(errno)));
+      }
+      if (stop || fds[1].revents) return;
+      if (n == 0) {
+        if (len > 0 && SteadyClock::now() >= frame_deadline) {
+          ::shutdown(fd, SHUT_RDWR);
+          return fail(fmt::format("rendezvous: the driver at {} stalled mid-message for {:.1f} s", where(),
+                                  seconds(opt.io_timeout)));
+        }
+        continue;
+      }
+      if (buf.size() - len < 65536) buf.resize(len + 65536);
+      ssize_t r = ::recv(fd, buf.data() + len, buf.size() - len, 0);
+      if (r == 0) return fail(fmt::format("rendezvous: connection to the driver at {} closed", where()));
+      if (r < 0) {
+        if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
+        return fail(fmt::format("rendezvous: connection to the driver at {} lost: {}", where(), std::strerror(errno)));
+      }
+      len += static_cast<size_t>(r);
+      size_t off = 0;
+      while (len - off >= wire::kHeaderBytes) {
+        wire::Header h = wire::decode_header(buf.data() + off);
+        if (auto why = wire::check_header(h, job_hash, opt.max_frame_bytes)) {
+          ::shutdown(fd, SHUT_RDWR);
+          return fail(fmt::format("rendezvous: the driver at {} sent a bad frame: {}", where(), *why));
+        }
+        size_t total = wire::kHeaderBytes + h.length;
+        if (len - off < total) {
+          if (buf.size() < off + total) buf.resize(off + total);
+          break;
+        }
+        wire::Frame f{h, std::string(buf.data() + off + wire::kHeaderBytes, h.length)};
+        off += total;
+        dispatch(std::move(f));
+      }
+      std::memmove(buf.data(), buf.data() + off, len - off);
+      len -= off;
+      if (len == 0) {
+        frame_deadline = TimePoint::max();
+      } else if (off > 0 || frame_deadline == TimePoint::max()) {
+        frame_deadline = SteadyClock::now() + opt.io_timeout;
+      }
+    }
+  }
+
+  void dispatch(wire::Frame f) {
+    auto type = static_cast<Type>(f.header.type);
+    if (type == Type::kHostsUpdated) {
+      if (f.header.generation >= gen.load()) hosts_updated = true;
+      return;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (f.header.request_id == 0) {
+        if (type == Type::kError) server_said = error_message(f);
+        return;
+      }
+      auto it = pending.find(f.header.request_id);
+      if (it == pending.end()) return;  // its caller gave up waiting
+      if (type == Type::kAssignment) {
+        // Updated here, in stream order, so a HOSTS_UPDATED right behind the
+        // assignment is measured against the new generation.
+        gen = static_cast<long>(f.header.generation);
+        hosts_updated = false;
+      }
+      it->second->frame = std::move(f);
+      it->second->done = true;
+    }
+    cv.notify_all();
+  }
+
+  // Sends one request and waits for its reply until `deadline`.
+  Result<wire::Frame> call(Type type, int64_t generation, const std::string& payload, TimePoint deadline) {
+    if (fd < 0) return Result<wire::Frame>::error("rendezvous: not connected (call connect() first)");
+    Pending p;
+    uint32_t id;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (broken) return Result<wire::Frame>::error(broken_reason);
+      id = next_request++;
+      if (next_request == 0) next_request = 1;
+      pending[id] = &p;
+    }
+    Status sent;
+    {
+      std::lock_guard<std::mutex> lock(write_mu);
+      sent = wire::send_all(fd, wire::encode_frame(type, job_hash, generation, id, payload),
+                            std::min(deadline, SteadyClock::now() + opt.io_timeout));
+    }
+    if (!sent) {
+      // A partly written frame leaves the stream unusable.
+      ::shutdown(fd, SHUT_RDWR);
+      fail(fmt::format("rendezvous: sending to the driver at {} failed: {}", where(), sent.message()));
+    }
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait_until(lock, deadline, [&] { return p.done || broken; });
+    pending.erase(id);
+    if (p.done) return std::move(p.frame);
+    if (broken) return Result<wire::Frame>::error(broken_reason);
+    return Result<wire::Frame>::error(fmt::format("rendezvous: no reply from the driver at {} in time", where()));
+  }
+
+  wire::Frame kv_call(Type type, const std::string& payload, Duration wait, const std::string& what) {
+    long g = gen.load();
+    if (g < 0) throw CommError("store: " + what + " before join (join a generation first)");
+    auto f = call(type, g, payload, SteadyClock::now() + wait);
+    if (!f) throw CommError("store: " + what + " failed: " + f.message());
+    return std::move(f).value();
+  }
+
+  void expect(const wire::Frame& f, Type want, const std::string& what) {
+    if (f.header.type == static_cast<uint16_t>(Type::kError)) {
+      throw CommError("store: " + what + ": " + error_message(f));
+    }
+    if (f.header.type != static_cast<uint16_t>(want)) {
+      throw CommError(fmt::format("store: {}: unexpected reply {}", what, wire::type_name(f.header.type)));
+    }
+  }
+
+  Result<RankAssignment> join(const JoinRequest& req, long* generation_out) {
+    wire::PayloadWriter w;
+    w.bytes(req.slot.host).i32(req.slot.local_index).u64(req.commit_id).i64(req.pid);
+    auto f = call(Type::kJoin, gen.load(), w.str(), SteadyClock::now() + opt.join_timeout);
+    if (!f) {
+      return Result<RankAssignment>::error(
+          fmt::format("rendezvous: join of slot {} failed: {}", slot_name(req.slot), f.message()));
+    }
+    if (f->header.type == static_cast<uint16_t>(Type::kError)) {
+      return Result<RankAssignment>::error(
+          fmt::format("rendezvous: join of slot {} refused: {}", slot_name(req.slot), error_message(*f)));
+    }
+    wire::PayloadReader r(f->payload);
+    RankAssignment a;
+    a.slot = req.slot;
+    a.rank = r.i32();
+    a.size = r.i32();
+    a.local_rank = r.i32();
+    a.local_size = r.i32();
+    a.cross_rank = r.i32();
+    a.cross_size = r.i32();
+    int64_t g = r.i64();
+    if (f->header.type != static_cast<uint16_t>(Type::kAssignment) || !r.done() || g != f->header.generation) {
+      return Result<RankAssignment>::error(
+          fmt::format("rendezvous: malformed reply {} to join", wire::type_name(f->header.type)));
+    }
+    if (generation_out) *generation_out = static_cast<long>(g);
+    return a;
+  }
+};
+
+RendezvousClient::RendezvousClient(ClientOptions options)
+    : impl_(std::make_unique<Impl>(std::move(options))) {}
+RendezvousClient::~RendezvousClient() = default;
+Status RendezvousClient::connect() { return impl_->connect(); }
+Result<RankAssignment> RendezvousClient::join(const JoinRequest& request, long* generation_out) {
+  return impl_->join(request, generation_out);
+}
+KvStore& RendezvousClient::store() { return impl_->store; }
+bool RendezvousClient::hosts_updated() const { return impl_->hosts_updated.load(); }
+long RendezvousClient::generation() const { return impl_->gen.load(); }
+bool RendezvousClient::connected() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->fd >= 0 && !impl_->broken;
+}
+
+}  // namespace erun

@@ -1,0 +1,736 @@
+// RendezvousServer: one I/O thread runs an epoll loop over the listening
+// socket, an eventfd (wake-ups from the driver's thread) and every client
+// socket, all non-blocking with per-connection buffers. All state sits under
+// one mutex, held by the I/O thread while it handles a batch of events and by
+// the driver's calls; sockets are only closed by the I/O thread.
+#include <fcntl.h>
+#include <netdb.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <queue>
+#include <thread>
+#include <unordered_map>
+
+#include "common/log.h"
+#include "rendezvous/rendezvous.h"
+#include "rendezvous/wire.h"
+
+namespace erun {
+namespace {
+
+using wire::Type;
+using SteadyClock = std::chrono::steady_clock;
+constexpr TimePoint kNever = TimePoint::max();
+constexpr uint64_t kListenId = 0;
+constexpr uint64_t kWakeId = UINT64_MAX;
+constexpr size_t kReadChunk = 64 << 10;
+constexpr auto kMaxGetWait = std::chrono::hours(24);
+
+enum class Phase { kHello, kAuth, kReady };
+
+struct Conn {
+  uint64_t id = 0;
+  int fd = -1;
+  std::string peer;
+  Phase phase = Phase::kHello;
+  std::string client_nonce, server_nonce;
+
+  std::vector<char> rbuf;
+  size_t rlen = 0;
+  std::string wbuf;
+  size_t woff = 0;
+  bool want_out = false;
+
+  TimePoint handshake_deadline = kNever;
+  TimePoint frame_deadline = kNever;
+  TimePoint write_deadline = kNever;
+
+  bool joined = false;  // sent a JOIN at least once
+  JoinRequest join;
+  bool join_pending = false;
+  uint32_t join_request_id = 0;
+  int64_t join_after_gen = -1;
+  int64_t member_gen = -1;
+  std::vector<uint64_t> gets;  // pending KV_GET ids
+
+  bool doomed = false;
+};
+
+struct PendingGet {
+  uint64_t conn = 0;
+  uint32_t request_id = 0;
+  std::string key;
+  TimePoint deadline;
+  Duration waited;
+};
+
+struct Timer {
+  TimePoint when;
+  uint64_t conn;  // kListenId: resume accepting
+  uint64_t get;   // 0: a connection deadline
+  bool operator>(const Timer& o) const { return when > o.when; }
+};
+
+std::string slot_name(const SlotKey& s) { return fmt::format("{}:{}", s.host, s.local_index); }
+
+void raise_fd_limit() {
+  rlimit rl{};
+  if (::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+    rlimit want = rl;
+    want.rlim_cur = rl.rlim_max;
+    if (::setrlimit(RLIMIT_NOFILE, &want) != 0) {
+      ERUN_LOG_WARN("rendezvous: could not raise the open-file limit from {} to {}: {}", rl.rlim_cur,
+                    rl.rlim_max, std::strerror(errno));
+    }
+  }
+}
+
+}  // namespace
+
+struct RendezvousServer::Impl {
+  explicit Impl(ServerOptions o) : opt(std::move(o)), job_hash(wire::job_hash(opt.job_id)) {}
+
+  ServerOptions opt;
+  uint64_t job_hash;
+  int listen_fd = -1, ep = -1, wake_fd = -1, bound_port = 0;
+  std::thread io;
+  std::atomic<bool> stop{false};
+  std::atomic<long> refused{0};
+
+  mutable std::mutex mu;
+  std::unordered_map<uint64_t, std::unique_ptr<Conn>> conns;
+  uint64_t next_conn = 1, next_get = 1;
+  std::vector<uint64_t> doomed;
+  std::priority_queue<Timer, std::vector<Timer>, std::greater<Timer>> timers;
+  bool accept_paused = false;
+
+  std::map<SlotKey, uint64_t> waiting;     // slot -> conn blocked in join
+  std::map<SlotKey, uint64_t> slot_owner;  // slot -> latest conn that joined for it
+  std::vector<SlotKey> disconnected;
+
+  int64_t gen = -1;
+  std::map<SlotKey, RankAssignment> assignments;
+  std::unordered_map<std::string, std::vector<char>> kv;
+  std::unordered_map<std::string, std::vector<uint64_t>> waiters;  // key -> get ids
+  std::unordered_map<uint64_t, PendingGet> gets;
+
+  ~Impl() {
+    stop = true;
+    wake();
+    if (io.joinable()) io.join();
+    for (auto& [id, c] : conns) ::close(c->fd);
+    for (int fd : {listen_fd, ep, wake_fd}) {
+      if (fd >= 0) ::close(fd);
+    }
+  }
+
+  void wake() {
+    if (wake_fd < 0) return;
+    uint64_t one = 1;
+    [[maybe_unused]] auto n = ::write(wake_fd, &one, sizeof(one));
+  }
+
+  Status start() {
+    raise_fd_limit();
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE;
+    addrinfo* res = nullptr;
+    std::string port_s = std::to_string(opt.port);
+    const char* host = opt.bind_address.empty() ? nullptr : opt.bind_address.c_str();
+    if (int rc = ::getaddrinfo(host, port_s.c_str(), &hints, &res); rc != 0) {
+      return Status::error(fmt::format("rendezvous: cannot resolve bind address '{}': {}",
+                                       opt.bind_address, ::gai_strerror(rc)));
+    }
+    std::string last;
+    for (addrinfo* ai = res; ai && listen_fd < 0; ai = ai->ai_next) {
+      int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol);
+      if (fd < 0) {
+        last = std::strerror(errno);
+        continue;
+      }
+      int one = 1;
+      ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+      if (::bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || ::listen(fd, 65535) != 0) {
+        last = std::strerror(errno);
+        ::close(fd);
+        continue;
+      }
+      listen_fd = fd;
+    }
+    ::freeaddrinfo(res);
+    if (listen_fd < 0) {
+      return Status::error(fmt::format("rendezvous: cannot listen on {}:{}: {} (pick another port?)",
+                                       opt.bind_address, opt.port, last));
+    }
+    sockaddr_storage ss{};
+    socklen_t len = sizeof(ss);
+    ::getsockname(listen_fd, reinterpret_cast<sockaddr*>(&ss), &len);
+    bound_port = ntohs(ss.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port
+                                                : reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
+    ep = ::epoll_create1(EPOLL_CLOEXEC);
+    wake_fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (ep < 0 || wake_fd < 0) return Status::error(fmt::format("rendezvous: epoll/eventfd: {}", std::strerror(errno)));
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u64 = kListenId;
+    ::epoll_ctl(ep, EPOLL_CTL_ADD, listen_fd, &ev);
+    ev.data.u64 = kWakeId;
+    ::epoll_ctl(ep, EPOLL_CTL_ADD, wake_fd, &ev);
+    io = std::thread([this] { loop(); });
+    ERUN_LOG_DEBUG("rendezvous: listening on {}:{}", opt.bind_address, bound_port);
+    return Status::ok();
+  }
+
+  // ---- the I/O loop -------------------------------------------------------
+
+  int next_timeout_ms() const {
+    if (!doomed.empty()) return 0;
+    if (timers.empty()) return -1;
+    auto left = timers.top().when - SteadyClock::now();
+    if (left <= Duration::zero()) return 0;
+    auto ms = std::chrono::ceil<std::chrono::milliseconds>(left).count();
+    return ms > 60'000 ? 60'000 : static_cast<int>(ms);
+  }
+
+  void loop() {
+    std::vector<epoll_event> events(1024);
+    while (!stop) {
+      int timeout;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        timeout = next_timeout_ms();
+      }
+      int n = ::epoll_wait(ep, events.data(), static_cast<int>(events.size()), timeout);
+      if (n < 0 && errno != EINTR) {
+        ERUN_LOG_ERROR("rendezvous: epoll_wait failed: {}", std::strerror(errno));
+        return;
+      }
+      std::lock_guard<std::mutex> lock(mu);
+      for (int i = 0; i < n; ++i) {
+        uint64_t id = events[i].data.u64;
+        if (id == kListenId) {
+          accept_all();
+        } else if (id == kWakeId) {
+          uint64_t v;
+          while (::read(wake_fd, &v, sizeof(v)) > 0) {
+          }
+        } else {
+          auto it = conns.find(id);
+          if (it == conns.end() || it->second->doomed) continue;
+          Conn& c = *it->second;
+          if (events[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) on_readable(c);
+          if (!c.doomed && (events[i].events & EPOLLOUT)) flush(c);
+        }
+      }
+      run_timers(SteadyClock::now());
+      reap();
+    }
+  }
+
+  void push_timer(TimePoint when, uint64_t conn, uint64_t get) { timers.push({when, conn, get}); }
+
+  void accept_all() {
+    while (true) {
+      int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      if (fd < 0) {
+        if (errno == EINTR || errno == ECONNABORTED) continue;
+        if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+          ERUN_LOG_WARN("rendezvous: cannot accept more connections ({} open): {}; pausing 100 ms",
+                        conns.size(), std::strerror(errno));
+          epoll_event ev{};
+          ev.data.u64 = kListenId;
+          ::epoll_ctl(ep, EPOLL_CTL_MOD, listen_fd, &ev);
+          accept_paused = true;
+          push_timer(SteadyClock::now() + std::chrono::milliseconds(100), kListenId, 0);
+        }
+        return;
+      }
+      wire::set_nodelay(fd);
+      auto c = std::make_unique<Conn>();
+      c->id = next_conn++;
+      c->fd = fd;
+      c->peer = wire::peer_name(fd);
+      c->handshake_deadline = SteadyClock::now() + opt.io_timeout;
+      push_timer(c->handshake_deadline, c->id, 0);
+      epoll_event ev{};
+      ev.events = EPOLLIN;
+      ev.data.u64 = c->id;
+      ::epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev);
+      conns.emplace(c->id, std::move(c));
+    }
+  }
+
+  void on_readable(Conn& c) {
+    while (true) {
+      if (c.rbuf.size() - c.rlen < kReadChunk) c.rbuf.resize(c.rlen + kReadChunk);
+      size_t room = c.rbuf.size() - c.rlen;
+      ssize_t n = ::recv(c.fd, c.rbuf.data() + c.rlen, room, 0);
+      if (n > 0) {
+        c.rlen += static_cast<size_t>(n);
+        parse(c);
+        if (c.doomed) return;
+        if (static_cast<size_t>(n) < room) break;
+        continue;
+      }
+      if (n == 0) {
+        if (c.phase != Phase::kReady) {
+          refuse(c, "closed the connection before authenticating");
+        } else {
+          close_quietly(c, "closed by the peer");
+        }
+        return;
+      }
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+      close_quietly(c, std::strerror(errno));
+      return;
+    }
+  }
+
+  void parse(Conn& c) {
+    size_t off = 0;
+    while (c.rlen - off >= wire::kHeaderBytes) {
+      wire::Header h = wire::decode_header(c.rbuf.data() + off);
+      size_t limit = c.phase == Phase::kReady ? opt.max_frame_bytes : wire::kMaxHandshakeFrameBytes;
+      if (auto why = wire::check_header(h, job_hash, limit)) {
+        refuse(c, *why);
+        return;
+      }
+      size_t total = wire::kHeaderBytes + h.length;
+      if (c.rlen - off < total) {
+        if (c.rbuf.size() < off + total) c.rbuf.resize(off + total);
+        break;
+      }
+      std::string_view payload(c.rbuf.data() + off + wire::kHeaderBytes, h.length);
+      off += total;
+      handle(c, h, payload);
+      if (c.doomed) return;
+    }
+    if (off > 0) {
+      std::memmove(c.rbuf.data(), c.rbuf.data() + off, c.rlen - off);
+      c.rlen -= off;
+    }
+    if (c.rlen == 0) {
+      c.frame_deadline = kNever;
+      if (c.rbuf.size() > 4 * kReadChunk) std::vector<char>().swap(c.rbuf);
+    } else if (c.frame_deadline == kNever) {
+      c.frame_deadline = SteadyClock::now() + opt.io_timeout;
+      push_timer(c.frame_deadline, c.id, 0);
+    }
+  }
+
+  // ---- sending and closing -----------------------------------------------
+
+  void send_frame(Conn& c, Type type, int64_t generation, uint32_t request_id,
+                  std::string_view payload) {
+    if (c.doomed) return;
+    c.wbuf += wire::encode_frame(type, job_hash, generation, request_id, payload);
+    flush(c);
+  }
+
+  void send_error(Conn& c, uint32_t request_id, const std::string& message) {
+    send_frame(c, Type::kError, gen, request_id, wire::PayloadWriter().bytes(message).str());
+  }
+
+  void flush(Conn& c) {
+    while (c.woff < c.wbuf.size()) {
+      ssize_t n = ::send(c.fd, c.wbuf.data() + c.woff, c.wbuf.size() - c.woff, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n > 0) {
+        c.woff += static_cast<size_t>(n);
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+      close_quietly(c, fmt::format("send failed: {}", std::strerror(errno)));
+      return;
+    }
+    epoll_event ev{};
+    ev.data.u64 = c.id;
+    if (c.woff == c.wbuf.size()) {
+      c.wbuf.clear();
+      c.woff = 0;
+      c.write_deadline = kNever;
+      if (c.want_out) {
+        ev.events = EPOLLIN;
+        ::epoll_ctl(ep, EPOLL_CTL_MOD, c.fd, &ev);
+        c.want_out = false;
+      }
+      return;
+    }
+    if (c.wbuf.size() - c.woff > 2 * opt.max_frame_bytes + (1 << 20)) {
+      return refuse(c, fmt::format("did not read its replies ({} bytes queued)", c.wbuf.size() - c.woff));
+    }
+    if (!c.want_out) {
+      ev.events = EPOLLIN | EPOLLOUT;
+      ::epoll_ctl(ep, EPOLL_CTL_MOD, c.fd, &ev);
+      c.want_out = true;
+    }
+    if (c.write_deadline == kNever) {
+      c.write_deadline = SteadyClock::now() + opt.io_timeout;
+      push_timer(c.write_deadline, c.id, 0);
+    }
+  }
+
+  // A protocol violation: log with the peer and reason, count, tell the peer
+  // (best effort, one non-blocking send), and drop the connection. Safe to
+  // call from within flush(): the connection is only closed by reap().
+  void refuse(Conn& c, const std::string& reason) {
+    if (c.doomed) return;
+    ++refused;
+    ERUN_LOG_WARN("rendezvous: dropped connection from {}: {}", c.peer, reason);
+    if (c.woff == c.wbuf.size()) {  // never in the middle of a half-sent frame
+      std::string f = wire::encode_frame(Type::kError, job_hash, gen, 0,
+                                         wire::PayloadWriter().bytes("refused: " + reason).str());
+      [[maybe_unused]] auto n = ::send(c.fd, f.data(), f.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    }
+    doom(c);
+  }
+
+  void close_quietly(Conn& c, const std::string& reason) {
+    if (c.doomed) return;
+    if (c.joined) {
+      ERUN_LOG_DEBUG("rendezvous: connection of slot {} from {} closed: {}", slot_name(c.join.slot),
+                     c.peer, reason);
+    }
+    doom(c);
+  }
+
+  void doom(Conn& c) {
+    c.doomed = true;
+    doomed.push_back(c.id);
+  }
+
+  void reap() {
+    for (uint64_t id : doomed) {
+      auto it = conns.find(id);
+      if (it == conns.end()) continue;
+      Conn& c = *it->second;
+      ::close(c.fd);  // also leaves the epoll set
+      if (c.joined) {
+        auto w = waiting.find(c.join.slot);
+        if (w != waiting.end() && w->second == c.id) waiting.erase(w);
+        auto o = slot_owner.find(c.join.slot);
+        if (o != slot_owner.end() && o->second == c.id) {
+          slot_owner.erase(o);
+          disconnected.push_back(c.join.slot);
+        }
+      }
+      for (uint64_t g : c.gets) drop_get(g);
+      conns.erase(it);
+    }
+    doomed.clear();
+  }
+
+  // ---- timers ---------------------------------------------------------------
+
+  void run_timers(TimePoint now) {
+    while (!timers.empty() && timers.top().when <= now) {
+      Timer t = timers.top();
+      timers.pop();
+      if (t.get != 0) {
+        expire_get(t.get, now);
+        continue;
+      }
+      if (t.conn == kListenId) {
+        if (accept_paused) {
+          epoll_event ev{};
+          ev.events = EPOLLIN;
+          ev.data.u64 = kListenId;
+          ::epoll_ctl(ep, EPOLL_CTL_MOD, listen_fd, &ev);
+          accept_paused = false;
+        }
+        continue;
+      }
+      auto it = conns.find(t.conn);
+      if (it == conns.end() || it->second->doomed) continue;
+      Conn& c = *it->second;
+      auto secs = seconds(opt.io_timeout);
+      if (c.handshake_deadline <= now) {
+        refuse(c, fmt::format("did not authenticate within {:.1f} s", secs));
+      } else if (c.frame_deadline <= now) {
+        refuse(c, fmt::format("sent part of a frame and stalled for {:.1f} s", secs));
+      } else if (c.write_deadline <= now) {
+        refuse(c, fmt::format("did not read its replies for {:.1f} s", secs));
+      }
+    }
+  }
+
+  void expire_get(uint64_t id, TimePoint now) {
+    auto it = gets.find(id);
+    if (it == gets.end() || it->second.deadline > now) return;
+    PendingGet g = it->second;
+    drop_get(id);
+    auto c = conns.find(g.conn);
+    if (c == conns.end()) return;
+    auto& v = c->second->gets;
+    std::erase(v, id);
+    send_error(*c->second, g.request_id,
+               fmt::format("store: timed out after {:.1f} s waiting for key '{}' in generation {}",
+                           seconds(g.waited), g.key, gen));
+  }
+
+  // Forgets a pending get (not the connection's list of it).
+  void drop_get(uint64_t id) {
+    auto it = gets.find(id);
+    if (it == gets.end()) return;
+    auto w = waiters.find(it->second.key);
+    if (w != waiters.end()) {
+      std::erase(w->second, id);
+      if (w->second.empty()) waiters.erase(w);
+    }
+    gets.erase(it);
+  }
+
+  // ---- messages -------------------------------------------------------------
+
+  void handle(Conn& c, const wire::Header& h, std::string_view payload) {
+    auto type = static_cast<Type>(h.type);
+    switch (c.phase) {
+      case Phase::kHello:
+        if (type != Type::kHello || payload.size() != wire::kNonceBytes) {
+          return refuse(c, fmt::format("expected HELLO, got {} ({} bytes)", wire::type_name(h.type),
+                                       payload.size()));
+        }
+        c.client_nonce.assign(payload);
+        c.server_nonce = wire::random_bytes(wire::kNonceBytes);
+        c.phase = Phase::kAuth;
+        return send_frame(c, Type::kChallenge, gen, h.request_id, c.server_nonce);
+      case Phase::kAuth: {
+        if (type != Type::kAuth || payload.size() != wire::kMacBytes) {
+          return refuse(c, fmt::format("expected AUTH, got {} ({} bytes)", wire::type_name(h.type),
+                                       payload.size()));
+        }
+        auto want = wire::client_proof(opt.secret, c.server_nonce, opt.job_id, c.client_nonce);
+        if (!wire::equal_ct(want, payload)) {
+          return refuse(c, "authentication failed (wrong job secret)");
+        }
+        c.phase = Phase::kReady;
+        c.handshake_deadline = kNever;
+        auto proof = wire::server_proof(opt.secret, c.client_nonce, opt.job_id, c.server_nonce);
+        return send_frame(c, Type::kAuthOk, gen, h.request_id, proof);
+      }
+      case Phase::kReady:
+        break;
+    }
+    switch (type) {
+      case Type::kJoin: return on_join(c, h, payload);
+      case Type::kKvSet:
+      case Type::kKvGet:
+      case Type::kKvCheck: return on_kv(c, h, type, payload);
+      default:
+        return refuse(c, fmt::format("unexpected {} after authentication", wire::type_name(h.type)));
+    }
+  }
+
+  void on_join(Conn& c, const wire::Header& h, std::string_view payload) {
+    wire::PayloadReader r(payload);
+    JoinRequest req;
+    req.slot.host = r.bytes();
+    req.slot.local_index = r.i32();
+    req.commit_id = r.u64();
+    req.pid = static_cast<long>(r.i64());
+    if (!r.done()) return refuse(c, "malformed JOIN payload");
+    if (c.joined && c.join_pending && !(c.join.slot == req.slot)) {
+      auto w = waiting.find(c.join.slot);
+      if (w != waiting.end() && w->second == c.id) waiting.erase(w);
+    }
+    auto w = waiting.find(req.slot);
+    if (w != waiting.end() && w->second != c.id) {
+      auto other = conns.find(w->second);
+      if (other != conns.end() && other->second->join_pending) {
+        Conn& o = *other->second;
+        o.join_pending = false;
+        send_error(o, o.join_request_id,
+                   fmt::format("join of slot {} superseded by a newer join from {}",
+                               slot_name(req.slot), c.peer));
+      }
+    }
+    c.joined = true;
+    c.join = req;
+    c.join_pending = true;
+    c.join_request_id = h.request_id;
+    c.join_after_gen = h.generation;
+    c.member_gen = -1;
+    waiting[req.slot] = c.id;
+    slot_owner[req.slot] = c.id;
+    try_assign(c);
+  }
+
+  void try_assign(Conn& c) {
+    if (!c.join_pending || c.doomed || gen <= c.join_after_gen) return;
+    auto a = assignments.find(c.join.slot);
+    if (a == assignments.end()) return;
+    const RankAssignment& r = a->second;
+    wire::PayloadWriter w;
+    w.i32(r.rank).i32(r.size).i32(r.local_rank).i32(r.local_size).i32(r.cross_rank).i32(r.cross_size).i64(gen);
+    c.join_pending = false;
+    c.member_gen = gen;
+    auto it = waiting.find(c.join.slot);
+    if (it != waiting.end() && it->second == c.id) waiting.erase(it);
+    send_frame(c, Type::kAssignment, gen, c.join_request_id, w.str());
+  }
+
+  void on_kv(Conn& c, const wire::Header& h, Type type, std::string_view payload) {
+    wire::PayloadReader r(payload);
+    if (h.generation != gen) {
+      return send_error(c, h.request_id,
+                        fmt::format("{} generation {}, current {} (re-join)",
+                                    h.generation < gen ? "stale" : "unknown", h.generation, gen));
+    }
+    if (type == Type::kKvSet) {
+      std::string key = r.bytes();
+      std::string value = r.bytes();
+      if (!r.done()) return refuse(c, "malformed KV_SET payload");
+      auto& slot = kv[key];
+      slot.assign(value.begin(), value.end());
+      send_frame(c, Type::kKvSetOk, gen, h.request_id, {});
+      answer_waiters(key, slot);
+      return;
+    }
+    if (type == Type::kKvGet) {
+      std::string key = r.bytes();
+      uint64_t timeout_ms = r.u64();
+      if (!r.done()) return refuse(c, "malformed KV_GET payload");
+      auto it = kv.find(key);
+      if (it != kv.end()) {
+        return send_frame(c, Type::kKvValue, gen, h.request_id,
+                          wire::PayloadWriter().bytes({it->second.data(), it->second.size()}).str());
+      }
+      Duration wait = std::chrono::milliseconds(std::min<uint64_t>(
+          timeout_ms, std::chrono::duration_cast<std::chrono::milliseconds>(kMaxGetWait).count()));
+      uint64_t id = next_get++;
+      gets[id] = PendingGet{c.id, h.request_id, key, SteadyClock::now() + wait, wait};
+      waiters[key].push_back(id);
+      c.gets.push_back(id);
+      push_timer(gets[id].deadline, c.id, id);
+      return;
+    }
+    uint32_t n = r.u32();
+    bool all = true;
+    for (uint32_t i = 0; i < n && !r.failed(); ++i) {
+      if (!kv.count(r.bytes())) all = false;
+    }
+    if (!r.done()) return refuse(c, "malformed KV_CHECK payload");
+    send_frame(c, Type::kKvCheckResult, gen, h.request_id, wire::PayloadWriter().u8(all ? 1 : 0).str());
+  }
+
+  void answer_waiters(const std::string& key, const std::vector<char>& value) {
+    auto w = waiters.find(key);
+    if (w == waiters.end()) return;
+    std::vector<uint64_t> ids = std::move(w->second);
+    waiters.erase(w);
+    std::string payload = wire::PayloadWriter().bytes({value.data(), value.size()}).str();
+    for (uint64_t id : ids) {
+      auto g = gets.find(id);
+      if (g == gets.end()) continue;
+      auto c = conns.find(g->second.conn);
+      uint32_t req = g->second.request_id;
+      gets.erase(g);
+      if (c == conns.end()) continue;
+      std::erase(c->second->gets, id);
+      send_frame(*c->second, Type::kKvValue, gen, req, payload);
+    }
+  }
+
+  // ---- the driver's calls -----------------------------------------------------
+
+  void publish(long g, const std::vector<RankAssignment>& ranks) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      ERUN_CHECK(g > gen);
+      int64_t old = gen;
+      gen = g;
+      assignments.clear();
+      for (auto& r : ranks) assignments[r.slot] = r;
+      kv.clear();
+      for (auto& [id, pg] : gets) {
+        auto c = conns.find(pg.conn);
+        if (c == conns.end()) continue;
+        std::erase(c->second->gets, id);
+        send_error(*c->second, pg.request_id,
+                   fmt::format("stale generation {}, current {} (re-join)", old, g));
+      }
+      gets.clear();
+      waiters.clear();
+      for (auto& r : ranks) {
+        auto w = waiting.find(r.slot);
+        if (w == waiting.end()) continue;
+        auto c = conns.find(w->second);
+        if (c != conns.end()) try_assign(*c->second);
+      }
+    }
+    wake();
+  }
+
+  void notify(long g) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      for (auto& [id, c] : conns) {
+        if (!c->doomed && c->member_gen == g) send_frame(*c, Type::kHostsUpdated, g, 0, {});
+      }
+    }
+    wake();
+  }
+};
+
+RendezvousServer::RendezvousServer(ServerOptions options)
+    : impl_(std::make_unique<Impl>(std::move(options))) {}
+RendezvousServer::~RendezvousServer() = default;
+
+Status RendezvousServer::start() {
+  ERUN_CHECK(impl_->listen_fd < 0);
+  return impl_->start();
+}
+
+int RendezvousServer::port() const { return impl_->bound_port; }
+
+std::vector<JoinRequest> RendezvousServer::waiting() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  std::vector<JoinRequest> out;
+  out.reserve(impl_->waiting.size());
+  for (auto& [slot, id] : impl_->waiting) {
+    auto c = impl_->conns.find(id);
+    if (c != impl_->conns.end() && !c->second->doomed) out.push_back(c->second->join);
+  }
+  return out;
+}
+
+std::vector<JoinRequest> RendezvousServer::members() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  std::vector<JoinRequest> out;
+  for (auto& [id, c] : impl_->conns) {
+    if (!c->doomed && c->member_gen >= 0 && c->member_gen == impl_->gen) out.push_back(c->join);
+  }
+  std::sort(out.begin(), out.end(), [](auto& a, auto& b) { return a.slot < b.slot; });
+  return out;
+}
+
+void RendezvousServer::publish(long gen, const std::vector<RankAssignment>& ranks) {
+  impl_->publish(gen, ranks);
+}
+
+long RendezvousServer::generation() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->gen;
+}
+
+void RendezvousServer::notify_hosts_updated(long gen) { impl_->notify(gen); }
+
+std::vector<SlotKey> RendezvousServer::take_disconnected() {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return std::exchange(impl_->disconnected, {});
+}
+
+long RendezvousServer::refused() const { return impl_->refused.load(); }
+
+}  // namespace erun

@@ -1,0 +1,355 @@
+#include "rendezvous/wire.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include <fmt/format.h>
+
+namespace erun::wire {
+namespace {
+
+void put_le(char* out, uint64_t v, size_t n) {
+  for (size_t i = 0; i < n; ++i) out[i] = static_cast<char>((v >> (8 * i)) & 0xff);
+}
+
+uint64_t get_le(const char* in, size_t n) {
+  uint64_t v = 0;
+  for (size_t i = 0; i < n; ++i) v |= static_cast<uint64_t>(static_cast<unsigned char>(in[i])) << (8 * i);
+  return v;
+}
+
+int poll_ms(TimePoint deadline) {
+  auto left = deadline - std::chrono::steady_clock::now();
+  if (left <= Duration::zero()) return 0;
+  auto ms = std::chrono::ceil<std::chrono::milliseconds>(left).count();
+  return ms > 60'000 ? 60'000 : static_cast<int>(ms);
+}
+
+// Waits for `events` on fd until the deadline; false on timeout.
+bool wait_fd(int fd, short events, TimePoint deadline) {
+  while (true) {
+    pollfd p{fd, events, 0};
+    int ms = poll_ms(deadline);
+    int n = ::poll(&p, 1, ms);
+    if (n > 0) return true;
+    if (n < 0 && errno != EINTR) return true;  // let the caller's I/O call report it
+    if (n == 0 && std::chrono::steady_clock::now() >= deadline) return false;
+  }
+}
+
+}  // namespace
+
+const char* type_name(uint16_t type) {
+  switch (static_cast<Type>(type)) {
+    case Type::kHello: return "HELLO";
+    case Type::kChallenge: return "CHALLENGE";
+    case Type::kAuth: return "AUTH";
+    case Type::kAuthOk: return "AUTH_OK";
+    case Type::kJoin: return "JOIN";
+    case Type::kAssignment: return "ASSIGNMENT";
+    case Type::kKvSet: return "KV_SET";
+    case Type::kKvSetOk: return "KV_SET_OK";
+    case Type::kKvGet: return "KV_GET";
+    case Type::kKvValue: return "KV_VALUE";
+    case Type::kKvCheck: return "KV_CHECK";
+    case Type::kKvCheckResult: return "KV_CHECK_RESULT";
+    case Type::kHostsUpdated: return "HOSTS_UPDATED";
+    case Type::kError: return "ERROR";
+  }
+  return "UNKNOWN";
+}
+
+uint64_t job_hash(std::string_view job_id) {
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  ERUN_CHECK(EVP_Digest(job_id.data(), job_id.size(), md, &len, EVP_sha256(), nullptr) == 1);
+  return get_le(reinterpret_cast<const char*>(md), 8);
+}
+
+void encode_header(const Header& h, char out[kHeaderBytes]) {
+  put_le(out + 0, h.magic, 4);
+  put_le(out + 4, h.version, 2);
+  put_le(out + 6, h.type, 2);
+  put_le(out + 8, h.job_hash, 8);
+  put_le(out + 16, static_cast<uint64_t>(h.generation), 8);
+  put_le(out + 24, h.request_id, 4);
+  put_le(out + 28, h.length, 4);
+}
+
+Header decode_header(const char in[kHeaderBytes]) {
+  Header h;
+  h.magic = static_cast<uint32_t>(get_le(in + 0, 4));
+  h.version = static_cast<uint16_t>(get_le(in + 4, 2));
+  h.type = static_cast<uint16_t>(get_le(in + 6, 2));
+  h.job_hash = get_le(in + 8, 8);
+  h.generation = static_cast<int64_t>(get_le(in + 16, 8));
+  h.request_id = static_cast<uint32_t>(get_le(in + 24, 4));
+  h.length = static_cast<uint32_t>(get_le(in + 28, 4));
+  return h;
+}
+
+std::optional<std::string> check_header(const Header& h, uint64_t expected_job_hash,
+                                        size_t max_payload) {
+  if (h.magic != kMagic) return fmt::format("bad magic 0x{:08x} (not an erun peer)", h.magic);
+  if (h.version != kVersion) {
+    return fmt::format("protocol version {} (this side speaks {}; use the same erun build)",
+                       h.version, kVersion);
+  }
+  if (h.job_hash != expected_job_hash) return std::string("wrong job id (a peer of another job?)");
+  if (h.length > max_payload) {
+    return fmt::format("frame of {} bytes is over the limit of {} bytes", h.length, max_payload);
+  }
+  return std::nullopt;
+}
+
+std::string encode_frame(Type type, uint64_t job_hash, int64_t generation, uint32_t request_id,
+                         std::string_view payload) {
+  ERUN_CHECK(payload.size() <= UINT32_MAX);
+  Header h;
+  h.type = static_cast<uint16_t>(type);
+  h.job_hash = job_hash;
+  h.generation = generation;
+  h.request_id = request_id;
+  h.length = static_cast<uint32_t>(payload.size());
+  std::string out(kHeaderBytes + payload.size(), '\0');
+  encode_header(h, out.data());
+  std::memcpy(out.data() + kHeaderBytes, payload.data(), payload.size());
+  return out;
+}
+
+PayloadWriter& PayloadWriter::raw(const void* p, size_t n) {
+  buf_.append(static_cast<const char*>(p), n);
+  return *this;
+}
+PayloadWriter& PayloadWriter::u32(uint32_t v) {
+  char b[4];
+  put_le(b, v, 4);
+  return raw(b, 4);
+}
+PayloadWriter& PayloadWriter::u64(uint64_t v) {
+  char b[8];
+  put_le(b, v, 8);
+  return raw(b, 8);
+}
+PayloadWriter& PayloadWriter::bytes(std::string_view s) {
+  ERUN_CHECK(s.size() <= UINT32_MAX);
+  u32(static_cast<uint32_t>(s.size()));
+  return raw(s.data(), s.size());
+}
+
+bool PayloadReader::take(size_t n) {
+  if (failed_ || p_.size() - pos_ < n) {
+    failed_ = true;
+    return false;
+  }
+  return true;
+}
+uint8_t PayloadReader::u8() {
+  if (!take(1)) return 0;
+  return static_cast<uint8_t>(p_[pos_++]);
+}
+uint32_t PayloadReader::u32() {
+  if (!take(4)) return 0;
+  auto v = static_cast<uint32_t>(get_le(p_.data() + pos_, 4));
+  pos_ += 4;
+  return v;
+}
+uint64_t PayloadReader::u64() {
+  if (!take(8)) return 0;
+  auto v = get_le(p_.data() + pos_, 8);
+  pos_ += 8;
+  return v;
+}
+std::string PayloadReader::bytes() {
+  uint32_t n = u32();
+  return fixed(n);
+}
+std::string PayloadReader::fixed(size_t n) {
+  if (!take(n)) return {};
+  std::string s(p_.substr(pos_, n));
+  pos_ += n;
+  return s;
+}
+
+std::string random_bytes(size_t n) {
+  std::string out(n, '\0');
+  ERUN_CHECK(RAND_bytes(reinterpret_cast<unsigned char*>(out.data()), static_cast<int>(n)) == 1);
+  return out;
+}
+
+std::string hmac_sha256(std::string_view key, std::string_view data) {
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  ERUN_CHECK(HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
+                  reinterpret_cast<const unsigned char*>(data.data()), data.size(), md,
+                  &len) != nullptr);
+  return std::string(reinterpret_cast<char*>(md), len);
+}
+
+bool equal_ct(std::string_view a, std::string_view b) {
+  return a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
+}
+
+namespace {
+std::string proof(std::string_view label, std::string_view secret, std::string_view n1,
+                  std::string_view job_id, std::string_view n2) {
+  PayloadWriter w;
+  w.fixed(label).fixed(n1).bytes(job_id).fixed(n2);
+  return hmac_sha256(secret, w.str());
+}
+}  // namespace
+
+std::string client_proof(std::string_view secret, std::string_view server_nonce,
+                         std::string_view job_id, std::string_view client_nonce) {
+  return proof("erun-client-v1", secret, server_nonce, job_id, client_nonce);
+}
+std::string server_proof(std::string_view secret, std::string_view client_nonce,
+                         std::string_view job_id, std::string_view server_nonce) {
+  return proof("erun-server-v1", secret, client_nonce, job_id, server_nonce);
+}
+
+Status set_nonblocking(int fd) {
+  int flags = ::fcntl(fd, F_GETFL, 0);
+  if (flags < 0 || ::fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0) {
+    return Status::error(fmt::format("fcntl(O_NONBLOCK): {}", std::strerror(errno)));
+  }
+  return Status::ok();
+}
+
+void set_nodelay(int fd) {
+  int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+std::string peer_name(int fd) {
+  sockaddr_storage ss{};
+  socklen_t len = sizeof(ss);
+  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) return "unknown peer";
+  char host[INET6_ADDRSTRLEN] = {};
+  int port = 0;
+  if (ss.ss_family == AF_INET) {
+    auto* a = reinterpret_cast<sockaddr_in*>(&ss);
+    ::inet_ntop(AF_INET, &a->sin_addr, host, sizeof(host));
+    port = ntohs(a->sin_port);
+    return fmt::format("{}:{}", host, port);
+  }
+  if (ss.ss_family == AF_INET6) {
+    auto* a = reinterpret_cast<sockaddr_in6*>(&ss);
+    ::inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof(host));
+    port = ntohs(a->sin6_port);
+    return fmt::format("[{}]:{}", host, port);
+  }
+  return "unknown peer";
+}
+
+Result<int> connect_tcp(const std::string& host, int port, TimePoint deadline) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  std::string port_s = std::to_string(port);
+  int rc = ::getaddrinfo(host.c_str(), port_s.c_str(), &hints, &res);
+  if (rc != 0) {
+    return Result<int>::error(fmt::format("cannot resolve rendezvous address '{}': {}", host,
+                                          ::gai_strerror(rc)));
+  }
+  std::string last = "no address";
+  for (addrinfo* ai = res; ai; ai = ai->ai_next) {
+    int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol);
+    if (fd < 0) {
+      last = std::strerror(errno);
+      continue;
+    }
+    int r = ::connect(fd, ai->ai_addr, ai->ai_addrlen);
+    if (r != 0 && errno == EINPROGRESS) {
+      if (!wait_fd(fd, POLLOUT, deadline)) {
+        last = "timed out";
+        ::close(fd);
+        continue;
+      }
+      int err = 0;
+      socklen_t len = sizeof(err);
+      ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+      r = err == 0 ? 0 : -1;
+      errno = err;
+    }
+    if (r != 0) {
+      last = std::strerror(errno);
+      ::close(fd);
+      continue;
+    }
+    set_nodelay(fd);
+    ::freeaddrinfo(res);
+    return fd;
+  }
+  ::freeaddrinfo(res);
+  return Result<int>::error(fmt::format(
+      "cannot connect to the rendezvous server at {}:{}: {} (is the driver running and reachable?)",
+      host, port, last));
+}
+
+Status send_all(int fd, std::string_view data, TimePoint deadline) {
+  size_t off = 0;
+  while (off < data.size()) {
+    ssize_t n = ::send(fd, data.data() + off, data.size() - off, MSG_NOSIGNAL);
+    if (n > 0) {
+      off += static_cast<size_t>(n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      if (!wait_fd(fd, POLLOUT, deadline)) return Status::error("timed out sending to the peer");
+      continue;
+    }
+    return Status::error(fmt::format("send failed: {}", std::strerror(errno)));
+  }
+  return Status::ok();
+}
+
+Status recv_exact(int fd, char* out, size_t n, TimePoint deadline) {
+  size_t off = 0;
+  while (off < n) {
+    ssize_t r = ::recv(fd, out + off, n - off, 0);
+    if (r > 0) {
+      off += static_cast<size_t>(r);
+      continue;
+    }
+    if (r == 0) return Status::error("connection closed by the peer");
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      if (!wait_fd(fd, POLLIN, deadline)) return Status::error("timed out waiting for the peer");
+      continue;
+    }
+    return Status::error(fmt::format("recv failed: {}", std::strerror(errno)));
+  }
+  return Status::ok();
+}
+
+Result<Frame> recv_frame(int fd, uint64_t expected_job_hash, size_t max_payload,
+                         TimePoint deadline) {
+  char hb[kHeaderBytes];
+  if (auto s = recv_exact(fd, hb, kHeaderBytes, deadline); !s) return s;
+  Frame f;
+  f.header = decode_header(hb);
+  if (auto why = check_header(f.header, expected_job_hash, max_payload)) {
+    return Result<Frame>::error(*why);
+  }
+  f.payload.resize(f.header.length);
+  if (auto s = recv_exact(fd, f.payload.data(), f.payload.size(), deadline); !s) return s;
+  return f;
+}
+
+}  // namespace erun::wire

@@ -1,0 +1,138 @@
+// The rendezvous wire format (docs/protocol.md): a fixed 32-byte little-endian
+// header, then a payload of at most max_frame_bytes. Pure functions over bytes
+// plus the HMAC/nonce helpers and the socket helpers with deadlines that both
+// ends use. Nothing here keeps state; everything is safe from any thread.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/clock.h"
+#include "common/status.h"
+
+namespace erun::wire {
+
+constexpr uint32_t kMagic = 0x4E555245;  // "ERUN" as little-endian bytes
+constexpr uint16_t kVersion = 1;
+constexpr size_t kHeaderBytes = 32;
+constexpr size_t kNonceBytes = 32;
+constexpr size_t kMacBytes = 32;
+// Frames before authentication are tiny; anything larger is refused at once.
+constexpr size_t kMaxHandshakeFrameBytes = 256;
+
+enum class Type : uint16_t {
+  kHello = 1,           // client -> server: client nonce
+  kChallenge = 2,       // server -> client: server nonce
+  kAuth = 3,            // client -> server: client proof
+  kAuthOk = 4,          // server -> client: server proof
+  kJoin = 5,            // client -> server: host, local index, commit id, pid
+  kAssignment = 6,      // server -> client: rank, size, ... , generation
+  kKvSet = 7,           // client -> server: key, value
+  kKvSetOk = 8,         // server -> client
+  kKvGet = 9,           // client -> server: key, timeout in ms
+  kKvValue = 10,        // server -> client: value
+  kKvCheck = 11,        // client -> server: keys
+  kKvCheckResult = 12,  // server -> client: 1 if every key exists
+  kHostsUpdated = 13,   // server -> client push
+  kError = 14,          // either way: message
+};
+const char* type_name(uint16_t type);
+
+struct Header {
+  uint32_t magic = kMagic;
+  uint16_t version = kVersion;
+  uint16_t type = 0;
+  uint64_t job_hash = 0;
+  int64_t generation = -1;
+  uint32_t request_id = 0;
+  uint32_t length = 0;
+};
+
+// First 8 bytes of SHA-256(job_id), little-endian.
+uint64_t job_hash(std::string_view job_id);
+
+void encode_header(const Header& h, char out[kHeaderBytes]);
+Header decode_header(const char in[kHeaderBytes]);
+// Why a header must be refused ("bad magic 0x..."), or nullopt when it is fine.
+std::optional<std::string> check_header(const Header& h, uint64_t expected_job_hash,
+                                        size_t max_payload);
+
+// A whole frame (header + payload) as bytes.
+std::string encode_frame(Type type, uint64_t job_hash, int64_t generation, uint32_t request_id,
+                         std::string_view payload);
+
+class PayloadWriter {
+ public:
+  PayloadWriter& u8(uint8_t v) { return raw(&v, 1); }
+  PayloadWriter& u32(uint32_t v);
+  PayloadWriter& u64(uint64_t v);
+  PayloadWriter& i32(int32_t v) { return u32(static_cast<uint32_t>(v)); }
+  PayloadWriter& i64(int64_t v) { return u64(static_cast<uint64_t>(v)); }
+  PayloadWriter& bytes(std::string_view s);  // u32 length + bytes
+  PayloadWriter& fixed(std::string_view s) { return raw(s.data(), s.size()); }
+  const std::string& str() const { return buf_; }
+
+ private:
+  PayloadWriter& raw(const void* p, size_t n);
+  std::string buf_;
+};
+
+// Reads a payload; any underflow sets failed() and returns zeros.
+class PayloadReader {
+ public:
+  explicit PayloadReader(std::string_view p) : p_(p) {}
+  uint8_t u8();
+  uint32_t u32();
+  uint64_t u64();
+  int32_t i32() { return static_cast<int32_t>(u32()); }
+  int64_t i64() { return static_cast<int64_t>(u64()); }
+  std::string bytes();
+  std::string fixed(size_t n);
+  // True when everything was read and nothing is left over.
+  bool done() const { return !failed_ && pos_ == p_.size(); }
+  bool failed() const { return failed_; }
+
+ private:
+  bool take(size_t n);
+  std::string_view p_;
+  size_t pos_ = 0;
+  bool failed_ = false;
+};
+
+// Crypto (OpenSSL).
+std::string random_bytes(size_t n);
+std::string hmac_sha256(std::string_view key, std::string_view data);
+bool equal_ct(std::string_view a, std::string_view b);
+// The proofs of the handshake: each side proves it knows the secret over the
+// other side's fresh nonce; distinct labels stop a proof from being reflected.
+std::string client_proof(std::string_view secret, std::string_view server_nonce,
+                         std::string_view job_id, std::string_view client_nonce);
+std::string server_proof(std::string_view secret, std::string_view client_nonce,
+                         std::string_view job_id, std::string_view server_nonce);
+
+// Sockets.
+Status set_nonblocking(int fd);
+void set_nodelay(int fd);
+std::string peer_name(int fd);
+// Connects to host:port (TCP, IPv4 or IPv6) before the deadline; returns a
+// non-blocking socket or an error naming the address.
+Result<int> connect_tcp(const std::string& host, int port, TimePoint deadline);
+// Writes all of data to a non-blocking socket before the deadline.
+Status send_all(int fd, std::string_view data, TimePoint deadline);
+// Reads exactly n bytes from a non-blocking socket before the deadline.
+Status recv_exact(int fd, char* out, size_t n, TimePoint deadline);
+
+struct Frame {
+  Header header;
+  std::string payload;
+};
+// Reads one frame with a checked header before the deadline.
+Result<Frame> recv_frame(int fd, uint64_t expected_job_hash, size_t max_payload,
+                         TimePoint deadline);
+
+}  // namespace erun::wire

@@ -1,0 +1,53 @@
+// The byte form of a committed snapshot, shared by sync() (broadcast from the
+// root) and durable commits (DIR/erun-state.bin). Layout, little-endian:
+//   "ERUNSTAT" | u32 version | u32 flags (0) | u64 commit id | u64 entry count |
+//   per entry: u64 name length, name, u64 data length, data | u32 CRC-32C of all before.
+// decode() throws erun::Error naming `source` on any malformed input; it never
+// reads outside the given bytes. Pure functions, callable from any thread.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace erun::state_internal {
+
+inline constexpr char kMagic[8] = {'E', 'R', 'U', 'N', 'S', 'T', 'A', 'T'};
+inline constexpr uint32_t kVersion = 1;
+inline constexpr const char* kStateFile = "erun-state.bin";
+
+uint32_t crc32c(uint32_t crc, const void* data, size_t n);
+
+class ByteSink {
+ public:
+  virtual ~ByteSink() = default;
+  virtual void write(const void* data, size_t n) = 0;
+};
+
+struct EntryRef {
+  const std::string* name;
+  const std::vector<char>* data;
+};
+
+// Streams the encoding into `sink` without an intermediate copy of the data.
+void encode(uint64_t commit_id, const std::vector<EntryRef>& entries, ByteSink& sink);
+std::vector<char> encode(uint64_t commit_id, const std::vector<EntryRef>& entries);
+
+struct Snapshot {
+  uint64_t commit_id = 0;
+  std::vector<std::pair<std::string, std::vector<char>>> entries;
+};
+Snapshot decode(const char* data, size_t size, const std::string& source);
+
+// Writes DIR/name atomically: DIR/.name.tmp.<pid>, fsync, rename, fsync DIR.
+// Throws erun::Error naming the path on any I/O failure (the old file stays).
+void write_file_atomically(const std::string& dir, const std::string& name,
+                           uint64_t commit_id, const std::vector<EntryRef>& entries);
+// The whole file; false when it does not exist. Throws erun::Error on other failures.
+bool read_file(const std::string& path, std::vector<char>* out);
+// Removes DIR/.name.tmp.* left by crashed writers other than this process.
+void remove_stale_temp_files(const std::string& dir, const std::string& name);
+
+}  // namespace erun::state_internal

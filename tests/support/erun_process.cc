@@ -1,0 +1,137 @@
+#include "support/erun_process.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+namespace erun::testing {
+
+std::string build_path(const std::string& relative) { return std::string(ERUN_BUILD_DIR) + "/" + relative; }
+std::string source_path(const std::string& relative) { return std::string(ERUN_SOURCE_DIR) + "/" + relative; }
+std::string erun_binary() { return build_path("src/runner/erun"); }
+
+TempDir::TempDir() {
+  char tmpl[] = "/tmp/erun-test-XXXXXX";
+  char* p = ::mkdtemp(tmpl);
+  path_ = p ? p : "/tmp";
+}
+
+TempDir::~TempDir() {
+  std::error_code ec;
+  if (path_ != "/tmp") std::filesystem::remove_all(path_, ec);
+}
+
+void TempDir::write(const std::string& name, const std::string& text, bool executable) const {
+  std::string tmp = file(name) + ".tmp";
+  {
+    std::ofstream out(tmp);
+    out << text;
+  }
+  ::chmod(tmp.c_str(), executable ? 0755 : 0644);
+  std::filesystem::rename(tmp, file(name));  // atomic: a reader never sees half a file
+}
+
+ErunProcess::ErunProcess(std::vector<std::string> args, std::vector<std::string> extra_env) {
+  SpawnOptions o;
+  o.argv = {erun_binary()};
+  o.argv.insert(o.argv.end(), args.begin(), args.end());
+  if (!extra_env.empty()) {
+    std::vector<std::string> env;
+    for (char** e = environ; *e; ++e) env.emplace_back(*e);
+    env.insert(env.end(), extra_env.begin(), extra_env.end());
+    o.env = env;
+  }
+  auto p = Subprocess::spawn(o);
+  if (!p) {
+    start_error_ = p.message();
+    return;
+  }
+  proc_ = std::make_unique<Subprocess>(std::move(p.value()));
+  out_fd_ = proc_->release_stdout();
+  err_fd_ = proc_->release_stderr();
+  started_ = true;
+  reader_ = std::thread([this] { pump(); });
+}
+
+ErunProcess::~ErunProcess() {
+  if (proc_ && !proc_->poll()) {
+    proc_->signal(SIGKILL);
+    proc_->wait_for(std::chrono::seconds(10));
+  }
+  if (reader_.joinable()) reader_.join();
+  if (out_fd_ >= 0) ::close(out_fd_);
+  if (err_fd_ >= 0) ::close(err_fd_);
+}
+
+void ErunProcess::pump() {
+  char buf[65536];
+  bool out_open = true, err_open = true;
+  while (out_open || err_open) {
+    pollfd fds[2] = {{out_open ? out_fd_ : -1, POLLIN, 0}, {err_open ? err_fd_ : -1, POLLIN, 0}};
+    int n = ::poll(fds, 2, 200);
+    if (n < 0 && errno != EINTR) break;
+    for (int i = 0; i < 2; ++i) {
+      if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      ssize_t r = ::read(fds[i].fd, buf, sizeof buf);
+      if (r <= 0) {
+        (i == 0 ? out_open : err_open) = false;
+        continue;
+      }
+      std::lock_guard<std::mutex> lock(mu_);
+      (i == 0 ? out_ : err_).append(buf, static_cast<size_t>(r));
+    }
+  }
+}
+
+long ErunProcess::pid() const { return proc_ ? proc_->pid() : -1; }
+
+std::optional<ExitStatus> ErunProcess::wait(Duration timeout) {
+  if (!proc_) return ExitStatus{127, 0};
+  auto s = proc_->wait_for(timeout);
+  if (s && reader_.joinable()) reader_.join();
+  return s;
+}
+
+void ErunProcess::signal(int sig) {
+  // erun itself, not its group: erun must do the forwarding.
+  if (proc_ && !proc_->poll()) ::kill(static_cast<pid_t>(proc_->pid()), sig);
+}
+
+std::string ErunProcess::out() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return out_;
+}
+
+std::string ErunProcess::err() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return err_;
+}
+
+bool ErunProcess::wait_output(const std::string& text, Duration timeout) const {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (out_.find(text) != std::string::npos || err_.find(text) != std::string::npos) return true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return false;
+}
+
+size_t ErunProcess::count(const std::string& text) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  size_t n = 0;
+  for (const std::string* s : {&out_, &err_}) {
+    for (size_t pos = s->find(text); pos != std::string::npos; pos = s->find(text, pos + 1)) ++n;
+  }
+  return n;
+}
+
+}  // namespace erun::testing

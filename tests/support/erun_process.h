@@ -1,0 +1,63 @@
+// ErunProcess: runs the built erun binary as a real process for integration
+// tests, collecting its stdout and stderr on a background thread. Every wait
+// is bounded; the destructor SIGKILLs a still-running erun (its workers then
+// die through their supervisors' stdin EOF).
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/subprocess.h"
+
+namespace erun::testing {
+
+std::string erun_binary();
+std::string build_path(const std::string& relative);   // under ERUN_BUILD_DIR
+std::string source_path(const std::string& relative);  // under ERUN_SOURCE_DIR
+
+// A fresh temp directory, removed (recursively) in the destructor.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  const std::string& path() const { return path_; }
+  std::string file(const std::string& name) const { return path_ + "/" + name; }
+  void write(const std::string& name, const std::string& text, bool executable = false) const;
+
+ private:
+  std::string path_;
+};
+
+class ErunProcess {
+ public:
+  explicit ErunProcess(std::vector<std::string> args, std::vector<std::string> extra_env = {});
+  ~ErunProcess();
+  bool started() const { return started_; }
+  const std::string& start_error() const { return start_error_; }
+  long pid() const;
+  std::optional<ExitStatus> wait(Duration timeout);
+  void signal(int sig);
+  std::string out() const;
+  std::string err() const;
+  // Waits until stdout+stderr contain `text`.
+  bool wait_output(const std::string& text, Duration timeout) const;
+  // Counts occurrences of `text` in stdout+stderr.
+  size_t count(const std::string& text) const;
+
+ private:
+  void pump();
+  std::unique_ptr<Subprocess> proc_;
+  bool started_ = false;
+  std::string start_error_;
+  mutable std::mutex mu_;
+  std::string out_, err_;
+  int out_fd_ = -1, err_fd_ = -1;
+  std::thread reader_;
+  std::optional<ExitStatus> exit_;
+};
+
+}  // namespace erun::testing

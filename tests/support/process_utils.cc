@@ -1,0 +1,101 @@
+#include "support/process_utils.h"
+
+#include <dirent.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "common/strings.h"
+
+namespace erun::testing {
+
+namespace {
+
+char process_state(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat;
+  if (!std::getline(in, stat)) return 0;
+  size_t close = stat.rfind(')');
+  if (close == std::string::npos || close + 2 >= stat.size()) return 0;
+  return stat[close + 2];
+}
+
+std::string cmdline(pid_t pid) {
+  std::string s = read_file("/proc/" + std::to_string(pid) + "/cmdline");
+  std::replace(s.begin(), s.end(), '\0', ' ');
+  return s;
+}
+
+}  // namespace
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream out;
+  out << in.rdbuf();
+  return out.str();
+}
+
+std::vector<pid_t> pids_with_cmdline(const std::string& marker) {
+  std::vector<pid_t> out;
+  DIR* dir = ::opendir("/proc");
+  if (!dir) return out;
+  pid_t self = ::getpid();
+  while (dirent* e = ::readdir(dir)) {
+    long pid;
+    if (!parse_int(e->d_name, pid) || pid == self) continue;
+    if (cmdline(static_cast<pid_t>(pid)).find(marker) == std::string::npos) continue;
+    if (pid_alive(static_cast<pid_t>(pid))) out.push_back(static_cast<pid_t>(pid));
+  }
+  ::closedir(dir);
+  return out;
+}
+
+bool wait_no_process(const std::string& marker, Duration timeout, std::vector<pid_t>* left) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (true) {
+    auto pids = pids_with_cmdline(marker);
+    if (pids.empty()) return true;
+    if (std::chrono::steady_clock::now() >= deadline) {
+      if (left) *left = pids;
+      return false;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+bool pid_alive(pid_t pid) {
+  if (pid <= 0 || ::kill(pid, 0) != 0) return false;
+  char state = process_state(pid);
+  return state != 0 && state != 'Z' && state != 'X';
+}
+
+bool wait_pid_gone(pid_t pid, Duration timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (pid_alive(pid)) {
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return true;
+}
+
+std::string describe_pids(const std::vector<pid_t>& pids) {
+  std::string out;
+  for (pid_t p : pids) out += std::to_string(p) + ": " + cmdline(p).substr(0, 200) + "\n";
+  return out;
+}
+
+bool wait_file_lines(const std::string& path, size_t lines, Duration timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (true) {
+    std::string s = read_file(path);
+    if (static_cast<size_t>(std::count(s.begin(), s.end(), '\n')) >= lines) return true;
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+}  // namespace erun::testing

@@ -1,0 +1,30 @@
+// Process checks for tests that must prove no worker outlived its launcher:
+// scans /proc (Linux only). Safe from any thread; every wait is bounded.
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+#include "common/clock.h"
+
+namespace erun::testing {
+
+// pids (other than this process) whose /proc/PID/cmdline, with NULs read as
+// spaces, contains `marker`. Zombies are left out: they are dead.
+std::vector<pid_t> pids_with_cmdline(const std::string& marker);
+// Waits until no such process remains; false (and the survivors in *left) on timeout.
+bool wait_no_process(const std::string& marker, Duration timeout, std::vector<pid_t>* left = nullptr);
+// True when pid exists and is not a zombie.
+bool pid_alive(pid_t pid);
+// Waits until pid is gone or a zombie; false on timeout.
+bool wait_pid_gone(pid_t pid, Duration timeout);
+// "PID: cmdline" of each pid, for failure messages.
+std::string describe_pids(const std::vector<pid_t>& pids);
+// Reads a file whole; empty when missing.
+std::string read_file(const std::string& path);
+// Waits until `path` exists and holds at least `lines` newline-terminated lines.
+bool wait_file_lines(const std::string& path, size_t lines, Duration timeout);
+
+}  // namespace erun::testing

@@ -1,0 +1,76 @@
+// FileKvStore: values published atomically under any key, visible to other
+// threads as soon as set, get() bounded by its timeout.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <thread>
+
+#include "collectives/file_store.h"
+
+namespace erun {
+namespace {
+
+using namespace std::chrono_literals;
+
+class FileStoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/erun_file_store_XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::string dir_;
+};
+
+TEST_F(FileStoreTest, SetThenGetAnyKey) {
+  FileKvStore store(dir_ + "/sub/dir");
+  const std::vector<std::string> keys = {"a", "gen3/gloo/0", "..", ".hidden", "with space%", ""};
+  for (size_t i = 0; i < keys.size(); ++i) {
+    std::vector<char> v(i * 1000 + 1, static_cast<char>(i));
+    store.set(keys[i], v);
+    EXPECT_EQ(store.get(keys[i], 1s), v) << "key '" << keys[i] << "'";
+  }
+  EXPECT_TRUE(store.check(keys));
+  EXPECT_FALSE(store.check({"a", "missing"}));
+  store.set("a", {'x'});
+  EXPECT_EQ(store.get("a", 1s), std::vector<char>{'x'});
+  // No temp files left behind; only one file per key.
+  size_t files = 0;
+  for (auto& e : std::filesystem::directory_iterator(dir_ + "/sub/dir")) {
+    EXPECT_NE(e.path().filename().string().rfind(".tmp", 0), 0u) << e.path();
+    ++files;
+  }
+  EXPECT_EQ(files, keys.size());
+}
+
+TEST_F(FileStoreTest, GetWaitsForALaterSet) {
+  FileKvStore store(dir_);
+  std::thread writer([&] {
+    std::this_thread::sleep_for(100ms);
+    FileKvStore(dir_).set("late", {'o', 'k'});
+  });
+  EXPECT_EQ(store.get("late", 30s), (std::vector<char>{'o', 'k'}));
+  writer.join();
+}
+
+TEST_F(FileStoreTest, GetTimesOutWithCommErrorNamingTheKey) {
+  FileKvStore store(dir_);
+  auto start = std::chrono::steady_clock::now();
+  try {
+    store.get("never", 200ms);
+    FAIL() << "get of a missing key returned";
+  } catch (const CommError& e) {
+    EXPECT_NE(std::string(e.what()).find("never"), std::string::npos) << e.what();
+  }
+  auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_GE(took, 200ms);
+  EXPECT_LT(took, 10s);
+}
+
+TEST_F(FileStoreTest, UnwritableDirectoryIsACommError) {
+  EXPECT_THROW(FileKvStore("/proc/erun-cannot-be-here"), CommError);
+}
+
+}  // namespace
+}  // namespace erun

@@ -1,0 +1,276 @@
+// GlooCommunicator with ranks as threads over a MemoryKvStore: every operation,
+// type and reduction against a serial reference, world sizes 1 to 4; timeouts
+// and abort().
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <mutex>
+#include <numeric>
+#include <thread>
+
+#include "collectives/gloo/gloo_communicator.h"
+#include "rendezvous/memory_store.h"
+
+namespace erun {
+namespace {
+
+using namespace std::chrono_literals;
+
+GlooOptions options(int rank, int size, Duration timeout = 60s, std::string prefix = "t") {
+  GlooOptions o;
+  o.rank = rank;
+  o.size = size;
+  o.timeout = timeout;
+  o.prefix = std::move(prefix);
+  return o;
+}
+
+// Runs fn(rank, comm) on `size` threads, each with its own communicator, and
+// rethrows the first exception a rank raised.
+void run_ranks(int size, const std::function<void(int, Communicator&)>& fn, Duration timeout = 60s) {
+  MemoryKvStore store;
+  std::vector<std::thread> threads;
+  std::mutex mu;
+  std::exception_ptr first;
+  for (int r = 0; r < size; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        auto comm = make_gloo_communicator(store, options(r, size, timeout));
+        ASSERT_EQ(comm->rank(), r);
+        ASSERT_EQ(comm->size(), size);
+        fn(r, *comm);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (!first) first = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  if (first) std::rethrow_exception(first);
+}
+
+// Rank r's input element i: small values, so sums and products are exact in
+// every type and reduction order does not matter.
+template <typename T>
+T input(int rank, size_t i) {
+  if constexpr (std::is_floating_point_v<T>) {
+    return static_cast<T>(0.5 * static_cast<double>((rank * 7 + i) % 5 + 1)) * ((i + rank) % 3 == 0 ? -1 : 1);
+  } else if constexpr (std::is_signed_v<T>) {
+    return static_cast<T>(static_cast<int>((rank * 7 + i) % 11) - 5);
+  } else {
+    return static_cast<T>((rank * 37 + i * 13) % 251);
+  }
+}
+
+template <typename T>
+T combine(T a, T b, ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAverage: return static_cast<T>(a + b);
+    case ReduceOp::kProduct: return static_cast<T>(a * b);
+    case ReduceOp::kMin: return std::min(a, b);
+    case ReduceOp::kMax: return std::max(a, b);
+  }
+  return a;
+}
+
+template <typename T>
+T reference(int size, size_t i, ReduceOp op) {
+  T acc = input<T>(0, i);
+  for (int r = 1; r < size; ++r) acc = combine(acc, input<T>(r, i), op);
+  if (op == ReduceOp::kAverage) acc = static_cast<T>(acc / static_cast<T>(size));
+  return acc;
+}
+
+const ReduceOp kOps[] = {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kProduct};
+const size_t kCounts[] = {0, 1, 7, 1000};
+
+template <typename T>
+void check_allreduce(int rank, Communicator& comm) {
+  for (ReduceOp op : kOps) {
+    for (size_t n : kCounts) {
+      std::vector<T> v(n);
+      for (size_t i = 0; i < n; ++i) v[i] = input<T>(rank, i);
+      comm.allreduce(v.data(), n, data_type_of<T>(), op);
+      size_t bad = 0, first_bad = 0;
+      for (size_t i = 0; i < n; ++i) {
+        if (v[i] != reference<T>(comm.size(), i, op)) {
+          if (bad++ == 0) first_bad = i;
+        }
+      }
+      EXPECT_EQ(bad, 0u) << to_string(data_type_of<T>()) << " " << to_string(op) << " n=" << n << " size "
+                         << comm.size() << " rank " << rank << ": first mismatch at " << first_bad << ": got "
+                         << +v[first_bad] << ", want " << +reference<T>(comm.size(), first_bad, op);
+    }
+  }
+}
+
+class GlooWorld : public ::testing::TestWithParam<int> {};
+
+TEST_P(GlooWorld, AllreduceEveryTypeAndOpMatchesSerialReference) {
+  run_ranks(GetParam(), [](int rank, Communicator& comm) {
+    check_allreduce<float>(rank, comm);
+    check_allreduce<double>(rank, comm);
+    check_allreduce<int32_t>(rank, comm);
+    check_allreduce<int64_t>(rank, comm);
+    check_allreduce<uint8_t>(rank, comm);
+  });
+}
+
+TEST_P(GlooWorld, LargeFloatSum) {
+  const size_t n = (8u << 20) / sizeof(float);  // 8 MiB
+  run_ranks(GetParam(), [&](int rank, Communicator& comm) {
+    std::vector<float> v(n);
+    for (size_t i = 0; i < n; ++i) v[i] = static_cast<float>((i % 1024) * (rank + 1));
+    comm.allreduce(v, ReduceOp::kSum);
+    const int s = comm.size();
+    const float factor = static_cast<float>(s * (s + 1) / 2);
+    size_t bad = 0;
+    for (size_t i = 0; i < n; ++i) bad += v[i] != static_cast<float>(i % 1024) * factor;
+    EXPECT_EQ(bad, 0u) << "rank " << rank;
+  });
+}
+
+TEST_P(GlooWorld, AllreduceValueHelpers) {
+  run_ranks(GetParam(), [](int rank, Communicator& comm) {
+    EXPECT_EQ(comm.allreduce_value<int64_t>(rank + 1, ReduceOp::kSum), comm.size() * (comm.size() + 1) / 2);
+    EXPECT_EQ(comm.allreduce_value<int32_t>(rank, ReduceOp::kMax), comm.size() - 1);
+    EXPECT_DOUBLE_EQ(comm.allreduce_value<double>(rank, ReduceOp::kAverage), (comm.size() - 1) / 2.0);
+    // Integer average truncates toward zero.
+    EXPECT_EQ(comm.allreduce_value<int32_t>(rank == 0 ? 1 : 0, ReduceOp::kAverage), comm.size() == 1 ? 1 : 0);
+  });
+}
+
+TEST_P(GlooWorld, BroadcastFromEveryRoot) {
+  run_ranks(GetParam(), [](int rank, Communicator& comm) {
+    for (int root = 0; root < comm.size(); ++root) {
+      for (size_t n : kCounts) {
+        std::vector<char> buf(n);
+        for (size_t i = 0; i < n; ++i) buf[i] = static_cast<char>(rank == root ? (i * 3 + root) : 0x55);
+        comm.broadcast(buf.data(), n, root);
+        for (size_t i = 0; i < n; ++i) {
+          ASSERT_EQ(buf[i], static_cast<char>(i * 3 + root)) << "root " << root << " n " << n << " i " << i;
+        }
+      }
+    }
+  });
+}
+
+TEST_P(GlooWorld, AllgatherPlacesEachRankAtItsOffset) {
+  run_ranks(GetParam(), [](int rank, Communicator& comm) {
+    for (size_t n : kCounts) {
+      std::vector<char> in(n), out(n * comm.size(), 0x7f);
+      for (size_t i = 0; i < n; ++i) in[i] = static_cast<char>(rank * 31 + i);
+      comm.allgather(in.data(), out.data(), n);
+      for (int r = 0; r < comm.size(); ++r) {
+        for (size_t i = 0; i < n; ++i) ASSERT_EQ(out[r * n + i], static_cast<char>(r * 31 + i)) << r << " " << i;
+      }
+    }
+  });
+}
+
+TEST_P(GlooWorld, AllgathervWithDifferentSizesIncludingZero) {
+  run_ranks(GetParam(), [](int rank, Communicator& comm) {
+    auto bytes_of = [](int r, int round) -> size_t {
+      switch (round) {
+        case 0: return r * 3;          // rank 0 gives nothing
+        case 1: return 0;              // nobody gives anything
+        case 2: return r % 2 ? 0 : 1000 + r;
+        default: return (r + 1) * 7;
+      }
+    };
+    for (int round = 0; round < 4; ++round) {
+      std::vector<char> in(bytes_of(rank, round));
+      for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<char>(rank + 5 * i);
+      auto all = comm.allgatherv(in.data(), in.size());
+      ASSERT_EQ(all.size(), static_cast<size_t>(comm.size()));
+      for (int r = 0; r < comm.size(); ++r) {
+        ASSERT_EQ(all[r].size(), bytes_of(r, round)) << "round " << round << " rank " << r;
+        for (size_t i = 0; i < all[r].size(); ++i) ASSERT_EQ(all[r][i], static_cast<char>(r + 5 * i));
+      }
+    }
+  });
+}
+
+TEST_P(GlooWorld, BarrierHoldsEveryRankUntilAllArrive) {
+  std::atomic<int> arrived{0};
+  run_ranks(GetParam(), [&](int rank, Communicator& comm) {
+    for (int round = 1; round <= 3; ++round) {
+      arrived++;
+      comm.barrier();
+      EXPECT_GE(arrived.load(), round * comm.size());
+      comm.barrier();
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Sizes, GlooWorld, ::testing::Values(1, 2, 3, 4),
+                         [](const auto& info) { return "world" + std::to_string(info.param); });
+
+TEST(GlooCommunicator, HalfPrecisionOnCpuIsRejected) {
+  run_ranks(1, [](int, Communicator& comm) {
+    uint16_t v = 0;
+    EXPECT_THROW(comm.allreduce(&v, 1, DataType::kFloat16, ReduceOp::kSum), std::invalid_argument);
+  });
+}
+
+TEST(GlooCommunicator, ConstructionTimesOutWhenAPeerNeverComes) {
+  MemoryKvStore store;
+  auto start = std::chrono::steady_clock::now();
+  EXPECT_THROW(make_gloo_communicator(store, options(0, 2, 500ms)), CommError);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 20s);
+}
+
+TEST(GlooCommunicator, OperationTimesOutAndNamesOpAndRank) {
+  MemoryKvStore store;
+  std::unique_ptr<Communicator> c0, c1;
+  std::thread t([&] { c1 = make_gloo_communicator(store, options(1, 2, 1s)); });
+  c0 = make_gloo_communicator(store, options(0, 2, 1s));
+  t.join();
+  std::vector<float> v(10, 1.0f);
+  auto start = std::chrono::steady_clock::now();
+  try {
+    c0->allreduce(v, ReduceOp::kSum);  // rank 1 never joins
+    FAIL() << "allreduce without the peer returned";
+  } catch (const CommError& e) {
+    std::string msg = e.what();
+    EXPECT_NE(msg.find("allreduce"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("rank 0"), std::string::npos) << msg;
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 20s);
+  // After a failure the communicator only throws.
+  EXPECT_THROW(c0->barrier(), CommError);
+}
+
+TEST(GlooCommunicator, AbortWakesABlockedOperationAndThePeer) {
+  MemoryKvStore store;
+  std::unique_ptr<Communicator> c0, c1;
+  std::thread t([&] { c1 = make_gloo_communicator(store, options(1, 2, 60s)); });
+  c0 = make_gloo_communicator(store, options(0, 2, 60s));
+  t.join();
+  std::vector<float> v(1000, 1.0f);
+  std::atomic<bool> started{false};
+  std::thread aborter([&] {
+    while (!started) std::this_thread::yield();
+    std::this_thread::sleep_for(200ms);  // let allreduce block (rank 1 is not in it)
+    c0->abort();
+  });
+  auto start = std::chrono::steady_clock::now();
+  started = true;
+  EXPECT_THROW(c0->allreduce(v, ReduceOp::kSum), CommError);
+  auto blocked_for = std::chrono::steady_clock::now() - start;
+  aborter.join();
+  EXPECT_LT(blocked_for, 10s) << "abort() did not wake the blocked allreduce";
+  EXPECT_THROW(c0->allreduce(v, ReduceOp::kSum), CommError);
+  // The peer learns at once: its sockets were shut down.
+  start = std::chrono::steady_clock::now();
+  EXPECT_THROW(c1->allreduce(v, ReduceOp::kSum), CommError);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 10s);
+}
+
+}  // namespace
+}  // namespace erun

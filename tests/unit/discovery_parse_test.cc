@@ -1,0 +1,232 @@
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "discovery/host_set.h"
+
+namespace erun {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+std::vector<Host> hosts_of(const Result<HostSet>& r) {
+  EXPECT_TRUE(r.is_ok()) << r.message();
+  return r ? r->hosts() : std::vector<Host>{};
+}
+
+TEST(HostSet, AddMergesAndKeepsOrder) {
+  HostSet s;
+  s.add({"b", 2});
+  s.add({"a", 1});
+  s.add({"b", 3});
+  EXPECT_THAT(s.hosts(), ElementsAre(Host{"b", 5}, Host{"a", 1}));
+  EXPECT_EQ(s.total_slots(), 6);
+  EXPECT_EQ(s.find("a"), 1);
+  EXPECT_EQ(s.find("zz"), -1);
+  EXPECT_EQ(s.slots_of("b"), 5);
+  EXPECT_EQ(s.slots_of("zz"), 0);
+  EXPECT_EQ(s.to_string(), "b:5,a:1");
+}
+
+TEST(HostSet, ToStringBracketsIpv6) {
+  HostSet s({{"fe80::1", 2}, {"10.0.0.1", 1}});
+  EXPECT_EQ(s.to_string(), "[fe80::1]:2,10.0.0.1:1");
+  EXPECT_EQ(HostSet().to_string(), "");
+}
+
+TEST(DiscoveryOutput, GoodLines) {
+  auto r = parse_discovery_output(
+      "# header comment\n"
+      "node1:4\n"
+      "\n"
+      "   node2   \n"
+      "node3:2   # trailing comment\n"
+      "\t10.0.0.7:8\r\n"
+      "[fe80::1]:2\n"
+      "fe80::2\n"
+      "[::1]\n"
+      "a.example.com:1\n"
+      "   # indented comment\n",
+      3);
+  EXPECT_THAT(hosts_of(r), ElementsAre(Host{"node1", 4}, Host{"node2", 3}, Host{"node3", 2},
+                                       Host{"10.0.0.7", 8}, Host{"fe80::1", 2}, Host{"fe80::2", 3},
+                                       Host{"::1", 3}, Host{"a.example.com", 1}));
+}
+
+TEST(DiscoveryOutput, EmptyAndCommentsOnly) {
+  EXPECT_TRUE(parse_discovery_output("", 1)->empty());
+  EXPECT_TRUE(parse_discovery_output("\n\n# nothing\n  \n", 1)->empty());
+}
+
+TEST(DiscoveryOutput, NoTrailingNewline) {
+  EXPECT_THAT(hosts_of(parse_discovery_output("a:1\nb:2", 1)),
+              ElementsAre(Host{"a", 1}, Host{"b", 2}));
+}
+
+TEST(DiscoveryOutput, ErrorNamesLineNumberTextAndProblem) {
+  auto r = parse_discovery_output("node0:1\n# c\nnode1:x\n", 1);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.message(),
+            "discovery output line 3 \"node1:x\": slots must be a positive integer "
+            "(expected host[:slots])");
+}
+
+struct BadLine {
+  const char* text;
+  int line;
+  const char* what;
+};
+
+class DiscoveryOutputBad : public ::testing::TestWithParam<BadLine> {};
+
+TEST_P(DiscoveryOutputBad, Rejected) {
+  auto p = GetParam();
+  auto r = parse_discovery_output(p.text, 1);
+  ASSERT_FALSE(r) << p.text;
+  EXPECT_THAT(r.message(), HasSubstr("line " + std::to_string(p.line) + " ")) << r.message();
+  EXPECT_THAT(r.message(), HasSubstr(p.what)) << r.message();
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, DiscoveryOutputBad,
+    ::testing::Values(BadLine{"a:0", 1, "positive integer"}, BadLine{"a:-2", 1, "positive integer"},
+                      BadLine{"ok\na:", 2, "positive integer"},
+                      BadLine{"a:1.5", 1, "positive integer"},
+                      BadLine{"a:99999999999999999999", 1, "limit"},
+                      BadLine{"a:65537", 1, "limit"}, BadLine{"\n\nbad_host", 3, "'_'"},
+                      BadLine{"a b", 1, "unexpected \"b\""},
+                      BadLine{"node1 slots=4", 1, "write node1:4"},
+                      BadLine{"-node", 1, "'-'"}, BadLine{"node-", 1, "'-'"},
+                      BadLine{"a..b", 1, "empty label"}, BadLine{"a.", 1, "trailing"},
+                      BadLine{"999.1.1.1", 1, "IPv4"}, BadLine{"1.2.3", 1, "IPv4"},
+                      BadLine{"[fe80::1", 1, "closing"}, BadLine{"[fe80::1]x", 1, "after ']'"},
+                      BadLine{"[node1]:2", 1, "only for IPv6"},
+                      BadLine{"fe80::g", 1, "IPv6"}, BadLine{"a:1\nb:1\na:2", 3, "twice"},
+                      BadLine{":4", 1, "empty host"},
+                      BadLine{"hello world!", 1, "unexpected"},
+                      BadLine{"Traceback (most recent call last):", 1, "unexpected"},
+                      BadLine{"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx", 1, "63"}));
+
+TEST(DiscoveryOutput, DuplicatePolicy) {
+  auto rejected = parse_discovery_output("a:1\nb:1\na:2\n", 1, DuplicatePolicy::kReject);
+  ASSERT_FALSE(rejected);
+  EXPECT_THAT(rejected.message(), HasSubstr("lines 1 and 3"));
+  auto merged = parse_discovery_output("a:1\nb:1\na:2\n", 1, DuplicatePolicy::kMerge);
+  EXPECT_THAT(hosts_of(merged), ElementsAre(Host{"a", 3}, Host{"b", 1}));
+  auto over = parse_discovery_output("a:65536\na:1\n", 1, DuplicatePolicy::kMerge);
+  ASSERT_FALSE(over);
+  EXPECT_THAT(over.message(), HasSubstr("limit"));
+}
+
+TEST(ValidateHostname, AcceptsAndRejects) {
+  for (const char* good : {"a", "node01", "A-b.c-d.example", "127.0.0.2", "::1", "fe80::1%eth0",
+                           "2001:db8::8a2e:370:7334", "1host", "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"}) {
+    EXPECT_TRUE(validate_hostname(good)) << good << ": " << validate_hostname(good).message();
+  }
+  for (const char* bad : {"", "a_b", "a b", "-a", "a-", "a..b", ".a", "256.1.1.1", "fe80::1%",
+                          "::1::2", "a/b", "ho$t"}) {
+    EXPECT_FALSE(validate_hostname(bad)) << bad;
+  }
+  EXPECT_FALSE(validate_hostname(std::string(254, 'a')));
+  EXPECT_THAT(validate_hostname("a_b").message(), HasSubstr("\"a_b\""));
+}
+
+TEST(HostsFlag, Forms) {
+  EXPECT_THAT(hosts_of(parse_hosts_flag("a:4,b:4", 1)), ElementsAre(Host{"a", 4}, Host{"b", 4}));
+  EXPECT_THAT(hosts_of(parse_hosts_flag("a,b", 2)), ElementsAre(Host{"a", 2}, Host{"b", 2}));
+  EXPECT_THAT(hosts_of(parse_hosts_flag(" a:1 , [::1]:2 ,127.0.0.2", 3)),
+              ElementsAre(Host{"a", 1}, Host{"::1", 2}, Host{"127.0.0.2", 3}));
+}
+
+TEST(HostsFlag, Errors) {
+  auto r = parse_hosts_flag("a:4,b:x", 1);
+  ASSERT_FALSE(r);
+  EXPECT_THAT(r.message(), HasSubstr("-H item 2 \"b:x\""));
+  EXPECT_THAT(r.message(), HasSubstr("positive integer"));
+  EXPECT_THAT(parse_hosts_flag("a,,b", 1).message(), HasSubstr("item 2 is empty"));
+  EXPECT_THAT(parse_hosts_flag("", 1).message(), HasSubstr("empty"));
+  EXPECT_THAT(parse_hosts_flag("a,a", 1).message(), HasSubstr("twice"));
+  EXPECT_THAT(parse_hosts_flag("a,b_c", 1).message(), HasSubstr("item 2"));
+}
+
+TEST(Hostfile, Forms) {
+  auto r = parse_hostfile(
+      "# cluster\n"
+      "node1:4\n"
+      "node2 slots=2 max_slots=8\n"
+      "node3\n"
+      "node4\tslots=3   # rack 2\n"
+      "node5 max-slots=4\n"
+      "\n"
+      "[fe80::1]:2\n"
+      "node1 slots=1\n",
+      5);
+  EXPECT_THAT(hosts_of(r), ElementsAre(Host{"node1", 5}, Host{"node2", 2}, Host{"node3", 5},
+                                       Host{"node4", 3}, Host{"node5", 5}, Host{"fe80::1", 2}));
+}
+
+TEST(Hostfile, Errors) {
+  auto r = parse_hostfile("a\nb slots=x\n", 1);
+  ASSERT_FALSE(r);
+  EXPECT_THAT(r.message(), HasSubstr("hostfile line 2 \"b slots=x\""));
+  EXPECT_THAT(parse_hostfile("a slots=0", 1).message(), HasSubstr("positive"));
+  EXPECT_THAT(parse_hostfile("a:2 slots=3", 1).message(), HasSubstr("twice"));
+  EXPECT_THAT(parse_hostfile("a slots=2 slots=3", 1).message(), HasSubstr("twice"));
+  EXPECT_THAT(parse_hostfile("a cpus=2", 1).message(), HasSubstr("unknown key"));
+  EXPECT_THAT(parse_hostfile("a b", 1).message(), HasSubstr("unexpected \"b\""));
+  EXPECT_THAT(parse_hostfile("a max_slots=x", 1).message(), HasSubstr("line 1"));
+}
+
+TEST(SlurmHostlist, Expands) {
+  auto r = expand_slurm_hostlist("node[01-04,07],gpu1");
+  ASSERT_TRUE(r) << r.message();
+  EXPECT_THAT(*r, ElementsAre("node01", "node02", "node03", "node04", "node07", "gpu1"));
+  EXPECT_THAT(*expand_slurm_hostlist("n[8-11]"), ElementsAre("n8", "n9", "n10", "n11"));
+  EXPECT_THAT(*expand_slurm_hostlist("n[098-101]"), ElementsAre("n098", "n099", "n100", "n101"));
+  EXPECT_THAT(*expand_slurm_hostlist("single"), ElementsAre("single"));
+  EXPECT_THAT(*expand_slurm_hostlist("a[1-2]-b,c"), ElementsAre("a1-b", "a2-b", "c"));
+  EXPECT_THAT(*expand_slurm_hostlist("x[3],y[5-5] z"), ElementsAre("x3", "y5", "z"));
+}
+
+TEST(SlurmHostlist, SeveralBracketGroupsAreACrossProduct) {
+  EXPECT_THAT(*expand_slurm_hostlist("rack[1-2]-n[01-02]"),
+              ElementsAre("rack1-n01", "rack1-n02", "rack2-n01", "rack2-n02"));
+}
+
+TEST(SlurmHostlist, Errors) {
+  for (const char* bad : {"node[1-2", "node1-2]", "node[]", "node[4-1]", "node[a-b]", "node[1-]",
+                          "n[[1]]", "", " , ", "bad_[1-2]", "n[1-99999999]"}) {
+    auto r = expand_slurm_hostlist(bad);
+    EXPECT_FALSE(r) << bad;
+    EXPECT_THAT(r.message(), HasSubstr("Slurm hostlist")) << bad;
+  }
+  EXPECT_THAT(expand_slurm_hostlist("node[4-1]").message(), HasSubstr("backwards"));
+  EXPECT_THAT(expand_slurm_hostlist("node[1-2").message(), HasSubstr("closing"));
+}
+
+TEST(SlurmCounts, Expands) {
+  EXPECT_THAT(*expand_slurm_counts("2(x3),1"), ElementsAre(2, 2, 2, 1));
+  EXPECT_THAT(*expand_slurm_counts("4"), ElementsAre(4));
+  EXPECT_THAT(*expand_slurm_counts("1,2(x1),3"), ElementsAre(1, 2, 3));
+  for (const char* bad : {"", "x", "2(3)", "2(x)", "2(x0)", "0", "-1", "2(x3", "1,,2", "2(x3)4"}) {
+    EXPECT_FALSE(expand_slurm_counts(bad)) << bad;
+  }
+}
+
+TEST(SlurmHosts, CombinesNamesAndCounts) {
+  EXPECT_THAT(hosts_of(slurm_hosts("n[1-2]", "4,2")), ElementsAre(Host{"n1", 4}, Host{"n2", 2}));
+  EXPECT_THAT(hosts_of(slurm_hosts("n[1-3]", "2(x3)")),
+              ElementsAre(Host{"n1", 2}, Host{"n2", 2}, Host{"n3", 2}));
+  EXPECT_THAT(hosts_of(slurm_hosts("n[1-3]", "8")),
+              ElementsAre(Host{"n1", 8}, Host{"n2", 8}, Host{"n3", 8}));
+  EXPECT_THAT(hosts_of(slurm_hosts("n[1-2]", "")), ElementsAre(Host{"n1", 1}, Host{"n2", 1}));
+  auto mismatch = slurm_hosts("n[1-3]", "1,2");
+  ASSERT_FALSE(mismatch);
+  EXPECT_THAT(mismatch.message(), HasSubstr("3 hosts"));
+  EXPECT_THAT(mismatch.message(), HasSubstr("2 counts"));
+  EXPECT_FALSE(slurm_hosts("n[1-2],n1", "1"));
+  EXPECT_FALSE(slurm_hosts("n[1-2", "1"));
+}
+
+}  // namespace
+}  // namespace erun

@@ -1,0 +1,296 @@
+// Bad input to the rendezvous server: each case is dropped, counted and
+// logged, and the server keeps serving well-behaved clients. Real sockets.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+
+#include <future>
+
+#include "rendezvous_test_util.h"
+
+namespace erun::testing {
+namespace {
+
+using namespace std::chrono_literals;
+
+// A good client still connects, joins and is assigned after the bad input.
+void expect_server_still_serves(RendezvousServer& server, long gen) {
+  RendezvousClient c(client_options(server.port()));
+  ASSERT_TRUE(c.connect().is_ok());
+  auto fut = std::async(std::launch::async, [&] {
+    long g = -1;
+    auto r = c.join(join_request("good", 0), &g);
+    return r.is_ok() ? g : -100;
+  });
+  ASSERT_TRUE(wait_for([&] { return server.waiting().size() == 1; }));
+  server.publish(gen, {rank_of("good", 0, 0, 1)});
+  EXPECT_EQ(fut.get(), gen);
+}
+
+TEST(RendezvousWire, HeaderRoundTripsLittleEndian) {
+  wire::Header h;
+  h.type = 9;
+  h.job_hash = 0x0102030405060708ull;
+  h.generation = -2;
+  h.request_id = 77;
+  h.length = 0x10203;
+  char b[wire::kHeaderBytes];
+  wire::encode_header(h, b);
+  EXPECT_EQ(static_cast<unsigned char>(b[0]), 0x45);  // 'E'
+  EXPECT_EQ(std::string(b, 4), "ERUN");
+  EXPECT_EQ(static_cast<unsigned char>(b[8]), 0x08);
+  EXPECT_EQ(static_cast<unsigned char>(b[28]), 0x03);
+  auto d = wire::decode_header(b);
+  EXPECT_EQ(d.magic, wire::kMagic);
+  EXPECT_EQ(d.type, 9);
+  EXPECT_EQ(d.job_hash, h.job_hash);
+  EXPECT_EQ(d.generation, -2);
+  EXPECT_EQ(d.request_id, 77u);
+  EXPECT_EQ(d.length, 0x10203u);
+}
+
+TEST(RendezvousWire, CheckHeaderNamesTheProblem) {
+  uint64_t jh = wire::job_hash("a");
+  wire::Header h;
+  h.job_hash = jh;
+  EXPECT_FALSE(wire::check_header(h, jh, 10));
+  h.length = 11;
+  EXPECT_NE(wire::check_header(h, jh, 10)->find("over the limit"), std::string::npos);
+  h.length = 0;
+  EXPECT_NE(wire::check_header(h, wire::job_hash("b"), 10)->find("job id"), std::string::npos);
+  h.version = 7;
+  EXPECT_NE(wire::check_header(h, jh, 10)->find("version 7"), std::string::npos);
+  h.magic = 1;
+  EXPECT_NE(wire::check_header(h, jh, 10)->find("magic"), std::string::npos);
+}
+
+TEST(RendezvousWire, PayloadReaderRejectsTruncationAndLeftovers) {
+  wire::PayloadWriter w;
+  w.bytes("host").i32(-3).u64(9);
+  wire::PayloadReader ok(w.str());
+  EXPECT_EQ(ok.bytes(), "host");
+  EXPECT_EQ(ok.i32(), -3);
+  EXPECT_EQ(ok.u64(), 9u);
+  EXPECT_TRUE(ok.done());
+  wire::PayloadReader cut(std::string_view(w.str()).substr(0, 6));
+  cut.bytes();
+  EXPECT_TRUE(cut.failed());
+  std::string huge_len("\xff\xff\xff\x7f", 4);
+  wire::PayloadReader lie(huge_len);
+  lie.bytes();
+  EXPECT_TRUE(lie.failed());
+  wire::PayloadReader extra(w.str() + "x");
+  extra.bytes(), extra.i32(), extra.u64();
+  EXPECT_FALSE(extra.done());
+}
+
+TEST(RendezvousWire, ProofsDependOnEveryInputAndDiffer) {
+  std::string a = wire::client_proof("k", "n1", "job", "n2");
+  EXPECT_EQ(a.size(), wire::kMacBytes);
+  EXPECT_EQ(a, wire::client_proof("k", "n1", "job", "n2"));
+  EXPECT_NE(a, wire::client_proof("K", "n1", "job", "n2"));
+  EXPECT_NE(a, wire::client_proof("k", "n1", "jab", "n2"));
+  EXPECT_NE(a, wire::client_proof("k", "n1", "job", "n3"));
+  EXPECT_NE(a, wire::server_proof("k", "n1", "job", "n2"));  // no reflection
+  EXPECT_TRUE(wire::equal_ct(a, a));
+  EXPECT_FALSE(wire::equal_ct(a, a.substr(1)));
+}
+
+TEST(RendezvousSecurity, AuthenticatesWithTheJobSecret) {
+  auto server = start_server();
+  RendezvousClient c(client_options(server->port()));
+  auto s = c.connect();
+  ASSERT_TRUE(s.is_ok()) << s.message();
+  EXPECT_TRUE(c.connected());
+  EXPECT_EQ(server->refused(), 0);
+}
+
+TEST(RendezvousSecurity, WrongSecretIsRefusedAndOthersAreServed) {
+  auto server = start_server();
+  auto bad = client_options(server->port());
+  bad.secret = "guess";
+  RendezvousClient c(bad);
+  auto s = c.connect();
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_NE(s.message().find("authentication failed"), std::string::npos) << s.message();
+  EXPECT_TRUE(wait_for([&] { return server->refused() == 1; }));
+  expect_server_still_serves(*server, 1);
+}
+
+TEST(RendezvousSecurity, WrongJobIdIsRefused) {
+  auto server = start_server();
+  auto bad = client_options(server->port());
+  bad.job_id = "job-43";
+  RendezvousClient c(bad);
+  auto s = c.connect();
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_TRUE(wait_for([&] { return server->refused() == 1; }));
+  expect_server_still_serves(*server, 1);
+}
+
+TEST(RendezvousSecurity, GarbageBytesAreDropped) {
+  auto server = start_server();
+  int fd = raw_connect(server->port());
+  raw_send(fd, wire::random_bytes(200));
+  EXPECT_TRUE(closed_by_peer(fd));
+  ::close(fd);
+  EXPECT_EQ(server->refused(), 1);
+  expect_server_still_serves(*server, 1);
+}
+
+TEST(RendezvousSecurity, WrongVersionIsDropped) {
+  auto server = start_server();
+  int fd = raw_connect(server->port());
+  std::string f = wire::encode_frame(wire::Type::kHello, wire::job_hash(kJob), -1, 0,
+                                     wire::random_bytes(wire::kNonceBytes));
+  f[4] = 2;  // version 2
+  raw_send(fd, f);
+  EXPECT_TRUE(closed_by_peer(fd));
+  ::close(fd);
+  EXPECT_EQ(server->refused(), 1);
+}
+
+TEST(RendezvousSecurity, OversizedLengthBeforeAuthIsDropped) {
+  auto server = start_server();
+  int fd = raw_connect(server->port());
+  wire::Header h;
+  h.type = static_cast<uint16_t>(wire::Type::kHello);
+  h.job_hash = wire::job_hash(kJob);
+  h.length = 1u << 30;
+  char b[wire::kHeaderBytes];
+  wire::encode_header(h, b);
+  raw_send(fd, std::string(b, sizeof(b)));
+  EXPECT_TRUE(closed_by_peer(fd));
+  ::close(fd);
+  EXPECT_EQ(server->refused(), 1);
+  expect_server_still_serves(*server, 1);
+}
+
+TEST(RendezvousSecurity, OversizedLengthAfterAuthIsDropped) {
+  auto server = start_server();  // max_frame_bytes = 1 MiB
+  int fd = raw_connect(server->port());
+  ASSERT_TRUE(raw_authenticate(fd));
+  wire::Header h;
+  h.type = static_cast<uint16_t>(wire::Type::kKvSet);
+  h.job_hash = wire::job_hash(kJob);
+  h.length = (1u << 20) + 1;
+  char b[wire::kHeaderBytes];
+  wire::encode_header(h, b);
+  raw_send(fd, std::string(b, sizeof(b)));
+  EXPECT_TRUE(closed_by_peer(fd));
+  ::close(fd);
+  EXPECT_EQ(server->refused(), 1);
+}
+
+TEST(RendezvousSecurity, MalformedPayloadAfterAuthIsDropped) {
+  auto server = start_server();
+  int fd = raw_connect(server->port());
+  ASSERT_TRUE(raw_authenticate(fd));
+  // A JOIN whose host string claims more bytes than the frame holds.
+  raw_send(fd, wire::encode_frame(wire::Type::kJoin, wire::job_hash(kJob), -1, 1, std::string("\x50\0\0\0ab", 6)));
+  EXPECT_TRUE(closed_by_peer(fd));
+  ::close(fd);
+  EXPECT_EQ(server->refused(), 1);
+  EXPECT_TRUE(server->waiting().empty());
+}
+
+TEST(RendezvousSecurity, SkippingTheHandshakeIsDropped) {
+  auto server = start_server();
+  int fd = raw_connect(server->port());
+  wire::PayloadWriter w;
+  w.bytes("evil").i32(0).u64(0).i64(1);
+  raw_send(fd, wire::encode_frame(wire::Type::kJoin, wire::job_hash(kJob), -1, 1, w.str()));
+  EXPECT_TRUE(closed_by_peer(fd));
+  ::close(fd);
+  EXPECT_EQ(server->refused(), 1);
+  EXPECT_TRUE(server->waiting().empty());
+}
+
+TEST(RendezvousSecurity, SlowLorisIsDroppedAfterIoTimeoutWhileOthersProceed) {
+  auto server = start_server(server_options(800ms));
+  int silent = raw_connect(server->port());
+  int partial = raw_connect(server->port());
+  raw_send(partial, std::string("ERUN\x01\0", 6));  // half a header, then nothing
+  auto t0 = std::chrono::steady_clock::now();
+  expect_server_still_serves(*server, 1);
+  EXPECT_TRUE(closed_by_peer(silent));
+  EXPECT_TRUE(closed_by_peer(partial));
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, 600ms);
+  ::close(silent);
+  ::close(partial);
+  EXPECT_EQ(server->refused(), 2);
+}
+
+TEST(RendezvousSecurity, StallMidFrameAfterAuthIsDropped) {
+  auto server = start_server(server_options(500ms));
+  int fd = raw_connect(server->port());
+  ASSERT_TRUE(raw_authenticate(fd));
+  std::string f = wire::encode_frame(wire::Type::kKvSet, wire::job_hash(kJob), -1, 1, std::string(100, 'x'));
+  raw_send(fd, f.substr(0, 40));
+  EXPECT_TRUE(closed_by_peer(fd));
+  ::close(fd);
+  EXPECT_EQ(server->refused(), 1);
+}
+
+TEST(RendezvousSecurity, ClientThatDoesNotReadItsRepliesIsDropped) {
+  auto server = start_server(server_options(500ms));
+  int fd = raw_connect(server->port());
+  ASSERT_TRUE(raw_authenticate(fd));
+  uint64_t jh = wire::job_hash(kJob);
+  wire::PayloadWriter set;
+  set.bytes("big").bytes(std::string(512 << 10, 'v'));
+  raw_send(fd, wire::encode_frame(wire::Type::kKvSet, jh, -1, 1, set.str()));
+  wire::PayloadWriter get;
+  get.bytes("big").u64(1000);
+  std::string gets;
+  for (int i = 0; i < 64; ++i) gets += wire::encode_frame(wire::Type::kKvGet, jh, -1, 2 + i, get.str());
+  raw_send(fd, gets);  // 32 MiB of replies that are never read
+  EXPECT_TRUE(wait_for([&] { return server->refused() == 1; }));
+  ::close(fd);
+  expect_server_still_serves(*server, 1);
+}
+
+TEST(RendezvousSecurity, AuthenticatedIdleClientIsNotDropped) {
+  auto server = start_server(server_options(300ms));
+  RendezvousClient c(client_options(server->port()));
+  ASSERT_TRUE(c.connect().is_ok());
+  std::this_thread::sleep_for(900ms);  // three io_timeouts of doing nothing
+  EXPECT_TRUE(c.connected());
+  EXPECT_EQ(server->refused(), 0);
+}
+
+// A fake server that answers the handshake without knowing the secret.
+TEST(RendezvousSecurity, ClientRefusesAServerThatCannotProveTheSecret) {
+  int lfd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  ASSERT_EQ(::listen(lfd, 4), 0);
+  socklen_t len = sizeof(a);
+  ::getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &len);
+  std::thread impostor([lfd] {
+    int fd = ::accept(lfd, nullptr, nullptr);
+    ASSERT_GE(fd, 0);
+    ASSERT_TRUE(wire::set_nonblocking(fd).is_ok());
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    uint64_t jh = wire::job_hash(kJob);
+    auto hello = wire::recv_frame(fd, jh, 4096, deadline);
+    ASSERT_TRUE(hello.is_ok());
+    (void)wire::send_all(fd, wire::encode_frame(wire::Type::kChallenge, jh, -1, 0, wire::random_bytes(32)), deadline);
+    auto auth = wire::recv_frame(fd, jh, 4096, deadline);
+    ASSERT_TRUE(auth.is_ok());
+    (void)wire::send_all(fd, wire::encode_frame(wire::Type::kAuthOk, jh, -1, 0, wire::random_bytes(32)), deadline);
+    closed_by_peer(fd, std::chrono::seconds(10));
+    ::close(fd);
+  });
+  auto o = client_options(ntohs(a.sin_port));
+  RendezvousClient c(o);
+  auto s = c.connect();
+  impostor.join();
+  ::close(lfd);
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_NE(s.message().find("did not prove"), std::string::npos) << s.message();
+}
+
+}  // namespace
+}  // namespace erun::testing

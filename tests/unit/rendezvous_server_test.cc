@@ -1,0 +1,383 @@
+// The generation protocol over real sockets: joins wait for publish, the
+// store is scoped to a generation, notifications reach every member, dead
+// clients are reported. Clients run as threads, and as forked processes where
+// a process must die.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <future>
+#include <optional>
+
+#include "erun/errors.hpp"
+#include "rendezvous_test_util.h"
+
+namespace erun::testing {
+namespace {
+
+using namespace std::chrono_literals;
+
+struct Joined {
+  std::unique_ptr<RendezvousClient> client;
+  std::future<Result<RankAssignment>> assignment;
+  long gen = -1;
+};
+
+// Connects a client and starts its join on another thread.
+std::unique_ptr<Joined> start_join(int port, const std::string& host, int index, uint64_t commit = 0,
+                                   ClientOptions o = {}) {
+  auto j = std::make_unique<Joined>();
+  if (o.port == 0) o = client_options(port);
+  j->client = std::make_unique<RendezvousClient>(o);
+  auto s = j->client->connect();
+  EXPECT_TRUE(s.is_ok()) << s.message();
+  auto* raw = j.get();
+  j->assignment = std::async(std::launch::async, [raw, host, index, commit] {
+    return raw->client->join(join_request(host, index, commit), &raw->gen);
+  });
+  return j;
+}
+
+bool ready(std::future<Result<RankAssignment>>& f) { return f.wait_for(0s) == std::future_status::ready; }
+
+// Starts n joins for slots h0..h{n-1} and publishes them as gen 1.
+std::vector<std::unique_ptr<Joined>> joined_world(RendezvousServer& server, int n, long gen = 1) {
+  std::vector<std::unique_ptr<Joined>> out;
+  std::vector<RankAssignment> ranks;
+  for (int i = 0; i < n; ++i) {
+    out.push_back(start_join(server.port(), "h" + std::to_string(i), 0));
+    ranks.push_back(rank_of("h" + std::to_string(i), 0, i, n));
+  }
+  EXPECT_TRUE(wait_for([&] { return server.waiting().size() == static_cast<size_t>(n); }));
+  server.publish(gen, ranks);
+  for (auto& j : out) EXPECT_TRUE(j->assignment.get().is_ok());
+  return out;
+}
+
+TEST(RendezvousServer, JoinBlocksUntilPublishAndGetsItsAssignment) {
+  auto server = start_server();
+  auto a = start_join(server->port(), "10.0.0.1", 0, 7);
+  auto b = start_join(server->port(), "10.0.0.1", 1, 9);
+  auto c = start_join(server->port(), "10.0.0.2", 0, 9);
+  ASSERT_TRUE(wait_for([&] { return server->waiting().size() == 3; }));
+  auto waiting = server->waiting();
+  std::map<SlotKey, uint64_t> commits;
+  for (auto& w : waiting) commits[w.slot] = w.commit_id;
+  EXPECT_EQ(commits[(SlotKey{"10.0.0.1", 0})], 7u);
+  EXPECT_EQ(commits[(SlotKey{"10.0.0.2", 0})], 9u);
+  EXPECT_EQ(waiting[0].pid, ::getpid());
+  std::this_thread::sleep_for(100ms);
+  EXPECT_FALSE(ready(a->assignment));
+
+  RankAssignment r0{{"10.0.0.1", 0}, 0, 3, 0, 2, 0, 2};
+  RankAssignment r1{{"10.0.0.1", 1}, 1, 3, 1, 2, 0, 2};
+  RankAssignment r2{{"10.0.0.2", 0}, 2, 3, 0, 1, 1, 2};
+  server->publish(5, {r0, r1, r2});
+  auto ra = a->assignment.get(), rb = b->assignment.get(), rc = c->assignment.get();
+  ASSERT_TRUE(ra.is_ok()) << ra.message();
+  ASSERT_TRUE(rb.is_ok() && rc.is_ok());
+  EXPECT_EQ(ra->rank, 0);
+  EXPECT_EQ(rb->rank, 1);
+  EXPECT_EQ(rb->local_rank, 1);
+  EXPECT_EQ(rb->local_size, 2);
+  EXPECT_EQ(rc->rank, 2);
+  EXPECT_EQ(rc->size, 3);
+  EXPECT_EQ(rc->cross_rank, 1);
+  EXPECT_EQ(rc->cross_size, 2);
+  EXPECT_EQ(rc->slot, (SlotKey{"10.0.0.2", 0}));
+  EXPECT_EQ(a->gen, 5);
+  EXPECT_EQ(c->client->generation(), 5);
+  EXPECT_EQ(server->generation(), 5);
+  EXPECT_TRUE(server->waiting().empty());
+  EXPECT_EQ(server->members().size(), 3u);
+}
+
+TEST(RendezvousServer, JoinsNotInThePublishedListKeepWaiting) {
+  auto server = start_server();
+  auto a = start_join(server->port(), "a", 0);
+  auto b = start_join(server->port(), "b", 0);
+  ASSERT_TRUE(wait_for([&] { return server->waiting().size() == 2; }));
+  server->publish(1, {rank_of("a", 0, 0, 1)});
+  ASSERT_TRUE(a->assignment.get().is_ok());
+  std::this_thread::sleep_for(100ms);
+  EXPECT_FALSE(ready(b->assignment));
+  ASSERT_EQ(server->waiting().size(), 1u);
+  EXPECT_EQ(server->waiting()[0].slot.host, "b");
+
+  // A listed slot that joins after the publish is answered at once.
+  auto late = start_join(server->port(), "c", 0);
+  server->publish(2, {rank_of("b", 0, 0, 2), rank_of("c", 0, 1, 2)});
+  auto rb = b->assignment.get();
+  ASSERT_TRUE(rb.is_ok());
+  EXPECT_EQ(rb->size, 2);
+  EXPECT_EQ(late->assignment.get()->rank, 1);
+  auto again = start_join(server->port(), "d", 0);
+  server->publish(3, {rank_of("d", 0, 0, 1)});
+  auto after = start_join(server->port(), "d", 1);
+  std::this_thread::sleep_for(100ms);
+  EXPECT_FALSE(ready(after->assignment));  // not listed in 3
+  EXPECT_TRUE(again->assignment.get().is_ok());
+  server->publish(4, {rank_of("d", 1, 0, 1)});
+  EXPECT_TRUE(after->assignment.get().is_ok());
+}
+
+TEST(RendezvousServer, RejoinWaitsForANewerGeneration) {
+  auto server = start_server();
+  auto world = joined_world(*server, 2);
+  // Rank 0 re-joins (as after HostsUpdated): generation 1 is not handed out again.
+  auto& c = *world[0]->client;
+  auto fut = std::async(std::launch::async, [&] {
+    long g = -1;
+    auto r = c.join(join_request("h0", 0), &g);
+    return r.is_ok() ? g : -100;
+  });
+  ASSERT_TRUE(wait_for([&] { return server->waiting().size() == 1; }));
+  EXPECT_FALSE(fut.wait_for(100ms) == std::future_status::ready);
+  server->publish(2, {rank_of("h0", 0, 0, 1)});
+  EXPECT_EQ(fut.get(), 2);
+}
+
+TEST(RendezvousServer, JoinTimesOut) {
+  auto server = start_server();
+  auto o = client_options(server->port());
+  o.join_timeout = 300ms;
+  RendezvousClient c(o);
+  ASSERT_TRUE(c.connect().is_ok());
+  long g = -1;
+  auto r = c.join(join_request("a", 0), &g);
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_NE(r.message().find("a:0"), std::string::npos) << r.message();
+}
+
+TEST(RendezvousServer, StoreSetGetAcrossClients) {
+  auto server = start_server();
+  auto world = joined_world(*server, 2);
+  KvStore& s0 = world[0]->client->store();
+  KvStore& s1 = world[1]->client->store();
+  s0.set("addr/0", {'x', 'y'});
+  EXPECT_EQ(s1.get("addr/0", 5s), (std::vector<char>{'x', 'y'}));
+  EXPECT_TRUE(s1.check({"addr/0"}));
+  EXPECT_FALSE(s1.check({"addr/0", "addr/1"}));
+
+  // A get that waits for a later set.
+  auto later = std::async(std::launch::async, [&] { return s0.get("addr/1", 20s); });
+  EXPECT_FALSE(later.wait_for(100ms) == std::future_status::ready);
+  std::vector<char> big(300 << 10, 'q');
+  s1.set("addr/1", big);
+  EXPECT_EQ(later.get(), big);
+
+  auto t0 = std::chrono::steady_clock::now();
+  EXPECT_THROW(s0.get("never", 300ms), CommError);
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, 250ms);
+  EXPECT_TRUE(world[0]->client->connected());  // a timeout is not a lost connection
+  s0.set("after-timeout", {});
+  EXPECT_TRUE(s1.check({"after-timeout"}));
+}
+
+TEST(RendezvousServer, StoreBeforeJoinThrows) {
+  auto server = start_server();
+  RendezvousClient c(client_options(server->port()));
+  ASSERT_TRUE(c.connect().is_ok());
+  EXPECT_THROW(c.store().set("k", {}), CommError);
+}
+
+TEST(RendezvousServer, StaleGenerationIsRefused) {
+  auto server = start_server();
+  auto world = joined_world(*server, 2);
+  KvStore& s0 = world[0]->client->store();
+  s0.set("k", {'1'});
+  auto pending = std::async(std::launch::async, [&] { return world[1]->client->store().get("missing", 20s); });
+  EXPECT_FALSE(pending.wait_for(100ms) == std::future_status::ready);
+  server->publish(2, {rank_of("h0", 0, 0, 2), rank_of("h1", 0, 1, 2)});
+  try {
+    s0.get("k", 1s);
+    FAIL() << "a get of an old generation succeeded";
+  } catch (const CommError& e) {
+    EXPECT_NE(std::string(e.what()).find("stale generation 1, current 2"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(s0.set("k", {'2'}), CommError);
+  EXPECT_THROW(pending.get(), CommError);  // the waiting get is answered, not left to time out
+
+  // Re-joining gets generation 2 at once (it lists both), and its store
+  // does not hold generation 1's keys.
+  for (int i = 0; i < 2; ++i) {
+    long g = -1;
+    ASSERT_TRUE(world[i]->client->join(join_request("h" + std::to_string(i), 0), &g).is_ok());
+    EXPECT_EQ(g, 2);
+  }
+  EXPECT_FALSE(s0.check({"k"}));
+  s0.set("k", {'3'});
+  EXPECT_EQ(world[1]->client->store().get("k", 5s), std::vector<char>{'3'});
+}
+
+TEST(RendezvousServer, HostsUpdatedReachesEveryMember) {
+  auto server = start_server();
+  auto world = joined_world(*server, 4);
+  auto outsider = start_join(server->port(), "spare", 0);
+  ASSERT_TRUE(wait_for([&] { return server->waiting().size() == 1; }));
+  for (auto& j : world) EXPECT_FALSE(j->client->hosts_updated());
+  server->notify_hosts_updated(0);  // no such generation: nobody is told
+  server->notify_hosts_updated(1);
+  for (auto& j : world) {
+    EXPECT_TRUE(wait_for([&] { return j->client->hosts_updated(); })) << "a member was not told";
+  }
+  EXPECT_FALSE(outsider->client->hosts_updated());
+  // Re-joining clears the flag.
+  auto& c = *world[2]->client;
+  auto fut = std::async(std::launch::async, [&] { return c.join(join_request("h2", 0), nullptr); });
+  ASSERT_TRUE(wait_for([&] { return server->waiting().size() == 2; }));
+  server->publish(2, {rank_of("h2", 0, 0, 2), rank_of("spare", 0, 1, 2)});
+  ASSERT_TRUE(fut.get().is_ok());
+  EXPECT_FALSE(c.hosts_updated());
+  ASSERT_TRUE(outsider->assignment.get().is_ok());
+}
+
+TEST(RendezvousServer, LostServerFailsStoreOpsAndClosesPromptly) {
+  auto server = start_server();
+  auto world = joined_world(*server, 1);
+  auto& c = *world[0]->client;
+  server->notify_hosts_updated(1);
+  ASSERT_TRUE(wait_for([&] { return c.hosts_updated(); }));
+  auto pending = std::async(std::launch::async, [&] { return c.store().get("never", 60s); });
+  EXPECT_FALSE(pending.wait_for(100ms) == std::future_status::ready);
+  auto t0 = std::chrono::steady_clock::now();
+  server.reset();
+  EXPECT_THROW(pending.get(), CommError);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+  EXPECT_THROW(c.store().set("k", {}), CommError);
+  EXPECT_TRUE(c.hosts_updated());  // stays as it was
+  EXPECT_FALSE(c.connected());
+  t0 = std::chrono::steady_clock::now();
+  world.clear();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s);
+}
+
+// Runs `body` in a forked child; the child's exit status is body's result.
+pid_t fork_child(const std::function<int()>& body) {
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    int rc = 1;
+    try {
+      rc = body();
+    } catch (...) {
+      rc = 3;
+    }
+    ::_exit(rc);
+  }
+  return pid;
+}
+
+int wait_exit(pid_t pid, Duration timeout = 30s) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  int status = 0;
+  while (std::chrono::steady_clock::now() < deadline) {
+    pid_t r = ::waitpid(pid, &status, WNOHANG);
+    if (r == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    std::this_thread::sleep_for(5ms);
+  }
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, &status, 0);
+  return -1;
+}
+
+TEST(RendezvousServer, ForkedWorkersJoinAndExchangeKeys) {
+  auto server = start_server();
+  const int n = 6;
+  std::vector<pid_t> kids;
+  for (int i = 0; i < n; ++i) {
+    kids.push_back(fork_child([port = server->port(), i] {
+      RendezvousClient c(client_options(port));
+      if (!c.connect().is_ok()) return 10;
+      long g = -1;
+      auto r = c.join(join_request("proc" + std::to_string(i), 0), &g);
+      if (!r.is_ok() || g != 4) return 11;
+      c.store().set("rank/" + std::to_string(r->rank), {static_cast<char>('a' + i)});
+      for (int k = 0; k < r->size; ++k) {
+        auto v = c.store().get("rank/" + std::to_string(k), std::chrono::seconds(20));
+        if (v.size() != 1) return 12;
+      }
+      return 0;
+    }));
+  }
+  ASSERT_TRUE(wait_for([&] { return server->waiting().size() == n; }));
+  std::vector<RankAssignment> ranks;
+  for (int i = 0; i < n; ++i) ranks.push_back(rank_of("proc" + std::to_string(i), 0, n - 1 - i, n));
+  server->publish(4, ranks);
+  for (pid_t p : kids) EXPECT_EQ(wait_exit(p), 0);
+  EXPECT_TRUE(wait_for([&] { return server->take_disconnected().size() > 0; }));
+}
+
+TEST(RendezvousServer, TakeDisconnectedReportsAKilledWorker) {
+  auto server = start_server();
+  int port = server->port();
+  auto survivor = start_join(port, "alive", 0);
+  pid_t victim = fork_child([port] {
+    RendezvousClient c(client_options(port));
+    if (!c.connect().is_ok()) return 10;
+    auto r = c.join(join_request("doomed", 0), nullptr);
+    if (!r.is_ok()) return 11;
+    ::pause();  // until killed
+    return 0;
+  });
+  ASSERT_TRUE(wait_for([&] { return server->waiting().size() == 2; }));
+  server->publish(1, {rank_of("alive", 0, 0, 2), rank_of("doomed", 0, 1, 2)});
+  ASSERT_TRUE(survivor->assignment.get().is_ok());
+  ASSERT_TRUE(wait_for([&] { return server->members().size() == 2; }));
+  EXPECT_TRUE(server->take_disconnected().empty());
+  ::kill(victim, SIGKILL);
+  EXPECT_EQ(wait_exit(victim), 128 + SIGKILL);
+  std::vector<SlotKey> gone;
+  ASSERT_TRUE(wait_for([&] {
+    auto d = server->take_disconnected();
+    gone.insert(gone.end(), d.begin(), d.end());
+    return !gone.empty();
+  }));
+  ASSERT_EQ(gone.size(), 1u);
+  EXPECT_EQ(gone[0], (SlotKey{"doomed", 0}));
+  EXPECT_EQ(server->members().size(), 1u);
+  EXPECT_TRUE(server->take_disconnected().empty());
+}
+
+TEST(RendezvousServer, ThousandClientsJoinOneGeneration) {
+  auto server = start_server();
+  const int n = 1000;
+  std::vector<std::unique_ptr<RendezvousClient>> clients(n);
+  std::vector<std::optional<Result<RankAssignment>>> results(n);
+  std::vector<std::thread> threads;
+  threads.reserve(n);
+  auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < n; ++i) {
+    threads.emplace_back([&, i] {
+      auto o = client_options(server->port());
+      o.io_timeout = 30s;
+      clients[i] = std::make_unique<RendezvousClient>(o);
+      auto s = clients[i]->connect();
+      if (!s.is_ok()) {
+        results[i] = Result<RankAssignment>(s);
+        return;
+      }
+      results[i] = clients[i]->join(join_request("node" + std::to_string(i / 8), i % 8), nullptr);
+    });
+  }
+  ASSERT_TRUE(wait_for([&] { return server->waiting().size() == n; }, 60s));
+  auto t_joined = std::chrono::steady_clock::now();
+  std::vector<RankAssignment> ranks;
+  for (int i = 0; i < n; ++i) ranks.push_back(rank_of("node" + std::to_string(i / 8), i % 8, i, n));
+  server->publish(1, ranks);
+  for (auto& t : threads) t.join();
+  auto t_done = std::chrono::steady_clock::now();
+  for (int i = 0; i < n; ++i) {
+    ASSERT_TRUE(results[i].has_value());
+    ASSERT_TRUE(results[i]->is_ok()) << results[i]->message();
+    EXPECT_EQ((*results[i])->rank, i);
+  }
+  std::printf("[ rendezvous ] %d clients: connect+auth+join %.3f s, publish->all assigned %.3f s, total %.3f s\n",
+              n, seconds(t_joined - t0), seconds(t_done - t_joined), seconds(t_done - t0));
+  EXPECT_EQ(server->refused(), 0);
+  auto t_close = std::chrono::steady_clock::now();
+  clients.clear();
+  std::printf("[ rendezvous ] closing %d clients %.3f s\n", n, seconds(std::chrono::steady_clock::now() - t_close));
+}
+
+}  // namespace
+}  // namespace erun::testing

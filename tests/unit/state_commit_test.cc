@@ -1,0 +1,223 @@
+// commit/restore on one rank: every entry kind, deep copies, serializer edge
+// cases, and the cost of a large commit against a plain memcpy.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <numeric>
+
+#include "erun/erun.hpp"
+#include "state_fake_world.h"
+
+namespace erun {
+namespace {
+
+using testing::FakeContext;
+using testing::FakeHub;
+
+struct Pod {
+  int a;
+  double b;
+  char c[3];
+};
+
+struct Fixture : ::testing::Test {
+  FakeHub hub{1};
+  FakeContext ctx{hub, 0};
+  State state{ctx};
+};
+
+using StateCommit = Fixture;
+
+TEST_F(StateCommit, RoundTripEveryKind) {
+  int64_t step = 7;
+  Pod pod{1, 2.5, {'x', 'y', 'z'}};
+  std::vector<float> weights{1.f, 2.f, 3.f};
+  std::string name = "model-a";
+  std::vector<char> raw(100);
+  std::iota(raw.begin(), raw.end(), 0);
+  std::map<std::string, int> table{{"k", 1}};
+  Serializer<std::map<std::string, int>> ser;
+  ser.save = [](const std::map<std::string, int>& m) {
+    std::string s;
+    for (auto& [k, v] : m) s += k + "=" + std::to_string(v) + ";";
+    return std::vector<char>(s.begin(), s.end());
+  };
+  ser.load = [](std::map<std::string, int>& m, const std::vector<char>& b) {
+    m.clear();
+    std::string s(b.begin(), b.end());
+    size_t pos = 0;
+    while (pos < s.size()) {
+      size_t eq = s.find('=', pos), semi = s.find(';', pos);
+      m[s.substr(pos, eq - pos)] = std::stoi(s.substr(eq + 1, semi - eq - 1));
+      pos = semi + 1;
+    }
+  };
+  state.register_value("step", &step);
+  state.register_value("pod", &pod);
+  state.register_vector("weights", &weights);
+  state.register_string("name", &name);
+  state.register_buffer("raw", raw.data(), raw.size());
+  state.register_object("table", &table, ser);
+
+  state.commit();
+  EXPECT_EQ(state.commit_id(), 1u);
+
+  step = 99;
+  pod = Pod{-1, -1.0, {'a', 'b', 'c'}};
+  weights.assign(10, 42.f);
+  name = "something much longer than before";
+  std::fill(raw.begin(), raw.end(), char(0x55));
+  table = {{"other", 5}, {"k", 9}};
+
+  state.restore();
+  EXPECT_EQ(step, 7);
+  EXPECT_EQ(pod.a, 1);
+  EXPECT_EQ(pod.b, 2.5);
+  EXPECT_EQ(std::string(pod.c, 3), "xyz");
+  EXPECT_EQ(weights, (std::vector<float>{1.f, 2.f, 3.f}));
+  EXPECT_EQ(name, "model-a");
+  for (size_t i = 0; i < raw.size(); ++i) ASSERT_EQ(raw[i], char(i));
+  EXPECT_EQ(table, (std::map<std::string, int>{{"k", 1}}));
+  EXPECT_EQ(state.commit_id(), 1u);
+}
+
+TEST_F(StateCommit, CommitIsADeepCopyAcrossResizes) {
+  std::vector<int32_t> v{1, 2, 3};
+  state.register_vector("v", &v);
+  state.commit();
+  v[0] = 100;          // in-place change after the commit
+  v.resize(1000, 7);   // reallocation
+  state.restore();
+  EXPECT_EQ(v, (std::vector<int32_t>{1, 2, 3}));
+
+  v.assign(5, 9);
+  state.commit();
+  v.clear();
+  v.shrink_to_fit();
+  state.restore();
+  EXPECT_EQ(v, (std::vector<int32_t>(5, 9)));
+  v.resize(2);
+  state.commit();  // shrink between commits
+  v.push_back(3);
+  state.restore();
+  EXPECT_EQ(v, (std::vector<int32_t>(2, 9)));
+  EXPECT_EQ(state.commit_id(), 3u);
+}
+
+TEST_F(StateCommit, RestoreWithNothingCommittedIsANoOp) {
+  int x = 5;
+  std::vector<double> v{1.0};
+  state.register_value("x", &x);
+  state.register_vector("v", &v);
+  x = 6;
+  v.push_back(2.0);
+  state.restore();
+  EXPECT_EQ(x, 6);
+  EXPECT_EQ(v.size(), 2u);
+  EXPECT_EQ(state.commit_id(), 0u);
+}
+
+TEST_F(StateCommit, DuplicateNameIsAnErrorNamingIt) {
+  int a = 0, b = 0;
+  state.register_value("lr", &a);
+  try {
+    state.register_value("lr", &b);
+    FAIL() << "expected erun::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'lr'"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(StateCommit, EmptyValuesRoundTrip) {
+  std::vector<double> empty_vec;
+  std::string empty_str;
+  char dummy = 0;
+  state.register_vector("ev", &empty_vec);
+  state.register_string("es", &empty_str);
+  state.register_buffer("eb", &dummy, 0);
+  state.commit();
+  empty_vec = {1.0, 2.0};
+  empty_str = "not empty";
+  state.restore();
+  EXPECT_TRUE(empty_vec.empty());
+  EXPECT_TRUE(empty_str.empty());
+}
+
+TEST_F(StateCommit, ThrowingSerializerKeepsThePreviousCommit) {
+  int x = 1;
+  bool fail = false;
+  int obj = 10;
+  Serializer<int> ser;
+  ser.save = [&fail](const int& v) {
+    if (fail) throw std::runtime_error("serializer refused");
+    return std::vector<char>(reinterpret_cast<const char*>(&v),
+                             reinterpret_cast<const char*>(&v) + sizeof(v));
+  };
+  ser.load = [](int& v, const std::vector<char>& b) { std::memcpy(&v, b.data(), sizeof(v)); };
+  state.register_value("x", &x);
+  state.register_object("obj", &obj, ser);
+  state.commit();
+  x = 2;
+  obj = 20;
+  fail = true;
+  EXPECT_THROW(state.commit(), std::runtime_error);
+  EXPECT_EQ(state.commit_id(), 1u);
+  state.restore();
+  EXPECT_EQ(x, 1);
+  EXPECT_EQ(obj, 10);
+}
+
+TEST_F(StateCommit, LargeBufferRoundTrip) {
+  std::vector<uint64_t> big((64u << 20) / sizeof(uint64_t));
+  std::iota(big.begin(), big.end(), uint64_t{1});
+  state.register_buffer("big", big.data(), big.size() * sizeof(uint64_t));
+  state.commit();
+  std::fill(big.begin(), big.end(), 0);
+  state.restore();
+  for (size_t i = 0; i < big.size(); i += 4099) ASSERT_EQ(big[i], i + 1);
+  EXPECT_EQ(big.back(), big.size());
+}
+
+TEST_F(StateCommit, HostUpdateOnASingleRankRaisesAfterTheCommit) {
+  int x = 1;
+  state.register_value("x", &x);
+  hub.set_host_update(0);
+  EXPECT_THROW(state.commit(), HostsUpdated);
+  EXPECT_EQ(state.commit_id(), 1u);  // the commit happened before the check
+  x = 5;
+  state.restore();
+  EXPECT_EQ(x, 1);
+}
+
+// Commit of 256 MiB against memcpy of the same size: the steady-state commit
+// reuses its allocation, so it should cost about one memcpy.
+TEST_F(StateCommit, LargeCommitCostsAboutOneMemcpy) {
+  const size_t bytes = size_t{256} << 20;
+  std::vector<char> live(bytes, 1), dst(bytes, 0);
+  state.register_buffer("params", live.data(), bytes);
+  state.commit();  // first commit allocates
+  using clock = std::chrono::steady_clock;
+  double best_commit = 1e9, best_copy = 1e9;
+  for (int i = 0; i < 5; ++i) {
+    live[static_cast<size_t>(i)] = char(i);
+    auto t0 = clock::now();
+    state.commit();
+    auto t1 = clock::now();
+    std::memcpy(dst.data(), live.data(), bytes);
+    auto t2 = clock::now();
+    best_commit = std::min(best_commit, std::chrono::duration<double>(t1 - t0).count());
+    best_copy = std::min(best_copy, std::chrono::duration<double>(t2 - t1).count());
+  }
+  const double gb = static_cast<double>(bytes) / 1e9;
+  std::printf("commit 256 MiB: %.2f GB/s (%.1f ms); memcpy: %.2f GB/s (%.1f ms)\n",
+              gb / best_commit, best_commit * 1e3, gb / best_copy, best_copy * 1e3);
+  ::testing::Test::RecordProperty("commit_gbps", std::to_string(gb / best_commit));
+  ::testing::Test::RecordProperty("memcpy_gbps", std::to_string(gb / best_copy));
+  // Generous: a second copy or a fresh allocation per commit would show as >= 2x.
+  EXPECT_LT(best_commit, 3.0 * best_copy + 0.01);
+}
+
+}  // namespace
+}  // namespace erun
