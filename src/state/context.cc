@@ -17,6 +17,7 @@
 #include "erun/erun.hpp"
 #include "rendezvous/memory_store.h"
 #include "rendezvous/rendezvous.h"
+#include "state/mpi_context.h"
 
 namespace erun {
 namespace {
@@ -185,6 +186,11 @@ Context& init() {
   init_logging(!env_or("ERUN_VERBOSE").empty());
   if (!env_or("ERUN_RDZV_ADDR").empty()) {
     g_context = std::make_unique<ElasticContext>(read_worker_options());
+  } else if (launched_by_mpi()) {
+    // The world size the launcher announced, to catch an MPI that cannot see it.
+    long expected = env_int("OMPI_COMM_WORLD_SIZE", env_int("PMI_SIZE", 0));
+    if (expected == 0 && !env_or("SLURM_PROCID").empty()) expected = env_int("SLURM_NTASKS", 0);
+    g_context = make_mpi_context(static_cast<int>(expected));
   } else {
     g_context = std::make_unique<StandaloneContext>();
   }
