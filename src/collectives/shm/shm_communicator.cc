@@ -1,0 +1,595 @@
+#include "collectives/shm/shm_communicator.h"
+
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <stdexcept>
+#include <thread>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
+#include "collectives/shm/shm_reduce.h"
+#include "common/check.h"
+
+namespace erun {
+namespace {
+
+static_assert(std::atomic<uint64_t>::is_always_lock_free, "shared-memory counters must be lock-free");
+static_assert(std::atomic<uint32_t>::is_always_lock_free, "shared-memory counters must be lock-free");
+
+constexpr uint64_t kMagic = 0x65'72'75'6e'73'68'6d'31ULL;  // "erunshm1"
+constexpr uint32_t kVersion = 1;
+constexpr size_t kLine = 64;
+constexpr size_t kPage = 4096;
+
+size_t round_up(size_t v, size_t to) { return (v + to - 1) / to * to; }
+
+std::string errno_text(int err) { return std::strerror(err); }
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+struct alignas(kLine) Header {
+  uint64_t magic;
+  uint64_t nonce;
+  uint32_t version;
+  uint32_t size;
+  uint64_t step_bytes;
+  uint64_t small_bytes;
+  uint64_t total_bytes;
+  alignas(kLine) std::atomic<uint32_t> attached;
+  // 0 while healthy; 1 + the rank that aborted or failed first.
+  alignas(kLine) std::atomic<uint32_t> aborted_by;
+  std::atomic<uint32_t> abort_kind;  // AbortKind
+};
+
+enum AbortKind : uint32_t { kUserAbort = 1, kPeerFailure = 2 };
+
+struct alignas(kLine) RankSlot {
+  std::atomic<uint64_t> epoch;
+};
+
+// Offsets of the parts of a segment for `size` ranks.
+struct Layout {
+  size_t ctl = 0, pids = 0, small = 0, step = 0, result = 0, total = 0;
+  size_t small_bytes = 0, step_bytes = 0;
+
+  Layout(size_t size, size_t small_b, size_t step_b) {
+    small_bytes = round_up(std::max<size_t>(small_b, kLine), kLine);
+    step_bytes = round_up(std::max<size_t>(step_b, kPage), kPage);
+    ctl = round_up(sizeof(Header), kLine);
+    pids = ctl + size * sizeof(RankSlot);
+    small = round_up(pids + size * sizeof(std::atomic<int32_t>), kPage);
+    step = round_up(small + 2 * size * small_bytes, kPage);
+    result = step + size * step_bytes;
+    total = result + step_bytes;
+  }
+};
+
+std::string sanitize(const std::string& tag) {
+  std::string out;
+  for (char c : tag.substr(0, 64)) out += (std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_') ? c : '_';
+  return out.empty() ? "erun" : out;
+}
+
+uint64_t random_u64() {
+  std::random_device rd;
+  return (static_cast<uint64_t>(rd()) << 32) ^ rd();
+}
+
+std::string hex(uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+// True when `pid` no longer runs: gone (ESRCH) or a zombie waiting for its parent.
+bool process_dead(pid_t pid) {
+  if (pid <= 0) return false;
+  if (::kill(pid, 0) != 0 && errno == ESRCH) return true;
+  char path[64];
+  std::snprintf(path, sizeof(path), "/proc/%d/stat", static_cast<int>(pid));
+  int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return errno == ENOENT;
+  char buf[512];
+  ssize_t n = ::read(fd, buf, sizeof(buf) - 1);
+  ::close(fd);
+  if (n <= 0) return false;
+  buf[n] = '\0';
+  const char* paren = std::strrchr(buf, ')');
+  if (!paren || paren[1] == '\0' || paren[2] == '\0') return false;
+  char state = paren[2];
+  return state == 'Z' || state == 'X' || state == 'x';
+}
+
+class Mapping {
+ public:
+  Mapping() = default;
+  Mapping(void* addr, size_t len) : addr_(addr), len_(len) {}
+  Mapping(const Mapping&) = delete;
+  Mapping& operator=(const Mapping&) = delete;
+  ~Mapping() {
+    if (addr_) ::munmap(addr_, len_);
+  }
+  char* base() const { return static_cast<char*>(addr_); }
+
+ private:
+  void* addr_ = nullptr;
+  size_t len_ = 0;
+};
+
+struct Fd {
+  int fd = -1;
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+// Removes the segment's name when construction fails before everyone mapped it.
+struct UnlinkGuard {
+  std::string name;
+  ~UnlinkGuard() {
+    if (!name.empty()) ::shm_unlink(name.c_str());
+  }
+};
+
+class ShmCommunicator final : public Communicator {
+ public:
+  ShmCommunicator(KvStore& store, const ShmOptions& o) : options_(o), layout_(o.size, o.small_bytes, o.step_bytes) {
+    ERUN_CHECK(o.size >= 1 && o.rank >= 0 && o.rank < o.size);
+    if (o.size == 1) return;
+    deadline_ = std::chrono::steady_clock::now() + o.timeout;
+    UnlinkGuard guard;
+    if (o.rank == 0) {
+      create(store, guard);
+    } else {
+      open(store, guard);
+    }
+    // Everyone waits until all have mapped the segment; then the name goes.
+    pid_t self = ::getpid();
+    while (header()->attached.load(std::memory_order_acquire) < static_cast<uint32_t>(o.size)) {
+      check_aborted("connect");
+      for (int r = 0; r < o.size; ++r) {
+        pid_t pid = pid_of(r);
+        if (pid != 0 && pid != self && process_dead(pid)) fail_peer("connect", r, "died while connecting");
+      }
+      if (std::chrono::steady_clock::now() > deadline_) {
+        std::string missing;
+        for (int r = 0; r < o.size; ++r) {
+          if (pid_of(r) == 0) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+        }
+        fail("connect", "ranks " + missing + " did not map the segment within the timeout", true);
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    ::shm_unlink(name_.c_str());
+    guard.name.clear();
+  }
+
+  int rank() const override { return options_.rank; }
+  int size() const override { return options_.size; }
+
+  void allreduce(void* data, size_t count, DataType type, ReduceOp op) override {
+    switch (type) {
+      case DataType::kFloat32: return allreduce_typed<float>(data, count, op);
+      case DataType::kFloat64: return allreduce_typed<double>(data, count, op);
+      case DataType::kInt32: return allreduce_typed<int32_t>(data, count, op);
+      case DataType::kInt64: return allreduce_typed<int64_t>(data, count, op);
+      case DataType::kUInt8: return allreduce_typed<uint8_t>(data, count, op);
+      case DataType::kFloat16:
+      case DataType::kBFloat16:
+        throw std::invalid_argument(std::string("erun: CPU allreduce does not support ") + to_string(type) +
+                                    "; convert to float32 or use the NCCL communicator for GPU buffers");
+    }
+    ERUN_CHECK(false);
+  }
+
+  void broadcast(void* data, size_t bytes, int root) override {
+    ERUN_CHECK(root >= 0 && root < size());
+    const char* what = "broadcast";
+    begin(what);
+    if (size() == 1 || bytes == 0) return;
+    auto* p = static_cast<char*>(data);
+    const bool is_root = rank() == root;
+    if (bytes <= layout_.small_bytes) {
+      char* buf = small(root, next_parity());
+      if (is_root) std::memcpy(buf, p, bytes);
+      sync(what);
+      if (!is_root) std::memcpy(p, buf, bytes);
+      return;
+    }
+    // Two halves of the staging area, alternately: the root fills one while
+    // the others drain the other; one synchronisation per piece.
+    const size_t half = (layout_.result + layout_.step_bytes - layout_.step) / 2 / kLine * kLine;
+    size_t steps = (bytes + half - 1) / half;
+    for (size_t s = 0; s <= steps; ++s) {
+      if (is_root && s < steps) {
+        size_t off = s * half;
+        std::memcpy(base() + layout_.step + (s % 2) * half, p + off, std::min(half, bytes - off));
+      }
+      if (!is_root && s > 0) {
+        size_t off = (s - 1) * half;
+        std::memcpy(p + off, base() + layout_.step + ((s - 1) % 2) * half, std::min(half, bytes - off));
+      }
+      sync(what);
+    }
+  }
+
+  void allgather(const void* in, void* out, size_t bytes) override {
+    const char* what = "allgather";
+    begin(what);
+    if (bytes == 0) return;
+    auto* o = static_cast<char*>(out);
+    const auto* i = static_cast<const char*>(in);
+    if (size() == 1) {
+      if (o != i) std::memmove(o, i, bytes);
+      return;
+    }
+    if (bytes <= layout_.small_bytes) {
+      int b = next_parity();
+      std::memcpy(small(rank(), b), i, bytes);
+      sync(what);
+      for (int r = 0; r < size(); ++r) {
+        if (r != rank()) std::memcpy(o + r * bytes, small(r, b), bytes);
+      }
+      if (o + rank() * bytes != i) std::memcpy(o + rank() * bytes, small(rank(), b), bytes);
+      return;
+    }
+    const size_t step = layout_.step_bytes;
+    for (size_t off = 0; off < bytes; off += step) {
+      size_t n = std::min(step, bytes - off);
+      std::memcpy(slot(rank()), i + off, n);
+      sync(what);
+      for (int r = 0; r < size(); ++r) std::memcpy(o + r * bytes + off, slot(r), n);
+      sync(what);
+    }
+  }
+
+  std::vector<std::vector<char>> allgatherv(const void* in, size_t bytes) override {
+    const char* what = "allgatherv";
+    std::vector<uint64_t> sizes(size());
+    uint64_t mine = bytes;
+    allgather(&mine, sizes.data(), sizeof(mine));
+    begin(what);
+    std::vector<std::vector<char>> result(size());
+    size_t longest = 0;
+    for (int r = 0; r < size(); ++r) {
+      result[r].resize(sizes[r]);
+      longest = std::max<size_t>(longest, sizes[r]);
+    }
+    const auto* i = static_cast<const char*>(in);
+    if (size() == 1) {
+      if (bytes) std::memcpy(result[0].data(), i, bytes);
+      return result;
+    }
+    if (longest == 0) return result;
+    if (longest <= layout_.small_bytes) {
+      int b = next_parity();
+      if (bytes) std::memcpy(small(rank(), b), i, bytes);
+      sync(what);
+      for (int r = 0; r < size(); ++r) {
+        if (sizes[r]) std::memcpy(result[r].data(), small(r, b), sizes[r]);
+      }
+      return result;
+    }
+    const size_t step = layout_.step_bytes;
+    for (size_t off = 0; off < longest; off += step) {
+      if (off < bytes) std::memcpy(slot(rank()), i + off, std::min(step, bytes - off));
+      sync(what);
+      for (int r = 0; r < size(); ++r) {
+        if (off < sizes[r]) std::memcpy(result[r].data() + off, slot(r), std::min<size_t>(step, sizes[r] - off));
+      }
+      sync(what);
+    }
+    return result;
+  }
+
+  void barrier() override {
+    begin("barrier");
+    if (size() > 1) sync("barrier");
+  }
+
+  void abort() override {
+    aborted_.store(true);
+    if (base()) publish_abort(kUserAbort);
+  }
+
+ private:
+  template <typename T>
+  void allreduce_typed(void* data, size_t count, ReduceOp op) {
+    switch (op) {
+      case ReduceOp::kSum: return allreduce_op<T, ReduceOp::kSum>(static_cast<T*>(data), count);
+      case ReduceOp::kAverage: return allreduce_op<T, ReduceOp::kAverage>(static_cast<T*>(data), count);
+      case ReduceOp::kMin: return allreduce_op<T, ReduceOp::kMin>(static_cast<T*>(data), count);
+      case ReduceOp::kMax: return allreduce_op<T, ReduceOp::kMax>(static_cast<T*>(data), count);
+      case ReduceOp::kProduct: return allreduce_op<T, ReduceOp::kProduct>(static_cast<T*>(data), count);
+    }
+    ERUN_CHECK(false);
+  }
+
+  template <typename T, ReduceOp OP>
+  void allreduce_op(T* data, size_t count) {
+    const char* what = "allreduce";
+    begin(what);
+    const size_t n_ranks = static_cast<size_t>(size());
+    if (count == 0 || n_ranks == 1) return;
+    const T* in[64];
+    std::vector<const T*> in_heap;
+    const T** inputs = in;
+    if (n_ranks > 64) {
+      in_heap.resize(n_ranks);
+      inputs = in_heap.data();
+    }
+    const size_t bytes = count * sizeof(T);
+    if (bytes <= layout_.small_bytes) {
+      // One synchronisation: everyone publishes, then everyone reduces it all.
+      int b = next_parity();
+      std::memcpy(small(rank(), b), data, bytes);
+      sync(what);
+      for (size_t r = 0; r < n_ranks; ++r) inputs[r] = reinterpret_cast<const T*>(small(static_cast<int>(r), b));
+      shm::reduce_all<T, OP>(data, inputs, n_ranks, count);
+      if constexpr (OP == ReduceOp::kAverage) shm::divide(data, count, size());
+      return;
+    }
+    // Pipelined reduce-scatter + allgather through the staging slots: per
+    // piece, everyone stages it, rank r reduces the r-th part into the result
+    // area, everyone copies the result out (while staging the next piece).
+    const size_t step = layout_.step_bytes / sizeof(T);
+    T* result = reinterpret_cast<T*>(base() + layout_.result);
+    for (size_t off = 0; off < count; off += step) {
+      const size_t n = std::min(step, count - off);
+      const size_t part = round_up((n + n_ranks - 1) / n_ranks, kLine / sizeof(T));
+      const size_t lo = std::min(n, rank() * part), hi = std::min(n, lo + part);
+      T* mine = reinterpret_cast<T*>(slot(rank()));
+      std::memcpy(mine, data + off, lo * sizeof(T));
+      std::memcpy(mine + hi, data + off + hi, (n - hi) * sizeof(T));
+      sync(what);
+      if (hi > lo) {
+        for (size_t r = 0; r < n_ranks; ++r) {
+          inputs[r] = r == static_cast<size_t>(rank()) ? data + off + lo
+                                                        : reinterpret_cast<const T*>(slot(static_cast<int>(r))) + lo;
+        }
+        shm::reduce_all<T, OP>(result + lo, inputs, n_ranks, hi - lo);
+        if constexpr (OP == ReduceOp::kAverage) shm::divide(result + lo, hi - lo, size());
+      }
+      sync(what);
+      std::memcpy(data + off, result, n * sizeof(T));
+    }
+    sync(what);
+  }
+
+  // --- segment ---
+
+  void create(KvStore& store, UnlinkGuard& guard) {
+    const uint64_t nonce = random_u64();
+    Fd fd;
+    for (int attempt = 0; attempt < 5 && fd.fd < 0; ++attempt) {
+      name_ = "/erun-" + sanitize(options_.segment_tag) + "-" + hex(attempt == 0 ? nonce : random_u64());
+      fd.fd = ::shm_open(name_.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+      if (fd.fd < 0 && errno != EEXIST) break;
+    }
+    if (fd.fd < 0) fail("connect", "cannot create shared memory segment " + name_ + ": " + errno_text(errno), false);
+    guard.name = name_;
+    if (::ftruncate(fd.fd, static_cast<off_t>(layout_.total)) != 0) {
+      fail("connect", "cannot size shared memory segment " + name_ + ": " + errno_text(errno), false);
+    }
+    // Reserve the pages now: a /dev/shm that is too small is an error here,
+    // not a SIGBUS in the middle of a collective.
+    if (int err = ::posix_fallocate(fd.fd, 0, static_cast<off_t>(layout_.total)); err != 0) {
+      fail("connect",
+           "cannot reserve " + std::to_string(layout_.total) + " bytes of shared memory for " + name_ + ": " +
+               errno_text(err) + "; enlarge /dev/shm (e.g. docker --shm-size) or lower the staging sizes",
+           false);
+    }
+    map(fd.fd, layout_.total);
+    auto* h = new (base()) Header{};
+    h->magic = kMagic;
+    h->nonce = nonce;
+    h->version = kVersion;
+    h->size = static_cast<uint32_t>(options_.size);
+    h->step_bytes = layout_.step_bytes;
+    h->small_bytes = layout_.small_bytes;
+    h->total_bytes = layout_.total;
+    for (int r = 0; r < options_.size; ++r) {
+      new (&ctl(r)) RankSlot{};
+      new (&pid_slot(r)) std::atomic<int32_t>(0);
+    }
+    pid_slot(0).store(::getpid(), std::memory_order_release);
+    h->attached.store(1, std::memory_order_release);
+    std::string value = name_ + " " + hex(nonce);
+    store.set(options_.prefix + "/segment", std::vector<char>(value.begin(), value.end()));
+  }
+
+  void open(KvStore& store, UnlinkGuard& guard) {
+    auto remaining = std::max(Duration::zero(), deadline_ - std::chrono::steady_clock::now());
+    std::vector<char> raw;
+    try {
+      raw = store.get(options_.prefix + "/segment", remaining);
+    } catch (const CommError& e) {
+      fail("connect", std::string("rank 0 did not publish the segment name: ") + e.what(), false);
+    }
+    std::string value(raw.begin(), raw.end());
+    auto space = value.find(' ');
+    if (space == std::string::npos) fail("connect", "malformed segment record '" + value + "'", false);
+    name_ = value.substr(0, space);
+    const uint64_t nonce = std::strtoull(value.c_str() + space + 1, nullptr, 16);
+    Fd fd;
+    fd.fd = ::shm_open(name_.c_str(), O_RDWR | O_CLOEXEC, 0600);
+    if (fd.fd < 0) fail("connect", "cannot open shared memory segment " + name_ + ": " + errno_text(errno), false);
+    struct stat st {};
+    if (::fstat(fd.fd, &st) != 0 || static_cast<size_t>(st.st_size) < sizeof(Header)) {
+      fail("connect", "shared memory segment " + name_ + " is truncated", false);
+    }
+    map(fd.fd, static_cast<size_t>(st.st_size));
+    const Header* h = header();
+    if (h->magic != kMagic || h->version != kVersion || h->nonce != nonce ||
+        h->size != static_cast<uint32_t>(options_.size) || h->total_bytes != static_cast<uint64_t>(st.st_size)) {
+      fail("connect", "shared memory segment " + name_ + " does not belong to this communicator (size " +
+                          std::to_string(h->size) + ", expected " + std::to_string(options_.size) + ")",
+           false);
+    }
+    // Rank 0's staging sizes win, whatever this rank was given.
+    layout_ = Layout(options_.size, h->small_bytes, h->step_bytes);
+    pid_slot(rank()).store(::getpid(), std::memory_order_release);
+    if (header()->attached.fetch_add(1, std::memory_order_acq_rel) + 1 == static_cast<uint32_t>(options_.size)) {
+      ::shm_unlink(name_.c_str());
+    } else {
+      guard.name = name_;
+    }
+  }
+
+  void map(int fd, size_t len) {
+    void* addr = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (addr == MAP_FAILED) fail("connect", "cannot map shared memory segment " + name_ + ": " + errno_text(errno), false);
+    mapping_ = std::make_unique<Mapping>(addr, len);
+  }
+
+  char* base() const { return mapping_ ? mapping_->base() : nullptr; }
+  Header* header() const { return reinterpret_cast<Header*>(base()); }
+  RankSlot& ctl(int r) const { return reinterpret_cast<RankSlot*>(base() + layout_.ctl)[r]; }
+  std::atomic<int32_t>& pid_slot(int r) const {
+    return reinterpret_cast<std::atomic<int32_t>*>(base() + layout_.pids)[r];
+  }
+  pid_t pid_of(int r) const { return pid_slot(r).load(std::memory_order_acquire); }
+  char* small(int r, int parity) const {
+    return base() + layout_.small + (static_cast<size_t>(r) * 2 + parity) * layout_.small_bytes;
+  }
+  char* slot(int r) const { return base() + layout_.step + static_cast<size_t>(r) * layout_.step_bytes; }
+  int next_parity() {
+    int p = parity_;
+    parity_ ^= 1;
+    return p;
+  }
+
+  // --- synchronisation ---
+
+  void begin(const char* what) {
+    if (aborted_) fail(what, "the communicator was aborted", false);
+    if (broken_) fail(what, "an earlier operation failed: " + broken_reason_, false);
+    if (base()) check_aborted(what);
+    deadline_ = std::chrono::steady_clock::now() + options_.timeout;
+  }
+
+  // A barrier among all ranks: announce the next epoch, wait until every rank
+  // has announced it. Spins briefly, then yields, then sleeps; checks for
+  // abort, dead peers and the deadline while it waits.
+  void sync(const char* what) {
+    const uint64_t e = ++epoch_;
+    ctl(rank()).epoch.store(e, std::memory_order_release);
+    int waiting_for = pending(e, 0);
+    if (waiting_for < 0) return;
+    for (int i = 0; i < 4000; ++i) {
+      cpu_relax();
+      if ((i & 15) == 15 && header()->aborted_by.load(std::memory_order_relaxed) != 0) break;
+      waiting_for = pending(e, waiting_for);
+      if (waiting_for < 0) return;
+    }
+    const auto start = std::chrono::steady_clock::now();
+    auto next_check = start;
+    auto sleep = std::chrono::microseconds(20);
+    const pid_t self = ::getpid();
+    while ((waiting_for = pending(e, waiting_for)) >= 0) {
+      check_aborted(what);
+      auto now = std::chrono::steady_clock::now();
+      if (now >= next_check) {
+        for (int r = 0; r < size(); ++r) {
+          if (ctl(r).epoch.load(std::memory_order_acquire) >= e) continue;
+          pid_t pid = pid_of(r);
+          if (pid != self && process_dead(pid)) fail_peer(what, r, "died (process " + std::to_string(pid) + " is gone)");
+        }
+        if (now > deadline_) {
+          fail_peer(what, waiting_for,
+                    "did not arrive within the timeout (process " + std::to_string(pid_of(waiting_for)) +
+                        " is alive but stopped, hung or slow)");
+        }
+        next_check = now + std::chrono::milliseconds(2);
+      }
+      if (now - start < std::chrono::milliseconds(2)) {
+        ::sched_yield();
+      } else {
+        std::this_thread::sleep_for(sleep);
+        sleep = std::min<std::chrono::microseconds>(sleep * 2, std::chrono::microseconds(500));
+      }
+    }
+  }
+
+  // The first rank (from `from`, wrapping) that has not reached epoch e, or -1.
+  int pending(uint64_t e, int from) const {
+    const int n = size();
+    for (int k = 0; k < n; ++k) {
+      int r = (from + k) % n;
+      if (ctl(r).epoch.load(std::memory_order_acquire) < e) return r;
+    }
+    return -1;
+  }
+
+  void check_aborted(const char* what) {
+    if (aborted_) fail(what, "the communicator was aborted", false);
+    uint32_t by = header()->aborted_by.load(std::memory_order_acquire);
+    if (by == 0) return;
+    int who = static_cast<int>(by) - 1;
+    if (header()->abort_kind.load(std::memory_order_acquire) == kUserAbort) {
+      fail(what, "rank " + std::to_string(who) + " aborted the communicator", false);
+    }
+    fail(what, "rank " + std::to_string(who) + " gave up after a failure", false);
+  }
+
+  void publish_abort(AbortKind kind) {
+    uint32_t expected = 0;
+    if (header()->aborted_by.compare_exchange_strong(expected, static_cast<uint32_t>(rank()) + 1)) {
+      header()->abort_kind.store(kind, std::memory_order_release);
+    }
+  }
+
+  [[noreturn]] void fail_peer(const char* what, int peer, const std::string& cause) {
+    fail(what, "rank " + std::to_string(peer) + " " + cause, true);
+  }
+
+  // Marks the communicator broken (telling the peers through the segment when
+  // `tell_peers`) and throws.
+  [[noreturn]] void fail(const char* what, const std::string& cause, bool tell_peers) {
+    if (!broken_) broken_reason_ = cause;
+    broken_ = true;
+    if (tell_peers && base()) publish_abort(kPeerFailure);
+    throw CommError("shm " + std::string(what) + " failed on rank " + std::to_string(rank()) + " of " +
+                    std::to_string(size()) + " (segment " + (name_.empty() ? "-" : name_) + ", timeout " +
+                    std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(options_.timeout).count()) +
+                    " ms): " + cause + "; rebuild the communicator (restore and re-join)");
+  }
+
+  const ShmOptions options_;
+  Layout layout_;
+  std::string name_;
+  std::unique_ptr<Mapping> mapping_;
+  TimePoint deadline_{};
+  uint64_t epoch_ = 0;
+  int parity_ = 0;
+  bool broken_ = false;
+  std::string broken_reason_;
+  std::atomic<bool> aborted_{false};
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_shm_communicator(KvStore& store, const ShmOptions& options) {
+  return std::make_unique<ShmCommunicator>(store, options);
+}
+
+}  // namespace erun

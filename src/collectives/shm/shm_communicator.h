@@ -1,0 +1,45 @@
+// ShmCommunicator: the CPU Communicator among ranks that all run on one host,
+// through one POSIX shared-memory segment. Construction is collective: rank 0
+// creates the segment (O_EXCL, 0600, a random name), publishes its name in the
+// KvStore under `prefix`, the others map it, and it is unlinked as soon as all
+// have mapped it, so nothing is left in /dev/shm even after a crash. Operations
+// run on the caller's thread, one at a time; abort() may be called from any
+// thread and fails every rank's pending and later operations. A dead peer
+// (SIGKILL, exit) is a CommError within milliseconds, a hung one at `timeout`;
+// the error names the operation and the rank; afterwards the object only throws.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "common/clock.h"
+#include "erun/communicator.hpp"
+#include "rendezvous/kv_store.h"
+
+namespace erun {
+
+struct ShmOptions {
+  int rank = 0;
+  int size = 1;
+  // Bounds construction and every operation.
+  Duration timeout = std::chrono::seconds(30);
+  // Scopes the store keys, e.g. "gen3/shm"; ranks of one communicator share it.
+  std::string prefix = "shm";
+  // Goes into the segment name (with a random part) so that an operator can
+  // tell whose segment it is, e.g. "<job id>-g3". Characters other than
+  // [A-Za-z0-9_-] are replaced.
+  std::string segment_tag = "erun";
+  // Per-rank staging buffer of the pipelined paths: memory use is bounded by
+  // about (size + 1) * step_bytes + 2 * size * small_bytes whatever the message.
+  size_t step_bytes = size_t{1} << 20;
+  // Messages up to this many bytes per rank take the one-synchronisation path.
+  size_t small_bytes = size_t{32} << 10;
+};
+
+// Reductions as make_gloo_communicator: integer kSum/kProduct wrap, integer
+// kAverage truncates toward zero, float16/bfloat16 are std::invalid_argument.
+// Every rank gets bit-identical results. Throws CommError when the segment
+// cannot be created (e.g. /dev/shm too small) or a peer does not come in time.
+std::unique_ptr<Communicator> make_shm_communicator(KvStore& store, const ShmOptions& options);
+
+}  // namespace erun

@@ -1,0 +1,89 @@
+// Elementwise reduction kernels of the CPU communicators: plain loops over
+// fixed 16-element blocks that the compiler vectorises at -O2. Integer kSum and
+// kProduct wrap around (computed in the unsigned type); kMin/kMax use
+// std::min/std::max with the accumulator first. Pure functions, any thread.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+#include "erun/communicator.hpp"
+
+namespace erun::shm {
+
+template <typename T>
+struct Unsigned {
+  using type = T;
+};
+template <>
+struct Unsigned<int32_t> {
+  using type = uint32_t;
+};
+template <>
+struct Unsigned<int64_t> {
+  using type = uint64_t;
+};
+template <>
+struct Unsigned<uint8_t> {
+  using type = uint32_t;
+};
+
+template <typename T, ReduceOp OP>
+inline T apply(T a, T b) {
+  using U = typename Unsigned<T>::type;
+  if constexpr (OP == ReduceOp::kSum || OP == ReduceOp::kAverage) {
+    if constexpr (std::is_integral_v<T>) return static_cast<T>(static_cast<U>(a) + static_cast<U>(b));
+    else return a + b;
+  } else if constexpr (OP == ReduceOp::kProduct) {
+    if constexpr (std::is_integral_v<T>) return static_cast<T>(static_cast<U>(a) * static_cast<U>(b));
+    else return a * b;
+  } else if constexpr (OP == ReduceOp::kMin) {
+    return std::min(a, b);
+  } else {
+    return std::max(a, b);
+  }
+}
+
+// out[i] = a[i] OP b[i]; out may be a or b (same index), nothing else may overlap.
+template <typename T, ReduceOp OP>
+void combine(T* out, const T* a, const T* b, size_t n) {
+  constexpr size_t kBlock = 16;
+  size_t i = 0;
+  for (; i + kBlock <= n; i += kBlock) {
+    T* o = out + i;
+    const T* x = a + i;
+    const T* y = b + i;
+#pragma GCC ivdep
+    for (size_t j = 0; j < kBlock; ++j) o[j] = apply<T, OP>(x[j], y[j]);
+  }
+  for (; i < n; ++i) out[i] = apply<T, OP>(a[i], b[i]);
+}
+
+// Integer division truncates toward zero, as the Gloo communicator does.
+template <typename T>
+void divide(T* data, size_t n, int by) {
+  const T d = static_cast<T>(by);
+  constexpr size_t kBlock = 16;
+  size_t i = 0;
+  for (; i + kBlock <= n; i += kBlock) {
+    T* o = data + i;
+#pragma GCC ivdep
+    for (size_t j = 0; j < kBlock; ++j) o[j] = static_cast<T>(o[j] / d);
+  }
+  for (; i < n; ++i) data[i] = static_cast<T>(data[i] / d);
+}
+
+// out = in[0] OP in[1] OP ... OP in[k-1], left to right; k >= 1.
+template <typename T, ReduceOp OP>
+void reduce_all(T* out, const T* const* in, size_t k, size_t n) {
+  if (k == 1) {
+    if (out != in[0]) std::copy(in[0], in[0] + n, out);
+  } else {
+    combine<T, OP>(out, in[0], in[1], n);
+    for (size_t r = 2; r < k; ++r) combine<T, OP>(out, out, in[r], n);
+  }
+}
+
+}  // namespace erun::shm
