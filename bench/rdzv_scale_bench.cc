@@ -1,11 +1,12 @@
 // Control-plane scale of erun's driver side, in-process.
 //   rdzv_scale_bench join N [--connect-parallel P=64]
-//     N simulated workers (RendezvousClient objects, one joining thread each)
-//     connect to a real RendezvousServer in a child process (each side then
-//     holds N sockets, under the 20k-fd limit), all block in join(), the
+//     N simulated workers (RendezvousClient objects, one joining thread each,
+//     spread over client processes of --per-process 2500 to stay under the
+//     fd limit) connect to a real RendezvousServer in a child process, P=64
+//     at a time in all; all block in join(), the
 //     server side publishes one generation containing all of them as soon as
-//     waiting() lists N, and every join returns. Measured from the release of
-//     the pre-created threads to the last join returned.
+//     waiting() lists N, and every join returns. Measured on CLOCK_MONOTONIC
+//     from the release of the pre-created threads to the last join returned.
 //   rdzv_scale_bench plan HOSTS [--reps R=7]
 //     The driver's discovery cycle on HOSTS hosts (4 slots each):
 //     parse_discovery_output + diff_hosts against the previous set (one host
@@ -24,7 +25,7 @@
 #include <cstring>
 #include <latch>
 #include <memory>
-#include <semaphore>
+#include <future>
 #include <string>
 #include <thread>
 #include <vector>
@@ -42,7 +43,6 @@ constexpr int kSlotsPerHost = 8;
 const char* kJob = "bench-job";
 const char* kSecret = "bench-secret-0123456789abcdef";
 
-double since(SteadyClock::time_point t0) { return std::chrono::duration<double>(SteadyClock::now() - t0).count(); }
 
 SlotKey slot_of(int i) { return {"sim" + std::to_string(i / kSlotsPerHost), i % kSlotsPerHost}; }
 
@@ -79,10 +79,10 @@ double mono_now() { return std::chrono::duration<double>(SteadyClock::now().time
     ranks[i].cross_rank = i / kSlotsPerHost;
     ranks[i].cross_size = (n + kSlotsPerHost - 1) / kSlotsPerHost;
   }
-  auto deadline = SteadyClock::now() + std::chrono::seconds(300);
+  auto deadline = SteadyClock::now() + std::chrono::seconds(120);
   while (static_cast<int>(server.waiting().size()) < n) {
     if (SteadyClock::now() > deadline) {
-      std::fprintf(stderr, "rdzv_scale_bench: only %zu of %d workers waiting after 300 s\n", server.waiting().size(),
+      std::fprintf(stderr, "rdzv_scale_bench: only %zu of %d workers waiting after 120 s\n", server.waiting().size(),
                    n);
       std::_Exit(1);
     }
@@ -98,13 +98,83 @@ double mono_now() { return std::chrono::duration<double>(SteadyClock::now().time
   std::_Exit(0);
 }
 
-int join_bench(int n, int parallel) {
+struct ClientReport {
+  int joined = 0, failed = 0;
+  double done_at = 0;  // CLOCK_MONOTONIC seconds when its last join returned
+};
+
+// A client process: workers [lo, hi). Fds per client (socket, eventfd) keep
+// one process to a few thousand under RLIMIT_NOFILE, so the N workers are
+// spread over several processes that start together.
+[[noreturn]] void clients_main(int lo, int hi, int port, int parallel, pid_t server, int ready_fd, int go_fd,
+                               int report_fd) {
+  std::vector<std::unique_ptr<RendezvousClient>> clients;
+  clients.reserve(hi - lo);
+  for (int i = lo; i < hi; ++i) {
+    ClientOptions co;
+    co.address = "127.0.0.1";
+    co.port = port;
+    co.job_id = kJob;
+    co.secret = kSecret;
+    co.io_timeout = std::chrono::seconds(60);
+    co.join_timeout = std::chrono::seconds(120);
+    clients.push_back(std::make_unique<RendezvousClient>(co));
+  }
+  // `parallel` connector threads connect the clients in order and hand each
+  // to its own joining thread (one futex wake per hand-off, no herd).
+  const int count = hi - lo;
+  std::vector<std::promise<bool>> connected(count);
+  std::latch go(1);
+  std::atomic<int> failed{0}, joined{0}, next{0};
+  std::vector<std::thread> joiners, connectors;
+  joiners.reserve(count);
+  for (int k = 0; k < count; ++k) {
+    joiners.emplace_back([&, k, fut = connected[k].get_future()]() mutable {
+      if (!fut.get()) return;
+      JoinRequest req;
+      req.slot = slot_of(lo + k);
+      req.pid = lo + k;
+      long gen = -1;
+      auto r = clients[k]->join(req, &gen);
+      if (!r.is_ok()) {
+        if (failed++ == 0) std::fprintf(stderr, "client %d: join: %s\n", lo + k, r.message().c_str());
+        return;
+      }
+      joined++;
+    });
+  }
+  for (int t = 0; t < parallel; ++t) {
+    connectors.emplace_back([&] {
+      go.wait();
+      for (int k = next++; k < count; k = next++) {
+        Status s = clients[k]->connect();
+        if (!s.is_ok()) {
+          // The generation can never complete: stop the server so that every join fails fast.
+          if (failed++ == 0) std::fprintf(stderr, "client %d: connect: %s\n", lo + k, s.message().c_str());
+          ::kill(server, SIGKILL);
+        }
+        connected[k].set_value(s.is_ok());
+      }
+    });
+  }
+  char b = 'r';
+  if (::write(ready_fd, &b, 1) != 1 || ::read(go_fd, &b, 1) != 1) std::_Exit(1);
+  go.count_down();
+  for (auto& t : connectors) t.join();
+  for (auto& t : joiners) t.join();
+  ClientReport rep{joined.load(), failed.load(), mono_now()};
+  if (::write(report_fd, &rep, sizeof(rep)) != sizeof(rep)) std::_Exit(1);
+  std::fflush(stderr);
+  std::_Exit(0);  // the clients' sockets close with the process
+}
+
+int join_bench(int n, int parallel, int per_process) {
   rlimit rl;
   ::getrlimit(RLIMIT_NOFILE, &rl);
   rl.rlim_cur = rl.rlim_max;
   ::setrlimit(RLIMIT_NOFILE, &rl);
-  if (rl.rlim_cur < static_cast<rlim_t>(n) + 64) {
-    std::fprintf(stderr, "rdzv_scale_bench: RLIMIT_NOFILE %llu is below %d clients; raise it (ulimit -n)\n",
+  if (rl.rlim_cur < static_cast<rlim_t>(n) + 64 || rl.rlim_cur < static_cast<rlim_t>(3 * per_process) + 64) {
+    std::fprintf(stderr, "rdzv_scale_bench: RLIMIT_NOFILE %llu is too low for %d workers; raise it (ulimit -n)\n",
                  static_cast<unsigned long long>(rl.rlim_cur), n);
     return 1;
   }
@@ -114,10 +184,11 @@ int join_bench(int n, int parallel) {
   pthread_attr_setstacksize(&attr, 256 << 10);
   pthread_setattr_default_np(&attr);
 
-  int report[2], quit[2];
-  if (::pipe(report) != 0 || ::pipe(quit) != 0) return 1;
-  pid_t child = ::fork();
-  if (child == 0) {
+  int report[2], quit[2], ready[2], go[2], creport[2];
+  if (::pipe(report) != 0 || ::pipe(quit) != 0 || ::pipe(ready) != 0 || ::pipe(go) != 0 || ::pipe(creport) != 0)
+    return 1;
+  pid_t server = ::fork();
+  if (server == 0) {
     ::close(report[0]);
     ::close(quit[1]);
     server_main(n, report[1], quit[0]);
@@ -127,63 +198,47 @@ int join_bench(int n, int parallel) {
   ServerTimes st;
   if (::read(report[0], &st, sizeof(st)) != sizeof(st)) return 1;
 
-  std::vector<std::unique_ptr<RendezvousClient>> clients;
-  clients.reserve(n);
-  for (int i = 0; i < n; ++i) {
-    ClientOptions co;
-    co.address = "127.0.0.1";
-    co.port = st.port;
-    co.job_id = kJob;
-    co.secret = kSecret;
-    co.io_timeout = std::chrono::seconds(60);
-    co.join_timeout = std::chrono::seconds(300);
-    clients.push_back(std::make_unique<RendezvousClient>(co));
+  const int procs = (n + per_process - 1) / per_process;
+  const int par = std::max(1, parallel / procs);
+  std::vector<pid_t> kids;
+  for (int p = 0; p < procs; ++p) {
+    int lo = p * n / procs, hi = (p + 1) * n / procs;
+    pid_t pid = ::fork();
+    if (pid == 0) clients_main(lo, hi, st.port, par, server, ready[1], go[0], creport[1]);
+    kids.push_back(pid);
   }
-  std::counting_semaphore<1 << 20> gate(parallel);
-  std::latch go(1);
-  std::atomic<int> failed{0}, joined{0};
-  std::atomic<double> connected_at{0};
-  std::vector<std::thread> threads;
-  threads.reserve(n);
-  for (int i = 0; i < n; ++i) {
-    threads.emplace_back([&, i] {
-      go.wait();
-      gate.acquire();
-      Status s = clients[i]->connect();
-      gate.release();
-      if (!s.is_ok()) {
-        if (failed++ == 0) std::fprintf(stderr, "client %d: connect: %s\n", i, s.message().c_str());
-        return;
-      }
-      JoinRequest req;
-      req.slot = slot_of(i);
-      req.pid = i;
-      long gen = -1;
-      auto r = clients[i]->join(req, &gen);
-      if (!r.is_ok()) {
-        if (failed++ == 0) std::fprintf(stderr, "client %d: join: %s\n", i, r.message().c_str());
-        return;
-      }
-      joined++;
-    });
+  ::close(ready[1]);
+  ::close(creport[1]);
+  char b;
+  for (int p = 0; p < procs; ++p)
+    if (::read(ready[0], &b, 1) != 1) return 1;
+  const double t0 = mono_now();
+  std::string gos(procs, 'g');
+  if (::write(go[1], gos.data(), gos.size()) != static_cast<ssize_t>(gos.size())) return 1;
+  int joined = 0, failed = 0;
+  double done = t0;
+  for (int p = 0; p < procs; ++p) {
+    ClientReport rep;
+    if (::read(creport[0], &rep, sizeof(rep)) != sizeof(rep)) {
+      failed += 1;
+      continue;
+    }
+    joined += rep.joined;
+    failed += rep.failed;
+    done = std::max(done, rep.done_at);
   }
-  auto t0 = SteadyClock::now();
-  double t0_mono = mono_now();
-  go.count_down();
-  for (auto& t : threads) t.join();
-  double total = since(t0);
+  for (pid_t k : kids) ::waitpid(k, nullptr, 0);
   ServerTimes st2;
   bool have_times = ::read(report[0], &st2, sizeof(st2)) == sizeof(st2);
-  clients.clear();
   ::close(quit[1]);
-  int status = 0;
-  ::waitpid(child, &status, 0);
+  ::kill(server, SIGKILL);
+  ::waitpid(server, nullptr, 0);
   std::printf("JOIN workers=%d joined=%d failed=%d total=%.3f s all_waiting=%.3f s publish=%.3f s "
-              "after_publish=%.3f s connect_parallel=%d\n",
-              n, joined.load(), failed.load(), total, have_times ? st2.waiting_at - t0_mono : -1.0,
-              have_times ? st2.published_at - st2.waiting_at : -1.0,
-              have_times ? t0_mono + total - st2.published_at : -1.0, parallel);
-  return failed.load() == 0 && joined.load() == n ? 0 : 1;
+              "after_publish=%.3f s connect_parallel=%d client_processes=%d\n",
+              n, joined, failed, done - t0, have_times ? st2.waiting_at - t0 : -1.0,
+              have_times ? st2.published_at - st2.waiting_at : -1.0, have_times ? done - st2.published_at : -1.0,
+              par * procs, procs);
+  return failed == 0 && joined == n ? 0 : 1;
 }
 
 int plan_bench(int hosts, int reps) {
@@ -238,12 +293,13 @@ int main(int argc, char** argv) {
   }
   std::string mode = argv[1];
   int n = std::atoi(argv[2]);
-  int parallel = 64, reps = 7;
+  int parallel = 64, reps = 7, per_process = 2500;
   for (int i = 3; i + 1 < argc; ++i) {
     if (std::strcmp(argv[i], "--connect-parallel") == 0) parallel = std::max(1, std::atoi(argv[i + 1]));
     if (std::strcmp(argv[i], "--reps") == 0) reps = std::max(1, std::atoi(argv[i + 1]));
+    if (std::strcmp(argv[i], "--per-process") == 0) per_process = std::max(1, std::atoi(argv[i + 1]));
   }
-  if (mode == "join") return join_bench(n, parallel);
+  if (mode == "join") return join_bench(n, parallel, per_process);
   if (mode == "plan") return plan_bench(n, reps);
   std::fprintf(stderr, "rdzv_scale_bench: unknown mode '%s'\n", mode.c_str());
   return 2;

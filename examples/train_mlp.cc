@@ -295,6 +295,16 @@ uint64_t checksum(const std::vector<float>& p) {
   return h;
 }
 
+// An order-independent fingerprint of a set of sample indices: the sum of a
+// 64-bit mix of each. The samples of an epoch were processed exactly once
+// when their count is n and their fingerprint is that of 0..n-1.
+uint64_t sample_mix(uint64_t i) {
+  uint64_t z = i + 0x9e3779b97f4a7c15ULL;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
 int train(const Options& o) {
   erun::Context& ctx = erun::init();
   const Dataset ds = make_dataset(o.samples, o.features, o.seed);
@@ -304,6 +314,10 @@ int train(const Options& o) {
   std::vector<float> velocity(layout.total, 0.0f);
   int32_t epoch = 0;
   int64_t step = 0;
+  int64_t epoch_samples = 0;     // samples processed this epoch, by all ranks
+  uint64_t epoch_fingerprint = 0;
+  uint64_t full_fingerprint = 0;
+  for (int i = 0; i < ds.n; ++i) full_fingerprint += sample_mix(static_cast<uint64_t>(i));
   erun::ElasticSampler sampler(static_cast<size_t>(ds.n), o.seed);
 
   erun::State state(ctx);
@@ -311,6 +325,8 @@ int train(const Options& o) {
   state.register_vector("velocity", &velocity);
   state.register_value("epoch", &epoch);
   state.register_value("step", &step);
+  state.register_value("epoch_samples", &epoch_samples);
+  state.register_value("epoch_fingerprint", &epoch_fingerprint);
   sampler.register_with(state);
   // Runs on the survivors only (a replacement worker starts fresh), so every rank prints it.
   state.on_reset([&](int old_size, int new_size) {
@@ -331,15 +347,25 @@ int train(const Options& o) {
     for (; epoch < o.epochs; ++epoch, s.commit()) {
       auto t0 = std::chrono::steady_clock::now();
       sampler.set_epoch(static_cast<uint64_t>(epoch));
+      if (sampler.processed() == 0) {
+        epoch_samples = 0;
+        epoch_fingerprint = 0;
+      }
       while (sampler.remaining() > 0) {
         const size_t global = std::min(static_cast<size_t>(o.batch), sampler.remaining());
         FixedGrad grad(layout.total, o.batch);
         Activations a;
+        std::vector<int64_t> seen(2, 0);  // count, fingerprint (wrapping sum)
         for (size_t i : sampler.next_batch(global)) {
           forward(layout, params, ds.row(i), ds.y[i], a);
           backward(layout, params, ds.row(i), ds.y[i], a, grad);
+          seen[0] += 1;
+          seen[1] = static_cast<int64_t>(static_cast<uint64_t>(seen[1]) + sample_mix(i));
         }
         c.comm().allreduce(grad.acc, erun::ReduceOp::kSum);
+        c.comm().allreduce(seen, erun::ReduceOp::kSum);
+        epoch_samples += seen[0];
+        epoch_fingerprint += static_cast<uint64_t>(seen[1]);
         const double scale = 1.0 / (kFixedScale * static_cast<double>(global));
         for (size_t k = 0; k < params.size(); ++k) {
           velocity[k] = static_cast<float>(o.momentum * velocity[k] + static_cast<double>(grad.acc[k]) * scale);
@@ -353,8 +379,10 @@ int train(const Options& o) {
       Metrics m = evaluate(c, layout, params, ds);
       double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (c.rank() == 0)
-        std::printf("epoch %d loss=%.4f accuracy=%.4f step=%lld world=%d time=%.2fs\n", epoch, m.loss,
-                    m.accuracy, static_cast<long long>(step), c.size(), secs);
+        std::printf("epoch %d loss=%.4f accuracy=%.4f step=%lld world=%d time=%.2fs samples=%lld exactly-once=%s\n",
+                    epoch, m.loss, m.accuracy, static_cast<long long>(step), c.size(), secs,
+                    static_cast<long long>(epoch_samples),
+                    epoch_samples == ds.n && epoch_fingerprint == full_fingerprint ? "yes" : "NO");
     }
     return evaluate(c, layout, params, ds);
   });

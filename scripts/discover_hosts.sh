@@ -17,7 +17,8 @@
 #           ERUN_HOSTS_FILE (default ./hosts.txt), printed without its comments.
 #           Add a line to grow the job, delete one to shrink it.
 #   slurm   the nodes of the current allocation: `scontrol show hostnames
-#           "$SLURM_JOB_NODELIST"`, each with SLURM_NTASKS_PER_NODE slots (or 1).
+#           "$SLURM_JOB_NODELIST"`, each with SLURM_NTASKS_PER_NODE slots, or its
+#           share of SLURM_TASKS_PER_NODE, or 1.
 #   static  a fixed list: ERUN_STATIC_HOSTS="a:4,b:4" (default localhost:1).
 set -eu
 
@@ -42,10 +43,18 @@ case "$source" in
       echo "discover_hosts.sh: scontrol not found in PATH" >&2
       exit 1
     fi
-    slots=${SLURM_NTASKS_PER_NODE:-1}
+    # Slots per node: SLURM_NTASKS_PER_NODE when given, else the allocation's
+    # SLURM_TASKS_PER_NODE ("2(x3),1" -> 2 2 2 1), else 1. Filter here (e.g.
+    # drop nodes `sinfo -t drain` lists) to keep erun off them.
+    counts=$(printf '%s' "${SLURM_TASKS_PER_NODE:-}" | tr ',' '\n' |
+      sed -n 's/^\([0-9][0-9]*\)(x\([0-9][0-9]*\))$/\1 \2/p; s/^\([0-9][0-9]*\)$/\1 1/p' |
+      while read -r n times; do i=0; while [ "$i" -lt "$times" ]; do echo "$n"; i=$((i + 1)); done; done)
     hosts=$(scontrol show hostnames "$SLURM_JOB_NODELIST")
+    i=0
     for host in $hosts; do
-      echo "$host:$slots"
+      i=$((i + 1))
+      slots=${SLURM_NTASKS_PER_NODE:-$(printf '%s\n' "$counts" | sed -n "${i}p")}
+      echo "$host:${slots:-1}"
     done
     ;;
   static)

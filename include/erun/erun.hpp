@@ -55,6 +55,10 @@ class Context {
   virtual void rejoin(uint64_t last_commit_id) = 0;
   // True under the erun driver (membership can change); false under MPI or alone.
   virtual bool elastic() const = 0;
+  // Where durable commits go when the launcher asked for them (erun
+  // --checkpoint-dir, i.e. ERUN_CHECKPOINT_DIR); empty otherwise. A State
+  // adopts it at its first sync() unless set_checkpoint_dir() was called.
+  virtual std::string checkpoint_dir() const { return {}; }
 };
 
 // Connects this process to its launcher (the erun driver, MPI, or nothing) once;

@@ -18,7 +18,7 @@ std::string who(long generation, std::string_view host = {}, int rank = -1);
 
 }  // namespace erun
 
-#define ERUN_LOG_DEBUG(...) SPDLOG_LOGGER_DEBUG(spdlog::default_logger_raw(), __VA_ARGS__)
+#define ERUN_LOG_DEBUG(...) spdlog::debug(__VA_ARGS__)
 #define ERUN_LOG_INFO(...) spdlog::info(__VA_ARGS__)
 #define ERUN_LOG_WARN(...) spdlog::warn(__VA_ARGS__)
 #define ERUN_LOG_ERROR(...) spdlog::error(__VA_ARGS__)

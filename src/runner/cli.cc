@@ -38,7 +38,10 @@ std::string usage_text(const po::options_description& desc) {
          "Examples:\n"
          "  erun -np 4 ./train\n"
          "  erun -np 8 -H a:4,b:4 ./train\n"
-         "  erun -np 8 --min-np 4 --max-np 16 --host-discovery-script ./discover_hosts.sh ./train\n\n"
+         "  erun -np 8 --min-np 4 --max-np 16 --host-discovery-script ./discover_hosts.sh ./train\n"
+         "  erun --slurm -np 16 --min-np 8 ./train      (inside salloc/sbatch; automatic when\n"
+         "                                               SLURM_JOB_ID is set and no hosts are given)\n"
+         "  erun --launcher mpirun -np 8 -H a:4,b:4 ./train   (static: erun hands the job to mpirun)\n\n"
       << desc;
   return out.str();
 }
@@ -47,7 +50,8 @@ Duration seconds_option(double v) { return from_seconds(v); }
 
 }  // namespace
 
-std::variant<DriverOptions, CliError, CliInfo> parse_cli(int argc, const char* const argv[]) {
+std::variant<DriverOptions, CliError, CliInfo> parse_cli(int argc, const char* const argv[],
+                                                         const CliContext& context) {
   // Split erun's own words from the user's command.
   std::vector<std::string> own;
   std::vector<std::string> command;
@@ -92,12 +96,13 @@ std::variant<DriverOptions, CliError, CliInfo> parse_cli(int argc, const char* c
     ("discovery-timeout", po::value<double>(&discovery_timeout), "seconds a discovery script may run (default 30)")
     ("hosts,H", po::value<std::string>(&o.hosts), "hosts and slots, e.g. a:4,b:4")
     ("hostfile", po::value<std::string>(&o.hostfile), "file with one 'host:slots' or 'host slots=N' per line")
-    ("slots-per-host", po::value<int>(&o.slots_per_host), "slots of a host given without a count")
+    ("slots-per-host", po::value<int>(&o.slots_per_host), "slots of a host given without a count (with --slurm: of every node)")
+    ("slurm", po::bool_switch(&o.slurm), "hosts and slots from the Slurm allocation (SLURM_JOB_NODELIST, SLURM_TASKS_PER_NODE); default when SLURM_JOB_ID is set and no hosts are given; with --host-discovery-script the script's output is used (e.g. to drop drained nodes)")
     ("elastic-timeout", po::value<double>(&elastic_timeout), "seconds to wait for --min-np slots (default 600)")
     ("reset-limit", po::value<int>(&o.reset_limit), "resets (restarts or resizes) allowed before the job fails (default: unlimited when elastic, 0 otherwise)")
     ("blacklist-cooldown-range", po::value<std::vector<double>>(&cooldown)->multitoken(), "MIN MAX seconds a failing host stays blacklisted, doubling per blacklisting (default 10 300)")
     ("blacklist-after", po::value<int>(&o.blacklist_after), "consecutive failures before a host is blacklisted (default 2)")
-    ("launcher", po::value<std::string>(&launcher), "auto (local for this machine, ssh otherwise), local, ssh")
+    ("launcher", po::value<std::string>(&launcher), "auto (local for this machine; srun under --slurm, ssh otherwise), local, ssh, srun (a Slurm job step per worker), mpirun (static: erun execs mpirun with the hosts and -x variables; no driver, not elastic)")
     ("mode", po::value<std::string>(&mode), "auto, elastic (workers use the erun library) or restart (any program, torchrun-style)")
     ("ssh-port,p", po::value<int>(&o.ssh_port), "SSH port of the hosts")
     ("ssh-identity-file,i", po::value<std::string>(&o.ssh_identity_file), "SSH private key")
@@ -173,8 +178,12 @@ std::variant<DriverOptions, CliError, CliInfo> parse_cli(int argc, const char* c
   if (sources > 1) {
     return CliError{"give only one of -H/--hosts, --hostfile and --host-discovery-script"};
   }
+  if (o.slurm && (!o.hosts.empty() || !o.hostfile.empty())) {
+    return CliError{"--slurm takes the hosts from the allocation: drop -H/--hosts/--hostfile, or drop --slurm"};
+  }
+  if (context.in_slurm_allocation && sources == 0) o.slurm = true;
   o.elastic = !o.discovery_script.empty() || vm.count("min-np") || vm.count("max-np");
-  if (!o.elastic && !vm.count("np") && o.hosts.empty() && o.hostfile.empty()) {
+  if (!o.elastic && !vm.count("np") && o.hosts.empty() && o.hostfile.empty() && !o.slurm) {
     return CliError{"say how many workers to run: -np N (or give hosts with -H/--hostfile)"};
   }
   if (o.elastic) {
@@ -208,7 +217,16 @@ std::variant<DriverOptions, CliError, CliInfo> parse_cli(int argc, const char* c
   if (launcher == "auto") o.launcher = LauncherKind::kAuto;
   else if (launcher == "local") o.launcher = LauncherKind::kLocal;
   else if (launcher == "ssh") o.launcher = LauncherKind::kSsh;
-  else return CliError{fmt::format("--launcher {}: expected auto, local or ssh", launcher)};
+  else if (launcher == "srun") o.launcher = LauncherKind::kSrun;
+  else if (launcher == "mpirun") o.launcher = LauncherKind::kMpirun;
+  else return CliError{fmt::format("--launcher {}: expected auto, local or ssh, or srun or mpirun for Slurm and MPI jobs", launcher)};
+  if (o.launcher == LauncherKind::kMpirun && o.elastic) {
+    return CliError{"--launcher mpirun runs a static job: drop --min-np/--max-np/--host-discovery-script, "
+                    "or use another launcher for an elastic job"};
+  }
+  if (o.launcher == LauncherKind::kMpirun && mode == "restart") {
+    return CliError{"--launcher mpirun and --mode restart contradict each other: mpirun starts the job once"};
+  }
   if (mode == "auto") o.mode = WorkerMode::kAuto;
   else if (mode == "elastic") o.mode = WorkerMode::kElastic;
   else if (mode == "restart") o.mode = WorkerMode::kRestart;

@@ -19,6 +19,12 @@ struct CliInfo {
   std::string text;
 };
 
-std::variant<DriverOptions, CliError, CliInfo> parse_cli(int argc, const char* const argv[]);
+// What main knows from the environment that changes the defaults.
+struct CliContext {
+  bool in_slurm_allocation = false;  // SLURM_JOB_ID is set
+};
+
+std::variant<DriverOptions, CliError, CliInfo> parse_cli(int argc, const char* const argv[],
+                                                         const CliContext& context = {});
 
 }  // namespace erun

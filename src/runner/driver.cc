@@ -279,10 +279,12 @@ WorkerSpec Driver::make_spec(const RankAssignment& a, const std::string& master_
   return s;
 }
 
-bool Driver::launch_worker(const RankAssignment& a, const std::string& master_addr, int master_port) {
+bool Driver::launch_worker(const RankAssignment& a, const std::string& master_addr, int master_port,
+                           bool in_place) {
   Worker w;
   w.key = next_key_++;
   w.assignment = a;
+  w.joined = in_place;  // launched into a running elastic job: it runs the same program
   w.started = clock_.now();
   auto spec = make_spec(a, master_addr, master_port);
   auto& launcher = launcher_for(a.slot.host, &w.local);
@@ -389,6 +391,23 @@ void Driver::enforce_rejoin_deadline() {
   }
 }
 
+bool Driver::members_want_new_generation() {
+  if (!d_.rendezvous) return false;
+  auto waiting = d_.rendezvous->waiting();
+  if (waiting.empty()) return false;
+  std::set<SlotKey> slots;
+  for (auto& j : waiting) slots.insert(j.slot);
+  for (auto& w : workers_) {
+    if (w.exit || w.retiring || !slots.count(w.assignment.slot)) continue;
+    // Joins for the current generation are answered at once; one still
+    // waiting asks for a newer generation.
+    ERUN_LOG_INFO("{}: re-joined: generation {} failed to form or lost a peer",
+                  who(generation_, w.assignment.slot.host, w.assignment.rank), generation_);
+    return true;
+  }
+  return false;
+}
+
 void Driver::retire_workers() {
   bool any = std::any_of(workers_.begin(), workers_.end(), [](const Worker& w) { return w.retiring && !w.exit; });
   if (!any) return;
@@ -444,7 +463,7 @@ void Driver::reconfigure(const char* reason) {
     bool alive = std::any_of(workers_.begin(), workers_.end(),
                              [&](const Worker& w) { return !w.retiring && w.assignment.slot == a.slot && !w.exit; });
     if (!alive) {
-      launch_worker(a, master_addr, 0);
+      launch_worker(a, master_addr, 0, /*in_place=*/true);
       ++launched;
     }
   }
@@ -654,6 +673,10 @@ std::optional<int> Driver::step() {
       }
       bool all_done = std::all_of(workers_.begin(), workers_.end(), [](const Worker& w) { return w.exit; });
       if (all_done) return job_exit_code();
+      if (!any_success_ && in_place_possible() && members_want_new_generation()) {
+        reconfigure("re-forming");
+        break;
+      }
       if (any_success_) {
         phase_ = Phase::kFinishing;
         finish_deadline_ = now + o_.finish_timeout;
@@ -664,6 +687,19 @@ std::optional<int> Driver::step() {
       // Membership: would a fresh plan differ from the running one?
       HostSet usable = hosts_.usable(discovered_);
       Plan next = make_plan(generation_ + 1, usable, o_.max_np, &plan_);
+      if (!next.same_layout(plan_) && next.size() < std::max(o_.min_np, 1)) {
+        // Fewer slots than --min-np: a shrink would stop the job. The running
+        // workers go on (failures still count) until the hosts come back.
+        if (!below_min_logged_) {
+          ERUN_LOG_WARN("{}: discovery offers {} usable slot{}, fewer than --min-np {}; keeping the {} running "
+                        "workers until hosts return",
+                        who(generation_), usable.total_slots(), usable.total_slots() == 1 ? "" : "s", o_.min_np,
+                        plan_.size());
+          below_min_logged_ = true;
+        }
+        break;
+      }
+      below_min_logged_ = false;
       if (!next.same_layout(plan_)) {
         if (o_.reset_limit >= 0 && resets_ >= o_.reset_limit) {
           bool lost = std::any_of(plan_.ranks.begin(), plan_.ranks.end(),

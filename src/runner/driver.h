@@ -98,7 +98,11 @@ class Driver {
   void refresh_hosts();
   void reap();
   bool start_generation(const HostSet& usable);
-  bool launch_worker(const RankAssignment& a, const std::string& master_addr, int master_port);
+  bool launch_worker(const RankAssignment& a, const std::string& master_addr, int master_port,
+                     bool in_place = false);
+  // In-place: a member of the current generation asks for a newer one (its
+  // communicator failed): the generation is broken.
+  bool members_want_new_generation();
   // In-place: plan the next generation over the survivors and new slots.
   void reconfigure(const char* reason);
   bool in_place_possible();
@@ -143,6 +147,7 @@ class Driver {
   std::optional<Failure> generation_failure_;  // first failure of the current generation
   std::optional<Failure> first_failure_;       // first failure of the job
   bool any_success_ = false;
+  bool below_min_logged_ = false;
   TimePoint published_at_{};
   bool generation_complete_ = false;  // every rank of the plan joined the current generation
   std::atomic<int> stop_signal_{0};

@@ -5,18 +5,22 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 
 #include <fmt/format.h>
 
 #include "common/log.h"
+#include "common/strings.h"
 #include "discovery/discovery.h"
 #include "runner/cli.h"
 #include "runner/driver.h"
 #include "runner/event_log.h"
 #include "runner/launcher.h"
+#include "runner/launcher_srun.h"
 #include "runner/output.h"
 #include "rendezvous/rendezvous.h"
 
@@ -43,9 +47,44 @@ void on_signal(int sig) {
   if (g_driver) g_driver->request_stop(g_signals > 1 ? SIGKILL : sig);
 }
 
+std::string env_or_empty(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? std::string(v) : std::string();
+}
+
+// The allocation's hosts: names from SLURM_JOB_NODELIST, slots from
+// --slots-per-host, SLURM_TASKS_PER_NODE or SLURM_JOB_CPUS_PER_NODE.
+erun::Result<erun::HostSet> slurm_allocation(const erun::DriverOptions& o) {
+  std::string nodelist = env_or_empty("SLURM_JOB_NODELIST");
+  if (nodelist.empty()) nodelist = env_or_empty("SLURM_NODELIST");
+  if (nodelist.empty()) {
+    return erun::Result<erun::HostSet>::error(
+        "--slurm: SLURM_JOB_NODELIST is not set; run erun inside an allocation (salloc, sbatch) or give -H/--hostfile");
+  }
+  std::string counts = o.slots_per_host > 0 ? std::to_string(o.slots_per_host) : env_or_empty("SLURM_TASKS_PER_NODE");
+  const char* counts_from = o.slots_per_host > 0 ? "--slots-per-host" : "SLURM_TASKS_PER_NODE";
+  if (counts.empty()) {
+    counts = env_or_empty("SLURM_JOB_CPUS_PER_NODE");
+    counts_from = "SLURM_JOB_CPUS_PER_NODE";
+  }
+  auto hs = erun::slurm_hosts(nodelist, counts);
+  if (!hs) {
+    return erun::Result<erun::HostSet>::error(fmt::format("--slurm: SLURM_JOB_NODELIST={} with {}={}: {}", nodelist,
+                                                          counts_from, counts, hs.message()));
+  }
+  return hs;
+}
+
 erun::Result<std::unique_ptr<erun::HostDiscovery>> make_discovery(const erun::DriverOptions& o) {
   using R = erun::Result<std::unique_ptr<erun::HostDiscovery>>;
   int default_slots = o.slots_per_host > 0 ? o.slots_per_host : 1;
+  // With --slurm, a discovery script stays the source (it may drop drained nodes).
+  if (o.slurm && o.discovery_script.empty()) {
+    auto hs = slurm_allocation(o);
+    if (!hs) return R::error(hs.message());
+    return R(std::unique_ptr<erun::HostDiscovery>(
+        std::make_unique<erun::StaticDiscovery>(*hs, "the Slurm allocation " + hs->to_string())));
+  }
   if (!o.discovery_script.empty()) {
     return R(std::unique_ptr<erun::HostDiscovery>(
         std::make_unique<erun::ScriptDiscovery>(o.discovery_script, o.discovery_timeout, default_slots)));
@@ -69,10 +108,36 @@ erun::Result<std::unique_ptr<erun::HostDiscovery>> make_discovery(const erun::Dr
       erun::HostSet({erun::Host{"localhost", slots}}), "this machine")));
 }
 
+// --launcher mpirun: one discovery, then erun becomes mpirun (a static job).
+int exec_mpirun(const erun::DriverOptions& o, erun::HostDiscovery& discovery) {
+  auto hosts = discovery.discover();
+  if (!hosts) {
+    std::fprintf(stderr, "erun: %s: %s\n", discovery.describe().c_str(), hosts.message().c_str());
+    return 2;
+  }
+  std::vector<std::string> argv = erun::mpirun_command(o, *hosts, o.env);
+  if (o.dry_run) {
+    std::vector<std::string> quoted;
+    for (auto& w : argv) quoted.push_back(erun::shell_quote(w));
+    std::printf("%s\n", erun::join(quoted, " ").c_str());
+    return 0;
+  }
+  std::vector<char*> cargv;
+  for (auto& w : argv) cargv.push_back(w.data());
+  cargv.push_back(nullptr);
+  std::fflush(nullptr);
+  ::execvp(cargv[0], cargv.data());
+  std::fprintf(stderr, "erun: --launcher mpirun: cannot run mpirun: %s (install openmpi-bin or fix PATH)\n",
+               std::strerror(errno));
+  return 127;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  auto parsed = erun::parse_cli(argc, argv);
+  erun::CliContext cli_context;
+  cli_context.in_slurm_allocation = !env_or_empty("SLURM_JOB_ID").empty();
+  auto parsed = erun::parse_cli(argc, argv, cli_context);
   if (auto* info = std::get_if<erun::CliInfo>(&parsed)) {
     std::fputs(info->text.c_str(), stdout);
     return 0;
@@ -102,13 +167,21 @@ int main(int argc, char** argv) {
     return 2;
   }
 
+  if (options.launcher == erun::LauncherKind::kMpirun) return exec_mpirun(options, **discovery);
+
   ::signal(SIGPIPE, SIG_IGN);
   auto local = erun::make_local_launcher();
-  erun::SshOptions ssh;
-  ssh.port = options.ssh_port;
-  ssh.identity_file = options.ssh_identity_file;
-  ssh.connect_timeout = options.ssh_connect_timeout;
-  auto remote = erun::make_ssh_launcher(ssh);
+  std::unique_ptr<erun::Launcher> remote;
+  if (options.launcher == erun::LauncherKind::kSrun ||
+      (options.launcher == erun::LauncherKind::kAuto && options.slurm)) {
+    remote = erun::make_srun_launcher();
+  } else {
+    erun::SshOptions ssh;
+    ssh.port = options.ssh_port;
+    ssh.identity_file = options.ssh_identity_file;
+    ssh.connect_timeout = options.ssh_connect_timeout;
+    remote = erun::make_ssh_launcher(ssh);
+  }
   erun::EventLog events;
   if (!options.event_log.empty()) {
     if (auto s = events.open(options.event_log); !s) {
@@ -125,7 +198,9 @@ int main(int argc, char** argv) {
   server_options.job_id = job_id;
   server_options.secret = secret;
   erun::RendezvousServer rendezvous(server_options);
-  if (!options.dry_run && options.mode != erun::WorkerMode::kRestart) {
+  // The rendezvous runs in restart mode too: a program using the worker
+  // library still needs it to form each generation's world.
+  if (!options.dry_run) {
     if (auto s = rendezvous.start(); !s) {
       ERUN_LOG_ERROR("cannot start the rendezvous server: {}", s.message());
       return 1;
@@ -135,7 +210,7 @@ int main(int argc, char** argv) {
   erun::DriverDeps deps;
   deps.job_id = job_id;
   deps.secret = secret;
-  if (!options.dry_run && options.mode != erun::WorkerMode::kRestart) deps.rendezvous = &rendezvous;
+  if (!options.dry_run) deps.rendezvous = &rendezvous;
   deps.discovery = discovery->get();
   deps.local_launcher = local.get();
   deps.remote_launcher = remote.get();

@@ -10,7 +10,8 @@
 
 namespace erun {
 
-enum class LauncherKind { kAuto, kLocal, kSsh };
+// kSrun: a Slurm job step per worker; kMpirun: erun execs mpirun (static, no driver).
+enum class LauncherKind { kAuto, kLocal, kSsh, kSrun, kMpirun };
 enum class WorkerMode { kAuto, kElastic, kRestart };
 
 struct DriverOptions {
@@ -25,6 +26,9 @@ struct DriverOptions {
   std::string hosts;     // -H
   std::string hostfile;  // --hostfile
   int slots_per_host = 0;  // 0: not given
+  // Hosts from the Slurm allocation (--slurm, or SLURM_JOB_ID set and no other
+  // host source); with a discovery script, the script stays the source.
+  bool slurm = false;
 
   Duration elastic_timeout = std::chrono::seconds(600);
   int reset_limit = -1;  // -1: unlimited

@@ -4,6 +4,7 @@
 //    driver's rendezvous, builds a Gloo communicator per generation, re-joins
 //    on membership changes;
 //  - StandaloneContext otherwise: a world of one.
+#include <signal.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -32,6 +33,7 @@ struct WorkerOptions {
   std::string advertise;       // address peers reach this worker at
   Duration collective_timeout = std::chrono::seconds(30);
   Duration rendezvous_timeout = std::chrono::seconds(60);
+  std::string checkpoint_dir;
 };
 
 std::string env_or(const char* name, const std::string& fallback = "") {
@@ -70,6 +72,7 @@ WorkerOptions read_worker_options() {
   o.advertise = env_or("ERUN_ADVERTISE_ADDR", "127.0.0.1");
   o.collective_timeout = from_seconds(env_seconds("ERUN_COLLECTIVE_TIMEOUT", 30));
   o.rendezvous_timeout = from_seconds(env_seconds("ERUN_RENDEZVOUS_TIMEOUT", 60));
+  o.checkpoint_dir = env_or("ERUN_CHECKPOINT_DIR");
   if (o.rdzv_port <= 0 || o.job_id.empty() || o.secret.empty()) {
     throw Error("erun: ERUN_RDZV_ADDR is set but ERUN_RDZV_PORT, ERUN_JOB_ID or the job secret is missing; "
                 "start workers through erun, not by hand");
@@ -79,7 +82,7 @@ WorkerOptions read_worker_options() {
 
 class StandaloneContext final : public Context {
  public:
-  StandaloneContext() {
+  explicit StandaloneContext(std::string checkpoint_dir) : checkpoint_dir_(std::move(checkpoint_dir)) {
     info_.host = "localhost";
     GlooOptions g;
     comm_ = make_gloo_communicator(store_, g);
@@ -89,8 +92,10 @@ class StandaloneContext final : public Context {
   bool host_update_pending() const override { return false; }
   void rejoin(uint64_t) override { throw Error("erun: a standalone worker (not started by erun) cannot re-join"); }
   bool elastic() const override { return false; }
+  std::string checkpoint_dir() const override { return checkpoint_dir_; }
 
  private:
+  std::string checkpoint_dir_;
   WorkerInfo info_;
   MemoryKvStore store_;
   std::unique_ptr<Communicator> comm_;
@@ -113,6 +118,7 @@ class ElasticContext final : public Context {
   Communicator& comm() override { return *comm_; }
   bool host_update_pending() const override { return client_.hosts_updated(); }
   bool elastic() const override { return true; }
+  std::string checkpoint_dir() const override { return o_.checkpoint_dir; }
   void rejoin(uint64_t last_commit_id) override {
     if (comm_) comm_->abort();
     comm_.reset();
@@ -151,13 +157,31 @@ class ElasticContext final : public Context {
       info_.generation = gen;
       info_.host = o_.host;
       try {
+        // Everyone of the generation is here and alive before any pair is
+        // connected: a rank that died or left before this point is seen as a
+        // stale-generation error once the driver publishes the next one, not
+        // as a pair connection that waits out its timeout.
+        KvStore& store = client_.store();
+        auto remaining = [&] {
+          return std::max<Duration>(deadline - std::chrono::steady_clock::now(), std::chrono::seconds(1));
+        };
+        store.set(fmt::format("ready/{}", r->rank), {});
+        if (r->rank == 0) {
+          for (int k = 1; k < r->size; ++k) store.get(fmt::format("ready/{}", k), remaining());
+          store.set("go", {});
+        } else {
+          store.get("go", remaining());
+        }
         GlooOptions g;
         g.rank = r->rank;
         g.size = r->size;
         g.timeout = o_.collective_timeout;
+        // Gloo waits 5x this for a pair's first connection.
+        g.connect_timeout = std::min<Duration>(o_.collective_timeout, std::chrono::seconds(2));
+        g.store_timeout = g.connect_timeout;
         g.hostname = o_.advertise;
         g.prefix = "gloo";
-        comm_ = make_gloo_communicator(client_.store(), g);
+        comm_ = make_gloo_communicator(store, g);
         ERUN_LOG_DEBUG("{}: joined with size {} in {:.3f} s", who(gen, o_.host, r->rank), r->size,
                        seconds(std::chrono::steady_clock::now() - t0));
         return;
@@ -184,6 +208,10 @@ Context& init() {
   std::lock_guard<std::mutex> lock(g_mu);
   if (g_context) return *g_context;
   init_logging(!env_or("ERUN_VERBOSE").empty());
+  // A peer that dies mid-write must surface as a CommError, not kill this
+  // process: Gloo's TCP transport writes without MSG_NOSIGNAL.
+  struct sigaction old {};
+  if (::sigaction(SIGPIPE, nullptr, &old) == 0 && old.sa_handler == SIG_DFL) ::signal(SIGPIPE, SIG_IGN);
   if (!env_or("ERUN_RDZV_ADDR").empty()) {
     g_context = std::make_unique<ElasticContext>(read_worker_options());
   } else if (launched_by_mpi()) {
@@ -192,7 +220,7 @@ Context& init() {
     if (expected == 0 && !env_or("SLURM_PROCID").empty()) expected = env_int("SLURM_NTASKS", 0);
     g_context = make_mpi_context(static_cast<int>(expected));
   } else {
-    g_context = std::make_unique<StandaloneContext>();
+    g_context = std::make_unique<StandaloneContext>(env_or("ERUN_CHECKPOINT_DIR"));
   }
   return *g_context;
 }

@@ -27,6 +27,7 @@ struct State::Impl {
   uint64_t commit_id = 0;
   bool has_snapshot = false;  // a commit, a synced baseline, or a loaded checkpoint
   std::string checkpoint_dir;
+  bool launcher_checkpoint_checked = false;
   std::vector<std::function<void(int, int)>> reset_callbacks;
 
   std::vector<si::EntryRef> refs() const {
@@ -175,6 +176,10 @@ void State::restore() {
 }
 
 void State::sync() {
+  if (!impl_->launcher_checkpoint_checked) {
+    impl_->launcher_checkpoint_checked = true;
+    if (impl_->checkpoint_dir.empty() && !ctx_.checkpoint_dir().empty()) set_checkpoint_dir(ctx_.checkpoint_dir());
+  }
   Communicator& comm = ctx_.comm();
   const int size = comm.size();
   const int rank = comm.rank();

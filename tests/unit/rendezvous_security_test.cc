@@ -78,7 +78,8 @@ TEST(RendezvousWire, PayloadReaderRejectsTruncationAndLeftovers) {
   wire::PayloadReader lie(huge_len);
   lie.bytes();
   EXPECT_TRUE(lie.failed());
-  wire::PayloadReader extra(w.str() + "x");
+  std::string longer = w.str() + "x";
+  wire::PayloadReader extra(longer);
   extra.bytes(), extra.i32(), extra.u64();
   EXPECT_FALSE(extra.done());
 }

@@ -6,8 +6,13 @@
 #include <signal.h>
 #include <sys/wait.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <future>
+#include <unistd.h>
 #include <optional>
+
+#include <fmt/format.h>
 
 #include "erun/errors.hpp"
 #include "rendezvous_test_util.h"
@@ -252,19 +257,47 @@ TEST(RendezvousServer, LostServerFailsStoreOpsAndClosesPromptly) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s);
 }
 
-// Runs `body` in a forked child; the child's exit status is body's result.
-pid_t fork_child(const std::function<int()>& body) {
+// Worker processes: the test binary re-executes itself to run only the
+// RendezvousChild test below, told what to do through ERUN_TEST_RDZV_CHILD
+// ("PORT HOST MODE"). fork+exec keeps the child free of the parent's threads.
+pid_t spawn_worker(int port, const std::string& host, const std::string& mode) {
+  std::string var = fmt::format("ERUN_TEST_RDZV_CHILD={} {} {}", port, host, mode);
+  std::vector<std::string> args = {"/proc/self/exe", "--gtest_filter=RendezvousChild.DISABLED_Worker",
+                                   "--gtest_also_run_disabled_tests", "--gtest_brief=1"};
+  std::vector<char*> argv, envp;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  for (char** e = environ; *e; ++e) envp.push_back(*e);
+  envp.push_back(var.data());
+  envp.push_back(nullptr);
   pid_t pid = ::fork();
   if (pid == 0) {
-    int rc = 1;
-    try {
-      rc = body();
-    } catch (...) {
-      rc = 3;
-    }
-    ::_exit(rc);
+    ::execve(argv[0], argv.data(), envp.data());
+    ::_exit(127);
   }
   return pid;
+}
+
+TEST(RendezvousChild, DISABLED_Worker) {
+  const char* spec = std::getenv("ERUN_TEST_RDZV_CHILD");
+  if (!spec) GTEST_SKIP() << "only run as a child of the tests below";
+  int port = 0;
+  char host[64] = {}, mode[16] = {};
+  ASSERT_EQ(std::sscanf(spec, "%d %63s %15s", &port, host, mode), 3);
+  RendezvousClient c(client_options(port));
+  ASSERT_TRUE(c.connect().is_ok());
+  long g = -1;
+  auto r = c.join(join_request(host, 0), &g);
+  ASSERT_TRUE(r.is_ok()) << r.message();
+  if (std::string(mode) == "hang") {
+    ::pause();  // until killed
+    return;
+  }
+  EXPECT_EQ(g, 4);
+  c.store().set("rank/" + std::to_string(r->rank), {host[0]});
+  for (int k = 0; k < r->size; ++k) {
+    EXPECT_EQ(c.store().get("rank/" + std::to_string(k), std::chrono::seconds(20)).size(), 1u);
+  }
 }
 
 int wait_exit(pid_t pid, Duration timeout = 30s) {
@@ -280,30 +313,17 @@ int wait_exit(pid_t pid, Duration timeout = 30s) {
   return -1;
 }
 
-TEST(RendezvousServer, ForkedWorkersJoinAndExchangeKeys) {
+TEST(RendezvousServer, WorkerProcessesJoinAndExchangeKeys) {
   auto server = start_server();
   const int n = 6;
   std::vector<pid_t> kids;
-  for (int i = 0; i < n; ++i) {
-    kids.push_back(fork_child([port = server->port(), i] {
-      RendezvousClient c(client_options(port));
-      if (!c.connect().is_ok()) return 10;
-      long g = -1;
-      auto r = c.join(join_request("proc" + std::to_string(i), 0), &g);
-      if (!r.is_ok() || g != 4) return 11;
-      c.store().set("rank/" + std::to_string(r->rank), {static_cast<char>('a' + i)});
-      for (int k = 0; k < r->size; ++k) {
-        auto v = c.store().get("rank/" + std::to_string(k), std::chrono::seconds(20));
-        if (v.size() != 1) return 12;
-      }
-      return 0;
-    }));
-  }
-  ASSERT_TRUE(wait_for([&] { return server->waiting().size() == n; }));
+  for (int i = 0; i < n; ++i) kids.push_back(spawn_worker(server->port(), "proc" + std::to_string(i), "exchange"));
+  bool all_waiting = wait_for([&] { return server->waiting().size() == n; });
   std::vector<RankAssignment> ranks;
   for (int i = 0; i < n; ++i) ranks.push_back(rank_of("proc" + std::to_string(i), 0, n - 1 - i, n));
-  server->publish(4, ranks);
+  if (all_waiting) server->publish(4, ranks);
   for (pid_t p : kids) EXPECT_EQ(wait_exit(p), 0);
+  EXPECT_TRUE(all_waiting);
   EXPECT_TRUE(wait_for([&] { return server->take_disconnected().size() > 0; }));
 }
 
@@ -311,18 +331,16 @@ TEST(RendezvousServer, TakeDisconnectedReportsAKilledWorker) {
   auto server = start_server();
   int port = server->port();
   auto survivor = start_join(port, "alive", 0);
-  pid_t victim = fork_child([port] {
-    RendezvousClient c(client_options(port));
-    if (!c.connect().is_ok()) return 10;
-    auto r = c.join(join_request("doomed", 0), nullptr);
-    if (!r.is_ok()) return 11;
-    ::pause();  // until killed
-    return 0;
-  });
-  ASSERT_TRUE(wait_for([&] { return server->waiting().size() == 2; }));
+  pid_t victim = spawn_worker(port, "doomed", "hang");
+  bool both = wait_for([&] { return server->waiting().size() == 2; });
+  if (!both) {
+    ::kill(victim, SIGKILL);
+    wait_exit(victim);
+    FAIL() << "the worker process did not join";
+  }
   server->publish(1, {rank_of("alive", 0, 0, 2), rank_of("doomed", 0, 1, 2)});
   ASSERT_TRUE(survivor->assignment.get().is_ok());
-  ASSERT_TRUE(wait_for([&] { return server->members().size() == 2; }));
+  EXPECT_TRUE(wait_for([&] { return server->members().size() == 2; }));
   EXPECT_TRUE(server->take_disconnected().empty());
   ::kill(victim, SIGKILL);
   EXPECT_EQ(wait_exit(victim), 128 + SIGKILL);

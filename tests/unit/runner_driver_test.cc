@@ -171,13 +171,17 @@ TEST_F(DriverTest, GrowsShrinksAndWaitsForMinNp) {
   steps(15);
   EXPECT_EQ(driver->generation(), 3);
   EXPECT_EQ(driver->plan().to_string(), "4 ranks: b[0-3]");
-  // Everything but one slot goes: below --min-np, wait; then the elastic timeout ends the job.
+  // Everything but one slot goes: below --min-np the running workers are kept.
   discovery.set(HostSet({{"c", 1}}));
   steps(15);
-  EXPECT_TRUE(launcher.running().empty());
+  EXPECT_EQ(launcher.running().size(), 4u);
   EXPECT_EQ(driver->generation(), 3);
+  // A worker fails: the job waits for --min-np slots, then the elastic timeout ends it.
+  launcher.finish(launcher.running_rank(1), ExitStatus{5, 0});
+  steps(2);
+  EXPECT_TRUE(launcher.running().empty());
   auto code = steps(400);
-  EXPECT_EQ(code, 1);
+  EXPECT_EQ(code, 5);
 }
 
 TEST_F(DriverTest, DiscoveryErrorsKeepTheJobRunning) {

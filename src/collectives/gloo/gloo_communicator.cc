@@ -49,7 +49,10 @@ class StoreAdapter final : public gloo::rendezvous::Store {
   }
   void wait(const std::vector<std::string>& keys) override { wait(keys, to_millis(timeout_)); }
   void wait(const std::vector<std::string>& keys, const Millis& timeout) override {
-    for (auto& key : keys) store_.get(scoped(key), timeout);
+    // The store wait has its own bound (GlooOptions::store_timeout), which may
+    // be longer than the context's connect timeout gloo passes in.
+    (void)timeout;
+    for (auto& key : keys) store_.get(scoped(key), timeout_);
   }
 
  private:
@@ -170,8 +173,8 @@ class GlooCommunicator final : public Communicator {
       attr.hostname = o.hostname;
       device_ = gloo::transport::tcp::CreateDevice(attr);
       auto context = std::make_shared<gloo::rendezvous::Context>(o.rank, o.size);
-      context->setTimeout(timeout_);
-      StoreAdapter adapter(store, o.prefix, o.timeout);
+      context->setTimeout(o.connect_timeout.count() > 0 ? to_millis(o.connect_timeout) : timeout_);
+      StoreAdapter adapter(store, o.prefix, o.store_timeout.count() > 0 ? o.store_timeout : o.timeout);
       context->connectFullMesh(adapter, device_);
       context_ = std::move(context);
     });

@@ -19,8 +19,14 @@ namespace erun {
 struct GlooOptions {
   int rank = 0;
   int size = 1;
-  // Bounds construction and every operation (gloo's per-op timeout).
+  // Bounds every operation (gloo's per-op timeout), and construction unless
+  // the two below are set.
   Duration timeout = std::chrono::seconds(30);
+  // Waiting for the peers' addresses in the store (peers may still be
+  // finishing a step before they re-join); 0: `timeout`.
+  Duration store_timeout{0};
+  // Connecting the pairs once every address is known; 0: `timeout`.
+  Duration connect_timeout{0};
   // The address peers reach this rank at: a hostname or IP of this host.
   std::string hostname = "127.0.0.1";
   // Scopes the store keys, e.g. "gen3/gloo"; ranks of one communicator share it.

@@ -52,6 +52,14 @@ MPI_Op mpi_op(ReduceOp op) {
   return MPI_OP_NULL;
 }
 
+// Open MPI 4.1's vectorised MPI_SUM on MPI_UINT8_T saturates at 255; uint8
+// sums here wrap around (modulo 256) like the Gloo communicator's.
+void wrapping_uint8_sum(void* in, void* inout, int* len, MPI_Datatype*) {
+  auto* a = static_cast<const uint8_t*>(in);
+  auto* b = static_cast<uint8_t*>(inout);
+  for (int i = 0; i < *len; ++i) b[i] = static_cast<uint8_t>(a[i] + b[i]);
+}
+
 template <typename T>
 void divide(void* data, size_t count, int by) {
   auto* p = static_cast<T*>(data);
@@ -77,11 +85,14 @@ class MpiCommunicator final : public Communicator {
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
+    MPI_Op_create(&wrapping_uint8_sum, /*commute=*/1, &uint8_sum_);
   }
   ~MpiCommunicator() override {
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (!finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+    if (finalized) return;
+    if (uint8_sum_ != MPI_OP_NULL) MPI_Op_free(&uint8_sum_);
+    if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
   }
 
   int rank() const override { return rank_; }
@@ -90,11 +101,13 @@ class MpiCommunicator final : public Communicator {
   void allreduce(void* data, size_t count, DataType type, ReduceOp op) override {
     MPI_Datatype t = mpi_type(type);
     usable("allreduce");
+    MPI_Op o = mpi_op(op);
+    if (type == DataType::kUInt8 && o == MPI_SUM) o = uint8_sum_;
     const size_t elem = data_type_size(type);
     auto* p = static_cast<char*>(data);
     for (size_t off = 0; off < count; off += kMaxChunk) {
       int n = static_cast<int>(std::min(kMaxChunk, count - off));
-      check("allreduce", MPI_Allreduce(MPI_IN_PLACE, p + off * elem, n, t, mpi_op(op), comm_));
+      check("allreduce", MPI_Allreduce(MPI_IN_PLACE, p + off * elem, n, t, o, comm_));
     }
     if (op == ReduceOp::kAverage) divide(type, data, count, size_);
   }
@@ -177,6 +190,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   MPI_Comm comm_ = MPI_COMM_NULL;
+  MPI_Op uint8_sum_ = MPI_OP_NULL;
   int rank_ = 0;
   int size_ = 1;
   std::atomic<bool> aborted_{false};

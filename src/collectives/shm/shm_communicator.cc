@@ -4,7 +4,9 @@
 #include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <linux/futex.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -57,7 +59,11 @@ struct alignas(kLine) Header {
   alignas(kLine) std::atomic<uint32_t> attached;
   // 0 while healthy; 1 + the rank that aborted or failed first.
   alignas(kLine) std::atomic<uint32_t> aborted_by;
-  std::atomic<uint32_t> abort_kind;  // AbortKind
+  std::atomic<uint32_t> abort_kind;  // AbortKind, set after `reason`
+  char reason[200];
+  // Sleeping waiters block on futex_word; arrivals bump it when sleepers > 0.
+  alignas(kLine) std::atomic<uint32_t> futex_word;
+  std::atomic<uint32_t> sleepers;
 };
 
 enum AbortKind : uint32_t { kUserAbort = 1, kPeerFailure = 2 };
@@ -65,6 +71,18 @@ enum AbortKind : uint32_t { kUserAbort = 1, kPeerFailure = 2 };
 struct alignas(kLine) RankSlot {
   std::atomic<uint64_t> epoch;
 };
+
+// Who holds a rank: its pid (0 until mapped) and PID namespace, so that only
+// peers whose pids mean something here are watched for death.
+struct Peer {
+  uint64_t pid_ns;
+  std::atomic<int32_t> pid;
+};
+
+uint64_t my_pid_namespace() {
+  struct stat st {};
+  return ::stat("/proc/self/ns/pid", &st) == 0 ? static_cast<uint64_t>(st.st_ino) : 0;
+}
 
 // Offsets of the parts of a segment for `size` ranks.
 struct Layout {
@@ -76,7 +94,7 @@ struct Layout {
     step_bytes = round_up(std::max<size_t>(step_b, kPage), kPage);
     ctl = round_up(sizeof(Header), kLine);
     pids = ctl + size * sizeof(RankSlot);
-    small = round_up(pids + size * sizeof(std::atomic<int32_t>), kPage);
+    small = round_up(pids + size * sizeof(Peer), kPage);
     step = round_up(small + 2 * size * small_bytes, kPage);
     result = step + size * step_bytes;
     total = result + step_bytes;
@@ -154,6 +172,10 @@ class ShmCommunicator final : public Communicator {
  public:
   ShmCommunicator(KvStore& store, const ShmOptions& o) : options_(o), layout_(o.size, o.small_bytes, o.step_bytes) {
     ERUN_CHECK(o.size >= 1 && o.rank >= 0 && o.rank < o.size);
+    const long cpus = ::sysconf(_SC_NPROCESSORS_ONLN);
+    const bool oversubscribed = o.size > cpus;
+    spin_ = oversubscribed ? std::chrono::microseconds(2) : std::chrono::microseconds(200);
+    yield_ = oversubscribed ? Duration::zero() : Duration(std::chrono::milliseconds(1));
     if (o.size == 1) return;
     deadline_ = std::chrono::steady_clock::now() + o.timeout;
     UnlinkGuard guard;
@@ -163,12 +185,11 @@ class ShmCommunicator final : public Communicator {
       open(store, guard);
     }
     // Everyone waits until all have mapped the segment; then the name goes.
-    pid_t self = ::getpid();
     while (header()->attached.load(std::memory_order_acquire) < static_cast<uint32_t>(o.size)) {
       check_aborted("connect");
       for (int r = 0; r < o.size; ++r) {
         pid_t pid = pid_of(r);
-        if (pid != 0 && pid != self && process_dead(pid)) fail_peer("connect", r, "died while connecting");
+        if (pid != 0 && watched(r) && process_dead(pid)) fail_peer("connect", r, "died while connecting");
       }
       if (std::chrono::steady_clock::now() > deadline_) {
         std::string missing;
@@ -218,6 +239,7 @@ class ShmCommunicator final : public Communicator {
     // Two halves of the staging area, alternately: the root fills one while
     // the others drain the other; one synchronisation per piece.
     const size_t half = (layout_.result + layout_.step_bytes - layout_.step) / 2 / kLine * kLine;
+    ERUN_CHECK(half > 0 && layout_.step + half <= layout_.result);  // the first half never overlaps the result area
     size_t steps = (bytes + half - 1) / half;
     for (size_t s = 0; s <= steps; ++s) {
       if (is_root && s < steps) {
@@ -372,7 +394,9 @@ class ShmCommunicator final : public Communicator {
       sync(what);
       std::memcpy(data + off, result, n * sizeof(T));
     }
-    sync(what);
+    // No closing barrier: peers may still copy from the result area, which no
+    // operation writes before its own first synchronisation (the broadcast's
+    // first half lies below it; everything else writes slots or the small area).
   }
 
   // --- segment ---
@@ -409,9 +433,10 @@ class ShmCommunicator final : public Communicator {
     h->total_bytes = layout_.total;
     for (int r = 0; r < options_.size; ++r) {
       new (&ctl(r)) RankSlot{};
-      new (&pid_slot(r)) std::atomic<int32_t>(0);
+      new (&peer(r)) Peer{};
     }
-    pid_slot(0).store(::getpid(), std::memory_order_release);
+    peer(0).pid_ns = pid_ns_;
+    peer(0).pid.store(::getpid(), std::memory_order_release);
     h->attached.store(1, std::memory_order_release);
     std::string value = name_ + " " + hex(nonce);
     store.set(options_.prefix + "/segment", std::vector<char>(value.begin(), value.end()));
@@ -447,7 +472,8 @@ class ShmCommunicator final : public Communicator {
     }
     // Rank 0's staging sizes win, whatever this rank was given.
     layout_ = Layout(options_.size, h->small_bytes, h->step_bytes);
-    pid_slot(rank()).store(::getpid(), std::memory_order_release);
+    peer(rank()).pid_ns = pid_ns_;
+    peer(rank()).pid.store(::getpid(), std::memory_order_release);
     if (header()->attached.fetch_add(1, std::memory_order_acq_rel) + 1 == static_cast<uint32_t>(options_.size)) {
       ::shm_unlink(name_.c_str());
     } else {
@@ -464,10 +490,13 @@ class ShmCommunicator final : public Communicator {
   char* base() const { return mapping_ ? mapping_->base() : nullptr; }
   Header* header() const { return reinterpret_cast<Header*>(base()); }
   RankSlot& ctl(int r) const { return reinterpret_cast<RankSlot*>(base() + layout_.ctl)[r]; }
-  std::atomic<int32_t>& pid_slot(int r) const {
-    return reinterpret_cast<std::atomic<int32_t>*>(base() + layout_.pids)[r];
+  Peer& peer(int r) const { return reinterpret_cast<Peer*>(base() + layout_.pids)[r]; }
+  pid_t pid_of(int r) const { return peer(r).pid.load(std::memory_order_acquire); }
+  // Peers in another PID namespace (containers sharing /dev/shm) or threads
+  // of this process are not watched: only the deadline catches those.
+  bool watched(int r) const {
+    return pid_of(r) != 0 && pid_of(r) != ::getpid() && pid_ns_ != 0 && peer(r).pid_ns == pid_ns_;
   }
-  pid_t pid_of(int r) const { return pid_slot(r).load(std::memory_order_acquire); }
   char* small(int r, int parity) const {
     return base() + layout_.small + (static_cast<size_t>(r) * 2 + parity) * layout_.small_bytes;
   }
@@ -488,23 +517,28 @@ class ShmCommunicator final : public Communicator {
   }
 
   // A barrier among all ranks: announce the next epoch, wait until every rank
-  // has announced it. Spins briefly, then yields, then sleeps; checks for
-  // abort, dead peers and the deadline while it waits.
+  // has announced it. Busy-polls first (waking a sleeping process costs tens
+  // of microseconds), only briefly when there are more ranks than CPUs (the
+  // peers need this CPU), then yields a little, then sleeps on a futex that
+  // every arrival wakes. Checks for abort, dead peers and the deadline.
   void sync(const char* what) {
     const uint64_t e = ++epoch_;
-    ctl(rank()).epoch.store(e, std::memory_order_release);
+    Header* h = header();
+    ctl(rank()).epoch.store(e, std::memory_order_seq_cst);
+    if (h->sleepers.load(std::memory_order_seq_cst) != 0) wake_all();
     int waiting_for = pending(e, 0);
     if (waiting_for < 0) return;
-    for (int i = 0; i < 4000; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    for (uint32_t i = 1;; ++i) {
       cpu_relax();
-      if ((i & 15) == 15 && header()->aborted_by.load(std::memory_order_relaxed) != 0) break;
       waiting_for = pending(e, waiting_for);
       if (waiting_for < 0) return;
+      if ((i & 63) == 0) {
+        if (h->aborted_by.load(std::memory_order_relaxed) != 0) break;
+        if (std::chrono::steady_clock::now() - start > spin_) break;
+      }
     }
-    const auto start = std::chrono::steady_clock::now();
     auto next_check = start;
-    auto sleep = std::chrono::microseconds(20);
-    const pid_t self = ::getpid();
     while ((waiting_for = pending(e, waiting_for)) >= 0) {
       check_aborted(what);
       auto now = std::chrono::steady_clock::now();
@@ -512,7 +546,9 @@ class ShmCommunicator final : public Communicator {
         for (int r = 0; r < size(); ++r) {
           if (ctl(r).epoch.load(std::memory_order_acquire) >= e) continue;
           pid_t pid = pid_of(r);
-          if (pid != self && process_dead(pid)) fail_peer(what, r, "died (process " + std::to_string(pid) + " is gone)");
+          if (watched(r) && process_dead(pid)) {
+            fail_peer(what, r, "died (process " + std::to_string(pid) + " is gone)");
+          }
         }
         if (now > deadline_) {
           fail_peer(what, waiting_for,
@@ -521,13 +557,27 @@ class ShmCommunicator final : public Communicator {
         }
         next_check = now + std::chrono::milliseconds(2);
       }
-      if (now - start < std::chrono::milliseconds(2)) {
+      if (now - start < yield_) {
         ::sched_yield();
-      } else {
-        std::this_thread::sleep_for(sleep);
-        sleep = std::min<std::chrono::microseconds>(sleep * 2, std::chrono::microseconds(500));
+        continue;
       }
+      // Sleep until an arrival bumps the futex word (or 2 ms pass, for the
+      // checks above). Announcing ourselves before the last look at the
+      // counters pairs with the poster's store-then-load of `sleepers`.
+      const uint32_t seen = h->futex_word.load(std::memory_order_seq_cst);
+      h->sleepers.fetch_add(1, std::memory_order_seq_cst);
+      if (pending(e, waiting_for) >= 0 && h->aborted_by.load(std::memory_order_seq_cst) == 0) {
+        struct timespec ts {0, 2'000'000};
+        ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&h->futex_word), FUTEX_WAIT, seen, &ts, nullptr, 0);
+      }
+      h->sleepers.fetch_sub(1, std::memory_order_seq_cst);
     }
+  }
+
+  void wake_all() {
+    Header* h = header();
+    h->futex_word.fetch_add(1, std::memory_order_seq_cst);
+    ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&h->futex_word), FUTEX_WAKE, INT32_MAX, nullptr, nullptr, 0);
   }
 
   // The first rank (from `from`, wrapping) that has not reached epoch e, or -1.
@@ -545,17 +595,21 @@ class ShmCommunicator final : public Communicator {
     uint32_t by = header()->aborted_by.load(std::memory_order_acquire);
     if (by == 0) return;
     int who = static_cast<int>(by) - 1;
-    if (header()->abort_kind.load(std::memory_order_acquire) == kUserAbort) {
-      fail(what, "rank " + std::to_string(who) + " aborted the communicator", false);
-    }
-    fail(what, "rank " + std::to_string(who) + " gave up after a failure", false);
+    uint32_t kind = 0;
+    for (int i = 0; i < 100000 && kind == 0; ++i) kind = header()->abort_kind.load(std::memory_order_acquire);
+    if (kind == kUserAbort) fail(what, "rank " + std::to_string(who) + " aborted the communicator", false);
+    std::string reason = kind ? std::string(header()->reason, strnlen(header()->reason, sizeof(header()->reason))) : "";
+    fail(what, "rank " + std::to_string(who) + " gave up: " + (reason.empty() ? "a failure" : reason), false);
   }
 
-  void publish_abort(AbortKind kind) {
+  void publish_abort(AbortKind kind, const std::string& reason = "") {
     uint32_t expected = 0;
     if (header()->aborted_by.compare_exchange_strong(expected, static_cast<uint32_t>(rank()) + 1)) {
+      std::memset(header()->reason, 0, sizeof(header()->reason));
+      std::memcpy(header()->reason, reason.data(), std::min(reason.size(), sizeof(header()->reason) - 1));
       header()->abort_kind.store(kind, std::memory_order_release);
     }
+    wake_all();
   }
 
   [[noreturn]] void fail_peer(const char* what, int peer, const std::string& cause) {
@@ -567,7 +621,7 @@ class ShmCommunicator final : public Communicator {
   [[noreturn]] void fail(const char* what, const std::string& cause, bool tell_peers) {
     if (!broken_) broken_reason_ = cause;
     broken_ = true;
-    if (tell_peers && base()) publish_abort(kPeerFailure);
+    if (tell_peers && base()) publish_abort(kPeerFailure, cause);
     throw CommError("shm " + std::string(what) + " failed on rank " + std::to_string(rank()) + " of " +
                     std::to_string(size()) + " (segment " + (name_.empty() ? "-" : name_) + ", timeout " +
                     std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(options_.timeout).count()) +
@@ -579,6 +633,9 @@ class ShmCommunicator final : public Communicator {
   std::string name_;
   std::unique_ptr<Mapping> mapping_;
   TimePoint deadline_{};
+  Duration spin_{};
+  Duration yield_{};
+  const uint64_t pid_ns_ = my_pid_namespace();
   uint64_t epoch_ = 0;
   int parity_ = 0;
   bool broken_ = false;

@@ -1,0 +1,176 @@
+#!/bin/bash
+# slurm_local.sh: a real two-node Slurm cluster on this one machine, for trying
+# `erun --slurm`, `srun` and `salloc` without a cluster (Debian's Slurm 22.05).
+#
+#   scripts/slurm_local.sh start        install if needed, write the config, start the daemons
+#   scripts/slurm_local.sh env          print `export SLURM_CONF=...` for your shell
+#   scripts/slurm_local.sh stop         stop the daemons this script started
+#   scripts/slurm_local.sh demo [BUILD] start, run the example under erun --slurm (salloc),
+#                                       srun and mpirun-in-salloc, compare checksums, stop
+#
+# Two nodes, erun-n1 and erun-n2, both 127.0.0.1 with their own slurmd port and
+# 8 CPUs each (SlurmdParameters=config_overrides lets a small machine advertise
+# them). erun and Gloo use node names as addresses, so start adds
+# "127.0.0.1 erun-n1 erun-n2" to /etc/hosts when they do not resolve (stop takes
+# the line out again; Slurm refuses two nodes with one hostname, and treats
+# NodeName=localhost specially). Everything else lives in ERUN_SLURM_DIR
+# (default /tmp/erun-slurm); munged runs as user munge. Needs root.
+set -euo pipefail
+
+dir=${ERUN_SLURM_DIR:-/tmp/erun-slurm}
+conf=$dir/slurm.conf
+self=$(hostname)
+node1=erun-n1
+node2=erun-n2
+hosts_line="127.0.0.1 $node1 $node2 # erun slurm_local.sh"
+
+log() { echo "slurm_local.sh: $*" >&2; }
+
+install() {
+  if command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v srun >/dev/null &&
+     command -v munged >/dev/null; then
+    return
+  fi
+  if [ -n "${ERUN_SLURM_NO_INSTALL:-}" ]; then
+    log "Slurm or munge is not installed (ERUN_SLURM_NO_INSTALL is set, so not installing)"
+    exit 3
+  fi
+  log "installing slurmctld slurmd slurm-client munge"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends slurmctld slurmd slurm-client munge >&2
+}
+
+write_config() {
+  mkdir -p "$dir/state" "$dir/spool-$node1" "$dir/spool-$node2"
+  cat > "$conf" <<CONF
+ClusterName=erun
+SlurmctldHost=$self(127.0.0.1)
+SlurmctldPort=16817
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+StateSaveLocation=$dir/state
+SlurmdSpoolDir=$dir/spool-%n
+SlurmctldPidFile=$dir/slurmctld.pid
+SlurmdPidFile=$dir/slurmd-%n.pid
+SlurmctldLogFile=$dir/slurmctld.log
+SlurmdLogFile=$dir/slurmd-%n.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+SlurmdParameters=config_overrides
+MpiDefault=none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+MailProg=/bin/true
+ReturnToService=2
+SchedulerType=sched/builtin
+SlurmctldTimeout=30
+SlurmdTimeout=30
+InactiveLimit=0
+KillWait=5
+MinJobAge=5
+NodeName=$node1 NodeAddr=127.0.0.1 Port=17001 CPUs=8 State=UNKNOWN
+NodeName=$node2 NodeAddr=127.0.0.1 Port=17002 CPUs=8 State=UNKNOWN
+PartitionName=debug Nodes=$node1,$node2 Default=YES MaxTime=INFINITE State=UP
+CONF
+  # Two slurmstepds of one step on one machine would share PMIx's client
+  # directory (/tmp/spmix_appdir_UID_JOB.STEP): each slurmd gets its own copy
+  # of the config with an mpi.conf that points PMIx elsewhere.
+  for n in "$node1" "$node2"; do
+    mkdir -p "$dir/$n/pmix"
+    cp "$conf" "$dir/$n/slurm.conf"
+    echo "PMIxCliTmpDirBase=$dir/$n/pmix" > "$dir/$n/mpi.conf"
+  done
+}
+
+# Runs a daemon in the background, remembering its pid for stop.
+spawn() {
+  local name=$1
+  shift
+  "$@" > "$dir/$name.out" 2>&1 &
+  echo $! > "$dir/$name.daemon-pid"
+}
+
+start() {
+  install
+  mkdir -p "$dir"
+  write_config
+  export SLURM_CONF=$conf
+  if ! pgrep -u munge -x munged >/dev/null; then
+    mkdir -p /run/munge && chown munge:munge /run/munge && chmod 755 /run/munge
+    [ -s /etc/munge/munge.key ] || { log "no /etc/munge/munge.key (reinstall munge)"; exit 1; }
+    su -s /bin/sh munge -c "/usr/sbin/munged" >&2
+    echo started > "$dir/munged.started"
+  fi
+  if ! getent hosts "$node1" >/dev/null || ! getent hosts "$node2" >/dev/null; then
+    echo "$hosts_line" >> /etc/hosts
+  fi
+  spawn slurmctld slurmctld -D -i -f "$conf"
+  spawn "slurmd-$node1" slurmd -D -N "$node1" -f "$dir/$node1/slurm.conf"
+  spawn "slurmd-$node2" slurmd -D -N "$node2" -f "$dir/$node2/slurm.conf"
+  # Ready when both nodes are idle.
+  local deadline=$((SECONDS + ${ERUN_SLURM_START_TIMEOUT:-60}))
+  until [ "$(sinfo -h -N -o '%T' 2>/dev/null | grep -c '^idle')" = 2 ]; do
+    if [ $SECONDS -ge $deadline ] || ! kill -0 "$(cat "$dir/slurmctld.daemon-pid")" 2>/dev/null; then
+      log "the nodes did not become idle; sinfo says:"
+      sinfo -N >&2 || true
+      tail -5 "$dir"/*.log >&2 || true
+      stop
+      exit 1
+    fi
+    sleep 0.5
+  done
+  log "ready: nodes $node1,$node2 with 8 CPUs each; export SLURM_CONF=$conf"
+}
+
+stop() {
+  export SLURM_CONF=$conf
+  # Jobs first, so that slurmd ends their steps (KillWait=5).
+  if scancel --user=root >/dev/null 2>&1; then
+    for _ in $(seq 100); do [ -z "$(squeue -h 2>/dev/null)" ] && break; sleep 0.1; done
+  fi
+  for f in "$dir"/*.daemon-pid; do
+    [ -e "$f" ] || continue
+    pid=$(cat "$f")
+    kill "$pid" 2>/dev/null || true
+    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "$pid" 2>/dev/null || true
+    rm -f "$f"
+  done
+  if grep -qF "$hosts_line" /etc/hosts 2>/dev/null; then
+    grep -vF "$hosts_line" /etc/hosts > "$dir/hosts.new" || true
+    cat "$dir/hosts.new" > /etc/hosts
+  fi
+  if [ -e "$dir/munged.started" ]; then
+    pid=$(cat /run/munge/munged.pid 2>/dev/null || true)
+    if [ -n "$pid" ]; then
+      kill "$pid" 2>/dev/null || true
+      for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    fi
+    rm -f "$dir/munged.started"
+  fi
+}
+
+demo() {
+  local build=${1:-build}
+  local erun=$build/src/runner/erun
+  local example="$build/examples/train_mlp --samples 4000 --epochs 2"
+  start
+  trap stop EXIT
+  export SLURM_CONF=$conf OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+  echo "== alone"
+  $example | tail -1
+  echo "== salloc -N2 -n4 erun (hosts from the allocation, workers through srun, elastic)"
+  salloc -N2 -n4 --immediate=30 "$erun" --slurm $example | tail -1
+  echo "== srun -N2 -n4 --mpi=pmix (static, bootstrapped from MPI)"
+  srun -N2 -n4 --mpi=pmix --immediate=30 $example | tail -1
+}
+
+case "${1:-}" in
+  start) start ;;
+  stop) stop ;;
+  env) echo "export SLURM_CONF=$conf" ;;
+  demo) shift; demo "$@" ;;
+  *) echo "usage: $0 start|stop|env|demo [BUILD_DIR]" >&2; exit 2 ;;
+esac

@@ -1,0 +1,236 @@
+#include "collectives/hierarchical.h"
+
+#include <cstring>
+#include <stdexcept>
+
+#include "collectives/gloo/gloo_communicator.h"
+#include "collectives/shm/shm_communicator.h"
+#include "collectives/shm/shm_reduce.h"
+#include "common/check.h"
+
+namespace erun {
+namespace {
+
+void put_u64(std::vector<char>& out, uint64_t v) {
+  const char* p = reinterpret_cast<const char*>(&v);
+  out.insert(out.end(), p, p + sizeof(v));
+}
+
+uint64_t get_u64(const std::vector<char>& in, size_t& pos) {
+  if (pos + sizeof(uint64_t) > in.size()) throw CommError("hierarchical: truncated gather record");
+  uint64_t v;
+  std::memcpy(&v, in.data() + pos, sizeof(v));
+  pos += sizeof(v);
+  return v;
+}
+
+template <typename T>
+void divide_typed(void* data, size_t count, int by) {
+  shm::divide(static_cast<T*>(data), count, by);
+}
+
+class HierCommunicator final : public Communicator {
+ public:
+  HierCommunicator(KvStore& store, const HierOptions& o) : o_(o) {
+    ERUN_CHECK(o.size >= 1 && o.rank >= 0 && o.rank < o.size);
+    ERUN_CHECK(o.local_size >= 1 && o.local_rank >= 0 && o.local_rank < o.local_size);
+    ShmOptions so;
+    so.rank = o.local_rank;
+    so.size = o.local_size;
+    so.timeout = o.timeout;
+    so.prefix = o.prefix + "/shm/" + o.hostname;
+    so.segment_tag = o.segment_tag.empty() ? o.prefix : o.segment_tag;
+    local_ = make_shm_communicator(store, so);
+    if (leader()) {
+      ERUN_CHECK(o.cross_size >= 1 && o.cross_rank >= 0 && o.cross_rank < o.cross_size);
+      GlooOptions go;
+      go.rank = o.cross_rank;
+      go.size = o.cross_size;
+      go.timeout = o.timeout;
+      go.hostname = o.hostname;
+      go.prefix = o.prefix + "/cross";
+      guarded([&] { cross_ = make_gloo_communicator(store, go); });
+    }
+    // Where every rank lives: its host's index and its local rank there.
+    guarded([&] {
+      int32_t lr = o.local_rank;
+      auto all = gather_all(&lr, sizeof(lr));
+      host_of_ = std::move(all.host_of);
+      local_of_.resize(o.size);
+      for (int r = 0; r < o.size; ++r) {
+        if (all.by_rank[r].size() != sizeof(int32_t)) throw CommError("hierarchical: rank " + std::to_string(r) + " is missing");
+        std::memcpy(&local_of_[r], all.by_rank[r].data(), sizeof(int32_t));
+      }
+    });
+  }
+
+  int rank() const override { return o_.rank; }
+  int size() const override { return o_.size; }
+
+  void allreduce(void* data, size_t count, DataType type, ReduceOp op) override {
+    if (type == DataType::kFloat16 || type == DataType::kBFloat16) {
+      throw std::invalid_argument(std::string("erun: CPU allreduce does not support ") + to_string(type) +
+                                  "; convert to float32 or use the NCCL communicator for GPU buffers");
+    }
+    const ReduceOp inner = op == ReduceOp::kAverage ? ReduceOp::kSum : op;
+    guarded([&] {
+      local_->allreduce(data, count, type, inner);
+      if (leader() && cross_->size() > 1) cross_->allreduce(data, count, type, inner);
+      local_->broadcast(data, count * data_type_size(type), 0);
+    });
+    if (op != ReduceOp::kAverage) return;
+    switch (type) {
+      case DataType::kFloat32: return divide_typed<float>(data, count, size());
+      case DataType::kFloat64: return divide_typed<double>(data, count, size());
+      case DataType::kInt32: return divide_typed<int32_t>(data, count, size());
+      case DataType::kInt64: return divide_typed<int64_t>(data, count, size());
+      case DataType::kUInt8: return divide_typed<uint8_t>(data, count, size());
+      default: ERUN_CHECK(false);
+    }
+  }
+
+  void broadcast(void* data, size_t bytes, int root) override {
+    ERUN_CHECK(root >= 0 && root < size());
+    const int root_host = host_of_[root];
+    const bool on_root_host = host_of_[rank()] == root_host;
+    guarded([&] {
+      if (on_root_host) local_->broadcast(data, bytes, local_of_[root]);
+      if (leader() && cross_->size() > 1) cross_->broadcast(data, bytes, root_host);
+      if (!on_root_host) local_->broadcast(data, bytes, 0);
+    });
+  }
+
+  void allgather(const void* in, void* out, size_t bytes) override {
+    guarded([&] {
+      auto all = gather_all(in, bytes);
+      for (int r = 0; r < size(); ++r) {
+        if (all.by_rank[r].size() != bytes) throw CommError("hierarchical allgather: rank " + std::to_string(r) + " gave a different size");
+        if (bytes) std::memcpy(static_cast<char*>(out) + r * bytes, all.by_rank[r].data(), bytes);
+      }
+    });
+  }
+
+  std::vector<std::vector<char>> allgatherv(const void* in, size_t bytes) override {
+    std::vector<std::vector<char>> result;
+    guarded([&] { result = std::move(gather_all(in, bytes).by_rank); });
+    return result;
+  }
+
+  void barrier() override {
+    guarded([&] {
+      local_->barrier();
+      if (leader() && cross_->size() > 1) cross_->barrier();
+      local_->barrier();
+    });
+  }
+
+  void abort() override {
+    local_->abort();
+    if (cross_) cross_->abort();
+  }
+
+ private:
+  struct Gathered {
+    std::vector<std::vector<char>> by_rank;
+    std::vector<int> host_of;
+  };
+
+  bool leader() const { return o_.local_rank == 0; }
+
+  // Every rank's bytes, by global rank: gathered on each host, exchanged among
+  // the leaders, broadcast back on each host.
+  Gathered gather_all(const void* in, size_t bytes) {
+    std::vector<char> mine;
+    put_u64(mine, static_cast<uint64_t>(rank()));
+    mine.insert(mine.end(), static_cast<const char*>(in), static_cast<const char*>(in) + bytes);
+    auto locals = local_->allgatherv(mine.data(), mine.size());
+    std::vector<char> all;
+    if (leader()) {
+      std::vector<char> host_block;
+      put_u64(host_block, locals.size());
+      for (auto& entry : locals) {
+        put_u64(host_block, entry.size());
+        host_block.insert(host_block.end(), entry.begin(), entry.end());
+      }
+      auto hosts = cross_->allgatherv(host_block.data(), host_block.size());
+      put_u64(all, hosts.size());
+      for (auto& h : hosts) all.insert(all.end(), h.begin(), h.end());
+    }
+    uint64_t total = all.size();
+    local_->broadcast(&total, sizeof(total), 0);
+    all.resize(total);
+    local_->broadcast(all.data(), total, 0);
+
+    Gathered g;
+    g.by_rank.resize(size());
+    g.host_of.assign(size(), -1);
+    size_t pos = 0;
+    const uint64_t n_hosts = get_u64(all, pos);
+    for (uint64_t h = 0; h < n_hosts; ++h) {
+      const uint64_t n_local = get_u64(all, pos);
+      for (uint64_t l = 0; l < n_local; ++l) {
+        const uint64_t len = get_u64(all, pos);
+        size_t start = pos;
+        const uint64_t r = get_u64(all, pos);
+        if (len < sizeof(uint64_t) || start + len > all.size() || r >= static_cast<uint64_t>(size())) {
+          throw CommError("hierarchical: malformed gather record (host " + std::to_string(h) + ")");
+        }
+        g.by_rank[r].assign(all.begin() + pos, all.begin() + start + len);
+        g.host_of[r] = static_cast<int>(h);
+        pos = start + len;
+      }
+    }
+    for (int r = 0; r < size(); ++r) {
+      if (g.host_of[r] < 0) {
+        throw CommError("hierarchical: rank " + std::to_string(r) +
+                        " is on no host; check local_rank/local_size/cross_rank of every rank");
+      }
+    }
+    return g;
+  }
+
+  // Runs one operation; on a CommError aborts both layers so that the ranks
+  // of this host (through the segment) and the other leaders (through their
+  // sockets) fail at once, and rethrows.
+  template <typename F>
+  void guarded(F&& body) {
+    try {
+      body();
+    } catch (const CommError&) {
+      abort();
+      throw;
+    }
+  }
+
+  const HierOptions o_;
+  std::unique_ptr<Communicator> local_;
+  std::unique_ptr<Communicator> cross_;
+  std::vector<int> host_of_;
+  std::vector<int32_t> local_of_;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_hierarchical_communicator(KvStore& store, const HierOptions& o) {
+  if (o.local_size == o.size) {
+    ShmOptions so;
+    so.rank = o.rank;
+    so.size = o.size;
+    so.timeout = o.timeout;
+    so.prefix = o.prefix + "/shm";
+    so.segment_tag = o.segment_tag.empty() ? o.prefix : o.segment_tag;
+    return make_shm_communicator(store, so);
+  }
+  if (o.local_size == 1 && o.cross_size == o.size) {
+    GlooOptions go;
+    go.rank = o.rank;
+    go.size = o.size;
+    go.timeout = o.timeout;
+    go.hostname = o.hostname;
+    go.prefix = o.prefix + "/gloo";
+    return make_gloo_communicator(store, go);
+  }
+  return std::make_unique<HierCommunicator>(store, o);
+}
+
+}  // namespace erun

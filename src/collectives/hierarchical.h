@@ -1,0 +1,43 @@
+// Hierarchical communicator: shared memory among the ranks of one host, Gloo
+// over TCP among the host leaders (local_rank 0), so that only one rank per
+// host touches the network. Construction is collective over all ranks (each
+// host's shm segment, then the leaders' Gloo mesh, both bounded by `timeout`).
+// Same contract as every Communicator: one operation at a time per rank,
+// abort() from any thread; a failure anywhere aborts both layers so that every
+// rank on every host gets a CommError promptly, not at its own timeout.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "common/clock.h"
+#include "erun/communicator.hpp"
+#include "rendezvous/kv_store.h"
+
+namespace erun {
+
+struct HierOptions {
+  int rank = 0;
+  int size = 1;
+  int local_rank = 0;
+  int local_size = 1;
+  // As Horovod defines them: for a host leader (local_rank 0), cross_rank is
+  // its host's index and cross_size the number of hosts.
+  int cross_rank = 0;
+  int cross_size = 1;
+  Duration timeout = std::chrono::seconds(30);
+  // Identifies this host (ranks with the same hostname share memory) and is
+  // the address its leader's Gloo pairs listen on.
+  std::string hostname = "127.0.0.1";
+  // Scopes the store keys (and names the shm segments), e.g. "gen3".
+  std::string prefix = "coll";
+  // Goes into shm segment names; empty: derived from `prefix`.
+  std::string segment_tag;
+};
+
+// One host (local_size == size): a plain shm communicator. One rank on every
+// host (local_size == 1 and cross_size == size): a plain Gloo communicator.
+// Otherwise shm within hosts + Gloo across leaders. Throws CommError.
+std::unique_ptr<Communicator> make_hierarchical_communicator(KvStore& store, const HierOptions& options);
+
+}  // namespace erun

@@ -1,0 +1,34 @@
+// Launchers that hand workers to the cluster's own tools.
+//  - make_srun_launcher(): one Slurm job step per worker inside the current
+//    allocation (`srun --overlap --nodes=1 --ntasks=1 --nodelist=HOST`), running
+//    the same supervisor script as local/SSH launch; its stdin control channel
+//    goes through srun's stdin to the single task. Used from the driver's
+//    thread; a worker whose srun dies is ended by Slurm (--kill-on-bad-exit)
+//    and by its supervisor seeing stdin EOF.
+//  - mpirun_command(): the argv erun execs for `--launcher mpirun` (a static
+//    job: no driver, no elasticity; mpirun owns the processes from then on).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "discovery/host_set.h"
+#include "runner/launcher.h"
+#include "runner/options.h"
+
+namespace erun {
+
+struct SrunOptions {
+  std::string srun = "srun";               // program, looked up in PATH
+  std::vector<std::string> extra_options;  // more srun flags, before the command
+};
+
+std::unique_ptr<Launcher> make_srun_launcher(SrunOptions options = {});
+
+// `mpirun --allow-run-as-root --oversubscribe -np N -H h:s,... -x NAME=VALUE... COMMAND`;
+// N is options.np, or every slot of `hosts` when it is 0. `env` holds NAME=VALUE words.
+std::vector<std::string> mpirun_command(const DriverOptions& options, const HostSet& hosts,
+                                        const std::vector<std::string>& env);
+
+}  // namespace erun

@@ -1,0 +1,217 @@
+// In-place elasticity end to end: examples/train_mlp (the worker library:
+// rendezvous, Gloo, State, ElasticSampler) under the real erun binary while
+// hosts grow, a worker is SIGKILLed, a host's slots change and hosts leave.
+// The run must end at exactly the model of an uninterrupted run (the example's
+// gradient sums are exact, so the checksum is bit-for-bit), with every sample
+// of every epoch processed exactly once, and leave no process behind. The
+// same over a real sshd, in restart mode with durable commits, and with
+// garbage and wrong-secret connections thrown at the running job's rendezvous.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <regex>
+
+#include "support/erun_process.h"
+#include "support/process_utils.h"
+#include "support/sshd.h"
+
+namespace erun::testing {
+namespace {
+
+using namespace std::chrono_literals;
+
+const std::vector<std::string> kTrainArgs = {"--samples", "8000", "--epochs", "10", "--batch", "256",
+                                             "--commit-every", "5", "--step-ms", "40"};
+
+std::string checksum_of(const std::string& out) {
+  std::smatch m;
+  std::regex re("final accuracy=[0-9.]+ loss=[0-9.]+ checksum=([0-9a-f]+)");
+  return std::regex_search(out, m, re) ? m[1].str() : "";
+}
+
+size_t count_events(const std::string& path, const std::string& event) {
+  std::ifstream in(path);
+  std::string line;
+  size_t n = 0;
+  while (std::getline(in, line)) n += line.find("\"event\":\"" + event + "\"") != std::string::npos;
+  return n;
+}
+
+std::string environ_of(pid_t pid) {
+  std::string s = read_file("/proc/" + std::to_string(pid) + "/environ");
+  std::replace(s.begin(), s.end(), '\0', '\n');
+  return "\n" + s;
+}
+
+class ErunElastic : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    // The reference: the same training, uninterrupted, in one process.
+    SpawnOptions o;
+    o.argv = {build_path("examples/train_mlp")};
+    o.argv.insert(o.argv.end(), kTrainArgs.begin(), kTrainArgs.end());
+    o.argv.push_back("--step-ms");
+    o.argv.push_back("0");
+    auto p = Subprocess::spawn(o);
+    ASSERT_TRUE(p) << p.message();
+    std::string out;
+    read_all_until(p->stdout_fd(), out, std::chrono::steady_clock::now() + 120s);
+    p->wait_for(30s);
+    reference_ = new std::string(checksum_of(out));
+    ASSERT_FALSE(reference_->empty()) << out;
+  }
+  static void TearDownTestSuite() {
+    delete reference_;
+    reference_ = nullptr;
+  }
+  void SetUp() override {
+    ASSERT_TRUE(reference_ && !reference_->empty());
+    program_ = build_path("examples/train_mlp");
+    dir_.write("discover.sh", "#!/bin/sh\ncat " + dir_.file("hosts") + "\n", true);
+  }
+  std::vector<std::string> erun_args(std::vector<std::string> extra) {
+    std::vector<std::string> a = {"--host-discovery-script", dir_.file("discover.sh"), "--discovery-interval", "0.2",
+                                  "--event-log", dir_.file("events.jsonl"), "--term-grace", "2"};
+    a.insert(a.end(), extra.begin(), extra.end());
+    a.push_back(program_);
+    a.insert(a.end(), kTrainArgs.begin(), kTrainArgs.end());
+    return a;
+  }
+  bool wait_events(const std::string& event, size_t n, Duration timeout) {
+    auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (count_events(dir_.file("events.jsonl"), event) >= n) return true;
+      std::this_thread::sleep_for(20ms);
+    }
+    return false;
+  }
+  // train_mlp processes themselves (argv[0] is the binary), optionally on one "host".
+  std::vector<pid_t> workers(const std::string& host = "") {
+    std::vector<pid_t> out;
+    for (pid_t pid : pids_with_cmdline(program_)) {
+      if (read_file("/proc/" + std::to_string(pid) + "/cmdline").rfind(program_ + std::string(1, '\0'), 0) != 0) {
+        continue;
+      }
+      if (host.empty() || environ_of(pid).find("\nERUN_HOSTNAME=" + host + "\n") != std::string::npos) {
+        out.push_back(pid);
+      }
+    }
+    return out;
+  }
+  void expect_trained_exactly(ErunProcess& p) {
+    auto s = p.wait(300s);
+    ASSERT_TRUE(s) << "erun did not finish\n" << p.out() << p.err();
+    EXPECT_EQ(s->shell_code(), 0) << p.err();
+    EXPECT_EQ(checksum_of(p.out()), *reference_) << p.out();
+    EXPECT_EQ(p.count("exactly-once=yes"), 10u) << p.out();
+    EXPECT_EQ(p.count("exactly-once=NO"), 0u) << p.out();
+    std::vector<pid_t> left;
+    EXPECT_TRUE(wait_no_process(program_, 20s, &left)) << describe_pids(left);
+  }
+
+  static std::string* reference_;
+  std::string program_;
+  TempDir dir_;
+};
+std::string* ErunElastic::reference_ = nullptr;
+
+TEST_F(ErunElastic, InPlaceGrowKillSlotChangeShrinkEndsAtTheUninterruptedModel) {
+  dir_.write("hosts", "node-a:2\n");
+  ErunProcess p(erun_args({"-np", "2", "--min-np", "1", "--max-np", "4", "--launcher", "local", "--blacklist-after", "5"}));
+  ASSERT_TRUE(wait_events("generation_joined", 1, 60s)) << p.err();
+
+  dir_.write("hosts", "node-a:2\nnode-b:2\n");  // grow to 4
+  ASSERT_TRUE(wait_events("generation_joined", 2, 60s)) << p.err();
+
+  auto victims = workers("node-b");
+  ASSERT_FALSE(victims.empty());
+  ::kill(victims.front(), SIGKILL);  // recover in place, the slot is relaunched
+  ASSERT_TRUE(wait_events("generation_joined", 3, 60s)) << p.err();
+
+  dir_.write("hosts", "node-a:2\nnode-b:1\n");  // slots change: 3 ranks
+  ASSERT_TRUE(wait_events("generation_joined", 4, 60s)) << p.err();
+
+  dir_.write("hosts", "node-b:1\n");  // node-a leaves, rank 0 with it
+  ASSERT_TRUE(wait_events("generation_joined", 5, 60s)) << p.err();
+
+  expect_trained_exactly(p);
+  EXPECT_EQ(p.err().find("restarting all workers"), std::string::npos) << p.err();
+  EXPECT_NE(p.err().find("recovering in place"), std::string::npos) << p.err();
+  EXPECT_NE(p.out().find("world size 2 -> 4"), std::string::npos) << p.out();
+  EXPECT_NE(p.out().find("world size 3 -> 1"), std::string::npos) << p.out();
+}
+
+TEST_F(ErunElastic, RestartModeWithDurableCommitsResumesAtTheLastCommit) {
+  dir_.write("hosts", "localhost:2\n");
+  ErunProcess p(erun_args({"-np", "2", "--mode", "restart", "--checkpoint-dir", dir_.path()}));
+  ASSERT_TRUE(wait_events("generation_started", 1, 60s)) << p.err();
+  ASSERT_TRUE(p.wait_output("epoch 2 ", 120s)) << p.out() << p.err();
+  auto victims = workers();
+  ASSERT_FALSE(victims.empty());
+  ::kill(victims.back(), SIGKILL);
+  ASSERT_TRUE(wait_events("generation_started", 2, 60s)) << p.err();
+  expect_trained_exactly(p);
+  EXPECT_NE(p.err().find("restarting all workers"), std::string::npos) << p.err();
+}
+
+TEST_F(ErunElastic, HostileConnectionsToTheRendezvousAreRefusedWhileTheJobRuns) {
+  dir_.write("hosts", "localhost:2\n");
+  ErunProcess p(erun_args({"-np", "2"}));
+  ASSERT_TRUE(wait_events("generation_joined", 1, 60s)) << p.err();
+  auto ws = workers();
+  ASSERT_FALSE(ws.empty());
+  std::smatch m;
+  std::string env = environ_of(ws.front());
+  ASSERT_TRUE(std::regex_search(env, m, std::regex("\nERUN_RDZV_PORT=([0-9]+)\n")));
+  int port = std::stoi(m[1].str());
+
+  auto send_and_close = [&](const std::string& bytes) {
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    ::inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    (void)!::write(fd, bytes.data(), bytes.size());
+    std::this_thread::sleep_for(100ms);
+    ::close(fd);
+  };
+  send_and_close("GET / HTTP/1.1\r\nHost: x\r\n\r\n");
+  send_and_close(std::string(1 << 16, '\xff'));
+  std::string huge_header(64, '\0');
+  huge_header.replace(0, 4, "\x52\x55\x52\x45");
+  send_and_close(huge_header);
+  send_and_close("");
+
+  expect_trained_exactly(p);
+  EXPECT_GE(p.count("rendezvous: dropped connection"), 3u) << p.err();
+  EXPECT_EQ(count_events(dir_.file("events.jsonl"), "generation_started"), 1u);
+}
+
+TEST_F(ErunElastic, InPlaceOverSshWithAKilledHostAndAShrink) {
+  std::unique_ptr<SshServer> server = SshServer::start();
+  ERUN_REQUIRE_SSHD(server);
+  dir_.write("hosts", "127.0.0.2:1\n127.0.0.3:1\n127.0.0.4:1\n");
+  ErunProcess p(erun_args({"-np", "3", "--min-np", "1", "--ssh-port", std::to_string(server->port()),
+                           "--ssh-identity-file", server->identity_file(), "--blacklist-after", "1",
+                           "--blacklist-cooldown-range", "600", "600"}));
+  ASSERT_TRUE(wait_events("generation_joined", 1, 60s)) << p.err();
+  // Every worker of 127.0.0.3 dies: with --blacklist-after 1 the host is
+  // blacklisted and the job goes on in place without it.
+  auto victims = workers("127.0.0.3");
+  ASSERT_FALSE(victims.empty());
+  for (pid_t v : victims) ::kill(v, SIGKILL);
+  ASSERT_TRUE(wait_events("generation_joined", 2, 60s)) << p.err();
+  EXPECT_NE(p.err().find("127.0.0.3 blacklisted"), std::string::npos) << p.err();
+  dir_.write("hosts", "127.0.0.2:1\n127.0.0.3:1\n");  // .4 leaves
+  ASSERT_TRUE(wait_events("generation_joined", 3, 60s)) << p.err();
+  expect_trained_exactly(p);
+}
+
+}  // namespace
+}  // namespace erun::testing

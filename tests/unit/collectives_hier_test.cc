@@ -1,0 +1,213 @@
+// Hierarchical communicator with ranks as threads over a MemoryKvStore,
+// pretending to be several hosts (distinct loopback hostnames, local ranks
+// given explicitly, ranks interleaved across hosts): every operation against a
+// serial reference; the one-host and one-rank-per-host shortcuts; an uneven
+// layout; an abort on one host fails the ranks of the other host promptly.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+#include "collectives/hierarchical.h"
+#include "rendezvous/memory_store.h"
+
+namespace erun {
+namespace {
+
+using namespace std::chrono_literals;
+
+struct Place {
+  int host;
+  int local_rank;
+};
+
+// Options for every rank from where each rank lives, with local/cross ranks
+// as Horovod defines them.
+std::vector<HierOptions> layout(const std::vector<Place>& places, Duration timeout = 60s) {
+  const int size = static_cast<int>(places.size());
+  std::vector<HierOptions> out(size);
+  for (int r = 0; r < size; ++r) {
+    HierOptions& o = out[r];
+    o.rank = r;
+    o.size = size;
+    o.local_rank = places[r].local_rank;
+    o.local_size = 0;
+    o.cross_rank = 0;
+    o.cross_size = 0;
+    for (int q = 0; q < size; ++q) {
+      if (places[q].host == places[r].host) o.local_size++;
+      if (places[q].local_rank == places[r].local_rank) {
+        if (places[q].host < places[r].host) o.cross_rank++;
+        o.cross_size++;
+      }
+    }
+    o.timeout = timeout;
+    o.hostname = "127.0.0." + std::to_string(places[r].host + 1);
+    o.prefix = "hier";
+    o.segment_tag = "hiertest" + std::to_string(::getpid());
+  }
+  return out;
+}
+
+std::string run_ranks(const std::vector<HierOptions>& opts, const std::function<std::string(int, Communicator&)>& fn) {
+  MemoryKvStore store;
+  std::vector<std::thread> threads;
+  std::mutex mu;
+  std::string errors;
+  for (size_t r = 0; r < opts.size(); ++r) {
+    threads.emplace_back([&, r] {
+      std::string err;
+      try {
+        auto comm = make_hierarchical_communicator(store, opts[r]);
+        if (comm->rank() != static_cast<int>(r) || comm->size() != static_cast<int>(opts.size())) err = "wrong rank/size";
+        if (err.empty()) err = fn(static_cast<int>(r), *comm);
+        if (!err.empty()) comm->abort();  // the others fail now instead of at their timeout
+      } catch (const std::exception& e) {
+        err = e.what();
+      }
+      if (!err.empty()) {
+        std::lock_guard<std::mutex> lock(mu);
+        errors += "rank " + std::to_string(r) + ": " + err + "\n";
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
+template <typename T>
+T input(int rank, size_t i) {
+  if constexpr (std::is_floating_point_v<T>) {
+    return static_cast<T>(0.5 * static_cast<double>((rank * 7 + i) % 5 + 1)) * ((i + rank) % 3 == 0 ? -1 : 1);
+  } else if constexpr (std::is_signed_v<T>) {
+    return static_cast<T>(static_cast<int>((rank * 7 + i) % 11) - 5);
+  } else {
+    return static_cast<T>((rank * 37 + i * 13) % 251);
+  }
+}
+
+template <typename T>
+T combine(T a, T b, ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAverage: return static_cast<T>(a + b);
+    case ReduceOp::kProduct: return static_cast<T>(a * b);
+    case ReduceOp::kMin: return std::min(a, b);
+    case ReduceOp::kMax: return std::max(a, b);
+  }
+  return a;
+}
+
+template <typename T>
+T reference(int size, size_t i, ReduceOp op) {
+  T acc = input<T>(0, i);
+  for (int r = 1; r < size; ++r) acc = combine(acc, input<T>(r, i), op);
+  if (op == ReduceOp::kAverage) acc = static_cast<T>(acc / static_cast<T>(size));
+  return acc;
+}
+
+const ReduceOp kOps[] = {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kProduct};
+
+template <typename T>
+std::string check_allreduce(int rank, Communicator& comm) {
+  for (ReduceOp op : kOps) {
+    for (size_t n : {size_t{0}, size_t{1}, size_t{7}, size_t{1000}, size_t{100003}}) {
+      std::vector<T> v(n);
+      for (size_t i = 0; i < n; ++i) v[i] = input<T>(rank, i);
+      comm.allreduce(v.data(), n, data_type_of<T>(), op);
+      for (size_t i = 0; i < n; ++i) {
+        if (v[i] != reference<T>(comm.size(), i, op)) {
+          return std::string(to_string(data_type_of<T>())) + " " + to_string(op) + " n=" + std::to_string(n) +
+                 " wrong at " + std::to_string(i);
+        }
+      }
+    }
+  }
+  return "";
+}
+
+std::string check_everything(int rank, Communicator& comm) {
+  std::string e = check_allreduce<float>(rank, comm);
+  if (e.empty()) e = check_allreduce<double>(rank, comm);
+  if (e.empty()) e = check_allreduce<int32_t>(rank, comm);
+  if (e.empty()) e = check_allreduce<int64_t>(rank, comm);
+  if (e.empty()) e = check_allreduce<uint8_t>(rank, comm);
+  if (!e.empty()) return e;
+  const int n = comm.size();
+  for (int root = 0; root < n; ++root) {
+    for (size_t len : {size_t{0}, size_t{5}, size_t{300000}}) {
+      std::vector<char> buf(len, static_cast<char>(rank == root ? root + 1 : 0));
+      comm.broadcast(buf.data(), len, root);
+      for (char c : buf) {
+        if (c != static_cast<char>(root + 1)) return "broadcast from root " + std::to_string(root) + " wrong";
+      }
+    }
+  }
+  for (size_t len : {size_t{0}, size_t{3}, size_t{100000}}) {
+    std::vector<char> in(len, static_cast<char>(rank * 3 + 1)), out(len * n);
+    comm.allgather(in.data(), out.data(), len);
+    for (size_t i = 0; i < out.size(); ++i) {
+      if (out[i] != static_cast<char>((i / len) * 3 + 1)) return "allgather wrong at " + std::to_string(i);
+    }
+  }
+  std::vector<char> mine(rank * 1000 + (rank % 2) * 70000, static_cast<char>(rank));
+  auto all = comm.allgatherv(mine.data(), mine.size());
+  if (all.size() != static_cast<size_t>(n)) return "allgatherv: wrong number of ranks";
+  for (int r = 0; r < n; ++r) {
+    if (all[r] != std::vector<char>(r * 1000 + (r % 2) * 70000, static_cast<char>(r))) {
+      return "allgatherv wrong for rank " + std::to_string(r);
+    }
+  }
+  for (int i = 0; i < 5; ++i) comm.barrier();
+  return "";
+}
+
+TEST(Hierarchical, TwoHostsOfTwoWithInterleavedRanks) {
+  // Host 0 holds ranks 0 and 2, host 1 ranks 1 and 3; rank 3 is host 1's leader.
+  auto opts = layout({{0, 0}, {1, 1}, {0, 1}, {1, 0}});
+  EXPECT_EQ(run_ranks(opts, check_everything), "");
+}
+
+TEST(Hierarchical, UnevenHostsIncludingAHostWithOneRank) {
+  auto opts = layout({{0, 0}, {0, 1}, {1, 0}, {0, 2}, {2, 0}, {2, 1}});
+  EXPECT_EQ(run_ranks(opts, check_everything), "");
+}
+
+TEST(Hierarchical, OneHostIsPureSharedMemory) {
+  auto opts = layout({{0, 0}, {0, 1}, {0, 2}});
+  EXPECT_EQ(run_ranks(opts, check_everything), "");
+}
+
+TEST(Hierarchical, OneRankPerHostIsPureGloo) {
+  auto opts = layout({{0, 0}, {1, 0}, {2, 0}});
+  EXPECT_EQ(run_ranks(opts, check_everything), "");
+}
+
+TEST(Hierarchical, AbortOnOneHostFailsEveryRankOnEveryHost) {
+  auto opts = layout({{0, 0}, {0, 1}, {1, 0}, {1, 1}}, 60s);
+  std::atomic<int> failed{0};
+  auto start = std::chrono::steady_clock::now();
+  std::string errors = run_ranks(opts, [&](int rank, Communicator& comm) -> std::string {
+    comm.barrier();
+    if (rank == 3) {
+      comm.abort();
+      return "";
+    }
+    try {
+      comm.barrier();
+    } catch (const CommError&) {
+      failed++;
+      return "";
+    }
+    return "barrier succeeded although rank 3 aborted";
+  });
+  EXPECT_EQ(errors, "");
+  EXPECT_EQ(failed.load(), 3);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 20s);  // not the 60 s timeout
+}
+
+}  // namespace
+}  // namespace erun
