@@ -187,6 +187,13 @@ def write(r, root):
         if k in m:
             d.p(f"| {label} | {m[k]} |")
     d.p()
+    d.p("**Load.** The machine is a 2-core VM shared with other jobs while this ran (see the load average "
+        "above); every launcher and library met the same load in the same run, but programs that busy-poll "
+        "(Open MPI's shared-memory transport) lose most on an oversubscribed machine, and small-message "
+        "latencies and the control-plane times move by 2–10× between quiet and busy minutes. On a quiet "
+        "moment of this machine Open MPI reached 3.25 GB/s busbw at 1 MiB (2 ranks) and 4.8 µs at 4 KiB; "
+        "rerun `bash bench/run.sh --only allreduce` on an idle machine before quoting absolute numbers.")
+    d.p()
     d.p("## Headline")
     d.p()
     d.p("| measure | erun | peer | ratio (peer / erun; > 1: erun faster) |")

@@ -72,7 +72,7 @@ struct State::Impl {
                                   "every worker must register the same entries",
                                   source, entries[i].name));
         }
-        ERUN_LOG_WARN("erun: {} has no entry '{}'; it keeps its current value", source,
+        ERUN_LOG_WARN("{} has no entry '{}'; it keeps its current value", source,
                       entries[i].name);
       }
     }
@@ -253,13 +253,13 @@ void State::set_checkpoint_dir(const std::string& dir) {
   }
   bytes = {};
   if (snap.commit_id <= impl_->commit_id) {
-    ERUN_LOG_INFO("erun: {} holds commit {}, not newer than this worker's commit {}; ignored",
+    ERUN_LOG_INFO("{} holds commit {}, not newer than this worker's commit {}; ignored",
                   source, snap.commit_id, impl_->commit_id);
     return;
   }
   uint64_t id = snap.commit_id;
   impl_->apply(std::move(snap), source, /*allow_missing=*/true);
-  ERUN_LOG_INFO("erun: resumed from commit {} in {}", id, path);
+  ERUN_LOG_INFO("resumed from commit {} in {}", id, path);
 }
 
 void State::on_reset(std::function<void(int, int)> callback) {
@@ -276,16 +276,16 @@ int rejoin(State& state, bool comm_error, const char* what) {
   Context& ctx = state.context();
   const WorkerInfo before = ctx.info();
   if (comm_error) {
-    ERUN_LOG_WARN("erun: {}: {}; restoring commit {} and re-joining",
+    ERUN_LOG_WARN("{}: {}; restoring commit {} and re-joining",
                   who(before.generation, before.host, before.rank), what, state.commit_id());
     state.restore();
   } else {
-    ERUN_LOG_INFO("erun: {}: hosts updated at commit {}; re-joining",
+    ERUN_LOG_INFO("{}: hosts updated at commit {}; re-joining",
                   who(before.generation, before.host, before.rank), state.commit_id());
   }
   ctx.rejoin(state.commit_id());
   const WorkerInfo& after = ctx.info();
-  ERUN_LOG_INFO("erun: {}: joined as rank {} of {} (was rank {} of {})",
+  ERUN_LOG_INFO("{}: joined as rank {} of {} (was rank {} of {})",
                 who(after.generation, after.host, after.rank), after.rank, after.size,
                 before.rank, before.size);
   return before.size;
