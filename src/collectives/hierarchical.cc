@@ -47,7 +47,9 @@ class HierCommunicator final : public Communicator {
       go.rank = o.cross_rank;
       go.size = o.cross_size;
       go.timeout = o.timeout;
-      go.hostname = o.hostname;
+      go.connect_timeout = o.connect_timeout;
+      go.store_timeout = o.connect_timeout;
+      go.hostname = o.address.empty() ? o.hostname : o.address;
       go.prefix = o.prefix + "/cross";
       guarded([&] { cross_ = make_gloo_communicator(store, go); });
     }
@@ -226,7 +228,9 @@ std::unique_ptr<Communicator> make_hierarchical_communicator(KvStore& store, con
     go.rank = o.rank;
     go.size = o.size;
     go.timeout = o.timeout;
-    go.hostname = o.hostname;
+    go.connect_timeout = o.connect_timeout;
+    go.store_timeout = o.connect_timeout;
+    go.hostname = o.address.empty() ? o.hostname : o.address;
     go.prefix = o.prefix + "/gloo";
     return make_gloo_communicator(store, go);
   }

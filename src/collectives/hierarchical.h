@@ -27,8 +27,13 @@ struct HierOptions {
   int cross_size = 1;
   Duration timeout = std::chrono::seconds(30);
   // Identifies this host (ranks with the same hostname share memory) and is
-  // the address its leader's Gloo pairs listen on.
+  // the address its leader's Gloo pairs listen on unless `address` is set.
   std::string hostname = "127.0.0.1";
+  // The address peers reach this host's leader at; empty: `hostname`.
+  std::string address;
+  // Gloo's pair connect (stretched 5x for a first connection) and store
+  // waits while the mesh forms; 0: `timeout`.
+  Duration connect_timeout{0};
   // Scopes the store keys (and names the shm segments), e.g. "gen3".
   std::string prefix = "coll";
   // Goes into shm segment names; empty: derived from `prefix`.

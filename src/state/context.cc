@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "collectives/gloo/gloo_communicator.h"
+#include "collectives/hierarchical.h"
 #include "common/log.h"
 #include "common/strings.h"
 #include "erun/erun.hpp"
@@ -172,16 +173,22 @@ class ElasticContext final : public Context {
         } else {
           store.get("go", remaining());
         }
-        GlooOptions g;
-        g.rank = r->rank;
-        g.size = r->size;
-        g.timeout = o_.collective_timeout;
+        // Shared memory among the ranks of a host, Gloo among the hosts.
+        HierOptions h;
+        h.rank = r->rank;
+        h.size = r->size;
+        h.local_rank = r->local_rank;
+        h.local_size = r->local_size;
+        h.cross_rank = r->cross_rank;
+        h.cross_size = r->cross_size;
+        h.timeout = o_.collective_timeout;
         // Gloo waits 5x this for a pair's first connection.
-        g.connect_timeout = std::min<Duration>(o_.collective_timeout, std::chrono::seconds(2));
-        g.store_timeout = g.connect_timeout;
-        g.hostname = o_.advertise;
-        g.prefix = "gloo";
-        comm_ = make_gloo_communicator(store, g);
+        h.connect_timeout = std::min<Duration>(o_.collective_timeout, std::chrono::seconds(2));
+        h.hostname = o_.host;
+        h.address = o_.advertise;
+        h.prefix = "coll";
+        h.segment_tag = fmt::format("{}-g{}", o_.job_id, gen);
+        comm_ = make_hierarchical_communicator(store, h);
         ERUN_LOG_DEBUG("{}: joined with size {} in {:.3f} s", who(gen, o_.host, r->rank), r->size,
                        seconds(std::chrono::steady_clock::now() - t0));
         return;
