@@ -58,7 +58,7 @@ if [[ $smoke == 0 || ! -f "$build_dir/build.ninja" ]]; then
   cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 fi
 known=$(ninja -C "$build_dir" -t targets all 2>/dev/null | cut -d: -f1)
-for t in mpi_startup shm_allreduce_bench mpi_allreduce_bench; do
+for t in mpi_startup shm_allreduce_bench ompi_allreduce_bench; do
   grep -qx "bench/$t\|$t" <<<"$known" && targets+=("$t")
 done
 say "building ${targets[*]} in $build_dir"

@@ -10,6 +10,7 @@ packages=(
   libgloo-dev libopenmpi-dev openmpi-bin
   libssl-dev openssh-client openssh-server
   procps psmisc iproute2 python3
+  slurmctld slurmd slurm-client munge   # the real two-node Slurm of tests/integration/slurm_test.cc
 )
 
 missing=()
