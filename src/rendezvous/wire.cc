@@ -126,7 +126,7 @@ std::string encode_frame(Type type, uint64_t job_hash, int64_t generation, uint3
   h.length = static_cast<uint32_t>(payload.size());
   std::string out(kHeaderBytes + payload.size(), '\0');
   encode_header(h, out.data());
-  std::memcpy(out.data() + kHeaderBytes, payload.data(), payload.size());
+  if (!payload.empty()) std::memcpy(out.data() + kHeaderBytes, payload.data(), payload.size());
   return out;
 }
 
