@@ -291,7 +291,8 @@ void DiscoveryLoop::apply(const Result<HostSet>& r) {
     snap_.last_error = r.message();
     ++snap_.failures_in_a_row;
     if (warned_.size() >= 64) warned_.clear();
-    if (warned_.insert(r.message()).second) {
+    // The first discovery's failure is the caller's to report (it fails the start).
+    if (have_good_ && warned_.insert(r.message()).second) {
       ERUN_LOG_WARN("host discovery ({}) failed, keeping the previous hosts ({}): {}",
                     discovery_.describe(),
                     snap_.hosts.empty() ? std::string("none") : snap_.hosts.to_string(),
