@@ -183,7 +183,10 @@ class ElasticContext final : public Context {
         h.cross_size = r->cross_size;
         h.timeout = o_.collective_timeout;
         // Gloo waits 5x this for a pair's first connection.
-        h.connect_timeout = std::min<Duration>(o_.collective_timeout, std::chrono::seconds(2));
+        // A peer dying while the mesh connects costs 5x this (Gloo's first
+        // connect) before the next generation can form; the pairs of ranks that
+        // just passed the barrier together connect in milliseconds.
+        h.connect_timeout = std::min<Duration>(o_.collective_timeout, std::chrono::seconds(1));
         h.hostname = o_.host;
         h.address = o_.advertise;
         h.prefix = "coll";

@@ -193,23 +193,28 @@ TEST_F(ErunElastic, HostileConnectionsToTheRendezvousAreRefusedWhileTheJobRuns) 
   EXPECT_EQ(count_events(dir_.file("events.jsonl"), "generation_started"), 1u);
 }
 
-TEST_F(ErunElastic, InPlaceOverSshWithAKilledHostAndAShrink) {
+TEST_F(ErunElastic, InPlaceOverSshGrowSlotChangeKilledHostAndShrink) {
   std::unique_ptr<SshServer> server = SshServer::start();
   ERUN_REQUIRE_SSHD(server);
-  dir_.write("hosts", "127.0.0.2:1\n127.0.0.3:1\n127.0.0.4:1\n");
-  ErunProcess p(erun_args({"-np", "3", "--min-np", "1", "--ssh-port", std::to_string(server->port()),
-                           "--ssh-identity-file", server->identity_file(), "--blacklist-after", "1",
-                           "--blacklist-cooldown-range", "600", "600"}));
-  ASSERT_TRUE(wait_events("generation_joined", 1, 60s)) << p.err();
+  dir_.write("hosts", "127.0.0.2:1\n127.0.0.3:1\n");
+  ErunProcess p(erun_args({"-np", "2", "--min-np", "1", "--max-np", "4", "--ssh-port",
+                           std::to_string(server->port()), "--ssh-identity-file", server->identity_file(),
+                           "--blacklist-after", "1", "--blacklist-cooldown-range", "600", "600"}));
+  ASSERT_TRUE(p.wait_output("epoch 0 ", 60s)) << p.out() << p.err();
+  // Each step waits for the survivors' reset line: the generation has formed.
+  dir_.write("hosts", "127.0.0.2:1\n127.0.0.3:1\n127.0.0.4:1\n");  // a host appears
+  ASSERT_TRUE(p.wait_output("world size 2 -> 3", 60s)) << p.out() << p.err();
+  dir_.write("hosts", "127.0.0.2:1\n127.0.0.3:1\n127.0.0.4:2\n");  // its slots change
+  ASSERT_TRUE(p.wait_output("world size 3 -> 4", 60s)) << p.out() << p.err();
   // Every worker of 127.0.0.3 dies: with --blacklist-after 1 the host is
   // blacklisted and the job goes on in place without it.
   auto victims = workers("127.0.0.3");
   ASSERT_FALSE(victims.empty());
   for (pid_t v : victims) ::kill(v, SIGKILL);
-  ASSERT_TRUE(wait_events("generation_joined", 2, 60s)) << p.err();
+  ASSERT_TRUE(p.wait_output("world size 4 -> 3", 60s)) << p.out() << p.err();
   EXPECT_NE(p.err().find("127.0.0.3 blacklisted"), std::string::npos) << p.err();
   dir_.write("hosts", "127.0.0.2:1\n127.0.0.3:1\n");  // .4 leaves
-  ASSERT_TRUE(wait_events("generation_joined", 3, 60s)) << p.err();
+  ASSERT_TRUE(p.wait_output("world size 3 -> 1", 60s)) << p.out() << p.err();
   expect_trained_exactly(p);
 }
 
