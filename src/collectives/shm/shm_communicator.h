@@ -31,6 +31,7 @@ struct ShmOptions {
   std::string segment_tag = "erun";
   // Per-rank staging buffer of the pipelined paths: memory use is bounded by
   // about (size + 1) * step_bytes + 2 * size * small_bytes whatever the message.
+  // Allreduces up to step_bytes / 2 per rank take a one-synchronisation path.
   size_t step_bytes = size_t{1} << 20;
   // Messages up to this many bytes per rank take the one-synchronisation path.
   size_t small_bytes = size_t{32} << 10;

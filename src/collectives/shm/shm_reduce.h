@@ -61,6 +61,28 @@ void combine(T* out, const T* a, const T* b, size_t n) {
   for (; i < n; ++i) out[i] = apply<T, OP>(a[i], b[i]);
 }
 
+// out[i] = copy[i] = a[i] OP b[i]; out may be a, copy may be a or b (same
+// index), nothing else may overlap.
+template <typename T, ReduceOp OP>
+void combine2(T* out, T* copy, const T* a, const T* b, size_t n) {
+  constexpr size_t kBlock = 16;
+  size_t i = 0;
+  for (; i + kBlock <= n; i += kBlock) {
+    T* o = out + i;
+    T* c = copy + i;
+    const T* x = a + i;
+    const T* y = b + i;
+    T t[kBlock];
+#pragma GCC ivdep
+    for (size_t j = 0; j < kBlock; ++j) t[j] = apply<T, OP>(x[j], y[j]);
+#pragma GCC ivdep
+    for (size_t j = 0; j < kBlock; ++j) o[j] = t[j];
+#pragma GCC ivdep
+    for (size_t j = 0; j < kBlock; ++j) c[j] = t[j];
+  }
+  for (; i < n; ++i) out[i] = copy[i] = apply<T, OP>(a[i], b[i]);
+}
+
 // Integer division truncates toward zero, as the Gloo communicator does.
 template <typename T>
 void divide(T* data, size_t n, int by) {
@@ -84,6 +106,16 @@ void reduce_all(T* out, const T* const* in, size_t k, size_t n) {
     combine<T, OP>(out, in[0], in[1], n);
     for (size_t r = 2; r < k; ++r) combine<T, OP>(out, out, in[r], n);
   }
+}
+
+// As reduce_all, writing the result to `out` and to `copy` in the same pass;
+// k >= 2; `copy` may be one of the inputs (same index), `out` none of them.
+template <typename T, ReduceOp OP>
+void reduce_all2(T* out, T* copy, const T* const* in, size_t k, size_t n) {
+  if (k == 2) return combine2<T, OP>(out, copy, in[0], in[1], n);
+  combine<T, OP>(out, in[0], in[1], n);
+  for (size_t r = 2; r + 1 < k; ++r) combine<T, OP>(out, out, in[r], n);
+  combine2<T, OP>(out, copy, out, in[k - 1], n);
 }
 
 }  // namespace erun::shm
