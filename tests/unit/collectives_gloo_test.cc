@@ -12,6 +12,7 @@
 #include <numeric>
 #include <thread>
 
+#include "support/collective_reference.h"
 #include "collectives/gloo/gloo_communicator.h"
 #include "rendezvous/memory_store.h"
 
@@ -19,6 +20,9 @@ namespace erun {
 namespace {
 
 using namespace std::chrono_literals;
+using testing::combine;
+using testing::input;
+using testing::reference;
 
 GlooOptions options(int rank, int size, Duration timeout = 60s, std::string prefix = "t") {
   GlooOptions o;
@@ -53,38 +57,6 @@ void run_ranks(int size, const std::function<void(int, Communicator&)>& fn, Dura
   if (first) std::rethrow_exception(first);
 }
 
-// Rank r's input element i: small values, so sums and products are exact in
-// every type and reduction order does not matter.
-template <typename T>
-T input(int rank, size_t i) {
-  if constexpr (std::is_floating_point_v<T>) {
-    return static_cast<T>(0.5 * static_cast<double>((rank * 7 + i) % 5 + 1)) * ((i + rank) % 3 == 0 ? -1 : 1);
-  } else if constexpr (std::is_signed_v<T>) {
-    return static_cast<T>(static_cast<int>((rank * 7 + i) % 11) - 5);
-  } else {
-    return static_cast<T>((rank * 37 + i * 13) % 251);
-  }
-}
-
-template <typename T>
-T combine(T a, T b, ReduceOp op) {
-  switch (op) {
-    case ReduceOp::kSum:
-    case ReduceOp::kAverage: return static_cast<T>(a + b);
-    case ReduceOp::kProduct: return static_cast<T>(a * b);
-    case ReduceOp::kMin: return std::min(a, b);
-    case ReduceOp::kMax: return std::max(a, b);
-  }
-  return a;
-}
-
-template <typename T>
-T reference(int size, size_t i, ReduceOp op) {
-  T acc = input<T>(0, i);
-  for (int r = 1; r < size; ++r) acc = combine(acc, input<T>(r, i), op);
-  if (op == ReduceOp::kAverage) acc = static_cast<T>(acc / static_cast<T>(size));
-  return acc;
-}
 
 const ReduceOp kOps[] = {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kProduct};
 const size_t kCounts[] = {0, 1, 7, 1000};

@@ -19,6 +19,7 @@
 #include <set>
 #include <thread>
 
+#include "support/collective_reference.h"
 #include "collectives/file_store.h"
 #include "collectives/shm/shm_communicator.h"
 #include "rendezvous/memory_store.h"
@@ -27,6 +28,9 @@ namespace erun {
 namespace {
 
 using namespace std::chrono_literals;
+using testing::combine;
+using testing::input;
+using testing::reference;
 namespace fs = std::filesystem;
 
 // Segments of this test process (and its children) carry this tag.
@@ -165,32 +169,9 @@ std::string run_processes(int size, const std::function<std::string(int, Communi
   return errors;
 }
 
-// Rank r's input element i: small values, so sums and products are exact in
-// every type and order. Periodic in i (period kPeriod) so references are tables.
+// testing::input is periodic in i (period kPeriod), so references are tables.
 constexpr size_t kPeriod = 15 * 11 * 251;
 
-template <typename T>
-T input(int rank, size_t i) {
-  if constexpr (std::is_floating_point_v<T>) {
-    return static_cast<T>(0.5 * static_cast<double>((rank * 7 + i) % 5 + 1)) * ((i + rank) % 3 == 0 ? -1 : 1);
-  } else if constexpr (std::is_signed_v<T>) {
-    return static_cast<T>(static_cast<int>((rank * 7 + i) % 11) - 5);
-  } else {
-    return static_cast<T>((rank * 37 + i * 13) % 251);
-  }
-}
-
-template <typename T>
-T combine(T a, T b, ReduceOp op) {
-  switch (op) {
-    case ReduceOp::kSum:
-    case ReduceOp::kAverage: return static_cast<T>(a + b);
-    case ReduceOp::kProduct: return static_cast<T>(a * b);
-    case ReduceOp::kMin: return std::min(a, b);
-    case ReduceOp::kMax: return std::max(a, b);
-  }
-  return a;
-}
 
 template <typename T>
 std::vector<T> reference_table(int size, ReduceOp op) {
