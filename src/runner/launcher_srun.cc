@@ -18,22 +18,7 @@ class SrunLauncher final : public Launcher {
     if (spec.host.empty() || spec.host[0] == '-') {
       return R::error(fmt::format("rank {}: '{}' is not a Slurm node name", spec.rank, spec.host));
     }
-    SpawnOptions options;
-    options.argv = command_line(spec);
-    options.pipe_stdin = true;
-    options.pipe_stdout = true;
-    options.pipe_stderr = true;
-    options.new_process_group = true;
-    auto process = Subprocess::spawn(options);
-    if (!process) {
-      return R::error(fmt::format("rank {} on {}: {} (is srun in PATH? --launcher srun needs a Slurm allocation)",
-                                  spec.rank, spec.host, process.message()));
-    }
-    Subprocess p = std::move(process).value();
-    // srun holds stdin until the step starts, then forwards it to the task.
-    std::string what = fmt::format("rank {} on {} (srun)", spec.rank, spec.host);
-    if (Status s = SupervisedWorker::start_control(p, spec.secret, what); !s) return R(s);
-    return std::unique_ptr<WorkerHandle>(new SupervisedWorker(std::move(p), /*local=*/false));
+    return launch_through(spec, command_line(spec), "srun", "is srun in PATH? --launcher srun needs a Slurm allocation");
   }
 
   std::vector<std::string> command_line(const WorkerSpec& spec) const override {

@@ -29,23 +29,7 @@ class SshLauncher final : public Launcher {
     if (spec.host.empty() || spec.host[0] == '-') {
       return R::error(fmt::format("rank {}: '{}' is not a host name ssh can reach", spec.rank, spec.host));
     }
-    SpawnOptions options;
-    options.argv = command_line(spec);
-    options.pipe_stdin = true;
-    options.pipe_stdout = true;
-    options.pipe_stderr = true;
-    options.new_process_group = true;
-    auto process = Subprocess::spawn(options);
-    if (!process) {
-      return R::error(fmt::format("rank {} on {}: {} (is openssh-client installed?)", spec.rank,
-                                  spec.host, process.message()));
-    }
-    Subprocess p = std::move(process).value();
-    // ssh buffers stdin until it connects: this write succeeds even if the
-    // host turns out unreachable; poll() then reports 255.
-    std::string what = fmt::format("rank {} on {} (ssh)", spec.rank, spec.host);
-    if (Status s = SupervisedWorker::start_control(p, spec.secret, what); !s) return R(s);
-    return std::unique_ptr<WorkerHandle>(new SupervisedWorker(std::move(p), /*local=*/false));
+    return launch_through(spec, command_line(spec), "ssh", "is openssh-client installed?");
   }
 
   std::vector<std::string> command_line(const WorkerSpec& spec) const override {

@@ -285,4 +285,26 @@ void SupervisedWorker::kill_worker_group() {
   if (auto worker = find_supervised_worker(process_.pid())) ::kill(-*worker, SIGKILL);
 }
 
+Result<std::unique_ptr<WorkerHandle>> launch_through(const WorkerSpec& spec, std::vector<std::string> argv,
+                                                      const std::string& via, const std::string& hint) {
+  using R = Result<std::unique_ptr<WorkerHandle>>;
+  SpawnOptions options;
+  options.argv = std::move(argv);
+  options.pipe_stdin = true;
+  options.pipe_stdout = true;
+  options.pipe_stderr = true;
+  options.new_process_group = true;
+  auto process = Subprocess::spawn(options);
+  if (!process) {
+    return R::error(fmt::format("rank {} on {}: {} ({})", spec.rank, spec.host, process.message(), hint));
+  }
+  Subprocess p = std::move(process).value();
+  // ssh and srun hold stdin until the connection or step is up, then forward
+  // it: the secret write succeeds even if the host turns out unreachable, and
+  // poll() then reports the failure (255 for ssh).
+  std::string what = fmt::format("rank {} on {} ({})", spec.rank, spec.host, via);
+  if (Status s = SupervisedWorker::start_control(p, spec.secret, what); !s) return R(s);
+  return std::unique_ptr<WorkerHandle>(new SupervisedWorker(std::move(p), /*local=*/false));
+}
+
 }  // namespace erun

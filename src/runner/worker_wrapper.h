@@ -49,6 +49,13 @@ bool write_control(int fd, std::string_view data);
 // none (not started yet, or ended).
 std::optional<pid_t> find_supervised_worker(pid_t supervisor_group);
 
+// For launchers that run the supervisor through another program (ssh, srun):
+// spawns `argv` with piped stdio in its own process group, sends the secret,
+// and returns the handle. `via` names the program in errors ("ssh"), `hint`
+// says what to check when it cannot be started.
+Result<std::unique_ptr<WorkerHandle>> launch_through(const WorkerSpec& spec, std::vector<std::string> argv,
+                                                      const std::string& via, const std::string& hint);
+
 // Shared WorkerHandle over a spawned supervisor (local) or ssh client (remote):
 // owns the Subprocess and its control pipe.
 class SupervisedWorker : public WorkerHandle {
