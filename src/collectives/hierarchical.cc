@@ -5,7 +5,7 @@
 
 #include "collectives/gloo/gloo_communicator.h"
 #include "collectives/shm/shm_communicator.h"
-#include "collectives/shm/shm_reduce.h"
+#include "collectives/reduce_kernels.h"
 #include "common/check.h"
 
 namespace erun {
@@ -26,7 +26,7 @@ uint64_t get_u64(const std::vector<char>& in, size_t& pos) {
 
 template <typename T>
 void divide_typed(void* data, size_t count, int by) {
-  shm::divide(static_cast<T*>(data), count, by);
+  kernels::divide(static_cast<T*>(data), count, by);
 }
 
 class HierCommunicator final : public Communicator {

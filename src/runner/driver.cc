@@ -124,7 +124,7 @@ Status Driver::start() {
                                      s.message()));
   }
   auto snap = loop_->snapshot();
-  discovered_ = snap.hosts;
+  set_discovered(snap.hosts);
   discovered_version_ = snap.version;
   last_discovery_ = clock_.now();
   ERUN_LOG_INFO("job {}: {} found {} host{} with {} slot{}: {}", d_.job_id, d_.discovery->describe(),
@@ -159,7 +159,7 @@ void Driver::refresh_hosts() {
     if (!(*r == discovered_)) {
       ERUN_LOG_INFO("hosts changed: {} (now {})", diff_hosts(discovered_, *r).to_string(), r->to_string());
       if (d_.events) d_.events->write("hosts_changed", {{"hosts", json_string(r->to_string())}});
-      discovered_ = *r;
+      set_discovered(*r);
     }
     return;
   }
@@ -168,7 +168,7 @@ void Driver::refresh_hosts() {
     ERUN_LOG_INFO("hosts changed: {} (now {})", diff_hosts(discovered_, snap.hosts).to_string(),
                   snap.hosts.to_string());
     if (d_.events) d_.events->write("hosts_changed", {{"hosts", json_string(snap.hosts.to_string())}});
-    discovered_ = snap.hosts;
+    set_discovered(snap.hosts);
     discovered_version_ = snap.version;
   }
 }
@@ -197,15 +197,19 @@ std::string Driver::master_address() const {
   return host;
 }
 
+void Driver::set_discovered(HostSet hosts) {
+  discovered_ = std::move(hosts);
+  all_hosts_local_ = true;
+  for (auto& h : discovered_.hosts()) {
+    bool local;
+    launcher_for(h.name, &local);
+    all_hosts_local_ = all_hosts_local_ && local;
+  }
+}
+
 std::string Driver::advertise_address(const std::string& host, bool local) const {
   if (!local) return host;
-  bool all_local = true;
-  for (auto& h : discovered_.hosts()) {
-    bool l;
-    launcher_for(h.name, &l);
-    all_local = all_local && l;
-  }
-  if (all_local) return "127.0.0.1";
+  if (all_hosts_local_) return "127.0.0.1";
   char name[256] = {};
   ::gethostname(name, sizeof name - 1);
   return name;

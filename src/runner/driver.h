@@ -96,6 +96,8 @@ class Driver {
   };
 
   void refresh_hosts();
+  // Every change of the discovered hosts goes through here (keeps all_hosts_local_).
+  void set_discovered(HostSet hosts);
   void reap();
   bool start_generation(const HostSet& usable);
   bool launch_worker(const RankAssignment& a, const std::string& master_addr, int master_port,
@@ -130,6 +132,7 @@ class Driver {
   HostManager hosts_;
   std::unique_ptr<DiscoveryLoop> loop_;
   HostSet discovered_;
+  bool all_hosts_local_ = true;  // every discovered host launches locally
   long discovered_version_ = -1;
   TimePoint last_discovery_{};
   std::string last_discovery_error_;

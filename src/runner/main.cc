@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cerrno>
 #include <cstdlib>
@@ -40,11 +41,12 @@ std::string random_hex(size_t bytes) {
 }
 
 erun::Driver* g_driver = nullptr;
-volatile sig_atomic_t g_signals = 0;
+std::atomic<int> g_signals{0};  // lock-free: safe in a signal handler
 
 void on_signal(int sig) {
-  ++g_signals;
-  if (g_driver) g_driver->request_stop(g_signals > 1 ? SIGKILL : sig);
+  // A second signal escalates: stop the workers with SIGKILL, no grace.
+  int n = ++g_signals;
+  if (g_driver) g_driver->request_stop(n > 1 ? SIGKILL : sig);
 }
 
 std::string env_or_empty(const char* name) {

@@ -20,6 +20,7 @@
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/tcp/pair.h>
 
+#include "collectives/reduce_kernels.h"
 #include "common/check.h"
 
 namespace erun {
@@ -76,92 +77,23 @@ struct PairAccess : gloo::transport::tcp::Pair {
   }
 };
 
-template <typename T>
-void reduce_sum(void* out, const void* a, const void* b, size_t n) {
-  auto* o = static_cast<T*>(out);
-  auto* x = static_cast<const T*>(a);
-  auto* y = static_cast<const T*>(b);
-  for (size_t i = 0; i < n; ++i) o[i] = static_cast<T>(x[i] + y[i]);
-}
-template <typename T>
-void reduce_product(void* out, const void* a, const void* b, size_t n) {
-  auto* o = static_cast<T*>(out);
-  auto* x = static_cast<const T*>(a);
-  auto* y = static_cast<const T*>(b);
-  for (size_t i = 0; i < n; ++i) o[i] = static_cast<T>(x[i] * y[i]);
-}
-template <typename T>
-void reduce_min(void* out, const void* a, const void* b, size_t n) {
-  auto* o = static_cast<T*>(out);
-  auto* x = static_cast<const T*>(a);
-  auto* y = static_cast<const T*>(b);
-  for (size_t i = 0; i < n; ++i) o[i] = std::min(x[i], y[i]);
-}
-template <typename T>
-void reduce_max(void* out, const void* a, const void* b, size_t n) {
-  auto* o = static_cast<T*>(out);
-  auto* x = static_cast<const T*>(a);
-  auto* y = static_cast<const T*>(b);
-  for (size_t i = 0; i < n; ++i) o[i] = std::max(x[i], y[i]);
-}
-
-// Wrapping arithmetic for the integer types (signed overflow is otherwise UB).
-template <typename T>
-struct Wide {
-  using type = T;
-};
-template <>
-struct Wide<int32_t> {
-  using type = uint32_t;
-};
-template <>
-struct Wide<int64_t> {
-  using type = uint64_t;
-};
-template <>
-struct Wide<uint8_t> {
-  using type = uint32_t;
-};
-
-template <typename T>
-void reduce_sum_int(void* out, const void* a, const void* b, size_t n) {
-  using W = typename Wide<T>::type;
-  auto* o = static_cast<T*>(out);
-  auto* x = static_cast<const T*>(a);
-  auto* y = static_cast<const T*>(b);
-  for (size_t i = 0; i < n; ++i) o[i] = static_cast<T>(static_cast<W>(x[i]) + static_cast<W>(y[i]));
-}
-template <typename T>
-void reduce_product_int(void* out, const void* a, const void* b, size_t n) {
-  using W = typename Wide<T>::type;
-  auto* o = static_cast<T*>(out);
-  auto* x = static_cast<const T*>(a);
-  auto* y = static_cast<const T*>(b);
-  for (size_t i = 0; i < n; ++i) o[i] = static_cast<T>(static_cast<W>(x[i]) * static_cast<W>(y[i]));
+// Gloo's reduce callback over the shared kernels (reduce_kernels.h).
+template <typename T, ReduceOp OP>
+void reduce_into(void* out, const void* a, const void* b, size_t n) {
+  kernels::combine<T, OP>(static_cast<T*>(out), static_cast<const T*>(a), static_cast<const T*>(b), n);
 }
 
 template <typename T>
 gloo::AllreduceOptions::Func reduce_function(ReduceOp op) {
-  constexpr bool is_int = std::is_integral_v<T>;
   switch (op) {
     case ReduceOp::kSum:
-    case ReduceOp::kAverage:
-      if constexpr (is_int) return &reduce_sum_int<T>;
-      else return &reduce_sum<T>;
-    case ReduceOp::kProduct:
-      if constexpr (is_int) return &reduce_product_int<T>;
-      else return &reduce_product<T>;
-    case ReduceOp::kMin: return &reduce_min<T>;
-    case ReduceOp::kMax: return &reduce_max<T>;
+    case ReduceOp::kAverage: return &reduce_into<T, ReduceOp::kSum>;
+    case ReduceOp::kProduct: return &reduce_into<T, ReduceOp::kProduct>;
+    case ReduceOp::kMin: return &reduce_into<T, ReduceOp::kMin>;
+    case ReduceOp::kMax: return &reduce_into<T, ReduceOp::kMax>;
   }
   ERUN_CHECK(false);
   return nullptr;
-}
-
-template <typename T>
-void divide(void* data, size_t count, int by) {
-  auto* p = static_cast<T*>(data);
-  for (size_t i = 0; i < count; ++i) p[i] = static_cast<T>(p[i] / static_cast<T>(by));
 }
 
 class GlooCommunicator final : public Communicator {
@@ -186,18 +118,9 @@ class GlooCommunicator final : public Communicator {
   int size() const override { return options_.size; }
 
   void allreduce(void* data, size_t count, DataType type, ReduceOp op) override {
-    switch (type) {
-      case DataType::kFloat32: return allreduce_typed<float>(data, count, op);
-      case DataType::kFloat64: return allreduce_typed<double>(data, count, op);
-      case DataType::kInt32: return allreduce_typed<int32_t>(data, count, op);
-      case DataType::kInt64: return allreduce_typed<int64_t>(data, count, op);
-      case DataType::kUInt8: return allreduce_typed<uint8_t>(data, count, op);
-      case DataType::kFloat16:
-      case DataType::kBFloat16:
-        throw std::invalid_argument(std::string("erun: CPU allreduce does not support ") + to_string(type) +
-                                    "; convert to float32 or use the NCCL communicator for GPU buffers");
-    }
-    ERUN_CHECK(false);
+    kernels::visit_cpu_type(type, [&](auto* tag) {
+      allreduce_typed<std::remove_pointer_t<decltype(tag)>>(data, count, op);
+    });
   }
 
   void broadcast(void* data, size_t bytes, int root) override {
@@ -293,7 +216,7 @@ class GlooCommunicator final : public Communicator {
         gloo::allreduce(opts);
       }
     });
-    if (op == ReduceOp::kAverage) divide<T>(data, count, size());
+    if (op == ReduceOp::kAverage) kernels::divide(static_cast<T*>(data), count, size());
   }
 
   uint32_t next_tag() { return tag_++; }

@@ -22,7 +22,7 @@
 #include <immintrin.h>
 #endif
 
-#include "collectives/shm/shm_reduce.h"
+#include "collectives/reduce_kernels.h"
 #include "common/check.h"
 
 namespace erun {
@@ -213,18 +213,9 @@ class ShmCommunicator final : public Communicator {
   int size() const override { return options_.size; }
 
   void allreduce(void* data, size_t count, DataType type, ReduceOp op) override {
-    switch (type) {
-      case DataType::kFloat32: return allreduce_typed<float>(data, count, op);
-      case DataType::kFloat64: return allreduce_typed<double>(data, count, op);
-      case DataType::kInt32: return allreduce_typed<int32_t>(data, count, op);
-      case DataType::kInt64: return allreduce_typed<int64_t>(data, count, op);
-      case DataType::kUInt8: return allreduce_typed<uint8_t>(data, count, op);
-      case DataType::kFloat16:
-      case DataType::kBFloat16:
-        throw std::invalid_argument(std::string("erun: CPU allreduce does not support ") + to_string(type) +
-                                    "; convert to float32 or use the NCCL communicator for GPU buffers");
-    }
-    ERUN_CHECK(false);
+    kernels::visit_cpu_type(type, [&](auto* tag) {
+      allreduce_typed<std::remove_pointer_t<decltype(tag)>>(data, count, op);
+    });
   }
 
   void broadcast(void* data, size_t bytes, int root) override {
@@ -374,8 +365,8 @@ class ShmCommunicator final : public Communicator {
       std::memcpy(small(rank(), b), data, bytes);
       sync(what);
       for (size_t r = 0; r < n_ranks; ++r) inputs[r] = reinterpret_cast<const T*>(small(static_cast<int>(r), b));
-      shm::reduce_all<T, OP>(data, inputs, n_ranks, count);
-      if constexpr (OP == ReduceOp::kAverage) shm::divide(data, count, size());
+      kernels::reduce_all<T, OP>(data, inputs, n_ranks, count);
+      if constexpr (OP == ReduceOp::kAverage) kernels::divide(data, count, size());
       return;
     }
     if (bytes <= direct_bytes()) return allreduce_direct<T, OP>(data, count, inputs);
@@ -401,10 +392,10 @@ class ShmCommunicator final : public Communicator {
                                                         : reinterpret_cast<const T*>(slot(static_cast<int>(r))) + lo;
         }
         if (own_part_done) {
-          shm::reduce_all2<T, OP>(result + lo, data + off + lo, inputs, n_ranks, hi - lo);
+          kernels::reduce_all2<T, OP>(result + lo, data + off + lo, inputs, n_ranks, hi - lo);
         } else {
-          shm::reduce_all<T, OP>(result + lo, inputs, n_ranks, hi - lo);
-          if constexpr (OP == ReduceOp::kAverage) shm::divide(result + lo, hi - lo, size());
+          kernels::reduce_all<T, OP>(result + lo, inputs, n_ranks, hi - lo);
+          if constexpr (OP == ReduceOp::kAverage) kernels::divide(result + lo, hi - lo, size());
         }
       }
       sync(what);
@@ -433,8 +424,8 @@ class ShmCommunicator final : public Communicator {
     std::memcpy(slot(rank()) + offset, data, count * sizeof(T));
     sync("allreduce");
     for (int r = 0; r < size(); ++r) inputs[r] = reinterpret_cast<const T*>(slot(r) + offset);
-    shm::reduce_all<T, OP>(data, inputs, static_cast<size_t>(size()), count);
-    if constexpr (OP == ReduceOp::kAverage) shm::divide(data, count, size());
+    kernels::reduce_all<T, OP>(data, inputs, static_cast<size_t>(size()), count);
+    if constexpr (OP == ReduceOp::kAverage) kernels::divide(data, count, size());
     fence_ = true;
   }
 

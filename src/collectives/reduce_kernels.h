@@ -7,11 +7,13 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <stdexcept>
+#include <string>
 #include <type_traits>
 
 #include "erun/communicator.hpp"
 
-namespace erun::shm {
+namespace erun::kernels {
 
 template <typename T>
 struct Unsigned {
@@ -118,4 +120,22 @@ void reduce_all2(T* out, T* copy, const T* const* in, size_t k, size_t n) {
   combine2<T, OP>(out, copy, out, in[k - 1], n);
 }
 
-}  // namespace erun::shm
+// Calls f(static_cast<T*>(nullptr)) with the C++ type of `type`, for the
+// types the CPU communicators reduce; float16/bfloat16 throw
+// std::invalid_argument (they are GPU-only, through NCCL).
+template <typename F>
+decltype(auto) visit_cpu_type(DataType type, F&& f) {
+  switch (type) {
+    case DataType::kFloat32: return f(static_cast<float*>(nullptr));
+    case DataType::kFloat64: return f(static_cast<double*>(nullptr));
+    case DataType::kInt32: return f(static_cast<int32_t*>(nullptr));
+    case DataType::kInt64: return f(static_cast<int64_t*>(nullptr));
+    case DataType::kUInt8: return f(static_cast<uint8_t*>(nullptr));
+    case DataType::kFloat16:
+    case DataType::kBFloat16: break;
+  }
+  throw std::invalid_argument(std::string("erun: CPU allreduce does not support ") + to_string(type) +
+                              "; convert to float32 or use the NCCL communicator for GPU buffers");
+}
+
+}  // namespace erun::kernels
