@@ -27,12 +27,15 @@ step "cmake --install $build --prefix $prefix"
 cmake --install "$build" --prefix "$prefix" >"$work/install.log" || { cat "$work/install.log" >&2; fail "cmake --install"; }
 erun="$prefix/bin/erun"
 [ -x "$erun" ] || fail "no $erun after install"
-"$erun" --version >/dev/null || fail "$erun --version"
+version=$("$erun" --version | awk '{ print $2 }')
+[ -n "$version" ] || fail "$erun --version printed no version"
+major=${version%%.*}
 libdir=$(dirname "$(find "$prefix" -name 'liberun.so.*.*.*' -print -quit)")
 [ -n "$libdir" ] && [ "$libdir" != . ] || fail "no liberun.so.X.Y.Z under $prefix"
-[ -L "$libdir/liberun.so" ] && [ -L "$libdir/liberun.so.0" ] || fail "liberun.so / liberun.so.0 links missing in $libdir"
+[ -f "$libdir/liberun.so.$version" ] || fail "no liberun.so.$version in $libdir"
+[ -L "$libdir/liberun.so" ] && [ -L "$libdir/liberun.so.$major" ] || fail "liberun.so / liberun.so.$major links missing in $libdir"
 soname=$(readelf -d "$libdir/liberun.so" | sed -n 's/.*SONAME.*\[\(.*\)\].*/\1/p')
-[ "$soname" = liberun.so.0 ] || fail "liberun's SONAME is '$soname', expected liberun.so.0"
+[ "$soname" = "liberun.so.$major" ] || fail "liberun's SONAME is '$soname', expected liberun.so.$major"
 # Only erun:: symbols leave the library (src/lib/liberun.map).
 leaked=$(nm -DC --defined-only "$libdir/liberun.so" | awk '{ $1 = ""; $2 = ""; print }' |
   grep -v -E '^ *((typeinfo|typeinfo name|vtable|VTT) for |(non-)?virtual thunk to )?erun::' || true)
@@ -64,10 +67,13 @@ for kind in shared static; do
   cmake -S "$consumer" -B "$work/cmake-$kind" -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_PREFIX_PATH="$prefix" -DERUN_STATIC=$flag >"$work/cmake-$kind.log" 2>&1 &&
     cmake --build "$work/cmake-$kind" >>"$work/cmake-$kind.log" 2>&1 || { cat "$work/cmake-$kind.log" >&2; fail "cmake consumer ($kind)"; }
-  grep -q "erun 0.1.0 from $prefix/" "$work/cmake-$kind.log" || { cat "$work/cmake-$kind.log" >&2; fail "find_package(erun) did not use $prefix"; }
+  grep -q "erun $version from $prefix/" "$work/cmake-$kind.log" || { cat "$work/cmake-$kind.log" >&2; fail "find_package(erun) did not use $prefix"; }
   run_checked "cmake-$kind" "$kind" "$work/cmake-$kind/elastic_sum" "$steps"
 done
-ldd "$work/cmake-shared/elastic_sum" | grep -q "liberun.so.0 => $libdir/liberun.so.0" || fail "ldd: cmake-shared does not resolve $libdir/liberun.so.0"
+# (ldd's output is read whole first: grep -q in a pipe would end ldd by SIGPIPE,
+# which pipefail reports as a failure.)
+deps=$(ldd "$work/cmake-shared/elastic_sum")
+grep -q "liberun.so.$major => $libdir/liberun.so.$major" <<<"$deps" || fail "ldd: cmake-shared does not resolve $libdir/liberun.so.$major"
 
 # 2. pkg-config and a plain g++ line.
 export PKG_CONFIG_PATH="$libdir/pkgconfig"
@@ -78,7 +84,8 @@ g++ -O2 -o "$work/pc-shared" "$consumer/elastic_sum.cc" $(pkg-config --cflags --
 run_checked pc-shared shared "$work/pc-shared" "$steps"
 step "pkg-config: g++ $(pkg-config --cflags --libs erun-static)"
 g++ -O2 -o "$work/pc-static" "$consumer/elastic_sum.cc" $(pkg-config --cflags --libs erun-static) || fail "g++ with pkg-config erun-static"
-ldd "$work/pc-static" | grep -q liberun && fail "pc-static links liberun.so"
+deps=$(ldd "$work/pc-static")
+! grep -q liberun <<<"$deps" || fail "pc-static links liberun.so"
 run_checked pc-static static "$work/pc-static" "$steps"
 
 # 3. Elastic: rank 1 SIGKILLs itself once; the job recovers in place and ends
@@ -91,9 +98,9 @@ grep -q "failed with exit code 137" "$work/cmake-shared-killed.err" || fail "eru
 #    and runs by its name on the PATH, as the README runs it.
 example="$prefix/bin/erun-example-train-mlp"
 [ -x "$example" ] || fail "no $example"
-resolved=$(ldd "$(readlink -f "$example")" | sed -n 's/.*liberun.so.0 => \([^ ]*\) .*/\1/p')
-[ -n "$resolved" ] && [ "$(readlink -f "$resolved")" = "$(readlink -f "$libdir/liberun.so.0")" ] ||
-  fail "$example resolves liberun.so.0 to '$resolved', not $libdir/liberun.so.0"
+resolved=$(ldd "$(readlink -f "$example")" | sed -n "s/.*liberun.so.$major => \([^ ]*\) .*/\1/p")
+[ -n "$resolved" ] && [ "$(readlink -f "$resolved")" = "$(readlink -f "$libdir/liberun.so.$major")" ] ||
+  fail "$example resolves liberun.so.$major to '$resolved', not $libdir/liberun.so.$major"
 step "PATH=$prefix/bin:\$PATH erun -np 2 erun-example-train-mlp --epochs 1"
 PATH="$prefix/bin:$PATH" erun -np 2 erun-example-train-mlp --epochs 1 >"$work/example.out" 2>"$work/example.err" ||
   { cat "$work/example.out" "$work/example.err" >&2; fail "erun-example-train-mlp under erun"; }
