@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The elastic demo: installs what is missing, builds erun, and trains the
+# The elastic demo: installs what is missing, builds and installs erun (into
+# /usr/local, so that `erun` is on the PATH afterwards), and trains the
 # example MLP (examples/train_mlp.cc) under erun on this machine while the
 # host set grows and shrinks and a worker is SIGKILLed. Hosts are simulated
 # with --launcher local: "node-a" and "node-b" are two groups of local slots
@@ -12,6 +13,7 @@ cd "$(dirname "$0")/.."
 root=$(pwd)
 bash scripts/setup.sh
 bash scripts/build.sh
+bash scripts/install.sh   # erun, liberun, headers, examples into /usr/local
 build=${ERUN_BUILD_DIR:-build}
 erun="$root/$build/src/runner/erun"
 

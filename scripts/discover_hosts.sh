@@ -1,8 +1,8 @@
 #!/bin/sh
 # discover_hosts.sh: an example host discovery script for erun.
 #
-#   erun -np 8 --min-np 4 --host-discovery-script ./scripts/discover_hosts.sh ./train
-#   erun ... --host-discovery-script "./scripts/discover_hosts.sh slurm" ./train
+#   erun -np 8 --min-np 4 --host-discovery-script ./scripts/discover_hosts.sh erun-example-train-mlp
+#   erun ... --host-discovery-script "./scripts/discover_hosts.sh slurm" erun-example-train-mlp
 #
 # erun runs it through /bin/sh -c every --discovery-interval and reads its
 # stdout: one `host[:slots]` per line (IPv6 as [addr]:slots); blank lines and

@@ -5,6 +5,7 @@ set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build pkg-config
+  dpkg-dev   # dpkg-shlibdeps: the Depends of the Debian package (cpack -G DEB)
   libboost-dev libboost-program-options-dev libspdlog-dev libfmt-dev
   libgtest-dev libgmock-dev googletest
   libgloo-dev libopenmpi-dev openmpi-bin
