@@ -3,8 +3,8 @@
 #include <fmt/format.h>
 
 #include <cstring>
-#include <thread>
 
+#include "common/backoff.h"
 #include "erun/errors.hpp"
 
 #if ERUN_HAVE_CUDA
@@ -70,7 +70,7 @@ DeviceSlot::~DeviceSlot() {
 void DeviceSlot::fence() {
   if (!in_flight_) return;
   const auto deadline = std::chrono::steady_clock::now() + timeout_;
-  auto sleep = std::chrono::microseconds(10);
+  Backoff backoff(100, std::chrono::microseconds(10));
   for (;;) {
     cudaError_t q = cudaEventQuery(as_event(done_));
     if (q == cudaSuccess) break;
@@ -80,8 +80,7 @@ void DeviceSlot::fence() {
                               "ms; the GPU is stuck",
                               name_, timeout_.count()));
     }
-    std::this_thread::sleep_for(sleep);
-    sleep = std::min(sleep * 2, std::chrono::microseconds(1000));
+    backoff.pause();
   }
   in_flight_ = false;
 }

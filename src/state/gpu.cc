@@ -75,7 +75,7 @@ namespace {
                           what));
 }
 
-std::string this_host() {
+[[maybe_unused]] std::string this_host() {
   char name[HOST_NAME_MAX + 1] = {};
   if (::gethostname(name, sizeof(name) - 1) != 0) return "unknown";
   return name;

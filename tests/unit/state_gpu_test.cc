@@ -42,7 +42,12 @@ class ThreadContext final : public Context {
     g.prefix = "gen" + std::to_string(info_.generation);
     comm_ = make_gloo_communicator(store, g);
   }
+  // Every rank of the generation is past its last operation (an out-of-band
+  // barrier through the store), then the old communicators are aborted.
   void next_generation(KvStore& store) {
+    const std::string left = "left/" + std::to_string(info_.generation) + "/";
+    store.set(left + std::to_string(info_.rank), {});
+    for (int r = 0; r < info_.size; ++r) store.get(left + std::to_string(r), timeout_);
     abort_gpu();
     comm_->abort();
     info_.generation += 1;

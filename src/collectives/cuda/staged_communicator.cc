@@ -6,31 +6,10 @@
 #include <thread>
 #include <vector>
 
+#include "common/backoff.h"
 #include "common/check.h"
 
 namespace erun {
-namespace {
-
-// Short spins first (copies of small chunks finish in microseconds), then
-// sleeps that back off to 1 ms.
-class Backoff {
- public:
-  void pause() {
-    if (spins_ < 200) {
-      ++spins_;
-      std::this_thread::yield();
-      return;
-    }
-    std::this_thread::sleep_for(sleep_);
-    sleep_ = std::min(sleep_ * 2, std::chrono::microseconds(1000));
-  }
-
- private:
-  int spins_ = 0;
-  std::chrono::microseconds sleep_{10};
-};
-
-}  // namespace
 
 float half_to_float(uint16_t h) {
   uint32_t sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, bits;
@@ -153,7 +132,7 @@ char* StagedGpuCommunicator::reserve_scratch(size_t bytes) {
 }
 
 void StagedGpuCommunicator::wait_event(cudaEvent_t event, TimePoint deadline) {
-  Backoff backoff;
+  Backoff backoff(200, std::chrono::microseconds(10));
   for (;;) {
     cudaError_t q = cudaEventQuery(event);
     if (q == cudaSuccess) return;
@@ -205,8 +184,11 @@ void StagedGpuCommunicator::pipeline(char* dev, size_t bytes, size_t chunk, bool
 
 void StagedGpuCommunicator::allreduce(void* data, size_t count, DataType type, ReduceOp op, cudaStream_t stream) {
   if (aborted_) throw CommError("erun: staged GPU allreduce on rank " + std::to_string(rank()) + ": aborted");
-  if (count == 0 || size() == 1) return;  // a world of one: the sum of one buffer is itself
   const TimePoint until = deadline();
+  if (count == 0 || size() == 1) {  // a world of one: the sum of one buffer is itself
+    wait_stream(stream, until);
+    return;
+  }
   const size_t es = data_type_size(type);
   const size_t chunk = std::max<size_t>(es, options_.chunk_bytes / es * es);
   const bool half = type == DataType::kFloat16 || type == DataType::kBFloat16;
@@ -230,7 +212,10 @@ void StagedGpuCommunicator::allreduce(void* data, size_t count, DataType type, R
 void StagedGpuCommunicator::broadcast(void* data, size_t bytes, int root, cudaStream_t stream) {
   ERUN_CHECK(root >= 0 && root < size());
   if (aborted_) throw CommError("erun: staged GPU broadcast on rank " + std::to_string(rank()) + ": aborted");
-  if (bytes == 0 || size() == 1) return;
+  if (bytes == 0 || size() == 1) {
+    wait_stream(stream, deadline());
+    return;
+  }
   const bool is_root = rank() == root;
   HostOp host = [&](char* buf, size_t, size_t len) { cpu_.broadcast(buf, len, root); };
   pipeline(static_cast<char*>(data), bytes, options_.chunk_bytes, is_root, !is_root, stream, host, deadline());

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <thread>
 
+#include "common/backoff.h"
 #include "common/check.h"
 
 namespace erun {
@@ -35,25 +36,6 @@ ncclRedOp_t nccl_op(ReduceOp op) {
   ERUN_CHECK(false);
   return ncclSum;
 }
-
-// Polling interval while waiting: short at first (most operations finish in
-// microseconds), then backing off so that a long wait costs little CPU.
-class Backoff {
- public:
-  void pause() {
-    if (spins_ < 1000) {
-      ++spins_;
-      std::this_thread::yield();
-      return;
-    }
-    std::this_thread::sleep_for(sleep_);
-    sleep_ = std::min(sleep_ * 2, std::chrono::microseconds(1000));
-  }
-
- private:
-  int spins_ = 0;
-  std::chrono::microseconds sleep_{20};
-};
 
 }  // namespace
 
