@@ -22,6 +22,7 @@ if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; t
 fi
 out=${GPU_TESTS_OUT:-$build/gpu-results}
 mkdir -p "$out"
+rm -f "$out/unit_summary.txt" "$out/numbers.txt"
 nvidia-smi -L | tee "$out/gpus.txt"
 
 summary=()
@@ -53,6 +54,17 @@ finish() {
 targets=(erun collectives_nccl_test collectives_staged_test state_gpu_test state_gpu_plan_test
          train_mlp_gpu gpu_allreduce_bench gpu_commit_bench)
 build_erun() {
+  local home
+  home=$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$build/CMakeCache.txt" 2>/dev/null)
+  if [ -n "$home" ] && [ "$home" != "$root" ]; then
+    # A build carried from another machine: use its binaries as they are.
+    echo "gpu_tests: using the carried build in $build (configured in $home)"
+    local missing=0
+    for f in src/runner/erun tests/state_gpu_test examples/gpu/train_mlp_gpu bench/gpu_allreduce_bench; do
+      [ -x "$build/$f" ] || { echo "gpu_tests: $build/$f is missing"; missing=1; }
+    done
+    return "$missing"
+  fi
   if [ ! -f "$build/CMakeCache.txt" ]; then
     local gen=()
     command -v ninja >/dev/null && gen=(-G Ninja)
@@ -72,7 +84,7 @@ example="$root/$build/examples/gpu/train_mlp_gpu"
 # ---- 2. unit tests (the device tests skip only without a device)
 for t in collectives_nccl_test collectives_staged_test state_gpu_test state_gpu_plan_test; do
   step "$t" "$build/tests/$t" --gtest_color=no
-  grep -E "^\[  (PASSED|SKIPPED|FAILED)" "$out/$t.log" | sed "s/^/      $t: /" >>"$out/unit_summary.txt"
+  grep -E "^\[  (PASSED|SKIPPED|FAILED) +\] [0-9]+ tests?" "$out/$t.log" | sed "s/^/      $t: /" >>"$out/unit_summary.txt"
 done
 [ -f "$out/unit_summary.txt" ] && summary+=("$(cat "$out/unit_summary.txt")")
 
@@ -80,13 +92,13 @@ done
 args=(--epochs 8 --samples 8000 --batch 128 --commit-every 5)
 checksum_of() { grep -o 'checksum=[0-9a-f]*' "$1" | tail -1; }
 step example_world_of_one "$example" "${args[@]}"
-step example_np2 "$erun" -np 2 --launcher local --collective-timeout 10 "$example" "${args[@]}"
+step example_np2 timeout 300 "$erun" -np 2 --launcher local --collective-timeout 10 "$example" "${args[@]}"
 elastic() {
   local work
   work=$(mktemp -d /tmp/erun-gpu-XXXXXX)
   export ERUN_HOSTS_FILE="$work/hosts.txt"
   echo "node-a:2" >"$ERUN_HOSTS_FILE"
-  "$erun" -np 2 --min-np 1 --max-np 4 --launcher local --collective-timeout 10 \
+  timeout 300 "$erun" -np 2 --min-np 1 --max-np 4 --launcher local --collective-timeout 10 --elastic-timeout 60 \
     --host-discovery-script "$root/scripts/discover_hosts.sh" --discovery-interval 0.5 \
     --event-log "$work/events.jsonl" "$example" "${args[@]}" --step-ms 40 --async-commit &
   local pid=$! status=0
@@ -120,7 +132,7 @@ grep -q "exactly-once=NO" "$out"/example_*.log && summary+=("FAIL  a sample was 
 # ---- 4. benchmarks
 sizes=(65536 1048576 16777216 268435456)
 step bench_erun_vs_nccl "$build/bench/gpu_allreduce_bench" --iters 50 "${sizes[@]}"
-step bench_staged_np2 "$erun" -np 2 --launcher local "$build/bench/gpu_allreduce_bench" --iters 20 "${sizes[@]}"
+step bench_staged_np2 timeout 300 "$erun" -np 2 --launcher local "$build/bench/gpu_allreduce_bench" --iters 20 "${sizes[@]}"
 step bench_commit "$build/bench/gpu_commit_bench" --reps 10 1073741824
 if python3 -c "import torch, torch.distributed; assert torch.cuda.is_available()" 2>/dev/null; then
   step bench_torch python3 bench/torch_gpu_allreduce.py --iters 50 "${sizes[@]}"
