@@ -159,8 +159,10 @@ struct Metrics {
 
 int train(const Options& o) {
   erun::Context& ctx = erun::init();
-  erun::GpuCommunicator& gpu = ctx.gpu();
-  gpu.device();  // selects and sets this rank's device before anything is allocated
+  // Selects and sets this rank's device before anything is allocated. Not
+  // collective: the GPU communicator itself is built inside erun::run(), on
+  // the first GPU collective of each generation, where every rank is.
+  ctx.gpu().device();
   cudaStream_t stream;
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
 
@@ -226,10 +228,8 @@ int train(const Options& o) {
   };
 
   if (ctx.rank() == 0)
-    std::printf("train_mlp_gpu: samples=%d features=%d classes=%d params=%zu batch=%d epochs=%d world=%d%s "
-                "backend=%s\n",
-                ds.n, ds.d, kClasses, n_params, o.batch, o.epochs, ctx.size(), ctx.elastic() ? " (elastic)" : "",
-                erun::to_string(gpu.backend()));
+    std::printf("train_mlp_gpu: samples=%d features=%d classes=%d params=%zu batch=%d epochs=%d world=%d%s\n",
+                ds.n, ds.d, kClasses, n_params, o.batch, o.epochs, ctx.size(), ctx.elastic() ? " (elastic)" : "");
 
   Metrics final_metrics = erun::run(state, [&](erun::State& s) {
     erun::Context& c = s.context();
@@ -275,9 +275,11 @@ int train(const Options& o) {
       Metrics m = evaluate(c);
       double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (c.rank() == 0)
-        std::printf("epoch %d loss=%.4f accuracy=%.4f step=%lld world=%d time=%.2fs samples=%lld exactly-once=%s\n",
-                    epoch, m.loss, m.accuracy, static_cast<long long>(step), c.size(), secs,
-                    static_cast<long long>(epoch_samples),
+        std::printf("epoch %d loss=%.4f accuracy=%.4f step=%lld world=%d gpu=%s time=%.2fs samples=%lld "
+                    "exactly-once=%s\n",
+                    epoch, m.loss, m.accuracy, static_cast<long long>(step), c.size(),
+                    // Not collective here: evaluate() built this generation's backend.
+                    erun::to_string(c.gpu().backend()), secs, static_cast<long long>(epoch_samples),
                     epoch_samples == ds.n && epoch_fingerprint == full_fingerprint ? "yes" : "NO");
     }
     return evaluate(c);

@@ -10,6 +10,9 @@
 //                                       s.commit(); }
 //   });
 //
+// Device buffers: ctx.gpu().allreduce(ptr, n, type, op, stream) and
+// state.register_device_buffer(...) (gpu.hpp, docs/gpu.md).
+//
 // Under the erun driver the worker joins the driver's rendezvous and is
 // elastic; under mpirun/srun it bootstraps from MPI and is static; alone it is
 // a world of one. All of that is hidden behind Context.
