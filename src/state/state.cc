@@ -49,6 +49,7 @@ struct State::Impl {
       if (!e.has_committed) {
         e.save(e.committed);
         e.has_committed = true;
+        if (e.device) std::vector<char>().swap(e.committed);  // the commit is in pinned memory
       }
     }
   }
@@ -90,6 +91,7 @@ struct State::Impl {
       targets[i]->committed = std::move(bytes);
       targets[i]->has_committed = true;
     }
+    drop_device_mirrors();
     commit_id = snap.commit_id;
     has_snapshot = true;
   }
@@ -109,6 +111,12 @@ struct State::Impl {
   void mirror_device() {
     for (Entry& e : entries) {
       if (e.device && e.has_committed) e.device->mirror(e.committed);
+    }
+  }
+  // After encoding or loading: the pinned commit is the only host copy kept.
+  void drop_device_mirrors() {
+    for (Entry& e : entries) {
+      if (e.device) std::vector<char>().swap(e.committed);
     }
   }
 };
@@ -198,6 +206,7 @@ void State::commit() {
     impl_->mirror_device();
     si::write_file_atomically(impl_->checkpoint_dir, si::kStateFile, impl_->commit_id,
                               impl_->refs());
+    impl_->drop_device_mirrors();
   }
   check_host_updates();
 }
@@ -244,6 +253,7 @@ void State::sync() {
     }
     impl_->mirror_device();
     blob = si::encode(impl_->commit_id, impl_->refs());
+    impl_->drop_device_mirrors();
   }
   int64_t bytes = static_cast<int64_t>(blob.size());
   comm.broadcast(&bytes, sizeof(bytes), root);

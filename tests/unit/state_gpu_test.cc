@@ -6,7 +6,10 @@
 // checked without one (clear errors) runs everywhere.
 #include <gtest/gtest.h>
 
+#include <stdlib.h>
+
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -332,6 +335,38 @@ TEST(DeviceState, SyncSpreadsTheNewestCommitToEveryRank) {
     EXPECT_EQ(to_host<float>(d, n), std::vector<float>(n, 20.0f)) << "rank " << ctx.rank();
     cudaFree(d);
   });
+}
+
+TEST(DeviceState, DurableCommitComesBackIntoTheDeviceBuffer) {
+  REQUIRE_GPU();
+  char tmpl[] = "/tmp/erun-gpu-state-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  run_world(1, [&](ThreadContext& ctx, KvStore&) {
+    ctx.gpu().device();
+    const size_t n = 4096;
+    std::vector<int32_t> v(n);
+    for (size_t i = 0; i < n; ++i) v[i] = static_cast<int32_t>(i * 7 + 1);
+    int32_t* d = to_device(v);
+    {
+      State state(ctx);
+      state.register_device_buffer("w", d, n * sizeof(int32_t));
+      state.set_checkpoint_dir(dir);
+      state.sync();
+      state.commit();  // rank 0 writes it durably
+    }
+    CUDA_OK(cudaMemset(d, 0, n * sizeof(int32_t)));
+    State fresh(ctx);
+    fresh.register_device_buffer("w", d, n * sizeof(int32_t));
+    fresh.set_checkpoint_dir(dir);  // loads the file into the device buffer
+    EXPECT_EQ(fresh.commit_id(), 1u);
+    EXPECT_EQ(to_host<int32_t>(d, n), v);
+    CUDA_OK(cudaMemset(d, 0, n * sizeof(int32_t)));
+    fresh.restore();  // and the loaded file is the commit
+    EXPECT_EQ(to_host<int32_t>(d, n), v);
+    cudaFree(d);
+  });
+  std::filesystem::remove_all(dir);
 }
 
 #endif
