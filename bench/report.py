@@ -220,6 +220,12 @@ def write(r, root):
             d.p(f"- `{k}`: {first}")
         d.p()
     d.out += body.out
+    d.p()
+    d.p("## GPU")
+    d.p()
+    d.p("GPU numbers (erun's GPU allreduce against raw NCCL and torch.distributed, device-state commit against "
+        "`cudaMemcpy`) come from `scripts/gpu_tests.sh` on a GPU machine; results and targets in "
+        "[gpu.md](gpu.md#measured).")
     path = os.path.join(root, "docs", "performance.md")
     with open(path, "w") as f:
         f.write("\n".join(d.out).rstrip() + "\n")

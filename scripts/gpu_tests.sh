@@ -1,22 +1,154 @@
 #!/usr/bin/env bash
-# Builds erun with NCCL and runs the GPU collective tests, in one call, on a
-# machine with at least one NVIDIA GPU. Exits non-zero when the build or a
-# test fails, or when no GPU is visible (the tests would only skip).
+# erun's GPU checks in one call, on a machine with an NVIDIA GPU:
+#   1. build (or reuse an already configured build directory),
+#   2. the GPU unit tests: NCCL in a world of one, the host-staged path with
+#      2-4 ranks sharing the GPU, device state (commit/restore/sync, async),
+#   3. the CUDA example elastic under erun (a worker SIGKILLed, a host added)
+#      against an uninterrupted run and a world of one: same checksum,
+#   4. benchmarks: erun's GPU allreduce against raw NCCL (and torch.distributed
+#      NCCL when torch is importable), device-state commit against cudaMemcpy,
+# then prints a summary. Where no GPU is visible it prints "no GPU: skipped"
+# and exits 0. Exits 1 when a step failed.
 #   scripts/gpu_tests.sh [build-dir]     (default: build-gpu)
-set -euo pipefail
+# Logs and results go to $GPU_TESTS_OUT (default: BUILD/gpu-results).
+set -uo pipefail
 cd "$(dirname "$0")/.."
+root=$(pwd)
 build=${1:-build-gpu}
 
-if [[ -x scripts/setup.sh ]]; then
-  scripts/setup.sh
+if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
+  echo "gpu_tests: no GPU: skipped (nvidia-smi sees no NVIDIA GPU; run this on a GPU machine)"
+  exit 0
 fi
-if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L; then
-  echo "gpu_tests: no NVIDIA GPU visible (nvidia-smi failed); run this on a GPU machine" >&2
-  exit 2
-fi
+out=${GPU_TESTS_OUT:-$build/gpu-results}
+mkdir -p "$out"
+rm -f "$out/unit_summary.txt" "$out/numbers.txt"
+nvidia-smi -L | tee "$out/gpus.txt"
 
-generator=()
-command -v ninja >/dev/null && generator=(-G Ninja)
-cmake -S . -B "$build" "${generator[@]}" -DERUN_WITH_NCCL=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo
-cmake --build "$build" --target collectives_nccl_test -j "$(nproc)"
-"$build"/tests/collectives_nccl_test --gtest_color=no
+summary=()
+failures=0
+# step NAME CMD...: runs CMD with its output in $out/NAME.log; records PASS/FAIL.
+step() {
+  local name=$1
+  shift
+  local t0=$SECONDS
+  if "$@" >"$out/$name.log" 2>&1; then
+    summary+=("PASS  $name ($((SECONDS - t0)) s)")
+  else
+    summary+=("FAIL  $name ($((SECONDS - t0)) s, log: $out/$name.log)")
+    failures=$((failures + 1))
+    echo "--- $name failed; last lines:"
+    tail -n 25 "$out/$name.log"
+  fi
+}
+finish() {
+  echo
+  echo "==== gpu_tests summary ($(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)) ===="
+  printf '%s\n' "${summary[@]}"
+  [ -f "$out/numbers.txt" ] && cat "$out/numbers.txt"
+  echo "logs: $out"
+  [ "$failures" -eq 0 ] && exit 0 || exit 1
+}
+
+# ---- 1. build
+targets=(erun collectives_nccl_test collectives_staged_test state_gpu_test state_gpu_plan_test
+         train_mlp_gpu gpu_allreduce_bench gpu_commit_bench)
+build_erun() {
+  local home
+  home=$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$build/CMakeCache.txt" 2>/dev/null)
+  if [ -n "$home" ] && [ "$home" != "$root" ]; then
+    # A build carried from another machine: use its binaries as they are.
+    echo "gpu_tests: using the carried build in $build (configured in $home)"
+    local missing=0
+    for f in src/runner/erun tests/state_gpu_test examples/gpu/train_mlp_gpu bench/gpu_allreduce_bench; do
+      [ -x "$build/$f" ] || { echo "gpu_tests: $build/$f is missing"; missing=1; }
+    done
+    return "$missing"
+  fi
+  if [ ! -f "$build/CMakeCache.txt" ]; then
+    local gen=()
+    command -v ninja >/dev/null && gen=(-G Ninja)
+    if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then export PATH=/usr/local/cuda/bin:$PATH; fi
+    cmake -S . -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DERUN_WITH_NCCL=ON -DERUN_BUILD_TESTS=ON || return 1
+  fi
+  cmake --build "$build" -j "$(nproc)" --target "${targets[@]}"
+}
+step build build_erun
+if [ "$failures" -ne 0 ]; then
+  summary+=("      (a missing library? scripts/setup.sh lists erun's build dependencies)")
+  finish
+fi
+erun="$root/$build/src/runner/erun"
+example="$root/$build/examples/gpu/train_mlp_gpu"
+
+# ---- 2. unit tests (the device tests skip only without a device)
+for t in collectives_nccl_test collectives_staged_test state_gpu_test state_gpu_plan_test; do
+  step "$t" "$build/tests/$t" --gtest_color=no
+  grep -E "^\[  (PASSED|SKIPPED|FAILED) +\] [0-9]+ tests?" "$out/$t.log" | sed "s/^/      $t: /" >>"$out/unit_summary.txt"
+done
+[ -f "$out/unit_summary.txt" ] && summary+=("$(cat "$out/unit_summary.txt")")
+
+# ---- 3. the CUDA example: elastic run == uninterrupted run == world of one
+args=(--epochs 8 --samples 8000 --batch 128 --commit-every 5)
+checksum_of() { grep -o 'checksum=[0-9a-f]*' "$1" | tail -1; }
+step example_world_of_one "$example" "${args[@]}"
+step example_np2 timeout 300 "$erun" -np 2 --launcher local --collective-timeout 10 "$example" "${args[@]}"
+elastic() {
+  local work
+  work=$(mktemp -d /tmp/erun-gpu-XXXXXX)
+  export ERUN_HOSTS_FILE="$work/hosts.txt"
+  echo "node-a:2" >"$ERUN_HOSTS_FILE"
+  timeout 300 "$erun" -np 2 --min-np 1 --max-np 4 --launcher local --collective-timeout 10 --elastic-timeout 60 \
+    --host-discovery-script "$root/scripts/discover_hosts.sh" --discovery-interval 0.5 \
+    --event-log "$work/events.jsonl" "$example" "${args[@]}" --step-ms 40 --async-commit &
+  local pid=$! status=0
+  sleep 5
+  local victim
+  victim=$(pgrep -f "^$example" -n || true)
+  echo "gpu_tests: SIGKILL worker ${victim:-none}"
+  [ -n "$victim" ] && kill -9 "$victim"
+  sleep 5
+  echo "gpu_tests: growing: node-b:2"
+  echo "node-b:2" >>"$ERUN_HOSTS_FILE"
+  wait "$pid" || status=$?
+  grep -c generation_started "$work/events.jsonl" | sed 's/^/gpu_tests: generations: /'
+  rm -rf "$work"
+  return "$status"
+}
+step example_elastic elastic
+same_checksum() {
+  local a b c
+  a=$(checksum_of "$out/example_world_of_one.log")
+  b=$(checksum_of "$out/example_np2.log")
+  c=$(checksum_of "$out/example_elastic.log")
+  echo "world of one: $a; np 2: $b; elastic (SIGKILL + grow): $c"
+  [ -n "$a" ] && [ "$a" = "$b" ] && [ "$b" = "$c" ]
+}
+step example_same_checksum same_checksum
+summary+=("      $(tail -1 "$out/example_same_checksum.log")")
+grep -q "exactly-once=NO" "$out"/example_*.log && summary+=("FAIL  a sample was processed twice or never") &&
+  failures=$((failures + 1))
+
+# ---- 4. benchmarks
+sizes=(65536 1048576 16777216 268435456)
+step bench_erun_vs_nccl "$build/bench/gpu_allreduce_bench" --iters 50 "${sizes[@]}"
+step bench_staged_np2 timeout 300 "$erun" -np 2 --launcher local "$build/bench/gpu_allreduce_bench" --iters 20 "${sizes[@]}"
+step bench_commit "$build/bench/gpu_commit_bench" --reps 10 1073741824
+if python3 -c "import torch, torch.distributed; assert torch.cuda.is_available()" 2>/dev/null; then
+  step bench_torch python3 bench/torch_gpu_allreduce.py --iters 50 "${sizes[@]}"
+else
+  summary+=("SKIP  bench_torch (no torch with CUDA in python3)")
+fi
+{
+  echo "---- numbers"
+  # erun (NCCL backend) against raw NCCL waiting for each call: the overhead.
+  awk '/^GPUBENCH/ { for (i = 2; i <= NF; ++i) { split($i, kv, "="); f[kv[1]] = kv[2] }
+                    t[f["impl"] "," f["bytes"]] = f["time_us"]; b[f["bytes"]] = 1 }
+       END { for (s in b) if (t["nccl," s] > 0 && t["erun-nccl," s] > 0)
+               printf "allreduce %10d B: erun %8.1f us, raw NCCL %8.1f us (pipelined %8.1f us): overhead %+.1f%%\n",
+                      s, t["erun-nccl," s], t["nccl," s], t["nccl-pipelined," s], 100 * (t["erun-nccl," s] / t["nccl," s] - 1) }' \
+      "$out/bench_erun_vs_nccl.log" | sort -k2 -n
+  grep -h "^GPUBENCH" "$out"/bench_staged_np2.log "$out"/bench_torch.log 2>/dev/null
+  grep -h "^GPUCOMMIT" "$out/bench_commit.log" 2>/dev/null
+} >"$out/numbers.txt"
+finish

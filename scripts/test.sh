@@ -9,3 +9,10 @@ bash scripts/build.sh
 bash scripts/install.sh   # erun, liberun, headers, examples into /usr/local
 build=${ERUN_BUILD_DIR:-build}
 ctest --test-dir "$build" --output-on-failure --timeout 300 -j2 "$@"
+# Where CUDA is found the build above uses it; check that erun also builds
+# without it and that the GPU API then fails with a clear error.
+if [ -z "${ERUN_SKIP_NOCUDA:-}" ] && { [ -d /usr/local/cuda ] || [ -n "${CUDA_HOME:-}" ]; }; then
+  cmake -S . -B "$build-nocuda" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DERUN_WITH_NCCL=OFF >/dev/null
+  ninja -C "$build-nocuda" -j"$(nproc)" state_gpu_test train_mlp
+  "$build-nocuda/tests/state_gpu_test" --gtest_color=no
+fi

@@ -10,17 +10,22 @@
 //                                       s.commit(); }
 //   });
 //
+// Device buffers: ctx.gpu().allreduce(ptr, n, type, op, stream) and
+// state.register_device_buffer(...) (gpu.hpp, docs/gpu.md).
+//
 // Under the erun driver the worker joins the driver's rendezvous and is
 // elastic; under mpirun/srun it bootstraps from MPI and is static; alone it is
 // a world of one. All of that is hidden behind Context.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
 
 #include "erun/communicator.hpp"
 #include "erun/errors.hpp"
+#include "erun/gpu.hpp"
 #include "erun/state.hpp"
 
 namespace erun {
@@ -46,6 +51,11 @@ class Context {
   int size() const { return info().size; }
   int local_rank() const { return info().local_rank; }
   virtual Communicator& comm() = 0;
+  // Collectives on device buffers (see gpu.hpp); made on first use, rebuilt
+  // for every generation on its first GPU collective.
+  GpuCommunicator& gpu();
+  // The bound on every collective (erun --collective-timeout).
+  virtual std::chrono::milliseconds collective_timeout() const { return std::chrono::seconds(30); }
   // This worker's local view: the driver announced a membership change.
   // State::check_host_updates() turns it into an agreement among all ranks.
   virtual bool host_update_pending() const = 0;
@@ -59,6 +69,14 @@ class Context {
   // --checkpoint-dir, i.e. ERUN_CHECKPOINT_DIR); empty otherwise. A State
   // adopts it at its first sync() unless set_checkpoint_dir() was called.
   virtual std::string checkpoint_dir() const { return {}; }
+
+ protected:
+  // Implementations call this when they leave a generation (rejoin): the GPU
+  // communicator is aborted, never destroyed while a peer may hang.
+  void abort_gpu() noexcept;
+
+ private:
+  std::unique_ptr<GpuCommunicator> gpu_;
 };
 
 // Connects this process to its launcher (the erun driver, MPI, or nothing) once;

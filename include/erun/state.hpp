@@ -19,6 +19,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "erun/gpu.hpp"
+
 namespace erun {
 
 class Context;
@@ -65,6 +67,24 @@ class State {
   void register_string(const std::string& name, std::string* s);
   // A fixed-size raw buffer (e.g. model parameters in one allocation).
   void register_buffer(const std::string& name, void* data, size_t bytes);
+  // A CUDA device buffer (cudaMalloc'd, on any device). commit() copies it into
+  // pinned host memory, never into a second device buffer; restore() copies it
+  // back; sync() spreads the newest commit through host memory. The copies run
+  // on `stream` (nullptr: the legacy default stream), so work enqueued there
+  // before commit() is captured. With `async`, commit() returns at once: the
+  // copy runs on a side stream, `stream` waits for it before its later work
+  // (write the buffer only through `stream`), and the next commit, restore or
+  // sync waits for it. Throws erun::Error without CUDA or when the pointer is
+  // not device memory. See docs/gpu.md.
+  struct DeviceBufferOptions {
+    GpuStream stream = nullptr;
+    bool async = false;
+  };
+  void register_device_buffer(const std::string& name, void* device_ptr, size_t bytes,
+                              DeviceBufferOptions options);
+  void register_device_buffer(const std::string& name, void* device_ptr, size_t bytes) {
+    register_device_buffer(name, device_ptr, bytes, DeviceBufferOptions{});
+  }
   template <typename T>
   void register_object(const std::string& name, T* obj, Serializer<T> ser) {
     register_entry(name, [obj, ser](std::vector<char>& b) { b = ser.save(*obj); },

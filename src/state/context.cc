@@ -120,7 +120,11 @@ class ElasticContext final : public Context {
   bool host_update_pending() const override { return client_.hosts_updated(); }
   bool elastic() const override { return true; }
   std::string checkpoint_dir() const override { return o_.checkpoint_dir; }
+  std::chrono::milliseconds collective_timeout() const override {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(o_.collective_timeout);
+  }
   void rejoin(uint64_t last_commit_id) override {
+    abort_gpu();
     if (comm_) comm_->abort();
     comm_.reset();
     join(last_commit_id);

@@ -7,6 +7,7 @@
 
 #include "common/log.h"
 #include "erun/erun.hpp"
+#include "state/device_state.h"
 #include "state/snapshot.h"
 
 namespace erun {
@@ -21,6 +22,9 @@ struct State::Impl {
     bool may_throw = false;
     std::vector<char> committed;  // owned deep copy; its allocation is reused between commits
     bool has_committed = false;
+    // A device buffer: its commit lives in the slot's pinned memory and
+    // `committed` is a copy made only when the bytes are encoded.
+    std::shared_ptr<si::DeviceSlot> device;
   };
   std::vector<Entry> entries;
   std::unordered_map<std::string, size_t> by_name;
@@ -45,6 +49,7 @@ struct State::Impl {
       if (!e.has_committed) {
         e.save(e.committed);
         e.has_committed = true;
+        if (e.device) std::vector<char>().swap(e.committed);  // the commit is in pinned memory
       }
     }
   }
@@ -86,13 +91,32 @@ struct State::Impl {
       targets[i]->committed = std::move(bytes);
       targets[i]->has_committed = true;
     }
+    drop_device_mirrors();
     commit_id = snap.commit_id;
     has_snapshot = true;
   }
 
   void load_values() {
     for (Entry& e : entries) {
-      if (e.has_committed) e.load(e.committed);
+      if (!e.has_committed) continue;
+      if (e.device) {
+        e.device->restore();
+      } else {
+        e.load(e.committed);
+      }
+    }
+  }
+
+  // Brings device entries' `committed` up to their pinned commit before refs() is encoded.
+  void mirror_device() {
+    for (Entry& e : entries) {
+      if (e.device && e.has_committed) e.device->mirror(e.committed);
+    }
+  }
+  // After encoding or loading: the pinned commit is the only host copy kept.
+  void drop_device_mirrors() {
+    for (Entry& e : entries) {
+      if (e.device) std::vector<char>().swap(e.committed);
     }
   }
 };
@@ -147,6 +171,18 @@ void State::register_buffer(const std::string& name, void* data, size_t bytes) {
   });
 }
 
+void State::register_device_buffer(const std::string& name, void* device_ptr, size_t bytes,
+                                   DeviceBufferOptions options) {
+  if (impl_->by_name.count(name) != 0) {
+    throw Error(fmt::format("erun: state entry '{}' is registered twice; give each value its own name", name));
+  }
+  auto slot = std::make_shared<si::DeviceSlot>(name, device_ptr, bytes, options.stream, options.async,
+                                               ctx_.collective_timeout());
+  register_entry(name, [slot](std::vector<char>& b) { slot->save_to(b); },
+                 [slot](const std::vector<char>& b) { slot->load_from(b); });
+  impl_->entries.back().device = std::move(slot);
+}
+
 void State::commit() {
   // User serializers may throw: run them before touching the snapshot.
   std::vector<std::vector<char>> staged(impl_->entries.size());
@@ -157,6 +193,8 @@ void State::commit() {
     Impl::Entry& e = impl_->entries[i];
     if (e.may_throw) {
       e.committed.swap(staged[i]);
+    } else if (e.device) {
+      e.device->commit();
     } else {
       e.save(e.committed);
     }
@@ -165,8 +203,10 @@ void State::commit() {
   impl_->commit_id += 1;
   impl_->has_snapshot = true;
   if (!impl_->checkpoint_dir.empty() && ctx_.rank() == 0) {
+    impl_->mirror_device();
     si::write_file_atomically(impl_->checkpoint_dir, si::kStateFile, impl_->commit_id,
                               impl_->refs());
+    impl_->drop_device_mirrors();
   }
   check_host_updates();
 }
@@ -211,7 +251,9 @@ void State::sync() {
       impl_->fill_uncommitted();
       impl_->load_values();
     }
+    impl_->mirror_device();
     blob = si::encode(impl_->commit_id, impl_->refs());
+    impl_->drop_device_mirrors();
   }
   int64_t bytes = static_cast<int64_t>(blob.size());
   comm.broadcast(&bytes, sizeof(bytes), root);

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <thread>
 
+#include "common/backoff.h"
 #include "common/check.h"
 
 namespace erun {
@@ -36,25 +37,6 @@ ncclRedOp_t nccl_op(ReduceOp op) {
   return ncclSum;
 }
 
-// Polling interval while waiting: short at first (most operations finish in
-// microseconds), then backing off so that a long wait costs little CPU.
-class Backoff {
- public:
-  void pause() {
-    if (spins_ < 1000) {
-      ++spins_;
-      std::this_thread::yield();
-      return;
-    }
-    std::this_thread::sleep_for(sleep_);
-    sleep_ = std::min(sleep_ * 2, std::chrono::microseconds(1000));
-  }
-
- private:
-  int spins_ = 0;
-  std::chrono::microseconds sleep_{20};
-};
-
 }  // namespace
 
 struct NcclCommunicator::Comm {
@@ -78,27 +60,48 @@ int cuda_device_count() {
 
 bool nccl_available() { return cuda_device_count() > 0; }
 
-NcclCommunicator::NcclCommunicator(KvStore& store, const NcclOptions& o) : options_(o), comm_(std::make_unique<Comm>()) {
+static_assert(sizeof(ncclUniqueId) == sizeof(NcclId), "NcclId must hold an ncclUniqueId");
+
+NcclId nccl_unique_id() {
+  ncclUniqueId id;
+  if (ncclResult_t r = ncclGetUniqueId(&id); r != ncclSuccess) {
+    throw CommError(std::string("nccl: ncclGetUniqueId failed: ") + ncclGetErrorString(r));
+  }
+  NcclId out;
+  std::memcpy(out.data(), id.internal, out.size());
+  return out;
+}
+
+NcclId NcclCommunicator::exchange_id(KvStore& store, const NcclOptions& o) {
+  ERUN_CHECK(o.size >= 1 && o.rank >= 0 && o.rank < o.size);
+  const std::string key = o.prefix + "/nccl_unique_id";
+  if (o.rank == 0) {
+    NcclId id = nccl_unique_id();
+    store.set(key, std::vector<char>(id.begin(), id.end()));
+    return id;
+  }
+  std::vector<char> bytes = store.get(key, o.timeout);  // CommError on timeout
+  if (bytes.size() != sizeof(NcclId)) {
+    throw CommError("nccl init failed on rank " + std::to_string(o.rank) + ": the unique id under '" + key +
+                    "' has " + std::to_string(bytes.size()) + " bytes, not " + std::to_string(sizeof(NcclId)));
+  }
+  NcclId id;
+  std::memcpy(id.data(), bytes.data(), id.size());
+  return id;
+}
+
+NcclCommunicator::NcclCommunicator(KvStore& store, const NcclOptions& o)
+    : NcclCommunicator(exchange_id(store, o), o) {}
+
+NcclCommunicator::NcclCommunicator(const NcclId& id_bytes, const NcclOptions& o)
+    : options_(o), comm_(std::make_unique<Comm>()) {
   ERUN_CHECK(o.size >= 1 && o.rank >= 0 && o.rank < o.size);
   const TimePoint deadline = std::chrono::steady_clock::now() + o.timeout;
   if (cudaError_t e = cudaSetDevice(o.device); e != cudaSuccess) {
     fail("init", std::string("cudaSetDevice(") + std::to_string(o.device) + "): " + cudaGetErrorString(e));
   }
   ncclUniqueId id;
-  const std::string key = o.prefix + "/nccl_unique_id";
-  if (o.rank == 0) {
-    if (ncclResult_t r = ncclGetUniqueId(&id); r != ncclSuccess) fail("init", ncclGetErrorString(r));
-    store.set(key, std::vector<char>(id.internal, id.internal + sizeof(id.internal)));
-  } else {
-    std::vector<char> bytes;
-    try {
-      bytes = store.get(key, o.timeout);
-    } catch (const CommError& e) {
-      fail("init", e.what());
-    }
-    if (bytes.size() != sizeof(id.internal)) fail("init", "the unique id in the store has the wrong size");
-    std::memcpy(id.internal, bytes.data(), sizeof(id.internal));
-  }
+  std::memcpy(id.internal, id_bytes.data(), sizeof(id.internal));
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
   ncclResult_t r = ncclCommInitRankConfig(&comm_->handle, o.size, id, o.rank, &config);

@@ -1,7 +1,9 @@
 // NcclCommunicator: collectives on GPU buffers among the ranks of one
 // generation, one GPU per rank. Construction is collective: rank 0 creates the
-// NCCL unique id and shares it through the KvStore under `prefix`; init is
-// nonblocking and bounded by `timeout`. Operations are enqueued on the caller's
+// NCCL unique id and shares it, either through the KvStore under `prefix` or
+// by the caller (erun's GpuCommunicator broadcasts it over the generation's
+// CPU communicator, i.e. the rendezvous-built mesh or MPI); init is
+// nonblocking (config.blocking = 0) and bounded by `timeout`. Operations are enqueued on the caller's
 // stream and then waited for by the caller's thread, which polls the stream and
 // NCCL's async error until the deadline; on error or timeout it aborts the NCCL
 // communicator and throws CommError, and the object only throws afterwards.
@@ -10,6 +12,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <array>
 #include <atomic>
 #include <memory>
 #include <string>
@@ -25,6 +28,11 @@ namespace erun {
 bool nccl_available();
 int cuda_device_count();
 
+// The bytes of an ncclUniqueId (NCCL_UNIQUE_ID_BYTES).
+using NcclId = std::array<char, 128>;
+// A fresh unique id (rank 0 of a communicator); throws CommError.
+NcclId nccl_unique_id();
+
 struct NcclOptions {
   int rank = 0;
   int size = 1;
@@ -36,6 +44,8 @@ struct NcclOptions {
 class NcclCommunicator {
  public:
   NcclCommunicator(KvStore& store, const NcclOptions& options);
+  // Every rank passes the id rank 0 got from nccl_unique_id().
+  NcclCommunicator(const NcclId& id, const NcclOptions& options);
   ~NcclCommunicator();
   NcclCommunicator(const NcclCommunicator&) = delete;
   NcclCommunicator& operator=(const NcclCommunicator&) = delete;
@@ -53,6 +63,7 @@ class NcclCommunicator {
 
  private:
   struct Comm;
+  static NcclId exchange_id(KvStore& store, const NcclOptions& o);
   void wait_ready(const char* what, TimePoint deadline);
   void wait_stream(const char* what, cudaStream_t stream);
   void check_usable(const char* what);

@@ -1,0 +1,294 @@
+// GpuCommunicator: the public face of the GPU collectives. It keeps the
+// device chosen on first use for the life of the process (the user's buffers
+// live there), and one backend per generation: on the first GPU collective of
+// a generation every rank allgathers (host, device UUID) over the
+// generation's CPU communicator, all ranks make the same choice
+// (gpu_plan::choose_backend), and NCCL's unique id is broadcast over the same
+// CPU communicator (the rendezvous-built mesh under erun, MPI under
+// mpirun/srun), so every step is bounded by the collective timeout.
+#include <unistd.h>
+
+#include <fmt/format.h>
+
+#include <climits>
+#include <cstring>
+#include <mutex>
+
+#include "common/log.h"
+#include "erun/erun.hpp"
+#include "state/gpu_plan.h"
+
+#if ERUN_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "collectives/cuda/staged_communicator.h"
+#endif
+#if ERUN_HAVE_NCCL
+#include "collectives/nccl/nccl_communicator.h"
+#endif
+
+namespace erun {
+
+const char* to_string(GpuBackend b) {
+  switch (b) {
+    case GpuBackend::kAuto: return "auto";
+    case GpuBackend::kNccl: return "nccl";
+    case GpuBackend::kStaged: return "staged";
+  }
+  return "?";
+}
+
+bool built_with_cuda() {
+#if ERUN_HAVE_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+bool built_with_nccl() {
+#if ERUN_HAVE_NCCL
+  return true;
+#else
+  return false;
+#endif
+}
+
+int gpu_device_count() {
+#if ERUN_HAVE_CUDA
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();  // clear the "no device" error
+    return 0;
+  }
+  return n;
+#else
+  return 0;
+#endif
+}
+
+namespace {
+
+[[noreturn]] [[maybe_unused]] void no_cuda(const char* what) {
+  throw Error(fmt::format("erun: GPU {}: erun was built without CUDA; rebuild it where the CUDA toolkit is "
+                          "found (cmake -DERUN_WITH_NCCL=AUTO or ON, CUDA_HOME set)",
+                          what));
+}
+
+[[maybe_unused]] std::string this_host() {
+  char name[HOST_NAME_MAX + 1] = {};
+  if (::gethostname(name, sizeof(name) - 1) != 0) return "unknown";
+  return name;
+}
+
+#if ERUN_HAVE_CUDA
+void cuda_check(cudaError_t e, const char* what, int device) {
+  if (e == cudaSuccess) return;
+  throw Error(fmt::format("erun: {} on device {} failed: {}", what, device, cudaGetErrorString(e)));
+}
+#endif
+
+}  // namespace
+
+struct GpuCommunicator::Impl {
+  explicit Impl(Context& c) : ctx(c) {}
+  Context& ctx;
+  int device = -1;
+  GpuBackend forced = GpuBackend::kAuto;
+  GpuBackend backend = GpuBackend::kAuto;  // kAuto: none built for `generation`
+  long generation = -1;
+  std::mutex mu;  // the backend pointers, against abort() from another thread
+#if ERUN_HAVE_NCCL
+  std::unique_ptr<NcclCommunicator> nccl;
+#endif
+#if ERUN_HAVE_CUDA
+  std::unique_ptr<StagedGpuCommunicator> staged;
+#endif
+
+  void abort() noexcept {
+    std::lock_guard<std::mutex> lock(mu);
+#if ERUN_HAVE_NCCL
+    if (nccl) nccl->abort();
+#endif
+#if ERUN_HAVE_CUDA
+    if (staged) staged->abort();
+#endif
+  }
+
+  // Aborts and frees the backend: ncclCommAbort, never ncclCommDestroy,
+  // because a peer of the generation being left may be hung.
+  void drop() noexcept {
+    std::lock_guard<std::mutex> lock(mu);
+#if ERUN_HAVE_NCCL
+    if (nccl) nccl->abort();
+    nccl.reset();
+#endif
+#if ERUN_HAVE_CUDA
+    staged.reset();
+#endif
+    backend = GpuBackend::kAuto;
+    generation = -1;
+  }
+
+  int select_device() {
+#if ERUN_HAVE_CUDA
+    if (device < 0) device = gpu_plan::select_device(ctx.local_rank(), gpu_device_count());
+    cuda_check(cudaSetDevice(device), "cudaSetDevice", device);
+    return device;
+#else
+    no_cuda("device selection");
+#endif
+  }
+
+  // The backend of the current generation, built on its first use.
+  void ensure(const char* what) {
+#if ERUN_HAVE_CUDA
+    const long gen = ctx.info().generation;
+    if (backend != GpuBackend::kAuto && gen == generation) {
+      cuda_check(cudaSetDevice(device), "cudaSetDevice", device);
+      return;
+    }
+    drop();
+    const int dev = select_device();
+    gpu_plan::Identity me;
+    me.host = this_host();
+    cudaDeviceProp prop{};
+    cuda_check(cudaGetDeviceProperties(&prop, dev), "cudaGetDeviceProperties", dev);
+    std::memcpy(me.uuid.data(), prop.uuid.bytes, me.uuid.size());
+    me.has_device = true;
+    Communicator& cpu = ctx.comm();
+    std::vector<char> mine = gpu_plan::encode(me);
+    std::vector<std::vector<char>> all = cpu.allgatherv(mine.data(), mine.size());
+    std::vector<gpu_plan::Identity> ids;
+    for (size_t r = 0; r < all.size(); ++r) ids.push_back(gpu_plan::decode(all[r], static_cast<int>(r)));
+    gpu_plan::Choice choice = gpu_plan::choose_backend(ids, built_with_nccl(), forced);
+    const std::string tag = who(gen, ctx.info().host, ctx.rank());
+    if (ctx.rank() == 0) {
+      ERUN_LOG_INFO("{}: GPU collectives of generation {} use {}: {}", tag, gen, to_string(choice.backend),
+                    choice.reason);
+    }
+    ERUN_LOG_DEBUG("{}: GPU device {} ({})", tag, dev, prop.name);
+    const auto timeout = ctx.collective_timeout();
+    if (choice.backend == GpuBackend::kNccl) {
+#if ERUN_HAVE_NCCL
+      // Rank 0's id (or its failure) goes to every rank: [ok][id].
+      std::vector<char> msg(1 + sizeof(NcclId), 0);
+      std::string failure;
+      if (ctx.rank() == 0) {
+        try {
+          NcclId id = nccl_unique_id();
+          msg[0] = 1;
+          std::memcpy(msg.data() + 1, id.data(), id.size());
+        } catch (const CommError& e) {
+          failure = e.what();
+        }
+      }
+      cpu.broadcast(msg.data(), msg.size(), 0);
+      if (msg[0] != 1) {
+        throw CommError(fmt::format("erun: {}: rank 0 could not create the NCCL unique id{}{}", tag,
+                                    failure.empty() ? "" : ": ", failure));
+      }
+      NcclId id;
+      std::memcpy(id.data(), msg.data() + 1, id.size());
+      NcclOptions o;
+      o.rank = ctx.rank();
+      o.size = ctx.size();
+      o.device = dev;
+      o.timeout = timeout;
+      o.prefix = fmt::format("gen{}", gen);
+      auto comm = std::make_unique<NcclCommunicator>(id, o);
+      std::lock_guard<std::mutex> lock(mu);
+      nccl = std::move(comm);
+#endif
+    } else {
+      StagedOptions o;
+      o.device = dev;
+      o.timeout = timeout;
+      auto comm = std::make_unique<StagedGpuCommunicator>(cpu, o);
+      std::lock_guard<std::mutex> lock(mu);
+      staged = std::move(comm);
+    }
+    backend = choice.backend;
+    generation = gen;
+#else
+    no_cuda(what);
+#endif
+  }
+};
+
+GpuCommunicator::GpuCommunicator(Context& ctx) : impl_(std::make_unique<Impl>(ctx)) {}
+GpuCommunicator::~GpuCommunicator() { impl_->drop(); }
+
+int GpuCommunicator::device() { return impl_->select_device(); }
+
+void GpuCommunicator::set_device(int device) {
+  if (impl_->device >= 0 && impl_->device != device) {
+    throw Error(fmt::format("erun: set_device({}) after device {} was already in use; call it before the first "
+                            "GPU collective or device()",
+                            device, impl_->device));
+  }
+  if (device < 0 || (built_with_cuda() && device >= gpu_device_count())) {
+    throw Error(fmt::format("erun: set_device({}): this worker sees {} CUDA devices", device, gpu_device_count()));
+  }
+  impl_->device = device;
+}
+
+void GpuCommunicator::set_backend(GpuBackend backend) { impl_->forced = backend; }
+
+GpuBackend GpuCommunicator::backend() {
+  impl_->ensure("backend");
+  return impl_->backend;
+}
+
+int GpuCommunicator::rank() const { return impl_->ctx.rank(); }
+int GpuCommunicator::size() const { return impl_->ctx.size(); }
+
+void GpuCommunicator::allreduce(void* data, size_t count, DataType type, ReduceOp op, GpuStream stream) {
+  impl_->ensure("allreduce");
+#if ERUN_HAVE_CUDA
+  auto s = static_cast<cudaStream_t>(stream);
+#if ERUN_HAVE_NCCL
+  if (impl_->backend == GpuBackend::kNccl) return impl_->nccl->allreduce(data, count, type, op, s);
+#endif
+  impl_->staged->allreduce(data, count, type, op, s);
+#endif
+}
+
+void GpuCommunicator::broadcast(void* data, size_t bytes, int root, GpuStream stream) {
+  if (root < 0 || root >= size()) {
+    throw Error(fmt::format("erun: GPU broadcast root {} is not a rank of this world of {}", root, size()));
+  }
+  impl_->ensure("broadcast");
+#if ERUN_HAVE_CUDA
+  auto s = static_cast<cudaStream_t>(stream);
+#if ERUN_HAVE_NCCL
+  if (impl_->backend == GpuBackend::kNccl) return impl_->nccl->broadcast(data, bytes, root, s);
+#endif
+  impl_->staged->broadcast(data, bytes, root, s);
+#endif
+}
+
+void GpuCommunicator::allgather(const void* in, void* out, size_t bytes, GpuStream stream) {
+  impl_->ensure("allgather");
+#if ERUN_HAVE_CUDA
+  auto s = static_cast<cudaStream_t>(stream);
+#if ERUN_HAVE_NCCL
+  if (impl_->backend == GpuBackend::kNccl) return impl_->nccl->allgather(in, out, bytes, s);
+#endif
+  impl_->staged->allgather(in, out, bytes, s);
+#endif
+}
+
+void GpuCommunicator::abort() noexcept { impl_->abort(); }
+void GpuCommunicator::release() noexcept { impl_->drop(); }
+
+GpuCommunicator& Context::gpu() {
+  if (!gpu_) gpu_ = std::make_unique<GpuCommunicator>(*this);
+  return *gpu_;
+}
+
+void Context::abort_gpu() noexcept {
+  if (gpu_) gpu_->release();
+}
+
+}  // namespace erun
