@@ -4,6 +4,7 @@ pointer goes to the C++ communicator; the GIL is released meanwhile). Every
 collective must be called by every rank in the same order; each is bounded by
 the collective timeout (erun --collective-timeout) and raises erun.CommError
 when a peer dies or the deadline passes."""
+import os
 import pickle
 import sys
 
@@ -92,8 +93,30 @@ def _copy(x):
 
 def init():
     """Connects to the launcher (the erun driver, MPI, or nothing: a world of
-    one). Idempotent. Raises erun.Error when the environment is inconsistent."""
+    one). Idempotent. Raises erun.Error when the environment is inconsistent.
+    Under the erun driver an uncaught exception other than CommError or
+    HostsUpdated ends the process with erun's fatal exit code, after the
+    usual traceback, so that the driver ends the job instead of retrying an
+    error that would repeat."""
+    if _erun.initialized():
+        return
     _erun.init()
+    if _erun.elastic() and not getattr(sys.excepthook, "_erun", False):
+        sys.excepthook = _fatal_hook(sys.excepthook)
+
+
+def _fatal_hook(previous):
+    def hook(tp, value, tb):
+        previous(tp, value, tb)
+        if issubclass(tp, (_erun.CommError, _erun.HostsUpdated, KeyboardInterrupt)):
+            return
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(_erun.FATAL_EXIT_CODE)
+    hook._erun = True
+    return hook
 
 
 initialized = _erun.initialized

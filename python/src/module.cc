@@ -161,6 +161,9 @@ PYBIND11_MODULE(_erun, m) {
     }
   });
 
+  // The exit code that tells the erun driver not to retry (see errors.hpp).
+  m.attr("FATAL_EXIT_CODE") = kFatalExitCode;
+
   m.def("init", [] {
     if (g_ctx != nullptr) return;
     Context* c;
