@@ -32,7 +32,7 @@ def synthetic_mnist(n, seed):
     g = torch.Generator().manual_seed(seed)
     templates = torch.rand(10, 1, 28, 28, generator=g)
     labels = torch.randint(0, 10, (n,), generator=g)
-    images = templates[labels] + 0.6 * torch.randn(n, 1, 28, 28, generator=g)
+    images = templates[labels] + 2.0 * torch.randn(n, 1, 28, 28, generator=g)
     return TensorDataset(images, labels)
 
 
