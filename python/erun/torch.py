@@ -69,20 +69,56 @@ def _optimizer_entry(opt):
         header = pickle.dumps({"state": state, "param_groups": sd["param_groups"]}, protocol=5)
         return [len(header).to_bytes(8, "little"), header] + pieces
 
+    def raw(view, base, ref):
+        if ref.nbytes == 0:
+            return torch.empty(ref.shape, dtype=ref.dtype)
+        flat = torch.frombuffer(view, dtype=torch.uint8, count=ref.nbytes, offset=base + ref.offset)
+        return flat.view(ref.dtype).reshape(ref.shape)
+
+    def load_in_place(view, base, header):
+        """Copies into the optimizer's current state tensors when the commit has
+        the same structure (the usual restore): no allocation."""
+        params = [p for group in opt.param_groups for p in group["params"]]
+        groups = header["param_groups"]
+        if len(groups) != len(opt.param_groups) or any(
+                len(g["params"]) != len(og["params"]) for g, og in zip(groups, opt.param_groups)):
+            return False
+        if set(header["state"]) != {i for i, p in enumerate(params) if p in opt.state}:
+            return False
+        for idx, entries in header["state"].items():
+            current = opt.state[params[idx]]
+            if set(entries) != set(current):
+                return False
+            for key, value in entries.items():
+                if isinstance(value, _TensorRef) != isinstance(current[key], torch.Tensor):
+                    return False
+                if isinstance(value, _TensorRef) and (current[key].dtype != value.dtype or
+                                                      tuple(current[key].shape) != value.shape):
+                    return False
+        with torch.no_grad():
+            for idx, entries in header["state"].items():
+                current = opt.state[params[idx]]
+                for key, value in entries.items():
+                    if isinstance(value, _TensorRef):
+                        current[key].copy_(raw(view, base, value))
+                    else:
+                        current[key] = value
+        for g, og in zip(groups, opt.param_groups):
+            og.update({k: v for k, v in g.items() if k != "params"})
+        return True
+
     def load(view):
         hlen = int.from_bytes(view[:8], "little")
         header = pickle.loads(view[8:8 + hlen])
         base = 8 + hlen
+        if load_in_place(view, base, header):
+            return
         state = {}
         for idx, entries in header["state"].items():
             out = {}
             for key, value in entries.items():
                 if isinstance(value, _TensorRef):
-                    if value.nbytes == 0:
-                        out[key] = torch.empty(value.shape, dtype=value.dtype)
-                    else:
-                        raw = torch.frombuffer(view, dtype=torch.uint8, count=value.nbytes, offset=base + value.offset)
-                        out[key] = raw.view(value.dtype).reshape(value.shape).clone()
+                    out[key] = raw(view, base, value).clone()
                 else:
                     out[key] = value
             state[idx] = out

@@ -61,8 +61,7 @@ class PyState {
   void register_callbacks(const std::string& name, py::function save, py::function load) {
     callbacks_.push_back(std::make_unique<Callbacks>(Callbacks{std::move(save), std::move(load)}));
     Callbacks* cb = callbacks_.back().get();
-    Serializer<int> ser;
-    ser.save = [cb, name](const int&) {
+    auto save_fn = [cb](std::vector<char>& out) {
       py::gil_scoped_acquire gil;
       py::list pieces = cb->save();
       std::vector<std::pair<const char*, size_t>> spans;
@@ -79,24 +78,21 @@ class PyState {
         }
         total += spans.back().second;
       }
-      std::vector<char> out(total);
+      py::gil_scoped_release nogil;  // `pieces` keeps the memory alive
+      out.resize(total);             // keeps the allocation of an earlier commit
       size_t at = 0;
-      {
-        py::gil_scoped_release nogil;  // the pieces are kept alive by `pieces`
-        for (auto& [p, n] : spans) {
-          if (n != 0) std::memcpy(out.data() + at, p, n);
-          at += n;
-        }
+      for (auto& [p, n] : spans) {
+        if (n != 0) std::memcpy(out.data() + at, p, n);
+        at += n;
       }
-      return out;
     };
-    ser.load = [cb](int&, const std::vector<char>& bytes) {
+    auto load_fn = [cb](const std::vector<char>& bytes) {
       py::gil_scoped_acquire gil;
       // Writable so that torch.frombuffer accepts it; the callee only reads.
       auto view = py::memoryview::from_memory(const_cast<char*>(bytes.data()), static_cast<ssize_t>(bytes.size()));
       cb->load(view);
     };
-    state_->register_object(name, &dummy_, std::move(ser));
+    state_->register_bytes(name, std::move(save_fn), std::move(load_fn));
   }
 
   void commit() {
@@ -134,7 +130,6 @@ class PyState {
     py::function load;
   };
   std::vector<std::unique_ptr<Callbacks>> callbacks_;
-  int dummy_ = 0;
   std::unique_ptr<State> state_;
 };
 
