@@ -316,11 +316,7 @@ class Bench:
             with job.cv:
                 gen0 = max(r["gen"] for r in job.steps)
                 victim_rank = 1
-                if mode == "erun-python-inplace":
-            return [self.erun, "-np", str(w), "--min-np", "2", "--max-np", str(w), "--mode", "elastic",
-                    "--term-grace", "1", "/usr/bin/python3", os.path.join(ROOT, "bench/python_step_worker.py")] + step, \
-                {"PYTHONPATH": self.bin("python")}
-        if mode == "erun-restart":
+                if mode == "erun-restart":
                     cands = [s for s in job.starts if s["rank"] == victim_rank and s["gen"] == gen0]
                 else:
                     cands = [s for s in job.steps if s["rank"] == victim_rank and s["gen"] == gen0]
