@@ -9,10 +9,16 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "erun/erun.hpp"
@@ -27,6 +33,87 @@ Context* g_ctx = nullptr;  // owned by erun::init(); set once init() succeeded
 Context& ctx() {
   if (g_ctx == nullptr) throw Error("erun: call erun.init() before any other erun function");
   return *g_ctx;
+}
+
+// Ctrl-C during a blocked collective: SIGINT (after Python's own handler has
+// noted it) wakes a watcher thread through a pipe, which aborts the
+// communicator of the collective in flight; the call then fails with
+// CommError and Python raises KeyboardInterrupt at once instead of after the
+// collective timeout.
+struct Interrupts {
+  int pipe_fds[2] = {-1, -1};
+  struct sigaction previous {};
+  std::mutex mu;
+  Communicator* in_flight = nullptr;  // guarded by mu
+};
+Interrupts* g_interrupts = nullptr;  // installed once by init(), never freed
+
+void on_sigint(int sig, siginfo_t* info, void* uctx) {
+  Interrupts* in = g_interrupts;
+  const char c = 1;
+  (void)!::write(in->pipe_fds[1], &c, 1);
+  if (in->previous.sa_flags & SA_SIGINFO) {
+    in->previous.sa_sigaction(sig, info, uctx);
+  } else if (in->previous.sa_handler != SIG_DFL && in->previous.sa_handler != SIG_IGN) {
+    in->previous.sa_handler(sig);
+  }
+}
+
+// Only when Python handles SIGINT (its default handler raises KeyboardInterrupt).
+void install_interrupts() {
+  if (g_interrupts != nullptr) return;
+  struct sigaction current {};
+  if (::sigaction(SIGINT, nullptr, &current) != 0) return;
+  if (!(current.sa_flags & SA_SIGINFO) && (current.sa_handler == SIG_DFL || current.sa_handler == SIG_IGN)) return;
+  auto* in = new Interrupts();
+  if (::pipe2(in->pipe_fds, O_CLOEXEC) != 0) {
+    delete in;
+    return;
+  }
+  ::fcntl(in->pipe_fds[1], F_SETFL, O_NONBLOCK);  // the handler never blocks
+  in->previous = current;
+  g_interrupts = in;
+  std::thread([in] {
+    char c;
+    while (::read(in->pipe_fds[0], &c, 1) > 0 || errno == EINTR) {
+      std::lock_guard<std::mutex> lock(in->mu);
+      if (in->in_flight != nullptr) in->in_flight->abort();
+    }
+  }).detach();
+  struct sigaction sa {};
+  sa.sa_sigaction = on_sigint;
+  sa.sa_flags = SA_SIGINFO | SA_RESTART;
+  sigemptyset(&sa.sa_mask);
+  ::sigaction(SIGINT, &sa, nullptr);
+}
+
+// Marks `c` as the communicator a SIGINT aborts while this object lives.
+class InFlight {
+ public:
+  explicit InFlight(Communicator& c) { set(&c); }
+  ~InFlight() { set(nullptr); }
+
+ private:
+  static void set(Communicator* c) {
+    if (g_interrupts == nullptr) return;
+    std::lock_guard<std::mutex> lock(g_interrupts->mu);
+    g_interrupts->in_flight = c;
+  }
+};
+
+// Runs a blocking call on `c` without the GIL, abortable by SIGINT. When a
+// SIGINT aborted it, Python's handler runs here and its KeyboardInterrupt
+// replaces the CommError.
+template <typename F>
+void blocking(Communicator& c, F&& f) {
+  try {
+    py::gil_scoped_release nogil;
+    InFlight guard(c);
+    f();
+  } catch (const CommError&) {
+    if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+    throw;
+  }
 }
 
 DataType to_type(int t) {
@@ -96,20 +183,17 @@ class PyState {
   }
 
   void commit() {
-    py::gil_scoped_release nogil;
-    state_->commit();
+    blocking(ctx().comm(), [&] { state_->commit(); });
   }
   void restore() {
     py::gil_scoped_release nogil;
     state_->restore();
   }
   void sync() {
-    py::gil_scoped_release nogil;
-    state_->sync();
+    blocking(ctx().comm(), [&] { state_->sync(); });
   }
   void check_host_updates() {
-    py::gil_scoped_release nogil;
-    state_->check_host_updates();
+    blocking(ctx().comm(), [&] { state_->check_host_updates(); });
   }
   uint64_t commit_id() const { return state_->commit_id(); }
   void set_checkpoint_dir(const std::string& dir) {
@@ -167,6 +251,7 @@ PYBIND11_MODULE(_erun, m) {
       c = &init();
     }
     g_ctx = c;
+    install_interrupts();
   });
   m.def("initialized", [] { return g_ctx != nullptr; });
   m.def("shutdown", [] {
@@ -195,8 +280,7 @@ PYBIND11_MODULE(_erun, m) {
     DataType t = to_type(type);
     ReduceOp o = to_op(op);
     Communicator& c = ctx().comm();
-    py::gil_scoped_release nogil;
-    c.allreduce(address(data), count, t, o);
+    blocking(c, [&] { c.allreduce(address(data), count, t, o); });
   }, py::arg("data"), py::arg("count"), py::arg("type"), py::arg("op"));
   m.def("broadcast", [](uintptr_t data, size_t bytes, int root) {
     Communicator& c = ctx().comm();
@@ -204,30 +288,24 @@ PYBIND11_MODULE(_erun, m) {
       throw Error("erun: broadcast root " + std::to_string(root) + " is not a rank of a world of " +
                   std::to_string(c.size()));
     }
-    py::gil_scoped_release nogil;
-    c.broadcast(address(data), bytes, root);
+    blocking(c, [&] { c.broadcast(address(data), bytes, root); });
   });
   m.def("allgather", [](uintptr_t in, uintptr_t out, size_t bytes) {
     Communicator& c = ctx().comm();
-    py::gil_scoped_release nogil;
-    c.allgather(address(in), address(out), bytes);
+    blocking(c, [&] { c.allgather(address(in), address(out), bytes); });
   });
   m.def("allgatherv", [](py::bytes in) {
     std::string s = in;
     Communicator& c = ctx().comm();
     std::vector<std::vector<char>> parts;
-    {
-      py::gil_scoped_release nogil;
-      parts = c.allgatherv(s.data(), s.size());
-    }
+    blocking(c, [&] { parts = c.allgatherv(s.data(), s.size()); });
     py::list out;
     for (auto& p : parts) out.append(py::bytes(p.data(), p.size()));
     return out;
   });
   m.def("barrier", [] {
     Communicator& c = ctx().comm();
-    py::gil_scoped_release nogil;
-    c.barrier();
+    blocking(c, [&] { c.barrier(); });
   });
   m.def("data_type_size", [](int t) { return data_type_size(to_type(t)); });
 
