@@ -3,9 +3,9 @@
 // ElasticSampler) with raw addresses: the pure-Python side checks a tensor or
 // array (contiguous, CPU, dtype) and passes its data pointer, so collectives
 // and commits work on the caller's own memory without a copy and without
-// linking libtorch. Every blocking call releases the GIL. C++ exceptions become
-// erun.Error / erun.CommError / erun.HostsUpdated.
-#include <pybind11/functional.h>
+// linking libtorch. Every blocking call releases the GIL and is aborted by a
+// SIGINT (KeyboardInterrupt). C++ exceptions become erun.Error /
+// erun.CommError / erun.HostsUpdated.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -134,9 +134,6 @@ void* address(uintptr_t p) { return reinterpret_cast<void*>(p); }
 class PyState {
  public:
   PyState() : state_(std::make_unique<State>(ctx())) {}
-  ~PyState() {
-    state_.reset();
-  }
 
   void register_buffer(const std::string& name, uintptr_t data, size_t bytes) {
     state_->register_buffer(name, address(data), bytes);
