@@ -255,6 +255,8 @@ class Bench:
         modes = ["erun-inplace", "erun-restart"]
         if self.torch:
             modes += ["torchrun-tuned", "torchrun-stock"]
+            if os.path.isdir(self.bin("python/erun")):  # the same recovery from a PyTorch worker (erun.torch)
+                modes += ["erun-python-inplace"]
         for mode in modes:
             reps = self.reps(1 if mode == "torchrun-stock" else 5)
             runs = []
@@ -279,6 +281,10 @@ class Bench:
         if mode == "erun-inplace":
             return [self.erun, "-np", str(w), "--min-np", "2", "--max-np", str(w), "--mode", "elastic",
                     "--term-grace", "1", self.bin("bench/step_worker")] + step, {}
+        if mode == "erun-python-inplace":
+            return [self.erun, "-np", str(w), "--min-np", "2", "--max-np", str(w), "--mode", "elastic",
+                    "--term-grace", "1", "/usr/bin/python3", os.path.join(ROOT, "bench/python_step_worker.py")] + step, \
+                {"PYTHONPATH": self.bin("python")}
         if mode == "erun-restart":
             wrapper = ('echo "START pid=$$ rank=$RANK restart=${TORCHELASTIC_RESTART_COUNT:-0} t=$(date +%s.%N)"; '
                        'exec "$@"')
@@ -317,7 +323,7 @@ class Bench:
                 victim = cands[-1]["pid"]
             t_kill = time.time()
             os.kill(victim, signal.SIGKILL)
-            restart = mode != "erun-inplace"
+            restart = not mode.endswith("-inplace")
 
             def recovered(j):
                 after = [r for r in j.steps if r["gen"] > gen0 and r["t"] > t_kill]
@@ -341,7 +347,7 @@ class Bench:
                 raise RuntimeError(f"{mode}: survivors did not complete a step within {limit} s of the kill "
                                    f"(generation {gen0}, killed pid {victim}; gen/pid/rank seen: {seen}):\n"
                                    f"{job.output_tail()}")
-            if mode == "erun-inplace":  # the replacement worker, for the record
+            if not restart:  # the replacement worker, for the record
                 job.wait(lambda j: any(r["t"] > t_kill and r["pid"] not in
                                        {x["pid"] for x in j.steps if x["t"] <= t_kill} for r in j.steps), 15)
             with job.cv:

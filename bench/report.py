@@ -227,9 +227,26 @@ def write(r, root):
         "`cudaMemcpy`) come from `scripts/gpu_tests.sh` on a GPU machine; results and targets in "
         "[gpu.md](gpu.md#measured).")
     path = os.path.join(root, "docs", "performance.md")
+    d.out += kept_sections(path)
     with open(path, "w") as f:
         f.write("\n".join(d.out).rstrip() + "\n")
     print(f"wrote {path}")
+
+
+# Sections measured by other scripts (e.g. bench/python_allreduce.py): kept
+# as they are, from their heading to the end of the file.
+KEPT_HEADINGS = ("## 7. The Python package",)
+
+
+def kept_sections(path):
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        lines = f.read().splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith(KEPT_HEADINGS):
+            return [""] + lines[i:]
+    return []
 
 
 def sections(d, img):

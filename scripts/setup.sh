@@ -11,6 +11,7 @@ packages=(
   libgloo-dev libopenmpi-dev openmpi-bin
   libssl-dev openssh-client openssh-server
   procps psmisc iproute2 python3
+  python3-dev python3-pybind11 pybind11-dev python3-torch python3-numpy python3-pytest   # the erun Python package (python/)
   slurmctld slurmd slurm-client munge   # the real two-node Slurm of tests/integration/slurm_test.cc
 )
 

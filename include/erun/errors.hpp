@@ -9,6 +9,8 @@
 
 namespace erun {
 
+inline constexpr int kFatalExitCode = 121;
+
 class Error : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;

@@ -92,6 +92,14 @@ class State {
                    /*may_throw=*/true);
   }
 
+  // Bytes written by `save` into a buffer it is handed (resize + copy; the
+  // buffer keeps its allocation from commit to commit, so a large entry costs
+  // a copy, not a fresh allocation) and read back by `load`. Either may throw:
+  // commit() runs `save` into a side buffer first, so a throwing one leaves
+  // the previous commit intact. For bindings (the Python package).
+  void register_bytes(const std::string& name, std::function<void(std::vector<char>&)> save,
+                      std::function<void(const std::vector<char>&)> load);
+
   void commit();
   void restore();
   void sync();

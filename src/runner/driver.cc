@@ -16,6 +16,7 @@
 
 #include "common/log.h"
 #include "common/strings.h"
+#include "erun/errors.hpp"
 
 namespace erun {
 namespace {
@@ -636,6 +637,11 @@ std::optional<int> Driver::step() {
       if (generation_failure_) {
         Failure f = *generation_failure_;
         if (!first_failure_) first_failure_ = f;
+        if (f.status.signal == 0 && f.status.code == kFatalExitCode) {
+          ERUN_LOG_ERROR("{}: {} reported an unrecoverable error (exit code {}); ending the job without a retry",
+                         who(generation_), who(-1, f.host, f.rank), kFatalExitCode);
+          return finish_with_failure(f);
+        }
         bool blacklisted = hosts_.record_failure(f.host);
         for (auto& h : plan_.hosts()) {
           if (h != f.host) hosts_.record_success(h);

@@ -21,6 +21,9 @@ struct State::Impl {
     LoadFn load;
     bool may_throw = false;
     std::vector<char> committed;  // owned deep copy; its allocation is reused between commits
+    std::vector<char> spare;      // register_bytes entries: the previous commit's allocation, staged into
+                                  // by the next commit (costs one more copy of memory, saves page faults)
+    bool keep_spare = false;
     bool has_committed = false;
     // A device buffer: its commit lives in the slot's pinned memory and
     // `committed` is a copy made only when the bytes are encoded.
@@ -183,16 +186,32 @@ void State::register_device_buffer(const std::string& name, void* device_ptr, si
   impl_->entries.back().device = std::move(slot);
 }
 
+void State::register_bytes(const std::string& name, std::function<void(std::vector<char>&)> save,
+                           std::function<void(const std::vector<char>&)> load) {
+  register_entry(name, std::move(save), std::move(load), /*may_throw=*/true);
+  impl_->entries.back().keep_spare = true;
+}
+
 void State::commit() {
   // User serializers may throw: run them before touching the snapshot.
+  // Their side buffers reuse the allocation of the commit before the last.
   std::vector<std::vector<char>> staged(impl_->entries.size());
   for (size_t i = 0; i < impl_->entries.size(); ++i) {
-    if (impl_->entries[i].may_throw) impl_->entries[i].save(staged[i]);
+    Impl::Entry& e = impl_->entries[i];
+    if (!e.may_throw) continue;
+    staged[i].swap(e.spare);
+    try {
+      e.save(staged[i]);
+    } catch (...) {
+      e.spare.swap(staged[i]);
+      throw;
+    }
   }
   for (size_t i = 0; i < impl_->entries.size(); ++i) {
     Impl::Entry& e = impl_->entries[i];
     if (e.may_throw) {
       e.committed.swap(staged[i]);
+      if (e.keep_spare) e.spare.swap(staged[i]);
     } else if (e.device) {
       e.device->commit();
     } else {

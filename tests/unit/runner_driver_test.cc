@@ -6,6 +6,7 @@
 #include <map>
 
 #include "discovery/discovery.h"
+#include "erun/errors.hpp"
 #include "runner/driver.h"
 #include "runner/fake_launcher.h"
 
@@ -135,6 +136,20 @@ TEST_F(DriverTest, FailureRestartsEveryWorkerUntilTheResetLimit) {
   EXPECT_EQ(launcher.launched().size(), 12u);
   launcher.finish(launcher.running_rank(3), ExitStatus{7, 0});
   EXPECT_EQ(steps(2), 7);
+}
+
+TEST_F(DriverTest, FatalExitCodeEndsAnElasticJobWithoutARetry) {
+  discovery.set(HostSet({{"a", 2}, {"b", 2}}));
+  auto o = elastic(4, 1, 4);
+  make(o);
+  ASSERT_TRUE(driver->start());
+  steps(1);
+  ASSERT_EQ(launcher.running().size(), 4u);
+  launcher.finish(launcher.running_rank(2), ExitStatus{kFatalExitCode, 0});
+  EXPECT_EQ(steps(2), kFatalExitCode);
+  EXPECT_EQ(driver->resets(), 0);
+  EXPECT_EQ(launcher.launched().size(), 4u);
+  EXPECT_TRUE(launcher.running().empty());
 }
 
 TEST_F(DriverTest, RecoveredFailureDoesNotFailTheJob) {

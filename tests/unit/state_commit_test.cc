@@ -169,6 +169,37 @@ TEST_F(StateCommit, ThrowingSerializerKeepsThePreviousCommit) {
   EXPECT_EQ(obj, 10);
 }
 
+TEST_F(StateCommit, RegisterBytesReusesItsBufferAndAThrowingSaveKeepsThePreviousCommit) {
+  std::vector<char> value(1 << 20, 'a');
+  std::vector<const char*> given;  // the buffer save() is handed at each commit
+  bool fail = false;
+  state.register_bytes("blob", [&](std::vector<char>& out) {
+    if (fail) throw std::runtime_error("save failed");
+    out.resize(value.size());
+    std::copy(value.begin(), value.end(), out.begin());
+    given.push_back(out.data());
+  }, [&](const std::vector<char>& in) { value.assign(in.begin(), in.end()); });
+  for (char c : {'b', 'c', 'd', 'e'}) {
+    std::fill(value.begin(), value.end(), c);
+    state.commit();
+  }
+  ASSERT_EQ(given.size(), 4u);
+  // Two allocations alternate: the commit before the last one's is reused.
+  EXPECT_EQ(given[2], given[0]);
+  EXPECT_EQ(given[3], given[1]);
+  std::fill(value.begin(), value.end(), 'z');
+  fail = true;
+  EXPECT_THROW(state.commit(), std::runtime_error);
+  EXPECT_EQ(state.commit_id(), 4u);
+  state.restore();
+  EXPECT_EQ(value, std::vector<char>(1 << 20, 'e'));
+  fail = false;
+  std::fill(value.begin(), value.end(), 'f');
+  state.commit();
+  state.restore();
+  EXPECT_EQ(value, std::vector<char>(1 << 20, 'f'));
+}
+
 TEST_F(StateCommit, LargeBufferRoundTrip) {
   std::vector<uint64_t> big((64u << 20) / sizeof(uint64_t));
   std::iota(big.begin(), big.end(), uint64_t{1});

@@ -1,0 +1,362 @@
+"""erun.torch: in-place elastic PyTorch training.
+
+- ``TorchState(model=, optimizer=, sampler=, **values)``: an erun.State holding
+  the model's state_dict tensors (committed by memcpy of their own memory), the
+  optimizer's state (lazily created momentum/Adam buffers included: it is
+  serialized as it is at each commit, its tensors as raw bytes), an
+  ElasticSampler's position and picklable values.
+- ``ElasticSampler``: a torch Sampler over this rank's share of an epoch; every
+  sample of an epoch is processed exactly once across resizes and failures.
+- ``DistributedOptimizer(opt)`` / ``allreduce_gradients(params)``: gradient
+  averaging through erun, in buckets.
+- ``process_group()``: a torch.distributed process group for the current
+  generation (for DDP and dist.* calls), rebuilt after every re-join.
+"""
+import math
+import os
+import pickle
+import socket
+from datetime import timedelta
+
+import torch
+import torch.utils.data
+
+from . import _core, _erun, _state
+from ._core import Average, _bytes_of
+from ._erun import CommError, Error
+from ._state import State
+
+__all__ = ["TorchState", "ElasticSampler", "DistributedOptimizer", "allreduce_gradients", "process_group",
+           "destroy_process_group"]
+
+
+class _TensorRef:
+    """Where an optimizer-state tensor lies in a commit's raw section."""
+    __slots__ = ("dtype", "shape", "offset", "nbytes")
+
+    def __init__(self, dtype, shape, offset, nbytes):
+        self.dtype, self.shape, self.offset, self.nbytes = dtype, shape, offset, nbytes
+
+    def __getstate__(self):
+        return (self.dtype, self.shape, self.offset, self.nbytes)
+
+    def __setstate__(self, s):
+        self.dtype, self.shape, self.offset, self.nbytes = s
+
+
+def _optimizer_entry(opt):
+    """save/load callbacks of an optimizer's state_dict: a pickled header
+    (param_groups, non-tensor state, tensor layout) then the tensors' bytes,
+    taken from their own memory without pickling."""
+
+    def save():
+        sd = opt.state_dict()
+        pieces, offset, state = [], 0, {}
+        for idx, entries in sd["state"].items():
+            out = {}
+            for key, value in entries.items():
+                if isinstance(value, torch.Tensor):
+                    t = value.detach()
+                    if t.device.type != "cpu" or not t.is_contiguous():
+                        t = t.contiguous().cpu()
+                    raw = _bytes_of(t)
+                    out[key] = _TensorRef(t.dtype, tuple(t.shape), offset, raw.nbytes)
+                    pieces.append(raw)
+                    offset += raw.nbytes
+                else:
+                    out[key] = value
+            state[idx] = out
+        header = pickle.dumps({"state": state, "param_groups": sd["param_groups"]}, protocol=5)
+        return [len(header).to_bytes(8, "little"), header] + pieces
+
+    def raw(view, base, ref):
+        if ref.nbytes == 0:
+            return torch.empty(ref.shape, dtype=ref.dtype)
+        flat = torch.frombuffer(view, dtype=torch.uint8, count=ref.nbytes, offset=base + ref.offset)
+        return flat.view(ref.dtype).reshape(ref.shape)
+
+    def load_in_place(view, base, header):
+        """Copies into the optimizer's current state tensors when the commit has
+        the same structure (the usual restore): no allocation."""
+        params = [p for group in opt.param_groups for p in group["params"]]
+        groups = header["param_groups"]
+        if len(groups) != len(opt.param_groups) or any(
+                len(g["params"]) != len(og["params"]) for g, og in zip(groups, opt.param_groups)):
+            return False
+        if set(header["state"]) != {i for i, p in enumerate(params) if p in opt.state}:
+            return False
+        for idx, entries in header["state"].items():
+            current = opt.state[params[idx]]
+            if set(entries) != set(current):
+                return False
+            for key, value in entries.items():
+                if isinstance(value, _TensorRef) != isinstance(current[key], torch.Tensor):
+                    return False
+                if isinstance(value, _TensorRef) and (current[key].dtype != value.dtype or
+                                                      tuple(current[key].shape) != value.shape):
+                    return False
+        with torch.no_grad():
+            for idx, entries in header["state"].items():
+                current = opt.state[params[idx]]
+                for key, value in entries.items():
+                    if isinstance(value, _TensorRef):
+                        current[key].copy_(raw(view, base, value))
+                    else:
+                        current[key] = value
+        for g, og in zip(groups, opt.param_groups):
+            og.update({k: v for k, v in g.items() if k != "params"})
+        return True
+
+    def load(view):
+        hlen = int.from_bytes(view[:8], "little")
+        header = pickle.loads(view[8:8 + hlen])
+        base = 8 + hlen
+        if load_in_place(view, base, header):
+            return
+        state = {}
+        for idx, entries in header["state"].items():
+            out = {}
+            for key, value in entries.items():
+                if isinstance(value, _TensorRef):
+                    out[key] = raw(view, base, value).clone()
+                else:
+                    out[key] = value
+            state[idx] = out
+        opt.load_state_dict({"state": state, "param_groups": header["param_groups"]})
+
+    return save, load
+
+
+def _tensor_entry(t):
+    """save/load callbacks for a model tensor that cannot be registered by
+    address (on a GPU, or not contiguous): copied through the CPU."""
+
+    def save():
+        return [_bytes_of(t.detach().contiguous().cpu())]
+
+    def load(view):
+        src = torch.frombuffer(view, dtype=torch.uint8) if len(view) else torch.empty(0, dtype=torch.uint8)
+        with torch.no_grad():
+            t.copy_(src.view(t.dtype).reshape(t.shape))
+
+    return save, load
+
+
+class TorchState(State):
+    """State of a PyTorch training job: ``TorchState(model=m, optimizer=opt,
+    sampler=s, epoch=0, ...)``. The model's parameters and buffers must be
+    updated in place (as optimizers and load_state_dict do)."""
+
+    def __init__(self, model=None, optimizer=None, sampler=None, **values):
+        super().__init__(**values)
+        object.__setattr__(self, "model", model)
+        object.__setattr__(self, "optimizer", optimizer)
+        object.__setattr__(self, "sampler", sampler)
+        if model is not None:
+            for key, t in model.state_dict(keep_vars=True).items():
+                t = t.detach()
+                if t.device.type == "cpu" and t.is_contiguous():
+                    self.register_buffer("model/" + key, t)
+                else:
+                    self.register_callbacks("model/" + key, *_tensor_entry(t))
+        if optimizer is not None:
+            opt = optimizer.optimizer if isinstance(optimizer, DistributedOptimizer) else optimizer
+            self.register_callbacks("optimizer", *_optimizer_entry(opt))
+        if sampler is not None:
+            if not isinstance(sampler, ElasticSampler):
+                raise Error(f"erun: TorchState(sampler=) takes an erun.torch.ElasticSampler, got "
+                            f"{type(sampler).__name__}")
+            sampler._c.register_with(self._c, "erun.sampler")
+            self._sync_hooks.append(sampler._reset_world)
+
+
+class ElasticSampler(torch.utils.data.Sampler):
+    """This rank's share of an epoch's samples, for a DataLoader (workers
+    allowed). ``batch_size`` is the per-rank batch the DataLoader uses; a step
+    of all ranks together takes ``batch_size * world size`` samples. After each
+    step call ``record_batch()`` (before ``commit()``); ``set_epoch(e)`` starts
+    epoch e (calling it again with the same epoch keeps the progress, so a
+    loop re-entered after a failure resumes mid-epoch). Ranks must run the
+    same number of steps: iterate ``sampler.batches(loader)``, which yields
+    None for a rank without a sample in the epoch's last step. Same order and
+    split as erun::ElasticSampler (C++)."""
+
+    def __init__(self, dataset, batch_size=1, shuffle=True, seed=0):
+        n = dataset if isinstance(dataset, int) else len(dataset)
+        if batch_size < 1:
+            raise Error(f"erun: ElasticSampler batch_size {batch_size} must be at least 1")
+        _core.init()
+        self.num_samples = n
+        self.batch_size = int(batch_size)
+        self._c = _erun.ElasticSampler(n, int(seed), bool(shuffle))
+        self._reset_world()
+
+    def _reset_world(self):
+        self._c.reset(_core.rank(), _core.size())
+
+    def set_epoch(self, epoch):
+        self._c.set_epoch(int(epoch))
+
+    @property
+    def epoch(self):
+        return self._c.epoch
+
+    @property
+    def processed(self):
+        """Samples of this epoch already processed by all ranks together."""
+        return self._c.processed
+
+    @property
+    def remaining(self):
+        return self._c.remaining
+
+    def __iter__(self):
+        return iter(self._c.indices())
+
+    def __len__(self):
+        return len(self._c.indices())
+
+    def steps(self):
+        """Steps left in this epoch (the same on every rank)."""
+        return math.ceil(self._c.remaining / (self.batch_size * _core.size()))
+
+    def record_batch(self, global_batch=None):
+        """Marks the current step's samples (of all ranks: batch_size * world
+        size unless given) as processed."""
+        self._c.record_batch(int(global_batch) if global_batch else self.batch_size * _core.size())
+
+    def next_batch(self, global_batch):
+        """This rank's share of the next `global_batch` samples of the epoch
+        (for loops that fix the global batch rather than the per-rank one)."""
+        return self._c.next_batch(int(global_batch))
+
+    def batches(self, loader):
+        """Yields this rank's batch of each remaining step of the epoch from
+        `loader` (a DataLoader over this sampler), or None when this rank has
+        no sample in that step."""
+        if getattr(loader, "batch_size", self.batch_size) != self.batch_size:
+            raise Error(f"erun: the DataLoader's batch_size {loader.batch_size} differs from the sampler's "
+                        f"{self.batch_size}")
+        it = iter(loader)
+        for _ in range(self.steps()):
+            yield next(it, None)
+
+
+def allreduce_gradients(parameters, op=Average, bucket_bytes=25 << 20):
+    """Reduces the .grad of every parameter across ranks (average by default),
+    in buckets of up to bucket_bytes flattened per dtype. A missing grad counts
+    as zeros (so every rank reduces the same buckets)."""
+    groups = {}
+    for p in parameters:
+        if not p.requires_grad:
+            continue
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        groups.setdefault(p.grad.dtype, []).append(p.grad)
+    for grads in groups.values():
+        bucket, nbytes = [], 0
+        for g in grads + [None]:
+            size = 0 if g is None else g.numel() * g.element_size()
+            if bucket and (g is None or nbytes + size > bucket_bytes):
+                _reduce_bucket(bucket, op)
+                bucket, nbytes = [], 0
+            if g is not None:
+                bucket.append(g)
+                nbytes += size
+
+
+def _reduce_bucket(grads, op):
+    if len(grads) == 1 and grads[0].is_contiguous():
+        _core.allreduce_(grads[0], op)
+        return
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    _core.allreduce_(flat, op)
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset:offset + g.numel()].view_as(g))
+        offset += g.numel()
+
+
+class DistributedOptimizer:
+    """Wraps an optimizer so that step() first averages the gradients across
+    ranks (allreduce_gradients): ``opt = erun.torch.DistributedOptimizer(opt)``.
+    Everything else is the wrapped optimizer's (``.optimizer``)."""
+
+    def __init__(self, optimizer, op=Average, bucket_bytes=25 << 20):
+        self.optimizer = optimizer
+        self.op = op
+        self.bucket_bytes = bucket_bytes
+
+    def step(self, closure=None):
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        allreduce_gradients(params, self.op, self.bucket_bytes)
+        return self.optimizer.step(closure) if closure is not None else self.optimizer.step()
+
+    def __getattr__(self, name):
+        return getattr(self.optimizer, name)
+
+
+# The torch.distributed group of the current generation (process_group()).
+_group = {"generation": None, "store": None}
+
+
+def _advertise_address():
+    """The address peers reach rank 0 at: the one erun gave this worker, else
+    loopback in a one-host world, else this host's name."""
+    addr = os.environ.get("ERUN_ADVERTISE_ADDR")
+    if addr:
+        return addr
+    return "127.0.0.1" if _core.cross_size() == 1 else socket.gethostname()
+
+
+def destroy_process_group():
+    """Destroys the process group process_group() made (done before every re-join)."""
+    import torch.distributed as dist
+    if _group["generation"] is not None and dist.is_initialized():
+        dist.destroy_process_group()
+    _group["generation"] = None
+    _group["store"] = None
+
+
+def _lost_peer(exc):
+    """A torch.distributed error while a group is up: a lost peer makes an
+    erun barrier on the same generation fail too."""
+    if _group["generation"] is None or not isinstance(exc, RuntimeError):
+        return False
+    try:
+        _core.barrier()
+    except CommError:
+        return True
+    return False
+
+
+def process_group(backend="gloo", timeout=timedelta(seconds=30)):
+    """The default torch.distributed process group for the current generation
+    (collective: call it on every rank, inside the erun.run function). Rank 0
+    hosts a TCPStore on a free port; its address goes to the others through
+    erun. erun.run destroys the group before each re-join and the next call
+    builds the one of the new generation, so re-wrap DDP each time:
+    ``ddp = DistributedDataParallel(model, process_group=erun.torch.process_group())``."""
+    import torch.distributed as dist
+    gen = _core.generation()
+    if _group["generation"] == gen and dist.is_initialized():
+        return dist.group.WORLD
+    destroy_process_group()
+    if dist.is_initialized():
+        raise Error("erun: torch.distributed is already initialized by someone else; erun.torch.process_group() "
+                    "manages the default group itself")
+    store, where = None, None
+    if _core.rank() == 0:
+        addr = _advertise_address()
+        store = dist.TCPStore(addr, 0, None, True, timeout, wait_for_workers=False)
+        where = (addr, store.port)
+    addr, port = _core.broadcast_object(where, root=0)
+    if store is None:
+        store = dist.TCPStore(addr, port, None, False, timeout)
+    dist.init_process_group(backend, store=store, rank=_core.rank(), world_size=_core.size(), timeout=timeout)
+    _group["generation"], _group["store"] = gen, store
+    return dist.group.WORLD
+
+
+_state._before_rejoin.append(destroy_process_group)
+_state._failure_probes.append(_lost_peer)

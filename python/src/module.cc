@@ -1,0 +1,334 @@
+// _erun: the compiled half of the `erun` Python package (python/erun/). It
+// binds the worker library (erun::init(), the Context's communicator, State,
+// ElasticSampler) with raw addresses: the pure-Python side checks a tensor or
+// array (contiguous, CPU, dtype) and passes its data pointer, so collectives
+// and commits work on the caller's own memory without a copy and without
+// linking libtorch. Every blocking call releases the GIL and is aborted by a
+// SIGINT (KeyboardInterrupt). C++ exceptions become erun.Error /
+// erun.CommError / erun.HostsUpdated.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "erun/erun.hpp"
+
+namespace py = pybind11;
+
+namespace erun {
+namespace {
+
+Context* g_ctx = nullptr;  // owned by erun::init(); set once init() succeeded
+
+Context& ctx() {
+  if (g_ctx == nullptr) throw Error("erun: call erun.init() before any other erun function");
+  return *g_ctx;
+}
+
+// Ctrl-C during a blocked collective: SIGINT (after Python's own handler has
+// noted it) wakes a watcher thread through a pipe, which aborts the
+// communicator of the collective in flight; the call then fails with
+// CommError and Python raises KeyboardInterrupt at once instead of after the
+// collective timeout.
+struct Interrupts {
+  int pipe_fds[2] = {-1, -1};
+  struct sigaction previous {};
+  std::mutex mu;
+  Communicator* in_flight = nullptr;  // guarded by mu
+};
+Interrupts* g_interrupts = nullptr;  // installed once by init(), never freed
+
+void on_sigint(int sig, siginfo_t* info, void* uctx) {
+  Interrupts* in = g_interrupts;
+  const char c = 1;
+  (void)!::write(in->pipe_fds[1], &c, 1);
+  if (in->previous.sa_flags & SA_SIGINFO) {
+    in->previous.sa_sigaction(sig, info, uctx);
+  } else if (in->previous.sa_handler != SIG_DFL && in->previous.sa_handler != SIG_IGN) {
+    in->previous.sa_handler(sig);
+  }
+}
+
+// Only when Python handles SIGINT (its default handler raises KeyboardInterrupt).
+void install_interrupts() {
+  if (g_interrupts != nullptr) return;
+  struct sigaction current {};
+  if (::sigaction(SIGINT, nullptr, &current) != 0) return;
+  if (!(current.sa_flags & SA_SIGINFO) && (current.sa_handler == SIG_DFL || current.sa_handler == SIG_IGN)) return;
+  auto* in = new Interrupts();
+  if (::pipe2(in->pipe_fds, O_CLOEXEC) != 0) {
+    delete in;
+    return;
+  }
+  ::fcntl(in->pipe_fds[1], F_SETFL, O_NONBLOCK);  // the handler never blocks
+  in->previous = current;
+  g_interrupts = in;
+  std::thread([in] {
+    char c;
+    while (::read(in->pipe_fds[0], &c, 1) > 0 || errno == EINTR) {
+      std::lock_guard<std::mutex> lock(in->mu);
+      if (in->in_flight != nullptr) in->in_flight->abort();
+    }
+  }).detach();
+  struct sigaction sa {};
+  sa.sa_sigaction = on_sigint;
+  sa.sa_flags = SA_SIGINFO | SA_RESTART;
+  sigemptyset(&sa.sa_mask);
+  ::sigaction(SIGINT, &sa, nullptr);
+}
+
+// Marks `c` as the communicator a SIGINT aborts while this object lives.
+class InFlight {
+ public:
+  explicit InFlight(Communicator& c) { set(&c); }
+  ~InFlight() { set(nullptr); }
+
+ private:
+  static void set(Communicator* c) {
+    if (g_interrupts == nullptr) return;
+    std::lock_guard<std::mutex> lock(g_interrupts->mu);
+    g_interrupts->in_flight = c;
+  }
+};
+
+// Runs a blocking call on `c` without the GIL, abortable by SIGINT. When a
+// SIGINT aborted it, Python's handler runs here and its KeyboardInterrupt
+// replaces the CommError.
+template <typename F>
+void blocking(Communicator& c, F&& f) {
+  try {
+    py::gil_scoped_release nogil;
+    InFlight guard(c);
+    f();
+  } catch (const CommError&) {
+    if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+    throw;
+  }
+}
+
+DataType to_type(int t) {
+  if (t < 0 || t > static_cast<int>(DataType::kBFloat16)) throw Error("erun: unknown data type code " + std::to_string(t));
+  return static_cast<DataType>(t);
+}
+
+ReduceOp to_op(int op) {
+  if (op < 0 || op > static_cast<int>(ReduceOp::kProduct)) throw Error("erun: unknown reduce op code " + std::to_string(op));
+  return static_cast<ReduceOp>(op);
+}
+
+void* address(uintptr_t p) { return reinterpret_cast<void*>(p); }
+
+// A State whose entries may be Python callables. The callables live as long
+// as the State (they are owned here; the State's entries keep raw pointers),
+// and are called with the GIL, which every collective method releases.
+class PyState {
+ public:
+  PyState() : state_(std::make_unique<State>(ctx())) {}
+
+  void register_buffer(const std::string& name, uintptr_t data, size_t bytes) {
+    state_->register_buffer(name, address(data), bytes);
+  }
+
+  // save() returns a list of pieces, each a bytes-like object or an
+  // (address, nbytes) pair; they are concatenated into the entry. load(view)
+  // receives a read-only memoryview of the committed bytes.
+  void register_callbacks(const std::string& name, py::function save, py::function load) {
+    callbacks_.push_back(std::make_unique<Callbacks>(Callbacks{std::move(save), std::move(load)}));
+    Callbacks* cb = callbacks_.back().get();
+    auto save_fn = [cb](std::vector<char>& out) {
+      py::gil_scoped_acquire gil;
+      py::list pieces = cb->save();
+      std::vector<std::pair<const char*, size_t>> spans;
+      std::vector<py::buffer_info> keep;
+      size_t total = 0;
+      for (py::handle piece : pieces) {
+        if (py::isinstance<py::tuple>(piece)) {
+          auto t = piece.cast<std::pair<uintptr_t, size_t>>();
+          spans.emplace_back(static_cast<const char*>(address(t.first)), t.second);
+        } else {
+          keep.push_back(py::reinterpret_borrow<py::buffer>(piece).request());
+          const py::buffer_info& b = keep.back();
+          spans.emplace_back(static_cast<const char*>(b.ptr), static_cast<size_t>(b.size * b.itemsize));
+        }
+        total += spans.back().second;
+      }
+      py::gil_scoped_release nogil;  // `pieces` keeps the memory alive
+      out.resize(total);             // keeps the allocation of an earlier commit
+      size_t at = 0;
+      for (auto& [p, n] : spans) {
+        if (n != 0) std::memcpy(out.data() + at, p, n);
+        at += n;
+      }
+    };
+    auto load_fn = [cb](const std::vector<char>& bytes) {
+      py::gil_scoped_acquire gil;
+      // Writable so that torch.frombuffer accepts it; the callee only reads.
+      auto view = py::memoryview::from_memory(const_cast<char*>(bytes.data()), static_cast<ssize_t>(bytes.size()));
+      cb->load(view);
+    };
+    state_->register_bytes(name, std::move(save_fn), std::move(load_fn));
+  }
+
+  void commit() {
+    blocking(ctx().comm(), [&] { state_->commit(); });
+  }
+  void restore() {
+    py::gil_scoped_release nogil;
+    state_->restore();
+  }
+  void sync() {
+    blocking(ctx().comm(), [&] { state_->sync(); });
+  }
+  void check_host_updates() {
+    blocking(ctx().comm(), [&] { state_->check_host_updates(); });
+  }
+  uint64_t commit_id() const { return state_->commit_id(); }
+  void set_checkpoint_dir(const std::string& dir) {
+    py::gil_scoped_release nogil;
+    state_->set_checkpoint_dir(dir);
+  }
+  // After a failed attempt of erun.run(): restore when comm_error, re-join the
+  // next generation. Returns the world size before the re-join.
+  int rejoin(bool comm_error, const std::string& what) {
+    py::gil_scoped_release nogil;
+    return detail::rejoin(*state_, comm_error, what.c_str());
+  }
+  State& state() { return *state_; }
+
+ private:
+  struct Callbacks {
+    py::function save;
+    py::function load;
+  };
+  std::vector<std::unique_ptr<Callbacks>> callbacks_;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace
+}  // namespace erun
+
+PYBIND11_MODULE(_erun, m) {
+  using namespace erun;
+  m.doc() = "erun's worker library (see the erun package for the documented API)";
+
+  static py::exception<Error> error(m, "Error", PyExc_RuntimeError);
+  static py::exception<CommError> comm_error(m, "CommError", error.ptr());
+  static py::exception<HostsUpdated> hosts_updated(m, "HostsUpdated", error.ptr());
+  // Most derived first: pybind11 tries translators newest first.
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const HostsUpdated& e) {
+      PyErr_SetString(hosts_updated.ptr(), e.what());
+    } catch (const CommError& e) {
+      PyErr_SetString(comm_error.ptr(), e.what());
+    } catch (const Error& e) {
+      PyErr_SetString(error.ptr(), e.what());
+    }
+  });
+
+  // The exit code that tells the erun driver not to retry (see errors.hpp).
+  m.attr("FATAL_EXIT_CODE") = kFatalExitCode;
+
+  m.def("init", [] {
+    if (g_ctx != nullptr) return;
+    Context* c;
+    {
+      py::gil_scoped_release nogil;
+      c = &init();
+    }
+    g_ctx = c;
+    install_interrupts();
+  });
+  m.def("initialized", [] { return g_ctx != nullptr; });
+  m.def("shutdown", [] {
+    g_ctx = nullptr;
+    py::gil_scoped_release nogil;
+    shutdown();
+  });
+  m.def("info", [] {
+    const WorkerInfo& i = ctx().info();
+    py::dict d;
+    d["rank"] = i.rank;
+    d["size"] = i.size;
+    d["local_rank"] = i.local_rank;
+    d["local_size"] = i.local_size;
+    d["cross_rank"] = i.cross_rank;
+    d["cross_size"] = i.cross_size;
+    d["generation"] = i.generation;
+    d["host"] = i.host;
+    return d;
+  });
+  m.def("elastic", [] { return ctx().elastic(); });
+  m.def("host_update_pending", [] { return ctx().host_update_pending(); });
+  m.def("checkpoint_dir", [] { return ctx().checkpoint_dir(); });
+
+  m.def("allreduce", [](uintptr_t data, size_t count, int type, int op) {
+    DataType t = to_type(type);
+    ReduceOp o = to_op(op);
+    Communicator& c = ctx().comm();
+    blocking(c, [&] { c.allreduce(address(data), count, t, o); });
+  }, py::arg("data"), py::arg("count"), py::arg("type"), py::arg("op"));
+  m.def("broadcast", [](uintptr_t data, size_t bytes, int root) {
+    Communicator& c = ctx().comm();
+    if (root < 0 || root >= c.size()) {
+      throw Error("erun: broadcast root " + std::to_string(root) + " is not a rank of a world of " +
+                  std::to_string(c.size()));
+    }
+    blocking(c, [&] { c.broadcast(address(data), bytes, root); });
+  });
+  m.def("allgather", [](uintptr_t in, uintptr_t out, size_t bytes) {
+    Communicator& c = ctx().comm();
+    blocking(c, [&] { c.allgather(address(in), address(out), bytes); });
+  });
+  m.def("allgatherv", [](py::bytes in) {
+    std::string s = in;
+    Communicator& c = ctx().comm();
+    std::vector<std::vector<char>> parts;
+    blocking(c, [&] { parts = c.allgatherv(s.data(), s.size()); });
+    py::list out;
+    for (auto& p : parts) out.append(py::bytes(p.data(), p.size()));
+    return out;
+  });
+  m.def("barrier", [] {
+    Communicator& c = ctx().comm();
+    blocking(c, [&] { c.barrier(); });
+  });
+  m.def("data_type_size", [](int t) { return data_type_size(to_type(t)); });
+
+  py::class_<PyState>(m, "State")
+      .def(py::init<>())
+      .def("register_buffer", &PyState::register_buffer)
+      .def("register_callbacks", &PyState::register_callbacks)
+      .def("commit", &PyState::commit)
+      .def("restore", &PyState::restore)
+      .def("sync", &PyState::sync)
+      .def("check_host_updates", &PyState::check_host_updates)
+      .def("set_checkpoint_dir", &PyState::set_checkpoint_dir)
+      .def("rejoin", &PyState::rejoin)
+      .def_property_readonly("commit_id", &PyState::commit_id);
+
+  py::class_<ElasticSampler>(m, "ElasticSampler")
+      .def(py::init<size_t, uint64_t, bool>(), py::arg("num_samples"), py::arg("seed"), py::arg("shuffle") = true)
+      // The State keeps the sampler alive: its entry points at it.
+      .def("register_with", [](ElasticSampler& s, PyState& st, const std::string& name) { s.register_with(st.state(), name); },
+           py::keep_alive<2, 1>())
+      .def("reset", &ElasticSampler::reset)
+      .def("set_epoch", &ElasticSampler::set_epoch)
+      .def_property_readonly("epoch", &ElasticSampler::epoch)
+      .def("indices", &ElasticSampler::indices)
+      .def("next_batch", &ElasticSampler::next_batch)
+      .def("record_batch", &ElasticSampler::record_batch)
+      .def_property_readonly("remaining", &ElasticSampler::remaining)
+      .def_property_readonly("processed", &ElasticSampler::processed);
+}

@@ -1,0 +1,176 @@
+"""Fixtures for the erun Python package tests: the built erun binary, and
+jobs of real worker processes under it (tests/python/workers/*.py, copied to
+a per-test directory so that a test finds its own processes in /proc)."""
+import json
+import os
+import pathlib
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+SOURCE = pathlib.Path(__file__).resolve().parents[2]
+BUILD = pathlib.Path(os.environ.get("ERUN_BUILD_DIR", SOURCE / "build"))
+ERUN = BUILD / "src" / "runner" / "erun"
+WORKERS = pathlib.Path(__file__).resolve().parent / "workers"
+PYTHON = "/usr/bin/python3"
+
+
+def pids_running(needle):
+    """Pids of processes whose command line contains `needle`."""
+    out = []
+    for d in pathlib.Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            stat = (d / "stat").read_text()
+        except OSError:
+            continue
+        if needle in cmd and stat.split(") ")[-1][:1] != "Z":
+            out.append(int(d.name))
+    return out
+
+
+class Job:
+    """An erun (or any launcher) process whose output goes to files."""
+
+    def __init__(self, argv, workdir, events_path, env=None):
+        self.events_path = events_path
+        self.out_path = workdir / "stdout.txt"
+        self.err_path = workdir / "stderr.txt"
+        e = dict(os.environ)
+        e.update(env or {})
+        self._out = open(self.out_path, "wb")
+        self._err = open(self.err_path, "wb")
+        self.proc = subprocess.Popen(argv, stdout=self._out, stderr=self._err, stdin=subprocess.DEVNULL, env=e,
+                                     start_new_session=True)
+
+    @property
+    def out(self):
+        return self.out_path.read_text(errors="replace")
+
+    @property
+    def err(self):
+        return self.err_path.read_text(errors="replace")
+
+    def wait(self, timeout):
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            pytest.fail(f"job did not finish in {timeout} s\nstdout:\n{self.out}\nstderr:\n{self.err}")
+
+    def wait_output(self, pattern, timeout, stream="out"):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            text = self.out if stream == "out" else self.err
+            if re.search(pattern, text):
+                return True
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        return bool(re.search(pattern, self.out if stream == "out" else self.err))
+
+    def events(self, name):
+        path = self.events_path
+        if not path.exists():
+            return []
+        return [e for e in (json.loads(line) for line in path.read_text().splitlines() if line.strip())
+                if e.get("event") == name]
+
+    def wait_events(self, name, n, timeout):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if len(self.events(name)) >= n:
+                return True
+            if self.proc.poll() is not None:
+                return False
+            time.sleep(0.05)
+        return False
+
+    def kill(self):
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(15)
+
+    def close(self):
+        self.kill()
+        self._out.close()
+        self._err.close()
+
+
+class Workspace:
+    """A test's directory: worker scripts copied in, hosts file, jobs."""
+
+    def __init__(self, path):
+        self.path = path
+        self.jobs = []
+
+    def script(self, name):
+        dst = self.path / name
+        if not dst.exists():
+            shutil.copy(WORKERS / name, dst)
+        return str(dst)
+
+    def hosts(self, text):
+        tmp = self.path / "hosts.tmp"
+        tmp.write_text(text)
+        tmp.replace(self.path / "hosts")
+
+    def erun(self, erun_args, script, script_args=(), discovery=False, env=None):
+        argv = [str(ERUN), "--event-log", str(self.path / "events.jsonl"), "--term-grace", "2"]
+        if discovery:
+            disc = self.path / "discover.sh"
+            disc.write_text(f"#!/bin/sh\ncat {self.path / 'hosts'}\n")
+            disc.chmod(0o700)
+            argv += ["--host-discovery-script", str(disc), "--discovery-interval", "0.2", "--launcher", "local"]
+        argv += list(erun_args) + [PYTHON, self.script(script)] + list(script_args)
+        return self.start(argv, env)
+
+    def start(self, argv, env=None):
+        d = self.path / f"job{len(self.jobs)}"
+        d.mkdir()
+        if (self.path / "events.jsonl").exists():
+            (self.path / "events.jsonl").unlink()
+        job = Job(argv, d, self.path / "events.jsonl", env)
+        self.jobs.append(job)
+        return job
+
+    def python(self, script, script_args=(), env=None):
+        """The worker alone (a world of one), as `python3 script.py`."""
+        return self.start([PYTHON, self.script(script)] + list(script_args), env)
+
+    def workers(self, script):
+        return pids_running(str(self.path / script))
+
+    def wait_no_workers(self, script, timeout=20):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.workers(script):
+                return True
+            time.sleep(0.1)
+        return False
+
+
+@pytest.fixture
+def ws(tmp_path):
+    if not ERUN.exists():
+        pytest.fail(f"{ERUN} is missing: build erun first (bash scripts/build.sh)")
+    w = Workspace(tmp_path)
+    yield w
+    for job in w.jobs:
+        job.close()
+    for pid in pids_running(str(tmp_path)):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

@@ -1,0 +1,52 @@
+"""erun.torch.process_group(): DistributedDataParallel trained in place
+across a SIGKILL and a grow. The process group is rebuilt for each generation
+and DDP re-wrapped; survivors keep their process; every sample of every epoch
+is processed exactly once (counted with torch.distributed itself); all ranks
+end with the same parameters; no process is left."""
+import os
+import re
+import signal
+import time
+
+EPOCHS = 5
+
+
+def wait_count(job, pattern, n, timeout=120):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = set(re.findall(pattern, job.out))
+        if len(found) >= n:
+            return found
+        time.sleep(0.05)
+    raise AssertionError(f"fewer than {n} matches of {pattern}:\n{job.out}\n{job.err}")
+
+
+def test_ddp_in_place_across_a_sigkill_and_a_grow(ws):
+    ws.hosts("node-a:2\n")
+    job = ws.erun(["-np", "2", "--min-np", "1", "--max-np", "4", "--blacklist-after", "5"], "ddp_train.py",
+                  ["--epochs", str(EPOCHS), "--samples", "1024", "--step-ms", "30"], discovery=True)
+    first = {int(p) for p in wait_count(job, r"pid (\d+) rank \d+ started", 2)}
+    assert job.wait_output(r"ddp rank 1 of 2", 120), job.out + job.err
+
+    ws.hosts("node-a:2\nnode-b:2\n")  # grow to 4
+    assert job.wait_output(r"ddp rank 3 of 4", 120), job.out + job.err
+    started = {int(p) for p in wait_count(job, r"pid (\d+) rank \d+ started", 4)}
+    victim = sorted(started - first)[0]
+    os.kill(victim, signal.SIGKILL)
+    # In place: the slot is relaunched and its replacement trains in DDP over a new group of 4.
+    replacement = {int(p) for p in wait_count(job, r"pid (\d+) rank \d+ started", 5)} - started
+    assert len(replacement) == 1, job.out
+    assert job.wait_output(rf"pid {replacement.pop()}: ddp rank \d of 4", 120), job.out + job.err
+
+    code = job.wait(300)
+    assert code == 0, job.out + job.err
+    assert job.out.count("exactly-once=yes") == EPOCHS, job.out
+    assert "exactly-once=NO" not in job.out
+    sums = set(re.findall(r"rank \d+ checksum=([0-9a-f]+)", job.out))
+    assert len(sums) == 1, job.out
+    assert len(re.findall(r"rank \d+ checksum=", job.out)) == 4, job.out
+    for pid in first:  # survivors of both resets kept their process
+        assert len(re.findall(rf"pid {pid}: reset:", job.out)) >= 2, job.out
+        assert len(re.findall(rf"pid {pid}: ddp rank", job.out)) >= 3, job.out
+    assert "restarting all workers" not in job.err
+    assert ws.wait_no_workers("ddp_train.py")

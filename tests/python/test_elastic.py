@@ -1,0 +1,118 @@
+"""End to end, real processes: a torch model trained in place under erun
+with a discovery script (hosts simulated with --launcher local) while the job
+grows 2 -> 4, loses a worker to SIGKILL, changes a host's slots and shrinks,
+ends at bit-identical parameters to an uninterrupted run, with every sample
+of every epoch exactly once, survivors keeping their process, and no process
+left. Also: a user error ends the job, shown, without a retry; the same
+script runs alone, under mpirun, and under erun's restart mode."""
+import re
+import shutil
+import signal
+import os
+import time
+
+import pytest
+
+from conftest import PYTHON
+
+ARGS = ["--epochs", "6", "--samples", "768", "--batch", "32"]
+EPOCHS = 6
+
+
+def checksum(text):
+    m = re.search(r"final checksum=([0-9a-f]+)", text)
+    return m.group(1) if m else None
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    from conftest import Workspace
+    w = Workspace(tmp_path_factory.mktemp("reference"))
+    job = w.python("train_exact.py", ARGS)
+    assert job.wait(300) == 0, job.out + job.err
+    job.close()
+    c = checksum(job.out)
+    assert c, job.out
+    return c
+
+
+def expect_trained_exactly(job, reference, ws, timeout=300):
+    code = job.wait(timeout)
+    assert code == 0, job.out + job.err
+    assert checksum(job.out) == reference, job.out
+    assert job.out.count("exactly-once=yes") == EPOCHS, job.out
+    assert "exactly-once=NO" not in job.out
+    assert ws.wait_no_workers("train_exact.py"), ws.workers("train_exact.py")
+
+
+def started_pids(job, at_least=0, timeout=60):
+    """Pids of the workers that printed their start line (waits for `at_least` of them)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        pids = {int(p) for p in re.findall(r"pid (\d+) rank \d+ started", job.out)}
+        if len(pids) >= at_least or time.monotonic() > deadline:
+            return pids
+        time.sleep(0.05)
+
+
+def test_in_place_grow_kill_slot_change_shrink_ends_at_the_uninterrupted_model(ws, reference):
+    ws.hosts("node-a:2\n")
+    job = ws.erun(["-np", "2", "--min-np", "1", "--max-np", "4", "--blacklist-after", "5"], "train_exact.py",
+                  ARGS + ["--step-ms", "40"], discovery=True)
+    assert job.wait_events("generation_joined", 1, 120), job.err
+    assert job.wait_output(r"epoch 0 ", 120), job.out + job.err
+    first = started_pids(job, 2)
+    assert len(first) == 2, job.out
+
+    ws.hosts("node-a:2\nnode-b:2\n")  # grow to 4
+    assert job.wait_events("generation_joined", 2, 120), job.err
+    grown = started_pids(job, 4) - first
+    assert len(grown) == 2, job.out
+    victim = sorted(grown)[0]
+    os.kill(victim, signal.SIGKILL)  # recovered in place; the slot is relaunched
+    assert job.wait_events("generation_joined", 3, 120), job.err
+
+    ws.hosts("node-a:2\nnode-b:1\n")  # node-b's slots change: 3 ranks
+    assert job.wait_events("generation_joined", 4, 120), job.err
+    assert all(p in ws.workers("train_exact.py") for p in first), "node-a's workers were replaced"
+
+    ws.hosts("node-b:1\n")  # node-a leaves, rank 0 with it
+    assert job.wait_events("generation_joined", 5, 120), job.err
+
+    expect_trained_exactly(job, reference, ws)
+    assert "restarting all workers" not in job.err
+    assert "recovering in place" in job.err
+    assert "world size 2 -> 4" in job.out and "world size 3 -> 1" in job.out, job.out
+    # Survivors keep their process: node-a's two workers reset at the grow, the kill and the slot change.
+    for pid in first:
+        assert len(re.findall(rf"pid {pid}: reset:", job.out)) >= 3, job.out
+    # The SIGKILL surfaced in Python as erun.CommError (restore + re-join); the resizes as HostsUpdated.
+    logs = job.out + job.err  # workers' stderr is forwarded with a [rank] prefix
+    assert "restoring commit" in logs and "hosts updated at commit" in logs, logs
+
+
+def test_a_user_error_ends_the_job_with_the_error_shown(ws):
+    ws.hosts("node-a:2\n")
+    job = ws.erun(["-np", "2", "--min-np", "1", "--max-np", "4"], "train_exact.py",
+                  ["--epochs", "2", "--samples", "256", "--fail-at-step", "5"], discovery=True)
+    code = job.wait(120)
+    assert code == 121, (code, job.err)
+    assert "ValueError: user error at step 5" in job.err
+    assert "unrecoverable error" in job.err
+    assert len(job.events("generation_started")) == 1, job.err
+    assert ws.wait_no_workers("train_exact.py")
+
+
+def test_alone_under_mpirun_and_in_restart_mode(ws, reference):
+    alone = ws.python("train_exact.py", ARGS)
+    assert alone.wait(300) == 0 and checksum(alone.out) == reference, alone.out + alone.err
+
+    restart = ws.erun(["-np", "3", "--mode", "restart"], "train_exact.py", ARGS)
+    assert restart.wait(300) == 0, restart.out + restart.err
+    assert checksum(restart.out) == reference, restart.out
+
+    if shutil.which("mpirun"):
+        mpi = ws.start(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", "-x", "PYTHONPATH", PYTHON,
+                        ws.script("train_exact.py")] + ARGS)
+        assert mpi.wait(300) == 0, mpi.out + mpi.err
+        assert checksum(mpi.out) == reference, mpi.out

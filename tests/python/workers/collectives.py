@@ -1,0 +1,109 @@
+"""Every collective of the erun package on every dtype and op, checked on
+every rank against a serial reference over all ranks' inputs. Rank r's
+element i is a small value, so sums and products are exact in every type.
+Prints `collectives ok rank R checks N` or raises."""
+import sys
+
+import numpy as np
+import torch
+
+import erun
+
+N = 1031  # odd, > one SIMD block, < one page of float64
+
+
+def inputs(rank, dtype):
+    i = np.arange(N)
+    if dtype == "uint8":
+        return ((rank * 37 + i * 13) % 251).astype(np.int64)
+    if dtype in ("int32", "int64"):
+        return ((rank * 7 + i) % 11 - 5).astype(np.int64)
+    return 0.5 * ((rank * 7 + i) % 5 + 1) * np.where((i + rank) % 3 == 0, -1.0, 1.0)
+
+
+def reference(size, dtype, op):
+    xs = np.stack([inputs(r, dtype) for r in range(size)])
+    if op in ("sum", "average"):
+        acc = xs.sum(0)
+    elif op == "product":
+        acc = xs.prod(0)
+    elif op == "min":
+        acc = xs.min(0)
+    else:
+        acc = xs.max(0)
+    if dtype == "uint8":
+        acc = acc % 256
+    if op == "average":
+        acc = np.trunc(acc / size) if dtype in ("uint8", "int32", "int64") else acc / size
+    return acc
+
+
+TORCH = {"float32": torch.float32, "float64": torch.float64, "int32": torch.int32, "int64": torch.int64,
+         "uint8": torch.uint8, "float16": torch.float16, "bfloat16": torch.bfloat16}
+NUMPY = {"float32": np.float32, "float64": np.float64, "int32": np.int32, "int64": np.int64, "uint8": np.uint8,
+         "float16": np.float16}
+OPS = {"sum": erun.Sum, "average": erun.Average, "min": erun.Min, "max": erun.Max, "product": erun.Product}
+
+
+def as_f64(x):
+    return x.double().numpy() if isinstance(x, torch.Tensor) else x.astype(np.float64)
+
+
+def check(got, want, what):
+    got = as_f64(got)
+    if not np.allclose(got, want, rtol=1e-6 if "average" in what else 0, atol=0):
+        bad = np.nonzero(~np.isclose(got, want, rtol=1e-6, atol=0))[0][:5]
+        raise AssertionError(f"{what}: rank {erun.rank()} got {got[bad]} want {want[bad]} at {bad}")
+
+
+def main():
+    erun.init()
+    rank, size = erun.rank(), erun.size()
+    checks = 0
+    for lib, types in (("torch", TORCH), ("numpy", NUMPY)):
+        for name, dt in types.items():
+            make = (lambda a: torch.from_numpy(a).to(dt)) if lib == "torch" else (lambda a: a.astype(dt))
+            for opname, op in OPS.items():
+                if name in ("float16", "bfloat16") and opname == "product":
+                    continue  # products of 4 halves overflow float16's exact range
+                # The exact result rounded to the type (halves round the average).
+                want = as_f64(make(reference(size, name, opname)))
+                x = make(inputs(rank, name))
+                before = as_f64(x).copy()
+                out = erun.allreduce(x, op=op)
+                check(out, want, f"{lib} {name} allreduce {opname}")
+                check(x, before, f"{lib} {name} allreduce {opname} leaves its input")
+                ptr = x.data_ptr() if lib == "torch" else x.ctypes.data
+                y = erun.allreduce_(x, op=opname)
+                assert y is x and (x.data_ptr() if lib == "torch" else x.ctypes.data) == ptr
+                check(x, want, f"{lib} {name} allreduce_ {opname}")
+                checks += 2
+            # broadcast_ from every root, in place
+            for root in range(size):
+                x = make(inputs(rank, name))
+                erun.broadcast_(x, root=root)
+                check(x, as_f64(make(inputs(root, name))), f"{lib} {name} broadcast_ root {root}")
+                checks += 1
+            # allgather: equal shapes, then a different first dimension per rank
+            x = make(inputs(rank, name)).reshape(-1)[: 6 * 10].reshape(6, 10)
+            g = erun.allgather(x)
+            assert tuple(g.shape) == (6 * size, 10), g.shape
+            for r in range(size):
+                check(g[6 * r:6 * (r + 1)].reshape(-1), as_f64(make(inputs(r, name)))[:60], f"{lib} {name} allgather")
+            x = make(inputs(rank, name))[: rank + 1]
+            g = erun.allgather(x)
+            want = np.concatenate([as_f64(make(inputs(r, name)))[: r + 1] for r in range(size)])
+            check(g, want, f"{lib} {name} allgather uneven")
+            checks += 2
+    erun.barrier()
+    objs = erun.allgather_object({"rank": rank})
+    assert objs == [{"rank": r} for r in range(size)], objs
+    assert erun.broadcast_object(["x", rank], root=size - 1) == ["x", size - 1]
+    # A zero-length tensor is fine.
+    erun.allreduce_(torch.zeros(0))
+    print(f"collectives ok rank {rank} of {size} checks {checks}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
