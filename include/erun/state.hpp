@@ -85,8 +85,11 @@ class State {
   // Durable commits; call after registering every entry. Rank 0 writes each
   // commit to DIR/erun-state.bin atomically (temp file, fsync, rename, fsync
   // DIR). A valid file already there becomes the committed snapshot, with its
-  // commit id, and is loaded into the values. Throws erun::Error when the file
-  // is corrupt, does not match the registered entries, or cannot be written.
+  // commit id, and is loaded into the values. DIR is created 0700 when
+  // missing; one owned by another user or writable by others (without the
+  // sticky bit) is refused. Throws erun::Error when the directory is refused,
+  // the file is corrupt, a link, does not match the registered entries, or
+  // cannot be written.
   void set_checkpoint_dir(const std::string& dir);
   // Called by erun::run() after the sync() that follows a re-join, on every
   // rank of the new generation (survivors and workers new to the job alike),

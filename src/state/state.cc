@@ -5,11 +5,11 @@
 
 #include <algorithm>
 
-#include <filesystem>
 #include <optional>
 #include <unordered_map>
 
 #include "common/log.h"
+#include "common/private_files.h"
 #include "erun/erun.hpp"
 #include "state/snapshot.h"
 
@@ -297,12 +297,7 @@ void State::commit_ids_disagree() {
 uint64_t State::commit_id() const { return impl_->commit_id; }
 
 void State::set_checkpoint_dir(const std::string& dir) {
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec) {
-    throw Error(fmt::format("erun: cannot create checkpoint directory {}: {}", dir,
-                            ec.message()));
-  }
+  if (Status ok = ensure_private_dir(dir, "checkpoint directory"); !ok) throw Error("erun: " + ok.message());
   impl_->checkpoint_dir = dir;
   if (ctx_.rank() == 0) si::remove_stale_temp_files(dir, si::kStateFile);
   std::string path = dir + "/" + si::kStateFile;
