@@ -48,7 +48,11 @@ Status ensure_private_dir(const std::string& dir, const std::string& what, DirPo
   if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
     return Status::error(fmt::format("cannot create {} {}: {}", what, dir, std::strerror(errno)));
   }
-  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC | (policy.refuse_link ? O_NOFOLLOW : 0));
+  if (fd < 0 && policy.refuse_link && (errno == ELOOP || errno == ENOTDIR) && std::filesystem::is_symlink(p, ec)) {
+    return Status::error(fmt::format("{} {} is a symbolic link; erun does not write through links: remove it",
+                                     what, dir));
+  }
   if (fd < 0) return Status::error(fmt::format("cannot open {} {}: {}", what, dir, std::strerror(errno)));
   Status s = check_private_dir(fd, dir, what, policy);
   ::close(fd);

@@ -16,6 +16,8 @@ struct DirPolicy {
   // Refuse a directory that group or others may write to, unless its sticky
   // bit stops them from removing or renaming this user's files.
   bool refuse_shared_write = true;
+  // Refuse a symbolic link as the directory itself (its parents may be links).
+  bool refuse_link = false;
 };
 
 // Creates `dir` when missing (parents as by mkdir -p, the directory itself

@@ -5,6 +5,9 @@
 // segment left in /dev/shm.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -589,6 +592,25 @@ TEST(ShmCommunicator, SigstoppedPeerGivesCommErrorAtTheTimeout) {
     EXPECT_LT(out.seconds[i], 15.0);
     EXPECT_NE(out.messages[i].find("rank 2"), std::string::npos) << out.messages[i];
   }
+}
+
+TEST(ShmCommunicator, ASegmentOthersCouldReadIsRefused) {
+  MemoryKvStore store;
+  const std::string name = "/erun-" + g_tag + "-planted";
+  int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::fchmod(fd, 0644), 0);
+  ASSERT_EQ(::ftruncate(fd, 1 << 16), 0);
+  ::close(fd);
+  std::string record = name + " 0";
+  store.set("t/segment", std::vector<char>(record.begin(), record.end()));
+  try {
+    make_shm_communicator(store, options(1, 2, 2s));
+    ADD_FAILURE() << "a planted segment was accepted";
+  } catch (const CommError& e) {
+    EXPECT_NE(std::string(e.what()).find("not private to this user"), std::string::npos) << e.what();
+  }
+  ::shm_unlink(name.c_str());
 }
 
 // Runs `calls[rank]` on every rank (threads, or forked processes when

@@ -519,6 +519,14 @@ class ShmCommunicator final : public Communicator {
     if (::fstat(fd.fd, &st) != 0 || static_cast<size_t>(st.st_size) < sizeof(Header)) {
       fail("connect", "shared memory segment " + name_ + " is truncated", false);
     }
+    // Rank 0 created it 0600 as this user; anything else was planted.
+    if (st.st_uid != ::geteuid() || (st.st_mode & 077) != 0) {
+      char mode[8];
+      std::snprintf(mode, sizeof(mode), "%04o", static_cast<unsigned>(st.st_mode & 07777));
+      fail("connect", "shared memory segment " + name_ + " is not private to this user (owner uid " +
+                          std::to_string(st.st_uid) + ", mode " + mode + ")",
+           false);
+    }
     map(fd.fd, static_cast<size_t>(st.st_size));
     const Header* h = header();
     if (h->magic != kMagic || h->version != kVersion || h->nonce != nonce ||
