@@ -15,6 +15,9 @@ namespace detail {
 // After a failed attempt: restore() when `comm_error`, log, re-join with the
 // last commit id; the next sync() then tells every rank to run the reset callbacks.
 void rejoin(State& state, bool comm_error, const char* what);
+// Logs an error that a restart would repeat (CollectiveMismatch) with the mark
+// that tells the erun driver to end the job rather than reset it.
+void no_retry(State& state, const char* what);
 }  // namespace detail
 
 template <typename Fn>
@@ -28,6 +31,9 @@ auto run(State& state, Fn&& fn) -> decltype(fn(state)) {
       detail::rejoin(state, /*comm_error=*/true, e.what());
     } catch (const HostsUpdated& e) {
       detail::rejoin(state, /*comm_error=*/false, e.what());
+    } catch (const CollectiveMismatch& e) {
+      detail::no_retry(state, e.what());
+      throw;
     }
   }
 }

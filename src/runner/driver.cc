@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 
 #include "common/log.h"
+#include "common/no_retry.h"
 #include "common/strings.h"
 
 namespace erun {
@@ -636,6 +637,11 @@ std::optional<int> Driver::step() {
       if (generation_failure_) {
         Failure f = *generation_failure_;
         if (!first_failure_) first_failure_ = f;
+        if (has_no_retry_mark(f.stderr_tail)) {
+          ERUN_LOG_ERROR("{}: {} stopped for an error in the program that a restart would repeat; ending the job",
+                         who(generation_), who(-1, f.host, f.rank));
+          return finish_with_failure(f);
+        }
         bool blacklisted = hosts_.record_failure(f.host);
         for (auto& h : plan_.hosts()) {
           if (h != f.host) hosts_.record_success(h);

@@ -9,6 +9,7 @@
 #include <unordered_map>
 
 #include "common/log.h"
+#include "common/no_retry.h"
 #include "common/private_files.h"
 #include "erun/erun.hpp"
 #include "state/snapshot.h"
@@ -355,6 +356,11 @@ void rejoin(State& state, bool comm_error, const char* what) {
                 who(after.generation, after.host, after.rank), after.rank, after.size,
                 before.rank, before.size);
   state.note_rejoin(before.size);
+}
+
+void no_retry(State& state, const char* what) {
+  const WorkerInfo& info = state.context().info();
+  ERUN_LOG_ERROR("{}{}: {}", kNoRetryMark, who(info.generation, info.host, info.rank), what);
 }
 
 }  // namespace detail

@@ -43,6 +43,20 @@ TEST(ErunGuards, CommitOnRankZeroOnlyEndsTheJobWithTheRanksAndCalls) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, 25s);
 }
 
+TEST(ErunGuards, AnElasticJobEndsTooInsteadOfRestartingForever) {
+  const auto start = std::chrono::steady_clock::now();
+  ErunProcess p({"-np", "3", "--min-np", "2", "--max-np", "3", build_path("tests/programs/mismatch_worker"),
+                 "rank0-commit"});
+  auto s = p.wait(120s);
+  ASSERT_TRUE(s) << p.err();
+  EXPECT_NE(s->shell_code(), 0) << p.err();
+  EXPECT_NE(p.err().find("stopped for an error in the program that a restart would repeat; ending the job"),
+            std::string::npos)
+      << p.err();
+  EXPECT_EQ(p.err().find("gen 2"), std::string::npos) << "the job was restarted:\n" << p.err();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 25s);
+}
+
 TEST(ErunGuards, TheSameProgramWithoutTheBugTrainsToTheRightValue) {
   ErunProcess p({"-np", "3", build_path("tests/programs/mismatch_worker"), "correct"});
   auto s = p.wait(120s);
