@@ -160,7 +160,8 @@ int train(const Options& o) {
   state.register_value("epoch_samples", &epoch_samples);
   state.register_value("epoch_fingerprint", &epoch_fingerprint);
   sampler.register_with(state);
-  // Runs on the survivors only (a replacement worker starts fresh), so every rank prints it.
+  // Runs after the sync that follows a re-join, on every rank of the new
+  // generation (a worker new to the job included), so every rank prints it.
   state.on_reset([&](int old_size, int new_size) {
     std::printf("rank %d: reset: world size %d -> %d (generation %ld)\n", ctx.rank(), old_size, new_size,
                 ctx.info().generation);

@@ -4,6 +4,11 @@
 // when a peer dies or the deadline passes; after a CommError the communicator
 // is unusable and a new generation brings a new one. abort() may be called
 // from any thread and makes blocked and later operations throw CommError.
+// Ranks that make different calls at the same point (another operation, type,
+// count, root or reduce op) get erun::CollectiveMismatch on every rank, naming
+// the ranks and their calls, where the backend checks it (shared memory, and
+// the shared-memory part of the hierarchical communicator); elsewhere the
+// result is undefined. A mismatch leaves the communicator unusable too.
 #pragma once
 
 #include <cstddef>

@@ -2,6 +2,12 @@
 // collective timeout, or the communicator was aborted; restore the last commit
 // and re-join. HostsUpdated: the membership is changing and every rank agreed
 // on it at the same step; re-join without restoring. erun::run() handles both.
+// CollectiveMismatch: the ranks made different collective calls at the same
+// point (one called a collective the others did not, or with another type,
+// count, root or reduce op; or they disagree on the commit id). It is a bug in
+// the program, not a failure: re-joining would only repeat it, so erun::run()
+// lets it through and the job ends with its message, which names the ranks and
+// their calls.
 #pragma once
 
 #include <stdexcept>
@@ -17,6 +23,11 @@ class Error : public std::runtime_error {
 };
 
 class CommError : public Error {
+ public:
+  using Error::Error;
+};
+
+class CollectiveMismatch : public Error {
  public:
   using Error::Error;
 };

@@ -1,12 +1,11 @@
 // erun::run(): the elastic loop around a training function. Included at the
 // end of state.hpp; the work between attempts (restore, re-join, logging) lives
 // in state.cc so this header stays small. fn runs on the training thread; any
-// exception other than CommError and HostsUpdated (a failed re-join included)
-// leaves run() unchanged. Reset callbacks run inside the loop, so a CommError
-// they raise is recovered like any other.
+// exception other than CommError and HostsUpdated (a failed re-join and a
+// CollectiveMismatch included) leaves run() unchanged. Reset callbacks run
+// inside the loop, after sync(), so a CommError they raise is recovered like
+// any other and a value they set is not overwritten by the synced one.
 #pragma once
-
-#include <utility>
 
 #include "erun/errors.hpp"
 
@@ -14,24 +13,27 @@ namespace erun {
 
 namespace detail {
 // After a failed attempt: restore() when `comm_error`, log, re-join with the
-// last commit id. Returns the world size before the re-join.
-int rejoin(State& state, bool comm_error, const char* what);
-// Runs the reset callbacks with (old_size, the current size).
-void reset(State& state, int old_size);
+// last commit id; the next sync() then tells every rank to run the reset callbacks.
+void rejoin(State& state, bool comm_error, const char* what);
+// Logs an error that a restart would repeat (CollectiveMismatch) with the mark
+// that tells the erun driver to end the job rather than reset it.
+void no_retry(State& state, const char* what);
 }  // namespace detail
 
 template <typename Fn>
 auto run(State& state, Fn&& fn) -> decltype(fn(state)) {
-  int reset_from = 0;  // world size before the last re-join; 0 when none is pending
   for (;;) {
     try {
-      if (reset_from > 0) detail::reset(state, std::exchange(reset_from, 0));
       state.sync();
+      state.run_pending_reset();
       return fn(state);
     } catch (const CommError& e) {
-      reset_from = detail::rejoin(state, /*comm_error=*/true, e.what());
+      detail::rejoin(state, /*comm_error=*/true, e.what());
     } catch (const HostsUpdated& e) {
-      reset_from = detail::rejoin(state, /*comm_error=*/false, e.what());
+      detail::rejoin(state, /*comm_error=*/false, e.what());
+    } catch (const CollectiveMismatch& e) {
+      detail::no_retry(state, e.what());
+      throw;
     }
   }
 }

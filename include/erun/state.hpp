@@ -8,7 +8,9 @@
 // everyone's baseline snapshot (restore() returns to it; commit_id stays 0).
 //
 // Collective calls (commit, sync, check_host_updates) must be made by all ranks
-// at the same step. Used from the training thread only.
+// at the same step; commit() and check_host_updates() throw CollectiveMismatch
+// on every rank when the ranks are at different commit ids. Used from the
+// training thread only.
 #pragma once
 
 #include <cstdint>
@@ -111,13 +113,25 @@ class State {
   // Durable commits; call after registering every entry. Rank 0 writes each
   // commit to DIR/erun-state.bin atomically (temp file, fsync, rename, fsync
   // DIR). A valid file already there becomes the committed snapshot, with its
-  // commit id, and is loaded into the values. Throws erun::Error when the file
-  // is corrupt, does not match the registered entries, or cannot be written.
+  // commit id, and is loaded into the values. DIR is created 0700 when
+  // missing; one owned by another user or writable by others (without the
+  // sticky bit) is refused. Throws erun::Error when the directory is refused,
+  // the file is corrupt, a link, does not match the registered entries, or
+  // cannot be written.
   void set_checkpoint_dir(const std::string& dir);
-  // Called after every re-join with the old and new world size.
+  // Called by erun::run() after the sync() that follows a re-join, on every
+  // rank of the new generation (survivors and workers new to the job alike),
+  // so a value set here is not overwritten by the synced one. old_size: the
+  // world size at which the synced state was committed (the size before the
+  // re-join when that is unknown); new_size: the current one.
   void on_reset(std::function<void(int old_size, int new_size)> callback);
-  // For erun::run(): runs the reset callbacks.
+  // Runs the reset callbacks.
   void notify_reset(int old_size, int new_size);
+  // For erun::run(): this worker re-joined, leaving a world of old_size.
+  void note_rejoin(int old_size);
+  // For erun::run(), after sync(): runs the reset callbacks when that sync
+  // found that some rank re-joined since the previous one.
+  void run_pending_reset();
 
   Context& context() { return ctx_; }
 
@@ -131,6 +145,9 @@ class State {
   void register_entry(const std::string& name, SaveFn save, LoadFn load, bool may_throw = false);
   static void check_size(const std::string& name, size_t got, size_t want);
   static void check_multiple(const std::string& name, size_t got, size_t unit);
+  // Collective, after the ranks found different commit ids: throws
+  // CollectiveMismatch on every rank, naming the ranks and their ids.
+  [[noreturn]] void commit_ids_disagree();
 
   Context& ctx_;
   struct Impl;

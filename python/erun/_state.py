@@ -127,23 +127,21 @@ def _lost_peer(exc):
 def _loop(fn, state, args, kwargs):
     if not isinstance(state, State):
         raise Error(f"erun.run: the function's first argument must be an erun.State, got {type(state).__name__}")
-    reset_from = 0  # the world size the function last ran with, when a re-join happened since
     while True:
         try:
             state.sync()
-            if reset_from:
-                old, reset_from = reset_from, 0
-                state._notify_reset(old, _core.size())
+            reset = state._c.take_reset()
+            if reset is not None:
+                state._notify_reset(*reset)
             return fn(*args, **kwargs)
         except HostsUpdated as e:
-            old = state._rejoin(False, e)
+            state._rejoin(False, e)
         except CommError as e:
-            old = state._rejoin(True, e)
+            state._rejoin(True, e)
         except Exception as e:  # noqa: BLE001 - only a lost peer is retried
             if isinstance(e, Error) or not _lost_peer(e):
                 raise
-            old = state._rejoin(True, f"{type(e).__name__}: {e}")
-        reset_from = reset_from or old
+            state._rejoin(True, f"{type(e).__name__}: {e}")
 
 
 def run(arg):

@@ -17,6 +17,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -133,7 +134,12 @@ void* address(uintptr_t p) { return reinterpret_cast<void*>(p); }
 // and are called with the GIL, which every collective method releases.
 class PyState {
  public:
-  PyState() : state_(std::make_unique<State>(ctx())) {}
+  PyState() : state_(std::make_unique<State>(ctx())) {
+    // The C++ State decides when a reset is due (after the sync that follows
+    // any rank's re-join, on survivors and joiners alike); Python runs its
+    // own callbacks with the sizes recorded here.
+    state_->on_reset([this](int old_size, int new_size) { pending_reset_ = {old_size, new_size}; });
+  }
 
   void register_buffer(const std::string& name, uintptr_t data, size_t bytes) {
     state_->register_buffer(name, address(data), bytes);
@@ -198,10 +204,15 @@ class PyState {
     state_->set_checkpoint_dir(dir);
   }
   // After a failed attempt of erun.run(): restore when comm_error, re-join the
-  // next generation. Returns the world size before the re-join.
-  int rejoin(bool comm_error, const std::string& what) {
+  // next generation.
+  void rejoin(bool comm_error, const std::string& what) {
     py::gil_scoped_release nogil;
-    return detail::rejoin(*state_, comm_error, what.c_str());
+    detail::rejoin(*state_, comm_error, what.c_str());
+  }
+  // After sync(): (old_size, new_size) when the reset callbacks are due, else None.
+  std::optional<std::pair<int, int>> take_reset() {
+    state_->run_pending_reset();
+    return std::exchange(pending_reset_, std::nullopt);
   }
   State& state() { return *state_; }
 
@@ -212,6 +223,7 @@ class PyState {
   };
   std::vector<std::unique_ptr<Callbacks>> callbacks_;
   std::unique_ptr<State> state_;
+  std::optional<std::pair<int, int>> pending_reset_;
 };
 
 }  // namespace
@@ -316,6 +328,7 @@ PYBIND11_MODULE(_erun, m) {
       .def("check_host_updates", &PyState::check_host_updates)
       .def("set_checkpoint_dir", &PyState::set_checkpoint_dir)
       .def("rejoin", &PyState::rejoin)
+      .def("take_reset", &PyState::take_reset)
       .def_property_readonly("commit_id", &PyState::commit_id);
 
   py::class_<ElasticSampler>(m, "ElasticSampler")

@@ -5,12 +5,12 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <thread>
 
+#include "common/private_files.h"
 #include "erun/errors.hpp"
 
 namespace erun {
@@ -37,7 +37,7 @@ std::string escape_key(const std::string& key) {
 }
 
 bool read_file(const std::string& path, std::vector<char>& out) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0) return false;
   out.clear();
   char buf[65536];
@@ -54,22 +54,30 @@ bool read_file(const std::string& path, std::vector<char>& out) {
 }  // namespace
 
 FileKvStore::FileKvStore(std::string dir) : dir_(std::move(dir)) {
-  std::error_code ec;
-  std::filesystem::create_directories(dir_, ec);
-  if (ec || ::access(dir_.c_str(), W_OK) != 0) {
-    throw CommError("file store: directory '" + dir_ + "' cannot be created or written (" +
-                    (ec ? ec.message() : errno_text()) + "); give a writable directory shared by all ranks");
+  if (Status ok = ensure_private_dir(dir_, "file store directory"); !ok) {
+    throw CommError("file store: " + ok.message() + "; give a directory of this user shared by all ranks");
+  }
+  if (::access(dir_.c_str(), W_OK) != 0) {
+    throw CommError("file store: directory '" + dir_ + "' cannot be written (" + errno_text() +
+                    "); give a writable directory shared by all ranks");
   }
 }
 
 std::string FileKvStore::path_of(const std::string& key) const { return dir_ + "/" + escape_key(key); }
 
 void FileKvStore::set(const std::string& key, const std::vector<char>& value) {
-  static std::atomic<unsigned> counter{0};
   const std::string target = path_of(key);
-  const std::string tmp = dir_ + "/.tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw CommError("file store: cannot create '" + tmp + "': " + errno_text());
+  int dfd = ::open(dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0) throw CommError("file store: cannot open directory '" + dir_ + "': " + errno_text());
+  // A new private file under a random name, never one planted there (nor a link).
+  std::string tmp_name;
+  Result<int> created = create_private_temp(dfd, dir_, ".tmp.", &tmp_name);
+  if (!created) {
+    ::close(dfd);
+    throw CommError("file store: " + created.message());
+  }
+  const int fd = created.value();
+  const std::string tmp = dir_ + "/" + tmp_name;
   size_t done = 0;
   while (done < value.size()) {
     ssize_t n = ::write(fd, value.data() + done, value.size() - done);
@@ -77,18 +85,22 @@ void FileKvStore::set(const std::string& key, const std::vector<char>& value) {
     if (n < 0) {
       std::string err = errno_text();
       ::close(fd);
-      ::unlink(tmp.c_str());
+      ::unlinkat(dfd, tmp_name.c_str(), 0);
+      ::close(dfd);
       throw CommError("file store: cannot write '" + tmp + "': " + err);
     }
     done += static_cast<size_t>(n);
   }
   ::fsync(fd);
   ::close(fd);
-  if (::rename(tmp.c_str(), target.c_str()) != 0) {
+  // rename replaces a link planted at the key's name instead of following it.
+  if (::renameat(dfd, tmp_name.c_str(), dfd, escape_key(key).c_str()) != 0) {
     std::string err = errno_text();
-    ::unlink(tmp.c_str());
+    ::unlinkat(dfd, tmp_name.c_str(), 0);
+    ::close(dfd);
     throw CommError("file store: cannot publish key '" + key + "' as '" + target + "': " + err);
   }
+  ::close(dfd);
 }
 
 std::vector<char> FileKvStore::get(const std::string& key, Duration timeout) {

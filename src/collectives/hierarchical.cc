@@ -3,6 +3,7 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "collectives/call_signature.h"
 #include "collectives/gloo/gloo_communicator.h"
 #include "collectives/shm/shm_communicator.h"
 #include "collectives/reduce_kernels.h"
@@ -62,6 +63,12 @@ class HierCommunicator final : public Communicator {
       for (int r = 0; r < o.size; ++r) {
         if (all.by_rank[r].size() != sizeof(int32_t)) throw CommError("hierarchical: rank " + std::to_string(r) + " is missing");
         std::memcpy(&local_of_[r], all.by_rank[r].data(), sizeof(int32_t));
+      }
+      global_of_local_.assign(o.local_size, -1);
+      for (int r = 0; r < o.size; ++r) {
+        if (host_of_[r] == host_of_[o.rank] && local_of_[r] >= 0 && local_of_[r] < o.local_size) {
+          global_of_local_[local_of_[r]] = r;
+        }
       }
     });
   }
@@ -193,7 +200,9 @@ class HierCommunicator final : public Communicator {
 
   // Runs one operation; on a CommError aborts both layers so that the ranks
   // of this host (through the segment) and the other leaders (through their
-  // sockets) fail at once, and rethrows.
+  // sockets) fail at once, and rethrows. A collective mismatch seen by this
+  // host's shm part (every rank of the host sees it) aborts too, so that the
+  // other hosts stop at once, and is rethrown naming global ranks.
   template <typename F>
   void guarded(F&& body) {
     try {
@@ -201,6 +210,17 @@ class HierCommunicator final : public Communicator {
     } catch (const CommError&) {
       abort();
       throw;
+    } catch (const CallMismatch& e) {
+      abort();
+      std::vector<RankCall> calls = e.calls();
+      for (RankCall& c : calls) {
+        if (c.rank >= 0 && static_cast<size_t>(c.rank) < global_of_local_.size() && global_of_local_[c.rank] >= 0) {
+          c.rank = global_of_local_[c.rank];
+        }
+      }
+      throw CallMismatch("hierarchical communicator on host " + o_.hostname + " (rank " + std::to_string(rank()) +
+                             "; the calls are this host's parts of the operations): " + e.where(),
+                         std::move(calls));
     }
   }
 
@@ -209,6 +229,7 @@ class HierCommunicator final : public Communicator {
   std::unique_ptr<Communicator> cross_;
   std::vector<int> host_of_;
   std::vector<int32_t> local_of_;
+  std::vector<int> global_of_local_;  // global rank of each local rank of this host
 };
 
 }  // namespace

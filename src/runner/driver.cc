@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 
 #include "common/log.h"
+#include "common/no_retry.h"
 #include "common/strings.h"
 #include "erun/errors.hpp"
 
@@ -637,9 +638,12 @@ std::optional<int> Driver::step() {
       if (generation_failure_) {
         Failure f = *generation_failure_;
         if (!first_failure_) first_failure_ = f;
-        if (f.status.signal == 0 && f.status.code == kFatalExitCode) {
-          ERUN_LOG_ERROR("{}: {} reported an unrecoverable error (exit code {}); ending the job without a retry",
-                         who(generation_), who(-1, f.host, f.rank), kFatalExitCode);
+        const bool fatal_code = f.status.signal == 0 && f.status.code == kFatalExitCode;
+        if (fatal_code || has_no_retry_mark(f.stderr_tail)) {
+          ERUN_LOG_ERROR("{}: {} stopped for an error in the program that a restart would repeat ({}); "
+                         "ending the job without a retry: fix the program and start the job again",
+                         who(generation_), who(-1, f.host, f.rank),
+                         fatal_code ? fmt::format("exit code {}", kFatalExitCode) : std::string("marked not retried"));
           return finish_with_failure(f);
         }
         bool blacklisted = hosts_.record_failure(f.host);

@@ -9,6 +9,8 @@
 
 #include <fmt/format.h>
 
+#include "common/private_files.h"
+
 namespace erun {
 
 EventLog::~EventLog() {
@@ -16,10 +18,9 @@ EventLog::~EventLog() {
 }
 
 Status EventLog::open(const std::string& path) {
-  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-  if (fd_ < 0) {
-    return Status::error(fmt::format("--event-log {}: cannot open for appending: {}", path, strerror(errno)));
-  }
+  Result<int> fd = open_private_append(path, "--event-log");
+  if (!fd) return fd.status();
+  fd_ = fd.value();
   return Status::ok();
 }
 

@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 
 #include "common/check.h"
+#include "common/private_files.h"
 #include "common/log.h"
 
 namespace erun {
@@ -269,17 +270,23 @@ void OutputForwarder::add(long key, int rank, int stdout_fd, int stderr_fd) {
     ::fcntl(fd, F_SETFD, ::fcntl(fd, F_GETFD) | FD_CLOEXEC);
   }
   if (!impl_->options.directory.empty()) {
+    // rank.N is this user's own directory (0700, no link); the files in it
+    // are 0600 and never written through a link.
     std::filesystem::path dir = std::filesystem::path(impl_->options.directory) / fmt::format("rank.{}", rank);
-    std::error_code ec;
-    std::filesystem::create_directories(dir, ec);
-    if (ec) {
-      ERUN_LOG_WARN("rank {}: cannot create output directory {}: {}", rank, dir.string(), ec.message());
+    Status ok = ensure_private_dir(dir.string(), "--output-filename directory",
+                                   DirPolicy{.refuse_shared_write = false, .refuse_link = true});
+    if (!ok) {
+      ERUN_LOG_WARN("rank {}: {}", rank, ok.message());
     } else {
       for (Impl::Stream* s : {&w->out, &w->err}) {
         if (s->fd < 0) continue;
         auto path = dir / (s->is_err ? "stderr" : "stdout");
-        s->file_fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-        if (s->file_fd < 0) ERUN_LOG_WARN("rank {}: cannot open {}: {}", rank, path.string(), strerror(errno));
+        Result<int> fd = open_private_append(path.string(), "--output-filename file");
+        if (fd) {
+          s->file_fd = fd.value();
+        } else {
+          ERUN_LOG_WARN("rank {}: {}", rank, fd.message());
+        }
       }
     }
   }

@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 #include <unordered_set>
 
+#include "common/private_files.h"
 #include "erun/errors.hpp"
 
 namespace erun::state_internal {
@@ -170,6 +171,10 @@ class Fd {
 };
 
 std::string temp_prefix(const std::string& name) { return "." + name + ".tmp."; }
+// This process's temp files: the prefix, the pid, a dot, random hex digits.
+std::string own_temp_prefix(const std::string& name) {
+  return temp_prefix(name) + std::to_string(::getpid()) + ".";
+}
 
 }  // namespace
 
@@ -260,13 +265,22 @@ Snapshot decode(const char* data, size_t size, const std::string& source) {
 
 void write_file_atomically(const std::string& dir, const std::string& name, uint64_t commit_id,
                            const std::vector<EntryRef>& entries) {
-  std::string target = dir + "/" + name;
-  std::string tmp = dir + "/" + temp_prefix(name) + std::to_string(::getpid());
-  Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  if (fd.get() < 0) {
-    throw Error(fmt::format("erun: cannot create checkpoint file {}: {}; check that the "
-                            "checkpoint directory is writable", tmp, errno_text(errno)));
+  const std::string target = dir + "/" + name;
+  Fd dfd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (dfd.get() < 0) {
+    throw Error(fmt::format("erun: cannot open checkpoint directory {}: {}", dir, errno_text(errno)));
   }
+  if (Status ok = check_private_dir(dfd.get(), dir, "checkpoint directory"); !ok) {
+    throw Error("erun: " + ok.message());
+  }
+  std::string tmp_name;
+  Result<int> created = create_private_temp(dfd.get(), dir, own_temp_prefix(name), &tmp_name);
+  if (!created) {
+    throw Error(fmt::format("erun: cannot create a checkpoint file: {}; check that the checkpoint directory is "
+                            "writable", created.message()));
+  }
+  Fd fd(created.value());
+  const std::string tmp = dir + "/" + tmp_name;
   try {
     FdSink sink(fd.get(), tmp);
     encode(commit_id, entries, sink);
@@ -279,30 +293,40 @@ void write_file_atomically(const std::string& dir, const std::string& name, uint
       throw Error(fmt::format("erun: closing checkpoint file {} failed: {}", tmp,
                               errno_text(errno)));
     }
-    if (::rename(tmp.c_str(), target.c_str()) != 0) {
+    // rename(2) replaces whatever is at the target, a symbolic link
+    // included, and never follows it.
+    if (::renameat(dfd.get(), tmp_name.c_str(), dfd.get(), name.c_str()) != 0) {
       throw Error(fmt::format("erun: cannot rename {} to {}: {}", tmp, target,
                               errno_text(errno)));
     }
   } catch (...) {
-    ::unlink(tmp.c_str());
+    ::unlinkat(dfd.get(), tmp_name.c_str(), 0);
     throw;
   }
-  Fd dfd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (dfd.get() < 0 || ::fsync(dfd.get()) != 0) {
+  if (::fsync(dfd.get()) != 0) {
     throw Error(fmt::format("erun: fsync of checkpoint directory {} failed: {}", dir,
                             errno_text(errno)));
   }
 }
 
 bool read_file(const std::string& path, std::vector<char>* out) {
-  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  Fd fd(::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
   if (fd.get() < 0) {
     if (errno == ENOENT) return false;
+    if (errno == ELOOP) {
+      throw Error(fmt::format("erun: checkpoint file {} is a symbolic link; erun reads only a regular file it "
+                              "wrote itself: remove the link", path));
+    }
     throw Error(fmt::format("erun: cannot open checkpoint file {}: {}", path, errno_text(errno)));
   }
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0) {
     throw Error(fmt::format("erun: cannot stat checkpoint file {}: {}", path, errno_text(errno)));
+  }
+  if (!S_ISREG(st.st_mode) || st.st_uid != ::geteuid()) {
+    throw Error(fmt::format("erun: checkpoint file {} is not a regular file owned by this user (uid {}); erun "
+                            "reads only a file it wrote itself: remove it", path,
+                            static_cast<unsigned>(::geteuid())));
   }
   out->resize(static_cast<size_t>(st.st_size));
   size_t got = 0;
@@ -321,13 +345,14 @@ bool read_file(const std::string& path, std::vector<char>* out) {
 }
 
 void remove_stale_temp_files(const std::string& dir, const std::string& name) {
-  std::string prefix = temp_prefix(name);
-  std::string mine = prefix + std::to_string(::getpid());
+  const std::string prefix = temp_prefix(name);
+  const std::string mine = own_temp_prefix(name);
   DIR* d = ::opendir(dir.c_str());
   if (d == nullptr) return;
   while (dirent* e = ::readdir(d)) {
     std::string f = e->d_name;
-    if (f.rfind(prefix, 0) == 0 && f != mine) ::unlink((dir + "/" + f).c_str());
+    // unlinkat removes a link itself, never what it points to.
+    if (f.rfind(prefix, 0) == 0 && f.rfind(mine, 0) != 0) ::unlinkat(::dirfd(d), f.c_str(), 0);
   }
   ::closedir(d);
 }

@@ -41,11 +41,16 @@ struct Snapshot {
 };
 Snapshot decode(const char* data, size_t size, const std::string& source);
 
-// Writes DIR/name atomically: DIR/.name.tmp.<pid>, fsync, rename, fsync DIR.
-// Throws erun::Error naming the path on any I/O failure (the old file stays).
+// Writes DIR/name atomically: a new DIR/.name.tmp.<pid>.<random> (O_EXCL,
+// O_NOFOLLOW, 0600), fsync, rename (which replaces a link at DIR/name rather
+// than following it), fsync DIR. Throws erun::Error naming the path on any I/O
+// failure (the old file stays) and when DIR is not a private directory (see
+// common/private_files.h).
 void write_file_atomically(const std::string& dir, const std::string& name,
                            uint64_t commit_id, const std::vector<EntryRef>& entries);
-// The whole file; false when it does not exist. Throws erun::Error on other failures.
+// The whole file; false when it does not exist. Throws erun::Error on other
+// failures, and when the path is a symbolic link or not a regular file owned
+// by this user.
 bool read_file(const std::string& path, std::vector<char>* out);
 // Removes DIR/.name.tmp.* left by crashed writers other than this process.
 void remove_stale_temp_files(const std::string& dir, const std::string& name);

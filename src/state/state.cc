@@ -1,11 +1,16 @@
 #include "erun/state.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
-#include <filesystem>
+#include <algorithm>
+
+#include <optional>
 #include <unordered_map>
 
 #include "common/log.h"
+#include "common/no_retry.h"
+#include "common/private_files.h"
 #include "erun/erun.hpp"
 #include "state/device_state.h"
 #include "state/snapshot.h"
@@ -36,6 +41,12 @@ struct State::Impl {
   std::string checkpoint_dir;
   bool launcher_checkpoint_checked = false;
   std::vector<std::function<void(int, int)>> reset_callbacks;
+  // World size before this worker's last re-join, until the next sync (0: none).
+  int rejoined_from = 0;
+  // World size when the held snapshot was taken (0: unknown, e.g. read from a file).
+  int snapshot_size = 0;
+  // Set by sync() when some rank re-joined since the last sync: (old size, new size).
+  std::optional<std::pair<int, int>> pending_reset;
 
   std::vector<si::EntryRef> refs() const {
     std::vector<si::EntryRef> r;
@@ -221,6 +232,7 @@ void State::commit() {
   }
   impl_->commit_id += 1;
   impl_->has_snapshot = true;
+  impl_->snapshot_size = ctx_.size();
   if (!impl_->checkpoint_dir.empty() && ctx_.rank() == 0) {
     impl_->mirror_device();
     si::write_file_atomically(impl_->checkpoint_dir, si::kStateFile, impl_->commit_id,
@@ -242,20 +254,35 @@ void State::sync() {
   Communicator& comm = ctx_.comm();
   const int size = comm.size();
   const int rank = comm.rank();
+  const int rejoined_from = std::exchange(impl_->rejoined_from, 0);
+  impl_->pending_reset.reset();
   if (size == 1) {
     impl_->fill_uncommitted();
     if (impl_->commit_id > 0) impl_->load_values();
     impl_->has_snapshot = true;
+    if (impl_->snapshot_size == 0 && impl_->commit_id == 0) impl_->snapshot_size = 1;
+    if (rejoined_from > 0) {
+      impl_->pending_reset.emplace(impl_->snapshot_size > 0 ? impl_->snapshot_size : rejoined_from, size);
+    }
     return;
   }
-  std::vector<uint64_t> ids(static_cast<size_t>(size));
-  uint64_t mine = impl_->commit_id;
-  comm.allgather(&mine, ids.data(), sizeof(uint64_t));
+  // Per rank: commit id, world size before a re-join since the last sync, and
+  // the world size its snapshot was taken at.
+  constexpr size_t kFields = 3;
+  std::vector<uint64_t> all(static_cast<size_t>(size) * kFields);
+  const uint64_t mine[kFields] = {impl_->commit_id, static_cast<uint64_t>(rejoined_from),
+                                  static_cast<uint64_t>(impl_->snapshot_size)};
+  comm.allgather(mine, all.data(), sizeof(mine));
+  auto field = [&](int r, size_t f) { return all[static_cast<size_t>(r) * kFields + f]; };
   int root = 0;
-  for (int r = 1; r < size; ++r) {
-    if (ids[static_cast<size_t>(r)] > ids[static_cast<size_t>(root)]) root = r;
+  uint64_t any_rejoin = 0;
+  for (int r = 0; r < size; ++r) {
+    if (field(r, 0) > field(root, 0)) root = r;
+    any_rejoin = std::max(any_rejoin, field(r, 1));
   }
-  const uint64_t newest = ids[static_cast<size_t>(root)];
+  const uint64_t newest = field(root, 0);
+  int snapshot_size = static_cast<int>(field(root, 2));
+  if (newest == 0 && snapshot_size == 0) snapshot_size = size;  // a new baseline
 
   std::vector<char> blob;
   if (rank == root) {
@@ -282,24 +309,57 @@ void State::sync() {
     std::string source = fmt::format("the state broadcast by rank {}", root);
     impl_->apply(si::decode(blob.data(), blob.size(), source), source, /*allow_missing=*/false);
   }
+  impl_->snapshot_size = snapshot_size;
+  // Every rank, a worker new to the job included, learns that a reset is due.
+  if (any_rejoin > 0) {
+    impl_->pending_reset.emplace(snapshot_size > 0 ? snapshot_size : static_cast<int>(any_rejoin), size);
+  }
 }
 
 void State::check_host_updates() {
   Communicator& comm = ctx_.comm();
-  int32_t pending = ctx_.host_update_pending() ? 1 : 0;
-  if (comm.size() > 1) pending = comm.allreduce_value<int32_t>(pending, ReduceOp::kMax);
-  if (pending != 0) throw HostsUpdated();
+  bool pending = ctx_.host_update_pending();
+  if (comm.size() > 1) {
+    // One allreduce (MAX) carries the host-update flag and the commit id's
+    // maximum and minimum, so the check that all ranks are at the same commit
+    // costs nothing extra.
+    const auto id = static_cast<int64_t>(impl_->commit_id);
+    int64_t v[3] = {pending ? 1 : 0, id, -id};
+    comm.allreduce(v, 3, DataType::kInt64, ReduceOp::kMax);
+    if (v[1] != -v[2]) commit_ids_disagree();
+    pending = v[0] != 0;
+  }
+  if (pending) throw HostsUpdated();
+}
+
+void State::commit_ids_disagree() {
+  Communicator& comm = ctx_.comm();
+  std::vector<uint64_t> ids(static_cast<size_t>(comm.size()));
+  const uint64_t mine = impl_->commit_id;
+  comm.allgather(&mine, ids.data(), sizeof(mine));
+  std::vector<std::pair<uint64_t, std::vector<int>>> groups;  // by commit id, in rank order
+  for (int r = 0; r < comm.size(); ++r) {
+    const uint64_t id = ids[static_cast<size_t>(r)];
+    auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == id; });
+    if (it == groups.end()) it = groups.insert(groups.end(), {id, {}});
+    it->second.push_back(r);
+  }
+  std::string who;
+  for (const auto& [id, ranks] : groups) {
+    who += fmt::format("{}{} {} at commit {}", who.empty() ? "" : "; ", ranks.size() == 1 ? "rank" : "ranks",
+                       fmt::join(ranks, ", "), id);
+  }
+  throw CollectiveMismatch(fmt::format(
+      "erun: the ranks disagree on the commit id at commit(): {}; every rank must call commit() at the same "
+      "steps, so a value that decides when to commit (e.g. a step counter) must be registered in the State, or "
+      "a worker that joins or restores has another one (see docs/state.md, 'Values that decide the schedule')",
+      who));
 }
 
 uint64_t State::commit_id() const { return impl_->commit_id; }
 
 void State::set_checkpoint_dir(const std::string& dir) {
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec) {
-    throw Error(fmt::format("erun: cannot create checkpoint directory {}: {}", dir,
-                            ec.message()));
-  }
+  if (Status ok = ensure_private_dir(dir, "checkpoint directory"); !ok) throw Error("erun: " + ok.message());
   impl_->checkpoint_dir = dir;
   if (ctx_.rank() == 0) si::remove_stale_temp_files(dir, si::kStateFile);
   std::string path = dir + "/" + si::kStateFile;
@@ -320,6 +380,7 @@ void State::set_checkpoint_dir(const std::string& dir) {
   }
   uint64_t id = snap.commit_id;
   impl_->apply(std::move(snap), source, /*allow_missing=*/true);
+  impl_->snapshot_size = 0;  // the file does not say
   ERUN_LOG_INFO("resumed from commit {} in {}", id, path);
 }
 
@@ -331,9 +392,15 @@ void State::notify_reset(int old_size, int new_size) {
   for (auto& cb : impl_->reset_callbacks) cb(old_size, new_size);
 }
 
+void State::note_rejoin(int old_size) { impl_->rejoined_from = std::max(old_size, 1); }
+
+void State::run_pending_reset() {
+  if (auto reset = std::exchange(impl_->pending_reset, std::nullopt)) notify_reset(reset->first, reset->second);
+}
+
 namespace detail {
 
-int rejoin(State& state, bool comm_error, const char* what) {
+void rejoin(State& state, bool comm_error, const char* what) {
   Context& ctx = state.context();
   const WorkerInfo before = ctx.info();
   if (comm_error) {
@@ -349,10 +416,13 @@ int rejoin(State& state, bool comm_error, const char* what) {
   ERUN_LOG_INFO("{}: joined as rank {} of {} (was rank {} of {})",
                 who(after.generation, after.host, after.rank), after.rank, after.size,
                 before.rank, before.size);
-  return before.size;
+  state.note_rejoin(before.size);
 }
 
-void reset(State& state, int old_size) { state.notify_reset(old_size, state.context().size()); }
+void no_retry(State& state, const char* what) {
+  const WorkerInfo& info = state.context().info();
+  ERUN_LOG_ERROR("{}{}: {}", kNoRetryMark, who(info.generation, info.host, info.rank), what);
+}
 
 }  // namespace detail
 

@@ -98,7 +98,7 @@ def test_a_user_error_ends_the_job_with_the_error_shown(ws):
     code = job.wait(120)
     assert code == 121, (code, job.err)
     assert "ValueError: user error at step 5" in job.err
-    assert "unrecoverable error" in job.err
+    assert "a restart would repeat" in job.err
     assert len(job.events("generation_started")) == 1, job.err
     assert ws.wait_no_workers("train_exact.py")
 

@@ -2,7 +2,11 @@
 // threads as soon as set, get() bounded by its timeout.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <thread>
 
 #include "collectives/file_store.h"
@@ -70,6 +74,29 @@ TEST_F(FileStoreTest, GetTimesOutWithCommErrorNamingTheKey) {
 
 TEST_F(FileStoreTest, UnwritableDirectoryIsACommError) {
   EXPECT_THROW(FileKvStore("/proc/erun-cannot-be-here"), CommError);
+}
+
+TEST_F(FileStoreTest, LinksAreNeverFollowedAndSharedDirectoriesAreRefused) {
+  const std::string victim = dir_ + "/victim";
+  std::ofstream(victim) << "precious";
+  FileKvStore store(dir_ + "/s");
+  std::filesystem::create_symlink(victim, dir_ + "/s/k");  // planted at a key's name
+  for (int i = 0; i < 4; ++i) {
+    std::filesystem::create_symlink(victim, dir_ + "/s/.tmp." + std::to_string(::getpid()) + "." + std::to_string(i));
+  }
+  // A link at the key is not read through...
+  EXPECT_THROW(store.get("k", 50ms), CommError);
+  // ...and set() replaces it instead of writing through it.
+  store.set("k", {'v'});
+  EXPECT_EQ(store.get("k", 1s), std::vector<char>{'v'});
+  std::ifstream in(victim);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), "precious");
+  struct stat st {};
+  ASSERT_EQ(::lstat((dir_ + "/s/k").c_str(), &st), 0);
+  EXPECT_TRUE(S_ISREG(st.st_mode));
+  EXPECT_EQ(st.st_mode & 07777, 0600u);
+  ASSERT_EQ(::chmod((dir_ + "/s").c_str(), 0777), 0);
+  EXPECT_THROW(FileKvStore(dir_ + "/s"), CommError);
 }
 
 }  // namespace

@@ -183,5 +183,42 @@ TEST(Hierarchical, AbortOnOneHostFailsEveryRankOnEveryHost) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, 20s);  // not the 60 s timeout
 }
 
+TEST(Hierarchical, MismatchOnOneHostNamesGlobalRanksAndStopsTheOtherHost) {
+  // Host 0 holds ranks 0 and 2, host 1 ranks 1 and 3; rank 2 broadcasts while
+  // everyone else allreduces.
+  auto opts = layout({{0, 0}, {1, 1}, {0, 1}, {1, 0}}, 60s);
+  std::atomic<int> mismatches{0}, comm_errors{0};
+  auto start = std::chrono::steady_clock::now();
+  std::string errors = run_ranks(opts, [&](int rank, Communicator& comm) -> std::string {
+    comm.barrier();
+    std::vector<float> g(1000, 1.f);
+    try {
+      if (rank == 2) {
+        comm.broadcast(g.data(), 4096, 0);
+      } else {
+        comm.allreduce(g, ReduceOp::kSum);
+      }
+    } catch (const CollectiveMismatch& e) {
+      std::string msg = e.what();
+      if (rank == 1 || rank == 3) return "host 1 saw a mismatch: " + msg;
+      if (msg.find("rank 0 called allreduce(float32 x 1000, sum); rank 2 called broadcast(4096 bytes, root 0)") ==
+          std::string::npos) {
+        return "message does not name global ranks 0 and 2: " + msg;
+      }
+      mismatches++;
+      return "";
+    } catch (const CommError& e) {
+      if (rank == 0 || rank == 2) return std::string("CommError on host 0: ") + e.what();
+      comm_errors++;
+      return "";
+    }
+    return "no error";
+  });
+  EXPECT_EQ(errors, "");
+  EXPECT_EQ(mismatches.load(), 2);
+  EXPECT_EQ(comm_errors.load(), 2);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 20s);  // not the 60 s timeout
+}
+
 }  // namespace
 }  // namespace erun

@@ -4,10 +4,12 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include <fmt/format.h>
@@ -193,6 +195,37 @@ TEST_F(OutputTest, PerRankFilesAreAppendedAcrossGenerations) {
   }
   EXPECT_EQ(read_file(dir_ + "/logs/rank.2/stdout"), "gen 0\npartialgen 1\npartial");
   EXPECT_EQ(read_file(dir_ + "/logs/rank.2/stderr"), "err 0\nerr 1\n");
+}
+
+TEST_F(OutputTest, PerRankFilesArePrivateAndNeverWrittenThroughALink) {
+  const std::string victim = dir_ + "/victim";
+  std::ofstream(victim) << "precious";
+  std::filesystem::create_directories(dir_ + "/logs/rank.1");
+  std::filesystem::create_symlink(victim, dir_ + "/logs/rank.1/stdout");  // a planted file link
+  std::filesystem::create_symlink(dir_, dir_ + "/logs/rank.3");           // a planted directory link
+  auto o = options();
+  o.directory = dir_ + "/logs";
+  OutputForwarder f(o);
+  for (int rank : {1, 2, 3}) {
+    Pipe out, err;
+    f.add(rank, rank, out.r, err.r);
+    out.write("out\n");
+    err.write("err\n");
+    out.close_write();
+    err.close_write();
+    f.drain(rank, 10000);
+    f.forget(rank);
+  }
+  EXPECT_EQ(read_file(victim), "precious");
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "/stdout")) << "written through the rank.3 link";
+  EXPECT_EQ(read_file(dir_ + "/logs/rank.1/stderr"), "err\n");  // the rank's other file still works
+  struct stat st {};
+  ASSERT_EQ(::stat((dir_ + "/logs/rank.2/stdout").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0600u);
+  ASSERT_EQ(::stat((dir_ + "/logs/rank.2").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0700u);
+  // The output itself still reached the terminal sink.
+  EXPECT_EQ(lines_with("[1]").size(), 2u);
 }
 
 TEST_F(OutputTest, KeepsTheLastStderrLines) {

@@ -22,6 +22,7 @@
 #include <immintrin.h>
 #endif
 
+#include "collectives/call_signature.h"
 #include "collectives/reduce_kernels.h"
 #include "common/check.h"
 
@@ -32,7 +33,7 @@ static_assert(std::atomic<uint64_t>::is_always_lock_free, "shared-memory counter
 static_assert(std::atomic<uint32_t>::is_always_lock_free, "shared-memory counters must be lock-free");
 
 constexpr uint64_t kMagic = 0x65'72'75'6e'73'68'6d'31ULL;  // "erunshm1"
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;  // 2: call signatures in the rank slots
 constexpr size_t kLine = 64;
 constexpr size_t kPage = 4096;
 
@@ -68,8 +69,13 @@ struct alignas(kLine) Header {
 
 enum AbortKind : uint32_t { kUserAbort = 1, kPeerFailure = 2 };
 
+// A rank's arrival counter and, next to it in the same cache line, the call
+// it made at that synchronisation (CallSignature words), by epoch parity: a
+// peer can be one synchronisation ahead, never two, so the slot of epoch e is
+// stable until everyone has read it.
 struct alignas(kLine) RankSlot {
   std::atomic<uint64_t> epoch;
+  std::atomic<uint64_t> call[2][2];
 };
 
 // Who holds a rank: its pid (0 until mapped) and PID namespace, so that only
@@ -213,6 +219,7 @@ class ShmCommunicator final : public Communicator {
   int size() const override { return options_.size; }
 
   void allreduce(void* data, size_t count, DataType type, ReduceOp op) override {
+    begin("allreduce", CallSignature::allreduce(count, type, op));
     kernels::visit_cpu_type(type, [&](auto* tag) {
       allreduce_typed<std::remove_pointer_t<decltype(tag)>>(data, count, op);
     });
@@ -221,7 +228,7 @@ class ShmCommunicator final : public Communicator {
   void broadcast(void* data, size_t bytes, int root) override {
     ERUN_CHECK(root >= 0 && root < size());
     const char* what = "broadcast";
-    begin(what);
+    begin(what, CallSignature::broadcast(bytes, root));
     if (size() == 1 || bytes == 0) return;
     auto* p = static_cast<char*>(data);
     const bool is_root = rank() == root;
@@ -252,42 +259,16 @@ class ShmCommunicator final : public Communicator {
   }
 
   void allgather(const void* in, void* out, size_t bytes) override {
-    const char* what = "allgather";
-    begin(what);
-    if (bytes == 0) return;
-    auto* o = static_cast<char*>(out);
-    const auto* i = static_cast<const char*>(in);
-    if (size() == 1) {
-      if (o != i) std::memmove(o, i, bytes);
-      return;
-    }
-    if (bytes <= layout_.small_bytes) {
-      int b = next_parity();
-      std::memcpy(small(rank(), b), i, bytes);
-      sync(what);
-      for (int r = 0; r < size(); ++r) {
-        if (r != rank()) std::memcpy(o + r * bytes, small(r, b), bytes);
-      }
-      if (o + rank() * bytes != i) std::memcpy(o + rank() * bytes, small(rank(), b), bytes);
-      return;
-    }
-    fence(what);
-    const size_t step = layout_.step_bytes;
-    for (size_t off = 0; off < bytes; off += step) {
-      size_t n = std::min(step, bytes - off);
-      std::memcpy(slot(rank()), i + off, n);
-      sync(what);
-      for (int r = 0; r < size(); ++r) std::memcpy(o + r * bytes + off, slot(r), n);
-      sync(what);
-    }
+    begin("allgather", CallSignature::allgather(bytes));
+    allgather_impl("allgather", in, out, bytes);
   }
 
   std::vector<std::vector<char>> allgatherv(const void* in, size_t bytes) override {
     const char* what = "allgatherv";
+    begin(what, CallSignature::allgatherv());
     std::vector<uint64_t> sizes(size());
     uint64_t mine = bytes;
-    allgather(&mine, sizes.data(), sizeof(mine));
-    begin(what);
+    allgather_impl(what, &mine, sizes.data(), sizeof(mine));
     std::vector<std::vector<char>> result(size());
     size_t longest = 0;
     for (int r = 0; r < size(); ++r) {
@@ -323,7 +304,7 @@ class ShmCommunicator final : public Communicator {
   }
 
   void barrier() override {
-    begin("barrier");
+    begin("barrier", CallSignature::barrier());
     if (size() > 1) sync("barrier");
   }
 
@@ -345,10 +326,10 @@ class ShmCommunicator final : public Communicator {
     ERUN_CHECK(false);
   }
 
+  // After begin() (in allreduce()).
   template <typename T, ReduceOp OP>
   void allreduce_op(T* data, size_t count) {
     const char* what = "allreduce";
-    begin(what);
     const size_t n_ranks = static_cast<size_t>(size());
     if (count == 0 || n_ranks == 1) return;
     const T* in[64];
@@ -445,6 +426,36 @@ class ShmCommunicator final : public Communicator {
     sync(what);
   }
 
+  // allgather after begin(): the caller's call signature is already set.
+  void allgather_impl(const char* what, const void* in, void* out, size_t bytes) {
+    if (bytes == 0) return;
+    auto* o = static_cast<char*>(out);
+    const auto* i = static_cast<const char*>(in);
+    if (size() == 1) {
+      if (o != i) std::memmove(o, i, bytes);
+      return;
+    }
+    if (bytes <= layout_.small_bytes) {
+      int b = next_parity();
+      std::memcpy(small(rank(), b), i, bytes);
+      sync(what);
+      for (int r = 0; r < size(); ++r) {
+        if (r != rank()) std::memcpy(o + r * bytes, small(r, b), bytes);
+      }
+      if (o + rank() * bytes != i) std::memcpy(o + rank() * bytes, small(rank(), b), bytes);
+      return;
+    }
+    fence(what);
+    const size_t step = layout_.step_bytes;
+    for (size_t off = 0; off < bytes; off += step) {
+      size_t n = std::min(step, bytes - off);
+      std::memcpy(slot(rank()), i + off, n);
+      sync(what);
+      for (int r = 0; r < size(); ++r) std::memcpy(o + r * bytes + off, slot(r), n);
+      sync(what);
+    }
+  }
+
   // --- segment ---
 
   void create(KvStore& store, UnlinkGuard& guard) {
@@ -508,6 +519,14 @@ class ShmCommunicator final : public Communicator {
     if (::fstat(fd.fd, &st) != 0 || static_cast<size_t>(st.st_size) < sizeof(Header)) {
       fail("connect", "shared memory segment " + name_ + " is truncated", false);
     }
+    // Rank 0 created it 0600 as this user; anything else was planted.
+    if (st.st_uid != ::geteuid() || (st.st_mode & 077) != 0) {
+      char mode[8];
+      std::snprintf(mode, sizeof(mode), "%04o", static_cast<unsigned>(st.st_mode & 07777));
+      fail("connect", "shared memory segment " + name_ + " is not private to this user (owner uid " +
+                          std::to_string(st.st_uid) + ", mode " + mode + ")",
+           false);
+    }
     map(fd.fd, static_cast<size_t>(st.st_size));
     const Header* h = header();
     if (h->magic != kMagic || h->version != kVersion || h->nonce != nonce ||
@@ -555,20 +574,40 @@ class ShmCommunicator final : public Communicator {
 
   // --- synchronisation ---
 
-  void begin(const char* what) {
+  void begin(const char* what, const CallSignature& call) {
     if (aborted_) fail(what, "the communicator was aborted", false);
     if (broken_) fail(what, "an earlier operation failed: " + broken_reason_, false);
     if (base()) check_aborted(what);
     deadline_ = std::chrono::steady_clock::now() + options_.timeout;
+    call_[0] = call.word0();
+    call_[1] = call.word1();
   }
 
-  // A barrier among all ranks: announce the next epoch, wait until every rank
-  // has announced it. Busy-polls first (waking a sleeping process costs tens
+  // A barrier among all ranks that also checks that they all made the same
+  // call: publish this rank's call signature, announce the next epoch, wait
+  // until every rank has announced it, compare the signatures (in the cache
+  // lines the wait has just read). A mismatch throws CallMismatch on every
+  // rank, since each sees the same signatures.
+  void sync(const char* what) {
+    const uint64_t e = ++epoch_;
+    RankSlot& me = ctl(rank());
+    me.call[e & 1][0].store(call_[0], std::memory_order_relaxed);
+    me.call[e & 1][1].store(call_[1], std::memory_order_relaxed);
+    wait_all(e, what);
+    for (int r = 0; r < size(); ++r) {
+      const auto& c = ctl(r).call[e & 1];
+      if (c[0].load(std::memory_order_relaxed) != call_[0] || c[1].load(std::memory_order_relaxed) != call_[1]) {
+        mismatch(e, what);
+      }
+    }
+  }
+
+  // Announces epoch e (releasing the call signature stored before) and waits
+  // until every rank has announced it. Busy-polls first (waking a sleeping process costs tens
   // of microseconds), only briefly when there are more ranks than CPUs (the
   // peers need this CPU), then yields a little, then sleeps on a futex that
   // every arrival wakes. Checks for abort, dead peers and the deadline.
-  void sync(const char* what) {
-    const uint64_t e = ++epoch_;
+  void wait_all(uint64_t e, const char* what) {
     Header* h = header();
     ctl(rank()).epoch.store(e, std::memory_order_seq_cst);
     if (h->sleepers.load(std::memory_order_seq_cst) != 0) wake_all();
@@ -658,6 +697,23 @@ class ShmCommunicator final : public Communicator {
     wake_all();
   }
 
+  // The ranks made different calls at synchronisation e: a bug in the
+  // program, not a failure, so no CommError. Every rank throws by itself.
+  [[noreturn]] void mismatch(uint64_t e, const char* what) {
+    std::vector<RankCall> calls;
+    for (int r = 0; r < size(); ++r) {
+      const auto& c = ctl(r).call[e & 1];
+      calls.push_back({r, CallSignature::unpack(c[0].load(std::memory_order_relaxed),
+                                                c[1].load(std::memory_order_relaxed))});
+    }
+    CallMismatch err("shm " + std::string(what) + " on rank " + std::to_string(rank()) + " of " +
+                         std::to_string(size()) + " (segment " + name_ + ")",
+                     std::move(calls));
+    broken_ = true;
+    broken_reason_ = err.what();
+    throw err;
+  }
+
   [[noreturn]] void fail_peer(const char* what, int peer, const std::string& cause) {
     fail(what, "rank " + std::to_string(peer) + " " + cause, true);
   }
@@ -685,6 +741,7 @@ class ShmCommunicator final : public Communicator {
   uint64_t epoch_ = 0;
   int parity_ = 0;
   int half_ = 0;
+  uint64_t call_[2] = {0, 0};  // this rank's current CallSignature words
   bool fence_ = false;
   bool own_part_in_reduce_ = true;
   bool broken_ = false;

@@ -7,6 +7,10 @@
 // thread and fails every rank's pending and later operations. A dead peer
 // (SIGKILL, exit) is a CommError within milliseconds, a hung one at `timeout`;
 // the error names the operation and the rank; afterwards the object only throws.
+// Each synchronisation also compares the ranks' call signatures (kept next to
+// their arrival counters, see collectives/call_signature.h): ranks that made
+// different calls get CallMismatch (a CollectiveMismatch) on every rank, at the
+// first synchronisation of the diverging call, before any data is read.
 #pragma once
 
 #include <memory>
