@@ -5,7 +5,7 @@
 // tcp / gloo: one rank per host, erun's TCP transport or Gloo's pairs.
 // hier-*: the hierarchical communicator with 2 ranks per host (NP/2 hosts),
 // shared memory inside a host and the named transport between hosts.
-// Per size: warm-up, then 5 repetitions; prints the median time per op (and
+// Per size: warm-up, then 5 repetitions of about 0.3 s each; prints the median time per op (and
 // min-max), algbw = bytes/time and busbw = algbw * 2(n-1)/n as nccl-tests
 // define them, in the format of shm_allreduce_bench and mpi_allreduce_bench.
 #include <sys/wait.h>
@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -23,7 +24,6 @@
 #include "collectives/gloo/gloo_communicator.h"
 #include "collectives/hierarchical.h"
 #include "collectives/tcp/tcp_communicator.h"
-#include "rendezvous/wire.h"
 
 using namespace erun;
 
@@ -79,8 +79,13 @@ int rank_main(const std::string& backend, const std::string& dir, int rank, int 
   constexpr int kReps = 5;
   for (size_t bytes : sizes) {
     std::vector<float> v(bytes / sizeof(float), 1.0f);
-    const size_t iters = std::clamp<size_t>((size_t{200} << 20) / std::max<size_t>(bytes, 1), 3, 2000);
-    for (size_t i = 0; i < std::max<size_t>(iters / 10, 3); ++i) comm->allreduce(v, ReduceOp::kSum);
+    // Warm up, then size each repetition to about 0.3 s (the slowest rank's
+    // warm-up time decides, so that every rank runs the same count).
+    auto w0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < 3; ++i) comm->allreduce(v, ReduceOp::kSum);
+    double per_op = std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count() / 3;
+    per_op = comm->allreduce_value(per_op, ReduceOp::kMax);
+    const size_t iters = std::clamp<size_t>(static_cast<size_t>(0.3 / std::max(per_op, 1e-7)), 3, 2000);
     std::vector<double> times;
     for (int rep = 0; rep < kReps; ++rep) {
       comm->barrier();
@@ -126,7 +131,12 @@ int main(int argc, char** argv) {
   char tmpl[] = "/tmp/erun_xbench_XXXXXX";
   if (!::mkdtemp(tmpl)) return 1;
   // The ranks' shared job secret, made before fork and never in argv.
-  const std::string secret = wire::random_bytes(32);
+  // (from /dev/urandom: OpenSSL used before fork leaves Gloo's children stuck)
+  std::string secret(32, '\0');
+  {
+    std::ifstream urandom("/dev/urandom", std::ios::binary);
+    if (!urandom.read(secret.data(), static_cast<std::streamsize>(secret.size()))) return 1;
+  }
   std::vector<pid_t> pids;
   std::fflush(nullptr);
   for (int r = 0; r < np; ++r) {
