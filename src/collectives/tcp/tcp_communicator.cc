@@ -240,6 +240,10 @@ struct RecvOp {
   // Called with [from, to) of the payload as it arrives, whole elements only.
   std::function<void(size_t, size_t)> on_data;
   size_t unit = 1;
+  // When > 0, the payload is staged through dst[0, window) over and over
+  // (cache-resident) and on_data is called for every full window: the data
+  // of [from, to) is then at dst + from % window.
+  size_t window = 0;
   size_t done = 0;  // bytes of header + payload read
   size_t reported = 0;
   FrameHeader header{};
@@ -385,7 +389,8 @@ class TcpCommunicator final : public Communicator {
   static constexpr size_t kDirectAllreduceBytes = 128 << 10;
   static constexpr size_t kDirectBroadcastBytes = 256 << 10;
   static constexpr size_t kDirectGatherBytes = 256 << 10;
-  // Received data is reduced in pieces of this size while the rest arrives.
+  // Received data is reduced in pieces of this size while the rest arrives
+  // (a multiple of every element size).
   static constexpr size_t kReduceSegment = 256 << 10;
 
   // Runs one collective: checks the communicator is usable, numbers it, and
@@ -556,6 +561,10 @@ class TcpCommunicator final : public Communicator {
     if (r.done < hb) {
       ptr = reinterpret_cast<char*>(&r.header) + r.done;
       want = hb - r.done;
+    } else if (r.window) {
+      const size_t got = r.done - hb;
+      ptr = r.dst + got % r.window;
+      want = std::min(r.length - got, r.window - got % r.window);
     } else {
       ptr = r.dst + (r.done - hb);
       want = r.length - (r.done - hb);
@@ -568,7 +577,8 @@ class TcpCommunicator final : public Communicator {
       if (r.done > hb && r.on_data) {
         const size_t got = r.done - hb;
         const size_t whole = got - got % r.unit;
-        if (whole == r.length || whole - r.reported >= kReduceSegment) {
+        const bool window_full = r.window && whole > r.reported && whole % r.window == 0;
+        if (whole == r.length || window_full || (!r.window && whole - r.reported >= kReduceSegment)) {
           r.on_data(r.reported, whole);
           r.reported = whole;
         }
@@ -607,9 +617,8 @@ class TcpCommunicator final : public Communicator {
     const int right = (rank() + 1) % n, left = (rank() - 1 + n) % n;
     std::vector<size_t> off(n + 1);
     for (int i = 0; i <= n; ++i) off[i] = block_begin(count, n, i) * esize;
-    size_t max_block = 0;
-    for (int i = 0; i < n; ++i) max_block = std::max(max_block, off[i + 1] - off[i]);
-    scratch_.resize(max_block);
+    // Received blocks pass through one small window that stays in cache.
+    scratch_.resize(kReduceSegment);
     for (int s = 0; s < n - 1; ++s) {
       const int send_block = (rank() - s + n) % n;
       const int recv_block = (rank() - s - 1 + 2 * n) % n;
@@ -618,7 +627,10 @@ class TcpCommunicator final : public Communicator {
       char* target = data + off[recv_block];
       const char* in = scratch_.data();
       recvs[0].unit = esize;
-      recvs[0].on_data = [&, target, in](size_t from, size_t to) { fn(target + from, target + from, in + from, (to - from) / esize); };
+      recvs[0].window = kReduceSegment;
+      recvs[0].on_data = [&, target, in](size_t from, size_t to) {
+        fn(target + from, target + from, in + from % kReduceSegment, (to - from) / esize);
+      };
       transfer(c, sends, recvs);
     }
     ring_allgather(c, data, off, (rank() + 1) % n);
