@@ -77,12 +77,17 @@ def main():
                 samples.setdefault((group, np, impl, b), []).append(v)
 
     def med(group, np, impl, b, i):
+        # i = 0: the median time; i = 1: the busbw of that time (so that the
+        # two columns agree).
         v = samples.get((group, np, impl, b))
-        return statistics.median(x[i] for x in v) if v else None
+        if not v:
+            return None
+        t = statistics.median(x[0] for x in v)
+        return t if i == 0 else b / (t * 1e-6) / 1e9 * 2 * (np - 1) / np
 
     out = []
-    out.append(f"Median of {a.rounds} round(s); each value is itself the median of 5 repetitions. "
-               "busbw = bytes/time x 2(n-1)/n. Ratios are erun-tcp / peer (busbw) and peer / erun-tcp (time), "
+    out.append(f"Median time of {a.rounds} round(s); each round's time is itself the median of 5 repetitions. "
+               "busbw = bytes/time x 2(n-1)/n from that time. Ratios are erun-tcp / peer (busbw) and peer / erun-tcp (time), "
                "so > 1 means erun is better.\n")
     for np in (2, 4):
         out.append(f"\n**{np} hosts, one rank each** (erun-tcp: 127.0.0.2..{1 + np}; Gloo likewise; "
