@@ -6,6 +6,7 @@
 #include "collectives/call_signature.h"
 #include "collectives/gloo/gloo_communicator.h"
 #include "collectives/shm/shm_communicator.h"
+#include "collectives/tcp/tcp_communicator.h"
 #include "collectives/reduce_kernels.h"
 #include "common/check.h"
 
@@ -23,6 +24,36 @@ uint64_t get_u64(const std::vector<char>& in, size_t& pos) {
   std::memcpy(&v, in.data() + pos, sizeof(v));
   pos += sizeof(v);
   return v;
+}
+
+// The communicator among one rank per host: rank/size as given, listening on
+// the host's address.
+std::unique_ptr<Communicator> make_cross(KvStore& store, const HierOptions& o, int rank, int size,
+                                         const std::string& prefix) {
+  const std::string& address = o.address.empty() ? o.hostname : o.address;
+  if (o.cross == CrossTransport::kGloo) {
+    GlooOptions go;
+    go.rank = rank;
+    go.size = size;
+    go.timeout = o.timeout;
+    go.connect_timeout = o.connect_timeout;
+    go.store_timeout = o.connect_timeout;
+    go.hostname = address;
+    go.prefix = prefix + "/gloo";
+    return make_gloo_communicator(store, go);
+  }
+  TcpOptions to;
+  to.rank = rank;
+  to.size = size;
+  to.timeout = o.timeout;
+  to.connect_timeout = o.connect_timeout;
+  to.address = address;
+  to.prefix = prefix + "/tcp";
+  to.job_id = o.job_id;
+  to.secret = o.secret;
+  to.generation = o.generation;
+  to.cancelled = o.cancelled;
+  return make_tcp_communicator(store, to);
 }
 
 template <typename T>
@@ -44,15 +75,7 @@ class HierCommunicator final : public Communicator {
     local_ = make_shm_communicator(store, so);
     if (leader()) {
       ERUN_CHECK(o.cross_size >= 1 && o.cross_rank >= 0 && o.cross_rank < o.cross_size);
-      GlooOptions go;
-      go.rank = o.cross_rank;
-      go.size = o.cross_size;
-      go.timeout = o.timeout;
-      go.connect_timeout = o.connect_timeout;
-      go.store_timeout = o.connect_timeout;
-      go.hostname = o.address.empty() ? o.hostname : o.address;
-      go.prefix = o.prefix + "/cross";
-      guarded([&] { cross_ = make_gloo_communicator(store, go); });
+      guarded([&] { cross_ = make_cross(store, o, o.cross_rank, o.cross_size, o.prefix + "/cross"); });
     }
     // Where every rank lives: its host's index and its local rank there.
     guarded([&] {
@@ -244,17 +267,7 @@ std::unique_ptr<Communicator> make_hierarchical_communicator(KvStore& store, con
     so.segment_tag = o.segment_tag.empty() ? o.prefix : o.segment_tag;
     return make_shm_communicator(store, so);
   }
-  if (o.local_size == 1 && o.cross_size == o.size) {
-    GlooOptions go;
-    go.rank = o.rank;
-    go.size = o.size;
-    go.timeout = o.timeout;
-    go.connect_timeout = o.connect_timeout;
-    go.store_timeout = o.connect_timeout;
-    go.hostname = o.address.empty() ? o.hostname : o.address;
-    go.prefix = o.prefix + "/gloo";
-    return make_gloo_communicator(store, go);
-  }
+  if (o.local_size == 1 && o.cross_size == o.size) return make_cross(store, o, o.rank, o.size, o.prefix);
   return std::make_unique<HierCommunicator>(store, o);
 }
 

@@ -1,12 +1,14 @@
-// Hierarchical communicator: shared memory among the ranks of one host, Gloo
-// over TCP among the host leaders (local_rank 0), so that only one rank per
-// host touches the network. Construction is collective over all ranks (each
-// host's shm segment, then the leaders' Gloo mesh, both bounded by `timeout`).
+// Hierarchical communicator: shared memory among the ranks of one host, erun's
+// authenticated TCP transport (or Gloo, when asked for) among the host leaders
+// (local_rank 0), so that only one rank per host touches the network.
+// Construction is collective over all ranks (each host's shm segment, then the
+// leaders' mesh, both bounded by `timeout`).
 // Same contract as every Communicator: one operation at a time per rank,
 // abort() from any thread; a failure anywhere aborts both layers so that every
 // rank on every host gets a CommError promptly, not at its own timeout.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -15,6 +17,12 @@
 #include "rendezvous/kv_store.h"
 
 namespace erun {
+
+// What carries the traffic between hosts.
+enum class CrossTransport {
+  kTcp,   // erun's transport: authenticated pairs, checked frames (tcp_communicator.h)
+  kGloo,  // Gloo's TCP pairs: unauthenticated; for comparison benchmarks only
+};
 
 struct HierOptions {
   int rank = 0;
@@ -27,13 +35,21 @@ struct HierOptions {
   int cross_size = 1;
   Duration timeout = std::chrono::seconds(30);
   // Identifies this host (ranks with the same hostname share memory) and is
-  // the address its leader's Gloo pairs listen on unless `address` is set.
+  // the address its leader listens on unless `address` is set.
   std::string hostname = "127.0.0.1";
   // The address peers reach this host's leader at; empty: `hostname`.
   std::string address;
-  // Gloo's pair connect (stretched 5x for a first connection) and store
-  // waits while the mesh forms; 0: `timeout`.
+  // Forming the leaders' mesh (store waits, connects, handshakes; Gloo
+  // stretches its first connect 5x); 0: `timeout`.
   Duration connect_timeout{0};
+  CrossTransport cross = CrossTransport::kTcp;
+  // The TCP transport's handshake is keyed by the job secret and bound to the
+  // job and generation (required when there is more than one host).
+  std::string job_id;
+  std::string secret;
+  long generation = 0;
+  // Polled while the leaders' mesh forms; true gives up (TcpOptions::cancelled).
+  std::function<bool()> cancelled;
   // Scopes the store keys (and names the shm segments), e.g. "gen3".
   std::string prefix = "coll";
   // Goes into shm segment names; empty: derived from `prefix`.
@@ -41,8 +57,9 @@ struct HierOptions {
 };
 
 // One host (local_size == size): a plain shm communicator. One rank on every
-// host (local_size == 1 and cross_size == size): a plain Gloo communicator.
-// Otherwise shm within hosts + Gloo across leaders. Throws CommError.
+// host (local_size == 1 and cross_size == size): a plain cross-host
+// communicator. Otherwise shm within hosts + the cross-host transport among
+// the leaders. Throws CommError.
 std::unique_ptr<Communicator> make_hierarchical_communicator(KvStore& store, const HierOptions& options);
 
 }  // namespace erun

@@ -211,6 +211,10 @@ void Driver::set_discovered(HostSet hosts) {
 
 std::string Driver::advertise_address(const std::string& host, bool local) const {
   if (!local) return host;
+  // A "host" named by a loopback address (--launcher local with 127.0.0.2,
+  // .3, ...) keeps it, so that its workers' cross-host traffic really uses
+  // distinct addresses.
+  if (starts_with(host, "127.")) return host;
   if (all_hosts_local_) return "127.0.0.1";
   char name[256] = {};
   ::gethostname(name, sizeof name - 1);

@@ -1,8 +1,9 @@
 // erun::init(): the worker's side of the job. Reads the launcher's environment
 // once into WorkerOptions and builds the matching Context:
 //  - ElasticContext under the erun driver (ERUN_RDZV_ADDR set): joins the
-//    driver's rendezvous, builds a Gloo communicator per generation, re-joins
-//    on membership changes;
+//    driver's rendezvous, builds a hierarchical communicator per generation
+//    (shared memory within a host, erun's authenticated TCP transport between
+//    hosts), re-joins on membership changes;
 //  - StandaloneContext otherwise: a world of one.
 #include <signal.h>
 #include <unistd.h>
@@ -12,8 +13,8 @@
 
 #include <fmt/format.h>
 
-#include "collectives/gloo/gloo_communicator.h"
 #include "collectives/hierarchical.h"
+#include "collectives/tcp/tcp_communicator.h"
 #include "common/log.h"
 #include "common/strings.h"
 #include "erun/erun.hpp"
@@ -85,8 +86,7 @@ class StandaloneContext final : public Context {
  public:
   explicit StandaloneContext(std::string checkpoint_dir) : checkpoint_dir_(std::move(checkpoint_dir)) {
     info_.host = "localhost";
-    GlooOptions g;
-    comm_ = make_gloo_communicator(store_, g);
+    comm_ = make_tcp_communicator(store_, TcpOptions{});  // a world of one: no sockets
   }
   const WorkerInfo& info() const override { return info_; }
   Communicator& comm() override { return *comm_; }
@@ -177,7 +177,8 @@ class ElasticContext final : public Context {
         } else {
           store.get("go", remaining());
         }
-        // Shared memory among the ranks of a host, Gloo among the hosts.
+        // Shared memory among the ranks of a host, erun's TCP transport among
+        // the hosts, its pairs authenticated with the job secret.
         HierOptions h;
         h.rank = r->rank;
         h.size = r->size;
@@ -186,11 +187,15 @@ class ElasticContext final : public Context {
         h.cross_rank = r->cross_rank;
         h.cross_size = r->cross_size;
         h.timeout = o_.collective_timeout;
-        // Gloo waits 5x this for a pair's first connection.
-        // A peer dying while the mesh connects costs 5x this (Gloo's first
-        // connect) before the next generation can form; the pairs of ranks that
-        // just passed the barrier together connect in milliseconds.
-        h.connect_timeout = std::min<Duration>(o_.collective_timeout, std::chrono::seconds(1));
+        // The pairs of ranks that just passed the barrier together connect in
+        // milliseconds; a peer that dies meanwhile is seen at once (refused
+        // connect, closed pair) or when the driver announces the next
+        // generation (`cancelled`), not after this bound.
+        h.connect_timeout = std::min<Duration>(o_.collective_timeout, std::chrono::seconds(5));
+        h.job_id = o_.job_id;
+        h.secret = o_.secret;
+        h.generation = gen;
+        h.cancelled = [this] { return client_.hosts_updated(); };
         h.hostname = o_.host;
         h.address = o_.advertise;
         h.prefix = "coll";
@@ -223,7 +228,8 @@ Context& init() {
   if (g_context) return *g_context;
   init_logging(!env_or("ERUN_VERBOSE").empty());
   // A peer that dies mid-write must surface as a CommError, not kill this
-  // process: Gloo's TCP transport writes without MSG_NOSIGNAL.
+  // process: Gloo's TCP transport (selectable between hosts) writes without
+  // MSG_NOSIGNAL.
   struct sigaction old {};
   if (::sigaction(SIGPIPE, nullptr, &old) == 0 && old.sa_handler == SIG_DFL) ::signal(SIGPIPE, SIG_IGN);
   if (!env_or("ERUN_RDZV_ADDR").empty()) {

@@ -1,10 +1,15 @@
-// Gloo collectives among real processes (fork) over a FileKvStore: a peer that
-// is SIGKILLed mid-allreduce makes the others throw CommError at once; a peer
-// that is SIGSTOPped makes them throw within the collective timeout. No
-// process is left behind.
+// Cross-host collectives among real processes (fork) over a FileKvStore, for
+// erun's TCP transport (each rank on its own loopback address) and Gloo: a
+// peer that is SIGKILLed mid-allreduce makes the others throw CommError at
+// once; a peer that is SIGSTOPped makes them throw within the collective
+// timeout; a peer SIGKILLed while the mesh forms fails the others without a
+// connect-timeout wait. No process is left behind.
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -18,6 +23,7 @@
 #include "collectives/file_store.h"
 #include "common/check.h"
 #include "collectives/gloo/gloo_communicator.h"
+#include "collectives/tcp/tcp_communicator.h"
 
 namespace erun {
 namespace {
@@ -49,19 +55,42 @@ constexpr int kCommErrorSeen = 0;
 constexpr int kNoError = 10;
 constexpr int kOtherError = 11;
 
-// A rank: builds its communicator, writes "<dir>/running.<rank>" after a few
-// allreduces, and loops until a CommError, which it timestamps in
-// "<dir>/error.<rank>".
-[[noreturn]] void rank_main(const std::string& dir, int rank, int size, Duration timeout) {
-  int code = kOtherError;
-  try {
-    FileKvStore store(dir + "/store");
+enum class Transport { kTcp, kGloo };
+
+std::unique_ptr<Communicator> make_comm(Transport t, KvStore& store, int rank, int size, Duration timeout,
+                                        const std::string& prefix, Duration connect_timeout = Duration{0}) {
+  if (t == Transport::kGloo) {
     GlooOptions o;
     o.rank = rank;
     o.size = size;
     o.timeout = timeout;
-    o.prefix = "fault";
-    auto comm = make_gloo_communicator(store, o);
+    o.connect_timeout = connect_timeout;
+    o.prefix = prefix;
+    return make_gloo_communicator(store, o);
+  }
+  TcpOptions o;
+  o.rank = rank;
+  o.size = size;
+  o.timeout = timeout;
+  o.connect_timeout = connect_timeout;
+  o.address = "127.0.0." + std::to_string(2 + rank);
+  o.prefix = prefix;
+  o.job_id = "fault-job";
+  o.secret = "fault-secret";
+  o.generation = 1;
+  return make_tcp_communicator(store, o);
+}
+
+// A rank: builds its communicator, writes "<dir>/running.<rank>" after a few
+// allreduces, and loops until a CommError, which it timestamps in
+// "<dir>/error.<rank>".
+[[noreturn]] void rank_main(Transport t, const std::string& dir, int rank, int size, Duration timeout) {
+  int code = kOtherError;
+  // As erun::init() does: Gloo writes without MSG_NOSIGNAL.
+  ::signal(SIGPIPE, SIG_IGN);
+  try {
+    FileKvStore store(dir + "/store");
+    auto comm = make_comm(t, store, rank, size, timeout, "fault");
     std::vector<float> v(1 << 16, 1.0f);
     const auto give_up = std::chrono::steady_clock::now() + 120s;
     code = kNoError;
@@ -113,13 +142,13 @@ struct Ranks {
   }
 };
 
-Ranks start_ranks(const std::string& dir, int size, Duration timeout) {
+Ranks start_ranks(Transport t, const std::string& dir, int size, Duration timeout) {
   Ranks ranks;
   std::fflush(nullptr);
   for (int r = 0; r < size; ++r) {
     pid_t pid = ::fork();
     ERUN_CHECK(pid >= 0);
-    if (pid == 0) rank_main(dir, r, size, timeout);
+    if (pid == 0) rank_main(t, dir, r, size, timeout);
     ranks.pids.push_back(pid);
   }
   return ranks;
@@ -145,11 +174,13 @@ void expect_all_gone(const std::vector<pid_t>& original) {
   for (pid_t p : original) EXPECT_NE(::kill(p, 0), 0) << "process " << p << " is still there";
 }
 
-TEST(CollectivesFault, KilledPeerFailsTheOthersQuickly) {
+class CollectivesFault : public ::testing::TestWithParam<Transport> {};
+
+TEST_P(CollectivesFault, KilledPeerFailsTheOthersQuickly) {
   TempDir dir;
   const int size = 3, victim = 2;
   const Duration timeout = 20s;
-  Ranks ranks = start_ranks(dir.path(), size, timeout);
+  Ranks ranks = start_ranks(GetParam(), dir.path(), size, timeout);
   const auto original = ranks.pids;
   ASSERT_TRUE(wait_for_file(dir.path() + "/running." + std::to_string(victim), 60s)) << "ranks never got going";
   const int64_t killed_at = now_ns();
@@ -164,11 +195,11 @@ TEST(CollectivesFault, KilledPeerFailsTheOthersQuickly) {
   expect_all_gone(original);
 }
 
-TEST(CollectivesFault, StoppedPeerFailsTheOthersWithinTheTimeout) {
+TEST_P(CollectivesFault, StoppedPeerFailsTheOthersWithinTheTimeout) {
   TempDir dir;
   const int size = 3, victim = 1;
   const Duration timeout = 2s;
-  Ranks ranks = start_ranks(dir.path(), size, timeout);
+  Ranks ranks = start_ranks(GetParam(), dir.path(), size, timeout);
   const auto original = ranks.pids;
   ASSERT_TRUE(wait_for_file(dir.path() + "/running." + std::to_string(victim), 60s)) << "ranks never got going";
   const int64_t stopped_at = now_ns();
@@ -184,7 +215,7 @@ TEST(CollectivesFault, StoppedPeerFailsTheOthersWithinTheTimeout) {
   expect_all_gone(original);
 }
 
-TEST(CollectivesFault, ProcessesAgreeThroughTheFileStore) {
+TEST_P(CollectivesFault, ProcessesAgreeThroughTheFileStore) {
   TempDir dir;
   const int size = 4;
   Ranks ranks;
@@ -196,11 +227,7 @@ TEST(CollectivesFault, ProcessesAgreeThroughTheFileStore) {
       int code = 1;
       try {
         FileKvStore store(dir.path() + "/store");
-        GlooOptions o;
-        o.rank = r;
-        o.size = size;
-        o.timeout = 30s;
-        auto comm = make_gloo_communicator(store, o);
+        auto comm = make_comm(GetParam(), store, r, size, 30s, "agree");
         int64_t sum = comm->allreduce_value<int64_t>(r + 1, ReduceOp::kSum);
         auto all = comm->allgatherv(&r, r % 2 ? sizeof(r) : 0);
         code = (sum == 10 && all[1].size() == sizeof(int) && all[0].empty()) ? 0 : 2;
@@ -213,6 +240,65 @@ TEST(CollectivesFault, ProcessesAgreeThroughTheFileStore) {
   }
   for (int r = 0; r < size; ++r) EXPECT_EQ(ranks.wait(r, 60s), 0) << "rank " << r;
 }
+
+// Rank 0 has published its pair address and is SIGKILLed before it answers
+// the others' handshakes (as a worker killed while a generation forms): the
+// kernel resets their pending connections and they give up at once instead of
+// waiting out the 20 s bound.
+TEST(CollectivesFaultTcp, PeerKilledWhileTheMeshFormsFailsTheOthersWithoutATimeoutWait) {
+  TempDir dir;
+  const int size = 3;
+  Ranks ranks;
+  std::fflush(nullptr);
+  for (int r = 0; r < size; ++r) {
+    pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      int code = kOtherError;
+      try {
+        FileKvStore store(dir.path() + "/store");
+        if (r == 0) {
+          // The victim listens and publishes its address as a rank that got
+          // that far would, and never accepts.
+          int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+          sockaddr_in sa{};
+          sa.sin_family = AF_INET;
+          ::inet_pton(AF_INET, "127.0.0.2", &sa.sin_addr);
+          socklen_t len = sizeof(sa);
+          ERUN_CHECK(::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) == 0 && ::listen(fd, 16) == 0);
+          ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
+          std::string addr = "127.0.0.2:" + std::to_string(ntohs(sa.sin_port));
+          store.set("forming/addr/0", std::vector<char>(addr.begin(), addr.end()));
+          std::ofstream(dir.path() + "/victim.ready") << "1";
+          std::this_thread::sleep_for(60s);
+          std::_Exit(kOtherError);
+        }
+        auto comm = make_comm(Transport::kTcp, store, r, size, 20s, "forming", 20s);
+        code = kNoError;
+      } catch (const CommError& e) {
+        std::ofstream(dir.path() + "/error." + std::to_string(r)) << now_ns() << "\n" << e.what() << "\n";
+        code = kCommErrorSeen;
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "rank %d: %s\n", r, e.what());
+      }
+      std::_Exit(code);
+    }
+    ranks.pids.push_back(pid);
+  }
+  ASSERT_TRUE(wait_for_file(dir.path() + "/victim.ready", 30s));
+  std::this_thread::sleep_for(300ms);  // ranks 1 and 2 are trying to reach rank 0
+  const int64_t killed_at = now_ns();
+  ranks.kill_and_reap(0);
+  for (int r = 1; r < size; ++r) {
+    ASSERT_EQ(ranks.wait(r, 60s), kCommErrorSeen) << "rank " << r;
+    double took = detection_seconds(dir.path(), r, killed_at);
+    std::printf("rank %d gave up the mesh %.3f s after its peer was killed (bound 20 s)\n", r, took);
+    EXPECT_LT(took, 3.0);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, CollectivesFault, ::testing::Values(Transport::kTcp, Transport::kGloo),
+                         [](const auto& info) { return info.param == Transport::kTcp ? "tcp" : "gloo"; });
 
 }  // namespace
 }  // namespace erun

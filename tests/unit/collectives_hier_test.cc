@@ -1,7 +1,8 @@
 // Hierarchical communicator with ranks as threads over a MemoryKvStore,
 // pretending to be several hosts (distinct loopback hostnames, local ranks
 // given explicitly, ranks interleaved across hosts): every operation against a
-// serial reference; the one-host and one-rank-per-host shortcuts; an uneven
+// serial reference (erun's TCP transport between the hosts, and Gloo when
+// selected); the one-host and one-rank-per-host shortcuts; an uneven
 // layout; an abort on one host fails the ranks of the other host promptly.
 #include <gtest/gtest.h>
 
@@ -51,6 +52,8 @@ std::vector<HierOptions> layout(const std::vector<Place>& places, Duration timeo
     o.timeout = timeout;
     o.hostname = "127.0.0." + std::to_string(places[r].host + 1);
     o.prefix = "hier";
+    o.job_id = "hier-test";
+    o.secret = "hier-test-secret";
     o.segment_tag = "hiertest" + std::to_string(::getpid());
   }
   return out;
@@ -155,8 +158,14 @@ TEST(Hierarchical, OneHostIsPureSharedMemory) {
   EXPECT_EQ(run_ranks(opts, check_everything), "");
 }
 
-TEST(Hierarchical, OneRankPerHostIsPureGloo) {
+TEST(Hierarchical, OneRankPerHostIsPureTcp) {
   auto opts = layout({{0, 0}, {1, 0}, {2, 0}});
+  EXPECT_EQ(run_ranks(opts, check_everything), "");
+}
+
+TEST(Hierarchical, GlooStaysSelectableBetweenHosts) {
+  auto opts = layout({{0, 0}, {0, 1}, {1, 0}, {1, 1}});
+  for (auto& o : opts) o.cross = CrossTransport::kGloo;
   EXPECT_EQ(run_ranks(opts, check_everything), "");
 }
 

@@ -1,0 +1,1008 @@
+#include "collectives/tcp/tcp_communicator.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <bit>
+#include <cerrno>
+#include <cstring>
+#include <deque>
+#include <stdexcept>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "collectives/reduce_kernels.h"
+#include "common/check.h"
+#include "common/log.h"
+#include "rendezvous/wire.h"
+
+namespace erun {
+namespace {
+
+static_assert(std::endian::native == std::endian::little, "the pair wire format is little-endian");
+
+using Clock = std::chrono::steady_clock;
+using namespace std::chrono_literals;
+
+// ---- handshake --------------------------------------------------------------
+
+constexpr uint32_t kHandshakeMagic = 0x31504545;  // "EEP1"
+constexpr uint16_t kHandshakeVersion = 1;
+enum HandshakeType : uint16_t { kHello = 1, kChallenge = 2, kAuth = 3, kAccepted = 4 };
+constexpr size_t kHelloBytes = 8 + 8 + 8 + 4 + 4 + wire::kNonceBytes;  // 64
+constexpr size_t kChallengeBytes = 8 + wire::kNonceBytes + wire::kMacBytes;  // 72
+constexpr size_t kAuthBytes = 8 + wire::kMacBytes;  // 40
+constexpr size_t kAcceptedBytes = 8;
+// A connection that has not finished its handshake by then is dropped.
+constexpr Duration kHandshakeTimeout = 5s;
+// At most this many unauthenticated connections are kept; the oldest goes.
+constexpr size_t kMaxPending = 256;
+
+wire::PayloadWriter handshake_head(HandshakeType t) {
+  wire::PayloadWriter w;
+  w.u32(kHandshakeMagic).u32(static_cast<uint32_t>(kHandshakeVersion) | (static_cast<uint32_t>(t) << 16));
+  return w;
+}
+
+// Why a handshake message is refused, or empty.
+std::string check_head(wire::PayloadReader& r, HandshakeType want) {
+  uint32_t magic = r.u32();
+  uint32_t vt = r.u32();
+  if (magic != kHandshakeMagic) return fmt::format("not an erun pair handshake (magic {:#x})", magic);
+  if ((vt & 0xffff) != kHandshakeVersion) return fmt::format("pair handshake version {}, want {}", vt & 0xffff, kHandshakeVersion);
+  if ((vt >> 16) != want) return fmt::format("handshake message type {}, want {}", vt >> 16, static_cast<int>(want));
+  return {};
+}
+
+// Each side proves the secret over both nonces, the job, the generation and
+// both ranks; the labels keep one side's proof from passing as the other's.
+std::string pair_proof(std::string_view label, const TcpOptions& o, int connector, int acceptor,
+                       std::string_view connector_nonce, std::string_view acceptor_nonce) {
+  wire::PayloadWriter w;
+  w.fixed(label).bytes(o.job_id).i64(o.generation).i32(connector).i32(acceptor).fixed(connector_nonce).fixed(acceptor_nonce);
+  return wire::hmac_sha256(o.secret, w.str());
+}
+constexpr std::string_view kConnectorLabel = "erun-pair-connector-v1";
+constexpr std::string_view kAcceptorLabel = "erun-pair-acceptor-v1";
+
+// ---- data frames ------------------------------------------------------------
+
+constexpr uint32_t kFrameMagic = 0x46504545;  // "EEPF"
+constexpr uint8_t kFrameVersion = 1;
+
+enum class Op : uint8_t { kAllreduce = 1, kBroadcast = 2, kAllgather = 3, kAllgathervSizes = 4, kAllgatherv = 5, kBarrier = 6 };
+
+const char* op_name(uint8_t op) {
+  switch (static_cast<Op>(op)) {
+    case Op::kAllreduce: return "allreduce";
+    case Op::kBroadcast: return "broadcast";
+    case Op::kAllgather: return "allgather";
+    case Op::kAllgathervSizes:
+    case Op::kAllgatherv: return "allgatherv";
+    case Op::kBarrier: return "barrier";
+  }
+  return "unknown-op";
+}
+
+// What a collective call is, as both ends must agree on it.
+struct Call {
+  Op op = Op::kBarrier;
+  uint8_t dtype = 0;
+  uint8_t reduce = 0;
+  uint64_t count = 0;  // elements for allreduce, bytes otherwise
+  int32_t root = 0;
+};
+
+struct FrameHeader {
+  uint32_t magic;
+  uint8_t version, op, dtype, reduce;
+  uint32_t generation;
+  int32_t from;
+  uint64_t seq;
+  uint64_t count;
+  uint64_t offset;
+  uint64_t length;
+  int32_t root;
+  uint32_t check;  // FNV-1a of the bytes before it
+};
+static_assert(sizeof(FrameHeader) == 56, "FrameHeader must have no padding");
+
+uint32_t fnv1a(const void* p, size_t n) {
+  uint32_t h = 2166136261u;
+  auto* b = static_cast<const unsigned char*>(p);
+  for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 16777619u;
+  return h;
+}
+
+std::string describe(uint8_t op, uint8_t dtype, uint8_t reduce, uint64_t count, int32_t root) {
+  switch (static_cast<Op>(op)) {
+    case Op::kAllreduce:
+      return fmt::format("allreduce({} x {}, {})", count, dtype <= 6 ? to_string(static_cast<DataType>(dtype)) : "?",
+                         reduce <= 4 ? to_string(static_cast<ReduceOp>(reduce)) : "?");
+    case Op::kBroadcast: return fmt::format("broadcast({} bytes, root {})", count, root);
+    case Op::kAllgather: return fmt::format("allgather({} bytes each)", count);
+    case Op::kAllgathervSizes:
+    case Op::kAllgatherv: return "allgatherv";
+    case Op::kBarrier: return "barrier";
+  }
+  return fmt::format("unknown operation {}", op);
+}
+std::string describe(const Call& c) {
+  return describe(static_cast<uint8_t>(c.op), c.dtype, c.reduce, c.count, c.root);
+}
+
+using ReduceFn = void (*)(void* out, const void* a, const void* b, size_t n);
+
+template <typename T, ReduceOp OP>
+void reduce_typed(void* out, const void* a, const void* b, size_t n) {
+  kernels::combine<T, OP>(static_cast<T*>(out), static_cast<const T*>(a), static_cast<const T*>(b), n);
+}
+
+ReduceFn reduce_fn(DataType type, ReduceOp op) {
+  return kernels::visit_cpu_type(type, [&](auto* tag) -> ReduceFn {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    switch (op) {
+      case ReduceOp::kSum:
+      case ReduceOp::kAverage: return &reduce_typed<T, ReduceOp::kSum>;
+      case ReduceOp::kProduct: return &reduce_typed<T, ReduceOp::kProduct>;
+      case ReduceOp::kMin: return &reduce_typed<T, ReduceOp::kMin>;
+      case ReduceOp::kMax: return &reduce_typed<T, ReduceOp::kMax>;
+    }
+    return nullptr;
+  });
+}
+
+// ---- sockets ----------------------------------------------------------------
+
+struct Endpoint {
+  sockaddr_storage addr{};
+  socklen_t len = 0;
+};
+
+bool is_wildcard(const sockaddr* sa) {
+  if (sa->sa_family == AF_INET) return reinterpret_cast<const sockaddr_in*>(sa)->sin_addr.s_addr == htonl(INADDR_ANY);
+  if (sa->sa_family == AF_INET6) {
+    auto* a = reinterpret_cast<const sockaddr_in6*>(sa);
+    return std::memcmp(&a->sin6_addr, &in6addr_any, sizeof(in6addr_any)) == 0;
+  }
+  return false;
+}
+
+Endpoint resolve(const std::string& host, const std::string& port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  addrinfo* res = nullptr;
+  int rc = ::getaddrinfo(host.c_str(), port.c_str(), &hints, &res);
+  if (rc != 0 || !res) {
+    throw CommError(fmt::format("erun tcp: cannot resolve address '{}': {}", host, ::gai_strerror(rc)));
+  }
+  Endpoint e;
+  std::memcpy(&e.addr, res->ai_addr, res->ai_addrlen);
+  e.len = res->ai_addrlen;
+  ::freeaddrinfo(res);
+  return e;
+}
+
+std::string numeric(const sockaddr_storage& ss) {
+  char host[INET6_ADDRSTRLEN] = {};
+  if (ss.ss_family == AF_INET6) {
+    auto* a = reinterpret_cast<const sockaddr_in6*>(&ss);
+    ::inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof(host));
+    return fmt::format("[{}]:{}", host, ntohs(a->sin6_port));
+  }
+  auto* a = reinterpret_cast<const sockaddr_in*>(&ss);
+  ::inet_ntop(AF_INET, &a->sin_addr, host, sizeof(host));
+  return fmt::format("{}:{}", host, ntohs(a->sin_port));
+}
+
+// "1.2.3.4:5" or "[::1]:5" -> host, port.
+std::pair<std::string, std::string> split_host_port(const std::string& s) {
+  auto colon = s.rfind(':');
+  if (colon == std::string::npos || colon == 0) return {"", ""};
+  std::string host = s.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  return {host, s.substr(colon + 1)};
+}
+
+int poll_ms(TimePoint deadline, Duration cap) {
+  auto left = deadline - Clock::now();
+  if (left <= Duration::zero()) return 0;
+  left = std::min(left, cap);
+  return static_cast<int>(std::chrono::ceil<std::chrono::milliseconds>(left).count());
+}
+
+// ---- the communicator -------------------------------------------------------
+
+// One operation's transfer with one peer: a frame out or a frame in.
+struct SendOp {
+  int peer = 0;
+  FrameHeader header{};
+  const char* data = nullptr;
+  size_t done = 0;  // bytes of header + payload written
+};
+
+struct RecvOp {
+  int peer = 0;
+  uint64_t offset = 0;  // the frame's expected offset and length
+  uint64_t length = 0;
+  char* dst = nullptr;
+  // Called with [from, to) of the payload as it arrives, whole elements only.
+  std::function<void(size_t, size_t)> on_data;
+  size_t unit = 1;
+  // When > 0, the payload is staged through dst[0, window) over and over
+  // (cache-resident) and on_data is called for every full window: the data
+  // of [from, to) is then at dst + from % window.
+  size_t window = 0;
+  size_t done = 0;  // bytes of header + payload read
+  size_t reported = 0;
+  FrameHeader header{};
+};
+
+// Ring block i of n over `total` units: [begin, end).
+size_t block_begin(size_t total, int n, int i) { return total * static_cast<size_t>(i) / static_cast<size_t>(n); }
+
+class TcpCommunicator final : public Communicator {
+ public:
+  TcpCommunicator(KvStore& store, const TcpOptions& o) : o_(o), fds_(o.size, -1) {
+    abort_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (abort_fd_ < 0) throw CommError(fmt::format("erun tcp: eventfd: {}", std::strerror(errno)));
+    who_ = who(o.generation, o.address, o.rank);
+    if (o.size > 1) connect_mesh(store);
+  }
+
+  ~TcpCommunicator() override {
+    for (int fd : fds_) {
+      if (fd >= 0) ::close(fd);
+    }
+    if (listen_fd_ >= 0) ::close(listen_fd_);
+    ::close(abort_fd_);
+  }
+
+  int rank() const override { return o_.rank; }
+  int size() const override { return o_.size; }
+
+  void allreduce(void* data, size_t count, DataType type, ReduceOp op) override {
+    ReduceFn fn = reduce_fn(type, op);  // throws for float16/bfloat16 before anything is sent
+    Call c{Op::kAllreduce, static_cast<uint8_t>(type), static_cast<uint8_t>(op), count, 0};
+    run(c, [&] {
+      if (size() == 1) return;
+      const size_t esize = data_type_size(type);
+      const size_t bytes = count * esize;
+      if (bytes <= kDirectAllreduceBytes || count < static_cast<size_t>(size())) {
+        allreduce_direct(c, static_cast<char*>(data), count, esize, fn);
+      } else {
+        allreduce_ring(c, static_cast<char*>(data), count, esize, fn);
+      }
+    });
+    if (op == ReduceOp::kAverage && size() > 1) {
+      kernels::visit_cpu_type(type, [&](auto* tag) {
+        using T = std::remove_pointer_t<decltype(tag)>;
+        kernels::divide(static_cast<T*>(data), count, size());
+      });
+    }
+  }
+
+  void broadcast(void* data, size_t bytes, int root) override {
+    if (root < 0 || root >= size()) throw std::invalid_argument(fmt::format("erun tcp: broadcast root {} is not a rank of {}", root, size()));
+    Call c{Op::kBroadcast, 0, 0, bytes, root};
+    run(c, [&] {
+      if (size() == 1) return;
+      char* p = static_cast<char*>(data);
+      if (size() == 2 || bytes <= kDirectBroadcastBytes) {
+        std::vector<SendOp> sends;
+        std::vector<RecvOp> recvs;
+        if (rank() == root) {
+          for (int q = 0; q < size(); ++q) {
+            if (q != root) sends.push_back(make_send(q, c, 0, bytes, p));
+          }
+        } else {
+          recvs.push_back(make_recv(root, 0, bytes, p));
+        }
+        transfer(c, sends, recvs);
+        return;
+      }
+      // Scatter from the root, then a ring allgather: the root sends each
+      // byte about twice instead of size()-1 times.
+      std::vector<size_t> off(size() + 1);
+      for (int i = 0; i <= size(); ++i) off[i] = block_begin(bytes, size(), i);
+      std::vector<SendOp> sends;
+      std::vector<RecvOp> recvs;
+      if (rank() == root) {
+        for (int q = 0; q < size(); ++q) {
+          if (q != root) sends.push_back(make_send(q, c, off[q], off[q + 1] - off[q], p + off[q]));
+        }
+      } else {
+        recvs.push_back(make_recv(root, off[rank()], off[rank() + 1] - off[rank()], p + off[rank()]));
+      }
+      transfer(c, sends, recvs);
+      ring_allgather(c, p, off, rank());
+    });
+  }
+
+  void allgather(const void* in, void* out, size_t bytes) override {
+    Call c{Op::kAllgather, 0, 0, bytes, 0};
+    run(c, [&] {
+      char* o = static_cast<char*>(out);
+      if (bytes) std::memmove(o + rank() * bytes, in, bytes);
+      if (size() == 1) return;
+      std::vector<size_t> off(size() + 1);
+      for (int i = 0; i <= size(); ++i) off[i] = i * bytes;
+      gather_blocks(c, o, off);
+    });
+  }
+
+  std::vector<std::vector<char>> allgatherv(const void* in, size_t bytes) override {
+    std::vector<std::vector<char>> result(size());
+    Call sizes{Op::kAllgathervSizes, 0, 0, 0, 0};
+    run(sizes, [&] {
+      std::vector<uint64_t> lens(size());
+      lens[rank()] = bytes;
+      if (size() > 1) {
+        std::vector<size_t> off(size() + 1);
+        for (int i = 0; i <= size(); ++i) off[i] = i * sizeof(uint64_t);
+        direct_allgather(sizes, reinterpret_cast<char*>(lens.data()), off);
+      }
+      std::vector<size_t> off(size() + 1, 0);
+      for (int i = 0; i < size(); ++i) off[i + 1] = off[i] + lens[i];
+      std::vector<char> all(off[size()]);
+      if (bytes) std::memcpy(all.data() + off[rank()], in, bytes);
+      Call data{Op::kAllgatherv, 0, 0, off[size()], 0};
+      if (size() > 1) gather_blocks(data, all.data(), off);
+      for (int i = 0; i < size(); ++i) result[i].assign(all.begin() + off[i], all.begin() + off[i + 1]);
+    });
+    return result;
+  }
+
+  void barrier() override {
+    Call c{Op::kBarrier, 0, 0, 0, 0};
+    run(c, [&] {
+      // Dissemination: round k, tell rank+2^k and hear from rank-2^k.
+      uint64_t round = 0;
+      for (int dist = 1; dist < size(); dist *= 2, ++round) {
+        std::vector<SendOp> sends{make_send((rank() + dist) % size(), c, round, 0, nullptr)};
+        std::vector<RecvOp> recvs{make_recv((rank() - dist + size()) % size(), round, 0, nullptr)};
+        transfer(c, sends, recvs);
+      }
+    });
+  }
+
+  void abort() override {
+    aborted_ = true;
+    uint64_t one = 1;
+    [[maybe_unused]] ssize_t n = ::write(abort_fd_, &one, sizeof(one));
+    shutdown_all();
+  }
+
+ private:
+  // Below these, one direct exchange (one round trip) beats a ring.
+  static constexpr size_t kDirectAllreduceBytes = 128 << 10;
+  static constexpr size_t kDirectBroadcastBytes = 256 << 10;
+  static constexpr size_t kDirectGatherBytes = 256 << 10;
+  // Received data is reduced in pieces of this size while the rest arrives
+  // (a multiple of every element size).
+  static constexpr size_t kReduceSegment = 256 << 10;
+
+  // Runs one collective: checks the communicator is usable, numbers it, and
+  // turns every failure into a CommError that names the operation and rank,
+  // after shutting the sockets so that the peers fail at once too.
+  template <typename F>
+  void run(const Call& c, F&& body) {
+    if (aborted_) throw CommError(fmt::format("erun tcp: {}: {} after abort()", who_, op_name(static_cast<uint8_t>(c.op))));
+    if (broken_) throw CommError(fmt::format("erun tcp: {}: {} on a communicator that already failed ({})", who_, op_name(static_cast<uint8_t>(c.op)), broken_reason_));
+    ++seq_;
+    deadline_ = Clock::now() + o_.timeout;
+    try {
+      body();
+    } catch (const CommError& e) {
+      broken_ = true;
+      broken_reason_ = e.what();
+      shutdown_all();
+      throw;
+    }
+  }
+
+  [[noreturn]] void fail(const Call& c, const std::string& what) {
+    throw CommError(fmt::format("erun tcp: {}: {} (collective #{}): {}", who_, op_name(static_cast<uint8_t>(c.op)), seq_, what));
+  }
+
+  void shutdown_all() {
+    for (int fd : fds_) {
+      if (fd >= 0) ::shutdown(fd, SHUT_RDWR);
+    }
+  }
+
+  SendOp make_send(int peer, const Call& c, uint64_t offset, uint64_t length, const char* data) {
+    SendOp s;
+    s.peer = peer;
+    FrameHeader& h = s.header;
+    h.magic = kFrameMagic;
+    h.version = kFrameVersion;
+    h.op = static_cast<uint8_t>(c.op);
+    h.dtype = c.dtype;
+    h.reduce = c.reduce;
+    h.generation = static_cast<uint32_t>(o_.generation);
+    h.from = rank();
+    h.seq = seq_;
+    h.count = c.count;
+    h.offset = offset;
+    h.length = length;
+    h.root = c.root;
+    h.check = fnv1a(&h, offsetof(FrameHeader, check));
+    s.data = data;
+    return s;
+  }
+
+  static RecvOp make_recv(int peer, uint64_t offset, uint64_t length, char* dst) {
+    RecvOp r;
+    r.peer = peer;
+    r.offset = offset;
+    r.length = length;
+    r.dst = dst;
+    return r;
+  }
+
+  // Why a received header is refused, checked before a byte of its payload
+  // is read into the caller's buffer.
+  void check_frame(const Call& c, const RecvOp& r) {
+    const FrameHeader& h = r.header;
+    const int p = r.peer;
+    if (h.magic != kFrameMagic || h.version != kFrameVersion || h.check != fnv1a(&h, offsetof(FrameHeader, check))) {
+      fail(c, fmt::format("corrupted frame header from rank {} (magic {:#x}, version {}, check {:#x}); the stream "
+                          "from that rank is not trustworthy", p, h.magic, h.version, h.check));
+    }
+    if (h.generation != static_cast<uint32_t>(o_.generation) || h.from != p) {
+      fail(c, fmt::format("frame from rank {} claims generation {} rank {}; this connection is generation {} rank {}", p,
+                          h.generation, h.from, o_.generation, p));
+    }
+    const Call mine = c;
+    if (h.seq != seq_ || h.op != static_cast<uint8_t>(mine.op) || h.dtype != mine.dtype || h.reduce != mine.reduce ||
+        h.count != mine.count || h.root != mine.root) {
+      fail(c, fmt::format("collective mismatch: rank {} called #{} {} but rank {} called #{} {}; every rank must call "
+                          "the same collectives with the same arguments in the same order",
+                          rank(), seq_, describe(mine), p, h.seq, describe(h.op, h.dtype, h.reduce, h.count, h.root)));
+    }
+    if (h.offset != r.offset || h.length != r.length) {
+      fail(c, fmt::format("rank {} sent [{}, +{}) of {} where [{}, +{}) was due; the ranks disagree on the algorithm "
+                          "(different erun versions?)", p, h.offset, h.length, describe(mine), r.offset, r.length));
+    }
+  }
+
+  // Moves every send and receive to completion at once (full duplex, so two
+  // ranks sending to each other never wait on each other's buffers), bounded
+  // by the operation's deadline and woken by abort().
+  void transfer(const Call& c, std::vector<SendOp>& sends, std::vector<RecvOp>& recvs) {
+    size_t left = sends.size() + recvs.size();
+    std::vector<pollfd> pfds;
+    std::vector<int> which;  // >= 0: sends[i], < 0: recvs[-i-1]
+    while (left > 0) {
+      bool progressed = false;
+      for (auto& s : sends) {
+        const size_t total = sizeof(FrameHeader) + s.header.length;
+        if (s.done == total) continue;
+        if (step_send(c, s)) progressed = true;
+        if (s.done == total) --left;
+      }
+      for (auto& r : recvs) {
+        const size_t total = sizeof(FrameHeader) + r.length;
+        if (r.done == total) continue;
+        if (step_recv(c, r)) progressed = true;
+        if (r.done == total) --left;
+      }
+      if (left == 0) break;
+      if (progressed) continue;
+      pfds.clear();
+      which.clear();
+      pfds.push_back({abort_fd_, POLLIN, 0});
+      which.push_back(0);
+      for (size_t i = 0; i < sends.size(); ++i) {
+        if (sends[i].done < sizeof(FrameHeader) + sends[i].header.length) {
+          pfds.push_back({fds_[sends[i].peer], POLLOUT, 0});
+          which.push_back(static_cast<int>(i));
+        }
+      }
+      for (size_t i = 0; i < recvs.size(); ++i) {
+        if (recvs[i].done < sizeof(FrameHeader) + recvs[i].length) {
+          pfds.push_back({fds_[recvs[i].peer], POLLIN, 0});
+          which.push_back(-static_cast<int>(i) - 1);
+        }
+      }
+      int timeout = poll_ms(deadline_, 1h);
+      if (timeout == 0) {
+        std::string waiting;
+        for (size_t i = 1; i < pfds.size(); ++i) {
+          int peer = which[i] >= 0 ? sends[which[i]].peer : recvs[-which[i] - 1].peer;
+          waiting += fmt::format("{}{} rank {}", waiting.empty() ? "" : ", ", which[i] >= 0 ? "sending to" : "receiving from", peer);
+        }
+        fail(c, fmt::format("timed out after {:.1f} s {} (is that rank alive, or stopped?)", seconds(o_.timeout), waiting));
+      }
+      int n = ::poll(pfds.data(), pfds.size(), timeout);
+      if (n < 0 && errno != EINTR) fail(c, fmt::format("poll: {}", std::strerror(errno)));
+      if (aborted_ || (pfds[0].revents & POLLIN)) fail(c, "aborted");
+    }
+  }
+
+  // One non-blocking write; true when bytes moved.
+  bool step_send(const Call& c, SendOp& s) {
+    iovec iov[2];
+    int n_iov = 0;
+    constexpr size_t hb = sizeof(FrameHeader);
+    if (s.done < hb) iov[n_iov++] = {reinterpret_cast<char*>(&s.header) + s.done, hb - s.done};
+    const size_t payload_done = s.done > hb ? s.done - hb : 0;
+    if (payload_done < s.header.length) iov[n_iov++] = {const_cast<char*>(s.data) + payload_done, s.header.length - payload_done};
+    msghdr m{};
+    m.msg_iov = iov;
+    m.msg_iovlen = n_iov;
+    ssize_t n = ::sendmsg(fds_[s.peer], &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n > 0) {
+      s.done += static_cast<size_t>(n);
+      return true;
+    }
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return false;
+    if (aborted_) fail(c, "aborted");
+    fail(c, fmt::format("sending to rank {} failed: {} (it exited or failed)", s.peer, n < 0 ? std::strerror(errno) : "closed"));
+  }
+
+  // One non-blocking read, never past the end of this frame; true when bytes moved.
+  bool step_recv(const Call& c, RecvOp& r) {
+    constexpr size_t hb = sizeof(FrameHeader);
+    char* ptr;
+    size_t want;
+    if (r.done < hb) {
+      ptr = reinterpret_cast<char*>(&r.header) + r.done;
+      want = hb - r.done;
+    } else if (r.window) {
+      const size_t got = r.done - hb;
+      ptr = r.dst + got % r.window;
+      want = std::min(r.length - got, r.window - got % r.window);
+    } else {
+      ptr = r.dst + (r.done - hb);
+      want = r.length - (r.done - hb);
+    }
+    ssize_t n = ::recv(fds_[r.peer], ptr, want, MSG_DONTWAIT);
+    if (n > 0) {
+      const bool had_header = r.done >= hb;
+      r.done += static_cast<size_t>(n);
+      if (!had_header && r.done >= hb) check_frame(c, r);
+      if (r.done > hb && r.on_data) {
+        const size_t got = r.done - hb;
+        const size_t whole = got - got % r.unit;
+        const bool window_full = r.window && whole > r.reported && whole % r.window == 0;
+        if (whole == r.length || window_full || (!r.window && whole - r.reported >= kReduceSegment)) {
+          r.on_data(r.reported, whole);
+          r.reported = whole;
+        }
+      }
+      return true;
+    }
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return false;
+    if (aborted_) fail(c, "aborted");
+    fail(c, fmt::format("receiving from rank {} failed: {} (it exited, failed or aborted)", r.peer,
+                        n < 0 ? std::strerror(errno) : "connection closed"));
+  }
+
+  // Small allreduce: everyone sends everything to everyone, then reduces the
+  // inputs in rank order, so every rank computes the same bits.
+  void allreduce_direct(const Call& c, char* data, size_t count, size_t esize, ReduceFn fn) {
+    const size_t bytes = count * esize;
+    scratch_.resize(bytes * size());
+    char* slots = scratch_.data();
+    if (bytes) std::memcpy(slots + rank() * bytes, data, bytes);
+    std::vector<SendOp> sends;
+    std::vector<RecvOp> recvs;
+    for (int q = 0; q < size(); ++q) {
+      if (q == rank()) continue;
+      sends.push_back(make_send(q, c, 0, bytes, data));
+      recvs.push_back(make_recv(q, 0, bytes, slots + q * bytes));
+    }
+    transfer(c, sends, recvs);
+    fn(data, slots, slots + bytes, count);
+    for (int q = 2; q < size(); ++q) fn(data, data, slots + q * bytes, count);
+  }
+
+  // Large allreduce: ring reduce-scatter then ring allgather; each received
+  // block is reduced piecewise while the rest of it arrives.
+  void allreduce_ring(const Call& c, char* data, size_t count, size_t esize, ReduceFn fn) {
+    const int n = size();
+    const int right = (rank() + 1) % n, left = (rank() - 1 + n) % n;
+    std::vector<size_t> off(n + 1);
+    for (int i = 0; i <= n; ++i) off[i] = block_begin(count, n, i) * esize;
+    // Received blocks pass through one small window that stays in cache.
+    scratch_.resize(kReduceSegment);
+    for (int s = 0; s < n - 1; ++s) {
+      const int send_block = (rank() - s + n) % n;
+      const int recv_block = (rank() - s - 1 + 2 * n) % n;
+      std::vector<SendOp> sends{make_send(right, c, off[send_block], off[send_block + 1] - off[send_block], data + off[send_block])};
+      std::vector<RecvOp> recvs{make_recv(left, off[recv_block], off[recv_block + 1] - off[recv_block], scratch_.data())};
+      char* target = data + off[recv_block];
+      const char* in = scratch_.data();
+      recvs[0].unit = esize;
+      recvs[0].window = kReduceSegment;
+      recvs[0].on_data = [&, target, in](size_t from, size_t to) {
+        fn(target + from, target + from, in + from % kReduceSegment, (to - from) / esize);
+      };
+      transfer(c, sends, recvs);
+    }
+    ring_allgather(c, data, off, (rank() + 1) % n);
+  }
+
+  // Ring allgather of blocks [off[i], off[i+1]) of `base`; this rank starts
+  // with block `own` complete.
+  void ring_allgather(const Call& c, char* base, const std::vector<size_t>& off, int own) {
+    const int n = size();
+    const int right = (rank() + 1) % n, left = (rank() - 1 + n) % n;
+    for (int s = 0; s < n - 1; ++s) {
+      const int send_block = (own - s + n) % n;
+      const int recv_block = (own - s - 1 + 2 * n) % n;
+      std::vector<SendOp> sends{make_send(right, c, off[send_block], off[send_block + 1] - off[send_block], base + off[send_block])};
+      std::vector<RecvOp> recvs{make_recv(left, off[recv_block], off[recv_block + 1] - off[recv_block], base + off[recv_block])};
+      transfer(c, sends, recvs);
+    }
+  }
+
+  // Every rank's block to every other rank in one exchange.
+  void direct_allgather(const Call& c, char* base, const std::vector<size_t>& off) {
+    std::vector<SendOp> sends;
+    std::vector<RecvOp> recvs;
+    const int me = rank();
+    for (int q = 0; q < size(); ++q) {
+      if (q == me) continue;
+      sends.push_back(make_send(q, c, off[me], off[me + 1] - off[me], base + off[me]));
+      recvs.push_back(make_recv(q, off[q], off[q + 1] - off[q], base + off[q]));
+    }
+    transfer(c, sends, recvs);
+  }
+
+  void gather_blocks(const Call& c, char* base, const std::vector<size_t>& off) {
+    if (off[size()] <= kDirectGatherBytes) return direct_allgather(c, base, off);
+    ring_allgather(c, base, off, rank());
+  }
+
+  // ---- forming the mesh ----
+
+  void connect_mesh(KvStore& store) {
+    if (o_.secret.empty()) {
+      throw std::invalid_argument("erun tcp: no job secret; the pairs of a multi-rank communicator must authenticate");
+    }
+    const auto start = Clock::now();
+    const TimePoint deadline = start + (o_.connect_timeout > Duration::zero() ? o_.connect_timeout : o_.timeout);
+    listen_on_address();
+    const std::string mine = numeric(local_addr_);
+    store.set(key(rank()), std::vector<char>(mine.begin(), mine.end()));
+    // Higher ranks connect to lower ones: rank r first connects to 0..r-1
+    // (each of which is already accepting, or finishing its own connects to
+    // even lower ranks), then accepts r+1..size-1.
+    for (int q = 0; q < rank(); ++q) {
+      auto left = deadline - Clock::now();
+      if (left <= Duration::zero()) throw CommError(fmt::format("erun tcp: {}: timed out waiting for rank {}'s address", who_, q));
+      auto v = store.get(key(q), left);
+      connect_to(q, std::string(v.begin(), v.end()), deadline);
+    }
+    accept_peers(deadline);
+    ::close(listen_fd_);
+    listen_fd_ = -1;
+    ERUN_LOG_DEBUG("{}: tcp mesh of {} formed in {:.3f} s", who_, size(), seconds(Clock::now() - start));
+  }
+
+  std::string key(int r) const { return fmt::format("{}/addr/{}", o_.prefix, r); }
+
+  void listen_on_address() {
+    Endpoint e = resolve(o_.address, "0");
+    if (is_wildcard(reinterpret_cast<sockaddr*>(&e.addr))) {
+      throw std::invalid_argument(fmt::format("erun tcp: address '{}' is the wildcard; give the address of this host "
+                                              "that the peers reach it at", o_.address));
+    }
+    listen_fd_ = ::socket(e.addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (listen_fd_ < 0) throw CommError(fmt::format("erun tcp: socket: {}", std::strerror(errno)));
+    if (::bind(listen_fd_, reinterpret_cast<sockaddr*>(&e.addr), e.len) != 0) {
+      throw CommError(fmt::format("erun tcp: {}: cannot bind {}: {} (is it an address of this host?)", who_, o_.address,
+                                  std::strerror(errno)));
+    }
+    if (::listen(listen_fd_, 128) != 0) throw CommError(fmt::format("erun tcp: listen: {}", std::strerror(errno)));
+    socklen_t len = sizeof(local_addr_);
+    ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&local_addr_), &len);
+  }
+
+  // Waits for fd to be ready, for abort() or for `cancelled`, up to deadline.
+  void wait_ready(int fd, short events, TimePoint deadline, const std::string& what) {
+    while (true) {
+      check_cancelled(what);
+      int timeout = poll_ms(deadline, 50ms);
+      if (timeout == 0) throw CommError(fmt::format("erun tcp: {}: timed out {}", who_, what));
+      pollfd p[2] = {{fd, events, 0}, {abort_fd_, POLLIN, 0}};
+      int n = ::poll(p, 2, timeout);
+      if (n < 0 && errno != EINTR) throw CommError(fmt::format("erun tcp: poll: {}", std::strerror(errno)));
+      if (aborted_ || (p[1].revents & POLLIN)) throw CommError(fmt::format("erun tcp: {}: aborted {}", who_, what));
+      if (n > 0 && p[0].revents) return;
+    }
+  }
+
+  void check_cancelled(const std::string& what) {
+    if (o_.cancelled && o_.cancelled()) {
+      throw CommError(fmt::format("erun tcp: {}: gave up {}: a new generation was announced", who_, what));
+    }
+  }
+
+  void send_blocking(int fd, const std::string& bytes, TimePoint deadline, const std::string& what) {
+    size_t off = 0;
+    while (off < bytes.size()) {
+      ssize_t n = ::send(fd, bytes.data() + off, bytes.size() - off, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n > 0) {
+        off += static_cast<size_t>(n);
+      } else if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
+        wait_ready(fd, POLLOUT, deadline, what);
+      } else {
+        throw CommError(fmt::format("erun tcp: {}: {}: {}", who_, what, std::strerror(errno)));
+      }
+    }
+  }
+
+  std::string recv_blocking(int fd, size_t want, TimePoint deadline, const std::string& what) {
+    std::string out(want, '\0');
+    size_t off = 0;
+    while (off < want) {
+      ssize_t n = ::recv(fd, out.data() + off, want - off, MSG_DONTWAIT);
+      if (n > 0) {
+        off += static_cast<size_t>(n);
+      } else if (n == 0) {
+        throw CommError(fmt::format("erun tcp: {}: {}: connection closed", who_, what));
+      } else if (errno == EAGAIN || errno == EINTR) {
+        wait_ready(fd, POLLIN, deadline, what);
+      } else {
+        throw CommError(fmt::format("erun tcp: {}: {}: {}", who_, what, std::strerror(errno)));
+      }
+    }
+    return out;
+  }
+
+  void connect_to(int q, const std::string& addr, TimePoint deadline) {
+    auto [host, port] = split_host_port(addr);
+    if (host.empty()) throw CommError(fmt::format("erun tcp: {}: rank {} published a malformed address '{}'", who_, q, addr));
+    Endpoint e = resolve(host, port);
+    int fd = ::socket(e.addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) throw CommError(fmt::format("erun tcp: socket: {}", std::strerror(errno)));
+    fds_[q] = fd;  // closed by the destructor whatever happens next
+    const std::string what = fmt::format("connecting to rank {} at {}", q, addr);
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&e.addr), e.len) != 0) {
+      if (errno != EINPROGRESS) throw CommError(fmt::format("erun tcp: {}: {}: {}", who_, what, std::strerror(errno)));
+      wait_ready(fd, POLLOUT, deadline, what);
+      int err = 0;
+      socklen_t len = sizeof(err);
+      ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+      if (err != 0) {
+        throw CommError(fmt::format("erun tcp: {}: {}: {} (has rank {} exited?)", who_, what, std::strerror(err), q));
+      }
+    }
+    wire::set_nodelay(fd);
+    const std::string nonce = wire::random_bytes(wire::kNonceBytes);
+    auto hello = handshake_head(kHello);
+    hello.u64(wire::job_hash(o_.job_id)).i64(o_.generation).i32(rank()).i32(q).fixed(nonce);
+    send_blocking(fd, hello.str(), deadline, what);
+    std::string ch = recv_blocking(fd, kChallengeBytes, deadline, what + " (waiting for its challenge)");
+    wire::PayloadReader r(ch);
+    if (auto why = check_head(r, kChallenge); !why.empty()) {
+      throw CommError(fmt::format("erun tcp: {}: {}: {}", who_, what, why));
+    }
+    std::string peer_nonce = r.fixed(wire::kNonceBytes);
+    std::string peer_proof = r.fixed(wire::kMacBytes);
+    if (!wire::equal_ct(peer_proof, pair_proof(kAcceptorLabel, o_, rank(), q, nonce, peer_nonce))) {
+      throw CommError(fmt::format("erun tcp: {}: {}: the peer did not prove the job secret for generation {}; "
+                                  "refusing to exchange data with it", who_, what, o_.generation));
+    }
+    auto auth = handshake_head(kAuth);
+    auth.fixed(pair_proof(kConnectorLabel, o_, rank(), q, nonce, peer_nonce));
+    send_blocking(fd, auth.str(), deadline, what);
+    std::string ok = recv_blocking(fd, kAcceptedBytes, deadline, what + " (waiting for its acceptance)");
+    wire::PayloadReader okr(ok);
+    if (auto why = check_head(okr, kAccepted); !why.empty()) {
+      throw CommError(fmt::format("erun tcp: {}: {}: {}", who_, what, why));
+    }
+  }
+
+  struct Pending {
+    int fd = -1;
+    std::string peer;
+    TimePoint deadline;
+    std::string in;
+    size_t want = kHelloBytes;
+    int from = -1;
+    std::string nonce, my_nonce;
+  };
+
+  // Accepts until every higher rank has authenticated. Strangers are handled
+  // side by side with the real peers (a silent connection costs nothing but a
+  // descriptor) and closed on the first wrong byte or after kHandshakeTimeout.
+  void accept_peers(TimePoint deadline) {
+    int missing = size() - 1 - rank();
+    std::deque<Pending> pending;
+    auto drop = [&](Pending& p, const std::string& why) {
+      reject(p.peer, why);
+      ::close(p.fd);
+      p.fd = -1;
+    };
+    try {
+      while (missing > 0) {
+        check_cancelled("accepting the pair connections");
+        // Established pairs must stay up while the rest form: a peer that
+        // died is noticed now, not at the first operation.
+        std::vector<pollfd> pfds{{listen_fd_, POLLIN, 0}, {abort_fd_, POLLIN, 0}};
+        for (int q = 0; q < size(); ++q) {
+          if (fds_[q] >= 0) pfds.push_back({fds_[q], POLLRDHUP, 0});
+        }
+        const size_t first_pending = pfds.size();
+        TimePoint wake = deadline;
+        for (auto& p : pending) {
+          pfds.push_back({p.fd, POLLIN, 0});
+          wake = std::min(wake, p.deadline);
+        }
+        int timeout = poll_ms(wake, 50ms);
+        if (timeout == 0 && Clock::now() >= deadline) {
+          std::string who_missing;
+          for (int q = rank() + 1; q < size(); ++q) {
+            if (fds_[q] < 0) who_missing += fmt::format("{}{}", who_missing.empty() ? "" : ", ", q);
+          }
+          throw CommError(fmt::format("erun tcp: {}: timed out waiting for rank(s) {} to connect", who_, who_missing));
+        }
+        int n = ::poll(pfds.data(), pfds.size(), timeout);
+        if (n < 0 && errno != EINTR) throw CommError(fmt::format("erun tcp: poll: {}", std::strerror(errno)));
+        if (aborted_ || (pfds[1].revents & POLLIN)) throw CommError(fmt::format("erun tcp: {}: aborted while forming the mesh", who_));
+        for (size_t i = 2; i < first_pending; ++i) {
+          if (pfds[i].revents & (POLLRDHUP | POLLHUP | POLLERR)) {
+            int q = 0;
+            while (fds_[q] != pfds[i].fd) ++q;
+            throw CommError(fmt::format("erun tcp: {}: rank {} closed its connection while the mesh formed (it exited "
+                                        "or failed)", who_, q));
+          }
+        }
+        for (size_t i = first_pending; i < pfds.size(); ++i) {
+          if (!pfds[i].revents) continue;
+          Pending& p = pending[i - first_pending];
+          if (advance(p, drop)) {
+            --missing;
+          }
+        }
+        const auto now = Clock::now();
+        for (auto& p : pending) {
+          if (p.fd >= 0 && now >= p.deadline) drop(p, "no complete handshake in time");
+        }
+        std::erase_if(pending, [](const Pending& p) { return p.fd < 0; });
+        if (pfds[0].revents & POLLIN) {
+          while (true) {
+            sockaddr_storage ss{};
+            socklen_t len = sizeof(ss);
+            int fd = ::accept4(listen_fd_, reinterpret_cast<sockaddr*>(&ss), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+            if (fd < 0) break;
+            if (pending.size() >= kMaxPending) {
+              drop(pending.front(), "too many unauthenticated connections; dropping the oldest");
+              pending.pop_front();
+            }
+            Pending p;
+            p.fd = fd;
+            p.peer = numeric(ss);
+            p.deadline = std::min(deadline, Clock::now() + kHandshakeTimeout);
+            pending.push_back(std::move(p));
+          }
+        }
+      }
+    } catch (...) {
+      for (auto& p : pending) {
+        if (p.fd >= 0) ::close(p.fd);
+      }
+      throw;
+    }
+    for (auto& p : pending) {
+      if (p.fd >= 0) drop(p, "arrived after every peer had connected");
+    }
+    if (rejected_ > logged_rejections_) {
+      ERUN_LOG_WARN("{}: {} connection(s) to the pair port failed authentication in all", who_, rejected_);
+    }
+  }
+
+  // Reads what a pending connection sent; true when it became a peer.
+  template <typename Drop>
+  bool advance(Pending& p, Drop&& drop) {
+    char buf[128];
+    const size_t want = p.want - p.in.size();
+    ssize_t n = ::recv(p.fd, buf, std::min(want, sizeof(buf)), MSG_DONTWAIT);
+    if (n == 0) {
+      drop(p, "closed before completing the handshake");
+      return false;
+    }
+    if (n < 0) {
+      if (errno != EAGAIN && errno != EINTR) drop(p, std::strerror(errno));
+      return false;
+    }
+    p.in.append(buf, static_cast<size_t>(n));
+    if (p.in.size() < p.want) return false;
+    wire::PayloadReader r(p.in);
+    if (p.from < 0) {  // the hello
+      if (auto why = check_head(r, kHello); !why.empty()) {
+        drop(p, why);
+        return false;
+      }
+      uint64_t jh = r.u64();
+      int64_t gen = r.i64();
+      int32_t from = r.i32();
+      int32_t to = r.i32();
+      p.nonce = r.fixed(wire::kNonceBytes);
+      if (jh != wire::job_hash(o_.job_id)) return drop(p, "hello for another job"), false;
+      if (gen != o_.generation) return drop(p, fmt::format("hello for generation {}, this is {}", gen, o_.generation)), false;
+      if (to != rank()) return drop(p, fmt::format("hello for rank {}", to)), false;
+      if (from <= rank() || from >= size()) return drop(p, fmt::format("hello from rank {}, which does not connect here", from)), false;
+      if (fds_[from] >= 0) return drop(p, fmt::format("hello from rank {}, which is already connected", from)), false;
+      p.from = from;
+      p.my_nonce = wire::random_bytes(wire::kNonceBytes);
+      auto ch = handshake_head(kChallenge);
+      ch.fixed(p.my_nonce).fixed(pair_proof(kAcceptorLabel, o_, from, rank(), p.nonce, p.my_nonce));
+      if (::send(p.fd, ch.str().data(), ch.str().size(), MSG_NOSIGNAL | MSG_DONTWAIT) != static_cast<ssize_t>(ch.str().size())) {
+        return drop(p, "could not send the challenge"), false;
+      }
+      p.in.clear();
+      p.want = kAuthBytes;
+      return false;
+    }
+    if (auto why = check_head(r, kAuth); !why.empty()) return drop(p, why), false;
+    std::string proof = r.fixed(wire::kMacBytes);
+    if (!wire::equal_ct(proof, pair_proof(kConnectorLabel, o_, p.from, rank(), p.nonce, p.my_nonce))) {
+      return drop(p, fmt::format("claimed to be rank {} but its proof is wrong (another job's secret, another "
+                                 "generation, or a replay)", p.from)), false;
+    }
+    if (fds_[p.from] >= 0) return drop(p, fmt::format("rank {} is already connected", p.from)), false;
+    auto ok = handshake_head(kAccepted);
+    if (::send(p.fd, ok.str().data(), ok.str().size(), MSG_NOSIGNAL | MSG_DONTWAIT) != static_cast<ssize_t>(ok.str().size())) {
+      return drop(p, "could not send the acceptance"), false;
+    }
+    wire::set_nodelay(p.fd);
+    fds_[p.from] = p.fd;
+    p.fd = -1;  // now owned by fds_
+    return true;
+  }
+
+  // Logs a refused connection: the first few, then at most one line a second.
+  void reject(const std::string& peer, const std::string& why) {
+    ++rejected_;
+    const auto now = Clock::now();
+    if (logged_rejections_ < 5 || now - last_reject_log_ >= 1s) {
+      ERUN_LOG_WARN("{}: closed a connection from {} to the pair port: {} ({} refused so far)", who_, peer, why, rejected_);
+      ++logged_rejections_;
+      last_reject_log_ = now;
+    }
+  }
+
+  const TcpOptions o_;
+  std::string who_;
+  std::vector<int> fds_;  // by rank; -1 for self
+  int listen_fd_ = -1;
+  int abort_fd_ = -1;
+  sockaddr_storage local_addr_{};
+  std::atomic<bool> aborted_{false};
+  bool broken_ = false;
+  std::string broken_reason_;
+  uint64_t seq_ = 0;
+  TimePoint deadline_{};
+  std::vector<char> scratch_;
+  size_t rejected_ = 0;
+  size_t logged_rejections_ = 0;
+  TimePoint last_reject_log_{};
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_tcp_communicator(KvStore& store, const TcpOptions& o) {
+  if (o.size < 1 || o.rank < 0 || o.rank >= o.size) {
+    throw std::invalid_argument(fmt::format("erun tcp: rank {} of size {} is not a rank", o.rank, o.size));
+  }
+  return std::make_unique<TcpCommunicator>(store, o);
+}
+
+}  // namespace erun

@@ -1,0 +1,53 @@
+// TcpCommunicator: erun's own authenticated TCP transport between hosts (the
+// host leaders of the hierarchical communicator, or one rank per host).
+// Construction is collective: every rank listens on its own address (never the
+// wildcard), publishes address:port in the KvStore under `prefix`, connects to
+// the lower ranks and accepts the higher ones. Every pair proves the job
+// secret both ways (HMAC-SHA256 over both sides' nonces, the job id, the
+// generation and both ranks) before a byte of data flows; a connection that
+// fails the handshake is closed and logged and never takes a peer's place.
+// Every frame carries the generation, the collective's sequence number and
+// signature; anything unexpected is a CommError, never reduced into the
+// caller's buffer. Every connect, send and receive is bounded by a deadline
+// and woken by abort() from any thread. Wire format: docs/protocol.md.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "common/clock.h"
+#include "erun/communicator.hpp"
+#include "rendezvous/kv_store.h"
+
+namespace erun {
+
+struct TcpOptions {
+  int rank = 0;
+  int size = 1;
+  // Bounds every operation, and construction unless connect_timeout is set.
+  Duration timeout = std::chrono::seconds(30);
+  // Forming the mesh (store waits, connects, handshakes); 0: `timeout`.
+  Duration connect_timeout{0};
+  // This rank's address (an IP or a name of this host): it listens there and
+  // peers connect there. The wildcard (0.0.0.0, ::) is refused.
+  std::string address = "127.0.0.1";
+  // Scopes the store keys; ranks of one communicator share it.
+  std::string prefix = "tcp";
+  // Bind the handshake to this job and generation; the secret keys it. A
+  // secret is required when size > 1.
+  std::string job_id;
+  std::string secret;
+  long generation = 0;
+  // Polled while the mesh forms (about every 50 ms): returning true gives up
+  // at once with a CommError, e.g. when the driver announced a new generation.
+  std::function<bool()> cancelled;
+};
+
+// Reductions as every CPU communicator (reduce_kernels.h): integer kSum and
+// kProduct wrap, integer kAverage truncates toward zero; float16/bfloat16 throw
+// std::invalid_argument. Throws CommError when the mesh cannot be formed and
+// std::invalid_argument for bad options.
+std::unique_ptr<Communicator> make_tcp_communicator(KvStore& store, const TcpOptions& options);
+
+}  // namespace erun

@@ -1,0 +1,261 @@
+// The cross-host data plane end to end: examples/train_mlp under the real erun
+// binary with two "hosts" on distinct loopback addresses (127.0.0.2, .3 via
+// --launcher local), so that every gradient crosses erun's TCP transport.
+// An unprivileged local user (created here) attacks the job of root the way
+// issue 10 did Gloo's: it reads /proc/net/tcp, connects to every listening
+// port that belongs to a worker, holds connections, sends junk and fake
+// handshakes, for the whole run, while hosts come and go (each generation
+// forms a new mesh; one new worker is paused while it forms so that the pair
+// ports stay open long enough to be attacked). The job must end 0 at exactly
+// the model of an uninterrupted run, the workers must have refused the
+// attacker's connections, and between generations they must have no
+// listening socket left to attack.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "support/erun_process.h"
+#include "support/process_utils.h"
+
+namespace erun::testing {
+namespace {
+
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+
+const std::vector<std::string> kTrainArgs = {"--samples", "8000", "--epochs", "10", "--batch", "256",
+                                             "--commit-every", "5", "--step-ms", "40"};
+constexpr const char* kAttacker = "erun-attacker";
+
+std::string checksum_of(const std::string& out) {
+  std::smatch m;
+  std::regex re("final accuracy=[0-9.]+ loss=[0-9.]+ checksum=([0-9a-f]+)");
+  return std::regex_search(out, m, re) ? m[1].str() : "";
+}
+
+int shell(const std::string& cmd) { return std::system(cmd.c_str()); }
+
+// The worker processes themselves (argv[0] is the program), not erun or the
+// supervisors whose command lines merely mention it.
+std::vector<pid_t> workers(const std::string& program) {
+  std::vector<pid_t> out;
+  for (pid_t pid : pids_with_cmdline(program)) {
+    if (read_file("/proc/" + std::to_string(pid) + "/cmdline").rfind(program + std::string(1, '\0'), 0) == 0) {
+      out.push_back(pid);
+    }
+  }
+  return out;
+}
+
+// The socket inodes the given processes hold.
+std::set<std::string> socket_inodes(const std::vector<pid_t>& pids) {
+  std::set<std::string> out;
+  for (pid_t pid : pids) {
+    std::error_code ec;
+    for (auto& e : fs::directory_iterator("/proc/" + std::to_string(pid) + "/fd", ec)) {
+      auto target = fs::read_symlink(e.path(), ec);
+      const std::string t = target.string();
+      if (!ec && t.rfind("socket:[", 0) == 0) out.insert(t.substr(8, t.size() - 9));
+    }
+  }
+  return out;
+}
+
+// "addr:port" of the LISTEN sockets in /proc/net/tcp whose inode is in `inodes`.
+std::vector<std::string> listening(const std::set<std::string>& inodes) {
+  std::vector<std::string> out;
+  std::istringstream in(read_file("/proc/net/tcp"));
+  std::string line;
+  std::getline(in, line);
+  while (std::getline(in, line)) {
+    std::istringstream f(line);
+    std::string sl, local, remote, st, q, tr, retr, uid, timeout, inode;
+    f >> sl >> local >> remote >> st >> q >> tr >> retr >> uid >> timeout >> inode;
+    if (st == "0A" && inodes.count(inode)) out.push_back(local);
+  }
+  return out;
+}
+
+// The attacker, run as the unprivileged user: polls the inode list the test
+// keeps up to date and, for every worker socket it finds listening in
+// /proc/net/tcp, opens a silent connection, one with junk, one with a fake
+// hello (wrong job), and one with a well-formed hello it cannot finish.
+const char* kAttackPy = R"PY(
+import os, socket, struct, sys, time
+inode_file, stop_file, report = sys.argv[1:4]
+held, hit, seen, conns = [], set(), set(), 0
+def payloads(gen):
+    yield None
+    yield b'\x00' * 64
+    yield b'GET / HTTP/1.1\r\nHost: x\r\n\r\n'
+    yield os.urandom(300)
+    for g in range(max(0, gen - 1), gen + 2):
+        for frm in range(1, 4):
+            yield struct.pack('<IIQqii', 0x31504545, 1 | (1 << 16), 0, g, frm, 0) + os.urandom(32)
+while not os.path.exists(stop_file):
+    try:
+        inodes = set(open(inode_file).read().split())
+        lines = open('/proc/net/tcp').read().splitlines()[1:]
+    except OSError:
+        inodes, lines = set(), []
+    for line in lines:
+        f = line.split()
+        if f[3] != '0A' or f[9] not in inodes or f[9] in seen:
+            continue
+        seen.add(f[9])
+        ip_hex, port_hex = f[1].split(':')
+        ip = socket.inet_ntoa(struct.pack('<I', int(ip_hex, 16)))
+        port = int(port_hex, 16)
+        for p in payloads(5):
+            try:
+                s = socket.create_connection((ip, port), timeout=0.2)
+                if p:
+                    s.sendall(p)
+                held.append(s)
+                conns += 1
+                if len(held) > 400:
+                    held.pop(0).close()
+            except OSError:
+                pass
+        hit.add((ip, port))
+    time.sleep(0.0005)
+open(report, 'w').write('%d %d\n' % (len(hit), conns))
+)PY";
+
+TEST(ErunTransport, UnprivilegedAttackerOnTheWorkersPortsChangesNothing) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to create the attacking user";
+  if (shell(std::string("id -u ") + kAttacker + " >/dev/null 2>&1 || useradd -M -r -s /usr/sbin/nologin " +
+            kAttacker) != 0) {
+    GTEST_SKIP() << "cannot create user " << kAttacker;
+  }
+  const std::string program = build_path("examples/train_mlp");
+
+  // The reference: the same training, uninterrupted, in one process.
+  std::string reference;
+  {
+    SpawnOptions o;
+    o.argv = {program};
+    o.argv.insert(o.argv.end(), kTrainArgs.begin(), kTrainArgs.end());
+    o.argv.back() = "0";  // --step-ms 0
+    auto p = Subprocess::spawn(o);
+    ASSERT_TRUE(p) << p.message();
+    read_all_until(p->stdout_fd(), reference, std::chrono::steady_clock::now() + 120s);
+    p->wait_for(30s);
+    reference = checksum_of(reference);
+    ASSERT_FALSE(reference.empty());
+  }
+
+  TempDir dir;
+  // What the attacker may read: its script, the inode list, the stop file.
+  TempDir pub;
+  ::chmod(pub.path().c_str(), 0755);
+  pub.write("attack.py", kAttackPy);
+  pub.write("inodes", "");
+  ::chmod(pub.file("attack.py").c_str(), 0644);
+  ::chmod(pub.file("inodes").c_str(), 0644);
+  ::chown(pub.path().c_str(), 0, 0);
+  // The report is written by the attacker into a directory it owns.
+  const std::string report_dir = pub.file("out");
+  fs::create_directory(report_dir);
+  shell("chown " + std::string(kAttacker) + " " + report_dir);
+
+  dir.write("hosts", "127.0.0.2:1\n127.0.0.3:1\n");
+  dir.write("discover.sh", "#!/bin/sh\ncat " + dir.file("hosts") + "\n", true);
+  std::vector<std::string> args = {"--host-discovery-script", dir.file("discover.sh"), "--discovery-interval", "0.2",
+                                   "--launcher", "local", "-np", "2", "--min-np", "1", "--max-np", "4",
+                                   "--event-log", dir.file("events.jsonl"), "--term-grace", "2", program};
+  args.insert(args.end(), kTrainArgs.begin(), kTrainArgs.end());
+  ErunProcess p(args);
+  ASSERT_TRUE(p.started()) << p.start_error();
+
+  SpawnOptions ao;
+  ao.argv = {"runuser", "-u", kAttacker, "--", "/usr/bin/python3", pub.file("attack.py"), pub.file("inodes"),
+             pub.file("stop"), report_dir + "/report"};
+  ao.pipe_stdout = ao.pipe_stderr = false;
+  auto attacker = Subprocess::spawn(ao);
+  ASSERT_TRUE(attacker) << attacker.message();
+
+  // Keeps the attacker's list of worker socket inodes current. A mesh forms
+  // in milliseconds, too fast for any attacker to notice: so the worker of
+  // the new host 127.0.0.4 is SIGSTOPped for 1.5 s as soon as any worker is
+  // seen listening (the mesh with it is forming), which keeps the pair ports
+  // that wait for it open, under attack.
+  std::atomic<bool> done{false};
+  pid_t stopped = -1;
+  bool stop_done = false;
+  auto resume_at = std::chrono::steady_clock::now();
+  std::thread lister([&] {
+    while (!done) {
+      auto ws = workers(program);
+      if (!stop_done && !listening(socket_inodes(ws)).empty()) {
+        for (pid_t w : ws) {
+          std::string env = read_file("/proc/" + std::to_string(w) + "/environ");
+          std::replace(env.begin(), env.end(), '\0', '\n');
+          if (("\n" + env).find("\nERUN_HOSTNAME=127.0.0.4\n") == std::string::npos) continue;
+          ::kill(w, SIGSTOP);
+          stopped = w;
+          stop_done = true;
+          resume_at = std::chrono::steady_clock::now() + 1500ms;
+        }
+      } else if (stopped > 0 && std::chrono::steady_clock::now() >= resume_at) {
+        ::kill(stopped, SIGCONT);
+        stopped = -1;
+      }
+      auto inodes = socket_inodes(ws);
+      std::string text;
+      for (auto& i : inodes) text += i + "\n";
+      std::ofstream(pub.file("inodes.tmp")) << text;
+      ::chmod(pub.file("inodes.tmp").c_str(), 0644);
+      fs::rename(pub.file("inodes.tmp"), pub.file("inodes"));
+      std::this_thread::sleep_for(1ms);
+    }
+  });
+
+  // Hosts come and go, so that new meshes form under attack.
+  ASSERT_TRUE(p.wait_output("epoch 1 ", 120s)) << p.out() << p.err();
+  dir.write("hosts", "127.0.0.2:1\n127.0.0.3:1\n127.0.0.4:1\n");
+  ASSERT_TRUE(p.wait_output("epoch 3 ", 120s)) << p.out() << p.err();
+  // Between generations no worker listens on anything.
+  std::vector<std::string> open_ports;
+  for (int i = 0; i < 20; ++i) {
+    open_ports = listening(socket_inodes(workers(program)));
+    if (open_ports.empty()) break;
+    std::this_thread::sleep_for(50ms);
+  }
+  EXPECT_TRUE(open_ports.empty()) << "workers still listen on " << open_ports.size() << " socket(s), e.g. "
+                                  << (open_ports.empty() ? "" : open_ports.front());
+  dir.write("hosts", "127.0.0.2:1\n127.0.0.3:1\n");
+
+  auto s = p.wait(300s);
+  done = true;
+  lister.join();
+  std::ofstream(pub.file("stop")) << "1";
+  attacker->wait_for(30s);
+  ASSERT_TRUE(s) << "erun did not finish\n" << p.out() << p.err();
+  EXPECT_EQ(s->shell_code(), 0) << p.err();
+  EXPECT_EQ(checksum_of(p.out()), reference) << p.out();
+  EXPECT_EQ(p.count("exactly-once=NO"), 0u) << p.out();
+  const std::string report = read_file(report_dir + "/report");
+  std::printf("attacker: %s listening worker ports hit / connections made; workers refused %zu\n",
+              report.empty() ? "(no report)" : report.substr(0, report.size() - 1).c_str(),
+              p.count("to the pair port"));
+  ASSERT_FALSE(report.empty()) << "the attacker did not run";
+  EXPECT_TRUE(stop_done) << "no mesh with 127.0.0.4 was seen forming";
+  int ports_hit = 0;
+  std::istringstream(report) >> ports_hit;
+  EXPECT_GE(ports_hit, 1) << "the attack never reached a pair port";
+  EXPECT_GE(p.count("to the pair port"), 1u) << "no worker logged a refused connection\n" << p.err();
+}
+
+}  // namespace
+}  // namespace erun::testing

@@ -1,0 +1,599 @@
+// TcpCommunicator with ranks as threads over a MemoryKvStore, each rank on its
+// own loopback address (127.0.0.2, .3, ...) so that every byte crosses TCP:
+// every operation, type and reduction against the serial reference (both the
+// direct and the ring algorithms), world sizes 1 to 4; abort() and timeouts;
+// and the attacks the transport must survive: strangers on the pair port
+// (silent, garbage, wrong secret, another generation), a peer with the wrong
+// secret, frames that are corrupted, from another generation or out of
+// sequence (rejected before a byte reaches the caller's buffer), and ranks
+// that call different collectives (the error names both ranks and both calls).
+#include <gtest/gtest.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+#include "collectives/tcp/tcp_communicator.h"
+#include "rendezvous/memory_store.h"
+#include "rendezvous/wire.h"
+#include "support/collective_reference.h"
+
+namespace erun {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::input;
+using testing::reference;
+
+constexpr const char* kSecret = "tcp-test-secret-0123456789abcdef";
+constexpr const char* kJob = "job-tcp-test";
+
+std::string address_of(int rank) { return "127.0.0." + std::to_string(2 + rank); }
+
+TcpOptions options(int rank, int size, Duration timeout = 60s) {
+  TcpOptions o;
+  o.rank = rank;
+  o.size = size;
+  o.timeout = timeout;
+  o.address = address_of(rank);
+  o.prefix = "t";
+  o.job_id = kJob;
+  o.secret = kSecret;
+  o.generation = 3;
+  return o;
+}
+
+// Runs fn(rank, comm) on `size` threads and rethrows the first exception.
+void run_ranks(int size, const std::function<void(int, Communicator&)>& fn,
+               const std::function<TcpOptions(int)>& opts = {}, MemoryKvStore* shared = nullptr) {
+  MemoryKvStore own;
+  MemoryKvStore& store = shared ? *shared : own;
+  std::vector<std::thread> threads;
+  std::mutex mu;
+  std::exception_ptr first;
+  for (int r = 0; r < size; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        auto comm = make_tcp_communicator(store, opts ? opts(r) : options(r, size));
+        ASSERT_EQ(comm->rank(), r);
+        ASSERT_EQ(comm->size(), size);
+        fn(r, *comm);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (!first) first = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  if (first) std::rethrow_exception(first);
+}
+
+const ReduceOp kOps[] = {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kProduct};
+// 0 and 1 element, an odd count, a direct-exchange size and sizes past the
+// ring threshold (with blocks that do not divide evenly).
+const size_t kCounts[] = {0, 1, 7, 1000, 70001, 300007};
+
+template <typename T>
+void check_allreduce(int rank, Communicator& comm) {
+  for (ReduceOp op : kOps) {
+    for (size_t n : kCounts) {
+      if (sizeof(T) * n > (2u << 20)) continue;
+      std::vector<T> v(n);
+      for (size_t i = 0; i < n; ++i) v[i] = input<T>(rank, i);
+      comm.allreduce(v.data(), n, data_type_of<T>(), op);
+      size_t bad = 0, first_bad = 0;
+      for (size_t i = 0; i < n; ++i) {
+        if (v[i] != reference<T>(comm.size(), i, op) && bad++ == 0) first_bad = i;
+      }
+      EXPECT_EQ(bad, 0u) << to_string(data_type_of<T>()) << " " << to_string(op) << " n=" << n << " size "
+                         << comm.size() << " rank " << rank << ": first mismatch at " << first_bad;
+    }
+  }
+}
+
+class TcpWorld : public ::testing::TestWithParam<int> {};
+
+TEST_P(TcpWorld, AllreduceEveryTypeAndOpMatchesSerialReference) {
+  run_ranks(GetParam(), [](int rank, Communicator& comm) {
+    check_allreduce<float>(rank, comm);
+    check_allreduce<double>(rank, comm);
+    check_allreduce<int32_t>(rank, comm);
+    check_allreduce<int64_t>(rank, comm);
+    check_allreduce<uint8_t>(rank, comm);
+  });
+}
+
+TEST_P(TcpWorld, LargeFloatSumIsBitwiseEqualOnEveryRank) {
+  const size_t n = (16u << 20) / sizeof(float);
+  std::vector<std::vector<float>> results(GetParam());
+  run_ranks(GetParam(), [&](int rank, Communicator& comm) {
+    std::vector<float> v(n);
+    for (size_t i = 0; i < n; ++i) v[i] = static_cast<float>((i % 1024) * (rank + 1)) * 0.1f;
+    comm.allreduce(v, ReduceOp::kSum);
+    results[rank] = std::move(v);
+  });
+  for (int r = 1; r < GetParam(); ++r) {
+    EXPECT_EQ(std::memcmp(results[0].data(), results[r].data(), n * sizeof(float)), 0) << "rank " << r;
+  }
+  const int s = GetParam();
+  size_t bad = 0;
+  for (size_t i = 0; i < n; ++i) {
+    bad += std::abs(results[0][i] - static_cast<float>(i % 1024) * 0.1f * s * (s + 1) / 2) > 1e-2f * (i % 1024 + 1);
+  }
+  EXPECT_EQ(bad, 0u);
+}
+
+TEST_P(TcpWorld, BroadcastFromEveryRootDirectAndScattered) {
+  run_ranks(GetParam(), [](int rank, Communicator& comm) {
+    for (int root = 0; root < comm.size(); ++root) {
+      for (size_t n : {size_t{0}, size_t{1}, size_t{1000}, size_t{3u << 20} + 5}) {
+        std::vector<char> buf(n);
+        for (size_t i = 0; i < n; ++i) buf[i] = static_cast<char>(rank == root ? (i * 3 + root) : 0x55);
+        comm.broadcast(buf.data(), n, root);
+        size_t bad = 0;
+        for (size_t i = 0; i < n; ++i) bad += buf[i] != static_cast<char>(i * 3 + root);
+        ASSERT_EQ(bad, 0u) << "root " << root << " n " << n;
+      }
+    }
+  });
+}
+
+TEST_P(TcpWorld, AllgatherPlacesEachRankAtItsOffset) {
+  run_ranks(GetParam(), [](int rank, Communicator& comm) {
+    for (size_t n : {size_t{0}, size_t{1}, size_t{1000}, size_t{1u << 20} + 3}) {
+      std::vector<char> in(n), out(n * comm.size(), 0x7f);
+      for (size_t i = 0; i < n; ++i) in[i] = static_cast<char>(rank * 31 + i);
+      comm.allgather(in.data(), out.data(), n);
+      size_t bad = 0;
+      for (int r = 0; r < comm.size(); ++r) {
+        for (size_t i = 0; i < n; ++i) bad += out[r * n + i] != static_cast<char>(r * 31 + i);
+      }
+      ASSERT_EQ(bad, 0u) << "n " << n;
+    }
+  });
+}
+
+TEST_P(TcpWorld, AllgathervWithDifferentSizesIncludingZeroAndLarge) {
+  run_ranks(GetParam(), [](int rank, Communicator& comm) {
+    auto bytes_of = [](int r, int round) -> size_t {
+      switch (round) {
+        case 0: return r * 3;
+        case 1: return 0;
+        case 2: return r % 2 ? 0 : 1000 + r;
+        case 3: return (r + 1) * 300001;  // ring path
+        default: return (r + 1) * 7;
+      }
+    };
+    for (int round = 0; round < 5; ++round) {
+      std::vector<char> in(bytes_of(rank, round));
+      for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<char>(rank + 5 * i);
+      auto all = comm.allgatherv(in.data(), in.size());
+      ASSERT_EQ(all.size(), static_cast<size_t>(comm.size()));
+      for (int r = 0; r < comm.size(); ++r) {
+        ASSERT_EQ(all[r].size(), bytes_of(r, round)) << "round " << round << " rank " << r;
+        size_t bad = 0;
+        for (size_t i = 0; i < all[r].size(); ++i) bad += all[r][i] != static_cast<char>(r + 5 * i);
+        ASSERT_EQ(bad, 0u) << "round " << round << " rank " << r;
+      }
+    }
+  });
+}
+
+TEST_P(TcpWorld, BarrierHoldsEveryRankUntilAllArrive) {
+  std::atomic<int> arrived{0};
+  run_ranks(GetParam(), [&](int rank, Communicator& comm) {
+    for (int round = 1; round <= 3; ++round) {
+      if (rank == round % comm.size()) std::this_thread::sleep_for(20ms);
+      arrived++;
+      comm.barrier();
+      EXPECT_GE(arrived.load(), round * comm.size());
+      comm.barrier();
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Sizes, TcpWorld, ::testing::Values(1, 2, 3, 4),
+                         [](const auto& info) { return "world" + std::to_string(info.param); });
+
+TEST(TcpCommunicator, HalfPrecisionIsRejected) {
+  run_ranks(1, [](int, Communicator& comm) {
+    uint16_t v = 0;
+    EXPECT_THROW(comm.allreduce(&v, 1, DataType::kBFloat16, ReduceOp::kSum), std::invalid_argument);
+  });
+}
+
+TEST(TcpCommunicator, WildcardAddressAndMissingSecretAreRefused) {
+  MemoryKvStore store;
+  TcpOptions o = options(0, 2);
+  o.address = "0.0.0.0";
+  EXPECT_THROW(make_tcp_communicator(store, o), std::invalid_argument);
+  o = options(0, 2);
+  o.secret.clear();
+  EXPECT_THROW(make_tcp_communicator(store, o), std::invalid_argument);
+}
+
+TEST(TcpCommunicator, ConstructionTimesOutWhenAPeerNeverComes) {
+  MemoryKvStore store;
+  auto start = std::chrono::steady_clock::now();
+  try {
+    make_tcp_communicator(store, options(0, 2, 500ms));
+    FAIL() << "formed a mesh without its peer";
+  } catch (const CommError& e) {
+    EXPECT_NE(std::string(e.what()).find("rank(s) 1"), std::string::npos) << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
+}
+
+TEST(TcpCommunicator, CancelledGivesUpFormingAtOnce) {
+  MemoryKvStore store;
+  TcpOptions o = options(0, 2, 60s);
+  std::atomic<bool> cancel{false};
+  o.cancelled = [&] { return cancel.load(); };
+  std::thread t([&] {
+    std::this_thread::sleep_for(200ms);
+    cancel = true;
+  });
+  auto start = std::chrono::steady_clock::now();
+  EXPECT_THROW(make_tcp_communicator(store, o), CommError);
+  t.join();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
+}
+
+std::pair<std::unique_ptr<Communicator>, std::unique_ptr<Communicator>> pair_of(MemoryKvStore& store, Duration timeout) {
+  std::unique_ptr<Communicator> c0, c1;
+  std::thread t([&] { c1 = make_tcp_communicator(store, options(1, 2, timeout)); });
+  c0 = make_tcp_communicator(store, options(0, 2, timeout));
+  t.join();
+  return {std::move(c0), std::move(c1)};
+}
+
+TEST(TcpCommunicator, OperationTimesOutAndNamesOpAndRanks) {
+  MemoryKvStore store;
+  auto [c0, c1] = pair_of(store, 1s);
+  std::vector<float> v(10, 1.0f);
+  auto start = std::chrono::steady_clock::now();
+  try {
+    c0->allreduce(v, ReduceOp::kSum);  // rank 1 never joins
+    FAIL() << "allreduce without the peer returned";
+  } catch (const CommError& e) {
+    std::string msg = e.what();
+    EXPECT_NE(msg.find("allreduce"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("rank 0"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("receiving from rank 1"), std::string::npos) << msg;
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 10s);
+  EXPECT_THROW(c0->barrier(), CommError);
+}
+
+TEST(TcpCommunicator, AbortWakesABlockedOperationAndThePeer) {
+  MemoryKvStore store;
+  auto [c0, c1] = pair_of(store, 60s);
+  std::vector<float> v(1000, 1.0f);
+  std::thread aborter([&] {
+    std::this_thread::sleep_for(200ms);
+    c0->abort();
+  });
+  auto start = std::chrono::steady_clock::now();
+  EXPECT_THROW(c0->allreduce(v, ReduceOp::kSum), CommError);
+  aborter.join();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s) << "abort() did not wake the blocked allreduce";
+  EXPECT_THROW(c0->allreduce(v, ReduceOp::kSum), CommError);
+  // The peer may still complete the collective whose frame rank 0 had sent
+  // before it aborted; the next one fails at once (its sockets were shut).
+  start = std::chrono::steady_clock::now();
+  EXPECT_THROW({
+    c1->allreduce(v, ReduceOp::kSum);
+    c1->allreduce(v, ReduceOp::kSum);
+  }, CommError);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s) << "the peer did not learn of the abort at once";
+}
+
+TEST(TcpCommunicator, MismatchedCollectivesNameBothRanksAndCalls) {
+  MemoryKvStore store;
+  auto [c0, c1] = pair_of(store, 10s);
+  std::string e0, e1;
+  std::thread t([&] {
+    std::vector<char> b(40);
+    try {
+      c1->broadcast(b.data(), b.size(), 0);
+    } catch (const CommError& e) {
+      e1 = e.what();
+    }
+  });
+  std::vector<float> v(10, 1.0f);
+  try {
+    c0->allreduce(v, ReduceOp::kSum);
+  } catch (const CommError& e) {
+    e0 = e.what();
+  }
+  t.join();
+  // Whichever rank reads the other's frame first reports the mismatch.
+  const std::string both = e0 + " | " + e1;
+  EXPECT_NE(both.find("collective mismatch"), std::string::npos) << both;
+  EXPECT_NE(both.find("allreduce(10 x float32, sum)"), std::string::npos) << both;
+  EXPECT_NE(both.find("broadcast(40 bytes, root 0)"), std::string::npos) << both;
+  EXPECT_FALSE(e0.empty());
+  EXPECT_FALSE(e1.empty());
+}
+
+TEST(TcpCommunicator, MismatchedCountsAreAnError) {
+  MemoryKvStore store;
+  auto [c0, c1] = pair_of(store, 10s);
+  std::string e0, e1;
+  std::thread t([&] {
+    std::vector<int32_t> v(11, 1);
+    try {
+      c1->allreduce(v, ReduceOp::kMax);
+    } catch (const CommError& e) {
+      e1 = e.what();
+    }
+  });
+  std::vector<int32_t> v(10, 1);
+  try {
+    c0->allreduce(v, ReduceOp::kMax);
+  } catch (const CommError& e) {
+    e0 = e.what();
+  }
+  t.join();
+  EXPECT_NE(e0.find("rank 0 called #1 allreduce(10 x int32, max) but rank 1 called #1 allreduce(11 x int32, max)"),
+            std::string::npos) << e0;
+  EXPECT_NE(e1.find("rank 1 called #1 allreduce(11 x int32, max) but rank 0 called #1 allreduce(10 x int32, max)"),
+            std::string::npos) << e1;
+  EXPECT_EQ(v, std::vector<int32_t>(10, 1)) << "a mismatched frame must not be reduced into the buffer";
+}
+
+// ---- a hand-made peer, speaking the documented wire format ----------------
+
+int connect_to(const std::string& addr) {
+  auto colon = addr.rfind(':');
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(static_cast<uint16_t>(std::stoi(addr.substr(colon + 1))));
+  ::inet_pton(AF_INET, addr.substr(0, colon).c_str(), &sa.sin_addr);
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  timeval tv{10, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  return fd;
+}
+
+std::string read_n(int fd, size_t n) {
+  std::string out(n, '\0');
+  size_t off = 0;
+  while (off < n) {
+    ssize_t r = ::recv(fd, out.data() + off, n - off, 0);
+    if (r <= 0) return out.substr(0, off);
+    off += static_cast<size_t>(r);
+  }
+  return out;
+}
+
+void write_all(int fd, const std::string& s) {
+  size_t off = 0;
+  while (off < s.size()) {
+    ssize_t n = ::send(fd, s.data() + off, s.size() - off, MSG_NOSIGNAL);
+    if (n <= 0) return;
+    off += static_cast<size_t>(n);
+  }
+}
+
+wire::PayloadWriter head(uint16_t type) {
+  wire::PayloadWriter w;
+  w.u32(0x31504545).u32(1u | (static_cast<uint32_t>(type) << 16));
+  return w;
+}
+
+std::string proof(const std::string& label, const std::string& secret, const std::string& job, int64_t gen,
+                  int connector, int acceptor, const std::string& cn, const std::string& an) {
+  wire::PayloadWriter w;
+  w.fixed(label).bytes(job).i64(gen).i32(connector).i32(acceptor).fixed(cn).fixed(an);
+  return wire::hmac_sha256(secret, w.str());
+}
+
+// Connects to rank `to` at addr as rank `from` and runs the handshake with the
+// given secret and generation; returns the socket when accepted, else -1.
+int fake_peer(const std::string& addr, int from, int to, const std::string& secret, int64_t gen) {
+  int fd = connect_to(addr);
+  if (fd < 0) return -1;
+  std::string nonce = wire::random_bytes(32);
+  auto hello = head(1);
+  hello.u64(wire::job_hash(kJob)).i64(gen).i32(from).i32(to).fixed(nonce);
+  write_all(fd, hello.str());
+  std::string ch = read_n(fd, 72);
+  if (ch.size() != 72) {
+    ::close(fd);
+    return -1;
+  }
+  std::string an = ch.substr(8, 32);
+  auto auth = head(3);
+  auth.fixed(proof("erun-pair-connector-v1", secret, kJob, gen, from, to, nonce, an));
+  write_all(fd, auth.str());
+  if (read_n(fd, 8).size() != 8) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+struct Header {
+  uint32_t magic = 0x46504545;
+  uint8_t version = 1, op = 1, dtype = 0, reduce = 0;
+  uint32_t generation = 3;
+  int32_t from = 1;
+  uint64_t seq = 1, count = 0, offset = 0, length = 0;
+  int32_t root = 0;
+  uint32_t check = 0;
+};
+static_assert(sizeof(Header) == 56);
+
+uint32_t fnv(const Header& h) {
+  uint32_t x = 2166136261u;
+  auto* b = reinterpret_cast<const unsigned char*>(&h);
+  for (size_t i = 0; i < offsetof(Header, check); ++i) x = (x ^ b[i]) * 16777619u;
+  return x;
+}
+
+std::string frame(Header h, const std::string& payload, bool fix_check = true) {
+  h.length = payload.size();
+  if (fix_check) h.check = fnv(h);
+  return std::string(reinterpret_cast<const char*>(&h), sizeof(h)) + payload;
+}
+
+// Rank 0 of a 2-rank mesh whose rank 1 is the test itself.
+struct AgainstFake {
+  MemoryKvStore store;
+  std::unique_ptr<Communicator> comm;
+  int fd = -1;
+  AgainstFake() {
+    std::thread t([&] {
+      auto v = store.get("t/addr/0", 10s);
+      fd = fake_peer(std::string(v.begin(), v.end()), 1, 0, kSecret, 3);
+    });
+    TcpOptions o = options(0, 2, 3s);
+    comm = make_tcp_communicator(store, o);
+    t.join();
+  }
+  ~AgainstFake() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+TEST(TcpCommunicator, TheFakePeerSpeaksTheProtocol) {
+  // The control for the tests below: a correct frame is reduced.
+  AgainstFake f;
+  ASSERT_GE(f.fd, 0);
+  Header h;
+  h.count = 4;
+  h.dtype = static_cast<uint8_t>(DataType::kFloat32);
+  std::vector<float> theirs{1, 2, 3, 4};
+  write_all(f.fd, frame(h, std::string(reinterpret_cast<char*>(theirs.data()), 16)));
+  std::vector<float> v{10, 20, 30, 40};
+  f.comm->allreduce(v, ReduceOp::kSum);
+  EXPECT_EQ(v, (std::vector<float>{11, 22, 33, 44}));
+}
+
+void expect_rejected(Header h, bool fix_check, const std::string& want) {
+  AgainstFake f;
+  ASSERT_GE(f.fd, 0);
+  h.count = 4;
+  std::vector<float> theirs{1e6, 1e6, 1e6, 1e6};
+  write_all(f.fd, frame(h, std::string(reinterpret_cast<char*>(theirs.data()), 16), fix_check));
+  std::vector<float> v{10, 20, 30, 40};
+  try {
+    f.comm->allreduce(v, ReduceOp::kSum);
+    FAIL() << "accepted a bad frame";
+  } catch (const CommError& e) {
+    EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(v, (std::vector<float>{10, 20, 30, 40})) << "a rejected frame reached the caller's buffer";
+}
+
+TEST(TcpCommunicator, CorruptedHeaderIsRejected) {
+  Header h;
+  h.magic = 0xdeadbeef;
+  expect_rejected(h, true, "corrupted frame header from rank 1");
+  Header g;
+  g.count = 4;
+  g.check = fnv(g) ^ 1;  // a flipped bit
+  expect_rejected(g, false, "corrupted frame header");
+}
+
+TEST(TcpCommunicator, FrameFromAnotherGenerationIsRejected) {
+  Header h;
+  h.generation = 2;
+  expect_rejected(h, true, "claims generation 2");
+}
+
+TEST(TcpCommunicator, OutOfSequenceFrameIsRejected) {
+  Header h;
+  h.seq = 7;
+  expect_rejected(h, true, "rank 1 called #7 allreduce");
+}
+
+TEST(TcpCommunicator, WrongLengthIsRejected) {
+  AgainstFake f;
+  ASSERT_GE(f.fd, 0);
+  Header h;
+  h.count = 4;
+  write_all(f.fd, frame(h, std::string(12, 'x')));
+  std::vector<float> v{10, 20, 30, 40};
+  EXPECT_THROW(f.comm->allreduce(v, ReduceOp::kSum), CommError);
+  EXPECT_EQ(v, (std::vector<float>{10, 20, 30, 40}));
+}
+
+// Strangers on the pair port while the mesh forms: none of them takes rank 1's
+// place, the real rank 1 gets in, and the results are right.
+TEST(TcpCommunicator, StrangersOnThePairPortAreClosedAndTheJobGoesOn) {
+  MemoryKvStore store;
+  std::vector<int> held;
+  std::atomic<bool> attacked{false};
+  int wrong_secret = -2, old_generation = -2, wrong_rank = -2;
+  std::string garbage_reply = "unset";
+  std::thread attacker([&] {
+    auto v = store.get("t/addr/0", 10s);
+    std::string addr(v.begin(), v.end());
+    for (int i = 0; i < 20; ++i) held.push_back(connect_to(addr));  // silent, held open
+    int g = connect_to(addr);
+    write_all(g, std::string(64, '\x41'));
+    garbage_reply = read_n(g, 1);  // closed on us: empty
+    ::close(g);
+    wrong_secret = fake_peer(addr, 1, 0, "not-the-secret", 3);
+    old_generation = fake_peer(addr, 1, 0, kSecret, 2);
+    wrong_rank = fake_peer(addr, 0, 0, kSecret, 3);
+    attacked = true;
+  });
+  run_ranks(2, [&](int rank, Communicator& comm) {
+    if (rank == 1) {
+      while (!attacked) std::this_thread::sleep_for(5ms);
+    }
+    check_allreduce<float>(rank, comm);
+    comm.barrier();
+  }, [&](int r) {
+    if (r == 1) {
+      // rank 1 arrives after the attack
+      auto o = options(1, 2);
+      while (!attacked) std::this_thread::sleep_for(5ms);
+      return o;
+    }
+    return options(0, 2);
+  }, &store);
+  attacker.join();
+  EXPECT_EQ(garbage_reply, "");
+  EXPECT_EQ(wrong_secret, -1);
+  EXPECT_EQ(old_generation, -1);
+  EXPECT_EQ(wrong_rank, -1);
+  for (int fd : held) {
+    if (fd >= 0) ::close(fd);
+  }
+}
+
+TEST(TcpCommunicator, PeerWithAnotherSecretCannotJoin) {
+  MemoryKvStore store;
+  std::string e1;
+  std::thread t([&] {
+    TcpOptions o = options(1, 2, 2s);
+    o.secret = "a-different-secret";
+    try {
+      make_tcp_communicator(store, o);
+    } catch (const CommError& e) {
+      e1 = e.what();
+    }
+  });
+  EXPECT_THROW(make_tcp_communicator(store, options(0, 2, 2s)), CommError);
+  t.join();
+  EXPECT_NE(e1.find("did not prove the job secret"), std::string::npos) << e1;
+}
+
+}  // namespace
+}  // namespace erun
