@@ -194,14 +194,26 @@ class HierCommunicator final : public Communicator {
   // Runs one operation; on a CommError aborts both layers so that the ranks
   // of this host (through the segment) and the other leaders (through their
   // sockets) fail at once, and rethrows.
+  // A failed rank named by the shared-memory layer is a local rank of this
+  // host: it is rethrown as the rank of the whole communicator (Gloo names none).
   template <typename F>
   void guarded(F&& body) {
     try {
       body();
-    } catch (const CommError&) {
+    } catch (const CommError& e) {
       abort();
-      throw;
+      if (e.failed_rank() < 0) throw;
+      throw CommError(e.what(), global_rank_of_local(e.failed_rank()), e.fate());
     }
+  }
+
+  // -1 while the rank map is not known yet (or the rank is not on this host).
+  int global_rank_of_local(int local) const {
+    if (host_of_.size() != static_cast<size_t>(size()) || local_of_.size() != host_of_.size()) return -1;
+    for (int r = 0; r < size(); ++r) {
+      if (host_of_[r] == host_of_[rank()] && local_of_[r] == local) return r;
+    }
+    return -1;
   }
 
   const HierOptions o_;

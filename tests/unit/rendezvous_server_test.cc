@@ -324,10 +324,10 @@ TEST(RendezvousServer, WorkerProcessesJoinAndExchangeKeys) {
   if (all_waiting) server->publish(4, ranks);
   for (pid_t p : kids) EXPECT_EQ(wait_exit(p), 0);
   EXPECT_TRUE(all_waiting);
-  EXPECT_TRUE(wait_for([&] { return server->take_disconnected().size() > 0; }));
+  EXPECT_TRUE(wait_for([&] { return server->snapshot().disconnected.size() > 0; }));
 }
 
-TEST(RendezvousServer, TakeDisconnectedReportsAKilledWorker) {
+TEST(RendezvousServer, SnapshotReportsAKilledWorkerDisconnectedOnce) {
   auto server = start_server();
   int port = server->port();
   auto survivor = start_join(port, "alive", 0);
@@ -341,19 +341,19 @@ TEST(RendezvousServer, TakeDisconnectedReportsAKilledWorker) {
   server->publish(1, {rank_of("alive", 0, 0, 2), rank_of("doomed", 0, 1, 2)});
   ASSERT_TRUE(survivor->assignment.get().is_ok());
   EXPECT_TRUE(wait_for([&] { return server->members().size() == 2; }));
-  EXPECT_TRUE(server->take_disconnected().empty());
+  EXPECT_TRUE(server->snapshot().disconnected.empty());
   ::kill(victim, SIGKILL);
   EXPECT_EQ(wait_exit(victim), 128 + SIGKILL);
   std::vector<SlotKey> gone;
   ASSERT_TRUE(wait_for([&] {
-    auto d = server->take_disconnected();
+    auto d = server->snapshot().disconnected;
     gone.insert(gone.end(), d.begin(), d.end());
     return !gone.empty();
   }));
   ASSERT_EQ(gone.size(), 1u);
   EXPECT_EQ(gone[0], (SlotKey{"doomed", 0}));
   EXPECT_EQ(server->members().size(), 1u);
-  EXPECT_TRUE(server->take_disconnected().empty());
+  EXPECT_TRUE(server->snapshot().disconnected.empty());
 }
 
 TEST(RendezvousServer, ThousandClientsJoinOneGeneration) {
