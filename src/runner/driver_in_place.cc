@@ -167,6 +167,7 @@ void Driver::enforce_rejoin_deadline(const MembershipSnapshot& m) {
                                     seconds(clock_.now() - w.started)};
     }
     w.stopping = true;
+    w.excluded = true;  // killed: never planned again, even before it is reaped
   }
 }
 
