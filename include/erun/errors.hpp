@@ -1,7 +1,8 @@
 // The typed exceptions a worker sees. CommError: a peer died, hung past the
 // collective timeout, or the communicator was aborted; restore the last commit
-// and re-join (it may name the rank that failed). HostsUpdated: the membership is changing and every rank agreed
-// on it at the same step; re-join without restoring. erun::run() handles both.
+// and re-join (it may name the rank that failed). HostsUpdated: the membership
+// is changing and every rank agreed on it at the same step; re-join without
+// restoring. erun::run() handles both.
 #pragma once
 
 #include <stdexcept>

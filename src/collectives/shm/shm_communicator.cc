@@ -196,7 +196,9 @@ class ShmCommunicator final : public Communicator {
       check_aborted("connect");
       for (int r = 0; r < o.size; ++r) {
         pid_t pid = pid_of(r);
-        if (pid != 0 && watched(r) && process_dead(pid)) fail_peer("connect", r, "died while connecting", PeerFate::kDead);
+        if (pid != 0 && watched(r) && process_dead(pid)) {
+          fail_peer("connect", r, "died while connecting", PeerFate::kDead);
+        }
       }
       if (std::chrono::steady_clock::now() > deadline_) {
         std::string missing;
