@@ -542,6 +542,12 @@ struct RendezvousServer::Impl {
     auto parsed = wire::decode_join(payload);
     if (!parsed) return refuse(c, "malformed JOIN payload");
     JoinRequest req = std::move(*parsed);
+    // A worker leaves the generation it last joined: one older than the
+    // current is normal (it is answered at once), one never published is not.
+    if (h.generation > gen) {
+      return refuse(c, fmt::format("JOIN leaving generation {}, which was never published (current {})",
+                                   h.generation, gen));
+    }
     req.left_generation = h.generation;
     if (c.joined && !(c.join.slot == req.slot)) {
       return refuse(c, fmt::format("JOIN for slot {} on a connection of slot {}; one connection serves one slot",
