@@ -128,7 +128,8 @@ class Soak:
         kinds = ["kill", "kill", "stop", "remove_host", "add_host", "slots", "discovery_fail", "discovery_junk"]
         kind = self.rng.choice(kinds)
         total = sum(self.hosts.values())
-        if kind == "remove_host" and (len(self.hosts) < 2 or total - min(self.hosts.values()) < self.a.min_np):
+        victim_host = self.rng.choice(sorted(self.hosts))
+        if kind == "remove_host" and (len(self.hosts) < 2 or total - self.hosts[victim_host] < self.a.min_np):
             kind = "add_host" if self.spare else "kill"
         if kind == "add_host" and (not self.spare or total + 2 > self.a.max_np):
             kind = "kill"
@@ -143,7 +144,7 @@ class Soak:
             os.kill(pid, signal.SIGKILL if kind == "kill" else signal.SIGSTOP)
             what = f"{kind} pid {pid}"
         elif kind == "remove_host":
-            h = self.rng.choice(sorted(self.hosts))
+            h = victim_host
             del self.hosts[h]
             self.spare.append(h)
             self.set_hosts()

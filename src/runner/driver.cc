@@ -545,7 +545,7 @@ std::optional<int> Driver::step() {
                                      {"resets", json_number(long{resets_})}});
         }
         if (in_place_possible()) {
-          reconfigure("recovering");
+          reconfigure("recovering", /*after_failure=*/true);
           return std::nullopt;
         }
         stop_all(SIGTERM);
@@ -558,7 +558,7 @@ std::optional<int> Driver::step() {
       if (all_done) return job_exit_code();
       if (!any_success_ && in_place_possible()) {
         if (auto why = rejoin_requested(m)) {
-          reconfigure(fmt::format("re-forming ({})", to_string(*why)).c_str());
+          reconfigure(fmt::format("re-forming ({})", to_string(*why)).c_str(), *why != JoinReason::kHostsUpdated);
           break;
         }
       }
@@ -606,7 +606,7 @@ std::optional<int> Driver::step() {
         }
         if (in_place) {
           d_.membership->notify_hosts_updated(generation_);
-          reconfigure("membership changes");
+          reconfigure("membership changes", /*after_failure=*/false);
           break;
         }
         stop_all(SIGTERM);

@@ -124,7 +124,9 @@ class Driver {
   std::optional<JoinReason> rejoin_requested(const MembershipSnapshot& m) const;
   // Plans the next generation over the survivors and new slots and publishes
   // it; below --min-np, keeps the survivors waiting in the rendezvous.
-  void reconfigure(const char* reason);
+  // `after_failure`: the survivors' collectives broke, so each live one
+  // re-joins within --collective-timeout (see enforce_rejoin_deadline()).
+  void reconfigure(const char* reason, bool after_failure);
   // Survivors of the current plan: alive, not excluded, not leaving.
   bool survivor(const Worker& w) const;
   bool have_survivors() const;
@@ -184,6 +186,7 @@ class Driver {
   bool below_min_logged_ = false;
   TimePoint published_at_{};
   bool generation_complete_ = false;  // every rank of the plan joined the current generation
+  bool failure_reform_ = false;       // the current generation was published after a failure
   std::atomic<int> stop_signal_{0};
 };
 

@@ -149,17 +149,33 @@ bool Driver::in_place_possible() {
   return any;
 }
 
+// A worker launched for this generation has --rendezvous-timeout to join it.
+// So has a survivor, except after a failure: then its collectives broke (a
+// peer died or stopped), so a live survivor re-joins within
+// --collective-timeout; one that does not is stopped or hung like the peer
+// the others could not name (e.g. across hosts, where Gloo cannot tell which
+// rank hung) and is left out, instead of holding the generation's barrier
+// for the rendezvous timeout. A worker waiting in the rendezvous is never
+// killed here: it asks for a newer generation (rejoin_requested()).
 void Driver::enforce_rejoin_deadline(const MembershipSnapshot& m) {
   if (!d_.membership || generation_complete_) return;
-  if (clock_.now() - published_at_ < o_.rendezvous_timeout) return;
-  std::set<SlotKey> members;
-  for (auto& j : m.members) members.insert(j.slot);
+  const Duration survivor_limit =
+      failure_reform_ ? std::min<Duration>(o_.rendezvous_timeout, o_.collective_timeout + std::chrono::seconds(1))
+                      : o_.rendezvous_timeout;
+  const Duration waited = clock_.now() - published_at_;
+  if (waited < std::min(survivor_limit, o_.rendezvous_timeout)) return;
+  std::set<SlotKey> joined;
+  for (auto& j : m.members) joined.insert(j.slot);
+  for (auto& j : m.waiting) joined.insert(j.slot);
   for (auto& w : workers_) {
-    if (w.exit || w.retiring || w.excluded || !w.handle || members.count(w.assignment.slot)) continue;
+    if (w.exit || w.retiring || w.excluded || !w.handle || joined.count(w.assignment.slot)) continue;
     if (!w.joined && o_.mode != WorkerMode::kElastic) continue;  // a restart-mode program never joins
-    ERUN_LOG_WARN("{}: did not join generation {} within --rendezvous-timeout {:.0f} s; killing it",
-                  who(generation_, w.assignment.slot.host, w.assignment.rank), generation_,
-                  seconds(o_.rendezvous_timeout));
+    bool fresh = w.launched_generation == generation_;
+    Duration limit = fresh ? o_.rendezvous_timeout : survivor_limit;
+    if (waited < limit) continue;
+    ERUN_LOG_WARN("{}: did not join generation {} within {:.0f} s ({}); killing it",
+                  who(generation_, w.assignment.slot.host, w.assignment.rank), generation_, seconds(limit),
+                  limit == o_.rendezvous_timeout ? "--rendezvous-timeout" : "--collective-timeout + 1 s after a failure");
     w.handle->kill();
     if (!generation_failure_) {
       generation_failure_ = Failure{generation_, w.assignment.slot.host, w.assignment.rank, ExitStatus{0, SIGKILL},
@@ -188,7 +204,7 @@ void Driver::retire_workers(const MembershipSnapshot& m) {
   }
 }
 
-void Driver::reconfigure(const char* reason) {
+void Driver::reconfigure(const char* reason, bool after_failure) {
   HostSet usable = plannable_hosts();
   generation_failure_.reset();
   if (usable.total_slots() < std::max(o_.min_np, 1)) {
@@ -234,6 +250,7 @@ void Driver::reconfigure(const char* reason) {
   }
   plan_ = next;
   publish();
+  failure_reform_ = after_failure;
   for (auto& a : plan_.ranks) {
     bool alive = std::any_of(workers_.begin(), workers_.end(),
                              [&](const Worker& w) { return survivor(w) && w.assignment.slot == a.slot; });
@@ -250,7 +267,7 @@ std::optional<int> Driver::wait_with_survivors() {
   auto now = clock_.now();
   HostSet usable = plannable_hosts();
   if (usable.total_slots() >= std::max(o_.min_np, 1)) {
-    reconfigure("hosts returned; re-forming");
+    reconfigure("hosts returned; re-forming", /*after_failure=*/false);
     return std::nullopt;
   }
   if (now - waiting_since_ > o_.elastic_timeout) {

@@ -292,5 +292,39 @@ TEST_F(InPlaceTest, AWorkerThatDoesNotJoinWithinTheRendezvousTimeoutIsKilled) {
   EXPECT_EQ(launcher.launched().size(), 3u);
 }
 
+TEST_F(InPlaceTest, AfterAFailureASurvivorThatDoesNotReJoinWithinTheCollectiveTimeoutIsLeftOut) {
+  // Across hosts nobody can name a stopped rank: the live survivors re-join,
+  // the stopped one never does.
+  discovery.set(HostSet({{"a", 1}, {"b", 1}, {"c", 1}}));
+  auto o = elastic(3, 2, 3);
+  o.collective_timeout = std::chrono::seconds(2);
+  start_joined(o);
+  survivors_rejoin({a0, b0}, 1);
+  EXPECT_FALSE(steps(1));
+  ASSERT_EQ(driver->generation(), 2);  // re-formed with c0 still in it
+  Worker stopped = worker_at(c0);
+  EXPECT_FALSE(steps(25));  // 2.5 s
+  EXPECT_FALSE(stopped->killed);
+  EXPECT_FALSE(steps(6));  // past 3 s: killed and left out, long before --rendezvous-timeout
+  EXPECT_TRUE(stopped->killed);
+  EXPECT_EQ(driver->generation(), 3);
+  EXPECT_FALSE(worker_at(a0)->killed);
+  EXPECT_FALSE(worker_at(b0)->killed);
+}
+
+TEST_F(InPlaceTest, AWorkerWaitingInTheRendezvousIsNeverKilledByTheDeadline) {
+  discovery.set(HostSet({{"a", 2}}));
+  start_joined(elastic(2, 1, 2));
+  survivors_rejoin({a0}, 1);
+  EXPECT_FALSE(steps(1));
+  ASSERT_EQ(driver->generation(), 2);
+  EXPECT_FALSE(steps(199));  // just before the 20 s deadline a1 has not joined generation 2...
+  membership.join(a1, 2, JoinReason::kFormFailed);  // ...and now waits for a newer one, as the deadline passes
+  EXPECT_FALSE(steps(2));
+  EXPECT_FALSE(worker_at(a1)->killed);
+  EXPECT_EQ(driver->generation(), 3);
+  EXPECT_TRUE(membership.is_member(a1));
+}
+
 }  // namespace
 }  // namespace erun
