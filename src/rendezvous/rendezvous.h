@@ -4,7 +4,8 @@
 // Every connection authenticates by HMAC-SHA256 challenge-response with the job
 // secret; every frame carries magic, version, job id and generation and has a
 // length limit; every read and write has a deadline. A bad client is dropped
-// and logged; the server goes on. See docs/protocol.md.
+// and logged; the server goes on. See docs/protocol.md. The server is the
+// driver's Membership (membership.h).
 //
 // Server threads: one I/O thread owned by the server; the methods below are
 // thread-safe and called from the driver's thread. Client: one connection,
