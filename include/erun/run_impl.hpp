@@ -13,9 +13,11 @@
 namespace erun {
 
 namespace detail {
-// After a failed attempt: restore() when `comm_error` is set, log, re-join
-// with the last commit id and the cause. Returns the world size before the re-join.
-int rejoin(State& state, const CommError* comm_error, const char* what);
+// After a failed attempt: restore() when `comm_error`, log, re-join with the
+// last commit id, telling the driver the rank that failed this one (-1:
+// unknown) and its fate. Returns the world size before the re-join.
+int rejoin(State& state, bool comm_error, const char* what, int failed_rank = -1,
+           PeerFate fate = PeerFate::kUnknown);
 // Runs the reset callbacks with (old_size, the current size).
 void reset(State& state, int old_size);
 }  // namespace detail
@@ -29,9 +31,9 @@ auto run(State& state, Fn&& fn) -> decltype(fn(state)) {
       state.sync();
       return fn(state);
     } catch (const CommError& e) {
-      reset_from = detail::rejoin(state, &e, e.what());
+      reset_from = detail::rejoin(state, /*comm_error=*/true, e.what(), e.failed_rank(), e.fate());
     } catch (const HostsUpdated& e) {
-      reset_from = detail::rejoin(state, nullptr, e.what());
+      reset_from = detail::rejoin(state, /*comm_error=*/false, e.what());
     }
   }
 }

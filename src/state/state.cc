@@ -272,7 +272,7 @@ void State::notify_reset(int old_size, int new_size) {
 
 namespace detail {
 
-int rejoin(State& state, const CommError* comm_error, const char* what) {
+int rejoin(State& state, bool comm_error, const char* what, int failed_rank, PeerFate fate) {
   Context& ctx = state.context();
   const WorkerInfo before = ctx.info();
   if (comm_error) {
@@ -284,11 +284,9 @@ int rejoin(State& state, const CommError* comm_error, const char* what) {
                   who(before.generation, before.host, before.rank), state.commit_id());
   }
   RejoinCause cause;
-  cause.hosts_updated = comm_error == nullptr;
-  if (comm_error) {
-    cause.failed_rank = comm_error->failed_rank();
-    cause.fate = comm_error->fate();
-  }
+  cause.hosts_updated = !comm_error;
+  cause.failed_rank = comm_error ? failed_rank : -1;
+  cause.fate = comm_error ? fate : PeerFate::kUnknown;
   ctx.rejoin_because(state.commit_id(), cause);
   const WorkerInfo& after = ctx.info();
   ERUN_LOG_INFO("{}: joined as rank {} of {} (was rank {} of {})",
