@@ -29,7 +29,9 @@ import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SECTIONS = ["startup", "recovery", "scaleup", "allreduce", "control", "commit"]
+# The collective timeout (erun --collective-timeout, torch --pg-timeout) of the frozen-worker benchmark.
+FROZEN_TIMEOUT_S = 5
+SECTIONS = ["startup", "recovery", "frozen", "scaleup", "allreduce", "control", "commit"]
 TORCH_PY = "/usr/bin/python3"
 MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe"]
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
@@ -275,15 +277,34 @@ class Bench:
                    lost_steps=row["lost_steps"]["median"] if row["lost_steps"] else "none",
                    running_median_s=f"{row['running_s']['median']:.3f}" if row["running_s"] else "n/a")
 
-    def recovery_cmd(self, mode, ckpt, port):
+    # ---- 2b. a frozen worker ------------------------------------------------
+    def frozen(self):
+        """SIGSTOP instead of SIGKILL: only the collective timeout sees it."""
+        timeout = 1 if self.smoke else FROZEN_TIMEOUT_S
+        out = self.r["frozen"] = {"rows": [], "collective_timeout_s": timeout}
+        modes = ["erun-inplace"] + (["torchrun-tuned"] if self.torch else [])
+        for mode in modes:
+            runs = [self.recovery_once(mode, i, sig=signal.SIGSTOP, collective_timeout=timeout)
+                    for i in range(self.reps(3))]
+            row = {"mode": mode, "cmd": runs[0]["cmd"], "runs": runs,
+                   "fallbacks": sum(1 for r in runs if r.get("fallback_restart"))}
+            for key in ("recovery_s", "lost_steps", "replacement_s"):
+                row[key] = stats([r.get(key) for r in runs])
+            out["rows"].append(row)
+            rs = row["recovery_s"]
+            result("frozen", mode, stop_to_stepped_median_s=f"{rs['median']:.3f}" if rs else "none",
+                   not_in_place=row["fallbacks"])
+
+    def recovery_cmd(self, mode, ckpt, port, collective_timeout=None):
         w = 4
         step = ["--step-ms", "50"]
+        ct = ["--collective-timeout", str(collective_timeout)] if collective_timeout else []
         if mode == "erun-inplace":
             return [self.erun, "-np", str(w), "--min-np", "2", "--max-np", str(w), "--mode", "elastic",
-                    "--term-grace", "1", self.bin("bench/step_worker")] + step, {}
+                    "--term-grace", "1"] + ct + [self.bin("bench/step_worker")] + step, {}
         if mode == "erun-python-inplace":
             return [self.erun, "-np", str(w), "--min-np", "2", "--max-np", str(w), "--mode", "elastic",
-                    "--term-grace", "1", "/usr/bin/python3", os.path.join(ROOT, "bench/python_step_worker.py")] + step, \
+                    "--term-grace", "1"] + ct + ["/usr/bin/python3", os.path.join(ROOT, "bench/python_step_worker.py")] + step, \
                 {"PYTHONPATH": self.bin("python")}
         if mode == "erun-restart":
             wrapper = ('echo "START pid=$$ rank=$RANK restart=${TORCHELASTIC_RESTART_COUNT:-0} t=$(date +%s.%N)"; '
@@ -299,13 +320,13 @@ class Bench:
             cmd += ["--monitor_interval", "0.1", "--rdzv_conf", "join_timeout=30,last_call_timeout=1,close_timeout=1"]
         cmd += [os.path.join(ROOT, "bench/torch_train.py"), "--checkpoint", ckpt, "--steps-per-epoch", "10"] + step
         if tuned:
-            cmd += ["--pg-timeout", "10"]
+            cmd += ["--pg-timeout", str(collective_timeout or 10)]
         return cmd, {"BENCH_AGENT": "agent0"}
 
-    def recovery_once(self, mode, i):
-        ckpt = os.path.join(self.tmp, f"ckpt-{mode}-{i}")
-        port = 29600 + (hash((mode, i, os.getpid())) % 300)
-        cmd, env = self.recovery_cmd(mode, ckpt, port)
+    def recovery_once(self, mode, i, sig=signal.SIGKILL, collective_timeout=None):
+        ckpt = os.path.join(self.tmp, f"ckpt-{mode}-{i}-{sig}")
+        port = 29600 + (hash((mode, i, sig, os.getpid())) % 300)
+        cmd, env = self.recovery_cmd(mode, ckpt, port, collective_timeout)
         job = Job(cmd, env, name=mode)
         try:
             if not job.wait(lambda j: steady(j, 4, 10), 180):
@@ -322,7 +343,7 @@ class Bench:
                     cands = [s for s in job.steps if s["rank"] == victim_rank and s["gen"] == gen0]
                 victim = cands[-1]["pid"]
             t_kill = time.time()
-            os.kill(victim, signal.SIGKILL)
+            os.kill(victim, sig)
             restart = not mode.endswith("-inplace")
 
             def recovered(j):
@@ -340,7 +361,7 @@ class Bench:
                 new = [r for r in after if r["pid"] not in survivors]
                 return bool(new) and len({r["rank"] for r in new if r["gen"] == new[-1]["gen"]}) >= new[-1]["size"]
 
-            limit = 120 if mode == "torchrun-stock" else 60
+            limit = 120 if mode == "torchrun-stock" or sig == signal.SIGSTOP else 60
             if not job.wait(recovered, limit):
                 with job.cv:
                     seen = sorted({(r["gen"], r["pid"], r["rank"]) for r in job.steps})
@@ -353,6 +374,11 @@ class Bench:
             with job.cv:
                 steps, starts = list(job.steps), list(job.starts)
         finally:
+            if sig == signal.SIGSTOP:
+                try:
+                    os.kill(victim, signal.SIGCONT)  # so that a launcher that never killed it can stop it
+                except ProcessLookupError:
+                    pass
             job.stop()
         before = [r for r in steps if r["t"] <= t_kill]
         after = [r for r in steps if r["gen"] > gen0 and r["t"] > t_kill]
@@ -394,7 +420,7 @@ class Bench:
                 res["replacement_s"] = new[0]["t"] - t_kill
         res["last_step_before"] = last_before
         res["lost_steps"] = max(0, last_before - (res["first_step_after"] - 1))
-        log(f"recovery {mode} #{i}: {res['recovery_s']:.3f} s, lost {res['lost_steps']} steps"
+        log(f"recovery {mode} {signal.Signals(sig).name} #{i}: {res['recovery_s']:.3f} s, lost {res['lost_steps']} steps"
             + (" (NOT in place: all workers restarted)" if res.get("fallback_restart") else ""))
         return res
 

@@ -375,6 +375,7 @@ def sections(d, img):
             else:
                 d.targets.append("| in-place recovery ≥ 5× faster than torchrun tuned | torchrun not measured | "
                                  "not measured in this run |")
+    frozen_section(d, r.get("frozen"))
     # ---- scale-up
     su = r.get("scaleup")
     if su:
@@ -558,6 +559,52 @@ def sections(d, img):
                               f"{worst[3]:.2f} GB/s | {fmt_ratio(worst[0])} (commit / memcpy) |")
             d.targets.append(f"| commit ≥ ½ memcpy bandwidth | worst {fmt_ratio(worst[0])} at {human(worst[1])} | "
                              f"{'met' if worst[0] >= 0.5 else 'not met'} |")
+
+
+def command_block(d, rows):
+    """The rows' commands as one shell block."""
+    d.p("Commands:")
+    d.p()
+    d.p("```sh")
+    d.out.extend(row["cmd"] for row in rows)
+    d.p("```")
+    d.p()
+
+
+def frozen_section(d, fz):
+    """§2b: a SIGSTOPped worker, seen only by the collective timeout."""
+    if not fz:
+        return
+    t = fz["collective_timeout_s"]
+    d.p("### 2b. A frozen worker")
+    d.p()
+    d.p(f"As §2, but rank 1 is SIGSTOPped (alive, never arriving: a deadlock or a frozen host looks the same), with "
+        f"a collective timeout of {t:g} s (erun `--collective-timeout {t:g}`, torch `--pg-timeout {t:g}`). Time "
+        "from the SIGSTOP until every survivor has completed a step again. erun's survivors time out in the "
+        "shared-memory barrier, report the rank and that its process is alive but not arriving in their JOIN; "
+        "the driver SIGKILLs it and publishes the next generation without it in the same tick.")
+    d.p()
+    d.p("| mode | SIGSTOP → all survivors stepped (s) | steps lost | runs |")
+    d.p("|---|---|---|---|")
+    for row in fz["rows"]:
+        fb = row.get("fallbacks", 0)
+        runs = f"{len(row['runs'])}" + (f" ({fb} not in place)" if fb else "")
+        d.p(f"| {row['mode']} | {stat_row(row['recovery_s'])} | {stat_row(row.get('lost_steps'), 0)} | {runs} |")
+    d.p()
+    command_block(d, fz["rows"])
+    ip = next((x for x in fz["rows"] if x["mode"] == "erun-inplace" and x.get("recovery_s")), None)
+    tt = next((x for x in fz["rows"] if x["mode"] == "torchrun-tuned" and x.get("recovery_s")), None)
+    if ip:
+        m = ip["recovery_s"]["max"]
+        fb = ip.get("fallbacks", 0)
+        status = ("not met: survivors were restarted" if fb else
+                  "met" if m <= t + 1 else f"not met: {m - t - 1:+.3f} s over")
+        d.targets.append(f"| frozen worker: survivors step again ≤ collective timeout + 1 s ({t + 1:g} s), "
+                         f"every run | max {m:.3f} s (median {ip['recovery_s']['median']:.3f} s) | {status} |")
+        if tt:
+            d.headline.append(f"| frozen worker (SIGSTOP, timeout {t:g} s), in place vs torchrun tuned | "
+                              f"{ip['recovery_s']['median']:.3f} s | {tt['recovery_s']['median']:.3f} s | "
+                              f"{fmt_ratio(tt['recovery_s']['median'] / ip['recovery_s']['median'], 1)} |")
 
 
 def stat_row(st, digits=3):

@@ -2,7 +2,7 @@
 # erun's benchmarks against Open MPI and torchrun (issue 5); see docs/performance.md.
 #
 #   bash bench/run.sh [--smoke] [--no-install] [--no-doc] [--no-torch] [--build-dir DIR]
-#                     [--only startup,recovery,scaleup,allreduce,control,commit] [--reps N]
+#                     [--only startup,recovery,frozen,scaleup,allreduce,control,commit] [--reps N]
 #                     [--allreduce-reps N]
 #
 # 1. installs the peers from Debian when missing (openmpi-bin libopenmpi-dev, python3-torch,

@@ -161,10 +161,12 @@ int train(const Options& o) {
   state.register_value("epoch_fingerprint", &epoch_fingerprint);
   sampler.register_with(state);
   // Runs after the sync that follows a re-join, on every rank of the new
-  // generation (a worker new to the job included), so every rank prints it.
+  // generation (a worker new to the job included), so every rank prints it,
+  // with the wall-clock time (Unix seconds) at which it computes again.
   state.on_reset([&](int old_size, int new_size) {
-    std::printf("rank %d: reset: world size %d -> %d (generation %ld)\n", ctx.rank(), old_size, new_size,
-                ctx.info().generation);
+    double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+    std::printf("rank %d: reset: world size %d -> %d (generation %ld) at=%.3f\n", ctx.rank(), old_size, new_size,
+                ctx.info().generation, now);
   });
   if (!o.checkpoint_dir.empty()) state.set_checkpoint_dir(o.checkpoint_dir);
 

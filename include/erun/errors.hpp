@@ -1,7 +1,8 @@
 // The typed exceptions a worker sees. CommError: a peer died, hung past the
 // collective timeout, or the communicator was aborted; restore the last commit
-// and re-join. HostsUpdated: the membership is changing and every rank agreed
-// on it at the same step; re-join without restoring. erun::run() handles both.
+// and re-join (it may name the rank that failed). HostsUpdated: the membership
+// is changing and every rank agreed on it at the same step; re-join without
+// restoring. erun::run() handles both.
 // CollectiveMismatch: the ranks made different collective calls at the same
 // point (one called a collective the others did not, or with another type,
 // count, root or reduce op; or they disagree on the commit id). It is a bug in
@@ -22,9 +23,23 @@ class Error : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// What a rank saw of the peer that failed it.
+enum class PeerFate { kUnknown = 0, kDead = 1, kAlive = 2 };
+
 class CommError : public Error {
  public:
   using Error::Error;
+  // `failed_rank`: the rank (of the communicator's generation) that failed this
+  // one, -1 when unknown; `fate`: whether its process was gone or alive but
+  // not arriving (stopped, hung, slow). Both travel to the driver on re-join.
+  CommError(const std::string& what, int failed_rank, PeerFate fate)
+      : Error(what), failed_rank_(failed_rank), fate_(fate) {}
+  int failed_rank() const { return failed_rank_; }
+  PeerFate fate() const { return fate_; }
+
+ private:
+  int failed_rank_ = -1;
+  PeerFate fate_ = PeerFate::kUnknown;
 };
 
 class CollectiveMismatch : public Error {

@@ -41,6 +41,13 @@ struct WorkerInfo {
   std::string host;
 };
 
+// Why a worker leaves its generation.
+struct RejoinCause {
+  bool hosts_updated = false;  // the driver announced a change; otherwise a collective failed
+  int failed_rank = -1;        // the rank that failed it (CommError::failed_rank()), -1 when unknown
+  PeerFate fate = PeerFate::kUnknown;
+};
+
 // The worker's view of the job. Used from the training thread; only
 // host_update_pending() may be called from any thread.
 class Context {
@@ -63,6 +70,12 @@ class Context {
   // next one containing this worker; then info() and comm() are the new ones.
   // last_commit_id tells the driver which worker holds the newest state.
   virtual void rejoin(uint64_t last_commit_id) = 0;
+  // The same, telling the driver why (erun::run() calls this one). The default
+  // ignores the cause.
+  virtual void rejoin_because(uint64_t last_commit_id, const RejoinCause& cause) {
+    (void)cause;
+    rejoin(last_commit_id);
+  }
   // True under the erun driver (membership can change); false under MPI or alone.
   virtual bool elastic() const = 0;
   // Where durable commits go when the launcher asked for them (erun

@@ -13,8 +13,11 @@ namespace erun {
 
 namespace detail {
 // After a failed attempt: restore() when `comm_error`, log, re-join with the
-// last commit id; the next sync() then tells every rank to run the reset callbacks.
-void rejoin(State& state, bool comm_error, const char* what);
+// last commit id, telling the driver the rank that failed this one (-1:
+// unknown) and its fate; the next sync() then tells every rank to run the
+// reset callbacks.
+void rejoin(State& state, bool comm_error, const char* what, int failed_rank = -1,
+            PeerFate fate = PeerFate::kUnknown);
 // Logs an error that a restart would repeat (CollectiveMismatch) with the mark
 // that tells the erun driver to end the job rather than reset it.
 void no_retry(State& state, const char* what);
@@ -28,7 +31,7 @@ auto run(State& state, Fn&& fn) -> decltype(fn(state)) {
       state.run_pending_reset();
       return fn(state);
     } catch (const CommError& e) {
-      detail::rejoin(state, /*comm_error=*/true, e.what());
+      detail::rejoin(state, /*comm_error=*/true, e.what(), e.failed_rank(), e.fate());
     } catch (const HostsUpdated& e) {
       detail::rejoin(state, /*comm_error=*/false, e.what());
     } catch (const CollectiveMismatch& e) {

@@ -226,25 +226,32 @@ class HierCommunicator final : public Communicator {
   // sockets) fail at once, and rethrows. A collective mismatch seen by this
   // host's shm part (every rank of the host sees it) aborts too, so that the
   // other hosts stop at once, and is rethrown naming global ranks.
+  // A failed rank named by the shared-memory layer is a local rank of this
+  // host: it is rethrown as the rank of the whole communicator (Gloo names none).
   template <typename F>
   void guarded(F&& body) {
     try {
       body();
-    } catch (const CommError&) {
+    } catch (const CommError& e) {
       abort();
-      throw;
+      if (e.failed_rank() < 0) throw;
+      throw CommError(e.what(), global_rank_of_local(e.failed_rank()), e.fate());
     } catch (const CallMismatch& e) {
       abort();
       std::vector<RankCall> calls = e.calls();
       for (RankCall& c : calls) {
-        if (c.rank >= 0 && static_cast<size_t>(c.rank) < global_of_local_.size() && global_of_local_[c.rank] >= 0) {
-          c.rank = global_of_local_[c.rank];
-        }
+        if (int g = global_rank_of_local(c.rank); g >= 0) c.rank = g;
       }
       throw CallMismatch("hierarchical communicator on host " + o_.hostname + " (rank " + std::to_string(rank()) +
                              "; the calls are this host's parts of the operations): " + e.where(),
                          std::move(calls));
     }
+  }
+
+  // -1 while the rank map is not known yet (or the rank is not on this host).
+  int global_rank_of_local(int local) const {
+    if (local < 0 || static_cast<size_t>(local) >= global_of_local_.size()) return -1;
+    return global_of_local_[local];
   }
 
   const HierOptions o_;

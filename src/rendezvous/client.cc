@@ -29,9 +29,8 @@ constexpr size_t kMaxHandshakeReply = 4096;
 std::string slot_name(const SlotKey& s) { return fmt::format("{}:{}", s.host, s.local_index); }
 
 std::string error_message(const wire::Frame& f) {
-  wire::PayloadReader r(f.payload);
-  std::string m = r.bytes();
-  return r.failed() ? std::string("(unreadable error message)") : m;
+  auto m = wire::decode_str(f.payload);
+  return m ? *m : std::string("(unreadable error message)");
 }
 
 }  // namespace
@@ -48,33 +47,26 @@ struct RendezvousClient::Impl {
    public:
     explicit RemoteStore(Impl* impl) : impl_(impl) {}
     void set(const std::string& key, const std::vector<char>& value) override {
-      wire::PayloadWriter w;
-      w.bytes(key).bytes({value.data(), value.size()});
-      auto f = impl_->kv_call(Type::kKvSet, w.str(), impl_->opt.io_timeout, "set '" + key + "'");
+      auto f = impl_->kv_call(Type::kKvSet, wire::encode_kv_set(key, {value.data(), value.size()}),
+                              impl_->opt.io_timeout, "set '" + key + "'");
       impl_->expect(f, Type::kKvSetOk, "set '" + key + "'");
     }
     std::vector<char> get(const std::string& key, Duration timeout) override {
       if (timeout < Duration::zero()) timeout = Duration::zero();
-      wire::PayloadWriter w;
       auto ms = std::chrono::ceil<std::chrono::milliseconds>(timeout).count();
-      w.bytes(key).u64(static_cast<uint64_t>(ms));
-      auto f = impl_->kv_call(Type::kKvGet, w.str(), timeout + impl_->opt.io_timeout, "get '" + key + "'");
+      auto f = impl_->kv_call(Type::kKvGet, wire::encode_kv_get(key, static_cast<uint64_t>(ms)),
+                              timeout + impl_->opt.io_timeout, "get '" + key + "'");
       impl_->expect(f, Type::kKvValue, "get '" + key + "'");
-      wire::PayloadReader r(f.payload);
-      std::string v = r.bytes();
-      if (!r.done()) throw CommError("store: malformed reply to get '" + key + "'");
-      return std::vector<char>(v.begin(), v.end());
+      auto v = wire::decode_str(f.payload);
+      if (!v) throw CommError("store: malformed reply to get '" + key + "'");
+      return std::vector<char>(v->begin(), v->end());
     }
     bool check(const std::vector<std::string>& keys) override {
-      wire::PayloadWriter w;
-      w.u32(static_cast<uint32_t>(keys.size()));
-      for (auto& k : keys) w.bytes(k);
-      auto f = impl_->kv_call(Type::kKvCheck, w.str(), impl_->opt.io_timeout, "check");
+      auto f = impl_->kv_call(Type::kKvCheck, wire::encode_kv_check(keys), impl_->opt.io_timeout, "check");
       impl_->expect(f, Type::kKvCheckResult, "check");
-      wire::PayloadReader r(f.payload);
-      uint8_t all = r.u8();
-      if (!r.done()) throw CommError("store: malformed reply to check");
-      return all != 0;
+      auto all = wire::decode_check_result(f.payload);
+      if (!all) throw CommError("store: malformed reply to check");
+      return *all;
     }
 
    private:
@@ -297,9 +289,7 @@ struct RendezvousClient::Impl {
   }
 
   Result<RankAssignment> join(const JoinRequest& req, long* generation_out) {
-    wire::PayloadWriter w;
-    w.bytes(req.slot.host).i32(req.slot.local_index).u64(req.commit_id).i64(req.pid);
-    auto f = call(Type::kJoin, gen.load(), w.str(), SteadyClock::now() + opt.join_timeout);
+    auto f = call(Type::kJoin, gen.load(), wire::encode_join(req), SteadyClock::now() + opt.join_timeout);
     if (!f) {
       return Result<RankAssignment>::error(
           fmt::format("rendezvous: join of slot {} failed: {}", slot_name(req.slot), f.message()));
@@ -308,22 +298,16 @@ struct RendezvousClient::Impl {
       return Result<RankAssignment>::error(
           fmt::format("rendezvous: join of slot {} refused: {}", slot_name(req.slot), error_message(*f)));
     }
-    wire::PayloadReader r(f->payload);
-    RankAssignment a;
-    a.slot = req.slot;
-    a.rank = r.i32();
-    a.size = r.i32();
-    a.local_rank = r.i32();
-    a.local_size = r.i32();
-    a.cross_rank = r.i32();
-    a.cross_size = r.i32();
-    int64_t g = r.i64();
-    if (f->header.type != static_cast<uint16_t>(Type::kAssignment) || !r.done() || g != f->header.generation) {
+    int64_t g = -1;
+    auto a = f->header.type == static_cast<uint16_t>(Type::kAssignment) ? wire::decode_assignment(f->payload, &g)
+                                                                         : std::nullopt;
+    if (!a || g != f->header.generation) {
       return Result<RankAssignment>::error(
           fmt::format("rendezvous: malformed reply {} to join", wire::type_name(f->header.type)));
     }
+    a->slot = req.slot;
     if (generation_out) *generation_out = static_cast<long>(g);
-    return a;
+    return *a;
   }
 };
 

@@ -4,7 +4,8 @@
 // Every connection authenticates by HMAC-SHA256 challenge-response with the job
 // secret; every frame carries magic, version, job id and generation and has a
 // length limit; every read and write has a deadline. A bad client is dropped
-// and logged; the server goes on. See docs/protocol.md.
+// and logged; the server goes on. See docs/protocol.md. The server is the
+// driver's Membership (membership.h).
 //
 // Server threads: one I/O thread owned by the server; the methods below are
 // thread-safe and called from the driver's thread. Client: one connection,
@@ -24,30 +25,9 @@
 #include "common/clock.h"
 #include "common/status.h"
 #include "rendezvous/kv_store.h"
+#include "rendezvous/membership.h"
 
 namespace erun {
-
-// What identifies a worker process across generations: its slot.
-struct SlotKey {
-  std::string host;
-  int local_index = 0;
-  bool operator==(const SlotKey&) const = default;
-  auto operator<=>(const SlotKey&) const = default;
-};
-
-// One rank of a published generation.
-struct RankAssignment {
-  SlotKey slot;
-  int rank = 0, size = 1;
-  int local_rank = 0, local_size = 1;
-  int cross_rank = 0, cross_size = 1;
-};
-
-struct JoinRequest {
-  SlotKey slot;
-  uint64_t commit_id = 0;  // the worker's last commit
-  long pid = 0;
-};
 
 struct ServerOptions {
   std::string job_id;
@@ -58,28 +38,28 @@ struct ServerOptions {
   Duration io_timeout = std::chrono::seconds(10);
 };
 
-class RendezvousServer {
+class RendezvousServer final : public Membership {
  public:
   explicit RendezvousServer(ServerOptions options);
-  ~RendezvousServer();
+  ~RendezvousServer() override;
   Status start();
   int port() const;
 
-  // Workers blocked in join (connected, not yet given an assignment), by
-  // slot, with the commit id they hold (the driver picks the sync root).
+  // Membership. publish(): keys and pending gets of older generations are
+  // dropped (their requests get a stale-generation ERROR). snapshot(): the
+  // event lists are bounded: `rejoined` keeps the newest JOIN per slot and
+  // `disconnected` each slot once, so a driver that never asks (restart
+  // mode) costs memory bounded by the number of slots.
+  void publish(long gen, const std::vector<RankAssignment>& ranks) override;
+  MembershipSnapshot snapshot() override;
+  void notify_hosts_updated(long gen) override;
+
+  // Workers blocked in join (connected, not yet given an assignment), by slot.
   std::vector<JoinRequest> waiting() const;
   // Connected workers that received an assignment of the current generation.
   std::vector<JoinRequest> members() const;
-  // Publishes generation `gen` (greater than any before): each listed slot's
-  // waiting (or later) join returns its assignment; joins of unlisted slots
-  // keep waiting. Keys and pending gets of older generations are dropped.
-  void publish(long gen, const std::vector<RankAssignment>& ranks);
   // The last published generation (-1 before the first).
   long generation() const;
-  // Tells every connected worker of generation `gen` that membership changes.
-  void notify_hosts_updated(long gen);
-  // Slots whose connection closed since the last call (a worker died or left).
-  std::vector<SlotKey> take_disconnected();
   // Counts of refused connections and frames, for logs and tests.
   long refused() const;
 

@@ -12,10 +12,12 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <mutex>
 #include <queue>
+#include <set>
 #include <thread>
 #include <unordered_map>
 
@@ -33,6 +35,9 @@ constexpr uint64_t kListenId = 0;
 constexpr uint64_t kWakeId = UINT64_MAX;
 constexpr size_t kReadChunk = 64 << 10;
 constexpr auto kMaxGetWait = std::chrono::hours(24);
+// Re-joins kept for the driver between two snapshots; older ones are dropped
+// (with a warning) when a driver stops asking.
+constexpr size_t kMaxRejoins = 8192;
 
 enum class Phase { kHello, kAuth, kReady };
 
@@ -114,7 +119,8 @@ struct RendezvousServer::Impl {
 
   std::map<SlotKey, uint64_t> waiting;     // slot -> conn blocked in join
   std::map<SlotKey, uint64_t> slot_owner;  // slot -> latest conn that joined for it
-  std::vector<SlotKey> disconnected;
+  std::set<SlotKey> disconnected;          // since the last snapshot
+  std::vector<JoinRequest> rejoined;       // since the last snapshot, at most kMaxRejoins
 
   int64_t gen = -1;
   std::map<SlotKey, RankAssignment> assignments;
@@ -339,7 +345,7 @@ struct RendezvousServer::Impl {
   }
 
   void send_error(Conn& c, uint32_t request_id, const std::string& message) {
-    send_frame(c, Type::kError, gen, request_id, wire::PayloadWriter().bytes(message).str());
+    send_frame(c, Type::kError, gen, request_id, wire::encode_str(message));
   }
 
   void flush(Conn& c) {
@@ -390,7 +396,7 @@ struct RendezvousServer::Impl {
     ERUN_LOG_WARN("rendezvous: dropped connection from {}: {}", c.peer, reason);
     if (c.woff == c.wbuf.size()) {  // never in the middle of a half-sent frame
       std::string f = wire::encode_frame(Type::kError, job_hash, gen, 0,
-                                         wire::PayloadWriter().bytes("refused: " + reason).str());
+                                         wire::encode_str("refused: " + reason));
       [[maybe_unused]] auto n = ::send(c.fd, f.data(), f.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
     }
     doom(c);
@@ -422,7 +428,7 @@ struct RendezvousServer::Impl {
         auto o = slot_owner.find(c.join.slot);
         if (o != slot_owner.end() && o->second == c.id) {
           slot_owner.erase(o);
-          disconnected.push_back(c.join.slot);
+          disconnected.insert(c.join.slot);
         }
       }
       for (uint64_t g : c.gets) drop_get(g);
@@ -533,28 +539,22 @@ struct RendezvousServer::Impl {
   }
 
   void on_join(Conn& c, const wire::Header& h, std::string_view payload) {
-    wire::PayloadReader r(payload);
-    JoinRequest req;
-    req.slot.host = r.bytes();
-    req.slot.local_index = r.i32();
-    req.commit_id = r.u64();
-    req.pid = static_cast<long>(r.i64());
-    if (!r.done()) return refuse(c, "malformed JOIN payload");
-    if (c.joined && c.join_pending && !(c.join.slot == req.slot)) {
-      auto w = waiting.find(c.join.slot);
-      if (w != waiting.end() && w->second == c.id) waiting.erase(w);
+    auto parsed = wire::decode_join(payload);
+    if (!parsed) return refuse(c, "malformed JOIN payload");
+    JoinRequest req = std::move(*parsed);
+    // A worker leaves the generation it last joined: one older than the
+    // current is normal (it is answered at once), one never published is not.
+    if (h.generation > gen) {
+      return refuse(c, fmt::format("JOIN leaving generation {}, which was never published (current {})",
+                                   h.generation, gen));
     }
-    auto w = waiting.find(req.slot);
-    if (w != waiting.end() && w->second != c.id) {
-      auto other = conns.find(w->second);
-      if (other != conns.end() && other->second->join_pending) {
-        Conn& o = *other->second;
-        o.join_pending = false;
-        send_error(o, o.join_request_id,
-                   fmt::format("join of slot {} superseded by a newer join from {}",
-                               slot_name(req.slot), c.peer));
-      }
+    req.left_generation = h.generation;
+    if (c.joined && !(c.join.slot == req.slot)) {
+      return refuse(c, fmt::format("JOIN for slot {} on a connection of slot {}; one connection serves one slot",
+                                   slot_name(req.slot), slot_name(c.join.slot)));
     }
+    supersede_owner(c, req);
+    if (c.member_gen >= 0 || req.reason != JoinReason::kStart) record_rejoin(req);
     c.joined = true;
     c.join = req;
     c.join_pending = true;
@@ -566,31 +566,65 @@ struct RendezvousServer::Impl {
     try_assign(c);
   }
 
+  // A JOIN for a slot that another live connection holds takes the slot over
+  // (the driver starts a slot's next worker only once it gave up the last
+  // one). The same pid: the process re-connected, the old connection is closed
+  // quietly. Another pid: the old holder is told and closed; its slot is not
+  // reported as disconnected (it has a live worker again).
+  void supersede_owner(Conn& c, const JoinRequest& req) {
+    auto o = slot_owner.find(req.slot);
+    if (o == slot_owner.end() || o->second == c.id) return;
+    auto other = conns.find(o->second);
+    slot_owner.erase(o);
+    if (other == conns.end() || other->second->doomed) return;
+    Conn& old = *other->second;
+    auto w = waiting.find(req.slot);
+    if (w != waiting.end() && w->second == old.id) waiting.erase(w);
+    if (old.join.pid == req.pid) {
+      close_quietly(old, fmt::format("process {} re-connected", req.pid));
+      return;
+    }
+    ERUN_LOG_WARN("rendezvous: slot {}: process {} from {} supersedes process {} from {}", slot_name(req.slot),
+                  req.pid, c.peer, old.join.pid, old.peer);
+    std::string why = fmt::format("slot {} was taken over by process {}", slot_name(req.slot), req.pid);
+    if (old.join_pending) {
+      old.join_pending = false;
+      send_error(old, old.join_request_id, why);
+    }
+    old.joined = false;  // its slot belongs to the new connection now
+    close_quietly(old, why);
+  }
+
+  void record_rejoin(const JoinRequest& req) {
+    if (rejoined.size() >= kMaxRejoins) {
+      ERUN_LOG_WARN("rendezvous: {} re-joins not read by the driver; dropping the oldest half", rejoined.size());
+      rejoined.erase(rejoined.begin(), rejoined.begin() + static_cast<long>(rejoined.size() / 2));
+    }
+    rejoined.push_back(req);
+  }
+
   void try_assign(Conn& c) {
     if (!c.join_pending || c.doomed || gen <= c.join_after_gen) return;
     auto a = assignments.find(c.join.slot);
     if (a == assignments.end()) return;
     const RankAssignment& r = a->second;
-    wire::PayloadWriter w;
-    w.i32(r.rank).i32(r.size).i32(r.local_rank).i32(r.local_size).i32(r.cross_rank).i32(r.cross_size).i64(gen);
     c.join_pending = false;
     c.member_gen = gen;
     auto it = waiting.find(c.join.slot);
     if (it != waiting.end() && it->second == c.id) waiting.erase(it);
-    send_frame(c, Type::kAssignment, gen, c.join_request_id, w.str());
+    send_frame(c, Type::kAssignment, gen, c.join_request_id, wire::encode_assignment(r, gen));
   }
 
   void on_kv(Conn& c, const wire::Header& h, Type type, std::string_view payload) {
-    wire::PayloadReader r(payload);
     if (h.generation != gen) {
       return send_error(c, h.request_id,
                         fmt::format("{} generation {}, current {} (re-join)",
                                     h.generation < gen ? "stale" : "unknown", h.generation, gen));
     }
     if (type == Type::kKvSet) {
-      std::string key = r.bytes();
-      std::string value = r.bytes();
-      if (!r.done()) return refuse(c, "malformed KV_SET payload");
+      auto kvs = wire::decode_kv_set(payload);
+      if (!kvs) return refuse(c, "malformed KV_SET payload");
+      auto& [key, value] = *kvs;
       auto& slot = kv[key];
       slot.assign(value.begin(), value.end());
       send_frame(c, Type::kKvSetOk, gen, h.request_id, {});
@@ -598,13 +632,13 @@ struct RendezvousServer::Impl {
       return;
     }
     if (type == Type::kKvGet) {
-      std::string key = r.bytes();
-      uint64_t timeout_ms = r.u64();
-      if (!r.done()) return refuse(c, "malformed KV_GET payload");
+      auto kvg = wire::decode_kv_get(payload);
+      if (!kvg) return refuse(c, "malformed KV_GET payload");
+      auto& [key, timeout_ms] = *kvg;
       auto it = kv.find(key);
       if (it != kv.end()) {
         return send_frame(c, Type::kKvValue, gen, h.request_id,
-                          wire::PayloadWriter().bytes({it->second.data(), it->second.size()}).str());
+                          wire::encode_str({it->second.data(), it->second.size()}));
       }
       Duration wait = std::chrono::milliseconds(std::min<uint64_t>(
           timeout_ms, std::chrono::duration_cast<std::chrono::milliseconds>(kMaxGetWait).count()));
@@ -615,13 +649,10 @@ struct RendezvousServer::Impl {
       push_timer(gets[id].deadline, c.id, id);
       return;
     }
-    uint32_t n = r.u32();
-    bool all = true;
-    for (uint32_t i = 0; i < n && !r.failed(); ++i) {
-      if (!kv.count(r.bytes())) all = false;
-    }
-    if (!r.done()) return refuse(c, "malformed KV_CHECK payload");
-    send_frame(c, Type::kKvCheckResult, gen, h.request_id, wire::PayloadWriter().u8(all ? 1 : 0).str());
+    auto keys = wire::decode_kv_check(payload);
+    if (!keys) return refuse(c, "malformed KV_CHECK payload");
+    bool all = std::all_of(keys->begin(), keys->end(), [&](const std::string& k) { return kv.count(k) > 0; });
+    send_frame(c, Type::kKvCheckResult, gen, h.request_id, wire::encode_check_result(all));
   }
 
   void answer_waiters(const std::string& key, const std::vector<char>& value) {
@@ -629,7 +660,7 @@ struct RendezvousServer::Impl {
     if (w == waiters.end()) return;
     std::vector<uint64_t> ids = std::move(w->second);
     waiters.erase(w);
-    std::string payload = wire::PayloadWriter().bytes({value.data(), value.size()}).str();
+    std::string payload = wire::encode_str({value.data(), value.size()});
     for (uint64_t id : ids) {
       auto g = gets.find(id);
       if (g == gets.end()) continue;
@@ -726,9 +757,22 @@ long RendezvousServer::generation() const {
 
 void RendezvousServer::notify_hosts_updated(long gen) { impl_->notify(gen); }
 
-std::vector<SlotKey> RendezvousServer::take_disconnected() {
+MembershipSnapshot RendezvousServer::snapshot() {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  return std::exchange(impl_->disconnected, {});
+  MembershipSnapshot s;
+  s.generation = impl_->gen;
+  for (auto& [id, c] : impl_->conns) {
+    if (c->doomed || !c->joined) continue;
+    if (c->join_pending) s.waiting.push_back(c->join);
+    else if (c->member_gen >= 0 && c->member_gen == impl_->gen) s.members.push_back(c->join);
+  }
+  auto by_slot = [](const JoinRequest& a, const JoinRequest& b) { return a.slot < b.slot; };
+  std::sort(s.members.begin(), s.members.end(), by_slot);
+  std::sort(s.waiting.begin(), s.waiting.end(), by_slot);
+  s.rejoined = std::exchange(impl_->rejoined, {});
+  s.disconnected.assign(impl_->disconnected.begin(), impl_->disconnected.end());
+  impl_->disconnected.clear();
+  return s;
 }
 
 long RendezvousServer::refused() const { return impl_->refused.load(); }

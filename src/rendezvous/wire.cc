@@ -184,6 +184,128 @@ std::string PayloadReader::fixed(size_t n) {
   return s;
 }
 
+// ---- message payloads ------------------------------------------------------
+
+std::string encode_join(const JoinRequest& j) {
+  return PayloadWriter()
+      .bytes(j.slot.host)
+      .i32(j.slot.local_index)
+      .u64(j.commit_id)
+      .i64(j.pid)
+      .u8(static_cast<uint8_t>(j.reason))
+      .i32(j.failed_rank)
+      .u8(static_cast<uint8_t>(j.failed_state))
+      .str();
+}
+
+std::optional<JoinRequest> decode_join(std::string_view payload) {
+  PayloadReader r(payload);
+  JoinRequest j;
+  j.slot.host = r.bytes();
+  j.slot.local_index = r.i32();
+  j.commit_id = r.u64();
+  j.pid = static_cast<long>(r.i64());
+  uint8_t reason = r.u8();
+  j.failed_rank = r.i32();
+  uint8_t state = r.u8();
+  if (!r.done() || reason > static_cast<uint8_t>(JoinReason::kHostsUpdated) ||
+      state > static_cast<uint8_t>(PeerState::kAlive) || j.failed_rank < -1 || j.pid <= 0 ||
+      j.slot.local_index < 0) {
+    return std::nullopt;
+  }
+  j.reason = static_cast<JoinReason>(reason);
+  j.failed_state = static_cast<PeerState>(state);
+  return j;
+}
+
+std::string encode_assignment(const RankAssignment& a, int64_t generation) {
+  return PayloadWriter()
+      .i32(a.rank)
+      .i32(a.size)
+      .i32(a.local_rank)
+      .i32(a.local_size)
+      .i32(a.cross_rank)
+      .i32(a.cross_size)
+      .i64(generation)
+      .str();
+}
+
+std::optional<RankAssignment> decode_assignment(std::string_view payload, int64_t* generation) {
+  PayloadReader r(payload);
+  RankAssignment a;
+  a.rank = r.i32();
+  a.size = r.i32();
+  a.local_rank = r.i32();
+  a.local_size = r.i32();
+  a.cross_rank = r.i32();
+  a.cross_size = r.i32();
+  int64_t g = r.i64();
+  if (!r.done() || a.size <= 0 || a.rank < 0 || a.rank >= a.size) return std::nullopt;
+  if (generation) *generation = g;
+  return a;
+}
+
+std::string encode_kv_set(std::string_view key, std::string_view value) {
+  return PayloadWriter().bytes(key).bytes(value).str();
+}
+
+std::optional<std::pair<std::string, std::string>> decode_kv_set(std::string_view payload) {
+  PayloadReader r(payload);
+  std::string key = r.bytes();
+  std::string value = r.bytes();
+  if (!r.done()) return std::nullopt;
+  return std::make_pair(std::move(key), std::move(value));
+}
+
+std::string encode_kv_get(std::string_view key, uint64_t timeout_ms) {
+  return PayloadWriter().bytes(key).u64(timeout_ms).str();
+}
+
+std::optional<std::pair<std::string, uint64_t>> decode_kv_get(std::string_view payload) {
+  PayloadReader r(payload);
+  std::string key = r.bytes();
+  uint64_t timeout_ms = r.u64();
+  if (!r.done()) return std::nullopt;
+  return std::make_pair(std::move(key), timeout_ms);
+}
+
+std::string encode_kv_check(const std::vector<std::string>& keys) {
+  PayloadWriter w;
+  w.u32(static_cast<uint32_t>(keys.size()));
+  for (auto& k : keys) w.bytes(k);
+  return w.str();
+}
+
+std::optional<std::vector<std::string>> decode_kv_check(std::string_view payload) {
+  PayloadReader r(payload);
+  uint32_t n = r.u32();
+  std::vector<std::string> keys;
+  // Each key takes at least 4 bytes: a count larger than the payload is malformed.
+  if (n > payload.size() / 4) return std::nullopt;
+  keys.reserve(n);
+  for (uint32_t i = 0; i < n && !r.failed(); ++i) keys.push_back(r.bytes());
+  if (!r.done()) return std::nullopt;
+  return keys;
+}
+
+std::string encode_str(std::string_view s) { return PayloadWriter().bytes(s).str(); }
+
+std::optional<std::string> decode_str(std::string_view payload) {
+  PayloadReader r(payload);
+  std::string s = r.bytes();
+  if (!r.done()) return std::nullopt;
+  return s;
+}
+
+std::string encode_check_result(bool all) { return PayloadWriter().u8(all ? 1 : 0).str(); }
+
+std::optional<bool> decode_check_result(std::string_view payload) {
+  PayloadReader r(payload);
+  uint8_t v = r.u8();
+  if (!r.done() || v > 1) return std::nullopt;
+  return v == 1;
+}
+
 std::string random_bytes(size_t n) {
   std::string out(n, '\0');
   ERUN_CHECK(RAND_bytes(reinterpret_cast<unsigned char*>(out.data()), static_cast<int>(n)) == 1);
@@ -353,3 +475,26 @@ Result<Frame> recv_frame(int fd, uint64_t expected_job_hash, size_t max_payload,
 }
 
 }  // namespace erun::wire
+
+namespace erun {
+
+const char* to_string(JoinReason r) {
+  switch (r) {
+    case JoinReason::kStart: return "start";
+    case JoinReason::kFormFailed: return "generation failed to form";
+    case JoinReason::kPeerLost: return "peer lost";
+    case JoinReason::kHostsUpdated: return "hosts updated";
+  }
+  return "unknown";
+}
+
+const char* to_string(PeerState s) {
+  switch (s) {
+    case PeerState::kUnknown: return "unknown";
+    case PeerState::kDead: return "dead";
+    case PeerState::kAlive: return "alive but not arriving";
+  }
+  return "unknown";
+}
+
+}  // namespace erun

@@ -14,11 +14,12 @@
 
 #include "common/clock.h"
 #include "common/status.h"
+#include "rendezvous/membership.h"
 
 namespace erun::wire {
 
 constexpr uint32_t kMagic = 0x4E555245;  // "ERUN" as little-endian bytes
-constexpr uint16_t kVersion = 1;
+constexpr uint16_t kVersion = 2;  // 2: JOIN carries reason and failed rank
 constexpr size_t kHeaderBytes = 32;
 constexpr size_t kNonceBytes = 32;
 constexpr size_t kMacBytes = 32;
@@ -30,7 +31,7 @@ enum class Type : uint16_t {
   kChallenge = 2,       // server -> client: server nonce
   kAuth = 3,            // client -> server: client proof
   kAuthOk = 4,          // server -> client: server proof
-  kJoin = 5,            // client -> server: host, local index, commit id, pid
+  kJoin = 5,            // client -> server: slot, commit id, pid, reason, failed rank
   kAssignment = 6,      // server -> client: rank, size, ... , generation
   kKvSet = 7,           // client -> server: key, value
   kKvSetOk = 8,         // server -> client
@@ -103,6 +104,26 @@ class PayloadReader {
   size_t pos_ = 0;
   bool failed_ = false;
 };
+
+// The message payloads (docs/protocol.md), each encoder next to its decoder.
+// A decoder returns nullopt for a malformed payload (short, or bytes left over,
+// or an out-of-range enum).
+std::string encode_join(const JoinRequest& j);
+std::optional<JoinRequest> decode_join(std::string_view payload);
+std::string encode_assignment(const RankAssignment& a, int64_t generation);
+// The slot is not on the wire: the caller knows which slot it joined.
+std::optional<RankAssignment> decode_assignment(std::string_view payload, int64_t* generation);
+std::string encode_kv_set(std::string_view key, std::string_view value);
+std::optional<std::pair<std::string, std::string>> decode_kv_set(std::string_view payload);
+std::string encode_kv_get(std::string_view key, uint64_t timeout_ms);
+std::optional<std::pair<std::string, uint64_t>> decode_kv_get(std::string_view payload);
+std::string encode_kv_check(const std::vector<std::string>& keys);
+std::optional<std::vector<std::string>> decode_kv_check(std::string_view payload);
+// KV_VALUE and ERROR: one str.
+std::string encode_str(std::string_view s);
+std::optional<std::string> decode_str(std::string_view payload);
+std::string encode_check_result(bool all);
+std::optional<bool> decode_check_result(std::string_view payload);
 
 // Crypto (OpenSSL).
 std::string random_bytes(size_t n);

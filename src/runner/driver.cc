@@ -260,11 +260,12 @@ std::vector<std::pair<std::string, std::string>> Driver::worker_env(const RankAs
   if (!o_.checkpoint_dir.empty()) put("ERUN_CHECKPOINT_DIR", o_.checkpoint_dir);
   put("ERUN_COLLECTIVE_TIMEOUT", seconds(o_.collective_timeout));
   put("ERUN_RENDEZVOUS_TIMEOUT", seconds(o_.rendezvous_timeout));
-  if (d_.rendezvous) {
+  put("ERUN_ELASTIC_TIMEOUT", seconds(o_.elastic_timeout));
+  if (d_.membership) {
     bool local;
     launcher_for(a.slot.host, &local);
     put("ERUN_RDZV_ADDR", rendezvous_address(a.slot.host, local));
-    put("ERUN_RDZV_PORT", d_.rendezvous->port());
+    put("ERUN_RDZV_PORT", d_.rendezvous_port);
     put("ERUN_ADVERTISE_ADDR", advertise_address(a.slot.host, local));
   }
   for (auto& e : o_.env) {
@@ -295,6 +296,7 @@ bool Driver::launch_worker(const RankAssignment& a, const std::string& master_ad
   w.key = next_key_++;
   w.assignment = a;
   w.joined = in_place;  // launched into a running elastic job: it runs the same program
+  w.launched_generation = generation_;
   w.started = clock_.now();
   auto spec = make_spec(a, master_addr, master_port);
   auto& launcher = launcher_for(a.slot.host, &w.local);
@@ -318,7 +320,9 @@ bool Driver::launch_worker(const RankAssignment& a, const std::string& master_ad
 void Driver::publish() {
   published_at_ = clock_.now();
   generation_complete_ = false;
-  if (d_.rendezvous) d_.rendezvous->publish(generation_, plan_.ranks);
+  recent_plans_.push_back(plan_);
+  if (recent_plans_.size() > 4) recent_plans_.erase(recent_plans_.begin());
+  if (d_.membership) d_.membership->publish(generation_, plan_.ranks);
   if (d_.events) {
     d_.events->write("generation_started", {{"generation", json_number(generation_)},
                                             {"size", json_number(long{plan_.size()})},
@@ -342,143 +346,6 @@ bool Driver::start_generation(const HostSet& usable) {
   for (auto& a : plan_.ranks) launch_worker(a, master_addr, master_port);
   phase_ = Phase::kRunning;
   return true;
-}
-
-void Driver::update_joined() {
-  if (!d_.rendezvous || generation_complete_) return;
-  std::set<SlotKey> members;
-  for (auto& j : d_.rendezvous->members()) members.insert(j.slot);
-  std::set<SlotKey> waiting;
-  for (auto& j : d_.rendezvous->waiting()) waiting.insert(j.slot);
-  size_t in_current = 0;
-  for (auto& w : workers_) {
-    if (w.exit) continue;
-    bool member = members.count(w.assignment.slot) > 0;
-    if (member || waiting.count(w.assignment.slot)) w.joined = true;
-    if (member && !w.retiring) ++in_current;
-  }
-  if (in_current == static_cast<size_t>(plan_.size())) {
-    generation_complete_ = true;
-    ERUN_LOG_INFO("{}: all {} ranks joined in {:.3f} s", who(generation_), plan_.size(),
-                  seconds(clock_.now() - published_at_));
-    if (d_.events) {
-      d_.events->write("generation_joined", {{"generation", json_number(generation_)},
-                                             {"seconds", json_number(seconds(clock_.now() - published_at_))}});
-    }
-  }
-}
-
-bool Driver::in_place_possible() {
-  if (!d_.rendezvous || o_.mode == WorkerMode::kRestart) return false;
-  if (o_.mode == WorkerMode::kElastic) return true;
-  bool any = false;
-  for (auto& w : workers_) {
-    if (w.exit || w.retiring) continue;
-    if (!w.joined) return false;
-    any = true;
-  }
-  return any;
-}
-
-void Driver::enforce_rejoin_deadline() {
-  if (!d_.rendezvous || generation_complete_) return;
-  if (clock_.now() - published_at_ < o_.rendezvous_timeout) return;
-  std::set<SlotKey> members;
-  for (auto& j : d_.rendezvous->members()) members.insert(j.slot);
-  for (auto& w : workers_) {
-    if (w.exit || w.retiring || members.count(w.assignment.slot)) continue;
-    if (!w.joined && o_.mode != WorkerMode::kElastic) continue;  // a restart-mode program never joins
-    ERUN_LOG_WARN("{}: did not join generation {} within --rendezvous-timeout {:.0f} s; killing it",
-                  who(generation_, w.assignment.slot.host, w.assignment.rank), generation_,
-                  seconds(o_.rendezvous_timeout));
-    w.handle->kill();
-    if (!generation_failure_) {
-      generation_failure_ = Failure{generation_, w.assignment.slot.host, w.assignment.rank, ExitStatus{0, SIGKILL},
-                                    {"did not re-join within --rendezvous-timeout"},
-                                    seconds(clock_.now() - w.started)};
-    }
-    w.stopping = true;
-  }
-}
-
-bool Driver::members_want_new_generation() {
-  if (!d_.rendezvous) return false;
-  auto waiting = d_.rendezvous->waiting();
-  if (waiting.empty()) return false;
-  std::set<SlotKey> slots;
-  for (auto& j : waiting) slots.insert(j.slot);
-  for (auto& w : workers_) {
-    if (w.exit || w.retiring || !slots.count(w.assignment.slot)) continue;
-    // Joins for the current generation are answered at once; one still
-    // waiting asks for a newer generation.
-    ERUN_LOG_INFO("{}: re-joined: generation {} failed to form or lost a peer",
-                  who(generation_, w.assignment.slot.host, w.assignment.rank), generation_);
-    return true;
-  }
-  return false;
-}
-
-void Driver::retire_workers() {
-  bool any = std::any_of(workers_.begin(), workers_.end(), [](const Worker& w) { return w.retiring && !w.exit; });
-  if (!any) return;
-  std::set<SlotKey> waiting;
-  if (d_.rendezvous) {
-    for (auto& j : d_.rendezvous->waiting()) waiting.insert(j.slot);
-  }
-  for (auto& w : workers_) {
-    if (!w.retiring || w.exit || !w.handle) continue;
-    bool rejoined = waiting.count(w.assignment.slot) > 0;
-    if (rejoined || clock_.now() >= w.retire_by) {
-      ERUN_LOG_INFO("{}: slot left the job; stopping its worker", who(generation_, w.assignment.slot.host,
-                                                                      w.assignment.rank));
-      w.handle->terminate();
-      w.retire_by = TimePoint::max();
-    }
-  }
-}
-
-void Driver::reconfigure(const char* reason) {
-  HostSet usable = hosts_.usable(discovered_);
-  if (usable.total_slots() < std::max(o_.min_np, 1)) {
-    ERUN_LOG_WARN("{}: {} usable slots are fewer than --min-np {}: stopping the workers and waiting for hosts",
-                  who(generation_), usable.total_slots(), o_.min_np);
-    stop_all(SIGTERM);
-    phase_ = Phase::kWaiting;
-    waiting_since_ = clock_.now();
-    last_wait_log_ = {};
-    return;
-  }
-  // Forget workers that are gone; survivors keep their processes.
-  workers_.erase(std::remove_if(workers_.begin(), workers_.end(), [](const Worker& w) { return w.exit.has_value(); }),
-                 workers_.end());
-  Plan next = make_plan(generation_ + 1, usable, o_.max_np, &plan_);
-  ++generation_;
-  generation_failure_.reset();
-  std::string master_addr = next.ranks.front().slot.host;
-  int launched = 0, retired = 0;
-  for (auto& w : workers_) {
-    if (w.retiring) continue;
-    if (const RankAssignment* a = next.find(w.assignment.slot)) {
-      w.assignment = *a;
-    } else {
-      w.retiring = true;
-      w.stopping = true;
-      w.retire_by = clock_.now() + o_.rendezvous_timeout;
-      ++retired;
-    }
-  }
-  plan_ = next;
-  publish();
-  for (auto& a : plan_.ranks) {
-    bool alive = std::any_of(workers_.begin(), workers_.end(),
-                             [&](const Worker& w) { return !w.retiring && w.assignment.slot == a.slot && !w.exit; });
-    if (!alive) {
-      launch_worker(a, master_addr, 0, /*in_place=*/true);
-      ++launched;
-    }
-  }
-  ERUN_LOG_INFO("{}: {} in place: {} ({} survivor{}, {} new, {} leaving)", who(generation_), reason,
-                plan_.to_string(), plan_.size() - launched, plan_.size() - launched == 1 ? "" : "s", launched, retired);
 }
 
 void Driver::reap() {
@@ -619,6 +486,16 @@ std::optional<int> Driver::step() {
 
   switch (phase_) {
     case Phase::kWaiting: {
+      if (have_survivors()) {
+        // Survivors wait in the rendezvous with their state (see reconfigure()).
+        handle_rejoins(take_snapshot());
+        if (generation_failure_) {
+          if (!first_failure_) first_failure_ = generation_failure_;
+          generation_failure_.reset();
+        }
+        if (auto code = wait_with_survivors()) return code;
+        break;
+      }
       HostSet usable = hosts_.usable(discovered_);
       if (usable.total_slots() >= std::max(o_.min_np, 1)) {
         start_generation(usable);
@@ -636,9 +513,11 @@ std::optional<int> Driver::step() {
       break;
     }
     case Phase::kRunning: {
-      update_joined();
-      retire_workers();
-      enforce_rejoin_deadline();
+      MembershipSnapshot m = take_snapshot();
+      update_joined(m);
+      handle_rejoins(m);
+      retire_workers(m);
+      enforce_rejoin_deadline(m);
       if (generation_failure_) {
         Failure f = *generation_failure_;
         if (!first_failure_) first_failure_ = f;
@@ -680,7 +559,7 @@ std::optional<int> Driver::step() {
                                      {"resets", json_number(long{resets_})}});
         }
         if (in_place_possible()) {
-          reconfigure("recovering");
+          reconfigure("recovering", /*after_failure=*/true);
           return std::nullopt;
         }
         stop_all(SIGTERM);
@@ -691,9 +570,11 @@ std::optional<int> Driver::step() {
       }
       bool all_done = std::all_of(workers_.begin(), workers_.end(), [](const Worker& w) { return w.exit; });
       if (all_done) return job_exit_code();
-      if (!any_success_ && in_place_possible() && members_want_new_generation()) {
-        reconfigure("re-forming");
-        break;
+      if (!any_success_ && in_place_possible()) {
+        if (auto why = rejoin_requested(m)) {
+          reconfigure(fmt::format("re-forming ({})", to_string(*why)).c_str(), *why != JoinReason::kHostsUpdated);
+          break;
+        }
       }
       if (any_success_) {
         phase_ = Phase::kFinishing;
@@ -703,7 +584,7 @@ std::optional<int> Driver::step() {
         break;
       }
       // Membership: would a fresh plan differ from the running one?
-      HostSet usable = hosts_.usable(discovered_);
+      HostSet usable = in_place_possible() ? plannable_hosts() : hosts_.usable(discovered_);
       Plan next = make_plan(generation_ + 1, usable, o_.max_np, &plan_);
       if (!next.same_layout(plan_) && next.size() < std::max(o_.min_np, 1)) {
         // Fewer slots than --min-np: a shrink would stop the job. The running
@@ -738,8 +619,8 @@ std::optional<int> Driver::step() {
                                      {"resets", json_number(long{resets_})}});
         }
         if (in_place) {
-          d_.rendezvous->notify_hosts_updated(generation_);
-          reconfigure("membership changes");
+          d_.membership->notify_hosts_updated(generation_);
+          reconfigure("membership changes", /*after_failure=*/false);
           break;
         }
         stop_all(SIGTERM);

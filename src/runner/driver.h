@@ -8,7 +8,12 @@
 // erun::init()): survivors keep running; the driver launches only new slots,
 // publishes the next generation, tells every worker of a membership change,
 // retires workers whose slots left the plan, and kills a worker that does not
-// re-join within the rendezvous timeout.
+// re-join within the rendezvous timeout. It reads the rendezvous through the
+// Membership interface, one snapshot per tick: a rank that survivors report
+// as failed (dead, or alive but not arriving) is killed and left out of the
+// next generation at once; below --min-np, survivors wait in the rendezvous
+// with their state (up to --elastic-timeout) instead of being stopped. The
+// in-place decisions live in driver_in_place.cc.
 //
 // The driver runs on one thread: run() loops over step() until it
 // returns an exit code. request_stop() is async-signal-safe and may be called
@@ -31,6 +36,7 @@
 #include "runner/options.h"
 #include "runner/output.h"
 #include "runner/planner.h"
+#include "rendezvous/membership.h"
 
 namespace erun {
 
@@ -41,7 +47,8 @@ struct DriverDeps {
   Clock* clock = nullptr;
   OutputForwarder* output = nullptr;    // may be null (tests)
   EventLog* events = nullptr;           // may be null
-  RendezvousServer* rendezvous = nullptr;  // started; null: restart mode only
+  Membership* membership = nullptr;     // the started rendezvous; null: restart mode only
+  int rendezvous_port = 0;              // where workers reach it
   // Runs discovery inside step() (every discovery_interval of `clock`) instead
   // of on the DiscoveryLoop's thread: deterministic unit tests.
   bool synchronous_discovery = false;
@@ -82,6 +89,8 @@ class Driver {
     bool stopping = false;  // erun asked it to stop: its exit is not a failure
     bool joined = false;    // it joined the rendezvous at least once (in-place capable)
     bool retiring = false;  // its slot left the plan: stop it once it re-joins
+    bool excluded = false;  // reported as failed by survivors: killed, never planned again
+    long launched_generation = 0;
     TimePoint retire_by{};
     std::optional<ExitStatus> exit;
     TimePoint started{};
@@ -102,16 +111,39 @@ class Driver {
   bool start_generation(const HostSet& usable);
   bool launch_worker(const RankAssignment& a, const std::string& master_addr, int master_port,
                      bool in_place = false);
-  // In-place: a member of the current generation asks for a newer one (its
-  // communicator failed): the generation is broken.
-  bool members_want_new_generation();
-  // In-place: plan the next generation over the survivors and new slots.
-  void reconfigure(const char* reason);
+  // ---- in place (driver_in_place.cc) ----
+  // The membership's state this tick (empty without a rendezvous).
+  MembershipSnapshot take_snapshot();
+  // Logs each re-join with the reason its worker gave, and kills and excludes
+  // every worker the re-joining survivors reported as failed (a failure of the
+  // generation, recovered in place).
+  void handle_rejoins(const MembershipSnapshot& m);
+  void exclude_reported(const JoinRequest& report);
+  // A live member of the current generation is blocked in a join: it asks for
+  // a newer generation. The reason it gave, or nullopt.
+  std::optional<JoinReason> rejoin_requested(const MembershipSnapshot& m) const;
+  // Plans the next generation over the survivors and new slots and publishes
+  // it; below --min-np, keeps the survivors waiting in the rendezvous.
+  // `after_failure`: the survivors' collectives broke, so each live one
+  // re-joins within --collective-timeout (see enforce_rejoin_deadline()).
+  void reconfigure(const char* reason, bool after_failure);
+  // Survivors of the current plan: alive, not excluded, not leaving.
+  bool survivor(const Worker& w) const;
+  bool have_survivors() const;
+  // Discovered hosts that may carry the next plan: the usable ones, and
+  // blacklisted ones where survivors still run (their progress is kept).
+  HostSet plannable_hosts() const;
+  // kWaiting with survivors in the rendezvous: re-form once --min-np slots
+  // are back, give up after --elastic-timeout. The exit code when it gives up.
+  std::optional<int> wait_with_survivors();
   bool in_place_possible();
-  void update_joined();
-  void enforce_rejoin_deadline();
-  void retire_workers();
+  void update_joined(const MembershipSnapshot& m);
+  void enforce_rejoin_deadline(const MembershipSnapshot& m);
+  void retire_workers(const MembershipSnapshot& m);
   void publish();
+  // The plan of a recent generation (reports name ranks of the generation the
+  // reporter left), or null.
+  const Plan* plan_of(long generation) const;
   std::vector<std::pair<std::string, std::string>> worker_env(const RankAssignment& a,
                                                                const std::string& master_addr,
                                                                int master_port) const;
@@ -142,6 +174,7 @@ class Driver {
   int resets_ = 0;
   int restarts_ = 0;  // generations started after the first (TORCHELASTIC_RESTART_COUNT)
   Plan plan_;
+  std::vector<Plan> recent_plans_;  // the last few published plans, oldest first
   std::vector<Worker> workers_;
   long next_key_ = 1;
   TimePoint waiting_since_{};
@@ -153,6 +186,7 @@ class Driver {
   bool below_min_logged_ = false;
   TimePoint published_at_{};
   bool generation_complete_ = false;  // every rank of the plan joined the current generation
+  bool failure_reform_ = false;       // the current generation was published after a failure
   std::atomic<int> stop_signal_{0};
 };
 

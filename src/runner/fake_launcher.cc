@@ -7,7 +7,8 @@ namespace {
 
 class FakeHandle final : public WorkerHandle {
  public:
-  FakeHandle(std::shared_ptr<FakeLauncher::Worker> w, const bool& obey) : w_(std::move(w)), obey_(obey) {}
+  FakeHandle(std::shared_ptr<FakeLauncher::Worker> w, const bool& obey, const bool& obey_kill)
+      : w_(std::move(w)), obey_(obey), obey_kill_(obey_kill) {}
   ~FakeHandle() override {
     if (!w_->exit) w_->exit = ExitStatus{0, SIGKILL};
   }
@@ -18,7 +19,8 @@ class FakeHandle final : public WorkerHandle {
   }
   void kill() override {
     w_->terminated = true;
-    if (!w_->exit) w_->exit = ExitStatus{0, SIGKILL};
+    w_->killed = true;
+    if (obey_kill_ && !w_->exit) w_->exit = ExitStatus{0, SIGKILL};
   }
   void signal(int sig) override { w_->signals.push_back(sig); }
   int take_stdout() override { return -1; }
@@ -28,6 +30,7 @@ class FakeHandle final : public WorkerHandle {
  private:
   std::shared_ptr<FakeLauncher::Worker> w_;
   const bool& obey_;
+  const bool& obey_kill_;
 };
 
 }  // namespace
@@ -39,7 +42,7 @@ Result<std::unique_ptr<WorkerHandle>> FakeLauncher::launch(const WorkerSpec& spe
   auto w = std::make_shared<Worker>();
   w->spec = spec;
   workers_.push_back(w);
-  return std::unique_ptr<WorkerHandle>(std::make_unique<FakeHandle>(w, obey_terminate_));
+  return std::unique_ptr<WorkerHandle>(std::make_unique<FakeHandle>(w, obey_terminate_, obey_kill_));
 }
 
 std::vector<std::string> FakeLauncher::command_line(const WorkerSpec& spec) const {

@@ -20,6 +20,7 @@ class FakeLauncher final : public Launcher {
     WorkerSpec spec;
     std::optional<ExitStatus> exit;
     bool terminated = false;  // terminate() or kill() was called
+    bool killed = false;      // kill() was called
     std::vector<int> signals;
   };
 
@@ -35,6 +36,8 @@ class FakeLauncher final : public Launcher {
   void finish(const std::shared_ptr<Worker>& w, ExitStatus status) { w->exit = status; }
   // Workers exit at once when terminated (default), or stay until finish().
   void set_obey_terminate(bool obey) { obey_terminate_ = obey; }
+  // Workers exit at once when killed (default), or stay (a host that is gone).
+  void set_obey_kill(bool obey) { obey_kill_ = obey; }
   // launch() fails for this host.
   void fail_launches_on(const std::string& host) { failing_hosts_.insert(host); }
 
@@ -42,6 +45,7 @@ class FakeLauncher final : public Launcher {
   std::vector<std::shared_ptr<Worker>> workers_;
   std::set<std::string> failing_hosts_;
   bool obey_terminate_ = true;
+  bool obey_kill_ = true;
 };
 
 }  // namespace erun

@@ -212,7 +212,10 @@ int main(int argc, char** argv) {
   erun::DriverDeps deps;
   deps.job_id = job_id;
   deps.secret = secret;
-  if (!options.dry_run) deps.rendezvous = &rendezvous;
+  if (!options.dry_run) {
+    deps.membership = &rendezvous;
+    deps.rendezvous_port = rendezvous.port();
+  }
   deps.discovery = discovery->get();
   deps.local_launcher = local.get();
   deps.remote_launcher = remote.get();

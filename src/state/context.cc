@@ -35,6 +35,9 @@ struct WorkerOptions {
   std::string advertise;       // address peers reach this worker at
   Duration collective_timeout = std::chrono::seconds(30);
   Duration rendezvous_timeout = std::chrono::seconds(60);
+  // How long a join may block: the driver may hold survivors in the
+  // rendezvous while it waits for --min-np slots (--elastic-timeout).
+  Duration join_timeout = std::chrono::seconds(660);
   std::string checkpoint_dir;
 };
 
@@ -74,6 +77,7 @@ WorkerOptions read_worker_options() {
   o.advertise = env_or("ERUN_ADVERTISE_ADDR", "127.0.0.1");
   o.collective_timeout = from_seconds(env_seconds("ERUN_COLLECTIVE_TIMEOUT", 30));
   o.rendezvous_timeout = from_seconds(env_seconds("ERUN_RENDEZVOUS_TIMEOUT", 60));
+  o.join_timeout = o.rendezvous_timeout + from_seconds(env_seconds("ERUN_ELASTIC_TIMEOUT", 600));
   o.checkpoint_dir = env_or("ERUN_CHECKPOINT_DIR");
   if (o.rdzv_port <= 0 || o.job_id.empty() || o.secret.empty()) {
     throw Error("erun: ERUN_RDZV_ADDR is set but ERUN_RDZV_PORT, ERUN_JOB_ID or the job secret is missing; "
@@ -109,7 +113,7 @@ class ElasticContext final : public Context {
       throw Error(fmt::format("erun: cannot reach the driver's rendezvous at {}:{}: {}", o_.rdzv_address,
                               o_.rdzv_port, s.message()));
     }
-    join(0);
+    join(0, JoinReason::kStart, -1, PeerState::kUnknown);
   }
   ~ElasticContext() override {
     if (comm_) comm_->abort();
@@ -123,11 +127,13 @@ class ElasticContext final : public Context {
   std::chrono::milliseconds collective_timeout() const override {
     return std::chrono::duration_cast<std::chrono::milliseconds>(o_.collective_timeout);
   }
-  void rejoin(uint64_t last_commit_id) override {
+  void rejoin(uint64_t last_commit_id) override { rejoin_because(last_commit_id, RejoinCause{}); }
+  void rejoin_because(uint64_t last_commit_id, const RejoinCause& cause) override {
     abort_gpu();
     if (comm_) comm_->abort();
     comm_.reset();
-    join(last_commit_id);
+    join(last_commit_id, cause.hosts_updated ? JoinReason::kHostsUpdated : JoinReason::kPeerLost, cause.failed_rank,
+         to_peer_state(cause.fate));
   }
 
  private:
@@ -137,19 +143,37 @@ class ElasticContext final : public Context {
     c.port = o.rdzv_port;
     c.job_id = o.job_id;
     c.secret = o.secret;
-    c.join_timeout = o.rendezvous_timeout;
+    c.join_timeout = o.join_timeout;
     return c;
   }
 
+  static PeerState to_peer_state(PeerFate f) {
+    switch (f) {
+      case PeerFate::kDead: return PeerState::kDead;
+      case PeerFate::kAlive: return PeerState::kAlive;
+      case PeerFate::kUnknown: break;
+    }
+    return PeerState::kUnknown;
+  }
+
   // Joins the next generation containing this slot and connects its
-  // communicator. A generation whose communicator cannot be built (a peer
-  // died meanwhile) is left for the next one, up to the rendezvous timeout.
-  void join(uint64_t commit_id) {
-    auto deadline = std::chrono::steady_clock::now() + o_.rendezvous_timeout;
+  // communicator, telling the driver why (and which rank of the generation
+  // it leaves failed it, when known). A generation whose communicator cannot
+  // be built (a peer died meanwhile) is left for the next one, up to the join
+  // timeout; that JOIN says so.
+  void join(uint64_t commit_id, JoinReason reason, int failed_rank, PeerState failed_state) {
+    auto deadline = std::chrono::steady_clock::now() + o_.join_timeout;
+    JoinRequest req;
+    req.slot = SlotKey{o_.host, o_.local_index};
+    req.pid = ::getpid();
+    req.commit_id = commit_id;
+    req.reason = reason;
+    req.failed_rank = failed_rank;
+    req.failed_state = failed_state;
     while (true) {
       long gen = -1;
       auto t0 = std::chrono::steady_clock::now();
-      auto r = client_.join(JoinRequest{SlotKey{o_.host, o_.local_index}, commit_id, ::getpid()}, &gen);
+      auto r = client_.join(req, &gen);
       if (!r) {
         throw CommError(fmt::format("erun: {} slot {}: join failed: {}", o_.host, o_.local_index, r.message()));
       }
@@ -166,13 +190,25 @@ class ElasticContext final : public Context {
         // connected: a rank that died or left before this point is seen as a
         // stale-generation error once the driver publishes the next one, not
         // as a pair connection that waits out its timeout.
+        // The barrier waits at most --rendezvous-timeout: the driver stops a
+        // worker that does not join in that time. Rank 0 names a rank that
+        // never arrived, so that the driver leaves it out of the next one.
         KvStore& store = client_.store();
+        auto barrier_end = std::min(deadline, t0 + o_.rendezvous_timeout);
         auto remaining = [&] {
-          return std::max<Duration>(deadline - std::chrono::steady_clock::now(), std::chrono::seconds(1));
+          return std::max<Duration>(barrier_end - std::chrono::steady_clock::now(), std::chrono::seconds(1));
         };
         store.set(fmt::format("ready/{}", r->rank), {});
         if (r->rank == 0) {
-          for (int k = 1; k < r->size; ++k) store.get(fmt::format("ready/{}", k), remaining());
+          for (int k = 1; k < r->size; ++k) {
+            try {
+              store.get(fmt::format("ready/{}", k), remaining());
+            } catch (const CommError& e) {
+              if (std::chrono::steady_clock::now() < barrier_end) throw;  // not a timeout: a newer generation
+              throw CommError(fmt::format("rank {} did not reach the generation barrier: {}", k, e.what()), k,
+                              PeerFate::kUnknown);
+            }
+          }
           store.set("go", {});
         } else {
           store.get("go", remaining());
@@ -208,6 +244,9 @@ class ElasticContext final : public Context {
         ERUN_LOG_WARN("{}: could not connect generation {}: {}; waiting for the next", who(gen, o_.host, r->rank),
                       gen, e.what());
         if (std::chrono::steady_clock::now() > deadline) throw;
+        req.reason = JoinReason::kFormFailed;
+        req.failed_rank = e.failed_rank();
+        req.failed_state = to_peer_state(e.fate());
       }
     }
   }

@@ -400,7 +400,7 @@ void State::run_pending_reset() {
 
 namespace detail {
 
-void rejoin(State& state, bool comm_error, const char* what) {
+void rejoin(State& state, bool comm_error, const char* what, int failed_rank, PeerFate fate) {
   Context& ctx = state.context();
   const WorkerInfo before = ctx.info();
   if (comm_error) {
@@ -411,7 +411,11 @@ void rejoin(State& state, bool comm_error, const char* what) {
     ERUN_LOG_INFO("{}: hosts updated at commit {}; re-joining",
                   who(before.generation, before.host, before.rank), state.commit_id());
   }
-  ctx.rejoin(state.commit_id());
+  RejoinCause cause;
+  cause.hosts_updated = !comm_error;
+  cause.failed_rank = comm_error ? failed_rank : -1;
+  cause.fate = comm_error ? fate : PeerFate::kUnknown;
+  ctx.rejoin_because(state.commit_id(), cause);
   const WorkerInfo& after = ctx.info();
   ERUN_LOG_INFO("{}: joined as rank {} of {} (was rank {} of {})",
                 who(after.generation, after.host, after.rank), after.rank, after.size,

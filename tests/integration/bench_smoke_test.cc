@@ -44,6 +44,7 @@ TEST(BenchSmoke, EveryBenchmarkRunsOnceAndPrintsItsResult) {
       "RESULT startup erun-bintrue-np2",
       "RESULT recovery erun-inplace",
       "RESULT recovery erun-restart",
+      "RESULT frozen erun-inplace",
       "RESULT scaleup erun",
       "RESULT allreduce erun-gloo-np2-1048576",
       "RESULT memcpy threads1",

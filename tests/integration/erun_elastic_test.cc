@@ -15,6 +15,7 @@
 
 #include <fstream>
 #include <regex>
+#include <thread>
 
 #include "support/erun_process.h"
 #include "support/process_utils.h"
@@ -210,12 +211,80 @@ TEST_F(ErunElastic, InPlaceOverSshGrowSlotChangeKilledHostAndShrink) {
   // blacklisted and the job goes on in place without it.
   auto victims = workers("127.0.0.3");
   ASSERT_FALSE(victims.empty());
+  // The reset callbacks get the world size of the commit the survivors roll
+  // back to (3 or 4, depending on whether one was taken at 4) and the new 3.
+  const size_t resets_to_3 = p.count("-> 3 (generation");
   for (pid_t v : victims) ::kill(v, SIGKILL);
-  ASSERT_TRUE(p.wait_output("world size 4 -> 3", 60s)) << p.out() << p.err();
+  auto until = std::chrono::steady_clock::now() + 60s;
+  while (p.count("-> 3 (generation") == resets_to_3 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(50ms);
+  }
+  ASSERT_GT(p.count("-> 3 (generation"), resets_to_3) << p.out() << p.err();
   EXPECT_NE(p.err().find("127.0.0.3 blacklisted"), std::string::npos) << p.err();
   dir_.write("hosts", "127.0.0.2:1\n127.0.0.3:1\n");  // .4 leaves
   ASSERT_TRUE(p.wait_output("world size 3 -> 1", 60s)) << p.out() << p.err();
   expect_trained_exactly(p);
+}
+
+// The wall-clock times (Unix seconds) at which survivors printed their reset line.
+std::vector<double> reset_times(const std::string& out) {
+  std::vector<double> t;
+  std::regex re("reset: world size [0-9]+ -> [0-9]+ \\(generation [0-9]+\\) at=([0-9.]+)");
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), re); it != std::sregex_iterator(); ++it) {
+    t.push_back(std::stod((*it)[1].str()));
+  }
+  return t;
+}
+
+double unix_now() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+TEST_F(ErunElastic, FrozenWorkerIsLeftOutAndSurvivorsComputeWithinTheCollectiveTimeout) {
+  constexpr double kCollectiveTimeout = 2;
+  dir_.write("hosts", "node-a:4\n");
+  ErunProcess p(erun_args({"-np", "4", "--min-np", "2", "--launcher", "local", "--collective-timeout", "2"}));
+  ASSERT_TRUE(wait_events("generation_joined", 1, 60s)) << p.err();
+  ASSERT_TRUE(p.wait_output("epoch 1 ", 120s)) << p.out() << p.err();
+  auto ws = workers();
+  ASSERT_EQ(ws.size(), 4u);
+  double stopped_at = unix_now();
+  ::kill(ws[2], SIGSTOP);  // alive, never arrives: only the collective timeout sees it
+  ASSERT_TRUE(p.wait_output("reset: world size 4 -> 4", 60s)) << p.out() << p.err();
+  auto t = reset_times(p.out());
+  ASSERT_FALSE(t.empty()) << p.out();
+  double took = t.front() - stopped_at;
+  std::printf("frozen worker: survivors compute again %.2f s after SIGSTOP (collective timeout %.0f s)\n", took,
+              kCollectiveTimeout);
+  EXPECT_LT(took, kCollectiveTimeout + 1.0) << p.err();
+  expect_trained_exactly(p);  // also: no process left, the frozen one included
+  EXPECT_EQ(p.count("epoch 0 "), 1u) << p.out();  // never restarted from scratch
+  EXPECT_NE(p.err().find("alive but not arriving; killing it"), std::string::npos) << p.err();
+  EXPECT_EQ(count_events(dir_.file("events.jsonl"), "generation_started"), 2u);
+  EXPECT_EQ(count_events(dir_.file("events.jsonl"), "worker_excluded"), 1u);
+}
+
+TEST_F(ErunElastic, BelowMinNpSurvivorsWaitInTheRendezvousAndKeepTheirProgress) {
+  dir_.write("hosts", "node-a:2\nnode-b:1\n");
+  ErunProcess p(erun_args({"-np", "3", "--min-np", "3", "--max-np", "3", "--launcher", "local"}));
+  ASSERT_TRUE(wait_events("generation_joined", 1, 60s)) << p.err();
+  ASSERT_TRUE(p.wait_output("epoch 1 ", 120s)) << p.out() << p.err();
+  auto survivors = workers("node-a");
+  ASSERT_EQ(survivors.size(), 2u);
+  dir_.write("hosts", "node-a:2\n");  // node-b leaves: 2 slots, fewer than --min-np 3
+  ASSERT_TRUE(p.wait_output("keeping the 3 running workers until hosts return", 60s)) << p.err();
+  auto victims = workers("node-b");
+  ASSERT_EQ(victims.size(), 1u);
+  ::kill(victims.front(), SIGKILL);
+  ASSERT_TRUE(p.wait_output("survivors wait in the rendezvous", 60s)) << p.err();
+  std::this_thread::sleep_for(2s);
+  for (pid_t s : survivors) EXPECT_EQ(::kill(s, 0), 0) << "survivor " << s << " was stopped";
+  dir_.write("hosts", "node-a:2\nnode-b:1\n");  // it returns
+  ASSERT_TRUE(p.wait_output("reset: world size 3 -> 3", 60s)) << p.out() << p.err();
+  for (pid_t s : survivors) EXPECT_EQ(::kill(s, 0), 0) << "survivor " << s << " was replaced";
+  expect_trained_exactly(p);
+  EXPECT_EQ(p.count("epoch 0 "), 1u) << p.out();
+  EXPECT_EQ(p.err().find("stopping the workers"), std::string::npos) << p.err();
 }
 
 }  // namespace

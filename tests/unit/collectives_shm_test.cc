@@ -4,6 +4,8 @@
 // pipeline steps); a SIGKILLed peer, a SIGSTOPped peer, abort(), and no
 // segment left in /dev/shm.
 #include <gtest/gtest.h>
+
+#include <sstream>
 #include <signal.h>
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -510,6 +512,8 @@ TEST(ShmCommunicator, AbortFromAnotherThreadFailsEveryRankPromptly) {
 struct FailureOutcome {
   std::vector<double> seconds;  // per survivor, from the signal to its CommError
   std::vector<std::string> messages;
+  std::vector<int> failed_ranks;  // CommError::failed_rank() of each survivor
+  std::vector<PeerFate> fates;
 };
 
 FailureOutcome inject_failure(int signal, Duration timeout) {
@@ -532,7 +536,10 @@ FailureOutcome inject_failure(int signal, Duration timeout) {
           code = 2;
         } catch (const CommError& e) {
           auto ns = std::chrono::steady_clock::now().time_since_epoch().count();
-          write_file(dir.path + "/done" + std::to_string(r), std::to_string(ns) + "\n" + e.what());
+          write_file(dir.path + "/done" + std::to_string(r), std::to_string(ns) + "\n" +
+                                                                 std::to_string(e.failed_rank()) + " " +
+                                                                 std::to_string(static_cast<int>(e.fate())) + "\n" +
+                                                                 e.what());
           code = 0;
         }
       } catch (const std::exception& e) {
@@ -562,7 +569,13 @@ FailureOutcome inject_failure(int signal, Duration timeout) {
     auto nl = text.find('\n');
     if (nl == std::string::npos) continue;
     out.seconds.push_back(static_cast<double>(std::stoll(text.substr(0, nl)) - t0) / 1e9);
-    out.messages.push_back(text.substr(nl + 1));
+    auto nl2 = text.find('\n', nl + 1);
+    std::istringstream who(text.substr(nl + 1, nl2 - nl - 1));
+    int failed = -2, fate = -1;
+    who >> failed >> fate;
+    out.failed_ranks.push_back(failed);
+    out.fates.push_back(static_cast<PeerFate>(fate));
+    out.messages.push_back(text.substr(nl2 + 1));
   }
   // Only now reap rank 2: until here it was a zombie, which must count as dead.
   ::kill(pids[2], SIGKILL);
@@ -579,6 +592,9 @@ TEST(ShmCommunicator, SigkilledPeerGivesCommErrorWithinMilliseconds) {
     EXPECT_LT(out.seconds[i], 3.0);  // ~ms when idle; generous for a loaded machine
     EXPECT_NE(out.messages[i].find("rank 2"), std::string::npos) << out.messages[i];
     EXPECT_NE(out.messages[i].find("died"), std::string::npos) << out.messages[i];
+    // Both survivors name the rank, the one that saw it and the one told through the segment.
+    EXPECT_EQ(out.failed_ranks[i], 2);
+    EXPECT_EQ(out.fates[i], PeerFate::kDead);
   }
 }
 
@@ -591,6 +607,8 @@ TEST(ShmCommunicator, SigstoppedPeerGivesCommErrorAtTheTimeout) {
     EXPECT_GT(out.seconds[i], 1.0);
     EXPECT_LT(out.seconds[i], 15.0);
     EXPECT_NE(out.messages[i].find("rank 2"), std::string::npos) << out.messages[i];
+    EXPECT_EQ(out.failed_ranks[i], 2);
+    EXPECT_EQ(out.fates[i], PeerFate::kAlive);  // stopped, not gone: the driver must kill it
   }
 }
 

@@ -43,6 +43,17 @@ std::unique_ptr<Joined> start_join(int port, const std::string& host, int index,
   return j;
 }
 
+// The same with a whole JoinRequest.
+std::unique_ptr<Joined> start_join_request(int port, JoinRequest req) {
+  auto j = std::make_unique<Joined>();
+  j->client = std::make_unique<RendezvousClient>(client_options(port));
+  auto s = j->client->connect();
+  EXPECT_TRUE(s.is_ok()) << s.message();
+  auto* raw = j.get();
+  j->assignment = std::async(std::launch::async, [raw, req] { return raw->client->join(req, &raw->gen); });
+  return j;
+}
+
 bool ready(std::future<Result<RankAssignment>>& f) { return f.wait_for(0s) == std::future_status::ready; }
 
 // Starts n joins for slots h0..h{n-1} and publishes them as gen 1.
@@ -324,10 +335,10 @@ TEST(RendezvousServer, WorkerProcessesJoinAndExchangeKeys) {
   if (all_waiting) server->publish(4, ranks);
   for (pid_t p : kids) EXPECT_EQ(wait_exit(p), 0);
   EXPECT_TRUE(all_waiting);
-  EXPECT_TRUE(wait_for([&] { return server->take_disconnected().size() > 0; }));
+  EXPECT_TRUE(wait_for([&] { return server->snapshot().disconnected.size() > 0; }));
 }
 
-TEST(RendezvousServer, TakeDisconnectedReportsAKilledWorker) {
+TEST(RendezvousServer, SnapshotReportsAKilledWorkerDisconnectedOnce) {
   auto server = start_server();
   int port = server->port();
   auto survivor = start_join(port, "alive", 0);
@@ -341,19 +352,19 @@ TEST(RendezvousServer, TakeDisconnectedReportsAKilledWorker) {
   server->publish(1, {rank_of("alive", 0, 0, 2), rank_of("doomed", 0, 1, 2)});
   ASSERT_TRUE(survivor->assignment.get().is_ok());
   EXPECT_TRUE(wait_for([&] { return server->members().size() == 2; }));
-  EXPECT_TRUE(server->take_disconnected().empty());
+  EXPECT_TRUE(server->snapshot().disconnected.empty());
   ::kill(victim, SIGKILL);
   EXPECT_EQ(wait_exit(victim), 128 + SIGKILL);
   std::vector<SlotKey> gone;
   ASSERT_TRUE(wait_for([&] {
-    auto d = server->take_disconnected();
+    auto d = server->snapshot().disconnected;
     gone.insert(gone.end(), d.begin(), d.end());
     return !gone.empty();
   }));
   ASSERT_EQ(gone.size(), 1u);
   EXPECT_EQ(gone[0], (SlotKey{"doomed", 0}));
   EXPECT_EQ(server->members().size(), 1u);
-  EXPECT_TRUE(server->take_disconnected().empty());
+  EXPECT_TRUE(server->snapshot().disconnected.empty());
 }
 
 TEST(RendezvousServer, ThousandClientsJoinOneGeneration) {
@@ -395,6 +406,85 @@ TEST(RendezvousServer, ThousandClientsJoinOneGeneration) {
   auto t_close = std::chrono::steady_clock::now();
   clients.clear();
   std::printf("[ rendezvous ] closing %d clients %.3f s\n", n, seconds(std::chrono::steady_clock::now() - t_close));
+}
+
+TEST(RendezvousServer, ReJoinTellsTheSnapshotItsReasonAndTheRankThatFailedIt) {
+  auto server = start_server();
+  auto world = joined_world(*server, 2);
+  auto first = server->snapshot();
+  EXPECT_TRUE(first.rejoined.empty());  // first joins are not re-joins
+  ASSERT_EQ(first.members.size(), 2u);
+  EXPECT_EQ(first.generation, 1);
+
+  JoinRequest req = join_request("h0", 0, 11);
+  req.reason = JoinReason::kPeerLost;
+  req.failed_rank = 1;
+  req.failed_state = PeerState::kAlive;
+  auto* raw = world[0].get();
+  auto again = std::async(std::launch::async, [raw, req] { return raw->client->join(req, &raw->gen); });
+  ASSERT_TRUE(wait_for([&] { return server->waiting().size() == 1; }));
+  auto s = server->snapshot();
+  ASSERT_EQ(s.rejoined.size(), 1u);
+  EXPECT_EQ(s.rejoined[0].slot, (SlotKey{"h0", 0}));
+  EXPECT_EQ(s.rejoined[0].reason, JoinReason::kPeerLost);
+  EXPECT_EQ(s.rejoined[0].left_generation, 1);
+  EXPECT_EQ(s.rejoined[0].failed_rank, 1);
+  EXPECT_EQ(s.rejoined[0].failed_state, PeerState::kAlive);
+  EXPECT_EQ(s.rejoined[0].commit_id, 11u);
+  EXPECT_EQ(s.rejoined[0].pid, ::getpid());
+  ASSERT_EQ(s.waiting.size(), 1u);
+  ASSERT_EQ(s.members.size(), 1u);
+  EXPECT_EQ(s.members[0].slot, (SlotKey{"h1", 0}));
+  EXPECT_TRUE(server->snapshot().rejoined.empty());  // each event once
+  server->publish(2, {rank_of("h0", 0, 0, 1)});
+  EXPECT_TRUE(again.get().is_ok());
+}
+
+TEST(RendezvousServer, AJoinFromAnotherProcessSupersedesTheSlotsConnectedHolder) {
+  auto server = start_server();
+  JoinRequest old_req = join_request("x", 0);
+  old_req.pid = 100;
+  auto old = start_join_request(server->port(), old_req);
+  ASSERT_TRUE(wait_for([&] { return server->waiting().size() == 1; }));
+  JoinRequest new_req = join_request("x", 0);
+  new_req.pid = 200;
+  auto fresh = start_join_request(server->port(), new_req);
+  auto r = old->assignment.get();
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_NE(r.message().find("taken over by process 200"), std::string::npos) << r.message();
+  EXPECT_TRUE(wait_for([&] { return !old->client->connected(); }));
+  auto s = server->snapshot();
+  ASSERT_EQ(s.waiting.size(), 1u);
+  EXPECT_EQ(s.waiting[0].pid, 200);
+  EXPECT_TRUE(s.disconnected.empty());  // the slot has a live worker
+  server->publish(1, {rank_of("x", 0, 0, 1)});
+  EXPECT_TRUE(fresh->assignment.get().is_ok());
+}
+
+TEST(RendezvousServer, TheSameProcessReconnectingReplacesItsOldConnection) {
+  auto server = start_server();
+  auto old = start_join(server->port(), "x", 0);
+  ASSERT_TRUE(wait_for([&] { return server->waiting().size() == 1; }));
+  auto fresh = start_join(server->port(), "x", 0);  // same pid
+  EXPECT_FALSE(old->assignment.get().is_ok());
+  ASSERT_TRUE(wait_for([&] { return server->waiting().size() == 1 && !old->client->connected(); }));
+  server->publish(1, {rank_of("x", 0, 0, 1)});
+  EXPECT_TRUE(fresh->assignment.get().is_ok());
+}
+
+TEST(RendezvousServer, DisconnectedSlotsAreReportedOnceHoweverOftenTheyDrop) {
+  auto server = start_server();
+  for (int i = 0; i < 20; ++i) {
+    auto j = start_join(server->port(), "flaky", 0);
+    ASSERT_TRUE(wait_for([&] { return server->waiting().size() == 1; }));
+    j->client.reset();  // closes the connection; the join fails
+    EXPECT_FALSE(j->assignment.get().is_ok());
+    ASSERT_TRUE(wait_for([&] { return server->waiting().empty(); }));
+  }
+  auto s = server->snapshot();
+  ASSERT_EQ(s.disconnected.size(), 1u);
+  EXPECT_EQ(s.disconnected[0], (SlotKey{"flaky", 0}));
+  EXPECT_TRUE(server->snapshot().disconnected.empty());
 }
 
 }  // namespace

@@ -33,7 +33,7 @@ static_assert(std::atomic<uint64_t>::is_always_lock_free, "shared-memory counter
 static_assert(std::atomic<uint32_t>::is_always_lock_free, "shared-memory counters must be lock-free");
 
 constexpr uint64_t kMagic = 0x65'72'75'6e'73'68'6d'31ULL;  // "erunshm1"
-constexpr uint32_t kVersion = 2;  // 2: call signatures in the rank slots
+constexpr uint32_t kVersion = 3;  // 2: call signatures in the rank slots; 3: the failed peer in the header
 constexpr size_t kLine = 64;
 constexpr size_t kPage = 4096;
 
@@ -60,8 +60,10 @@ struct alignas(kLine) Header {
   alignas(kLine) std::atomic<uint32_t> attached;
   // 0 while healthy; 1 + the rank that aborted or failed first.
   alignas(kLine) std::atomic<uint32_t> aborted_by;
-  std::atomic<uint32_t> abort_kind;  // AbortKind, set after `reason`
+  std::atomic<uint32_t> abort_kind;  // AbortKind, set after `reason` and the failed peer
   char reason[200];
+  int32_t failed_rank;   // kPeerFailure: the rank that failed the aborting one, or -1
+  uint32_t failed_fate;  // its PeerFate
   // Sleeping waiters block on futex_word; arrivals bump it when sleepers > 0.
   alignas(kLine) std::atomic<uint32_t> futex_word;
   std::atomic<uint32_t> sleepers;
@@ -200,7 +202,9 @@ class ShmCommunicator final : public Communicator {
       check_aborted("connect");
       for (int r = 0; r < o.size; ++r) {
         pid_t pid = pid_of(r);
-        if (pid != 0 && watched(r) && process_dead(pid)) fail_peer("connect", r, "died while connecting");
+        if (pid != 0 && watched(r) && process_dead(pid)) {
+          fail_peer("connect", r, "died while connecting", PeerFate::kDead);
+        }
       }
       if (std::chrono::steady_clock::now() > deadline_) {
         std::string missing;
@@ -576,7 +580,7 @@ class ShmCommunicator final : public Communicator {
 
   void begin(const char* what, const CallSignature& call) {
     if (aborted_) fail(what, "the communicator was aborted", false);
-    if (broken_) fail(what, "an earlier operation failed: " + broken_reason_, false);
+    if (broken_) fail(what, "an earlier operation failed: " + broken_reason_, false, failed_rank_, failed_fate_);
     if (base()) check_aborted(what);
     deadline_ = std::chrono::steady_clock::now() + options_.timeout;
     call_[0] = call.word0();
@@ -632,13 +636,14 @@ class ShmCommunicator final : public Communicator {
           if (ctl(r).epoch.load(std::memory_order_acquire) >= e) continue;
           pid_t pid = pid_of(r);
           if (watched(r) && process_dead(pid)) {
-            fail_peer(what, r, "died (process " + std::to_string(pid) + " is gone)");
+            fail_peer(what, r, "died (process " + std::to_string(pid) + " is gone)", PeerFate::kDead);
           }
         }
         if (now > deadline_) {
           fail_peer(what, waiting_for,
                     "did not arrive within the timeout (process " + std::to_string(pid_of(waiting_for)) +
-                        " is alive but stopped, hung or slow)");
+                        " is alive but stopped, hung or slow)",
+                    PeerFate::kAlive);
         }
         next_check = now + std::chrono::milliseconds(2);
       }
@@ -684,14 +689,20 @@ class ShmCommunicator final : public Communicator {
     for (int i = 0; i < 100000 && kind == 0; ++i) kind = header()->abort_kind.load(std::memory_order_acquire);
     if (kind == kUserAbort) fail(what, "rank " + std::to_string(who) + " aborted the communicator", false);
     std::string reason = kind ? std::string(header()->reason, strnlen(header()->reason, sizeof(header()->reason))) : "";
-    fail(what, "rank " + std::to_string(who) + " gave up: " + (reason.empty() ? "a failure" : reason), false);
+    int peer = kind ? header()->failed_rank : -1;
+    auto fate = kind ? static_cast<PeerFate>(header()->failed_fate) : PeerFate::kUnknown;
+    fail(what, "rank " + std::to_string(who) + " gave up: " + (reason.empty() ? "a failure" : reason), false, peer,
+         fate);
   }
 
-  void publish_abort(AbortKind kind, const std::string& reason = "") {
+  void publish_abort(AbortKind kind, const std::string& reason = "", int peer = -1,
+                     PeerFate fate = PeerFate::kUnknown) {
     uint32_t expected = 0;
     if (header()->aborted_by.compare_exchange_strong(expected, static_cast<uint32_t>(rank()) + 1)) {
       std::memset(header()->reason, 0, sizeof(header()->reason));
       std::memcpy(header()->reason, reason.data(), std::min(reason.size(), sizeof(header()->reason) - 1));
+      header()->failed_rank = peer;
+      header()->failed_fate = static_cast<uint32_t>(fate);
       header()->abort_kind.store(kind, std::memory_order_release);
     }
     wake_all();
@@ -714,20 +725,26 @@ class ShmCommunicator final : public Communicator {
     throw err;
   }
 
-  [[noreturn]] void fail_peer(const char* what, int peer, const std::string& cause) {
-    fail(what, "rank " + std::to_string(peer) + " " + cause, true);
+  [[noreturn]] void fail_peer(const char* what, int peer, const std::string& cause, PeerFate fate) {
+    fail(what, "rank " + std::to_string(peer) + " " + cause, true, peer, fate);
   }
 
   // Marks the communicator broken (telling the peers through the segment when
   // `tell_peers`) and throws.
-  [[noreturn]] void fail(const char* what, const std::string& cause, bool tell_peers) {
-    if (!broken_) broken_reason_ = cause;
+  [[noreturn]] void fail(const char* what, const std::string& cause, bool tell_peers, int peer = -1,
+                         PeerFate fate = PeerFate::kUnknown) {
+    if (!broken_) {
+      broken_reason_ = cause;
+      failed_rank_ = peer;
+      failed_fate_ = fate;
+    }
     broken_ = true;
-    if (tell_peers && base()) publish_abort(kPeerFailure, cause);
+    if (tell_peers && base()) publish_abort(kPeerFailure, cause, peer, fate);
     throw CommError("shm " + std::string(what) + " failed on rank " + std::to_string(rank()) + " of " +
                     std::to_string(size()) + " (segment " + (name_.empty() ? "-" : name_) + ", timeout " +
                     std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(options_.timeout).count()) +
-                    " ms): " + cause + "; rebuild the communicator (restore and re-join)");
+                    " ms): " + cause + "; rebuild the communicator (restore and re-join)",
+                    failed_rank_, failed_fate_);
   }
 
   const ShmOptions options_;
@@ -746,6 +763,8 @@ class ShmCommunicator final : public Communicator {
   bool own_part_in_reduce_ = true;
   bool broken_ = false;
   std::string broken_reason_;
+  int failed_rank_ = -1;
+  PeerFate failed_fate_ = PeerFate::kUnknown;
   std::atomic<bool> aborted_{false};
 };
 

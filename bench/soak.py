@@ -1,0 +1,282 @@
+#!/usr/bin/python3
+"""Fault soak for in-place elastic training: N random faults against one running job.
+
+Runs examples/train_mlp under erun (--launcher local, simulated hosts from a
+discovery script) and, while it trains, injects random faults one after another:
+SIGKILL or SIGSTOP of a worker, a host removed or added, a host's slots changed,
+discovery failing or printing junk for a while. After each fault it waits until
+the survivors compute again (their "reset: ... at=<unix time>" line) and records
+the time from the fault to that line. At the end it checks that erun exited 0,
+that the model equals an uninterrupted run's bit for bit, that every epoch saw
+every sample exactly once, that training never restarted from epoch 0, and that
+no worker process is left.
+
+    /usr/bin/python3 bench/soak.py --build build --faults 100 --seed 1
+
+Prints one line per fault and a summary (JSON with --json FILE). Exit status 0
+when every check passed, 1 otherwise. Uses only the standard library.
+"""
+import argparse
+import json
+import os
+import random
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+TRAIN = ["--samples", "8000", "--batch", "256", "--commit-every", "5"]
+RESET = re.compile(r"reset: world size \d+ -> \d+ \(generation \d+\) at=([0-9.]+)")
+CHECKSUM = re.compile(r"final accuracy=[0-9.]+ loss=[0-9.]+ checksum=([0-9a-f]+)")
+
+
+def log(msg):
+    print(f"[soak {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+class Soak:
+    def __init__(self, a):
+        a.build = os.path.abspath(a.build)
+        self.a = a
+        self.rng = random.Random(a.seed)
+        self.dir = tempfile.mkdtemp(prefix="erun-soak-")
+        self.train = os.path.join(a.build, "examples", "train_mlp")
+        self.erun = os.path.join(a.build, "src", "runner", "erun")
+        self.hosts = {"node-a": 2, "node-b": 2}
+        self.spare = ["node-c", "node-d"]
+        self.mode = "ok"
+        self.write_discovery()
+        self.out_path = os.path.join(self.dir, "out")
+        self.err_path = os.path.join(self.dir, "err")
+        self.results = []  # (kind, seconds or None)
+
+    # ---- discovery ---------------------------------------------------------
+    def write_discovery(self):
+        script = os.path.join(self.dir, "discover.sh")
+        with open(script + ".tmp", "w") as f:
+            f.write("#!/bin/sh\n")
+            f.write(f'mode=$(cat {self.dir}/mode 2>/dev/null)\n')
+            f.write('[ "$mode" = fail ] && { echo "discovery down" >&2; exit 3; }\n')
+            f.write('[ "$mode" = junk ] && { echo "host:notanumber"; echo "::::"; exit 0; }\n')
+            f.write(f"cat {self.dir}/hosts\n")
+        os.chmod(script + ".tmp", 0o700)
+        os.rename(script + ".tmp", script)
+        self.set_hosts()
+        self.set_mode("ok")
+
+    def set_hosts(self):
+        tmp = os.path.join(self.dir, "hosts.tmp")
+        with open(tmp, "w") as f:
+            for h, n in self.hosts.items():
+                f.write(f"{h}:{n}\n")
+        os.rename(tmp, os.path.join(self.dir, "hosts"))
+
+    def set_mode(self, mode):
+        tmp = os.path.join(self.dir, "mode.tmp")
+        with open(tmp, "w") as f:
+            f.write(mode)
+        os.rename(tmp, os.path.join(self.dir, "mode"))
+
+    # ---- processes -----------------------------------------------------------
+    def workers(self, stopped=False):
+        """(pid, age in s) of this job's train_mlp processes (the stopped ones too when `stopped`)."""
+        out = []
+        ticks = os.sysconf("SC_CLK_TCK")
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    argv0 = f.read().split(b"\0")[0].decode(errors="replace")
+                if argv0 != self.train:
+                    continue
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    if f"ERUN_JOB_ID={self.job_id}\0".encode() not in f.read():
+                        continue
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                if fields[0] == "Z" or (fields[0] == "T" and not stopped):
+                    continue
+                start = int(fields[19]) / ticks
+                out.append((int(pid), uptime - start))
+            except OSError:
+                continue
+        return out
+
+    def out(self):
+        with open(self.out_path, errors="replace") as f:
+            return f.read()
+
+    def resets_after(self, t):
+        return [float(m.group(1)) for m in RESET.finditer(self.out()) if float(m.group(1)) > t]
+
+    def reference(self, epochs):
+        r = subprocess.run([self.train, *TRAIN, "--epochs", str(epochs), "--step-ms", "0"], capture_output=True,
+                           text=True, timeout=600)
+        m = CHECKSUM.search(r.stdout)
+        if not m:
+            raise SystemExit(f"reference run failed: {r.stdout}{r.stderr}")
+        return m.group(1)
+
+    # ---- faults --------------------------------------------------------------
+    def fault(self):
+        kinds = ["kill", "kill", "stop", "remove_host", "add_host", "slots", "discovery_fail", "discovery_junk"]
+        kind = self.rng.choice(kinds)
+        total = sum(self.hosts.values())
+        victim_host = self.rng.choice(sorted(self.hosts))
+        if kind == "remove_host" and (len(self.hosts) < 2 or total - self.hosts[victim_host] < self.a.min_np):
+            kind = "add_host" if self.spare else "kill"
+        if kind == "add_host" and (not self.spare or total + 2 > self.a.max_np):
+            kind = "kill"
+        ws = [w for w in self.workers() if w[1] > 1.5]  # members, not fresh replacements
+        if kind in ("kill", "stop") and not ws:
+            kind = "discovery_junk"
+        t = time.time()
+        what = kind
+        expect_reset = True
+        if kind in ("kill", "stop"):
+            pid = self.rng.choice(ws)[0]
+            os.kill(pid, signal.SIGKILL if kind == "kill" else signal.SIGSTOP)
+            what = f"{kind} pid {pid}"
+        elif kind == "remove_host":
+            h = victim_host
+            del self.hosts[h]
+            self.spare.append(h)
+            self.set_hosts()
+            what = f"remove {h}"
+        elif kind == "add_host":
+            h = self.spare.pop(0)
+            self.hosts[h] = self.rng.randint(1, 2)
+            self.set_hosts()
+            what = f"add {h}:{self.hosts[h]}"
+        elif kind == "slots":
+            h = self.rng.choice(sorted(self.hosts))
+            choices = [n for n in (1, 2, 3) if n != self.hosts[h] and
+                       self.a.min_np <= total - self.hosts[h] + n <= self.a.max_np]
+            self.hosts[h] = self.rng.choice(choices)
+            self.set_hosts()
+            what = f"slots {h}:{self.hosts[h]}"
+        else:
+            self.set_mode("fail" if kind == "discovery_fail" else "junk")
+            time.sleep(1.0)
+            self.set_mode("ok")
+            expect_reset = False
+        took = None
+        if expect_reset:
+            limit = self.a.collective_timeout + 30
+            while time.time() - t < limit and self.proc.poll() is None:
+                after = self.resets_after(t)
+                if after:
+                    took = min(after) - t
+                    break
+                time.sleep(0.02)
+        self.results.append((kind, took))
+        log(f"fault {len(self.results)}: {what}: " +
+            (f"computing again after {took:.2f} s" if took is not None else
+             ("no membership change expected" if not expect_reset else "NO recovery seen")))
+        return expect_reset and took is None
+
+    def run(self):
+        a = self.a
+        epochs = 10 + 3 * a.faults
+        log(f"reference run ({epochs} epochs)")
+        ref = self.reference(epochs)
+        cmd = [self.erun, "--host-discovery-script", os.path.join(self.dir, "discover.sh"),
+               "--discovery-interval", "0.2", "--launcher", "local", "--event-log", os.path.join(self.dir, "events.jsonl"),
+               "--term-grace", "2", "-np", "4", "--min-np", str(a.min_np), "--max-np", str(a.max_np),
+               "--collective-timeout", str(a.collective_timeout), "--rendezvous-timeout", "10",
+               "--blacklist-after", "1000", self.train, *TRAIN, "--epochs", str(epochs), "--step-ms", "40"]
+        log(" ".join(cmd))
+        with open(self.out_path, "w") as out, open(self.err_path, "w") as err:
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=err)
+        ok = True
+        deadline = time.time() + 120
+        self.job_id = None
+        while self.job_id is None and time.time() < deadline:
+            with open(self.err_path, errors="replace") as f:
+                m = re.search(r"job (erun-[0-9a-f]+)", f.read())
+            self.job_id = m.group(1) if m else None
+            time.sleep(0.05)
+        while "epoch 0 " not in self.out():
+            if time.time() > deadline or self.proc.poll() is not None:
+                log("the job did not start training")
+                return self.finish(ref, False)
+            time.sleep(0.1)
+        for _ in range(a.faults):
+            if self.proc.poll() is not None:
+                log("the job ended before all faults were injected")
+                ok = False
+                break
+            if self.fault():
+                ok = False
+            time.sleep(self.rng.uniform(0.3, 1.0))
+        return self.finish(ref, ok)
+
+    def finish(self, ref, ok):
+        try:
+            code = self.proc.wait(timeout=max(600, 6 * self.a.faults))
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            code = self.proc.wait()
+            log("erun did not finish in time")
+        out = self.out()
+        m = CHECKSUM.search(out)
+        checks = {
+            "exit 0": code == 0,
+            "exact model": bool(m) and m.group(1) == ref,
+            "exactly once": "exactly-once=NO" not in out,
+            "no restart from epoch 0": out.count("epoch 0 ") == 1,
+        }
+        time.sleep(1)
+        checks["no process left"] = not self.workers(stopped=True)
+        for w in self.workers(stopped=True):
+            os.kill(w[0], signal.SIGKILL)
+        recov = [t for k, t in self.results if t is not None]
+        stops = [t for k, t in self.results if k == "stop" and t is not None]
+        others = [t for k, t in self.results if k != "stop" and t is not None]
+        summary = {
+            "faults": len(self.results),
+            "by_kind": {k: sum(1 for kk, _ in self.results if kk == k) for k in sorted({k for k, _ in self.results})},
+            "median_fault_to_computing_s": statistics.median(recov) if recov else None,
+            "max_fault_to_computing_s": max(recov) if recov else None,
+            "median_without_sigstop_s": statistics.median(others) if others else None,
+            "sigstop_median_s": statistics.median(stops) if stops else None,
+            "sigstop_max_s": max(stops) if stops else None,
+            "collective_timeout_s": self.a.collective_timeout,
+            "restarts_from_epoch_0": max(0, out.count("epoch 0 ") - 1),
+            "checks": checks,
+            "passed": ok and all(checks.values()),
+            "logs": self.dir,
+        }
+        log(json.dumps(summary, indent=1))
+        if self.a.json:
+            with open(self.a.json, "w") as f:
+                json.dump(summary, f, indent=1)
+        if not summary["passed"]:
+            with open(self.err_path, errors="replace") as f:
+                sys.stdout.write("--- erun stderr (tail) ---\n" + "".join(f.readlines()[-60:]))
+        return 0 if summary["passed"] else 1
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    here = os.path.dirname(os.path.abspath(__file__))
+    p.add_argument("--build", default=os.path.join(os.path.dirname(here), "build"), help="the build directory")
+    p.add_argument("--faults", type=int, default=20)
+    p.add_argument("--seed", type=int, default=int(time.time()))
+    p.add_argument("--collective-timeout", type=float, default=2.0)
+    p.add_argument("--min-np", type=int, default=2)
+    p.add_argument("--max-np", type=int, default=12)
+    p.add_argument("--json", help="write the summary here")
+    a = p.parse_args()
+    log(f"seed {a.seed}, {a.faults} faults")
+    return Soak(a).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

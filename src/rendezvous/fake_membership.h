@@ -1,0 +1,93 @@
+// FakeMembership: the Membership interface in memory, for the driver's unit
+// tests. It answers joins the way RendezvousServer does (a join that leaves
+// generation g is answered by the first published generation newer than g that
+// lists its slot; until then it waits), and the test plays the workers: join(),
+// disconnect(). No thread, no socket; driver thread only.
+#pragma once
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <vector>
+
+#include "rendezvous/membership.h"
+
+namespace erun {
+
+class FakeMembership final : public Membership {
+ public:
+  void publish(long gen, const std::vector<RankAssignment>& ranks) override {
+    generation_ = gen;
+    published_.push_back(gen);
+    ranks_ = ranks;
+    members_.clear();
+    for (auto& [slot, j] : waiting_) {
+      if (listed(slot)) members_[slot] = j;
+    }
+    std::erase_if(waiting_, [&](auto& e) { return members_.count(e.first) > 0; });
+  }
+  MembershipSnapshot snapshot() override {
+    MembershipSnapshot s;
+    s.generation = generation_;
+    for (auto& [slot, j] : members_) s.members.push_back(j);
+    for (auto& [slot, j] : waiting_) s.waiting.push_back(j);
+    s.rejoined = std::exchange(rejoined_, {});
+    s.disconnected.assign(disconnected_.begin(), disconnected_.end());
+    disconnected_.clear();
+    return s;
+  }
+  void notify_hosts_updated(long gen) override { notified_.push_back(gen); }
+
+  // A worker's JOIN. `left` is the generation it leaves (-1: its first join).
+  void join(const SlotKey& slot, long left, JoinReason reason = JoinReason::kStart, int failed_rank = -1,
+            PeerState state = PeerState::kUnknown, uint64_t commit = 0) {
+    JoinRequest j;
+    j.slot = slot;
+    j.commit_id = commit;
+    j.pid = 1000 + slot.local_index;
+    j.reason = reason;
+    j.left_generation = left;
+    j.failed_rank = failed_rank;
+    j.failed_state = state;
+    if (left >= 0 || reason != JoinReason::kStart) rejoined_.push_back(j);
+    members_.erase(slot);
+    if (generation_ > left && listed(slot)) {
+      members_[slot] = j;
+    } else {
+      waiting_[slot] = j;
+    }
+  }
+  // Every slot of the last published generation joins it (first joins).
+  void join_all() {
+    for (auto& r : ranks_) {
+      if (!members_.count(r.slot)) join(r.slot, -1);
+    }
+  }
+  void disconnect(const SlotKey& slot) {
+    members_.erase(slot);
+    waiting_.erase(slot);
+    disconnected_.insert(slot);
+  }
+
+  long generation() const { return generation_; }
+  const std::vector<long>& published() const { return published_; }
+  const std::vector<RankAssignment>& ranks() const { return ranks_; }
+  const std::vector<long>& notified() const { return notified_; }
+  bool is_member(const SlotKey& slot) const { return members_.count(slot) > 0; }
+  bool is_waiting(const SlotKey& slot) const { return waiting_.count(slot) > 0; }
+
+ private:
+  bool listed(const SlotKey& slot) const {
+    return std::any_of(ranks_.begin(), ranks_.end(), [&](const RankAssignment& r) { return r.slot == slot; });
+  }
+
+  long generation_ = -1;
+  std::vector<long> published_;
+  std::vector<long> notified_;
+  std::vector<RankAssignment> ranks_;
+  std::map<SlotKey, JoinRequest> members_, waiting_;
+  std::vector<JoinRequest> rejoined_;
+  std::set<SlotKey> disconnected_;
+};
+
+}  // namespace erun

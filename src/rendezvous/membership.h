@@ -1,0 +1,83 @@
+// Membership: what the driver needs from the rendezvous, and nothing else.
+// The driver publishes generations, reads one snapshot per tick (who joined the
+// current generation, who is blocked in a join, who re-joined since the last
+// snapshot and why, which ranks the re-joining workers reported as failed,
+// whose connection closed) and tells the members that membership changes.
+// RendezvousServer implements it over TCP; FakeMembership (fake_membership.h)
+// in memory for the driver's unit tests. Driver thread only.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace erun {
+
+// What identifies a worker process across generations: its slot.
+struct SlotKey {
+  std::string host;
+  int local_index = 0;
+  bool operator==(const SlotKey&) const = default;
+  auto operator<=>(const SlotKey&) const = default;
+};
+
+// One rank of a published generation.
+struct RankAssignment {
+  SlotKey slot;
+  int rank = 0, size = 1;
+  int local_rank = 0, local_size = 1;
+  int cross_rank = 0, cross_size = 1;
+};
+
+// Why a worker joins (JOIN's `reason`).
+enum class JoinReason : uint8_t {
+  kStart = 0,         // its first join
+  kFormFailed = 1,    // the generation it was given could not form its communicator
+  kPeerLost = 2,      // a collective failed: a peer died, stopped, or aborted
+  kHostsUpdated = 3,  // the driver announced a membership change
+};
+const char* to_string(JoinReason r);
+
+// What the worker saw of the rank that failed it.
+enum class PeerState : uint8_t {
+  kUnknown = 0,  // no rank named, or not observable (another host)
+  kDead = 1,     // its process is gone
+  kAlive = 2,    // its process exists but did not arrive: stopped, hung or slow
+};
+const char* to_string(PeerState s);
+
+struct JoinRequest {
+  SlotKey slot;
+  uint64_t commit_id = 0;  // the worker's last commit (0: none)
+  long pid = 0;            // the worker's process id: a second JOIN for the slot supersedes by it
+  JoinReason reason = JoinReason::kStart;
+  // The generation the worker leaves (-1: none) and, when reason is
+  // kFormFailed or kPeerLost, the rank of that generation that failed it
+  // (-1: unknown) and what the worker saw of its process.
+  long left_generation = -1;
+  int failed_rank = -1;
+  PeerState failed_state = PeerState::kUnknown;
+};
+
+struct MembershipSnapshot {
+  long generation = -1;               // the last published generation
+  std::vector<JoinRequest> members;   // connected and assigned in `generation`
+  std::vector<JoinRequest> waiting;   // blocked in a join (not yet assigned)
+  std::vector<JoinRequest> rejoined;  // JOINs of workers leaving a generation, since the last snapshot
+  std::vector<SlotKey> disconnected;  // slots whose connection closed since the last snapshot
+};
+
+class Membership {
+ public:
+  virtual ~Membership() = default;
+  // Publishes generation `gen` (greater than any before): each listed slot's
+  // waiting (or later) join returns its assignment; joins of other slots keep
+  // waiting.
+  virtual void publish(long gen, const std::vector<RankAssignment>& ranks) = 0;
+  // The state now, with the events (rejoined, disconnected) since the last call.
+  virtual MembershipSnapshot snapshot() = 0;
+  // Tells every member of generation `gen` that membership changes.
+  virtual void notify_hosts_updated(long gen) = 0;
+};
+
+}  // namespace erun

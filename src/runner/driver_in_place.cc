@@ -1,0 +1,285 @@
+// The driver's in-place decisions, over the Membership interface: one
+// snapshot per tick, read by small functions that step() calls in turn.
+// In place means in place: survivors holding the last commit are never
+// stopped by the driver; a rank they report as failed is killed and left out
+// of the next generation; below --min-np they wait inside the rendezvous.
+#include <signal.h>
+
+#include <algorithm>
+#include <set>
+
+#include <fmt/format.h>
+
+#include "common/log.h"
+#include "common/strings.h"
+#include "runner/driver.h"
+
+namespace erun {
+
+MembershipSnapshot Driver::take_snapshot() {
+  if (!d_.membership) return {};
+  return d_.membership->snapshot();
+}
+
+bool Driver::survivor(const Worker& w) const { return !w.exit && !w.excluded && !w.retiring && w.handle; }
+
+bool Driver::have_survivors() const {
+  return std::any_of(workers_.begin(), workers_.end(), [&](const Worker& w) { return survivor(w) && w.joined; });
+}
+
+const Plan* Driver::plan_of(long generation) const {
+  for (auto& p : recent_plans_) {
+    if (p.generation == generation) return &p;
+  }
+  return nullptr;
+}
+
+HostSet Driver::plannable_hosts() const {
+  HostSet usable = hosts_.usable(discovered_);
+  HostSet out;
+  for (auto& h : discovered_.hosts()) {
+    bool keep = usable.find(h.name) >= 0 ||
+                std::any_of(workers_.begin(), workers_.end(),
+                            [&](const Worker& w) { return survivor(w) && w.joined && w.assignment.slot.host == h.name; });
+    if (keep) out.add(h);
+  }
+  return out;
+}
+
+void Driver::update_joined(const MembershipSnapshot& m) {
+  if (!d_.membership || generation_complete_) return;
+  std::set<SlotKey> members, waiting;
+  for (auto& j : m.members) members.insert(j.slot);
+  for (auto& j : m.waiting) waiting.insert(j.slot);
+  size_t in_current = 0;
+  for (auto& w : workers_) {
+    if (w.exit) continue;
+    bool member = members.count(w.assignment.slot) > 0;
+    if (member || waiting.count(w.assignment.slot)) w.joined = true;
+    if (member && !w.retiring && !w.excluded) ++in_current;
+  }
+  if (in_current == static_cast<size_t>(plan_.size())) {
+    generation_complete_ = true;
+    ERUN_LOG_INFO("{}: all {} ranks joined in {:.3f} s", who(generation_), plan_.size(),
+                  seconds(clock_.now() - published_at_));
+    if (d_.events) {
+      d_.events->write("generation_joined", {{"generation", json_number(generation_)},
+                                             {"seconds", json_number(seconds(clock_.now() - published_at_))}});
+    }
+  }
+}
+
+void Driver::handle_rejoins(const MembershipSnapshot& m) {
+  for (auto& j : m.rejoined) {
+    const Plan* left = plan_of(j.left_generation);
+    const RankAssignment* a = left ? left->find(j.slot) : nullptr;
+    std::string report = j.failed_rank >= 0 ? fmt::format("; rank {} failed it ({})", j.failed_rank,
+                                                          to_string(j.failed_state))
+                                            : "";
+    ERUN_LOG_INFO("{}: re-joins at commit {}: {}{}", who(j.left_generation, j.slot.host, a ? a->rank : -1),
+                  j.commit_id, to_string(j.reason), report);
+    if (d_.events) {
+      d_.events->write("rejoined", {{"generation", json_number(j.left_generation)},
+                                    {"host", json_string(j.slot.host)},
+                                    {"slot", json_number(long{j.slot.local_index})},
+                                    {"reason", json_string(to_string(j.reason))},
+                                    {"failed_rank", json_number(long{j.failed_rank})},
+                                    {"failed_state", json_string(to_string(j.failed_state))},
+                                    {"commit", json_number(static_cast<long>(j.commit_id))}});
+    }
+    if (j.failed_rank >= 0 && j.reason != JoinReason::kHostsUpdated) exclude_reported(j);
+  }
+}
+
+void Driver::exclude_reported(const JoinRequest& report) {
+  const Plan* left = plan_of(report.left_generation);
+  if (!left || report.failed_rank >= left->size()) return;
+  const RankAssignment& failed = left->ranks[static_cast<size_t>(report.failed_rank)];
+  if (failed.slot == report.slot) return;  // a worker does not report itself
+  for (auto& w : workers_) {
+    // Only the worker that held the rank then: a replacement launched later
+    // on the same slot is not the one reported.
+    if (!(w.assignment.slot == failed.slot) || w.exit || w.excluded || !w.handle ||
+        w.launched_generation > report.left_generation) {
+      continue;
+    }
+    ERUN_LOG_WARN("{}: reported by {} as {}; killing it and going on without it",
+                  who(report.left_generation, failed.slot.host, failed.rank),
+                  who(-1, report.slot.host, left->find(report.slot) ? left->find(report.slot)->rank : -1),
+                  to_string(report.failed_state));
+    if (d_.events) {
+      d_.events->write("worker_excluded", {{"generation", json_number(report.left_generation)},
+                                           {"host", json_string(failed.slot.host)},
+                                           {"rank", json_number(long{failed.rank})},
+                                           {"state", json_string(to_string(report.failed_state))}});
+    }
+    w.handle->kill();
+    w.excluded = true;
+    w.stopping = true;  // its exit, when it comes, is this failure, not another
+    if (!generation_failure_) {
+      generation_failure_ = Failure{generation_, failed.slot.host, failed.rank, ExitStatus{0, SIGKILL},
+                                    {fmt::format("reported by a survivor as {}", to_string(report.failed_state))},
+                                    seconds(clock_.now() - w.started)};
+    }
+    return;
+  }
+}
+
+std::optional<JoinReason> Driver::rejoin_requested(const MembershipSnapshot& m) const {
+  if (!d_.membership) return std::nullopt;
+  for (auto& j : m.waiting) {
+    // Joins for the current generation are answered at once; one still
+    // waiting asks for a newer generation.
+    for (auto& w : workers_) {
+      if (survivor(w) && w.assignment.slot == j.slot) return j.reason;
+    }
+  }
+  return std::nullopt;
+}
+
+bool Driver::in_place_possible() {
+  if (!d_.membership || o_.mode == WorkerMode::kRestart) return false;
+  if (o_.mode == WorkerMode::kElastic) return true;
+  bool any = false;
+  for (auto& w : workers_) {
+    if (w.exit || w.retiring || w.excluded) continue;
+    if (!w.joined) return false;
+    any = true;
+  }
+  return any;
+}
+
+// A worker launched for this generation has --rendezvous-timeout to join it.
+// So has a survivor, except after a failure: then its collectives broke (a
+// peer died or stopped), so a live survivor re-joins within
+// --collective-timeout; one that does not is stopped or hung like the peer
+// the others could not name (e.g. across hosts, where Gloo cannot tell which
+// rank hung) and is left out, instead of holding the generation's barrier
+// for the rendezvous timeout. A worker waiting in the rendezvous is never
+// killed here: it asks for a newer generation (rejoin_requested()).
+void Driver::enforce_rejoin_deadline(const MembershipSnapshot& m) {
+  if (!d_.membership || generation_complete_) return;
+  const Duration survivor_limit =
+      failure_reform_ ? std::min<Duration>(o_.rendezvous_timeout, o_.collective_timeout + std::chrono::seconds(1))
+                      : o_.rendezvous_timeout;
+  const Duration waited = clock_.now() - published_at_;
+  if (waited < std::min(survivor_limit, o_.rendezvous_timeout)) return;
+  std::set<SlotKey> joined;
+  for (auto& j : m.members) joined.insert(j.slot);
+  for (auto& j : m.waiting) joined.insert(j.slot);
+  for (auto& w : workers_) {
+    if (w.exit || w.retiring || w.excluded || !w.handle || joined.count(w.assignment.slot)) continue;
+    if (!w.joined && o_.mode != WorkerMode::kElastic) continue;  // a restart-mode program never joins
+    bool fresh = w.launched_generation == generation_;
+    Duration limit = fresh ? o_.rendezvous_timeout : survivor_limit;
+    if (waited < limit) continue;
+    ERUN_LOG_WARN("{}: did not join generation {} within {:.0f} s ({}); killing it",
+                  who(generation_, w.assignment.slot.host, w.assignment.rank), generation_, seconds(limit),
+                  limit == o_.rendezvous_timeout ? "--rendezvous-timeout" : "--collective-timeout + 1 s after a failure");
+    w.handle->kill();
+    if (!generation_failure_) {
+      generation_failure_ = Failure{generation_, w.assignment.slot.host, w.assignment.rank, ExitStatus{0, SIGKILL},
+                                    {"did not re-join within --rendezvous-timeout"},
+                                    seconds(clock_.now() - w.started)};
+    }
+    w.stopping = true;
+    w.excluded = true;  // killed: never planned again, even before it is reaped
+  }
+}
+
+void Driver::retire_workers(const MembershipSnapshot& m) {
+  bool any = std::any_of(workers_.begin(), workers_.end(), [](const Worker& w) { return w.retiring && !w.exit; });
+  if (!any) return;
+  std::set<SlotKey> waiting;
+  for (auto& j : m.waiting) waiting.insert(j.slot);
+  for (auto& w : workers_) {
+    if (!w.retiring || w.exit || !w.handle) continue;
+    bool rejoined = waiting.count(w.assignment.slot) > 0;
+    if (rejoined || clock_.now() >= w.retire_by) {
+      ERUN_LOG_INFO("{}: slot left the job; stopping its worker", who(generation_, w.assignment.slot.host,
+                                                                      w.assignment.rank));
+      w.handle->terminate();
+      w.retire_by = TimePoint::max();
+    }
+  }
+}
+
+void Driver::reconfigure(const char* reason, bool after_failure) {
+  HostSet usable = plannable_hosts();
+  generation_failure_.reset();
+  if (usable.total_slots() < std::max(o_.min_np, 1)) {
+    if (have_survivors()) {
+      // The survivors hold the last commit: they wait in the rendezvous.
+      ERUN_LOG_WARN("{}: {} usable slot{} fewer than --min-np {}: the survivors wait in the rendezvous with their "
+                    "state for up to --elastic-timeout {:.0f} s",
+                    who(generation_), usable.total_slots(), usable.total_slots() == 1 ? " is" : "s are", o_.min_np,
+                    seconds(o_.elastic_timeout));
+      if (d_.events) {
+        d_.events->write("survivors_waiting", {{"generation", json_number(generation_)},
+                                               {"usable_slots", json_number(long{usable.total_slots()})}});
+      }
+    } else {
+      ERUN_LOG_WARN("{}: {} usable slots are fewer than --min-np {} and no worker holds a commit: waiting for hosts",
+                    who(generation_), usable.total_slots(), o_.min_np);
+      stop_all(SIGTERM);
+    }
+    phase_ = Phase::kWaiting;
+    waiting_since_ = clock_.now();
+    last_wait_log_ = {};
+    return;
+  }
+  // Forget workers that are gone; survivors keep their processes, excluded
+  // ones are kept until reaped.
+  workers_.erase(std::remove_if(workers_.begin(), workers_.end(), [](const Worker& w) { return w.exit.has_value(); }),
+                 workers_.end());
+  Plan next = make_plan(generation_ + 1, usable, o_.max_np, &plan_);
+  ++generation_;
+  phase_ = Phase::kRunning;
+  std::string master_addr = next.ranks.front().slot.host;
+  int launched = 0, retired = 0;
+  for (auto& w : workers_) {
+    if (w.retiring || w.excluded) continue;
+    if (const RankAssignment* a = next.find(w.assignment.slot)) {
+      w.assignment = *a;
+    } else {
+      w.retiring = true;
+      w.stopping = true;
+      w.retire_by = clock_.now() + o_.rendezvous_timeout;
+      ++retired;
+    }
+  }
+  plan_ = next;
+  publish();
+  failure_reform_ = after_failure;
+  for (auto& a : plan_.ranks) {
+    bool alive = std::any_of(workers_.begin(), workers_.end(),
+                             [&](const Worker& w) { return survivor(w) && w.assignment.slot == a.slot; });
+    if (!alive) {
+      launch_worker(a, master_addr, 0, /*in_place=*/true);
+      ++launched;
+    }
+  }
+  ERUN_LOG_INFO("{}: {} in place: {} ({} survivor{}, {} new, {} leaving)", who(generation_), reason,
+                plan_.to_string(), plan_.size() - launched, plan_.size() - launched == 1 ? "" : "s", launched, retired);
+}
+
+std::optional<int> Driver::wait_with_survivors() {
+  auto now = clock_.now();
+  HostSet usable = plannable_hosts();
+  if (usable.total_slots() >= std::max(o_.min_np, 1)) {
+    reconfigure("hosts returned; re-forming", /*after_failure=*/false);
+    return std::nullopt;
+  }
+  if (now - waiting_since_ > o_.elastic_timeout) {
+    ERUN_LOG_ERROR("gave up after --elastic-timeout {:.0f} s: {} usable slot{}, --min-np is {}; stopping the "
+                   "survivors; add hosts or lower --min-np",
+                   seconds(o_.elastic_timeout), usable.total_slots(), usable.total_slots() == 1 ? "" : "s", o_.min_np);
+    stop_all(SIGTERM);
+    if (first_failure_) report_failure(*first_failure_);
+    return first_failure_ ? std::max(1, first_failure_->status.shell_code()) : 1;
+  }
+  log_waiting(usable);
+  return std::nullopt;
+}
+
+}  // namespace erun

@@ -1,0 +1,330 @@
+// The driver's in-place decisions over FakeMembership, FakeDiscovery,
+// FakeLauncher and FakeClock: a frozen worker reported by the survivors, the
+// survivors below --min-np, re-join reasons, retiring slots, the re-join
+// deadline. No process, no socket, no sleep.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <map>
+
+#include "discovery/discovery.h"
+#include "rendezvous/fake_membership.h"
+#include "runner/driver.h"
+#include "runner/fake_launcher.h"
+
+namespace erun {
+namespace {
+
+using Worker = std::shared_ptr<FakeLauncher::Worker>;
+
+class InPlaceTest : public ::testing::Test {
+ protected:
+  DriverOptions elastic(int np, int min_np, int max_np) {
+    DriverOptions o;
+    o.command = {"./train"};
+    o.term_grace = std::chrono::milliseconds(10);
+    o.np = np;
+    o.min_np = min_np;
+    o.max_np = max_np;
+    o.elastic = true;
+    o.discovery_interval = std::chrono::seconds(1);
+    o.elastic_timeout = std::chrono::seconds(30);
+    o.rendezvous_timeout = std::chrono::seconds(20);
+    o.blacklist_after = 5;
+    return o;
+  }
+  void make(DriverOptions o) {
+    DriverDeps d;
+    d.discovery = &discovery;
+    d.local_launcher = &launcher;
+    d.clock = &clock;
+    d.membership = &membership;
+    d.rendezvous_port = 1234;
+    d.synchronous_discovery = true;
+    d.free_port = [](const std::string&, bool) { return 4242; };
+    d.job_id = "job";
+    d.secret = "s3cret";
+    driver = std::make_unique<Driver>(o, d);
+  }
+  // Starts the job and lets every rank of generation 1 join it.
+  void start_joined(DriverOptions o) {
+    make(o);
+    ASSERT_TRUE(driver->start());
+    EXPECT_FALSE(steps(1));
+    membership.join_all();
+    EXPECT_FALSE(steps(1));
+    ASSERT_EQ(driver->generation(), 1);
+  }
+  std::optional<int> steps(int n) {
+    for (int i = 0; i < n; ++i) {
+      if (auto c = driver->step()) return c;
+      clock.advance(std::chrono::milliseconds(100));
+    }
+    return std::nullopt;
+  }
+  static SlotKey slot_of(const Worker& w) {
+    std::string host;
+    int index = -1;
+    for (auto& [k, v] : w->spec.env) {
+      if (k == "ERUN_HOSTNAME") host = v;
+      if (k == "ERUN_LOCAL_INDEX") index = std::stoi(v);
+    }
+    return SlotKey{host, index};
+  }
+  Worker worker_at(const SlotKey& slot) {
+    for (auto& w : launcher.running()) {
+      if (slot_of(w) == slot) return w;
+    }
+    return nullptr;
+  }
+  // The surviving workers of `slots` leave generation `left` after a failed
+  // collective, naming `failed_rank` (or none).
+  void survivors_rejoin(const std::vector<SlotKey>& slots, long left, int failed_rank = -1,
+                        PeerState state = PeerState::kUnknown) {
+    for (auto& s : slots) membership.join(s, left, JoinReason::kPeerLost, failed_rank, state, 7);
+  }
+
+  FakeDiscovery discovery;
+  FakeLauncher launcher;
+  FakeClock clock;
+  FakeMembership membership;
+  std::unique_ptr<Driver> driver;
+};
+
+const SlotKey a0{"a", 0}, a1{"a", 1}, a2{"a", 2}, a3{"a", 3}, b0{"b", 0}, c0{"c", 0};
+
+TEST_F(InPlaceTest, FrozenWorkerReportedBySurvivorsIsKilledAndLeftOutAtOnce) {
+  discovery.set(HostSet({{"a", 4}}));
+  start_joined(elastic(4, 2, 4));
+  Worker frozen = worker_at(a3);
+  ASSERT_TRUE(frozen);
+  launcher.set_obey_kill(false);  // it does not even die: the driver must not wait for it
+
+  // One survivor timed out on rank 3 and saw its process alive; the others
+  // only know that a peer was lost.
+  membership.join(a0, 1, JoinReason::kPeerLost, 3, PeerState::kAlive, 7);
+  survivors_rejoin({a1, a2}, 1);
+  EXPECT_FALSE(steps(1));
+
+  EXPECT_TRUE(frozen->killed);
+  EXPECT_EQ(driver->generation(), 2);
+  ASSERT_EQ(membership.published().back(), 2);
+  // The survivors are members of generation 2 at once; slot 3 gets a new worker.
+  for (auto& s : {a0, a1, a2}) EXPECT_TRUE(membership.is_member(s)) << s.local_index;
+  ASSERT_EQ(launcher.launched().size(), 5u);
+  EXPECT_EQ(slot_of(launcher.launched().back()), a3);
+  EXPECT_NE(launcher.launched().back(), frozen);
+  for (int i = 0; i < 3; ++i) EXPECT_FALSE(launcher.launched()[static_cast<size_t>(i)]->terminated);
+
+  // The replacement joins: the generation is complete without the frozen one.
+  membership.join(a3, -1);
+  EXPECT_FALSE(steps(2));
+  EXPECT_EQ(driver->generation(), 2);
+  launcher.finish(frozen, ExitStatus{0, SIGKILL});
+  for (auto& w : launcher.running()) launcher.finish(w, ExitStatus{0, 0});
+  EXPECT_EQ(steps(3), 0);  // the frozen worker's kill is not the job's failure
+}
+
+TEST_F(InPlaceTest, AReportAboutAnOlderGenerationDoesNotKillTheReplacement) {
+  discovery.set(HostSet({{"a", 4}}));
+  start_joined(elastic(4, 2, 4));
+  membership.join(a0, 1, JoinReason::kPeerLost, 3, PeerState::kAlive, 7);
+  EXPECT_FALSE(steps(1));
+  ASSERT_EQ(driver->generation(), 2);
+  Worker replacement = worker_at(a3);
+  ASSERT_TRUE(replacement);
+  // A late report from another survivor about generation 1's rank 3.
+  membership.join(a1, 1, JoinReason::kPeerLost, 3, PeerState::kAlive, 7);
+  membership.join(a3, -1);
+  EXPECT_FALSE(steps(1));
+  EXPECT_FALSE(replacement->killed);
+}
+
+TEST_F(InPlaceTest, ReportAboutAMemberOfTheNewGenerationReformsWithoutIt) {
+  // Generation 2 was re-formed with every live worker (no rank was named);
+  // then a survivor names rank 2 of generation 2: generation 3 leaves it out.
+  discovery.set(HostSet({{"a", 3}}));
+  start_joined(elastic(3, 1, 3));
+  survivors_rejoin({a0, a1}, 1);
+  EXPECT_FALSE(steps(1));
+  ASSERT_EQ(driver->generation(), 2);  // re-formed: same three workers
+  EXPECT_EQ(launcher.launched().size(), 3u);
+  Worker stuck = worker_at(a2);
+  membership.join(a0, 2, JoinReason::kFormFailed, 2, PeerState::kUnknown, 7);
+  EXPECT_FALSE(steps(1));
+  EXPECT_TRUE(stuck->killed);
+  EXPECT_EQ(driver->generation(), 3);
+  EXPECT_EQ(launcher.launched().size(), 4u);  // slot 2 relaunched
+}
+
+TEST_F(InPlaceTest, ReJoinWithoutAReportReformsWithTheSameWorkers) {
+  discovery.set(HostSet({{"a", 2}}));
+  start_joined(elastic(2, 1, 2));
+  survivors_rejoin({a0}, 1);
+  EXPECT_FALSE(steps(1));
+  EXPECT_EQ(driver->generation(), 2);
+  EXPECT_EQ(launcher.launched().size(), 2u);
+  EXPECT_TRUE(launcher.running().size() == 2u);
+}
+
+TEST_F(InPlaceTest, HostsUpdatedReJoinsDoNotExcludeAnyone) {
+  discovery.set(HostSet({{"a", 2}}));
+  start_joined(elastic(2, 1, 4));
+  discovery.set(HostSet({{"a", 2}, {"b", 1}}));
+  clock.advance(std::chrono::seconds(1));
+  EXPECT_FALSE(steps(1));
+  ASSERT_EQ(driver->generation(), 2);
+  ASSERT_EQ(membership.notified(), std::vector<long>{1});
+  // A hosts-updated re-join never names a failed rank that the driver acts on.
+  membership.join(a0, 1, JoinReason::kHostsUpdated, 1, PeerState::kAlive, 7);
+  membership.join(a1, 1, JoinReason::kHostsUpdated);
+  EXPECT_FALSE(steps(1));
+  EXPECT_EQ(driver->generation(), 2);
+  EXPECT_FALSE(worker_at(a1)->killed);
+  EXPECT_EQ(launcher.launched().size(), 3u);
+}
+
+TEST_F(InPlaceTest, SurvivorsBelowMinNpWaitInTheRendezvousAndGoOnWhenSlotsReturn) {
+  discovery.set(HostSet({{"a", 1}, {"b", 1}, {"c", 1}}));
+  start_joined(elastic(3, 3, 3));
+  // c leaves and its worker dies: 2 slots, fewer than --min-np 3.
+  discovery.set(HostSet({{"a", 1}, {"b", 1}}));
+  clock.advance(std::chrono::seconds(1));
+  launcher.finish(worker_at(c0), ExitStatus{1, 0});
+  survivors_rejoin({a0, b0}, 1);
+  EXPECT_FALSE(steps(100));  // 10 s
+  EXPECT_EQ(driver->generation(), 1);
+  ASSERT_EQ(launcher.running().size(), 2u);
+  for (auto& w : launcher.running()) EXPECT_FALSE(w->terminated);
+  EXPECT_TRUE(membership.is_waiting(a0));
+  // c returns: the survivors go on in generation 2 with a new worker on c.
+  discovery.set(HostSet({{"a", 1}, {"b", 1}, {"c", 1}}));
+  EXPECT_FALSE(steps(15));
+  EXPECT_EQ(driver->generation(), 2);
+  EXPECT_TRUE(membership.is_member(a0));
+  EXPECT_TRUE(membership.is_member(b0));
+  EXPECT_EQ(launcher.launched().size(), 4u);
+  EXPECT_EQ(launcher.running().size(), 3u);
+}
+
+TEST_F(InPlaceTest, SurvivorsBelowMinNpAreStoppedOnlyAfterTheElasticTimeout) {
+  discovery.set(HostSet({{"a", 1}, {"b", 1}}));
+  start_joined(elastic(2, 2, 2));
+  discovery.set(HostSet({{"a", 1}}));
+  clock.advance(std::chrono::seconds(1));
+  launcher.finish(worker_at(b0), ExitStatus{1, 0});
+  survivors_rejoin({a0}, 1);
+  EXPECT_FALSE(steps(250));  // 25 s of the 30 s
+  EXPECT_FALSE(launcher.running().front()->terminated);
+  auto code = steps(100);
+  ASSERT_TRUE(code);
+  EXPECT_EQ(*code, 1);
+  EXPECT_TRUE(launcher.running().empty());
+}
+
+TEST_F(InPlaceTest, ABlacklistedHostWhoseSurvivorsLiveKeepsThemInPlace) {
+  discovery.set(HostSet({{"a", 4}}));
+  auto o = elastic(4, 2, 4);
+  o.blacklist_after = 1;
+  o.cooldown_min_s = o.cooldown_max_s = 600;
+  start_joined(o);
+  Worker frozen = worker_at(a2);
+  membership.join(a0, 1, JoinReason::kPeerLost, 2, PeerState::kAlive, 7);
+  survivors_rejoin({a1, a3}, 1);
+  EXPECT_FALSE(steps(1));
+  EXPECT_TRUE(driver->host_manager().is_blacklisted("a"));
+  EXPECT_EQ(driver->generation(), 2);
+  for (auto& s : {a0, a1, a3}) {
+    EXPECT_TRUE(membership.is_member(s));
+    EXPECT_FALSE(worker_at(s)->terminated);
+  }
+  EXPECT_TRUE(frozen->killed);
+}
+
+TEST_F(InPlaceTest, WhenNoWorkerHoldsACommitTheJobRestartsFromScratch) {
+  discovery.set(HostSet({{"a", 1}, {"b", 1}}));
+  start_joined(elastic(2, 2, 2));
+  discovery.set(HostSet({{"a", 1}}));
+  clock.advance(std::chrono::seconds(1));
+  for (auto& w : launcher.running()) launcher.finish(w, ExitStatus{1, 0});
+  EXPECT_FALSE(steps(5));
+  discovery.set(HostSet({{"a", 1}, {"b", 1}}));
+  EXPECT_FALSE(steps(15));
+  EXPECT_EQ(driver->generation(), 2);
+  EXPECT_EQ(launcher.launched().size(), 4u);  // both started again
+}
+
+TEST_F(InPlaceTest, SlotsThatLeaveAreRetiredOnceTheirWorkersReJoin) {
+  discovery.set(HostSet({{"a", 2}, {"b", 2}}));
+  start_joined(elastic(4, 1, 4));
+  discovery.set(HostSet({{"a", 2}}));
+  clock.advance(std::chrono::seconds(1));
+  EXPECT_FALSE(steps(1));
+  ASSERT_EQ(driver->generation(), 2);
+  EXPECT_EQ(membership.notified(), std::vector<long>{1});
+  Worker leaving = worker_at(SlotKey{"b", 1});
+  ASSERT_TRUE(leaving);
+  EXPECT_FALSE(leaving->terminated);
+  for (auto& s : {a0, a1, SlotKey{"b", 1}}) membership.join(s, 1, JoinReason::kHostsUpdated);
+  EXPECT_FALSE(steps(1));
+  EXPECT_TRUE(leaving->terminated);
+  // The other leaving worker never re-joins: stopped at the rendezvous timeout.
+  Worker silent = worker_at(b0);
+  ASSERT_TRUE(silent);
+  EXPECT_FALSE(steps(150));
+  EXPECT_FALSE(silent->terminated);
+  EXPECT_FALSE(steps(60));
+  EXPECT_TRUE(silent->terminated);
+}
+
+TEST_F(InPlaceTest, AWorkerThatDoesNotJoinWithinTheRendezvousTimeoutIsKilled) {
+  discovery.set(HostSet({{"a", 2}}));
+  start_joined(elastic(2, 1, 2));
+  survivors_rejoin({a0}, 1);  // a1 never re-joins (a worker hung outside collectives)
+  EXPECT_FALSE(steps(1));
+  ASSERT_EQ(driver->generation(), 2);
+  Worker hung = worker_at(a1);
+  EXPECT_FALSE(steps(150));  // 15 s of the 20 s
+  EXPECT_FALSE(hung->killed);
+  EXPECT_FALSE(steps(60));
+  EXPECT_TRUE(hung->killed);
+  EXPECT_EQ(driver->generation(), 3);  // recovered in place: its slot gets a new worker
+  EXPECT_EQ(launcher.launched().size(), 3u);
+}
+
+TEST_F(InPlaceTest, AfterAFailureASurvivorThatDoesNotReJoinWithinTheCollectiveTimeoutIsLeftOut) {
+  // Across hosts nobody can name a stopped rank: the live survivors re-join,
+  // the stopped one never does.
+  discovery.set(HostSet({{"a", 1}, {"b", 1}, {"c", 1}}));
+  auto o = elastic(3, 2, 3);
+  o.collective_timeout = std::chrono::seconds(2);
+  start_joined(o);
+  survivors_rejoin({a0, b0}, 1);
+  EXPECT_FALSE(steps(1));
+  ASSERT_EQ(driver->generation(), 2);  // re-formed with c0 still in it
+  Worker stopped = worker_at(c0);
+  EXPECT_FALSE(steps(25));  // 2.5 s
+  EXPECT_FALSE(stopped->killed);
+  EXPECT_FALSE(steps(6));  // past 3 s: killed and left out, long before --rendezvous-timeout
+  EXPECT_TRUE(stopped->killed);
+  EXPECT_EQ(driver->generation(), 3);
+  EXPECT_FALSE(worker_at(a0)->killed);
+  EXPECT_FALSE(worker_at(b0)->killed);
+}
+
+TEST_F(InPlaceTest, AWorkerWaitingInTheRendezvousIsNeverKilledByTheDeadline) {
+  discovery.set(HostSet({{"a", 2}}));
+  start_joined(elastic(2, 1, 2));
+  survivors_rejoin({a0}, 1);
+  EXPECT_FALSE(steps(1));
+  ASSERT_EQ(driver->generation(), 2);
+  EXPECT_FALSE(steps(199));  // just before the 20 s deadline a1 has not joined generation 2...
+  membership.join(a1, 2, JoinReason::kFormFailed);  // ...and now waits for a newer one, as the deadline passes
+  EXPECT_FALSE(steps(2));
+  EXPECT_FALSE(worker_at(a1)->killed);
+  EXPECT_EQ(driver->generation(), 3);
+  EXPECT_TRUE(membership.is_member(a1));
+}
+
+}  // namespace
+}  // namespace erun
