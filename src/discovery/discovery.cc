@@ -75,7 +75,7 @@ std::string stderr_tail(const std::string& err) {
   if (lines.size() == 1 && trim(lines[0]).empty()) return " (it printed nothing on stderr)";
   size_t from = lines.size() > kStderrTailLines ? lines.size() - kStderrTailLines : 0;
   std::string out = "; its stderr ends with:";
-  for (size_t i = from; i < lines.size(); ++i) out += "\n    " + std::string(trim(lines[i]));
+  for (size_t i = from; i < lines.size(); ++i) out += "\n    " + escape_for_log(trim(lines[i]));
   return out;
 }
 
@@ -295,7 +295,7 @@ void DiscoveryLoop::apply(const Result<HostSet>& r) {
     if (have_good_ && warned_.insert(r.message()).second) {
       ERUN_LOG_WARN("host discovery ({}) failed, keeping the previous hosts ({}): {}",
                     discovery_.describe(),
-                    snap_.hosts.empty() ? std::string("none") : snap_.hosts.to_string(),
+                    snap_.hosts.empty() ? std::string("none") : snap_.hosts.summary(),
                     r.message());
     }
     cv_.notify_all();
@@ -310,8 +310,8 @@ void DiscoveryLoop::apply(const Result<HostSet>& r) {
   warned_.clear();
   if (!have_good_ || !(r.value() == snap_.hosts)) {
     if (have_good_) {
-      ERUN_LOG_INFO("host discovery: {} (now {})", diff_hosts(snap_.hosts, r.value()).to_string(),
-                    r.value().empty() ? std::string("no hosts") : r.value().to_string());
+      ERUN_LOG_INFO("host discovery: {} (now {})", diff_hosts(snap_.hosts, r.value()).summary(),
+                    r.value().empty() ? std::string("no hosts") : r.value().summary());
     }
     snap_.hosts = r.value();
     ++snap_.version;
