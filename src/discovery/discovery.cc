@@ -135,6 +135,7 @@ Result<HostSet> ScriptDiscovery::discover() {
   for (int fd : {out.get(), err.get()}) ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
 
   std::string out_text, err_text;
+  out_text.reserve(last_output_.size() + 1);
   bool timed_out = false;
   bool too_much = false;
   std::optional<TimePoint> exited_at;
@@ -198,7 +199,14 @@ Result<HostSet> ScriptDiscovery::discover() {
     return R::error(fmt::format("discovery script {} failed with {}{}{}", script_,
                                 status->describe(), hint, stderr_tail(err_text)));
   }
+  if (last_parsed_ && out_text == last_output_) return *last_parsed_;
   auto hosts = parse_discovery_output(out_text, default_slots_);
+  if (hosts) {
+    last_output_ = std::move(out_text);
+    last_parsed_ = *hosts;
+  } else {
+    last_parsed_.reset();
+  }
   if (!hosts) {
     return R::error(fmt::format("discovery script {} printed bad output: {}", script_,
                                 hosts.message()));
@@ -252,6 +260,11 @@ void DiscoveryLoop::stop() {
 DiscoveryLoop::Snapshot DiscoveryLoop::snapshot() const {
   std::lock_guard lock(mu_);
   return snap_;
+}
+
+long DiscoveryLoop::version() const {
+  std::lock_guard lock(mu_);
+  return snap_.version;
 }
 
 DiscoveryLoop::Snapshot DiscoveryLoop::wait_for_change(long seen, Duration timeout) const {

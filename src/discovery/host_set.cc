@@ -57,10 +57,10 @@ Result<Host> parse_host_spec(std::string_view tok, int default_slots, bool* had_
     auto rest = trim(tok.substr(space));
     if (starts_with(rest, "slots=")) {
       return Result<Host>::error(fmt::format(
-          "write {}:{} here; \"slots=\" is the hostfile form", tok.substr(0, space),
-          rest.substr(6)));
+          "write {}:{} here; \"slots=\" is the hostfile form", escape_for_log(tok.substr(0, space)),
+          escape_for_log(rest.substr(6), 20)));
     }
-    return Result<Host>::error(fmt::format("unexpected \"{}\" after the host", rest));
+    return Result<Host>::error(fmt::format("unexpected \"{}\" after the host", escape_for_log(rest, 60)));
   }
   if (tok.front() == '[') {
     auto close = tok.find(']');
@@ -71,14 +71,14 @@ Result<Host> parse_host_spec(std::string_view tok, int default_slots, bool* had_
     auto rest = tok.substr(close + 1);
     if (!rest.empty()) {
       if (rest.front() != ':') {
-        return Result<Host>::error(fmt::format("unexpected '{}' after ']'", rest));
+        return Result<Host>::error(fmt::format("unexpected '{}' after ']'", escape_for_log(rest, 60)));
       }
       slots_text = rest.substr(1);
       has_slots = true;
     }
     if (!is_ipv6(name)) {
       return Result<Host>::error(
-          fmt::format("brackets are only for IPv6 addresses, and \"{}\" is not one", name));
+          fmt::format("brackets are only for IPv6 addresses, and \"{}\" is not one", escape_for_log(name)));
     }
   } else {
     auto colons = std::count(tok.begin(), tok.end(), ':');
@@ -330,16 +330,22 @@ Result<HostSet> parse_discovery_output(std::string_view text, int default_slots,
                                        DuplicatePolicy dup) {
   HostSet set;
   std::unordered_map<std::string, Seen> first_seen;
-  auto lines = split(text, '\n');
-  for (size_t i = 0; i < lines.size(); ++i) {
-    size_t no = i + 1;
-    auto shown = escape_for_log(trim(lines[i]));
-    if (auto why = check_line_bytes(lines[i]); !why.empty()) {
-      return Result<HostSet>::error(
-          fmt::format("discovery output line {} \"{}\": {}; fix the script's output", no, shown, why));
+  // Lines as views into `text`: no copy of a 20,000-line output.
+  size_t no = 0;
+  for (size_t start = 0; start <= text.size();) {
+    auto nl = text.find('\n', start);
+    if (nl == std::string_view::npos) nl = text.size();
+    auto raw = text.substr(start, nl - start);
+    start = nl + 1;
+    ++no;
+    if (auto why = check_line_bytes(raw); !why.empty()) {
+      return Result<HostSet>::error(fmt::format(
+          "discovery output line {} \"{}\": {}; fix the script's output", no,
+          escape_for_log(trim(raw)), why));
     }
-    auto line = strip_comment(lines[i]);
+    auto line = strip_comment(raw);
     if (line.empty()) continue;
+    auto shown = escape_for_log(trim(raw));
     auto h = parse_host_spec(line, default_slots);
     if (!h) {
       return Result<HostSet>::error(fmt::format("discovery output line {} \"{}\": {} (expected host[:slots])",

@@ -129,7 +129,7 @@ Status Driver::start() {
   last_discovery_ = clock_.now();
   ERUN_LOG_INFO("job {}: {} found {} host{} with {} slot{}: {}", d_.job_id, d_.discovery->describe(),
                 discovered_.size(), discovered_.size() == 1 ? "" : "s", discovered_.total_slots(),
-                discovered_.total_slots() == 1 ? "" : "s", discovered_.to_string());
+                discovered_.total_slots() == 1 ? "" : "s", discovered_.summary());
   if (d_.events) {
     d_.events->write("job_started", {{"job_id", json_string(d_.job_id)},
                                      {"hosts", json_string(discovered_.to_string())},
@@ -157,16 +157,17 @@ void Driver::refresh_hosts() {
     }
     last_discovery_error_.clear();
     if (!(*r == discovered_)) {
-      ERUN_LOG_INFO("hosts changed: {} (now {})", diff_hosts(discovered_, *r).to_string(), r->to_string());
+      ERUN_LOG_INFO("hosts changed: {} (now {})", diff_hosts(discovered_, *r).summary(), r->summary());
       if (d_.events) d_.events->write("hosts_changed", {{"hosts", json_string(r->to_string())}});
       set_discovered(*r);
     }
     return;
   }
+  if (loop_->version() == discovered_version_) return;  // no copy of the host set per tick
   auto snap = loop_->snapshot();
   if (snap.version != discovered_version_) {
-    ERUN_LOG_INFO("hosts changed: {} (now {})", diff_hosts(discovered_, snap.hosts).to_string(),
-                  snap.hosts.to_string());
+    ERUN_LOG_INFO("hosts changed: {} (now {})", diff_hosts(discovered_, snap.hosts).summary(),
+                  snap.hosts.summary());
     if (d_.events) d_.events->write("hosts_changed", {{"hosts", json_string(snap.hosts.to_string())}});
     set_discovered(snap.hosts);
     discovered_version_ = snap.version;
@@ -199,6 +200,7 @@ std::string Driver::master_address() const {
 
 void Driver::set_discovered(HostSet hosts) {
   discovered_ = std::move(hosts);
+  ++discovered_epoch_;
   all_hosts_local_ = true;
   for (auto& h : discovered_.hosts()) {
     bool local;
@@ -613,9 +615,10 @@ std::optional<int> Driver::step() {
 
   switch (phase_) {
     case Phase::kWaiting: {
-      HostSet usable = hosts_.usable(discovered_);
+      plan_cache_.update(discovered_epoch_, discovered_, hosts_, generation_, plan_, o_.max_np);
+      const HostSet& usable = plan_cache_.usable();
       if (usable.total_slots() >= std::max(o_.min_np, 1)) {
-        start_generation(usable);
+        start_generation(HostSet(usable));
         return std::nullopt;
       }
       if (now - waiting_since_ > o_.elastic_timeout) {
@@ -689,8 +692,10 @@ std::optional<int> Driver::step() {
         break;
       }
       // Membership: would a fresh plan differ from the running one?
-      HostSet usable = hosts_.usable(discovered_);
-      Plan next = make_plan(generation_ + 1, usable, o_.max_np, &plan_);
+      // Recomputed only when the hosts, the blacklist or the plan changed.
+      plan_cache_.update(discovered_epoch_, discovered_, hosts_, generation_, plan_, o_.max_np);
+      const HostSet& usable = plan_cache_.usable();
+      const Plan& next = plan_cache_.next();
       if (!next.same_layout(plan_) && next.size() < std::max(o_.min_np, 1)) {
         // Fewer slots than --min-np: a shrink would stop the job. The running
         // workers go on (failures still count) until the hosts come back.

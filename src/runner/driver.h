@@ -30,6 +30,7 @@
 #include "runner/launcher.h"
 #include "runner/options.h"
 #include "runner/output.h"
+#include "runner/plan_cache.h"
 #include "runner/planner.h"
 
 namespace erun {
@@ -134,6 +135,8 @@ class Driver {
   HostSet discovered_;
   bool all_hosts_local_ = true;  // every discovered host launches locally
   long discovered_version_ = -1;
+  long discovered_epoch_ = 0;  // bumps in set_discovered
+  PlanCache plan_cache_;
   TimePoint last_discovery_{};
   std::string last_discovery_error_;
 
