@@ -73,7 +73,8 @@ Driver::Driver(DriverOptions options, DriverDeps deps)
       d_(std::move(deps)),
       clock_(*d_.clock),
       hosts_(*d_.clock, BlacklistPolicy{o_.blacklist_after, from_seconds(o_.cooldown_min_s),
-                                        from_seconds(o_.cooldown_max_s)}) {
+                                        from_seconds(o_.cooldown_max_s)}),
+      crash_loop_(o_.crash_loop_limit, o_.crash_loop_progress) {
   ERUN_CHECK(d_.discovery && d_.local_launcher && d_.clock);
   if (d_.job_id.empty()) d_.job_id = "erun-" + random_hex(6);
   if (d_.secret.empty()) d_.secret = random_hex(32);
@@ -298,6 +299,7 @@ bool Driver::launch_worker(const RankAssignment& a, const std::string& master_ad
   if (!h) {
     ERUN_LOG_ERROR("{}: launch failed: {}", who(generation_, a.slot.host, a.rank), h.message());
     w.exit = ExitStatus{127, 0};
+    crash_loop_.worker_failed(a.slot.host, *w.exit);
     if (!generation_failure_) {
       generation_failure_ = Failure{generation_, a.slot.host, a.rank, *w.exit, {h.message()}, 0};
     }
@@ -327,6 +329,7 @@ bool Driver::start_generation(const HostSet& usable) {
   ++generation_;
   if (generation_ > 1) ++restarts_;
   generation_failure_.reset();
+  crash_loop_.generation_started(generation_, plan_.hosts());
   std::string master_addr = master_address();
   bool rank0_local;
   launcher_for(plan_.ranks.front().slot.host, &rank0_local);
@@ -343,9 +346,15 @@ bool Driver::start_generation(const HostSet& usable) {
 void Driver::update_joined() {
   if (!d_.rendezvous || generation_complete_) return;
   std::set<SlotKey> members;
-  for (auto& j : d_.rendezvous->members()) members.insert(j.slot);
+  for (auto& j : d_.rendezvous->members()) {
+    members.insert(j.slot);
+    crash_loop_.commit_seen(j.commit_id);
+  }
   std::set<SlotKey> waiting;
-  for (auto& j : d_.rendezvous->waiting()) waiting.insert(j.slot);
+  for (auto& j : d_.rendezvous->waiting()) {
+    waiting.insert(j.slot);
+    crash_loop_.commit_seen(j.commit_id);
+  }
   size_t in_current = 0;
   for (auto& w : workers_) {
     if (w.exit) continue;
@@ -464,6 +473,7 @@ void Driver::reconfigure(const char* reason) {
     }
   }
   plan_ = next;
+  crash_loop_.generation_started(generation_, plan_.hosts());
   publish();
   for (auto& a : plan_.ranks) {
     bool alive = std::any_of(workers_.begin(), workers_.end(),
@@ -497,8 +507,14 @@ void Driver::reap() {
     if (s->ok()) {
       ERUN_LOG_INFO("{}: finished successfully after {:.1f} s", who(generation_, a.slot.host, a.rank), after);
       any_success_ = true;
+      if (first_finished_.empty()) {
+        first_finished_ = who(-1, a.slot.host, a.rank);
+        first_finished_at_ = clock_.now();
+      }
+      crash_loop_.progress();
       continue;
     }
+    crash_loop_.worker_failed(a.slot.host, *s);
     ERUN_LOG_WARN("{}: failed with {} after {:.1f} s", who(generation_, a.slot.host, a.rank), s->describe(),
                   after);
     if (!generation_failure_) {
@@ -651,8 +667,12 @@ std::optional<int> Driver::step() {
         if (any_success_) {
           // Training is over for at least one rank: no restart, let the job end.
           phase_ = Phase::kFinishing;
-          finish_deadline_ = now;
-          break;
+          break;  // kFinishing explains and stops the others
+        }
+        if (auto loop = crash_loop_.generation_failed(now - published_at_)) {
+          ERUN_LOG_ERROR("{}: {}", who(generation_), *loop);
+          if (d_.events) d_.events->write("crash_loop", {{"generations", json_number(long{crash_loop_.streak()})}});
+          return finish_with_failure(f);
         }
         if (o_.reset_limit >= 0 && resets_ >= o_.reset_limit) {
           ERUN_LOG_ERROR("{}: reset limit {} reached; ending the job", who(generation_), o_.reset_limit);
@@ -687,8 +707,12 @@ std::optional<int> Driver::step() {
       if (any_success_) {
         phase_ = Phase::kFinishing;
         finish_deadline_ = now + o_.finish_timeout;
-        ERUN_LOG_INFO("{}: a worker finished; waiting up to {:.0f} s for the others", who(generation_),
-                      seconds(o_.finish_timeout));
+        finishing_because_ = fmt::format(
+            "{} finished successfully {:.0f} s ago and the others did not finish within --finish-timeout {:.0f} s "
+            "(raise --finish-timeout if ranks legitimately finish far apart)",
+            first_finished_, seconds(o_.finish_timeout), seconds(o_.finish_timeout));
+        ERUN_LOG_INFO("{}: {} finished; waiting up to --finish-timeout {:.0f} s for the others", who(generation_),
+                      first_finished_, seconds(o_.finish_timeout));
         break;
       }
       // Membership: would a fresh plan differ from the running one?
@@ -741,15 +765,30 @@ std::optional<int> Driver::step() {
       break;
     }
     case Phase::kFinishing: {
+      if (generation_failure_ && !failure_while_finishing_) {
+        // A worker failed after another finished: no restart is possible.
+        const Failure& f = *generation_failure_;
+        failure_while_finishing_ = true;
+        finishing_because_ = fmt::format(
+            "{} finished successfully {:.1f} s ago and then {} failed with {}; a job cannot restart once "
+            "a worker has finished, so erun ends it with the failure's exit code (see the root cause below)",
+            first_finished_, seconds(now - first_finished_at_), who(-1, f.host, f.rank), f.status.describe());
+        ERUN_LOG_ERROR("{}: {}", who(generation_), finishing_because_);
+        finish_deadline_ = now;
+      }
       bool all_done = std::all_of(workers_.begin(), workers_.end(), [](const Worker& w) { return w.exit; });
       if (all_done) return job_exit_code();
       if (now >= finish_deadline_) {
-        ERUN_LOG_ERROR("{}: {:.0f} s after the first worker finished, others still run; stopping them",
-                       who(generation_), seconds(o_.finish_timeout));
         std::vector<const Worker*> stragglers;
+        std::vector<std::string> names;
         for (auto& w : workers_) {
-          if (!w.exit) stragglers.push_back(&w);
+          if (w.exit) continue;
+          stragglers.push_back(&w);
+          if (names.size() < 8) names.push_back(fmt::format("rank {} on {}", w.assignment.rank, w.assignment.slot.host));
         }
+        ERUN_LOG_ERROR("{}: stopping {} worker{} still running ({}{}): {}", who(generation_), stragglers.size(),
+                       stragglers.size() == 1 ? "" : "s", join(names, ", "), stragglers.size() > names.size() ? ", ..." : "",
+                       finishing_because_);
         stop_all(SIGTERM);
         if (!generation_failure_ && !stragglers.empty()) {
           const Worker& w = *stragglers.front();

@@ -25,6 +25,7 @@
 
 #include "common/clock.h"
 #include "discovery/discovery.h"
+#include "runner/crash_loop.h"
 #include "runner/event_log.h"
 #include "runner/host_manager.h"
 #include "runner/launcher.h"
@@ -137,6 +138,7 @@ class Driver {
   long discovered_version_ = -1;
   long discovered_epoch_ = 0;  // bumps in set_discovered
   PlanCache plan_cache_;
+  CrashLoopDetector crash_loop_;
   TimePoint last_discovery_{};
   std::string last_discovery_error_;
 
@@ -153,6 +155,10 @@ class Driver {
   std::optional<Failure> generation_failure_;  // first failure of the current generation
   std::optional<Failure> first_failure_;       // first failure of the job
   bool any_success_ = false;
+  std::string first_finished_;     // who() of the first worker that finished successfully
+  TimePoint first_finished_at_{};
+  std::string finishing_because_;  // why the job ends in Phase::kFinishing, for its log line
+  bool failure_while_finishing_ = false;
   bool below_min_logged_ = false;
   TimePoint published_at_{};
   bool generation_complete_ = false;  // every rank of the plan joined the current generation
