@@ -21,6 +21,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -43,6 +44,7 @@ struct Options {
   int features = 32;
   int commit_every = 10;
   int step_ms = 0;
+  int fail_at_step = 0;  // > 0: the training function throws at this step (tests a crash loop)
   std::string checkpoint_dir;
 };
 
@@ -84,11 +86,13 @@ Options parse_options(int argc, char** argv) {
     else if (flag == "--commit-every") o.commit_every = parse_int(flag, value(), 1, 1 << 30);
     else if (flag == "--step-ms") o.step_ms = parse_int(flag, value(), 0, 3600000);
     else if (flag == "--checkpoint-dir") o.checkpoint_dir = value();
+    else if (flag == "--fail-at-step") o.fail_at_step = parse_int(flag, value(), 1, 1 << 30);
     else if (flag == "-h" || flag == "--help") {
       std::printf(
           "usage: train_mlp [--epochs N=10] [--batch B=256] [--lr X=0.02] [--momentum M=0.9]\n"
           "                 [--seed S=1] [--samples N=40000] [--features D=32]\n"
           "                 [--commit-every K=10] [--step-ms MS=0] [--checkpoint-dir DIR]\n"
+          "                 [--fail-at-step N (throw there, to try erun's crash-loop check)]\n"
           "B is the global batch: the result does not depend on the number of workers.\n");
       std::exit(0);
     } else {
@@ -353,6 +357,9 @@ int train(const Options& o) {
       }
       while (sampler.remaining() > 0) {
         const size_t global = std::min(static_cast<size_t>(o.batch), sampler.remaining());
+        if (o.fail_at_step > 0 && step + 1 == o.fail_at_step) {
+          throw std::runtime_error("--fail-at-step " + std::to_string(o.fail_at_step) + ": failing on purpose");
+        }
         FixedGrad grad(layout.total, o.batch);
         Activations a;
         std::vector<int64_t> seen(2, 0);  // count, fingerprint (wrapping sum)
