@@ -126,6 +126,7 @@ struct RendezvousServer::Impl {
   bool accept_paused = false;
   Admission admission;
   size_t closed_since_trim = 0;
+  std::vector<char> scratch = std::vector<char>(kReadChunk);  // the I/O thread's read buffer
 
   std::map<SlotKey, uint64_t> waiting;     // slot -> conn blocked in join
   std::map<SlotKey, uint64_t> slot_owner;  // slot -> latest conn that joined for it
@@ -314,16 +315,18 @@ struct RendezvousServer::Impl {
 
   void on_readable(Conn& c) {
     while (true) {
+      // Reads go through one shared buffer; a connection keeps only its
+      // unparsed bytes (a few hundred at most before authentication), so
+      // 10,000 idle workers do not each hold (and zero) a 64 KiB buffer.
+      size_t room = kReadChunk;
       if (c.phase != Phase::kReady) {
-        // A few hundred bytes at most before authentication.
-        if (c.rbuf.size() != kPreAuthBytes) c.rbuf.resize(kPreAuthBytes);
-        if (c.rlen == c.rbuf.size()) return refuse(c, "sent more than a handshake frame before authenticating");
-      } else if (c.rbuf.size() - c.rlen < kReadChunk) {
-        c.rbuf.resize(c.rlen + kReadChunk);
+        if (c.rlen >= kPreAuthBytes) return refuse(c, "sent more than a handshake frame before authenticating");
+        room = kPreAuthBytes - c.rlen;
       }
-      size_t room = c.rbuf.size() - c.rlen;
-      ssize_t n = ::recv(c.fd, c.rbuf.data() + c.rlen, room, 0);
+      ssize_t n = ::recv(c.fd, scratch.data(), room, 0);
       if (n > 0) {
+        if (c.rbuf.size() < c.rlen + static_cast<size_t>(n)) c.rbuf.resize(c.rlen + static_cast<size_t>(n));
+        std::memcpy(c.rbuf.data() + c.rlen, scratch.data(), static_cast<size_t>(n));
         c.rlen += static_cast<size_t>(n);
         parse(c);
         if (c.doomed) return;
@@ -356,7 +359,7 @@ struct RendezvousServer::Impl {
       }
       size_t total = wire::kHeaderBytes + h.length;
       if (c.rlen - off < total) {
-        if (c.phase == Phase::kReady && c.rbuf.size() < off + total) c.rbuf.resize(off + total);
+        if (c.phase == Phase::kReady && c.rbuf.capacity() < off + total) c.rbuf.reserve(off + total);
         break;
       }
       std::string_view payload(c.rbuf.data() + off + wire::kHeaderBytes, h.length);
