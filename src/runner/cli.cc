@@ -21,7 +21,7 @@ const std::map<std::string, int>& option_arity() {
       {"--host-discovery-script", 1}, {"--discovery-interval", 1}, {"--discovery-timeout", 1},
       {"-H", 1}, {"--hosts", 1}, {"--hostfile", 1}, {"--slots-per-host", 1}, {"--slots", 1},
       {"--elastic-timeout", 1}, {"--reset-limit", 1}, {"--blacklist-cooldown-range", 2},
-      {"--blacklist-after", 1}, {"--ssh-port", 1}, {"-p", 1}, {"--ssh-identity-file", 1},
+      {"--blacklist-after", 1}, {"--crash-loop-limit", 1}, {"--ssh-port", 1}, {"-p", 1}, {"--ssh-identity-file", 1},
       {"-i", 1}, {"--ssh-connect-timeout", 1}, {"-x", 1}, {"--env", 1},
       {"--output-filename", 1}, {"--event-log", 1}, {"--launcher", 1}, {"--mode", 1},
       {"--term-grace", 1}, {"--finish-timeout", 1}, {"--rendezvous-timeout", 1},
