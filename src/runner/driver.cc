@@ -549,9 +549,9 @@ void Driver::stop_all(int sig) {
     if (!killed && (now >= deadline || stop_signal_.load() == SIGKILL)) {
       for (auto& w : workers_) {
         if (!w.exit && w.handle) {
-          ERUN_LOG_WARN("{}: did not stop within {:.1f} s, killing", who(generation_, w.assignment.slot.host,
-                                                                         w.assignment.rank),
-                        seconds(o_.term_grace));
+          ERUN_LOG_WARN("{}: did not stop within {:.1f} s of SIGTERM, killing it (raise --term-grace if it "
+                        "needs longer to shut down)",
+                        who(generation_, w.assignment.slot.host, w.assignment.rank), seconds(o_.term_grace));
           w.handle->kill();
         }
       }
@@ -559,8 +559,11 @@ void Driver::stop_all(int sig) {
       deadline = now + std::chrono::seconds(10);
     } else if (killed && now >= deadline) {
       for (auto& w : workers_) {
-        if (!w.exit) ERUN_LOG_ERROR("{}: could not be reaped", who(generation_, w.assignment.slot.host,
-                                                                   w.assignment.rank));
+        if (!w.exit) {
+          ERUN_LOG_ERROR("{}: still not gone 10 s after SIGKILL; it may be stuck in the kernel (D state) or its "
+                         "host unreachable: check the host",
+                         who(generation_, w.assignment.slot.host, w.assignment.rank));
+        }
       }
       break;
     }
@@ -660,8 +663,9 @@ std::optional<int> Driver::step() {
           if (h != f.host) hosts_.record_success(h);
         }
         if (blacklisted) {
-          ERUN_LOG_WARN("{} blacklisted until its cooldown ends ({:.0f} s)", f.host,
-                        seconds(hosts_.blacklisted_until(f.host) - now));
+          ERUN_LOG_WARN("{} blacklisted for {:.0f} s after {} failure(s) in a row: the job goes on without it, "
+                        "then tries it again (see --blacklist-after and --blacklist-cooldown-range)",
+                        f.host, seconds(hosts_.blacklisted_until(f.host) - now), o_.blacklist_after);
           if (d_.events) d_.events->write("host_blacklisted", {{"host", json_string(f.host)}});
         }
         if (any_success_) {
@@ -675,7 +679,9 @@ std::optional<int> Driver::step() {
           return finish_with_failure(f);
         }
         if (o_.reset_limit >= 0 && resets_ >= o_.reset_limit) {
-          ERUN_LOG_ERROR("{}: reset limit {} reached; ending the job", who(generation_), o_.reset_limit);
+          ERUN_LOG_ERROR("{}: --reset-limit {} reached, so this failure ends the job (raise --reset-limit to "
+                         "allow more restarts)",
+                         who(generation_), o_.reset_limit);
           return finish_with_failure(f);
         }
         ++resets_;
@@ -738,8 +744,9 @@ std::optional<int> Driver::step() {
           bool lost = std::any_of(plan_.ranks.begin(), plan_.ranks.end(),
                                   [&](const RankAssignment& r) { return !next.contains(r.slot); });
           if (!lost) break;  // could grow, but may not reset any more: keep running
-          ERUN_LOG_ERROR("{}: hosts of the job were removed and the reset limit {} is reached", who(generation_),
-                         o_.reset_limit);
+          ERUN_LOG_ERROR("{}: hosts of the job were removed and --reset-limit {} is reached, so the job ends "
+                         "(raise --reset-limit to let it resize)",
+                         who(generation_), o_.reset_limit);
           stop_all(SIGTERM);
           return 1;
         }
