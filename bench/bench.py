@@ -31,7 +31,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The collective timeout (erun --collective-timeout, torch --pg-timeout) of the frozen-worker benchmark.
 FROZEN_TIMEOUT_S = 5
-SECTIONS = ["startup", "recovery", "frozen", "scaleup", "allreduce", "control", "commit"]
+SECTIONS = ["startup", "recovery", "frozen", "scaleup", "allreduce", "control", "commit", "hostile"]
 TORCH_PY = "/usr/bin/python3"
 MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe"]
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
@@ -608,6 +608,118 @@ class Bench:
                        gbs=f"{row['gbs']:.3f}")
             if not found:
                 raise RuntimeError(f"no COMMIT lines from {cmd_str(cmd)}:\n{text[-2000:]}")
+
+    # ---- 7. hostile input and a big host set ------------------------------
+    def _erun_job(self, extra, command):
+        cmd = [self.erun, "--launcher", "local", "--mode", "restart", "-np", "2"] + extra + command
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+        return cmd, p
+
+    @staticmethod
+    def _cpu_ticks(pid):
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])  # utime + stime of the process itself (not its children)
+
+    @staticmethod
+    def _rss_kib(pid):
+        with open(f"/proc/{pid}/status") as f:
+            m = re.search(r"VmRSS:\s+(\d+) kB", f.read())
+        return int(m[1]) if m else -1
+
+    @staticmethod
+    def _end(p):
+        try:
+            os.killpg(p.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        try:
+            p.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+    def hostile(self):
+        out = self.r["hostile"] = {"cpu": [], "flood": None}
+        counts = [1, 1000] if self.smoke else [1, 10000, 20000]
+        window = 3 if self.smoke else 20
+        tck = os.sysconf("SC_CLK_TCK")
+        for n in counts:
+            hosts = os.path.join(self.tmp, f"hosts{n}")
+            with open(hosts, "w") as f:
+                f.writelines(f"node{i}:4\n" for i in range(n))
+            script = os.path.join(self.tmp, f"discover{n}.sh")
+            with open(script, "w") as f:
+                f.write(f"#!/bin/sh\ncat {shlex.quote(hosts)}\n")
+            os.chmod(script, 0o755)
+            cmd, p = self._erun_job(["--min-np", "1", "--max-np", "2", "--host-discovery-script", script,
+                                     "--discovery-interval", "1"], ["sleep", "100000"])
+            try:
+                time.sleep(3)  # first discovery, plan, launch
+                t0, c0 = time.monotonic(), self._cpu_ticks(p.pid)
+                time.sleep(window)
+                t1, c1 = time.monotonic(), self._cpu_ticks(p.pid)
+            finally:
+                self._end(p)
+            pct = 100.0 * (c1 - c0) / tck / (t1 - t0)
+            out["cpu"].append({"hosts": n, "cpu_pct": pct, "window_s": t1 - t0, "cmd": cmd_str(cmd)})
+            result("hostile", f"cpu{n}", cpu_pct=f"{pct:.2f}")
+
+        # The flood: 5,000 junk connections (one byte and close; every fifth silent and kept open).
+        cmd, p = self._erun_job([], ["sh", "-c", "echo RDZV_PORT=$ERUN_RDZV_PORT; exec sleep 100000"])
+        try:
+            port = None
+            deadline = time.monotonic() + 30
+            buf = b""
+            os.set_blocking(p.stdout.fileno(), False)
+            while port is None and time.monotonic() < deadline:
+                chunk = p.stdout.read() or b""
+                buf += chunk
+                m = re.search(rb"RDZV_PORT=(\d+)", buf)
+                if m:
+                    port = int(m[1])
+                time.sleep(0.05)
+            if port is None:
+                raise RuntimeError(f"no rendezvous port from {cmd_str(cmd)}: {buf[-2000:]!r}")
+            time.sleep(1)
+            before = self._rss_kib(p.pid)
+            peak = [before]
+            stop = threading.Event()
+
+            def sample():
+                while not stop.is_set():
+                    peak[0] = max(peak[0], self._rss_kib(p.pid))
+                    time.sleep(0.02)
+            th = threading.Thread(target=sample)
+            th.start()
+            import socket
+            n_conn = 500 if self.smoke else 5000
+            silent = []
+            t0 = time.monotonic()
+            for i in range(n_conn):
+                s = socket.create_connection(("127.0.0.1", port))
+                if i % 5 == 0 and len(silent) < 800:
+                    silent.append(s)
+                    continue
+                s.send(b"\x00")
+                s.close()
+            flood_s = time.monotonic() - t0
+            time.sleep(1)
+            for s in silent:
+                s.close()
+            time.sleep(3)
+            stop.set()
+            th.join()
+            after = self._rss_kib(p.pid)
+            alive = p.poll() is None
+        finally:
+            self._end(p)
+        log_text = buf.decode(errors="replace") + (p.stdout.read() or b"").decode(errors="replace")
+        out["flood"] = {"connections": n_conn, "silent": len(silent), "flood_s": flood_s, "rss_before_kib": before,
+                        "rss_peak_kib": peak[0], "rss_after_kib": after, "driver_alive": alive,
+                        "drop_lines": log_text.count("rendezvous: dropped connection"),
+                        "count_lines": log_text.count("more connection"), "cmd": cmd_str(cmd)}
+        result("hostile", "flood", before_kib=before, peak_kib=peak[0], after_kib=after)
 
     # ---- machine -----------------------------------------------------------
     def machine(self):

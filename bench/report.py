@@ -559,6 +559,45 @@ def sections(d, img):
                               f"{worst[3]:.2f} GB/s | {fmt_ratio(worst[0])} (commit / memcpy) |")
             d.targets.append(f"| commit ≥ ½ memcpy bandwidth | worst {fmt_ratio(worst[0])} at {human(worst[1])} | "
                              f"{'met' if worst[0] >= 0.5 else 'not met'} |")
+    # ---- hostile input and a big host set
+    hs = r.get("hostile")
+    if hs:
+        d.p("## 7. A big host set and a connection flood")
+        d.p()
+        d.p("**Driver CPU with many discovered hosts.** `erun --launcher local --mode restart -np 2 --min-np 1 "
+            "--max-np 2 --host-discovery-script S --discovery-interval 1 sleep 100000`, where S prints N hosts "
+            "(`nodeI:4`): the hosts exist, two slots are used, and the driver re-runs discovery every second and "
+            "ticks every 5 ms. CPU is the erun process's own utime+stime (its discovery script's `sh`/`cat` "
+            "children are not counted) over the window, after 3 s of start-up. The peer is the same job with "
+            "1 host, measured in the same run.")
+        d.p()
+        d.p("| discovered hosts | driver CPU (% of a core) | vs 1 host | window (s) |")
+        d.p("|---|---|---|---|")
+        base = next((row["cpu_pct"] for row in hs.get("cpu", []) if row["hosts"] == 1), None)
+        for row in hs.get("cpu", []):
+            ratio = f"{row['cpu_pct'] / base:.2f}×" if base else "–"
+            d.p(f"| {row['hosts']:,} | {row['cpu_pct']:.2f} | {ratio} | {row['window_s']:.1f} |")
+            if row["hosts"] in (10000, 20000):
+                ok = row["cpu_pct"] < 2
+                d.targets.append(f"| driver CPU with {row['hosts']:,} discovered hosts at a 1 s interval < 2 % "
+                                 f"of a core | {row['cpu_pct']:.2f} % | {'met' if ok else 'not met'} |")
+        d.p()
+        fl = hs.get("flood")
+        if fl:
+            mib = lambda k: fl[k] / 1024
+            d.p(f"**A flood of junk connections.** {fl['connections']:,} TCP connections to a running job's "
+                f"rendezvous port in {fl['flood_s']:.2f} s: each sends one byte and closes, except "
+                f"{fl['silent']} that stay open silently for a second. Driver RSS (VmRSS of erun): "
+                f"{mib('rss_before_kib'):.1f} MiB before, {mib('rss_peak_kib'):.1f} MiB at the peak (sampled "
+                f"every 20 ms), {mib('rss_after_kib'):.1f} MiB 3 s after the last one closed; the drops were "
+                f"logged in {fl['drop_lines']} line(s) plus {fl['count_lines']} count line(s). "
+                f"Command: `{fl['cmd']}`.")
+            d.p()
+            grow = mib("rss_peak_kib") - mib("rss_before_kib")
+            left = mib("rss_after_kib") - mib("rss_before_kib")
+            ok = grow < 4 and left < 4
+            d.targets.append(f"| driver RSS unchanged (within a few MB) by a {fl['connections']:,}-connection junk "
+                             f"flood | +{grow:.1f} MiB peak, +{left:.1f} MiB after | {'met' if ok else 'not met'} |")
 
 
 def command_block(d, rows):

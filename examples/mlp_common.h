@@ -31,6 +31,7 @@ struct Options {
   int features = 32;
   int commit_every = 10;
   int step_ms = 0;
+  int fail_at_step = 0;  // > 0: the training function throws at this step (tests a crash loop)
   std::string checkpoint_dir;
   bool async_commit = false;  // train_mlp_gpu: commit device state on a side stream
 };
@@ -72,6 +73,7 @@ inline Options parse_options(int argc, char** argv) {
     else if (flag == "--features") o.features = parse_int(flag, value(), 2, 4096);
     else if (flag == "--commit-every") o.commit_every = parse_int(flag, value(), 1, 1 << 30);
     else if (flag == "--step-ms") o.step_ms = parse_int(flag, value(), 0, 3600000);
+    else if (flag == "--fail-at-step") o.fail_at_step = parse_int(flag, value(), 1, 1 << 30);
     else if (flag == "--checkpoint-dir") o.checkpoint_dir = value();
     else if (flag == "--async-commit") o.async_commit = true;
     else if (flag == "-h" || flag == "--help") {
@@ -79,6 +81,7 @@ inline Options parse_options(int argc, char** argv) {
           "usage: train_mlp[_gpu] [--epochs N=10] [--batch B=256] [--lr X=0.02] [--momentum M=0.9]\n"
           "                 [--seed S=1] [--samples N=40000] [--features D=32]\n"
           "                 [--commit-every K=10] [--step-ms MS=0] [--checkpoint-dir DIR]\n"
+          "                 [--fail-at-step N (throw there, to try erun's crash-loop check)]\n"
           "                 [--async-commit (train_mlp_gpu)]\n"
           "B is the global batch: the result does not depend on the number of workers.\n");
       std::exit(0);

@@ -21,6 +21,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -188,6 +189,9 @@ int train(const Options& o) {
       }
       while (sampler.remaining() > 0) {
         const size_t global = std::min(static_cast<size_t>(o.batch), sampler.remaining());
+        if (o.fail_at_step > 0 && step + 1 == o.fail_at_step) {
+          throw std::runtime_error("--fail-at-step " + std::to_string(o.fail_at_step) + ": failing on purpose");
+        }
         FixedGrad grad(layout.total, o.batch);
         Activations a;
         std::vector<int64_t> seen(2, 0);  // count, fingerprint (wrapping sum)

@@ -1,6 +1,7 @@
 #include "common/strings.h"
 
 #include <cerrno>
+#include <algorithm>
 #include <charconv>
 
 namespace erun {
@@ -57,6 +58,33 @@ std::string join(const std::vector<std::string>& parts, std::string_view sep) {
     if (i) out += sep;
     out += parts[i];
   }
+  return out;
+}
+
+std::string escape_for_log(std::string_view s, size_t max_bytes) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  size_t n = std::min(s.size(), max_bytes);
+  out.reserve(n + 16);
+  for (size_t i = 0; i < n; ++i) {
+    auto c = static_cast<unsigned char>(s[i]);
+    switch (c) {
+      case '\0': out += "\\0"; continue;
+      case '\t': out += "\\t"; continue;
+      case '\n': out += "\\n"; continue;
+      case '\r': out += "\\r"; continue;
+      case '\\': out += "\\\\"; continue;
+      default: break;
+    }
+    if (c < 0x20 || c >= 0x7f) {
+      out += "\\x";
+      out += kHex[c >> 4];
+      out += kHex[c & 15];
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  if (s.size() > max_bytes) out += "... (" + std::to_string(s.size()) + " bytes)";
   return out;
 }
 

@@ -15,5 +15,10 @@ bool parse_int(std::string_view s, long& out);
 // Quotes s for a POSIX shell: a word that needs no quoting is returned as is.
 std::string shell_quote(std::string_view s);
 std::string join(const std::vector<std::string>& parts, std::string_view sep);
+// For logs and error messages from untrusted bytes: control, DEL and non-ASCII
+// bytes become escapes (\0, \t, \n, \r, \xNN; a backslash doubles), so no raw
+// control byte reaches a terminal or log; text longer than `max_bytes` input
+// bytes is cut and ends with "... (N bytes)".
+std::string escape_for_log(std::string_view s, size_t max_bytes = 200);
 
 }  // namespace erun

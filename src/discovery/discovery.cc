@@ -75,7 +75,7 @@ std::string stderr_tail(const std::string& err) {
   if (lines.size() == 1 && trim(lines[0]).empty()) return " (it printed nothing on stderr)";
   size_t from = lines.size() > kStderrTailLines ? lines.size() - kStderrTailLines : 0;
   std::string out = "; its stderr ends with:";
-  for (size_t i = from; i < lines.size(); ++i) out += "\n    " + std::string(trim(lines[i]));
+  for (size_t i = from; i < lines.size(); ++i) out += "\n    " + escape_for_log(trim(lines[i]));
   return out;
 }
 
@@ -135,6 +135,7 @@ Result<HostSet> ScriptDiscovery::discover() {
   for (int fd : {out.get(), err.get()}) ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
 
   std::string out_text, err_text;
+  out_text.reserve(last_output_.size() + 1);
   bool timed_out = false;
   bool too_much = false;
   std::optional<TimePoint> exited_at;
@@ -198,7 +199,14 @@ Result<HostSet> ScriptDiscovery::discover() {
     return R::error(fmt::format("discovery script {} failed with {}{}{}", script_,
                                 status->describe(), hint, stderr_tail(err_text)));
   }
+  if (last_parsed_ && out_text == last_output_) return *last_parsed_;
   auto hosts = parse_discovery_output(out_text, default_slots_);
+  if (hosts) {
+    last_output_ = std::move(out_text);
+    last_parsed_ = *hosts;
+  } else {
+    last_parsed_.reset();
+  }
   if (!hosts) {
     return R::error(fmt::format("discovery script {} printed bad output: {}", script_,
                                 hosts.message()));
@@ -254,6 +262,11 @@ DiscoveryLoop::Snapshot DiscoveryLoop::snapshot() const {
   return snap_;
 }
 
+long DiscoveryLoop::version() const {
+  std::lock_guard lock(mu_);
+  return snap_.version;
+}
+
 DiscoveryLoop::Snapshot DiscoveryLoop::wait_for_change(long seen, Duration timeout) const {
   std::unique_lock lock(mu_);
   cv_.wait_for(lock, timeout, [&] { return snap_.version != seen || stop_; });
@@ -295,7 +308,7 @@ void DiscoveryLoop::apply(const Result<HostSet>& r) {
     if (have_good_ && warned_.insert(r.message()).second) {
       ERUN_LOG_WARN("host discovery ({}) failed, keeping the previous hosts ({}): {}",
                     discovery_.describe(),
-                    snap_.hosts.empty() ? std::string("none") : snap_.hosts.to_string(),
+                    snap_.hosts.empty() ? std::string("none") : snap_.hosts.summary(),
                     r.message());
     }
     cv_.notify_all();
@@ -310,8 +323,8 @@ void DiscoveryLoop::apply(const Result<HostSet>& r) {
   warned_.clear();
   if (!have_good_ || !(r.value() == snap_.hosts)) {
     if (have_good_) {
-      ERUN_LOG_INFO("host discovery: {} (now {})", diff_hosts(snap_.hosts, r.value()).to_string(),
-                    r.value().empty() ? std::string("no hosts") : r.value().to_string());
+      ERUN_LOG_INFO("host discovery: {} (now {})", diff_hosts(snap_.hosts, r.value()).summary(),
+                    r.value().empty() ? std::string("no hosts") : r.value().summary());
     }
     snap_.hosts = r.value();
     ++snap_.version;

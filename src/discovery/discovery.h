@@ -47,6 +47,10 @@ class ScriptDiscovery final : public HostDiscovery {
   std::string script_;
   Duration timeout_;
   int default_slots_;
+  // The previous output and its parse: the same 20,000 lines every second are
+  // parsed once.
+  std::string last_output_;
+  std::optional<HostSet> last_parsed_;
 };
 
 // A fixed host set (-H, --hostfile, Slurm, localhost).
@@ -96,6 +100,8 @@ class DiscoveryLoop {
   void start();  // then every interval on the loop's thread
   void stop();
   Snapshot snapshot() const;
+  // The snapshot's version alone: a cheap check before copying a big host set.
+  long version() const;
   // Blocks until the version differs from `seen` or timeout; returns the newest.
   Snapshot wait_for_change(long seen, Duration timeout) const;
   // Asks for a discovery now instead of at the end of the interval.

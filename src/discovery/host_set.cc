@@ -57,10 +57,10 @@ Result<Host> parse_host_spec(std::string_view tok, int default_slots, bool* had_
     auto rest = trim(tok.substr(space));
     if (starts_with(rest, "slots=")) {
       return Result<Host>::error(fmt::format(
-          "write {}:{} here; \"slots=\" is the hostfile form", tok.substr(0, space),
-          rest.substr(6)));
+          "write {}:{} here; \"slots=\" is the hostfile form", escape_for_log(tok.substr(0, space)),
+          escape_for_log(rest.substr(6), 20)));
     }
-    return Result<Host>::error(fmt::format("unexpected \"{}\" after the host", rest));
+    return Result<Host>::error(fmt::format("unexpected \"{}\" after the host", escape_for_log(rest, 60)));
   }
   if (tok.front() == '[') {
     auto close = tok.find(']');
@@ -71,14 +71,14 @@ Result<Host> parse_host_spec(std::string_view tok, int default_slots, bool* had_
     auto rest = tok.substr(close + 1);
     if (!rest.empty()) {
       if (rest.front() != ':') {
-        return Result<Host>::error(fmt::format("unexpected '{}' after ']'", rest));
+        return Result<Host>::error(fmt::format("unexpected '{}' after ']'", escape_for_log(rest, 60)));
       }
       slots_text = rest.substr(1);
       has_slots = true;
     }
     if (!is_ipv6(name)) {
       return Result<Host>::error(
-          fmt::format("brackets are only for IPv6 addresses, and \"{}\" is not one", name));
+          fmt::format("brackets are only for IPv6 addresses, and \"{}\" is not one", escape_for_log(name)));
     }
   } else {
     auto colons = std::count(tok.begin(), tok.end(), ':');
@@ -107,6 +107,31 @@ Result<Host> parse_host_spec(std::string_view tok, int default_slots, bool* had_
   return h;
 }
 
+// Checks one raw input line as bytes, before any parsing: a control byte (a
+// NUL included) anywhere, or a byte that is neither part of a host spec nor a
+// blank in the part before a '#' comment, rejects the line. Hostnames never
+// need them, and a shell metacharacter or a NUL that slipped through would
+// reach a remote shell or cut a C string short. Returns the "what is wrong"
+// part, or empty when the line is fine.
+std::string check_line_bytes(std::string_view line) {
+  auto hash = line.find('#');
+  for (size_t i = 0; i < line.size(); ++i) {
+    auto c = static_cast<unsigned char>(line[i]);
+    bool blank = c == ' ' || c == '\t' || (c == '\r' && i + 1 == line.size());
+    bool control = (c < 0x20 && !blank) || c == 0x7f;
+    bool in_spec = std::isalnum(c) || c == '.' || c == '-' || c == ':' || c == '[' || c == ']' ||
+                   c == '%' || c == '_' || c == '=' || blank;
+    if (control || (i < hash && !in_spec && c != '#')) {
+      return fmt::format(
+          "byte {} is {} '{}': a host line may hold only letters, digits and . - : [ ] % _ = "
+          "(then a # comment)",
+          i + 1, control ? "the control character" : "the character",
+          escape_for_log(line.substr(i, 1)));
+    }
+  }
+  return {};
+}
+
 std::string_view strip_comment(std::string_view line) {
   auto hash = line.find('#');
   if (hash != std::string_view::npos) line = line.substr(0, hash);
@@ -115,22 +140,31 @@ std::string_view strip_comment(std::string_view line) {
 
 // Adds `h` from input item `where` (a line or item number) to `set`, merging or
 // rejecting a repeat. `first_seen` remembers where each host came from.
-Status add_host(HostSet& set, std::unordered_map<std::string, size_t>& first_seen, Host h,
+// Linear in the input: `first_seen` maps a name to where it first came from and
+// its index in `set`.
+struct Seen {
+  size_t where = 0;
+  size_t index = 0;
+};
+
+Status add_host(HostSet& set, std::unordered_map<std::string, Seen>& first_seen, Host h,
                 size_t where, DuplicatePolicy dup, std::string_view unit) {
-  auto [it, inserted] = first_seen.emplace(h.name, where);
-  if (!inserted) {
-    if (dup == DuplicatePolicy::kReject) {
-      return Status::error(fmt::format(
-          "host {} is listed twice ({}s {} and {}): list each host once with its total slots",
-          h.name, unit, it->second, where));
-    }
-    long total = static_cast<long>(set.slots_of(h.name)) + h.slots;
-    if (total > kMaxSlots) {
-      return Status::error(fmt::format("host {} adds up to {} slots, more than the limit of {}",
-                                       h.name, total, kMaxSlots));
-    }
+  auto [it, inserted] = first_seen.emplace(h.name, Seen{where, set.size()});
+  if (inserted) {
+    set.append_new(std::move(h));
+    return Status::ok();
   }
-  set.add(std::move(h));
+  if (dup == DuplicatePolicy::kReject) {
+    return Status::error(fmt::format(
+        "host {} is listed twice ({}s {} and {}): list each host once with its total slots",
+        h.name, unit, it->second.where, where));
+  }
+  long total = static_cast<long>(set.hosts()[it->second.index].slots) + h.slots;
+  if (total > kMaxSlots) {
+    return Status::error(fmt::format("host {} adds up to {} slots, more than the limit of {}",
+                                     h.name, total, kMaxSlots));
+  }
+  set.add_slots_at(it->second.index, h.slots);
   return Status::ok();
 }
 
@@ -216,6 +250,10 @@ int HostSet::slots_of(std::string_view name) const {
   return i < 0 ? 0 : hosts_[static_cast<size_t>(i)].slots;
 }
 
+void HostSet::append_new(Host h) { hosts_.push_back(std::move(h)); }
+
+void HostSet::add_slots_at(size_t index, int slots) { hosts_.at(index).slots += slots; }
+
 void HostSet::add(Host h) {
   int i = find(h.name);
   if (i < 0) hosts_.push_back(std::move(h));
@@ -231,9 +269,18 @@ std::string HostSet::to_string() const {
   return out;
 }
 
+std::string HostSet::summary(size_t max_hosts) const {
+  if (hosts_.size() <= max_hosts) return to_string();
+  std::string out;
+  for (size_t i = 0; i < max_hosts; ++i) {
+    out += fmt::format("{}:{},", display_name(hosts_[i].name), hosts_[i].slots);
+  }
+  return out + fmt::format("... ({} hosts, {} slots)", hosts_.size(), total_slots());
+}
+
 Status validate_hostname(std::string_view name) {
   auto bad = [&](std::string_view why) {
-    return Status::error(fmt::format("\"{}\" is not a valid host: {}", name, why));
+    return Status::error(fmt::format("\"{}\" is not a valid host: {}", escape_for_log(name), why));
   };
   if (name.empty()) return Status::error("empty host name: give a hostname or an IP address");
   if (is_ipv6(name)) {
@@ -268,7 +315,7 @@ Status validate_hostname(std::string_view name) {
       if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-') {
         return bad(fmt::format(
             "character '{}' is not allowed (use letters, digits, '-' and '.', or an IP address)",
-            c));
+            escape_for_log(std::string_view(&c, 1))));
       }
     }
     if (label.front() == '-' || label.back() == '-') {
@@ -282,13 +329,23 @@ Status validate_hostname(std::string_view name) {
 Result<HostSet> parse_discovery_output(std::string_view text, int default_slots,
                                        DuplicatePolicy dup) {
   HostSet set;
-  std::unordered_map<std::string, size_t> first_seen;
-  auto lines = split(text, '\n');
-  for (size_t i = 0; i < lines.size(); ++i) {
-    auto line = strip_comment(lines[i]);
+  std::unordered_map<std::string, Seen> first_seen;
+  // Lines as views into `text`: no copy of a 20,000-line output.
+  size_t no = 0;
+  for (size_t start = 0; start <= text.size();) {
+    auto nl = text.find('\n', start);
+    if (nl == std::string_view::npos) nl = text.size();
+    auto raw = text.substr(start, nl - start);
+    start = nl + 1;
+    ++no;
+    if (auto why = check_line_bytes(raw); !why.empty()) {
+      return Result<HostSet>::error(fmt::format(
+          "discovery output line {} \"{}\": {}; fix the script's output", no,
+          escape_for_log(trim(raw)), why));
+    }
+    auto line = strip_comment(raw);
     if (line.empty()) continue;
-    size_t no = i + 1;
-    auto shown = trim(lines[i]);
+    auto shown = escape_for_log(trim(raw));
     auto h = parse_host_spec(line, default_slots);
     if (!h) {
       return Result<HostSet>::error(fmt::format("discovery output line {} \"{}\": {} (expected host[:slots])",
@@ -304,7 +361,7 @@ Result<HostSet> parse_discovery_output(std::string_view text, int default_slots,
 
 Result<HostSet> parse_hosts_flag(std::string_view value, int default_slots) {
   HostSet set;
-  std::unordered_map<std::string, size_t> first_seen;
+  std::unordered_map<std::string, Seen> first_seen;
   if (trim(value).empty()) {
     return Result<HostSet>::error("-H is empty: give hosts as host[:slots],..., e.g. -H a:4,b:4");
   }
@@ -315,6 +372,11 @@ Result<HostSet> parse_hosts_flag(std::string_view value, int default_slots) {
     if (item.empty()) {
       return Result<HostSet>::error(
           fmt::format("-H item {} is empty: remove the extra ',' (e.g. -H a:4,b:4)", no));
+    }
+    auto why = check_line_bytes(item);
+    if (why.empty() && item.find('#') != std::string_view::npos) why = "'#' is not allowed here";
+    if (!why.empty()) {
+      return Result<HostSet>::error(fmt::format("-H item {} \"{}\": {}", no, escape_for_log(item), why));
     }
     auto h = parse_host_spec(item, default_slots);
     if (!h) {
@@ -331,18 +393,19 @@ Result<HostSet> parse_hosts_flag(std::string_view value, int default_slots) {
 
 Result<HostSet> parse_hostfile(std::string_view text, int default_slots) {
   HostSet set;
-  std::unordered_map<std::string, size_t> first_seen;
+  std::unordered_map<std::string, Seen> first_seen;
   auto lines = split(text, '\n');
   for (size_t i = 0; i < lines.size(); ++i) {
-    auto line = strip_comment(lines[i]);
-    if (line.empty()) continue;
     size_t no = i + 1;
-    auto shown = trim(lines[i]);
+    auto shown = escape_for_log(trim(lines[i]));
     auto fail = [&](std::string_view why) {
       return Result<HostSet>::error(fmt::format(
           "hostfile line {} \"{}\": {} (expected host, host:slots or host slots=N)", no, shown,
           why));
     };
+    if (auto why = check_line_bytes(lines[i]); !why.empty()) return fail(why);
+    auto line = strip_comment(lines[i]);
+    if (line.empty()) continue;
     std::vector<std::string> words;
     for (auto& w : split(line, ' ')) {
       for (auto& w2 : split(w, '\t')) {
@@ -474,7 +537,7 @@ Result<HostSet> slurm_hosts(std::string_view nodelist, std::string_view counts) 
         names->size(), nodelist, slots.size(), counts));
   }
   HostSet set;
-  std::unordered_map<std::string, size_t> first_seen;
+  std::unordered_map<std::string, Seen> first_seen;
   for (size_t i = 0; i < names->size(); ++i) {
     if (auto st = add_host(set, first_seen, Host{(*names)[i], slots[i]}, i + 1,
                            DuplicatePolicy::kReject, "position");
@@ -494,6 +557,21 @@ std::string HostDiff::to_string() const {
     parts.push_back(fmt::format("{}:{}->{}", display_name(c.host), c.old_slots, c.new_slots));
   }
   return join(parts, " ");
+}
+
+std::string HostDiff::summary(size_t max_items) const {
+  size_t total = added.size() + removed.size() + changed.size();
+  if (total <= max_items) return to_string();
+  HostDiff cut;
+  size_t left = max_items;
+  auto take = [&](const auto& from, auto& to) {
+    for (size_t i = 0; i < from.size() && left > 0; ++i, --left) to.push_back(from[i]);
+  };
+  take(added, cut.added);
+  take(removed, cut.removed);
+  take(changed, cut.changed);
+  return fmt::format("{} ... ({} added, {} removed, {} changed)", cut.to_string(), added.size(),
+                     removed.size(), changed.size());
 }
 
 HostDiff diff_hosts(const HostSet& before, const HostSet& after) {

@@ -32,10 +32,18 @@ class HostSet {
   // Index of a host by name, or -1.
   int find(std::string_view name) const;
   int slots_of(std::string_view name) const;  // 0 when absent
-  // Adds a host at the end, or adds its slots to an existing entry.
+  // Adds a host at the end, or adds its slots to an existing entry (linear
+  // search: parsers use append_new / add_slots_at with their own index).
   void add(Host h);
+  // Appends a host the caller knows is not in the set yet.
+  void append_new(Host h);
+  // Adds slots to the host at `index`.
+  void add_slots_at(size_t index, int slots);
   // One line, e.g. "a:4,b:2" (IPv6 in brackets).
   std::string to_string() const;
+  // For logs: to_string() of at most `max_hosts` hosts, then
+  // ",... (N hosts, M slots)" when there are more.
+  std::string summary(size_t max_hosts = 16) const;
   bool operator==(const HostSet&) const = default;
 
  private:
@@ -84,6 +92,8 @@ struct HostDiff {
   std::vector<SlotChange> changed;   // in the new set's order
   bool empty() const { return added.empty() && removed.empty() && changed.empty(); }
   std::string to_string() const;     // "+c -a b:2->4" or "no change"
+  // For logs: like to_string() but at most `max_items` items, then a count.
+  std::string summary(size_t max_items = 16) const;
 };
 
 HostDiff diff_hosts(const HostSet& before, const HostSet& after);

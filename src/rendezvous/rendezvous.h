@@ -36,6 +36,8 @@ struct ServerOptions {
   int port = 0;                   // 0: any free port
   size_t max_frame_bytes = 64 << 20;
   Duration io_timeout = std::chrono::seconds(10);
+  // Connections that have not authenticated yet, at most (see admission.h).
+  size_t max_unauthenticated = 1024;
 };
 
 class RendezvousServer final : public Membership {

@@ -11,6 +11,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <malloc.h>
+
 #include <cerrno>
 #include <algorithm>
 #include <cstring>
@@ -22,6 +24,7 @@
 #include <unordered_map>
 
 #include "common/log.h"
+#include "rendezvous/admission.h"
 #include "rendezvous/rendezvous.h"
 #include "rendezvous/wire.h"
 
@@ -33,7 +36,14 @@ using SteadyClock = std::chrono::steady_clock;
 constexpr TimePoint kNever = TimePoint::max();
 constexpr uint64_t kListenId = 0;
 constexpr uint64_t kWakeId = UINT64_MAX;
+constexpr uint64_t kBurstId = UINT64_MAX - 1;  // timer: the refusal burst's log line
 constexpr size_t kReadChunk = 64 << 10;
+// Before authentication a connection holds at most one handshake frame.
+constexpr size_t kPreAuthBytes = wire::kHeaderBytes + wire::kMaxHandshakeFrameBytes;
+// A connection this young is never closed to make room for a newer one.
+constexpr auto kPreAuthMinAge = std::chrono::milliseconds(200);
+// A refusal burst ends after this long without one.
+constexpr auto kBurstQuiet = std::chrono::seconds(2);
 constexpr auto kMaxGetWait = std::chrono::hours(24);
 // Re-joins kept for the driver between two snapshots; older ones are dropped
 // (with a warning) when a driver stops asking.
@@ -101,7 +111,10 @@ void raise_fd_limit() {
 }  // namespace
 
 struct RendezvousServer::Impl {
-  explicit Impl(ServerOptions o) : opt(std::move(o)), job_hash(wire::job_hash(opt.job_id)) {}
+  explicit Impl(ServerOptions o)
+      : opt(std::move(o)),
+        job_hash(wire::job_hash(opt.job_id)),
+        admission(opt.max_unauthenticated, kPreAuthMinAge, kBurstQuiet) {}
 
   ServerOptions opt;
   uint64_t job_hash;
@@ -116,6 +129,9 @@ struct RendezvousServer::Impl {
   std::vector<uint64_t> doomed;
   std::priority_queue<Timer, std::vector<Timer>, std::greater<Timer>> timers;
   bool accept_paused = false;
+  Admission admission;
+  size_t closed_since_trim = 0;
+  std::vector<char> scratch = std::vector<char>(kReadChunk);  // the I/O thread's read buffer
 
   std::map<SlotKey, uint64_t> waiting;     // slot -> conn blocked in join
   std::map<SlotKey, uint64_t> slot_owner;  // slot -> latest conn that joined for it
@@ -245,19 +261,45 @@ struct RendezvousServer::Impl {
 
   void push_timer(TimePoint when, uint64_t conn, uint64_t get) { timers.push({when, conn, get}); }
 
+  void pause_accepting(Duration d) {
+    epoll_event ev{};
+    ev.data.u64 = kListenId;
+    ::epoll_ctl(ep, EPOLL_CTL_MOD, listen_fd, &ev);
+    accept_paused = true;
+    push_timer(SteadyClock::now() + d, kListenId, 0);
+  }
+
+  // Room for one more unauthenticated connection: closes the oldest once it is
+  // old enough; false (accepting pauses) when every one is still young.
+  bool make_room() {
+    if (!admission.full()) return true;
+    auto now = SteadyClock::now();
+    auto victim = admission.evictable(now);
+    if (!victim) {
+      pause_accepting(std::chrono::milliseconds(20));
+      return false;
+    }
+    auto it = conns.find(*victim);
+    admission.done(*victim);
+    if (it != conns.end()) {
+      refuse(*it->second, fmt::format("over the cap of {} connections that have not authenticated; the oldest "
+                                      "is closed first",
+                                      admission.cap()));
+    }
+    return true;
+  }
+
   void accept_all() {
     while (true) {
+      if (!make_room()) return;
       int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
       if (fd < 0) {
         if (errno == EINTR || errno == ECONNABORTED) continue;
         if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
-          ERUN_LOG_WARN("rendezvous: cannot accept more connections ({} open): {}; pausing 100 ms",
+          ERUN_LOG_WARN("rendezvous: cannot accept more connections ({} open): {}; pausing 100 ms (raise the "
+                        "open-file limit, ulimit -n, for very large jobs)",
                         conns.size(), std::strerror(errno));
-          epoll_event ev{};
-          ev.data.u64 = kListenId;
-          ::epoll_ctl(ep, EPOLL_CTL_MOD, listen_fd, &ev);
-          accept_paused = true;
-          push_timer(SteadyClock::now() + std::chrono::milliseconds(100), kListenId, 0);
+          pause_accepting(std::chrono::milliseconds(100));
         }
         return;
       }
@@ -268,6 +310,7 @@ struct RendezvousServer::Impl {
       c->peer = wire::peer_name(fd);
       c->handshake_deadline = SteadyClock::now() + opt.io_timeout;
       push_timer(c->handshake_deadline, c->id, 0);
+      admission.accepted(c->id, SteadyClock::now());
       epoll_event ev{};
       ev.events = EPOLLIN;
       ev.data.u64 = c->id;
@@ -278,10 +321,18 @@ struct RendezvousServer::Impl {
 
   void on_readable(Conn& c) {
     while (true) {
-      if (c.rbuf.size() - c.rlen < kReadChunk) c.rbuf.resize(c.rlen + kReadChunk);
-      size_t room = c.rbuf.size() - c.rlen;
-      ssize_t n = ::recv(c.fd, c.rbuf.data() + c.rlen, room, 0);
+      // Reads go through one shared buffer; a connection keeps only its
+      // unparsed bytes (a few hundred at most before authentication), so
+      // 10,000 idle workers do not each hold (and zero) a 64 KiB buffer.
+      size_t room = kReadChunk;
+      if (c.phase != Phase::kReady) {
+        if (c.rlen >= kPreAuthBytes) return refuse(c, "sent more than a handshake frame before authenticating");
+        room = kPreAuthBytes - c.rlen;
+      }
+      ssize_t n = ::recv(c.fd, scratch.data(), room, 0);
       if (n > 0) {
+        if (c.rbuf.size() < c.rlen + static_cast<size_t>(n)) c.rbuf.resize(c.rlen + static_cast<size_t>(n));
+        std::memcpy(c.rbuf.data() + c.rlen, scratch.data(), static_cast<size_t>(n));
         c.rlen += static_cast<size_t>(n);
         parse(c);
         if (c.doomed) return;
@@ -314,7 +365,7 @@ struct RendezvousServer::Impl {
       }
       size_t total = wire::kHeaderBytes + h.length;
       if (c.rlen - off < total) {
-        if (c.rbuf.size() < off + total) c.rbuf.resize(off + total);
+        if (c.phase == Phase::kReady && c.rbuf.capacity() < off + total) c.rbuf.reserve(off + total);
         break;
       }
       std::string_view payload(c.rbuf.data() + off + wire::kHeaderBytes, h.length);
@@ -393,7 +444,12 @@ struct RendezvousServer::Impl {
   void refuse(Conn& c, const std::string& reason) {
     if (c.doomed) return;
     ++refused;
-    ERUN_LOG_WARN("rendezvous: dropped connection from {}: {}", c.peer, reason);
+    if (admission.refused(SteadyClock::now(), fmt::format("from {}: {}", c.peer, reason))) {
+      ERUN_LOG_WARN("rendezvous: dropped connection from {}: {} (not a worker of this job; further drops in this "
+                    "burst are counted, not logged)",
+                    c.peer, reason);
+      push_timer(admission.next_burst_check(), kBurstId, 0);
+    }
     if (c.woff == c.wbuf.size()) {  // never in the middle of a half-sent frame
       std::string f = wire::encode_frame(Type::kError, job_hash, gen, 0,
                                          wire::encode_str("refused: " + reason));
@@ -432,9 +488,17 @@ struct RendezvousServer::Impl {
         }
       }
       for (uint64_t g : c.gets) drop_get(g);
+      admission.done(id);
       conns.erase(it);
+      ++closed_since_trim;
     }
     doomed.clear();
+    // After a burst of closed connections give the memory back to the system
+    // (glibc keeps freed small blocks in its arenas otherwise).
+    if (closed_since_trim >= 256 && admission.unauthenticated() == 0) {
+      closed_since_trim = 0;
+      ::malloc_trim(0);
+    }
   }
 
   // ---- timers ---------------------------------------------------------------
@@ -445,6 +509,15 @@ struct RendezvousServer::Impl {
       timers.pop();
       if (t.get != 0) {
         expire_get(t.get, now);
+        continue;
+      }
+      if (t.conn == kBurstId) {
+        if (auto line = admission.burst_line(now)) {
+          ERUN_LOG_WARN("rendezvous: {}; the job is unaffected. If these are not yours, limit who can reach "
+                        "port {} (a firewall), or run erun where only the workers can connect",
+                        *line, bound_port);
+        }
+        if (auto next = admission.next_burst_check(); next != TimePoint::max()) push_timer(next, kBurstId, 0);
         continue;
       }
       if (t.conn == kListenId) {
@@ -522,6 +595,7 @@ struct RendezvousServer::Impl {
         }
         c.phase = Phase::kReady;
         c.handshake_deadline = kNever;
+        admission.done(c.id);
         auto proof = wire::server_proof(opt.secret, c.client_nonce, opt.job_id, c.server_nonce);
         return send_frame(c, Type::kAuthOk, gen, h.request_id, proof);
       }
@@ -547,6 +621,13 @@ struct RendezvousServer::Impl {
     if (h.generation > gen) {
       return refuse(c, fmt::format("JOIN leaving generation {}, which was never published (current {})",
                                    h.generation, gen));
+    }
+    if (auto why = duplicate_of_live_slot(c, req, h.generation)) {
+      // Two processes must never hold the same rank: a live owner in a newer
+      // generation than the one this join names keeps the slot.
+      ERUN_LOG_WARN("rendezvous: refused the join of slot {} from {} (pid {}): {}", slot_name(req.slot), c.peer,
+                    req.pid, *why);
+      return send_error(c, h.request_id, *why);
     }
     req.left_generation = h.generation;
     if (c.joined && !(c.join.slot == req.slot)) {
@@ -601,6 +682,32 @@ struct RendezvousServer::Impl {
       rejoined.erase(rejoined.begin(), rejoined.begin() + static_cast<long>(rejoined.size() / 2));
     }
     rejoined.push_back(req);
+  }
+
+  // Why a JOIN from `c` for `req.slot` naming generation `after_gen` must be
+  // refused: another connection, still open, holds that slot in a generation
+  // newer than the one this join names (a second process for a live rank, e.g.
+  // a stale copy restarted by hand). An owner whose peer already closed (its
+  // process died, the close not handled yet) is let go instead.
+  std::optional<std::string> duplicate_of_live_slot(Conn& c, const JoinRequest& req, int64_t after_gen) {
+    auto o = slot_owner.find(req.slot);
+    if (o == slot_owner.end() || o->second == c.id) return std::nullopt;
+    auto it = conns.find(o->second);
+    if (it == conns.end() || it->second->doomed) return std::nullopt;
+    Conn& owner = *it->second;
+    if (owner.join.pid == req.pid) return std::nullopt;  // the same process re-connecting
+    int64_t owner_gen = std::max(owner.member_gen, owner.join_after_gen);
+    if (owner_gen < 0 || after_gen >= owner_gen) return std::nullopt;
+    char b;
+    ssize_t n = ::recv(owner.fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+      close_quietly(owner, "closed by the peer");
+      return std::nullopt;
+    }
+    return fmt::format(
+        "slot {} is held by a live worker (pid {} from {}) in generation {}, and this join names generation {}: "
+        "two processes may not hold one rank. Stop the other process, or let erun launch workers",
+        slot_name(req.slot), owner.join.pid, owner.peer, owner_gen, after_gen);
   }
 
   void try_assign(Conn& c) {

@@ -21,7 +21,7 @@ const std::map<std::string, int>& option_arity() {
       {"--host-discovery-script", 1}, {"--discovery-interval", 1}, {"--discovery-timeout", 1},
       {"-H", 1}, {"--hosts", 1}, {"--hostfile", 1}, {"--slots-per-host", 1}, {"--slots", 1},
       {"--elastic-timeout", 1}, {"--reset-limit", 1}, {"--blacklist-cooldown-range", 2},
-      {"--blacklist-after", 1}, {"--ssh-port", 1}, {"-p", 1}, {"--ssh-identity-file", 1},
+      {"--blacklist-after", 1}, {"--crash-loop-limit", 1}, {"--ssh-port", 1}, {"-p", 1}, {"--ssh-identity-file", 1},
       {"-i", 1}, {"--ssh-connect-timeout", 1}, {"-x", 1}, {"--env", 1},
       {"--output-filename", 1}, {"--event-log", 1}, {"--launcher", 1}, {"--mode", 1},
       {"--term-grace", 1}, {"--finish-timeout", 1}, {"--rendezvous-timeout", 1},
@@ -102,6 +102,7 @@ std::variant<DriverOptions, CliError, CliInfo> parse_cli(int argc, const char* c
     ("reset-limit", po::value<int>(&o.reset_limit), "resets (restarts or resizes) allowed before the job fails (default: unlimited when elastic, 0 otherwise)")
     ("blacklist-cooldown-range", po::value<std::vector<double>>(&cooldown)->multitoken(), "MIN MAX seconds a failing host stays blacklisted, doubling per blacklisting (default 10 300)")
     ("blacklist-after", po::value<int>(&o.blacklist_after), "consecutive failures before a host is blacklisted (default 2)")
+    ("crash-loop-limit", po::value<int>(&o.crash_loop_limit), "end the job when this many generations in a row fail with the same exit status on every host, each within 60 s and before any commit or finished worker (default 3; 0: never)")
     ("launcher", po::value<std::string>(&launcher), "auto (local for this machine; srun under --slurm, ssh otherwise), local, ssh, srun (a Slurm job step per worker), mpirun (static: erun execs mpirun with the hosts and -x variables; no driver, not elastic)")
     ("mode", po::value<std::string>(&mode), "auto, elastic (workers use the erun library) or restart (any program, torchrun-style)")
     ("ssh-port,p", po::value<int>(&o.ssh_port), "SSH port of the hosts")
@@ -168,6 +169,7 @@ std::variant<DriverOptions, CliError, CliInfo> parse_cli(int argc, const char* c
   o.collective_timeout = seconds_option(coll_timeout);
   o.ssh_connect_timeout = seconds_option(ssh_timeout);
 
+  if (o.crash_loop_limit < 0) return CliError{"--crash-loop-limit must be 0 (off) or more"};
   if (vm.count("np") && o.np < 1) return CliError{fmt::format("-np {}: must be at least 1", o.np)};
   if (vm.count("min-np") && o.min_np < 1) return CliError{fmt::format("--min-np {}: must be at least 1", o.min_np)};
   if (vm.count("max-np") && o.max_np < 1) return CliError{fmt::format("--max-np {}: must be at least 1", o.max_np)};

@@ -75,7 +75,8 @@ Driver::Driver(DriverOptions options, DriverDeps deps)
       d_(std::move(deps)),
       clock_(*d_.clock),
       hosts_(*d_.clock, BlacklistPolicy{o_.blacklist_after, from_seconds(o_.cooldown_min_s),
-                                        from_seconds(o_.cooldown_max_s)}) {
+                                        from_seconds(o_.cooldown_max_s)}),
+      crash_loop_(o_.crash_loop_limit, o_.crash_loop_progress) {
   ERUN_CHECK(d_.discovery && d_.local_launcher && d_.clock);
   if (d_.job_id.empty()) d_.job_id = "erun-" + random_hex(6);
   if (d_.secret.empty()) d_.secret = random_hex(32);
@@ -131,7 +132,7 @@ Status Driver::start() {
   last_discovery_ = clock_.now();
   ERUN_LOG_INFO("job {}: {} found {} host{} with {} slot{}: {}", d_.job_id, d_.discovery->describe(),
                 discovered_.size(), discovered_.size() == 1 ? "" : "s", discovered_.total_slots(),
-                discovered_.total_slots() == 1 ? "" : "s", discovered_.to_string());
+                discovered_.total_slots() == 1 ? "" : "s", discovered_.summary());
   if (d_.events) {
     d_.events->write("job_started", {{"job_id", json_string(d_.job_id)},
                                      {"hosts", json_string(discovered_.to_string())},
@@ -159,16 +160,17 @@ void Driver::refresh_hosts() {
     }
     last_discovery_error_.clear();
     if (!(*r == discovered_)) {
-      ERUN_LOG_INFO("hosts changed: {} (now {})", diff_hosts(discovered_, *r).to_string(), r->to_string());
+      ERUN_LOG_INFO("hosts changed: {} (now {})", diff_hosts(discovered_, *r).summary(), r->summary());
       if (d_.events) d_.events->write("hosts_changed", {{"hosts", json_string(r->to_string())}});
       set_discovered(*r);
     }
     return;
   }
+  if (loop_->version() == discovered_version_) return;  // no copy of the host set per tick
   auto snap = loop_->snapshot();
   if (snap.version != discovered_version_) {
-    ERUN_LOG_INFO("hosts changed: {} (now {})", diff_hosts(discovered_, snap.hosts).to_string(),
-                  snap.hosts.to_string());
+    ERUN_LOG_INFO("hosts changed: {} (now {})", diff_hosts(discovered_, snap.hosts).summary(),
+                  snap.hosts.summary());
     if (d_.events) d_.events->write("hosts_changed", {{"hosts", json_string(snap.hosts.to_string())}});
     set_discovered(snap.hosts);
     discovered_version_ = snap.version;
@@ -201,6 +203,7 @@ std::string Driver::master_address() const {
 
 void Driver::set_discovered(HostSet hosts) {
   discovered_ = std::move(hosts);
+  ++discovered_epoch_;
   all_hosts_local_ = true;
   for (auto& h : discovered_.hosts()) {
     bool local;
@@ -304,6 +307,7 @@ bool Driver::launch_worker(const RankAssignment& a, const std::string& master_ad
   if (!h) {
     ERUN_LOG_ERROR("{}: launch failed: {}", who(generation_, a.slot.host, a.rank), h.message());
     w.exit = ExitStatus{127, 0};
+    crash_loop_.worker_failed(a.slot.host, *w.exit);
     if (!generation_failure_) {
       generation_failure_ = Failure{generation_, a.slot.host, a.rank, *w.exit, {h.message()}, 0};
     }
@@ -335,6 +339,7 @@ bool Driver::start_generation(const HostSet& usable) {
   ++generation_;
   if (generation_ > 1) ++restarts_;
   generation_failure_.reset();
+  crash_loop_.generation_started(generation_, plan_.hosts());
   std::string master_addr = master_address();
   bool rank0_local;
   launcher_for(plan_.ranks.front().slot.host, &rank0_local);
@@ -368,8 +373,14 @@ void Driver::reap() {
     if (s->ok()) {
       ERUN_LOG_INFO("{}: finished successfully after {:.1f} s", who(generation_, a.slot.host, a.rank), after);
       any_success_ = true;
+      if (first_finished_.empty()) {
+        first_finished_ = who(-1, a.slot.host, a.rank);
+        first_finished_at_ = clock_.now();
+      }
+      crash_loop_.progress();
       continue;
     }
+    crash_loop_.worker_failed(a.slot.host, *s);
     ERUN_LOG_WARN("{}: failed with {} after {:.1f} s", who(generation_, a.slot.host, a.rank), s->describe(),
                   after);
     if (!generation_failure_) {
@@ -404,9 +415,9 @@ void Driver::stop_all(int sig) {
     if (!killed && (now >= deadline || stop_signal_.load() == SIGKILL)) {
       for (auto& w : workers_) {
         if (!w.exit && w.handle) {
-          ERUN_LOG_WARN("{}: did not stop within {:.1f} s, killing", who(generation_, w.assignment.slot.host,
-                                                                         w.assignment.rank),
-                        seconds(o_.term_grace));
+          ERUN_LOG_WARN("{}: did not stop within {:.1f} s of SIGTERM, killing it (raise --term-grace if it "
+                        "needs longer to shut down)",
+                        who(generation_, w.assignment.slot.host, w.assignment.rank), seconds(o_.term_grace));
           w.handle->kill();
         }
       }
@@ -414,8 +425,11 @@ void Driver::stop_all(int sig) {
       deadline = now + std::chrono::seconds(10);
     } else if (killed && now >= deadline) {
       for (auto& w : workers_) {
-        if (!w.exit) ERUN_LOG_ERROR("{}: could not be reaped", who(generation_, w.assignment.slot.host,
-                                                                   w.assignment.rank));
+        if (!w.exit) {
+          ERUN_LOG_ERROR("{}: still not gone 10 s after SIGKILL; it may be stuck in the kernel (D state) or its "
+                         "host unreachable: check the host",
+                         who(generation_, w.assignment.slot.host, w.assignment.rank));
+        }
       }
       break;
     }
@@ -496,9 +510,10 @@ std::optional<int> Driver::step() {
         if (auto code = wait_with_survivors()) return code;
         break;
       }
-      HostSet usable = hosts_.usable(discovered_);
+      plan_cache_.update(discovered_epoch_, discovered_, hosts_, generation_, plan_, o_.max_np);
+      const HostSet& usable = plan_cache_.usable();
       if (usable.total_slots() >= std::max(o_.min_np, 1)) {
-        start_generation(usable);
+        start_generation(HostSet(usable));
         return std::nullopt;
       }
       if (now - waiting_since_ > o_.elastic_timeout) {
@@ -534,18 +549,25 @@ std::optional<int> Driver::step() {
           if (h != f.host) hosts_.record_success(h);
         }
         if (blacklisted) {
-          ERUN_LOG_WARN("{} blacklisted until its cooldown ends ({:.0f} s)", f.host,
-                        seconds(hosts_.blacklisted_until(f.host) - now));
+          ERUN_LOG_WARN("{} blacklisted for {:.0f} s after {} failure(s) in a row: the job goes on without it, "
+                        "then tries it again (see --blacklist-after and --blacklist-cooldown-range)",
+                        f.host, seconds(hosts_.blacklisted_until(f.host) - now), o_.blacklist_after);
           if (d_.events) d_.events->write("host_blacklisted", {{"host", json_string(f.host)}});
         }
         if (any_success_) {
           // Training is over for at least one rank: no restart, let the job end.
           phase_ = Phase::kFinishing;
-          finish_deadline_ = now;
-          break;
+          break;  // kFinishing explains and stops the others
+        }
+        if (auto loop = crash_loop_.generation_failed(now - published_at_)) {
+          ERUN_LOG_ERROR("{}: {}", who(generation_), *loop);
+          if (d_.events) d_.events->write("crash_loop", {{"generations", json_number(long{crash_loop_.streak()})}});
+          return finish_with_failure(f);
         }
         if (o_.reset_limit >= 0 && resets_ >= o_.reset_limit) {
-          ERUN_LOG_ERROR("{}: reset limit {} reached; ending the job", who(generation_), o_.reset_limit);
+          ERUN_LOG_ERROR("{}: --reset-limit {} reached, so this failure ends the job (raise --reset-limit to "
+                         "allow more restarts)",
+                         who(generation_), o_.reset_limit);
           return finish_with_failure(f);
         }
         ++resets_;
@@ -579,13 +601,21 @@ std::optional<int> Driver::step() {
       if (any_success_) {
         phase_ = Phase::kFinishing;
         finish_deadline_ = now + o_.finish_timeout;
-        ERUN_LOG_INFO("{}: a worker finished; waiting up to {:.0f} s for the others", who(generation_),
-                      seconds(o_.finish_timeout));
+        finishing_because_ = fmt::format(
+            "{} finished successfully {:.0f} s ago and the others did not finish within --finish-timeout {:.0f} s "
+            "(raise --finish-timeout if ranks legitimately finish far apart)",
+            first_finished_, seconds(o_.finish_timeout), seconds(o_.finish_timeout));
+        ERUN_LOG_INFO("{}: {} finished; waiting up to --finish-timeout {:.0f} s for the others", who(generation_),
+                      first_finished_, seconds(o_.finish_timeout));
         break;
       }
       // Membership: would a fresh plan differ from the running one?
-      HostSet usable = in_place_possible() ? plannable_hosts() : hosts_.usable(discovered_);
-      Plan next = make_plan(generation_ + 1, usable, o_.max_np, &plan_);
+      // Recomputed only when the hosts, the blacklist, the plan or the
+      // blacklisted hosts kept for their survivors changed.
+      plan_cache_.update(discovered_epoch_, discovered_, hosts_, generation_, plan_, o_.max_np,
+                         in_place_possible() ? blacklisted_with_survivors() : std::vector<std::string>{});
+      const HostSet& usable = plan_cache_.usable();
+      const Plan& next = plan_cache_.next();
       if (!next.same_layout(plan_) && next.size() < std::max(o_.min_np, 1)) {
         // Fewer slots than --min-np: a shrink would stop the job. The running
         // workers go on (failures still count) until the hosts come back.
@@ -604,8 +634,9 @@ std::optional<int> Driver::step() {
           bool lost = std::any_of(plan_.ranks.begin(), plan_.ranks.end(),
                                   [&](const RankAssignment& r) { return !next.contains(r.slot); });
           if (!lost) break;  // could grow, but may not reset any more: keep running
-          ERUN_LOG_ERROR("{}: hosts of the job were removed and the reset limit {} is reached", who(generation_),
-                         o_.reset_limit);
+          ERUN_LOG_ERROR("{}: hosts of the job were removed and --reset-limit {} is reached, so the job ends "
+                         "(raise --reset-limit to let it resize)",
+                         who(generation_), o_.reset_limit);
           stop_all(SIGTERM);
           return 1;
         }
@@ -631,15 +662,30 @@ std::optional<int> Driver::step() {
       break;
     }
     case Phase::kFinishing: {
+      if (generation_failure_ && !failure_while_finishing_) {
+        // A worker failed after another finished: no restart is possible.
+        const Failure& f = *generation_failure_;
+        failure_while_finishing_ = true;
+        finishing_because_ = fmt::format(
+            "{} finished successfully {:.1f} s ago and then {} failed with {}; a job cannot restart once "
+            "a worker has finished, so erun ends it with the failure's exit code (see the root cause below)",
+            first_finished_, seconds(now - first_finished_at_), who(-1, f.host, f.rank), f.status.describe());
+        ERUN_LOG_ERROR("{}: {}", who(generation_), finishing_because_);
+        finish_deadline_ = now;
+      }
       bool all_done = std::all_of(workers_.begin(), workers_.end(), [](const Worker& w) { return w.exit; });
       if (all_done) return job_exit_code();
       if (now >= finish_deadline_) {
-        ERUN_LOG_ERROR("{}: {:.0f} s after the first worker finished, others still run; stopping them",
-                       who(generation_), seconds(o_.finish_timeout));
         std::vector<const Worker*> stragglers;
+        std::vector<std::string> names;
         for (auto& w : workers_) {
-          if (!w.exit) stragglers.push_back(&w);
+          if (w.exit) continue;
+          stragglers.push_back(&w);
+          if (names.size() < 8) names.push_back(fmt::format("rank {} on {}", w.assignment.rank, w.assignment.slot.host));
         }
+        ERUN_LOG_ERROR("{}: stopping {} worker{} still running ({}{}): {}", who(generation_), stragglers.size(),
+                       stragglers.size() == 1 ? "" : "s", join(names, ", "), stragglers.size() > names.size() ? ", ..." : "",
+                       finishing_because_);
         stop_all(SIGTERM);
         if (!generation_failure_ && !stragglers.empty()) {
           const Worker& w = *stragglers.front();

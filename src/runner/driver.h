@@ -30,11 +30,13 @@
 
 #include "common/clock.h"
 #include "discovery/discovery.h"
+#include "runner/crash_loop.h"
 #include "runner/event_log.h"
 #include "runner/host_manager.h"
 #include "runner/launcher.h"
 #include "runner/options.h"
 #include "runner/output.h"
+#include "runner/plan_cache.h"
 #include "runner/planner.h"
 #include "rendezvous/membership.h"
 
@@ -133,6 +135,8 @@ class Driver {
   // Discovered hosts that may carry the next plan: the usable ones, and
   // blacklisted ones where survivors still run (their progress is kept).
   HostSet plannable_hosts() const;
+  // Blacklisted hosts where joined survivors run (sorted): they stay in the plan.
+  std::vector<std::string> blacklisted_with_survivors() const;
   // kWaiting with survivors in the rendezvous: re-form once --min-np slots
   // are back, give up after --elastic-timeout. The exit code when it gives up.
   std::optional<int> wait_with_survivors();
@@ -166,6 +170,9 @@ class Driver {
   HostSet discovered_;
   bool all_hosts_local_ = true;  // every discovered host launches locally
   long discovered_version_ = -1;
+  long discovered_epoch_ = 0;  // bumps in set_discovered
+  PlanCache plan_cache_;
+  CrashLoopDetector crash_loop_;
   TimePoint last_discovery_{};
   std::string last_discovery_error_;
 
@@ -183,6 +190,10 @@ class Driver {
   std::optional<Failure> generation_failure_;  // first failure of the current generation
   std::optional<Failure> first_failure_;       // first failure of the job
   bool any_success_ = false;
+  std::string first_finished_;     // who() of the first worker that finished successfully
+  TimePoint first_finished_at_{};
+  std::string finishing_because_;  // why the job ends in Phase::kFinishing, for its log line
+  bool failure_while_finishing_ = false;
   bool below_min_logged_ = false;
   TimePoint published_at_{};
   bool generation_complete_ = false;  // every rank of the plan joined the current generation

@@ -46,11 +46,27 @@ HostSet Driver::plannable_hosts() const {
   return out;
 }
 
+std::vector<std::string> Driver::blacklisted_with_survivors() const {
+  std::vector<std::string> keep;
+  for (auto& w : workers_) {
+    if (survivor(w) && w.joined && hosts_.is_blacklisted(w.assignment.slot.host)) keep.push_back(w.assignment.slot.host);
+  }
+  std::sort(keep.begin(), keep.end());
+  keep.erase(std::unique(keep.begin(), keep.end()), keep.end());
+  return keep;
+}
+
 void Driver::update_joined(const MembershipSnapshot& m) {
   if (!d_.membership || generation_complete_) return;
   std::set<SlotKey> members, waiting;
-  for (auto& j : m.members) members.insert(j.slot);
-  for (auto& j : m.waiting) waiting.insert(j.slot);
+  for (auto& j : m.members) {
+    members.insert(j.slot);
+    crash_loop_.commit_seen(j.commit_id);
+  }
+  for (auto& j : m.waiting) {
+    waiting.insert(j.slot);
+    crash_loop_.commit_seen(j.commit_id);
+  }
   size_t in_current = 0;
   for (auto& w : workers_) {
     if (w.exit) continue;
@@ -249,6 +265,7 @@ void Driver::reconfigure(const char* reason, bool after_failure) {
     }
   }
   plan_ = next;
+  crash_loop_.generation_started(generation_, plan_.hosts());
   publish();
   failure_reform_ = after_failure;
   for (auto& a : plan_.ranks) {

@@ -12,6 +12,7 @@ bool HostManager::record_failure(const std::string& host) {
   for (int i = 0; i < r.times_blacklisted && cooldown < policy_.cooldown_max; ++i) cooldown *= 2;
   cooldown = std::min(cooldown, policy_.cooldown_max);
   r.times_blacklisted++;
+  ++blacklistings_;
   r.until = clock_.now() + cooldown;
   return true;
 }
@@ -32,11 +33,21 @@ TimePoint HostManager::blacklisted_until(const std::string& host) const {
 }
 
 HostSet HostManager::usable(const HostSet& discovered) const {
+  if (epoch().blacklisted_now == 0) return discovered;
   std::vector<Host> out;
+  out.reserve(discovered.size());
   for (auto& h : discovered.hosts()) {
     if (!is_blacklisted(h.name)) out.push_back(h);
   }
   return HostSet(std::move(out));
+}
+
+HostManager::Epoch HostManager::epoch() const {
+  Epoch e;
+  e.blacklistings = blacklistings_;
+  auto now = clock_.now();
+  for (auto& [host, r] : records_) e.blacklisted_now += r.until > now;
+  return e;
 }
 
 std::vector<std::string> HostManager::blacklisted() const {

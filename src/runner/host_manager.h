@@ -33,6 +33,14 @@ class HostManager {
   // The discovered hosts minus the blacklisted ones, order kept.
   HostSet usable(const HostSet& discovered) const;
   std::vector<std::string> blacklisted() const;
+  // Changes whenever usable() may give a different answer for the same input:
+  // a new blacklisting, or a cooldown that ended.
+  struct Epoch {
+    long blacklistings = 0;
+    size_t blacklisted_now = 0;
+    bool operator==(const Epoch&) const = default;
+  };
+  Epoch epoch() const;
 
  private:
   struct Record {
@@ -43,6 +51,7 @@ class HostManager {
   const Clock& clock_;
   BlacklistPolicy policy_;
   std::map<std::string, Record> records_;
+  long blacklistings_ = 0;
 };
 
 }  // namespace erun

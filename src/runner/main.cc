@@ -77,6 +77,21 @@ erun::Result<erun::HostSet> slurm_allocation(const erun::DriverOptions& o) {
   return hs;
 }
 
+// True when every worker of the job runs on this machine: --launcher local,
+// or a fixed host set (no discovery script) of local or loopback hosts.
+bool loopback_only(const erun::DriverOptions& o, erun::HostDiscovery& discovery) {
+  if (o.launcher == erun::LauncherKind::kLocal) return true;
+  if (!o.discovery_script.empty() || o.launcher == erun::LauncherKind::kSrun || o.slurm) return false;
+  if (!o.driver_address.empty()) return false;
+  auto hosts = discovery.discover();  // a StaticDiscovery: no I/O
+  if (!hosts || hosts->empty()) return false;
+  for (auto& h : hosts->hosts()) {
+    bool loopback = erun::is_local_host(h.name) || erun::starts_with(h.name, "127.") || h.name == "::1";
+    if (!loopback) return false;
+  }
+  return true;
+}
+
 erun::Result<std::unique_ptr<erun::HostDiscovery>> make_discovery(const erun::DriverOptions& o) {
   using R = erun::Result<std::unique_ptr<erun::HostDiscovery>>;
   int default_slots = o.slots_per_host > 0 ? o.slots_per_host : 1;
@@ -199,6 +214,8 @@ int main(int argc, char** argv) {
   erun::ServerOptions server_options;
   server_options.job_id = job_id;
   server_options.secret = secret;
+  // Only this machine's workers will connect: nothing else needs to reach the port.
+  if (loopback_only(options, **discovery)) server_options.bind_address = "127.0.0.1";
   erun::RendezvousServer rendezvous(server_options);
   // The rendezvous runs in restart mode too: a program using the worker
   // library still needs it to form each generation's world.

@@ -35,6 +35,11 @@ struct DriverOptions {
   double cooldown_min_s = 10;
   double cooldown_max_s = 300;
   int blacklist_after = 2;  // consecutive failures of a host before it is blacklisted
+  // Generations in a row failing the same way everywhere before the job ends
+  // (see runner/crash_loop.h); 0: never. A failure after crash_loop_progress
+  // of running counts as progress.
+  int crash_loop_limit = 3;
+  Duration crash_loop_progress = std::chrono::seconds(60);
 
   LauncherKind launcher = LauncherKind::kAuto;
   WorkerMode mode = WorkerMode::kAuto;

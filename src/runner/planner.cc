@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <map>
+#include <unordered_map>
 
 namespace erun {
 
@@ -47,10 +48,16 @@ std::string Plan::to_string() const {
 
 std::vector<Host> order_hosts(const HostSet& usable, const Plan* previous) {
   std::vector<Host> out;
+  out.reserve(usable.size());
   std::vector<bool> taken(usable.size(), false);
   if (previous) {
+    // Linear: an index of the usable hosts, not a search per previous host.
+    std::unordered_map<std::string_view, size_t> index;
+    index.reserve(usable.size());
+    for (size_t i = 0; i < usable.size(); ++i) index.emplace(usable.hosts()[i].name, i);
     for (auto& name : previous->hosts()) {
-      int i = usable.find(name);
+      auto it = index.find(name);
+      int i = it == index.end() ? -1 : static_cast<int>(it->second);
       if (i >= 0 && !taken[static_cast<size_t>(i)]) {
         out.push_back(usable.hosts()[static_cast<size_t>(i)]);
         taken[static_cast<size_t>(i)] = true;

@@ -103,8 +103,8 @@ INSTANTIATE_TEST_SUITE_P(
                       BadLine{"[node1]:2", 1, "only for IPv6"},
                       BadLine{"fe80::g", 1, "IPv6"}, BadLine{"a:1\nb:1\na:2", 3, "twice"},
                       BadLine{":4", 1, "empty host"},
-                      BadLine{"hello world!", 1, "unexpected"},
-                      BadLine{"Traceback (most recent call last):", 1, "unexpected"},
+                      BadLine{"hello world!", 1, "the character '!'"},
+                      BadLine{"Traceback (most recent call last):", 1, "the character '('"},
                       BadLine{"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx", 1, "63"}));
 
 TEST(DiscoveryOutput, DuplicatePolicy) {
@@ -226,6 +226,92 @@ TEST(SlurmHosts, CombinesNamesAndCounts) {
   EXPECT_THAT(mismatch.message(), HasSubstr("2 counts"));
   EXPECT_FALSE(slurm_hosts("n[1-2],n1", "1"));
   EXPECT_FALSE(slurm_hosts("n[1-2", "1"));
+}
+
+}  // namespace
+}  // namespace erun
+
+namespace erun {
+namespace {
+
+// Hostile input: bytes are checked before parsing, and the error shows the
+// line with every control byte escaped and long lines cut.
+TEST(HostileInput, NulAndShellMetacharactersRejectTheLineEscaped) {
+  std::string line = std::string("127.0.0.9\0';touch${IFS}/tmp/x;':1", 34);
+  ASSERT_EQ(line.size(), 34u);
+  auto r = parse_discovery_output("127.0.0.1:2\n" + line + "\n", 1);
+  ASSERT_FALSE(r.is_ok());
+  const auto& m = r.message();
+  EXPECT_THAT(m, HasSubstr("discovery output line 2"));
+  EXPECT_THAT(m, HasSubstr("127.0.0.9\\0';touch${IFS}/tmp/x;':1"));
+  EXPECT_THAT(m, HasSubstr("byte 10 is the control character '\\0'"));
+  EXPECT_EQ(m.find('\0'), std::string::npos);
+}
+
+TEST(HostileInput, EachMetacharacterAndControlByteRejects) {
+  for (char c : std::string("';|&$`\"\\<>(){}*?!~/ ,@^+\x01\x1b\x7f")) {
+    std::string line = std::string("node") + c + "1:2";
+    auto r = parse_discovery_output(line, 1);
+    EXPECT_FALSE(r.is_ok()) << "byte " << int(c);
+    if (r.is_ok()) continue;
+    for (char m : r.message()) {
+      EXPECT_TRUE(static_cast<unsigned char>(m) >= 0x20 && m != 0x7f) << r.message();
+    }
+  }
+  // A control byte is refused even in a comment; other bytes there are fine.
+  EXPECT_FALSE(parse_discovery_output("a:1 # x\x1b[2J", 1).is_ok());
+  EXPECT_TRUE(parse_discovery_output("a:1 # it's (fine); $HOME", 1).is_ok());
+  // CRLF line ends and tabs stay allowed.
+  EXPECT_THAT(hosts_of(parse_discovery_output("a:1\r\n\tb:2\r\n", 1)),
+              ElementsAre(Host{"a", 1}, Host{"b", 2}));
+}
+
+TEST(HostileInput, HostfileAndHostsFlagCheckBytesToo) {
+  auto f = parse_hostfile(std::string("a slots=2\nb\0;rm slots=1\n", 24), 1);
+  ASSERT_FALSE(f.is_ok());
+  EXPECT_THAT(f.message(), HasSubstr("hostfile line 2 \"b\\0;rm slots=1\""));
+  auto h = parse_hosts_flag("a:1,b$(id):2", 1);
+  ASSERT_FALSE(h.is_ok());
+  EXPECT_THAT(h.message(), HasSubstr("-H item 2"));
+  EXPECT_THAT(h.message(), HasSubstr("'$'"));
+}
+
+TEST(HostileInput, LongJunkLineIsCutInTheError) {
+  std::string junk(1 << 20, 'x');
+  junk[5000] = '\x07';
+  auto r = parse_discovery_output("a:1\n" + junk + "\n", 1);
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_LT(r.message().size(), 600u) << r.message().substr(0, 600);
+  EXPECT_THAT(r.message(), HasSubstr("... (1048576 bytes)"));
+  EXPECT_THAT(r.message(), HasSubstr("byte 5001 is the control character '\\x07'"));
+  // A long line of valid-looking characters: cut too.
+  auto r2 = parse_discovery_output(std::string(300000, 'a') + "\n", 1);
+  ASSERT_FALSE(r2.is_ok());
+  EXPECT_LT(r2.message().size(), 600u);
+}
+
+TEST(HostileInput, SummaryCutsLongHostLists) {
+  HostSet s;
+  for (int i = 0; i < 100; ++i) s.add({"h" + std::to_string(i), 2});
+  EXPECT_EQ(s.summary(2), "h0:2,h1:2,... (100 hosts, 200 slots)");
+  EXPECT_EQ(HostSet({{"a", 1}}).summary(2), "a:1");
+  auto d = diff_hosts(HostSet(), s);
+  EXPECT_EQ(d.summary(2), "+h0 +h1 ... (100 added, 0 removed, 0 changed)");
+}
+
+// Linear parsing and diffing: 20,000 hosts (a quadratic parse took seconds).
+TEST(HostileInput, TwentyThousandHostsParseAndDiff) {
+  std::string text;
+  for (int i = 0; i < 20000; ++i) text += "node" + std::to_string(i) + ":8\n";
+  text += "node7:8\n";
+  auto dup = parse_discovery_output(text, 1);
+  ASSERT_FALSE(dup.is_ok());
+  EXPECT_THAT(dup.message(), HasSubstr("lines 8 and 20001"));
+  auto merged = parse_discovery_output(text, 1, DuplicatePolicy::kMerge);
+  ASSERT_TRUE(merged.is_ok());
+  EXPECT_EQ(merged->size(), 20000u);
+  EXPECT_EQ(merged->slots_of("node7"), 16);
+  EXPECT_EQ(merged->total_slots(), 160008);
 }
 
 }  // namespace

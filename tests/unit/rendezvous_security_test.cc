@@ -295,3 +295,86 @@ TEST(RendezvousSecurity, ClientRefusesAServerThatCannotProveTheSecret) {
 
 }  // namespace
 }  // namespace erun::testing
+
+namespace erun::testing {
+namespace {
+
+// A second process for a rank whose worker is still connected: its JOIN names
+// an older generation (a fresh process names none) and is refused, the member
+// keeps its rank; once the member is gone the slot may be joined again.
+TEST(RendezvousSecurity, JoinWithAnOldGenerationForALiveSlotIsRefused) {
+  auto server = start_server();
+  auto a = std::make_unique<RendezvousClient>(client_options(server->port()));
+  ASSERT_TRUE(a->connect().is_ok());
+  auto fa = std::async(std::launch::async, [&] {
+    long g = -1;
+    return a->join(join_request("h", 0), &g);
+  });
+  ASSERT_TRUE(wait_for([&] { return server->waiting().size() == 1; }));
+  server->publish(1, {rank_of("h", 0, 0, 1)});
+  ASSERT_TRUE(fa.get().is_ok());
+
+  // Another process (pid) for the same slot; the same pid would be the
+  // member re-connecting, which supersedes its old connection.
+  RendezvousClient b(client_options(server->port()));
+  ASSERT_TRUE(b.connect().is_ok());
+  long g = -1;
+  JoinRequest second = join_request("h", 0);
+  second.pid += 1;
+  auto rb = b.join(second, &g);
+  ASSERT_FALSE(rb.is_ok());
+  EXPECT_NE(rb.message().find("slot h:0 is held by a live worker (pid"), std::string::npos) << rb.message();
+  EXPECT_NE(rb.message().find("in generation 1, and this join names generation -1"), std::string::npos)
+      << rb.message();
+  ASSERT_EQ(server->members().size(), 1u);
+  EXPECT_TRUE(server->waiting().empty());
+
+  // The member leaves: a replacement process may take the slot's rank.
+  a.reset();
+  ASSERT_TRUE(wait_for([&] { return server->members().empty(); }));
+  RendezvousClient c(client_options(server->port()));
+  ASSERT_TRUE(c.connect().is_ok());
+  long gc = -1;
+  auto rc = c.join(join_request("h", 0), &gc);
+  ASSERT_TRUE(rc.is_ok()) << rc.message();
+  EXPECT_EQ(gc, 1);
+  EXPECT_EQ(server->members().size(), 1u);
+}
+
+// Floods: silent and one-byte connections past the cap of unauthenticated
+// connections; the oldest are closed and a real worker is still served.
+TEST(RendezvousSecurity, UnauthenticatedFloodIsCappedOldestClosedFirst) {
+  auto o = server_options();
+  o.max_unauthenticated = 16;
+  auto server = start_server(o);
+  std::vector<int> silent;
+  for (int i = 0; i < 16; ++i) silent.push_back(raw_connect(server->port()));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // older than the minimum age
+  std::vector<int> junk;
+  for (int i = 0; i < 200; ++i) {
+    int fd = raw_connect(server->port());
+    raw_send(fd, "x");
+    junk.push_back(fd);
+  }
+  // The first silent ones were closed to make room.
+  EXPECT_TRUE(closed_by_peer(silent.front(), std::chrono::seconds(5)));
+  expect_server_still_serves(*server, 1);
+  EXPECT_GE(server->refused(), 16);
+  for (int fd : silent) ::close(fd);
+  for (int fd : junk) ::close(fd);
+}
+
+TEST(RendezvousSecurity, MoreThanAHandshakeFrameBeforeAuthIsDropped) {
+  auto server = start_server();
+  int fd = raw_connect(server->port());
+  // A valid-looking header with a small payload, followed by junk: the
+  // server holds at most one handshake frame and refuses the rest.
+  std::string junk(4096, 'j');
+  ::send(fd, junk.data(), junk.size(), MSG_NOSIGNAL);
+  EXPECT_TRUE(closed_by_peer(fd, std::chrono::seconds(5)));
+  ::close(fd);
+  expect_server_still_serves(*server, 1);
+}
+
+}  // namespace
+}  // namespace erun::testing

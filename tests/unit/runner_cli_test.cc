@@ -101,3 +101,17 @@ TEST(Cli, HelpAndVersion) {
 
 }  // namespace
 }  // namespace erun
+
+namespace erun {
+namespace {
+
+TEST(Cli, CrashLoopLimitDefaultsToThreeAndZeroTurnsItOff) {
+  EXPECT_EQ(ok({"-np", "2", "./train"}).crash_loop_limit, 3);
+  EXPECT_EQ(ok({"--crash-loop-limit", "0", "-np", "2", "./train"}).crash_loop_limit, 0);
+  EXPECT_EQ(ok({"--crash-loop-limit", "7", "-np", "2", "./train"}).crash_loop_limit, 7);
+  EXPECT_NE(error({"--crash-loop-limit", "-1", "-np", "2", "./train"}).find("--crash-loop-limit must be 0 (off) or more"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace erun

@@ -295,3 +295,167 @@ TEST_F(DriverTest, LaunchFailureCountsAsAFailureOfThatHost) {
 
 }  // namespace
 }  // namespace erun
+
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
+
+#include <sstream>
+
+#include "runner/crash_loop.h"
+
+namespace erun {
+namespace {
+
+using namespace std::chrono_literals;
+
+// Captures the default logger's lines for one test.
+class LogCapture {
+ public:
+  LogCapture() : previous_(spdlog::default_logger()) {
+    auto logger = std::make_shared<spdlog::logger>("capture", std::make_shared<spdlog::sinks::ostream_sink_mt>(out_));
+    logger->set_level(spdlog::level::info);
+    spdlog::set_default_logger(logger);
+  }
+  ~LogCapture() { spdlog::set_default_logger(previous_); }
+  std::string text() const { return out_.str(); }
+
+ private:
+  std::ostringstream out_;
+  std::shared_ptr<spdlog::logger> previous_;
+};
+
+TEST(CrashLoop, SameFailureEverywhereThreeTimesIsALoop) {
+  CrashLoopDetector d(3, 60s);
+  for (long g = 1; g <= 3; ++g) {
+    d.generation_started(g, {"a", "b"});
+    d.worker_failed("a", ExitStatus{127, 0});
+    d.worker_failed("b", ExitStatus{127, 0});
+    auto why = d.generation_failed(1s);
+    if (g < 3) {
+      EXPECT_FALSE(why) << g;
+    } else {
+      ASSERT_TRUE(why);
+      EXPECT_NE(why->find("generations 1-3 (3 in a row) all failed with exit code 127"), std::string::npos) << *why;
+      EXPECT_NE(why->find("command not found"), std::string::npos);
+      EXPECT_NE(why->find("(a,b)"), std::string::npos);
+    }
+  }
+}
+
+TEST(CrashLoop, OneBadHostOrProgressOrADifferentStatusIsNoLoop) {
+  // Only b ever fails (a's workers are stopped by erun): the blacklist's job.
+  CrashLoopDetector bad_host(3, 60s);
+  for (long g = 1; g <= 6; ++g) {
+    bad_host.generation_started(g, {"a", "b"});
+    bad_host.worker_failed("b", ExitStatus{1, 0});
+    EXPECT_FALSE(bad_host.generation_failed(1s));
+  }
+  EXPECT_EQ(bad_host.streak(), 6);
+  // Progress between failures resets the streak.
+  CrashLoopDetector progress(3, 60s);
+  for (long g = 1; g <= 6; ++g) {
+    progress.generation_started(g, {"a"});
+    progress.commit_seen(static_cast<unsigned long long>(g));
+    progress.worker_failed("a", ExitStatus{1, 0});
+    EXPECT_FALSE(progress.generation_failed(1s));
+  }
+  // A generation that ran past progress_after counts as progress.
+  CrashLoopDetector slow(2, 60s);
+  for (long g = 1; g <= 4; ++g) {
+    slow.generation_started(g, {"a"});
+    slow.worker_failed("a", ExitStatus{0, SIGSEGV});
+    EXPECT_FALSE(slow.generation_failed(61s));
+  }
+  // Alternating statuses: never the same twice in a row.
+  CrashLoopDetector mixed(2, 60s);
+  for (long g = 1; g <= 4; ++g) {
+    mixed.generation_started(g, {"a"});
+    mixed.worker_failed("a", ExitStatus{g % 2 ? 1 : 2, 0});
+    EXPECT_FALSE(mixed.generation_failed(1s));
+  }
+  // Off.
+  CrashLoopDetector off(0, 60s);
+  for (long g = 1; g <= 4; ++g) {
+    off.generation_started(g, {"a"});
+    off.worker_failed("a", ExitStatus{1, 0});
+    EXPECT_FALSE(off.generation_failed(1s));
+  }
+}
+
+TEST_F(DriverTest, CrashLoopEndsTheJobWithTheProgramsExitCode) {
+  LogCapture log;
+  discovery.set(HostSet({{"a", 2}, {"b", 2}}));
+  auto o = elastic(4, 2, 4);
+  o.blacklist_after = 100;
+  make(o);
+  ASSERT_TRUE(driver->start());
+  std::optional<int> code;
+  for (int g = 0; g < 10 && !code; ++g) {
+    code = steps(1);
+    if (code) break;
+    finish_all(ExitStatus{127, 0});
+    code = steps(2);
+  }
+  EXPECT_EQ(code, 127);
+  EXPECT_EQ(driver->generation(), 3);
+  EXPECT_TRUE(launcher.running().empty());
+  EXPECT_NE(log.text().find("crash loop: generations 1-3"), std::string::npos) << log.text();
+  EXPECT_NE(log.text().find("root cause: gen 3"), std::string::npos) << log.text();
+}
+
+TEST_F(DriverTest, CrashLoopLimitZeroKeepsRestarting) {
+  discovery.set(HostSet({{"a", 2}}));
+  auto o = elastic(2, 1, 2);
+  o.blacklist_after = 100;
+  o.crash_loop_limit = 0;
+  make(o);
+  ASSERT_TRUE(driver->start());
+  steps(1);
+  for (int g = 0; g < 6; ++g) {
+    finish_all(ExitStatus{127, 0});
+    EXPECT_FALSE(steps(2));
+  }
+  EXPECT_EQ(driver->generation(), 7);
+}
+
+TEST_F(DriverTest, FinishingAfterAFailureSaysWhoFinishedWhoFailedAndWhy) {
+  LogCapture log;
+  discovery.set(HostSet({{"a", 3}}));
+  auto o = elastic(3, 1, 3);
+  make(o);
+  ASSERT_TRUE(driver->start());
+  steps(1);
+  launcher.set_obey_terminate(false);
+  launcher.finish(launcher.running_rank(0), ExitStatus{0, 0});
+  steps(1);
+  launcher.finish(launcher.running_rank(2), ExitStatus{0, SIGSEGV});
+  launcher.set_obey_terminate(true);
+  auto code = steps(5);
+  EXPECT_EQ(code, 128 + SIGSEGV);
+  auto text = log.text();
+  EXPECT_NE(text.find("gen 1: a rank 0 finished successfully"), std::string::npos) << text;
+  EXPECT_NE(text.find("then a rank 2 failed with signal 11"), std::string::npos) << text;
+  EXPECT_NE(text.find("a job cannot restart once a worker has finished"), std::string::npos) << text;
+  EXPECT_EQ(text.find("after the first worker finished, others still run"), std::string::npos) << text;
+}
+
+TEST_F(DriverTest, StragglerMessageNamesTheFinishedAndTheStillRunningRanks) {
+  LogCapture log;
+  discovery.set(HostSet({{"a", 2}}));
+  DriverOptions o;
+  o.np = o.min_np = o.max_np = 2;
+  o.finish_timeout = std::chrono::seconds(2);
+  make(o);
+  ASSERT_TRUE(driver->start());
+  steps(1);
+  launcher.finish(launcher.running_rank(0), ExitStatus{0, 0});
+  EXPECT_EQ(steps(40), 1);
+  auto text = log.text();
+  EXPECT_NE(text.find("gen 1: stopping 1 worker still running (rank 1 on a): a rank 0 finished successfully"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("did not finish within --finish-timeout 2 s"), std::string::npos) << text;
+}
+
+}  // namespace
+}  // namespace erun

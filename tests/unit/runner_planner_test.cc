@@ -91,3 +91,60 @@ TEST(HostManager, BlacklistsAfterConsecutiveFailuresWithDoublingCooldown) {
 
 }  // namespace
 }  // namespace erun
+
+#include "runner/plan_cache.h"
+
+namespace erun {
+namespace {
+
+// The per-tick membership check: recomputed only when an input changed.
+TEST(PlanCache, RecomputesOnlyWhenHostsBlacklistOrPlanChange) {
+  FakeClock clock;
+  HostManager m(clock, BlacklistPolicy{1, std::chrono::seconds(10), std::chrono::seconds(10)});
+  HostSet discovered = hosts({{"a", 2}, {"b", 2}});
+  Plan running;
+  PlanCache c;
+  c.update(1, discovered, m, 0, running, 0);
+  EXPECT_EQ(c.recomputations(), 1);
+  EXPECT_EQ(c.usable_slots(), 4);
+  EXPECT_EQ(c.next().to_string(), "4 ranks: a[0-1] b[2-3]");
+  for (int i = 0; i < 100; ++i) c.update(1, discovered, m, 0, running, 0);
+  EXPECT_EQ(c.recomputations(), 1);
+  // The plan starts: recomputed once, against it.
+  running = make_plan(1, discovered, 0, nullptr);
+  c.update(1, discovered, m, 1, running, 0);
+  c.update(1, discovered, m, 1, running, 0);
+  EXPECT_EQ(c.recomputations(), 2);
+  EXPECT_TRUE(c.next().same_layout(running));
+  // A blacklisting removes b.
+  EXPECT_TRUE(m.record_failure("b"));
+  c.update(1, discovered, m, 1, running, 0);
+  EXPECT_EQ(c.recomputations(), 3);
+  EXPECT_EQ(c.next().to_string(), "2 ranks: a[0-1]");
+  // Its cooldown ends: b is back without any other change.
+  clock.advance(std::chrono::seconds(11));
+  c.update(1, discovered, m, 1, running, 0);
+  EXPECT_EQ(c.recomputations(), 4);
+  EXPECT_EQ(c.usable_slots(), 4);
+  // New discovery epoch.
+  discovered = hosts({{"a", 2}, {"b", 2}, {"c", 1}});
+  c.update(2, discovered, m, 1, running, 0);
+  EXPECT_EQ(c.recomputations(), 5);
+  EXPECT_EQ(c.next().to_string(), "5 ranks: a[0-1] b[2-3] c[4]");
+}
+
+// 20,000 hosts with the previous plan on the last ones: linear ordering.
+TEST(Planner, OrderHostsIsLinearInHosts) {
+  std::vector<Host> v;
+  for (int i = 0; i < 20000; ++i) v.push_back({"h" + std::to_string(i), 1});
+  HostSet set(v);
+  Plan prev;
+  for (int i = 19990; i < 20000; ++i) prev.ranks.push_back(RankAssignment{SlotKey{"h" + std::to_string(i), 0}});
+  auto order = order_hosts(set, &prev);
+  ASSERT_EQ(order.size(), 20000u);
+  EXPECT_EQ(order[0].name, "h19990");
+  EXPECT_EQ(order[10].name, "h0");
+}
+
+}  // namespace
+}  // namespace erun
