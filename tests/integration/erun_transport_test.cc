@@ -250,6 +250,16 @@ TEST(ErunTransport, UnprivilegedAttackerOnTheWorkersPortsChangesNothing) {
     }
     if (newcomer > 0) ::kill(newcomer, SIGCONT);
   });
+  // Stops the lister (which resumes a worker it holds) on every way out,
+  // a failed ASSERT included.
+  struct Joiner {
+    std::atomic<bool>& done;
+    std::thread& t;
+    ~Joiner() {
+      done = true;
+      if (t.joinable()) t.join();
+    }
+  } joiner{done, lister};
 
   // Hosts come and go, so that new meshes form under attack.
   ASSERT_TRUE(p.wait_output("epoch 1 ", 120s)) << p.out() << p.err();
