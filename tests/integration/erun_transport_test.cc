@@ -5,12 +5,15 @@
 // issue 10 did Gloo's: it reads /proc/net/tcp, connects to every listening
 // port that belongs to a worker, holds connections, sends junk and fake
 // handshakes, for the whole run, while hosts come and go (each generation
-// forms a new mesh; one new worker is paused while it forms so that the pair
-// ports stay open long enough to be attacked). The job must end 0 at exactly
+// forms a new mesh; the new host's worker is single-stepped until the others
+// listen for it, then paused, so that the pair ports stay open long enough to
+// be attacked). The job must end 0 at exactly
 // the model of an uninterrupted run, the workers must have refused the
 // attacker's connections, and between generations they must have no
 // listening socket left to attack.
 #include <gtest/gtest.h>
+#include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -187,29 +190,55 @@ TEST(ErunTransport, UnprivilegedAttackerOnTheWorkersPortsChangesNothing) {
 
   // Keeps the attacker's list of worker socket inodes current. A mesh forms
   // in milliseconds, too fast for any attacker to notice: so the worker of
-  // the new host 127.0.0.4 is SIGSTOPped for 1.5 s as soon as any worker is
-  // seen listening (the mesh with it is forming), which keeps the pair ports
-  // that wait for it open, under attack.
+  // the new host 127.0.0.4 is single-stepped from the moment its process
+  // appears (SIGSTOP, a slice of SIGCONT, SIGSTOP, ...) until another worker
+  // is seen listening for it; then it stays stopped for 1.5 s, which keeps
+  // the pair ports that wait for it open, under attack. It connects to the
+  // others only while it runs, and they listen until it has connected, so a
+  // check between two slices cannot miss the listening ports.
   std::atomic<bool> done{false};
-  pid_t stopped = -1;
-  bool stop_done = false;
+  std::atomic<bool> caught{false};
+  pid_t newcomer = -1;
+  std::atomic<int> newcomers{0}, slices{0};
   auto resume_at = std::chrono::steady_clock::now();
   std::thread lister([&] {
     while (!done) {
       auto ws = workers(program);
-      if (!stop_done && !listening(socket_inodes(ws)).empty()) {
+      if (!caught && newcomer < 0) {
         for (pid_t w : ws) {
           std::string env = read_file("/proc/" + std::to_string(w) + "/environ");
           std::replace(env.begin(), env.end(), '\0', '\n');
           if (("\n" + env).find("\nERUN_HOSTNAME=127.0.0.4\n") == std::string::npos) continue;
           ::kill(w, SIGSTOP);
-          stopped = w;
-          stop_done = true;
-          resume_at = std::chrono::steady_clock::now() + 1500ms;
+          newcomer = w;
+          ++newcomers;
         }
-      } else if (stopped > 0 && std::chrono::steady_clock::now() >= resume_at) {
-        ::kill(stopped, SIGCONT);
-        stopped = -1;
+      } else if (!caught) {
+        std::vector<pid_t> others;
+        for (pid_t w : ws) {
+          if (w != newcomer) others.push_back(w);
+        }
+        if (std::find(ws.begin(), ws.end(), newcomer) == ws.end()) {
+          newcomer = -1;  // it exited before the others listened
+        } else if (!listening(socket_inodes(others)).empty()) {
+          caught = true;
+          resume_at = std::chrono::steady_clock::now() + 1500ms;
+        } else {
+          // The slice is timed at real-time priority, so that a busy machine
+          // cannot stretch it long enough for the whole mesh to form in it.
+          sched_param rt{};
+          rt.sched_priority = 1;
+          const bool is_rt = ::pthread_setschedparam(::pthread_self(), SCHED_FIFO, &rt) == 0;
+          ::kill(newcomer, SIGCONT);
+          std::this_thread::sleep_for(200us);
+          ::kill(newcomer, SIGSTOP);
+          sched_param normal{};
+          if (is_rt) ::pthread_setschedparam(::pthread_self(), SCHED_OTHER, &normal);
+          ++slices;
+        }
+      } else if (newcomer > 0 && std::chrono::steady_clock::now() >= resume_at) {
+        ::kill(newcomer, SIGCONT);
+        newcomer = -1;
       }
       auto inodes = socket_inodes(ws);
       std::string text;
@@ -217,9 +246,20 @@ TEST(ErunTransport, UnprivilegedAttackerOnTheWorkersPortsChangesNothing) {
       std::ofstream(pub.file("inodes.tmp")) << text;
       ::chmod(pub.file("inodes.tmp").c_str(), 0644);
       fs::rename(pub.file("inodes.tmp"), pub.file("inodes"));
-      std::this_thread::sleep_for(1ms);
+      if (caught || newcomer < 0) std::this_thread::sleep_for(1ms);
     }
+    if (newcomer > 0) ::kill(newcomer, SIGCONT);
   });
+  // Stops the lister (which resumes a worker it holds) on every way out,
+  // a failed ASSERT included.
+  struct Joiner {
+    std::atomic<bool>& done;
+    std::thread& t;
+    ~Joiner() {
+      done = true;
+      if (t.joinable()) t.join();
+    }
+  } joiner{done, lister};
 
   // Hosts come and go, so that new meshes form under attack.
   ASSERT_TRUE(p.wait_output("epoch 1 ", 120s)) << p.out() << p.err();
@@ -246,11 +286,13 @@ TEST(ErunTransport, UnprivilegedAttackerOnTheWorkersPortsChangesNothing) {
   EXPECT_EQ(checksum_of(p.out()), reference) << p.out();
   EXPECT_EQ(p.count("exactly-once=NO"), 0u) << p.out();
   const std::string report = read_file(report_dir + "/report");
-  std::printf("attacker: %s listening worker ports hit / connections made; workers refused %zu\n",
-              report.empty() ? "(no report)" : report.substr(0, report.size() - 1).c_str(),
-              p.count("to the pair port"));
+  std::printf("attacker: %s listening worker ports hit / connections made; workers refused %zu; the new worker "
+              "was stepped in %d slice(s)\n",
+              report.empty() ? "(no report)" : report.substr(0, report.size() - 1).c_str(), p.count("to the pair port"),
+              slices.load());
   ASSERT_FALSE(report.empty()) << "the attacker did not run";
-  EXPECT_TRUE(stop_done) << "no mesh with 127.0.0.4 was seen forming";
+  EXPECT_TRUE(caught) << "no mesh with 127.0.0.4 was seen forming (" << newcomers
+                      << " worker(s) of 127.0.0.4 seen, stepped in " << slices << " slice(s))";
   int ports_hit = 0;
   std::istringstream(report) >> ports_hit;
   EXPECT_GE(ports_hit, 1) << "the attack never reached a pair port";
