@@ -210,6 +210,7 @@ void Driver::retire_workers(const MembershipSnapshot& m) {
   for (auto& j : m.waiting) waiting.insert(j.slot);
   for (auto& w : workers_) {
     if (!w.retiring || w.exit || !w.handle) continue;
+    if (w.retire_by == TimePoint::max()) continue;  // already told to stop (it may take --term-grace)
     bool rejoined = waiting.count(w.assignment.slot) > 0;
     if (rejoined || clock_.now() >= w.retire_by) {
       ERUN_LOG_INFO("{}: slot left the job; stopping its worker", who(generation_, w.assignment.slot.host,

@@ -15,6 +15,7 @@ class FakeHandle final : public WorkerHandle {
   std::optional<ExitStatus> poll() override { return w_->exit; }
   void terminate() override {
     w_->terminated = true;
+    ++w_->terminate_calls;
     if (obey_ && !w_->exit) w_->exit = ExitStatus{0, SIGTERM};
   }
   void kill() override {

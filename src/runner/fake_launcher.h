@@ -20,6 +20,7 @@ class FakeLauncher final : public Launcher {
     WorkerSpec spec;
     std::optional<ExitStatus> exit;
     bool terminated = false;  // terminate() or kill() was called
+    int terminate_calls = 0;  // how many times terminate() was called
     bool killed = false;      // kill() was called
     std::vector<int> signals;
   };

@@ -277,6 +277,22 @@ TEST_F(InPlaceTest, SlotsThatLeaveAreRetiredOnceTheirWorkersReJoin) {
   EXPECT_TRUE(silent->terminated);
 }
 
+// A retired worker that takes its --term-grace to exit is told to stop once,
+// not on every tick while it is still waiting in the rendezvous.
+TEST_F(InPlaceTest, ARetiredWorkerIsToldToStopOnce) {
+  discovery.set(HostSet({{"a", 2}, {"b", 2}}));
+  start_joined(elastic(4, 1, 4));
+  launcher.set_obey_terminate(false);
+  discovery.set(HostSet({{"a", 2}}));
+  clock.advance(std::chrono::seconds(1));
+  EXPECT_FALSE(steps(1));
+  Worker leaving = worker_at(SlotKey{"b", 1});
+  ASSERT_TRUE(leaving);
+  for (auto& s : {a0, a1, SlotKey{"b", 1}}) membership.join(s, 1, JoinReason::kHostsUpdated);
+  EXPECT_FALSE(steps(20));
+  EXPECT_EQ(leaving->terminate_calls, 1);
+}
+
 TEST_F(InPlaceTest, AWorkerThatDoesNotJoinWithinTheRendezvousTimeoutIsKilled) {
   discovery.set(HostSet({{"a", 2}}));
   start_joined(elastic(2, 1, 2));
