@@ -133,7 +133,7 @@ struct ClientReport {
       if (!fut.get()) return;
       JoinRequest req;
       req.slot = slot_of(lo + k);
-      req.pid = lo + k;
+      req.pid = lo + k + 1;  // a positive, distinct pid per simulated worker (0 is refused)
       long gen = -1;
       auto r = clients[k]->join(req, &gen);
       if (!r.is_ok()) {
