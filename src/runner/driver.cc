@@ -369,7 +369,14 @@ void Driver::reap() {
                                          {"exit_code", json_number(long{s->shell_code()})},
                                          {"stopped_by_erun", w.stopping ? "true" : "false"}});
     }
-    if (w.stopping) continue;
+    if (w.stopping) {
+      if (w.excluded && !s->ok()) {
+        // Left out already on a survivor's report; say how it ended too.
+        ERUN_LOG_WARN("{}: failed with {} after {:.1f} s (already left out of the job)",
+                      who(generation_, a.slot.host, a.rank), s->describe(), after);
+      }
+      continue;
+    }
     if (s->ok()) {
       ERUN_LOG_INFO("{}: finished successfully after {:.1f} s", who(generation_, a.slot.host, a.rank), after);
       any_success_ = true;
