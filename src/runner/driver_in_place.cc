@@ -35,15 +35,12 @@ const Plan* Driver::plan_of(long generation) const {
 }
 
 HostSet Driver::plannable_hosts() const {
-  HostSet usable = hosts_.usable(discovered_);
-  HostSet out;
+  const std::vector<std::string> keep = blacklisted_with_survivors();
+  std::vector<Host> out;
   for (auto& h : discovered_.hosts()) {
-    bool keep = usable.find(h.name) >= 0 ||
-                std::any_of(workers_.begin(), workers_.end(),
-                            [&](const Worker& w) { return survivor(w) && w.joined && w.assignment.slot.host == h.name; });
-    if (keep) out.add(h);
+    if (!hosts_.is_blacklisted(h.name) || std::binary_search(keep.begin(), keep.end(), h.name)) out.push_back(h);
   }
-  return out;
+  return HostSet(std::move(out));
 }
 
 std::vector<std::string> Driver::blacklisted_with_survivors() const {
