@@ -161,6 +161,7 @@ def write(r, root):
     img = plots(r, os.path.join(root, "docs", "img"))
     d = Doc(r)
     body = Doc(r)  # sections, written first so the headline can summarise them
+    body.previous = os.path.join(root, "docs", "performance.md")
     sections(body, img)
     m = r.get("machine", {})
     d.p("# Performance")
@@ -246,6 +247,23 @@ def kept_sections(path):
     for i, line in enumerate(lines):
         if line.startswith(KEPT_HEADINGS):
             return [""] + lines[i:]
+    return []
+
+
+def kept_subsection(path, heading):
+    """A hand-written subsection (e.g. §2c, measured by bench/soak.py) of the
+    previous file: from its heading to the next heading of level 2 or 3."""
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        lines = f.read().splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith(heading):
+            end = next((j for j in range(i + 1, len(lines)) if lines[j].startswith(("## ", "### "))), len(lines))
+            block = lines[i:end]
+            while block and not block[-1].strip():
+                block.pop()
+            return block + [""]
     return []
 
 
@@ -376,6 +394,7 @@ def sections(d, img):
                 d.targets.append("| in-place recovery ≥ 5× faster than torchrun tuned | torchrun not measured | "
                                  "not measured in this run |")
     frozen_section(d, r.get("frozen"))
+    d.out += kept_subsection(d.previous, "### 2c. Fault soak")
     # ---- scale-up
     su = r.get("scaleup")
     if su:
