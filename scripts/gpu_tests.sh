@@ -51,7 +51,7 @@ finish() {
 }
 
 # ---- 1. build
-targets=(erun collectives_nccl_test collectives_staged_test state_gpu_test state_gpu_plan_test
+targets=(erun collectives_nccl_test collectives_staged_test state_gpu_test worker_gpu_plan_test
          train_mlp_gpu gpu_allreduce_bench gpu_commit_bench)
 build_erun() {
   local home
@@ -82,7 +82,7 @@ erun="$root/$build/src/runner/erun"
 example="$root/$build/examples/gpu/train_mlp_gpu"
 
 # ---- 2. unit tests (the device tests skip only without a device)
-for t in collectives_nccl_test collectives_staged_test state_gpu_test state_gpu_plan_test; do
+for t in collectives_nccl_test collectives_staged_test state_gpu_test worker_gpu_plan_test; do
   step "$t" "$build/tests/$t" --gtest_color=no
   grep -E "^\[  (PASSED|SKIPPED|FAILED) +\] [0-9]+ tests?" "$out/$t.log" | sed "s/^/      $t: /" >>"$out/unit_summary.txt"
 done

@@ -1,4 +1,4 @@
-#include "state/mpi_context.h"
+#include "worker/mpi_context.h"
 
 #include <cstdlib>
 #include <string>

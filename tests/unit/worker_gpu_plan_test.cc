@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "erun/errors.hpp"
-#include "state/gpu_plan.h"
+#include "worker/gpu_plan.h"
 
 namespace erun::gpu_plan {
 namespace {

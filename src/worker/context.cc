@@ -20,7 +20,7 @@
 #include "erun/erun.hpp"
 #include "rendezvous/memory_store.h"
 #include "rendezvous/rendezvous.h"
-#include "state/mpi_context.h"
+#include "worker/mpi_context.h"
 
 namespace erun {
 namespace {

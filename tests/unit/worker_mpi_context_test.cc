@@ -4,7 +4,7 @@
 #include <map>
 #include <string>
 
-#include "state/mpi_context.h"
+#include "worker/mpi_context.h"
 
 namespace erun {
 namespace {

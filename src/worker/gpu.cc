@@ -16,7 +16,7 @@
 
 #include "common/log.h"
 #include "erun/erun.hpp"
-#include "state/gpu_plan.h"
+#include "worker/gpu_plan.h"
 
 #if ERUN_HAVE_CUDA
 #include <cuda_runtime_api.h>

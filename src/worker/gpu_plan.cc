@@ -1,4 +1,4 @@
-#include "state/gpu_plan.h"
+#include "worker/gpu_plan.h"
 
 #include <fmt/format.h>
 
