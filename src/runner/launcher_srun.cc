@@ -21,6 +21,7 @@ std::unique_ptr<Launcher> make_srun_launcher(SrunOptions options, AgentLaunchOpt
                                      "--nodelist=" + host,
                                      "--kill-on-bad-exit=1",
                                      "--input=0",
+                                     "--unbuffered",  // frames, not lines: no line buffering in srun
                                      "--quiet",
                                      "--job-name=erun-agent-" + host};
     argv.insert(argv.end(), options.extra_options.begin(), options.extra_options.end());
