@@ -422,7 +422,8 @@ TEST_F(LocalLauncherTest, ErunDyingLeavesNoProcess) {
   pid_t fake_erun = ::fork();
   ASSERT_GE(fake_erun, 0);
   if (fake_erun == 0) {
-    auto h = make_local_launcher(agent_options())->launch(s);
+    auto launcher = make_local_launcher(agent_options());
+    auto h = launcher->launch(s);
     if (!h.is_ok()) ::_exit(1);
     while (true) ::pause();
   }
