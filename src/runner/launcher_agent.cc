@@ -113,13 +113,16 @@ class AgentConnection {
     send(start);
   }
 
+  // Queues a frame and writes what the pipe takes now; the reader thread
+  // writes the rest. Never blocks the driver's thread on a busy agent: a
+  // stuck agent is caught by the heartbeat timeout instead.
   void send(const agent::Message& m) {
-    std::string frame = agent::encode(m);
     bool ok;
     {
       std::lock_guard wlock(write_mu_);
-      ok = stdin_open_ && write_within(process_.stdin_fd(), frame, 2s);
-      if (ok) last_sent_ = SteadyClock::now();
+      if (!stdin_open_ || closing_) return;
+      outbox_ += agent::encode(m);
+      ok = flush_locked();
     }
     if (!ok) mark_lost(fmt::format("cannot send {} to it", agent::message_name(m)));
   }
@@ -153,12 +156,13 @@ class AgentConnection {
     });
   }
 
-  // SHUTDOWN and EOF: the agent stops its workers and exits.
+  // SHUTDOWN and EOF: the agent stops its workers and exits. The reader
+  // thread closes the agent's stdin once the queue is written.
   void begin_shutdown() {
     if (!lost()) send(agent::Shutdown{});
     std::lock_guard wlock(write_mu_);
-    stdin_open_ = false;
-    process_.close_stdin();
+    closing_ = true;
+    if (outbox_.empty()) close_stdin_locked();
   }
 
   // Waits for the reader thread (it ends with the agent), then SIGKILLs.
@@ -179,6 +183,32 @@ class AgentConnection {
     std::optional<ExitStatus> exit;
   };
 
+  // Writes queued frames without blocking; false on a write error (EPIPE).
+  bool flush_locked() {
+    while (!outbox_.empty() && stdin_open_) {
+      ssize_t n = ::write(process_.stdin_fd(), outbox_.data(), outbox_.size());
+      if (n > 0) {
+        outbox_.erase(0, static_cast<size_t>(n));
+        last_sent_ = SteadyClock::now();
+      } else if (n < 0 && errno == EINTR) {
+        continue;
+      } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        break;
+      } else {
+        outbox_.clear();
+        return false;
+      }
+    }
+    if (closing_ && outbox_.empty()) close_stdin_locked();
+    return true;
+  }
+
+  void close_stdin_locked() {
+    if (!stdin_open_) return;
+    stdin_open_ = false;
+    process_.close_stdin();
+  }
+
   static void close_writers(Slot& s) {
     close_fd(s.out_w);
     close_fd(s.err_w);
@@ -195,7 +225,7 @@ class AgentConnection {
       close_writers(s);
       ++failed;
     }
-    if (stdin_open_) {
+    if (!closing_) {
       ERUN_LOG_ERROR("agent on {} lost: {}; {} worker(s) there failed (exit code 255)", host_, why, failed);
     }
     // A silent agent (stopped, partitioned) is ended from here; its watchdog
@@ -268,9 +298,21 @@ class AgentConnection {
     std::vector<char> chunk(64 * 1024);
     bool eof = false;
     while (!stop_.load() && !eof) {
-      pollfd p{fd, POLLIN, 0};
-      int n = ::poll(&p, 1, 100);
-      if (n > 0) {
+      pollfd p[2] = {{fd, POLLIN, 0}, {-1, POLLOUT, 0}};
+      {
+        std::lock_guard wlock(write_mu_);
+        if (!outbox_.empty() && stdin_open_) p[1].fd = process_.stdin_fd();
+      }
+      int n = ::poll(p, 2, 100);
+      if (n > 0 && p[1].revents) {
+        bool ok;
+        {
+          std::lock_guard wlock(write_mu_);
+          ok = flush_locked();
+        }
+        if (!ok) mark_lost("cannot write to it");
+      }
+      if (n > 0 && p[0].revents) {
         ssize_t got = ::read(fd, chunk.data(), chunk.size());
         if (got > 0) {
           last_heard_ = SteadyClock::now();
@@ -299,7 +341,7 @@ class AgentConnection {
       }
       {
         std::lock_guard wlock(write_mu_);
-        closing = closing || !stdin_open_;
+        closing = closing || closing_;
       }
       if (!closing) {
         Duration limit = hello ? options_.heartbeat_timeout : options_.start_timeout;
@@ -322,7 +364,7 @@ class AgentConnection {
     bool closing;
     {
       std::lock_guard wlock(write_mu_);
-      closing = !stdin_open_;
+      closing = closing_;
     }
     if (eof && !stop_.load()) {
       std::string why = status ? fmt::format("its {} process ended with {}", via_, status->describe())
@@ -351,7 +393,9 @@ class AgentConnection {
   SteadyClock::time_point started_;
   SteadyClock::time_point last_heard_;  // reader thread only
 
-  std::mutex write_mu_;  // the agent's stdin
+  std::mutex write_mu_;  // the agent's stdin: the queue and its state
+  std::string outbox_;
+  std::atomic<bool> closing_{false};  // SHUTDOWN queued: close stdin once written
   std::atomic<bool> stdin_open_{true};
   std::atomic<SteadyClock::time_point> last_sent_;
 
