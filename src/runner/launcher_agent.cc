@@ -246,8 +246,11 @@ class AgentConnection {
         }
       }
       if (fd >= 0) {
-        if (!write_within(fd, o->data, 2s)) {
-          ERUN_LOG_WARN("agent on {}: worker output dropped: nothing reads it", host_);
+        // Back-pressure up to a bound: a worker's output is dropped only when
+        // nothing has read it for 10 s (it was taken and closed, or erun's
+        // stdout is stuck).
+        if (!write_within(fd, o->data, 10s)) {
+          ERUN_LOG_WARN("agent on {}: worker output dropped: nothing read it for 10 s", host_);
         }
         ::close(fd);
       }
@@ -327,6 +330,9 @@ class AgentConnection {
             if (!m->has_value()) break;
             handle(std::move(**m));
           }
+          // Time spent handing output on (a slow reader of erun's stdout) is
+          // not the agent's silence.
+          last_heard_ = SteadyClock::now();
         } else if (got == 0 || (errno != EINTR && errno != EAGAIN)) {
           eof = true;
         }
