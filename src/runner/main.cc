@@ -244,7 +244,7 @@ int main(int argc, char** argv) {
     ssh.identity_file = options.ssh_identity_file;
     ssh.connect_timeout = options.ssh_connect_timeout;
     ssh.extra_options = options.ssh_options;
-    agent.start_timeout = options.ssh_connect_timeout + std::chrono::seconds(20);
+    agent.start_timeout = options.ssh_connect_timeout + std::chrono::seconds(60);
     remote = erun::make_ssh_launcher(ssh, agent);
   }
   erun::EventLog events;
