@@ -26,6 +26,7 @@ const std::map<std::string, int>& option_arity() {
       {"--output-filename", 1}, {"--event-log", 1}, {"--launcher", 1}, {"--mode", 1},
       {"--term-grace", 1}, {"--finish-timeout", 1}, {"--rendezvous-timeout", 1},
       {"--collective-timeout", 1}, {"--driver-address", 1}, {"--checkpoint-dir", 1},
+      {"--ssh-option", 1}, {"--agent-path", 1}, {"--heartbeat-timeout", 1},
   };
   return arity;
 }
@@ -81,6 +82,7 @@ std::variant<DriverOptions, CliError, CliInfo> parse_cli(int argc, const char* c
   DriverOptions o;
   double discovery_interval = 1, discovery_timeout = 30, elastic_timeout = 600;
   double term_grace = 5, finish_timeout = 60, rdzv_timeout = 60, coll_timeout = 30, ssh_timeout = 10;
+  double heartbeat_timeout = 5;
   std::vector<double> cooldown;
   std::string launcher = "auto", mode = "auto";
   bool no_tag = false, tag = false;
@@ -103,11 +105,14 @@ std::variant<DriverOptions, CliError, CliInfo> parse_cli(int argc, const char* c
     ("blacklist-cooldown-range", po::value<std::vector<double>>(&cooldown)->multitoken(), "MIN MAX seconds a failing host stays blacklisted, doubling per blacklisting (default 10 300)")
     ("blacklist-after", po::value<int>(&o.blacklist_after), "consecutive failures before a host is blacklisted (default 2)")
     ("crash-loop-limit", po::value<int>(&o.crash_loop_limit), "end the job when this many generations in a row fail with the same exit status on every host, each within 60 s and before any commit or finished worker (default 3; 0: never)")
-    ("launcher", po::value<std::string>(&launcher), "auto (local for this machine; srun under --slurm, ssh otherwise), local, ssh, srun (a Slurm job step per worker), mpirun (static: erun execs mpirun with the hosts and -x variables; no driver, not elastic)")
+    ("launcher", po::value<std::string>(&launcher), "auto (local for this machine; srun under --slurm, ssh otherwise), local, ssh, srun (a Slurm job step per node), mpirun (static: erun execs mpirun with the hosts and -x variables; no driver, not elastic)")
     ("mode", po::value<std::string>(&mode), "auto, elastic (workers use the erun library) or restart (any program, torchrun-style)")
     ("ssh-port,p", po::value<int>(&o.ssh_port), "SSH port of the hosts")
     ("ssh-identity-file,i", po::value<std::string>(&o.ssh_identity_file), "SSH private key")
     ("ssh-connect-timeout", po::value<double>(&ssh_timeout), "seconds for an SSH connection (default 10)")
+    ("ssh-option", po::value<std::vector<std::string>>(&o.ssh_options), "more ssh options, repeatable: Key=Value (as -o Key=Value) or a raw flag; e.g. --ssh-option StrictHostKeyChecking=no --ssh-option UserKnownHostsFile=/dev/null turns host-key checking off (throwaway clusters only)")
+    ("agent-path", po::value<std::string>(&o.agent_path), "the erun binary that runs the per-host agent on every host (default: this erun's own path)")
+    ("heartbeat-timeout", po::value<double>(&heartbeat_timeout), "seconds a host's agent (or the driver, seen from the agent) may be silent before it is declared lost (default 5; heartbeats every 1 s)")
     ("env,x", po::value<std::vector<std::string>>(&o.env), "NAME or NAME=VALUE to set for the workers (repeatable)")
     ("output-filename", po::value<std::string>(&o.output_dir), "directory for per-rank stdout/stderr files (DIR/rank.N/)")
     ("tag-output", po::bool_switch(&tag), "prefix worker lines with [rank]<stdout>: (default)")
@@ -119,7 +124,7 @@ std::variant<DriverOptions, CliError, CliInfo> parse_cli(int argc, const char* c
     ("collective-timeout", po::value<double>(&coll_timeout), "seconds a collective may block before it fails (default 30)")
     ("driver-address", po::value<std::string>(&o.driver_address), "address workers use to reach this driver (default: detected)")
     ("checkpoint-dir", po::value<std::string>(&o.checkpoint_dir), "directory for durable commits of elastic state")
-    ("dry-run", po::bool_switch(&o.dry_run), "print the plan and the exact launch commands; launch nothing")
+    ("dry-run", po::bool_switch(&o.dry_run), "print the plan, each host's agent command and each rank's program, environment and directory; launch nothing")
     ("verbose,v", po::bool_switch(&o.verbose), "debug logging")
     ("version", "print the version")
     ("help,h", "print this help");
@@ -153,7 +158,7 @@ std::variant<DriverOptions, CliError, CliInfo> parse_cli(int argc, const char* c
   } durations[] = {{"--discovery-interval", discovery_interval}, {"--discovery-timeout", discovery_timeout},
                    {"--elastic-timeout", elastic_timeout},       {"--finish-timeout", finish_timeout},
                    {"--rendezvous-timeout", rdzv_timeout},      {"--collective-timeout", coll_timeout},
-                   {"--ssh-connect-timeout", ssh_timeout}};
+                   {"--ssh-connect-timeout", ssh_timeout},      {"--heartbeat-timeout", heartbeat_timeout}};
   for (auto& d : durations) {
     if (!positive(d.value)) {
       return CliError{fmt::format("{} {}: must be a positive number of seconds", d.name, d.value)};
@@ -168,6 +173,11 @@ std::variant<DriverOptions, CliError, CliInfo> parse_cli(int argc, const char* c
   o.rendezvous_timeout = seconds_option(rdzv_timeout);
   o.collective_timeout = seconds_option(coll_timeout);
   o.ssh_connect_timeout = seconds_option(ssh_timeout);
+  o.heartbeat_timeout = seconds_option(heartbeat_timeout);
+  if (heartbeat_timeout < 2) {
+    return CliError{fmt::format("--heartbeat-timeout {}: must be at least 2 seconds (heartbeats go every second)",
+                                heartbeat_timeout)};
+  }
 
   if (o.crash_loop_limit < 0) return CliError{"--crash-loop-limit must be 0 (off) or more"};
   if (vm.count("np") && o.np < 1) return CliError{fmt::format("-np {}: must be at least 1", o.np)};

@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <random>
 #include <set>
-#include <set>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -730,16 +729,25 @@ int Driver::dry_run(std::FILE* out) {
   generation_ = 1;
   std::fprintf(out, "job %s, generation 1: %s\n", d_.job_id.c_str(), plan_.to_string().c_str());
   std::string master_addr = master_address();
+  std::set<std::string> agents;
   for (auto& a : plan_.ranks) {
     bool local;
     auto& launcher = launcher_for(a.slot.host, &local);
     auto spec = make_spec(a, master_addr, 0);
-    std::vector<std::string> quoted;
-    for (auto& w : launcher.command_line(spec)) quoted.push_back(shell_quote(w));
-    std::fprintf(out, "rank %d on %s slot %d (%s): %s\n", a.rank, a.slot.host.c_str(), a.slot.local_index,
-                 local ? "local" : "ssh", join(quoted, " ").c_str());
+    if (agents.insert(a.slot.host).second) {
+      std::vector<std::string> quoted;
+      for (auto& w : launcher.command_line(spec)) quoted.push_back(shell_quote(w));
+      std::fprintf(out, "agent on %s (%s): %s\n", a.slot.host.c_str(), local ? "local" : "remote",
+                   join(quoted, " ").c_str());
+    }
+    std::vector<std::string> program;
+    for (auto& w : spec.command) program.push_back(shell_quote(w));
+    std::fprintf(out, "rank %d on %s slot %d:\n  program: %s\n  directory: %s\n  environment:\n", a.rank,
+                 a.slot.host.c_str(), a.slot.local_index, join(program, " ").c_str(), spec.cwd.c_str());
+    for (auto& [name, value] : spec.env) std::fprintf(out, "    %s=%s\n", name.c_str(), shell_quote(value).c_str());
+    std::fprintf(out, "    ERUN_SECRET=<redacted: sent on the agent's stdin>\n");
   }
-  std::fprintf(out, "MASTER_PORT is chosen at launch; the job secret goes over each worker's stdin.\n");
+  std::fprintf(out, "MASTER_PORT is chosen at launch; workers travel over each host's agent channel, not argv.\n");
   return 0;
 }
 

@@ -1,15 +1,22 @@
 // Launcher: starts one worker process on a host and hands back a WorkerHandle.
-// Implementations: LocalLauncher (fork/exec on this machine), SshLauncher
-// (ssh to the host), and FakeLauncher for the driver's unit tests.
+// The real launchers start ONE erun agent per host (src/agent/agent.h) and
+// ask it to start, signal and stop that host's workers; they differ only in
+// how the agent is started: as a child over a pipe (make_local_launcher: this
+// machine, and each simulated host under --launcher local), through ssh
+// (make_ssh_launcher), or as one Slurm step per node (make_srun_launcher).
+// FakeLauncher stands in for them in the driver's unit tests.
 //
-// Every real worker runs under a small POSIX-sh supervisor (see
-// worker_wrapper.h) that reads the job secret from its stdin, starts the
-// command in its own session, and kills that session when the driver says so
-// or when its stdin reaches EOF: erun exiting, crashing, or an SSH connection
-// dropping all end the worker. No worker outlives the driver.
+// The agent's stdin/stdout are the channel: the job secret first, then
+// frames (agent/protocol.h); a worker's env and argv never appear in any
+// command line. An agent that is lost (its channel closes, or it sends
+// nothing for the heartbeat timeout) fails every worker of its host at once
+// with exit code 255 ("agent on HOST lost: ..."); a later launch on that host
+// starts a new agent. The agent and its watchdog stop the workers when erun
+// goes away, however it goes. No worker outlives the driver.
 //
-// Handles are used from the driver's thread only. The destructor of a handle
-// whose worker still runs kills it (SIGKILL of its whole session) and reaps.
+// Handles are used from the driver's thread only (a launcher's own threads
+// read the agents). The destructor of a handle whose worker still runs kills
+// it (SIGKILL of its whole session) and waits briefly for its end.
 #pragma once
 
 #include <memory>
@@ -40,13 +47,13 @@ struct WorkerSpec {
 class WorkerHandle {
  public:
   virtual ~WorkerHandle() = default;
-  // The worker's exit status once it has ended (for SSH: the remote status,
-  // or 255 when ssh itself failed). Never blocks.
+  // The worker's exit status once it has ended (255 when its host's agent
+  // was lost or could not be started). Never blocks.
   virtual std::optional<ExitStatus> poll() = 0;
   // Asks the worker to stop: SIGTERM to its session, SIGKILL after the grace.
   // Returns at once; poll() reports the end.
   virtual void terminate() = 0;
-  // SIGKILL now (best effort for remote workers: the supervisor does it).
+  // SIGKILL of the worker's session now.
   virtual void kill() = 0;
   // Sends a signal to the worker's session (SIGINT/SIGTERM forwarding).
   virtual void signal(int sig) = 0;
@@ -54,7 +61,7 @@ class WorkerHandle {
   // ownership (and closes them). -1 after they were taken.
   virtual int take_stdout() = 0;
   virtual int take_stderr() = 0;
-  // pid of the local process erun started (the supervisor or the ssh client).
+  // pid of the worker on its host once the agent reported it, else 0.
   virtual long pid() const = 0;
 };
 
@@ -62,8 +69,18 @@ class Launcher {
  public:
   virtual ~Launcher() = default;
   virtual Result<std::unique_ptr<WorkerHandle>> launch(const WorkerSpec& spec) = 0;
-  // The exact command line launch() would run, for --dry-run and logs.
+  // The exact command line that starts the agent of spec.host (for
+  // --dry-run and logs); the worker itself travels over the agent's channel.
   virtual std::vector<std::string> command_line(const WorkerSpec& spec) const = 0;
+};
+
+// How the real launchers start and watch agents.
+struct AgentLaunchOptions {
+  std::string agent_path;  // the erun binary on the hosts; must be set (main: its own executable)
+  Duration heartbeat_interval = std::chrono::seconds(1);
+  Duration heartbeat_timeout = std::chrono::seconds(5);
+  // From starting the agent to its HELLO (ssh connection set-up included).
+  Duration start_timeout = std::chrono::seconds(30);
 };
 
 struct SshOptions {
@@ -71,11 +88,21 @@ struct SshOptions {
   std::string identity_file;     // empty: ssh's default
   std::string user;              // empty: ssh's default
   Duration connect_timeout = std::chrono::seconds(10);
-  std::vector<std::string> extra_options;  // more "-o Key=Value" words
+  // More ssh options, in order after erun's own: "Key=Value" words get their
+  // -o, words starting with '-' pass as given (a two-letter flag takes the
+  // next word as its argument: "-F", "FILE").
+  std::vector<std::string> extra_options;
 };
 
-std::unique_ptr<Launcher> make_local_launcher();
-std::unique_ptr<Launcher> make_ssh_launcher(SshOptions options);
+std::unique_ptr<Launcher> make_local_launcher(AgentLaunchOptions agent);
+std::unique_ptr<Launcher> make_ssh_launcher(SshOptions options, AgentLaunchOptions agent);
+
+// The agent's own command line (after the program): `--agent --heartbeat-timeout S ...`.
+std::vector<std::string> agent_arguments(const AgentLaunchOptions& agent);
+
+// Checks a spec before it is sent: a command, env names without '=' or NUL,
+// no newline in the secret. The error names the bad input.
+Status validate_worker_spec(const WorkerSpec& spec);
 
 // True when `host` names this machine: localhost, 127.0.0.1, ::1, this
 // machine's hostname or FQDN. Other loopback addresses (127.0.0.2, ...) are

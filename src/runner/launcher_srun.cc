@@ -3,47 +3,34 @@
 #include <fmt/format.h>
 
 #include "common/strings.h"
-#include "runner/worker_wrapper.h"
+#include "runner/launcher_agent.h"
 
 namespace erun {
 namespace {
 
-class SrunLauncher final : public Launcher {
- public:
-  explicit SrunLauncher(SrunOptions options) : options_(std::move(options)) {}
+}  // namespace
 
-  Result<std::unique_ptr<WorkerHandle>> launch(const WorkerSpec& spec) override {
-    using R = Result<std::unique_ptr<WorkerHandle>>;
-    if (Status s = validate_worker_spec(spec); !s) return R(s);
-    if (spec.host.empty() || spec.host[0] == '-') {
-      return R::error(fmt::format("rank {}: '{}' is not a Slurm node name", spec.rank, spec.host));
-    }
-    return launch_through(spec, command_line(spec), "srun", "is srun in PATH? --launcher srun needs a Slurm allocation");
-  }
-
-  std::vector<std::string> command_line(const WorkerSpec& spec) const override {
-    std::vector<std::string> argv = {options_.srun,
+std::unique_ptr<Launcher> make_srun_launcher(SrunOptions options, AgentLaunchOptions agent) {
+  auto command = [options, agent](const std::string& host) {
+    // One step per node, holding that node's agent; --input=0 gives the
+    // step's single task erun's pipe as stdin (the agent's channel).
+    std::vector<std::string> argv = {options.srun,
                                      "--overlap",
                                      "--nodes=1",
                                      "--ntasks=1",
-                                     "--nodelist=" + spec.host,
+                                     "--nodelist=" + host,
                                      "--kill-on-bad-exit=1",
                                      "--input=0",
+                                     "--unbuffered",  // frames, not lines: no line buffering in srun
                                      "--quiet",
-                                     fmt::format("--job-name=erun-g{}-r{}", spec.generation, spec.rank)};
-    argv.insert(argv.end(), options_.extra_options.begin(), options_.extra_options.end());
-    argv.insert(argv.end(), {"/bin/sh", "-c", worker_script(spec)});
+                                     "--job-name=erun-agent-" + host};
+    argv.insert(argv.end(), options.extra_options.begin(), options.extra_options.end());
+    argv.push_back(agent.agent_path);
+    for (auto& a : agent_arguments(agent)) argv.push_back(a);
     return argv;
-  }
-
- private:
-  SrunOptions options_;
-};
-
-}  // namespace
-
-std::unique_ptr<Launcher> make_srun_launcher(SrunOptions options) {
-  return std::make_unique<SrunLauncher>(std::move(options));
+  };
+  return std::make_unique<AgentLauncher>(command, agent, "srun",
+                                         "is srun in PATH? --launcher srun needs a Slurm allocation");
 }
 
 std::vector<std::string> mpirun_command(const DriverOptions& o, const HostSet& hosts,

@@ -1,10 +1,9 @@
 // Launchers that hand workers to the cluster's own tools.
-//  - make_srun_launcher(): one Slurm job step per worker inside the current
-//    allocation (`srun --overlap --nodes=1 --ntasks=1 --nodelist=HOST`), running
-//    the same supervisor script as local/SSH launch; its stdin control channel
-//    goes through srun's stdin to the single task. Used from the driver's
-//    thread; a worker whose srun dies is ended by Slurm (--kill-on-bad-exit)
-//    and by its supervisor seeing stdin EOF.
+//  - make_srun_launcher(): one Slurm job step per node inside the current
+//    allocation (`srun --overlap --nodes=1 --ntasks=1 --nodelist=HOST`),
+//    running that node's erun agent; the agent's channel is srun's
+//    stdin/stdout. A step that dies ends its agent (Slurm kills the task,
+//    the agent sees EOF), and the agent's workers with it.
 //  - mpirun_command(): the argv erun execs for `--launcher mpirun` (a static
 //    job: no driver, no elasticity; mpirun owns the processes from then on).
 #pragma once
@@ -24,7 +23,7 @@ struct SrunOptions {
   std::vector<std::string> extra_options;  // more srun flags, before the command
 };
 
-std::unique_ptr<Launcher> make_srun_launcher(SrunOptions options = {});
+std::unique_ptr<Launcher> make_srun_launcher(SrunOptions options, AgentLaunchOptions agent);
 
 // `mpirun --allow-run-as-root --oversubscribe -np N -H h:s,... -x NAME=VALUE... COMMAND`;
 // N is options.np, or every slot of `hosts` when it is 0. `env` holds NAME=VALUE words.

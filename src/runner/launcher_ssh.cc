@@ -7,7 +7,7 @@
 
 #include "common/strings.h"
 #include "runner/launcher.h"
-#include "runner/worker_wrapper.h"
+#include "runner/launcher_agent.h"
 
 namespace erun {
 
@@ -19,70 +19,60 @@ std::string lower(std::string_view s) {
   return out;
 }
 
-class SshLauncher final : public Launcher {
- public:
-  explicit SshLauncher(SshOptions options) : options_(std::move(options)) {}
-
-  Result<std::unique_ptr<WorkerHandle>> launch(const WorkerSpec& spec) override {
-    using R = Result<std::unique_ptr<WorkerHandle>>;
-    if (Status s = validate_worker_spec(spec); !s) return R(s);
-    if (spec.host.empty() || spec.host[0] == '-') {
-      return R::error(fmt::format("rank {}: '{}' is not a host name ssh can reach", spec.rank, spec.host));
-    }
-    return launch_through(spec, command_line(spec), "ssh", "is openssh-client installed?");
+// ssh's argv that runs `remote` (one word for the remote login shell) on `host`.
+std::vector<std::string> ssh_command(const SshOptions& options, const std::string& host, const std::string& remote) {
+  auto secs = std::chrono::duration_cast<std::chrono::milliseconds>(options.connect_timeout).count();
+  long timeout = std::max<long>(1, (secs + 999) / 1000);
+  // Host keys are checked as the user's ssh configuration says (known_hosts);
+  // --ssh-option StrictHostKeyChecking=no turns that off for throwaway clusters.
+  std::vector<std::string> argv = {"ssh", "-T",
+                                   "-o", "BatchMode=yes",
+                                   "-o", fmt::format("ConnectTimeout={}", timeout),
+                                   "-o", "LogLevel=ERROR",
+                                   // A host that vanishes without closing the
+                                   // connection ends ssh (255) within ~15 s;
+                                   // the agents' heartbeats notice it sooner.
+                                   "-o", "ServerAliveInterval=5",
+                                   "-o", "ServerAliveCountMax=3"};
+  if (options.port > 0) {
+    argv.push_back("-p");
+    argv.push_back(std::to_string(options.port));
   }
-
-  std::vector<std::string> command_line(const WorkerSpec& spec) const override {
-    auto secs = std::chrono::duration_cast<std::chrono::milliseconds>(options_.connect_timeout).count();
-    long timeout = std::max<long>(1, (secs + 999) / 1000);
-    std::vector<std::string> argv = {"ssh", "-T",
-                                     "-o", "BatchMode=yes",
-                                     "-o", fmt::format("ConnectTimeout={}", timeout),
-                                     "-o", "StrictHostKeyChecking=no",
-                                     "-o", "UserKnownHostsFile=/dev/null",
-                                     "-o", "LogLevel=ERROR",
-                                     // A host that vanishes without closing the
-                                     // connection ends ssh (255) within ~15 s.
-                                     "-o", "ServerAliveInterval=5",
-                                     "-o", "ServerAliveCountMax=3"};
-    if (options_.port > 0) {
-      argv.push_back("-p");
-      argv.push_back(std::to_string(options_.port));
-    }
-    if (!options_.identity_file.empty()) {
-      argv.push_back("-i");
-      argv.push_back(options_.identity_file);
-    }
-    if (!options_.user.empty()) {
-      argv.push_back("-l");
-      argv.push_back(options_.user);
-    }
-    // "Key=Value" words get their -o; raw flags ("-oKey=Value", "-F FILE") pass as given.
-    bool flag_argument = false;
-    for (const auto& o : options_.extra_options) {
-      if (flag_argument || starts_with(o, "-")) {
-        argv.push_back(o);
-        flag_argument = !flag_argument && o.size() == 2;
-      } else {
-        argv.push_back("-o");
-        argv.push_back(o);
-      }
-    }
-    argv.push_back(spec.host);
-    // One word for the remote login shell; `exec` makes the supervisor the
-    // session leader sshd created, with nothing between them.
-    argv.push_back("exec /bin/sh -c " + shell_quote(worker_script(spec)));
-    return argv;
+  if (!options.identity_file.empty()) {
+    argv.push_back("-i");
+    argv.push_back(options.identity_file);
   }
-
- private:
-  SshOptions options_;
-};
+  if (!options.user.empty()) {
+    argv.push_back("-l");
+    argv.push_back(options.user);
+  }
+  // "Key=Value" words get their -o; raw flags ("-oKey=Value", "-F FILE") pass as given.
+  bool flag_argument = false;
+  for (const auto& o : options.extra_options) {
+    if (flag_argument || starts_with(o, "-")) {
+      argv.push_back(o);
+      flag_argument = !flag_argument && o.size() == 2;
+    } else {
+      argv.push_back("-o");
+      argv.push_back(o);
+    }
+  }
+  argv.push_back("--");
+  argv.push_back(host);
+  argv.push_back(remote);
+  return argv;
+}
 
 }  // namespace
 
-std::unique_ptr<Launcher> make_ssh_launcher(SshOptions options) {
-  return std::make_unique<SshLauncher>(std::move(options));
+std::unique_ptr<Launcher> make_ssh_launcher(SshOptions options, AgentLaunchOptions agent) {
+  auto command = [options, agent](const std::string& host) {
+    // `exec`: the agent replaces the login shell, nothing between sshd and it.
+    std::string remote = "exec " + shell_quote(agent.agent_path);
+    for (auto& a : agent_arguments(agent)) remote += " " + shell_quote(a);
+    return ssh_command(options, host, remote);
+  };
+  return std::make_unique<AgentLauncher>(command, agent, "ssh", "is openssh-client installed?");
 }
 
 bool is_local_host(const std::string& host) {

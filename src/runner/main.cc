@@ -14,6 +14,7 @@
 
 #include <fmt/format.h>
 
+#include "agent/agent.h"
 #include "common/log.h"
 #include "common/strings.h"
 #include "discovery/discovery.h"
@@ -149,9 +150,47 @@ int exec_mpirun(const erun::DriverOptions& o, erun::HostDiscovery& discovery) {
   return 127;
 }
 
+// `erun --agent [--heartbeat-interval S] [--heartbeat-timeout S]`: the
+// per-host agent (src/agent/agent.h), started by a driver; not for users.
+int agent_main(int argc, char** argv) {
+  erun::init_logging(false);
+  erun::agent::AgentOptions o;
+  char name[256] = {};
+  ::gethostname(name, sizeof name - 1);
+  o.host = name;
+  for (int i = 2; i < argc; ++i) {
+    std::string flag = argv[i];
+    double v = 0;
+    bool known = (flag == "--heartbeat-interval" || flag == "--heartbeat-timeout") && i + 1 < argc;
+    if (known) {
+      char* end = nullptr;
+      v = std::strtod(argv[i + 1], &end);
+      known = end && *end == '\0' && v > 0;
+    }
+    if (!known) {
+      std::fprintf(stderr, "erun --agent: unexpected argument '%s' (the agent is started by erun itself)\n",
+                   argv[i]);
+      return 2;
+    }
+    auto d = std::chrono::duration_cast<erun::Duration>(std::chrono::duration<double>(v));
+    (flag == "--heartbeat-interval" ? o.heartbeat_interval : o.heartbeat_timeout) = d;
+    ++i;
+  }
+  return erun::agent::run_agent(o);
+}
+
+// This program's own path, the default agent binary.
+std::string own_executable() {
+  char buf[4096];
+  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n <= 0) return {};
+  return std::string(buf, static_cast<size_t>(n));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc >= 2 && std::string(argv[1]) == "--agent") return agent_main(argc, argv);
   erun::CliContext cli_context;
   cli_context.in_slurm_allocation = !env_or_empty("SLURM_JOB_ID").empty();
   auto parsed = erun::parse_cli(argc, argv, cli_context);
@@ -187,17 +226,26 @@ int main(int argc, char** argv) {
   if (options.launcher == erun::LauncherKind::kMpirun) return exec_mpirun(options, **discovery);
 
   ::signal(SIGPIPE, SIG_IGN);
-  auto local = erun::make_local_launcher();
+  erun::AgentLaunchOptions agent;
+  agent.agent_path = options.agent_path.empty() ? own_executable() : options.agent_path;
+  agent.heartbeat_timeout = options.heartbeat_timeout;
+  if (agent.agent_path.empty()) {
+    std::fprintf(stderr, "erun: cannot find erun's own executable (/proc/self/exe): pass --agent-path PATH\n");
+    return 2;
+  }
+  auto local = erun::make_local_launcher(agent);
   std::unique_ptr<erun::Launcher> remote;
   if (options.launcher == erun::LauncherKind::kSrun ||
       (options.launcher == erun::LauncherKind::kAuto && options.slurm)) {
-    remote = erun::make_srun_launcher();
+    remote = erun::make_srun_launcher({}, agent);
   } else {
     erun::SshOptions ssh;
     ssh.port = options.ssh_port;
     ssh.identity_file = options.ssh_identity_file;
     ssh.connect_timeout = options.ssh_connect_timeout;
-    remote = erun::make_ssh_launcher(ssh);
+    ssh.extra_options = options.ssh_options;
+    agent.start_timeout = options.ssh_connect_timeout + std::chrono::seconds(60);
+    remote = erun::make_ssh_launcher(ssh, agent);
   }
   erun::EventLog events;
   if (!options.event_log.empty()) {

@@ -10,7 +10,7 @@
 
 namespace erun {
 
-// kSrun: a Slurm job step per worker; kMpirun: erun execs mpirun (static, no driver).
+// kSrun: a Slurm job step per node (its agent); kMpirun: erun execs mpirun (static, no driver).
 enum class LauncherKind { kAuto, kLocal, kSsh, kSrun, kMpirun };
 enum class WorkerMode { kAuto, kElastic, kRestart };
 
@@ -46,6 +46,9 @@ struct DriverOptions {
   int ssh_port = 0;
   std::string ssh_identity_file;
   Duration ssh_connect_timeout = std::chrono::seconds(10);
+  std::vector<std::string> ssh_options;  // --ssh-option, in order
+  std::string agent_path;                // --agent-path (empty: erun's own executable)
+  Duration heartbeat_timeout = std::chrono::seconds(5);
   std::vector<std::string> env;  // -x NAME or NAME=VALUE
 
   std::string output_dir;

@@ -266,9 +266,10 @@ TEST_F(ErunElastic, InPlaceOverSshGrowSlotChangeKilledHostAndShrink) {
   std::unique_ptr<SshServer> server = SshServer::start();
   ERUN_REQUIRE_SSHD(server);
   dir_.write("hosts", "127.0.0.2:1\n127.0.0.3:1\n");
-  ErunProcess p(erun_args({"-np", "2", "--min-np", "1", "--max-np", "4", "--ssh-port",
-                           std::to_string(server->port()), "--ssh-identity-file", server->identity_file(),
-                           "--blacklist-after", "1", "--blacklist-cooldown-range", "600", "600"}));
+  std::vector<std::string> args = {"-np", "2", "--min-np", "1", "--max-np", "4", "--blacklist-after", "1",
+                                   "--blacklist-cooldown-range", "600", "600"};
+  for (auto& a : server->erun_args()) args.push_back(a);
+  ErunProcess p(erun_args(args));
   ASSERT_TRUE(p.wait_output("epoch 0 ", 60s)) << p.out() << p.err();
   // Each step waits for the survivors' reset line: the generation has formed.
   dir_.write("hosts", "127.0.0.2:1\n127.0.0.3:1\n127.0.0.4:1\n");  // a host appears

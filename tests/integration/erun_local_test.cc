@@ -123,9 +123,18 @@ TEST(ErunLocal, DryRunPrintsThePlanAndLaunchesNothing) {
   auto s = p.wait(30s);
   ASSERT_TRUE(s);
   EXPECT_EQ(s->shell_code(), 0) << p.err();
-  EXPECT_NE(p.out().find("rank 2 on 127.0.0.5 slot 0 (ssh)"), std::string::npos) << p.out();
-  EXPECT_NE(p.out().find("rank 0 on localhost slot 0 (local)"), std::string::npos) << p.out();
-  EXPECT_NE(p.out().find("ssh"), std::string::npos);
+  // One agent command per host, then each rank's program, env and directory.
+  EXPECT_NE(p.out().find("agent on 127.0.0.5 (remote): ssh "), std::string::npos) << p.out();
+  EXPECT_NE(p.out().find(" -- 127.0.0.5 'exec "), std::string::npos) << p.out();
+  EXPECT_NE(p.out().find("agent on localhost (local): "), std::string::npos) << p.out();
+  EXPECT_NE(p.out().find("rank 2 on 127.0.0.5 slot 0:\n  program: touch "), std::string::npos) << p.out();
+  EXPECT_NE(p.out().find("rank 0 on localhost slot 0:\n"), std::string::npos) << p.out();
+  EXPECT_NE(p.out().find("    ERUN_RANK=2\n"), std::string::npos) << p.out();
+  EXPECT_NE(p.out().find("    ERUN_SECRET=<redacted"), std::string::npos) << p.out();
+  size_t agents = 0;
+  for (size_t at = p.out().find("agent on "); at != std::string::npos; at = p.out().find("agent on ", at + 1)) ++agents;
+  EXPECT_EQ(agents, 2u) << p.out();
+  EXPECT_EQ(p.out().find("_erun_"), std::string::npos);  // no shell supervisor
   EXPECT_TRUE(read_file(dir.file("launched")).empty());
   EXPECT_FALSE(std::ifstream(dir.file("launched")).good());
 }

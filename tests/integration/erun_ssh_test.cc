@@ -42,8 +42,9 @@ class ErunSsh : public ::testing::Test {
     worker_ = build_path("examples/restart_worker");
   }
   std::vector<std::string> ssh_args() {
-    return {"--ssh-port", std::to_string(server_->port()), "--ssh-identity-file", server_->identity_file(),
-            "--term-grace", "2"};
+    auto args = server_->erun_args();
+    args.insert(args.end(), {"--term-grace", "2"});
+    return args;
   }
   // The restart_worker processes (not their supervisors) on `host`.
   std::vector<pid_t> workers_on(const std::string& host) {

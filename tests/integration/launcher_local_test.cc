@@ -1,12 +1,14 @@
-// LocalLauncher and the worker supervisor with real processes: env, cwd,
-// secret delivery, exit statuses, stop with grace, and no process left behind
-// whichever way erun's side goes away.
+// The local launcher and the erun agent with real processes: env, cwd,
+// secret delivery, exit statuses, stop with grace, one agent per host, and no
+// process left behind whichever of erun's own processes goes away (the
+// agent, its watchdog, erun itself) or falls silent.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <filesystem>
+#include <algorithm>
 #include <fstream>
 
 #include <fmt/format.h>
@@ -14,7 +16,7 @@
 
 #include "common/strings.h"
 #include "runner/launcher.h"
-#include "runner/worker_wrapper.h"
+#include "support/erun_process.h"
 #include "support/process_utils.h"
 
 namespace erun {
@@ -89,7 +91,21 @@ class LocalLauncherTest : public ::testing::Test {
     return pids;
   }
 
-  std::unique_ptr<Launcher> launcher_ = make_local_launcher();
+  static AgentLaunchOptions agent_options() {
+    AgentLaunchOptions o;
+    o.agent_path = testing::erun_binary();
+    o.heartbeat_timeout = 3s;
+    return o;
+  }
+
+  // The worker's pid once its agent reported it.
+  static pid_t worker_pid(WorkerHandle& h) {
+    auto deadline = std::chrono::steady_clock::now() + 20s;
+    while (h.pid() == 0 && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(5ms);
+    return static_cast<pid_t>(h.pid());
+  }
+
+  std::unique_ptr<Launcher> launcher_ = make_local_launcher(agent_options());
   std::string dir_;
   std::string marker_;
 };
@@ -141,7 +157,7 @@ TEST_F(LocalLauncherTest, MissingCwdOrProgramIsAClearError) {
   EXPECT_NE(err.find("does-not-exist"), std::string::npos) << err;
   auto st = wait(*h);
   ASSERT_TRUE(st);
-  EXPECT_EQ(st->code, kWrapperSetupFailed);
+  EXPECT_EQ(st->code, 127);
 
   auto s2 = spec("true");
   s2.command = {"/no/such/program-" + marker_};
@@ -169,8 +185,8 @@ TEST_F(LocalLauncherTest, SecretIsInTheEnvironmentButNeverInAnyCommandLine) {
   EXPECT_TRUE(pids_with_cmdline(s.secret).empty()) << describe_pids(pids_with_cmdline(s.secret));
 
   // The worker leads its own session and holds the secret in its environment.
-  auto worker = find_supervised_worker(static_cast<pid_t>(h->pid()));
-  ASSERT_TRUE(worker);
+  std::optional<pid_t> worker = worker_pid(*h);
+  ASSERT_GT(*worker, 0);
   std::string stat = read_file(fmt::format("/proc/{}/stat", *worker));
   auto fields = split(stat.substr(stat.rfind(')') + 2), ' ');
   ASSERT_GE(fields.size(), 4u);
@@ -256,39 +272,158 @@ TEST_F(LocalLauncherTest, DestroyingTheHandleLeavesNoProcess) {
   auto h = launch(s);
   ASSERT_TRUE(h);
   ASSERT_TRUE(wait_file_lines(pids, 3, 20s));
-  long wrapper = h->pid();
   auto start = std::chrono::steady_clock::now();
   h.reset();
   EXPECT_LT(std::chrono::steady_clock::now() - start, 10s);
-  EXPECT_FALSE(pid_alive(static_cast<pid_t>(wrapper)));
   for (pid_t p : read_pids(pids)) EXPECT_TRUE(wait_pid_gone(p, 10s)) << p;
   std::vector<pid_t> left;
   EXPECT_TRUE(wait_no_process(marker_, 10s, &left)) << describe_pids(left);
 }
 
-TEST_F(LocalLauncherTest, ClosingTheControlChannelStopsEverything) {
+TEST_F(LocalLauncherTest, WorkersOfOneHostShareOneAgent) {
+  auto a = launch(spec("sleep 300"));
+  auto b = launch(spec("sleep 300"));
+  auto s = spec("sleep 300");
+  s.host = "127.0.0.2";  // another (simulated) host: another agent
+  auto c = launch(s);
+  ASSERT_TRUE(a && b && c);
+  pid_t pa = worker_pid(*a), pb = worker_pid(*b), pc = worker_pid(*c);
+  ASSERT_GT(pa, 0);
+  ASSERT_GT(pb, 0);
+  ASSERT_GT(pc, 0);
+  EXPECT_EQ(testing::parent_of(pa), testing::parent_of(pb));
+  EXPECT_NE(testing::parent_of(pa), testing::parent_of(pc));
+  EXPECT_NE(testing::parent_of(pa), ::getpid());
+  a->kill();
+  b->kill();
+  c->kill();
+  EXPECT_TRUE(wait(*a) && wait(*b) && wait(*c));
+}
+
+TEST_F(LocalLauncherTest, NoEnvValueInAnyCommandLine) {
+  std::string flag = dir_ + "/started";
+  auto s = spec("echo started > " + shell_quote(flag) + "; sleep 30");
+  std::string value = "env-value-" + marker_ + "-unique";
+  std::reverse(value.begin(), value.end());  // the marker itself rides in argv
+  s.env = {{"ERUN_TEST_VALUE", value}};
+  auto h = launch(s);
+  ASSERT_TRUE(h);
+  ASSERT_TRUE(wait_file_lines(flag, 1, 20s));
+  EXPECT_TRUE(pids_with_cmdline(value).empty()) << describe_pids(pids_with_cmdline(value));
+  std::string environ = read_file(fmt::format("/proc/{}/environ", worker_pid(*h)));
+  EXPECT_NE(environ.find("ERUN_TEST_VALUE=" + value), std::string::npos);
+  h->kill();
+  ASSERT_TRUE(wait(*h));
+}
+
+TEST_F(LocalLauncherTest, KilledAgentFailsItsWorkersAt255AndLeavesNoProcess) {
+  std::string pids = dir_ + "/pids";
+  auto s = spec("trap '' TERM; sleep 300 & echo $! >> " + pids + "; echo $$ >> " + pids + "; wait");
+  auto h = launch(s);
+  ASSERT_TRUE(h);
+  ASSERT_TRUE(wait_file_lines(pids, 2, 20s));
+  pid_t agent = testing::parent_of(worker_pid(*h));
+  ASSERT_GT(agent, 1);
+  ::kill(agent, SIGKILL);
+  auto st = wait(*h, 5s);
+  ASSERT_TRUE(st);
+  EXPECT_EQ(st->code, 255) << st->describe();
+  for (pid_t p : read_pids(pids)) EXPECT_TRUE(wait_pid_gone(p, 10s)) << p;
+  // The host gets a new agent for the next worker.
+  auto again = launch(spec("exit 4"));
+  ASSERT_TRUE(again);
+  st = wait(*again);
+  ASSERT_TRUE(st);
+  EXPECT_EQ(st->code, 4);
+}
+
+TEST_F(LocalLauncherTest, SilentAgentIsLostWithinTheHeartbeatTimeout) {
   std::string pids = dir_ + "/pids";
   auto h = launch(spec("sleep 300 & echo $! >> " + pids + "; echo $$ >> " + pids + "; wait"));
   ASSERT_TRUE(h);
   ASSERT_TRUE(wait_file_lines(pids, 2, 20s));
-  auto* supervised = dynamic_cast<SupervisedWorker*>(h.get());
-  ASSERT_NE(supervised, nullptr);
-  supervised->close_control();
-  auto st = wait(*h);
+  pid_t agent = testing::parent_of(worker_pid(*h));
+  ASSERT_GT(agent, 1);
+  auto start = std::chrono::steady_clock::now();
+  ::kill(agent, SIGSTOP);
+  auto st = wait(*h, 10s);
+  auto took = std::chrono::steady_clock::now() - start;
   ASSERT_TRUE(st);
-  EXPECT_EQ(st->shell_code(), 128 + SIGTERM) << st->describe();
+  EXPECT_EQ(st->code, 255) << st->describe();
+  EXPECT_GE(took, 2500ms);  // --heartbeat-timeout 3 s here
+  EXPECT_LT(took, 4500ms);
   for (pid_t p : read_pids(pids)) EXPECT_TRUE(wait_pid_gone(p, 10s)) << p;
 }
 
+// Kills one of erun's own processes on the host, then SIGKILLs a forked
+// "erun": no worker may be left, whichever part went first.
+class PartKillTest : public LocalLauncherTest, public ::testing::WithParamInterface<const char*> {};
+
+TEST_P(PartKillTest, NoWorkerOutlivesErun) {
+  std::string part = GetParam();
+  std::string pids = dir_ + "/pids";
+  std::string report = dir_ + "/report";
+  auto s = spec("trap '' TERM; sleep 300 & echo $! >> " + pids + "; echo $$ >> " + pids + "; wait");
+  s.term_grace = 1s;
+  int to_erun[2];
+  ASSERT_EQ(::pipe(to_erun), 0);
+  pid_t fake_erun = ::fork();
+  ASSERT_GE(fake_erun, 0);
+  if (fake_erun == 0) {
+    ::close(to_erun[1]);
+    auto launcher = make_local_launcher(agent_options());
+    auto h = launcher->launch(s);
+    if (!h.is_ok()) ::_exit(1);
+    // Report the worker's status, if it ends, into `report`.
+    while (true) {
+      if (auto st = (*h)->poll()) {
+        std::ofstream(report) << st->shell_code() << "\n";
+        while (true) ::pause();
+      }
+      ::usleep(10000);
+    }
+  }
+  ::close(to_erun[0]);
+  ::close(to_erun[1]);
+  ASSERT_TRUE(wait_file_lines(pids, 2, 20s));
+  auto worker = read_pids(pids).back();
+  pid_t agent = testing::parent_of(worker);
+  ASSERT_GT(agent, 1);
+  if (part == "agent") {
+    ::kill(agent, SIGKILL);
+    ASSERT_TRUE(wait_file_lines(report, 1, 10s));
+    EXPECT_EQ(trim(read_file(report)), "255");
+  } else if (part == "watchdog") {
+    // The agent's other child: the watchdog, in its own session.
+    pid_t watchdog = 0;
+    for (pid_t p : pids_with_cmdline("--agent")) {
+      if (p != agent && testing::parent_of(p) == agent) watchdog = p;
+    }
+    ASSERT_GT(watchdog, 0);
+    ::kill(watchdog, SIGKILL);
+    std::this_thread::sleep_for(300ms);  // the agent starts another one
+    EXPECT_TRUE(pid_alive(worker));      // and keeps its workers
+  }
+  ::kill(fake_erun, SIGKILL);
+  int status;
+  ::waitpid(fake_erun, &status, 0);
+  for (pid_t p : read_pids(pids)) EXPECT_TRUE(wait_pid_gone(p, 15s)) << part << " " << p;
+  std::vector<pid_t> left;
+  EXPECT_TRUE(wait_no_process(marker_, 15s, &left)) << describe_pids(left);
+}
+
+INSTANTIATE_TEST_SUITE_P(Parts, PartKillTest, ::testing::Values("none", "agent", "watchdog"));
+
 TEST_F(LocalLauncherTest, ErunDyingLeavesNoProcess) {
-  // A forked "erun" launches a worker and is SIGKILLed: the supervisor sees
-  // EOF on its control channel and stops the worker and its children.
+  // A forked "erun" launches a worker and is SIGKILLed: the agent sees EOF on
+  // its channel and stops the worker and its children.
   std::string pids = dir_ + "/pids";
   auto s = spec("sleep 300 & echo $! >> " + pids + "; echo $$ >> " + pids + "; wait");
   pid_t fake_erun = ::fork();
   ASSERT_GE(fake_erun, 0);
   if (fake_erun == 0) {
-    auto h = make_local_launcher()->launch(s);
+    auto launcher = make_local_launcher(agent_options());
+    auto h = launcher->launch(s);
     if (!h.is_ok()) ::_exit(1);
     while (true) ::pause();
   }
@@ -314,14 +449,31 @@ TEST_F(LocalLauncherTest, EarlyTerminateIsNotLost) {
   }
 }
 
-TEST_F(LocalLauncherTest, CommandLineIsTheSupervisorWithoutTheSecret) {
+TEST_F(LocalLauncherTest, CommandLineIsTheAgentWithoutTheWorker) {
   auto s = spec("true");
+  s.env = {{"FOO", "bar-" + marker_}};
   auto argv = launcher_->command_line(s);
-  ASSERT_EQ(argv.size(), 3u);
-  EXPECT_EQ(argv[0], "/bin/sh");
-  EXPECT_EQ(argv[1], "-c");
-  EXPECT_EQ(argv[2].find(s.secret), std::string::npos);
-  EXPECT_NE(argv[2].find(marker_), std::string::npos);
+  ASSERT_GE(argv.size(), 2u);
+  EXPECT_EQ(argv[0], testing::erun_binary());
+  EXPECT_EQ(argv[1], "--agent");
+  for (auto& w : argv) {
+    EXPECT_EQ(w.find(s.secret), std::string::npos);
+    EXPECT_EQ(w.find(marker_), std::string::npos);
+  }
+}
+
+TEST_F(LocalLauncherTest, MissingAgentBinaryFailsTheWorkerAt255) {
+  AgentLaunchOptions o = agent_options();
+  o.agent_path = dir_ + "/no-such-erun";
+  auto launcher = make_local_launcher(o);
+  auto h = launcher->launch(spec("true"));
+  if (!h.is_ok()) {
+    EXPECT_NE(h.message().find("no-such-erun"), std::string::npos) << h.message();
+    return;
+  }
+  auto st = wait(**h);
+  ASSERT_TRUE(st);
+  EXPECT_EQ(st->code, 255);
 }
 
 TEST(IsLocalHost, NamesThisMachineOnly) {

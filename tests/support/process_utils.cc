@@ -98,4 +98,15 @@ bool wait_file_lines(const std::string& path, size_t lines, Duration timeout) {
   }
 }
 
+pid_t parent_of(pid_t pid) {
+  std::string stat = read_file("/proc/" + std::to_string(pid) + "/stat");
+  size_t close = stat.rfind(')');
+  if (close == std::string::npos) return 0;
+  std::istringstream rest(stat.substr(close + 1));
+  std::string state;
+  long ppid = 0;
+  if (!(rest >> state >> ppid)) return 0;
+  return static_cast<pid_t>(ppid);
+}
+
 }  // namespace erun::testing

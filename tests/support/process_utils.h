@@ -20,6 +20,8 @@ bool wait_no_process(const std::string& marker, Duration timeout, std::vector<pi
 bool pid_alive(pid_t pid);
 // Waits until pid is gone or a zombie; false on timeout.
 bool wait_pid_gone(pid_t pid, Duration timeout);
+// The parent pid of a live process, or 0.
+pid_t parent_of(pid_t pid);
 // "PID: cmdline" of each pid, for failure messages.
 std::string describe_pids(const std::vector<pid_t>& pids);
 // Reads a file whole; empty when missing.

@@ -11,6 +11,7 @@
 
 #include <fmt/format.h>
 
+#include "common/strings.h"
 #include "support/process_utils.h"
 
 namespace erun::testing {
@@ -102,6 +103,17 @@ std::unique_ptr<SshServer> SshServer::start(std::vector<std::string> addresses) 
   if (s->port_ == 0) {
     s->error_ = "no free port on " + s->addresses_.at(0);
     return s;
+  }
+
+  // Host-key checking stays on: clients trust exactly this server's key.
+  {
+    auto words = split(trim(read_file(host_key + ".pub")), ' ');
+    if (words.size() < 2) {
+      s->error_ = "cannot read the host key " + host_key + ".pub";
+      return s;
+    }
+    std::ofstream k(s->known_hosts_file());
+    for (const auto& a : s->addresses_) k << "[" << a << "]:" << s->port_ << " " << words[0] << " " << words[1] << "\n";
   }
 
   const std::string config = s->dir_ + "/sshd_config";

@@ -32,14 +32,22 @@ class SshServer {
   const std::vector<std::string>& addresses() const { return addresses_; }
   std::string log() const;
 
-  // What a launcher needs to reach this server.
+  // known_hosts holding this server's host key for each of its addresses.
+  std::string known_hosts_file() const { return dir_ + "/known_hosts"; }
+
+  // What a launcher needs to reach this server (host keys checked).
   SshOptions launcher_options() const {
     SshOptions o;
     o.port = port_;
     o.identity_file = identity_file_;
     o.connect_timeout = std::chrono::seconds(10);
-    o.extra_options = {"IdentitiesOnly=yes"};
+    o.extra_options = {"IdentitiesOnly=yes", "UserKnownHostsFile=" + known_hosts_file()};
     return o;
+  }
+  // The same as erun flags.
+  std::vector<std::string> erun_args() const {
+    return {"--ssh-port", std::to_string(port_), "--ssh-identity-file", identity_file_,
+            "--ssh-option", "IdentitiesOnly=yes", "--ssh-option", "UserKnownHostsFile=" + known_hosts_file()};
   }
 
  private:

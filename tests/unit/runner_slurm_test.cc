@@ -63,22 +63,31 @@ TEST(RunnerSlurm, MpirunCommandPassesHostsSlotsAndVariables) {
   EXPECT_EQ(mpirun_command(o, hosts, {})[4], "3");
 }
 
-TEST(RunnerSlurm, SrunStepRunsTheSupervisorOnOneNodeWithoutTheSecret) {
-  auto launcher = make_srun_launcher();
+TEST(RunnerSlurm, SrunStepRunsTheNodesAgentWithoutTheWorkerOrSecret) {
+  AgentLaunchOptions agent;
+  agent.agent_path = "/opt/erun/bin/erun";
+  auto launcher = make_srun_launcher({}, agent);
   WorkerSpec spec;
   spec.host = "node07";
   spec.rank = 3;
   spec.generation = 2;
-  spec.command = {"./train"};
+  spec.command = {"./train-program"};
+  spec.env = {{"FOO", "env-value"}};
   spec.secret = "s3cr3t-value";
   auto argv = launcher->command_line(spec);
   ASSERT_GE(argv.size(), 4u);
   EXPECT_EQ(argv[0], "srun");
   for (const char* w : {"--overlap", "--nodes=1", "--ntasks=1", "--nodelist=node07", "--kill-on-bad-exit=1"})
     EXPECT_TRUE(contains(argv, w)) << w;
-  EXPECT_EQ(argv[argv.size() - 3], "/bin/sh");
-  EXPECT_EQ(argv[argv.size() - 2], "-c");
-  for (const auto& w : argv) EXPECT_EQ(w.find("s3cr3t-value"), std::string::npos) << w;
+  auto at = std::find(argv.begin(), argv.end(), "/opt/erun/bin/erun");
+  ASSERT_NE(at, argv.end());
+  ASSERT_NE(at + 1, argv.end());
+  EXPECT_EQ(*(at + 1), "--agent");
+  for (const auto& w : argv) {
+    EXPECT_EQ(w.find("s3cr3t-value"), std::string::npos) << w;
+    EXPECT_EQ(w.find("env-value"), std::string::npos) << w;
+    EXPECT_EQ(w.find("train-program"), std::string::npos) << w;
+  }
   spec.host = "-oops";
   EXPECT_FALSE(static_cast<bool>(launcher->launch(spec)));
 }

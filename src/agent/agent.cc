@@ -1,0 +1,622 @@
+#include "agent/agent.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/signalfd.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <map>
+#include <optional>
+#include <set>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "agent/protocol.h"
+#include "common/log.h"
+#include "common/strings.h"
+#include "common/subprocess.h"
+
+extern char** environ;
+
+namespace erun::agent {
+
+namespace {
+
+using SteadyClock = std::chrono::steady_clock;
+using namespace std::chrono_literals;
+
+constexpr size_t kReadChunk = 64 * 1024;
+constexpr size_t kMaxLine = 64 * 1024;              // longer lines are forwarded in pieces
+constexpr size_t kMaxOutbound = 64u * 1024 * 1024;  // output dropped beyond this backlog
+// Exit code of a worker whose program could not be started (as a shell's).
+constexpr int kCannotStart = 127;
+
+void close_fd(int& fd) {
+  if (fd >= 0) ::close(fd);
+  fd = -1;
+}
+
+void set_nonblocking(int fd) { ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK); }
+
+void close_from(int lowest) {
+#ifdef SYS_close_range
+  if (::syscall(SYS_close_range, lowest, ~0u, 0) == 0) return;
+#endif
+  long max = ::sysconf(_SC_OPEN_MAX);
+  for (int fd = lowest; fd < (max > 0 ? max : 1024); ++fd) ::close(fd);
+}
+
+// write(2) of everything, retrying EINTR; for the small lines to the watchdog.
+bool write_fully(int fd, std::string_view data) {
+  while (!data.empty()) {
+    ssize_t n = ::write(fd, data.data(), data.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    data.remove_prefix(static_cast<size_t>(n));
+  }
+  return true;
+}
+
+// ---- the watchdog -------------------------------------------------------
+// Reads "A <pgid> <grace_ms>" and "R <pgid>" lines; at EOF (the agent is
+// gone, however it went) stops every group it still knows: SIGTERM, the
+// longest grace, SIGKILL. Runs in a forked child in its own session, with
+// every inherited descriptor but its pipe closed.
+[[noreturn]] void watchdog_main(int fd) {
+  std::map<pid_t, long> groups;  // pgid -> grace ms
+  std::string buffer;
+  char chunk[4096];
+  while (true) {
+    ssize_t n = ::read(fd, chunk, sizeof chunk);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    buffer.append(chunk, static_cast<size_t>(n));
+    size_t nl;
+    while ((nl = buffer.find('\n')) != std::string::npos) {
+      auto words = split(buffer.substr(0, nl), ' ');
+      buffer.erase(0, nl + 1);
+      long pgid = 0, grace = 0;
+      if (words.size() == 3 && words[0] == "A" && parse_int(words[1], pgid) && parse_int(words[2], grace) &&
+          pgid > 1) {
+        groups[static_cast<pid_t>(pgid)] = grace;
+      } else if (words.size() == 2 && words[0] == "R" && parse_int(words[1], pgid)) {
+        groups.erase(static_cast<pid_t>(pgid));
+      }
+    }
+  }
+  long grace = 0;
+  for (auto& [g, ms] : groups) {
+    if (::kill(-g, SIGTERM) == 0) grace = std::max(grace, ms);
+  }
+  auto deadline = SteadyClock::now() + std::chrono::milliseconds(grace);
+  while (SteadyClock::now() < deadline) {
+    bool any = false;
+    for (auto& [g, ms] : groups) any = any || ::kill(-g, 0) == 0;
+    if (!any) break;
+    ::usleep(50 * 1000);
+  }
+  for (auto& [g, ms] : groups) ::kill(-g, SIGKILL);
+  ::_exit(0);
+}
+
+// Forks the watchdog; returns the write end of its pipe (close-on-exec), or -1.
+int spawn_watchdog() {
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) return -1;
+  pid_t pid = ::fork();
+  if (pid < 0) {
+    ::close(fds[0]);
+    ::close(fds[1]);
+    return -1;
+  }
+  if (pid == 0) {
+    ::setsid();
+    for (int s : {SIGINT, SIGHUP, SIGTERM, SIGPIPE, SIGQUIT}) ::signal(s, SIG_IGN);
+    ::signal(SIGCHLD, SIG_DFL);
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    int null = ::open("/dev/null", O_RDWR);
+    for (int target : {0, 1, 2}) ::dup2(null, target);
+    if (fds[0] != 3) {
+      ::dup2(fds[0], 3);
+    } else {
+      ::fcntl(3, F_SETFD, 0);
+    }
+    close_from(4);
+    watchdog_main(3);
+  }
+  ::close(fds[0]);
+  // The watchdog is not the agent's to reap through SIGCHLD bookkeeping: it is
+  // reaped with the workers' waitpid(-1) and ignored there.
+  return fds[1];
+}
+
+// ---- the agent ------------------------------------------------------------
+
+struct Stream {
+  int fd = -1;
+  std::string partial;
+};
+
+struct Worker {
+  uint64_t id = 0;
+  long generation = 0;
+  int rank = 0;
+  pid_t pid = -1;
+  Stream out, err;
+  Duration grace = 5s;
+  std::optional<SteadyClock::time_point> kill_at;  // after TERMINATE
+};
+
+class Agent {
+ public:
+  explicit Agent(const AgentOptions& o) : o_(o) {}
+
+  int run();
+
+ private:
+  void log_prefix_init() { me_ = fmt::format("agent on {} (pid {})", o_.host, ::getpid()); }
+  void send(const Message& m);
+  void flush_outbound();
+  bool read_secret();
+  void on_driver_bytes();
+  void handle(Message m);
+  void start(const Start& s);
+  void on_sigchld();
+  void pump(Worker& w, Stream& s, uint8_t stream, bool final);
+  void stop_all(const std::string& why, bool lost);
+  void ensure_watchdog();
+  Worker* find(uint64_t id);
+
+  AgentOptions o_;
+  std::string me_;
+  std::string secret_;
+  std::string inbound_;  // bytes read after the secret line
+  FrameReader reader_;
+  std::string outbound_;
+  size_t dropped_output_ = 0;
+  bool driver_open_ = true;   // reading the driver's channel
+  bool out_open_ = true;      // writing to it
+  bool stopping_ = false;
+  bool lost_ = false;
+  SteadyClock::time_point stop_deadline_{};
+  SteadyClock::time_point last_heard_{};
+  SteadyClock::time_point last_sent_{};
+  int sig_fd_ = -1;
+  int watchdog_fd_ = -1;
+  std::map<uint64_t, Worker> workers_;
+};
+
+Worker* Agent::find(uint64_t id) {
+  auto it = workers_.find(id);
+  return it == workers_.end() ? nullptr : &it->second;
+}
+
+void Agent::send(const Message& m) {
+  if (!out_open_) return;
+  bool is_output = std::holds_alternative<Output>(m);
+  if (is_output && outbound_.size() > kMaxOutbound) {
+    ++dropped_output_;
+    return;
+  }
+  outbound_ += encode(m);
+  last_sent_ = SteadyClock::now();
+  flush_outbound();
+}
+
+void Agent::flush_outbound() {
+  while (out_open_ && !outbound_.empty()) {
+    ssize_t n = ::write(o_.out_fd, outbound_.data(), outbound_.size());
+    if (n > 0) {
+      outbound_.erase(0, static_cast<size_t>(n));
+    } else if (n < 0 && errno == EINTR) {
+      continue;
+    } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      return;
+    } else {
+      out_open_ = false;
+      outbound_.clear();
+      stop_all(fmt::format("cannot write to the driver ({})", n < 0 ? std::strerror(errno) : "closed"), true);
+    }
+  }
+}
+
+bool Agent::read_secret() {
+  auto deadline = SteadyClock::now() + o_.secret_timeout;
+  char chunk[4096];
+  while (true) {
+    size_t nl = inbound_.find('\n');
+    if (nl != std::string::npos) {
+      secret_ = inbound_.substr(0, nl);
+      inbound_.erase(0, nl + 1);
+      return true;
+    }
+    if (inbound_.size() > kMaxSecret) {
+      ERUN_LOG_ERROR("{}: the first line from the driver is longer than {} bytes: not a job secret", me_, kMaxSecret);
+      return false;
+    }
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - SteadyClock::now()).count();
+    if (left <= 0) {
+      ERUN_LOG_ERROR("{}: no job secret from the driver within {} s", me_,
+                     std::chrono::duration_cast<std::chrono::seconds>(o_.secret_timeout).count());
+      return false;
+    }
+    pollfd p{o_.in_fd, POLLIN, 0};
+    if (::poll(&p, 1, static_cast<int>(std::min<long>(left, 1000))) <= 0) continue;
+    ssize_t n = ::read(o_.in_fd, chunk, sizeof chunk);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (n <= 0) {
+      ERUN_LOG_ERROR("{}: the driver's channel closed before the job secret (erun gone?)", me_);
+      return false;
+    }
+    inbound_.append(chunk, static_cast<size_t>(n));
+  }
+}
+
+void Agent::on_driver_bytes() {
+  char chunk[kReadChunk];
+  ssize_t n = ::read(o_.in_fd, chunk, sizeof chunk);
+  if (n < 0 && (errno == EINTR || errno == EAGAIN)) return;
+  if (n <= 0) {
+    driver_open_ = false;
+    stop_all(n == 0 ? "the driver's channel closed (erun exited or the connection dropped)"
+                    : fmt::format("cannot read from the driver: {}", std::strerror(errno)),
+             true);
+    return;
+  }
+  last_heard_ = SteadyClock::now();
+  reader_.feed(std::string_view(chunk, static_cast<size_t>(n)));
+  while (driver_open_) {
+    auto m = reader_.next();
+    if (!m) {
+      driver_open_ = false;
+      stop_all(m.message(), true);
+      return;
+    }
+    if (!m->has_value()) return;
+    handle(std::move(**m));
+  }
+}
+
+void Agent::handle(Message m) {
+  if (auto* s = std::get_if<Start>(&m)) {
+    start(*s);
+  } else if (auto* sig = std::get_if<Signal>(&m)) {
+    if (Worker* w = find(sig->id); w && sig->sig > 0 && sig->sig < NSIG) ::kill(-w->pid, sig->sig);
+  } else if (auto* t = std::get_if<Terminate>(&m)) {
+    if (Worker* w = find(t->id); w && !w->kill_at) {
+      ::kill(-w->pid, SIGTERM);
+      w->kill_at = SteadyClock::now() + w->grace;
+    }
+  } else if (auto* k = std::get_if<Kill>(&m)) {
+    if (Worker* w = find(k->id)) ::kill(-w->pid, SIGKILL);
+  } else if (std::holds_alternative<Shutdown>(m)) {
+    stop_all("the driver said SHUTDOWN", false);
+  } else if (std::holds_alternative<Heartbeat>(m)) {
+    // last_heard_ is set for every frame
+  } else {
+    driver_open_ = false;
+    stop_all(fmt::format("agent protocol: the driver sent {}, a message only agents send", message_name(m)), true);
+  }
+}
+
+void Agent::start(const Start& s) {
+  auto who_s = who(s.generation, o_.host, s.rank);
+  if (stopping_ || s.argv.empty() || find(s.id)) {
+    send(StartFailed{s.id, stopping_ ? "the agent is stopping" : s.argv.empty() ? "empty command" : "duplicate id"});
+    return;
+  }
+  int out[2], err[2];
+  if (::pipe2(out, O_CLOEXEC) != 0) {
+    send(StartFailed{s.id, fmt::format("pipe: {}", std::strerror(errno))});
+    return;
+  }
+  if (::pipe2(err, O_CLOEXEC) != 0) {
+    ::close(out[0]);
+    ::close(out[1]);
+    send(StartFailed{s.id, fmt::format("pipe: {}", std::strerror(errno))});
+    return;
+  }
+  // Everything the child needs is built before fork: it only calls
+  // async-signal-safe functions.
+  // The agent's own environment (the login environment on a remote host,
+  // erun's locally), with the driver's variables and the secret set over it.
+  std::map<std::string, std::string> merged;
+  for (char** e = environ; e && *e; ++e) {
+    std::string_view word(*e);
+    size_t eq = word.find('=');
+    if (eq != std::string_view::npos) merged[std::string(word.substr(0, eq))] = std::string(word.substr(eq + 1));
+  }
+  for (auto& [k, v] : s.env) merged[k] = v;
+  merged["ERUN_SECRET"] = secret_;
+  std::vector<std::string> env_words;
+  for (auto& [k, v] : merged) env_words.push_back(k + "=" + v);
+  std::vector<char*> envp, argv;
+  for (auto& e : env_words) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  std::vector<std::string> args = s.argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  std::string cwd_error = fmt::format(
+      "erun: cannot enter the working directory {} on {}: create it or pass another working directory\n", s.cwd,
+      o_.host);
+  std::string exec_error_prefix = fmt::format("erun: cannot run {} on {}: ", s.argv[0], o_.host);
+  std::string register_prefix = "A ";
+  std::string register_suffix = fmt::format(" {}\n", std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                         std::chrono::milliseconds(s.term_grace_ms))
+                                                         .count());
+  int wd = watchdog_fd_;
+  // Closed by the child once it leads its session: from then on a signal to
+  // the worker's group reaches it, so the agent waits for that before STARTED.
+  int sync[2];
+  if (::pipe2(sync, O_CLOEXEC) != 0) {
+    for (int fd : {out[0], out[1], err[0], err[1]}) ::close(fd);
+    send(StartFailed{s.id, fmt::format("pipe: {}", std::strerror(errno))});
+    return;
+  }
+
+  pid_t pid = ::fork();
+  if (pid < 0) {
+    for (int fd : {out[0], out[1], err[0], err[1], sync[0], sync[1]}) ::close(fd);
+    send(StartFailed{s.id, fmt::format("fork: {}", std::strerror(errno))});
+    return;
+  }
+  if (pid == 0) {
+    ::setsid();
+    ::close(sync[0]);
+    ::close(sync[1]);
+    if (wd >= 0) {
+      // Registered with the watchdog before anything can go wrong: even if
+      // the agent dies this instant, the watchdog learns of this session.
+      char line[64];
+      int n = std::snprintf(line, sizeof line, "%s%d%s", register_prefix.c_str(), static_cast<int>(::getpid()),
+                            register_suffix.c_str());
+      if (n > 0) (void)!::write(wd, line, static_cast<size_t>(n));
+    }
+    int null = ::open("/dev/null", O_RDONLY);
+    ::dup2(null, 0);
+    ::dup2(out[1], 1);
+    ::dup2(err[1], 2);
+    sigset_t none;
+    sigemptyset(&none);
+    for (int sig = 1; sig < NSIG; ++sig) {
+      if (sig != SIGKILL && sig != SIGSTOP) ::signal(sig, SIG_DFL);
+    }
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    if (!s.cwd.empty() && ::chdir(s.cwd.c_str()) != 0) {
+      (void)!::write(2, cwd_error.data(), cwd_error.size());
+      ::_exit(kCannotStart);
+    }
+    close_from(3);
+    environ = envp.data();
+    ::execvp(argv[0], argv.data());
+    const char* why = std::strerror(errno);
+    (void)!::write(2, exec_error_prefix.data(), exec_error_prefix.size());
+    (void)!::write(2, why, std::strlen(why));
+    (void)!::write(2, "\n", 1);
+    ::_exit(kCannotStart);
+  }
+  ::close(out[1]);
+  ::close(err[1]);
+  ::close(sync[1]);
+  char byte;
+  while (::read(sync[0], &byte, 1) < 0 && errno == EINTR) {
+  }
+  ::close(sync[0]);
+  set_nonblocking(out[0]);
+  set_nonblocking(err[0]);
+  Worker w;
+  w.id = s.id;
+  w.generation = s.generation;
+  w.rank = s.rank;
+  w.pid = pid;
+  w.out.fd = out[0];
+  w.err.fd = err[0];
+  w.grace = std::chrono::milliseconds(s.term_grace_ms);
+  workers_.emplace(s.id, std::move(w));
+  ERUN_LOG_DEBUG("{}: {}: started pid {}", me_, who_s, pid);
+  send(Started{s.id, pid});
+  if (stopping_) workers_.at(s.id).kill_at = SteadyClock::now();
+}
+
+// Forwards what `s` holds: whole lines, a piece of an over-long line, and
+// with `final` the rest (the pipe ended or the worker was reaped).
+void Agent::pump(Worker& w, Stream& s, uint8_t stream, bool final) {
+  char chunk[kReadChunk];
+  while (s.fd >= 0) {
+    ssize_t n = ::read(s.fd, chunk, sizeof chunk);
+    if (n > 0) {
+      s.partial.append(chunk, static_cast<size_t>(n));
+      if (!final) break;  // one read per poll round: other workers get their turn
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) && !final) break;
+    close_fd(s.fd);  // EOF, an error, or drained at the end
+  }
+  size_t cut = s.partial.rfind('\n');
+  size_t take = cut == std::string::npos ? 0 : cut + 1;
+  if (s.partial.size() - take >= kMaxLine || s.fd < 0) take = s.partial.size();
+  if (take > 0) {
+    send(Output{w.id, stream, s.partial.substr(0, take)});
+    s.partial.erase(0, take);
+  }
+}
+
+void Agent::on_sigchld() {
+  signalfd_siginfo info;
+  while (::read(sig_fd_, &info, sizeof info) == sizeof info) {
+    if (info.ssi_signo == SIGTERM || info.ssi_signo == SIGHUP || info.ssi_signo == SIGINT) {
+      stop_all(fmt::format("signal {} ({})", info.ssi_signo, strsignal(static_cast<int>(info.ssi_signo))), true);
+    }
+  }
+  while (true) {
+    int status = 0;
+    pid_t pid = ::waitpid(-1, &status, WNOHANG);
+    if (pid <= 0) break;
+    for (auto it = workers_.begin(); it != workers_.end(); ++it) {
+      Worker& w = it->second;
+      if (w.pid != pid) continue;
+      ExitStatus st = ExitStatus::from_wait_status(status);
+      pump(w, w.out, 1, true);
+      pump(w, w.err, 2, true);
+      // Strays of the worker's session go with it.
+      ::kill(-w.pid, SIGKILL);
+      if (watchdog_fd_ >= 0) (void)write_fully(watchdog_fd_, fmt::format("R {}\n", w.pid));
+      ERUN_LOG_DEBUG("{}: {}: pid {} ended with {}", me_, who(w.generation, o_.host, w.rank), pid, st.describe());
+      send(Exited{w.id, st.code, st.signal});
+      workers_.erase(it);
+      break;
+    }
+  }
+}
+
+void Agent::stop_all(const std::string& why, bool lost) {
+  if (stopping_) return;
+  stopping_ = true;
+  lost_ = lost;
+  if (lost) {
+    ERUN_LOG_WARN("{}: {}: stopping {} worker(s)", me_, why, workers_.size());
+  } else {
+    ERUN_LOG_DEBUG("{}: {}: stopping {} worker(s)", me_, why, workers_.size());
+  }
+  Duration longest = 0s;
+  for (auto& [id, w] : workers_) {
+    ::kill(-w.pid, SIGTERM);
+    if (!w.kill_at) w.kill_at = SteadyClock::now() + w.grace;
+    longest = std::max(longest, w.grace);
+  }
+  stop_deadline_ = SteadyClock::now() + longest + 2s;
+}
+
+void Agent::ensure_watchdog() {
+  if (watchdog_fd_ >= 0) {
+    pollfd p{watchdog_fd_, 0, 0};
+    if (::poll(&p, 1, 0) == 0) return;
+    ERUN_LOG_WARN("{}: the watchdog ended: starting another", me_);
+    close_fd(watchdog_fd_);
+  }
+  watchdog_fd_ = spawn_watchdog();
+  if (watchdog_fd_ < 0) {
+    ERUN_LOG_ERROR("{}: cannot start the watchdog: {}", me_, std::strerror(errno));
+    return;
+  }
+  for (auto& [id, w] : workers_) {
+    auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(w.grace).count();
+    (void)write_fully(watchdog_fd_, fmt::format("A {} {}\n", w.pid, ms));
+  }
+}
+
+int Agent::run() {
+  log_prefix_init();
+  // Signals the agent handles arrive through a signalfd; SIGPIPE is an error
+  // return from write, not a death.
+  ::signal(SIGPIPE, SIG_IGN);
+  sigset_t handled;
+  sigemptyset(&handled);
+  for (int s : {SIGCHLD, SIGTERM, SIGHUP, SIGINT}) sigaddset(&handled, s);
+  ::sigprocmask(SIG_BLOCK, &handled, nullptr);
+  sig_fd_ = ::signalfd(-1, &handled, SFD_NONBLOCK | SFD_CLOEXEC);
+  if (sig_fd_ < 0) {
+    ERUN_LOG_ERROR("{}: signalfd: {}", me_, std::strerror(errno));
+    return 1;
+  }
+  if (!read_secret()) return 1;
+  set_nonblocking(o_.in_fd);
+  set_nonblocking(o_.out_fd);
+  ensure_watchdog();
+  last_heard_ = SteadyClock::now();
+  send(Hello{kProtocolVersion, o_.host, ::getpid()});
+  if (!inbound_.empty()) {
+    reader_.feed(inbound_);
+    inbound_.clear();
+    while (driver_open_) {
+      auto m = reader_.next();
+      if (!m) {
+        driver_open_ = false;
+        stop_all(m.message(), true);
+        break;
+      }
+      if (!m->has_value()) break;
+      handle(std::move(**m));
+    }
+  }
+
+  while (true) {
+    auto now = SteadyClock::now();
+    if (!stopping_ && now - last_heard_ > o_.heartbeat_timeout) {
+      stop_all(fmt::format("no word from the driver for {} ms (heartbeat timeout)",
+                           std::chrono::duration_cast<std::chrono::milliseconds>(now - last_heard_).count()),
+               true);
+    }
+    if (out_open_ && now - last_sent_ >= o_.heartbeat_interval) send(Heartbeat{});
+    for (auto& [id, w] : workers_) {
+      if (w.kill_at && now >= *w.kill_at) {
+        ::kill(-w.pid, SIGKILL);
+        w.kill_at = now + 1s;  // again later if something is left
+      }
+    }
+    if (stopping_) {
+      if (workers_.empty() && (outbound_.empty() || !out_open_)) break;
+      if (now >= stop_deadline_) {
+        for (auto& [id, w] : workers_) ::kill(-w.pid, SIGKILL);
+        if (workers_.empty() || now >= stop_deadline_ + 2s) break;
+      }
+    }
+    ensure_watchdog();
+
+    std::vector<pollfd> fds;
+    std::vector<std::pair<uint64_t, int>> streams;  // worker id, 1/2
+    fds.push_back({sig_fd_, POLLIN, 0});
+    fds.push_back({driver_open_ ? o_.in_fd : -1, POLLIN, 0});
+    fds.push_back({out_open_ && !outbound_.empty() ? o_.out_fd : -1, POLLOUT, 0});
+    for (auto& [id, w] : workers_) {
+      if (w.out.fd >= 0) {
+        fds.push_back({w.out.fd, POLLIN, 0});
+        streams.push_back({id, 1});
+      }
+      if (w.err.fd >= 0) {
+        fds.push_back({w.err.fd, POLLIN, 0});
+        streams.push_back({id, 2});
+      }
+    }
+    int n = ::poll(fds.data(), fds.size(), 100);
+    if (n < 0 && errno != EINTR) {
+      ERUN_LOG_ERROR("{}: poll: {}", me_, std::strerror(errno));
+      stop_all("poll failed", true);
+    }
+    if (n <= 0) continue;
+    if (fds[2].revents) flush_outbound();
+    for (size_t i = 0; i < streams.size(); ++i) {
+      if (!fds[3 + i].revents) continue;
+      Worker* w = find(streams[i].first);
+      if (!w) continue;
+      if (streams[i].second == 1) {
+        pump(*w, w->out, 1, false);
+      } else {
+        pump(*w, w->err, 2, false);
+      }
+    }
+    if (fds[1].revents) on_driver_bytes();
+    if (fds[0].revents) on_sigchld();
+  }
+  flush_outbound();
+  if (dropped_output_ > 0) {
+    ERUN_LOG_WARN("{}: dropped {} output chunk(s): the driver did not read them in time", me_, dropped_output_);
+  }
+  close_fd(watchdog_fd_);  // the watchdog finds no group left and exits
+  return lost_ ? 1 : 0;
+}
+
+}  // namespace
+
+int run_agent(const AgentOptions& options) { return Agent(options).run(); }
+
+}  // namespace erun::agent

@@ -1,0 +1,107 @@
+// The erun agent protocol: what the driver and a host's agent say to each
+// other over the agent's stdin (driver -> agent) and stdout (agent -> driver).
+// The stdin stream starts with one line, the job secret; everything after it,
+// both ways, is a sequence of frames:
+//
+//   u32 length (little endian, of what follows) | u8 type | payload
+//
+// Payload fields are u8/u32/u64 little endian, strings as u32 length + bytes,
+// lists as u32 count + items. A frame is at most kMaxFrame bytes; a frame that
+// is too long, has an unknown type, is cut short or has bytes left over is a
+// protocol error (FrameReader returns it; the reader then stops). Workers are
+// named by an id the driver chooses (unique per agent), not by rank: a rank
+// may be restarted on the same host while its old process is still ending.
+// See docs/protocol.md ("The agent protocol").
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "common/status.h"
+
+namespace erun::agent {
+
+inline constexpr uint32_t kProtocolVersion = 1;
+inline constexpr size_t kMaxFrame = 4u << 20;   // whole frame, header included
+inline constexpr size_t kMaxSecret = 4096;      // the secret line
+
+// agent -> driver
+struct Hello {
+  uint32_t version = kProtocolVersion;
+  std::string host;  // the agent's hostname
+  int64_t pid = 0;
+};
+struct Started {
+  uint64_t id = 0;
+  int64_t pid = 0;
+};
+struct StartFailed {
+  uint64_t id = 0;
+  std::string why;
+};
+struct Output {
+  uint64_t id = 0;
+  uint8_t stream = 1;  // 1 stdout, 2 stderr
+  std::string data;    // whole lines (a line longer than the agent's limit comes in pieces)
+};
+struct Exited {
+  uint64_t id = 0;
+  int32_t code = 0;    // exit code when signal == 0
+  int32_t signal = 0;  // terminating signal
+};
+struct Heartbeat {};
+
+// driver -> agent
+struct Start {
+  uint64_t id = 0;
+  int64_t generation = 0;
+  int32_t rank = 0;
+  int32_t slot = 0;
+  std::vector<std::string> argv;
+  std::vector<std::pair<std::string, std::string>> env;  // the worker's whole env (+ ERUN_SECRET)
+  std::string cwd;
+  uint64_t term_grace_ms = 5000;
+};
+struct Signal {
+  uint64_t id = 0;
+  int32_t sig = 0;
+};
+struct Terminate {  // SIGTERM to the worker's session, SIGKILL after the grace
+  uint64_t id = 0;
+};
+struct Kill {
+  uint64_t id = 0;
+};
+struct Shutdown {};  // stop every worker (as Terminate) and exit
+
+using Message = std::variant<Hello, Started, StartFailed, Output, Exited, Heartbeat, Start, Signal, Terminate,
+                             Kill, Shutdown>;
+
+// The frame for one message, header included.
+std::string encode(const Message& message);
+// A readable name for logs ("START", "EXITED", ...).
+const char* message_name(const Message& message);
+
+// Splits a byte stream into messages. feed() appends; next() returns the next
+// whole message, nullopt when more bytes are needed, or an error for a
+// malformed frame (after which the stream cannot be trusted: stop reading).
+class FrameReader {
+ public:
+  void feed(std::string_view bytes) { buffer_.append(bytes); }
+  Result<std::optional<Message>> next();
+  size_t buffered() const { return buffer_.size() - consumed_; }
+
+ private:
+  std::string buffer_;
+  size_t consumed_ = 0;
+};
+
+// Decodes one frame's body (type byte and payload, without the length).
+Result<Message> decode(std::string_view body);
+
+}  // namespace erun::agent

@@ -1,0 +1,550 @@
+#include "runner/launcher_agent.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <condition_variable>
+#include <cstring>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "agent/protocol.h"
+#include "common/log.h"
+#include "common/strings.h"
+
+namespace erun {
+
+namespace {
+
+using SteadyClock = std::chrono::steady_clock;
+using namespace std::chrono_literals;
+
+void close_fd(int& fd) {
+  if (fd >= 0) ::close(fd);
+  fd = -1;
+}
+
+// Writes everything to a non-blocking fd within `limit`; false on EPIPE,
+// another error, or the time running out. SIGPIPE is ignored by erun's main
+// and blocked in the reader threads, so a closed reader is an EPIPE here.
+bool write_within(int fd, std::string_view data, Duration limit) {
+  auto deadline = SteadyClock::now() + limit;
+  while (!data.empty()) {
+    ssize_t n = ::write(fd, data.data(), data.size());
+    if (n > 0) {
+      data.remove_prefix(static_cast<size_t>(n));
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - SteadyClock::now()).count();
+      if (left <= 0) return false;
+      pollfd p{fd, POLLOUT, 0};
+      ::poll(&p, 1, static_cast<int>(std::min<long>(left, 100)));
+      continue;
+    }
+    return false;
+  }
+  return true;
+}
+
+long to_ms(Duration d) { return static_cast<long>(std::chrono::duration_cast<std::chrono::milliseconds>(d).count()); }
+
+}  // namespace
+
+// One host's agent: its process (the agent, ssh or srun), the reader thread,
+// and the state of every worker started through it.
+class AgentConnection {
+ public:
+  AgentConnection(std::string host, Subprocess process, AgentLaunchOptions options, std::string via)
+      : host_(std::move(host)), process_(std::move(process)), options_(std::move(options)), via_(std::move(via)) {
+    started_ = SteadyClock::now();
+    last_heard_ = started_;
+    last_sent_ = started_;
+    ::fcntl(process_.stdin_fd(), F_SETFL, ::fcntl(process_.stdin_fd(), F_GETFL) | O_NONBLOCK);
+    ::fcntl(process_.stdout_fd(), F_SETFL, ::fcntl(process_.stdout_fd(), F_GETFL) | O_NONBLOCK);
+  }
+
+  ~AgentConnection() {
+    stop_.store(true);
+    if (thread_.joinable()) thread_.join();
+    std::lock_guard lock(mu_);
+    for (auto& [id, w] : workers_) close_writers(w);
+  }
+
+  // Sends the secret line and starts the reader thread.
+  Status start(const std::string& secret) {
+    std::lock_guard wlock(write_mu_);
+    if (!write_within(process_.stdin_fd(), secret + "\n", 5s)) {
+      return Status::error(fmt::format("agent on {} ({}): exited before it read the job secret", host_, via_));
+    }
+    thread_ = std::thread([this] { run(); });
+    return Status::ok();
+  }
+
+  const std::string& host() const { return host_; }
+  long process_pid() const { return process_.pid(); }
+
+  bool lost() {
+    std::lock_guard lock(mu_);
+    return lost_.has_value();
+  }
+
+  // Registers a worker (its output goes into the write ends) and sends START.
+  void start_worker(const agent::Start& start, int out_w, int err_w) {
+    {
+      std::lock_guard lock(mu_);
+      Slot& s = workers_[start.id];
+      s.rank = start.rank;
+      s.generation = start.generation;
+      s.out_w = out_w;
+      s.err_w = err_w;
+      if (lost_) {
+        s.exit = ExitStatus{255, 0};
+        close_writers(s);
+        return;
+      }
+    }
+    send(start);
+  }
+
+  // Queues a frame and writes what the pipe takes now; the reader thread
+  // writes the rest. Never blocks the driver's thread on a busy agent: a
+  // stuck agent is caught by the heartbeat timeout instead.
+  void send(const agent::Message& m) {
+    bool ok;
+    {
+      std::lock_guard wlock(write_mu_);
+      if (!stdin_open_ || closing_) return;
+      outbox_ += agent::encode(m);
+      ok = flush_locked();
+    }
+    if (!ok) mark_lost(fmt::format("cannot send {} to it", agent::message_name(m)));
+  }
+
+  std::optional<ExitStatus> exit_of(uint64_t id) {
+    std::lock_guard lock(mu_);
+    auto it = workers_.find(id);
+    return it == workers_.end() ? std::nullopt : it->second.exit;
+  }
+
+  long pid_of(uint64_t id) {
+    std::lock_guard lock(mu_);
+    auto it = workers_.find(id);
+    return it == workers_.end() ? 0 : it->second.pid;
+  }
+
+  void forget(uint64_t id) {
+    std::lock_guard lock(mu_);
+    auto it = workers_.find(id);
+    if (it == workers_.end()) return;
+    close_writers(it->second);
+    workers_.erase(it);
+  }
+
+  // Waits until the worker ended, up to `limit`.
+  bool wait_exit(uint64_t id, Duration limit) {
+    std::unique_lock lock(mu_);
+    return cv_.wait_for(lock, limit, [&] {
+      auto it = workers_.find(id);
+      return it == workers_.end() || it->second.exit.has_value();
+    });
+  }
+
+  // SHUTDOWN and EOF: the agent stops its workers and exits. The reader
+  // thread closes the agent's stdin once the queue is written.
+  void begin_shutdown() {
+    if (!lost()) send(agent::Shutdown{});
+    std::lock_guard wlock(write_mu_);
+    closing_ = true;
+    if (outbox_.empty()) close_stdin_locked();
+  }
+
+  // Waits for the reader thread (it ends with the agent), then SIGKILLs.
+  void finish_shutdown(Duration limit) {
+    std::unique_lock lock(mu_);
+    cv_.wait_for(lock, limit, [&] { return reader_done_; });
+    lock.unlock();
+    stop_.store(true);
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  struct Slot {
+    int rank = 0;
+    long generation = 0;
+    long pid = 0;
+    int out_w = -1, err_w = -1;
+    std::optional<ExitStatus> exit;
+  };
+
+  // Writes queued frames without blocking; false on a write error (EPIPE).
+  bool flush_locked() {
+    while (!outbox_.empty() && stdin_open_) {
+      ssize_t n = ::write(process_.stdin_fd(), outbox_.data(), outbox_.size());
+      if (n > 0) {
+        outbox_.erase(0, static_cast<size_t>(n));
+        last_sent_ = SteadyClock::now();
+      } else if (n < 0 && errno == EINTR) {
+        continue;
+      } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        break;
+      } else {
+        outbox_.clear();
+        return false;
+      }
+    }
+    if (closing_ && outbox_.empty()) close_stdin_locked();
+    return true;
+  }
+
+  void close_stdin_locked() {
+    if (!stdin_open_) return;
+    stdin_open_ = false;
+    process_.close_stdin();
+  }
+
+  static void close_writers(Slot& s) {
+    close_fd(s.out_w);
+    close_fd(s.err_w);
+  }
+
+  void mark_lost(const std::string& why) {
+    std::lock_guard lock(mu_);
+    if (lost_ || stop_.load()) return;
+    lost_ = why;
+    int failed = 0;
+    for (auto& [id, s] : workers_) {
+      if (s.exit) continue;
+      s.exit = ExitStatus{255, 0};
+      close_writers(s);
+      ++failed;
+    }
+    if (!closing_) {
+      ERUN_LOG_ERROR("agent on {} lost: {}; {} worker(s) there failed (exit code 255)", host_, why, failed);
+    }
+    // A silent agent (stopped, partitioned) is ended from here; its watchdog
+    // (or, remotely, the agent itself once it runs again) stops the workers.
+    if (process_.pid() > 0) ::kill(-process_.pid(), SIGKILL);
+    cv_.notify_all();
+  }
+
+  void handle(agent::Message m) {
+    if (auto* o = std::get_if<agent::Output>(&m)) {
+      int fd = -1;
+      {
+        std::lock_guard lock(mu_);
+        auto it = workers_.find(o->id);
+        if (it != workers_.end()) {
+          int w = o->stream == 2 ? it->second.err_w : it->second.out_w;
+          if (w >= 0) fd = ::dup(w);
+        }
+      }
+      if (fd >= 0) {
+        // Back-pressure up to a bound: a worker's output is dropped only when
+        // nothing has read it for 10 s (it was taken and closed, or erun's
+        // stdout is stuck).
+        if (!write_within(fd, o->data, 10s)) {
+          ERUN_LOG_WARN("agent on {}: worker output dropped: nothing read it for 10 s", host_);
+        }
+        ::close(fd);
+      }
+      return;
+    }
+    std::lock_guard lock(mu_);
+    if (auto* h = std::get_if<agent::Hello>(&m)) {
+      hello_ = true;
+      ERUN_LOG_DEBUG("agent on {}: up as {} pid {} (protocol {})", host_, h->host, h->pid, h->version);
+      if (h->version != agent::kProtocolVersion) {
+        mu_.unlock();
+        mark_lost(fmt::format("it speaks agent protocol {}, this erun {}: install the same erun on every host or "
+                              "pass --agent-path",
+                              h->version, agent::kProtocolVersion));
+        mu_.lock();
+      }
+    } else if (auto* s = std::get_if<agent::Started>(&m)) {
+      if (auto it = workers_.find(s->id); it != workers_.end()) it->second.pid = s->pid;
+    } else if (auto* f = std::get_if<agent::StartFailed>(&m)) {
+      if (auto it = workers_.find(f->id); it != workers_.end()) {
+        ERUN_LOG_ERROR("{}: the agent could not start the worker: {}",
+                       who(it->second.generation, host_, it->second.rank), f->why);
+        it->second.exit = ExitStatus{127, 0};
+        close_writers(it->second);
+      }
+    } else if (auto* e = std::get_if<agent::Exited>(&m)) {
+      if (auto it = workers_.find(e->id); it != workers_.end()) {
+        it->second.exit = ExitStatus{e->code, e->signal};
+        close_writers(it->second);
+      }
+    } else if (std::holds_alternative<agent::Heartbeat>(m)) {
+      // last_heard_ is set for every frame
+    } else {
+      mu_.unlock();
+      mark_lost(fmt::format("agent protocol: it sent {}, a message only the driver sends", agent::message_name(m)));
+      mu_.lock();
+    }
+    cv_.notify_all();
+  }
+
+  void run() {
+    sigset_t pipe_set;
+    sigemptyset(&pipe_set);
+    sigaddset(&pipe_set, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe_set, nullptr);
+    agent::FrameReader reader;
+    int fd = process_.stdout_fd();
+    std::vector<char> chunk(64 * 1024);
+    bool eof = false;
+    while (!stop_.load() && !eof) {
+      pollfd p[2] = {{fd, POLLIN, 0}, {-1, POLLOUT, 0}};
+      {
+        std::lock_guard wlock(write_mu_);
+        if (!outbox_.empty() && stdin_open_) p[1].fd = process_.stdin_fd();
+      }
+      int n = ::poll(p, 2, 100);
+      if (n > 0 && p[1].revents) {
+        bool ok;
+        {
+          std::lock_guard wlock(write_mu_);
+          ok = flush_locked();
+        }
+        if (!ok) mark_lost("cannot write to it");
+      }
+      if (n > 0 && p[0].revents) {
+        ssize_t got = ::read(fd, chunk.data(), chunk.size());
+        if (got > 0) {
+          last_heard_ = SteadyClock::now();
+          reader.feed(std::string_view(chunk.data(), static_cast<size_t>(got)));
+          while (true) {
+            auto m = reader.next();
+            if (!m) {
+              mark_lost(m.message());
+              eof = true;
+              break;
+            }
+            if (!m->has_value()) break;
+            handle(std::move(**m));
+          }
+          // Time spent handing output on (a slow reader of erun's stdout) is
+          // not the agent's silence.
+          last_heard_ = SteadyClock::now();
+        } else if (got == 0 || (errno != EINTR && errno != EAGAIN)) {
+          eof = true;
+        }
+      }
+      auto now = SteadyClock::now();
+      bool closing;
+      bool hello;
+      {
+        std::lock_guard lock(mu_);
+        hello = hello_;
+        closing = lost_.has_value();
+      }
+      {
+        std::lock_guard wlock(write_mu_);
+        closing = closing || closing_;
+      }
+      if (!closing) {
+        Duration limit = hello ? options_.heartbeat_timeout : options_.start_timeout;
+        if (now - last_heard_ > limit) {
+          mark_lost(hello ? fmt::format("silent for {} ms (--heartbeat-timeout {} s)", to_ms(now - last_heard_),
+                                        to_ms(options_.heartbeat_timeout) / 1000.0)
+                          : fmt::format("no HELLO within {} s of starting it ({})", to_ms(options_.start_timeout) / 1000,
+                                        via_));
+        } else if (now - last_sent_.load() >= options_.heartbeat_interval) {
+          send(agent::Heartbeat{});
+        }
+      }
+    }
+    // The agent's channel ended: its exit status says why.
+    auto status = process_.wait_for(eof ? 3s : 0s);
+    if (!status && process_.pid() > 0) {
+      ::kill(-process_.pid(), SIGKILL);
+      status = process_.wait_for(2s);
+    }
+    bool closing;
+    {
+      std::lock_guard wlock(write_mu_);
+      closing = closing_;
+    }
+    if (eof && !stop_.load()) {
+      std::string why = status ? fmt::format("its {} process ended with {}", via_, status->describe())
+                               : std::string("its channel closed");
+      if (closing) {
+        std::lock_guard lock(mu_);
+        for (auto& [id, s] : workers_) {
+          if (!s.exit) s.exit = ExitStatus{255, 0};
+          close_writers(s);
+        }
+      } else {
+        mark_lost(why);
+      }
+    }
+    std::lock_guard lock(mu_);
+    reader_done_ = true;
+    cv_.notify_all();
+  }
+
+  std::string host_;
+  Subprocess process_;
+  AgentLaunchOptions options_;
+  std::string via_;
+  std::thread thread_;
+  std::atomic<bool> stop_{false};
+  SteadyClock::time_point started_;
+  SteadyClock::time_point last_heard_;  // reader thread only
+
+  std::mutex write_mu_;  // the agent's stdin: the queue and its state
+  std::string outbox_;
+  std::atomic<bool> closing_{false};  // SHUTDOWN queued: close stdin once written
+  std::atomic<bool> stdin_open_{true};
+  std::atomic<SteadyClock::time_point> last_sent_;
+
+  std::mutex mu_;  // everything below
+  std::condition_variable cv_;
+  std::map<uint64_t, Slot> workers_;
+  std::optional<std::string> lost_;
+  bool hello_ = false;
+  bool reader_done_ = false;
+};
+
+namespace {
+
+class AgentWorker final : public WorkerHandle {
+ public:
+  AgentWorker(std::shared_ptr<AgentConnection> c, uint64_t id, int out_r, int err_r)
+      : c_(std::move(c)), id_(id), out_r_(out_r), err_r_(err_r) {}
+  ~AgentWorker() override {
+    if (!poll()) {
+      c_->send(agent::Kill{id_});
+      (void)c_->wait_exit(id_, 3s);
+    }
+    c_->forget(id_);
+    close_fd(out_r_);
+    close_fd(err_r_);
+  }
+
+  std::optional<ExitStatus> poll() override { return c_->exit_of(id_); }
+  void terminate() override {
+    if (!poll()) c_->send(agent::Terminate{id_});
+  }
+  void kill() override {
+    if (!poll()) c_->send(agent::Kill{id_});
+  }
+  void signal(int sig) override {
+    if (!poll()) c_->send(agent::Signal{id_, sig});
+  }
+  int take_stdout() override { return std::exchange(out_r_, -1); }
+  int take_stderr() override { return std::exchange(err_r_, -1); }
+  long pid() const override { return c_->pid_of(id_); }
+
+ private:
+  std::shared_ptr<AgentConnection> c_;
+  uint64_t id_;
+  int out_r_, err_r_;
+};
+
+}  // namespace
+
+std::vector<std::string> agent_arguments(const AgentLaunchOptions& agent) {
+  auto seconds = [](Duration d) { return fmt::format("{:g}", to_ms(d) / 1000.0); };
+  return {"--agent", "--heartbeat-interval", seconds(agent.heartbeat_interval), "--heartbeat-timeout",
+          seconds(agent.heartbeat_timeout)};
+}
+
+Status validate_worker_spec(const WorkerSpec& spec) {
+  if (spec.command.empty()) return Status::error("worker command is empty: give the program to run");
+  for (const auto& [name, value] : spec.env) {
+    if (name.empty() || name.find('=') != std::string::npos || name.find('\0') != std::string::npos ||
+        name.find(' ') != std::string::npos) {
+      return Status::error(fmt::format(
+          "environment variable name '{}' is not valid: use letters, digits and _ (no '=', space or NUL)", name));
+    }
+  }
+  if (spec.secret.empty() || spec.secret.find('\n') != std::string::npos || spec.secret.size() > agent::kMaxSecret) {
+    return Status::error("job secret must be one non-empty line of at most 4096 bytes");
+  }
+  return Status::ok();
+}
+
+AgentLauncher::AgentLauncher(std::function<std::vector<std::string>(const std::string&)> agent_command,
+                             AgentLaunchOptions options, std::string via, std::string hint)
+    : agent_command_(std::move(agent_command)),
+      options_(std::move(options)),
+      via_(std::move(via)),
+      hint_(std::move(hint)) {}
+
+AgentLauncher::~AgentLauncher() {
+  for (auto& [host, c] : agents_) c->begin_shutdown();
+  // Workers still running get their grace from the agents; wait a little longer.
+  for (auto& [host, c] : agents_) c->finish_shutdown(8s);
+}
+
+Result<std::unique_ptr<WorkerHandle>> AgentLauncher::launch(const WorkerSpec& spec) {
+  using R = Result<std::unique_ptr<WorkerHandle>>;
+  if (Status s = validate_worker_spec(spec); !s) return R(s);
+  if (spec.host.empty() || spec.host[0] == '-') {
+    return R::error(fmt::format("rank {}: '{}' is not a host name ({})", spec.rank, spec.host, via_));
+  }
+  if (options_.agent_path.empty()) {
+    return R::error("no erun agent binary: pass --agent-path PATH (the erun program on the hosts)");
+  }
+  auto& c = agents_[spec.host];
+  if (!c || c->lost()) {
+    SpawnOptions o;
+    o.argv = agent_command_(spec.host);
+    o.pipe_stdin = true;
+    o.pipe_stdout = true;
+    o.pipe_stderr = false;  // the agent's log lines (and ssh's errors) go to erun's stderr
+    o.new_process_group = true;
+    auto process = Subprocess::spawn(o);
+    if (!process) {
+      agents_.erase(spec.host);
+      return R::error(fmt::format("rank {} on {}: cannot start the agent: {} ({})", spec.rank, spec.host,
+                                  process.message(), hint_));
+    }
+    auto conn = std::make_shared<AgentConnection>(spec.host, std::move(process).value(), options_, via_);
+    if (Status s = conn->start(spec.secret); !s) {
+      agents_.erase(spec.host);
+      return R(s);
+    }
+    ERUN_LOG_DEBUG("agent on {}: started ({}, pid {})", spec.host, via_, conn->process_pid());
+    c = std::move(conn);
+  }
+  int out[2], err[2];
+  if (::pipe2(out, O_CLOEXEC) != 0) return R::error(fmt::format("pipe: {}", std::strerror(errno)));
+  if (::pipe2(err, O_CLOEXEC) != 0) {
+    ::close(out[0]);
+    ::close(out[1]);
+    return R::error(fmt::format("pipe: {}", std::strerror(errno)));
+  }
+  ::fcntl(out[1], F_SETFL, O_NONBLOCK);
+  ::fcntl(err[1], F_SETFL, O_NONBLOCK);
+  agent::Start start;
+  start.id = next_id_++;
+  start.generation = spec.generation;
+  start.rank = spec.rank;
+  start.slot = spec.local_index;
+  start.argv = spec.command;
+  start.env = spec.env;
+  start.cwd = spec.cwd;
+  start.term_grace_ms = static_cast<uint64_t>(std::max(0L, to_ms(spec.term_grace)));
+  c->start_worker(start, out[1], err[1]);
+  return std::unique_ptr<WorkerHandle>(new AgentWorker(c, start.id, out[0], err[0]));
+}
+
+std::unique_ptr<Launcher> make_local_launcher(AgentLaunchOptions agent) {
+  auto command = [agent](const std::string&) {
+    std::vector<std::string> argv = {agent.agent_path};
+    for (auto& a : agent_arguments(agent)) argv.push_back(a);
+    return argv;
+  };
+  return std::make_unique<AgentLauncher>(command, agent, "local", "is --agent-path an erun binary?");
+}
+
+}  // namespace erun

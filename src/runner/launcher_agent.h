@@ -1,0 +1,46 @@
+// AgentLauncher: the Launcher every real launch goes through. It keeps one
+// agent connection per host (started on first use with the command the
+// concrete launcher gives), sends START for each worker and proxies the
+// handle's calls to that agent. One reader thread per connection handles the
+// agent's frames (output into local pipes that the Output module reads,
+// STARTED, EXITED), sends heartbeats, and declares the agent lost when its
+// channel closes, a frame is malformed, or it is silent for the heartbeat
+// timeout: every worker of that host then ends with exit code 255.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "runner/launcher.h"
+
+namespace erun {
+
+class AgentConnection;
+
+class AgentLauncher final : public Launcher {
+ public:
+  // `agent_command(host)`: the argv that starts the host's agent. `via` names
+  // the transport in messages ("ssh"); `hint` says what to check when it
+  // cannot be started.
+  AgentLauncher(std::function<std::vector<std::string>(const std::string& host)> agent_command,
+                AgentLaunchOptions options, std::string via, std::string hint);
+  ~AgentLauncher() override;  // SHUTDOWN to every agent, bounded wait, then SIGKILL
+
+  Result<std::unique_ptr<WorkerHandle>> launch(const WorkerSpec& spec) override;
+  std::vector<std::string> command_line(const WorkerSpec& spec) const override {
+    return agent_command_(spec.host);
+  }
+
+ private:
+  std::function<std::vector<std::string>(const std::string&)> agent_command_;
+  AgentLaunchOptions options_;
+  std::string via_, hint_;
+  uint64_t next_id_ = 1;
+  std::map<std::string, std::shared_ptr<AgentConnection>> agents_;  // by host
+};
+
+}  // namespace erun
