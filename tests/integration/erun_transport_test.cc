@@ -339,7 +339,7 @@ double realtime_now() {
 // survivors must give that generation up as soon as the driver publishes the
 // next one, not after the connect timeout (5 s here: --collective-timeout 30),
 // and compute again. Prints the time from the kill until every survivor has
-// completed a step (docs/performance.md §8).
+// completed a step (docs/performance.md §8b).
 TEST(ErunTransport, PeerKilledWhileTheMeshFormsCostsNoConnectTimeout) {
   const std::string program = build_path("bench/step_worker");
   TempDir dir;
@@ -394,8 +394,11 @@ TEST(ErunTransport, PeerKilledWhileTheMeshFormsCostsNoConnectTimeout) {
   EXPECT_GE(p.count("could not connect generation"), 1u) << p.err();
   // ... because the driver announced the next one or the pair closed, never
   // because a connect timed out.
+  // (No bound on the time itself: on a busy machine the driver's reaction
+  // alone can take seconds. Before the driver sent its notice after a
+  // failure, this took 5.0-5.2 s and the survivors logged "timed out
+  // waiting for rank(s) 2 to connect".)
   EXPECT_EQ(p.count("timed out"), 0u) << p.out() << p.err();
-  EXPECT_LT(recovered, 5.0) << "as long as the connect timeout\n" << p.err();
   p.signal(SIGTERM);
   p.wait(30s);
 }
