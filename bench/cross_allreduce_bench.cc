@@ -1,10 +1,12 @@
 // Cross-host allreduce (float32, sum): N processes bootstrapped over a
 // FileKvStore, each "host" on its own loopback address (127.0.0.2, .3, ...) so
 // that the traffic goes through TCP, not shared memory:
-//   cross_allreduce_bench {tcp|gloo|hier-tcp|hier-gloo} NP [BYTES...]
+//   cross_allreduce_bench {tcp|gloo|hier-tcp|hier-tcp-serial|hier-tcp-pipe|hier-gloo} NP [BYTES...]
 // tcp / gloo: one rank per host, erun's TCP transport or Gloo's pairs.
 // hier-*: the hierarchical communicator with 2 ranks per host (NP/2 hosts),
-// shared memory inside a host and the named transport between hosts.
+// shared memory inside a host and the named transport between hosts;
+// hier-tcp-serial / hier-tcp-pipe: its three phases one after the other, or
+// pipelined in chunks even on a host without a CPU to spare (hier-tcp decides).
 // Per size: warm-up, then 5 repetitions of about 0.3 s each; prints the median time per op (and
 // min-max), algbw = bytes/time and busbw = algbw * 2(n-1)/n as nccl-tests
 // define them, in the format of shm_allreduce_bench and mpi_allreduce_bench.
@@ -67,6 +69,8 @@ std::unique_ptr<Communicator> make(const std::string& backend, KvStore& store, i
   o.prefix = "bench";
   o.segment_tag = "xbench" + std::to_string(::getppid());
   o.cross = backend == "hier-gloo" ? CrossTransport::kGloo : CrossTransport::kTcp;
+  if (backend == "hier-tcp-serial") o.pipeline = HierPipeline::kOff;
+  if (backend == "hier-tcp-pipe") o.pipeline = HierPipeline::kOn;
   o.job_id = "bench";
   o.secret = secret;
   return make_hierarchical_communicator(store, o);
@@ -112,12 +116,14 @@ int rank_main(const std::string& backend, const std::string& dir, int rank, int 
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    std::fprintf(stderr, "usage: %s {tcp|gloo|hier-tcp|hier-gloo} NP [BYTES...]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s {tcp|gloo|hier-tcp|hier-tcp-serial|hier-tcp-pipe|hier-gloo} NP [BYTES...]\n", argv[0]);
     return 2;
   }
   const std::string backend = argv[1];
-  if (backend != "tcp" && backend != "gloo" && backend != "hier-tcp" && backend != "hier-gloo") {
-    std::fprintf(stderr, "cross_allreduce_bench: unknown backend '%s' (tcp, gloo, hier-tcp or hier-gloo)\n", argv[1]);
+  if (backend != "tcp" && backend != "gloo" && backend != "hier-tcp" && backend != "hier-gloo" &&
+      backend != "hier-tcp-serial" && backend != "hier-tcp-pipe") {
+    std::fprintf(stderr, "cross_allreduce_bench: unknown backend '%s' (tcp, gloo, hier-tcp, hier-tcp-serial, "
+                 "hier-tcp-pipe or hier-gloo)\n", argv[1]);
     return 2;
   }
   const int np = std::atoi(argv[2]);

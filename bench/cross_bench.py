@@ -8,6 +8,7 @@ docs/performance.md (targets marked met / not met).
 
   /usr/bin/python3 bench/cross_bench.py [--build-dir build] [--rounds 3]
                                         [--max-bytes 268435456] [--smoke]
+                                        [--only flat|hier]
 """
 import argparse
 import os
@@ -50,6 +51,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--max-bytes", type=int, default=256 << 20)
     ap.add_argument("--smoke", action="store_true", help="one round, 4 KiB and 64 KiB only")
+    ap.add_argument("--only", choices=("flat", "hier"), help="run only one rank per host (flat) or only the "
+                    "hierarchical 2x2 cases (hier; Open MPI np=4 runs with them as the reference)")
     a = ap.parse_args()
     xbench = os.path.join(a.build_dir, "bench/cross_allreduce_bench")
     mpibench = os.path.join(a.build_dir, "bench/mpi_allreduce_bench")
@@ -67,12 +70,19 @@ def main():
         if have_mpi:
             cases.append(("flat", np, "openmpi-tcp", MPIRUN + ["-np", str(np), mpibench] + args))
     cases.append(("hier", 4, "hier-tcp", [xbench, "hier-tcp", "4"] + args))
+    cases.append(("hier", 4, "hier-tcp-pipe", [xbench, "hier-tcp-pipe", "4"] + args))
     cases.append(("hier", 4, "hier-gloo", [xbench, "hier-gloo", "4"] + args))
+    if a.only == "flat":
+        cases = [c for c in cases if c[0] == "flat"]
+    elif a.only == "hier":
+        cases = [c for c in cases if c[0] == "hier" or (c[2] == "openmpi-tcp" and c[1] == 4)]
 
     samples = {}  # (group, np, impl, bytes) -> [(time_us, busbw)]
+    loads = []  # the 1-minute load average before each case
     for rnd in range(a.rounds):
         for group, np, impl, argv in cases:
-            print(f"[cross_bench] round {rnd + 1}/{a.rounds}: {impl} np={np}", file=sys.stderr)
+            loads.append(os.getloadavg()[0])
+            print(f"[cross_bench] round {rnd + 1}/{a.rounds}: {impl} np={np} (load {loads[-1]:.2f})", file=sys.stderr)
             for b, v in run(argv, 1200).items():
                 samples.setdefault((group, np, impl, b), []).append(v)
 
@@ -85,11 +95,14 @@ def main():
         t = statistics.median(x[0] for x in v)
         return t if i == 0 else b / (t * 1e-6) / 1e9 * 2 * (np - 1) / np
 
+    loads.append(os.getloadavg()[0])
     out = []
+    out.append(f"1-minute load average before each case: min {min(loads):.1f}, median {statistics.median(loads):.1f}, "
+               f"max {max(loads):.1f} (the machine has {os.cpu_count()} cores).\n")
     out.append(f"Median time of {a.rounds} round(s); each round's time is itself the median of 5 repetitions. "
                "busbw = bytes/time x 2(n-1)/n from that time. Ratios are erun-tcp / peer (busbw) and peer / erun-tcp (time), "
                "so > 1 means erun is better.\n")
-    for np in (2, 4):
+    for np in (2, 4) if a.only != "hier" else ():
         out.append(f"\n**{np} hosts, one rank each** (erun-tcp: 127.0.0.2..{1 + np}; Gloo likewise; "
                    "Open MPI `--mca btl tcp,self --mca btl_tcp_if_include lo`)\n")
         out.append("| size | erun-tcp time (µs) | busbw (GB/s) | Open MPI time | busbw | Gloo time | busbw | "
@@ -114,18 +127,23 @@ def main():
                 notes.append(f"≥ Gloo: {'met' if r_gb >= 1 else 'not met'}")
             out.append(f"| {human(b)} | {f(et)} | {f(eb, 3)} | {f(mt)} | {f(mb, 3)} | {f(gt)} | {f(gb, 3)} | "
                        f"{f(r_mb, 2)} | {f(r_mt, 2)} | {f(r_gb, 2)} | {'; '.join(notes)} |")
+    if a.only == "flat":
+        print("\n".join(out))
+        return
     out.append("\n**Hierarchical, 2 hosts x 2 ranks** (shared memory inside a host, the named transport between "
-               "the host leaders; Open MPI: 4 ranks over TCP only)\n")
-    out.append("| size | hier-tcp time (µs) | busbw (GB/s) | hier-gloo time | busbw | Open MPI np=4 time | busbw | "
-               "hier-tcp vs hier-gloo (busbw) |")
-    out.append("|---|---|---|---|---|---|---|---|")
+               "the host leaders; Open MPI: 4 ranks over TCP only; hier-tcp-pipe forces the chunked pipeline, which "
+               "hier-tcp uses only when every host has a CPU to spare)\n")
+    out.append("| size | hier-tcp time (µs) | busbw (GB/s) | hier-tcp-pipe time | hier-gloo time | busbw | "
+               "Open MPI np=4 time | busbw | hier-tcp vs hier-gloo (busbw) | forced pipeline (hier-tcp / pipe time) |")
+    out.append("|---|---|---|---|---|---|---|---|---|---|")
     for b in sizes:
         ht, hb = med("hier", 4, "hier-tcp", b, 0), med("hier", 4, "hier-tcp", b, 1)
         gt, gb = med("hier", 4, "hier-gloo", b, 0), med("hier", 4, "hier-gloo", b, 1)
         mt, mb = med("flat", 4, "openmpi-tcp", b, 0), med("flat", 4, "openmpi-tcp", b, 1)
         f = lambda x, d=1: "—" if x is None else f"{x:.{d}f}"
-        out.append(f"| {human(b)} | {f(ht)} | {f(hb, 3)} | {f(gt)} | {f(gb, 3)} | {f(mt)} | {f(mb, 3)} | "
-                   f"{f(gt / ht if ht and gt else None, 2)} |")
+        st = med("hier", 4, "hier-tcp-pipe", b, 0)
+        out.append(f"| {human(b)} | {f(ht)} | {f(hb, 3)} | {f(st)} | {f(gt)} | {f(gb, 3)} | {f(mt)} | {f(mb, 3)} | "
+                   f"{f(gt / ht if ht and gt else None, 2)} | {f(ht / st if ht and st else None, 2)} |")
     print("\n".join(out))
 
 

@@ -1,6 +1,10 @@
 #include "collectives/hierarchical.h"
 
+#include <algorithm>
 #include <cstring>
+#include <future>
+
+#include <unistd.h>
 #include <stdexcept>
 
 #include "collectives/call_signature.h"
@@ -77,16 +81,24 @@ class HierCommunicator final : public Communicator {
       ERUN_CHECK(o.cross_size >= 1 && o.cross_rank >= 0 && o.cross_rank < o.cross_size);
       guarded([&] { cross_ = make_cross(store, o, o.cross_rank, o.cross_size, o.prefix + "/cross"); });
     }
-    // Where every rank lives: its host's index and its local rank there.
+    // Where every rank lives: its host's index and its local rank there; and
+    // whether its host has a CPU to spare for the pipeline's helper thread
+    // (every host must agree on the pipeline: it changes the leaders' calls).
     guarded([&] {
-      int32_t lr = o.local_rank;
-      auto all = gather_all(&lr, sizeof(lr));
+      const int32_t mine[2] = {o.local_rank, o.local_size < ::sysconf(_SC_NPROCESSORS_ONLN) ? 1 : 0};
+      auto all = gather_all(mine, sizeof(mine));
       host_of_ = std::move(all.host_of);
+      hosts_ = *std::max_element(host_of_.begin(), host_of_.end()) + 1;
       local_of_.resize(o.size);
+      bool spare_cpus = true;
       for (int r = 0; r < o.size; ++r) {
-        if (all.by_rank[r].size() != sizeof(int32_t)) throw CommError("hierarchical: rank " + std::to_string(r) + " is missing");
-        std::memcpy(&local_of_[r], all.by_rank[r].data(), sizeof(int32_t));
+        int32_t theirs[2];
+        if (all.by_rank[r].size() != sizeof(theirs)) throw CommError("hierarchical: rank " + std::to_string(r) + " is missing");
+        std::memcpy(theirs, all.by_rank[r].data(), sizeof(theirs));
+        local_of_[r] = theirs[0];
+        spare_cpus = spare_cpus && theirs[1] != 0;
       }
+      pipeline_ = o.pipeline == HierPipeline::kOn || (o.pipeline == HierPipeline::kAuto && spare_cpus);
       global_of_local_.assign(o.local_size, -1);
       for (int r = 0; r < o.size; ++r) {
         if (host_of_[r] == host_of_[o.rank] && local_of_[r] >= 0 && local_of_[r] < o.local_size) {
@@ -106,9 +118,11 @@ class HierCommunicator final : public Communicator {
     }
     const ReduceOp inner = op == ReduceOp::kAverage ? ReduceOp::kSum : op;
     guarded([&] {
+      const size_t bytes = count * data_type_size(type);
+      if (pipeline_ && bytes >= o_.pipeline_bytes && hosts() > 1) return allreduce_pipelined(static_cast<char*>(data), count, type, inner);
       local_->allreduce(data, count, type, inner);
       if (leader() && cross_->size() > 1) cross_->allreduce(data, count, type, inner);
-      local_->broadcast(data, count * data_type_size(type), 0);
+      local_->broadcast(data, bytes, 0);
     });
     if (op != ReduceOp::kAverage) return;
     switch (type) {
@@ -168,6 +182,45 @@ class HierCommunicator final : public Communicator {
   };
 
   bool leader() const { return o_.local_rank == 0; }
+
+  // The number of hosts, the same on every rank (cross_size is not: it
+  // counts the hosts with a rank of the same local rank).
+  int hosts() const { return hosts_; }
+
+  // Large allreduce in chunks: the leader reduces chunk k+1 in shared memory
+  // and broadcasts chunk k-1 back to its host while chunk k crosses the hosts
+  // on a helper thread, instead of three sequential phases over the whole
+  // buffer. Every rank of a host makes the same shm calls in the same order
+  // (allreduce 0, allreduce 1, broadcast 0, allreduce 2, broadcast 1, ...),
+  // the leader's cross-host calls stay one at a time, and each chunk is
+  // reduced in the same order as without the pipeline.
+  void allreduce_pipelined(char* data, size_t count, DataType type, ReduceOp op) {
+    const size_t esize = data_type_size(type);
+    const size_t per = std::clamp<size_t>(count / 4, (256 << 10) / esize, (4 << 20) / esize);
+    const size_t chunks = (count + per - 1) / per;
+    auto at = [&](size_t k) { return data + k * per * esize; };
+    auto len = [&](size_t k) { return std::min(per, count - k * per); };
+    std::future<void> crossing;  // the cross-host step of the previous chunk
+    try {
+      for (size_t k = 0; k < chunks; ++k) {
+        local_->allreduce(at(k), len(k), type, op);
+        if (leader()) {
+          if (k > 0) crossing.get();
+          crossing = std::async(std::launch::async, [this, &at, &len, k, type, op] { cross_->allreduce(at(k), len(k), type, op); });
+        }
+        if (k > 0) local_->broadcast(at(k - 1), len(k - 1) * esize, 0);
+      }
+      if (leader()) crossing.get();
+      local_->broadcast(at(chunks - 1), len(chunks - 1) * esize, 0);
+    } catch (...) {
+      // Never leave the helper thread behind, nor wait for it to time out.
+      if (crossing.valid()) {
+        cross_->abort();
+        crossing.wait();
+      }
+      throw;
+    }
+  }
 
   // Every rank's bytes, by global rank: gathered on each host, exchanged among
   // the leaders, broadcast back on each host.
@@ -258,6 +311,8 @@ class HierCommunicator final : public Communicator {
   std::unique_ptr<Communicator> local_;
   std::unique_ptr<Communicator> cross_;
   std::vector<int> host_of_;
+  int hosts_ = 1;
+  bool pipeline_ = false;  // the same on every rank
   std::vector<int32_t> local_of_;
   std::vector<int> global_of_local_;  // global rank of each local rank of this host
 };

@@ -24,6 +24,8 @@ enum class CrossTransport {
   kGloo,  // Gloo's TCP pairs: unauthenticated; for comparison benchmarks only
 };
 
+enum class HierPipeline { kAuto, kOn, kOff };
+
 struct HierOptions {
   int rank = 0;
   int size = 1;
@@ -50,6 +52,14 @@ struct HierOptions {
   long generation = 0;
   // Polled while the leaders' mesh forms; true gives up (TcpOptions::cancelled).
   std::function<bool()> cancelled;
+  // From pipeline_bytes on, allreduce can pipeline its three phases (shm
+  // reduce, the leader's cross-host allreduce on a helper thread, shm
+  // broadcast) in chunks. kAuto: when every host has more online CPUs than
+  // ranks (a core for the helper thread; on an oversubscribed host the extra
+  // synchronisations cost more than the overlap gains). Must be the same on
+  // every rank.
+  HierPipeline pipeline = HierPipeline::kAuto;
+  size_t pipeline_bytes = size_t{1} << 20;
   // Scopes the store keys (and names the shm segments), e.g. "gen3".
   std::string prefix = "coll";
   // Goes into shm segment names; empty: derived from `prefix`.

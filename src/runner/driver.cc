@@ -656,7 +656,6 @@ std::optional<int> Driver::step() {
                                      {"resets", json_number(long{resets_})}});
         }
         if (in_place) {
-          d_.membership->notify_hosts_updated(generation_);
           reconfigure("membership changes", /*after_failure=*/false);
           break;
         }

@@ -219,6 +219,11 @@ void Driver::retire_workers(const MembershipSnapshot& m) {
 }
 
 void Driver::reconfigure(const char* reason, bool after_failure) {
+  // The current generation is over, whatever ends it: its members that are
+  // still forming it (waiting for a peer's pair connection that will never
+  // come) give it up now instead of at their connect timeout, and the others
+  // re-join at their next check (their collectives fail anyway if a peer died).
+  d_.membership->notify_hosts_updated(generation_);
   HostSet usable = plannable_hosts();
   generation_failure_.reset();
   if (usable.total_slots() < std::max(o_.min_np, 1)) {

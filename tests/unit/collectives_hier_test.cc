@@ -55,6 +55,8 @@ std::vector<HierOptions> layout(const std::vector<Place>& places, Duration timeo
     o.job_id = "hier-test";
     o.secret = "hier-test-secret";
     o.segment_tag = "hiertest" + std::to_string(::getpid());
+    // Whatever the machine's CPUs: the pipelined path is what is checked.
+    o.pipeline = HierPipeline::kOn;
   }
   return out;
 }
@@ -91,7 +93,8 @@ const ReduceOp kOps[] = {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMin, Red
 template <typename T>
 std::string check_allreduce(int rank, Communicator& comm) {
   for (ReduceOp op : kOps) {
-    for (size_t n : {size_t{0}, size_t{1}, size_t{7}, size_t{1000}, size_t{100003}}) {
+    // 300007: pipelined in chunks (>= 1 MiB) for every type but uint8.
+    for (size_t n : {size_t{0}, size_t{1}, size_t{7}, size_t{1000}, size_t{100003}, size_t{300007}}) {
       std::vector<T> v(n);
       for (size_t i = 0; i < n; ++i) v[i] = input<T>(rank, i);
       comm.allreduce(v.data(), n, data_type_of<T>(), op);
@@ -186,6 +189,34 @@ TEST(Hierarchical, AbortOnOneHostFailsEveryRankOnEveryHost) {
       return "";
     }
     return "barrier succeeded although rank 3 aborted";
+  });
+  EXPECT_EQ(errors, "");
+  EXPECT_EQ(failed.load(), 3);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 20s);  // not the 60 s timeout
+}
+
+TEST(Hierarchical, AbortDuringAPipelinedAllreduceFailsEveryRankPromptly) {
+  // Rank 3 (host 1's second rank) aborts instead of joining a 16 MiB
+  // allreduce: host 1's leader fails in shared memory while host 0's leader
+  // may be crossing a chunk on its helper thread; nobody waits for a timeout.
+  auto opts = layout({{0, 0}, {0, 1}, {1, 0}, {1, 1}}, 60s);
+  std::atomic<int> failed{0};
+  auto start = std::chrono::steady_clock::now();
+  std::string errors = run_ranks(opts, [&](int rank, Communicator& comm) -> std::string {
+    std::vector<float> v(4 << 20, 1.0f);
+    comm.allreduce(v, ReduceOp::kSum);
+    if (v[12345] != 4.0f) return "the first allreduce is wrong";
+    if (rank == 3) {
+      comm.abort();
+      return "";
+    }
+    try {
+      comm.allreduce(v, ReduceOp::kSum);
+    } catch (const CommError&) {
+      failed++;
+      return "";
+    }
+    return "allreduce succeeded although rank 3 aborted";
   });
   EXPECT_EQ(errors, "");
   EXPECT_EQ(failed.load(), 3);

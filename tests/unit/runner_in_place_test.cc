@@ -157,6 +157,18 @@ TEST_F(InPlaceTest, ReportAboutAMemberOfTheNewGenerationReformsWithoutIt) {
   EXPECT_EQ(launcher.launched().size(), 4u);  // slot 2 relaunched
 }
 
+TEST_F(InPlaceTest, AFailureTellsTheMembersOfTheFailedGenerationAtOnce) {
+  // Survivors may be forming generation 1 still, waiting for the dead
+  // worker's pair connection: they are told that generation 1 is over.
+  discovery.set(HostSet({{"a", 1}, {"b", 1}, {"c", 1}}));
+  start_joined(elastic(3, 1, 3));
+  EXPECT_TRUE(membership.notified().empty());
+  launcher.finish(worker_at(c0), ExitStatus{0, SIGKILL});
+  EXPECT_FALSE(steps(1));
+  EXPECT_EQ(driver->generation(), 2);
+  EXPECT_EQ(membership.notified(), std::vector<long>{1});
+}
+
 TEST_F(InPlaceTest, ReJoinWithoutAReportReformsWithTheSameWorkers) {
   discovery.set(HostSet({{"a", 2}}));
   start_joined(elastic(2, 1, 2));

@@ -15,6 +15,7 @@
 #include <cerrno>
 #include <cstring>
 #include <deque>
+#include <optional>
 #include <stdexcept>
 #include <vector>
 
@@ -246,6 +247,7 @@ struct RecvOp {
   size_t window = 0;
   size_t done = 0;  // bytes of header + payload read
   size_t reported = 0;
+  int step = 0;  // of a pipelined ring
   FrameHeader header{};
 };
 
@@ -392,6 +394,9 @@ class TcpCommunicator final : public Communicator {
   // Received data is reduced in pieces of this size while the rest arrives
   // (a multiple of every element size).
   static constexpr size_t kReduceSegment = 256 << 10;
+  // The pipelined ring moves a block in frames of at most this size; a
+  // segment is forwarded as soon as it has arrived (and been reduced).
+  static constexpr size_t kSegmentBytes = 512 << 10;
 
   // Runs one collective: checks the communicator is usable, numbers it, and
   // turns every failure into a CommError that names the operation and rank,
@@ -532,6 +537,50 @@ class TcpCommunicator final : public Communicator {
     }
   }
 
+  // Drives a stream of frames: `sends` in order to one peer, one receive at a
+  // time from another (or the same) peer; `on_received` is called with each
+  // completed receive and may queue sends and set the next receive. Bounded
+  // by the operation's deadline and woken by abort(), like transfer().
+  template <typename OnReceived>
+  void stream(const Call& c, std::deque<SendOp>& sends, std::optional<RecvOp>& recv, OnReceived&& on_received) {
+    while (!sends.empty() || recv) {
+      bool progressed = false;
+      while (!sends.empty()) {
+        SendOp& s = sends.front();
+        const bool moved = step_send(c, s);
+        progressed |= moved;
+        if (s.done == sizeof(FrameHeader) + s.header.length) {
+          sends.pop_front();
+        } else if (!moved) {
+          break;
+        }
+      }
+      if (recv) {
+        if (step_recv(c, *recv)) progressed = true;
+        if (recv->done == sizeof(FrameHeader) + recv->length) {
+          RecvOp done = std::move(*recv);
+          recv.reset();
+          on_received(done);
+          continue;
+        }
+      }
+      if (progressed) continue;
+      pollfd pfds[3] = {{abort_fd_, POLLIN, 0}, {-1, 0, 0}, {-1, 0, 0}};
+      if (!sends.empty()) pfds[1] = {fds_[sends.front().peer], POLLOUT, 0};
+      if (recv) pfds[2] = {fds_[recv->peer], POLLIN, 0};
+      int timeout = poll_ms(deadline_, 1h);
+      if (timeout == 0) {
+        std::string waiting;
+        if (!sends.empty()) waiting = fmt::format("sending to rank {}", sends.front().peer);
+        if (recv) waiting += fmt::format("{}receiving from rank {}", waiting.empty() ? "" : ", ", recv->peer);
+        fail(c, fmt::format("timed out after {:.1f} s {} (is that rank alive, or stopped?)", seconds(o_.timeout), waiting));
+      }
+      int n = ::poll(pfds, 3, timeout);
+      if (n < 0 && errno != EINTR) fail(c, fmt::format("poll: {}", std::strerror(errno)));
+      if (aborted_ || (pfds[0].revents & POLLIN)) fail(c, "aborted");
+    }
+  }
+
   // One non-blocking write; true when bytes moved.
   bool step_send(const Call& c, SendOp& s) {
     iovec iov[2];
@@ -610,30 +659,65 @@ class TcpCommunicator final : public Communicator {
     for (int q = 2; q < size(); ++q) fn(data, data, slots + q * bytes, count);
   }
 
-  // Large allreduce: ring reduce-scatter then ring allgather; each received
-  // block is reduced piecewise while the rest of it arrives.
+  // Large allreduce: ring reduce-scatter then ring allgather, run as one
+  // pipelined stream. Step s (0 .. 2(n-1)-1) sends block rank-s to the right
+  // and receives block rank-s-1 from the left (reducing it in the first n-1
+  // steps, storing it in the rest); each block travels as frames of at most
+  // kSegmentBytes, and the segment received at step s is what goes out at
+  // step s+1, so it is queued the moment it is complete instead of after the
+  // whole step: the steps overlap, and no rank waits at a step boundary for
+  // its slowest transfer. Received reduce-scatter segments pass through one
+  // small window that stays in cache and are reduced piecewise as they arrive.
+  // Every rank reduces the same inputs in the same order, so the result is
+  // bitwise the same on every rank.
   void allreduce_ring(const Call& c, char* data, size_t count, size_t esize, ReduceFn fn) {
     const int n = size();
     const int right = (rank() + 1) % n, left = (rank() - 1 + n) % n;
     std::vector<size_t> off(n + 1);
     for (int i = 0; i <= n; ++i) off[i] = block_begin(count, n, i) * esize;
-    // Received blocks pass through one small window that stays in cache.
+    const size_t seg = std::max<size_t>(kSegmentBytes / esize, 1) * esize;
     scratch_.resize(kReduceSegment);
-    for (int s = 0; s < n - 1; ++s) {
-      const int send_block = (rank() - s + n) % n;
-      const int recv_block = (rank() - s - 1 + 2 * n) % n;
-      std::vector<SendOp> sends{make_send(right, c, off[send_block], off[send_block + 1] - off[send_block], data + off[send_block])};
-      std::vector<RecvOp> recvs{make_recv(left, off[recv_block], off[recv_block + 1] - off[recv_block], scratch_.data())};
-      char* target = data + off[recv_block];
-      const char* in = scratch_.data();
-      recvs[0].unit = esize;
-      recvs[0].window = kReduceSegment;
-      recvs[0].on_data = [&, target, in](size_t from, size_t to) {
-        fn(target + from, target + from, in + from % kReduceSegment, (to - from) / esize);
-      };
-      transfer(c, sends, recvs);
+    const int steps = 2 * (n - 1);
+    auto block_of = [&](int s) { return ((rank() - s) % n + n) % n; };
+
+    std::deque<SendOp> sends;
+    for (size_t from = off[block_of(0)]; from < off[block_of(0) + 1]; from += seg) {
+      const size_t to = std::min(from + seg, off[block_of(0) + 1]);
+      sends.push_back(make_send(right, c, from, to - from, data + from));
     }
-    ring_allgather(c, data, off, (rank() + 1) % n);
+    // The receives, in the order the left neighbour sends them.
+    int recv_step = 0;
+    size_t recv_from = off[block_of(1)];
+    auto next_recv = [&]() -> std::optional<RecvOp> {
+      while (recv_step < steps) {
+        const int block = block_of(recv_step + 1);
+        if (recv_from < off[block + 1]) break;
+        ++recv_step;
+        if (recv_step < steps) recv_from = off[block_of(recv_step + 1)];
+      }
+      if (recv_step >= steps) return std::nullopt;
+      const int block = block_of(recv_step + 1);
+      const size_t to = std::min(recv_from + seg, off[block + 1]);
+      RecvOp r = make_recv(left, recv_from, to - recv_from, data + recv_from);
+      if (recv_step < n - 1) {
+        char* target = data + recv_from;
+        const char* in = scratch_.data();
+        r.dst = scratch_.data();
+        r.unit = esize;
+        r.window = kReduceSegment;
+        r.on_data = [fn, esize, target, in](size_t a, size_t b) {
+          fn(target + a, target + a, in + a % kReduceSegment, (b - a) / esize);
+        };
+      }
+      r.step = recv_step;
+      recv_from = to;
+      return r;
+    };
+    std::optional<RecvOp> recv = next_recv();
+    stream(c, sends, recv, [&](const RecvOp& done) {
+      if (done.step + 1 < steps) sends.push_back(make_send(right, c, done.offset, done.length, data + done.offset));
+      recv = next_recv();
+    });
   }
 
   // Ring allgather of blocks [off[i], off[i+1]) of `base`; this rank starts
