@@ -244,7 +244,8 @@ class ElasticSampler(torch.utils.data.Sampler):
 
 def allreduce_gradients(parameters, op=Average, bucket_bytes=25 << 20):
     """Reduces the .grad of every parameter across ranks (average by default),
-    in buckets of up to bucket_bytes flattened per dtype. A missing grad counts
+    in buckets of up to bucket_bytes flattened per device and dtype (CUDA
+    gradients through the GPU collectives). A missing grad counts
     as zeros (so every rank reduces the same buckets)."""
     groups = {}
     for p in parameters:
@@ -252,7 +253,7 @@ def allreduce_gradients(parameters, op=Average, bucket_bytes=25 << 20):
             continue
         if p.grad is None:
             p.grad = torch.zeros_like(p)
-        groups.setdefault(p.grad.dtype, []).append(p.grad)
+        groups.setdefault((p.grad.device, p.grad.dtype), []).append(p.grad)
     for grads in groups.values():
         bucket, nbytes = [], 0
         for g in grads + [None]:

@@ -299,6 +299,7 @@ bool Driver::launch_worker(const RankAssignment& a, const std::string& master_ad
   w.key = next_key_++;
   w.assignment = a;
   w.joined = in_place;  // launched into a running elastic job: it runs the same program
+  w.fresh = in_place;
   w.pending = pending;
   w.launched_generation = generation_;
   w.started = clock_.now();
@@ -391,7 +392,7 @@ void Driver::reap() {
     if (s->ok()) {
       ERUN_LOG_INFO("{}: finished successfully after {:.1f} s", who(generation_, a.slot.host, a.rank), after);
       any_success_ = true;
-      drop_replacements();
+      drop_fresh_workers();
       if (first_finished_.empty()) {
         first_finished_ = who(-1, a.slot.host, a.rank);
         first_finished_at_ = clock_.now();

@@ -98,6 +98,7 @@ class Driver {
     // waits in the rendezvous until admit_replacements() grows the survivors.
     bool pending = false;
     bool grows = false;  // pending for new slots (not a failed one's): its admission is a reset
+    bool fresh = false;  // launched into a running job, and not yet a member of a complete generation
     long launched_generation = 0;
     TimePoint retire_by{};
     std::optional<ExitStatus> exit;
@@ -154,8 +155,11 @@ class Driver {
   // A pending replacement ended, or is killed, before it joined: a failure of
   // its host, not of the survivors' generation.
   void replacement_failed(Worker& w, const std::string& why);
-  // Stops pending replacements (training is over for a rank).
-  void drop_replacements();
+  // Training is over for a rank: stops the workers launched into the running
+  // job that were never a member of a complete generation (pending ones,
+  // and ones assigned to a generation the finished ranks never joined): they
+  // hold nothing to finish, and would wait for their peers forever.
+  void drop_fresh_workers();
   // Survivors of the current plan: alive, not excluded, not leaving.
   bool survivor(const Worker& w) const;
   bool have_survivors() const;

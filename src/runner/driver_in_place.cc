@@ -77,6 +77,9 @@ void Driver::update_joined(const MembershipSnapshot& m) {
   }
   if (in_current == static_cast<size_t>(plan_.size())) {
     generation_complete_ = true;
+    for (auto& w : workers_) {
+      if (members.count(w.assignment.slot) && !w.exit) w.fresh = false;
+    }
     ERUN_LOG_INFO("{}: all {} ranks joined in {:.3f} s", who(generation_), plan_.size(),
                   seconds(clock_.now() - published_at_));
     if (d_.events) {
@@ -352,10 +355,11 @@ void Driver::grow_pending(const Plan& next) {
                 join(names, " "), plan_.size());
 }
 
-void Driver::drop_replacements() {
+void Driver::drop_fresh_workers() {
   for (auto& w : workers_) {
-    if (!w.pending || w.exit || !w.handle) continue;
-    ERUN_LOG_INFO("{}: training is over; stopping the replacement that never joined",
+    if (!w.fresh || w.exit || w.stopping || !w.handle) continue;
+    ERUN_LOG_INFO("{}: training is over for a rank; stopping this worker, which joined after the others' last "
+                  "generation",
                   who(generation_, w.assignment.slot.host, w.assignment.rank));
     w.handle->terminate();
     w.stopping = true;

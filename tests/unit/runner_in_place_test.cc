@@ -483,5 +483,46 @@ TEST_F(InPlaceTest, APendingReplacementIsStoppedWhenTrainingEnds) {
   EXPECT_TRUE(replacement->terminated);
 }
 
+// The survivors finish before they re-join the generation announced for the
+// replacement: it holds nothing to finish and would wait for them forever.
+TEST_F(InPlaceTest, AReplacementInAGenerationTheFinishedRanksNeverJoinedIsStopped) {
+  discovery.set(HostSet({{"a", 3}}));
+  start_joined(elastic(3, 1, 3));
+  launcher.finish(worker_at(a2), ExitStatus{0, SIGKILL});
+  survivors_rejoin({a0, a1}, 1, 2, PeerState::kDead);
+  EXPECT_FALSE(steps(1));
+  membership.join(a2, -1);
+  EXPECT_FALSE(steps(1));
+  ASSERT_EQ(driver->generation(), 3);
+  Worker replacement = worker_at(a2);
+  ASSERT_TRUE(replacement);
+  EXPECT_TRUE(membership.is_member(a2));
+  launcher.finish(worker_at(a0), ExitStatus{0, 0});
+  launcher.finish(worker_at(a1), ExitStatus{0, 0});
+  EXPECT_EQ(steps(5), 0);  // not a --finish-timeout failure
+  EXPECT_TRUE(replacement->terminated);
+}
+
+// A worker launched into the job that then trained in a complete generation
+// is one of the ranks: it is never stopped early.
+TEST_F(InPlaceTest, AReplacementThatTrainedWithTheOthersFinishesLikeThem) {
+  discovery.set(HostSet({{"a", 3}}));
+  start_joined(elastic(3, 1, 3));
+  launcher.finish(worker_at(a2), ExitStatus{0, SIGKILL});
+  survivors_rejoin({a0, a1}, 1, 2, PeerState::kDead);
+  EXPECT_FALSE(steps(1));
+  membership.join(a2, -1);
+  EXPECT_FALSE(steps(1));
+  for (auto& s : {a0, a1}) membership.join(s, 2, JoinReason::kHostsUpdated);
+  EXPECT_FALSE(steps(1));  // generation 3 complete
+  Worker replacement = worker_at(a2);
+  launcher.finish(worker_at(a0), ExitStatus{0, 0});
+  EXPECT_FALSE(steps(5));
+  EXPECT_FALSE(replacement->terminated);
+  launcher.finish(worker_at(a1), ExitStatus{0, 0});
+  launcher.finish(replacement, ExitStatus{0, 0});
+  EXPECT_EQ(steps(2), 0);
+}
+
 }  // namespace
 }  // namespace erun
