@@ -74,6 +74,37 @@ def gradients_on(device, rank, size):
         check(q.grad.reshape(-1), np.full(q.numel(), (size + 1) / 2), f"{device} DistributedOptimizer")
 
 
+def overlapped_on(device, rank):
+    """GradientHooks (reduced during backward, several buckets, an unused
+    parameter) give exactly the gradients of allreduce_gradients after
+    backward, two steps in a row."""
+    import copy
+    torch.manual_seed(1)
+    layers = [torch.nn.Linear(16, 16) for _ in range(4)] + [torch.nn.Linear(16, 3)]
+    model = torch.nn.Sequential(*layers).to(device)
+    unused = torch.nn.Parameter(torch.ones(5, device=device))
+    ref = copy.deepcopy(model)
+    # The unused parameter first: it lands in the last bucket (buckets go in reverse order).
+    hooks = erun.torch.GradientHooks([unused] + list(model.parameters()), bucket_bytes=1200)
+    assert len(hooks._buckets) > 3, len(hooks._buckets)
+    for step in range(2):
+        x = torch.full((4, 16), 0.25 * (rank + 1) + step, device=device)
+        for m in (model, ref):
+            m.zero_grad()
+            m(x).square().sum().backward()
+        # Backward launched every bucket but the unused parameter's.
+        assert hooks._next == len(hooks._buckets) - 1, (hooks._next, len(hooks._buckets))
+        unused.grad = None
+        hooks.wait()
+        erun.torch.allreduce_gradients(ref.parameters())
+        for a, b in zip(model.parameters(), ref.parameters()):
+            assert torch.equal(a.grad, b.grad), (step, a.grad, b.grad)
+        assert torch.equal(unused.grad, torch.zeros_like(unused))
+    hooks.close()  # no hook fires any more: nothing is launched
+    model(x).sum().backward()
+    assert hooks._next == 0 and hooks._thread is None
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
@@ -128,7 +159,8 @@ def main():
     # A zero-length tensor is fine.
     erun.allreduce_(torch.zeros(0, device=device))
     gradients_on(device, rank, size)
-    checks += 1
+    overlapped_on(device, rank)
+    checks += 2
     if a.device == "cuda":
         # The work ran on torch's current stream: a side stream works too.
         s = torch.cuda.Stream()
