@@ -5,7 +5,10 @@
 #      2-4 ranks sharing the GPU, device state (commit/restore/sync, async),
 #   3. the CUDA example elastic under erun (a worker SIGKILLed, a host added)
 #      against an uninterrupted run and a world of one: same checksum,
-#   4. benchmarks: erun's GPU allreduce against raw NCCL (and torch.distributed
+#   4. the Python package's tests on CUDA tensors (tests/python/test_gpu.py:
+#      NCCL in a world of one, 2 and 4 ranks sharing the GPU through the staged
+#      path) when python3 has torch with CUDA and pytest,
+#   5. benchmarks: erun's GPU allreduce against raw NCCL (and torch.distributed
 #      NCCL when torch is importable), device-state commit against cudaMemcpy,
 # then prints a summary. Where no GPU is visible it prints "no GPU: skipped"
 # and exits 0. Exits 1 when a step failed.
@@ -71,7 +74,10 @@ build_erun() {
     if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then export PATH=/usr/local/cuda/bin:$PATH; fi
     cmake -S . -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DERUN_WITH_NCCL=ON -DERUN_BUILD_TESTS=ON || return 1
   fi
-  cmake --build "$build" -j "$(nproc)" --target "${targets[@]}"
+  local t=("${targets[@]}")
+  # The Python package too when the build has it (pybind11 found at configure).
+  cmake --build "$build" --target help 2>/dev/null | grep -qw erun_python && t+=(erun_python)
+  cmake --build "$build" -j "$(nproc)" --target "${t[@]}"
 }
 step build build_erun
 if [ "$failures" -ne 0 ]; then
@@ -129,7 +135,20 @@ summary+=("      $(tail -1 "$out/example_same_checksum.log")")
 grep -q "exactly-once=NO" "$out"/example_*.log && summary+=("FAIL  a sample was processed twice or never") &&
   failures=$((failures + 1))
 
-# ---- 4. benchmarks
+# ---- 4. the Python package on CUDA tensors
+gpu_python=${GPU_TESTS_PYTHON:-python3}
+if [ ! -d "$build/python/erun" ]; then
+  summary+=("SKIP  python_gpu (the build has no Python package: pybind11 missing at configure)")
+elif ! "$gpu_python" -c "import torch, pytest, numpy; assert torch.cuda.is_available()" 2>/dev/null; then
+  summary+=("SKIP  python_gpu ($gpu_python has no torch with CUDA, or no pytest/numpy)")
+else
+  step python_gpu env PYTHONPATH="$root/$build/python" ERUN_BUILD_DIR="$root/$build" \
+    ERUN_TEST_PYTHON="$(command -v "$gpu_python")" "$gpu_python" -m pytest -q -p no:cacheprovider -rs \
+    tests/python/test_gpu.py
+  summary+=("      python_gpu: $(grep -E "[0-9]+ (passed|failed)" "$out/python_gpu.log" | tail -1)")
+fi
+
+# ---- 5. benchmarks
 sizes=(65536 1048576 16777216 268435456)
 step bench_erun_vs_nccl "$build/bench/gpu_allreduce_bench" --iters 50 "${sizes[@]}"
 step bench_staged_np2 timeout 300 "$erun" -np 2 --launcher local "$build/bench/gpu_allreduce_bench" --iters 20 "${sizes[@]}"

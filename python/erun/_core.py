@@ -1,6 +1,9 @@
-"""The process-wide worker API: init, world info, and collectives on CPU torch
-tensors and numpy arrays. Collectives run on the tensor's own memory (its data
-pointer goes to the C++ communicator; the GIL is released meanwhile). Every
+"""The process-wide worker API: init, world info, and collectives on torch
+tensors (CPU and CUDA) and numpy arrays. Collectives run on the tensor's own
+memory (its data pointer goes to the C++ communicator; the GIL is released
+meanwhile); CUDA tensors go through erun's GPU collectives (NCCL, or the
+host-staged path when ranks share a GPU) on torch's current stream of the
+tensor's device, and the call returns when the result is in the tensor. Every
 collective must be called by every rank in the same order; each is bounded by
 the collective timeout (erun --collective-timeout) and raises erun.CommError
 when a peer dies or the deadline passes."""
@@ -40,14 +43,26 @@ def _is_tensor(x):
 
 
 class _Buffer:
-    """A collective's view of a tensor or array: address, element count, type code."""
-    __slots__ = ("ptr", "count", "code", "nbytes")
+    """A collective's view of a tensor or array: address, element count, type
+    code, and for a CUDA tensor (cuda=True) its device index and the integer
+    handle of torch's current stream on that device."""
+    __slots__ = ("ptr", "count", "code", "nbytes", "device", "stream")
 
-    def __init__(self, x, what, writable):
+    def __init__(self, x, what, writable, cuda=False):
+        self.device = self.stream = None
         if _is_tensor(x):
-            if x.device.type != "cpu":
-                raise Error(f"erun.{what}: CUDA tensors need the GPU collectives, which this build of erun does "
-                            f"not have; move the tensor to the CPU first (tensor.cpu()) (got a tensor on {x.device})")
+            if x.device.type == "cuda" and cuda:
+                if not _erun.built_with_cuda():
+                    raise Error(f"erun.{what}: this build of erun has no CUDA (it was built without the CUDA "
+                                f"toolkit), so it cannot reduce a tensor on {x.device}; rebuild erun with CUDA "
+                                f"or move the tensor to the CPU first (tensor.cpu())")
+                import torch
+                self.device = x.device.index if x.device.index is not None else torch.cuda.current_device()
+                self.stream = torch.cuda.current_stream(self.device).cuda_stream
+            elif x.device.type != "cpu":
+                kinds = "CPU and CUDA" if cuda else "CPU"
+                raise Error(f"erun.{what}: takes {kinds} tensors only (got a tensor on {x.device}); move it to "
+                            f"the CPU first (tensor.cpu())")
             code = _torch_type_map().get(x.dtype)
             if code is None:
                 raise Error(f"erun.{what}: dtype {x.dtype} is not supported; use float32/64, int32/64, uint8, "
@@ -173,7 +188,7 @@ def allreduce_(x, op=Average):
     """Reduces x across ranks in place (x's own memory) and returns x.
     float16/bfloat16 are reduced through a float32 copy (the CPU kernels have
     no half precision)."""
-    b = _Buffer(x, "allreduce_", writable=True)
+    b = _Buffer(x, "allreduce_", writable=True, cuda=True)
     code = _op_code(op)
     if b.code in (_F16, _BF16):
         wide = x.float() if _is_tensor(x) else x.astype(np.float32)
@@ -183,7 +198,10 @@ def allreduce_(x, op=Average):
         else:
             x[...] = wide
         return x
-    _erun.allreduce(b.ptr, b.count, b.code, code)
+    if b.device is not None:
+        _erun.gpu_allreduce(b.ptr, b.count, b.code, code, b.stream, b.device)
+    else:
+        _erun.allreduce(b.ptr, b.count, b.code, code)
     return x
 
 
@@ -194,15 +212,18 @@ def allreduce(x, op=Average):
 
 def broadcast_(x, root=0):
     """Overwrites x on every rank with root's x (in place) and returns x."""
-    b = _Buffer(x, "broadcast_", writable=True)
-    _erun.broadcast(b.ptr, b.nbytes, int(root))
+    b = _Buffer(x, "broadcast_", writable=True, cuda=True)
+    if b.device is not None:
+        _erun.gpu_broadcast(b.ptr, b.nbytes, int(root), b.stream, b.device)
+    else:
+        _erun.broadcast(b.ptr, b.nbytes, int(root))
     return x
 
 
 def allgather(x):
     """Concatenates every rank's x along the first dimension, by rank. The
     first dimension may differ between ranks; the others must match."""
-    b = _Buffer(x, "allgather", writable=False)
+    b = _Buffer(x, "allgather", writable=False, cuda=True)
     shape = tuple(x.shape)
     n = size()
     if len(shape) == 0:
@@ -213,9 +234,14 @@ def allgather(x):
     rows = int(firsts.sum())
     if _is_tensor(x):
         import torch
-        out = torch.empty((rows,) + shape[1:], dtype=x.dtype)
+        out = torch.empty((rows,) + shape[1:], dtype=x.dtype, device=x.device)
     else:
         out = np.empty((rows,) + shape[1:], dtype=x.dtype)
+    if b.device is not None:
+        if not (firsts == shape[0]).all():  # uneven rows: through the CPU
+            return allgather(x.cpu()).to(x.device)
+        _erun.gpu_allgather(b.ptr, out.data_ptr(), b.nbytes, b.stream, b.device)
+        return out
     if (firsts == shape[0]).all():
         _erun.allgather(b.ptr, _Buffer(out, "allgather", True).ptr, b.nbytes)
         return out

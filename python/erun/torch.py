@@ -8,14 +8,18 @@
 - ``ElasticSampler``: a torch Sampler over this rank's share of an epoch; every
   sample of an epoch is processed exactly once across resizes and failures.
 - ``DistributedOptimizer(opt)`` / ``allreduce_gradients(params)``: gradient
-  averaging through erun, in buckets.
+  averaging through erun, in buckets; ``DistributedOptimizer(opt,
+  overlap=True)`` / ``GradientHooks``: the same, each bucket reduced on a
+  communication thread as soon as backward has produced it.
 - ``process_group()``: a torch.distributed process group for the current
   generation (for DDP and dist.* calls), rebuilt after every re-join.
 """
 import math
 import os
 import pickle
+import queue
 import socket
+import threading
 from datetime import timedelta
 
 import torch
@@ -26,8 +30,8 @@ from ._core import Average, _bytes_of
 from ._erun import CommError, Error
 from ._state import State
 
-__all__ = ["TorchState", "ElasticSampler", "DistributedOptimizer", "allreduce_gradients", "process_group",
-           "destroy_process_group"]
+__all__ = ["TorchState", "ElasticSampler", "DistributedOptimizer", "GradientHooks", "allreduce_gradients",
+           "process_group", "destroy_process_group"]
 
 
 class _TensorRef:
@@ -244,7 +248,8 @@ class ElasticSampler(torch.utils.data.Sampler):
 
 def allreduce_gradients(parameters, op=Average, bucket_bytes=25 << 20):
     """Reduces the .grad of every parameter across ranks (average by default),
-    in buckets of up to bucket_bytes flattened per dtype. A missing grad counts
+    in buckets of up to bucket_bytes flattened per device and dtype (CUDA
+    gradients through the GPU collectives). A missing grad counts
     as zeros (so every rank reduces the same buckets)."""
     groups = {}
     for p in parameters:
@@ -252,7 +257,7 @@ def allreduce_gradients(parameters, op=Average, bucket_bytes=25 << 20):
             continue
         if p.grad is None:
             p.grad = torch.zeros_like(p)
-        groups.setdefault(p.grad.dtype, []).append(p.grad)
+        groups.setdefault((p.grad.device, p.grad.dtype), []).append(p.grad)
     for grads in groups.values():
         bucket, nbytes = [], 0
         for g in grads + [None]:
@@ -263,6 +268,23 @@ def allreduce_gradients(parameters, op=Average, bucket_bytes=25 << 20):
             if g is not None:
                 bucket.append(g)
                 nbytes += size
+
+
+def _buckets(params, bucket_bytes):
+    """Parameters in buckets of up to bucket_bytes, one (device, dtype) per
+    bucket, in reverse order of `params` (about the order backward produces
+    their gradients), the same on every rank."""
+    open_, out = {}, []
+    for p in reversed(params):
+        key = (p.device, p.dtype)
+        size = p.numel() * p.element_size()
+        b = open_.get(key)
+        if b is None or (b[1] and b[1] + size > bucket_bytes):
+            b = open_[key] = [[], 0]
+            out.append(b)
+        b[0].append(p)
+        b[1] += size
+    return [ps for ps, _ in out]
 
 
 def _reduce_bucket(grads, op):
@@ -277,19 +299,124 @@ def _reduce_bucket(grads, op):
         offset += g.numel()
 
 
+class GradientHooks:
+    """Gradient averaging overlapped with backward. Hooks on the parameters'
+    gradient accumulators mark a bucket ready once backward has accumulated
+    all of its gradients; ready buckets are reduced, in a fixed order (the
+    same on every rank, as collectives require), on a communication thread
+    while backward goes on (erun's collectives release the GIL). ``wait()``
+    before the optimizer step: it reduces the buckets whose parameters got no
+    gradient (as zeros, so every rank reduces the same buckets), waits for
+    all, and raises the first error (e.g. erun.CommError) in the caller.
+    One backward per wait(); no other erun collective between a backward and
+    its wait()."""
+
+    def __init__(self, parameters, op=Average, bucket_bytes=25 << 20):
+        self.op = op
+        params = [p for p in parameters if p.requires_grad]
+        self._buckets = _buckets(params, bucket_bytes)
+        self._where = {}
+        for i, ps in enumerate(self._buckets):
+            for p in ps:
+                self._where[id(p)] = i
+        self._lock = threading.Lock()
+        self._done = threading.Condition(self._lock)
+        self._queue = queue.SimpleQueue()
+        self._thread = None
+        self._accumulators = []  # the hooked autograd nodes, kept alive
+        self._handles = []
+        for p in params:
+            acc = p.expand_as(p).grad_fn.next_functions[0][0]
+            self._handles.append(acc.register_hook(self._hook(p)))
+            self._accumulators.append(acc)
+        self._reset()
+
+    def close(self):
+        """Removes the hooks and ends the communication thread (after wait())."""
+        for h in self._handles:
+            h.remove()
+        self._handles, self._accumulators = [], []
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()
+            self._thread = None
+
+    def _reset(self):
+        self._seen = [set() for _ in self._buckets]
+        self._next = 0       # the next bucket to launch (launched in index order)
+        self._finished = 0   # buckets reduced (or failed) this step
+        self._error = None
+
+    def _hook(self, p):
+        def hook(*_):
+            with self._lock:
+                i = self._where[id(p)]
+                self._seen[i].add(id(p))
+                self._launch_ready()
+        return hook
+
+    def _launch_ready(self):
+        while self._next < len(self._buckets) and len(self._seen[self._next]) == len(self._buckets[self._next]):
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="erun-gradients", daemon=True)
+                self._thread.start()
+            self._queue.put(self._next)
+            self._next += 1
+
+    def _run(self):
+        while True:
+            i = self._queue.get()
+            if i is None:
+                return
+            error = None
+            try:
+                if self._error is None:  # after a failure the rest would fail too
+                    _reduce_bucket([p.grad for p in self._buckets[i]], self.op)
+            except BaseException as e:  # handed to wait()
+                error = e
+            with self._lock:
+                if error is not None and self._error is None:
+                    self._error = error
+                self._finished += 1
+                self._done.notify_all()
+
+    def wait(self):
+        """Returns when every bucket is reduced; raises the first error."""
+        with self._lock:
+            for i in range(self._next, len(self._buckets)):
+                for p in self._buckets[i]:
+                    if p.grad is None:
+                        p.grad = torch.zeros_like(p)
+                    self._seen[i].add(id(p))
+            self._launch_ready()
+            while self._finished < len(self._buckets):
+                self._done.wait()
+            error = self._error
+            self._reset()
+        if error is not None:
+            raise error
+
+
 class DistributedOptimizer:
     """Wraps an optimizer so that step() first averages the gradients across
     ranks (allreduce_gradients): ``opt = erun.torch.DistributedOptimizer(opt)``.
-    Everything else is the wrapped optimizer's (``.optimizer``)."""
+    With ``overlap=True`` the buckets are reduced during backward
+    (GradientHooks) and step() only waits for them. Everything else is the
+    wrapped optimizer's (``.optimizer``)."""
 
-    def __init__(self, optimizer, op=Average, bucket_bytes=25 << 20):
+    def __init__(self, optimizer, op=Average, bucket_bytes=25 << 20, overlap=False):
         self.optimizer = optimizer
         self.op = op
         self.bucket_bytes = bucket_bytes
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        self.hooks = GradientHooks(params, op, bucket_bytes) if overlap else None
 
     def step(self, closure=None):
-        params = [p for group in self.optimizer.param_groups for p in group["params"]]
-        allreduce_gradients(params, self.op, self.bucket_bytes)
+        if self.hooks is not None:
+            self.hooks.wait()
+        else:
+            params = [p for group in self.optimizer.param_groups for p in group["params"]]
+            allreduce_gradients(params, self.op, self.bucket_bytes)
         return self.optimizer.step(closure) if closure is not None else self.optimizer.step()
 
     def __getattr__(self, name):

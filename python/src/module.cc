@@ -1,9 +1,11 @@
 // _erun: the compiled half of the `erun` Python package (python/erun/). It
 // binds the worker library (erun::init(), the Context's communicator, State,
 // ElasticSampler) with raw addresses: the pure-Python side checks a tensor or
-// array (contiguous, CPU, dtype) and passes its data pointer, so collectives
-// and commits work on the caller's own memory without a copy and without
-// linking libtorch. Every blocking call releases the GIL and is aborted by a
+// array (contiguous, dtype) and passes its data pointer, so collectives and
+// commits work on the caller's own memory without a copy and without linking
+// libtorch. CUDA tensors go to the GPU collectives (Context::gpu()) with their
+// device index and torch's current stream as an integer (a cudaStream_t);
+// this file needs no CUDA header. Every blocking call releases the GIL and is aborted by a
 // SIGINT (KeyboardInterrupt). C++ exceptions become erun.Error /
 // erun.CommError / erun.HostsUpdated.
 #include <pybind11/pybind11.h>
@@ -15,6 +17,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -45,7 +48,7 @@ struct Interrupts {
   int pipe_fds[2] = {-1, -1};
   struct sigaction previous {};
   std::mutex mu;
-  Communicator* in_flight = nullptr;  // guarded by mu
+  std::function<void()> abort_in_flight;  // guarded by mu
 };
 Interrupts* g_interrupts = nullptr;  // installed once by init(), never freed
 
@@ -78,7 +81,7 @@ void install_interrupts() {
     char c;
     while (::read(in->pipe_fds[0], &c, 1) > 0 || errno == EINTR) {
       std::lock_guard<std::mutex> lock(in->mu);
-      if (in->in_flight != nullptr) in->in_flight->abort();
+      if (in->abort_in_flight) in->abort_in_flight();
     }
   }).detach();
   struct sigaction sa {};
@@ -88,34 +91,54 @@ void install_interrupts() {
   ::sigaction(SIGINT, &sa, nullptr);
 }
 
-// Marks `c` as the communicator a SIGINT aborts while this object lives.
+// Sets what a SIGINT aborts (a CPU or GPU communicator) while this object lives.
 class InFlight {
  public:
-  explicit InFlight(Communicator& c) { set(&c); }
+  explicit InFlight(std::function<void()> abort) { set(std::move(abort)); }
   ~InFlight() { set(nullptr); }
 
  private:
-  static void set(Communicator* c) {
+  static void set(std::function<void()> abort) {
     if (g_interrupts == nullptr) return;
     std::lock_guard<std::mutex> lock(g_interrupts->mu);
-    g_interrupts->in_flight = c;
+    g_interrupts->abort_in_flight = std::move(abort);
   }
 };
 
-// Runs a blocking call on `c` without the GIL, abortable by SIGINT. When a
-// SIGINT aborted it, Python's handler runs here and its KeyboardInterrupt
-// replaces the CommError.
+// Runs a blocking call without the GIL, abortable by SIGINT through `abort`.
+// When a SIGINT aborted it, Python's handler runs here and its
+// KeyboardInterrupt replaces the CommError.
 template <typename F>
-void blocking(Communicator& c, F&& f) {
+void blocking_with(std::function<void()> abort, F&& f) {
   try {
     py::gil_scoped_release nogil;
-    InFlight guard(c);
+    InFlight guard(std::move(abort));
     f();
   } catch (const CommError&) {
     if (PyErr_CheckSignals() != 0) throw py::error_already_set();
     throw;
   }
 }
+
+template <typename F>
+void blocking(Communicator& c, F&& f) {
+  blocking_with([&c] { c.abort(); }, std::forward<F>(f));
+}
+
+// The GPU communicator on `device` (the tensor's): chosen before its first
+// collective; a tensor on another device afterwards is an erun.Error.
+GpuCommunicator& gpu_on(int device) {
+  GpuCommunicator& g = ctx().gpu();
+  g.set_device(device);
+  return g;
+}
+
+template <typename F>
+void gpu_blocking(GpuCommunicator& g, F&& f) {
+  blocking_with([&g] { g.abort(); }, std::forward<F>(f));
+}
+
+GpuStream stream_of(uintptr_t s) { return reinterpret_cast<GpuStream>(s); }
 
 DataType to_type(int t) {
   if (t < 0 || t > static_cast<int>(DataType::kBFloat16)) throw Error("erun: unknown data type code " + std::to_string(t));
@@ -316,6 +339,26 @@ PYBIND11_MODULE(_erun, m) {
     Communicator& c = ctx().comm();
     blocking(c, [&] { c.barrier(); });
   });
+  // CUDA tensors: (address, ..., stream, device); each call returns when the
+  // result is in the tensor (the work is enqueued on `stream` and waited for).
+  m.def("built_with_cuda", &built_with_cuda);
+  m.def("built_with_nccl", &built_with_nccl);
+  m.def("gpu_device_count", &gpu_device_count);
+  m.def("gpu_allreduce", [](uintptr_t data, size_t count, int type, int op, uintptr_t stream, int device) {
+    DataType t = to_type(type);
+    ReduceOp o = to_op(op);
+    GpuCommunicator& g = gpu_on(device);
+    gpu_blocking(g, [&] { g.allreduce(address(data), count, t, o, stream_of(stream)); });
+  }, py::arg("data"), py::arg("count"), py::arg("type"), py::arg("op"), py::arg("stream"), py::arg("device"));
+  m.def("gpu_broadcast", [](uintptr_t data, size_t bytes, int root, uintptr_t stream, int device) {
+    GpuCommunicator& g = gpu_on(device);
+    gpu_blocking(g, [&] { g.broadcast(address(data), bytes, root, stream_of(stream)); });
+  });
+  m.def("gpu_allgather", [](uintptr_t in, uintptr_t out, size_t bytes, uintptr_t stream, int device) {
+    GpuCommunicator& g = gpu_on(device);
+    gpu_blocking(g, [&] { g.allgather(address(in), address(out), bytes, stream_of(stream)); });
+  });
+  m.def("gpu_backend", [](int device) { return std::string(to_string(gpu_on(device).backend())); });
   m.def("data_type_size", [](int t) { return data_type_size(to_type(t)); });
 
   py::class_<PyState>(m, "State")

@@ -293,11 +293,13 @@ WorkerSpec Driver::make_spec(const RankAssignment& a, const std::string& master_
 }
 
 bool Driver::launch_worker(const RankAssignment& a, const std::string& master_addr, int master_port,
-                           bool in_place) {
+                           bool in_place, bool pending) {
   Worker w;
   w.key = next_key_++;
   w.assignment = a;
   w.joined = in_place;  // launched into a running elastic job: it runs the same program
+  w.fresh = in_place;
+  w.pending = pending;
   w.launched_generation = generation_;
   w.started = clock_.now();
   auto spec = make_spec(a, master_addr, master_port);
@@ -306,6 +308,11 @@ bool Driver::launch_worker(const RankAssignment& a, const std::string& master_ad
   if (!h) {
     ERUN_LOG_ERROR("{}: launch failed: {}", who(generation_, a.slot.host, a.rank), h.message());
     w.exit = ExitStatus{127, 0};
+    if (pending) {  // the survivors' generation does not include it
+      replacement_failed(w, "could not be launched");
+      workers_.push_back(std::move(w));
+      return false;
+    }
     crash_loop_.worker_failed(a.slot.host, *w.exit);
     if (!generation_failure_) {
       generation_failure_ = Failure{generation_, a.slot.host, a.rank, *w.exit, {h.message()}, 0};
@@ -368,6 +375,11 @@ void Driver::reap() {
                                          {"exit_code", json_number(long{s->shell_code()})},
                                          {"stopped_by_erun", w.stopping ? "true" : "false"}});
     }
+    if (w.pending) {
+      // Never part of a generation: its end fails its host, not the job's generation.
+      replacement_failed(w, fmt::format("ended with {} after {:.1f} s", s->describe(), after));
+      continue;
+    }
     if (w.stopping) {
       if (w.excluded && !s->ok()) {
         // Left out already on a survivor's report; say how it ended too.
@@ -379,6 +391,7 @@ void Driver::reap() {
     if (s->ok()) {
       ERUN_LOG_INFO("{}: finished successfully after {:.1f} s", who(generation_, a.slot.host, a.rank), after);
       any_success_ = true;
+      drop_fresh_workers();
       if (first_finished_.empty()) {
         first_finished_ = who(-1, a.slot.host, a.rank);
         first_finished_at_ = clock_.now();
@@ -603,6 +616,7 @@ std::optional<int> Driver::step() {
           reconfigure(fmt::format("re-forming ({})", to_string(*why)).c_str(), *why != JoinReason::kHostsUpdated);
           break;
         }
+        if (admit_replacements(m)) break;
       }
       if (any_success_) {
         phase_ = Phase::kFinishing;
@@ -622,6 +636,7 @@ std::optional<int> Driver::step() {
                          in_place_possible() ? blacklisted_with_survivors() : std::vector<std::string>{});
       const HostSet& usable = plan_cache_.usable();
       const Plan& next = plan_cache_.next();
+      if (replacements_cover(next)) break;  // they join first (admit_replacements())
       if (!next.same_layout(plan_) && next.size() < std::max(o_.min_np, 1)) {
         // Fewer slots than --min-np: a shrink would stop the job. The running
         // workers go on (failures still count) until the hosts come back.
@@ -646,8 +661,13 @@ std::optional<int> Driver::step() {
           stop_all(SIGTERM);
           return 1;
         }
-        ++resets_;
         bool in_place = in_place_possible();
+        if (in_place && std::all_of(plan_.ranks.begin(), plan_.ranks.end(),
+                                    [&](const RankAssignment& r) { return next.contains(r.slot); })) {
+          grow_pending(next);  // announced once the new workers joined (admit_replacements())
+          break;
+        }
+        ++resets_;
         ERUN_LOG_INFO("{}: membership changes ({} -> {}); {} (reset {})", who(generation_), plan_.to_string(),
                       next.to_string(), in_place ? "notifying workers" : "restarting all workers", resets_);
         if (d_.events) {

@@ -11,7 +11,9 @@
 // re-join within the rendezvous timeout. It reads the rendezvous through the
 // Membership interface, one snapshot per tick: a rank that survivors report
 // as failed (dead, or alive but not arriving) is killed and left out of the
-// next generation at once; below --min-np, survivors wait in the rendezvous
+// next generation at once; survivors that alone meet --min-np go on without
+// the failed slot, whose replacement joins them at their next commit once it
+// waits in the rendezvous; below --min-np, survivors wait in the rendezvous
 // with their state (up to --elastic-timeout) instead of being stopped. The
 // in-place decisions live in driver_in_place.cc.
 //
@@ -92,6 +94,11 @@ class Driver {
     bool joined = false;    // it joined the rendezvous at least once (in-place capable)
     bool retiring = false;  // its slot left the plan: stop it once it re-joins
     bool excluded = false;  // reported as failed by survivors: killed, never planned again
+    // A replacement launched into a slot that the running plan left free: it
+    // waits in the rendezvous until admit_replacements() grows the survivors.
+    bool pending = false;
+    bool grows = false;  // pending for new slots (not a failed one's): its admission is a reset
+    bool fresh = false;  // launched into a running job, and not yet a member of a complete generation
     long launched_generation = 0;
     TimePoint retire_by{};
     std::optional<ExitStatus> exit;
@@ -112,7 +119,10 @@ class Driver {
   void reap();
   bool start_generation(const HostSet& usable);
   bool launch_worker(const RankAssignment& a, const std::string& master_addr, int master_port,
-                     bool in_place = false);
+                     bool in_place = false, bool pending = false);
+  // In place, a plan that only adds slots: launch their workers as pending
+  // replacements (the survivors keep training until they joined).
+  void grow_pending(const Plan& next);
   // ---- in place (driver_in_place.cc) ----
   // The membership's state this tick (empty without a rendezvous).
   MembershipSnapshot take_snapshot();
@@ -127,8 +137,29 @@ class Driver {
   // Plans the next generation over the survivors and new slots and publishes
   // it; below --min-np, keeps the survivors waiting in the rendezvous.
   // `after_failure`: the survivors' collectives broke, so each live one
-  // re-joins within --collective-timeout (see enforce_rejoin_deadline()).
+  // re-joins within --collective-timeout (see enforce_rejoin_deadline()); and
+  // when the survivors alone are at least --min-np, the generation is theirs
+  // alone (published at once) and the free slots get pending replacements,
+  // admitted later by admit_replacements(): survivors never wait for a new
+  // worker's start-up (a Python worker spends seconds importing torch).
   void reconfigure(const char* reason, bool after_failure);
+  // Pending replacements (launched after a failure while the survivors went
+  // on alone, or for new slots): one that does not join within --rendezvous-timeout is killed;
+  // once all wait in the rendezvous and the survivors formed their
+  // generation, the driver announces a membership change and publishes the
+  // next generation with them. True when it did.
+  bool admit_replacements(const MembershipSnapshot& m);
+  // `next` differs from the running plan only by the slots of live pending
+  // replacements: no membership change until they joined.
+  bool replacements_cover(const Plan& next) const;
+  // A pending replacement ended, or is killed, before it joined: a failure of
+  // its host, not of the survivors' generation.
+  void replacement_failed(Worker& w, const std::string& why);
+  // Training is over for a rank: stops the workers launched into the running
+  // job that were never a member of a complete generation (pending ones,
+  // and ones assigned to a generation the finished ranks never joined): they
+  // hold nothing to finish, and would wait for their peers forever.
+  void drop_fresh_workers();
   // Survivors of the current plan: alive, not excluded, not leaving.
   bool survivor(const Worker& w) const;
   bool have_survivors() const;

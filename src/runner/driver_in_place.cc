@@ -24,7 +24,9 @@ MembershipSnapshot Driver::take_snapshot() {
 bool Driver::survivor(const Worker& w) const { return !w.exit && !w.excluded && !w.retiring && w.handle; }
 
 bool Driver::have_survivors() const {
-  return std::any_of(workers_.begin(), workers_.end(), [&](const Worker& w) { return survivor(w) && w.joined; });
+  // A pending replacement holds no commit.
+  return std::any_of(workers_.begin(), workers_.end(),
+                     [&](const Worker& w) { return survivor(w) && w.joined && !w.pending; });
 }
 
 const Plan* Driver::plan_of(long generation) const {
@@ -46,7 +48,9 @@ HostSet Driver::plannable_hosts() const {
 std::vector<std::string> Driver::blacklisted_with_survivors() const {
   std::vector<std::string> keep;
   for (auto& w : workers_) {
-    if (survivor(w) && w.joined && hosts_.is_blacklisted(w.assignment.slot.host)) keep.push_back(w.assignment.slot.host);
+    if (survivor(w) && w.joined && !w.pending && hosts_.is_blacklisted(w.assignment.slot.host)) {
+      keep.push_back(w.assignment.slot.host);
+    }
   }
   std::sort(keep.begin(), keep.end());
   keep.erase(std::unique(keep.begin(), keep.end()), keep.end());
@@ -73,6 +77,9 @@ void Driver::update_joined(const MembershipSnapshot& m) {
   }
   if (in_current == static_cast<size_t>(plan_.size())) {
     generation_complete_ = true;
+    for (auto& w : workers_) {
+      if (members.count(w.assignment.slot) && !w.exit) w.fresh = false;
+    }
     ERUN_LOG_INFO("{}: all {} ranks joined in {:.3f} s", who(generation_), plan_.size(),
                   seconds(clock_.now() - published_at_));
     if (d_.events) {
@@ -144,7 +151,8 @@ std::optional<JoinReason> Driver::rejoin_requested(const MembershipSnapshot& m) 
     // Joins for the current generation are answered at once; one still
     // waiting asks for a newer generation.
     for (auto& w : workers_) {
-      if (survivor(w) && w.assignment.slot == j.slot) return j.reason;
+      // A pending replacement waits for admit_replacements().
+      if (survivor(w) && !w.pending && w.assignment.slot == j.slot) return j.reason;
     }
   }
   return std::nullopt;
@@ -181,7 +189,7 @@ void Driver::enforce_rejoin_deadline(const MembershipSnapshot& m) {
   for (auto& j : m.members) joined.insert(j.slot);
   for (auto& j : m.waiting) joined.insert(j.slot);
   for (auto& w : workers_) {
-    if (w.exit || w.retiring || w.excluded || !w.handle || joined.count(w.assignment.slot)) continue;
+    if (w.exit || w.retiring || w.excluded || w.pending || !w.handle || joined.count(w.assignment.slot)) continue;
     if (!w.joined && o_.mode != WorkerMode::kElastic) continue;  // a restart-mode program never joins
     bool fresh = w.launched_generation == generation_;
     Duration limit = fresh ? o_.rendezvous_timeout : survivor_limit;
@@ -251,7 +259,26 @@ void Driver::reconfigure(const char* reason, bool after_failure) {
   // ones are kept until reaped.
   workers_.erase(std::remove_if(workers_.begin(), workers_.end(), [](const Worker& w) { return w.exit.has_value(); }),
                  workers_.end());
-  Plan next = make_plan(generation_ + 1, usable, o_.max_np, &plan_);
+  const Plan full = make_plan(generation_ + 1, usable, o_.max_np, &plan_);
+  auto held = [&](const SlotKey& slot, bool pending_too) {
+    return std::any_of(workers_.begin(), workers_.end(), [&](const Worker& w) {
+      return survivor(w) && (pending_too || !w.pending) && w.assignment.slot == slot;
+    });
+  };
+  // After a failure, survivors that alone meet --min-np go on at once in a
+  // generation of their own; the free slots get pending replacements.
+  Plan next = full;
+  bool alone = false;
+  if (after_failure) {
+    std::vector<SlotKey> kept;
+    for (auto& r : full.ranks) {
+      if (held(r.slot, /*pending_too=*/false)) kept.push_back(r.slot);
+    }
+    if (kept.size() < full.ranks.size() && static_cast<int>(kept.size()) >= std::max(o_.min_np, 1)) {
+      next = plan_over_slots(generation_ + 1, kept);
+      alone = true;
+    }
+  }
   ++generation_;
   phase_ = Phase::kRunning;
   std::string master_addr = next.ranks.front().slot.host;
@@ -260,6 +287,9 @@ void Driver::reconfigure(const char* reason, bool after_failure) {
     if (w.retiring || w.excluded) continue;
     if (const RankAssignment* a = next.find(w.assignment.slot)) {
       w.assignment = *a;
+      w.pending = false;
+    } else if (const RankAssignment* f = alone && w.pending ? full.find(w.assignment.slot) : nullptr) {
+      w.assignment = *f;  // still pending: it joins with the next growth
     } else {
       w.retiring = true;
       w.stopping = true;
@@ -271,16 +301,118 @@ void Driver::reconfigure(const char* reason, bool after_failure) {
   crash_loop_.generation_started(generation_, plan_.hosts());
   publish();
   failure_reform_ = after_failure;
-  for (auto& a : plan_.ranks) {
-    bool alive = std::any_of(workers_.begin(), workers_.end(),
-                             [&](const Worker& w) { return survivor(w) && w.assignment.slot == a.slot; });
-    if (!alive) {
-      launch_worker(a, master_addr, 0, /*in_place=*/true);
-      ++launched;
+  int pending = 0;
+  for (auto& a : full.ranks) {
+    if (held(a.slot, /*pending_too=*/true)) {
+      if (alone && !plan_.contains(a.slot)) ++pending;
+      continue;
+    }
+    launch_worker(a, master_addr, 0, /*in_place=*/true, /*pending=*/alone);
+    ++launched;
+    if (alone) ++pending;
+  }
+  const int survivors = plan_.size() - (alone ? 0 : launched);
+  ERUN_LOG_INFO("{}: {} in place: {} ({} survivor{}, {} new, {} leaving){}", who(generation_), reason,
+                plan_.to_string(), survivors, survivors == 1 ? "" : "s", launched, retired,
+                alone ? fmt::format("; the survivors go on alone, {} replacement{} join{} them once started", pending,
+                                    pending == 1 ? "" : "s", pending == 1 ? "s" : "")
+                      : "");
+}
+
+bool Driver::replacements_cover(const Plan& next) const {
+  std::set<SlotKey> running, pending;
+  for (auto& r : plan_.ranks) running.insert(r.slot);
+  for (auto& w : workers_) {
+    if (w.pending && survivor(w)) pending.insert(w.assignment.slot);
+  }
+  if (pending.empty() || static_cast<size_t>(next.size()) != running.size() + pending.size()) return false;
+  return std::all_of(next.ranks.begin(), next.ranks.end(),
+                     [&](const RankAssignment& r) { return running.count(r.slot) || pending.count(r.slot); });
+}
+
+void Driver::replacement_failed(Worker& w, const std::string& why) {
+  const std::string& host = w.assignment.slot.host;
+  ERUN_LOG_WARN("{}: replacement {} before it joined; the job goes on with {} rank{}",
+                who(generation_, host, w.assignment.rank), why, plan_.size(), plan_.size() == 1 ? "" : "s");
+  if (w.exit) crash_loop_.worker_failed(host, *w.exit);
+  if (hosts_.record_failure(host)) {
+    ERUN_LOG_WARN("{} blacklisted for {:.0f} s after {} failure(s) in a row (see --blacklist-after)", host,
+                  seconds(hosts_.blacklisted_until(host) - clock_.now()), o_.blacklist_after);
+    if (d_.events) d_.events->write("host_blacklisted", {{"host", json_string(host)}});
+  }
+  w.pending = false;
+}
+
+void Driver::grow_pending(const Plan& next) {
+  std::vector<std::string> names;
+  for (auto& a : next.ranks) {
+    bool held = std::any_of(workers_.begin(), workers_.end(),
+                            [&](const Worker& w) { return survivor(w) && w.assignment.slot == a.slot; });
+    if (held) continue;
+    if (launch_worker(a, next.ranks.front().slot.host, 0, /*in_place=*/true, /*pending=*/true)) {
+      workers_.back().grows = true;
+    }
+    names.push_back(fmt::format("{}[{}]", a.slot.host, a.slot.local_index));
+  }
+  ERUN_LOG_INFO("{}: membership grows ({} -> {}): launched {} new worker{} ({}); the {} running ones go on until "
+                "the new ones wait in the rendezvous",
+                who(generation_), plan_.to_string(), next.to_string(), names.size(), names.size() == 1 ? "" : "s",
+                join(names, " "), plan_.size());
+}
+
+void Driver::drop_fresh_workers() {
+  for (auto& w : workers_) {
+    if (!w.fresh || w.exit || w.stopping || !w.handle) continue;
+    ERUN_LOG_INFO("{}: training is over for a rank; stopping this worker, which joined after the others' last "
+                  "generation",
+                  who(generation_, w.assignment.slot.host, w.assignment.rank));
+    w.handle->terminate();
+    w.stopping = true;
+    w.excluded = true;
+    w.pending = false;
+  }
+}
+
+bool Driver::admit_replacements(const MembershipSnapshot& m) {
+  std::set<SlotKey> waiting;
+  for (auto& j : m.waiting) waiting.insert(j.slot);
+  int ready = 0, starting = 0;
+  for (auto& w : workers_) {
+    if (!w.pending || !survivor(w)) continue;
+    if (waiting.count(w.assignment.slot)) {
+      ++ready;
+      continue;
+    }
+    if (clock_.now() - w.started < o_.rendezvous_timeout) {
+      ++starting;
+      continue;
+    }
+    w.handle->kill();
+    w.stopping = true;
+    w.excluded = true;
+    replacement_failed(w, fmt::format("did not join within --rendezvous-timeout {:.0f} s; killed",
+                                      seconds(o_.rendezvous_timeout)));
+  }
+  // Every replacement waits, and every survivor is in its generation (so each
+  // one hears the announcement).
+  if (ready == 0 || starting > 0 || !generation_complete_) return false;
+  const bool grows = std::any_of(workers_.begin(), workers_.end(), [&](const Worker& w) {
+    return w.pending && w.grows && survivor(w);
+  });
+  if (grows) {  // new slots: a membership change, counted as one (a failure's replacement was counted with it)
+    ++resets_;
+    if (d_.events) {
+      d_.events->write("reset", {{"generation", json_number(generation_)},
+                                 {"reason", json_string("membership changed")},
+                                 {"resets", json_number(long{resets_})}});
     }
   }
-  ERUN_LOG_INFO("{}: {} in place: {} ({} survivor{}, {} new, {} leaving)", who(generation_), reason,
-                plan_.to_string(), plan_.size() - launched, plan_.size() - launched == 1 ? "" : "s", launched, retired);
+  ERUN_LOG_INFO("{}: {} replacement{} joined the rendezvous; announcing a membership change: the survivors grow "
+                "at their next commit",
+                who(generation_), ready, ready == 1 ? "" : "s");
+  d_.membership->notify_hosts_updated(generation_);
+  reconfigure("replacements joined; growing", /*after_failure=*/false);
+  return true;
 }
 
 std::optional<int> Driver::wait_with_survivors() {

@@ -71,30 +71,35 @@ std::vector<Host> order_hosts(const HostSet& usable, const Plan* previous) {
 }
 
 Plan make_plan(long generation, const HostSet& usable, int max_np, const Plan* previous) {
-  Plan plan;
-  plan.generation = generation;
   auto hosts = order_hosts(usable, previous);
   int limit = max_np > 0 ? max_np : usable.total_slots();
+  std::vector<SlotKey> slots;
   for (auto& h : hosts) {
-    for (int s = 0; s < h.slots && plan.size() < limit; ++s) {
-      RankAssignment r;
-      r.slot = SlotKey{h.name, s};
-      plan.ranks.push_back(r);
-    }
+    for (int s = 0; s < h.slots && static_cast<int>(slots.size()) < limit; ++s) slots.push_back(SlotKey{h.name, s});
   }
-  // Local and cross ranks.
+  return plan_over_slots(generation, slots);
+}
+
+Plan plan_over_slots(long generation, const std::vector<SlotKey>& slots) {
+  Plan plan;
+  plan.generation = generation;
   std::map<std::string, int> local_size;
-  for (auto& r : plan.ranks) local_size[r.slot.host]++;
+  for (auto& s : slots) local_size[s.host]++;
+  std::map<std::string, int> local_seen;     // host -> its slots so far
   std::map<int, int> hosts_with_local_rank;  // local_rank -> count so far
-  int size = plan.size();
+  int size = static_cast<int>(slots.size());
+  plan.ranks.reserve(slots.size());
   for (int i = 0; i < size; ++i) {
-    auto& r = plan.ranks[static_cast<size_t>(i)];
+    RankAssignment r;
+    r.slot = slots[static_cast<size_t>(i)];
     r.rank = i;
     r.size = size;
-    r.local_rank = r.slot.local_index;
+    r.local_rank = local_seen[r.slot.host]++;
     r.local_size = local_size[r.slot.host];
     r.cross_rank = hosts_with_local_rank[r.local_rank]++;
+    plan.ranks.push_back(r);
   }
+  // Horovod's cross ranks: among hosts with a slot at this local_rank.
   for (auto& r : plan.ranks) r.cross_size = hosts_with_local_rank[r.local_rank];
   return plan;
 }

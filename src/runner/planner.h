@@ -37,4 +37,10 @@ std::vector<Host> order_hosts(const HostSet& usable, const Plan* previous);
 // Plans generation `generation` over `usable` with at most max_np ranks.
 Plan make_plan(long generation, const HostSet& usable, int max_np, const Plan* previous);
 
+// Plans generation `generation` over exactly `slots`, in that order (each
+// host's slots together): rank i is slots[i]; local ranks count a host's
+// slots in the plan, so a host whose slot 1 is missing has local ranks 0, 1
+// for its slots 0 and 2 (local_rank < local_size always holds).
+Plan plan_over_slots(long generation, const std::vector<SlotKey>& slots);
+
 }  // namespace erun

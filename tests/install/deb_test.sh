@@ -4,7 +4,8 @@
 # control fields (Depends from dpkg-shlibdeps naming the libraries liberun and
 # erun link), the files under /usr, and, unpacked with dpkg -x into a scratch
 # root, that the packaged erun runs the packaged example on two ranks with the
-# packaged liberun.
+# packaged liberun; and, when the build has the Python package, that it sits
+# in /usr/lib/python3/dist-packages and imports and reduces from there.
 #
 #   tests/install/deb_test.sh BUILD_DIR
 set -euo pipefail
@@ -47,4 +48,11 @@ grep -q "checksum=" "$work/run.out" || { cat "$work/run.out" >&2; fail "no check
 resolved=$(ldd "$root/usr/libexec/erun/examples/train_mlp" | sed -n "s/.*liberun.so.$major => \([^ ]*\) .*/\1/p")
 [ -n "$resolved" ] && [ "$(readlink -f "$resolved")" = "$(readlink -f "$root/usr/lib/liberun.so.$major")" ] ||
   fail "the packaged example resolves liberun.so.$major to '$resolved'"
+# The Python package, when the build has one: where Debian's python3 finds it.
+if [ -d "$build/python/erun" ]; then
+  grep -qx -- ./usr/lib/python3/dist-packages/erun/__init__.py <<<"$files" ||
+    fail "the package lacks ./usr/lib/python3/dist-packages/erun/__init__.py (Debian's python3 path)"
+  bash "$(dirname "$0")/python_package_check.sh" "$root/usr/lib/python3/dist-packages" "$root/usr/bin/erun" \
+    /usr/lib/python3/dist-packages || fail "the packaged Python package"
+fi
 echo "deb_test: $(basename "$deb") passed" >&2

@@ -7,7 +7,9 @@
 # installed liberun (not the build tree's). The CMake build also runs through a
 # SIGKILLed rank 1 and must end at the same total. The installed example
 # erun-example-train-mlp must resolve liberun from the prefix too and train
-# when started by its name.
+# when started by its name. With the Python package built, /usr/bin/python3
+# imports it from the prefix's lib/python3.X/dist-packages (/usr/local's
+# layout) and reduces alone and on two ranks.
 #
 #   tests/install/install_test.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
@@ -109,4 +111,10 @@ step "PATH=$prefix/bin:\$PATH erun -np 2 erun-example-train-mlp --epochs 1"
 PATH="$prefix/bin:$PATH" erun -np 2 erun-example-train-mlp --epochs 1 >"$work/example.out" 2>"$work/example.err" ||
   { cat "$work/example.out" "$work/example.err" >&2; fail "erun-example-train-mlp under erun"; }
 grep -q "checksum=" "$work/example.out" || { cat "$work/example.out" >&2; fail "erun-example-train-mlp printed no checksum"; }
+if [ -d "$build/python/erun" ]; then
+  pyver=$(/usr/bin/python3 -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
+  step "the Python package in $prefix/lib/python$pyver/dist-packages (/usr/local's layout) for /usr/bin/python3"
+  bash "$src/tests/install/python_package_check.sh" "$prefix/lib/python$pyver/dist-packages" "$erun" \
+    "/usr/local/lib/python$pyver/dist-packages" || fail "the installed Python package"
+fi
 step "all checks passed"

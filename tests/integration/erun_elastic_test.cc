@@ -93,6 +93,15 @@ class ErunElastic : public ::testing::Test {
     }
     return false;
   }
+  // Waits until `text` occurs at least n times in the job's output.
+  static bool wait_count(const ErunProcess& p, const std::string& text, size_t n, Duration timeout) {
+    auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (p.count(text) >= n) return true;
+      std::this_thread::sleep_for(20ms);
+    }
+    return false;
+  }
   // train_mlp processes themselves (argv[0] is the binary), optionally on one "host".
   std::vector<pid_t> workers(const std::string& host = "") {
     std::vector<pid_t> out;
@@ -129,23 +138,31 @@ TEST_F(ErunElastic, InPlaceGrowKillSlotChangeShrinkEndsAtTheUninterruptedModel) 
   ASSERT_TRUE(wait_events("generation_joined", 1, 60s)) << p.err();
 
   dir_.write("hosts", "node-a:2\nnode-b:2\n");  // grow to 4
-  ASSERT_TRUE(wait_events("generation_joined", 2, 60s)) << p.err();
+  // Every rank prints "reset: world size A -> B (generation G)" once a world forms.
+  const std::string four = " -> 4 (generation";
+  ASSERT_TRUE(wait_count(p, four, 4, 60s)) << p.out() << p.err();
 
   auto victims = workers("node-b");
   ASSERT_FALSE(victims.empty());
-  ::kill(victims.front(), SIGKILL);  // recover in place, the slot is relaunched
-  ASSERT_TRUE(wait_events("generation_joined", 3, 60s)) << p.err();
+  const size_t joined = count_events(dir_.file("events.jsonl"), "generation_joined");
+  ::kill(victims.front(), SIGKILL);  // the 3 survivors go on alone; the relaunched slot joins them
+  ASSERT_TRUE(wait_events("generation_joined", joined + 1, 60s)) << p.err();
+  ASSERT_TRUE(wait_count(p, four, 8, 60s)) << p.out() << p.err();  // back to 4 ranks
 
+  size_t n = count_events(dir_.file("events.jsonl"), "generation_joined");
   dir_.write("hosts", "node-a:2\nnode-b:1\n");  // slots change: 3 ranks
-  ASSERT_TRUE(wait_events("generation_joined", 4, 60s)) << p.err();
+  ASSERT_TRUE(wait_events("generation_joined", n + 1, 60s)) << p.err();
 
+  n = count_events(dir_.file("events.jsonl"), "generation_joined");
   dir_.write("hosts", "node-b:1\n");  // node-a leaves, rank 0 with it
-  ASSERT_TRUE(wait_events("generation_joined", 5, 60s)) << p.err();
+  ASSERT_TRUE(wait_events("generation_joined", n + 1, 60s)) << p.err();
 
   expect_trained_exactly(p);
   EXPECT_EQ(p.err().find("restarting all workers"), std::string::npos) << p.err();
   EXPECT_NE(p.err().find("recovering in place"), std::string::npos) << p.err();
+  EXPECT_NE(p.err().find("the survivors go on alone"), std::string::npos) << p.err();
   EXPECT_NE(p.out().find("world size 2 -> 4"), std::string::npos) << p.out();
+  EXPECT_NE(p.out().find("world size 3 -> 4"), std::string::npos) << p.out();  // the replacement joined
   EXPECT_NE(p.out().find("world size 3 -> 1"), std::string::npos) << p.out();
 }
 
@@ -319,7 +336,9 @@ TEST_F(ErunElastic, FrozenWorkerIsLeftOutAndSurvivorsComputeWithinTheCollectiveT
   ASSERT_EQ(ws.size(), 4u);
   double stopped_at = unix_now();
   ::kill(ws[2], SIGSTOP);  // alive, never arrives: only the collective timeout sees it
-  ASSERT_TRUE(p.wait_output("reset: world size 4 -> 4", 60s)) << p.out() << p.err();
+  // The 3 survivors compute again alone; the replacement joins them later.
+  ASSERT_TRUE(p.wait_output("reset: world size 4 -> 3", 60s)) << p.out() << p.err();
+  ASSERT_TRUE(p.wait_output("reset: world size 3 -> 4", 60s)) << p.out() << p.err();
   auto t = reset_times(p.out());
   ASSERT_FALSE(t.empty()) << p.out();
   double took = t.front() - stopped_at;
@@ -329,7 +348,7 @@ TEST_F(ErunElastic, FrozenWorkerIsLeftOutAndSurvivorsComputeWithinTheCollectiveT
   expect_trained_exactly(p);  // also: no process left, the frozen one included
   EXPECT_EQ(p.count("epoch 0 "), 1u) << p.out();  // never restarted from scratch
   EXPECT_NE(p.err().find("alive but not arriving; killing it"), std::string::npos) << p.err();
-  EXPECT_EQ(count_events(dir_.file("events.jsonl"), "generation_started"), 2u);
+  EXPECT_EQ(count_events(dir_.file("events.jsonl"), "generation_started"), 3u);  // alone, then grown
   EXPECT_EQ(count_events(dir_.file("events.jsonl"), "worker_excluded"), 1u);
 }
 

@@ -17,7 +17,9 @@ SOURCE = pathlib.Path(__file__).resolve().parents[2]
 BUILD = pathlib.Path(os.environ.get("ERUN_BUILD_DIR", SOURCE / "build"))
 ERUN = BUILD / "src" / "runner" / "erun"
 WORKERS = pathlib.Path(__file__).resolve().parent / "workers"
-PYTHON = "/usr/bin/python3"
+# The workers' interpreter: Debian's python3, or ERUN_TEST_PYTHON (scripts/gpu_tests.sh
+# passes the one whose torch has CUDA).
+PYTHON = os.environ.get("ERUN_TEST_PYTHON", "/usr/bin/python3")
 
 
 def pids_running(needle):

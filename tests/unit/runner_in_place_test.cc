@@ -116,10 +116,12 @@ TEST_F(InPlaceTest, FrozenWorkerReportedBySurvivorsIsKilledAndLeftOutAtOnce) {
   EXPECT_NE(launcher.launched().back(), frozen);
   for (int i = 0; i < 3; ++i) EXPECT_FALSE(launcher.launched()[static_cast<size_t>(i)]->terminated);
 
-  // The replacement joins: the generation is complete without the frozen one.
+  // The survivors went on alone; the replacement joins, and they grow.
+  EXPECT_EQ(membership.ranks().size(), 3u);
   membership.join(a3, -1);
   EXPECT_FALSE(steps(2));
-  EXPECT_EQ(driver->generation(), 2);
+  EXPECT_EQ(driver->generation(), 3);
+  EXPECT_EQ(membership.ranks().size(), 4u);
   launcher.finish(frozen, ExitStatus{0, SIGKILL});
   for (auto& w : launcher.running()) launcher.finish(w, ExitStatus{0, 0});
   EXPECT_EQ(steps(3), 0);  // the frozen worker's kill is not the job's failure
@@ -185,8 +187,15 @@ TEST_F(InPlaceTest, HostsUpdatedReJoinsDoNotExcludeAnyone) {
   discovery.set(HostSet({{"a", 2}, {"b", 1}}));
   clock.advance(std::chrono::seconds(1));
   EXPECT_FALSE(steps(1));
+  // The new worker starts while the others train; announced once it waits.
+  EXPECT_EQ(driver->generation(), 1);
+  EXPECT_TRUE(membership.notified().empty());
+  EXPECT_EQ(driver->resets(), 0);
+  membership.join(b0, -1);
+  EXPECT_FALSE(steps(1));
   ASSERT_EQ(driver->generation(), 2);
   ASSERT_EQ(membership.notified(), std::vector<long>{1});
+  EXPECT_EQ(driver->resets(), 1);
   // A hosts-updated re-join never names a failed rank that the driver acts on.
   membership.join(a0, 1, JoinReason::kHostsUpdated, 1, PeerState::kAlive, 7);
   membership.join(a1, 1, JoinReason::kHostsUpdated);
@@ -352,6 +361,179 @@ TEST_F(InPlaceTest, AWorkerWaitingInTheRendezvousIsNeverKilledByTheDeadline) {
   EXPECT_FALSE(worker_at(a1)->killed);
   EXPECT_EQ(driver->generation(), 3);
   EXPECT_TRUE(membership.is_member(a1));
+}
+
+// The new rule: survivors that alone meet --min-np never wait for a
+// replacement's start-up. They go on in a generation of their own at once;
+// the replacement waits in the rendezvous, and only then is a membership
+// change announced, so that the survivors grow at their next commit.
+TEST_F(InPlaceTest, SurvivorsGoOnAloneAndGrowOnceTheReplacementWaitsInTheRendezvous) {
+  discovery.set(HostSet({{"a", 4}}));
+  start_joined(elastic(4, 2, 4));
+  launcher.finish(worker_at(a1), ExitStatus{0, SIGKILL});
+  survivors_rejoin({a0, a2, a3}, 1, 1, PeerState::kDead);
+  EXPECT_FALSE(steps(1));
+  ASSERT_EQ(driver->generation(), 2);
+  // Generation 2 is the survivors' alone, with dense local ranks (a hole at slot 1).
+  ASSERT_EQ(membership.ranks().size(), 3u);
+  const std::vector<SlotKey> expect{a0, a2, a3};
+  for (int r = 0; r < 3; ++r) {
+    const RankAssignment& ra = membership.ranks()[static_cast<size_t>(r)];
+    EXPECT_EQ(ra.slot, expect[static_cast<size_t>(r)]);
+    EXPECT_EQ(ra.rank, r);
+    EXPECT_EQ(ra.size, 3);
+    EXPECT_EQ(ra.local_rank, r);
+    EXPECT_EQ(ra.local_size, 3);
+  }
+  for (auto& s : expect) EXPECT_TRUE(membership.is_member(s));
+  // The replacement was launched into the free slot at once.
+  ASSERT_EQ(launcher.launched().size(), 5u);
+  Worker replacement = launcher.launched().back();
+  EXPECT_EQ(slot_of(replacement), a1);
+  // While it starts (seconds of `import torch`), nothing is announced: the
+  // free slot is not a membership change.
+  EXPECT_FALSE(steps(50));
+  EXPECT_EQ(driver->generation(), 2);
+  EXPECT_TRUE(membership.notified().empty());
+  EXPECT_EQ(driver->resets(), 1);
+  // It waits in the rendezvous: announce, and publish the grown generation.
+  membership.join(a1, -1);
+  EXPECT_FALSE(steps(1));
+  EXPECT_EQ(membership.notified(), std::vector<long>{2});
+  ASSERT_EQ(driver->generation(), 3);
+  ASSERT_EQ(membership.ranks().size(), 4u);
+  EXPECT_TRUE(membership.is_member(a1));
+  EXPECT_EQ(driver->resets(), 1);  // one failure, one reset
+  // The survivors re-join at their next commit and are members at once.
+  for (auto& s : expect) membership.join(s, 2, JoinReason::kHostsUpdated);
+  EXPECT_FALSE(steps(1));
+  for (auto& s : {a0, a1, a2, a3}) EXPECT_TRUE(membership.is_member(s));
+  EXPECT_EQ(driver->generation(), 3);
+  EXPECT_EQ(launcher.launched().size(), 5u);
+  for (auto& w : launcher.running()) EXPECT_FALSE(w->terminated);
+}
+
+TEST_F(InPlaceTest, SurvivorsBelowMinNpAloneWaitForTheReplacementAsBefore) {
+  discovery.set(HostSet({{"a", 2}}));
+  start_joined(elastic(2, 2, 2));
+  launcher.finish(worker_at(a1), ExitStatus{0, SIGKILL});
+  survivors_rejoin({a0}, 1, 1, PeerState::kDead);
+  EXPECT_FALSE(steps(1));
+  ASSERT_EQ(driver->generation(), 2);
+  EXPECT_EQ(membership.ranks().size(), 2u);  // the replacement is in the generation
+  membership.join(a1, -1);
+  EXPECT_FALSE(steps(2));
+  EXPECT_TRUE(membership.is_member(a1));
+  EXPECT_EQ(driver->generation(), 2);
+  EXPECT_TRUE(membership.notified().empty());
+}
+
+TEST_F(InPlaceTest, AReplacementThatFailsBeforeJoiningDoesNotFailTheSurvivorsGeneration) {
+  discovery.set(HostSet({{"a", 2}, {"b", 1}}));
+  auto o = elastic(3, 2, 3);
+  o.blacklist_after = 2;
+  o.cooldown_min_s = o.cooldown_max_s = 600;
+  start_joined(o);
+  launcher.finish(worker_at(b0), ExitStatus{0, SIGKILL});
+  survivors_rejoin({a0, a1}, 1, 2, PeerState::kDead);
+  EXPECT_FALSE(steps(1));
+  ASSERT_EQ(driver->generation(), 2);
+  EXPECT_EQ(driver->resets(), 1);
+  Worker replacement = worker_at(b0);
+  ASSERT_TRUE(replacement);
+  launcher.finish(replacement, ExitStatus{1, 0});  // e.g. an import error on b
+  EXPECT_FALSE(steps(30));
+  // No reset, no new generation: the survivors never saw it. Its host is
+  // blacklisted (its second failure in a row), so nothing more starts there.
+  EXPECT_EQ(driver->generation(), 2);
+  EXPECT_EQ(driver->resets(), 1);
+  EXPECT_TRUE(driver->host_manager().is_blacklisted("b"));
+  EXPECT_EQ(launcher.launched().size(), 4u);
+  for (auto& s : {a0, a1}) EXPECT_FALSE(worker_at(s)->terminated);
+  for (auto& w : launcher.running()) launcher.finish(w, ExitStatus{0, 0});
+  EXPECT_EQ(steps(3), 0);
+}
+
+TEST_F(InPlaceTest, AReplacementThatNeverJoinsIsKilledAtTheRendezvousTimeoutAndTheSurvivorsGoOn) {
+  discovery.set(HostSet({{"a", 3}}));
+  start_joined(elastic(3, 2, 3));
+  launcher.finish(worker_at(a2), ExitStatus{0, SIGKILL});
+  survivors_rejoin({a0, a1}, 1, 2, PeerState::kDead);
+  EXPECT_FALSE(steps(1));
+  ASSERT_EQ(driver->generation(), 2);
+  Worker stuck = worker_at(a2);
+  ASSERT_TRUE(stuck);
+  EXPECT_FALSE(steps(190));  // 19 s of --rendezvous-timeout 20 s
+  EXPECT_FALSE(stuck->killed);
+  EXPECT_EQ(driver->generation(), 2);
+  EXPECT_FALSE(steps(15));
+  EXPECT_TRUE(stuck->killed);
+  for (auto& s : {a0, a1}) EXPECT_FALSE(worker_at(s)->terminated);
+  EXPECT_EQ(driver->resets(), 1);  // the survivors' generation did not fail
+  EXPECT_EQ(driver->generation(), 2);
+  // The slot gets another pending worker; the survivors still train alone.
+  Worker next = worker_at(a2);
+  ASSERT_TRUE(next);
+  EXPECT_NE(next, stuck);
+  membership.join(a2, -1);
+  EXPECT_FALSE(steps(1));
+  EXPECT_EQ(driver->generation(), 3);
+  EXPECT_EQ(membership.notified(), std::vector<long>{2});
+}
+
+TEST_F(InPlaceTest, APendingReplacementIsStoppedWhenTrainingEnds) {
+  discovery.set(HostSet({{"a", 3}}));
+  start_joined(elastic(3, 2, 3));
+  launcher.finish(worker_at(a2), ExitStatus{0, SIGKILL});
+  survivors_rejoin({a0, a1}, 1, 2, PeerState::kDead);
+  EXPECT_FALSE(steps(1));
+  Worker replacement = worker_at(a2);
+  ASSERT_TRUE(replacement);
+  launcher.finish(worker_at(a0), ExitStatus{0, 0});
+  launcher.finish(worker_at(a1), ExitStatus{0, 0});
+  EXPECT_EQ(steps(5), 0);  // the job ends with the survivors' success
+  EXPECT_TRUE(replacement->terminated);
+}
+
+// The survivors finish before they re-join the generation announced for the
+// replacement: it holds nothing to finish and would wait for them forever.
+TEST_F(InPlaceTest, AReplacementInAGenerationTheFinishedRanksNeverJoinedIsStopped) {
+  discovery.set(HostSet({{"a", 3}}));
+  start_joined(elastic(3, 1, 3));
+  launcher.finish(worker_at(a2), ExitStatus{0, SIGKILL});
+  survivors_rejoin({a0, a1}, 1, 2, PeerState::kDead);
+  EXPECT_FALSE(steps(1));
+  membership.join(a2, -1);
+  EXPECT_FALSE(steps(1));
+  ASSERT_EQ(driver->generation(), 3);
+  Worker replacement = worker_at(a2);
+  ASSERT_TRUE(replacement);
+  EXPECT_TRUE(membership.is_member(a2));
+  launcher.finish(worker_at(a0), ExitStatus{0, 0});
+  launcher.finish(worker_at(a1), ExitStatus{0, 0});
+  EXPECT_EQ(steps(5), 0);  // not a --finish-timeout failure
+  EXPECT_TRUE(replacement->terminated);
+}
+
+// A worker launched into the job that then trained in a complete generation
+// is one of the ranks: it is never stopped early.
+TEST_F(InPlaceTest, AReplacementThatTrainedWithTheOthersFinishesLikeThem) {
+  discovery.set(HostSet({{"a", 3}}));
+  start_joined(elastic(3, 1, 3));
+  launcher.finish(worker_at(a2), ExitStatus{0, SIGKILL});
+  survivors_rejoin({a0, a1}, 1, 2, PeerState::kDead);
+  EXPECT_FALSE(steps(1));
+  membership.join(a2, -1);
+  EXPECT_FALSE(steps(1));
+  for (auto& s : {a0, a1}) membership.join(s, 2, JoinReason::kHostsUpdated);
+  EXPECT_FALSE(steps(1));  // generation 3 complete
+  Worker replacement = worker_at(a2);
+  launcher.finish(worker_at(a0), ExitStatus{0, 0});
+  EXPECT_FALSE(steps(5));
+  EXPECT_FALSE(replacement->terminated);
+  launcher.finish(worker_at(a1), ExitStatus{0, 0});
+  launcher.finish(replacement, ExitStatus{0, 0});
+  EXPECT_EQ(steps(2), 0);
 }
 
 }  // namespace

@@ -146,5 +146,27 @@ TEST(Planner, OrderHostsIsLinearInHosts) {
   EXPECT_EQ(order[10].name, "h0");
 }
 
+TEST(PlannerTest, PlanOverSlotsNumbersLocalRanksDenselyAroundAHole) {
+  // Survivors on a[0], a[2], a[3], b[1]: slot a[1] and b[0] are free.
+  Plan p = plan_over_slots(7, {{"a", 0}, {"a", 2}, {"a", 3}, {"b", 1}});
+  ASSERT_EQ(p.size(), 4);
+  EXPECT_EQ(p.generation, 7);
+  std::vector<int> local, local_size, cross, cross_size;
+  for (int r = 0; r < 4; ++r) {
+    auto& a = p.ranks[static_cast<size_t>(r)];
+    EXPECT_EQ(a.rank, r);
+    EXPECT_EQ(a.size, 4);
+    local.push_back(a.local_rank);
+    local_size.push_back(a.local_size);
+    cross.push_back(a.cross_rank);
+    cross_size.push_back(a.cross_size);
+  }
+  EXPECT_EQ(local, (std::vector<int>{0, 1, 2, 0}));
+  EXPECT_EQ(local_size, (std::vector<int>{3, 3, 3, 1}));
+  EXPECT_EQ(cross, (std::vector<int>{0, 0, 0, 1}));       // b's only slot is its local rank 0
+  EXPECT_EQ(cross_size, (std::vector<int>{2, 1, 1, 2}));  // local rank 0 exists on a and b
+  EXPECT_EQ(p.ranks[3].slot, (SlotKey{"b", 1}));
+}
+
 }  // namespace
 }  // namespace erun

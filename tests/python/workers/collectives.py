@@ -1,13 +1,19 @@
 """Every collective of the erun package on every dtype and op, checked on
 every rank against a serial reference over all ranks' inputs. Rank r's
 element i is a small value, so sums and products are exact in every type.
-Prints `collectives ok rank R checks N` or raises."""
+With --device cuda the torch tensors live on the GPU (this rank's device:
+local rank modulo the visible devices), through erun's GPU collectives on
+torch's current stream, and DistributedOptimizer averages CUDA gradients.
+Prints `collectives ok rank R checks N` (with `device cuda:D backend B` on
+the GPU) or raises."""
+import argparse
 import sys
 
 import numpy as np
 import torch
 
 import erun
+import erun.torch
 
 N = 1031  # odd, > one SIMD block, < one page of float64
 
@@ -46,7 +52,7 @@ OPS = {"sum": erun.Sum, "average": erun.Average, "min": erun.Min, "max": erun.Ma
 
 
 def as_f64(x):
-    return x.double().numpy() if isinstance(x, torch.Tensor) else x.astype(np.float64)
+    return x.double().cpu().numpy() if isinstance(x, torch.Tensor) else x.astype(np.float64)
 
 
 def check(got, want, what):
@@ -56,13 +62,64 @@ def check(got, want, what):
         raise AssertionError(f"{what}: rank {erun.rank()} got {got[bad]} want {want[bad]} at {bad}")
 
 
+def gradients_on(device, rank, size):
+    """DistributedOptimizer on a model on `device`: every rank's gradient is
+    rank + 1, so the averaged one is (size + 1) / 2 everywhere."""
+    model = torch.nn.Linear(8, 4).to(device)
+    opt = erun.torch.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0))
+    for q in model.parameters():
+        q.grad = torch.full_like(q, float(rank + 1))
+    opt.step()
+    for q in model.parameters():
+        check(q.grad.reshape(-1), np.full(q.numel(), (size + 1) / 2), f"{device} DistributedOptimizer")
+
+
+def overlapped_on(device, rank):
+    """GradientHooks (reduced during backward, several buckets, an unused
+    parameter) give exactly the gradients of allreduce_gradients after
+    backward, two steps in a row."""
+    import copy
+    torch.manual_seed(1)
+    layers = [torch.nn.Linear(16, 16) for _ in range(4)] + [torch.nn.Linear(16, 3)]
+    model = torch.nn.Sequential(*layers).to(device)
+    unused = torch.nn.Parameter(torch.ones(5, device=device))
+    ref = copy.deepcopy(model)
+    # The unused parameter first: it lands in the last bucket (buckets go in reverse order).
+    hooks = erun.torch.GradientHooks([unused] + list(model.parameters()), bucket_bytes=1200)
+    assert len(hooks._buckets) > 3, len(hooks._buckets)
+    for step in range(2):
+        x = torch.full((4, 16), 0.25 * (rank + 1) + step, device=device)
+        for m in (model, ref):
+            m.zero_grad()
+            m(x).square().sum().backward()
+        # Backward launched every bucket but the unused parameter's.
+        assert hooks._next == len(hooks._buckets) - 1, (hooks._next, len(hooks._buckets))
+        unused.grad = None
+        hooks.wait()
+        erun.torch.allreduce_gradients(ref.parameters())
+        for a, b in zip(model.parameters(), ref.parameters()):
+            assert torch.equal(a.grad, b.grad), (step, a.grad, b.grad)
+        assert torch.equal(unused.grad, torch.zeros_like(unused))
+    hooks.close()  # no hook fires any more: nothing is launched
+    model(x).sum().backward()
+    assert hooks._next == 0 and hooks._thread is None
+
+
 def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    a = p.parse_args()
     erun.init()
     rank, size = erun.rank(), erun.size()
+    device = "cpu"
+    if a.device == "cuda":
+        device = f"cuda:{erun.local_rank() % torch.cuda.device_count()}"
+        torch.cuda.set_device(device)
     checks = 0
-    for lib, types in (("torch", TORCH), ("numpy", NUMPY)):
+    libs = (("torch", TORCH),) if a.device == "cuda" else (("torch", TORCH), ("numpy", NUMPY))
+    for lib, types in libs:
         for name, dt in types.items():
-            make = (lambda a: torch.from_numpy(a).to(dt)) if lib == "torch" else (lambda a: a.astype(dt))
+            make = (lambda a: torch.from_numpy(a).to(dt).to(device)) if lib == "torch" else (lambda a: a.astype(dt))
             for opname, op in OPS.items():
                 if name in ("float16", "bfloat16") and opname == "product":
                     continue  # products of 4 halves overflow float16's exact range
@@ -100,7 +157,19 @@ def main():
     assert objs == [{"rank": r} for r in range(size)], objs
     assert erun.broadcast_object(["x", rank], root=size - 1) == ["x", size - 1]
     # A zero-length tensor is fine.
-    erun.allreduce_(torch.zeros(0))
+    erun.allreduce_(torch.zeros(0, device=device))
+    gradients_on(device, rank, size)
+    overlapped_on(device, rank)
+    checks += 2
+    if a.device == "cuda":
+        # The work ran on torch's current stream: a side stream works too.
+        s = torch.cuda.Stream()
+        with torch.cuda.stream(s):
+            x = torch.full((1 << 20,), float(rank + 1), device=device)
+            erun.allreduce_(x, op=erun.Sum)
+        check(x[:16], np.full(16, size * (size + 1) / 2), "cuda allreduce_ on a side stream")
+        checks += 1
+        print(f"device {device} backend {erun._erun.gpu_backend(torch.cuda.current_device())}", flush=True)
     print(f"collectives ok rank {rank} of {size} checks {checks}", flush=True)
     return 0
 
