@@ -215,6 +215,9 @@ struct RendezvousServer::Impl {
     }
   }
 
+  // "rendezvous (gen 3)" for the server's log lines ("rendezvous" before the first generation).
+  std::string log_prefix() const { return gen >= 0 ? fmt::format("rendezvous ({})", who(gen)) : "rendezvous"; }
+
   void wake() {
     if (wake_fd < 0) return;
     uint64_t one = 1;
@@ -231,7 +234,8 @@ struct RendezvousServer::Impl {
     std::string port_s = std::to_string(opt.port);
     const char* host = opt.bind_address.empty() ? nullptr : opt.bind_address.c_str();
     if (int rc = ::getaddrinfo(host, port_s.c_str(), &hints, &res); rc != 0) {
-      return Status::error(fmt::format("rendezvous: cannot resolve bind address '{}': {}",
+      return Status::error(fmt::format("rendezvous: cannot resolve the address '{}' to listen on: {}; give an IP "
+                                       "address or a name of this host",
                                        opt.bind_address, ::gai_strerror(rc)));
     }
     std::string last;
@@ -252,8 +256,10 @@ struct RendezvousServer::Impl {
     }
     ::freeaddrinfo(res);
     if (listen_fd < 0) {
-      return Status::error(fmt::format("rendezvous: cannot listen on {}:{}: {} (pick another port?)",
-                                       opt.bind_address, opt.port, last));
+      return Status::error(fmt::format("rendezvous: cannot listen on {}:{}: {}; {}", opt.bind_address, opt.port, last,
+                                       opt.port == 0 ? "check that the address belongs to this host and that the "
+                                                       "open-file limit (ulimit -n) is not exhausted"
+                                                     : "the port is taken or not allowed: choose another"));
     }
     sockaddr_storage ss{};
     socklen_t len = sizeof(ss);
@@ -262,7 +268,11 @@ struct RendezvousServer::Impl {
                                                 : reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
     ep = ::epoll_create1(EPOLL_CLOEXEC);
     wake_fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (ep < 0 || wake_fd < 0) return Status::error(fmt::format("rendezvous: epoll/eventfd: {}", std::strerror(errno)));
+    if (ep < 0 || wake_fd < 0) {
+      return Status::error(fmt::format("rendezvous: cannot set up the server's I/O loop (epoll/eventfd): {}; raise the "
+                                       "open-file limit (ulimit -n) or free memory, then start the job again",
+                                       std::strerror(errno)));
+    }
     epoll_event ev{};
     ev.events = EPOLLIN;
     ev.data.u64 = kListenId;
@@ -295,7 +305,9 @@ struct RendezvousServer::Impl {
       }
       int n = ::epoll_wait(ep, events.data(), static_cast<int>(events.size()), timeout);
       if (n < 0 && errno != EINTR) {
-        ERUN_LOG_ERROR("rendezvous: epoll_wait failed: {}", std::strerror(errno));
+        ERUN_LOG_ERROR("{}: the server's I/O loop stopped: epoll_wait failed: {}; workers can no longer "
+                       "join or use the store, and the job will fail: start it again",
+                       log_prefix(), std::strerror(errno));
         return;
       }
       std::lock_guard<std::mutex> lock(mu);
@@ -643,7 +655,8 @@ struct RendezvousServer::Impl {
     auto& v = c->second->gets;
     std::erase(v, id);
     send_error(*c->second, g.request_id,
-               fmt::format("store: timed out after {:.1f} s waiting for key '{}' in generation {}",
+               fmt::format("store: timed out after {:.1f} s waiting for key '{}' in generation {}: the rank that "
+                           "sets it did not (it may have failed; see its log), or the timeout is too short",
                            seconds(g.waited), g.key, gen));
   }
 
@@ -703,7 +716,10 @@ struct RendezvousServer::Impl {
 
   void on_join(Conn& c, const wire::Header& h, std::string_view payload) {
     auto parsed = wire::decode_join(payload);
-    if (!parsed) return refuse(c, "malformed JOIN payload");
+    if (!parsed) {
+      return refuse(c, fmt::format("malformed JOIN payload ({} bytes; a worker built from another erun version?)",
+                                   payload.size()));
+    }
     JoinRequest req = std::move(*parsed);
     // A worker leaves the generation it last joined: one older than the
     // current is normal (it is answered at once), one never published is not.
@@ -714,8 +730,8 @@ struct RendezvousServer::Impl {
     if (auto why = duplicate_of_live_slot(c, req, h.generation)) {
       // Two processes must never hold the same rank: a live owner in a newer
       // generation than the one this join names keeps the slot.
-      ERUN_LOG_WARN("rendezvous: refused the join of slot {} from {} (pid {}): {}", slot_name(req.slot), c.peer,
-                    req.pid, *why);
+      ERUN_LOG_WARN("{}: refused the join of slot {} from {} (pid {}): {}", log_prefix(), slot_name(req.slot),
+                    c.peer, req.pid, *why);
       return send_error(c, h.request_id, *why);
     }
     req.left_generation = h.generation;
@@ -755,8 +771,9 @@ struct RendezvousServer::Impl {
       close_quietly(old, fmt::format("process {} re-connected", req.pid));
       return;
     }
-    ERUN_LOG_WARN("rendezvous: slot {}: process {} from {} supersedes process {} from {}", slot_name(req.slot),
-                  req.pid, c.peer, old.join.pid, old.peer);
+    ERUN_LOG_WARN("{}: slot {}: process {} from {} takes the slot over from process {} from {}, whose "
+                  "connection is closed; if that process still runs, it is not erun's and should be stopped",
+                  log_prefix(), slot_name(req.slot), req.pid, c.peer, old.join.pid, old.peer);
     std::string why = fmt::format("slot {} was taken over by process {}", slot_name(req.slot), req.pid);
     if (old.join_pending) {
       old.join_pending = false;
@@ -768,7 +785,9 @@ struct RendezvousServer::Impl {
 
   void record_rejoin(const JoinRequest& req) {
     if (rejoined.size() >= kMaxRejoins) {
-      ERUN_LOG_WARN("rendezvous: {} re-joins not read by the driver; dropping the oldest half", rejoined.size());
+      ERUN_LOG_WARN("{}: {} re-joins were not read by the driver; dropped the oldest half (their "
+                    "workers still wait and are assigned normally; only why they re-joined is lost)",
+                    log_prefix(), rejoined.size());
       rejoined.erase(rejoined.begin(), rejoined.begin() + static_cast<long>(rejoined.size() / 2));
     }
     rejoined.push_back(req);
@@ -816,12 +835,12 @@ struct RendezvousServer::Impl {
   void on_kv(Conn& c, const wire::Header& h, Type type, std::string_view payload) {
     if (h.generation != gen) {
       return send_error(c, h.request_id,
-                        fmt::format("{} generation {}, current {} (re-join)",
+                        fmt::format("{} generation {}, current {} (re-join to get the current generation's rank)",
                                     h.generation < gen ? "stale" : "unknown", h.generation, gen));
     }
     if (type == Type::kKvSet) {
       auto kvs = wire::decode_kv_set(payload);
-      if (!kvs) return refuse(c, "malformed KV_SET payload");
+      if (!kvs) return refuse(c, fmt::format("malformed KV_SET payload ({} bytes)", payload.size()));
       auto& [key, value] = *kvs;
       auto& slot = kv[key];
       slot.assign(value.begin(), value.end());
@@ -831,7 +850,7 @@ struct RendezvousServer::Impl {
     }
     if (type == Type::kKvGet) {
       auto kvg = wire::decode_kv_get(payload);
-      if (!kvg) return refuse(c, "malformed KV_GET payload");
+      if (!kvg) return refuse(c, fmt::format("malformed KV_GET payload ({} bytes)", payload.size()));
       auto& [key, timeout_ms] = *kvg;
       auto it = kv.find(key);
       if (it != kv.end()) {
@@ -848,7 +867,7 @@ struct RendezvousServer::Impl {
       return;
     }
     auto keys = wire::decode_kv_check(payload);
-    if (!keys) return refuse(c, "malformed KV_CHECK payload");
+    if (!keys) return refuse(c, fmt::format("malformed KV_CHECK payload ({} bytes)", payload.size()));
     bool all = std::all_of(keys->begin(), keys->end(), [&](const std::string& k) { return kv.count(k) > 0; });
     send_frame(c, Type::kKvCheckResult, gen, h.request_id, wire::encode_check_result(all));
   }
@@ -891,7 +910,8 @@ struct RendezvousServer::Impl {
         if (c == conns.end()) continue;
         std::erase(c->second->gets, id);
         send_error(*c->second, pg.request_id,
-                   fmt::format("stale generation {}, current {} (re-join)", old, g));
+                   fmt::format("stale generation {}, current {} (re-join to get the current generation's rank)",
+                               old, g));
       }
       gets.clear();
       waiters.clear();
