@@ -23,7 +23,7 @@ void put_u64(std::vector<char>& out, uint64_t v) {
 }
 
 uint64_t get_u64(const std::vector<char>& in, size_t& pos) {
-  if (pos + sizeof(uint64_t) > in.size()) throw CommError("hierarchical: truncated gather record");
+  if (pos + sizeof(uint64_t) > in.size()) throw CommError("hierarchical: truncated gather record (do all ranks run the same erun build?)");
   uint64_t v;
   std::memcpy(&v, in.data() + pos, sizeof(v));
   pos += sizeof(v);
@@ -150,7 +150,7 @@ class HierCommunicator final : public Communicator {
     guarded([&] {
       auto all = gather_all(in, bytes);
       for (int r = 0; r < size(); ++r) {
-        if (all.by_rank[r].size() != bytes) throw CommError("hierarchical allgather: rank " + std::to_string(r) + " gave a different size");
+        if (all.by_rank[r].size() != bytes) throw CommError("hierarchical allgather: rank " + std::to_string(r) + " gave a different size (every rank must pass allgather the same number of bytes)");
         if (bytes) std::memcpy(static_cast<char*>(out) + r * bytes, all.by_rank[r].data(), bytes);
       }
     });
@@ -258,7 +258,8 @@ class HierCommunicator final : public Communicator {
         size_t start = pos;
         const uint64_t r = get_u64(all, pos);
         if (len < sizeof(uint64_t) || start + len > all.size() || r >= static_cast<uint64_t>(size())) {
-          throw CommError("hierarchical: malformed gather record (host " + std::to_string(h) + ")");
+          throw CommError("hierarchical: malformed gather record (host " + std::to_string(h) +
+                          "; do all ranks run the same erun build?)");
         }
         g.by_rank[r].assign(all.begin() + pos, all.begin() + start + len);
         g.host_of[r] = static_cast<int>(h);

@@ -186,7 +186,9 @@ Result<HostSet> ScriptDiscovery::discover() {
         script_, kMaxStdout >> 20));
   }
   if (!status) {
-    return R::error(fmt::format("discovery script {} could not be reaped after it was killed", script_));
+    return R::error(fmt::format("discovery script {} did not exit after it was killed (stuck in the kernel, e.g. on a "
+                                "hung file system); it is tried again at the next --discovery-interval",
+                                script_));
   }
   if (!status->ok()) {
     std::string hint;
@@ -208,8 +210,8 @@ Result<HostSet> ScriptDiscovery::discover() {
     last_parsed_.reset();
   }
   if (!hosts) {
-    return R::error(fmt::format("discovery script {} printed bad output: {}", script_,
-                                hosts.message()));
+    return R::error(fmt::format("discovery script {} printed bad output: {}; it must print one host[:slots] per line",
+                                script_, hosts.message()));
   }
   return hosts;
 }
@@ -306,7 +308,8 @@ void DiscoveryLoop::apply(const Result<HostSet>& r) {
     if (warned_.size() >= 64) warned_.clear();
     // The first discovery's failure is the caller's to report (it fails the start).
     if (have_good_ && warned_.insert(r.message()).second) {
-      ERUN_LOG_WARN("host discovery ({}) failed, keeping the previous hosts ({}): {}",
+      ERUN_LOG_WARN("host discovery ({}) failed, keeping the previous hosts ({}): {}. The job goes on with them; "
+                    "fix the discovery (it is tried again every --discovery-interval; the same error is logged once)",
                     discovery_.describe(),
                     snap_.hosts.empty() ? std::string("none") : snap_.hosts.summary(),
                     r.message());

@@ -182,7 +182,11 @@ struct RendezvousClient::Impl {
       }
       if (buf.size() - len < 65536) buf.resize(len + 65536);
       ssize_t r = ::recv(fd, buf.data() + len, buf.size() - len, 0);
-      if (r == 0) return fail(fmt::format("rendezvous: connection to the driver at {} closed", where()));
+      if (r == 0) {
+        return fail(fmt::format("rendezvous: connection to the driver at {} closed (the driver exited or dropped this "
+                                "worker; its log says why)",
+                                where()));
+      }
       if (r < 0) {
         if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
         return fail(fmt::format("rendezvous: connection to the driver at {} lost: {}", where(), std::strerror(errno)));
@@ -268,7 +272,9 @@ struct RendezvousClient::Impl {
     pending.erase(id);
     if (p.done) return std::move(p.frame);
     if (broken) return Result<wire::Frame>::error(broken_reason);
-    return Result<wire::Frame>::error(fmt::format("rendezvous: no reply from the driver at {} in time", where()));
+    return Result<wire::Frame>::error(fmt::format("rendezvous: no reply from the driver at {} in time (the driver is "
+                                                  "overloaded or unreachable; see its log)",
+                                                  where()));
   }
 
   wire::Frame kv_call(Type type, const std::string& payload, Duration wait, const std::string& what) {

@@ -3,6 +3,14 @@
 // socket, all non-blocking with per-connection buffers. All state sits under
 // one mutex, held by the I/O thread while it handles a batch of events and by
 // the driver's calls; sockets are only closed by the I/O thread.
+//
+// Scale (docs/performance.md, 100,000 connections): no per-join work over all
+// connections or members. Who waits and who is a member of the current
+// generation are kept as slot-ordered indexes, updated as joins, assignments
+// and closes happen; snapshot() copies lists rebuilt only when they changed.
+// publish() queues every assignment frame and returns; the I/O thread sends
+// them in batches, giving the mutex back between batches. Authentication
+// uses the secret's precomputed HMAC pads and nonces from a pooled CSPRNG draw.
 #include <fcntl.h>
 #include <netdb.h>
 #include <sys/epoll.h>
@@ -48,6 +56,10 @@ constexpr auto kMaxGetWait = std::chrono::hours(24);
 // Re-joins kept for the driver between two snapshots; older ones are dropped
 // (with a warning) when a driver stops asking.
 constexpr size_t kMaxRejoins = 8192;
+// Queued frames (publish, notify) the I/O thread sends per round of its loop.
+constexpr size_t kFlushBatch = 2048;
+// Server nonces drawn from the CSPRNG at a time.
+constexpr size_t kNoncesPerDraw = 128;
 
 enum class Phase { kHello, kAuth, kReady };
 
@@ -96,16 +108,55 @@ struct Timer {
 
 std::string slot_name(const SlotKey& s) { return fmt::format("{}:{}", s.host, s.local_index); }
 
-void raise_fd_limit() {
+struct SlotHash {
+  size_t operator()(const SlotKey& s) const {
+    return std::hash<std::string>{}(s.host) * 31 + static_cast<size_t>(s.local_index);
+  }
+};
+
+// Fresh server nonces, drawn from OpenSSL's CSPRNG kNoncesPerDraw at a time
+// (one RAND_bytes call costs about as much as the HMACs of a handshake).
+class NoncePool {
+ public:
+  std::string next() {
+    if (off_ == pool_.size()) {
+      pool_ = wire::random_bytes(wire::kNonceBytes * kNoncesPerDraw);
+      off_ = 0;
+    }
+    std::string n = pool_.substr(off_, wire::kNonceBytes);
+    off_ += wire::kNonceBytes;
+    return n;
+  }
+
+ private:
+  std::string pool_;
+  size_t off_ = 0;
+};
+
+// The lists snapshot() hands out, rebuilt from an index only when it changed.
+struct CachedList {
+  std::vector<JoinRequest> list;
+  bool dirty = true;
+};
+
+// Every worker holds one connection: the soft open-file limit goes up to the
+// hard one. Returns the limit in force.
+rlim_t raise_fd_limit() {
   rlimit rl{};
-  if (::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+  if (::getrlimit(RLIMIT_NOFILE, &rl) != 0) return 0;
+  if (rl.rlim_cur < rl.rlim_max) {
     rlimit want = rl;
     want.rlim_cur = rl.rlim_max;
     if (::setrlimit(RLIMIT_NOFILE, &want) != 0) {
-      ERUN_LOG_WARN("rendezvous: could not raise the open-file limit from {} to {}: {}", rl.rlim_cur,
-                    rl.rlim_max, std::strerror(errno));
+      ERUN_LOG_WARN("rendezvous: could not raise the open-file limit (RLIMIT_NOFILE) from {} to its hard limit "
+                    "{}: {}; the driver can serve at most about {} workers. Raise it with `ulimit -n {}` before "
+                    "starting erun",
+                    rl.rlim_cur, rl.rlim_max, std::strerror(errno), rl.rlim_cur, rl.rlim_max);
+      return rl.rlim_cur;
     }
+    return rl.rlim_max;
   }
+  return rl.rlim_cur;
 }
 
 }  // namespace
@@ -114,10 +165,14 @@ struct RendezvousServer::Impl {
   explicit Impl(ServerOptions o)
       : opt(std::move(o)),
         job_hash(wire::job_hash(opt.job_id)),
+        prover(opt.secret, opt.job_id),
         admission(opt.max_unauthenticated, kPreAuthMinAge, kBurstQuiet) {}
 
   ServerOptions opt;
   uint64_t job_hash;
+  wire::Prover prover;
+  NoncePool nonces;
+  rlim_t fd_limit = 0;
   int listen_fd = -1, ep = -1, wake_fd = -1, bound_port = 0;
   std::thread io;
   std::atomic<bool> stop{false};
@@ -134,12 +189,18 @@ struct RendezvousServer::Impl {
   std::vector<char> scratch = std::vector<char>(kReadChunk);  // the I/O thread's read buffer
 
   std::map<SlotKey, uint64_t> waiting;     // slot -> conn blocked in join
-  std::map<SlotKey, uint64_t> slot_owner;  // slot -> latest conn that joined for it
+  std::map<SlotKey, uint64_t> members;     // slot -> conn assigned in the current generation
+  CachedList waiting_list, member_list;    // what snapshot() copies
+  std::unordered_map<SlotKey, uint64_t, SlotHash> slot_owner;  // slot -> latest conn that joined for it
   std::set<SlotKey> disconnected;          // since the last snapshot
   std::vector<JoinRequest> rejoined;       // since the last snapshot, at most kMaxRejoins
 
   int64_t gen = -1;
-  std::map<SlotKey, RankAssignment> assignments;
+  std::unordered_map<SlotKey, RankAssignment, SlotHash> assignments;
+  // Connections with frames queued by the driver's calls, for the I/O thread
+  // to send (publish() of 100,000 assignments returns without 100,000 sends).
+  bool queue_sends = false;
+  std::vector<uint64_t> to_flush;
   std::unordered_map<std::string, std::vector<char>> kv;
   std::unordered_map<std::string, std::vector<uint64_t>> waiters;  // key -> get ids
   std::unordered_map<uint64_t, PendingGet> gets;
@@ -154,6 +215,9 @@ struct RendezvousServer::Impl {
     }
   }
 
+  // "rendezvous (gen 3)" for the server's log lines ("rendezvous" before the first generation).
+  std::string log_prefix() const { return gen >= 0 ? fmt::format("rendezvous ({})", who(gen)) : "rendezvous"; }
+
   void wake() {
     if (wake_fd < 0) return;
     uint64_t one = 1;
@@ -161,7 +225,7 @@ struct RendezvousServer::Impl {
   }
 
   Status start() {
-    raise_fd_limit();
+    fd_limit = raise_fd_limit();
     addrinfo hints{};
     hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_STREAM;
@@ -170,7 +234,8 @@ struct RendezvousServer::Impl {
     std::string port_s = std::to_string(opt.port);
     const char* host = opt.bind_address.empty() ? nullptr : opt.bind_address.c_str();
     if (int rc = ::getaddrinfo(host, port_s.c_str(), &hints, &res); rc != 0) {
-      return Status::error(fmt::format("rendezvous: cannot resolve bind address '{}': {}",
+      return Status::error(fmt::format("rendezvous: cannot resolve the address '{}' to listen on: {}; give an IP "
+                                       "address or a name of this host",
                                        opt.bind_address, ::gai_strerror(rc)));
     }
     std::string last;
@@ -191,8 +256,10 @@ struct RendezvousServer::Impl {
     }
     ::freeaddrinfo(res);
     if (listen_fd < 0) {
-      return Status::error(fmt::format("rendezvous: cannot listen on {}:{}: {} (pick another port?)",
-                                       opt.bind_address, opt.port, last));
+      return Status::error(fmt::format("rendezvous: cannot listen on {}:{}: {}; {}", opt.bind_address, opt.port, last,
+                                       opt.port == 0 ? "check that the address belongs to this host and that the "
+                                                       "open-file limit (ulimit -n) is not exhausted"
+                                                     : "the port is taken or not allowed: choose another"));
     }
     sockaddr_storage ss{};
     socklen_t len = sizeof(ss);
@@ -201,7 +268,11 @@ struct RendezvousServer::Impl {
                                                 : reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
     ep = ::epoll_create1(EPOLL_CLOEXEC);
     wake_fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (ep < 0 || wake_fd < 0) return Status::error(fmt::format("rendezvous: epoll/eventfd: {}", std::strerror(errno)));
+    if (ep < 0 || wake_fd < 0) {
+      return Status::error(fmt::format("rendezvous: cannot set up the server's I/O loop (epoll/eventfd): {}; raise the "
+                                       "open-file limit (ulimit -n) or free memory, then start the job again",
+                                       std::strerror(errno)));
+    }
     epoll_event ev{};
     ev.events = EPOLLIN;
     ev.data.u64 = kListenId;
@@ -216,7 +287,7 @@ struct RendezvousServer::Impl {
   // ---- the I/O loop -------------------------------------------------------
 
   int next_timeout_ms() const {
-    if (!doomed.empty()) return 0;
+    if (!doomed.empty() || !to_flush.empty()) return 0;
     if (timers.empty()) return -1;
     auto left = timers.top().when - SteadyClock::now();
     if (left <= Duration::zero()) return 0;
@@ -234,7 +305,9 @@ struct RendezvousServer::Impl {
       }
       int n = ::epoll_wait(ep, events.data(), static_cast<int>(events.size()), timeout);
       if (n < 0 && errno != EINTR) {
-        ERUN_LOG_ERROR("rendezvous: epoll_wait failed: {}", std::strerror(errno));
+        ERUN_LOG_ERROR("{}: the server's I/O loop stopped: epoll_wait failed: {}; workers can no longer "
+                       "join or use the store, and the job will fail: start it again",
+                       log_prefix(), std::strerror(errno));
         return;
       }
       std::lock_guard<std::mutex> lock(mu);
@@ -254,9 +327,20 @@ struct RendezvousServer::Impl {
           if (!c.doomed && (events[i].events & EPOLLOUT)) flush(c);
         }
       }
+      flush_queued();
       run_timers(SteadyClock::now());
       reap();
     }
+  }
+
+  // Sends up to kFlushBatch of the frames the driver's calls queued.
+  void flush_queued() {
+    size_t n = std::min(to_flush.size(), kFlushBatch);
+    for (size_t i = to_flush.size() - n; i < to_flush.size(); ++i) {
+      auto it = conns.find(to_flush[i]);
+      if (it != conns.end() && !it->second->doomed) flush(*it->second);
+    }
+    to_flush.resize(to_flush.size() - n);
   }
 
   void push_timer(TimePoint when, uint64_t conn, uint64_t get) { timers.push({when, conn, get}); }
@@ -292,13 +376,17 @@ struct RendezvousServer::Impl {
   void accept_all() {
     while (true) {
       if (!make_room()) return;
-      int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      sockaddr_storage addr{};
+      socklen_t addr_len = sizeof(addr);
+      int fd = ::accept4(listen_fd, reinterpret_cast<sockaddr*>(&addr), &addr_len, SOCK_NONBLOCK | SOCK_CLOEXEC);
       if (fd < 0) {
         if (errno == EINTR || errno == ECONNABORTED) continue;
         if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
-          ERUN_LOG_WARN("rendezvous: cannot accept more connections ({} open): {}; pausing 100 ms (raise the "
-                        "open-file limit, ulimit -n, for very large jobs)",
-                        conns.size(), std::strerror(errno));
+          ERUN_LOG_WARN("rendezvous: cannot accept another worker's connection ({} open, open-file limit {}): {}; "
+                        "retrying in 100 ms. Workers beyond the limit wait in the kernel's queue and may time out: "
+                        "raise the hard limit (ulimit -Hn, LimitNOFILE= for a systemd unit) above the number of "
+                        "workers",
+                        conns.size(), fd_limit, std::strerror(errno));
           pause_accepting(std::chrono::milliseconds(100));
         }
         return;
@@ -307,7 +395,7 @@ struct RendezvousServer::Impl {
       auto c = std::make_unique<Conn>();
       c->id = next_conn++;
       c->fd = fd;
-      c->peer = wire::peer_name(fd);
+      c->peer = wire::address_name(addr);
       c->handshake_deadline = SteadyClock::now() + opt.io_timeout;
       push_timer(c->handshake_deadline, c->id, 0);
       admission.accepted(c->id, SteadyClock::now());
@@ -391,6 +479,11 @@ struct RendezvousServer::Impl {
   void send_frame(Conn& c, Type type, int64_t generation, uint32_t request_id,
                   std::string_view payload) {
     if (c.doomed) return;
+    if (queue_sends) {
+      if (c.wbuf.size() == c.woff) to_flush.push_back(c.id);  // not queued yet, nor waiting for EPOLLOUT
+      c.wbuf += wire::encode_frame(type, job_hash, generation, request_id, payload);
+      return;
+    }
     c.wbuf += wire::encode_frame(type, job_hash, generation, request_id, payload);
     flush(c);
   }
@@ -470,6 +563,16 @@ struct RendezvousServer::Impl {
   void doom(Conn& c) {
     c.doomed = true;
     doomed.push_back(c.id);
+    unindex(waiting, waiting_list, c);
+    unindex(members, member_list, c);
+  }
+
+  // Takes `c` out of a slot index if it is the one listed for its slot.
+  void unindex(std::map<SlotKey, uint64_t>& index, CachedList& list, const Conn& c) {
+    auto it = index.find(c.join.slot);
+    if (it == index.end() || it->second != c.id) return;
+    index.erase(it);
+    list.dirty = true;
   }
 
   void reap() {
@@ -479,8 +582,6 @@ struct RendezvousServer::Impl {
       Conn& c = *it->second;
       ::close(c.fd);  // also leaves the epoll set
       if (c.joined) {
-        auto w = waiting.find(c.join.slot);
-        if (w != waiting.end() && w->second == c.id) waiting.erase(w);
         auto o = slot_owner.find(c.join.slot);
         if (o != slot_owner.end() && o->second == c.id) {
           slot_owner.erase(o);
@@ -554,7 +655,8 @@ struct RendezvousServer::Impl {
     auto& v = c->second->gets;
     std::erase(v, id);
     send_error(*c->second, g.request_id,
-               fmt::format("store: timed out after {:.1f} s waiting for key '{}' in generation {}",
+               fmt::format("store: timed out after {:.1f} s waiting for key '{}' in generation {}: the rank that "
+                           "sets it did not (it may have failed; see its log), or the timeout is too short",
                            seconds(g.waited), g.key, gen));
   }
 
@@ -581,7 +683,7 @@ struct RendezvousServer::Impl {
                                        payload.size()));
         }
         c.client_nonce.assign(payload);
-        c.server_nonce = wire::random_bytes(wire::kNonceBytes);
+        c.server_nonce = nonces.next();
         c.phase = Phase::kAuth;
         return send_frame(c, Type::kChallenge, gen, h.request_id, c.server_nonce);
       case Phase::kAuth: {
@@ -589,14 +691,14 @@ struct RendezvousServer::Impl {
           return refuse(c, fmt::format("expected AUTH, got {} ({} bytes)", wire::type_name(h.type),
                                        payload.size()));
         }
-        auto want = wire::client_proof(opt.secret, c.server_nonce, opt.job_id, c.client_nonce);
+        auto want = prover.client_proof(c.server_nonce, c.client_nonce);
         if (!wire::equal_ct(want, payload)) {
           return refuse(c, "authentication failed (wrong job secret)");
         }
         c.phase = Phase::kReady;
         c.handshake_deadline = kNever;
         admission.done(c.id);
-        auto proof = wire::server_proof(opt.secret, c.client_nonce, opt.job_id, c.server_nonce);
+        auto proof = prover.server_proof(c.client_nonce, c.server_nonce);
         return send_frame(c, Type::kAuthOk, gen, h.request_id, proof);
       }
       case Phase::kReady:
@@ -614,7 +716,10 @@ struct RendezvousServer::Impl {
 
   void on_join(Conn& c, const wire::Header& h, std::string_view payload) {
     auto parsed = wire::decode_join(payload);
-    if (!parsed) return refuse(c, "malformed JOIN payload");
+    if (!parsed) {
+      return refuse(c, fmt::format("malformed JOIN payload ({} bytes; a worker built from another erun version?)",
+                                   payload.size()));
+    }
     JoinRequest req = std::move(*parsed);
     // A worker leaves the generation it last joined: one older than the
     // current is normal (it is answered at once), one never published is not.
@@ -625,8 +730,8 @@ struct RendezvousServer::Impl {
     if (auto why = duplicate_of_live_slot(c, req, h.generation)) {
       // Two processes must never hold the same rank: a live owner in a newer
       // generation than the one this join names keeps the slot.
-      ERUN_LOG_WARN("rendezvous: refused the join of slot {} from {} (pid {}): {}", slot_name(req.slot), c.peer,
-                    req.pid, *why);
+      ERUN_LOG_WARN("{}: refused the join of slot {} from {} (pid {}): {}", log_prefix(), slot_name(req.slot),
+                    c.peer, req.pid, *why);
       return send_error(c, h.request_id, *why);
     }
     req.left_generation = h.generation;
@@ -642,7 +747,9 @@ struct RendezvousServer::Impl {
     c.join_request_id = h.request_id;
     c.join_after_gen = h.generation;
     c.member_gen = -1;
+    unindex(members, member_list, c);
     waiting[req.slot] = c.id;
+    waiting_list.dirty = true;
     slot_owner[req.slot] = c.id;
     try_assign(c);
   }
@@ -659,14 +766,14 @@ struct RendezvousServer::Impl {
     slot_owner.erase(o);
     if (other == conns.end() || other->second->doomed) return;
     Conn& old = *other->second;
-    auto w = waiting.find(req.slot);
-    if (w != waiting.end() && w->second == old.id) waiting.erase(w);
+    unindex(waiting, waiting_list, old);
     if (old.join.pid == req.pid) {
       close_quietly(old, fmt::format("process {} re-connected", req.pid));
       return;
     }
-    ERUN_LOG_WARN("rendezvous: slot {}: process {} from {} supersedes process {} from {}", slot_name(req.slot),
-                  req.pid, c.peer, old.join.pid, old.peer);
+    ERUN_LOG_WARN("{}: slot {}: process {} from {} takes the slot over from process {} from {}, whose "
+                  "connection is closed; if that process still runs, it is not erun's and should be stopped",
+                  log_prefix(), slot_name(req.slot), req.pid, c.peer, old.join.pid, old.peer);
     std::string why = fmt::format("slot {} was taken over by process {}", slot_name(req.slot), req.pid);
     if (old.join_pending) {
       old.join_pending = false;
@@ -678,7 +785,9 @@ struct RendezvousServer::Impl {
 
   void record_rejoin(const JoinRequest& req) {
     if (rejoined.size() >= kMaxRejoins) {
-      ERUN_LOG_WARN("rendezvous: {} re-joins not read by the driver; dropping the oldest half", rejoined.size());
+      ERUN_LOG_WARN("{}: {} re-joins were not read by the driver; dropped the oldest half (their "
+                    "workers still wait and are assigned normally; only why they re-joined is lost)",
+                    log_prefix(), rejoined.size());
       rejoined.erase(rejoined.begin(), rejoined.begin() + static_cast<long>(rejoined.size() / 2));
     }
     rejoined.push_back(req);
@@ -717,20 +826,21 @@ struct RendezvousServer::Impl {
     const RankAssignment& r = a->second;
     c.join_pending = false;
     c.member_gen = gen;
-    auto it = waiting.find(c.join.slot);
-    if (it != waiting.end() && it->second == c.id) waiting.erase(it);
+    unindex(waiting, waiting_list, c);
+    members[c.join.slot] = c.id;
+    member_list.dirty = true;
     send_frame(c, Type::kAssignment, gen, c.join_request_id, wire::encode_assignment(r, gen));
   }
 
   void on_kv(Conn& c, const wire::Header& h, Type type, std::string_view payload) {
     if (h.generation != gen) {
       return send_error(c, h.request_id,
-                        fmt::format("{} generation {}, current {} (re-join)",
+                        fmt::format("{} generation {}, current {} (re-join to get the current generation's rank)",
                                     h.generation < gen ? "stale" : "unknown", h.generation, gen));
     }
     if (type == Type::kKvSet) {
       auto kvs = wire::decode_kv_set(payload);
-      if (!kvs) return refuse(c, "malformed KV_SET payload");
+      if (!kvs) return refuse(c, fmt::format("malformed KV_SET payload ({} bytes)", payload.size()));
       auto& [key, value] = *kvs;
       auto& slot = kv[key];
       slot.assign(value.begin(), value.end());
@@ -740,7 +850,7 @@ struct RendezvousServer::Impl {
     }
     if (type == Type::kKvGet) {
       auto kvg = wire::decode_kv_get(payload);
-      if (!kvg) return refuse(c, "malformed KV_GET payload");
+      if (!kvg) return refuse(c, fmt::format("malformed KV_GET payload ({} bytes)", payload.size()));
       auto& [key, timeout_ms] = *kvg;
       auto it = kv.find(key);
       if (it != kv.end()) {
@@ -757,7 +867,7 @@ struct RendezvousServer::Impl {
       return;
     }
     auto keys = wire::decode_kv_check(payload);
-    if (!keys) return refuse(c, "malformed KV_CHECK payload");
+    if (!keys) return refuse(c, fmt::format("malformed KV_CHECK payload ({} bytes)", payload.size()));
     bool all = std::all_of(keys->begin(), keys->end(), [&](const std::string& k) { return kv.count(k) > 0; });
     send_frame(c, Type::kKvCheckResult, gen, h.request_id, wire::encode_check_result(all));
   }
@@ -789,14 +899,19 @@ struct RendezvousServer::Impl {
       int64_t old = gen;
       gen = g;
       assignments.clear();
+      assignments.reserve(ranks.size());
       for (auto& r : ranks) assignments[r.slot] = r;
+      members.clear();  // the last generation's members are not members of this one
+      member_list.dirty = true;
+      queue_sends = true;
       kv.clear();
       for (auto& [id, pg] : gets) {
         auto c = conns.find(pg.conn);
         if (c == conns.end()) continue;
         std::erase(c->second->gets, id);
         send_error(*c->second, pg.request_id,
-                   fmt::format("stale generation {}, current {} (re-join)", old, g));
+                   fmt::format("stale generation {}, current {} (re-join to get the current generation's rank)",
+                               old, g));
       }
       gets.clear();
       waiters.clear();
@@ -806,16 +921,34 @@ struct RendezvousServer::Impl {
         auto c = conns.find(w->second);
         if (c != conns.end()) try_assign(*c->second);
       }
+      queue_sends = false;
     }
     wake();
+  }
+
+  // The joins of an index's connections in slot order, rebuilt when it changed.
+  const std::vector<JoinRequest>& listed(const std::map<SlotKey, uint64_t>& index, CachedList& cache) {
+    if (cache.dirty) {
+      cache.list.clear();
+      cache.list.reserve(index.size());
+      for (auto& [slot, id] : index) cache.list.push_back(conns.at(id)->join);
+      cache.dirty = false;
+    }
+    return cache.list;
   }
 
   void notify(long g) {
     {
       std::lock_guard<std::mutex> lock(mu);
-      for (auto& [id, c] : conns) {
-        if (!c->doomed && c->member_gen == g) send_frame(*c, Type::kHostsUpdated, g, 0, {});
+      queue_sends = true;
+      if (g == gen) {
+        for (auto& [slot, id] : members) send_frame(*conns.at(id), Type::kHostsUpdated, g, 0, {});
+      } else {
+        for (auto& [id, c] : conns) {
+          if (!c->doomed && c->member_gen == g) send_frame(*c, Type::kHostsUpdated, g, 0, {});
+        }
       }
+      queue_sends = false;
     }
     wake();
   }
@@ -834,23 +967,12 @@ int RendezvousServer::port() const { return impl_->bound_port; }
 
 std::vector<JoinRequest> RendezvousServer::waiting() const {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  std::vector<JoinRequest> out;
-  out.reserve(impl_->waiting.size());
-  for (auto& [slot, id] : impl_->waiting) {
-    auto c = impl_->conns.find(id);
-    if (c != impl_->conns.end() && !c->second->doomed) out.push_back(c->second->join);
-  }
-  return out;
+  return impl_->listed(impl_->waiting, impl_->waiting_list);
 }
 
 std::vector<JoinRequest> RendezvousServer::members() const {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  std::vector<JoinRequest> out;
-  for (auto& [id, c] : impl_->conns) {
-    if (!c->doomed && c->member_gen >= 0 && c->member_gen == impl_->gen) out.push_back(c->join);
-  }
-  std::sort(out.begin(), out.end(), [](auto& a, auto& b) { return a.slot < b.slot; });
-  return out;
+  return impl_->listed(impl_->members, impl_->member_list);
 }
 
 void RendezvousServer::publish(long gen, const std::vector<RankAssignment>& ranks) {
@@ -868,14 +990,8 @@ MembershipSnapshot RendezvousServer::snapshot() {
   std::lock_guard<std::mutex> lock(impl_->mu);
   MembershipSnapshot s;
   s.generation = impl_->gen;
-  for (auto& [id, c] : impl_->conns) {
-    if (c->doomed || !c->joined) continue;
-    if (c->join_pending) s.waiting.push_back(c->join);
-    else if (c->member_gen >= 0 && c->member_gen == impl_->gen) s.members.push_back(c->join);
-  }
-  auto by_slot = [](const JoinRequest& a, const JoinRequest& b) { return a.slot < b.slot; };
-  std::sort(s.members.begin(), s.members.end(), by_slot);
-  std::sort(s.waiting.begin(), s.waiting.end(), by_slot);
+  s.members = impl_->listed(impl_->members, impl_->member_list);
+  s.waiting = impl_->listed(impl_->waiting, impl_->waiting_list);
   s.rejoined = std::exchange(impl_->rejoined, {});
   s.disconnected.assign(impl_->disconnected.begin(), impl_->disconnected.end());
   impl_->disconnected.clear();

@@ -343,6 +343,69 @@ std::string server_proof(std::string_view secret, std::string_view client_nonce,
   return proof("erun-server-v1", secret, client_nonce, job_id, server_nonce);
 }
 
+// HMAC (RFC 2104) over SHA-256: H((K ^ opad) || H((K ^ ipad) || m)), with the
+// two padded key blocks absorbed once into digest states that each MAC copies.
+struct Prover::Pads {
+  EVP_MD_CTX* inner = nullptr;
+  EVP_MD_CTX* outer = nullptr;
+  ~Pads() {
+    EVP_MD_CTX_free(inner);
+    EVP_MD_CTX_free(outer);
+  }
+};
+
+namespace {
+constexpr size_t kShaBlock = 64;
+
+std::string sha256(std::string_view data) {
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  ERUN_CHECK(EVP_Digest(data.data(), data.size(), md, &len, EVP_sha256(), nullptr) == 1);
+  return std::string(reinterpret_cast<char*>(md), len);
+}
+
+EVP_MD_CTX* padded_state(const std::string& key, unsigned char pad) {
+  unsigned char block[kShaBlock];
+  for (size_t i = 0; i < kShaBlock; ++i) {
+    block[i] = static_cast<unsigned char>((i < key.size() ? static_cast<unsigned char>(key[i]) : 0) ^ pad);
+  }
+  EVP_MD_CTX* ctx = EVP_MD_CTX_new();
+  ERUN_CHECK(ctx != nullptr && EVP_DigestInit_ex(ctx, EVP_sha256(), nullptr) == 1 &&
+             EVP_DigestUpdate(ctx, block, kShaBlock) == 1);
+  return ctx;
+}
+}  // namespace
+
+Prover::Prover(std::string_view secret, std::string_view job_id)
+    : job_id_(job_id), pads_(std::make_unique<Pads>()) {
+  std::string key = secret.size() > kShaBlock ? sha256(secret) : std::string(secret);
+  pads_->inner = padded_state(key, 0x36);
+  pads_->outer = padded_state(key, 0x5c);
+}
+
+Prover::~Prover() = default;
+
+std::string Prover::mac(std::string_view label, std::string_view n1, std::string_view n2) const {
+  PayloadWriter w;
+  w.fixed(label).fixed(n1).bytes(job_id_).fixed(n2);
+  unsigned char inner[EVP_MAX_MD_SIZE], out[EVP_MAX_MD_SIZE];
+  unsigned int inner_len = 0, out_len = 0;
+  EVP_MD_CTX* ctx = EVP_MD_CTX_new();
+  ERUN_CHECK(ctx != nullptr && EVP_MD_CTX_copy_ex(ctx, pads_->inner) == 1 &&
+             EVP_DigestUpdate(ctx, w.str().data(), w.str().size()) == 1 &&
+             EVP_DigestFinal_ex(ctx, inner, &inner_len) == 1 && EVP_MD_CTX_copy_ex(ctx, pads_->outer) == 1 &&
+             EVP_DigestUpdate(ctx, inner, inner_len) == 1 && EVP_DigestFinal_ex(ctx, out, &out_len) == 1);
+  EVP_MD_CTX_free(ctx);
+  return std::string(reinterpret_cast<char*>(out), out_len);
+}
+
+std::string Prover::client_proof(std::string_view server_nonce, std::string_view client_nonce) const {
+  return mac("erun-client-v1", server_nonce, client_nonce);
+}
+std::string Prover::server_proof(std::string_view client_nonce, std::string_view server_nonce) const {
+  return mac("erun-server-v1", client_nonce, server_nonce);
+}
+
 Status set_nonblocking(int fd) {
   int flags = ::fcntl(fd, F_GETFL, 0);
   if (flags < 0 || ::fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0) {
@@ -360,16 +423,20 @@ std::string peer_name(int fd) {
   sockaddr_storage ss{};
   socklen_t len = sizeof(ss);
   if (::getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) return "unknown peer";
+  return address_name(ss);
+}
+
+std::string address_name(const sockaddr_storage& ss) {
   char host[INET6_ADDRSTRLEN] = {};
   int port = 0;
   if (ss.ss_family == AF_INET) {
-    auto* a = reinterpret_cast<sockaddr_in*>(&ss);
+    auto* a = reinterpret_cast<const sockaddr_in*>(&ss);
     ::inet_ntop(AF_INET, &a->sin_addr, host, sizeof(host));
     port = ntohs(a->sin_port);
     return fmt::format("{}:{}", host, port);
   }
   if (ss.ss_family == AF_INET6) {
-    auto* a = reinterpret_cast<sockaddr_in6*>(&ss);
+    auto* a = reinterpret_cast<const sockaddr_in6*>(&ss);
     ::inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof(host));
     port = ntohs(a->sin6_port);
     return fmt::format("[{}]:{}", host, port);

@@ -7,6 +7,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -15,6 +16,8 @@
 #include "common/clock.h"
 #include "common/status.h"
 #include "rendezvous/membership.h"
+
+struct sockaddr_storage;
 
 namespace erun::wire {
 
@@ -136,10 +139,32 @@ std::string client_proof(std::string_view secret, std::string_view server_nonce,
 std::string server_proof(std::string_view secret, std::string_view client_nonce,
                          std::string_view job_id, std::string_view server_nonce);
 
+// The same two proofs under one secret and job id, with the HMAC key's padded
+// blocks hashed once: a server that authenticates 100,000 connections pays
+// two SHA-256 runs per proof, not an algorithm lookup and a key setup each
+// time. Equal to client_proof()/server_proof(); safe from any thread.
+class Prover {
+ public:
+  Prover(std::string_view secret, std::string_view job_id);
+  ~Prover();
+  Prover(const Prover&) = delete;
+  Prover& operator=(const Prover&) = delete;
+  std::string client_proof(std::string_view server_nonce, std::string_view client_nonce) const;
+  std::string server_proof(std::string_view client_nonce, std::string_view server_nonce) const;
+
+ private:
+  std::string mac(std::string_view label, std::string_view n1, std::string_view n2) const;
+  std::string job_id_;
+  struct Pads;
+  std::unique_ptr<Pads> pads_;
+};
+
 // Sockets.
 Status set_nonblocking(int fd);
 void set_nodelay(int fd);
 std::string peer_name(int fd);
+// "host:port" ("[v6]:port") of a socket address, e.g. the one accept4() filled.
+std::string address_name(const sockaddr_storage& ss);
 // Connects to host:port (TCP, IPv4 or IPv6) before the deadline; returns a
 // non-blocking socket or an error naming the address.
 Result<int> connect_tcp(const std::string& host, int port, TimePoint deadline);

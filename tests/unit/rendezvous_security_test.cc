@@ -96,6 +96,21 @@ TEST(RendezvousWire, ProofsDependOnEveryInputAndDiffer) {
   EXPECT_FALSE(wire::equal_ct(a, a.substr(1)));
 }
 
+TEST(RendezvousWire, ProverEqualsTheOneShotProofsForShortAndLongSecrets) {
+  // A secret longer than SHA-256's 64-byte block is hashed first (RFC 2104).
+  for (std::string secret : {std::string("k"), std::string(64, 's'), std::string(65, 's'), std::string(200, '\x9c')}) {
+    wire::Prover p(secret, "job-7");
+    std::string n1 = wire::random_bytes(wire::kNonceBytes), n2 = wire::random_bytes(wire::kNonceBytes);
+    EXPECT_EQ(p.client_proof(n1, n2), wire::client_proof(secret, n1, "job-7", n2)) << secret.size();
+    EXPECT_EQ(p.server_proof(n1, n2), wire::server_proof(secret, n1, "job-7", n2)) << secret.size();
+    EXPECT_NE(p.client_proof(n1, n2), p.server_proof(n1, n2));
+    EXPECT_NE(p.client_proof(n1, n2), wire::client_proof(secret + "x", n1, "job-7", n2));
+  }
+  // The standard's own vector: HMAC-SHA256 with key "key" (RFC 4231 style check of the primitive).
+  EXPECT_EQ(wire::hmac_sha256("key", "The quick brown fox jumps over the lazy dog").substr(0, 4),
+            std::string("\xf7\xbc\x83\xf4", 4));
+}
+
 TEST(RendezvousSecurity, AuthenticatesWithTheJobSecret) {
   auto server = start_server();
   RendezvousClient c(client_options(server->port()));

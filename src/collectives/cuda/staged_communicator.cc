@@ -140,7 +140,8 @@ void StagedGpuCommunicator::wait_event(cudaEvent_t event, TimePoint deadline) {
     if (aborted_) throw CommError("erun: staged GPU collective on rank " + std::to_string(rank()) + ": aborted");
     if (std::chrono::steady_clock::now() >= deadline) {
       throw CommError("erun: staged GPU collective on rank " + std::to_string(rank()) +
-                      ": timed out waiting for the GPU stream");
+                      ": timed out waiting for the GPU stream (a kernel on it hangs or the GPU is stuck: check "
+                      "nvidia-smi and the training code's own kernels)");
     }
     backoff.pause();
   }

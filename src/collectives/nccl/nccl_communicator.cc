@@ -83,7 +83,8 @@ NcclId NcclCommunicator::exchange_id(KvStore& store, const NcclOptions& o) {
   std::vector<char> bytes = store.get(key, o.timeout);  // CommError on timeout
   if (bytes.size() != sizeof(NcclId)) {
     throw CommError("nccl init failed on rank " + std::to_string(o.rank) + ": the unique id under '" + key +
-                    "' has " + std::to_string(bytes.size()) + " bytes, not " + std::to_string(sizeof(NcclId)));
+                    "' has " + std::to_string(bytes.size()) + " bytes, not " + std::to_string(sizeof(NcclId)) +
+                    " (do all ranks use the same NCCL and erun build?)");
   }
   NcclId id;
   std::memcpy(id.data(), bytes.data(), id.size());

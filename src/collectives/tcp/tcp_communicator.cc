@@ -768,7 +768,7 @@ class TcpCommunicator final : public Communicator {
     // even lower ranks), then accepts r+1..size-1.
     for (int q = 0; q < rank(); ++q) {
       auto left = deadline - Clock::now();
-      if (left <= Duration::zero()) throw CommError(fmt::format("erun tcp: {}: timed out waiting for rank {}'s address", who_, q));
+      if (left <= Duration::zero()) throw CommError(fmt::format("erun tcp: {}: timed out waiting for rank {}'s address (it did not start its communicator: it may have failed; see its log)", who_, q));
       auto v = store.get(key(q), left);
       connect_to(q, std::string(v.begin(), v.end()), deadline);
     }
@@ -935,7 +935,7 @@ class TcpCommunicator final : public Communicator {
           for (int q = rank() + 1; q < size(); ++q) {
             if (fds_[q] < 0) who_missing += fmt::format("{}{}", who_missing.empty() ? "" : ", ", q);
           }
-          throw CommError(fmt::format("erun tcp: {}: timed out waiting for rank(s) {} to connect", who_, who_missing));
+          throw CommError(fmt::format("erun tcp: {}: timed out waiting for rank(s) {} to connect (they failed, did not start, or cannot reach this host's port: see their log, and check that no firewall is between the hosts)", who_, who_missing));
         }
         int n = ::poll(pfds.data(), pfds.size(), timeout);
         if (n < 0 && errno != EINTR) throw CommError(fmt::format("erun tcp: poll: {}", std::strerror(errno)));
@@ -988,7 +988,10 @@ class TcpCommunicator final : public Communicator {
       if (p.fd >= 0) drop(p, "arrived after every peer had connected");
     }
     if (rejected_ > logged_rejections_) {
-      ERUN_LOG_WARN("{}: {} connection(s) to the pair port failed authentication in all", who_, rejected_);
+      ERUN_LOG_WARN("{}: {} connection(s) to the pair port were refused in all (not peers of this job, or peers "
+                    "with another job secret); the communicator formed without them. If they are not yours, limit "
+                    "who can reach the workers' ports",
+                    who_, rejected_);
     }
   }
 
@@ -1057,7 +1060,9 @@ class TcpCommunicator final : public Communicator {
     ++rejected_;
     const auto now = Clock::now();
     if (logged_rejections_ < 5 || now - last_reject_log_ >= 1s) {
-      ERUN_LOG_WARN("{}: closed a connection from {} to the pair port: {} ({} refused so far)", who_, peer, why, rejected_);
+      ERUN_LOG_WARN("{}: closed a connection from {} to the pair port: {} ({} refused so far; the communicator "
+                    "keeps waiting for its real peers)",
+                    who_, peer, why, rejected_);
       ++logged_rejections_;
       last_reject_log_ = now;
     }
