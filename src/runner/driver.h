@@ -92,6 +92,7 @@ class Driver {
     bool joined = false;    // it joined the rendezvous at least once (in-place capable)
     bool retiring = false;  // its slot left the plan: stop it once it re-joins
     bool excluded = false;  // reported as failed by survivors: killed, never planned again
+    bool loss_told = false;  // its loss went to the survivors, or it is no member of the current generation
     long launched_generation = 0;
     TimePoint retire_by{};
     std::optional<ExitStatus> exit;
@@ -121,6 +122,9 @@ class Driver {
   // generation, recovered in place).
   void handle_rejoins(const MembershipSnapshot& m);
   void exclude_reported(const JoinRequest& report);
+  // Members of the current generation that ended or were left out, not yet
+  // reported: Membership::notify_peers_lost() tells the survivors at once.
+  void tell_survivors_of_losses();
   // A live member of the current generation is blocked in a join: it asks for
   // a newer generation. The reason it gave, or nullopt.
   std::optional<JoinReason> rejoin_requested(const MembershipSnapshot& m) const;
