@@ -18,6 +18,7 @@
 // a world of one. All of that is hidden behind Context.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -87,9 +88,14 @@ class Context {
   // Implementations call this when they leave a generation (rejoin): the GPU
   // communicator is aborted, never destroyed while a peer may hang.
   void abort_gpu() noexcept;
+  // From any thread: makes the GPU collectives of the current generation,
+  // blocked or later, throw CommError (when GPU collectives were used).
+  void abort_gpu_collectives() noexcept;
 
  private:
   std::unique_ptr<GpuCommunicator> gpu_;
+  // gpu_, published for abort_gpu_collectives() on other threads once made.
+  std::atomic<GpuCommunicator*> gpu_live_{nullptr};
 };
 
 // Connects this process to its launcher (the erun driver, MPI, or nothing) once;

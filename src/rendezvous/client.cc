@@ -81,6 +81,8 @@ struct RendezvousClient::Impl {
   std::atomic<bool> stop{false};
   std::atomic<bool> hosts_updated{false};
   std::atomic<long> gen{-1};
+  std::atomic<long> lost_gen{-1};
+  std::vector<int> lost_ranks;                     // guarded by mu: of lost_gen
 
   std::mutex write_mu;
   std::mutex mu;
@@ -224,6 +226,20 @@ struct RendezvousClient::Impl {
       if (f.header.generation >= gen.load()) hosts_updated = true;
       return;
     }
+    if (type == Type::kPeersLost) {
+      // Pushed only to members of the generation, after its ASSIGNMENT in
+      // the stream: an older generation is one this worker already left.
+      long g = static_cast<long>(f.header.generation);
+      auto ranks = wire::decode_peers_lost(f.payload);
+      if (!ranks || g != gen.load()) return;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        lost_ranks = *ranks;
+        lost_gen = g;
+      }
+      if (opt.on_peers_lost) opt.on_peers_lost(g, *ranks);
+      return;
+    }
     {
       std::lock_guard<std::mutex> lock(mu);
       if (f.header.request_id == 0) {
@@ -327,6 +343,11 @@ Result<RankAssignment> RendezvousClient::join(const JoinRequest& request, long* 
 KvStore& RendezvousClient::store() { return impl_->store; }
 bool RendezvousClient::hosts_updated() const { return impl_->hosts_updated.load(); }
 long RendezvousClient::generation() const { return impl_->gen.load(); }
+long RendezvousClient::peers_lost_generation() const { return impl_->lost_gen.load(); }
+std::vector<int> RendezvousClient::peers_lost() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->lost_ranks;
+}
 bool RendezvousClient::connected() const {
   std::lock_guard<std::mutex> lock(impl_->mu);
   return impl_->fd >= 0 && !impl_->broken;

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <map>
 #include <set>
+#include <utility>
 #include <vector>
 
 #include "rendezvous/membership.h"
@@ -37,6 +38,9 @@ class FakeMembership final : public Membership {
     return s;
   }
   void notify_hosts_updated(long gen) override { notified_.push_back(gen); }
+  void notify_peers_lost(long gen, const std::vector<int>& ranks) override {
+    if (gen == generation_ && !ranks.empty()) peers_lost_.emplace_back(gen, ranks);
+  }
 
   // A worker's JOIN. `left` is the generation it leaves (-1: its first join).
   void join(const SlotKey& slot, long left, JoinReason reason = JoinReason::kStart, int failed_rank = -1,
@@ -73,6 +77,8 @@ class FakeMembership final : public Membership {
   const std::vector<long>& published() const { return published_; }
   const std::vector<RankAssignment>& ranks() const { return ranks_; }
   const std::vector<long>& notified() const { return notified_; }
+  // Every notify_peers_lost() that reached the members: (generation, ranks).
+  const std::vector<std::pair<long, std::vector<int>>>& peers_lost() const { return peers_lost_; }
   bool is_member(const SlotKey& slot) const { return members_.count(slot) > 0; }
   bool is_waiting(const SlotKey& slot) const { return waiting_.count(slot) > 0; }
 
@@ -84,6 +90,7 @@ class FakeMembership final : public Membership {
   long generation_ = -1;
   std::vector<long> published_;
   std::vector<long> notified_;
+  std::vector<std::pair<long, std::vector<int>>> peers_lost_;
   std::vector<RankAssignment> ranks_;
   std::map<SlotKey, JoinRequest> members_, waiting_;
   std::vector<JoinRequest> rejoined_;

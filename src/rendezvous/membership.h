@@ -2,7 +2,8 @@
 // The driver publishes generations, reads one snapshot per tick (who joined the
 // current generation, who is blocked in a join, who re-joined since the last
 // snapshot and why, which ranks the re-joining workers reported as failed,
-// whose connection closed) and tells the members that membership changes.
+// whose connection closed) and tells the members that membership changes or
+// that members are gone.
 // RendezvousServer implements it over TCP; FakeMembership (fake_membership.h)
 // in memory for the driver's unit tests. Driver thread only.
 #pragma once
@@ -78,6 +79,12 @@ class Membership {
   virtual MembershipSnapshot snapshot() = 0;
   // Tells every member of generation `gen` that membership changes.
   virtual void notify_hosts_updated(long gen) = 0;
+  // Tells every other member of generation `gen` at once that `ranks` (of
+  // `gen`) are gone (exited, killed, host lost), so that they abort their
+  // collectives instead of waiting out the collective timeout; the lost
+  // ranks' own connections are closed. A `gen` other than the last published
+  // one, or an empty list, does nothing.
+  virtual void notify_peers_lost(long gen, const std::vector<int>& ranks) = 0;
 };
 
 }  // namespace erun

@@ -55,6 +55,7 @@ class RendezvousServer final : public Membership {
   void publish(long gen, const std::vector<RankAssignment>& ranks) override;
   MembershipSnapshot snapshot() override;
   void notify_hosts_updated(long gen) override;
+  void notify_peers_lost(long gen, const std::vector<int>& ranks) override;
 
   // Workers blocked in join (connected, not yet given an assignment), by slot.
   std::vector<JoinRequest> waiting() const;
@@ -78,6 +79,11 @@ struct ClientOptions {
   Duration io_timeout = std::chrono::seconds(10);
   Duration join_timeout = std::chrono::seconds(600);
   size_t max_frame_bytes = 64 << 20;
+  // Called on the reader thread when the driver pushes PEERS_LOST for the
+  // generation this client last joined (an older one is ignored), with that
+  // generation and the lost ranks. It must return promptly and not call the
+  // client; it is set before connect() and outlives the client.
+  std::function<void(long generation, const std::vector<int>& ranks)> on_peers_lost;
 };
 
 class RendezvousClient {
@@ -96,6 +102,10 @@ class RendezvousClient {
   bool hosts_updated() const;
   // The generation of the last successful join (-1 before).
   long generation() const;
+  // The newest generation the driver reported lost ranks of (PEERS_LOST),
+  // -1 when none; with the ranks of that report.
+  long peers_lost_generation() const;
+  std::vector<int> peers_lost() const;
   // False once the connection to the driver is lost.
   bool connected() const;
 

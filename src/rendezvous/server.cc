@@ -952,6 +952,31 @@ struct RendezvousServer::Impl {
     }
     wake();
   }
+
+  // Closing a lost rank's connection matters when its process is alive but
+  // cut off (a partitioned host): once it can reach us again it finds its
+  // rendezvous gone and ends instead of waiting in a join.
+  void notify_lost(long g, const std::vector<int>& ranks) {
+    if (ranks.empty()) return;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (g != gen) return;
+      std::set<SlotKey> lost;
+      for (auto& [slot, a] : assignments) {
+        if (std::find(ranks.begin(), ranks.end(), a.rank) != ranks.end()) lost.insert(slot);
+      }
+      const std::string payload = wire::encode_peers_lost(ranks);
+      for (auto& [id, c] : conns) {
+        if (c->doomed || c->member_gen != g) continue;
+        if (lost.count(c->join.slot)) {
+          close_quietly(*c, fmt::format("its rank was reported lost in generation {}", g));
+        } else {
+          send_frame(*c, Type::kPeersLost, g, 0, payload);
+        }
+      }
+    }
+    wake();
+  }
 };
 
 RendezvousServer::RendezvousServer(ServerOptions options)
@@ -985,6 +1010,8 @@ long RendezvousServer::generation() const {
 }
 
 void RendezvousServer::notify_hosts_updated(long gen) { impl_->notify(gen); }
+
+void RendezvousServer::notify_peers_lost(long gen, const std::vector<int>& ranks) { impl_->notify_lost(gen, ranks); }
 
 MembershipSnapshot RendezvousServer::snapshot() {
   std::lock_guard<std::mutex> lock(impl_->mu);

@@ -68,6 +68,7 @@ const char* type_name(uint16_t type) {
     case Type::kKvCheckResult: return "KV_CHECK_RESULT";
     case Type::kHostsUpdated: return "HOSTS_UPDATED";
     case Type::kError: return "ERROR";
+    case Type::kPeersLost: return "PEERS_LOST";
   }
   return "UNKNOWN";
 }
@@ -295,6 +296,28 @@ std::optional<std::string> decode_str(std::string_view payload) {
   std::string s = r.bytes();
   if (!r.done()) return std::nullopt;
   return s;
+}
+
+std::string encode_peers_lost(const std::vector<int>& ranks) {
+  PayloadWriter w;
+  w.u32(static_cast<uint32_t>(ranks.size()));
+  for (int r : ranks) w.i32(r);
+  return w.str();
+}
+
+std::optional<std::vector<int>> decode_peers_lost(std::string_view payload) {
+  PayloadReader r(payload);
+  uint32_t n = r.u32();
+  if (n == 0 || n > payload.size() / 4) return std::nullopt;
+  std::vector<int> ranks;
+  ranks.reserve(n);
+  for (uint32_t i = 0; i < n && !r.failed(); ++i) {
+    int v = r.i32();
+    if (v < 0) return std::nullopt;
+    ranks.push_back(v);
+  }
+  if (!r.done()) return std::nullopt;
+  return ranks;
 }
 
 std::string encode_check_result(bool all) { return PayloadWriter().u8(all ? 1 : 0).str(); }

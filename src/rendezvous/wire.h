@@ -44,6 +44,7 @@ enum class Type : uint16_t {
   kKvCheckResult = 12,  // server -> client: 1 if every key exists
   kHostsUpdated = 13,   // server -> client push
   kError = 14,          // either way: message
+  kPeersLost = 15,      // server -> client push: ranks of the header's generation that are gone
 };
 const char* type_name(uint16_t type);
 
@@ -126,6 +127,10 @@ std::optional<std::vector<std::string>> decode_kv_check(std::string_view payload
 std::string encode_str(std::string_view s);
 std::optional<std::string> decode_str(std::string_view payload);
 std::string encode_check_result(bool all);
+// PEERS_LOST: the ranks (at least one, each >= 0) of the header's generation
+// that the driver knows are gone.
+std::string encode_peers_lost(const std::vector<int>& ranks);
+std::optional<std::vector<int>> decode_peers_lost(std::string_view payload);
 std::optional<bool> decode_check_result(std::string_view payload);
 
 // Crypto (OpenSSL).

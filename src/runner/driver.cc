@@ -552,6 +552,7 @@ std::optional<int> Driver::step() {
       handle_rejoins(m);
       retire_workers(m);
       enforce_rejoin_deadline(m);
+      if (generation_failure_ && in_place_possible()) tell_survivors_of_losses();
       if (generation_failure_) {
         Failure f = *generation_failure_;
         if (!first_failure_) first_failure_ = f;

@@ -99,6 +99,7 @@ class Driver {
     bool pending = false;
     bool grows = false;  // pending for new slots (not a failed one's): its admission is a reset
     bool fresh = false;  // launched into a running job, and not yet a member of a complete generation
+    bool loss_told = false;  // its loss went to the survivors, or it is no member of the current generation
     long launched_generation = 0;
     TimePoint retire_by{};
     std::optional<ExitStatus> exit;
@@ -131,6 +132,9 @@ class Driver {
   // generation, recovered in place).
   void handle_rejoins(const MembershipSnapshot& m);
   void exclude_reported(const JoinRequest& report);
+  // Members of the current generation that ended or were left out, not yet
+  // reported: Membership::notify_peers_lost() tells the survivors at once.
+  void tell_survivors_of_losses();
   // A live member of the current generation is blocked in a join: it asks for
   // a newer generation. The reason it gave, or nullopt.
   std::optional<JoinReason> rejoin_requested(const MembershipSnapshot& m) const;

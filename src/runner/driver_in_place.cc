@@ -9,6 +9,7 @@
 #include <set>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "common/log.h"
 #include "common/strings.h"
@@ -143,6 +144,27 @@ void Driver::exclude_reported(const JoinRequest& report) {
     }
     return;
   }
+}
+
+void Driver::tell_survivors_of_losses() {
+  if (!d_.membership) return;
+  std::vector<int> ranks;
+  for (auto& w : workers_) {
+    if (w.loss_told || w.retiring || w.launched_generation > generation_) continue;
+    if (!w.excluded && !(w.exit && !w.exit->ok())) continue;
+    w.loss_told = true;
+    ranks.push_back(w.assignment.rank);
+  }
+  if (ranks.empty()) return;
+  std::sort(ranks.begin(), ranks.end());
+  ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
+  ERUN_LOG_INFO("{}: telling the survivors that rank{} {} {} gone", who(generation_), ranks.size() == 1 ? "" : "s",
+                fmt::join(ranks, ","), ranks.size() == 1 ? "is" : "are");
+  if (d_.events) {
+    d_.events->write("peers_lost", {{"generation", json_number(generation_)},
+                                    {"ranks", json_string(fmt::format("{}", fmt::join(ranks, ",")))}});
+  }
+  d_.membership->notify_peers_lost(generation_, ranks);
 }
 
 std::optional<JoinReason> Driver::rejoin_requested(const MembershipSnapshot& m) const {
@@ -284,7 +306,10 @@ void Driver::reconfigure(const char* reason, bool after_failure) {
   std::string master_addr = next.ranks.front().slot.host;
   int launched = 0, retired = 0;
   for (auto& w : workers_) {
-    if (w.retiring || w.excluded) continue;
+    if (w.retiring || w.excluded) {
+      w.loss_told = true;  // no member of the next generation: nothing to tell about it
+      continue;
+    }
     if (const RankAssignment* a = next.find(w.assignment.slot)) {
       w.assignment = *a;
       w.pending = false;

@@ -12,6 +12,7 @@
 #include <mutex>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "collectives/hierarchical.h"
 #include "collectives/tcp/tcp_communicator.h"
@@ -108,7 +109,7 @@ class StandaloneContext final : public Context {
 
 class ElasticContext final : public Context {
  public:
-  explicit ElasticContext(WorkerOptions o) : o_(std::move(o)), client_(client_options(o_)) {
+  explicit ElasticContext(WorkerOptions o) : o_(std::move(o)), client_(client_options(o_, this)) {
     if (Status s = client_.connect(); !s) {
       throw Error(fmt::format("erun: cannot reach the driver's rendezvous at {}:{}: {}", o_.rdzv_address,
                               o_.rdzv_port, s.message()));
@@ -116,6 +117,7 @@ class ElasticContext final : public Context {
     join(0, JoinReason::kStart, -1, PeerState::kUnknown);
   }
   ~ElasticContext() override {
+    std::lock_guard<std::mutex> lock(comm_mu_);
     if (comm_) comm_->abort();
   }
 
@@ -129,22 +131,57 @@ class ElasticContext final : public Context {
   }
   void rejoin(uint64_t last_commit_id) override { rejoin_because(last_commit_id, RejoinCause{}); }
   void rejoin_because(uint64_t last_commit_id, const RejoinCause& cause) override {
+    std::unique_ptr<Communicator> left;
+    {
+      std::lock_guard<std::mutex> lock(comm_mu_);
+      comm_gen_ = -1;
+      if (comm_) comm_->abort();
+      left = std::move(comm_);
+    }
     abort_gpu();
-    if (comm_) comm_->abort();
-    comm_.reset();
-    join(last_commit_id, cause.hosts_updated ? JoinReason::kHostsUpdated : JoinReason::kPeerLost, cause.failed_rank,
-         to_peer_state(cause.fate));
+    left.reset();
+    JoinReason reason = cause.hosts_updated ? JoinReason::kHostsUpdated : JoinReason::kPeerLost;
+    int failed_rank = cause.failed_rank;
+    PeerState failed_state = to_peer_state(cause.fate);
+    if (client_.peers_lost_generation() == info_.generation) {
+      // The driver said which ranks are gone: that, not whatever the aborted
+      // collective saw, is why this worker leaves.
+      reason = JoinReason::kPeerLost;
+      if (failed_rank < 0) {
+        std::vector<int> lost = client_.peers_lost();
+        if (!lost.empty()) failed_rank = lost.front();
+        failed_state = PeerState::kUnknown;
+      }
+    }
+    join(last_commit_id, reason, failed_rank, failed_state);
   }
 
  private:
-  static ClientOptions client_options(const WorkerOptions& o) {
+  static ClientOptions client_options(const WorkerOptions& o, ElasticContext* self) {
     ClientOptions c;
     c.address = o.rdzv_address;
     c.port = o.rdzv_port;
     c.job_id = o.job_id;
     c.secret = o.secret;
     c.join_timeout = o.join_timeout;
+    c.on_peers_lost = [self](long gen, const std::vector<int>& ranks) { self->on_peers_lost(gen, ranks); };
     return c;
+  }
+
+  // The rendezvous client's reader thread: the driver reports ranks of
+  // generation `gen` gone. Aborting from here makes a collective blocked on
+  // them, and every later one of the generation, throw CommError at once;
+  // erun::run() then restores the last commit and re-joins. A notice for a
+  // generation this worker is not computing in is only remembered (the
+  // client keeps it): one being formed is cancelled through
+  // HierOptions::cancelled and the check after it is built.
+  void on_peers_lost(long gen, const std::vector<int>& ranks) {
+    std::lock_guard<std::mutex> lock(comm_mu_);
+    if (gen != comm_gen_ || !comm_) return;
+    ERUN_LOG_WARN("{}: the driver reports rank{} {} of generation {} lost; aborting its collectives",
+                  who(gen, o_.host, comm_rank_), ranks.size() == 1 ? "" : "s", fmt::join(ranks, ", "), gen);
+    comm_->abort();
+    abort_gpu_collectives();
   }
 
   static PeerState to_peer_state(PeerFate f) {
@@ -231,12 +268,21 @@ class ElasticContext final : public Context {
         h.job_id = o_.job_id;
         h.secret = o_.secret;
         h.generation = gen;
-        h.cancelled = [this] { return client_.hosts_updated(); };
+        h.cancelled = [this, gen] { return client_.hosts_updated() || client_.peers_lost_generation() == gen; };
         h.hostname = o_.host;
         h.address = o_.advertise;
         h.prefix = "coll";
         h.segment_tag = fmt::format("{}-g{}", o_.job_id, gen);
-        comm_ = make_hierarchical_communicator(store, h);
+        auto comm = make_hierarchical_communicator(store, h);
+        {
+          // A PEERS_LOST for this generation that arrived while it formed
+          // found no communicator to abort: abort it now.
+          std::lock_guard<std::mutex> lock(comm_mu_);
+          comm_ = std::move(comm);
+          comm_gen_ = gen;
+          comm_rank_ = r->rank;
+          if (client_.peers_lost_generation() == gen) comm_->abort();
+        }
         ERUN_LOG_DEBUG("{}: joined with size {} in {:.3f} s", who(gen, o_.host, r->rank), r->size,
                        seconds(std::chrono::steady_clock::now() - t0));
         return;
@@ -252,9 +298,17 @@ class ElasticContext final : public Context {
   }
 
   WorkerOptions o_;
-  RendezvousClient client_;
   WorkerInfo info_;
+  // comm_ is replaced by the training thread and aborted by the client's
+  // reader thread (on_peers_lost), both under comm_mu_; the training
+  // thread reads it without the lock (it is the only writer).
+  std::mutex comm_mu_;
   std::unique_ptr<Communicator> comm_;
+  long comm_gen_ = -1;  // the generation of comm_ (-1: none)
+  int comm_rank_ = -1;
+  // Declared last: destroyed first, so its reader thread is gone before
+  // the communicator it may abort.
+  RendezvousClient client_;
 };
 
 std::mutex g_mu;

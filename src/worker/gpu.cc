@@ -283,8 +283,15 @@ void GpuCommunicator::abort() noexcept { impl_->abort(); }
 void GpuCommunicator::release() noexcept { impl_->drop(); }
 
 GpuCommunicator& Context::gpu() {
-  if (!gpu_) gpu_ = std::make_unique<GpuCommunicator>(*this);
+  if (!gpu_) {
+    gpu_ = std::make_unique<GpuCommunicator>(*this);
+    gpu_live_.store(gpu_.get(), std::memory_order_release);
+  }
   return *gpu_;
+}
+
+void Context::abort_gpu_collectives() noexcept {
+  if (GpuCommunicator* g = gpu_live_.load(std::memory_order_acquire)) g->abort();
 }
 
 void Context::abort_gpu() noexcept {

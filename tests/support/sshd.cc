@@ -69,8 +69,14 @@ Status run_tool(const std::vector<std::string>& argv) {
 }  // namespace
 
 std::unique_ptr<SshServer> SshServer::start(std::vector<std::string> addresses) {
+  SshServerOptions o;
+  o.addresses = std::move(addresses);
+  return start(o);
+}
+
+std::unique_ptr<SshServer> SshServer::start(const SshServerOptions& options) {
   std::unique_ptr<SshServer> s(new SshServer());
-  s->addresses_ = std::move(addresses);
+  s->addresses_ = options.addresses;
   if (::access(kSshd, X_OK) != 0) {
     s->available_ = false;
     return s;
@@ -82,8 +88,10 @@ std::unique_ptr<SshServer> SshServer::start(std::vector<std::string> addresses) 
   }
   s->dir_ = tmpl;
   const std::string host_key = s->dir_ + "/host_ed25519";
-  s->identity_file_ = s->dir_ + "/client_ed25519";
-  for (const auto& key : {host_key, s->identity_file_}) {
+  s->identity_file_ = options.keys_from ? options.keys_from->identity_file() : s->dir_ + "/client_ed25519";
+  std::vector<std::string> keys = {host_key};
+  if (!options.keys_from) keys.push_back(s->identity_file_);
+  for (const auto& key : keys) {
     if (Status st = run_tool({"ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "erun-test", "-f", key});
         !st) {
       s->error_ = st.message();
@@ -93,14 +101,17 @@ std::unique_ptr<SshServer> SshServer::start(std::vector<std::string> addresses) 
   std::filesystem::copy_file(s->identity_file_ + ".pub", s->dir_ + "/authorized_keys");
 
   // A port free on every address (another sshd could still take it before ours
-  // starts; start() then fails with a clear log).
-  for (int attempt = 0; attempt < 20 && s->port_ == 0; ++attempt) {
+  // starts; start() then fails with a clear log). A namespace of the test's
+  // own has no other listener: any port is free there.
+  s->port_ = options.port;
+  if (s->port_ == 0 && !options.netns.empty()) s->port_ = try_bind("127.0.0.1", 0);
+  for (int attempt = 0; attempt < 20 && s->port_ <= 0; ++attempt) {
     int port = try_bind(s->addresses_.at(0), 0);
     bool all = port > 0;
     for (size_t i = 1; all && i < s->addresses_.size(); ++i) all = try_bind(s->addresses_[i], port) == port;
     if (all) s->port_ = port;
   }
-  if (s->port_ == 0) {
+  if (s->port_ <= 0) {
     s->error_ = "no free port on " + s->addresses_.at(0);
     return s;
   }
@@ -134,6 +145,7 @@ std::unique_ptr<SshServer> SshServer::start(std::vector<std::string> addresses) 
   SpawnOptions o;
   o.argv = {"/bin/sh", "-c",
             fmt::format("exec {} -D -e -f '{}' 2>>'{}/sshd.log'", kSshd, config, s->dir_)};
+  if (!options.netns.empty()) o.argv.insert(o.argv.begin(), {"ip", "netns", "exec", options.netns});
   o.pipe_stdout = false;
   o.pipe_stderr = false;
   auto p = Subprocess::spawn(o);

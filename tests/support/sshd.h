@@ -15,11 +15,25 @@
 
 namespace erun::testing {
 
+class SshServer;
+
+struct SshServerOptions {
+  std::vector<std::string> addresses;
+  // Run sshd inside this network namespace (tests/support/netns.h).
+  std::string netns;
+  // 0: a port free on every address.
+  int port = 0;
+  // Accept the client key of this server too, so that one identity file
+  // (erun --ssh-identity-file) reaches both.
+  const SshServer* keys_from = nullptr;
+};
+
 class SshServer {
  public:
   static std::vector<std::string> default_addresses() { return {"127.0.0.2", "127.0.0.3", "127.0.0.4"}; }
   // Never throws; check available() and error().
   static std::unique_ptr<SshServer> start(std::vector<std::string> addresses = default_addresses());
+  static std::unique_ptr<SshServer> start(const SshServerOptions& options);
   ~SshServer();
 
   bool available() const { return available_; }  // false: no sshd binary (skip)

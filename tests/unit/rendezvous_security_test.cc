@@ -84,6 +84,17 @@ TEST(RendezvousWire, PayloadReaderRejectsTruncationAndLeftovers) {
   EXPECT_FALSE(extra.done());
 }
 
+TEST(RendezvousWire, PeersLostRoundTripsAndRejectsMalformedLists) {
+  auto p = wire::encode_peers_lost({0, 3, 7});
+  EXPECT_EQ(wire::decode_peers_lost(p), (std::vector<int>{0, 3, 7}));
+  EXPECT_FALSE(wire::decode_peers_lost(wire::encode_peers_lost({})));     // nobody lost
+  EXPECT_FALSE(wire::decode_peers_lost(wire::encode_peers_lost({2, -1})));  // not a rank
+  EXPECT_FALSE(wire::decode_peers_lost(p.substr(0, p.size() - 1)));       // short
+  EXPECT_FALSE(wire::decode_peers_lost(p + "x"));                         // bytes left over
+  EXPECT_FALSE(wire::decode_peers_lost(wire::PayloadWriter().u32(1u << 30).i32(1).str()));  // count past the end
+  EXPECT_STREQ(wire::type_name(static_cast<uint16_t>(wire::Type::kPeersLost)), "PEERS_LOST");
+}
+
 TEST(RendezvousWire, ProofsDependOnEveryInputAndDiffer) {
   std::string a = wire::client_proof("k", "n1", "job", "n2");
   EXPECT_EQ(a.size(), wire::kMacBytes);

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <future>
+#include <mutex>
 #include <unistd.h>
 #include <optional>
 
@@ -246,6 +247,76 @@ TEST(RendezvousServer, HostsUpdatedReachesEveryMember) {
   ASSERT_TRUE(fut.get().is_ok());
   EXPECT_FALSE(c.hosts_updated());
   ASSERT_TRUE(outsider->assignment.get().is_ok());
+}
+
+TEST(RendezvousServer, PeersLostReachesTheOtherMembersAndClosesTheLostRanksConnections) {
+  auto server = start_server();
+  // Three members whose clients hand the notice to a callback, as the
+  // worker's Context does.
+  std::mutex mu;
+  std::vector<std::pair<long, std::vector<int>>> heard[3];
+  std::vector<std::unique_ptr<Joined>> world;
+  std::vector<RankAssignment> ranks;
+  for (int i = 0; i < 3; ++i) {
+    ClientOptions o = client_options(server->port());
+    o.on_peers_lost = [&mu, &heard, i](long g, const std::vector<int>& r) {
+      std::lock_guard<std::mutex> lock(mu);
+      heard[i].emplace_back(g, r);
+    };
+    world.push_back(start_join(server->port(), "h" + std::to_string(i), 0, 0, o));
+    ranks.push_back(rank_of("h" + std::to_string(i), 0, i, 3));
+  }
+  ASSERT_TRUE(wait_for([&] { return server->waiting().size() == 3; }));
+  server->publish(1, ranks);
+  for (auto& j : world) ASSERT_TRUE(j->assignment.get().is_ok());
+  for (auto& j : world) EXPECT_EQ(j->client->peers_lost_generation(), -1);
+
+  server->notify_peers_lost(0, {2});  // not the current generation: nobody is told
+  server->notify_peers_lost(1, {});   // nobody lost: nothing to tell
+  server->notify_peers_lost(1, {2});
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(wait_for([&] { return world[static_cast<size_t>(i)]->client->peers_lost_generation() == 1; }));
+    EXPECT_EQ(world[static_cast<size_t>(i)]->client->peers_lost(), std::vector<int>{2});
+    std::lock_guard<std::mutex> lock(mu);
+    ASSERT_EQ(heard[i].size(), 1u) << "member " << i;
+    EXPECT_EQ(heard[i][0], (std::pair<long, std::vector<int>>{1, {2}}));
+  }
+  // The lost rank's own connection is closed (a partitioned worker finds its
+  // rendezvous gone when it comes back), not told.
+  ASSERT_TRUE(wait_for([&] { return !world[2]->client->connected(); }));
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    EXPECT_TRUE(heard[2].empty());
+  }
+  EXPECT_EQ(server->members().size(), 2u);
+}
+
+TEST(RendezvousServer, PeersLostOfAGenerationTheWorkerLeftIsIgnored) {
+  auto server = start_server();
+  int calls = 0;
+  std::mutex mu;
+  ClientOptions o = client_options(server->port());
+  o.on_peers_lost = [&](long, const std::vector<int>&) {
+    std::lock_guard<std::mutex> lock(mu);
+    ++calls;
+  };
+  auto a = start_join(server->port(), "h0", 0, 0, o);
+  auto b = start_join(server->port(), "h1", 0);
+  ASSERT_TRUE(wait_for([&] { return server->waiting().size() == 2; }));
+  server->publish(1, {rank_of("h0", 0, 0, 2), rank_of("h1", 0, 1, 2)});
+  ASSERT_TRUE(a->assignment.get().is_ok());
+  ASSERT_TRUE(b->assignment.get().is_ok());
+  // h0 leaves generation 1 and joins 2; a notice about 1 no longer reaches it.
+  auto fut = std::async(std::launch::async, [&] { return a->client->join(join_request("h0", 0), nullptr); });
+  ASSERT_TRUE(wait_for([&] { return server->waiting().size() == 1; }));
+  server->notify_peers_lost(1, {1});  // h0 waits in a join: no member of 1 any more
+  server->publish(2, {rank_of("h0", 0, 0, 1)});
+  ASSERT_TRUE(fut.get().is_ok());
+  server->notify_peers_lost(1, {1});  // an older generation: the server drops it
+  std::this_thread::sleep_for(200ms);
+  std::lock_guard<std::mutex> lock(mu);
+  EXPECT_EQ(calls, 0);
+  EXPECT_EQ(a->client->peers_lost_generation(), -1);
 }
 
 TEST(RendezvousServer, LostServerFailsStoreOpsAndClosesPromptly) {

@@ -534,6 +534,67 @@ TEST_F(InPlaceTest, AReplacementThatTrainedWithTheOthersFinishesLikeThem) {
   launcher.finish(worker_at(a1), ExitStatus{0, 0});
   launcher.finish(replacement, ExitStatus{0, 0});
   EXPECT_EQ(steps(2), 0);
+
+using Lost = std::vector<std::pair<long, std::vector<int>>>;
+
+TEST_F(InPlaceTest, AWorkerThatDiesIsReportedToTheSurvivorsBeforeTheNextGeneration) {
+  discovery.set(HostSet({{"a", 2}, {"b", 2}}));
+  start_joined(elastic(4, 2, 4));
+  // b:1 (rank 3) goes (its host lost, or it crashed): the survivors, who may
+  // be blocked in a collective with it, hear of it in the same tick, for the
+  // generation they compute in (the fake drops a notice for any other).
+  launcher.finish(worker_at(SlotKey{"b", 1}), ExitStatus{255, 0});
+  EXPECT_FALSE(steps(1));
+  EXPECT_EQ(membership.peers_lost(), (Lost{{1, {3}}}));
+  EXPECT_EQ(driver->generation(), 2);
+  // Told once: later ticks and the next generation do not repeat it.
+  survivors_rejoin({a0, a1, b0}, 1, 3);
+  EXPECT_FALSE(steps(3));
+  EXPECT_EQ(membership.peers_lost().size(), 1u);
+}
+
+TEST_F(InPlaceTest, LossesOfOneTickAreOneNotice) {
+  discovery.set(HostSet({{"a", 4}}));
+  start_joined(elastic(4, 1, 4));
+  launcher.finish(worker_at(a3), ExitStatus{0, SIGKILL});
+  launcher.finish(worker_at(a1), ExitStatus{1, 0});
+  EXPECT_FALSE(steps(1));
+  EXPECT_EQ(membership.peers_lost(), (Lost{{1, {1, 3}}}));
+}
+
+TEST_F(InPlaceTest, ARankReportedBySurvivorsIsToldToTheOthers) {
+  discovery.set(HostSet({{"a", 1}, {"b", 1}, {"c", 1}}));
+  start_joined(elastic(3, 2, 3));
+  launcher.set_obey_kill(false);  // frozen: it stays "running" after the kill
+  // a0 timed out on rank 2; b0 is still blocked in a collective with it.
+  membership.join(a0, 1, JoinReason::kPeerLost, 2, PeerState::kAlive, 7);
+  EXPECT_FALSE(steps(1));
+  EXPECT_TRUE(worker_at(c0)->killed);
+  EXPECT_EQ(membership.peers_lost(), (Lost{{1, {2}}}));
+  // In generation 2 the frozen worker is no member: a later loss names only
+  // the new one, in the new generation.
+  ASSERT_EQ(driver->generation(), 2);
+  membership.join(b0, 1, JoinReason::kPeerLost, 2);
+  membership.join(c0, -1);
+  EXPECT_FALSE(steps(1));
+  Worker replacement = launcher.launched().back();
+  launcher.finish(replacement, ExitStatus{1, 0});
+  EXPECT_FALSE(steps(1));
+  ASSERT_EQ(membership.peers_lost().size(), 2u);
+  EXPECT_EQ(membership.peers_lost()[1], (std::pair<long, std::vector<int>>{2, {2}}));
+}
+
+TEST_F(InPlaceTest, ARestartModeFailureTellsNoOne) {
+  discovery.set(HostSet({{"a", 2}}));
+  auto o = elastic(2, 1, 2);
+  o.elastic = false;
+  o.mode = WorkerMode::kRestart;
+  make(o);
+  ASSERT_TRUE(driver->start());
+  EXPECT_FALSE(steps(1));
+  launcher.finish(launcher.launched().back(), ExitStatus{1, 0});
+  EXPECT_FALSE(steps(2));
+  EXPECT_TRUE(membership.peers_lost().empty());  // every worker is stopped and restarted instead
 }
 
 }  // namespace

@@ -1,0 +1,245 @@
+#!/usr/bin/python3
+"""Fault detection (issue 8): from a fault to the survivors computing again.
+
+Three faults against a running data-parallel job of 3-4 workers (bench/step_worker
+under erun in place; bench/torch_train.py under torchrun, tuned as in bench.py):
+
+  silent host   a "host" in a network namespace of its own (veth link, private
+                10.77.x.y/30 addresses, its own sshd) has its link cut: no reset,
+                no ICMP; its worker stays alive but unreachable. erun: 2 workers
+                here (ssh to the link's outer address) + 1 in the namespace.
+                torchrun: one agent here, one in the namespace (c10d rendezvous
+                here, --nnodes 1:2).
+  frozen worker SIGSTOP of one worker (bench.py's frozen benchmark, timeout 5 s).
+  SIGKILL       of one worker (bench.py's recovery benchmark).
+
+"Computing again": every surviving process printed a step of a newer generation
+(erun), or every rank of the restarted group printed a step (torchrun). Needs root
+(ip netns) and sshd for the silent host; the others run anywhere.
+
+    /usr/bin/python3 bench/detect.py --build-dir build [--reps 3] [--json FILE]
+
+Prints one RESULT line per measurement and, with --json, writes them all.
+"""
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench  # noqa: E402  (Job, stats, recovery_once: the same peers as bench.py)
+
+ROOT = bench.ROOT
+
+
+def run(*cmd, check=True):
+    p = subprocess.run(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    if check and p.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed: {p.stdout.decode(errors='replace')}")
+    return p.stdout.decode(errors="replace")
+
+
+class Namespace:
+    """A network namespace with a veth link to this one and an sshd on each end."""
+
+    def __init__(self, serial):
+        pid = os.getpid()
+        self.name = f"erun-bench-{pid}-{serial}"
+        self.outer_if, self.inner_if = f"ebo{pid}x{serial}", f"ebi{pid}x{serial}"
+        block = (pid * 8 + serial) % 16384
+        self.outer = f"10.77.{block // 64}.{(block % 64) * 4 + 1}"
+        self.inner = f"10.77.{block // 64}.{(block % 64) * 4 + 2}"
+        self.dir = tempfile.mkdtemp(prefix="erun-detect-")
+        self.sshds = []
+        run("ip", "netns", "add", self.name)
+        run("ip", "link", "add", self.outer_if, "type", "veth", "peer", "name", self.inner_if)
+        run("ip", "addr", "add", self.outer + "/30", "dev", self.outer_if)
+        run("ip", "link", "set", self.inner_if, "netns", self.name)
+        run("ip", "link", "set", self.outer_if, "up")
+        run("ip", "-n", self.name, "addr", "add", self.inner + "/30", "dev", self.inner_if)
+        run("ip", "-n", self.name, "link", "set", self.inner_if, "up")
+        run("ip", "-n", self.name, "link", "set", "lo", "up")
+        self.key = os.path.join(self.dir, "id")
+        run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", self.key)
+        run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", os.path.join(self.dir, "host"))
+        shutil.copy(self.key + ".pub", os.path.join(self.dir, "authorized_keys"))
+        import socket
+        s = socket.socket()
+        s.bind((self.outer, 0))
+        self.port = s.getsockname()[1]
+        s.close()
+        self.sshds.append(self._sshd(self.outer, []))
+        self.sshds.append(self._sshd(self.inner, ["ip", "netns", "exec", self.name]))
+
+    def _sshd(self, addr, prefix):
+        conf = os.path.join(self.dir, f"sshd_{addr}")
+        with open(conf, "w") as f:
+            f.write(f"Port {self.port}\nListenAddress {addr}\nHostKey {self.dir}/host\n"
+                    f"AuthorizedKeysFile {self.dir}/authorized_keys\nPidFile none\nStrictModes no\nUsePAM no\n"
+                    "PermitRootLogin yes\nPasswordAuthentication no\nPubkeyAuthentication yes\nUseDNS no\n"
+                    "MaxStartups 100\nMaxSessions 100\nLogLevel ERROR\n")
+        os.makedirs("/run/sshd", exist_ok=True)
+        p = subprocess.Popen(prefix + ["/usr/sbin/sshd", "-D", "-e", "-f", conf], stdin=subprocess.DEVNULL,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        import socket
+        for _ in range(300):
+            try:
+                socket.create_connection((addr, self.port), 0.5).close()
+                return p
+            except OSError:
+                time.sleep(0.02)
+        raise RuntimeError(f"sshd on {addr}:{self.port} did not start")
+
+    def cut(self):
+        run("ip", "-n", self.name, "link", "set", self.inner_if, "down")
+
+    def pids(self):
+        return [int(x) for x in run("ip", "netns", "pids", self.name, check=False).split()]
+
+    def close(self):
+        for p in self.sshds:
+            p.kill()
+            p.wait()
+        for _ in range(50):
+            pids = self.pids()
+            if not pids:
+                break
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.1)
+        run("ip", "link", "del", self.outer_if, check=False)
+        run("ip", "netns", "del", self.name, check=False)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def silent_host_once(b, mode, i, collective_timeout):
+    ns = Namespace(i)
+    job = None
+    try:
+        if mode == "erun-inplace":
+            cmd = [b.erun, "-np", "3", "--min-np", "2", "--mode", "elastic", "--term-grace", "1",
+                   "-H", f"{ns.outer}:2,{ns.inner}:1", "--driver-address", ns.outer, "--ssh-port", str(ns.port),
+                   "--ssh-identity-file", ns.key, "--blacklist-after", "1", "--collective-timeout",
+                   str(collective_timeout), b.bin("bench/step_worker"), "--step-ms", "50"]
+            job = bench.Job(cmd, name=mode)
+            world = 3
+        else:
+            port = 29400 + (os.getpid() + i) % 400
+            ckpt = os.path.join(ns.dir, "ckpt")
+            tr = ["torchrun", "--nnodes", "1:2", "--nproc_per_node", "1", "--rdzv_backend", "c10d",
+                  "--rdzv_endpoint", f"{ns.outer}:{port}", "--rdzv_id", f"detect{port}", "--max_restarts", "3",
+                  "--monitor_interval", "0.1", "--rdzv_conf", "join_timeout=30,last_call_timeout=1,close_timeout=1",
+                  "--redirects", "9:0", "--tee", "9:0"]
+            # Rank 0 checkpoints into a directory both agents see (this machine's file system).
+            worker = [os.path.join(ROOT, "bench/torch_train.py"), "--checkpoint", ckpt, "--steps-per-epoch", "10",
+                      "--step-ms", "50", "--pg-timeout", str(collective_timeout)]
+            job = bench.Job(tr + worker, {"BENCH_AGENT": "here"}, name=mode)
+            time.sleep(0.5)
+            inner = bench.Job(["ip", "netns", "exec", ns.name] + tr + worker, {"BENCH_AGENT": "there"},
+                              name=mode + "-ns")
+            job.extra = inner
+            world = 2
+        if not job.wait(lambda j: bench.steady(j, world, 10), 180):
+            raise RuntimeError(f"{mode}: never reached steady steps:\n{job.output_tail()}")
+        with job.cv:
+            gen0 = max(r["gen"] for r in job.steps)
+            survivors = {r["pid"] for r in job.steps if r["gen"] == gen0 and r["host"] != "there"}
+            if mode == "erun-inplace":
+                survivors = {r["pid"] for r in job.steps if r["gen"] == gen0 and r["rank"] != 2}
+        t_cut = time.time()
+        ns.cut()
+        in_place = mode == "erun-inplace"
+
+        def after_cut(j):
+            return [r for r in j.steps if r["gen"] > gen0 and r["t"] > t_cut and r["host"] != "there"]
+
+        def recovered(j):
+            # Every rank of the survivors' world computes without the lost host.
+            after = after_cut(j)
+            if not after:
+                return False
+            return len({r["rank"] for r in after if r["size"] == after[-1]["size"]}) >= after[-1]["size"]
+
+        if not job.wait(recovered, 150):
+            with job.cv:
+                log_lines = [ln for _, ln in job.lines if "STEP" not in ln][:70]
+            raise RuntimeError(f"{mode}: survivors did not compute within 150 s of the cut:\n" + "\n".join(log_lines))
+        with job.cv:
+            after = after_cut(job)
+        first = {}
+        for r in after:
+            if r["size"] == after[-1]["size"]:
+                first.setdefault(r["rank"], r["t"])
+        took = max(first.values()) - t_cut
+        kept = survivors <= {r["pid"] for r in after} if in_place else None
+        cmd_s = bench.cmd_str(job.cmd)
+        bench.log(f"silent host {mode} (collective timeout {collective_timeout} s) #{i}: {took:.3f} s"
+                  + ("" if kept is not False else " (NOT in place: a survivor was replaced)"))
+        return {"seconds": took, "cmd": cmd_s, "in_place": kept}
+    finally:
+        if job:
+            job.stop()
+            if getattr(job, "extra", None):
+                job.extra.stop()
+        ns.close()
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--build-dir", required=True)
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--json", default="")
+    p.add_argument("--only", default="silent,frozen,kill")
+    p.add_argument("--no-torch", action="store_true")
+    p.add_argument("--timeouts", default="30,5", help="collective timeouts (s) of the silent-host runs")
+    a = p.parse_args()
+    ba = argparse.Namespace(build_dir=a.build_dir, smoke=False, no_torch=a.no_torch, only="detect", reps=a.reps,
+                            allreduce_reps=0)
+    b = bench.Bench(ba)
+    only = set(a.only.split(","))
+    torch_modes = ["torchrun-tuned"] if b.torch else []
+    out = {}
+    if "silent" in only:
+        if os.geteuid() != 0 or not shutil.which("ip") or not os.path.exists("/usr/sbin/sshd"):
+            bench.log("silent host: skipped (needs root, ip(8) and sshd)")
+        else:
+            for ct in [int(x) for x in a.timeouts.split(",")]:
+                for mode in ["erun-inplace"] + torch_modes:
+                    key = f"silent host, collective timeout {ct} s, {mode}"
+                    runs = []
+                    for i in range(a.reps):
+                        try:
+                            runs.append(silent_host_once(b, mode, i, ct)["seconds"])
+                        except Exception as e:  # one broken run must not lose the others
+                            bench.log(f"FAILED {key} #{i}: {e}")
+                    out[key] = bench.stats(runs)
+                    bench.result("detect", key, median_s=f"{out[key]['median']:.3f}" if out[key] else "none")
+    for name, sig, ct in (("frozen", signal.SIGSTOP, bench.FROZEN_TIMEOUT_S), ("kill", signal.SIGKILL, None)):
+        if name not in only:
+            continue
+        for mode in ["erun-inplace"] + torch_modes:
+            key = f"{'SIGSTOP, collective timeout 5 s' if name == 'frozen' else 'SIGKILL'}, {mode}"
+            runs = []
+            for i in range(a.reps):
+                try:
+                    runs.append(b.recovery_once(mode, i, sig=sig, collective_timeout=ct)["recovery_s"])
+                except Exception as e:
+                    bench.log(f"FAILED {key} #{i}: {e}")
+            out[key] = bench.stats(runs)
+            bench.result("detect", key, median_s=f"{out[key]['median']:.3f}" if out[key] else "none")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(out, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,211 @@
+#include "support/netns.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <sstream>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "common/strings.h"
+#include "common/subprocess.h"
+#include "support/process_utils.h"
+
+namespace erun::testing {
+
+namespace {
+
+constexpr const char* kPrefix = "erun-test-";
+constexpr auto kToolTimeout = std::chrono::seconds(30);
+
+std::string find_ip() {
+  for (const char* p : {"/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"}) {
+    if (::access(p, X_OK) == 0) return p;
+  }
+  return "";
+}
+
+// Runs argv; its stdout, or an error with its stderr.
+Result<std::string> run(const std::vector<std::string>& argv) {
+  SpawnOptions o;
+  o.argv = argv;
+  auto p = Subprocess::spawn(o);
+  if (!p) return Result<std::string>::error(p.message());
+  auto deadline = std::chrono::steady_clock::now() + kToolTimeout;
+  std::string out, err;
+  (void)read_all_until(p->stdout_fd(), out, deadline);
+  (void)read_all_until(p->stderr_fd(), err, deadline);
+  auto st = p->wait_for(std::chrono::seconds(5));
+  if (!st || !st->ok()) {
+    std::string cmd;
+    for (auto& a : argv) cmd += (cmd.empty() ? "" : " ") + a;
+    return Result<std::string>::error(
+        fmt::format("'{}' failed ({}): {}", cmd, st ? st->describe() : "timed out", trim(err)));
+  }
+  return out;
+}
+
+std::vector<std::string> lines_of(const std::string& s) {
+  std::vector<std::string> out;
+  std::istringstream in(s);
+  std::string l;
+  while (std::getline(in, l)) {
+    l = trim(l);
+    if (!l.empty()) out.push_back(l);
+  }
+  return out;
+}
+
+std::vector<pid_t> pids_in(const std::string& ip, const std::string& ns) {
+  std::vector<pid_t> out;
+  auto r = run({ip, "netns", "pids", ns});
+  if (!r) return out;
+  for (auto& l : lines_of(*r)) {
+    long v;
+    if (parse_int(l, v) && v > 0) out.push_back(static_cast<pid_t>(v));
+  }
+  return out;
+}
+
+// Kills every process in the namespace and waits (bounded) until none is left.
+void empty_namespace(const std::string& ip, const std::string& ns) {
+  for (int round = 0; round < 50; ++round) {
+    auto pids = pids_in(ip, ns);
+    if (pids.empty()) return;
+    for (pid_t p : pids) ::kill(p, SIGKILL);
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+}
+
+// Namespaces (and their links) of tests that were killed before cleaning up:
+// erun-test-PID-... whose PID is gone.
+void remove_stale(const std::string& ip) {
+  auto r = run({ip, "netns", "list"});
+  if (!r) return;
+  for (auto& l : lines_of(*r)) {
+    std::string ns = l.substr(0, l.find(' '));
+    if (!starts_with(ns, kPrefix)) continue;
+    std::string rest = ns.substr(std::string(kPrefix).size());
+    long pid;
+    if (!parse_int(rest.substr(0, rest.find('-')), pid) || pid <= 0) continue;
+    if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
+    empty_namespace(ip, ns);
+    (void)run({ip, "netns", "del", ns});  // the veth pair goes with it
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<NetNamespace> NetNamespace::create() {
+  std::unique_ptr<NetNamespace> n(new NetNamespace());
+  if (::geteuid() != 0) {
+    n->skip_reason_ = "network namespaces need root (ip netns add); run this test as root";
+    return n;
+  }
+  const std::string ip = find_ip();
+  if (ip.empty()) {
+    n->skip_reason_ = "ip(8) not found: install iproute2 to run network-namespace tests";
+    return n;
+  }
+  remove_stale(ip);
+  static int counter = 0;
+  const long pid = ::getpid();
+  const int serial = counter++;
+  n->name_ = fmt::format("{}{}-{}", kPrefix, pid, serial);
+  if (auto r = run({ip, "netns", "add", n->name_}); !r) {
+    n->error_ = r.message();
+    return n;
+  }
+  n->created_ = true;
+  // Interface names: at most 15 characters.
+  n->outer_if_ = fmt::format("evo{}x{}", pid, serial);
+  n->inner_if_ = fmt::format("evi{}x{}", pid, serial);
+  if (auto r = run({ip, "link", "add", n->outer_if_, "type", "veth", "peer", "name", n->inner_if_}); !r) {
+    n->error_ = r.message();
+    return n;
+  }
+  n->link_created_ = true;
+  // A /30 out of 10.77.0.0/16 picked by pid and serial; one in use (another
+  // test at the same time) is skipped.
+  std::string last;
+  for (int attempt = 0; attempt < 64; ++attempt) {
+    long block = (pid * 8 + serial + attempt * 97) % 16384;
+    std::string outer = fmt::format("10.77.{}.{}", block / 64, (block % 64) * 4 + 1);
+    std::string inner = fmt::format("10.77.{}.{}", block / 64, (block % 64) * 4 + 2);
+    auto in_use = run({ip, "-4", "-o", "addr", "show", "to", outer + "/30"});
+    if (in_use && !trim(*in_use).empty()) continue;
+    if (auto r = run({ip, "addr", "add", outer + "/30", "dev", n->outer_if_}); !r) {
+      last = r.message();
+      continue;
+    }
+    n->outer_address_ = outer;
+    n->inner_address_ = inner;
+    break;
+  }
+  if (n->outer_address_.empty()) {
+    n->error_ = "no free 10.77.x.y/30 for the namespace's link: " + last;
+    return n;
+  }
+  for (const auto& argv : std::vector<std::vector<std::string>>{
+           {ip, "link", "set", n->inner_if_, "netns", n->name_},
+           {ip, "link", "set", n->outer_if_, "up"},
+           {ip, "-n", n->name_, "addr", "add", n->inner_address_ + "/30", "dev", n->inner_if_},
+           {ip, "-n", n->name_, "link", "set", n->inner_if_, "up"},
+           {ip, "-n", n->name_, "link", "set", "lo", "up"}}) {
+    if (auto r = run(argv); !r) {
+      n->error_ = r.message();
+      return n;
+    }
+  }
+  return n;
+}
+
+NetNamespace::~NetNamespace() {
+  const std::string ip = find_ip();
+  if (ip.empty()) return;
+  if (created_) empty_namespace(ip, name_);
+  if (link_created_) (void)run({ip, "link", "del", outer_if_});  // deletes both ends
+  if (created_) (void)run({ip, "netns", "del", name_});
+}
+
+Status NetNamespace::cut() {
+  auto r = run({find_ip(), "-n", name_, "link", "set", inner_if_, "down"});
+  return r ? Status::ok() : Status::error(r.message());
+}
+
+Status NetNamespace::drop() {
+  // Both directions: each end's egress.
+  for (const auto& argv : std::vector<std::vector<std::string>>{
+           {find_ip(), "netns", "exec", name_, "tc", "qdisc", "replace", "dev", inner_if_, "root", "netem", "loss",
+            "100%"},
+           {"tc", "qdisc", "replace", "dev", outer_if_, "root", "netem", "loss", "100%"}}) {
+    if (auto r = run(argv); !r) return Status::error(r.message());
+  }
+  dropping_ = true;
+  return Status::ok();
+}
+
+Status NetNamespace::restore() {
+  const std::string ip = find_ip();
+  if (dropping_) {
+    (void)run({ip, "netns", "exec", name_, "tc", "qdisc", "del", "dev", inner_if_, "root"});
+    (void)run({"tc", "qdisc", "del", "dev", outer_if_, "root"});
+    dropping_ = false;
+  }
+  auto r = run({ip, "-n", name_, "link", "set", inner_if_, "up"});
+  return r ? Status::ok() : Status::error(r.message());
+}
+
+Status NetNamespace::exec(const std::vector<std::string>& argv) const {
+  std::vector<std::string> full = {find_ip(), "netns", "exec", name_};
+  full.insert(full.end(), argv.begin(), argv.end());
+  auto r = run(full);
+  return r ? Status::ok() : Status::error(r.message());
+}
+
+std::vector<pid_t> NetNamespace::pids() const { return pids_in(find_ip(), name_); }
+
+}  // namespace erun::testing
