@@ -137,7 +137,11 @@ sizes=(65536 1048576 16777216 268435456)
 step bench_erun_vs_nccl "$build/bench/gpu_allreduce_bench" --iters 50 "${sizes[@]}"
 step bench_staged_np2 timeout 300 "$erun" -np 2 --launcher local "$build/bench/gpu_allreduce_bench" --iters 20 "${sizes[@]}"
 step bench_commit "$build/bench/gpu_commit_bench" --reps 10 1073741824
-step bench_shrink "$build/bench/nccl_shrink_bench" --repeat 5
+if [ -x "$build/bench/nccl_shrink_bench" ]; then
+  step bench_shrink "$build/bench/nccl_shrink_bench" --repeat 5
+else
+  summary+=("SKIP  bench_shrink (no nccl_shrink_bench in $build: built without NCCL?)")
+fi
 if python3 -c "import torch, torch.distributed; assert torch.cuda.is_available()" 2>/dev/null; then
   step bench_torch python3 bench/torch_gpu_allreduce.py --iters 50 "${sizes[@]}"
 else
