@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "collectives/file_store.h"
+#include "store/file_store.h"
 #include "collectives/gloo/gloo_communicator.h"
 
 using namespace erun;

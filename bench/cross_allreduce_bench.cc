@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "collectives/file_store.h"
+#include "store/file_store.h"
 #include "collectives/gloo/gloo_communicator.h"
 #include "collectives/hierarchical.h"
 #include "collectives/tcp/tcp_communicator.h"

@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "collectives/file_store.h"
+#include "store/file_store.h"
 #include "collectives/gloo/gloo_communicator.h"
 #include "collectives/hierarchical.h"
 #include "collectives/shm/shm_communicator.h"

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # erun's GPU checks in one call, on a machine with an NVIDIA GPU:
 #   1. build (or reuse an already configured build directory),
-#   2. the GPU unit tests: NCCL in a world of one, the host-staged path with
-#      2-4 ranks sharing the GPU, device state (commit/restore/sync, async),
+#   2. the GPU unit tests: NCCL in a world of one (and one GPU per rank with
+#      2+ GPUs: ncclCommShrink, State::sync() of device buffers over NCCL),
+#      the host-staged path with 2-4 ranks sharing the GPU, device state
+#      (commit/restore/sync, async),
 #   3. the CUDA example elastic under erun (a worker SIGKILLed, a host added)
 #      against an uninterrupted run and a world of one: same checksum,
 #   4. the Python package's tests on CUDA tensors (tests/python/test_gpu.py:
@@ -10,6 +12,7 @@
 #      path) when python3 has torch with CUDA and pytest,
 #   5. benchmarks: erun's GPU allreduce against raw NCCL (and torch.distributed
 #      NCCL when torch is importable), device-state commit against cudaMemcpy,
+#      and (2+ GPUs) shrinking an NCCL communicator against a new init,
 # then prints a summary. Where no GPU is visible it prints "no GPU: skipped"
 # and exits 0. Exits 1 when a step failed.
 #   scripts/gpu_tests.sh [build-dir]     (default: build-gpu)
@@ -55,7 +58,7 @@ finish() {
 
 # ---- 1. build
 targets=(erun collectives_nccl_test collectives_staged_test state_gpu_test worker_gpu_plan_test
-         train_mlp_gpu gpu_allreduce_bench gpu_commit_bench)
+         train_mlp_gpu gpu_allreduce_bench gpu_commit_bench nccl_shrink_bench)
 build_erun() {
   local home
   home=$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$build/CMakeCache.txt" 2>/dev/null)
@@ -153,6 +156,11 @@ sizes=(65536 1048576 16777216 268435456)
 step bench_erun_vs_nccl "$build/bench/gpu_allreduce_bench" --iters 50 "${sizes[@]}"
 step bench_staged_np2 timeout 300 "$erun" -np 2 --launcher local "$build/bench/gpu_allreduce_bench" --iters 20 "${sizes[@]}"
 step bench_commit "$build/bench/gpu_commit_bench" --reps 10 1073741824
+if [ -x "$build/bench/nccl_shrink_bench" ]; then
+  step bench_shrink "$build/bench/nccl_shrink_bench" --repeat 5
+else
+  summary+=("SKIP  bench_shrink (no nccl_shrink_bench in $build: built without NCCL?)")
+fi
 if python3 -c "import torch, torch.distributed; assert torch.cuda.is_available()" 2>/dev/null; then
   step bench_torch python3 bench/torch_gpu_allreduce.py --iters 50 "${sizes[@]}"
 else
@@ -169,5 +177,6 @@ fi
       "$out/bench_erun_vs_nccl.log" | sort -k2 -n
   grep -h "^GPUBENCH" "$out"/bench_staged_np2.log "$out"/bench_torch.log 2>/dev/null
   grep -h "^GPUCOMMIT" "$out/bench_commit.log" 2>/dev/null
+  grep -h "^SHRINKBENCH \(median\|skipped\)" "$out/bench_shrink.log" 2>/dev/null
 } >"$out/numbers.txt"
 finish

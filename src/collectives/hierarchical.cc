@@ -13,6 +13,7 @@
 #include "collectives/tcp/tcp_communicator.h"
 #include "collectives/reduce_kernels.h"
 #include "common/check.h"
+#include "store/prefix_store.h"
 
 namespace erun {
 namespace {
@@ -31,9 +32,9 @@ uint64_t get_u64(const std::vector<char>& in, size_t& pos) {
 }
 
 // The communicator among one rank per host: rank/size as given, listening on
-// the host's address.
-std::unique_ptr<Communicator> make_cross(KvStore& store, const HierOptions& o, int rank, int size,
-                                         const std::string& prefix) {
+// the host's address; its keys under "gloo" or "tcp" (their options' default
+// prefixes) in `store`, a view the caller scoped.
+std::unique_ptr<Communicator> make_cross(KvStore& store, const HierOptions& o, int rank, int size) {
   const std::string& address = o.address.empty() ? o.hostname : o.address;
   if (o.cross == CrossTransport::kGloo) {
     GlooOptions go;
@@ -43,7 +44,6 @@ std::unique_ptr<Communicator> make_cross(KvStore& store, const HierOptions& o, i
     go.connect_timeout = o.connect_timeout;
     go.store_timeout = o.connect_timeout;
     go.hostname = address;
-    go.prefix = prefix + "/gloo";
     return make_gloo_communicator(store, go);
   }
   TcpOptions to;
@@ -52,7 +52,6 @@ std::unique_ptr<Communicator> make_cross(KvStore& store, const HierOptions& o, i
   to.timeout = o.timeout;
   to.connect_timeout = o.connect_timeout;
   to.address = address;
-  to.prefix = prefix + "/tcp";
   to.job_id = o.job_id;
   to.secret = o.secret;
   to.generation = o.generation;
@@ -70,16 +69,20 @@ class HierCommunicator final : public Communicator {
   HierCommunicator(KvStore& store, const HierOptions& o) : o_(o) {
     ERUN_CHECK(o.size >= 1 && o.rank >= 0 && o.rank < o.size);
     ERUN_CHECK(o.local_size >= 1 && o.local_rank >= 0 && o.local_rank < o.local_size);
+    // Keys: <prefix>/host/<hostname>/shm/... for each host's segment,
+    // <prefix>/cross/tcp/... (or gloo/) for the leaders' mesh.
+    PrefixStore scope(store, o.prefix);
     ShmOptions so;
     so.rank = o.local_rank;
     so.size = o.local_size;
     so.timeout = o.timeout;
-    so.prefix = o.prefix + "/shm/" + o.hostname;
     so.segment_tag = o.segment_tag.empty() ? o.prefix : o.segment_tag;
-    local_ = make_shm_communicator(store, so);
+    PrefixStore host_scope(scope, "host/" + o.hostname);
+    local_ = make_shm_communicator(host_scope, so);
     if (leader()) {
       ERUN_CHECK(o.cross_size >= 1 && o.cross_rank >= 0 && o.cross_rank < o.cross_size);
-      guarded([&] { cross_ = make_cross(store, o, o.cross_rank, o.cross_size, o.prefix + "/cross"); });
+      PrefixStore cross_scope(scope, "cross");
+      guarded([&] { cross_ = make_cross(cross_scope, o, o.cross_rank, o.cross_size); });
     }
     // Where every rank lives: its host's index and its local rank there; and
     // whether its host has a CPU to spare for the pipeline's helper thread
@@ -321,16 +324,16 @@ class HierCommunicator final : public Communicator {
 }  // namespace
 
 std::unique_ptr<Communicator> make_hierarchical_communicator(KvStore& store, const HierOptions& o) {
+  PrefixStore scope(store, o.prefix);
   if (o.local_size == o.size) {
     ShmOptions so;
     so.rank = o.rank;
     so.size = o.size;
     so.timeout = o.timeout;
-    so.prefix = o.prefix + "/shm";
     so.segment_tag = o.segment_tag.empty() ? o.prefix : o.segment_tag;
-    return make_shm_communicator(store, so);
+    return make_shm_communicator(scope, so);
   }
-  if (o.local_size == 1 && o.cross_size == o.size) return make_cross(store, o, o.rank, o.size, o.prefix);
+  if (o.local_size == 1 && o.cross_size == o.size) return make_cross(scope, o, o.rank, o.size);
   return std::make_unique<HierCommunicator>(store, o);
 }
 

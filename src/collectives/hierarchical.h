@@ -13,8 +13,9 @@
 #include <string>
 
 #include "common/clock.h"
+#include "common/topology.h"
 #include "erun/communicator.hpp"
-#include "rendezvous/kv_store.h"
+#include "store/kv_store.h"
 
 namespace erun {
 
@@ -26,15 +27,10 @@ enum class CrossTransport {
 
 enum class HierPipeline { kAuto, kOn, kOff };
 
-struct HierOptions {
-  int rank = 0;
-  int size = 1;
-  int local_rank = 0;
-  int local_size = 1;
-  // As Horovod defines them: for a host leader (local_rank 0), cross_rank is
-  // its host's index and cross_size the number of hosts.
-  int cross_rank = 0;
-  int cross_size = 1;
+// The Topology part: this rank's place (for a host leader, local_rank 0,
+// cross_rank is its host's index and cross_size the number of hosts); its
+// generation binds the TCP transport's handshake.
+struct HierOptions : Topology {
   Duration timeout = std::chrono::seconds(30);
   // Identifies this host (ranks with the same hostname share memory) and is
   // the address its leader listens on unless `address` is set.
@@ -49,7 +45,6 @@ struct HierOptions {
   // job and generation (required when there is more than one host).
   std::string job_id;
   std::string secret;
-  long generation = 0;
   // Polled while the leaders' mesh forms; true gives up (TcpOptions::cancelled).
   std::function<bool()> cancelled;
   // From pipeline_bytes on, allreduce can pipeline its three phases (shm

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "common/topology.h"
+
 namespace erun {
 
 // What identifies a worker process across generations: its slot.
@@ -22,12 +24,11 @@ struct SlotKey {
   auto operator<=>(const SlotKey&) const = default;
 };
 
-// One rank of a published generation.
-struct RankAssignment {
+// One rank of a published generation: its place (the Topology) and its slot.
+// In the driver's plan `generation` is unset (0): publish() names it, and the
+// worker's join returns the assignment with the published generation.
+struct RankAssignment : Topology {
   SlotKey slot;
-  int rank = 0, size = 1;
-  int local_rank = 0, local_size = 1;
-  int cross_rank = 0, cross_size = 1;
 };
 
 // Why a worker joins (JOIN's `reason`).

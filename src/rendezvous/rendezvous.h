@@ -24,7 +24,7 @@
 
 #include "common/clock.h"
 #include "common/status.h"
-#include "rendezvous/kv_store.h"
+#include "store/kv_store.h"
 #include "rendezvous/membership.h"
 
 namespace erun {

@@ -242,6 +242,7 @@ std::optional<RankAssignment> decode_assignment(std::string_view payload, int64_
   a.cross_size = r.i32();
   int64_t g = r.i64();
   if (!r.done() || a.size <= 0 || a.rank < 0 || a.rank >= a.size) return std::nullopt;
+  a.generation = static_cast<long>(g);
   if (generation) *generation = g;
   return a;
 }

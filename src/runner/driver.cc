@@ -237,23 +237,12 @@ std::vector<std::pair<std::string, std::string>> Driver::worker_env(const RankAs
                                                                     int master_port) const {
   std::vector<std::pair<std::string, std::string>> env;
   auto put = [&](const char* k, auto v) { env.emplace_back(k, fmt::format("{}", v)); };
-  put("ERUN_RANK", a.rank);
-  put("ERUN_SIZE", a.size);
-  put("ERUN_LOCAL_RANK", a.local_rank);
-  put("ERUN_LOCAL_SIZE", a.local_size);
-  put("ERUN_CROSS_RANK", a.cross_rank);
-  put("ERUN_CROSS_SIZE", a.cross_size);
-  put("ERUN_GENERATION", generation_);
+  Topology t = a;
+  t.generation = generation_;
+  env = topology_env(t);
   put("ERUN_HOSTNAME", a.slot.host);
   put("ERUN_LOCAL_INDEX", a.slot.local_index);
   put("ERUN_JOB_ID", d_.job_id);
-  put("RANK", a.rank);
-  put("WORLD_SIZE", a.size);
-  put("LOCAL_RANK", a.local_rank);
-  put("LOCAL_WORLD_SIZE", a.local_size);
-  put("GROUP_RANK", a.cross_rank);
-  put("ROLE_RANK", a.rank);
-  put("ROLE_WORLD_SIZE", a.size);
   put("MASTER_ADDR", master_addr);
   put("MASTER_PORT", master_port);
   put("TORCHELASTIC_RESTART_COUNT", restarts_);

@@ -125,11 +125,7 @@ void DeviceSlot::mirror(std::vector<char>& out) {
 }
 
 void DeviceSlot::load_from(const std::vector<char>& in) {
-  if (in.size() != bytes_) {
-    throw Error(fmt::format("erun: device state entry '{}' has {} bytes in the snapshot but the registered "
-                            "buffer has {}; register the same sizes on every worker",
-                            name_, in.size(), bytes_));
-  }
+  expect_bytes(in.size());
   if (bytes_ == 0) return;
   fence();
   std::memcpy(pinned_, in.data(), bytes_);
@@ -153,5 +149,13 @@ void DeviceSlot::load_from(const std::vector<char>&) {}
 void DeviceSlot::mirror(std::vector<char>&) {}
 
 #endif
+
+void DeviceSlot::expect_bytes(size_t got) const {
+  if (got != bytes_) {
+    throw Error(fmt::format("erun: device state entry '{}' has {} bytes in the snapshot but the registered "
+                            "buffer has {}; register the same sizes on every worker",
+                            name_, got, bytes_));
+  }
+}
 
 }  // namespace erun::state_internal

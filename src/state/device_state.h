@@ -6,7 +6,9 @@
 // any later work (so a kernel enqueued after commit() never races the copy);
 // the host returns at once and the next commit, restore or read fences it.
 // restore() copies pinned -> device. save_to()/load_from() move the commit
-// through a byte vector for State's generic paths (sync, durable commits).
+// through a byte vector for State's generic paths (sync over the CPU
+// communicator, durable commits); sync over NCCL broadcasts the buffer itself
+// (buffer(), bytes(), stream()) and then commit()s it.
 // Waits are bounded by `timeout` (erun::Error: the GPU is stuck). Without
 // CUDA the constructor throws "erun was built without CUDA".
 #pragma once
@@ -37,6 +39,12 @@ class DeviceSlot {
   void load_from(const std::vector<char>& in);
   // fence(), then the pinned bytes into `out` (the last commit, for encoding).
   void mirror(std::vector<char>& out);
+  // erun::Error naming the entry unless `got` (a snapshot's size) is bytes().
+  void expect_bytes(size_t got) const;
+
+  void* buffer() const { return dev_; }
+  size_t bytes() const { return bytes_; }
+  GpuStream stream() const { return stream_; }
 
  private:
   struct Cuda;

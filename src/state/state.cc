@@ -4,7 +4,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
-
+#include <cstring>
 #include <optional>
 #include <unordered_map>
 
@@ -68,8 +68,10 @@ struct State::Impl {
     }
   }
 
-  // Loads `snap` into the registered values and makes it the committed snapshot.
-  void apply(si::Snapshot&& snap, const std::string& source, bool allow_missing) {
+  // Loads `snap` into the registered values and makes it the committed
+  // snapshot. `devices_done`: the device entries already hold it (received
+  // over NCCL and committed); their bytes in `snap` are size marks.
+  void apply(si::Snapshot&& snap, const std::string& source, bool allow_missing, bool devices_done = false) {
     std::vector<Entry*> targets;
     targets.reserve(snap.entries.size());
     for (auto& [name, bytes] : snap.entries) {
@@ -97,6 +99,10 @@ struct State::Impl {
     }
     for (size_t i = 0; i < targets.size(); ++i) {
       std::vector<char>& bytes = snap.entries[i].second;
+      if (devices_done && targets[i]->device) {
+        targets[i]->has_committed = true;
+        continue;
+      }
       try {
         targets[i]->load(bytes);
       } catch (const Error& e) {
@@ -132,6 +138,48 @@ struct State::Impl {
     for (Entry& e : entries) {
       if (e.device) std::vector<char>().swap(e.committed);
     }
+  }
+
+  // Sync over NCCL. The root's blob carries, for each device entry, its size
+  // (8 bytes) instead of its bytes; the buffers themselves go device to
+  // device, in the blob's order, on each buffer's stream.
+  void mark_device_sizes() {
+    for (Entry& e : entries) {
+      if (!e.device) continue;
+      const uint64_t n = e.device->bytes();
+      e.committed.resize(sizeof(n));
+      std::memcpy(e.committed.data(), &n, sizeof(n));
+    }
+  }
+  void send_devices(GpuCommunicator& gpu, int root) {
+    for (Entry& e : entries) {
+      if (e.device) gpu.broadcast(e.device->buffer(), e.device->bytes(), root, e.device->stream());
+    }
+  }
+  // A receiver: every device entry of `snap` checked against this worker's,
+  // received, and committed only when all arrived (a failure leaves the last
+  // commit as it was, for restore()).
+  void receive_devices(const si::Snapshot& snap, const std::string& source, GpuCommunicator& gpu, int root) {
+    std::vector<Entry*> order;
+    for (const auto& [name, mark] : snap.entries) {
+      auto it = by_name.find(name);
+      if (it == by_name.end() || !entries[it->second].device) continue;  // apply() names a stray entry
+      Entry& e = entries[it->second];
+      uint64_t n = 0;
+      if (mark.size() != sizeof(n)) {
+        throw Error(fmt::format("erun: {} holds host bytes for '{}', a device buffer here; register it the same "
+                                "way on every worker",
+                                source, name));
+      }
+      std::memcpy(&n, mark.data(), sizeof(n));
+      e.device->expect_bytes(static_cast<size_t>(n));
+      order.push_back(&e);
+    }
+    for (Entry* e : order) gpu.broadcast(e->device->buffer(), e->device->bytes(), root, e->device->stream());
+    for (Entry* e : order) e->device->commit();
+  }
+  bool has_device_entries() const {
+    return std::any_of(entries.begin(), entries.end(), [](const Entry& e) { return e.device != nullptr; });
   }
 };
 
@@ -266,12 +314,14 @@ void State::sync() {
     }
     return;
   }
-  // Per rank: commit id, world size before a re-join since the last sync, and
-  // the world size its snapshot was taken at.
-  constexpr size_t kFields = 3;
+  // Per rank: commit id, world size before a re-join since the last sync,
+  // the world size its snapshot was taken at, and whether it has device
+  // entries and an erun built with NCCL.
+  constexpr size_t kFields = 4;
   std::vector<uint64_t> all(static_cast<size_t>(size) * kFields);
   const uint64_t mine[kFields] = {impl_->commit_id, static_cast<uint64_t>(rejoined_from),
-                                  static_cast<uint64_t>(impl_->snapshot_size)};
+                                  static_cast<uint64_t>(impl_->snapshot_size),
+                                  impl_->has_device_entries() && built_with_nccl() ? 1u : 0u};
   comm.allgather(mine, all.data(), sizeof(mine));
   auto field = [&](int r, size_t f) { return all[static_cast<size_t>(r) * kFields + f]; };
   int root = 0;
@@ -283,6 +333,12 @@ void State::sync() {
   const uint64_t newest = field(root, 0);
   int snapshot_size = static_cast<int>(field(root, 2));
   if (newest == 0 && snapshot_size == 0) snapshot_size = size;  // a new baseline
+  // Device buffers go device to device over NCCL when every rank has some
+  // and the generation's GPU backend (chosen here, collectively, if not yet)
+  // is NCCL; otherwise through pinned host memory in the blob.
+  bool devices_over_nccl = true;
+  for (int r = 0; r < size; ++r) devices_over_nccl = devices_over_nccl && field(r, 3) != 0;
+  devices_over_nccl = devices_over_nccl && ctx_.gpu().backend() == GpuBackend::kNccl;
 
   std::vector<char> blob;
   if (rank == root) {
@@ -297,7 +353,11 @@ void State::sync() {
       impl_->fill_uncommitted();
       impl_->load_values();
     }
-    impl_->mirror_device();
+    if (devices_over_nccl) {
+      impl_->mark_device_sizes();
+    } else {
+      impl_->mirror_device();
+    }
     blob = si::encode(impl_->commit_id, impl_->refs());
     impl_->drop_device_mirrors();
   }
@@ -305,9 +365,14 @@ void State::sync() {
   comm.broadcast(&bytes, sizeof(bytes), root);
   if (rank != root) blob.resize(static_cast<size_t>(bytes));
   comm.broadcast(blob.data(), blob.size(), root);
-  if (rank != root) {
+  if (rank == root) {
+    if (devices_over_nccl) impl_->send_devices(ctx_.gpu(), root);
+  } else {
     std::string source = fmt::format("the state broadcast by rank {}", root);
-    impl_->apply(si::decode(blob.data(), blob.size(), source), source, /*allow_missing=*/false);
+    si::Snapshot snap = si::decode(blob.data(), blob.size(), source);
+    blob = {};
+    if (devices_over_nccl) impl_->receive_devices(snap, source, ctx_.gpu(), root);
+    impl_->apply(std::move(snap), source, /*allow_missing=*/false, /*devices_done=*/devices_over_nccl);
   }
   impl_->snapshot_size = snapshot_size;
   // Every rank, a worker new to the job included, learns that a reset is due.

@@ -19,9 +19,11 @@
 #include "common/log.h"
 #include "common/strings.h"
 #include "erun/erun.hpp"
-#include "rendezvous/memory_store.h"
 #include "rendezvous/rendezvous.h"
+#include "store/memory_store.h"
+#include "store/prefix_store.h"
 #include "worker/mpi_context.h"
+#include "worker/worker_info.h"
 
 namespace erun {
 namespace {
@@ -214,14 +216,9 @@ class ElasticContext final : public Context {
       if (!r) {
         throw CommError(fmt::format("erun: {} slot {}: join failed: {}", o_.host, o_.local_index, r.message()));
       }
-      info_.rank = r->rank;
-      info_.size = r->size;
-      info_.local_rank = r->local_rank;
-      info_.local_size = r->local_size;
-      info_.cross_rank = r->cross_rank;
-      info_.cross_size = r->cross_size;
-      info_.generation = gen;
-      info_.host = o_.host;
+      Topology topo = *r;
+      topo.generation = gen;
+      info_ = worker_info(topo, o_.host);
       try {
         // Everyone of the generation is here and alive before any pair is
         // connected: a rank that died or left before this point is seen as a
@@ -235,11 +232,12 @@ class ElasticContext final : public Context {
         auto remaining = [&] {
           return std::max<Duration>(barrier_end - std::chrono::steady_clock::now(), std::chrono::seconds(1));
         };
-        store.set(fmt::format("ready/{}", r->rank), {});
+        PrefixStore ready(store, "ready");
+        ready.set(std::to_string(r->rank), {});
         if (r->rank == 0) {
           for (int k = 1; k < r->size; ++k) {
             try {
-              store.get(fmt::format("ready/{}", k), remaining());
+              ready.get(std::to_string(k), remaining());
             } catch (const CommError& e) {
               if (std::chrono::steady_clock::now() < barrier_end) throw;  // not a timeout: a newer generation
               throw CommError(fmt::format("rank {} did not reach the generation barrier: {}", k, e.what()), k,
@@ -253,12 +251,7 @@ class ElasticContext final : public Context {
         // Shared memory among the ranks of a host, erun's TCP transport among
         // the hosts, its pairs authenticated with the job secret.
         HierOptions h;
-        h.rank = r->rank;
-        h.size = r->size;
-        h.local_rank = r->local_rank;
-        h.local_size = r->local_size;
-        h.cross_rank = r->cross_rank;
-        h.cross_size = r->cross_size;
+        static_cast<Topology&>(h) = topo;
         h.timeout = o_.collective_timeout;
         // The pairs of ranks that just passed the barrier together connect in
         // milliseconds; a peer that dies meanwhile is seen at once (refused
@@ -267,7 +260,6 @@ class ElasticContext final : public Context {
         h.connect_timeout = std::min<Duration>(o_.collective_timeout, std::chrono::seconds(5));
         h.job_id = o_.job_id;
         h.secret = o_.secret;
-        h.generation = gen;
         h.cancelled = [this, gen] { return client_.hosts_updated() || client_.peers_lost_generation() == gen; };
         h.hostname = o_.host;
         h.address = o_.advertise;

@@ -6,6 +6,11 @@
 // (gpu_plan::choose_backend), and NCCL's unique id is broadcast over the same
 // CPU communicator (the rendezvous-built mesh under erun, MPI under
 // mpirun/srun), so every step is bounded by the collective timeout.
+// Leaving a generation keeps a healthy NCCL communicator aside (no operation
+// is in flight then: every GPU collective waits for its stream); when the
+// next generation only lost ranks, it is shrunk into that generation's
+// (ncclCommShrink, NCCL 2.27+: gpu_plan::plan_shrink), with a new init as the
+// fallback on any error; in every other case it is aborted.
 #include <unistd.h>
 
 #include <fmt/format.h>
@@ -100,6 +105,9 @@ struct GpuCommunicator::Impl {
   std::mutex mu;  // the backend pointers, against abort() from another thread
 #if ERUN_HAVE_NCCL
   std::unique_ptr<NcclCommunicator> nccl;
+  // The NCCL communicator of generation kept_generation, kept for a shrink.
+  std::unique_ptr<NcclCommunicator> kept;
+  long kept_generation = -1;
 #endif
 #if ERUN_HAVE_CUDA
   std::unique_ptr<StagedGpuCommunicator> staged;
@@ -109,6 +117,7 @@ struct GpuCommunicator::Impl {
     std::lock_guard<std::mutex> lock(mu);
 #if ERUN_HAVE_NCCL
     if (nccl) nccl->abort();
+    if (kept) kept->abort();
 #endif
 #if ERUN_HAVE_CUDA
     if (staged) staged->abort();
@@ -116,12 +125,19 @@ struct GpuCommunicator::Impl {
   }
 
   // Aborts and frees the backend: ncclCommAbort, never ncclCommDestroy,
-  // because a peer of the generation being left may be hung.
-  void drop() noexcept {
+  // because a peer of the generation being left may be hung. `keep`: a
+  // healthy NCCL communicator is kept aside for a shrink instead.
+  void drop(bool keep = false) noexcept {
     std::lock_guard<std::mutex> lock(mu);
 #if ERUN_HAVE_NCCL
+    if (keep && nccl && nccl->healthy() && NcclCommunicator::shrink_supported()) {
+      discard_kept();
+      kept = std::move(nccl);
+      kept_generation = generation;
+    }
     if (nccl) nccl->abort();
     nccl.reset();
+    if (!keep) discard_kept();
 #endif
 #if ERUN_HAVE_CUDA
     staged.reset();
@@ -129,6 +145,14 @@ struct GpuCommunicator::Impl {
     backend = GpuBackend::kAuto;
     generation = -1;
   }
+
+#if ERUN_HAVE_NCCL
+  void discard_kept() noexcept {
+    if (kept) kept->abort();
+    kept.reset();
+    kept_generation = -1;
+  }
+#endif
 
   int select_device() {
 #if ERUN_HAVE_CUDA
@@ -148,7 +172,7 @@ struct GpuCommunicator::Impl {
       cuda_check(cudaSetDevice(device), "cudaSetDevice", device);
       return;
     }
-    drop();
+    drop(/*keep=*/true);
     const int dev = select_device();
     gpu_plan::Identity me;
     me.host = this_host();
@@ -156,6 +180,14 @@ struct GpuCommunicator::Impl {
     cuda_check(cudaGetDeviceProperties(&prop, dev), "cudaGetDeviceProperties", dev);
     std::memcpy(me.uuid.data(), prop.uuid.bytes, me.uuid.size());
     me.has_device = true;
+#if ERUN_HAVE_NCCL
+    me.can_shrink = NcclCommunicator::shrink_supported();
+    if (kept && kept->healthy()) {
+      me.kept_generation = kept_generation;
+      me.kept_rank = kept->rank();
+      me.kept_size = kept->size();
+    }
+#endif
     Communicator& cpu = ctx.comm();
     std::vector<char> mine = gpu_plan::encode(me);
     std::vector<std::vector<char>> all = cpu.allgatherv(mine.data(), mine.size());
@@ -171,36 +203,24 @@ struct GpuCommunicator::Impl {
     const auto timeout = ctx.collective_timeout();
     if (choice.backend == GpuBackend::kNccl) {
 #if ERUN_HAVE_NCCL
-      // Rank 0's id (or its failure) goes to every rank: [ok][id].
-      std::vector<char> msg(1 + sizeof(NcclId), 0);
-      std::string failure;
-      if (ctx.rank() == 0) {
-        try {
-          NcclId id = nccl_unique_id();
-          msg[0] = 1;
-          std::memcpy(msg.data() + 1, id.data(), id.size());
-        } catch (const CommError& e) {
-          failure = e.what();
-        }
-      }
-      cpu.broadcast(msg.data(), msg.size(), 0);
-      if (msg[0] != 1) {
-        throw CommError(fmt::format("erun: {}: rank 0 could not create the NCCL unique id{}{}", tag,
-                                    failure.empty() ? "" : ": ", failure));
-      }
-      NcclId id;
-      std::memcpy(id.data(), msg.data() + 1, id.size());
       NcclOptions o;
       o.rank = ctx.rank();
       o.size = ctx.size();
       o.device = dev;
       o.timeout = timeout;
       o.prefix = fmt::format("gen{}", gen);
-      auto comm = std::make_unique<NcclCommunicator>(id, o);
+      std::unique_ptr<NcclCommunicator> comm = shrink_kept(gpu_plan::plan_shrink(ids), o, cpu, tag);
+      if (!comm) comm = init_nccl(o, cpu, tag);
       std::lock_guard<std::mutex> lock(mu);
       nccl = std::move(comm);
 #endif
     } else {
+#if ERUN_HAVE_NCCL
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        discard_kept();
+      }
+#endif
       StagedOptions o;
       o.device = dev;
       o.timeout = timeout;
@@ -214,6 +234,70 @@ struct GpuCommunicator::Impl {
     no_cuda(what);
 #endif
   }
+
+#if ERUN_HAVE_NCCL
+  // The kept communicator shrunk into this generation's when `plan` says so
+  // and every rank's shrink succeeded (agreed over `cpu`, so that all ranks
+  // fall back to an init together); nullptr otherwise. The kept one is
+  // aborted either way.
+  std::unique_ptr<NcclCommunicator> shrink_kept(const gpu_plan::ShrinkPlan& plan, const NcclOptions& o,
+                                                Communicator& cpu, const std::string& tag) {
+    std::unique_ptr<NcclCommunicator> shrunk;
+    if (plan.shrink) {
+      const auto t0 = std::chrono::steady_clock::now();
+      std::string failure;
+      try {
+        shrunk = kept->shrink(plan.excluded, o);
+      } catch (const CommError& e) {
+        failure = e.what();
+      }
+      int32_t ok = shrunk ? 1 : 0;
+      cpu.allreduce(&ok, 1, DataType::kInt32, ReduceOp::kMin);
+      if (ok == 0) {
+        ERUN_LOG_WARN("{}: shrinking the NCCL communicator failed{}{}; a new init follows", tag,
+                      failure.empty() ? " on another rank" : ": ", failure);
+        if (shrunk) shrunk->abort();
+        shrunk.reset();
+      } else {
+        ERUN_LOG_INFO("{}: NCCL communicator shrunk in {:.3f} s ({})", tag,
+                      seconds(std::chrono::steady_clock::now() - t0), plan.reason);
+      }
+    } else if (kept) {
+      ERUN_LOG_DEBUG("{}: the kept NCCL communicator is not shrunk: {}", tag, plan.reason);
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    discard_kept();
+    return shrunk;
+  }
+
+  // A new NCCL communicator: rank 0's unique id (or its failure) goes to
+  // every rank over `cpu` as [ok][id], then the init.
+  std::unique_ptr<NcclCommunicator> init_nccl(const NcclOptions& o, Communicator& cpu, const std::string& tag) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<char> msg(1 + sizeof(NcclId), 0);
+    std::string failure;
+    if (o.rank == 0) {
+      try {
+        NcclId id = nccl_unique_id();
+        msg[0] = 1;
+        std::memcpy(msg.data() + 1, id.data(), id.size());
+      } catch (const CommError& e) {
+        failure = e.what();
+      }
+    }
+    cpu.broadcast(msg.data(), msg.size(), 0);
+    if (msg[0] != 1) {
+      throw CommError(fmt::format("erun: {}: rank 0 could not create the NCCL unique id{}{}", tag,
+                                  failure.empty() ? "" : ": ", failure));
+    }
+    NcclId id;
+    std::memcpy(id.data(), msg.data() + 1, id.size());
+    auto comm = std::make_unique<NcclCommunicator>(id, o);
+    ERUN_LOG_DEBUG("{}: NCCL communicator of {} ranks initialised in {:.3f} s", tag, o.size,
+                   seconds(std::chrono::steady_clock::now() - t0));
+    return comm;
+  }
+#endif
 };
 
 GpuCommunicator::GpuCommunicator(Context& ctx) : impl_(std::make_unique<Impl>(ctx)) {}
@@ -280,7 +364,9 @@ void GpuCommunicator::allgather(const void* in, void* out, size_t bytes, GpuStre
 }
 
 void GpuCommunicator::abort() noexcept { impl_->abort(); }
-void GpuCommunicator::release() noexcept { impl_->drop(); }
+// Leaving a generation: a healthy NCCL communicator is kept for a shrink
+// (nothing is in flight on it: every collective waited for its stream).
+void GpuCommunicator::release() noexcept { impl_->drop(/*keep=*/true); }
 
 GpuCommunicator& Context::gpu() {
   if (!gpu_) {

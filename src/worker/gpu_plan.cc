@@ -11,7 +11,9 @@
 namespace erun::gpu_plan {
 namespace {
 
-constexpr uint32_t kMagic = 0x67707531;  // "gpu1"
+constexpr uint32_t kMagic = 0x67707532;  // "gpu2"
+// magic, has_device, uuid, can_shrink, kept generation (i64), rank, size (i32), then the host.
+constexpr size_t kFixed = 4 + 1 + 16 + 1 + 8 + 4 + 4;
 
 std::string uuid_text(const std::array<uint8_t, 16>& u) {
   std::string s;
@@ -34,11 +36,23 @@ int select_device(int local_rank, int visible_devices) {
 }
 
 std::vector<char> encode(const Identity& id) {
-  std::vector<char> out(4 + 1 + id.uuid.size() + id.host.size());
-  std::memcpy(out.data(), &kMagic, 4);
-  out[4] = id.has_device ? 1 : 0;
-  std::memcpy(out.data() + 5, id.uuid.data(), id.uuid.size());
-  std::memcpy(out.data() + 5 + id.uuid.size(), id.host.data(), id.host.size());
+  std::vector<char> out(kFixed + id.host.size());
+  char* p = out.data();
+  auto put = [&](const void* v, size_t n) {
+    std::memcpy(p, v, n);
+    p += n;
+  };
+  const char has_device = id.has_device ? 1 : 0, can_shrink = id.can_shrink ? 1 : 0;
+  const int64_t gen = id.kept_generation;
+  const int32_t rank = id.kept_rank, size = id.kept_size;
+  put(&kMagic, 4);
+  put(&has_device, 1);
+  put(id.uuid.data(), id.uuid.size());
+  put(&can_shrink, 1);
+  put(&gen, 8);
+  put(&rank, 4);
+  put(&size, 4);
+  put(id.host.data(), id.host.size());
   return out;
 }
 
@@ -46,14 +60,31 @@ Identity decode(const std::vector<char>& bytes, int rank) {
   Identity id;
   uint32_t magic = 0;
   if (bytes.size() >= 4) std::memcpy(&magic, bytes.data(), 4);
-  if (bytes.size() < 5 + id.uuid.size() || magic != kMagic) {
+  if (bytes.size() < kFixed || magic != kMagic) {
     throw Error(fmt::format("erun: rank {} sent a GPU identity this worker cannot read ({} bytes); run the same "
                             "erun build on every host",
                             rank, bytes.size()));
   }
-  id.has_device = bytes[4] != 0;
-  std::memcpy(id.uuid.data(), bytes.data() + 5, id.uuid.size());
-  id.host.assign(bytes.data() + 5 + id.uuid.size(), bytes.size() - 5 - id.uuid.size());
+  const char* p = bytes.data() + 4;
+  auto get = [&](void* v, size_t n) {
+    std::memcpy(v, p, n);
+    p += n;
+  };
+  char has_device = 0, can_shrink = 0;
+  int64_t gen = -1;
+  int32_t kept_rank = -1, kept_size = 0;
+  get(&has_device, 1);
+  get(id.uuid.data(), id.uuid.size());
+  get(&can_shrink, 1);
+  get(&gen, 8);
+  get(&kept_rank, 4);
+  get(&kept_size, 4);
+  id.has_device = has_device != 0;
+  id.can_shrink = can_shrink != 0;
+  id.kept_generation = static_cast<long>(gen);
+  id.kept_rank = kept_rank;
+  id.kept_size = kept_size;
+  id.host.assign(p, bytes.size() - kFixed);
   return id;
 }
 
@@ -89,6 +120,48 @@ Choice choose_backend(const std::vector<Identity>& ranks, bool nccl_built, GpuBa
   if (!nccl_built) return {GpuBackend::kStaged, "erun was built without NCCL"};
   if (!shared.empty()) return {GpuBackend::kStaged, shared + " (NCCL needs one GPU per rank)"};
   return {GpuBackend::kNccl, "every rank has its own GPU"};
+}
+
+ShrinkPlan plan_shrink(const std::vector<Identity>& ranks) {
+  ShrinkPlan plan;
+  if (ranks.empty()) return plan;
+  const Identity& first = ranks.front();
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    const Identity& id = ranks[r];
+    if (!id.can_shrink) {
+      plan.reason = fmt::format("rank {}'s NCCL has no ncclCommShrink", r);
+      return plan;
+    }
+    if (id.kept_generation < 0) {
+      plan.reason = fmt::format("rank {} kept no NCCL communicator (new, or its last one failed)", r);
+      return plan;
+    }
+    if (id.kept_generation != first.kept_generation || id.kept_size != first.kept_size) {
+      plan.reason = fmt::format("rank {} kept the communicator of generation {} ({} ranks), rank 0 that of {} ({})",
+                                r, id.kept_generation, id.kept_size, first.kept_generation, first.kept_size);
+      return plan;
+    }
+    if (id.kept_rank < 0 || id.kept_rank >= id.kept_size || (r > 0 && id.kept_rank <= ranks[r - 1].kept_rank)) {
+      plan.reason = fmt::format("the ranks did not keep their order (rank {} was rank {})", r, id.kept_rank);
+      return plan;
+    }
+  }
+  if (static_cast<int>(ranks.size()) >= first.kept_size) {
+    plan.reason = "no rank left";
+    return plan;
+  }
+  size_t next = 0;
+  for (int k = 0; k < first.kept_size; ++k) {
+    if (next < ranks.size() && ranks[next].kept_rank == k) {
+      ++next;
+    } else {
+      plan.excluded.push_back(k);
+    }
+  }
+  plan.shrink = true;
+  plan.reason = fmt::format("{} of generation {}'s {} ranks left", plan.excluded.size(), first.kept_generation,
+                            first.kept_size);
+  return plan;
 }
 
 }  // namespace erun::gpu_plan

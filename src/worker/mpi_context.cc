@@ -6,6 +6,8 @@
 #include <fmt/format.h>
 
 #include "common/strings.h"
+#include "common/topology.h"
+#include "worker/worker_info.h"
 
 #if ERUN_HAVE_MPI
 #include <mpi.h>
@@ -56,30 +58,31 @@ class MpiContext final : public Context {
       }
       owns_mpi_ = true;
     }
-    MPI_Comm_rank(MPI_COMM_WORLD, &info_.rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &info_.size);
-    if (expected_size > 0 && info_.size != expected_size) {
+    Topology t;  // generation 0: a static job has one
+    MPI_Comm_rank(MPI_COMM_WORLD, &t.rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &t.size);
+    if (expected_size > 0 && t.size != expected_size) {
       finalize();
       throw Error(fmt::format(
           "erun: the launcher started {} tasks but MPI sees a world of {}: MPI cannot reach the launcher's "
           "process manager; with srun give --mpi=pmix (or --mpi=pmi2), see `srun --mpi=list`",
-          expected_size, info_.size));
+          expected_size, t.size));
     }
-    if (int rc = MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, info_.rank, MPI_INFO_NULL, &local_);
+    if (int rc = MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, t.rank, MPI_INFO_NULL, &local_);
         rc != MPI_SUCCESS) {
       mpi_fail("MPI_Comm_split_type", rc);
     }
-    MPI_Comm_rank(local_, &info_.local_rank);
-    MPI_Comm_size(local_, &info_.local_size);
-    if (int rc = MPI_Comm_split(MPI_COMM_WORLD, info_.local_rank, info_.rank, &cross_); rc != MPI_SUCCESS) {
+    MPI_Comm_rank(local_, &t.local_rank);
+    MPI_Comm_size(local_, &t.local_size);
+    if (int rc = MPI_Comm_split(MPI_COMM_WORLD, t.local_rank, t.rank, &cross_); rc != MPI_SUCCESS) {
       mpi_fail("MPI_Comm_split", rc);
     }
-    MPI_Comm_rank(cross_, &info_.cross_rank);
-    MPI_Comm_size(cross_, &info_.cross_size);
+    MPI_Comm_rank(cross_, &t.cross_rank);
+    MPI_Comm_size(cross_, &t.cross_size);
     char name[MPI_MAX_PROCESSOR_NAME] = {};
     int len = 0;
     MPI_Get_processor_name(name, &len);
-    info_.host.assign(name, static_cast<size_t>(len));
+    info_ = worker_info(t, std::string(name, static_cast<size_t>(len)));
     comm_ = make_mpi_communicator(MPI_COMM_WORLD);
     ERUN_LOG_DEBUG("rank {} of {} on {} (local {}/{}, cross {}/{}): bootstrapped from MPI", info_.rank,
                    info_.size, info_.host, info_.local_rank, info_.local_size, info_.cross_rank, info_.cross_size);

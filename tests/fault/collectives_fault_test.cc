@@ -20,7 +20,7 @@
 #include <fstream>
 #include <thread>
 
-#include "collectives/file_store.h"
+#include "store/file_store.h"
 #include "common/check.h"
 #include "collectives/gloo/gloo_communicator.h"
 #include "collectives/tcp/tcp_communicator.h"

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "collectives/file_store.h"
+#include "store/file_store.h"
 #include "collectives/gloo/gloo_communicator.h"
 #include "collectives/mpi/mpi_communicator.h"
 

@@ -14,7 +14,7 @@
 
 #include "support/collective_reference.h"
 #include "collectives/hierarchical.h"
-#include "rendezvous/memory_store.h"
+#include "store/memory_store.h"
 
 namespace erun {
 namespace {

@@ -1,6 +1,7 @@
 // NcclCommunicator on real GPUs (skipped without one): every type and
 // reduction against a serial reference, one thread per rank and one GPU per
-// rank (world size 1 on a single-GPU machine), plus the timeout and abort paths.
+// rank (world size 1 on a single-GPU machine), plus the timeout and abort
+// paths and shrink (ncclCommShrink; 2 or more GPUs, NCCL 2.27+).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,7 +11,7 @@
 #include <thread>
 
 #include "collectives/nccl/nccl_communicator.h"
-#include "rendezvous/memory_store.h"
+#include "store/memory_store.h"
 
 namespace erun {
 namespace {
@@ -235,6 +236,61 @@ TEST_F(NcclTest, AbortMakesLaterOperationsThrow) {
   EXPECT_THROW(comm.broadcast(dev, 16, 0, stream), CommError);
   cudaFree(dev);
   cudaStreamDestroy(stream);
+}
+
+TEST_F(NcclTest, ShrinkKeepsTheSurvivorsInOrder) {
+  const int n = std::min(cuda_device_count(), 4);
+  if (n < 2) GTEST_SKIP() << "needs 2 or more GPUs";
+  if (!NcclCommunicator::shrink_supported()) GTEST_SKIP() << "this NCCL has no ncclCommShrink (2.27+)";
+  // Rank 0 of the old communicator leaves: rank r becomes rank r-1.
+  run_ranks(n, [n](NcclCommunicator& comm, cudaStream_t stream) {
+    ASSERT_TRUE(comm.healthy());
+    if (comm.rank() == 0) return comm.abort();  // it leaves
+    NcclOptions o;
+    o.rank = comm.rank() - 1;
+    o.size = n - 1;
+    o.timeout = 120s;
+    std::unique_ptr<NcclCommunicator> small = comm.shrink({0}, o);
+    EXPECT_EQ(small->rank(), comm.rank() - 1);
+    EXPECT_EQ(small->device(), comm.device());
+    comm.abort();
+    float* dev = nullptr;
+    CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&dev), sizeof(float)));
+    const float mine = static_cast<float>(small->rank() + 1);
+    CUDA_OK(cudaMemcpy(dev, &mine, sizeof(float), cudaMemcpyHostToDevice));
+    small->allreduce(dev, 1, DataType::kFloat32, ReduceOp::kSum, stream);
+    float sum = 0;
+    CUDA_OK(cudaMemcpy(&sum, dev, sizeof(float), cudaMemcpyDeviceToHost));
+    EXPECT_EQ(sum, static_cast<float>((n - 1) * n / 2));
+    cudaFree(dev);
+  });
+}
+
+TEST_F(NcclTest, ShrinkToAWrongRankIsACommError) {
+  const int n = std::min(cuda_device_count(), 4);
+  if (n < 2) GTEST_SKIP() << "needs 2 or more GPUs";
+  if (!NcclCommunicator::shrink_supported()) GTEST_SKIP() << "this NCCL has no ncclCommShrink (2.27+)";
+  run_ranks(2, [](NcclCommunicator& comm, cudaStream_t) {
+    if (comm.rank() == 0) return comm.abort();
+    NcclOptions o;
+    o.rank = 1;  // NCCL makes it rank 0 of 1
+    o.size = 1;
+    o.timeout = 60s;
+    try {
+      comm.shrink({0}, o);
+      FAIL() << "a shrink to the wrong rank must fail";
+    } catch (const CommError& e) {
+      EXPECT_NE(std::string(e.what()).find("not rank 1 of 1"), std::string::npos) << e.what();
+    }
+  });
+}
+
+TEST_F(NcclTest, AbortedCommunicatorIsNotHealthy) {
+  MemoryKvStore store;
+  NcclCommunicator comm(store, NcclOptions{});
+  EXPECT_TRUE(comm.healthy());
+  comm.abort();
+  EXPECT_FALSE(comm.healthy());
 }
 
 }  // namespace

@@ -25,9 +25,9 @@
 #include <thread>
 
 #include "support/collective_reference.h"
-#include "collectives/file_store.h"
+#include "store/file_store.h"
 #include "collectives/shm/shm_communicator.h"
-#include "rendezvous/memory_store.h"
+#include "store/memory_store.h"
 
 namespace erun {
 namespace {

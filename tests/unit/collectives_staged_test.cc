@@ -11,7 +11,7 @@
 
 #include "collectives/cuda/staged_communicator.h"
 #include "collectives/gloo/gloo_communicator.h"
-#include "rendezvous/memory_store.h"
+#include "store/memory_store.h"
 
 namespace erun {
 namespace {

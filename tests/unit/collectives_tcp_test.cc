@@ -22,7 +22,7 @@
 #include <thread>
 
 #include "collectives/tcp/tcp_communicator.h"
-#include "rendezvous/memory_store.h"
+#include "store/memory_store.h"
 #include "rendezvous/wire.h"
 #include "support/collective_reference.h"
 

@@ -86,9 +86,9 @@ TEST(RendezvousServer, JoinBlocksUntilPublishAndGetsItsAssignment) {
   std::this_thread::sleep_for(100ms);
   EXPECT_FALSE(ready(a->assignment));
 
-  RankAssignment r0{{"10.0.0.1", 0}, 0, 3, 0, 2, 0, 2};
-  RankAssignment r1{{"10.0.0.1", 1}, 1, 3, 1, 2, 0, 2};
-  RankAssignment r2{{"10.0.0.2", 0}, 2, 3, 0, 1, 1, 2};
+  RankAssignment r0{{0, 3, 0, 2, 0, 2}, {"10.0.0.1", 0}};
+  RankAssignment r1{{1, 3, 1, 2, 0, 2}, {"10.0.0.1", 1}};
+  RankAssignment r2{{2, 3, 0, 1, 1, 2}, {"10.0.0.2", 0}};
   server->publish(5, {r0, r1, r2});
   auto ra = a->assignment.get(), rb = b->assignment.get(), rc = c->assignment.get();
   ASSERT_TRUE(ra.is_ok()) << ra.message();
@@ -102,6 +102,7 @@ TEST(RendezvousServer, JoinBlocksUntilPublishAndGetsItsAssignment) {
   EXPECT_EQ(rc->cross_rank, 1);
   EXPECT_EQ(rc->cross_size, 2);
   EXPECT_EQ(rc->slot, (SlotKey{"10.0.0.2", 0}));
+  EXPECT_EQ(rc->generation, 5);  // the published generation, not the plan's unset one
   EXPECT_EQ(a->gen, 5);
   EXPECT_EQ(c->client->generation(), 5);
   EXPECT_EQ(server->generation(), 5);

@@ -535,6 +535,7 @@ TEST_F(InPlaceTest, AReplacementThatTrainedWithTheOthersFinishesLikeThem) {
   launcher.finish(replacement, ExitStatus{0, 0});
   EXPECT_EQ(steps(2), 0);
 
+}
 using Lost = std::vector<std::pair<long, std::vector<int>>>;
 
 TEST_F(InPlaceTest, AWorkerThatDiesIsReportedToTheSurvivorsBeforeTheNextGeneration) {

@@ -139,7 +139,7 @@ TEST(Planner, OrderHostsIsLinearInHosts) {
   for (int i = 0; i < 20000; ++i) v.push_back({"h" + std::to_string(i), 1});
   HostSet set(v);
   Plan prev;
-  for (int i = 19990; i < 20000; ++i) prev.ranks.push_back(RankAssignment{SlotKey{"h" + std::to_string(i), 0}});
+  for (int i = 19990; i < 20000; ++i) prev.ranks.push_back(RankAssignment{{}, SlotKey{"h" + std::to_string(i), 0}});
   auto order = order_hosts(set, &prev);
   ASSERT_EQ(order.size(), 20000u);
   EXPECT_EQ(order[0].name, "h19990");

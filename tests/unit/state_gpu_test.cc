@@ -16,7 +16,7 @@
 
 #include "collectives/gloo/gloo_communicator.h"
 #include "erun/erun.hpp"
-#include "rendezvous/memory_store.h"
+#include "store/memory_store.h"
 
 #if ERUN_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -333,6 +333,44 @@ TEST(DeviceState, SyncSpreadsTheNewestCommitToEveryRank) {
     CUDA_OK(cudaMemset(d, 0, n * sizeof(float)));
     state.restore();  // the synced commit is this rank's commit now
     EXPECT_EQ(to_host<float>(d, n), std::vector<float>(n, 20.0f)) << "rank " << ctx.rank();
+    cudaFree(d);
+  });
+}
+
+TEST(DeviceState, SyncGoesOverNcclWithAGpuPerRank) {
+  REQUIRE_GPU();
+  if (!built_with_nccl()) GTEST_SKIP() << "erun was built without NCCL";
+  const int n = std::min(gpu_device_count(), 4);
+  if (n < 2) GTEST_SKIP() << "needs 2 or more GPUs (one per rank)";
+  run_world(n, [](ThreadContext& ctx, KvStore&) {
+    ctx.gpu().set_device(ctx.rank());
+    const size_t count = 300000;
+    std::vector<float> v(count, static_cast<float>(ctx.rank() + 10));
+    float* d = to_device(v);
+    int32_t host_value = ctx.rank();
+    State state(ctx);
+    state.register_device_buffer("w", d, count * sizeof(float));
+    state.register_value("h", &host_value);
+    state.sync();  // baseline: rank 0's values
+    EXPECT_EQ(ctx.gpu().backend(), GpuBackend::kNccl);
+    EXPECT_EQ(to_host<float>(d, count), std::vector<float>(count, 10.0f)) << "rank " << ctx.rank();
+    EXPECT_EQ(host_value, 0);
+    // Every rank commits its own values; the root is then rank 0 (the lowest
+    // of the newest), and the others' buffers are zeroed so that only what
+    // arrives counts.
+    std::vector<float> own(count, static_cast<float>(ctx.rank() + 20));
+    CUDA_OK(cudaMemcpy(d, own.data(), count * sizeof(float), cudaMemcpyHostToDevice));
+    host_value = ctx.rank() + 100;
+    state.commit();
+    if (ctx.rank() != 0) CUDA_OK(cudaMemset(d, 0, count * sizeof(float)));
+    state.sync();
+    const std::vector<float> newest(count, 20.0f);
+    EXPECT_EQ(to_host<float>(d, count), newest) << "rank " << ctx.rank();
+    EXPECT_EQ(host_value, 100) << "rank " << ctx.rank();
+    EXPECT_EQ(state.commit_id(), 1u);
+    CUDA_OK(cudaMemset(d, 0, count * sizeof(float)));
+    state.restore();  // the buffer received over NCCL is this rank's commit now
+    EXPECT_EQ(to_host<float>(d, count), newest) << "rank " << ctx.rank();
     cudaFree(d);
   });
 }

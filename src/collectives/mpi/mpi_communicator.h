@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "erun/communicator.hpp"
-#include "rendezvous/kv_store.h"
+#include "store/kv_store.h"
 
 namespace erun {
 

@@ -139,6 +139,52 @@ NcclCommunicator::~NcclCommunicator() {
 
 void NcclCommunicator::abort() { abort_requested_ = true; }
 
+bool NcclCommunicator::healthy() const { return !broken_ && !abort_requested_ && comm_->handle && !comm_->aborted; }
+
+bool NcclCommunicator::shrink_supported() {
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
+  int version = 0;
+  return ncclGetVersion(&version) == ncclSuccess && version >= NCCL_VERSION(2, 27, 0);
+#else
+  return false;
+#endif
+}
+
+NcclCommunicator::NcclCommunicator(const NcclOptions& o, Shrunk) : options_(o), comm_(std::make_unique<Comm>()) {}
+
+std::unique_ptr<NcclCommunicator> NcclCommunicator::shrink(const std::vector<int>& exclude, const NcclOptions& o) {
+  NcclOptions child_options = o;
+  child_options.device = options_.device;
+  std::unique_ptr<NcclCommunicator> child(new NcclCommunicator(child_options, Shrunk{}));
+  ERUN_CHECK(o.size >= 1 && o.rank >= 0 && o.rank < o.size);
+  if (!shrink_supported()) child->fail("shrink", "this NCCL has no ncclCommShrink (2.27 or newer needed)");
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
+  check_usable("shrink");
+  const TimePoint deadline = std::chrono::steady_clock::now() + o.timeout;
+  std::vector<int> excluded(exclude);
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ncclResult_t r = ncclCommShrink(comm_->handle, excluded.data(), static_cast<int>(excluded.size()),
+                                  &child->comm_->handle, &config, NCCL_SHRINK_DEFAULT);
+  if (r != ncclSuccess && r != ncclInProgress) {
+    child->comm_->abort_now();
+    child->broken_ = true;
+    child->fail("shrink", ncclGetErrorString(r));
+  }
+  child->wait_ready("shrink", deadline);
+  int rank = -1, count = -1;
+  ncclCommUserRank(child->comm_->handle, &rank);
+  ncclCommCount(child->comm_->handle, &count);
+  if (rank != o.rank || count != o.size) {
+    child->comm_->abort_now();
+    child->broken_ = true;
+    child->fail("shrink", "NCCL made rank " + std::to_string(rank) + " of " + std::to_string(count) + ", not rank " +
+                              std::to_string(o.rank) + " of " + std::to_string(o.size));
+  }
+#endif
+  return child;
+}
+
 void NcclCommunicator::check_usable(const char* what) {
   if (abort_requested_) {
     comm_->abort_now();

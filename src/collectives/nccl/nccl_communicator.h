@@ -7,7 +7,9 @@
 // stream and then waited for by the caller's thread, which polls the stream and
 // NCCL's async error until the deadline; on error or timeout it aborts the NCCL
 // communicator and throws CommError, and the object only throws afterwards.
-// abort() may be called from any thread. Only built when ERUN_HAVE_NCCL.
+// abort() may be called from any thread. shrink() makes the communicator of
+// the ranks that remain when some leave (ncclCommShrink, NCCL 2.27+), cheaper
+// than a new init. Only built when ERUN_HAVE_NCCL.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -16,10 +18,11 @@
 #include <atomic>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "common/clock.h"
 #include "erun/communicator.hpp"
-#include "rendezvous/kv_store.h"
+#include "store/kv_store.h"
 
 namespace erun {
 
@@ -61,8 +64,23 @@ class NcclCommunicator {
   void allgather(const void* in, void* out, size_t bytes, cudaStream_t stream);
   void abort();
 
+  // Nothing failed and no abort was asked for: shrink() may start from it.
+  bool healthy() const;
+  // The NCCL this process loaded (and the headers it was built with) has ncclCommShrink.
+  static bool shrink_supported();
+  // Collective over every rank of this communicator not in `exclude` (ranks
+  // of this one; the excluded ones may be dead): the communicator of those
+  // ranks, renumbered in order, on this one's device; `options` must give the
+  // rank and size that renumbering yields (checked) and the timeout of the
+  // new one's init. Bounded by options.timeout; CommError on failure or
+  // timeout (the new one is aborted). This one is left as it was: abort it
+  // afterwards, never destroy it while an excluded peer may hang.
+  std::unique_ptr<NcclCommunicator> shrink(const std::vector<int>& exclude, const NcclOptions& options);
+
  private:
   struct Comm;
+  struct Shrunk {};
+  NcclCommunicator(const NcclOptions& options, Shrunk);
   static NcclId exchange_id(KvStore& store, const NcclOptions& o);
   void wait_ready(const char* what, TimePoint deadline);
   void wait_stream(const char* what, cudaStream_t stream);

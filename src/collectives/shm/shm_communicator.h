@@ -18,7 +18,7 @@
 
 #include "common/clock.h"
 #include "erun/communicator.hpp"
-#include "rendezvous/kv_store.h"
+#include "store/kv_store.h"
 
 namespace erun {
 

@@ -9,7 +9,7 @@
 #include <iterator>
 #include <thread>
 
-#include "collectives/file_store.h"
+#include "store/file_store.h"
 
 namespace erun {
 namespace {

@@ -1,4 +1,4 @@
-#include "collectives/file_store.h"
+#include "store/file_store.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>

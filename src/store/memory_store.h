@@ -7,7 +7,7 @@
 #include <mutex>
 
 #include "erun/errors.hpp"
-#include "rendezvous/kv_store.h"
+#include "store/kv_store.h"
 
 namespace erun {
 

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "erun/errors.hpp"
-#include "rendezvous/kv_store.h"
+#include "store/kv_store.h"
 
 namespace erun {
 
