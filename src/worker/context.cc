@@ -8,6 +8,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <mutex>
 
@@ -147,11 +148,12 @@ class ElasticContext final : public Context {
     PeerState failed_state = to_peer_state(cause.fate);
     if (client_.peers_lost_generation() == info_.generation) {
       // The driver said which ranks are gone: that, not whatever the aborted
-      // collective saw, is why this worker leaves.
+      // collective saw (possibly a survivor that aborted first), is why this
+      // worker leaves.
       reason = JoinReason::kPeerLost;
-      if (failed_rank < 0) {
-        std::vector<int> lost = client_.peers_lost();
-        if (!lost.empty()) failed_rank = lost.front();
+      std::vector<int> lost = client_.peers_lost();
+      if (!lost.empty() && std::find(lost.begin(), lost.end(), failed_rank) == lost.end()) {
+        failed_rank = lost.front();
         failed_state = PeerState::kUnknown;
       }
     }
