@@ -371,7 +371,10 @@ class GradientHooks:
             error = None
             try:
                 if self._error is None:  # after a failure the rest would fail too
-                    _reduce_bucket([p.grad for p in self._buckets[i]], self.op)
+                    grads = [p.grad for p in self._buckets[i]]
+                    if grads[0].is_cuda:  # the current device is per thread
+                        torch.cuda.set_device(grads[0].device)
+                    _reduce_bucket(grads, self.op)
             except BaseException as e:  # handed to wait()
                 error = e
             with self._lock:

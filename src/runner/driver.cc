@@ -652,8 +652,9 @@ std::optional<int> Driver::step() {
           return 1;
         }
         bool in_place = in_place_possible();
-        if (in_place && std::all_of(plan_.ranks.begin(), plan_.ranks.end(),
-                                    [&](const RankAssignment& r) { return next.contains(r.slot); })) {
+        if (in_place && next.size() > plan_.size() &&
+            std::all_of(plan_.ranks.begin(), plan_.ranks.end(),
+                        [&](const RankAssignment& r) { return next.contains(r.slot); })) {
           grow_pending(next);  // announced once the new workers joined (admit_replacements())
           break;
         }
