@@ -595,8 +595,10 @@ struct RendezvousServer::Impl {
     }
     doomed.clear();
     // After a burst of closed connections give the memory back to the system
-    // (glibc keeps freed small blocks in its arenas otherwise).
-    if (closed_since_trim >= 256 && admission.unauthenticated() == 0) {
+    // (glibc keeps freed small blocks in its arenas otherwise). Each trim
+    // walks the heap: when 100,000 workers leave at once it runs after every
+    // quarter of those still open has gone (a few dozen trims), not every 256.
+    if (closed_since_trim >= std::max<size_t>(256, conns.size() / 4) && admission.unauthenticated() == 0) {
       closed_since_trim = 0;
       ::malloc_trim(0);
     }
