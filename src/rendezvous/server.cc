@@ -133,6 +133,14 @@ class NoncePool {
   size_t off_ = 0;
 };
 
+// An index entry: the connection listed for a slot and its JOIN, kept here so
+// that rebuilding a list touches the index alone, not 100,000 connections.
+struct Listed {
+  uint64_t conn = 0;
+  JoinRequest join;
+};
+using SlotIndex = std::map<SlotKey, Listed>;
+
 // The lists snapshot() hands out, rebuilt from an index only when it changed.
 struct CachedList {
   std::vector<JoinRequest> list;
@@ -188,8 +196,8 @@ struct RendezvousServer::Impl {
   size_t closed_since_trim = 0;
   std::vector<char> scratch = std::vector<char>(kReadChunk);  // the I/O thread's read buffer
 
-  std::map<SlotKey, uint64_t> waiting;     // slot -> conn blocked in join
-  std::map<SlotKey, uint64_t> members;     // slot -> conn assigned in the current generation
+  SlotIndex waiting;                       // slot -> conn blocked in join
+  SlotIndex members;                       // slot -> conn assigned in the current generation
   CachedList waiting_list, member_list;    // what snapshot() copies
   std::unordered_map<SlotKey, uint64_t, SlotHash> slot_owner;  // slot -> latest conn that joined for it
   std::set<SlotKey> disconnected;          // since the last snapshot
@@ -568,9 +576,9 @@ struct RendezvousServer::Impl {
   }
 
   // Takes `c` out of a slot index if it is the one listed for its slot.
-  void unindex(std::map<SlotKey, uint64_t>& index, CachedList& list, const Conn& c) {
+  void unindex(SlotIndex& index, CachedList& list, const Conn& c) {
     auto it = index.find(c.join.slot);
-    if (it == index.end() || it->second != c.id) return;
+    if (it == index.end() || it->second.conn != c.id) return;
     index.erase(it);
     list.dirty = true;
   }
@@ -595,8 +603,10 @@ struct RendezvousServer::Impl {
     }
     doomed.clear();
     // After a burst of closed connections give the memory back to the system
-    // (glibc keeps freed small blocks in its arenas otherwise).
-    if (closed_since_trim >= 256 && admission.unauthenticated() == 0) {
+    // (glibc keeps freed small blocks in its arenas otherwise). Each trim
+    // walks the heap: when 100,000 workers leave at once it runs after every
+    // quarter of those still open has gone (a few dozen trims), not every 256.
+    if (closed_since_trim >= std::max<size_t>(256, conns.size() / 4) && admission.unauthenticated() == 0) {
       closed_since_trim = 0;
       ::malloc_trim(0);
     }
@@ -748,7 +758,7 @@ struct RendezvousServer::Impl {
     c.join_after_gen = h.generation;
     c.member_gen = -1;
     unindex(members, member_list, c);
-    waiting[req.slot] = c.id;
+    waiting[req.slot] = Listed{c.id, req};
     waiting_list.dirty = true;
     slot_owner[req.slot] = c.id;
     try_assign(c);
@@ -827,7 +837,7 @@ struct RendezvousServer::Impl {
     c.join_pending = false;
     c.member_gen = gen;
     unindex(waiting, waiting_list, c);
-    members[c.join.slot] = c.id;
+    members[c.join.slot] = Listed{c.id, c.join};
     member_list.dirty = true;
     send_frame(c, Type::kAssignment, gen, c.join_request_id, wire::encode_assignment(r, gen));
   }
@@ -918,7 +928,7 @@ struct RendezvousServer::Impl {
       for (auto& r : ranks) {
         auto w = waiting.find(r.slot);
         if (w == waiting.end()) continue;
-        auto c = conns.find(w->second);
+        auto c = conns.find(w->second.conn);
         if (c != conns.end()) try_assign(*c->second);
       }
       queue_sends = false;
@@ -927,11 +937,11 @@ struct RendezvousServer::Impl {
   }
 
   // The joins of an index's connections in slot order, rebuilt when it changed.
-  const std::vector<JoinRequest>& listed(const std::map<SlotKey, uint64_t>& index, CachedList& cache) {
+  const std::vector<JoinRequest>& listed(const SlotIndex& index, CachedList& cache) {
     if (cache.dirty) {
       cache.list.clear();
       cache.list.reserve(index.size());
-      for (auto& [slot, id] : index) cache.list.push_back(conns.at(id)->join);
+      for (auto& [slot, entry] : index) cache.list.push_back(entry.join);
       cache.dirty = false;
     }
     return cache.list;
@@ -942,7 +952,7 @@ struct RendezvousServer::Impl {
       std::lock_guard<std::mutex> lock(mu);
       queue_sends = true;
       if (g == gen) {
-        for (auto& [slot, id] : members) send_frame(*conns.at(id), Type::kHostsUpdated, g, 0, {});
+        for (auto& [slot, entry] : members) send_frame(*conns.at(entry.conn), Type::kHostsUpdated, g, 0, {});
       } else {
         for (auto& [id, c] : conns) {
           if (!c->doomed && c->member_gen == g) send_frame(*c, Type::kHostsUpdated, g, 0, {});

@@ -439,6 +439,58 @@ TEST(RendezvousServer, SnapshotReportsAKilledWorkerDisconnectedOnce) {
   EXPECT_TRUE(server->snapshot().disconnected.empty());
 }
 
+// The snapshot's lists follow each connection through a generation change
+// (they are indexes kept as things happen, not a scan): members of the last
+// generation are no members of the next until they are assigned in it, a
+// re-join moves a member to the waiting list, a slot left out keeps waiting,
+// and a closed member leaves both lists; everything in slot order.
+TEST(RendezvousServer, SnapshotListsFollowJoinsPublishesAndClosesInSlotOrder) {
+  auto server = start_server();
+  auto world = joined_world(*server, 3);  // h0, h1, h2 members of gen 1
+  auto slots = [](const std::vector<JoinRequest>& v) {
+    std::vector<std::string> out;
+    for (auto& j : v) out.push_back(j.slot.host);
+    return out;
+  };
+  auto s1 = server->snapshot();
+  EXPECT_EQ(slots(s1.members), (std::vector<std::string>{"h0", "h1", "h2"}));
+  EXPECT_TRUE(s1.waiting.empty());
+  // h2 and h0 re-join (gen 1 -> next); h1 stays a member of gen 1.
+  auto rejoin = [&](Joined& j, const std::string& host) {
+    j.assignment = std::async(std::launch::async, [&j, host] { return j.client->join(join_request(host, 0), &j.gen); });
+  };
+  rejoin(*world[2], "h2");
+  rejoin(*world[0], "h0");
+  ASSERT_TRUE(wait_for([&] { return server->snapshot().waiting.size() == 2; }));
+  auto s2 = server->snapshot();
+  EXPECT_EQ(slots(s2.waiting), (std::vector<std::string>{"h0", "h2"}));
+  EXPECT_EQ(slots(s2.members), (std::vector<std::string>{"h1"}));
+  // Gen 2 holds h2 only: h1 (gen 1's member) is no member of gen 2, h0 keeps waiting.
+  server->publish(2, {rank_of("h2", 0, 0, 1)});
+  auto a2 = world[2]->assignment.get();
+  ASSERT_TRUE(a2.is_ok()) << a2.message();
+  EXPECT_EQ(world[2]->gen, 2);
+  auto s3 = server->snapshot();
+  EXPECT_EQ(s3.generation, 2);
+  EXPECT_EQ(slots(s3.members), (std::vector<std::string>{"h2"}));
+  EXPECT_EQ(slots(s3.waiting), (std::vector<std::string>{"h0"}));
+  EXPECT_FALSE(ready(world[0]->assignment));
+  // A closed member leaves the lists and is reported once.
+  world[2].reset();
+  ASSERT_TRUE(wait_for([&] { return server->members().empty(); }));
+  auto s4 = server->snapshot();
+  EXPECT_TRUE(s4.members.empty());
+  EXPECT_EQ(slots(s4.waiting), (std::vector<std::string>{"h0"}));
+  ASSERT_EQ(s4.disconnected.size(), 1u);
+  EXPECT_EQ(s4.disconnected[0], (SlotKey{"h2", 0}));
+  // h0 is assigned in gen 3 and becomes the only member.
+  server->publish(3, {rank_of("h0", 0, 0, 1)});
+  ASSERT_TRUE(world[0]->assignment.get().is_ok());
+  auto s5 = server->snapshot();
+  EXPECT_EQ(slots(s5.members), (std::vector<std::string>{"h0"}));
+  EXPECT_TRUE(s5.waiting.empty());
+}
+
 TEST(RendezvousServer, ThousandClientsJoinOneGeneration) {
   auto server = start_server();
   const int n = 1000;
