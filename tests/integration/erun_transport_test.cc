@@ -390,6 +390,10 @@ TEST(ErunTransport, PeerKilledWhileTheMeshFormsCostsNoConnectTimeout) {
   std::printf("kill while the mesh formed (after %d slice(s)) -> every survivor stepped again: %.3f s (generation %ld)\n",
               slices, recovered, gen);
   ASSERT_GT(recovered, 0) << "the survivors did not compute again\n" << p.out() << p.err();
+  const std::string all = p.out();
+  if (auto at = all.find("could not connect generation"); at != std::string::npos) {
+    std::printf("a survivor: ...%s\n", all.substr(at, all.find('\n', at) - at).c_str());
+  }
   // The kill hit the forming generation: the survivors gave it up ...
   EXPECT_GE(p.count("could not connect generation"), 1u) << p.err();
   // ... because the driver announced the next one or the pair closed, never
