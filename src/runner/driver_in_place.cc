@@ -435,8 +435,7 @@ bool Driver::admit_replacements(const MembershipSnapshot& m) {
   ERUN_LOG_INFO("{}: {} replacement{} joined the rendezvous; announcing a membership change: the survivors grow "
                 "at their next commit",
                 who(generation_), ready, ready == 1 ? "" : "s");
-  d_.membership->notify_hosts_updated(generation_);
-  reconfigure("replacements joined; growing", /*after_failure=*/false);
+  reconfigure("replacements joined; growing", /*after_failure=*/false);  // announces it
   return true;
 }
 

@@ -391,15 +391,16 @@ TEST_F(InPlaceTest, SurvivorsGoOnAloneAndGrowOnceTheReplacementWaitsInTheRendezv
   Worker replacement = launcher.launched().back();
   EXPECT_EQ(slot_of(replacement), a1);
   // While it starts (seconds of `import torch`), nothing is announced: the
-  // free slot is not a membership change.
+  // free slot is not a membership change. (Generation 1's members were told
+  // it ended, so that any still forming it give up at once.)
   EXPECT_FALSE(steps(50));
   EXPECT_EQ(driver->generation(), 2);
-  EXPECT_TRUE(membership.notified().empty());
+  EXPECT_EQ(membership.notified(), std::vector<long>{1});
   EXPECT_EQ(driver->resets(), 1);
   // It waits in the rendezvous: announce, and publish the grown generation.
   membership.join(a1, -1);
   EXPECT_FALSE(steps(1));
-  EXPECT_EQ(membership.notified(), std::vector<long>{2});
+  EXPECT_EQ(membership.notified(), (std::vector<long>{1, 2}));
   ASSERT_EQ(driver->generation(), 3);
   ASSERT_EQ(membership.ranks().size(), 4u);
   EXPECT_TRUE(membership.is_member(a1));
@@ -425,7 +426,7 @@ TEST_F(InPlaceTest, SurvivorsBelowMinNpAloneWaitForTheReplacementAsBefore) {
   EXPECT_FALSE(steps(2));
   EXPECT_TRUE(membership.is_member(a1));
   EXPECT_EQ(driver->generation(), 2);
-  EXPECT_TRUE(membership.notified().empty());
+  EXPECT_EQ(membership.notified(), std::vector<long>{1});  // only the failed generation's end
 }
 
 TEST_F(InPlaceTest, AReplacementThatFailsBeforeJoiningDoesNotFailTheSurvivorsGeneration) {
@@ -478,7 +479,7 @@ TEST_F(InPlaceTest, AReplacementThatNeverJoinsIsKilledAtTheRendezvousTimeoutAndT
   membership.join(a2, -1);
   EXPECT_FALSE(steps(1));
   EXPECT_EQ(driver->generation(), 3);
-  EXPECT_EQ(membership.notified(), std::vector<long>{2});
+  EXPECT_EQ(membership.notified(), (std::vector<long>{1, 2}));
 }
 
 TEST_F(InPlaceTest, APendingReplacementIsStoppedWhenTrainingEnds) {
@@ -572,8 +573,9 @@ TEST_F(InPlaceTest, ARankReportedBySurvivorsIsToldToTheOthers) {
   EXPECT_FALSE(steps(1));
   EXPECT_TRUE(worker_at(c0)->killed);
   EXPECT_EQ(membership.peers_lost(), (Lost{{1, {2}}}));
-  // In generation 2 the frozen worker is no member: a later loss names only
-  // the new one, in the new generation.
+  // In generation 2 (the survivors alone) the frozen worker is no member; its
+  // replacement joins them in generation 3, and a later loss names only the
+  // new one, in the generation it was lost from.
   ASSERT_EQ(driver->generation(), 2);
   membership.join(b0, 1, JoinReason::kPeerLost, 2);
   membership.join(c0, -1);
@@ -582,7 +584,7 @@ TEST_F(InPlaceTest, ARankReportedBySurvivorsIsToldToTheOthers) {
   launcher.finish(replacement, ExitStatus{1, 0});
   EXPECT_FALSE(steps(1));
   ASSERT_EQ(membership.peers_lost().size(), 2u);
-  EXPECT_EQ(membership.peers_lost()[1], (std::pair<long, std::vector<int>>{2, {2}}));
+  EXPECT_EQ(membership.peers_lost()[1], (std::pair<long, std::vector<int>>{3, {2}}));
 }
 
 TEST_F(InPlaceTest, ARestartModeFailureTellsNoOne) {
