@@ -423,18 +423,20 @@ void Agent::start(const Start& s) {
   workers_.emplace(s.id, std::move(w));
   ERUN_LOG_DEBUG("{}: {}: started pid {}", me_, who_s, pid);
   send(Started{s.id, pid});
-  if (stopping_) workers_.at(s.id).kill_at = SteadyClock::now();
 }
 
 // Forwards what `s` holds: whole lines, a piece of an over-long line, and
 // with `final` the rest (the pipe ended or the worker was reaped).
 void Agent::pump(Worker& w, Stream& s, uint8_t stream, bool final) {
   char chunk[kReadChunk];
+  int reads = 0;
   while (s.fd >= 0) {
     ssize_t n = ::read(s.fd, chunk, sizeof chunk);
     if (n > 0) {
       s.partial.append(chunk, static_cast<size_t>(n));
       if (!final) break;  // one read per poll round: other workers get their turn
+      // A process that escaped the session may keep writing: drain a bound.
+      if (++reads >= 64) close_fd(s.fd);
       continue;
     }
     if (n < 0 && errno == EINTR) continue;
@@ -465,10 +467,11 @@ void Agent::on_sigchld() {
       Worker& w = it->second;
       if (w.pid != pid) continue;
       ExitStatus st = ExitStatus::from_wait_status(status);
+      // Strays of the worker's session go with it (first, so that none keeps
+      // the pipes busy while they are drained).
+      ::kill(-w.pid, SIGKILL);
       pump(w, w.out, 1, true);
       pump(w, w.err, 2, true);
-      // Strays of the worker's session go with it.
-      ::kill(-w.pid, SIGKILL);
       if (watchdog_fd_ >= 0) (void)write_fully(watchdog_fd_, fmt::format("R {}\n", w.pid));
       ERUN_LOG_DEBUG("{}: {}: pid {} ended with {}", me_, who(w.generation, o_.host, w.rank), pid, st.describe());
       send(Exited{w.id, st.code, st.signal});
