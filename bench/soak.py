@@ -33,6 +33,24 @@ RESET = re.compile(r"reset: world size \d+ -> \d+ \(generation \d+\) at=([0-9.]+
 CHECKSUM = re.compile(r"final accuracy=[0-9.]+ loss=[0-9.]+ checksum=([0-9a-f]+)")
 
 
+def parent_of(pid):
+    """The parent pid of `pid`, or None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def children_of(pid):
+    """The live children of `pid`."""
+    out = []
+    for p in os.listdir("/proc"):
+        if p.isdigit() and parent_of(int(p)) == pid:
+            out.append(int(p))
+    return out
+
+
 def log(msg):
     print(f"[soak {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
@@ -108,6 +126,13 @@ class Soak:
                 continue
         return out
 
+    def is_worker(self, pid):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                return f.read().split(b"\0")[0].decode(errors="replace") == self.train
+        except OSError:
+            return False
+
     def out(self):
         with open(self.out_path, errors="replace") as f:
             return f.read()
@@ -125,7 +150,8 @@ class Soak:
 
     # ---- faults --------------------------------------------------------------
     def fault(self):
-        kinds = ["kill", "kill", "stop", "remove_host", "add_host", "slots", "discovery_fail", "discovery_junk"]
+        kinds = ["kill", "kill", "stop", "remove_host", "add_host", "slots", "discovery_fail", "discovery_junk",
+                 "kill_agent", "kill_watchdog"]
         kind = self.rng.choice(kinds)
         total = sum(self.hosts.values())
         victim_host = self.rng.choice(sorted(self.hosts))
@@ -136,6 +162,14 @@ class Soak:
         ws = [w for w in self.workers() if w[1] > 1.5]  # members, not fresh replacements
         if kind in ("kill", "stop") and not ws:
             kind = "discovery_junk"
+        # A host's agent is its workers' parent. Killing one fails every worker
+        # of that host: only where another host's members survive it.
+        agents = {}
+        for pid, _ in ws:
+            agents.setdefault(parent_of(pid), []).append(pid)
+        agents.pop(None, None)
+        if kind in ("kill_agent", "kill_watchdog") and len(agents) < 2:
+            kind = "kill" if ws else "discovery_junk"
         t = time.time()
         what = kind
         expect_reset = True
@@ -143,6 +177,19 @@ class Soak:
             pid = self.rng.choice(ws)[0]
             os.kill(pid, signal.SIGKILL if kind == "kill" else signal.SIGSTOP)
             what = f"{kind} pid {pid}"
+        elif kind == "kill_agent":
+            agent = self.rng.choice(sorted(agents))
+            os.kill(agent, signal.SIGKILL)
+            what = f"kill agent pid {agent} (its {len(agents[agent])} workers)"
+        elif kind == "kill_watchdog":
+            # The agent's one child that is not a worker: the agent starts
+            # another; no worker may be lost, so no membership change.
+            agent = self.rng.choice(sorted(agents))
+            dogs = [c for c in children_of(agent) if c not in agents[agent] and not self.is_worker(c)]
+            for d in dogs:
+                os.kill(d, signal.SIGKILL)
+            what = f"kill watchdog of agent {agent} (pids {dogs})"
+            expect_reset = False
         elif kind == "remove_host":
             h = victim_host
             del self.hosts[h]
