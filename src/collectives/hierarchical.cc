@@ -59,6 +59,12 @@ std::unique_ptr<Communicator> make_cross(KvStore& store, const HierOptions& o, i
   return make_tcp_communicator(store, to);
 }
 
+// A failure of the leaders' communicator, its failed rank already global.
+class CrossHostError : public CommError {
+ public:
+  using CommError::CommError;
+};
+
 template <typename T>
 void divide_typed(void* data, size_t count, int by) {
   kernels::divide(static_cast<T*>(data), count, by);
@@ -77,12 +83,15 @@ class HierCommunicator final : public Communicator {
     so.size = o.local_size;
     so.timeout = o.timeout;
     so.segment_tag = o.segment_tag.empty() ? o.prefix : o.segment_tag;
+    so.outside_work =
+        "its cross-host step as this host's leader: a remote host is not answering or is slow (the leader's own "
+        "error says which)";
     PrefixStore host_scope(scope, "host/" + o.hostname);
     local_ = make_shm_communicator(host_scope, so);
     if (leader()) {
       ERUN_CHECK(o.cross_size >= 1 && o.cross_rank >= 0 && o.cross_rank < o.cross_size);
       PrefixStore cross_scope(scope, "cross");
-      guarded([&] { cross_ = make_cross(cross_scope, o, o.cross_rank, o.cross_size); });
+      guarded([&] { across_hosts([&] { cross_ = make_cross(cross_scope, o, o.cross_rank, o.cross_size); }); });
     }
     // Where every rank lives: its host's index and its local rank there; and
     // whether its host has a CPU to spare for the pipeline's helper thread
@@ -124,7 +133,7 @@ class HierCommunicator final : public Communicator {
       const size_t bytes = count * data_type_size(type);
       if (pipeline_ && bytes >= o_.pipeline_bytes && hosts() > 1) return allreduce_pipelined(static_cast<char*>(data), count, type, inner);
       local_->allreduce(data, count, type, inner);
-      if (leader() && cross_->size() > 1) cross_->allreduce(data, count, type, inner);
+      if (leader() && cross_->size() > 1) across_hosts([&] { cross_->allreduce(data, count, type, inner); });
       local_->broadcast(data, bytes, 0);
     });
     if (op != ReduceOp::kAverage) return;
@@ -144,7 +153,7 @@ class HierCommunicator final : public Communicator {
     const bool on_root_host = host_of_[rank()] == root_host;
     guarded([&] {
       if (on_root_host) local_->broadcast(data, bytes, local_of_[root]);
-      if (leader() && cross_->size() > 1) cross_->broadcast(data, bytes, root_host);
+      if (leader() && cross_->size() > 1) across_hosts([&] { cross_->broadcast(data, bytes, root_host); });
       if (!on_root_host) local_->broadcast(data, bytes, 0);
     });
   }
@@ -168,7 +177,7 @@ class HierCommunicator final : public Communicator {
   void barrier() override {
     guarded([&] {
       local_->barrier();
-      if (leader() && cross_->size() > 1) cross_->barrier();
+      if (leader() && cross_->size() > 1) across_hosts([&] { cross_->barrier(); });
       local_->barrier();
     });
   }
@@ -185,6 +194,33 @@ class HierCommunicator final : public Communicator {
   };
 
   bool leader() const { return o_.local_rank == 0; }
+
+  // Runs the leader's part among the hosts, marked in the segment as work
+  // outside it: a rank of this host that times out waiting for the leader
+  // meanwhile reports a remote host, not this healthy leader, as the cause.
+  // A failed rank the leaders' communicator names is a host index there: it
+  // is rethrown as that host leader's global rank (a CrossHostError, which
+  // guarded() does not map again).
+  template <typename F>
+  void across_hosts(F&& body) {
+    OutsideMark mark(*local_);
+    try {
+      body();
+    } catch (const CrossHostError&) {
+      throw;
+    } catch (const CommError& e) {
+      if (e.failed_rank() < 0) throw;
+      throw CrossHostError(e.what(), leader_of_host(e.failed_rank()), e.fate());
+    }
+  }
+
+  // The global rank of host `host`'s leader; -1 while the rank map is not known yet.
+  int leader_of_host(int host) const {
+    for (size_t r = 0; r < host_of_.size() && r < local_of_.size(); ++r) {
+      if (host_of_[r] == host && local_of_[r] == 0) return static_cast<int>(r);
+    }
+    return -1;
+  }
 
   // The number of hosts, the same on every rank (cross_size is not: it
   // counts the hosts with a rank of the same local rank).
@@ -208,12 +244,12 @@ class HierCommunicator final : public Communicator {
       for (size_t k = 0; k < chunks; ++k) {
         local_->allreduce(at(k), len(k), type, op);
         if (leader()) {
-          if (k > 0) crossing.get();
+          if (k > 0) across_hosts([&] { crossing.get(); });
           crossing = std::async(std::launch::async, [this, &at, &len, k, type, op] { cross_->allreduce(at(k), len(k), type, op); });
         }
         if (k > 0) local_->broadcast(at(k - 1), len(k - 1) * esize, 0);
       }
-      if (leader()) crossing.get();
+      if (leader()) across_hosts([&] { crossing.get(); });
       local_->broadcast(at(chunks - 1), len(chunks - 1) * esize, 0);
     } catch (...) {
       // Never leave the helper thread behind, nor wait for it to time out.
@@ -240,7 +276,8 @@ class HierCommunicator final : public Communicator {
         put_u64(host_block, entry.size());
         host_block.insert(host_block.end(), entry.begin(), entry.end());
       }
-      auto hosts = cross_->allgatherv(host_block.data(), host_block.size());
+      std::vector<std::vector<char>> hosts;
+      across_hosts([&] { hosts = cross_->allgatherv(host_block.data(), host_block.size()); });
       put_u64(all, hosts.size());
       for (auto& h : hosts) all.insert(all.end(), h.begin(), h.end());
     }
@@ -284,11 +321,15 @@ class HierCommunicator final : public Communicator {
   // host's shm part (every rank of the host sees it) aborts too, so that the
   // other hosts stop at once, and is rethrown naming global ranks.
   // A failed rank named by the shared-memory layer is a local rank of this
-  // host: it is rethrown as the rank of the whole communicator (Gloo names none).
+  // host: it is rethrown as the rank of the whole communicator (one named by
+  // the leaders' layer was mapped by across_hosts()).
   template <typename F>
   void guarded(F&& body) {
     try {
       body();
+    } catch (const CrossHostError& e) {
+      abort();
+      throw CommError(e.what(), e.failed_rank(), e.fate());
     } catch (const CommError& e) {
       abort();
       if (e.failed_rank() < 0) throw;
@@ -312,7 +353,7 @@ class HierCommunicator final : public Communicator {
   }
 
   const HierOptions o_;
-  std::unique_ptr<Communicator> local_;
+  std::unique_ptr<ShmCommunicator> local_;
   std::unique_ptr<Communicator> cross_;
   std::vector<int> host_of_;
   int hosts_ = 1;

@@ -3,12 +3,15 @@
 // given explicitly, ranks interleaved across hosts): every operation against a
 // serial reference (erun's TCP transport between the hosts, and Gloo when
 // selected); the one-host and one-rank-per-host shortcuts; an uneven
-// layout; an abort on one host fails the ranks of the other host promptly.
+// layout; an abort on one host fails the ranks of the other host promptly;
+// a rank that times out while its leader waits for a silent remote host does
+// not blame its leader.
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <chrono>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <thread>
 
@@ -258,6 +261,65 @@ TEST(Hierarchical, MismatchOnOneHostNamesGlobalRanksAndStopsTheOtherHost) {
   EXPECT_EQ(mismatches.load(), 2);
   EXPECT_EQ(comm_errors.load(), 2);
   EXPECT_LT(std::chrono::steady_clock::now() - start, 20s);  // not the 60 s timeout
+}
+
+// Host 1's leader (rank 2) stops answering before an operation (as a lost or
+// frozen host would). Host 0's leader waits for it in its cross-host step;
+// host 0's other rank (rank 1, shortest timeout) times out on its leader
+// meanwhile and must not name it as the failed rank: the driver would kill a
+// healthy worker. Host 1's other rank (rank 3), whose leader really stopped
+// in shared memory, still names it, alive.
+void check_no_blame_of_a_leader_waiting_on_a_remote_host(size_t floats) {
+  auto opts = layout({{0, 0}, {0, 1}, {1, 0}, {1, 1}}, 3s);
+  opts[1].timeout = 1s;
+  opts[3].timeout = 1s;
+  std::atomic<int> done{0};
+  std::mutex mu;
+  std::map<int, CommError> seen;
+  std::string errors = run_ranks(opts, [&](int rank, Communicator& comm) -> std::string {
+    std::vector<float> v(floats, 1.0f);
+    comm.allreduce(v, ReduceOp::kSum);
+    if (v[floats - 1] != 4.0f) return "the first allreduce is wrong";
+    if (rank == 2) {
+      // Silent until the others have given up; leaving closes its sockets.
+      auto until = std::chrono::steady_clock::now() + 20s;
+      while (done.load() < 3 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(10ms);
+      return "";
+    }
+    try {
+      comm.allreduce(v, ReduceOp::kSum);
+    } catch (const CommError& e) {
+      std::lock_guard<std::mutex> lock(mu);
+      seen.emplace(rank, e);
+      done++;
+      return "";
+    }
+    done++;
+    return "allreduce succeeded although rank 2 is silent";
+  });
+  EXPECT_EQ(errors, "");
+  ASSERT_EQ(seen.size(), 3u);
+  const CommError& follower = seen.at(1);
+  EXPECT_EQ(follower.failed_rank(), -1) << follower.what();
+  EXPECT_EQ(follower.fate(), PeerFate::kUnknown) << follower.what();
+  EXPECT_NE(std::string(follower.what()).find("busy in its cross-host step as this host's leader"), std::string::npos)
+      << follower.what();
+  // The leader's own error is about the other host, never about its own.
+  const CommError& leader = seen.at(0);
+  EXPECT_NE(leader.failed_rank(), 0) << leader.what();
+  EXPECT_NE(leader.failed_rank(), 1) << leader.what();
+  const CommError& stalled_host = seen.at(3);
+  EXPECT_EQ(stalled_host.failed_rank(), 2) << stalled_host.what();
+  EXPECT_EQ(stalled_host.fate(), PeerFate::kAlive) << stalled_host.what();
+}
+
+TEST(Hierarchical, FollowerDoesNotBlameItsLeaderWaitingOnASilentHost) {
+  check_no_blame_of_a_leader_waiting_on_a_remote_host(1000);
+}
+
+TEST(Hierarchical, FollowerDoesNotBlameItsLeaderWaitingOnASilentHostWhilePipelining) {
+  // 16 MiB: the leader waits for a chunk's cross-host step on its helper thread.
+  check_no_blame_of_a_leader_waiting_on_a_remote_host(4 << 20);
 }
 
 }  // namespace

@@ -444,6 +444,46 @@ TEST(ShmCommunicator, ConstructionTimesOutWhenAPeerNeverComesAndLeavesNothing) {
   EXPECT_THROW(make_shm_communicator(empty, options(1, 2, 300ms)), CommError);
 }
 
+TEST(ShmCommunicator, APeerMarkedOutsideIsNotBlamedAtTheTimeoutAndAnUnmarkedOneIs) {
+  for (bool marked : {true, false}) {
+    SCOPED_TRACE(marked ? "marked outside" : "mark cleared");
+    MemoryKvStore store;
+    std::atomic<bool> gave_up{false};
+    std::thread peer([&] {
+      auto comm = make_shm_communicator(store, options(1, 2, 500ms));
+      {
+        // Busy elsewhere, and for the second round back before the deadline
+        // but still not arriving (a hang in shared memory).
+        OutsideMark mark(*comm);
+        while (marked && !gave_up) std::this_thread::sleep_for(5ms);
+      }
+      while (!gave_up) std::this_thread::sleep_for(5ms);
+    });
+    ShmOptions o = options(0, 2, 500ms);
+    o.outside_work = "the test's other step";
+    auto comm = make_shm_communicator(store, o);
+    std::vector<float> v(1000, 1.0f);
+    try {
+      comm->allreduce(v, ReduceOp::kSum);
+      ADD_FAILURE() << "no CommError";
+    } catch (const CommError& e) {
+      const std::string msg = e.what();
+      if (marked) {
+        EXPECT_EQ(e.failed_rank(), -1) << msg;
+        EXPECT_EQ(e.fate(), PeerFate::kUnknown) << msg;
+        EXPECT_NE(msg.find("rank 1 did not arrive within the timeout: it is busy in the test's other step"),
+                  std::string::npos)
+            << msg;
+      } else {
+        EXPECT_EQ(e.failed_rank(), 1) << msg;
+        EXPECT_EQ(e.fate(), PeerFate::kAlive) << msg;
+      }
+    }
+    gave_up = true;
+    peer.join();
+  }
+}
+
 TEST(ShmCommunicator, OperationTimesOutAndNamesOpAndRank) {
   MemoryKvStore store;
   std::string error;

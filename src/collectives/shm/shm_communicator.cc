@@ -33,7 +33,7 @@ static_assert(std::atomic<uint64_t>::is_always_lock_free, "shared-memory counter
 static_assert(std::atomic<uint32_t>::is_always_lock_free, "shared-memory counters must be lock-free");
 
 constexpr uint64_t kMagic = 0x65'72'75'6e'73'68'6d'31ULL;  // "erunshm1"
-constexpr uint32_t kVersion = 3;  // 2: call signatures in the rank slots; 3: the failed peer in the header
+constexpr uint32_t kVersion = 4;  // 2: call signatures in the rank slots; 3: the failed peer in the header; 4: `outside`
 constexpr size_t kLine = 64;
 constexpr size_t kPage = 4096;
 
@@ -74,10 +74,13 @@ enum AbortKind : uint32_t { kUserAbort = 1, kPeerFailure = 2 };
 // A rank's arrival counter and, next to it in the same cache line, the call
 // it made at that synchronisation (CallSignature words), by epoch parity: a
 // peer can be one synchronisation ahead, never two, so the slot of epoch e is
-// stable until everyone has read it.
+// stable until everyone has read it. `outside`: 1 while the rank is busy
+// outside the communicator on purpose (ShmCommunicator::set_outside), read
+// only when a peer's deadline passes.
 struct alignas(kLine) RankSlot {
   std::atomic<uint64_t> epoch;
   std::atomic<uint64_t> call[2][2];
+  std::atomic<uint32_t> outside;
 };
 
 // Who holds a rank: its pid (0 until mapped) and PID namespace, so that only
@@ -176,9 +179,9 @@ struct UnlinkGuard {
   }
 };
 
-class ShmCommunicator final : public Communicator {
+class SegmentCommunicator final : public ShmCommunicator {
  public:
-  ShmCommunicator(KvStore& store, const ShmOptions& o) : options_(o), layout_(o.size, o.small_bytes, o.step_bytes) {
+  SegmentCommunicator(KvStore& store, const ShmOptions& o) : options_(o), layout_(o.size, o.small_bytes, o.step_bytes) {
     ERUN_CHECK(o.size >= 1 && o.rank >= 0 && o.rank < o.size);
     const long cpus = ::sysconf(_SC_NPROCESSORS_ONLN);
     const bool oversubscribed = o.size > cpus;
@@ -315,6 +318,10 @@ class ShmCommunicator final : public Communicator {
   void abort() override {
     aborted_.store(true);
     if (base()) publish_abort(kUserAbort);
+  }
+
+  void set_outside(bool outside) override {
+    if (base()) ctl(rank()).outside.store(outside ? 1 : 0, std::memory_order_relaxed);
   }
 
  private:
@@ -640,6 +647,14 @@ class ShmCommunicator final : public Communicator {
           }
         }
         if (now > deadline_) {
+          if (ctl(waiting_for).outside.load(std::memory_order_relaxed) != 0) {
+            // Busy elsewhere on purpose: whatever holds it up is not this
+            // rank, and it reports that itself; blame nobody.
+            fail(what,
+                 "rank " + std::to_string(waiting_for) + " did not arrive within the timeout: it is busy in " +
+                     options_.outside_work,
+                 true, -1, PeerFate::kUnknown);
+          }
           fail_peer(what, waiting_for,
                     "did not arrive within the timeout (process " + std::to_string(pid_of(waiting_for)) +
                         " is alive but stopped, hung or slow)",
@@ -770,8 +785,8 @@ class ShmCommunicator final : public Communicator {
 
 }  // namespace
 
-std::unique_ptr<Communicator> make_shm_communicator(KvStore& store, const ShmOptions& options) {
-  return std::make_unique<ShmCommunicator>(store, options);
+std::unique_ptr<ShmCommunicator> make_shm_communicator(KvStore& store, const ShmOptions& options) {
+  return std::make_unique<SegmentCommunicator>(store, options);
 }
 
 }  // namespace erun

@@ -11,6 +11,9 @@
 // their arrival counters, see collectives/call_signature.h): ranks that made
 // different calls get CallMismatch (a CollectiveMismatch) on every rank, at the
 // first synchronisation of the diverging call, before any data is read.
+// A rank that waits outside the communicator on purpose (a host leader in its
+// cross-host step) says so with an OutsideMark: a peer that times out on it
+// reports that instead of blaming it as hung (no failed rank, PeerFate::kUnknown).
 #pragma once
 
 #include <memory>
@@ -39,12 +42,35 @@ struct ShmOptions {
   size_t step_bytes = size_t{1} << 20;
   // Messages up to this many bytes per rank take the one-synchronisation path.
   size_t small_bytes = size_t{32} << 10;
+  // What a peer is doing while it is marked outside (see ShmCommunicator::
+  // set_outside), for the error of a rank that times out on it.
+  std::string outside_work = "work outside this communicator";
+};
+
+class ShmCommunicator : public Communicator {
+ public:
+  // Marks this rank as busy outside the communicator (true) or back (false):
+  // one relaxed store into its control slot, visible to the peers' timeout
+  // check. Called by the thread that runs this rank's operations.
+  virtual void set_outside(bool outside) = 0;
+};
+
+// Marks `comm`'s rank busy outside for the scope's duration.
+class OutsideMark {
+ public:
+  explicit OutsideMark(ShmCommunicator& comm) : comm_(comm) { comm_.set_outside(true); }
+  ~OutsideMark() { comm_.set_outside(false); }
+  OutsideMark(const OutsideMark&) = delete;
+  OutsideMark& operator=(const OutsideMark&) = delete;
+
+ private:
+  ShmCommunicator& comm_;
 };
 
 // Reductions as make_gloo_communicator: integer kSum/kProduct wrap, integer
 // kAverage truncates toward zero, float16/bfloat16 are std::invalid_argument.
 // Every rank gets bit-identical results. Throws CommError when the segment
 // cannot be created (e.g. /dev/shm too small) or a peer does not come in time.
-std::unique_ptr<Communicator> make_shm_communicator(KvStore& store, const ShmOptions& options);
+std::unique_ptr<ShmCommunicator> make_shm_communicator(KvStore& store, const ShmOptions& options);
 
 }  // namespace erun
