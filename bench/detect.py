@@ -77,6 +77,13 @@ class Namespace:
         s.bind((self.outer, 0))
         self.port = s.getsockname()[1]
         s.close()
+        # Host keys checked (erun's default): one known_hosts line per address.
+        self.known_hosts = os.path.join(self.dir, "known_hosts")
+        with open(os.path.join(self.dir, "host.pub")) as f:
+            kind, key = f.read().split()[:2]
+        with open(self.known_hosts, "w") as f:
+            for addr in (self.outer, self.inner):
+                f.write(f"[{addr}]:{self.port} {kind} {key}\n")
         self.sshds.append(self._sshd(self.outer, []))
         self.sshds.append(self._sshd(self.inner, ["ip", "netns", "exec", self.name]))
 
@@ -130,7 +137,8 @@ def silent_host_once(b, mode, i, collective_timeout):
     try:
         cmd = [b.erun, "-np", "3", "--min-np", "2", "--mode", "elastic", "--term-grace", "1",
                "-H", f"{ns.outer}:2,{ns.inner}:1", "--driver-address", ns.outer, "--ssh-port", str(ns.port),
-               "--ssh-identity-file", ns.key, "--blacklist-after", "1", "--collective-timeout",
+               "--ssh-identity-file", ns.key, "--ssh-option", f"UserKnownHostsFile={ns.known_hosts}",
+               "--blacklist-after", "1", "--collective-timeout",
                str(collective_timeout), b.bin("bench/step_worker"), "--step-ms", "50"]
         job = bench.Job(cmd, name=mode)
         world = 3

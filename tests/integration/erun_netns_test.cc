@@ -88,6 +88,9 @@ TEST(ErunNetns, AHostCutOffMidTrainingLeavesTheOthersToFinishAtTheSameModel) {
   // the cut host is not tried again during the run.
   std::vector<std::string> args = {
       "--ssh-port", std::to_string(here->port()), "--ssh-identity-file", here->identity_file(),
+      // Host keys checked: each server's key for its own addresses.
+      "--ssh-option", "IdentitiesOnly=yes",
+      "--ssh-option", "UserKnownHostsFile=" + here->known_hosts_file() + " " + there->known_hosts_file(),
       "--term-grace", "2", "-np", "3", "--min-np", "2",
       "-H", ns->outer_address() + ":2," + ns->inner_address() + ":1",
       "--driver-address", ns->outer_address(), "--collective-timeout", "60", "--blacklist-after", "1",
