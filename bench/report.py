@@ -239,32 +239,31 @@ def write(r, root):
 KEPT_HEADINGS = ("## 7. The Python package",)
 
 
-def kept_sections(path):
+def previous_lines(path):
     if not os.path.exists(path):
         return []
     with open(path) as f:
-        lines = f.read().splitlines()
-    for i, line in enumerate(lines):
-        if line.startswith(KEPT_HEADINGS):
-            return [""] + lines[i:]
-    return []
+        return f.read().splitlines()
+
+
+def kept_sections(path):
+    lines = previous_lines(path)
+    i = next((i for i, line in enumerate(lines) if line.startswith(KEPT_HEADINGS)), None)
+    return [] if i is None else [""] + lines[i:]
 
 
 def kept_subsection(path, heading):
     """A hand-written subsection (e.g. §2c, measured by bench/soak.py) of the
     previous file: from its heading to the next heading of level 2 or 3."""
-    if not os.path.exists(path):
+    lines = previous_lines(path)
+    i = next((i for i, line in enumerate(lines) if line.startswith(heading)), None)
+    if i is None:
         return []
-    with open(path) as f:
-        lines = f.read().splitlines()
-    for i, line in enumerate(lines):
-        if line.startswith(heading):
-            end = next((j for j in range(i + 1, len(lines)) if lines[j].startswith(("## ", "### "))), len(lines))
-            block = lines[i:end]
-            while block and not block[-1].strip():
-                block.pop()
-            return block + [""]
-    return []
+    end = next((j for j in range(i + 1, len(lines)) if lines[j].startswith(("## ", "### "))), len(lines))
+    block = lines[i:end]
+    while block and not block[-1].strip():
+        block.pop()
+    return block + [""]
 
 
 def sections(d, img):
