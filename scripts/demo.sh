@@ -26,7 +26,7 @@ if [ -n "${ERUN_DEMO_RESTART:-}" ]; then
   program=("$root/$build/examples/restart_worker" --checkpoint "$work" --epochs 40 --steps-per-epoch 5 --step-ms 100)
   pattern="^$root/$build/examples/restart_worker"
 else
-  program=("$root/$build/examples/train_mlp" --epochs 6 --step-ms 15)
+  program=("$root/$build/examples/train_mlp" --epochs 14 --step-ms 15)
   pattern="^$root/$build/examples/train_mlp"
 fi
 
@@ -38,16 +38,31 @@ say "starting: erun -np 2 --min-np 1 --max-np 4 with discovery from $ERUN_HOSTS_
   --event-log "$work/events.jsonl" "${program[@]}" &
 erun_pid=$!
 
-sleep 6
+# Waits (at most 60 s) until the job has started its Nth generation, then
+# lets it train for a moment, so that each step of the demo is seen.
+generations() { grep -c '"event":"generation_started"' "$work/events.jsonl" 2>/dev/null || true; }
+wait_generations() {
+  for _ in $(seq 600); do
+    [ "$(generations)" -ge "$1" ] && break
+    kill -0 "$erun_pid" 2>/dev/null || return 0
+    sleep 0.1
+  done
+  sleep 2
+}
+
+wait_generations 1
 say "growing: node-b:2 appears in the hosts file"
 echo "node-b:2" >> "$ERUN_HOSTS_FILE"
-sleep 6
+wait_generations 2
 victim=$(pgrep -f "$pattern" -n || true)
 if [ -n "$victim" ]; then
+  seen=$(generations)
   say "killing worker pid $victim with SIGKILL"
   kill -9 "$victim"
+  # In place the survivors go on at once and the replacement joins them once
+  # started (two generations); restart mode restarts everyone (one).
+  if [ -n "${ERUN_DEMO_RESTART:-}" ]; then wait_generations $((seen + 1)); else wait_generations $((seen + 2)); fi
 fi
-sleep 6
 say "shrinking: node-a leaves the hosts file"
 echo "node-b:2" > "$ERUN_HOSTS_FILE"
 
