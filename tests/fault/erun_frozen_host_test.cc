@@ -52,7 +52,13 @@ TEST(ErunFrozenHost, TheSurvivingHostKeepsItsLeader) {
   ASSERT_TRUE(s) << "erun did not finish\n" << p.out() << p.err();
   EXPECT_EQ(s->shell_code(), 0) << p.err();
   // What node-a's second worker said, and that nobody reported a node-a worker.
-  EXPECT_NE(p.out().find("busy in its cross-host step as this host's leader"), std::string::npos) << p.out();
+  // Both node-a ranks have the same deadline: either the follower times out
+  // on its leader, marked busy across hosts, or the leader's own timeout comes
+  // first and it aborts the host's communicator. Neither names the leader.
+  const std::string out = p.out();
+  EXPECT_TRUE(out.find("busy in its cross-host step as this host's leader") != std::string::npos ||
+              out.find("rank 0 aborted the communicator") != std::string::npos)
+      << out;
   EXPECT_EQ(p.err().find("reported by"), std::string::npos) << p.err();
   // The model's run: every epoch's samples exactly once, never restarted from scratch.
   EXPECT_EQ(p.count("exactly-once=yes"), 10u) << p.out();
