@@ -167,6 +167,8 @@ class Agent {
   void flush_outbound();
   bool read_secret();
   void on_driver_bytes();
+  // Feeds bytes from the driver and handles every whole frame in them.
+  void handle_frames(std::string_view bytes);
   void handle(Message m);
   void start(const Start& s);
   void on_sigchld();
@@ -272,7 +274,11 @@ void Agent::on_driver_bytes() {
     return;
   }
   last_heard_ = SteadyClock::now();
-  reader_.feed(std::string_view(chunk, static_cast<size_t>(n)));
+  handle_frames(std::string_view(chunk, static_cast<size_t>(n)));
+}
+
+void Agent::handle_frames(std::string_view bytes) {
+  reader_.feed(bytes);
   while (driver_open_) {
     auto m = reader_.next();
     if (!m) {
@@ -349,9 +355,7 @@ void Agent::start(const Start& s) {
       o_.host);
   std::string exec_error_prefix = fmt::format("erun: cannot run {} on {}: ", s.argv[0], o_.host);
   std::string register_prefix = "A ";
-  std::string register_suffix = fmt::format(" {}\n", std::chrono::duration_cast<std::chrono::milliseconds>(
-                                                         std::chrono::milliseconds(s.term_grace_ms))
-                                                         .count());
+  std::string register_suffix = fmt::format(" {}\n", s.term_grace_ms);
   int wd = watchdog_fd_;
   // Closed by the child once it leads its session: from then on a signal to
   // the worker's group reaches it, so the agent waits for that before STARTED.
@@ -538,18 +542,8 @@ int Agent::run() {
   last_heard_ = SteadyClock::now();
   send(Hello{kProtocolVersion, o_.host, ::getpid()});
   if (!inbound_.empty()) {
-    reader_.feed(inbound_);
+    handle_frames(inbound_);
     inbound_.clear();
-    while (driver_open_) {
-      auto m = reader_.next();
-      if (!m) {
-        driver_open_ = false;
-        stop_all(m.message(), true);
-        break;
-      }
-      if (!m->has_value()) break;
-      handle(std::move(**m));
-    }
   }
 
   while (true) {
