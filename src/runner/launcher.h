@@ -97,8 +97,8 @@ struct SshOptions {
 std::unique_ptr<Launcher> make_local_launcher(AgentLaunchOptions agent);
 std::unique_ptr<Launcher> make_ssh_launcher(SshOptions options, AgentLaunchOptions agent);
 
-// The agent's own command line (after the program): `--agent --heartbeat-timeout S ...`.
-std::vector<std::string> agent_arguments(const AgentLaunchOptions& agent);
+// The agent's command line: `AGENT_PATH --agent --heartbeat-interval S --heartbeat-timeout S`.
+std::vector<std::string> agent_argv(const AgentLaunchOptions& agent);
 
 // Checks a spec before it is sent: a command, env names without '=' or NUL,
 // no newline in the secret. The error names the bad input.

@@ -63,9 +63,8 @@ class AgentConnection {
  public:
   AgentConnection(std::string host, Subprocess process, AgentLaunchOptions options, std::string via)
       : host_(std::move(host)), process_(std::move(process)), options_(std::move(options)), via_(std::move(via)) {
-    started_ = SteadyClock::now();
-    last_heard_ = started_;
-    last_sent_ = started_;
+    last_heard_ = SteadyClock::now();
+    last_sent_ = last_heard_;
     ::fcntl(process_.stdin_fd(), F_SETFL, ::fcntl(process_.stdin_fd(), F_GETFL) | O_NONBLOCK);
     ::fcntl(process_.stdout_fd(), F_SETFL, ::fcntl(process_.stdout_fd(), F_GETFL) | O_NONBLOCK);
   }
@@ -396,7 +395,6 @@ class AgentConnection {
   std::string via_;
   std::thread thread_;
   std::atomic<bool> stop_{false};
-  SteadyClock::time_point started_;
   SteadyClock::time_point last_heard_;  // reader thread only
 
   std::mutex write_mu_;  // the agent's stdin: the queue and its state
@@ -451,9 +449,9 @@ class AgentWorker final : public WorkerHandle {
 
 }  // namespace
 
-std::vector<std::string> agent_arguments(const AgentLaunchOptions& agent) {
+std::vector<std::string> agent_argv(const AgentLaunchOptions& agent) {
   auto seconds = [](Duration d) { return fmt::format("{:g}", to_ms(d) / 1000.0); };
-  return {"--agent", "--heartbeat-interval", seconds(agent.heartbeat_interval), "--heartbeat-timeout",
+  return {agent.agent_path, "--agent", "--heartbeat-interval", seconds(agent.heartbeat_interval), "--heartbeat-timeout",
           seconds(agent.heartbeat_timeout)};
 }
 
@@ -539,11 +537,7 @@ Result<std::unique_ptr<WorkerHandle>> AgentLauncher::launch(const WorkerSpec& sp
 }
 
 std::unique_ptr<Launcher> make_local_launcher(AgentLaunchOptions agent) {
-  auto command = [agent](const std::string&) {
-    std::vector<std::string> argv = {agent.agent_path};
-    for (auto& a : agent_arguments(agent)) argv.push_back(a);
-    return argv;
-  };
+  auto command = [agent](const std::string&) { return agent_argv(agent); };
   return std::make_unique<AgentLauncher>(command, agent, "local", "is --agent-path an erun binary?");
 }
 

@@ -6,9 +6,6 @@
 #include "runner/launcher_agent.h"
 
 namespace erun {
-namespace {
-
-}  // namespace
 
 std::unique_ptr<Launcher> make_srun_launcher(SrunOptions options, AgentLaunchOptions agent) {
   auto command = [options, agent](const std::string& host) {
@@ -25,8 +22,7 @@ std::unique_ptr<Launcher> make_srun_launcher(SrunOptions options, AgentLaunchOpt
                                      "--quiet",
                                      "--job-name=erun-agent-" + host};
     argv.insert(argv.end(), options.extra_options.begin(), options.extra_options.end());
-    argv.push_back(agent.agent_path);
-    for (auto& a : agent_arguments(agent)) argv.push_back(a);
+    for (auto& a : agent_argv(agent)) argv.push_back(a);
     return argv;
   };
   return std::make_unique<AgentLauncher>(command, agent, "srun",

@@ -68,8 +68,8 @@ std::vector<std::string> ssh_command(const SshOptions& options, const std::strin
 std::unique_ptr<Launcher> make_ssh_launcher(SshOptions options, AgentLaunchOptions agent) {
   auto command = [options, agent](const std::string& host) {
     // `exec`: the agent replaces the login shell, nothing between sshd and it.
-    std::string remote = "exec " + shell_quote(agent.agent_path);
-    for (auto& a : agent_arguments(agent)) remote += " " + shell_quote(a);
+    std::string remote = "exec";
+    for (auto& a : agent_argv(agent)) remote += " " + shell_quote(a);
     return ssh_command(options, host, remote);
   };
   return std::make_unique<AgentLauncher>(command, agent, "ssh", "is openssh-client installed?");
