@@ -166,6 +166,8 @@ class Driver {
   void drop_fresh_workers();
   // Survivors of the current plan: alive, not excluded, not leaving.
   bool survivor(const Worker& w) const;
+  // A survivor holds `slot` (a pending replacement counts with `pending_too`).
+  bool slot_held(const SlotKey& slot, bool pending_too) const;
   bool have_survivors() const;
   // Discovered hosts that may carry the next plan: the usable ones, and
   // blacklisted ones where survivors still run (their progress is kept).

@@ -24,6 +24,12 @@ MembershipSnapshot Driver::take_snapshot() {
 
 bool Driver::survivor(const Worker& w) const { return !w.exit && !w.excluded && !w.retiring && w.handle; }
 
+bool Driver::slot_held(const SlotKey& slot, bool pending_too) const {
+  return std::any_of(workers_.begin(), workers_.end(), [&](const Worker& w) {
+    return survivor(w) && (pending_too || !w.pending) && w.assignment.slot == slot;
+  });
+}
+
 bool Driver::have_survivors() const {
   // A pending replacement holds no commit.
   return std::any_of(workers_.begin(), workers_.end(),
@@ -171,11 +177,9 @@ std::optional<JoinReason> Driver::rejoin_requested(const MembershipSnapshot& m) 
   if (!d_.membership) return std::nullopt;
   for (auto& j : m.waiting) {
     // Joins for the current generation are answered at once; one still
-    // waiting asks for a newer generation.
-    for (auto& w : workers_) {
-      // A pending replacement waits for admit_replacements().
-      if (survivor(w) && !w.pending && w.assignment.slot == j.slot) return j.reason;
-    }
+    // waiting asks for a newer generation. A pending replacement waits for
+    // admit_replacements().
+    if (slot_held(j.slot, /*pending_too=*/false)) return j.reason;
   }
   return std::nullopt;
 }
@@ -282,11 +286,6 @@ void Driver::reconfigure(const char* reason, bool after_failure) {
   workers_.erase(std::remove_if(workers_.begin(), workers_.end(), [](const Worker& w) { return w.exit.has_value(); }),
                  workers_.end());
   const Plan full = make_plan(generation_ + 1, usable, o_.max_np, &plan_);
-  auto held = [&](const SlotKey& slot, bool pending_too) {
-    return std::any_of(workers_.begin(), workers_.end(), [&](const Worker& w) {
-      return survivor(w) && (pending_too || !w.pending) && w.assignment.slot == slot;
-    });
-  };
   // After a failure, survivors that alone meet --min-np go on at once in a
   // generation of their own; the free slots get pending replacements.
   Plan next = full;
@@ -294,7 +293,7 @@ void Driver::reconfigure(const char* reason, bool after_failure) {
   if (after_failure) {
     std::vector<SlotKey> kept;
     for (auto& r : full.ranks) {
-      if (held(r.slot, /*pending_too=*/false)) kept.push_back(r.slot);
+      if (slot_held(r.slot, /*pending_too=*/false)) kept.push_back(r.slot);
     }
     if (kept.size() < full.ranks.size() && static_cast<int>(kept.size()) >= std::max(o_.min_np, 1)) {
       next = plan_over_slots(generation_ + 1, kept);
@@ -328,7 +327,7 @@ void Driver::reconfigure(const char* reason, bool after_failure) {
   failure_reform_ = after_failure;
   int pending = 0;
   for (auto& a : full.ranks) {
-    if (held(a.slot, /*pending_too=*/true)) {
+    if (slot_held(a.slot, /*pending_too=*/true)) {
       if (alone && !plan_.contains(a.slot)) ++pending;
       continue;
     }
@@ -371,9 +370,7 @@ void Driver::replacement_failed(Worker& w, const std::string& why) {
 void Driver::grow_pending(const Plan& next) {
   std::vector<std::string> names;
   for (auto& a : next.ranks) {
-    bool held = std::any_of(workers_.begin(), workers_.end(),
-                            [&](const Worker& w) { return survivor(w) && w.assignment.slot == a.slot; });
-    if (held) continue;
+    if (slot_held(a.slot, /*pending_too=*/true)) continue;
     if (launch_worker(a, next.ranks.front().slot.host, 0, /*in_place=*/true, /*pending=*/true)) {
       workers_.back().grows = true;
     }
