@@ -17,6 +17,8 @@ namespace {
 
 using Worker = std::shared_ptr<FakeLauncher::Worker>;
 
+const SlotKey a0{"a", 0}, a1{"a", 1}, a2{"a", 2}, a3{"a", 3}, b0{"b", 0}, c0{"c", 0};
+
 class InPlaceTest : public ::testing::Test {
  protected:
   DriverOptions elastic(int np, int min_np, int max_np) {
@@ -84,14 +86,23 @@ class InPlaceTest : public ::testing::Test {
     for (auto& s : slots) membership.join(s, left, JoinReason::kPeerLost, failed_rank, state, 7);
   }
 
+  // Three ranks on host a; a2 is SIGKILLed and the others report it: with
+  // --min-np `min_np` (at most 2) they go on alone in generation 2 while a2's
+  // replacement starts.
+  void lose_a2(int min_np) {
+    discovery.set(HostSet({{"a", 3}}));
+    start_joined(elastic(3, min_np, 3));
+    launcher.finish(worker_at(a2), ExitStatus{0, SIGKILL});
+    survivors_rejoin({a0, a1}, 1, 2, PeerState::kDead);
+    EXPECT_FALSE(steps(1));
+  }
+
   FakeDiscovery discovery;
   FakeLauncher launcher;
   FakeClock clock;
   FakeMembership membership;
   std::unique_ptr<Driver> driver;
 };
-
-const SlotKey a0{"a", 0}, a1{"a", 1}, a2{"a", 2}, a3{"a", 3}, b0{"b", 0}, c0{"c", 0};
 
 TEST_F(InPlaceTest, FrozenWorkerReportedBySurvivorsIsKilledAndLeftOutAtOnce) {
   discovery.set(HostSet({{"a", 4}}));
@@ -456,11 +467,7 @@ TEST_F(InPlaceTest, AReplacementThatFailsBeforeJoiningDoesNotFailTheSurvivorsGen
 }
 
 TEST_F(InPlaceTest, AReplacementThatNeverJoinsIsKilledAtTheRendezvousTimeoutAndTheSurvivorsGoOn) {
-  discovery.set(HostSet({{"a", 3}}));
-  start_joined(elastic(3, 2, 3));
-  launcher.finish(worker_at(a2), ExitStatus{0, SIGKILL});
-  survivors_rejoin({a0, a1}, 1, 2, PeerState::kDead);
-  EXPECT_FALSE(steps(1));
+  lose_a2(2);
   ASSERT_EQ(driver->generation(), 2);
   Worker stuck = worker_at(a2);
   ASSERT_TRUE(stuck);
@@ -483,11 +490,7 @@ TEST_F(InPlaceTest, AReplacementThatNeverJoinsIsKilledAtTheRendezvousTimeoutAndT
 }
 
 TEST_F(InPlaceTest, APendingReplacementIsStoppedWhenTrainingEnds) {
-  discovery.set(HostSet({{"a", 3}}));
-  start_joined(elastic(3, 2, 3));
-  launcher.finish(worker_at(a2), ExitStatus{0, SIGKILL});
-  survivors_rejoin({a0, a1}, 1, 2, PeerState::kDead);
-  EXPECT_FALSE(steps(1));
+  lose_a2(2);
   Worker replacement = worker_at(a2);
   ASSERT_TRUE(replacement);
   launcher.finish(worker_at(a0), ExitStatus{0, 0});
@@ -499,11 +502,7 @@ TEST_F(InPlaceTest, APendingReplacementIsStoppedWhenTrainingEnds) {
 // The survivors finish before they re-join the generation announced for the
 // replacement: it holds nothing to finish and would wait for them forever.
 TEST_F(InPlaceTest, AReplacementInAGenerationTheFinishedRanksNeverJoinedIsStopped) {
-  discovery.set(HostSet({{"a", 3}}));
-  start_joined(elastic(3, 1, 3));
-  launcher.finish(worker_at(a2), ExitStatus{0, SIGKILL});
-  survivors_rejoin({a0, a1}, 1, 2, PeerState::kDead);
-  EXPECT_FALSE(steps(1));
+  lose_a2(1);
   membership.join(a2, -1);
   EXPECT_FALSE(steps(1));
   ASSERT_EQ(driver->generation(), 3);
@@ -519,11 +518,7 @@ TEST_F(InPlaceTest, AReplacementInAGenerationTheFinishedRanksNeverJoinedIsStoppe
 // A worker launched into the job that then trained in a complete generation
 // is one of the ranks: it is never stopped early.
 TEST_F(InPlaceTest, AReplacementThatTrainedWithTheOthersFinishesLikeThem) {
-  discovery.set(HostSet({{"a", 3}}));
-  start_joined(elastic(3, 1, 3));
-  launcher.finish(worker_at(a2), ExitStatus{0, SIGKILL});
-  survivors_rejoin({a0, a1}, 1, 2, PeerState::kDead);
-  EXPECT_FALSE(steps(1));
+  lose_a2(1);
   membership.join(a2, -1);
   EXPECT_FALSE(steps(1));
   for (auto& s : {a0, a1}) membership.join(s, 2, JoinReason::kHostsUpdated);
@@ -535,8 +530,8 @@ TEST_F(InPlaceTest, AReplacementThatTrainedWithTheOthersFinishesLikeThem) {
   launcher.finish(worker_at(a1), ExitStatus{0, 0});
   launcher.finish(replacement, ExitStatus{0, 0});
   EXPECT_EQ(steps(2), 0);
-
 }
+
 using Lost = std::vector<std::pair<long, std::vector<int>>>;
 
 TEST_F(InPlaceTest, AWorkerThatDiesIsReportedToTheSurvivorsBeforeTheNextGeneration) {
