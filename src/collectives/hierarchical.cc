@@ -1,8 +1,13 @@
 #include "collectives/hierarchical.h"
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstring>
-#include <future>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <utility>
 
 #include <unistd.h>
 #include <stdexcept>
@@ -63,6 +68,80 @@ std::unique_ptr<Communicator> make_cross(KvStore& store, const HierOptions& o, i
 class CrossHostError : public CommError {
  public:
   using CommError::CommError;
+};
+
+// The thread a host leader runs its pipelined cross-host steps on: started
+// on the leader's first pipelined allreduce and kept for the communicator's
+// life, one step at a time. start() and wait() are called by the thread that
+// runs the communicator's operations.
+class StepThread {
+ public:
+  StepThread() = default;
+  StepThread(const StepThread&) = delete;
+  StepThread& operator=(const StepThread&) = delete;
+  ~StepThread() {
+    if (!thread_.joinable()) return;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+  // Runs `step` on the thread; the step started before must have been waited for.
+  void start(std::function<void()> step) {
+    if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      step_ = std::move(step);
+      done_ = false;
+      error_ = nullptr;
+    }
+    pending_ = true;
+    cv_.notify_all();
+  }
+
+  // A step was started and not waited for yet.
+  bool pending() const { return pending_; }
+
+  // Waits for the step started last; rethrows what it threw.
+  void wait() {
+    pending_ = false;
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return done_; });
+    if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+  }
+
+ private:
+  void loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (true) {
+      cv_.wait(lock, [&] { return stop_ || step_; });
+      if (stop_) return;
+      std::function<void()> step = std::exchange(step_, nullptr);
+      lock.unlock();
+      std::exception_ptr error;
+      try {
+        step();
+      } catch (...) {
+        error = std::current_exception();
+      }
+      lock.lock();
+      error_ = error;
+      done_ = true;
+      cv_.notify_all();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::function<void()> step_;  // the step to run; empty once taken
+  bool done_ = true;            // the step started last has returned
+  bool stop_ = false;
+  std::exception_ptr error_;    // what it threw
+  bool pending_ = false;        // the caller's side only
+  std::thread thread_;
 };
 
 template <typename T>
@@ -239,23 +318,25 @@ class HierCommunicator final : public Communicator {
     const size_t chunks = (count + per - 1) / per;
     auto at = [&](size_t k) { return data + k * per * esize; };
     auto len = [&](size_t k) { return std::min(per, count - k * per); };
-    std::future<void> crossing;  // the cross-host step of the previous chunk
     try {
       for (size_t k = 0; k < chunks; ++k) {
         local_->allreduce(at(k), len(k), type, op);
         if (leader()) {
-          if (k > 0) across_hosts([&] { crossing.get(); });
-          crossing = std::async(std::launch::async, [this, &at, &len, k, type, op] { cross_->allreduce(at(k), len(k), type, op); });
+          if (k > 0) across_hosts([&] { crossing_.wait(); });
+          crossing_.start([this, &at, &len, k, type, op] { cross_->allreduce(at(k), len(k), type, op); });
         }
         if (k > 0) local_->broadcast(at(k - 1), len(k - 1) * esize, 0);
       }
-      if (leader()) across_hosts([&] { crossing.get(); });
+      if (leader()) across_hosts([&] { crossing_.wait(); });
       local_->broadcast(at(chunks - 1), len(chunks - 1) * esize, 0);
     } catch (...) {
-      // Never leave the helper thread behind, nor wait for it to time out.
-      if (crossing.valid()) {
+      // Never leave a step running on the helper thread, nor wait for it to time out.
+      if (crossing_.pending()) {
         cross_->abort();
-        crossing.wait();
+        try {
+          crossing_.wait();
+        } catch (...) {
+        }
       }
       throw;
     }
@@ -360,6 +441,9 @@ class HierCommunicator final : public Communicator {
   bool pipeline_ = false;  // the same on every rank
   std::vector<int32_t> local_of_;
   std::vector<int> global_of_local_;  // global rank of each local rank of this host
+  // A leader's pipelined cross-host steps. Declared last: its thread is
+  // joined before the communicators it uses are destroyed.
+  StepThread crossing_;
 };
 
 }  // namespace

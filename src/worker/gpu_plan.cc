@@ -7,13 +7,17 @@
 #include <utility>
 
 #include "erun/errors.hpp"
+#include "rendezvous/wire.h"
 
 namespace erun::gpu_plan {
 namespace {
 
-constexpr uint32_t kMagic = 0x67707532;  // "gpu2"
-// magic, has_device, uuid, can_shrink, kept generation (i64), rank, size (i32), then the host.
-constexpr size_t kFixed = 4 + 1 + 16 + 1 + 8 + 4 + 4;
+using wire::PayloadReader;
+using wire::PayloadWriter;
+
+// Then has_device, the UUID, can_shrink, the kept communicator's generation,
+// rank and size, and the host (wire.h's little-endian encoding).
+constexpr uint32_t kMagic = 0x67707533;  // "gpu3"
 
 std::string uuid_text(const std::array<uint8_t, 16>& u) {
   std::string s;
@@ -36,55 +40,35 @@ int select_device(int local_rank, int visible_devices) {
 }
 
 std::vector<char> encode(const Identity& id) {
-  std::vector<char> out(kFixed + id.host.size());
-  char* p = out.data();
-  auto put = [&](const void* v, size_t n) {
-    std::memcpy(p, v, n);
-    p += n;
-  };
-  const char has_device = id.has_device ? 1 : 0, can_shrink = id.can_shrink ? 1 : 0;
-  const int64_t gen = id.kept_generation;
-  const int32_t rank = id.kept_rank, size = id.kept_size;
-  put(&kMagic, 4);
-  put(&has_device, 1);
-  put(id.uuid.data(), id.uuid.size());
-  put(&can_shrink, 1);
-  put(&gen, 8);
-  put(&rank, 4);
-  put(&size, 4);
-  put(id.host.data(), id.host.size());
-  return out;
+  PayloadWriter w;
+  w.u32(kMagic)
+      .u8(id.has_device ? 1 : 0)
+      .fixed({reinterpret_cast<const char*>(id.uuid.data()), id.uuid.size()})
+      .u8(id.can_shrink ? 1 : 0)
+      .i64(id.kept_generation)
+      .i32(id.kept_rank)
+      .i32(id.kept_size)
+      .bytes(id.host);
+  return {w.str().begin(), w.str().end()};
 }
 
 Identity decode(const std::vector<char>& bytes, int rank) {
+  PayloadReader r({bytes.data(), bytes.size()});
   Identity id;
-  uint32_t magic = 0;
-  if (bytes.size() >= 4) std::memcpy(&magic, bytes.data(), 4);
-  if (bytes.size() < kFixed || magic != kMagic) {
+  const bool magic_ok = r.u32() == kMagic;
+  id.has_device = r.u8() != 0;
+  const std::string uuid = r.fixed(id.uuid.size());
+  id.can_shrink = r.u8() != 0;
+  id.kept_generation = static_cast<long>(r.i64());
+  id.kept_rank = r.i32();
+  id.kept_size = r.i32();
+  id.host = r.bytes();
+  if (!magic_ok || !r.done()) {
     throw Error(fmt::format("erun: rank {} sent a GPU identity this worker cannot read ({} bytes); run the same "
                             "erun build on every host",
                             rank, bytes.size()));
   }
-  const char* p = bytes.data() + 4;
-  auto get = [&](void* v, size_t n) {
-    std::memcpy(v, p, n);
-    p += n;
-  };
-  char has_device = 0, can_shrink = 0;
-  int64_t gen = -1;
-  int32_t kept_rank = -1, kept_size = 0;
-  get(&has_device, 1);
-  get(id.uuid.data(), id.uuid.size());
-  get(&can_shrink, 1);
-  get(&gen, 8);
-  get(&kept_rank, 4);
-  get(&kept_size, 4);
-  id.has_device = has_device != 0;
-  id.can_shrink = can_shrink != 0;
-  id.kept_generation = static_cast<long>(gen);
-  id.kept_rank = kept_rank;
-  id.kept_size = kept_size;
-  id.host.assign(p, bytes.size() - kFixed);
+  std::memcpy(id.uuid.data(), uuid.data(), id.uuid.size());
   return id;
 }
 

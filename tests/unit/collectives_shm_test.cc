@@ -28,6 +28,7 @@
 #include "store/file_store.h"
 #include "collectives/shm/shm_communicator.h"
 #include "store/memory_store.h"
+#include "support/erun_process.h"
 
 namespace erun {
 namespace {
@@ -36,6 +37,7 @@ using namespace std::chrono_literals;
 using testing::combine;
 using testing::input;
 using testing::reference;
+using testing::TempDir;
 namespace fs = std::filesystem;
 
 // Segments of this test process (and its children) carry this tag.
@@ -111,14 +113,6 @@ std::string run_threads(int size, const std::function<std::string(int, Communica
   return errors;
 }
 
-struct TempDir {
-  std::string path;
-  TempDir() {
-    char tmpl[] = "/tmp/erun_shm_test_XXXXXX";
-    path = ::mkdtemp(tmpl);
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
 
 bool wait_child(pid_t pid, int* status, Duration timeout) {
   auto deadline = std::chrono::steady_clock::now() + timeout;
@@ -137,10 +131,6 @@ std::string read_file(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
-void write_file(const std::string& path, const std::string& text) {
-  std::ofstream(path + ".tmp") << text;
-  fs::rename(path + ".tmp", path);
-}
 
 // Forks `size` ranks over a FileKvStore; each runs fn and reports its error
 // text through a file. Returns all errors (empty when every rank passed).
@@ -153,13 +143,13 @@ std::string run_processes(int size, const std::function<std::string(int, Communi
     if (pid == 0) {
       std::string err;
       try {
-        FileKvStore store(dir.path);
+        FileKvStore store(dir.path());
         auto comm = make_shm_communicator(store, options(r, size, 60s, st));
         err = fn(r, *comm);
       } catch (const std::exception& e) {
         err = e.what();
       }
-      write_file(dir.path + "/err" + std::to_string(r), err);
+      dir.write("err" + std::to_string(r), err);
       std::_Exit(err.empty() ? 0 : 1);
     }
     pids.push_back(pid);
@@ -168,7 +158,7 @@ std::string run_processes(int size, const std::function<std::string(int, Communi
   for (int r = 0; r < size; ++r) {
     int status = 0;
     if (!wait_child(pids[r], &status, 120s)) errors += "rank " + std::to_string(r) + " hung\n";
-    auto err = read_file(dir.path + "/err" + std::to_string(r));
+    auto err = read_file(dir.path() + "/err" + std::to_string(r));
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) errors += "rank " + std::to_string(r) + ": " + err + "\n";
   }
   return errors;
@@ -565,18 +555,18 @@ FailureOutcome inject_failure(int signal, Duration timeout) {
     if (pid == 0) {
       int code = 3;
       try {
-        FileKvStore store(dir.path);
+        FileKvStore store(dir.path());
         auto comm = make_shm_communicator(store, options(r, kSize, timeout));
         std::vector<float> v((size_t{4} << 20) / sizeof(float), 1.0f);
         for (int i = 0; i < 3; ++i) comm->allreduce(v, ReduceOp::kSum);
-        write_file(dir.path + "/ready" + std::to_string(r), "1");
+        dir.write("ready" + std::to_string(r), "1");
         auto end = std::chrono::steady_clock::now() + 60s;
         try {
           while (std::chrono::steady_clock::now() < end) comm->allreduce(v, ReduceOp::kSum);
           code = 2;
         } catch (const CommError& e) {
           auto ns = std::chrono::steady_clock::now().time_since_epoch().count();
-          write_file(dir.path + "/done" + std::to_string(r), std::to_string(ns) + "\n" +
+          dir.write("done" + std::to_string(r), std::to_string(ns) + "\n" +
                                                                  std::to_string(e.failed_rank()) + " " +
                                                                  std::to_string(static_cast<int>(e.fate())) + "\n" +
                                                                  e.what());
@@ -592,7 +582,7 @@ FailureOutcome inject_failure(int signal, Duration timeout) {
   auto deadline = std::chrono::steady_clock::now() + 60s;
   auto all_ready = [&] {
     for (int r = 0; r < kSize; ++r) {
-      if (!fs::exists(dir.path + "/ready" + std::to_string(r))) return false;
+      if (!fs::exists(dir.path() + "/ready" + std::to_string(r))) return false;
     }
     return true;
   };
@@ -605,7 +595,7 @@ FailureOutcome inject_failure(int signal, Duration timeout) {
     int status = 0;
     EXPECT_TRUE(wait_child(pids[r], &status, 60s)) << "rank " << r << " hung";
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "rank " << r << " status " << status;
-    auto text = read_file(dir.path + "/done" + std::to_string(r));
+    auto text = read_file(dir.path() + "/done" + std::to_string(r));
     auto nl = text.find('\n');
     if (nl == std::string::npos) continue;
     out.seconds.push_back(static_cast<double>(std::stoll(text.substr(0, nl)) - t0) / 1e9);

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "store/file_store.h"
+#include "support/erun_process.h"
 
 namespace erun {
 namespace {
@@ -18,13 +19,8 @@ using namespace std::chrono_literals;
 
 class FileStoreTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/erun_file_store_XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
-  std::string dir_;
+  testing::TempDir tmp_;
+  const std::string dir_ = tmp_.path();
 };
 
 TEST_F(FileStoreTest, SetThenGetAnyKey) {
