@@ -37,11 +37,6 @@ constexpr size_t kMaxOutbound = 64u * 1024 * 1024;  // output dropped beyond thi
 // Exit code of a worker whose program could not be started (as a shell's).
 constexpr int kCannotStart = 127;
 
-void close_fd(int& fd) {
-  if (fd >= 0) ::close(fd);
-  fd = -1;
-}
-
 void set_nonblocking(int fd) { ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK); }
 
 void close_from(int lowest) {

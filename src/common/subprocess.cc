@@ -26,12 +26,12 @@ ExitStatus ExitStatus::from_wait_status(int status) {
   return s;
 }
 
-namespace {
-
 void close_fd(int& fd) {
   if (fd >= 0) ::close(fd);
   fd = -1;
 }
+
+namespace {
 
 struct Pipe {
   int r = -1, w = -1;

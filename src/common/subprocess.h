@@ -16,6 +16,9 @@
 
 namespace erun {
 
+// Closes `fd` when it is open and sets it to -1 (so a second call is a no-op).
+void close_fd(int& fd);
+
 struct ExitStatus {
   int code = 0;    // exit code when signal == 0
   int signal = 0;  // terminating signal, or 0

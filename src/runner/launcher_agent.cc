@@ -16,6 +16,7 @@
 #include "agent/protocol.h"
 #include "common/log.h"
 #include "common/strings.h"
+#include "common/subprocess.h"
 
 namespace erun {
 
@@ -23,11 +24,6 @@ namespace {
 
 using SteadyClock = std::chrono::steady_clock;
 using namespace std::chrono_literals;
-
-void close_fd(int& fd) {
-  if (fd >= 0) ::close(fd);
-  fd = -1;
-}
 
 // Writes everything to a non-blocking fd within `limit`; false on EPIPE,
 // another error, or the time running out. SIGPIPE is ignored by erun's main

@@ -16,6 +16,7 @@
 
 #include "common/check.h"
 #include "common/private_files.h"
+#include "common/subprocess.h"
 #include "common/log.h"
 
 namespace erun {
@@ -26,11 +27,6 @@ namespace {
 constexpr size_t kMaxLine = 64 * 1024;
 constexpr size_t kReadSize = 64 * 1024;
 constexpr size_t kTailLineMax = 4096;
-
-void close_fd(int& fd) {
-  if (fd >= 0) ::close(fd);
-  fd = -1;
-}
 
 // Blocking write of everything; false when the fd is gone (EPIPE, EBADF...).
 bool write_all(int fd, const char* data, size_t size) {
