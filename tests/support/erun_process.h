@@ -32,6 +32,16 @@ class TempDir {
   std::string path_;
 };
 
+// examples/train_mlp's arguments in the end-to-end training tests (10 epochs
+// of 40 ms steps, a commit every 5 steps).
+extern const std::vector<std::string> kTrainMlpArgs;
+// The model checksum in train_mlp's final line of `out` ("" when absent).
+std::string train_checksum(const std::string& out);
+// The output of the same training uninterrupted in one process, without the
+// step sleep: the reference an elastic run's train_checksum() must equal (an
+// error message when it cannot start).
+std::string uninterrupted_training_output();
+
 class ErunProcess {
  public:
   explicit ErunProcess(std::vector<std::string> args, std::vector<std::string> extra_env = {});
