@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/status.h"
 #include "common/subprocess.h"
 
 namespace erun::testing {
@@ -18,6 +19,10 @@ namespace erun::testing {
 std::string erun_binary();
 std::string build_path(const std::string& relative);   // under ERUN_BUILD_DIR
 std::string source_path(const std::string& relative);  // under ERUN_SOURCE_DIR
+
+// Runs a tool (ip, ssh-keygen, ...) to its end, 30 s at most: its stdout, or
+// an error naming the command, how it ended and its stderr.
+Result<std::string> run_tool(const std::vector<std::string>& argv);
 
 // A fresh temp directory, removed (recursively) in the destructor.
 class TempDir {
