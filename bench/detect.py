@@ -198,34 +198,32 @@ def main():
     only = set(a.only.split(","))
     torch_modes = ["torchrun-tuned"] if b.torch else []
     out = {}
+
+    def measure(key, once):
+        """a.reps runs of once(i) -> seconds; one broken run must not lose the others."""
+        runs = []
+        for i in range(a.reps):
+            try:
+                runs.append(once(i))
+            except Exception as e:
+                bench.log(f"FAILED {key} #{i}: {e}")
+        out[key] = bench.stats(runs)
+        bench.result("detect", key, median_s=f"{out[key]['median']:.3f}" if out[key] else "none")
+
     if "silent" in only:
         if os.geteuid() != 0 or not shutil.which("ip") or not os.path.exists("/usr/sbin/sshd"):
             bench.log("silent host: skipped (needs root, ip(8) and sshd)")
         else:
             for ct in [int(x) for x in a.timeouts.split(",")]:
-                for mode in ["erun-inplace"]:  # torchrun: see the docstring
-                    key = f"silent host, collective timeout {ct} s, {mode}"
-                    runs = []
-                    for i in range(a.reps):
-                        try:
-                            runs.append(silent_host_once(b, mode, i, ct)["seconds"])
-                        except Exception as e:  # one broken run must not lose the others
-                            bench.log(f"FAILED {key} #{i}: {e}")
-                    out[key] = bench.stats(runs)
-                    bench.result("detect", key, median_s=f"{out[key]['median']:.3f}" if out[key] else "none")
+                mode = "erun-inplace"  # torchrun: see the docstring
+                measure(f"silent host, collective timeout {ct} s, {mode}",
+                        lambda i: silent_host_once(b, mode, i, ct)["seconds"])
     for name, sig, ct in (("frozen", signal.SIGSTOP, bench.FROZEN_TIMEOUT_S), ("kill", signal.SIGKILL, None)):
         if name not in only:
             continue
         for mode in ["erun-inplace"] + torch_modes:
-            key = f"{'SIGSTOP, collective timeout 5 s' if name == 'frozen' else 'SIGKILL'}, {mode}"
-            runs = []
-            for i in range(a.reps):
-                try:
-                    runs.append(b.recovery_once(mode, i, sig=sig, collective_timeout=ct)["recovery_s"])
-                except Exception as e:
-                    bench.log(f"FAILED {key} #{i}: {e}")
-            out[key] = bench.stats(runs)
-            bench.result("detect", key, median_s=f"{out[key]['median']:.3f}" if out[key] else "none")
+            measure(f"{f'SIGSTOP, collective timeout {ct} s' if name == 'frozen' else 'SIGKILL'}, {mode}",
+                    lambda i: b.recovery_once(mode, i, sig=sig, collective_timeout=ct)["recovery_s"])
     if a.json:
         with open(a.json, "w") as f:
             json.dump(out, f, indent=1)

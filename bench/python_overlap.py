@@ -6,9 +6,10 @@ DistributedOptimizer(overlap=True)) against averaging after backward
 
 The model is an MLP of --layers Linear(--width, --width) layers (float32),
 big enough that the gradient allreduce costs about as much as backward. Each
-mode runs --warmup steps, then --steps timed steps (forward, backward,
-optimizer step); rank 0 prints the median step time of each mode, the
-slowest rank's, as `OVERLAP mode=M step_ms=T` lines, and the ratio."""
+mode runs twice, interleaved with the other: --warmup steps, then --steps
+timed steps (forward, backward, optimizer step); rank 0 prints the better of
+each mode's two medians (of the slowest rank) as `OVERLAP mode=M
+step_ms=T` lines, and the ratio."""
 import argparse
 import statistics
 import time

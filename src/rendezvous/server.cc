@@ -4,13 +4,15 @@
 // one mutex, held by the I/O thread while it handles a batch of events and by
 // the driver's calls; sockets are only closed by the I/O thread.
 //
-// Scale (docs/performance.md, 100,000 connections): no per-join work over all
-// connections or members. Who waits and who is a member of the current
-// generation are kept as slot-ordered indexes, updated as joins, assignments
-// and closes happen; snapshot() copies lists rebuilt only when they changed.
-// publish() queues every assignment frame and returns; the I/O thread sends
-// them in batches, giving the mutex back between batches. Authentication
-// uses the secret's precomputed HMAC pads and nonces from a pooled CSPRNG draw.
+// Scale (aimed at 100,000 connections; docs/performance.md section 9 measures
+// up to 19,700): no per-join work over all connections or members. Who waits
+// and who is a member of the current generation are kept as slot-ordered
+// indexes, updated as joins, assignments and closes happen; snapshot() copies
+// lists rebuilt only when they changed. publish() and the pushes to members
+// (HOSTS_UPDATED, PEERS_LOST) queue their frames and return; the I/O thread
+// sends them in batches, giving the mutex back between batches.
+// Authentication uses the secret's precomputed HMAC pads and nonces from a
+// pooled CSPRNG draw.
 #include <fcntl.h>
 #include <netdb.h>
 #include <sys/epoll.h>
@@ -947,18 +949,24 @@ struct RendezvousServer::Impl {
     return cache.list;
   }
 
+  // Queues a push frame to every member of generation `g` (the member index
+  // for the current one) for the I/O thread to send.
+  void push_to_members(long g, Type type, std::string_view payload) {
+    queue_sends = true;
+    if (g == gen) {
+      for (auto& [slot, entry] : members) send_frame(*conns.at(entry.conn), type, g, 0, payload);
+    } else {
+      for (auto& [id, c] : conns) {
+        if (!c->doomed && c->member_gen == g) send_frame(*c, type, g, 0, payload);
+      }
+    }
+    queue_sends = false;
+  }
+
   void notify(long g) {
     {
       std::lock_guard<std::mutex> lock(mu);
-      queue_sends = true;
-      if (g == gen) {
-        for (auto& [slot, entry] : members) send_frame(*conns.at(entry.conn), Type::kHostsUpdated, g, 0, {});
-      } else {
-        for (auto& [id, c] : conns) {
-          if (!c->doomed && c->member_gen == g) send_frame(*c, Type::kHostsUpdated, g, 0, {});
-        }
-      }
-      queue_sends = false;
+      push_to_members(g, Type::kHostsUpdated, {});
     }
     wake();
   }
@@ -971,19 +979,15 @@ struct RendezvousServer::Impl {
     {
       std::lock_guard<std::mutex> lock(mu);
       if (g != gen) return;
-      std::set<SlotKey> lost;
-      for (auto& [slot, a] : assignments) {
-        if (std::find(ranks.begin(), ranks.end(), a.rank) != ranks.end()) lost.insert(slot);
+      const std::set<int> lost(ranks.begin(), ranks.end());
+      std::vector<uint64_t> gone;  // closed after the walk: closing takes a connection out of `members`
+      for (auto& [slot, entry] : members) {
+        if (lost.count(assignments.at(slot).rank)) gone.push_back(entry.conn);
       }
-      const std::string payload = wire::encode_peers_lost(ranks);
-      for (auto& [id, c] : conns) {
-        if (c->doomed || c->member_gen != g) continue;
-        if (lost.count(c->join.slot)) {
-          close_quietly(*c, fmt::format("its rank was reported lost in generation {}", g));
-        } else {
-          send_frame(*c, Type::kPeersLost, g, 0, payload);
-        }
+      for (uint64_t id : gone) {
+        close_quietly(*conns.at(id), fmt::format("its rank was reported lost in generation {}", g));
       }
+      push_to_members(g, Type::kPeersLost, wire::encode_peers_lost(ranks));
     }
     wake();
   }

@@ -28,15 +28,6 @@ namespace {
 
 using namespace std::chrono_literals;
 
-const std::vector<std::string> kTrainArgs = {"--samples", "8000", "--epochs", "10", "--batch", "256",
-                                             "--commit-every", "5", "--step-ms", "40"};
-
-std::string checksum_of(const std::string& out) {
-  std::smatch m;
-  std::regex re("final accuracy=[0-9.]+ loss=[0-9.]+ checksum=([0-9a-f]+)");
-  return std::regex_search(out, m, re) ? m[1].str() : "";
-}
-
 size_t count_events(const std::string& path, const std::string& event) {
   std::ifstream in(path);
   std::string line;
@@ -55,17 +46,8 @@ class ErunElastic : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     // The reference: the same training, uninterrupted, in one process.
-    SpawnOptions o;
-    o.argv = {build_path("examples/train_mlp")};
-    o.argv.insert(o.argv.end(), kTrainArgs.begin(), kTrainArgs.end());
-    o.argv.push_back("--step-ms");
-    o.argv.push_back("0");
-    auto p = Subprocess::spawn(o);
-    ASSERT_TRUE(p) << p.message();
-    std::string out;
-    read_all_until(p->stdout_fd(), out, std::chrono::steady_clock::now() + 120s);
-    p->wait_for(30s);
-    reference_ = new std::string(checksum_of(out));
+    const std::string out = uninterrupted_training_output();
+    reference_ = new std::string(train_checksum(out));
     ASSERT_FALSE(reference_->empty()) << out;
   }
   static void TearDownTestSuite() {
@@ -82,7 +64,7 @@ class ErunElastic : public ::testing::Test {
                                   "--event-log", dir_.file("events.jsonl"), "--term-grace", "2"};
     a.insert(a.end(), extra.begin(), extra.end());
     a.push_back(program_);
-    a.insert(a.end(), kTrainArgs.begin(), kTrainArgs.end());
+    a.insert(a.end(), kTrainMlpArgs.begin(), kTrainMlpArgs.end());
     return a;
   }
   bool wait_events(const std::string& event, size_t n, Duration timeout) {
@@ -119,7 +101,7 @@ class ErunElastic : public ::testing::Test {
     auto s = p.wait(300s);
     ASSERT_TRUE(s) << "erun did not finish\n" << p.out() << p.err();
     EXPECT_EQ(s->shell_code(), 0) << p.err();
-    EXPECT_EQ(checksum_of(p.out()), *reference_) << p.out();
+    EXPECT_EQ(train_checksum(p.out()), *reference_) << p.out();
     EXPECT_EQ(p.count("exactly-once=yes"), 10u) << p.out();
     EXPECT_EQ(p.count("exactly-once=NO"), 0u) << p.out();
     std::vector<pid_t> left;

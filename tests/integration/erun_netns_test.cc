@@ -13,7 +13,6 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
-#include <regex>
 #include <thread>
 
 #include "support/erun_process.h"
@@ -25,29 +24,6 @@ namespace erun::testing {
 namespace {
 
 using namespace std::chrono_literals;
-
-const std::vector<std::string> kTrainArgs = {"--samples", "8000", "--epochs", "10", "--batch", "256",
-                                             "--commit-every", "5", "--step-ms", "40"};
-
-std::string checksum_of(const std::string& out) {
-  std::smatch m;
-  std::regex re("final accuracy=[0-9.]+ loss=[0-9.]+ checksum=([0-9a-f]+)");
-  return std::regex_search(out, m, re) ? m[1].str() : "";
-}
-
-std::string reference_checksum(const std::string& program) {
-  SpawnOptions o;
-  o.argv = {program};
-  o.argv.insert(o.argv.end(), kTrainArgs.begin(), kTrainArgs.end());
-  o.argv.push_back("--step-ms");
-  o.argv.push_back("0");
-  auto p = Subprocess::spawn(o);
-  if (!p) return "";
-  std::string out;
-  read_all_until(p->stdout_fd(), out, std::chrono::steady_clock::now() + 120s);
-  p->wait_for(30s);
-  return checksum_of(out);
-}
 
 // The processes in the namespace other than its listening sshd.
 std::vector<pid_t> job_processes(const NetNamespace& ns) {
@@ -78,7 +54,7 @@ TEST(ErunNetns, AHostCutOffMidTrainingLeavesTheOthersToFinishAtTheSameModel) {
   ERUN_REQUIRE_SSHD(there);
 
   const std::string program = build_path("examples/train_mlp");
-  const std::string reference = reference_checksum(program);
+  const std::string reference = train_checksum(uninterrupted_training_output());
   ASSERT_FALSE(reference.empty());
 
   TempDir dir;
@@ -95,7 +71,7 @@ TEST(ErunNetns, AHostCutOffMidTrainingLeavesTheOthersToFinishAtTheSameModel) {
       "-H", ns->outer_address() + ":2," + ns->inner_address() + ":1",
       "--driver-address", ns->outer_address(), "--collective-timeout", "60", "--blacklist-after", "1",
       "--event-log", dir.file("events.jsonl"), program};
-  args.insert(args.end(), kTrainArgs.begin(), kTrainArgs.end());
+  args.insert(args.end(), kTrainMlpArgs.begin(), kTrainMlpArgs.end());
   ErunProcess p(args);
   ASSERT_TRUE(p.wait_output("epoch 2 ", 120s)) << p.out() << p.err();
   ASSERT_FALSE(job_processes(*ns).empty()) << "no worker of the job in the namespace";
@@ -104,7 +80,7 @@ TEST(ErunNetns, AHostCutOffMidTrainingLeavesTheOthersToFinishAtTheSameModel) {
   auto s = p.wait(300s);
   ASSERT_TRUE(s) << "erun did not finish\n" << p.out() << p.err();
   EXPECT_EQ(s->shell_code(), 0) << p.err();
-  EXPECT_EQ(checksum_of(p.out()), reference) << p.out();
+  EXPECT_EQ(train_checksum(p.out()), reference) << p.out();
   EXPECT_EQ(p.count("exactly-once=yes"), 10u) << p.out();
   EXPECT_EQ(p.count("exactly-once=NO"), 0u) << p.out();
   EXPECT_EQ(p.count("epoch 0 "), 1u) << p.out();  // never restarted from scratch

@@ -9,12 +9,59 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <regex>
+
+#include <fmt/format.h>
+
+#include "common/strings.h"
 
 namespace erun::testing {
 
 std::string build_path(const std::string& relative) { return std::string(ERUN_BUILD_DIR) + "/" + relative; }
 std::string source_path(const std::string& relative) { return std::string(ERUN_SOURCE_DIR) + "/" + relative; }
 std::string erun_binary() { return build_path("src/runner/erun"); }
+
+Result<std::string> run_tool(const std::vector<std::string>& argv) {
+  SpawnOptions o;
+  o.argv = argv;
+  auto p = Subprocess::spawn(o);
+  if (!p) return Result<std::string>::error(p.message());
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  std::string out, err;
+  (void)read_all_until(p->stdout_fd(), out, deadline);
+  (void)read_all_until(p->stderr_fd(), err, deadline);
+  auto st = p->wait_for(std::chrono::seconds(5));
+  if (!st || !st->ok()) {
+    std::string cmd;
+    for (auto& a : argv) cmd += (cmd.empty() ? "" : " ") + a;
+    return Result<std::string>::error(
+        fmt::format("'{}' failed ({}): {}", cmd, st ? st->describe() : "timed out", trim(err)));
+  }
+  return out;
+}
+
+const std::vector<std::string> kTrainMlpArgs = {"--samples", "8000", "--epochs",       "10", "--batch",
+                                                "256",       "--commit-every", "5",  "--step-ms", "40"};
+
+std::string train_checksum(const std::string& out) {
+  std::smatch m;
+  static const std::regex re("final accuracy=[0-9.]+ loss=[0-9.]+ checksum=([0-9a-f]+)");
+  return std::regex_search(out, m, re) ? m[1].str() : "";
+}
+
+std::string uninterrupted_training_output() {
+  SpawnOptions o;
+  o.argv = {build_path("examples/train_mlp")};
+  o.argv.insert(o.argv.end(), kTrainMlpArgs.begin(), kTrainMlpArgs.end());
+  o.argv.push_back("--step-ms");
+  o.argv.push_back("0");
+  auto p = Subprocess::spawn(o);
+  if (!p) return p.message();
+  std::string out;
+  read_all_until(p->stdout_fd(), out, std::chrono::steady_clock::now() + std::chrono::seconds(120));
+  p->wait_for(std::chrono::seconds(30));
+  return out;
+}
 
 TempDir::TempDir() {
   char tmpl[] = "/tmp/erun-test-XXXXXX";

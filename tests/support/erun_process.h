@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/status.h"
 #include "common/subprocess.h"
 
 namespace erun::testing {
@@ -18,6 +19,10 @@ namespace erun::testing {
 std::string erun_binary();
 std::string build_path(const std::string& relative);   // under ERUN_BUILD_DIR
 std::string source_path(const std::string& relative);  // under ERUN_SOURCE_DIR
+
+// Runs a tool (ip, ssh-keygen, ...) to its end, 30 s at most: its stdout, or
+// an error naming the command, how it ended and its stderr.
+Result<std::string> run_tool(const std::vector<std::string>& argv);
 
 // A fresh temp directory, removed (recursively) in the destructor.
 class TempDir {
@@ -31,6 +36,16 @@ class TempDir {
  private:
   std::string path_;
 };
+
+// examples/train_mlp's arguments in the end-to-end training tests (10 epochs
+// of 40 ms steps, a commit every 5 steps).
+extern const std::vector<std::string> kTrainMlpArgs;
+// The model checksum in train_mlp's final line of `out` ("" when absent).
+std::string train_checksum(const std::string& out);
+// The output of the same training uninterrupted in one process, without the
+// step sleep: the reference an elastic run's train_checksum() must equal (an
+// error message when it cannot start).
+std::string uninterrupted_training_output();
 
 class ErunProcess {
  public:

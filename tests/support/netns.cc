@@ -11,7 +11,7 @@
 #include <fmt/format.h>
 
 #include "common/strings.h"
-#include "common/subprocess.h"
+#include "support/erun_process.h"
 #include "support/process_utils.h"
 
 namespace erun::testing {
@@ -19,33 +19,12 @@ namespace erun::testing {
 namespace {
 
 constexpr const char* kPrefix = "erun-test-";
-constexpr auto kToolTimeout = std::chrono::seconds(30);
 
 std::string find_ip() {
   for (const char* p : {"/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"}) {
     if (::access(p, X_OK) == 0) return p;
   }
   return "";
-}
-
-// Runs argv; its stdout, or an error with its stderr.
-Result<std::string> run(const std::vector<std::string>& argv) {
-  SpawnOptions o;
-  o.argv = argv;
-  auto p = Subprocess::spawn(o);
-  if (!p) return Result<std::string>::error(p.message());
-  auto deadline = std::chrono::steady_clock::now() + kToolTimeout;
-  std::string out, err;
-  (void)read_all_until(p->stdout_fd(), out, deadline);
-  (void)read_all_until(p->stderr_fd(), err, deadline);
-  auto st = p->wait_for(std::chrono::seconds(5));
-  if (!st || !st->ok()) {
-    std::string cmd;
-    for (auto& a : argv) cmd += (cmd.empty() ? "" : " ") + a;
-    return Result<std::string>::error(
-        fmt::format("'{}' failed ({}): {}", cmd, st ? st->describe() : "timed out", trim(err)));
-  }
-  return out;
 }
 
 std::vector<std::string> lines_of(const std::string& s) {
@@ -61,7 +40,7 @@ std::vector<std::string> lines_of(const std::string& s) {
 
 std::vector<pid_t> pids_in(const std::string& ip, const std::string& ns) {
   std::vector<pid_t> out;
-  auto r = run({ip, "netns", "pids", ns});
+  auto r = run_tool({ip, "netns", "pids", ns});
   if (!r) return out;
   for (auto& l : lines_of(*r)) {
     long v;
@@ -83,7 +62,7 @@ void empty_namespace(const std::string& ip, const std::string& ns) {
 // Namespaces (and their links) of tests that were killed before cleaning up:
 // erun-test-PID-... whose PID is gone.
 void remove_stale(const std::string& ip) {
-  auto r = run({ip, "netns", "list"});
+  auto r = run_tool({ip, "netns", "list"});
   if (!r) return;
   for (auto& l : lines_of(*r)) {
     std::string ns = l.substr(0, l.find(' '));
@@ -93,7 +72,7 @@ void remove_stale(const std::string& ip) {
     if (!parse_int(rest.substr(0, rest.find('-')), pid) || pid <= 0) continue;
     if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
     empty_namespace(ip, ns);
-    (void)run({ip, "netns", "del", ns});  // the veth pair goes with it
+    (void)run_tool({ip, "netns", "del", ns});  // the veth pair goes with it
   }
 }
 
@@ -115,7 +94,7 @@ std::unique_ptr<NetNamespace> NetNamespace::create() {
   const long pid = ::getpid();
   const int serial = counter++;
   n->name_ = fmt::format("{}{}-{}", kPrefix, pid, serial);
-  if (auto r = run({ip, "netns", "add", n->name_}); !r) {
+  if (auto r = run_tool({ip, "netns", "add", n->name_}); !r) {
     n->error_ = r.message();
     return n;
   }
@@ -123,7 +102,7 @@ std::unique_ptr<NetNamespace> NetNamespace::create() {
   // Interface names: at most 15 characters.
   n->outer_if_ = fmt::format("evo{}x{}", pid, serial);
   n->inner_if_ = fmt::format("evi{}x{}", pid, serial);
-  if (auto r = run({ip, "link", "add", n->outer_if_, "type", "veth", "peer", "name", n->inner_if_}); !r) {
+  if (auto r = run_tool({ip, "link", "add", n->outer_if_, "type", "veth", "peer", "name", n->inner_if_}); !r) {
     n->error_ = r.message();
     return n;
   }
@@ -135,9 +114,9 @@ std::unique_ptr<NetNamespace> NetNamespace::create() {
     long block = (pid * 8 + serial + attempt * 97) % 16384;
     std::string outer = fmt::format("10.77.{}.{}", block / 64, (block % 64) * 4 + 1);
     std::string inner = fmt::format("10.77.{}.{}", block / 64, (block % 64) * 4 + 2);
-    auto in_use = run({ip, "-4", "-o", "addr", "show", "to", outer + "/30"});
+    auto in_use = run_tool({ip, "-4", "-o", "addr", "show", "to", outer + "/30"});
     if (in_use && !trim(*in_use).empty()) continue;
-    if (auto r = run({ip, "addr", "add", outer + "/30", "dev", n->outer_if_}); !r) {
+    if (auto r = run_tool({ip, "addr", "add", outer + "/30", "dev", n->outer_if_}); !r) {
       last = r.message();
       continue;
     }
@@ -155,7 +134,7 @@ std::unique_ptr<NetNamespace> NetNamespace::create() {
            {ip, "-n", n->name_, "addr", "add", n->inner_address_ + "/30", "dev", n->inner_if_},
            {ip, "-n", n->name_, "link", "set", n->inner_if_, "up"},
            {ip, "-n", n->name_, "link", "set", "lo", "up"}}) {
-    if (auto r = run(argv); !r) {
+    if (auto r = run_tool(argv); !r) {
       n->error_ = r.message();
       return n;
     }
@@ -167,12 +146,12 @@ NetNamespace::~NetNamespace() {
   const std::string ip = find_ip();
   if (ip.empty()) return;
   if (created_) empty_namespace(ip, name_);
-  if (link_created_) (void)run({ip, "link", "del", outer_if_});  // deletes both ends
-  if (created_) (void)run({ip, "netns", "del", name_});
+  if (link_created_) (void)run_tool({ip, "link", "del", outer_if_});  // deletes both ends
+  if (created_) (void)run_tool({ip, "netns", "del", name_});
 }
 
 Status NetNamespace::cut() {
-  auto r = run({find_ip(), "-n", name_, "link", "set", inner_if_, "down"});
+  auto r = run_tool({find_ip(), "-n", name_, "link", "set", inner_if_, "down"});
   return r ? Status::ok() : Status::error(r.message());
 }
 
@@ -182,7 +161,7 @@ Status NetNamespace::drop() {
            {find_ip(), "netns", "exec", name_, "tc", "qdisc", "replace", "dev", inner_if_, "root", "netem", "loss",
             "100%"},
            {"tc", "qdisc", "replace", "dev", outer_if_, "root", "netem", "loss", "100%"}}) {
-    if (auto r = run(argv); !r) return Status::error(r.message());
+    if (auto r = run_tool(argv); !r) return Status::error(r.message());
   }
   dropping_ = true;
   return Status::ok();
@@ -191,18 +170,18 @@ Status NetNamespace::drop() {
 Status NetNamespace::restore() {
   const std::string ip = find_ip();
   if (dropping_) {
-    (void)run({ip, "netns", "exec", name_, "tc", "qdisc", "del", "dev", inner_if_, "root"});
-    (void)run({"tc", "qdisc", "del", "dev", outer_if_, "root"});
+    (void)run_tool({ip, "netns", "exec", name_, "tc", "qdisc", "del", "dev", inner_if_, "root"});
+    (void)run_tool({"tc", "qdisc", "del", "dev", outer_if_, "root"});
     dropping_ = false;
   }
-  auto r = run({ip, "-n", name_, "link", "set", inner_if_, "up"});
+  auto r = run_tool({ip, "-n", name_, "link", "set", inner_if_, "up"});
   return r ? Status::ok() : Status::error(r.message());
 }
 
 Status NetNamespace::exec(const std::vector<std::string>& argv) const {
   std::vector<std::string> full = {find_ip(), "netns", "exec", name_};
   full.insert(full.end(), argv.begin(), argv.end());
-  auto r = run(full);
+  auto r = run_tool(full);
   return r ? Status::ok() : Status::error(r.message());
 }
 

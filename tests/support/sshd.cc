@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "common/strings.h"
+#include "support/erun_process.h"
 #include "support/process_utils.h"
 
 namespace erun::testing {
@@ -50,22 +51,6 @@ bool can_connect(const std::string& addr, int port) {
   return ok;
 }
 
-Status run_tool(const std::vector<std::string>& argv) {
-  SpawnOptions o;
-  o.argv = argv;
-  o.pipe_stdout = true;
-  o.pipe_stderr = true;
-  auto p = Subprocess::spawn(o);
-  if (!p) return Status::error(p.message());
-  std::string err;
-  (void)read_all_until(p->stderr_fd(), err, std::chrono::steady_clock::now() + std::chrono::seconds(30));
-  auto st = p->wait_for(std::chrono::seconds(30));
-  if (!st || !st->ok()) {
-    return Status::error(fmt::format("{} failed ({}): {}", argv[0], st ? st->describe() : "timeout", err));
-  }
-  return Status::ok();
-}
-
 }  // namespace
 
 std::unique_ptr<SshServer> SshServer::start(std::vector<std::string> addresses) {
@@ -92,9 +77,8 @@ std::unique_ptr<SshServer> SshServer::start(const SshServerOptions& options) {
   std::vector<std::string> keys = {host_key};
   if (!options.keys_from) keys.push_back(s->identity_file_);
   for (const auto& key : keys) {
-    if (Status st = run_tool({"ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "erun-test", "-f", key});
-        !st) {
-      s->error_ = st.message();
+    if (auto r = run_tool({"ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "erun-test", "-f", key}); !r) {
+      s->error_ = r.message();
       return s;
     }
   }
