@@ -37,20 +37,12 @@ namespace {
 using namespace std::chrono_literals;
 namespace fs = std::filesystem;
 
-const std::vector<std::string> kTrainArgs = {"--samples", "8000", "--epochs", "10", "--batch", "256",
-                                             "--commit-every", "5", "--step-ms", "40"};
 constexpr const char* kAttacker = "erun-attacker";
-
-std::string checksum_of(const std::string& out) {
-  std::smatch m;
-  std::regex re("final accuracy=[0-9.]+ loss=[0-9.]+ checksum=([0-9a-f]+)");
-  return std::regex_search(out, m, re) ? m[1].str() : "";
-}
 
 int shell(const std::string& cmd) { return std::system(cmd.c_str()); }
 
 // The worker processes themselves (argv[0] is the program), not erun or the
-// supervisors whose command lines merely mention it.
+// other processes whose command lines merely mention it.
 std::vector<pid_t> workers(const std::string& program) {
   std::vector<pid_t> out;
   for (pid_t pid : pids_with_cmdline(program)) {
@@ -169,19 +161,9 @@ TEST(ErunTransport, UnprivilegedAttackerOnTheWorkersPortsChangesNothing) {
   const std::string program = build_path("examples/train_mlp");
 
   // The reference: the same training, uninterrupted, in one process.
-  std::string reference;
-  {
-    SpawnOptions o;
-    o.argv = {program};
-    o.argv.insert(o.argv.end(), kTrainArgs.begin(), kTrainArgs.end());
-    o.argv.back() = "0";  // --step-ms 0
-    auto p = Subprocess::spawn(o);
-    ASSERT_TRUE(p) << p.message();
-    read_all_until(p->stdout_fd(), reference, std::chrono::steady_clock::now() + 120s);
-    p->wait_for(30s);
-    reference = checksum_of(reference);
-    ASSERT_FALSE(reference.empty());
-  }
+  const std::string reference_out = uninterrupted_training_output();
+  const std::string reference = train_checksum(reference_out);
+  ASSERT_FALSE(reference.empty()) << reference_out;
 
   TempDir dir;
   // What the attacker may read: its script, the inode list, the stop file.
@@ -202,7 +184,7 @@ TEST(ErunTransport, UnprivilegedAttackerOnTheWorkersPortsChangesNothing) {
   std::vector<std::string> args = {"--host-discovery-script", dir.file("discover.sh"), "--discovery-interval", "0.2",
                                    "--launcher", "local", "-np", "2", "--min-np", "1", "--max-np", "4",
                                    "--event-log", dir.file("events.jsonl"), "--term-grace", "2", program};
-  args.insert(args.end(), kTrainArgs.begin(), kTrainArgs.end());
+  args.insert(args.end(), kTrainMlpArgs.begin(), kTrainMlpArgs.end());
   ErunProcess p(args);
   ASSERT_TRUE(p.started()) << p.start_error();
 
@@ -296,7 +278,7 @@ TEST(ErunTransport, UnprivilegedAttackerOnTheWorkersPortsChangesNothing) {
   attacker->wait_for(30s);
   ASSERT_TRUE(s) << "erun did not finish\n" << p.out() << p.err();
   EXPECT_EQ(s->shell_code(), 0) << p.err();
-  EXPECT_EQ(checksum_of(p.out()), reference) << p.out();
+  EXPECT_EQ(train_checksum(p.out()), reference) << p.out();
   EXPECT_EQ(p.count("exactly-once=NO"), 0u) << p.out();
   const std::string report = read_file(report_dir + "/report");
   std::printf("attacker: %s listening worker ports hit / connections made; workers refused %zu; the new worker "
