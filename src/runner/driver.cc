@@ -122,8 +122,9 @@ Status Driver::start() {
   loop_ = std::make_unique<DiscoveryLoop>(*d_.discovery, o_.discovery_interval);
   Status s = loop_->first();
   if (!s) {
-    return Status::error(fmt::format("host discovery ({}) failed at start: {}", d_.discovery->describe(),
-                                     s.message()));
+    return Status::error(fmt::format("host discovery ({}) failed at start: {}; nothing was launched: run the script by hand "
+                                     "and fix it until it prints one host[:slots] per line",
+                                     d_.discovery->describe(), s.message()));
   }
   auto snap = loop_->snapshot();
   set_discovered(snap.hosts);
@@ -151,8 +152,9 @@ void Driver::refresh_hosts() {
     auto r = d_.discovery->discover();
     if (!r) {
       if (r.message() != last_discovery_error_) {
-        ERUN_LOG_WARN("host discovery failed, keeping the previous {} host(s): {}", discovered_.size(),
-                      r.message());
+        ERUN_LOG_WARN("host discovery failed, keeping the previous {} host(s): {}; erun runs the script again every "
+                      "{:.0f} s: fix the script or what it reads",
+                      discovered_.size(), r.message(), seconds(o_.discovery_interval));
       }
       last_discovery_error_ = r.message();
       return;

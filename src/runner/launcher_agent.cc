@@ -76,7 +76,9 @@ class AgentConnection {
   Status start(const std::string& secret) {
     std::lock_guard wlock(write_mu_);
     if (!write_within(process_.stdin_fd(), secret + "\n", 5s)) {
-      return Status::error(fmt::format("agent on {} ({}): exited before it read the job secret", host_, via_));
+      return Status::error(fmt::format("agent on {} ({}): exited before it read the job secret; its own error is above (for a "
+                                       "remote host: can `ssh HOST erun --version` run there?)",
+                                       host_, via_));
     }
     thread_ = std::thread([this] { run(); });
     return Status::ok();
@@ -221,7 +223,9 @@ class AgentConnection {
       ++failed;
     }
     if (!closing_) {
-      ERUN_LOG_ERROR("agent on {} lost: {}; {} worker(s) there failed (exit code 255)", host_, why, failed);
+      ERUN_LOG_ERROR("agent on {} lost: {}; {} worker(s) there failed (exit code 255) and the host counts as failed: "
+                     "check the host and its connection (ssh, network) if this repeats",
+                     host_, why, failed);
     }
     // A silent agent (stopped, partitioned) is ended from here; its watchdog
     // (or, remotely, the agent itself once it runs again) stops the workers.
@@ -245,7 +249,9 @@ class AgentConnection {
         // nothing has read it for 10 s (it was taken and closed, or erun's
         // stdout is stuck).
         if (!write_within(fd, o->data, 10s)) {
-          ERUN_LOG_WARN("agent on {}: worker output dropped: nothing read it for 10 s", host_);
+          ERUN_LOG_WARN("agent on {}: a worker's output was dropped: nothing read it for 10 s (is erun's own stdout or "
+                        "stderr blocked, e.g. a stopped pager or a full pipe?)",
+                        host_);
         }
         ::close(fd);
       }

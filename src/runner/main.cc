@@ -269,7 +269,9 @@ int main(int argc, char** argv) {
   // library still needs it to form each generation's world.
   if (!options.dry_run) {
     if (auto s = rendezvous.start(); !s) {
-      ERUN_LOG_ERROR("cannot start the rendezvous server: {}", s.message());
+      ERUN_LOG_ERROR("cannot start the rendezvous server: {}; nothing was launched (check the address erun binds, "
+                     "and the open-file limit `ulimit -n`)",
+                     s.message());
       return 1;
     }
   }

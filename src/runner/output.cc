@@ -109,7 +109,9 @@ void OutputForwarder::Impl::emit_line(Worker& w, Stream& s, std::string_view lin
 void OutputForwarder::Impl::consume(Worker& w, Stream& s, const char* data, size_t size,
                                     bool at_eof) {
   if (s.file_fd >= 0 && size > 0 && !write_all(s.file_fd, data, size)) {
-    ERUN_LOG_WARN("rank {}: cannot write its output file: {}", w.rank, strerror(errno));
+    ERUN_LOG_WARN("rank {}: cannot write its {} file under --output-filename: {}; its output goes to the "
+                  "terminal only from now on: free space or fix the directory",
+                  w.rank, s.is_err ? "stderr" : "stdout", strerror(errno));
     close_fd(s.file_fd);
   }
   std::string sink_batch;
@@ -272,7 +274,7 @@ void OutputForwarder::add(long key, int rank, int stdout_fd, int stderr_fd) {
     Status ok = ensure_private_dir(dir.string(), "--output-filename directory",
                                    DirPolicy{.refuse_shared_write = false, .refuse_link = true});
     if (!ok) {
-      ERUN_LOG_WARN("rank {}: {}", rank, ok.message());
+      ERUN_LOG_WARN("rank {}: {}; its output goes to the terminal only", rank, ok.message());
     } else {
       for (Impl::Stream* s : {&w->out, &w->err}) {
         if (s->fd < 0) continue;
@@ -281,7 +283,7 @@ void OutputForwarder::add(long key, int rank, int stdout_fd, int stderr_fd) {
         if (fd) {
           s->file_fd = fd.value();
         } else {
-          ERUN_LOG_WARN("rank {}: {}", rank, fd.message());
+          ERUN_LOG_WARN("rank {}: {}; its {} goes to the terminal only", rank, fd.message(), s->is_err ? "stderr" : "stdout");
         }
       }
     }
