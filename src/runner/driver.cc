@@ -144,6 +144,15 @@ Status Driver::start() {
   return Status::ok();
 }
 
+bool Driver::record_host_failure(const std::string& host) {
+  if (!hosts_.record_failure(host)) return false;
+  ERUN_LOG_WARN("{} blacklisted for {:.0f} s after {} failure(s) in a row: the job goes on without it, then tries "
+                "it again (see --blacklist-after and --blacklist-cooldown-range)",
+                host, seconds(hosts_.blacklisted_until(host) - clock_.now()), o_.blacklist_after);
+  if (d_.events) d_.events->write("host_blacklisted", {{"host", json_string(host)}});
+  return true;
+}
+
 void Driver::refresh_hosts() {
   if (!o_.elastic) return;  // a static host set never changes
   if (d_.synchronous_discovery) {
@@ -555,15 +564,9 @@ std::optional<int> Driver::step() {
                          fatal_code ? fmt::format("exit code {}", kFatalExitCode) : std::string("marked not retried"));
           return finish_with_failure(f);
         }
-        bool blacklisted = hosts_.record_failure(f.host);
+        record_host_failure(f.host);
         for (auto& h : plan_.hosts()) {
           if (h != f.host) hosts_.record_success(h);
-        }
-        if (blacklisted) {
-          ERUN_LOG_WARN("{} blacklisted for {:.0f} s after {} failure(s) in a row: the job goes on without it, "
-                        "then tries it again (see --blacklist-after and --blacklist-cooldown-range)",
-                        f.host, seconds(hosts_.blacklisted_until(f.host) - now), o_.blacklist_after);
-          if (d_.events) d_.events->write("host_blacklisted", {{"host", json_string(f.host)}});
         }
         if (any_success_) {
           // Training is over for at least one rank: no restart, let the job end.

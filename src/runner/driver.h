@@ -159,6 +159,9 @@ class Driver {
   // A pending replacement ended, or is killed, before it joined: a failure of
   // its host, not of the survivors' generation.
   void replacement_failed(Worker& w, const std::string& why);
+  // Counts a failure against the host; logs and records it when that
+  // blacklists the host. Returns whether it did.
+  bool record_host_failure(const std::string& host);
   // Training is over for a rank: stops the workers launched into the running
   // job that were never a member of a complete generation (pending ones,
   // and ones assigned to a generation the finished ranks never joined): they

@@ -359,11 +359,7 @@ void Driver::replacement_failed(Worker& w, const std::string& why) {
   ERUN_LOG_WARN("{}: replacement {} before it joined; the job goes on with {} rank{}",
                 who(generation_, host, w.assignment.rank), why, plan_.size(), plan_.size() == 1 ? "" : "s");
   if (w.exit) crash_loop_.worker_failed(host, *w.exit);
-  if (hosts_.record_failure(host)) {
-    ERUN_LOG_WARN("{} blacklisted for {:.0f} s after {} failure(s) in a row (see --blacklist-after)", host,
-                  seconds(hosts_.blacklisted_until(host) - clock_.now()), o_.blacklist_after);
-    if (d_.events) d_.events->write("host_blacklisted", {{"host", json_string(host)}});
-  }
+  record_host_failure(host);
   w.pending = false;
 }
 
