@@ -11,10 +11,10 @@
 // re-join within the rendezvous timeout. It reads the rendezvous through the
 // Membership interface, one snapshot per tick: a rank that survivors report
 // as failed (dead, or alive but not arriving) is killed and left out of the
-// next generation at once; one reported silent over the network once every
-// other member of its generation re-joined; survivors that alone meet --min-np go on without
-// the failed slot, whose replacement joins them at their next commit once it
-// waits in the rendezvous; below --min-np, survivors wait in the rendezvous
+// next generation at once (one reported silent over the network, once every
+// other member of its generation re-joined); survivors that alone meet
+// --min-np go on without the failed slot, whose replacement joins them at
+// their next commit once it waits in the rendezvous; below --min-np, survivors wait in the rendezvous
 // with their state (up to --elastic-timeout) instead of being stopped. The
 // in-place decisions live in driver_in_place.cc.
 //
@@ -131,9 +131,8 @@ class Driver {
   MembershipSnapshot take_snapshot();
   // Logs each re-join with the reason its worker gave, and kills and excludes
   // every worker the re-joining survivors reported as failed (a failure of the
-  // generation, recovered in place).
-  // A report naming a rank silent (over the network) waits for the rule of
-  // exclude_silent().
+  // generation, recovered in place); a rank reported silent (over the
+  // network) only by the rule of exclude_silent().
   void handle_rejoins(const MembershipSnapshot& m);
   // Kills the worker that held the reported rank in the report's generation
   // and leaves it out; `why` is added to the log line.
