@@ -13,6 +13,9 @@ under erun in place; bench/torch_train.py under torchrun, tuned as in bench.py):
                 machine's host name as MASTER_ADDR and Gloo binds to its address, which
                 a namespace host cannot reach without routing beyond the link.
   frozen worker SIGSTOP of one worker (bench.py's frozen benchmark, timeout 5 s).
+                With --frozen-hosts (e.g. node-a:1,node-b:1,node-c:2) also erun with
+                those simulated hosts (--launcher local -H ...): the frozen rank 1 is
+                then alone on its host, reached only over erun's TCP transport.
   SIGKILL       of one worker (bench.py's recovery benchmark).
 
 "Computing again": every rank of the survivors' new world printed a step of a newer
@@ -189,6 +192,11 @@ def main():
     p.add_argument("--only", default="silent,frozen,kill")
     p.add_argument("--no-torch", action="store_true")
     p.add_argument("--timeouts", default="30,5", help="collective timeouts (s) of the silent-host runs")
+    p.add_argument("--frozen-timeout", type=int, default=bench.FROZEN_TIMEOUT_S,
+                   help="collective timeout (s) of the frozen-worker runs")
+    p.add_argument("--frozen-hosts", default="",
+                   help="also freeze a worker under these simulated hosts (-H, --launcher local); rank 1 "
+                        "should be alone on its host, e.g. node-a:1,node-b:1,node-c:2")
     a = p.parse_args()
     # A SIGTERM still runs the finally blocks: no namespace, sshd or worker left behind.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -218,10 +226,23 @@ def main():
                 mode = "erun-inplace"  # torchrun: see the docstring
                 measure(f"silent host, collective timeout {ct} s, {mode}",
                         lambda i: silent_host_once(b, mode, i, ct)["seconds"])
-    for name, sig, ct in (("frozen", signal.SIGSTOP, bench.FROZEN_TIMEOUT_S), ("kill", signal.SIGKILL, None)):
+    if a.frozen_hosts:
+        # The same job over simulated hosts: erun's own mode name ends in
+        # -inplace, so recovery_once measures it as in place.
+        plain_cmd = b.recovery_cmd
+
+        def recovery_cmd(mode, ckpt, port, collective_timeout=None):
+            if mode != "erun-hosts-inplace":
+                return plain_cmd(mode, ckpt, port, collective_timeout)
+            cmd, env = plain_cmd("erun-inplace", ckpt, port, collective_timeout)
+            return cmd[:1] + ["--launcher", "local", "-H", a.frozen_hosts] + cmd[1:], env
+
+        b.recovery_cmd = recovery_cmd
+    for name, sig, ct in (("frozen", signal.SIGSTOP, a.frozen_timeout), ("kill", signal.SIGKILL, None)):
         if name not in only:
             continue
-        for mode in ["erun-inplace"] + torch_modes:
+        modes = ["erun-inplace"] + (["erun-hosts-inplace"] if name == "frozen" and a.frozen_hosts else [])
+        for mode in modes + torch_modes:
             measure(f"{f'SIGSTOP, collective timeout {ct} s' if name == 'frozen' else 'SIGKILL'}, {mode}",
                     lambda i: b.recovery_once(mode, i, sig=sig, collective_timeout=ct)["recovery_s"])
     if a.json:

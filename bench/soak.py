@@ -70,6 +70,7 @@ class Soak:
         self.out_path = os.path.join(self.dir, "out")
         self.err_path = os.path.join(self.dir, "err")
         self.results = []  # (kind, seconds or None)
+        self.alone = set()  # indices in results of SIGSTOPs of a worker alone on its simulated host
 
     # ---- discovery ---------------------------------------------------------
     def write_discovery(self):
@@ -177,6 +178,10 @@ class Soak:
             pid = self.rng.choice(ws)[0]
             os.kill(pid, signal.SIGKILL if kind == "kill" else signal.SIGSTOP)
             what = f"{kind} pid {pid}"
+            if kind == "stop" and len(agents.get(parent_of(pid), [])) == 1:
+                # Its peers reach it only over the network: no one sees its process.
+                self.alone.add(len(self.results))
+                what += " (alone on its host)"
         elif kind == "kill_agent":
             agent = self.rng.choice(sorted(agents))
             os.kill(agent, signal.SIGKILL)
@@ -286,6 +291,7 @@ class Soak:
         recov = [t for k, t in self.results if t is not None]
         stops = [t for k, t in self.results if k == "stop" and t is not None]
         others = [t for k, t in self.results if k != "stop" and t is not None]
+        alone = [t for i, (k, t) in enumerate(self.results) if i in self.alone and t is not None]
         summary = {
             "faults": len(self.results),
             "by_kind": {k: sum(1 for kk, _ in self.results if kk == k) for k in sorted({k for k, _ in self.results})},
@@ -294,6 +300,8 @@ class Soak:
             "median_without_sigstop_s": statistics.median(others) if others else None,
             "sigstop_median_s": statistics.median(stops) if stops else None,
             "sigstop_max_s": max(stops) if stops else None,
+            "sigstop_alone_on_host": {"count": len(alone), "median_s": statistics.median(alone) if alone else None,
+                                      "max_s": max(alone) if alone else None},
             "collective_timeout_s": self.a.collective_timeout,
             "restarts_from_epoch_0": max(0, out.count("epoch 0 ") - 1),
             "checks": checks,

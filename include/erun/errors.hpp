@@ -23,15 +23,19 @@ class Error : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// What a rank saw of the peer that failed it.
-enum class PeerFate { kUnknown = 0, kDead = 1, kAlive = 2 };
+// What a rank saw of the peer that failed it. kSilent: a peer on another host
+// that did not send or receive in time, or whose connection closed; its
+// process is not observable from here, and it may itself be blocked on
+// another peer (the driver decides with the other ranks' reports).
+enum class PeerFate { kUnknown = 0, kDead = 1, kAlive = 2, kSilent = 3 };
 
 class CommError : public Error {
  public:
   using Error::Error;
   // `failed_rank`: the rank (of the communicator's generation) that failed this
   // one, -1 when unknown; `fate`: whether its process was gone or alive but
-  // not arriving (stopped, hung, slow). Both travel to the driver on re-join.
+  // not arriving (stopped, hung, slow), or silent over the network. Both
+  // travel to the driver on re-join.
   CommError(const std::string& what, int failed_rank, PeerFate fate)
       : Error(what), failed_rank_(failed_rank), fate_(fate) {}
   int failed_rank() const { return failed_rank_; }

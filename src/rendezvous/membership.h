@@ -45,6 +45,8 @@ enum class PeerState : uint8_t {
   kUnknown = 0,  // no rank named, or not observable (another host)
   kDead = 1,     // its process is gone
   kAlive = 2,    // its process exists but did not arrive: stopped, hung or slow
+  kSilent = 3,   // on another host, waited on over the network: it did not send or
+                 // receive in time, or closed; it may itself wait on another rank
 };
 const char* to_string(PeerState s);
 

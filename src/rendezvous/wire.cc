@@ -210,7 +210,7 @@ std::optional<JoinRequest> decode_join(std::string_view payload) {
   j.failed_rank = r.i32();
   uint8_t state = r.u8();
   if (!r.done() || reason > static_cast<uint8_t>(JoinReason::kHostsUpdated) ||
-      state > static_cast<uint8_t>(PeerState::kAlive) || j.failed_rank < -1 || j.pid <= 0 ||
+      state > static_cast<uint8_t>(PeerState::kSilent) || j.failed_rank < -1 || j.pid <= 0 ||
       j.slot.local_index < 0) {
     return std::nullopt;
   }
@@ -584,6 +584,7 @@ const char* to_string(PeerState s) {
     case PeerState::kUnknown: return "unknown";
     case PeerState::kDead: return "dead";
     case PeerState::kAlive: return "alive but not arriving";
+    case PeerState::kSilent: return "silent over the network";
   }
   return "unknown";
 }

@@ -11,9 +11,10 @@
 // re-join within the rendezvous timeout. It reads the rendezvous through the
 // Membership interface, one snapshot per tick: a rank that survivors report
 // as failed (dead, or alive but not arriving) is killed and left out of the
-// next generation at once; survivors that alone meet --min-np go on without
-// the failed slot, whose replacement joins them at their next commit once it
-// waits in the rendezvous; below --min-np, survivors wait in the rendezvous
+// next generation at once (one reported silent over the network, once every
+// other member of its generation re-joined); survivors that alone meet
+// --min-np go on without the failed slot, whose replacement joins them at
+// their next commit once it waits in the rendezvous; below --min-np, survivors wait in the rendezvous
 // with their state (up to --elastic-timeout) instead of being stopped. The
 // in-place decisions live in driver_in_place.cc.
 //
@@ -27,6 +28,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -129,9 +131,15 @@ class Driver {
   MembershipSnapshot take_snapshot();
   // Logs each re-join with the reason its worker gave, and kills and excludes
   // every worker the re-joining survivors reported as failed (a failure of the
-  // generation, recovered in place).
+  // generation, recovered in place); a rank reported silent (over the
+  // network) only by the rule of exclude_silent().
   void handle_rejoins(const MembershipSnapshot& m);
-  void exclude_reported(const JoinRequest& report);
+  // Kills the worker that held the reported rank in the report's generation
+  // and leaves it out; `why` is added to the log line.
+  void exclude_reported(const JoinRequest& report, const std::string& why = "");
+  // Excludes a member named silent once it is the only member of its
+  // generation that has not re-joined (see the comment in driver_in_place.cc).
+  void exclude_silent();
   // Members of the current generation that ended or were left out, not yet
   // reported: Membership::notify_peers_lost() tells the survivors at once.
   void tell_survivors_of_losses();
@@ -222,6 +230,13 @@ class Driver {
   int restarts_ = 0;  // generations started after the first (TORCHELASTIC_RESTART_COUNT)
   Plan plan_;
   std::vector<Plan> recent_plans_;  // the last few published plans, oldest first
+  // Per left generation (one of recent_plans_): the slots that re-joined
+  // from it, and the reports naming one of its ranks silent.
+  struct LeftGeneration {
+    std::set<SlotKey> left;
+    std::vector<JoinRequest> silent;
+  };
+  std::map<long, LeftGeneration> leaving_;
   std::vector<Worker> workers_;
   long next_key_ = 1;
   TimePoint waiting_since_{};

@@ -114,11 +114,58 @@ void Driver::handle_rejoins(const MembershipSnapshot& m) {
                                     {"failed_state", json_string(to_string(j.failed_state))},
                                     {"commit", json_number(static_cast<long>(j.commit_id))}});
     }
-    if (j.failed_rank >= 0 && j.reason != JoinReason::kHostsUpdated) exclude_reported(j);
+    if (j.left_generation >= 0) leaving_[j.left_generation].left.insert(j.slot);
+    if (j.failed_rank < 0 || j.reason == JoinReason::kHostsUpdated) continue;
+    if (j.failed_state == PeerState::kSilent) {
+      leaving_[j.left_generation].silent.push_back(j);
+    } else {
+      exclude_reported(j);
+    }
+  }
+  exclude_silent();
+}
+
+// A rank named "silent" was waited on over the network: it may be frozen, or
+// alive and blocked on a frozen rank itself (in a ring every survivor times
+// out on its left neighbour), and such a neighbour re-joins within its own
+// collective timeout. So a silent report alone excludes no one. A member M
+// of the left generation is excluded when a re-joined member named it and
+// *every other* member of that generation re-joined: then nobody M could be
+// waiting on is still in the generation's collectives, so M is stopped,
+// hung, or slower than the collective timeout (the shared-memory rule's
+// "alive but not arriving"). A member that exited or was excluded never
+// re-joins and so keeps the rule from firing: its loss, not M, may be what
+// the survivors timed out on (and M, blocked on it, is about to re-join).
+// Two frozen members, or a frozen one beside a dead one, are left out at
+// the re-join deadline instead (enforce_rejoin_deadline()).
+void Driver::exclude_silent() {
+  for (auto it = leaving_.begin(); it != leaving_.end();) {
+    const Plan* left = plan_of(it->first);
+    if (!left) {
+      it = leaving_.erase(it);  // older than the recent plans: no report can name its ranks any more
+      continue;
+    }
+    LeftGeneration& g = it->second;
+    ++it;
+    if (g.silent.empty()) continue;
+    const RankAssignment* open = nullptr;
+    int n_open = 0;
+    for (auto& r : left->ranks) {
+      if (g.left.count(r.slot)) continue;
+      open = &r;
+      ++n_open;
+    }
+    if (n_open != 1) continue;
+    auto report = std::find_if(g.silent.begin(), g.silent.end(),
+                               [&](const JoinRequest& j) { return j.failed_rank == open->rank; });
+    if (report == g.silent.end()) continue;
+    const JoinRequest named = *report;
+    g.silent.clear();  // decided: later reports about this generation change nothing
+    exclude_reported(named, fmt::format(", and every other member of generation {} re-joined", named.left_generation));
   }
 }
 
-void Driver::exclude_reported(const JoinRequest& report) {
+void Driver::exclude_reported(const JoinRequest& report, const std::string& why) {
   const Plan* left = plan_of(report.left_generation);
   if (!left || report.failed_rank >= left->size()) return;
   const RankAssignment& failed = left->ranks[static_cast<size_t>(report.failed_rank)];
@@ -130,10 +177,10 @@ void Driver::exclude_reported(const JoinRequest& report) {
         w.launched_generation > report.left_generation) {
       continue;
     }
-    ERUN_LOG_WARN("{}: reported by {} as {}; killing it and going on without it",
+    ERUN_LOG_WARN("{}: reported by {} as {}{}; killing it and going on without it",
                   who(report.left_generation, failed.slot.host, failed.rank),
                   who(-1, report.slot.host, left->find(report.slot) ? left->find(report.slot)->rank : -1),
-                  to_string(report.failed_state));
+                  to_string(report.failed_state), why);
     if (d_.events) {
       d_.events->write("worker_excluded", {{"generation", json_number(report.left_generation)},
                                            {"host", json_string(failed.slot.host)},

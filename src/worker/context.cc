@@ -192,6 +192,7 @@ class ElasticContext final : public Context {
     switch (f) {
       case PeerFate::kDead: return PeerState::kDead;
       case PeerFate::kAlive: return PeerState::kAlive;
+      case PeerFate::kSilent: return PeerState::kSilent;
       case PeerFate::kUnknown: break;
     }
     return PeerState::kUnknown;

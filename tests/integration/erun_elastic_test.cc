@@ -334,6 +334,40 @@ TEST_F(ErunElastic, FrozenWorkerIsLeftOutAndSurvivorsComputeWithinTheCollectiveT
   EXPECT_EQ(count_events(dir_.file("events.jsonl"), "worker_excluded"), 1u);
 }
 
+// The frozen worker alone on its simulated host (node-a:2, node-b:1): the
+// survivors reach it only over erun's TCP transport, which cannot see its
+// process. node-a's leader names it silent, its follower names no one; once
+// both re-joined the driver leaves it out at once, instead of at the re-join
+// deadline (collective timeout + 1 s after the re-form, 2 x timeout + 1 s
+// after the SIGSTOP).
+TEST_F(ErunElastic, FrozenWorkerAloneOnAnotherHostIsLeftOutOnceTheOthersReJoined) {
+  dir_.write("hosts", "node-a:2\nnode-b:1\n");
+  ErunProcess p(erun_args({"-np", "3", "--min-np", "2", "--launcher", "local", "--collective-timeout", "2"}));
+  ASSERT_TRUE(wait_events("generation_joined", 1, 60s)) << p.err();
+  ASSERT_TRUE(p.wait_output("epoch 1 ", 120s)) << p.out() << p.err();
+  auto frozen = workers("node-b");
+  auto survivors = workers("node-a");
+  ASSERT_EQ(frozen.size(), 1u);
+  ASSERT_EQ(survivors.size(), 2u);
+  double stopped_at = unix_now();
+  ::kill(frozen.front(), SIGSTOP);
+  ASSERT_TRUE(p.wait_output("reset: world size 3 -> 2", 60s)) << p.out() << p.err();
+  auto t = reset_times(p.out());
+  auto after = std::find_if(t.begin(), t.end(), [&](double at) { return at > stopped_at; });
+  ASSERT_NE(after, t.end()) << p.out();
+  std::printf("frozen worker on another host: survivors compute again %.2f s after SIGSTOP (collective timeout 2 s)\n",
+              *after - stopped_at);
+  // Left out on the reports, not at the deadline: the driver's log says so,
+  // and the deadline's record never appears.
+  const std::string err = p.err();
+  EXPECT_NE(err.find("as silent over the network, and every other member of generation"), std::string::npos) << err;
+  EXPECT_EQ(err.find("did not join generation"), std::string::npos) << err;
+  for (pid_t pid : survivors) EXPECT_TRUE(pid_alive(pid)) << "node-a worker " << pid << " was killed\n" << err;
+  expect_trained_exactly(p);  // the exact model; no process left, the frozen one included
+  EXPECT_EQ(p.count("epoch 0 "), 1u) << p.out();  // never restarted from scratch
+  EXPECT_EQ(count_events(dir_.file("events.jsonl"), "worker_excluded"), 1u);
+}
+
 TEST_F(ErunElastic, BelowMinNpSurvivorsWaitInTheRendezvousAndKeepTheirProgress) {
   dir_.write("hosts", "node-a:2\nnode-b:1\n");
   ErunProcess p(erun_args({"-np", "3", "--min-np", "3", "--max-np", "3", "--launcher", "local"}));

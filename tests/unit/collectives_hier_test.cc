@@ -303,6 +303,9 @@ void check_no_blame_of_a_leader_waiting_on_a_remote_host(size_t floats) {
   const CommError& leader = seen.at(0);
   EXPECT_NE(leader.failed_rank(), 0) << leader.what();
   EXPECT_NE(leader.failed_rank(), 1) << leader.what();
+  // It names host 1's leader by its global rank, as seen only over the network.
+  EXPECT_EQ(leader.failed_rank(), 2) << leader.what();
+  EXPECT_EQ(leader.fate(), PeerFate::kSilent) << leader.what();
   const CommError& stalled_host = seen.at(3);
   EXPECT_EQ(stalled_host.failed_rank(), 2) << stalled_host.what();
   EXPECT_EQ(stalled_host.fate(), PeerFate::kAlive) << stalled_host.what();

@@ -268,6 +268,9 @@ TEST(TcpCommunicator, OperationTimesOutAndNamesOpAndRanks) {
     EXPECT_NE(msg.find("allreduce"), std::string::npos) << msg;
     EXPECT_NE(msg.find("rank 0"), std::string::npos) << msg;
     EXPECT_NE(msg.find("receiving from rank 1"), std::string::npos) << msg;
+    // The driver learns which rank it waited on, and that it could not see it.
+    EXPECT_EQ(e.failed_rank(), 1) << msg;
+    EXPECT_EQ(e.fate(), PeerFate::kSilent) << msg;
   }
   EXPECT_LT(std::chrono::steady_clock::now() - start, 10s);
   EXPECT_THROW(c0->barrier(), CommError);
@@ -282,17 +285,27 @@ TEST(TcpCommunicator, AbortWakesABlockedOperationAndThePeer) {
     c0->abort();
   });
   auto start = std::chrono::steady_clock::now();
-  EXPECT_THROW(c0->allreduce(v, ReduceOp::kSum), CommError);
+  try {
+    c0->allreduce(v, ReduceOp::kSum);
+    ADD_FAILURE() << "the aborted allreduce returned";
+  } catch (const CommError& e) {
+    EXPECT_EQ(e.failed_rank(), -1) << "an abort blames no peer: " << e.what();
+  }
   aborter.join();
   EXPECT_LT(std::chrono::steady_clock::now() - start, 5s) << "abort() did not wake the blocked allreduce";
   EXPECT_THROW(c0->allreduce(v, ReduceOp::kSum), CommError);
   // The peer may still complete the collective whose frame rank 0 had sent
   // before it aborted; the next one fails at once (its sockets were shut).
   start = std::chrono::steady_clock::now();
-  EXPECT_THROW({
+  try {
     c1->allreduce(v, ReduceOp::kSum);
     c1->allreduce(v, ReduceOp::kSum);
-  }, CommError);
+    ADD_FAILURE() << "the peer's allreduces succeeded after rank 0 aborted";
+  } catch (const CommError& e) {
+    // Rank 0 closed its connection: named, as a peer it could not see.
+    EXPECT_EQ(e.failed_rank(), 0) << e.what();
+    EXPECT_EQ(e.fate(), PeerFate::kSilent) << e.what();
+  }
   EXPECT_LT(std::chrono::steady_clock::now() - start, 5s) << "the peer did not learn of the abort at once";
 }
 

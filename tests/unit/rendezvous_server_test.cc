@@ -532,6 +532,25 @@ TEST(RendezvousServer, ThousandClientsJoinOneGeneration) {
   std::printf("[ rendezvous ] closing %d clients %.3f s\n", n, seconds(std::chrono::steady_clock::now() - t_close));
 }
 
+// Every failed-rank state travels in JOIN; one past the last is malformed.
+TEST(RendezvousWire, EveryFailedStateRoundTripsAndAnUnknownOneIsRefused) {
+  JoinRequest j;
+  j.slot = SlotKey{"h0", 1};
+  j.pid = 42;
+  j.reason = JoinReason::kPeerLost;
+  j.failed_rank = 3;
+  for (PeerState state : {PeerState::kUnknown, PeerState::kDead, PeerState::kAlive, PeerState::kSilent}) {
+    j.failed_state = state;
+    auto back = wire::decode_join(wire::encode_join(j));
+    ASSERT_TRUE(back) << to_string(state);
+    EXPECT_EQ(back->failed_state, state);
+    EXPECT_EQ(back->failed_rank, 3);
+  }
+  std::string bad = wire::encode_join(j);
+  bad.back() = static_cast<char>(static_cast<uint8_t>(PeerState::kSilent) + 1);  // failed_state is the last byte
+  EXPECT_FALSE(wire::decode_join(bad));
+}
+
 TEST(RendezvousServer, ReJoinTellsTheSnapshotItsReasonAndTheRankThatFailedIt) {
   auto server = start_server();
   auto world = joined_world(*server, 2);

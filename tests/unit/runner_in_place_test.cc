@@ -532,6 +532,179 @@ TEST_F(InPlaceTest, AReplacementThatTrainedWithTheOthersFinishesLikeThem) {
   EXPECT_EQ(steps(2), 0);
 }
 
+// ---- A rank named silent over the network (erun's TCP transport between
+// hosts): it may be frozen, or alive and blocked on a frozen rank itself. ----
+
+const SlotKey d0{"d", 0};
+
+// One re-join of a survivor leaving generation `left`, naming `failed_rank`
+// as silent (or nobody).
+struct SilentReport {
+  SlotKey slot;
+  int failed_rank = -1;
+};
+
+class InPlaceSilentTest : public InPlaceTest {
+ protected:
+  // Four hosts of one slot each (ranks 0-3 on a, b, c, d), in place, with a
+  // 2 s collective timeout: the re-join deadline after a failure is 3 s.
+  void start_ring(std::vector<SlotKey> frozen) {
+    discovery.set(HostSet({{"a", 1}, {"b", 1}, {"c", 1}, {"d", 1}}));
+    auto o = elastic(4, 2, 4);
+    o.collective_timeout = std::chrono::seconds(2);
+    start_joined(o);
+    for (auto& s : {a0, b0, c0, d0}) at_start[s] = worker_at(s);
+    frozen_ = std::move(frozen);
+  }
+  void rejoin(const SilentReport& r) {
+    membership.join(r.slot, 1, JoinReason::kPeerLost, r.failed_rank,
+                    r.failed_rank >= 0 ? PeerState::kSilent : PeerState::kUnknown, 7);
+  }
+  // No worker that is not frozen was killed or stopped.
+  void expect_no_healthy_worker_killed(const std::string& when) {
+    for (auto& [slot, w] : at_start) {
+      if (std::find(frozen_.begin(), frozen_.end(), slot) != frozen_.end()) continue;
+      EXPECT_FALSE(w->killed) << slot.host << " " << when;
+      EXPECT_FALSE(w->terminated) << slot.host << " " << when;
+    }
+  }
+  // `slots`, members of the generation re-formed at the first re-join (which
+  // still held the excluded rank), leave it once the next one is published,
+  // and are members of that one at once.
+  void expect_members_after_leaving_the_reformed_generation(const std::vector<SlotKey>& slots) {
+    for (auto& s : slots) {
+      if (!membership.is_member(s)) membership.join(s, driver->generation() - 1, JoinReason::kFormFailed);
+    }
+    const long gen = driver->generation();
+    EXPECT_FALSE(steps(1));
+    for (auto& s : slots) EXPECT_TRUE(membership.is_member(s)) << s.host;
+    EXPECT_EQ(driver->generation(), gen);
+  }
+  std::map<SlotKey, Worker> at_start;
+  std::vector<SlotKey> frozen_;
+};
+
+// The ring 0 -> 1 -> 2 -> 3 -> 0 (each rank receives from its left
+// neighbour) with rank 2 (c) frozen: rank 3 times out on 2, rank 0 on 3 (alive
+// but blocked), rank 1 on 0 (alive but blocked). Whatever order their re-joins
+// arrive in, one tick apart, the frozen rank is left out with the last of
+// them (long before the 3 s re-join deadline) and no one else is touched.
+class InPlaceSilentRingTest : public InPlaceSilentTest, public ::testing::WithParamInterface<std::vector<int>> {};
+
+TEST_P(InPlaceSilentRingTest, AFrozenRankIsLeftOutOnceEveryOtherMemberReJoined) {
+  const std::vector<SilentReport> reports{{d0, 2}, {a0, 3}, {b0, 0}};
+  const std::vector<int>& order = GetParam();
+  start_ring({c0});
+  const TimePoint first = clock.now();
+  for (size_t i = 0; i < order.size(); ++i) {
+    rejoin(reports[static_cast<size_t>(order[i])]);
+    EXPECT_FALSE(steps(1));
+    expect_no_healthy_worker_killed("after " + std::to_string(i + 1) + " re-joins");
+    EXPECT_EQ(at_start[c0]->killed, i + 1 == order.size()) << "after " << i + 1 << " re-joins";
+  }
+  // Killed 0.3 s after the first re-join; the survivors go on alone.
+  EXPECT_LT(clock.now() - first, std::chrono::seconds(1));
+  EXPECT_EQ(membership.ranks().size(), 3u);
+  for (auto& r : membership.ranks()) EXPECT_NE(r.slot, c0);
+  expect_members_after_leaving_the_reformed_generation({a0, b0, d0});
+  expect_no_healthy_worker_killed("at the end");
+  EXPECT_EQ(driver->resets(), 1);  // one failure
+}
+
+INSTANTIATE_TEST_SUITE_P(EveryOrder, InPlaceSilentRingTest,
+                         ::testing::Values(std::vector<int>{0, 1, 2}, std::vector<int>{0, 2, 1},
+                                           std::vector<int>{1, 0, 2}, std::vector<int>{1, 2, 0},
+                                           std::vector<int>{2, 0, 1}, std::vector<int>{2, 1, 0}));
+
+TEST_F(InPlaceSilentTest, AllReJoinsInOneTickLeaveOutOnlyTheFrozenRank) {
+  start_ring({c0});
+  for (auto& r : std::vector<SilentReport>{{b0, 0}, {a0, 3}, {d0, 2}}) rejoin(r);
+  EXPECT_FALSE(steps(1));
+  expect_no_healthy_worker_killed("after the tick");
+  EXPECT_TRUE(at_start[c0]->killed);
+  for (auto& r : membership.ranks()) EXPECT_NE(r.slot, c0);
+}
+
+// The unsafe shortcut: ranks 3 and 1 re-joined naming 2 and 0. Both are
+// named and neither re-joined, but rank 0 is alive (blocked on 3, which only
+// just aborted): it must not be killed. Two frozen ranks (0 and 2) would look
+// exactly the same, so both wait for the re-join deadline.
+TEST_F(InPlaceSilentTest, TwoNamedMembersThatHaveNotReJoinedAreNotExcludedOnTheReports) {
+  start_ring({c0});
+  rejoin({d0, 2});
+  rejoin({b0, 0});
+  EXPECT_FALSE(steps(5));
+  expect_no_healthy_worker_killed("while rank 0 is still blocked");
+  EXPECT_FALSE(at_start[c0]->killed);
+  rejoin({a0, 3});  // rank 0 times out in its turn
+  EXPECT_FALSE(steps(1));
+  expect_no_healthy_worker_killed("after rank 0 re-joined");
+  EXPECT_TRUE(at_start[c0]->killed);
+}
+
+TEST_F(InPlaceSilentTest, TwoFrozenMembersAreLeftOutAtTheReJoinDeadline) {
+  // Ranks 0 and 2 (a, c) frozen: rank 1 names 0, rank 3 names 2.
+  start_ring({a0, c0});
+  rejoin({b0, 0});
+  rejoin({d0, 2});
+  EXPECT_FALSE(steps(25));  // 2.5 s of the 3 s deadline after the re-form
+  EXPECT_FALSE(at_start[a0]->killed);
+  EXPECT_FALSE(at_start[c0]->killed);
+  EXPECT_FALSE(steps(6));
+  EXPECT_TRUE(at_start[a0]->killed);
+  EXPECT_TRUE(at_start[c0]->killed);
+  expect_no_healthy_worker_killed("at the deadline");
+  expect_members_after_leaving_the_reformed_generation({b0, d0});
+}
+
+// Rank 3 was SIGKILLed and the driver has not seen its exit yet: rank 0 named
+// it, rank 2 named rank 1, which is alive and about to re-join (it was
+// blocked on the dead rank). Once the exit is seen, rank 1 is the only member
+// that neither re-joined nor exited: the rule must not take the dead rank's
+// place for rank 1's.
+TEST_F(InPlaceSilentTest, ADeadMemberKeepsASilentReportFromExcludingAnAliveOne) {
+  start_ring({d0});
+  rejoin({a0, 3});
+  rejoin({c0, 1});
+  EXPECT_FALSE(steps(1));
+  launcher.finish(at_start[d0], ExitStatus{0, SIGKILL});
+  EXPECT_FALSE(steps(3));
+  expect_no_healthy_worker_killed("with rank 1 still blocked");
+  rejoin({b0, 3});
+  EXPECT_FALSE(steps(2));
+  expect_no_healthy_worker_killed("after rank 1 re-joined");
+  expect_members_after_leaving_the_reformed_generation({a0, b0, c0});
+  expect_no_healthy_worker_killed("at the end");
+}
+
+// Two hosts, a:2 and b:1 (hierarchical): a's leader (rank 0) times out on b's
+// leader (rank 2) and names it silent; a's other rank times out on its
+// leader, busy in its cross-host step, and names no one.
+class InPlaceSilentHostTest : public InPlaceSilentTest, public ::testing::WithParamInterface<bool> {};
+
+TEST_P(InPlaceSilentHostTest, AFrozenWorkerAloneOnItsHostIsLeftOutWhenTheLeaderAndItsFollowerReJoined) {
+  const bool leader_first = GetParam();
+  discovery.set(HostSet({{"a", 2}, {"b", 1}}));
+  auto o = elastic(3, 2, 3);
+  o.collective_timeout = std::chrono::seconds(2);
+  start_joined(o);
+  Worker frozen = worker_at(b0), leader = worker_at(a0), follower = worker_at(a1);
+  auto leader_rejoins = [&] { membership.join(a0, 1, JoinReason::kPeerLost, 2, PeerState::kSilent, 7); };
+  auto follower_rejoins = [&] { membership.join(a1, 1, JoinReason::kPeerLost); };
+  leader_first ? leader_rejoins() : follower_rejoins();
+  EXPECT_FALSE(steps(1));
+  EXPECT_FALSE(frozen->killed);
+  leader_first ? follower_rejoins() : leader_rejoins();
+  EXPECT_FALSE(steps(1));
+  EXPECT_TRUE(frozen->killed);
+  EXPECT_FALSE(leader->killed || leader->terminated);
+  EXPECT_FALSE(follower->killed || follower->terminated);
+  EXPECT_EQ(membership.ranks().size(), 2u);
+  expect_members_after_leaving_the_reformed_generation({a0, a1});
+}
+
+INSTANTIATE_TEST_SUITE_P(LeaderFirstOrNot, InPlaceSilentHostTest, ::testing::Bool());
+
 using Lost = std::vector<std::pair<long, std::vector<int>>>;
 
 TEST_F(InPlaceTest, AWorkerThatDiesIsReportedToTheSurvivorsBeforeTheNextGeneration) {

@@ -421,6 +421,13 @@ class TcpCommunicator final : public Communicator {
     throw CommError(fmt::format("erun tcp: {}: {} (collective #{}): {}", who_, op_name(static_cast<uint8_t>(c.op)), seq_, what));
   }
 
+  // A timeout or a closed connection: names `peer` (a rank of this
+  // communicator) as silent; it may itself be blocked on another rank.
+  [[noreturn]] void fail_peer(const Call& c, int peer, const std::string& what) {
+    throw CommError(fmt::format("erun tcp: {}: {} (collective #{}): {}", who_, op_name(static_cast<uint8_t>(c.op)), seq_, what),
+                    peer, PeerFate::kSilent);
+  }
+
   void shutdown_all() {
     for (int fd : fds_) {
       if (fd >= 0) ::shutdown(fd, SHUT_RDWR);
@@ -525,11 +532,15 @@ class TcpCommunicator final : public Communicator {
       int timeout = poll_ms(deadline_, 1h);
       if (timeout == 0) {
         std::string waiting;
+        int named = -1, named_recv = -1;  // the first peer this rank waits to receive from, else to send to
         for (size_t i = 1; i < pfds.size(); ++i) {
           int peer = which[i] >= 0 ? sends[which[i]].peer : recvs[-which[i] - 1].peer;
+          if (named < 0) named = peer;
+          if (named_recv < 0 && which[i] < 0) named_recv = peer;
           waiting += fmt::format("{}{} rank {}", waiting.empty() ? "" : ", ", which[i] >= 0 ? "sending to" : "receiving from", peer);
         }
-        fail(c, fmt::format("timed out after {:.1f} s {} (is that rank alive, or stopped?)", seconds(o_.timeout), waiting));
+        fail_peer(c, named_recv >= 0 ? named_recv : named,
+                  fmt::format("timed out after {:.1f} s {} (is that rank alive, or stopped?)", seconds(o_.timeout), waiting));
       }
       int n = ::poll(pfds.data(), pfds.size(), timeout);
       if (n < 0 && errno != EINTR) fail(c, fmt::format("poll: {}", std::strerror(errno)));
@@ -573,7 +584,8 @@ class TcpCommunicator final : public Communicator {
         std::string waiting;
         if (!sends.empty()) waiting = fmt::format("sending to rank {}", sends.front().peer);
         if (recv) waiting += fmt::format("{}receiving from rank {}", waiting.empty() ? "" : ", ", recv->peer);
-        fail(c, fmt::format("timed out after {:.1f} s {} (is that rank alive, or stopped?)", seconds(o_.timeout), waiting));
+        fail_peer(c, recv ? recv->peer : sends.front().peer,
+                  fmt::format("timed out after {:.1f} s {} (is that rank alive, or stopped?)", seconds(o_.timeout), waiting));
       }
       int n = ::poll(pfds, 3, timeout);
       if (n < 0 && errno != EINTR) fail(c, fmt::format("poll: {}", std::strerror(errno)));
@@ -599,7 +611,7 @@ class TcpCommunicator final : public Communicator {
     }
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return false;
     if (aborted_) fail(c, "aborted");
-    fail(c, fmt::format("sending to rank {} failed: {} (it exited or failed)", s.peer, n < 0 ? std::strerror(errno) : "closed"));
+    fail_peer(c, s.peer, fmt::format("sending to rank {} failed: {} (it exited or failed)", s.peer, n < 0 ? std::strerror(errno) : "closed"));
   }
 
   // One non-blocking read, never past the end of this frame; true when bytes moved.
@@ -636,7 +648,7 @@ class TcpCommunicator final : public Communicator {
     }
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return false;
     if (aborted_) fail(c, "aborted");
-    fail(c, fmt::format("receiving from rank {} failed: {} (it exited, failed or aborted)", r.peer,
+    fail_peer(c, r.peer, fmt::format("receiving from rank {} failed: {} (it exited, failed or aborted)", r.peer,
                         n < 0 ? std::strerror(errno) : "connection closed"));
   }
 
