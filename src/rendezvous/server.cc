@@ -91,6 +91,15 @@ struct Conn {
   std::vector<uint64_t> gets;  // pending KV_GET ids
 
   bool doomed = false;
+
+  // Relaying: an agent's connection carries its host's workers as streams,
+  // each a Conn of its own (fd -1) handled like a direct connection.
+  bool relay = false;                              // this is an agent's relay connection
+  std::unordered_map<uint32_t, uint64_t> streams;  // relay: stream id -> its Conn
+  uint32_t last_stream = 0;                        // relay: the newest stream id (ids only grow)
+  uint64_t parent = 0;                             // a stream: its relay connection's id
+  uint32_t stream = 0;                             // a stream: its id there
+  bool closed_by_agent = false;                    // a stream: the agent closed it (no RELAY_CLOSED back)
 };
 
 struct PendingGet {
@@ -187,6 +196,8 @@ struct RendezvousServer::Impl {
   std::thread io;
   std::atomic<bool> stop{false};
   std::atomic<long> refused{0};
+  std::atomic<long> relays{0};  // open relay connections
+  uint64_t reading = 0;         // the connection whose frames are being handled (its replies wait)
 
   mutable std::mutex mu;
   std::unordered_map<uint64_t, std::unique_ptr<Conn>> conns;
@@ -219,7 +230,9 @@ struct RendezvousServer::Impl {
     stop = true;
     wake();
     if (io.joinable()) io.join();
-    for (auto& [id, c] : conns) ::close(c->fd);
+    for (auto& [id, c] : conns) {
+      if (c->fd >= 0) ::close(c->fd);
+    }
     for (int fd : {listen_fd, ep, wake_fd}) {
       if (fd >= 0) ::close(fd);
     }
@@ -432,7 +445,13 @@ struct RendezvousServer::Impl {
         if (c.rbuf.size() < c.rlen + static_cast<size_t>(n)) c.rbuf.resize(c.rlen + static_cast<size_t>(n));
         std::memcpy(c.rbuf.data() + c.rlen, scratch.data(), static_cast<size_t>(n));
         c.rlen += static_cast<size_t>(n);
+        // The replies to the frames of one read leave in one send: a relay
+        // connection's 8 JOINs and their answers cost one system call each way.
+        reading = c.id;
         parse(c);
+        reading = 0;
+        if (c.doomed) return;
+        flush(c);
         if (c.doomed) return;
         if (static_cast<size_t>(n) < room) break;
         continue;
@@ -456,7 +475,8 @@ struct RendezvousServer::Impl {
     size_t off = 0;
     while (c.rlen - off >= wire::kHeaderBytes) {
       wire::Header h = wire::decode_header(c.rbuf.data() + off);
-      size_t limit = c.phase == Phase::kReady ? opt.max_frame_bytes : wire::kMaxHandshakeFrameBytes;
+      size_t limit = c.phase == Phase::kReady ? opt.max_frame_bytes + wire::kRelayOverhead
+                                              : wire::kMaxHandshakeFrameBytes;
       if (auto why = wire::check_header(h, job_hash, limit)) {
         refuse(c, *why);
         return;
@@ -486,15 +506,27 @@ struct RendezvousServer::Impl {
 
   // ---- sending and closing -----------------------------------------------
 
+  // A frame to a stream goes into a RELAY frame on its agent's connection.
   void send_frame(Conn& c, Type type, int64_t generation, uint32_t request_id,
                   std::string_view payload) {
     if (c.doomed) return;
-    if (queue_sends) {
-      if (c.wbuf.size() == c.woff) to_flush.push_back(c.id);  // not queued yet, nor waiting for EPOLLOUT
-      c.wbuf += wire::encode_frame(type, job_hash, generation, request_id, payload);
+    std::string f = wire::encode_frame(type, job_hash, generation, request_id, payload);
+    if (c.parent == 0) return send_bytes(c, f);
+    if (Conn* p = parent_of(c)) send_bytes(*p, wire::encode_relay(job_hash, c.stream, f));
+  }
+
+  void send_bytes(Conn& c, std::string_view frame) {
+    if (c.doomed) return;
+    if (c.id == reading) {  // sent once the frames of this read are handled
+      c.wbuf += frame;
       return;
     }
-    c.wbuf += wire::encode_frame(type, job_hash, generation, request_id, payload);
+    if (queue_sends) {
+      if (c.wbuf.size() == c.woff) to_flush.push_back(c.id);  // not queued yet, nor waiting for EPOLLOUT
+      c.wbuf += frame;
+      return;
+    }
+    c.wbuf += frame;
     flush(c);
   }
 
@@ -503,6 +535,7 @@ struct RendezvousServer::Impl {
   }
 
   void flush(Conn& c) {
+    if (c.parent != 0) return;  // a stream's frames sit in its relay connection's buffer
     while (c.woff < c.wbuf.size()) {
       ssize_t n = ::send(c.fd, c.wbuf.data() + c.woff, c.wbuf.size() - c.woff, MSG_NOSIGNAL | MSG_DONTWAIT);
       if (n > 0) {
@@ -546,7 +579,24 @@ struct RendezvousServer::Impl {
   // call from within flush(): the connection is only closed by reap().
   void refuse(Conn& c, const std::string& reason) {
     if (c.doomed) return;
+    if (c.id == reading) {  // the replies before the bad frame go first
+      reading = 0;
+      flush(c);
+      if (c.doomed) return;
+    }
     ++refused;
+    if (c.relay || c.parent != 0) {
+      // The agent authenticated: not a flood, so every one is logged.
+      ERUN_LOG_WARN("{}: dropped {} from {}: {}{}", log_prefix(),
+                    c.relay ? "the agent relay connection" : "the relayed connection", c.peer, reason,
+                    c.relay ? fmt::format(" ({} relayed worker connection(s) close with it)", c.streams.size()) : "");
+      if (c.parent != 0) send_error(c, 0, "refused: " + reason);
+      if (c.relay && c.woff == c.wbuf.size()) {
+        std::string f = wire::encode_frame(Type::kError, job_hash, gen, 0, wire::encode_str("refused: " + reason));
+        [[maybe_unused]] auto n = ::send(c.fd, f.data(), f.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+      }
+      return doom(c);
+    }
     if (admission.refused(SteadyClock::now(), fmt::format("from {}: {}", c.peer, reason))) {
       ERUN_LOG_WARN("rendezvous: dropped connection from {}: {} (not a worker of this job; further drops in this "
                     "burst are counted, not logged)",
@@ -575,6 +625,29 @@ struct RendezvousServer::Impl {
     doomed.push_back(c.id);
     unindex(waiting, waiting_list, c);
     unindex(members, member_list, c);
+    if (c.parent != 0) {
+      // The agent closes its worker's socket on RELAY_CLOSED.
+      if (Conn* p = parent_of(c)) {
+        p->streams.erase(c.stream);
+        if (!c.closed_by_agent) send_bytes(*p, wire::encode_relay_closed(job_hash, c.stream));
+      }
+    }
+    if (c.relay) {
+      // Every worker it carried is disconnected, as if each had its own socket.
+      std::vector<uint64_t> ids;
+      ids.reserve(c.streams.size());
+      for (auto& [sid, id] : c.streams) ids.push_back(id);
+      c.streams.clear();
+      for (uint64_t id : ids) {
+        Conn& s = *conns.at(id);
+        s.closed_by_agent = true;
+        close_quietly(s, fmt::format("the agent relay connection from {} closed", c.peer));
+      }
+      --relays;
+      ERUN_LOG_INFO("{}: agent relay connection from {} closed with {} relayed worker connection(s) ({} relay "
+                    "connection(s) open)",
+                    log_prefix(), c.peer, ids.size(), relays.load());
+    }
   }
 
   // Takes `c` out of a slot index if it is the one listed for its slot.
@@ -590,7 +663,7 @@ struct RendezvousServer::Impl {
       auto it = conns.find(id);
       if (it == conns.end()) continue;
       Conn& c = *it->second;
-      ::close(c.fd);  // also leaves the epoll set
+      if (c.fd >= 0) ::close(c.fd);  // also leaves the epoll set
       if (c.joined) {
         auto o = slot_owner.find(c.join.slot);
         if (o != slot_owner.end() && o->second == c.id) {
@@ -716,6 +789,11 @@ struct RendezvousServer::Impl {
       case Phase::kReady:
         break;
     }
+    if (type == Type::kRelay || type == Type::kRelayClosed) return on_relay(c, type, payload);
+    if (c.relay) {
+      return refuse(c, fmt::format("{} on an agent's relay connection, which carries only RELAY frames",
+                                   wire::type_name(h.type)));
+    }
     switch (type) {
       case Type::kJoin: return on_join(c, h, payload);
       case Type::kKvSet:
@@ -724,6 +802,57 @@ struct RendezvousServer::Impl {
       default:
         return refuse(c, fmt::format("unexpected {} after authentication", wire::type_name(h.type)));
     }
+  }
+
+  // A frame of an agent's relay connection (docs/protocol.md, "Relaying").
+  // Its first RELAY frame makes a connection a relay connection; a stream id
+  // not seen before opens a stream, already authenticated (the agent ran the
+  // handshake with its worker); ids only grow, so a frame for a stream the
+  // server closed (RELAY_CLOSED crossing it on the wire) is dropped.
+  void on_relay(Conn& c, Type type, std::string_view payload) {
+    if (c.parent != 0 || c.joined) {
+      return refuse(c, fmt::format("{} on a worker's own connection", wire::type_name(static_cast<uint16_t>(type))));
+    }
+    if (type == Type::kRelayClosed) {
+      auto id = wire::decode_relay_closed(payload);
+      if (!id) return refuse(c, fmt::format("malformed RELAY_CLOSED payload ({} bytes)", payload.size()));
+      auto it = c.streams.find(*id);
+      if (it == c.streams.end()) return;
+      Conn& s = *conns.at(it->second);
+      s.closed_by_agent = true;
+      return close_quietly(s, "its worker's connection to the agent closed");
+    }
+    wire::RelayedFrame f;
+    if (auto why = wire::decode_relay(payload, job_hash, opt.max_frame_bytes, &f)) return refuse(c, *why);
+    if (!c.relay) {
+      c.relay = true;
+      ++relays;
+      ERUN_LOG_INFO("{}: agent relay connection from {} opened ({} relay connection(s) open)", log_prefix(), c.peer,
+                    relays.load());
+    }
+    auto it = c.streams.find(f.stream);
+    if (it == c.streams.end()) {
+      if (f.stream <= c.last_stream) return;  // a stream already closed
+      if (c.streams.size() >= wire::kMaxRelayStreams) {
+        return refuse(c, fmt::format("opened more than {} streams at once", wire::kMaxRelayStreams));
+      }
+      auto s = std::make_unique<Conn>();
+      s->id = next_conn++;
+      s->peer = fmt::format("{} (relayed, stream {})", c.peer, f.stream);
+      s->phase = Phase::kReady;
+      s->parent = c.id;
+      s->stream = f.stream;
+      it = c.streams.emplace(f.stream, s->id).first;
+      c.last_stream = f.stream;
+      conns.emplace(s->id, std::move(s));
+    }
+    handle(*conns.at(it->second), f.header, f.payload);
+  }
+
+  // The relay connection of a stream; nullptr once it is closing.
+  Conn* parent_of(const Conn& c) {
+    auto it = conns.find(c.parent);
+    return it == conns.end() || it->second->doomed ? nullptr : it->second.get();
   }
 
   void on_join(Conn& c, const wire::Header& h, std::string_view payload) {
@@ -820,7 +949,8 @@ struct RendezvousServer::Impl {
     int64_t owner_gen = std::max(owner.member_gen, owner.join_after_gen);
     if (owner_gen < 0 || after_gen >= owner_gen) return std::nullopt;
     char b;
-    ssize_t n = ::recv(owner.fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    // A relayed owner is live until its agent says RELAY_CLOSED.
+    ssize_t n = owner.parent != 0 ? 1 : ::recv(owner.fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
     if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
       close_quietly(owner, "closed by the peer");
       return std::nullopt;
@@ -1040,5 +1170,7 @@ MembershipSnapshot RendezvousServer::snapshot() {
 }
 
 long RendezvousServer::refused() const { return impl_->refused.load(); }
+
+long RendezvousServer::relay_connections() const { return impl_->relays.load(); }
 
 }  // namespace erun

@@ -69,6 +69,8 @@ const char* type_name(uint16_t type) {
     case Type::kHostsUpdated: return "HOSTS_UPDATED";
     case Type::kError: return "ERROR";
     case Type::kPeersLost: return "PEERS_LOST";
+    case Type::kRelay: return "RELAY";
+    case Type::kRelayClosed: return "RELAY_CLOSED";
   }
   return "UNKNOWN";
 }
@@ -129,6 +131,48 @@ std::string encode_frame(Type type, uint64_t job_hash, int64_t generation, uint3
   encode_header(h, out.data());
   if (!payload.empty()) std::memcpy(out.data() + kHeaderBytes, payload.data(), payload.size());
   return out;
+}
+
+std::string encode_relay(uint64_t job_hash, uint32_t stream, std::string_view inner) {
+  ERUN_CHECK(inner.size() <= UINT32_MAX - 4);
+  Header h;
+  h.type = static_cast<uint16_t>(Type::kRelay);
+  h.job_hash = job_hash;
+  h.length = static_cast<uint32_t>(4 + inner.size());
+  std::string out(kRelayOverhead + inner.size(), '\0');
+  encode_header(h, out.data());
+  put_le(out.data() + kHeaderBytes, stream, 4);
+  std::memcpy(out.data() + kRelayOverhead, inner.data(), inner.size());
+  return out;
+}
+
+std::string encode_relay_closed(uint64_t job_hash, uint32_t stream) {
+  char b[4];
+  put_le(b, stream, 4);
+  return encode_frame(Type::kRelayClosed, job_hash, -1, 0, std::string_view(b, 4));
+}
+
+std::optional<std::string> decode_relay(std::string_view payload, uint64_t expected_job_hash,
+                                        size_t max_inner_payload, RelayedFrame* out) {
+  if (payload.size() < 4 + kHeaderBytes) {
+    return fmt::format("malformed RELAY frame ({} bytes, shorter than a stream id and a header)", payload.size());
+  }
+  out->stream = static_cast<uint32_t>(get_le(payload.data(), 4));
+  out->header = decode_header(payload.data() + 4);
+  if (auto why = check_header(out->header, expected_job_hash, max_inner_payload)) {
+    return fmt::format("RELAY frame of stream {} carries a bad frame: {}", out->stream, *why);
+  }
+  if (out->header.length != payload.size() - 4 - kHeaderBytes) {
+    return fmt::format("RELAY frame of stream {} carries a frame of {} payload bytes in {} bytes", out->stream,
+                       out->header.length, payload.size() - 4 - kHeaderBytes);
+  }
+  out->payload = payload.substr(4 + kHeaderBytes);
+  return std::nullopt;
+}
+
+std::optional<uint32_t> decode_relay_closed(std::string_view payload) {
+  if (payload.size() != 4) return std::nullopt;
+  return static_cast<uint32_t>(get_le(payload.data(), 4));
 }
 
 PayloadWriter& PayloadWriter::raw(const void* p, size_t n) {
