@@ -644,7 +644,7 @@ struct RendezvousServer::Impl {
         close_quietly(s, fmt::format("the agent relay connection from {} closed", c.peer));
       }
       --relays;
-      ERUN_LOG_INFO("{}: agent relay connection from {} closed with {} relayed worker connection(s) ({} relay "
+      ERUN_LOG_DEBUG("{}: agent relay connection from {} closed with {} relayed worker connection(s) ({} relay "
                     "connection(s) open)",
                     log_prefix(), c.peer, ids.size(), relays.load());
     }
@@ -827,7 +827,7 @@ struct RendezvousServer::Impl {
     if (!c.relay) {
       c.relay = true;
       ++relays;
-      ERUN_LOG_INFO("{}: agent relay connection from {} opened ({} relay connection(s) open)", log_prefix(), c.peer,
+      ERUN_LOG_DEBUG("{}: agent relay connection from {} opened ({} relay connection(s) open)", log_prefix(), c.peer,
                     relays.load());
     }
     auto it = c.streams.find(f.stream);

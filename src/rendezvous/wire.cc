@@ -11,6 +11,7 @@
 #include <openssl/rand.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -556,6 +557,30 @@ Result<int> connect_tcp(const std::string& host, int port, TimePoint deadline) {
   return Result<int>::error(fmt::format(
       "cannot connect to the rendezvous server at {}:{}: {} (is the driver running and reachable?)",
       host, port, last));
+}
+
+Result<int> connect_unix(const std::string& path, TimePoint deadline) {
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  if (path.empty() || path.size() >= sizeof a.sun_path) {
+    return Result<int>::error(fmt::format("the rendezvous socket path '{}' is empty or too long", path));
+  }
+  std::memcpy(a.sun_path, path.c_str(), path.size() + 1);
+  std::string last;
+  while (true) {
+    int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) return Result<int>::error(fmt::format("socket: {}", std::strerror(errno)));
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) return fd;
+    int err = errno;
+    ::close(fd);
+    last = std::strerror(err);
+    // A full backlog (EAGAIN) clears as the agent accepts: retry until the deadline.
+    if (err != EAGAIN || std::chrono::steady_clock::now() >= deadline) break;
+    ::usleep(5000);
+  }
+  return Result<int>::error(fmt::format(
+      "cannot connect to the rendezvous relay of this host's erun agent at {}: {} (is the agent running?)", path,
+      last));
 }
 
 Status send_all(int fd, std::string_view data, TimePoint deadline) {

@@ -195,6 +195,9 @@ std::string address_name(const sockaddr_storage& ss);
 // Connects to host:port (TCP, IPv4 or IPv6) before the deadline; returns a
 // non-blocking socket or an error naming the address.
 Result<int> connect_tcp(const std::string& host, int port, TimePoint deadline);
+// Connects to a unix-domain stream socket (an erun agent's relay) before the
+// deadline; returns a non-blocking socket or an error naming the path.
+Result<int> connect_unix(const std::string& path, TimePoint deadline);
 // Writes all of data to a non-blocking socket before the deadline.
 Status send_all(int fd, std::string_view data, TimePoint deadline);
 // Reads exactly n bytes from a non-blocking socket before the deadline.
