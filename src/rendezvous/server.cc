@@ -152,10 +152,27 @@ struct Listed {
 };
 using SlotIndex = std::map<SlotKey, Listed>;
 
-// The lists snapshot() hands out, rebuilt from an index only when it changed.
+// The lists snapshot() hands out, shared with the snapshots (a snapshot
+// costs a reference count). A list is patched in place with the slots that
+// changed since it was built: from the first changed position on, a lookup
+// per changed slot; joins that come in slot order touch only its end. It is
+// copied first only when a snapshot still holds it, and rebuilt from the
+// whole index only after publish() or when most of it changed.
 struct CachedList {
-  std::vector<JoinRequest> list;
-  bool dirty = true;
+  std::shared_ptr<std::vector<JoinRequest>> list = std::make_shared<std::vector<JoinRequest>>();  // slot order
+  bool dirty = true;              // rebuild from the whole index
+  std::vector<SlotKey> touched;   // slots put or taken out since `list` was built
+
+  void touch(const SlotKey& slot) {
+    if (dirty) return;
+    // A driver that stops asking (restart mode) does not grow this forever.
+    if (touched.size() >= std::max<size_t>(1024, list->size())) {
+      dirty = true;
+      std::vector<SlotKey>().swap(touched);
+      return;
+    }
+    touched.push_back(slot);
+  }
 };
 
 // Every worker holds one connection: the soft open-file limit goes up to the
@@ -655,7 +672,7 @@ struct RendezvousServer::Impl {
     auto it = index.find(c.join.slot);
     if (it == index.end() || it->second.conn != c.id) return;
     index.erase(it);
-    list.dirty = true;
+    list.touch(c.join.slot);
   }
 
   void reap() {
@@ -890,7 +907,7 @@ struct RendezvousServer::Impl {
     c.member_gen = -1;
     unindex(members, member_list, c);
     waiting[req.slot] = Listed{c.id, req};
-    waiting_list.dirty = true;
+    waiting_list.touch(req.slot);
     slot_owner[req.slot] = c.id;
     try_assign(c);
   }
@@ -970,7 +987,7 @@ struct RendezvousServer::Impl {
     c.member_gen = gen;
     unindex(waiting, waiting_list, c);
     members[c.join.slot] = Listed{c.id, c.join};
-    member_list.dirty = true;
+    member_list.touch(c.join.slot);
     send_frame(c, Type::kAssignment, gen, c.join_request_id, wire::encode_assignment(r, gen));
   }
 
@@ -1068,14 +1085,43 @@ struct RendezvousServer::Impl {
     wake();
   }
 
-  // The joins of an index's connections in slot order, rebuilt when it changed.
-  const std::vector<JoinRequest>& listed(const SlotIndex& index, CachedList& cache) {
-    if (cache.dirty) {
-      cache.list.clear();
-      cache.list.reserve(index.size());
-      for (auto& [slot, entry] : index) cache.list.push_back(entry.join);
-      cache.dirty = false;
+  // The joins of an index's connections in slot order, brought up to date.
+  std::shared_ptr<const std::vector<JoinRequest>> listed(const SlotIndex& index, CachedList& cache) {
+    if (cache.dirty || cache.touched.empty()) {
+      if (cache.dirty) {
+        auto fresh = std::make_shared<std::vector<JoinRequest>>();
+        fresh->reserve(index.size());
+        for (auto& [slot, entry] : index) fresh->push_back(entry.join);
+        cache.list = std::move(fresh);
+        cache.dirty = false;
+        cache.touched.clear();
+      }
+      return cache.list;
     }
+    if (cache.list.use_count() > 1) cache.list = std::make_shared<std::vector<JoinRequest>>(*cache.list);
+    std::vector<JoinRequest>& list = *cache.list;
+    auto& t = cache.touched;
+    std::sort(t.begin(), t.end());
+    t.erase(std::unique(t.begin(), t.end()), t.end());
+    auto by_slot = [](const JoinRequest& j, const SlotKey& s) { return j.slot < s; };
+    // Everything before the first touched slot stays where it is; the rest
+    // is rebuilt: untouched runs moved, each touched slot's old entry dropped
+    // and its current one (if any) put in its place.
+    auto from = std::lower_bound(list.begin(), list.end(), t.front(), by_slot);
+    const size_t keep = static_cast<size_t>(from - list.begin());
+    std::vector<JoinRequest> tail;
+    tail.reserve(list.size() - keep + t.size());
+    for (const SlotKey& slot : t) {
+      auto pos = std::lower_bound(from, list.end(), slot, by_slot);
+      tail.insert(tail.end(), std::make_move_iterator(from), std::make_move_iterator(pos));
+      from = pos;
+      if (from != list.end() && from->slot == slot) ++from;
+      if (auto it = index.find(slot); it != index.end()) tail.push_back(it->second.join);
+    }
+    tail.insert(tail.end(), std::make_move_iterator(from), std::make_move_iterator(list.end()));
+    list.resize(keep);
+    list.insert(list.end(), std::make_move_iterator(tail.begin()), std::make_move_iterator(tail.end()));
+    t.clear();
     return cache.list;
   }
 
@@ -1136,12 +1182,12 @@ int RendezvousServer::port() const { return impl_->bound_port; }
 
 std::vector<JoinRequest> RendezvousServer::waiting() const {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  return impl_->listed(impl_->waiting, impl_->waiting_list);
+  return *impl_->listed(impl_->waiting, impl_->waiting_list);
 }
 
 std::vector<JoinRequest> RendezvousServer::members() const {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  return impl_->listed(impl_->members, impl_->member_list);
+  return *impl_->listed(impl_->members, impl_->member_list);
 }
 
 void RendezvousServer::publish(long gen, const std::vector<RankAssignment>& ranks) {
@@ -1161,8 +1207,8 @@ MembershipSnapshot RendezvousServer::snapshot() {
   std::lock_guard<std::mutex> lock(impl_->mu);
   MembershipSnapshot s;
   s.generation = impl_->gen;
-  s.members = impl_->listed(impl_->members, impl_->member_list);
-  s.waiting = impl_->listed(impl_->waiting, impl_->waiting_list);
+  s.members = SharedList<JoinRequest>(impl_->listed(impl_->members, impl_->member_list));
+  s.waiting = SharedList<JoinRequest>(impl_->listed(impl_->waiting, impl_->waiting_list));
   s.rejoined = std::exchange(impl_->rejoined, {});
   s.disconnected.assign(impl_->disconnected.begin(), impl_->disconnected.end());
   impl_->disconnected.clear();

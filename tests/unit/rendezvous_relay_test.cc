@@ -8,6 +8,7 @@
 #include <map>
 #include <set>
 #include <optional>
+#include <random>
 
 #include "rendezvous_test_util.h"
 
@@ -365,6 +366,45 @@ TEST(RendezvousRelay, StreamsBeyondTheLimitCloseTheRelayConnection) {
   peer.send(RelayPeer::frame(wire::kMaxRelayStreams + 1, Type::kKvCheck, -1, 1, wire::encode_kv_check({})));
   EXPECT_TRUE(closed_by_peer(peer.fd()));
   EXPECT_TRUE(wait_for([&] { return server->refused() == 1 && server->relay_connections() == 0; }));
+}
+
+// The server keeps its waiting and member lists by patching them with the
+// slots that changed; joins and closes in random slot order, checked against
+// a model after each batch.
+TEST(RendezvousRelay, SnapshotListsStayInSlotOrderThroughRandomJoinsAndCloses) {
+  auto server = start_server();
+  RelayPeer peer(server->port());
+  ASSERT_TRUE(peer.authenticated());
+  std::mt19937 rng(12);
+  std::map<uint32_t, SlotKey> open;  // stream -> slot, waiting
+  std::set<SlotKey> used;
+  uint32_t next_stream = 1;
+  for (int round = 0; round < 40; ++round) {
+    std::string burst;
+    int joins = static_cast<int>(rng() % 12), closes = static_cast<int>(rng() % 6);
+    for (int i = 0; i < joins; ++i) {
+      SlotKey slot{"h" + std::to_string(rng() % 50), static_cast<int>(rng() % 8)};
+      if (!used.insert(slot).second) continue;  // one connection per slot: no take-overs here
+      burst += RelayPeer::join(next_stream, slot.host, slot.local_index);
+      open[next_stream++] = slot;
+    }
+    for (int i = 0; i < closes && !open.empty(); ++i) {
+      auto it = std::next(open.begin(), static_cast<long>(rng() % open.size()));
+      burst += wire::encode_relay_closed(kJobHash, it->first);
+      used.erase(it->second);
+      open.erase(it);
+    }
+    if (!burst.empty()) peer.send(burst);
+    std::vector<SlotKey> want;
+    for (auto& [stream, slot] : open) want.push_back(slot);
+    std::sort(want.begin(), want.end());
+    std::vector<SlotKey> got;
+    ASSERT_TRUE(wait_for([&] {
+      got.clear();
+      for (auto& j : server->snapshot().waiting) got.push_back(j.slot);
+      return got == want;
+    })) << "round " << round << ": " << got.size() << " listed, " << want.size() << " expected";
+  }
 }
 
 }  // namespace
