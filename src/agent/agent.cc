@@ -523,6 +523,7 @@ void Agent::relay_env(std::map<std::string, std::string>& env) {
     ro.upstream_host = addr->second;
     ro.upstream_port = static_cast<int>(port);
     ro.log_prefix = me_;
+    ro.parent_dir = o_.relay_dir;
     auto made = Relay::create(ro);
     if (!made) {
       relay_failed_ = true;

@@ -65,8 +65,7 @@ Relay::Relay(RelayOptions o)
 Result<std::unique_ptr<Relay>> Relay::create(RelayOptions options) {
   using R = Result<std::unique_ptr<Relay>>;
   std::unique_ptr<Relay> r(new Relay(std::move(options)));
-  const char* tmp = std::getenv("TMPDIR");  // the agent's own environment (main's), read once here
-  std::string templ = fmt::format("{}/erun-relay-XXXXXX", tmp && *tmp == '/' ? tmp : "/tmp");
+  std::string templ = r->o_.parent_dir + "/erun-relay-XXXXXX";
   if (::mkdtemp(templ.data()) == nullptr) {  // mode 0700
     return R::error(fmt::format("cannot create a private directory for the relay socket ({}): {}", templ,
                                 std::strerror(errno)));
@@ -76,8 +75,8 @@ Result<std::unique_ptr<Relay>> Relay::create(RelayOptions options) {
   sockaddr_un a{};
   a.sun_family = AF_UNIX;
   if (r->path_.size() >= sizeof a.sun_path) {
-    return R::error(fmt::format("the relay socket path {} is too long for a unix socket: set TMPDIR to a shorter "
-                                "directory",
+    return R::error(fmt::format("the relay socket path {} is too long for a unix socket: set TMPDIR on this host "
+                                "to a shorter directory",
                                 r->path_));
   }
   std::memcpy(a.sun_path, r->path_.c_str(), r->path_.size() + 1);
@@ -116,7 +115,7 @@ size_t Relay::add_fds(std::vector<pollfd>& fds) {
 
 void Relay::on_events(const std::vector<pollfd>& fds, size_t first) {
   // The locals in the order add_fds() listed them (the map may change below).
-  std::vector<std::pair<uint32_t, short>> ready;
+  std::vector<std::pair<uint64_t, short>> ready;
   size_t i = first + 2;
   for (auto& [id, l] : locals_) {
     if (i < fds.size() && fds[i].fd == l.fd && fds[i].revents) ready.push_back({id, fds[i].revents});
@@ -142,11 +141,11 @@ void Relay::accept_all() {
     Local l;
     l.fd = fd;
     l.deadline = SteadyClock::now() + o_.io_timeout;
-    locals_.emplace(next_stream_++, std::move(l));
+    locals_.emplace(next_key_++, std::move(l));
   }
 }
 
-void Relay::on_local(uint32_t id, short revents) {
+void Relay::on_local(uint64_t id, short revents) {
   auto it = locals_.find(id);
   if (it == locals_.end()) return;
   Local& l = it->second;
@@ -169,7 +168,7 @@ void Relay::on_local(uint32_t id, short revents) {
   parse_local(id, l);
 }
 
-void Relay::parse_local(uint32_t id, Local& l) {
+void Relay::parse_local(uint64_t id, Local& l) {
   size_t off = 0;
   while (l.rbuf.size() - off >= wire::kHeaderBytes) {
     wire::Header h = wire::decode_header(l.rbuf.data() + off);
@@ -205,7 +204,11 @@ void Relay::parse_local(uint32_t id, Local& l) {
         want_upstream_ = true;  // connected after this round of events, never under a local's feet
         break;
       case Phase::kReady:
-        send_upstream(wire::encode_relay(job_hash_, id, frame));
+        if (l.stream == 0) {
+          l.stream = next_stream_++;
+          streams_[l.stream] = id;
+        }
+        send_upstream(wire::encode_relay(job_hash_, l.stream, frame));
         break;
     }
   }
@@ -228,7 +231,7 @@ bool Relay::write_local(Local& l) {
   return true;
 }
 
-void Relay::refuse_local(uint32_t id, const std::string& why) {
+void Relay::refuse_local(uint64_t id, const std::string& why) {
   auto it = locals_.find(id);
   if (it == locals_.end()) return;
   ++refused_;
@@ -240,13 +243,15 @@ void Relay::refuse_local(uint32_t id, const std::string& why) {
   close_local(id, authenticated);
 }
 
-void Relay::close_local(uint32_t id, bool tell_upstream) {
+void Relay::close_local(uint64_t id, bool tell_upstream) {
   auto it = locals_.find(id);
   if (it == locals_.end()) return;
-  bool relayed = it->second.phase == Phase::kReady;
+  uint32_t stream = it->second.stream;
   close_fd(it->second.fd);
   locals_.erase(it);
-  if (tell_upstream && relayed) send_upstream(wire::encode_relay_closed(job_hash_, id));
+  if (stream == 0) return;  // the server never heard of it
+  streams_.erase(stream);
+  if (tell_upstream) send_upstream(wire::encode_relay_closed(job_hash_, stream));
 }
 
 // ---- upstream ------------------------------------------------------------
@@ -343,24 +348,28 @@ void Relay::upstream_frame(uint16_t type_code, int64_t generation, std::string_v
   if (type == Type::kRelayClosed) {
     auto id = wire::decode_relay_closed(payload);
     if (!id) return lose_upstream("malformed RELAY_CLOSED");
-    auto it = locals_.find(*id);
-    if (it == locals_.end()) return;
-    it->second.close_after_write = true;
-    if (!write_local(it->second) || it->second.wbuf.empty()) close_local(*id, false);
+    auto s = streams_.find(*id);
+    if (s == streams_.end()) return;
+    uint64_t key = s->second;
+    Local& l = locals_.at(key);
+    l.close_after_write = true;
+    if (!write_local(l) || l.wbuf.empty()) close_local(key, false);
     return;
   }
   if (type != Type::kRelay) return lose_upstream(fmt::format("unexpected {} on the relay", wire::type_name(type_code)));
   wire::RelayedFrame f;
   if (auto why = wire::decode_relay(payload, job_hash_, o_.max_frame_bytes, &f)) return lose_upstream(*why);
-  auto it = locals_.find(f.stream);
-  if (it == locals_.end()) return;  // the worker went; its RELAY_CLOSED is on the way
-  it->second.wbuf.append(payload.substr(4));
-  if (it->second.wbuf.size() > 2 * o_.max_frame_bytes + (1u << 20)) {
+  auto s = streams_.find(f.stream);
+  if (s == streams_.end()) return;  // the worker went; its RELAY_CLOSED is on the way
+  uint64_t key = s->second;
+  Local& l = locals_.at(key);
+  l.wbuf.append(payload.substr(4));
+  if (l.wbuf.size() > 2 * o_.max_frame_bytes + (1u << 20)) {
     ERUN_LOG_WARN("{}: relay: stream {} does not read its replies ({} bytes queued): closing it", o_.log_prefix,
-                  f.stream, it->second.wbuf.size());
-    return close_local(f.stream, true);
+                  f.stream, l.wbuf.size());
+    return close_local(key, true);
   }
-  if (!write_local(it->second)) close_local(f.stream, true);
+  if (!write_local(l)) close_local(key, true);
 }
 
 void Relay::send_upstream(std::string bytes) {
@@ -401,6 +410,7 @@ void Relay::lose_upstream(const std::string& why) {
     ERUN_LOG_DEBUG("{}: relay: the connection to the driver's rendezvous at {}:{} closed: {}", o_.log_prefix,
                    o_.upstream_host, o_.upstream_port, why);
   }
+  streams_.clear();  // every stream the server knew is closed above
   close_fd(up_fd_);
   up_ = Up::kNone;
   up_rbuf_.clear();
@@ -414,17 +424,17 @@ void Relay::tick(TimePoint now) {
     lose_upstream(up_ == Up::kReady ? fmt::format("it did not read for {:.1f} s", seconds(o_.io_timeout))
                                     : fmt::format("no handshake within {:.1f} s", seconds(o_.io_timeout)));
   }
-  std::vector<std::pair<uint32_t, bool>> late;
-  for (auto& [id, l] : locals_) {
-    if (now >= l.deadline) late.push_back({id, l.phase == Phase::kReady});
+  std::vector<std::pair<uint64_t, bool>> late;
+  for (auto& [key, l] : locals_) {
+    if (now >= l.deadline) late.push_back({key, l.phase == Phase::kReady});
   }
-  for (auto& [id, ready] : late) {
+  for (auto& [key, ready] : late) {
     if (!ready) {
-      refuse_local(id, fmt::format("did not authenticate within {:.1f} s", seconds(o_.io_timeout)));
+      refuse_local(key, fmt::format("did not authenticate within {:.1f} s", seconds(o_.io_timeout)));
     } else {
       ERUN_LOG_WARN("{}: relay: stream {} stalled (half a frame, or replies unread) for {:.1f} s: closing it",
-                    o_.log_prefix, id, seconds(o_.io_timeout));
-      close_local(id, true);
+                    o_.log_prefix, locals_.at(key).stream, seconds(o_.io_timeout));
+      close_local(key, true);
     }
   }
 }

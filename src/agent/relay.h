@@ -20,6 +20,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "common/clock.h"
@@ -37,6 +38,7 @@ struct RelayOptions {
   std::string upstream_host;  // the driver's rendezvous address and port
   int upstream_port = 0;
   std::string log_prefix;     // "agent on HOST (pid P)"
+  std::string parent_dir = "/tmp";  // where the private socket directory is made
   Duration io_timeout = std::chrono::seconds(10);
   size_t max_frame_bytes = 64 << 20;
 };
@@ -71,15 +73,16 @@ class Relay {
     std::string rbuf, wbuf;
     TimePoint deadline = TimePoint::max();  // handshake, then a half frame or unread output
     bool close_after_write = false;         // the server closed the stream: flush, then close
+    uint32_t stream = 0;                    // 0 until its first frame is relayed
   };
   enum class Up { kNone, kConnecting, kChallenge, kAuthOk, kReady };
 
   explicit Relay(RelayOptions o);
   void accept_all();
-  void on_local(uint32_t id, short revents);
-  void parse_local(uint32_t id, Local& l);
-  void refuse_local(uint32_t id, const std::string& why);
-  void close_local(uint32_t id, bool tell_upstream);
+  void on_local(uint64_t key, short revents);
+  void parse_local(uint64_t key, Local& l);
+  void refuse_local(uint64_t key, const std::string& why);
+  void close_local(uint64_t key, bool tell_upstream);
   bool write_local(Local& l);
   void start_upstream();
   void on_upstream(short revents);
@@ -94,8 +97,12 @@ class Relay {
   std::unique_ptr<wire::Prover> prover_;
   std::string dir_, path_;
   int listen_fd_ = -1;
-  std::map<uint32_t, Local> locals_;
+  std::map<uint64_t, Local> locals_;  // by accept order
+  uint64_t next_key_ = 1;
+  // A worker's stream id is given with its first relayed frame, so that ids
+  // reach the server in increasing order (it drops frames of lower unknown ids).
   uint32_t next_stream_ = 1;
+  std::unordered_map<uint32_t, uint64_t> streams_;  // stream id -> locals_ key
   bool want_upstream_ = false;  // a worker authenticated: connect upstream after this round
   long refused_ = 0;
 

@@ -158,6 +158,7 @@ int agent_main(int argc, char** argv) {
   char name[256] = {};
   ::gethostname(name, sizeof name - 1);
   o.host = name;
+  if (const char* tmp = std::getenv("TMPDIR"); tmp && tmp[0] == '/') o.relay_dir = tmp;
   for (int i = 2; i < argc; ++i) {
     std::string flag = argv[i];
     if (flag == "--relay") {

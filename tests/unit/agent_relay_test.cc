@@ -149,6 +149,35 @@ TEST(AgentRelay, WorkersJoinAndShareTheStoreOverOneConnection) {
   EXPECT_EQ(loop.relay().refused(), 0);
 }
 
+// Stream ids reach the server in increasing order, whatever order the
+// workers connected and authenticated in: the one that connected last speaks
+// first here, and the other's frames are not taken for a closed stream's.
+TEST(AgentRelay, AWorkerThatConnectedFirstButSpeaksLastStillJoins) {
+  auto server = start_server();
+  RelayLoop loop(server->port());
+  RendezvousClient first(client_options(loop.relay().address(), server->port()));
+  RendezvousClient second(client_options(loop.relay().address(), server->port()));
+  ASSERT_TRUE(first.connect().is_ok());
+  ASSERT_TRUE(second.connect().is_ok());
+  auto join = [](RendezvousClient& c, int index) {
+    return std::async(std::launch::async, [&c, index] {
+      JoinRequest r;
+      r.slot = {"hostA", index};
+      r.pid = 100 + index;
+      long gen = -1;
+      auto a = c.join(r, &gen);
+      return a.is_ok() ? a->rank : -1;
+    });
+  };
+  auto j1 = join(second, 1);
+  ASSERT_TRUE(wait_for([&] { return server->waiting().size() == 1; }));
+  auto j0 = join(first, 0);
+  ASSERT_TRUE(wait_for([&] { return server->waiting().size() == 2; }));
+  server->publish(1, {rank_of(0, 2), rank_of(1, 2)});
+  EXPECT_EQ(j0.get(), 0);
+  EXPECT_EQ(j1.get(), 1);
+}
+
 TEST(AgentRelay, AStrangerIsRefusedAndNothingReachesTheDriver) {
   auto server = start_server();
   RelayLoop loop(server->port());
