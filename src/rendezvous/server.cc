@@ -13,6 +13,13 @@
 // sends them in batches, giving the mutex back between batches.
 // Authentication uses the secret's precomputed HMAC pads and nonces from a
 // pooled CSPRNG draw.
+//
+// Relaying (docs/protocol.md): an agent's connection carries its host's
+// workers as streams; each stream is a Conn without a socket (fd -1, parent
+// set) that goes through the same code as a direct connection, and whatever
+// is sent to it is wrapped in a RELAY frame in its parent's write buffer.
+// Closing the parent closes its streams; a stream's close is told to the
+// agent with RELAY_CLOSED.
 #include <fcntl.h>
 #include <netdb.h>
 #include <sys/epoll.h>
