@@ -645,7 +645,8 @@ int plan_bench(int hosts, int reps) {
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   if (argc < 3) {
-    std::fprintf(stderr, "usage: rdzv_scale_bench join N [--clients raw|threads] [--inflight P] [--connect-parallel P] [--via-agents K] | plan HOSTS "
+    std::fprintf(stderr, "usage: rdzv_scale_bench join N [--clients raw|threads] [--inflight P] [--connect-parallel P] "
+                 "[--via-agents K] | plan HOSTS "
                  "[--reps R] | auth REPS\n");
     return 2;
   }

@@ -30,8 +30,8 @@ constexpr size_t kPreAuthBytes = wire::kHeaderBytes + wire::kMaxHandshakeFrameBy
 constexpr size_t kUpstreamBacklog = 16u << 20;
 constexpr size_t kMaxHandshakeReply = 4096;
 
-// Appends what one non-blocking read gives; 0 at EOF, -1 on an error, else
-// the bytes read (EAGAIN reads as 1 byte-less success: returns -2).
+// Appends what one non-blocking read gives. Returns the bytes read, 0 at
+// EOF, -1 on an error, -2 when nothing is there yet (EAGAIN).
 ssize_t read_some(int fd, std::string& into, size_t max) {
   char chunk[kReadChunk];
   while (true) {
@@ -60,7 +60,9 @@ bool write_some(int fd, std::string& buf) {
 }  // namespace
 
 Relay::Relay(RelayOptions o)
-    : o_(std::move(o)), job_hash_(wire::job_hash(o_.job_id)), prover_(std::make_unique<wire::Prover>(o_.secret, o_.job_id)) {}
+    : o_(std::move(o)),
+      job_hash_(wire::job_hash(o_.job_id)),
+      prover_(std::make_unique<wire::Prover>(o_.secret, o_.job_id)) {}
 
 Result<std::unique_ptr<Relay>> Relay::create(RelayOptions options) {
   using R = Result<std::unique_ptr<Relay>>;
