@@ -1,6 +1,7 @@
 // Control-plane scale of erun's driver side, in-process.
 //   rdzv_scale_bench join N [--clients raw|threads] [--inflight P=512]
 //                           [--connect-parallel P=64] [--per-process 2500]
+//                           [--via-agents K]
 //     N simulated workers join one generation of a real RendezvousServer in a
 //     child process that acts as the driver does: one snapshot() every 5 ms
 //     tick, and publish() of one generation with all N as soon as the snapshot
@@ -12,6 +13,12 @@
 //       connect() and JOIN at a time. The server is what is measured. Source
 //       addresses are spread over 127.0.0.2, .3, ... (2,000 workers each) so
 //       that 100,000 connections fit the ephemeral ports.
+//     --via-agents K: the N workers join through simulated agents, K per
+//       host: one raw connection per host, through the real handshake once,
+//       then K JOINs as RELAY frames in one write, and K ASSIGNMENTs back on
+//       it (docs/protocol.md, "Relaying"). The same invocation first measures
+//       N direct raw workers as the peer (skipped, and said, when N direct
+//       connections are over the open-file limit).
 //     --clients threads: RendezvousClient objects, each with its joining
 //       thread (and the client's reader thread), spread over client processes
 //       of --per-process 2500, 64 connecting at a time: the real client, at a
@@ -101,9 +108,10 @@ double mono_now() { return std::chrono::duration<double>(SteadyClock::now().time
 
 // Child: serves the rendezvous, publishes when all N are waiting, exits when
 // the parent closes `quit_fd`.
-[[noreturn]] void server_main(int n, int report_fd, int quit_fd) {
-  if (!raise_nofile(static_cast<rlim_t>(n) + 256)) {
-    std::fprintf(stderr, "rdzv_scale_bench: cannot raise the open-file limit to %d for the server\n", n + 256);
+[[noreturn]] void server_main(int n, int connections, int report_fd, int quit_fd) {
+  if (!raise_nofile(static_cast<rlim_t>(connections) + 256)) {
+    std::fprintf(stderr, "rdzv_scale_bench: cannot raise the open-file limit to %d for the server\n",
+                 connections + 256);
     std::_Exit(1);
   }
   ServerOptions so;
@@ -268,13 +276,17 @@ struct ClientReport {
 
 // ---- raw simulated workers ---------------------------------------------------
 
-// One simulated worker's connection, driven by the raw client's event loop
+// One simulated worker's connection, or one simulated agent's relay
+// connection carrying `count` workers, driven by the raw client's event loop
 // through the real handshake and JOIN of docs/protocol.md (wire.h's codec and
 // HMAC proofs), without a RendezvousClient and its two threads.
 struct RawConn {
   enum class Step { kConnecting, kChallenge, kAuthOk, kAssignment, kDone };
   int fd = -1;
-  int index = 0;  // the simulated worker
+  int index = 0;     // the (first) simulated worker
+  int count = 1;     // workers on this connection
+  bool relayed = false;
+  int assigned = 0;  // of them
   Step step = Step::kConnecting;
   std::string client_nonce, server_nonce;
   std::string rbuf;
@@ -291,18 +303,22 @@ bool send_small(int fd, const std::string& f) {
 // ports towards the server's one address and port.
 in_addr_t source_of(int i) { return htonl((127u << 24) + 2u + static_cast<uint32_t>(i / kWorkersPerSource)); }
 
-// Workers [lo, hi): at most `inflight` of them between connect() and their
-// JOIN sent at any time (a burst of workers starting together); every joined
-// connection stays open until its ASSIGNMENT arrives and is checked.
-[[noreturn]] void raw_clients_main(int lo, int hi, int n, int port, int inflight, int ready_fd, int go_fd,
-                                   int report_fd, int hold_fd) {
+// Workers [lo, hi), `per_conn` on each connection (0: each its own, direct;
+// K: relayed, K per simulated agent): at most `inflight` connections between
+// connect() and their JOINs sent at any time (a burst of workers starting
+// together); every joined connection stays open until its ASSIGNMENTs
+// arrive and are checked.
+[[noreturn]] void raw_clients_main(int lo, int hi, int n, int per_conn, int port, int inflight, int ready_fd,
+                                   int go_fd, int report_fd, int hold_fd) {
   const uint64_t jh = wire::job_hash(kJob);
   int ep = ::epoll_create1(EPOLL_CLOEXEC);
-  std::vector<RawConn> conns(hi - lo);
+  const int k = std::max(1, per_conn);
+  std::vector<RawConn> conns((hi - lo + k - 1) / k);
   int next = 0, handshaking = 0, joined = 0, failed = 0;
   std::string first_error;
   auto fail = [&](RawConn& c, std::string why) {
-    if (failed++ == 0) first_error = fmt::format("worker {}: {}", c.index, why);
+    if (failed == 0) first_error = fmt::format("worker {}: {}", c.index, why);
+    failed += c.count - c.assigned;
     if (c.fd >= 0) ::close(c.fd);
     c.fd = -1;
     if (c.step != RawConn::Step::kAssignment) --handshaking;
@@ -310,7 +326,9 @@ in_addr_t source_of(int i) { return htonl((127u << 24) + 2u + static_cast<uint32
   };
   auto start_one = [&]() {
     RawConn& c = conns[next];
-    c.index = lo + next++;
+    c.index = lo + next++ * k;
+    c.count = std::min(k, hi - c.index);
+    c.relayed = per_conn > 0;
     ++handshaking;
     c.fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (c.fd < 0) return fail(c, fmt::format("socket: {}", std::strerror(errno)));
@@ -357,22 +375,36 @@ in_addr_t source_of(int i) { return htonl((127u << 24) + 2u + static_cast<uint32
         if (!wire::equal_ct(payload, wire::server_proof(kSecret, c.client_nonce, kJob, c.server_nonce))) {
           return fail(c, "the server's proof is wrong");
         }
-        JoinRequest req;
-        req.slot = slot_of(c.index);
-        req.pid = c.index + 1;
-        if (!send_small(c.fd, wire::encode_frame(Type::kJoin, jh, -1, 3, wire::encode_join(req)))) {
-          return fail(c, "send JOIN");
+        std::string joins;
+        for (int w = 0; w < c.count; ++w) {
+          JoinRequest req;
+          req.slot = slot_of(c.index + w);
+          req.pid = c.index + w + 1;
+          std::string f = wire::encode_frame(Type::kJoin, jh, -1, 3, wire::encode_join(req));
+          joins += c.relayed ? wire::encode_relay(jh, static_cast<uint32_t>(w + 1), f) : f;
         }
+        if (!send_small(c.fd, joins)) return fail(c, "send JOIN");
         c.step = RawConn::Step::kAssignment;
         --handshaking;
         return;
       }
       case RawConn::Step::kAssignment: {
+        int worker = c.index;
+        wire::RelayedFrame inner;
+        if (c.relayed) {
+          if (type != Type::kRelay || wire::decode_relay(payload, jh, 1 << 20, &inner) || inner.stream < 1 ||
+              static_cast<int>(inner.stream) > c.count) {
+            return fail(c, "expected a RELAY frame of one of its streams");
+          }
+          type = static_cast<Type>(inner.header.type);
+          payload = inner.payload;
+          worker += static_cast<int>(inner.stream) - 1;
+        }
         int64_t g = -1;
         auto a = type == Type::kAssignment ? wire::decode_assignment(payload, &g) : std::nullopt;
-        if (!a || a->rank != c.index || a->size != n || g != 1) return fail(c, "wrong or malformed ASSIGNMENT");
+        if (!a || a->rank != worker || a->size != n || g != 1) return fail(c, "wrong or malformed ASSIGNMENT");
         ++joined;
-        c.step = RawConn::Step::kDone;
+        if (++c.assigned == c.count) c.step = RawConn::Step::kDone;
         return;
       }
       default: return fail(c, "unexpected frame");
@@ -381,10 +413,11 @@ in_addr_t source_of(int i) { return htonl((127u << 24) + 2u + static_cast<uint32
   char b = 'r';
   if (::write(ready_fd, &b, 1) != 1 || ::read(go_fd, &b, 1) != 1) std::_Exit(1);
   const int count = hi - lo;
+  const int nconns = static_cast<int>(conns.size());
   std::vector<epoll_event> events(1024);
   std::vector<char> buf(4096);
   while (joined + failed < count) {
-    while (next < count && handshaking < inflight) start_one();
+    while (next < nconns && handshaking < inflight) start_one();
     int k = ::epoll_wait(ep, events.data(), static_cast<int>(events.size()), 120'000);
     if (k <= 0) {
       if (k < 0 && errno == EINTR) continue;
@@ -443,14 +476,16 @@ in_addr_t source_of(int i) { return htonl((127u << 24) + 2u + static_cast<uint32
   std::_Exit(0);
 }
 
-int join_bench(int n, bool raw, int parallel, int inflight, int per_process) {
-  if (!raise_nofile(static_cast<rlim_t>(n) + 256)) {
+// per_conn: 0 direct workers, K workers per simulated agent's relay connection.
+int join_bench(int n, bool raw, int per_conn, int parallel, int inflight, int per_process) {
+  const int connections = per_conn > 0 ? (n + per_conn - 1) / per_conn : n;
+  if (!raise_nofile(static_cast<rlim_t>(connections) + 256)) {
     rlimit rl{};
     ::getrlimit(RLIMIT_NOFILE, &rl);
-    std::fprintf(stderr, "rdzv_scale_bench: %d workers need %d open files in the server process, over the open-file "
-                 "hard limit %llu, which this process cannot raise (it needs CAP_SYS_RESOURCE): run as root with "
-                 "`ulimit -Hn %d`, or use fewer workers\n", n, n + 256, static_cast<unsigned long long>(rl.rlim_max),
-                 n + 256);
+    std::fprintf(stderr, "rdzv_scale_bench: %d connections need %d open files in the server process, over the "
+                 "open-file hard limit %llu, which this process cannot raise (it needs CAP_SYS_RESOURCE): run as "
+                 "root with `ulimit -Hn %d`, use fewer workers, or join through agents (--via-agents 8)\n",
+                 connections, connections + 256, static_cast<unsigned long long>(rl.rlim_max), connections + 256);
     return 1;
   }
   // Two threads per client (the joining one and the client's reader): small stacks.
@@ -466,7 +501,7 @@ int join_bench(int n, bool raw, int parallel, int inflight, int per_process) {
   if (server == 0) {
     ::close(report[0]);
     ::close(quit[1]);
-    server_main(n, report[1], quit[0]);
+    server_main(n, connections, report[1], quit[0]);
   }
   ::close(report[1]);
   ::close(quit[0]);
@@ -482,7 +517,7 @@ int join_bench(int n, bool raw, int parallel, int inflight, int per_process) {
     pid_t pid = ::fork();
     if (pid == 0) {
       ::close(hold[1]);
-      if (raw) raw_clients_main(lo, hi, n, st.port, inflight, ready[1], go[0], creport[1], hold[0]);
+      if (raw) raw_clients_main(lo, hi, n, per_conn, st.port, inflight, ready[1], go[0], creport[1], hold[0]);
       clients_main(lo, hi, st.port, par, server, ready[1], go[0], creport[1], hold[0]);
     }
     kids.push_back(pid);
@@ -518,10 +553,11 @@ int join_bench(int n, bool raw, int parallel, int inflight, int per_process) {
   ::waitpid(server, nullptr, 0);
   double load[1] = {-1};
   ::getloadavg(load, 1);
-  std::printf("JOIN workers=%d joined=%d failed=%d total=%.3f s all_waiting=%.3f s publish=%.3f s "
-              "after_publish=%.3f s clients=%s %s=%d client_processes=%d server_cpu=%.3f s client_cpu=%.3f s "
-              "snapshot_median=%.2f ms snapshot_max=%.2f ms snapshot_members=%.2f ms load=%.2f\n",
-              n, joined, failed, done - t0, have_times ? st2.waiting_at - t0 : -1.0,
+  std::printf("JOIN workers=%d via=%s connections=%d joined=%d failed=%d total=%.3f s all_waiting=%.3f s "
+              "publish=%.3f s after_publish=%.3f s clients=%s %s=%d client_processes=%d server_cpu=%.3f s "
+              "client_cpu=%.3f s snapshot_median=%.2f ms snapshot_max=%.2f ms snapshot_members=%.2f ms load=%.2f\n",
+              n, per_conn > 0 ? fmt::format("agents(K={})", per_conn).c_str() : "direct", connections, joined, failed,
+              done - t0, have_times ? st2.waiting_at - t0 : -1.0,
               have_times ? st2.published_at - st2.waiting_at : -1.0, have_times ? done - st2.published_at : -1.0,
               raw ? "raw" : "threads", raw ? "inflight" : "connect_parallel", raw ? inflight : par * procs, procs,
               have_times ? st2.cpu_s : -1.0, client_cpu, have_times ? st2.median_snapshot_ms : -1.0,
@@ -609,13 +645,14 @@ int plan_bench(int hosts, int reps) {
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   if (argc < 3) {
-    std::fprintf(stderr, "usage: rdzv_scale_bench join N [--clients raw|threads] [--inflight P] [--connect-parallel P] | plan HOSTS "
+    std::fprintf(stderr, "usage: rdzv_scale_bench join N [--clients raw|threads] [--inflight P] [--connect-parallel P] "
+                 "[--via-agents K] | plan HOSTS "
                  "[--reps R] | auth REPS\n");
     return 2;
   }
   std::string mode = argv[1];
   int n = std::atoi(argv[2]);
-  int parallel = 64, reps = 7, per_process = 2500, inflight = 512;
+  int parallel = 64, reps = 7, per_process = 2500, inflight = 512, via_agents = 0;
   bool raw = true;
   for (int i = 3; i + 1 < argc; ++i) {
     if (std::strcmp(argv[i], "--clients") == 0) raw = std::strcmp(argv[i + 1], "threads") != 0;
@@ -623,8 +660,23 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[i], "--connect-parallel") == 0) parallel = std::max(1, std::atoi(argv[i + 1]));
     if (std::strcmp(argv[i], "--reps") == 0) reps = std::max(1, std::atoi(argv[i + 1]));
     if (std::strcmp(argv[i], "--per-process") == 0) per_process = std::max(1, std::atoi(argv[i + 1]));
+    if (std::strcmp(argv[i], "--via-agents") == 0) via_agents = std::max(1, std::atoi(argv[i + 1]));
   }
-  if (mode == "join") return join_bench(n, raw, parallel, inflight, per_process);
+  if (mode == "join" && via_agents > 0) {
+    // The peer first: N direct workers, when N connections fit the open-file limit.
+    rlimit rl{};
+    ::getrlimit(RLIMIT_NOFILE, &rl);
+    int direct = 0;
+    if (static_cast<rlim_t>(n) + 256 <= rl.rlim_max) {
+      direct = join_bench(n, true, 0, parallel, inflight, per_process);
+    } else {
+      std::printf("JOIN workers=%d via=direct skipped: %d connections are over the open-file hard limit %llu\n", n,
+                  n, static_cast<unsigned long long>(rl.rlim_max));
+    }
+    int relayed = join_bench(n, true, via_agents, parallel, inflight, per_process);
+    return direct != 0 ? direct : relayed;
+  }
+  if (mode == "join") return join_bench(n, raw, 0, parallel, inflight, per_process);
   if (mode == "auth") return auth_bench(n > 0 ? n : 20000);
   if (mode == "plan") return plan_bench(n, reps);
   std::fprintf(stderr, "rdzv_scale_bench: unknown mode '%s'\n", mode.c_str());

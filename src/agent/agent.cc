@@ -18,6 +18,7 @@
 #include <fmt/format.h>
 
 #include "agent/protocol.h"
+#include "agent/relay.h"
 #include "common/log.h"
 #include "common/strings.h"
 #include "common/subprocess.h"
@@ -170,6 +171,7 @@ class Agent {
   void pump(Worker& w, Stream& s, uint8_t stream, bool final);
   void stop_all(const std::string& why, bool lost);
   void ensure_watchdog();
+  void relay_env(std::map<std::string, std::string>& env);
   Worker* find(uint64_t id);
 
   AgentOptions o_;
@@ -189,6 +191,8 @@ class Agent {
   int sig_fd_ = -1;
   int watchdog_fd_ = -1;
   std::map<uint64_t, Worker> workers_;
+  std::unique_ptr<Relay> relay_;  // made for the first worker that has a rendezvous to relay
+  bool relay_failed_ = false;     // could not be made: workers connect directly
 };
 
 Worker* Agent::find(uint64_t id) {
@@ -336,6 +340,7 @@ void Agent::start(const Start& s) {
     if (eq != std::string_view::npos) merged[std::string(word.substr(0, eq))] = std::string(word.substr(eq + 1));
   }
   for (auto& [k, v] : s.env) merged[k] = v;
+  if (o_.relay) relay_env(merged);
   merged["ERUN_SECRET"] = secret_;
   std::vector<std::string> env_words;
   for (auto& [k, v] : merged) env_words.push_back(k + "=" + v);
@@ -498,6 +503,44 @@ void Agent::stop_all(const std::string& why, bool lost) {
   stop_deadline_ = SteadyClock::now() + longest + 2s;
 }
 
+// Points the worker's rendezvous address at this agent's relay, which is made
+// (with the driver's address from this env) for the first worker that has
+// one. A worker of another rendezvous than the relay's connects directly.
+void Agent::relay_env(std::map<std::string, std::string>& env) {
+  auto addr = env.find("ERUN_RDZV_ADDR");
+  auto port_it = env.find("ERUN_RDZV_PORT");
+  auto job = env.find("ERUN_JOB_ID");
+  long port = 0;
+  if (addr == env.end() || port_it == env.end() || job == env.end() || addr->second.rfind("unix:", 0) == 0 ||
+      !parse_int(port_it->second, port) || port <= 0 || port > 65535) {
+    return;
+  }
+  if (!relay_) {
+    if (relay_failed_) return;
+    RelayOptions ro;
+    ro.job_id = job->second;
+    ro.secret = secret_;
+    ro.upstream_host = addr->second;
+    ro.upstream_port = static_cast<int>(port);
+    ro.log_prefix = me_;
+    ro.parent_dir = o_.relay_dir;
+    auto made = Relay::create(ro);
+    if (!made) {
+      relay_failed_ = true;
+      ERUN_LOG_WARN("{}: cannot relay the workers' rendezvous connections ({}); they connect to the driver "
+                    "themselves",
+                    me_, made.message());
+      return;
+    }
+    relay_ = std::move(made).value();
+    ERUN_LOG_DEBUG("{}: relaying the workers' rendezvous connections from {} to {}:{}", me_, relay_->address(),
+                   ro.upstream_host, ro.upstream_port);
+  }
+  const RelayOptions& ro = relay_->options();
+  if (ro.upstream_host != addr->second || ro.upstream_port != port || ro.job_id != job->second) return;
+  addr->second = relay_->address();
+}
+
 void Agent::ensure_watchdog() {
   if (watchdog_fd_ >= 0) {
     pollfd p{watchdog_fd_, 0, 0};
@@ -543,6 +586,7 @@ int Agent::run() {
 
   while (true) {
     auto now = SteadyClock::now();
+    if (relay_) relay_->tick(now);
     if (!stopping_ && now - last_heard_ > o_.heartbeat_timeout) {
       stop_all(fmt::format("no word from the driver for {} ms (heartbeat timeout)",
                            std::chrono::duration_cast<std::chrono::milliseconds>(now - last_heard_).count()),
@@ -579,6 +623,8 @@ int Agent::run() {
         streams.push_back({id, 2});
       }
     }
+    Relay* relay = relay_.get();  // the one whose descriptors are listed (a START may make one)
+    size_t relay_first = relay ? relay->add_fds(fds) : fds.size();
     int n = ::poll(fds.data(), fds.size(), 100);
     if (n < 0 && errno != EINTR) {
       ERUN_LOG_ERROR("{}: poll: {}", me_, std::strerror(errno));
@@ -596,6 +642,7 @@ int Agent::run() {
         pump(*w, w->err, 2, false);
       }
     }
+    if (relay) relay->on_events(fds, relay_first);
     if (fds[1].revents) on_driver_bytes();
     if (fds[0].revents) on_sigchld();
   }
@@ -603,6 +650,7 @@ int Agent::run() {
   if (dropped_output_ > 0) {
     ERUN_LOG_WARN("{}: dropped {} output chunk(s): the driver did not read them in time", me_, dropped_output_);
   }
+  relay_.reset();           // its socket and directory go
   close_fd(watchdog_fd_);  // the watchdog finds no group left and exits
   return lost_ ? 1 : 0;
 }

@@ -29,6 +29,11 @@ struct AgentOptions {
   // The driver silent this long: treated as gone.
   Duration heartbeat_timeout = std::chrono::seconds(5);
   Duration secret_timeout = std::chrono::seconds(60);  // for the first line
+  // Relay the workers' rendezvous connections (agent/relay.h): a worker whose
+  // START env names the driver's rendezvous (ERUN_RDZV_ADDR, ERUN_RDZV_PORT,
+  // ERUN_JOB_ID) gets this agent's socket as ERUN_RDZV_ADDR instead.
+  bool relay = false;
+  std::string relay_dir = "/tmp";  // where the relay's private socket directory is made ($TMPDIR)
 };
 
 // Runs until the driver is gone or says SHUTDOWN; returns the agent's exit

@@ -106,7 +106,9 @@ struct RendezvousClient::Impl {
     if (wake_fd >= 0) ::close(wake_fd);
   }
 
-  std::string where() const { return fmt::format("{}:{}", opt.address, opt.port); }
+  std::string where() const {
+    return opt.address.rfind("unix:", 0) == 0 ? opt.address : fmt::format("{}:{}", opt.address, opt.port);
+  }
 
   void fail(const std::string& reason) {
     {
@@ -121,7 +123,9 @@ struct RendezvousClient::Impl {
   Status connect() {
     if (fd >= 0) return Status::error("rendezvous: connect() called twice");
     TimePoint deadline = SteadyClock::now() + opt.io_timeout;
-    auto sock = wire::connect_tcp(opt.address, opt.port, deadline);
+    // "unix:PATH": this host's erun agent relays the connection (docs/protocol.md, "Relaying").
+    auto sock = opt.address.rfind("unix:", 0) == 0 ? wire::connect_unix(opt.address.substr(5), deadline)
+                                                   : wire::connect_tcp(opt.address, opt.port, deadline);
     if (!sock) return sock.status();
     fd = *sock;
     auto fail_with = [&](const std::string& what) {

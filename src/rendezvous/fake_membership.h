@@ -30,8 +30,11 @@ class FakeMembership final : public Membership {
   MembershipSnapshot snapshot() override {
     MembershipSnapshot s;
     s.generation = generation_;
-    for (auto& [slot, j] : members_) s.members.push_back(j);
-    for (auto& [slot, j] : waiting_) s.waiting.push_back(j);
+    std::vector<JoinRequest> members, waiting;
+    for (auto& [slot, j] : members_) members.push_back(j);
+    for (auto& [slot, j] : waiting_) waiting.push_back(j);
+    s.members = std::move(members);
+    s.waiting = std::move(waiting);
     s.rejoined = std::exchange(rejoined_, {});
     s.disconnected.assign(disconnected_.begin(), disconnected_.end());
     disconnected_.clear();

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -63,10 +64,41 @@ struct JoinRequest {
   PeerState failed_state = PeerState::kUnknown;
 };
 
+// A list that a snapshot shares with the rendezvous that made it: copying
+// one costs a reference count, not 100,000 elements. Reads like a
+// const std::vector; push_back() (fakes, tests) copies it first when shared.
+template <class T>
+class SharedList {
+ public:
+  SharedList() = default;
+  SharedList(std::vector<T> v) : p_(std::make_shared<std::vector<T>>(std::move(v))) {}  // NOLINT: implicit
+  explicit SharedList(std::shared_ptr<const std::vector<T>> p) : p_(std::move(p)) {}
+  const std::vector<T>& vec() const {
+    static const std::vector<T> kEmpty;
+    return p_ ? *p_ : kEmpty;
+  }
+  operator const std::vector<T>&() const { return vec(); }  // NOLINT: implicit
+  auto begin() const { return vec().begin(); }
+  auto end() const { return vec().end(); }
+  size_t size() const { return vec().size(); }
+  bool empty() const { return vec().empty(); }
+  const T& operator[](size_t i) const { return vec()[i]; }
+  const T& front() const { return vec().front(); }
+  const T& back() const { return vec().back(); }
+  void push_back(T v) {
+    auto own = std::make_shared<std::vector<T>>(vec());
+    own->push_back(std::move(v));
+    p_ = std::move(own);
+  }
+
+ private:
+  std::shared_ptr<const std::vector<T>> p_;
+};
+
 struct MembershipSnapshot {
   long generation = -1;               // the last published generation
-  std::vector<JoinRequest> members;   // connected and assigned in `generation`
-  std::vector<JoinRequest> waiting;   // blocked in a join (not yet assigned)
+  SharedList<JoinRequest> members;    // connected and assigned in `generation`
+  SharedList<JoinRequest> waiting;    // blocked in a join (not yet assigned)
   std::vector<JoinRequest> rejoined;  // JOINs of workers leaving a generation, since the last snapshot
   std::vector<SlotKey> disconnected;  // slots whose connection closed since the last snapshot
 };

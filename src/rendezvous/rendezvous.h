@@ -65,6 +65,8 @@ class RendezvousServer final : public Membership {
   long generation() const;
   // Counts of refused connections and frames, for logs and tests.
   long refused() const;
+  // Agents' relay connections open now (docs/protocol.md, "Relaying").
+  long relay_connections() const;
 
  private:
   struct Impl;

@@ -13,6 +13,13 @@
 // sends them in batches, giving the mutex back between batches.
 // Authentication uses the secret's precomputed HMAC pads and nonces from a
 // pooled CSPRNG draw.
+//
+// Relaying (docs/protocol.md): an agent's connection carries its host's
+// workers as streams; each stream is a Conn without a socket (fd -1, parent
+// set) that goes through the same code as a direct connection, and whatever
+// is sent to it is wrapped in a RELAY frame in its parent's write buffer.
+// Closing the parent closes its streams; a stream's close is told to the
+// agent with RELAY_CLOSED.
 #include <fcntl.h>
 #include <netdb.h>
 #include <sys/epoll.h>
@@ -91,6 +98,15 @@ struct Conn {
   std::vector<uint64_t> gets;  // pending KV_GET ids
 
   bool doomed = false;
+
+  // Relaying: an agent's connection carries its host's workers as streams,
+  // each a Conn of its own (fd -1) handled like a direct connection.
+  bool relay = false;                              // this is an agent's relay connection
+  std::unordered_map<uint32_t, uint64_t> streams;  // relay: stream id -> its Conn
+  uint32_t last_stream = 0;                        // relay: the newest stream id (ids only grow)
+  uint64_t parent = 0;                             // a stream: its relay connection's id
+  uint32_t stream = 0;                             // a stream: its id there
+  bool closed_by_agent = false;                    // a stream: the agent closed it (no RELAY_CLOSED back)
 };
 
 struct PendingGet {
@@ -143,10 +159,27 @@ struct Listed {
 };
 using SlotIndex = std::map<SlotKey, Listed>;
 
-// The lists snapshot() hands out, rebuilt from an index only when it changed.
+// The lists snapshot() hands out, shared with the snapshots (a snapshot
+// costs a reference count). A list is patched in place with the slots that
+// changed since it was built: from the first changed position on, a lookup
+// per changed slot; joins that come in slot order touch only its end. It is
+// copied first only when a snapshot still holds it, and rebuilt from the
+// whole index only after publish() or when most of it changed.
 struct CachedList {
-  std::vector<JoinRequest> list;
-  bool dirty = true;
+  std::shared_ptr<std::vector<JoinRequest>> list = std::make_shared<std::vector<JoinRequest>>();  // slot order
+  bool dirty = true;              // rebuild from the whole index
+  std::vector<SlotKey> touched;   // slots put or taken out since `list` was built
+
+  void touch(const SlotKey& slot) {
+    if (dirty) return;
+    // A driver that stops asking (restart mode) does not grow this forever.
+    if (touched.size() >= std::max<size_t>(1024, list->size())) {
+      dirty = true;
+      std::vector<SlotKey>().swap(touched);
+      return;
+    }
+    touched.push_back(slot);
+  }
 };
 
 // Every worker holds one connection: the soft open-file limit goes up to the
@@ -187,6 +220,8 @@ struct RendezvousServer::Impl {
   std::thread io;
   std::atomic<bool> stop{false};
   std::atomic<long> refused{0};
+  std::atomic<long> relays{0};  // open relay connections
+  uint64_t reading = 0;         // the connection whose frames are being handled (its replies wait)
 
   mutable std::mutex mu;
   std::unordered_map<uint64_t, std::unique_ptr<Conn>> conns;
@@ -219,7 +254,9 @@ struct RendezvousServer::Impl {
     stop = true;
     wake();
     if (io.joinable()) io.join();
-    for (auto& [id, c] : conns) ::close(c->fd);
+    for (auto& [id, c] : conns) {
+      if (c->fd >= 0) ::close(c->fd);
+    }
     for (int fd : {listen_fd, ep, wake_fd}) {
       if (fd >= 0) ::close(fd);
     }
@@ -432,7 +469,13 @@ struct RendezvousServer::Impl {
         if (c.rbuf.size() < c.rlen + static_cast<size_t>(n)) c.rbuf.resize(c.rlen + static_cast<size_t>(n));
         std::memcpy(c.rbuf.data() + c.rlen, scratch.data(), static_cast<size_t>(n));
         c.rlen += static_cast<size_t>(n);
+        // The replies to the frames of one read leave in one send: a relay
+        // connection's 8 JOINs and their answers cost one system call each way.
+        reading = c.id;
         parse(c);
+        reading = 0;
+        if (c.doomed) return;
+        flush(c);
         if (c.doomed) return;
         if (static_cast<size_t>(n) < room) break;
         continue;
@@ -456,7 +499,8 @@ struct RendezvousServer::Impl {
     size_t off = 0;
     while (c.rlen - off >= wire::kHeaderBytes) {
       wire::Header h = wire::decode_header(c.rbuf.data() + off);
-      size_t limit = c.phase == Phase::kReady ? opt.max_frame_bytes : wire::kMaxHandshakeFrameBytes;
+      size_t limit = c.phase == Phase::kReady ? opt.max_frame_bytes + wire::kRelayOverhead
+                                              : wire::kMaxHandshakeFrameBytes;
       if (auto why = wire::check_header(h, job_hash, limit)) {
         refuse(c, *why);
         return;
@@ -486,15 +530,27 @@ struct RendezvousServer::Impl {
 
   // ---- sending and closing -----------------------------------------------
 
+  // A frame to a stream goes into a RELAY frame on its agent's connection.
   void send_frame(Conn& c, Type type, int64_t generation, uint32_t request_id,
                   std::string_view payload) {
     if (c.doomed) return;
-    if (queue_sends) {
-      if (c.wbuf.size() == c.woff) to_flush.push_back(c.id);  // not queued yet, nor waiting for EPOLLOUT
-      c.wbuf += wire::encode_frame(type, job_hash, generation, request_id, payload);
+    std::string f = wire::encode_frame(type, job_hash, generation, request_id, payload);
+    if (c.parent == 0) return send_bytes(c, f);
+    if (Conn* p = parent_of(c)) send_bytes(*p, wire::encode_relay(job_hash, c.stream, f));
+  }
+
+  void send_bytes(Conn& c, std::string_view frame) {
+    if (c.doomed) return;
+    if (c.id == reading) {  // sent once the frames of this read are handled
+      c.wbuf += frame;
       return;
     }
-    c.wbuf += wire::encode_frame(type, job_hash, generation, request_id, payload);
+    if (queue_sends) {
+      if (c.wbuf.size() == c.woff) to_flush.push_back(c.id);  // not queued yet, nor waiting for EPOLLOUT
+      c.wbuf += frame;
+      return;
+    }
+    c.wbuf += frame;
     flush(c);
   }
 
@@ -503,6 +559,7 @@ struct RendezvousServer::Impl {
   }
 
   void flush(Conn& c) {
+    if (c.parent != 0) return;  // a stream's frames sit in its relay connection's buffer
     while (c.woff < c.wbuf.size()) {
       ssize_t n = ::send(c.fd, c.wbuf.data() + c.woff, c.wbuf.size() - c.woff, MSG_NOSIGNAL | MSG_DONTWAIT);
       if (n > 0) {
@@ -546,7 +603,24 @@ struct RendezvousServer::Impl {
   // call from within flush(): the connection is only closed by reap().
   void refuse(Conn& c, const std::string& reason) {
     if (c.doomed) return;
+    if (c.id == reading) {  // the replies before the bad frame go first
+      reading = 0;
+      flush(c);
+      if (c.doomed) return;
+    }
     ++refused;
+    if (c.relay || c.parent != 0) {
+      // The agent authenticated: not a flood, so every one is logged.
+      ERUN_LOG_WARN("{}: dropped {} from {}: {}{}", log_prefix(),
+                    c.relay ? "the agent relay connection" : "the relayed connection", c.peer, reason,
+                    c.relay ? fmt::format(" ({} relayed worker connection(s) close with it)", c.streams.size()) : "");
+      if (c.parent != 0) send_error(c, 0, "refused: " + reason);
+      if (c.relay && c.woff == c.wbuf.size()) {
+        std::string f = wire::encode_frame(Type::kError, job_hash, gen, 0, wire::encode_str("refused: " + reason));
+        [[maybe_unused]] auto n = ::send(c.fd, f.data(), f.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+      }
+      return doom(c);
+    }
     if (admission.refused(SteadyClock::now(), fmt::format("from {}: {}", c.peer, reason))) {
       ERUN_LOG_WARN("rendezvous: dropped connection from {}: {} (not a worker of this job; further drops in this "
                     "burst are counted, not logged)",
@@ -575,6 +649,29 @@ struct RendezvousServer::Impl {
     doomed.push_back(c.id);
     unindex(waiting, waiting_list, c);
     unindex(members, member_list, c);
+    if (c.parent != 0) {
+      // The agent closes its worker's socket on RELAY_CLOSED.
+      if (Conn* p = parent_of(c)) {
+        p->streams.erase(c.stream);
+        if (!c.closed_by_agent) send_bytes(*p, wire::encode_relay_closed(job_hash, c.stream));
+      }
+    }
+    if (c.relay) {
+      // Every worker it carried is disconnected, as if each had its own socket.
+      std::vector<uint64_t> ids;
+      ids.reserve(c.streams.size());
+      for (auto& [sid, id] : c.streams) ids.push_back(id);
+      c.streams.clear();
+      for (uint64_t id : ids) {
+        Conn& s = *conns.at(id);
+        s.closed_by_agent = true;
+        close_quietly(s, fmt::format("the agent relay connection from {} closed", c.peer));
+      }
+      --relays;
+      ERUN_LOG_DEBUG("{}: agent relay connection from {} closed with {} relayed worker connection(s) ({} relay "
+                    "connection(s) open)",
+                    log_prefix(), c.peer, ids.size(), relays.load());
+    }
   }
 
   // Takes `c` out of a slot index if it is the one listed for its slot.
@@ -582,7 +679,7 @@ struct RendezvousServer::Impl {
     auto it = index.find(c.join.slot);
     if (it == index.end() || it->second.conn != c.id) return;
     index.erase(it);
-    list.dirty = true;
+    list.touch(c.join.slot);
   }
 
   void reap() {
@@ -590,7 +687,7 @@ struct RendezvousServer::Impl {
       auto it = conns.find(id);
       if (it == conns.end()) continue;
       Conn& c = *it->second;
-      ::close(c.fd);  // also leaves the epoll set
+      if (c.fd >= 0) ::close(c.fd);  // also leaves the epoll set
       if (c.joined) {
         auto o = slot_owner.find(c.join.slot);
         if (o != slot_owner.end() && o->second == c.id) {
@@ -716,6 +813,11 @@ struct RendezvousServer::Impl {
       case Phase::kReady:
         break;
     }
+    if (type == Type::kRelay || type == Type::kRelayClosed) return on_relay(c, type, payload);
+    if (c.relay) {
+      return refuse(c, fmt::format("{} on an agent's relay connection, which carries only RELAY frames",
+                                   wire::type_name(h.type)));
+    }
     switch (type) {
       case Type::kJoin: return on_join(c, h, payload);
       case Type::kKvSet:
@@ -724,6 +826,57 @@ struct RendezvousServer::Impl {
       default:
         return refuse(c, fmt::format("unexpected {} after authentication", wire::type_name(h.type)));
     }
+  }
+
+  // A frame of an agent's relay connection (docs/protocol.md, "Relaying").
+  // Its first RELAY frame makes a connection a relay connection; a stream id
+  // not seen before opens a stream, already authenticated (the agent ran the
+  // handshake with its worker); ids only grow, so a frame for a stream the
+  // server closed (RELAY_CLOSED crossing it on the wire) is dropped.
+  void on_relay(Conn& c, Type type, std::string_view payload) {
+    if (c.parent != 0 || c.joined) {
+      return refuse(c, fmt::format("{} on a worker's own connection", wire::type_name(static_cast<uint16_t>(type))));
+    }
+    if (type == Type::kRelayClosed) {
+      auto id = wire::decode_relay_closed(payload);
+      if (!id) return refuse(c, fmt::format("malformed RELAY_CLOSED payload ({} bytes)", payload.size()));
+      auto it = c.streams.find(*id);
+      if (it == c.streams.end()) return;
+      Conn& s = *conns.at(it->second);
+      s.closed_by_agent = true;
+      return close_quietly(s, "its worker's connection to the agent closed");
+    }
+    wire::RelayedFrame f;
+    if (auto why = wire::decode_relay(payload, job_hash, opt.max_frame_bytes, &f)) return refuse(c, *why);
+    if (!c.relay) {
+      c.relay = true;
+      ++relays;
+      ERUN_LOG_DEBUG("{}: agent relay connection from {} opened ({} relay connection(s) open)", log_prefix(), c.peer,
+                    relays.load());
+    }
+    auto it = c.streams.find(f.stream);
+    if (it == c.streams.end()) {
+      if (f.stream <= c.last_stream) return;  // a stream already closed
+      if (c.streams.size() >= wire::kMaxRelayStreams) {
+        return refuse(c, fmt::format("opened more than {} streams at once", wire::kMaxRelayStreams));
+      }
+      auto s = std::make_unique<Conn>();
+      s->id = next_conn++;
+      s->peer = fmt::format("{} (relayed, stream {})", c.peer, f.stream);
+      s->phase = Phase::kReady;
+      s->parent = c.id;
+      s->stream = f.stream;
+      it = c.streams.emplace(f.stream, s->id).first;
+      c.last_stream = f.stream;
+      conns.emplace(s->id, std::move(s));
+    }
+    handle(*conns.at(it->second), f.header, f.payload);
+  }
+
+  // The relay connection of a stream; nullptr once it is closing.
+  Conn* parent_of(const Conn& c) {
+    auto it = conns.find(c.parent);
+    return it == conns.end() || it->second->doomed ? nullptr : it->second.get();
   }
 
   void on_join(Conn& c, const wire::Header& h, std::string_view payload) {
@@ -761,7 +914,7 @@ struct RendezvousServer::Impl {
     c.member_gen = -1;
     unindex(members, member_list, c);
     waiting[req.slot] = Listed{c.id, req};
-    waiting_list.dirty = true;
+    waiting_list.touch(req.slot);
     slot_owner[req.slot] = c.id;
     try_assign(c);
   }
@@ -820,7 +973,8 @@ struct RendezvousServer::Impl {
     int64_t owner_gen = std::max(owner.member_gen, owner.join_after_gen);
     if (owner_gen < 0 || after_gen >= owner_gen) return std::nullopt;
     char b;
-    ssize_t n = ::recv(owner.fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    // A relayed owner is live until its agent says RELAY_CLOSED.
+    ssize_t n = owner.parent != 0 ? 1 : ::recv(owner.fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
     if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
       close_quietly(owner, "closed by the peer");
       return std::nullopt;
@@ -840,7 +994,7 @@ struct RendezvousServer::Impl {
     c.member_gen = gen;
     unindex(waiting, waiting_list, c);
     members[c.join.slot] = Listed{c.id, c.join};
-    member_list.dirty = true;
+    member_list.touch(c.join.slot);
     send_frame(c, Type::kAssignment, gen, c.join_request_id, wire::encode_assignment(r, gen));
   }
 
@@ -938,14 +1092,43 @@ struct RendezvousServer::Impl {
     wake();
   }
 
-  // The joins of an index's connections in slot order, rebuilt when it changed.
-  const std::vector<JoinRequest>& listed(const SlotIndex& index, CachedList& cache) {
-    if (cache.dirty) {
-      cache.list.clear();
-      cache.list.reserve(index.size());
-      for (auto& [slot, entry] : index) cache.list.push_back(entry.join);
-      cache.dirty = false;
+  // The joins of an index's connections in slot order, brought up to date.
+  std::shared_ptr<const std::vector<JoinRequest>> listed(const SlotIndex& index, CachedList& cache) {
+    if (cache.dirty || cache.touched.empty()) {
+      if (cache.dirty) {
+        auto fresh = std::make_shared<std::vector<JoinRequest>>();
+        fresh->reserve(index.size());
+        for (auto& [slot, entry] : index) fresh->push_back(entry.join);
+        cache.list = std::move(fresh);
+        cache.dirty = false;
+        cache.touched.clear();
+      }
+      return cache.list;
     }
+    if (cache.list.use_count() > 1) cache.list = std::make_shared<std::vector<JoinRequest>>(*cache.list);
+    std::vector<JoinRequest>& list = *cache.list;
+    auto& t = cache.touched;
+    std::sort(t.begin(), t.end());
+    t.erase(std::unique(t.begin(), t.end()), t.end());
+    auto by_slot = [](const JoinRequest& j, const SlotKey& s) { return j.slot < s; };
+    // Everything before the first touched slot stays where it is; the rest
+    // is rebuilt: untouched runs moved, each touched slot's old entry dropped
+    // and its current one (if any) put in its place.
+    auto from = std::lower_bound(list.begin(), list.end(), t.front(), by_slot);
+    const size_t keep = static_cast<size_t>(from - list.begin());
+    std::vector<JoinRequest> tail;
+    tail.reserve(list.size() - keep + t.size());
+    for (const SlotKey& slot : t) {
+      auto pos = std::lower_bound(from, list.end(), slot, by_slot);
+      tail.insert(tail.end(), std::make_move_iterator(from), std::make_move_iterator(pos));
+      from = pos;
+      if (from != list.end() && from->slot == slot) ++from;
+      if (auto it = index.find(slot); it != index.end()) tail.push_back(it->second.join);
+    }
+    tail.insert(tail.end(), std::make_move_iterator(from), std::make_move_iterator(list.end()));
+    list.resize(keep);
+    list.insert(list.end(), std::make_move_iterator(tail.begin()), std::make_move_iterator(tail.end()));
+    t.clear();
     return cache.list;
   }
 
@@ -1006,12 +1189,12 @@ int RendezvousServer::port() const { return impl_->bound_port; }
 
 std::vector<JoinRequest> RendezvousServer::waiting() const {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  return impl_->listed(impl_->waiting, impl_->waiting_list);
+  return *impl_->listed(impl_->waiting, impl_->waiting_list);
 }
 
 std::vector<JoinRequest> RendezvousServer::members() const {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  return impl_->listed(impl_->members, impl_->member_list);
+  return *impl_->listed(impl_->members, impl_->member_list);
 }
 
 void RendezvousServer::publish(long gen, const std::vector<RankAssignment>& ranks) {
@@ -1031,8 +1214,8 @@ MembershipSnapshot RendezvousServer::snapshot() {
   std::lock_guard<std::mutex> lock(impl_->mu);
   MembershipSnapshot s;
   s.generation = impl_->gen;
-  s.members = impl_->listed(impl_->members, impl_->member_list);
-  s.waiting = impl_->listed(impl_->waiting, impl_->waiting_list);
+  s.members = SharedList<JoinRequest>(impl_->listed(impl_->members, impl_->member_list));
+  s.waiting = SharedList<JoinRequest>(impl_->listed(impl_->waiting, impl_->waiting_list));
   s.rejoined = std::exchange(impl_->rejoined, {});
   s.disconnected.assign(impl_->disconnected.begin(), impl_->disconnected.end());
   impl_->disconnected.clear();
@@ -1040,5 +1223,7 @@ MembershipSnapshot RendezvousServer::snapshot() {
 }
 
 long RendezvousServer::refused() const { return impl_->refused.load(); }
+
+long RendezvousServer::relay_connections() const { return impl_->relays.load(); }
 
 }  // namespace erun

@@ -11,6 +11,7 @@
 #include <openssl/rand.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -69,6 +70,8 @@ const char* type_name(uint16_t type) {
     case Type::kHostsUpdated: return "HOSTS_UPDATED";
     case Type::kError: return "ERROR";
     case Type::kPeersLost: return "PEERS_LOST";
+    case Type::kRelay: return "RELAY";
+    case Type::kRelayClosed: return "RELAY_CLOSED";
   }
   return "UNKNOWN";
 }
@@ -129,6 +132,48 @@ std::string encode_frame(Type type, uint64_t job_hash, int64_t generation, uint3
   encode_header(h, out.data());
   if (!payload.empty()) std::memcpy(out.data() + kHeaderBytes, payload.data(), payload.size());
   return out;
+}
+
+std::string encode_relay(uint64_t job_hash, uint32_t stream, std::string_view inner) {
+  ERUN_CHECK(inner.size() <= UINT32_MAX - 4);
+  Header h;
+  h.type = static_cast<uint16_t>(Type::kRelay);
+  h.job_hash = job_hash;
+  h.length = static_cast<uint32_t>(4 + inner.size());
+  std::string out(kRelayOverhead + inner.size(), '\0');
+  encode_header(h, out.data());
+  put_le(out.data() + kHeaderBytes, stream, 4);
+  std::memcpy(out.data() + kRelayOverhead, inner.data(), inner.size());
+  return out;
+}
+
+std::string encode_relay_closed(uint64_t job_hash, uint32_t stream) {
+  char b[4];
+  put_le(b, stream, 4);
+  return encode_frame(Type::kRelayClosed, job_hash, -1, 0, std::string_view(b, 4));
+}
+
+std::optional<std::string> decode_relay(std::string_view payload, uint64_t expected_job_hash,
+                                        size_t max_inner_payload, RelayedFrame* out) {
+  if (payload.size() < 4 + kHeaderBytes) {
+    return fmt::format("malformed RELAY frame ({} bytes, shorter than a stream id and a header)", payload.size());
+  }
+  out->stream = static_cast<uint32_t>(get_le(payload.data(), 4));
+  out->header = decode_header(payload.data() + 4);
+  if (auto why = check_header(out->header, expected_job_hash, max_inner_payload)) {
+    return fmt::format("RELAY frame of stream {} carries a bad frame: {}", out->stream, *why);
+  }
+  if (out->header.length != payload.size() - 4 - kHeaderBytes) {
+    return fmt::format("RELAY frame of stream {} carries a frame of {} payload bytes in {} bytes", out->stream,
+                       out->header.length, payload.size() - 4 - kHeaderBytes);
+  }
+  out->payload = payload.substr(4 + kHeaderBytes);
+  return std::nullopt;
+}
+
+std::optional<uint32_t> decode_relay_closed(std::string_view payload) {
+  if (payload.size() != 4) return std::nullopt;
+  return static_cast<uint32_t>(get_le(payload.data(), 4));
 }
 
 PayloadWriter& PayloadWriter::raw(const void* p, size_t n) {
@@ -512,6 +557,30 @@ Result<int> connect_tcp(const std::string& host, int port, TimePoint deadline) {
   return Result<int>::error(fmt::format(
       "cannot connect to the rendezvous server at {}:{}: {} (is the driver running and reachable?)",
       host, port, last));
+}
+
+Result<int> connect_unix(const std::string& path, TimePoint deadline) {
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  if (path.empty() || path.size() >= sizeof a.sun_path) {
+    return Result<int>::error(fmt::format("the rendezvous socket path '{}' is empty or too long", path));
+  }
+  std::memcpy(a.sun_path, path.c_str(), path.size() + 1);
+  std::string last;
+  while (true) {
+    int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) return Result<int>::error(fmt::format("socket: {}", std::strerror(errno)));
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) return fd;
+    int err = errno;
+    ::close(fd);
+    last = std::strerror(err);
+    // A full backlog (EAGAIN) clears as the agent accepts: retry until the deadline.
+    if (err != EAGAIN || std::chrono::steady_clock::now() >= deadline) break;
+    ::usleep(5000);
+  }
+  return Result<int>::error(fmt::format(
+      "cannot connect to the rendezvous relay of this host's erun agent at {}: {} (is the agent running?)", path,
+      last));
 }
 
 Status send_all(int fd, std::string_view data, TimePoint deadline) {

@@ -22,12 +22,16 @@ struct sockaddr_storage;
 namespace erun::wire {
 
 constexpr uint32_t kMagic = 0x4E555245;  // "ERUN" as little-endian bytes
-constexpr uint16_t kVersion = 2;  // 2: JOIN carries reason and failed rank
+constexpr uint16_t kVersion = 3;  // 2: JOIN carries reason and failed rank; 3: agent relay frames
 constexpr size_t kHeaderBytes = 32;
 constexpr size_t kNonceBytes = 32;
 constexpr size_t kMacBytes = 32;
 // Frames before authentication are tiny; anything larger is refused at once.
 constexpr size_t kMaxHandshakeFrameBytes = 256;
+// A relay frame wraps one whole inner frame: its header and a u32 stream id.
+constexpr size_t kRelayOverhead = kHeaderBytes + 4;
+// Streams (workers) one relay connection may carry at a time.
+constexpr size_t kMaxRelayStreams = 4096;
 
 enum class Type : uint16_t {
   kHello = 1,           // client -> server: client nonce
@@ -45,6 +49,8 @@ enum class Type : uint16_t {
   kHostsUpdated = 13,   // server -> client push
   kError = 14,          // either way: message
   kPeersLost = 15,      // server -> client push: ranks of the header's generation that are gone
+  kRelay = 16,          // either way, on an agent's relay connection: u32 stream + one whole inner frame
+  kRelayClosed = 17,    // either way, on an agent's relay connection: u32 stream
 };
 const char* type_name(uint16_t type);
 
@@ -133,6 +139,22 @@ std::string encode_peers_lost(const std::vector<int>& ranks);
 std::optional<std::vector<int>> decode_peers_lost(std::string_view payload);
 std::optional<bool> decode_check_result(std::string_view payload);
 
+// Relay frames (an agent carrying its host's workers over one connection).
+// encode_relay(): a whole RELAY frame around `inner` (a whole frame).
+std::string encode_relay(uint64_t job_hash, uint32_t stream, std::string_view inner);
+std::string encode_relay_closed(uint64_t job_hash, uint32_t stream);
+struct RelayedFrame {
+  uint32_t stream = 0;
+  Header header;             // the inner frame's, checked
+  std::string_view payload;  // the inner frame's, a view into the RELAY payload
+};
+// Splits a RELAY payload; the reason it is malformed (short, an inner header
+// that check_header() refuses with `max_inner_payload`, or an inner length
+// that does not fill the payload exactly), or nullopt with `out` set.
+std::optional<std::string> decode_relay(std::string_view payload, uint64_t expected_job_hash,
+                                        size_t max_inner_payload, RelayedFrame* out);
+std::optional<uint32_t> decode_relay_closed(std::string_view payload);
+
 // Crypto (OpenSSL).
 std::string random_bytes(size_t n);
 std::string hmac_sha256(std::string_view key, std::string_view data);
@@ -173,6 +195,9 @@ std::string address_name(const sockaddr_storage& ss);
 // Connects to host:port (TCP, IPv4 or IPv6) before the deadline; returns a
 // non-blocking socket or an error naming the address.
 Result<int> connect_tcp(const std::string& host, int port, TimePoint deadline);
+// Connects to a unix-domain stream socket (an erun agent's relay) before the
+// deadline; returns a non-blocking socket or an error naming the path.
+Result<int> connect_unix(const std::string& path, TimePoint deadline);
 // Writes all of data to a non-blocking socket before the deadline.
 Status send_all(int fd, std::string_view data, TimePoint deadline);
 // Reads exactly n bytes from a non-blocking socket before the deadline.

@@ -82,6 +82,7 @@ std::variant<DriverOptions, CliError, CliInfo> parse_cli(int argc, const char* c
   DriverOptions o;
   double discovery_interval = 1, discovery_timeout = 30, elastic_timeout = 600;
   double term_grace = 5, finish_timeout = 60, rdzv_timeout = 60, coll_timeout = 30, ssh_timeout = 10;
+  bool no_agent_relay = false;
   double heartbeat_timeout = 5;
   std::vector<double> cooldown;
   std::string launcher = "auto", mode = "auto";
@@ -124,6 +125,7 @@ std::variant<DriverOptions, CliError, CliInfo> parse_cli(int argc, const char* c
     ("collective-timeout", po::value<double>(&coll_timeout), "seconds a collective may block before it fails (default 30)")
     ("driver-address", po::value<std::string>(&o.driver_address), "address workers use to reach this driver (default: detected)")
     ("checkpoint-dir", po::value<std::string>(&o.checkpoint_dir), "directory for durable commits of elastic state")
+    ("no-agent-relay", po::bool_switch(&no_agent_relay), "workers connect to the driver's rendezvous themselves, one TCP connection each, instead of through their host's agent (one connection per host)")
     ("dry-run", po::bool_switch(&o.dry_run), "print the plan, each host's agent command and each rank's program, environment and directory; launch nothing")
     ("verbose,v", po::bool_switch(&o.verbose), "debug logging")
     ("version", "print the version")
@@ -173,6 +175,7 @@ std::variant<DriverOptions, CliError, CliInfo> parse_cli(int argc, const char* c
   o.rendezvous_timeout = seconds_option(rdzv_timeout);
   o.collective_timeout = seconds_option(coll_timeout);
   o.ssh_connect_timeout = seconds_option(ssh_timeout);
+  o.agent_relay = !no_agent_relay;
   o.heartbeat_timeout = seconds_option(heartbeat_timeout);
   if (heartbeat_timeout < 2) {
     return CliError{fmt::format("--heartbeat-timeout {}: must be at least 2 seconds (heartbeats go every second)",

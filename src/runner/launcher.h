@@ -81,6 +81,8 @@ struct AgentLaunchOptions {
   Duration heartbeat_timeout = std::chrono::seconds(5);
   // From starting the agent to its HELLO (ssh connection set-up included).
   Duration start_timeout = std::chrono::seconds(30);
+  // The agent relays its workers' rendezvous connections (`--relay`).
+  bool relay = true;
 };
 
 struct SshOptions {
@@ -97,7 +99,7 @@ struct SshOptions {
 std::unique_ptr<Launcher> make_local_launcher(AgentLaunchOptions agent);
 std::unique_ptr<Launcher> make_ssh_launcher(SshOptions options, AgentLaunchOptions agent);
 
-// The agent's command line: `AGENT_PATH --agent --heartbeat-interval S --heartbeat-timeout S`.
+// The agent's command line: `AGENT_PATH --agent --heartbeat-interval S --heartbeat-timeout S [--relay]`.
 std::vector<std::string> agent_argv(const AgentLaunchOptions& agent);
 
 // Checks a spec before it is sent: a command, env names without '=' or NUL,

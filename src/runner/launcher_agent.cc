@@ -453,8 +453,11 @@ class AgentWorker final : public WorkerHandle {
 
 std::vector<std::string> agent_argv(const AgentLaunchOptions& agent) {
   auto seconds = [](Duration d) { return fmt::format("{:g}", to_ms(d) / 1000.0); };
-  return {agent.agent_path, "--agent", "--heartbeat-interval", seconds(agent.heartbeat_interval), "--heartbeat-timeout",
-          seconds(agent.heartbeat_timeout)};
+  std::vector<std::string> argv = {agent.agent_path,     "--agent", "--heartbeat-interval",
+                                   seconds(agent.heartbeat_interval), "--heartbeat-timeout",
+                                   seconds(agent.heartbeat_timeout)};
+  if (agent.relay) argv.push_back("--relay");
+  return argv;
 }
 
 Status validate_worker_spec(const WorkerSpec& spec) {

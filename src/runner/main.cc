@@ -150,16 +150,21 @@ int exec_mpirun(const erun::DriverOptions& o, erun::HostDiscovery& discovery) {
   return 127;
 }
 
-// `erun --agent [--heartbeat-interval S] [--heartbeat-timeout S]`: the
-// per-host agent (src/agent/agent.h), started by a driver; not for users.
+// `erun --agent [--heartbeat-interval S] [--heartbeat-timeout S] [--relay]`:
+// the per-host agent (src/agent/agent.h), started by a driver; not for users.
 int agent_main(int argc, char** argv) {
   erun::init_logging(false);
   erun::agent::AgentOptions o;
   char name[256] = {};
   ::gethostname(name, sizeof name - 1);
   o.host = name;
+  if (const char* tmp = std::getenv("TMPDIR"); tmp && tmp[0] == '/') o.relay_dir = tmp;
   for (int i = 2; i < argc; ++i) {
     std::string flag = argv[i];
+    if (flag == "--relay") {
+      o.relay = true;
+      continue;
+    }
     double v = 0;
     bool known = (flag == "--heartbeat-interval" || flag == "--heartbeat-timeout") && i + 1 < argc;
     if (known) {
@@ -229,6 +234,7 @@ int main(int argc, char** argv) {
   erun::AgentLaunchOptions agent;
   agent.agent_path = options.agent_path.empty() ? own_executable() : options.agent_path;
   agent.heartbeat_timeout = options.heartbeat_timeout;
+  agent.relay = options.agent_relay;
   if (agent.agent_path.empty()) {
     std::fprintf(stderr, "erun: cannot find erun's own executable (/proc/self/exe): pass --agent-path PATH\n");
     return 2;

@@ -49,6 +49,7 @@ struct DriverOptions {
   std::vector<std::string> ssh_options;  // --ssh-option, in order
   std::string agent_path;                // --agent-path (empty: erun's own executable)
   Duration heartbeat_timeout = std::chrono::seconds(5);
+  bool agent_relay = true;               // false: --no-agent-relay (workers connect to the driver themselves)
   std::vector<std::string> env;  // -x NAME or NAME=VALUE
 
   std::string output_dir;

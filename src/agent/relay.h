@@ -1,0 +1,117 @@
+// The agent's rendezvous relay (docs/protocol.md, "Relaying"): the workers of
+// this host connect to a unix-domain socket of the agent (in a private 0700
+// directory, removed with the relay) instead of the driver. The relay runs the
+// server side of the rendezvous handshake with each of them (the job secret:
+// a stranger is refused and logged before a byte is relayed), then carries
+// every frame of every worker over ONE authenticated TCP connection to the
+// driver's rendezvous server, each worker as a stream of RELAY frames. The
+// upstream connection is opened when the first worker has authenticated;
+// when it is lost, every worker's connection is closed (as when the driver
+// dies), and the next worker opens a new one.
+//
+// Single-threaded and non-blocking: the agent's poll loop asks for the
+// descriptors (add_fds), hands back their events (on_events) and calls
+// tick() for the deadlines; nothing here blocks.
+#pragma once
+
+#include <poll.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "common/clock.h"
+#include "common/status.h"
+
+namespace erun::wire {
+class Prover;
+}
+
+namespace erun::agent {
+
+struct RelayOptions {
+  std::string job_id;
+  std::string secret;
+  std::string upstream_host;  // the driver's rendezvous address and port
+  int upstream_port = 0;
+  std::string log_prefix;     // "agent on HOST (pid P)"
+  std::string parent_dir = "/tmp";  // where the private socket directory is made
+  Duration io_timeout = std::chrono::seconds(10);
+  size_t max_frame_bytes = 64 << 20;
+};
+
+class Relay {
+ public:
+  // Makes the private directory and listens in it.
+  static Result<std::unique_ptr<Relay>> create(RelayOptions options);
+  ~Relay();
+  Relay(const Relay&) = delete;
+  Relay& operator=(const Relay&) = delete;
+
+  // What a worker's ERUN_RDZV_ADDR says: "unix:/path/to/socket".
+  std::string address() const { return "unix:" + path_; }
+  const RelayOptions& options() const { return o_; }
+  // Appends the descriptors to poll; on_events() takes the same vector back
+  // (from index `first`, which add_fds() returns) after poll().
+  size_t add_fds(std::vector<pollfd>& fds);
+  void on_events(const std::vector<pollfd>& fds, size_t first);
+  // Deadlines: handshakes, half frames, unread writes, the upstream's connect.
+  void tick(TimePoint now);
+  // Counts, for logs and tests.
+  size_t streams() const { return locals_.size(); }
+  long refused() const { return refused_; }
+
+ private:
+  enum class Phase { kHello, kAuth, kReady };
+  struct Local {
+    int fd = -1;
+    Phase phase = Phase::kHello;
+    std::string client_nonce, server_nonce;
+    std::string rbuf, wbuf;
+    TimePoint deadline = TimePoint::max();  // handshake, then a half frame or unread output
+    bool close_after_write = false;         // the server closed the stream: flush, then close
+    uint32_t stream = 0;                    // 0 until its first frame is relayed
+  };
+  enum class Up { kNone, kConnecting, kChallenge, kAuthOk, kReady };
+
+  explicit Relay(RelayOptions o);
+  void accept_all();
+  void on_local(uint64_t key, short revents);
+  void parse_local(uint64_t key, Local& l);
+  void refuse_local(uint64_t key, const std::string& why);
+  void close_local(uint64_t key, bool tell_upstream);
+  bool write_local(Local& l);
+  void start_upstream();
+  void on_upstream(short revents);
+  void parse_upstream();
+  void upstream_frame(uint16_t type, int64_t generation, std::string_view payload);
+  void lose_upstream(const std::string& why);
+  void send_upstream(std::string bytes);
+  void write_upstream();
+
+  RelayOptions o_;
+  uint64_t job_hash_;
+  std::unique_ptr<wire::Prover> prover_;
+  std::string dir_, path_;
+  int listen_fd_ = -1;
+  std::map<uint64_t, Local> locals_;  // by accept order
+  uint64_t next_key_ = 1;
+  // A worker's stream id is given with its first relayed frame, so that ids
+  // reach the server in increasing order (it drops frames of lower unknown ids).
+  uint32_t next_stream_ = 1;
+  std::unordered_map<uint32_t, uint64_t> streams_;  // stream id -> locals_ key
+  bool want_upstream_ = false;  // a worker authenticated: connect upstream after this round
+  long refused_ = 0;
+
+  int up_fd_ = -1;
+  Up up_ = Up::kNone;
+  std::string up_nonce_, up_server_nonce_;
+  std::string up_rbuf_, up_wbuf_;
+  std::string held_;  // RELAY frames of authenticated workers until the upstream is ready
+  TimePoint up_deadline_ = TimePoint::max();
+};
+
+}  // namespace erun::agent
