@@ -12,7 +12,11 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <csignal>
+#include <filesystem>
 
 #include <atomic>
 #include <chrono>
@@ -22,9 +26,11 @@
 #include <thread>
 
 #include "collectives/tcp/tcp_communicator.h"
+#include "store/file_store.h"
 #include "store/memory_store.h"
 #include "rendezvous/wire.h"
 #include "support/collective_reference.h"
+#include "support/erun_process.h"
 
 namespace erun {
 namespace {
@@ -294,6 +300,124 @@ TEST(TcpCommunicator, AbortWakesABlockedOperationAndThePeer) {
     c1->allreduce(v, ReduceOp::kSum);
   }, CommError);
   EXPECT_LT(std::chrono::steady_clock::now() - start, 5s) << "the peer did not learn of the abort at once";
+}
+
+// Threads of this process now (the ring's sender thread is one).
+size_t thread_count() {
+  size_t n = 0;
+  for ([[maybe_unused]] const auto& t : std::filesystem::directory_iterator("/proc/self/task")) ++n;
+  return n;
+}
+
+// A ring allreduce large enough that its sends fill the socket buffers of a
+// peer that does not read: the sender thread blocks writing while the caller
+// blocks receiving, and abort() must wake both at once; destroying the
+// communicator then leaves no thread behind.
+TEST(TcpCommunicator, AbortWakesARingAllreduceBlockedSendingAndReceiving) {
+  const size_t threads_before = thread_count();
+  MemoryKvStore store;
+  auto [c0, c1] = pair_of(store, 60s);
+  std::vector<float> v(8u << 20, 1.0f);  // 32 MiB: blocks of 16 MiB
+  std::thread aborter([&] {
+    std::this_thread::sleep_for(300ms);
+    c0->abort();
+  });
+  auto start = std::chrono::steady_clock::now();
+  try {
+    c0->allreduce(v, ReduceOp::kSum);  // rank 1 never joins
+    ADD_FAILURE() << "the ring allreduce returned without its peer";
+  } catch (const CommError& e) {
+    EXPECT_NE(std::string(e.what()).find("aborted"), std::string::npos) << e.what();
+  }
+  aborter.join();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s) << "abort() did not wake the blocked ring allreduce";
+  EXPECT_GT(thread_count(), threads_before) << "the ring's sender thread never started";
+  c0.reset();
+  c1.reset();
+  EXPECT_EQ(thread_count(), threads_before) << "a communicator left a thread behind";
+}
+
+TEST(TcpCommunicator, RingAllreduceTimesOutWhenThePeerStopsReading) {
+  MemoryKvStore store;
+  auto [c0, c1] = pair_of(store, 1s);
+  std::vector<float> v(8u << 20, 1.0f);
+  auto start = std::chrono::steady_clock::now();
+  try {
+    c0->allreduce(v, ReduceOp::kSum);
+    ADD_FAILURE() << "the ring allreduce returned without its peer";
+  } catch (const CommError& e) {
+    std::string msg = e.what();
+    EXPECT_NE(msg.find("timed out after 1.0 s"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("rank 1"), std::string::npos) << msg;
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 6s);
+  // The communicator is broken from then on, without waiting again.
+  start = std::chrono::steady_clock::now();
+  EXPECT_THROW(c0->allreduce(v, ReduceOp::kSum), CommError);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 1s);
+}
+
+// Rank 1 in a child process that runs ring allreduces until it is signalled;
+// rank 0 here does the same and signals it mid-stream. Returns how long rank
+// 0's failing allreduce took after the signal, and its error.
+std::pair<Duration, std::string> signal_ring_peer(int sig, Duration timeout) {
+  testing::TempDir dir;
+  constexpr size_t kFloats = 4u << 20;  // 16 MiB: the ring with its sender thread
+  std::fflush(nullptr);
+  pid_t child = ::fork();
+  if (child == 0) {
+    try {
+      FileKvStore store(dir.path());
+      auto comm = make_tcp_communicator(store, options(1, 2, 60s));
+      std::vector<float> v(kFloats, 1.0f);
+      while (true) comm->allreduce(v, ReduceOp::kSum);
+    } catch (...) {
+    }
+    std::_Exit(0);
+  }
+  FileKvStore store(dir.path());
+  std::pair<Duration, std::string> result{Duration::zero(), "no error"};
+  {
+    auto comm = make_tcp_communicator(store, options(0, 2, timeout));
+    std::vector<float> v(kFloats, 1.0f);
+    for (int i = 0; i < 3; ++i) comm->allreduce(v, ReduceOp::kSum);
+    std::atomic<bool> sent{false};
+    std::chrono::steady_clock::time_point signalled;
+    std::thread killer([&] {
+      std::this_thread::sleep_for(50ms);
+      signalled = std::chrono::steady_clock::now();
+      ::kill(child, sig);
+      sent = true;
+    });
+    try {
+      for (int i = 0; i < 100000; ++i) comm->allreduce(v, ReduceOp::kSum);
+    } catch (const CommError& e) {
+      result = {std::chrono::steady_clock::now() - signalled, e.what()};
+    }
+    killer.join();
+    EXPECT_TRUE(sent.load());
+  }
+  ::kill(child, SIGKILL);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  return result;
+}
+
+TEST(TcpCommunicator, PeerSigkilledMidRingFailsTheCollectiveAtOnce) {
+  const size_t threads_before = thread_count();
+  auto [took, error] = signal_ring_peer(SIGKILL, 30s);
+  EXPECT_NE(error.find("rank 1"), std::string::npos) << error;
+  EXPECT_LT(took, 5s) << "a dead peer's closed socket must end the collective, not its 30 s deadline: " << error;
+  EXPECT_EQ(thread_count(), threads_before) << "the communicator left a thread behind";
+}
+
+TEST(TcpCommunicator, PeerSigstoppedMidRingFailsTheCollectiveAtItsDeadline) {
+  const size_t threads_before = thread_count();
+  auto [took, error] = signal_ring_peer(SIGSTOP, 2s);
+  EXPECT_NE(error.find("timed out after 2.0 s"), std::string::npos) << error;
+  EXPECT_NE(error.find("rank 1"), std::string::npos) << error;
+  EXPECT_LT(took, 7s) << "the collective outlived its 2 s deadline: " << error;
+  EXPECT_EQ(thread_count(), threads_before) << "the communicator left a thread behind";
 }
 
 TEST(TcpCommunicator, MismatchedCollectivesNameBothRanksAndCalls) {
