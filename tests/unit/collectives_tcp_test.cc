@@ -137,6 +137,31 @@ TEST_P(TcpWorld, LargeFloatSumIsBitwiseEqualOnEveryRank) {
   EXPECT_EQ(bad, 0u);
 }
 
+// Blocks of over 4 MiB that do not divide evenly: the ring's sends go out on
+// the sender thread while the caller receives and reduces.
+TEST_P(TcpWorld, RingOnTheSenderThreadMatchesTheReference) {
+  if (GetParam() < 2) GTEST_SKIP() << "no ring with one rank";
+  run_ranks(GetParam(), [&](int rank, Communicator& comm) {
+    auto check = [&](auto tag, ReduceOp op) {
+      using T = decltype(tag);
+      const size_t n = comm.size() * ((5u << 20) / sizeof(T)) + 3;
+      std::vector<T> v(n);
+      for (size_t i = 0; i < n; ++i) v[i] = input<T>(rank, i);
+      comm.allreduce(v.data(), n, data_type_of<T>(), op);
+      size_t bad = 0, first_bad = 0;
+      for (size_t i = 0; i < n; ++i) {
+        if (v[i] != reference<T>(comm.size(), i, op) && bad++ == 0) first_bad = i;
+      }
+      EXPECT_EQ(bad, 0u) << to_string(data_type_of<T>()) << " " << to_string(op) << " rank " << rank
+                         << ": first mismatch at " << first_bad;
+    };
+    check(int32_t{}, ReduceOp::kSum);
+    check(int64_t{}, ReduceOp::kMax);
+    check(double{}, ReduceOp::kMin);
+    check(float{}, ReduceOp::kAverage);
+  });
+}
+
 TEST_P(TcpWorld, BroadcastFromEveryRootDirectAndScattered) {
   run_ranks(GetParam(), [](int rank, Communicator& comm) {
     for (int root = 0; root < comm.size(); ++root) {

@@ -16,6 +16,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <exception>
 #include <map>
 #include <mutex>
 #include <stdexcept>
@@ -418,6 +419,10 @@ class TcpCommunicator final : public Communicator {
   // The pipelined ring moves a block in frames of at most this size; a
   // segment is forwarded as soon as it has arrived (and been reduced).
   static constexpr size_t kSegmentBytes = 512 << 10;
+  // From this block size (bytes / ranks) up, the ring's sends go out on the
+  // sender thread; below it the hand-over per segment costs more than the
+  // overlap gains (docs/performance.md section 8).
+  static constexpr size_t kSenderThreadBlockBytes = 4 << 20;
 
   // Runs one collective: checks the communicator is usable, numbers it, and
   // turns every failure into a CommError that names the operation and rank,
@@ -742,10 +747,7 @@ class TcpCommunicator final : public Communicator {
       }
     }
 
-    SenderJob job(*this, c, sends, own_frames);
-    for (size_t i = 0; i < recvs.size(); ++i) {
-      const Planned& p = recvs[i];
-      job.wait_sent(p.after_send);
+    auto receive_op = [&](const Planned& p) {
       RecvOp r = make_recv(left, p.offset, p.length, data + p.offset);
       if (p.step < n - 1) {
         char* target = data + p.offset;
@@ -757,10 +759,65 @@ class TcpCommunicator final : public Communicator {
           fn(target + a, target + a, in + a % kReduceSegment, (b - a) / esize);
         };
       }
+      return r;
+    };
+    if (off[1] - off[0] < kSenderThreadBlockBytes) {
+      // Small blocks: handing each segment to another thread costs more
+      // than it overlaps; one thread moves the sends and receives side by
+      // side (a receive cannot complete before the send it overwrites has
+      // left: the ring carries those bytes around first).
+      size_t released = own_frames, next_send = 0;
+      for (const Planned& p : recvs) {
+        RecvOp r = receive_op(p);
+        pump(c, sends, next_send, released, &r);
+        if (p.step + 1 < steps) ++released;
+      }
+      pump(c, sends, next_send, released, nullptr);
+      return;
+    }
+    SenderJob job(*this, c, sends, own_frames);
+    for (const Planned& p : recvs) {
+      job.wait_sent(p.after_send);
+      RecvOp r = receive_op(p);
       receive(c, r, job);
       if (p.step + 1 < steps) job.release();
     }
     job.finish();
+  }
+
+  // Writes sends[next, released) in order while reading `recv` (if any) on
+  // one thread, until the receive is complete (without one: until those
+  // sends are). Bounded by the operation's deadline and woken by abort().
+  void pump(const Call& c, std::vector<SendOp>& sends, size_t& next, size_t released, RecvOp* recv) {
+    auto recv_done = [&] { return !recv || recv->done == sizeof(FrameHeader) + recv->length; };
+    while (!recv_done() || (!recv && next < released)) {
+      bool progressed = false;
+      while (next < released) {
+        SendOp& s = sends[next];
+        const bool moved = step_send(c, s);
+        progressed |= moved;
+        if (s.done == sizeof(FrameHeader) + s.header.length) {
+          ++next;
+        } else if (!moved) {
+          break;
+        }
+      }
+      if (recv && !recv_done() && step_recv(c, *recv)) progressed = true;
+      if (progressed) continue;
+      pollfd pfds[3] = {{abort_fd_, POLLIN, 0}, {-1, 0, 0}, {-1, 0, 0}};
+      if (next < released) pfds[1] = {fds_[sends[next].peer], POLLOUT, 0};
+      if (recv) pfds[2] = {fds_[recv->peer], POLLIN, 0};
+      int timeout = poll_ms(deadline_, 1h);
+      if (timeout == 0) {
+        std::string waiting;
+        if (next < released) waiting = fmt::format("sending to rank {}", sends[next].peer);
+        if (recv) waiting += fmt::format("{}receiving from rank {}", waiting.empty() ? "" : ", ", recv->peer);
+        fail(c, fmt::format("timed out after {:.1f} s {} (is that rank alive, or stopped?)", seconds(o_.timeout), waiting));
+      }
+      int n = ::poll(pfds, 3, timeout);
+      if (n < 0 && errno != EINTR) fail(c, fmt::format("poll: {}", std::strerror(errno)));
+      if (aborted_ || (pfds[0].revents & POLLIN)) fail(c, "aborted");
+    }
   }
 
   // Reads one frame to its end, bounded by the operation's deadline and
@@ -794,7 +851,7 @@ class TcpCommunicator final : public Communicator {
     job_ready_.store(ready, std::memory_order_relaxed);
     job_sent_.store(0, std::memory_order_relaxed);
     job_stop_ = false;
-    job_error_.clear();
+    job_error_ = nullptr;
     job_running_ = true;
     lock.unlock();
     sender_cv_.notify_all();
@@ -817,7 +874,7 @@ class TcpCommunicator final : public Communicator {
     uint64_t drain;
     while (::read(done_fd_, &drain, sizeof(drain)) > 0) {}
     std::lock_guard lock(sender_mu_);
-    if (!job_running_ && !job_error_.empty()) throw CommError(job_error_);
+    if (!job_running_ && job_error_) std::rethrow_exception(job_error_);
   }
 
   // After the last receive: the sends still queued go out, bounded by the
@@ -825,7 +882,7 @@ class TcpCommunicator final : public Communicator {
   void wait_sender_job() {
     std::unique_lock lock(sender_mu_);
     sender_cv_.wait(lock, [&] { return !job_running_; });
-    if (!job_error_.empty()) throw CommError(job_error_);
+    if (job_error_) std::rethrow_exception(job_error_);
   }
 
   void sender_main() {
@@ -837,11 +894,11 @@ class TcpCommunicator final : public Communicator {
       std::vector<SendOp>& frames = *job_frames_;
       job_frames_ = nullptr;
       lock.unlock();
-      std::string error;
+      std::exception_ptr error;
       try {
         send_frames(c, frames);
-      } catch (const std::exception& e) {
-        error = e.what();
+      } catch (...) {
+        error = std::current_exception();
       }
       lock.lock();
       job_error_ = std::move(error);
@@ -1260,7 +1317,7 @@ class TcpCommunicator final : public Communicator {
   bool job_running_ = false;     // guarded by sender_mu_
   const Call* job_call_ = nullptr;           // guarded by sender_mu_
   std::vector<SendOp>* job_frames_ = nullptr;  // guarded by sender_mu_
-  std::string job_error_;        // guarded by sender_mu_
+  std::exception_ptr job_error_;  // guarded by sender_mu_; rethrown by the caller
   std::atomic<size_t> job_ready_{0};  // frames the sender may write
   std::atomic<size_t> job_sent_{0};   // frames written, or kSenderEnded
   std::atomic<bool> job_stop_{false};
