@@ -9,7 +9,10 @@
 // Every frame carries the generation, the collective's sequence number and
 // signature; anything unexpected is a CommError, never reduced into the
 // caller's buffer. Every connect, send and receive is bounded by a deadline
-// and woken by abort() from any thread. Wire format: docs/protocol.md.
+// and woken by abort() from any thread. A large allreduce (blocks of 4 MiB
+// and more) writes on the communicator's own sender thread while the caller
+// receives and reduces; that thread ends with the communicator, and no send
+// outlives its operation. Wire format: docs/protocol.md.
 #pragma once
 
 #include <functional>
