@@ -78,6 +78,7 @@ std::unique_ptr<Communicator> make(const std::string& backend, KvStore& store, i
     o.prefix = "bench";
     o.job_id = "bench";
     o.secret = secret;
+    o.machine_ranks = np;  // every "host" of this benchmark is this machine
     return make_tcp_communicator(store, o);
   }
   // Hierarchical: ranks 2h and 2h+1 on host h.

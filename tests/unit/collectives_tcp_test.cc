@@ -18,6 +18,7 @@
 #include <csignal>
 #include <filesystem>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -360,6 +361,33 @@ TEST(TcpCommunicator, AbortWakesARingAllreduceBlockedSendingAndReceiving) {
   c0.reset();
   c1.reset();
   EXPECT_EQ(thread_count(), threads_before) << "a communicator left a thread behind";
+}
+
+// A large ring uses the sender thread when the machine has a CPU per rank,
+// and only then; the result is the same either way.
+TEST(TcpCommunicator, SenderThreadOnlyWithACpuPerRankOnTheMachine) {
+  for (int machine_ranks : {1, 1 << 20}) {
+    const size_t threads_before = thread_count();
+    MemoryKvStore store;
+    std::unique_ptr<Communicator> c0, c1;
+    auto opts = [&](int r) {
+      TcpOptions o = options(r, 2);
+      o.machine_ranks = machine_ranks;
+      return o;
+    };
+    std::thread t([&] { c1 = make_tcp_communicator(store, opts(1)); });
+    c0 = make_tcp_communicator(store, opts(0));
+    t.join();
+    const size_t n = (16u << 20) / sizeof(float);  // 8 MiB blocks
+    std::vector<float> v0(n, 1.0f), v1(n, 2.0f);
+    std::thread peer([&] { c1->allreduce(v1, ReduceOp::kSum); });
+    c0->allreduce(v0, ReduceOp::kSum);
+    peer.join();
+    EXPECT_EQ(std::count(v0.begin(), v0.end(), 3.0f), static_cast<long>(n)) << "machine_ranks " << machine_ranks;
+    EXPECT_EQ(v0, v1) << "machine_ranks " << machine_ranks;
+    EXPECT_EQ(thread_count(), threads_before + (machine_ranks == 1 ? 2 : 0))
+        << "machine_ranks " << machine_ranks << ": one sender thread per communicator, or none";
+  }
 }
 
 TEST(TcpCommunicator, RingAllreduceTimesOutWhenThePeerStopsReading) {

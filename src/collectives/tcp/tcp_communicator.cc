@@ -272,6 +272,7 @@ class TcpCommunicator final : public Communicator {
       throw CommError(fmt::format("erun tcp: eventfd: {}", std::strerror(err)));
     }
     who_ = who(o.generation, o.address, o.rank);
+    sender_thread_ = o.machine_ranks <= ::sysconf(_SC_NPROCESSORS_ONLN);
     if (o.size > 1) connect_mesh(store);
   }
 
@@ -761,11 +762,12 @@ class TcpCommunicator final : public Communicator {
       }
       return r;
     };
-    if (off[1] - off[0] < kSenderThreadBlockBytes) {
+    if (off[1] - off[0] < kSenderThreadBlockBytes || !sender_thread_) {
       // Small blocks: handing each segment to another thread costs more
-      // than it overlaps; one thread moves the sends and receives side by
-      // side (a receive cannot complete before the send it overwrites has
-      // left: the ring carries those bytes around first).
+      // than it overlaps (and without a CPU per rank, it always does); one
+      // thread moves the sends and receives side by side (a receive cannot
+      // complete before the send it overwrites has left: the ring carries
+      // those bytes around first).
       size_t released = own_frames, next_send = 0;
       for (const Planned& p : recvs) {
         RecvOp r = receive_op(p);
@@ -1309,7 +1311,9 @@ class TcpCommunicator final : public Communicator {
   uint64_t seq_ = 0;
   TimePoint deadline_{};
   std::vector<char> scratch_;
-  // The sender thread (started by the first ring allreduce) and its job.
+  // The sender thread (started by the first ring allreduce that uses it:
+  // sender_thread_, blocks of kSenderThreadBlockBytes) and its job.
+  bool sender_thread_ = true;
   std::thread sender_;
   std::mutex sender_mu_;
   std::condition_variable sender_cv_;
