@@ -421,8 +421,8 @@ class TcpCommunicator final : public Communicator {
   // segment is forwarded as soon as it has arrived (and been reduced).
   static constexpr size_t kSegmentBytes = 512 << 10;
   // From this block size (bytes / ranks) up, the ring's sends go out on the
-  // sender thread; below it the hand-over per segment costs more than the
-  // overlap gains (docs/performance.md section 8).
+  // sender thread (if sender_thread_); below it the hand-over per segment
+  // costs more than the overlap gains (docs/performance.md section 8).
   static constexpr size_t kSenderThreadBlockBytes = 4 << 20;
 
   // Runs one collective: checks the communicator is usable, numbers it, and
@@ -691,7 +691,7 @@ class TcpCommunicator final : public Communicator {
   friend class SenderJob;
 
   // Large allreduce: ring reduce-scatter then ring allgather, run as one
-  // pipelined stream on two threads. Step s (0 .. 2(n-1)-1) sends block
+  // pipelined stream. Step s (0 .. 2(n-1)-1) sends block
   // rank-s to the right and receives block rank-s-1 from the left (reducing
   // it in the first n-1 steps, storing it in the rest); each block travels as
   // frames of at most kSegmentBytes, and the segment received at step s is
@@ -699,9 +699,10 @@ class TcpCommunicator final : public Communicator {
   // is complete instead of after the whole step: the steps overlap, and no
   // rank waits at a step boundary for its slowest transfer. The caller's
   // thread receives and reduces (through one small window that stays in
-  // cache); the communicator's sender thread writes the frames to the right
-  // neighbour meanwhile, so the copy into the kernel overlaps the copy out of
-  // it and the reduction. Every rank reduces the same inputs in the same
+  // cache); for large blocks on a machine with a CPU per rank, the
+  // communicator's sender thread writes the frames to the right neighbour
+  // meanwhile, so the copy into the kernel overlaps the copy out of it and
+  // the reduction. Every rank reduces the same inputs in the same
   // order, so the result is bitwise the same on every rank.
   void allreduce_ring(const Call& c, char* data, size_t count, size_t esize, ReduceFn fn) {
     const int n = size();
