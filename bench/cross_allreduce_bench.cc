@@ -9,7 +9,11 @@
 // pipelined in chunks even on a host without a CPU to spare (hier-tcp decides).
 // Per size: warm-up, then 5 repetitions of about 0.3 s each; prints the median time per op (and
 // min-max), algbw = bytes/time and busbw = algbw * 2(n-1)/n as nccl-tests
-// define them, in the format of shm_allreduce_bench and mpi_allreduce_bench.
+// define them, in the format of shm_allreduce_bench and mpi_allreduce_bench;
+// then cpu = user + system CPU of all ranks per allreduce and runq = the time
+// their threads spent runnable but waiting for a CPU, per allreduce (on an
+// oversubscribed machine, the share of the wall time the scheduler withheld).
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -33,6 +37,26 @@ namespace {
 
 std::string host_address(int host) { return "127.0.0." + std::to_string(2 + host); }
 
+// Seconds this process's threads spent runnable but waiting for a CPU
+// (the scheduler's run delay, /proc/self/task/*/schedstat; 0 if unreadable).
+double run_delay_seconds() {
+  double total = 0;
+  std::error_code ec;
+  for (const auto& t : std::filesystem::directory_iterator("/proc/self/task", ec)) {
+    std::ifstream f(t.path() / "schedstat");
+    unsigned long long on_cpu = 0, waiting = 0;
+    if (f >> on_cpu >> waiting) total += static_cast<double>(waiting) * 1e-9;
+  }
+  return total;
+}
+
+// User + system CPU seconds of this process so far, all its threads.
+double cpu_seconds() {
+  rusage ru{};
+  ::getrusage(RUSAGE_SELF, &ru);
+  return static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) + (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1e-6;
+}
+
 std::unique_ptr<Communicator> make(const std::string& backend, KvStore& store, int rank, int np,
                                    const std::string& secret) {
   const auto timeout = std::chrono::seconds(120);
@@ -54,6 +78,7 @@ std::unique_ptr<Communicator> make(const std::string& backend, KvStore& store, i
     o.prefix = "bench";
     o.job_id = "bench";
     o.secret = secret;
+    o.machine_ranks = np;  // every "host" of this benchmark is this machine
     return make_tcp_communicator(store, o);
   }
   // Hierarchical: ranks 2h and 2h+1 on host h.
@@ -91,6 +116,7 @@ int rank_main(const std::string& backend, const std::string& dir, int rank, int 
     per_op = comm->allreduce_value(per_op, ReduceOp::kMax);
     const size_t iters = std::clamp<size_t>(static_cast<size_t>(0.3 / std::max(per_op, 1e-7)), 3, 2000);
     std::vector<double> times;
+    const double cpu0 = cpu_seconds(), delay0 = run_delay_seconds();
     for (int rep = 0; rep < kReps; ++rep) {
       comm->barrier();
       auto start = std::chrono::steady_clock::now();
@@ -98,14 +124,18 @@ int rank_main(const std::string& backend, const std::string& dir, int rank, int 
       double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / iters;
       times.push_back(comm->allreduce_value(t, ReduceOp::kMax));
     }
+    // CPU of every rank per allreduce (the barriers and the timing
+    // allreduces are a small share at the sizes where CPU matters).
+    const double cpu = comm->allreduce_value((cpu_seconds() - cpu0) / (kReps * iters), ReduceOp::kSum);
+    const double delay = comm->allreduce_value((run_delay_seconds() - delay0) / (kReps * iters), ReduceOp::kSum);
     std::sort(times.begin(), times.end());
     if (rank == 0) {
       const double t = times[kReps / 2];
       const double algbw = bytes / t / 1e9;
       const double busbw = algbw * 2.0 * (np - 1) / np;
       std::printf("np=%d bytes=%zu iters=%zu time=%.2f us min=%.2f us max=%.2f us algbw=%.3f GB/s busbw=%.3f GB/s "
-                  "backend=%s\n", np, bytes, iters, t * 1e6, times.front() * 1e6, times.back() * 1e6, algbw, busbw,
-                  backend.c_str());
+                  "cpu=%.2f us runq=%.2f us backend=%s\n", np, bytes, iters, t * 1e6, times.front() * 1e6, times.back() * 1e6, algbw,
+                  busbw, cpu * 1e6, delay * 1e6, backend.c_str());
       std::fflush(stdout);
     }
   }

@@ -8,7 +8,12 @@ docs/performance.md (targets marked met / not met).
 
   /usr/bin/python3 bench/cross_bench.py [--build-dir build] [--rounds 3]
                                         [--max-bytes 268435456] [--smoke]
-                                        [--only flat|hier]
+                                        [--only flat|hier] [--mpi-rounds N]
+
+--mpi-rounds N runs Open MPI in the first N rounds only (it is the far
+reference: 4-28x slower here, and its 256 MiB cases take minutes), while erun
+and Gloo run in every round. Run it under `chrt -f 1` (with --mpi-rounds 0:
+Open MPI busy-polls) to keep other tenants of the machine off its CPUs.
 """
 import argparse
 import os
@@ -21,7 +26,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--mca", "btl", "tcp,self",
           "--mca", "btl_tcp_if_include", "lo", "--mca", "oob_tcp_if_include", "lo"]
-LINE = re.compile(r"np=(\d+) bytes=(\d+) .*?time=([0-9.]+) us .*busbw=([0-9.]+) GB/s")
+LINE = re.compile(r"np=(\d+) bytes=(\d+) .*?time=([0-9.]+) us .*busbw=([0-9.]+) GB/s(?: cpu=([0-9.]+) us)?")
 
 
 def run(cmd, timeout):
@@ -34,7 +39,8 @@ def run(cmd, timeout):
         print(f"[cross_bench] failed ({p.returncode}): {' '.join(cmd)}\n{p.stderr[-2000:]}", file=sys.stderr)
     out = {}
     for m in LINE.finditer(p.stdout):
-        out[int(m.group(2))] = (float(m.group(3)), float(m.group(4)))
+        cpu = float(m.group(5)) if m.group(5) else None
+        out[int(m.group(2))] = (float(m.group(3)), float(m.group(4)), cpu)
     return out
 
 
@@ -51,6 +57,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--max-bytes", type=int, default=256 << 20)
     ap.add_argument("--smoke", action="store_true", help="one round, 4 KiB and 64 KiB only")
+    ap.add_argument("--mpi-rounds", type=int, default=None, help="run Open MPI in the first N rounds only")
     ap.add_argument("--only", choices=("flat", "hier"), help="run only one rank per host (flat) or only the "
                     "hierarchical 2x2 cases (hier; Open MPI np=4 runs with them as the reference)")
     a = ap.parse_args()
@@ -81,6 +88,8 @@ def main():
     loads = []  # the 1-minute load average before each case
     for rnd in range(a.rounds):
         for group, np, impl, argv in cases:
+            if impl == "openmpi-tcp" and a.mpi_rounds is not None and rnd >= a.mpi_rounds:
+                continue
             loads.append(os.getloadavg()[0])
             print(f"[cross_bench] round {rnd + 1}/{a.rounds}: {impl} np={np} (load {loads[-1]:.2f})", file=sys.stderr)
             for b, v in run(argv, 1200).items():
@@ -93,21 +102,25 @@ def main():
         if not v:
             return None
         t = statistics.median(x[0] for x in v)
+        if i == 2:  # the median CPU of all ranks per allreduce, in ms
+            cpus = [x[2] for x in v if x[2] is not None]
+            return statistics.median(cpus) / 1000 if cpus else None
         return t if i == 0 else b / (t * 1e-6) / 1e9 * 2 * (np - 1) / np
 
     loads.append(os.getloadavg()[0])
     out = []
     out.append(f"1-minute load average before each case: min {min(loads):.1f}, median {statistics.median(loads):.1f}, "
                f"max {max(loads):.1f} (the machine has {os.cpu_count()} cores).\n")
-    out.append(f"Median time of {a.rounds} round(s); each round's time is itself the median of 5 repetitions. "
+    mpi_note = "" if a.mpi_rounds is None else f" (Open MPI: the first {a.mpi_rounds} round(s) only)"
+    out.append(f"Median time of {a.rounds} round(s){mpi_note}; each round's time is itself the median of 5 repetitions. "
                "busbw = bytes/time x 2(n-1)/n from that time. Ratios are erun-tcp / peer (busbw) and peer / erun-tcp (time), "
                "so > 1 means erun is better.\n")
     for np in (2, 4) if a.only != "hier" else ():
         out.append(f"\n**{np} hosts, one rank each** (erun-tcp: 127.0.0.2..{1 + np}; Gloo likewise; "
                    "Open MPI `--mca btl tcp,self --mca btl_tcp_if_include lo`)\n")
         out.append("| size | erun-tcp time (µs) | busbw (GB/s) | Open MPI time | busbw | Gloo time | busbw | "
-                   "busbw vs MPI | time vs MPI | busbw vs Gloo | targets |")
-        out.append("|---|---|---|---|---|---|---|---|---|---|---|")
+                   "busbw vs MPI | time vs MPI | busbw vs Gloo | CPU/op erun, Gloo (ms) | targets |")
+        out.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
         for b in sizes:
             et, eb = med("flat", np, "erun-tcp", b, 0), med("flat", np, "erun-tcp", b, 1)
             mt, mb = med("flat", np, "openmpi-tcp", b, 0), med("flat", np, "openmpi-tcp", b, 1)
@@ -126,7 +139,8 @@ def main():
             if r_gb is not None:
                 notes.append(f"≥ Gloo: {'met' if r_gb >= 1 else 'not met'}")
             out.append(f"| {human(b)} | {f(et)} | {f(eb, 3)} | {f(mt)} | {f(mb, 3)} | {f(gt)} | {f(gb, 3)} | "
-                       f"{f(r_mb, 2)} | {f(r_mt, 2)} | {f(r_gb, 2)} | {'; '.join(notes)} |")
+                       f"{f(r_mb, 2)} | {f(r_mt, 2)} | {f(r_gb, 2)} | "
+                       f"{f(med('flat', np, 'erun-tcp', b, 2), 2)}, {f(med('flat', np, 'gloo', b, 2), 2)} | {'; '.join(notes)} |")
     if a.only == "flat":
         print("\n".join(out))
         return

@@ -61,6 +61,7 @@ std::unique_ptr<Communicator> make_cross(KvStore& store, const HierOptions& o, i
   to.secret = o.secret;
   to.generation = o.generation;
   to.cancelled = o.cancelled;
+  to.machine_ranks = o.local_size;
   return make_tcp_communicator(store, to);
 }
 

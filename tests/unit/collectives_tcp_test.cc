@@ -12,8 +12,13 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <csignal>
+#include <filesystem>
+
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -22,9 +27,11 @@
 #include <thread>
 
 #include "collectives/tcp/tcp_communicator.h"
+#include "store/file_store.h"
 #include "store/memory_store.h"
 #include "rendezvous/wire.h"
 #include "support/collective_reference.h"
+#include "support/erun_process.h"
 
 namespace erun {
 namespace {
@@ -129,6 +136,31 @@ TEST_P(TcpWorld, LargeFloatSumIsBitwiseEqualOnEveryRank) {
     bad += std::abs(results[0][i] - static_cast<float>(i % 1024) * 0.1f * s * (s + 1) / 2) > 1e-2f * (i % 1024 + 1);
   }
   EXPECT_EQ(bad, 0u);
+}
+
+// Blocks of over 4 MiB that do not divide evenly: the ring's sends go out on
+// the sender thread while the caller receives and reduces.
+TEST_P(TcpWorld, RingOnTheSenderThreadMatchesTheReference) {
+  if (GetParam() < 2) GTEST_SKIP() << "no ring with one rank";
+  run_ranks(GetParam(), [&](int rank, Communicator& comm) {
+    auto check = [&](auto tag, ReduceOp op) {
+      using T = decltype(tag);
+      const size_t n = comm.size() * ((5u << 20) / sizeof(T)) + 3;
+      std::vector<T> v(n);
+      for (size_t i = 0; i < n; ++i) v[i] = input<T>(rank, i);
+      comm.allreduce(v.data(), n, data_type_of<T>(), op);
+      size_t bad = 0, first_bad = 0;
+      for (size_t i = 0; i < n; ++i) {
+        if (v[i] != reference<T>(comm.size(), i, op) && bad++ == 0) first_bad = i;
+      }
+      EXPECT_EQ(bad, 0u) << to_string(data_type_of<T>()) << " " << to_string(op) << " rank " << rank
+                         << ": first mismatch at " << first_bad;
+    };
+    check(int32_t{}, ReduceOp::kSum);
+    check(int64_t{}, ReduceOp::kMax);
+    check(double{}, ReduceOp::kMin);
+    check(float{}, ReduceOp::kAverage);
+  });
 }
 
 TEST_P(TcpWorld, BroadcastFromEveryRootDirectAndScattered) {
@@ -307,6 +339,151 @@ TEST(TcpCommunicator, AbortWakesABlockedOperationAndThePeer) {
     EXPECT_EQ(e.fate(), PeerFate::kSilent) << e.what();
   }
   EXPECT_LT(std::chrono::steady_clock::now() - start, 5s) << "the peer did not learn of the abort at once";
+}
+
+// Threads of this process now (the ring's sender thread is one).
+size_t thread_count() {
+  size_t n = 0;
+  for ([[maybe_unused]] const auto& t : std::filesystem::directory_iterator("/proc/self/task")) ++n;
+  return n;
+}
+
+// A ring allreduce large enough that its sends fill the socket buffers of a
+// peer that does not read: the sender thread blocks writing while the caller
+// blocks receiving, and abort() must wake both at once; destroying the
+// communicator then leaves no thread behind.
+TEST(TcpCommunicator, AbortWakesARingAllreduceBlockedSendingAndReceiving) {
+  const size_t threads_before = thread_count();
+  MemoryKvStore store;
+  auto [c0, c1] = pair_of(store, 60s);
+  std::vector<float> v(8u << 20, 1.0f);  // 32 MiB: blocks of 16 MiB
+  std::thread aborter([&] {
+    std::this_thread::sleep_for(300ms);
+    c0->abort();
+  });
+  auto start = std::chrono::steady_clock::now();
+  try {
+    c0->allreduce(v, ReduceOp::kSum);  // rank 1 never joins
+    ADD_FAILURE() << "the ring allreduce returned without its peer";
+  } catch (const CommError& e) {
+    EXPECT_NE(std::string(e.what()).find("aborted"), std::string::npos) << e.what();
+  }
+  aborter.join();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s) << "abort() did not wake the blocked ring allreduce";
+  EXPECT_GT(thread_count(), threads_before) << "the ring's sender thread never started";
+  c0.reset();
+  c1.reset();
+  EXPECT_EQ(thread_count(), threads_before) << "a communicator left a thread behind";
+}
+
+// A large ring uses the sender thread when the machine has a CPU per rank,
+// and only then; the result is the same either way.
+TEST(TcpCommunicator, SenderThreadOnlyWithACpuPerRankOnTheMachine) {
+  for (int machine_ranks : {1, 1 << 20}) {
+    const size_t threads_before = thread_count();
+    MemoryKvStore store;
+    std::unique_ptr<Communicator> c0, c1;
+    auto opts = [&](int r) {
+      TcpOptions o = options(r, 2);
+      o.machine_ranks = machine_ranks;
+      return o;
+    };
+    std::thread t([&] { c1 = make_tcp_communicator(store, opts(1)); });
+    c0 = make_tcp_communicator(store, opts(0));
+    t.join();
+    const size_t n = (16u << 20) / sizeof(float);  // 8 MiB blocks
+    std::vector<float> v0(n, 1.0f), v1(n, 2.0f);
+    std::thread peer([&] { c1->allreduce(v1, ReduceOp::kSum); });
+    c0->allreduce(v0, ReduceOp::kSum);
+    peer.join();
+    EXPECT_EQ(std::count(v0.begin(), v0.end(), 3.0f), static_cast<long>(n)) << "machine_ranks " << machine_ranks;
+    EXPECT_EQ(v0, v1) << "machine_ranks " << machine_ranks;
+    EXPECT_EQ(thread_count(), threads_before + (machine_ranks == 1 ? 2 : 0))
+        << "machine_ranks " << machine_ranks << ": one sender thread per communicator, or none";
+  }
+}
+
+TEST(TcpCommunicator, RingAllreduceTimesOutWhenThePeerStopsReading) {
+  MemoryKvStore store;
+  auto [c0, c1] = pair_of(store, 1s);
+  std::vector<float> v(8u << 20, 1.0f);
+  auto start = std::chrono::steady_clock::now();
+  try {
+    c0->allreduce(v, ReduceOp::kSum);
+    ADD_FAILURE() << "the ring allreduce returned without its peer";
+  } catch (const CommError& e) {
+    std::string msg = e.what();
+    EXPECT_NE(msg.find("timed out after 1.0 s"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("rank 1"), std::string::npos) << msg;
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 6s);
+  // The communicator is broken from then on, without waiting again.
+  start = std::chrono::steady_clock::now();
+  EXPECT_THROW(c0->allreduce(v, ReduceOp::kSum), CommError);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 1s);
+}
+
+// Rank 1 in a child process that runs ring allreduces until it is signalled;
+// rank 0 here does the same and signals it mid-stream. Returns how long rank
+// 0's failing allreduce took after the signal, and its error.
+std::pair<Duration, std::string> signal_ring_peer(int sig, Duration timeout) {
+  testing::TempDir dir;
+  constexpr size_t kFloats = 4u << 20;  // 16 MiB: the ring with its sender thread
+  std::fflush(nullptr);
+  pid_t child = ::fork();
+  if (child == 0) {
+    try {
+      FileKvStore store(dir.path());
+      auto comm = make_tcp_communicator(store, options(1, 2, 60s));
+      std::vector<float> v(kFloats, 1.0f);
+      while (true) comm->allreduce(v, ReduceOp::kSum);
+    } catch (...) {
+    }
+    std::_Exit(0);
+  }
+  FileKvStore store(dir.path());
+  std::pair<Duration, std::string> result{Duration::zero(), "no error"};
+  {
+    auto comm = make_tcp_communicator(store, options(0, 2, timeout));
+    std::vector<float> v(kFloats, 1.0f);
+    for (int i = 0; i < 3; ++i) comm->allreduce(v, ReduceOp::kSum);
+    std::atomic<bool> sent{false};
+    std::chrono::steady_clock::time_point signalled;
+    std::thread killer([&] {
+      std::this_thread::sleep_for(50ms);
+      signalled = std::chrono::steady_clock::now();
+      ::kill(child, sig);
+      sent = true;
+    });
+    try {
+      for (int i = 0; i < 100000; ++i) comm->allreduce(v, ReduceOp::kSum);
+    } catch (const CommError& e) {
+      result = {std::chrono::steady_clock::now() - signalled, e.what()};
+    }
+    killer.join();
+    EXPECT_TRUE(sent.load());
+  }
+  ::kill(child, SIGKILL);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  return result;
+}
+
+TEST(TcpCommunicator, PeerSigkilledMidRingFailsTheCollectiveAtOnce) {
+  const size_t threads_before = thread_count();
+  auto [took, error] = signal_ring_peer(SIGKILL, 30s);
+  EXPECT_NE(error.find("rank 1"), std::string::npos) << error;
+  EXPECT_LT(took, 5s) << "a dead peer's closed socket must end the collective, not its 30 s deadline: " << error;
+  EXPECT_EQ(thread_count(), threads_before) << "the communicator left a thread behind";
+}
+
+TEST(TcpCommunicator, PeerSigstoppedMidRingFailsTheCollectiveAtItsDeadline) {
+  const size_t threads_before = thread_count();
+  auto [took, error] = signal_ring_peer(SIGSTOP, 2s);
+  EXPECT_NE(error.find("timed out after 2.0 s"), std::string::npos) << error;
+  EXPECT_NE(error.find("rank 1"), std::string::npos) << error;
+  EXPECT_LT(took, 7s) << "the collective outlived its 2 s deadline: " << error;
+  EXPECT_EQ(thread_count(), threads_before) << "the communicator left a thread behind";
 }
 
 TEST(TcpCommunicator, MismatchedCollectivesNameBothRanksAndCalls) {

@@ -13,10 +13,14 @@
 #include <atomic>
 #include <bit>
 #include <cerrno>
+#include <condition_variable>
 #include <cstring>
 #include <deque>
-#include <optional>
+#include <exception>
+#include <map>
+#include <mutex>
 #include <stdexcept>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -258,17 +262,36 @@ class TcpCommunicator final : public Communicator {
  public:
   TcpCommunicator(KvStore& store, const TcpOptions& o) : o_(o), fds_(o.size, -1) {
     abort_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    if (abort_fd_ < 0) throw CommError(fmt::format("erun tcp: eventfd: {}", std::strerror(errno)));
+    wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    done_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (abort_fd_ < 0 || wake_fd_ < 0 || done_fd_ < 0) {
+      const int err = errno;
+      for (int fd : {abort_fd_, wake_fd_, done_fd_}) {
+        if (fd >= 0) ::close(fd);
+      }
+      throw CommError(fmt::format("erun tcp: eventfd: {}", std::strerror(err)));
+    }
     who_ = who(o.generation, o.address, o.rank);
+    sender_thread_ = o.machine_ranks <= ::sysconf(_SC_NPROCESSORS_ONLN);
     if (o.size > 1) connect_mesh(store);
   }
 
   ~TcpCommunicator() override {
+    if (sender_.joinable()) {
+      {
+        std::lock_guard lock(sender_mu_);
+        sender_quit_ = true;
+      }
+      sender_cv_.notify_all();
+      sender_.join();
+    }
     for (int fd : fds_) {
       if (fd >= 0) ::close(fd);
     }
     if (listen_fd_ >= 0) ::close(listen_fd_);
     ::close(abort_fd_);
+    ::close(wake_fd_);
+    ::close(done_fd_);
   }
 
   int rank() const override { return o_.rank; }
@@ -397,6 +420,10 @@ class TcpCommunicator final : public Communicator {
   // The pipelined ring moves a block in frames of at most this size; a
   // segment is forwarded as soon as it has arrived (and been reduced).
   static constexpr size_t kSegmentBytes = 512 << 10;
+  // From this block size (bytes / ranks) up, the ring's sends go out on the
+  // sender thread (if sender_thread_); below it the hand-over per segment
+  // costs more than the overlap gains (docs/performance.md section 8).
+  static constexpr size_t kSenderThreadBlockBytes = 4 << 20;
 
   // Runs one collective: checks the communicator is usable, numbers it, and
   // turns every failure into a CommError that names the operation and rank,
@@ -548,51 +575,6 @@ class TcpCommunicator final : public Communicator {
     }
   }
 
-  // Drives a stream of frames: `sends` in order to one peer, one receive at a
-  // time from another (or the same) peer; `on_received` is called with each
-  // completed receive and may queue sends and set the next receive. Bounded
-  // by the operation's deadline and woken by abort(), like transfer().
-  template <typename OnReceived>
-  void stream(const Call& c, std::deque<SendOp>& sends, std::optional<RecvOp>& recv, OnReceived&& on_received) {
-    while (!sends.empty() || recv) {
-      bool progressed = false;
-      while (!sends.empty()) {
-        SendOp& s = sends.front();
-        const bool moved = step_send(c, s);
-        progressed |= moved;
-        if (s.done == sizeof(FrameHeader) + s.header.length) {
-          sends.pop_front();
-        } else if (!moved) {
-          break;
-        }
-      }
-      if (recv) {
-        if (step_recv(c, *recv)) progressed = true;
-        if (recv->done == sizeof(FrameHeader) + recv->length) {
-          RecvOp done = std::move(*recv);
-          recv.reset();
-          on_received(done);
-          continue;
-        }
-      }
-      if (progressed) continue;
-      pollfd pfds[3] = {{abort_fd_, POLLIN, 0}, {-1, 0, 0}, {-1, 0, 0}};
-      if (!sends.empty()) pfds[1] = {fds_[sends.front().peer], POLLOUT, 0};
-      if (recv) pfds[2] = {fds_[recv->peer], POLLIN, 0};
-      int timeout = poll_ms(deadline_, 1h);
-      if (timeout == 0) {
-        std::string waiting;
-        if (!sends.empty()) waiting = fmt::format("sending to rank {}", sends.front().peer);
-        if (recv) waiting += fmt::format("{}receiving from rank {}", waiting.empty() ? "" : ", ", recv->peer);
-        fail_peer(c, recv ? recv->peer : sends.front().peer,
-                  fmt::format("timed out after {:.1f} s {} (is that rank alive, or stopped?)", seconds(o_.timeout), waiting));
-      }
-      int n = ::poll(pfds, 3, timeout);
-      if (n < 0 && errno != EINTR) fail(c, fmt::format("poll: {}", std::strerror(errno)));
-      if (aborted_ || (pfds[0].revents & POLLIN)) fail(c, "aborted");
-    }
-  }
-
   // One non-blocking write; true when bytes moved.
   bool step_send(const Call& c, SendOp& s) {
     iovec iov[2];
@@ -671,17 +653,68 @@ class TcpCommunicator final : public Communicator {
     for (int q = 2; q < size(); ++q) fn(data, data, slots + q * bytes, count);
   }
 
+  // ---- the sender thread ----
+
+  // One operation's sends on the sender thread: frames [0, ready) may go
+  // out, release() adds one more; finish() waits until all have gone (or the
+  // sender failed: its error is rethrown here). Destroyed without finish()
+  // (the caller's side failed), it stops the sender and waits until it has
+  // let go of the frames: no send outlives the operation.
+  class SenderJob {
+   public:
+    SenderJob(TcpCommunicator& t, const Call& c, std::vector<SendOp>& frames, size_t ready) : t_(t) {
+      t_.start_sender_job(c, frames, ready);
+    }
+    ~SenderJob() {
+      if (!finished_) t_.stop_sender_job();
+    }
+    SenderJob(const SenderJob&) = delete;
+    SenderJob& operator=(const SenderJob&) = delete;
+
+    void release() {
+      t_.job_ready_.fetch_add(1, std::memory_order_release);
+      t_.wake_sender();
+    }
+    // Blocks until sends[0, n) are complete: only ever for the instructions
+    // between the kernel taking the last byte and the count moving on, since
+    // the data a receive waits for cannot arrive before those bytes left
+    // (the ring carries them around first). Returns at once when the sender
+    // ended, and check() then throws its error.
+    void wait_sent(size_t n) {
+      size_t now = t_.job_sent_.load(std::memory_order_acquire);
+      while (now < n) {
+        t_.job_sent_.wait(now, std::memory_order_acquire);
+        now = t_.job_sent_.load(std::memory_order_acquire);
+      }
+      if (now == kSenderEnded) check();
+    }
+    // Throws the sender's error if it ended with one.
+    void check() { t_.check_sender_job(); }
+    void finish() {
+      t_.wait_sender_job();
+      finished_ = true;
+    }
+
+   private:
+    TcpCommunicator& t_;
+    bool finished_ = false;
+  };
+  friend class SenderJob;
+
   // Large allreduce: ring reduce-scatter then ring allgather, run as one
-  // pipelined stream. Step s (0 .. 2(n-1)-1) sends block rank-s to the right
-  // and receives block rank-s-1 from the left (reducing it in the first n-1
-  // steps, storing it in the rest); each block travels as frames of at most
-  // kSegmentBytes, and the segment received at step s is what goes out at
-  // step s+1, so it is queued the moment it is complete instead of after the
-  // whole step: the steps overlap, and no rank waits at a step boundary for
-  // its slowest transfer. Received reduce-scatter segments pass through one
-  // small window that stays in cache and are reduced piecewise as they arrive.
-  // Every rank reduces the same inputs in the same order, so the result is
-  // bitwise the same on every rank.
+  // pipelined stream. Step s (0 .. 2(n-1)-1) sends block
+  // rank-s to the right and receives block rank-s-1 from the left (reducing
+  // it in the first n-1 steps, storing it in the rest); each block travels as
+  // frames of at most kSegmentBytes, and the segment received at step s is
+  // what goes out at step s+1, so it is released to the sender the moment it
+  // is complete instead of after the whole step: the steps overlap, and no
+  // rank waits at a step boundary for its slowest transfer. The caller's
+  // thread receives and reduces (through one small window that stays in
+  // cache); for large blocks on a machine with a CPU per rank, the
+  // communicator's sender thread writes the frames to the right neighbour
+  // meanwhile, so the copy into the kernel overlaps the copy out of it and
+  // the reduction. Every rank reduces the same inputs in the same
+  // order, so the result is bitwise the same on every rank.
   void allreduce_ring(const Call& c, char* data, size_t count, size_t esize, ReduceFn fn) {
     const int n = size();
     const int right = (rank() + 1) % n, left = (rank() - 1 + n) % n;
@@ -692,27 +725,45 @@ class TcpCommunicator final : public Communicator {
     const int steps = 2 * (n - 1);
     auto block_of = [&](int s) { return ((rank() - s) % n + n) % n; };
 
-    std::deque<SendOp> sends;
+    // Every frame of the operation, in order: the sends (this rank's own
+    // block, then each received segment forwarded, except the last step's)
+    // and the receives. `sent_at` remembers which send last read a segment,
+    // so that it is not overwritten by a receive before that send is done.
+    std::vector<SendOp> sends;
+    std::map<std::pair<int, size_t>, size_t> sent_at;  // (step, offset) -> index in sends
+    struct Planned {
+      int step;
+      size_t offset, length;
+      size_t after_send;  // sends[0, after_send) must be complete first
+    };
+    std::vector<Planned> recvs;
     for (size_t from = off[block_of(0)]; from < off[block_of(0) + 1]; from += seg) {
-      const size_t to = std::min(from + seg, off[block_of(0) + 1]);
-      sends.push_back(make_send(right, c, from, to - from, data + from));
+      sent_at[{0, from}] = sends.size();
+      sends.push_back(make_send(right, c, from, std::min(from + seg, off[block_of(0) + 1]) - from, data + from));
     }
-    // The receives, in the order the left neighbour sends them.
-    int recv_step = 0;
-    size_t recv_from = off[block_of(1)];
-    auto next_recv = [&]() -> std::optional<RecvOp> {
-      while (recv_step < steps) {
-        const int block = block_of(recv_step + 1);
-        if (recv_from < off[block + 1]) break;
-        ++recv_step;
-        if (recv_step < steps) recv_from = off[block_of(recv_step + 1)];
+    const size_t own_frames = sends.size();
+    for (int s = 0; s < steps; ++s) {
+      const int block = block_of(s + 1);
+      for (size_t from = off[block]; from < off[block + 1]; from += seg) {
+        const size_t len = std::min(from + seg, off[block + 1]) - from;
+        size_t after = 0;
+        if (s >= n - 1) {  // the allgather overwrites what step s+1-n sent
+          auto it = sent_at.find({s + 1 - n, from});
+          ERUN_CHECK(it != sent_at.end());
+          after = it->second + 1;
+        }
+        recvs.push_back({s, from, len, after});
+        if (s + 1 < steps) {
+          sent_at[{s + 1, from}] = sends.size();
+          sends.push_back(make_send(right, c, from, len, data + from));
+        }
       }
-      if (recv_step >= steps) return std::nullopt;
-      const int block = block_of(recv_step + 1);
-      const size_t to = std::min(recv_from + seg, off[block + 1]);
-      RecvOp r = make_recv(left, recv_from, to - recv_from, data + recv_from);
-      if (recv_step < n - 1) {
-        char* target = data + recv_from;
+    }
+
+    auto receive_op = [&](const Planned& p) {
+      RecvOp r = make_recv(left, p.offset, p.length, data + p.offset);
+      if (p.step < n - 1) {
+        char* target = data + p.offset;
         const char* in = scratch_.data();
         r.dst = scratch_.data();
         r.unit = esize;
@@ -721,15 +772,196 @@ class TcpCommunicator final : public Communicator {
           fn(target + a, target + a, in + a % kReduceSegment, (b - a) / esize);
         };
       }
-      r.step = recv_step;
-      recv_from = to;
       return r;
     };
-    std::optional<RecvOp> recv = next_recv();
-    stream(c, sends, recv, [&](const RecvOp& done) {
-      if (done.step + 1 < steps) sends.push_back(make_send(right, c, done.offset, done.length, data + done.offset));
-      recv = next_recv();
-    });
+    if (off[1] - off[0] < kSenderThreadBlockBytes || !sender_thread_) {
+      // Small blocks: handing each segment to another thread costs more
+      // than it overlaps (and without a CPU per rank, it always does); one
+      // thread moves the sends and receives side by side (a receive cannot
+      // complete before the send it overwrites has left: the ring carries
+      // those bytes around first).
+      size_t released = own_frames, next_send = 0;
+      for (const Planned& p : recvs) {
+        RecvOp r = receive_op(p);
+        pump(c, sends, next_send, released, &r);
+        if (p.step + 1 < steps) ++released;
+      }
+      pump(c, sends, next_send, released, nullptr);
+      return;
+    }
+    SenderJob job(*this, c, sends, own_frames);
+    for (const Planned& p : recvs) {
+      job.wait_sent(p.after_send);
+      RecvOp r = receive_op(p);
+      receive(c, r, job);
+      if (p.step + 1 < steps) job.release();
+    }
+    job.finish();
+  }
+
+  // Writes sends[next, released) in order while reading `recv` (if any) on
+  // one thread, until the receive is complete (without one: until those
+  // sends are). Bounded by the operation's deadline and woken by abort().
+  void pump(const Call& c, std::vector<SendOp>& sends, size_t& next, size_t released, RecvOp* recv) {
+    auto recv_done = [&] { return !recv || recv->done == sizeof(FrameHeader) + recv->length; };
+    while (!recv_done() || (!recv && next < released)) {
+      bool progressed = false;
+      while (next < released) {
+        SendOp& s = sends[next];
+        const bool moved = step_send(c, s);
+        progressed |= moved;
+        if (s.done == sizeof(FrameHeader) + s.header.length) {
+          ++next;
+        } else if (!moved) {
+          break;
+        }
+      }
+      if (recv && !recv_done() && step_recv(c, *recv)) progressed = true;
+      if (progressed) continue;
+      pollfd pfds[3] = {{abort_fd_, POLLIN, 0}, {-1, 0, 0}, {-1, 0, 0}};
+      if (next < released) pfds[1] = {fds_[sends[next].peer], POLLOUT, 0};
+      if (recv) pfds[2] = {fds_[recv->peer], POLLIN, 0};
+      int timeout = poll_ms(deadline_, 1h);
+      if (timeout == 0) {
+        std::string waiting;
+        if (next < released) waiting = fmt::format("sending to rank {}", sends[next].peer);
+        if (recv) waiting += fmt::format("{}receiving from rank {}", waiting.empty() ? "" : ", ", recv->peer);
+        fail_peer(c, recv ? recv->peer : sends[next].peer,
+                  fmt::format("timed out after {:.1f} s {} (is that rank alive, or stopped?)", seconds(o_.timeout), waiting));
+      }
+      int n = ::poll(pfds, 3, timeout);
+      if (n < 0 && errno != EINTR) fail(c, fmt::format("poll: {}", std::strerror(errno)));
+      if (aborted_ || (pfds[0].revents & POLLIN)) fail(c, "aborted");
+    }
+  }
+
+  // Reads one frame to its end, bounded by the operation's deadline and
+  // woken by abort() or by the sender thread's failure.
+  void receive(const Call& c, RecvOp& r, SenderJob& job) {
+    const size_t total = sizeof(FrameHeader) + r.length;
+    while (r.done < total) {
+      if (step_recv(c, r)) continue;
+      pollfd pfds[3] = {{abort_fd_, POLLIN, 0}, {fds_[r.peer], POLLIN, 0}, {done_fd_, POLLIN, 0}};
+      int timeout = poll_ms(deadline_, 1h);
+      if (timeout == 0) {
+        fail_peer(c, r.peer, fmt::format("timed out after {:.1f} s receiving from rank {} (is that rank alive, or stopped?)",
+                                         seconds(o_.timeout), r.peer));
+      }
+      int got = ::poll(pfds, 3, timeout);
+      if (got < 0 && errno != EINTR) fail(c, fmt::format("poll: {}", std::strerror(errno)));
+      if (aborted_ || (pfds[0].revents & POLLIN)) fail(c, "aborted");
+      if (pfds[2].revents & POLLIN) job.check();
+    }
+  }
+
+  static constexpr size_t kSenderEnded = ~size_t{0};
+
+  void start_sender_job(const Call& c, std::vector<SendOp>& frames, size_t ready) {
+    uint64_t drain;
+    while (::read(done_fd_, &drain, sizeof(drain)) > 0) {}
+    std::unique_lock lock(sender_mu_);
+    if (!sender_.joinable()) sender_ = std::thread([this] { sender_main(); });
+    job_call_ = &c;
+    job_frames_ = &frames;
+    job_ready_.store(ready, std::memory_order_relaxed);
+    job_sent_.store(0, std::memory_order_relaxed);
+    job_stop_ = false;
+    job_error_ = nullptr;
+    job_running_ = true;
+    lock.unlock();
+    sender_cv_.notify_all();
+  }
+
+  void wake_sender() {
+    uint64_t one = 1;
+    [[maybe_unused]] ssize_t n = ::write(wake_fd_, &one, sizeof(one));
+  }
+
+  // The caller failed: the sender gives up at its next wake-up.
+  void stop_sender_job() {
+    job_stop_ = true;
+    wake_sender();
+    std::unique_lock lock(sender_mu_);
+    sender_cv_.wait(lock, [&] { return !job_running_; });
+  }
+
+  void check_sender_job() {
+    uint64_t drain;
+    while (::read(done_fd_, &drain, sizeof(drain)) > 0) {}
+    std::lock_guard lock(sender_mu_);
+    if (!job_running_ && job_error_) std::rethrow_exception(job_error_);
+  }
+
+  // After the last receive: the sends still queued go out, bounded by the
+  // operation's deadline (the sender's own) and abort() (which wakes it).
+  void wait_sender_job() {
+    std::unique_lock lock(sender_mu_);
+    sender_cv_.wait(lock, [&] { return !job_running_; });
+    if (job_error_) std::rethrow_exception(job_error_);
+  }
+
+  void sender_main() {
+    std::unique_lock lock(sender_mu_);
+    while (true) {
+      sender_cv_.wait(lock, [&] { return sender_quit_ || (job_running_ && job_frames_); });
+      if (sender_quit_) return;
+      const Call& c = *job_call_;
+      std::vector<SendOp>& frames = *job_frames_;
+      job_frames_ = nullptr;
+      lock.unlock();
+      std::exception_ptr error;
+      try {
+        send_frames(c, frames);
+      } catch (...) {
+        error = std::current_exception();
+      }
+      lock.lock();
+      job_error_ = std::move(error);
+      job_running_ = false;
+      job_sent_.store(kSenderEnded, std::memory_order_release);
+      job_sent_.notify_all();
+      uint64_t one = 1;
+      [[maybe_unused]] ssize_t n = ::write(done_fd_, &one, sizeof(one));
+      sender_cv_.notify_all();
+    }
+  }
+
+  // Writes the released frames in order; bounded by the operation's deadline
+  // and woken by abort(), by release() and by stop_sender_job().
+  void send_frames(const Call& c, std::vector<SendOp>& frames) {
+    size_t i = 0;
+    while (i < frames.size()) {
+      if (job_stop_) return;
+      const size_t ready = job_ready_.load(std::memory_order_acquire);
+      bool progressed = false;
+      while (i < ready) {
+        const bool moved = step_send(c, frames[i]);
+        progressed |= moved;
+        if (frames[i].done < sizeof(FrameHeader) + frames[i].header.length) {
+          if (!moved) break;
+          continue;
+        }
+        ++i;
+        job_sent_.store(i, std::memory_order_release);
+        job_sent_.notify_all();
+      }
+      if (i == frames.size()) break;
+      if (progressed) continue;
+      pollfd pfds[3] = {{abort_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}, {-1, 0, 0}};
+      if (i < ready) pfds[2] = {fds_[frames[i].peer], POLLOUT, 0};
+      int timeout = poll_ms(deadline_, 1h);
+      if (timeout == 0) {
+        fail_peer(c, frames[i].peer, fmt::format("timed out after {:.1f} s sending to rank {} (is that rank alive, or stopped?)",
+                                                 seconds(o_.timeout), frames[i].peer));
+      }
+      int n = ::poll(pfds, 3, timeout);
+      if (n < 0 && errno != EINTR) fail(c, fmt::format("poll: {}", std::strerror(errno)));
+      if (aborted_ || (pfds[0].revents & POLLIN)) fail(c, "aborted");
+      if (pfds[1].revents & POLLIN) {
+        uint64_t drain;
+        [[maybe_unused]] ssize_t r = ::read(wake_fd_, &drain, sizeof(drain));
+      }
+    }
   }
 
   // Ring allgather of blocks [off[i], off[i+1]) of `base`; this rank starts
@@ -1092,6 +1324,22 @@ class TcpCommunicator final : public Communicator {
   uint64_t seq_ = 0;
   TimePoint deadline_{};
   std::vector<char> scratch_;
+  // The sender thread (started by the first ring allreduce that uses it:
+  // sender_thread_, blocks of kSenderThreadBlockBytes) and its job.
+  bool sender_thread_ = true;
+  std::thread sender_;
+  std::mutex sender_mu_;
+  std::condition_variable sender_cv_;
+  bool sender_quit_ = false;     // guarded by sender_mu_
+  bool job_running_ = false;     // guarded by sender_mu_
+  const Call* job_call_ = nullptr;           // guarded by sender_mu_
+  std::vector<SendOp>* job_frames_ = nullptr;  // guarded by sender_mu_
+  std::exception_ptr job_error_;  // guarded by sender_mu_; rethrown by the caller
+  std::atomic<size_t> job_ready_{0};  // frames the sender may write
+  std::atomic<size_t> job_sent_{0};   // frames written, or kSenderEnded
+  std::atomic<bool> job_stop_{false};
+  int wake_fd_ = -1;  // caller -> sender: a frame was released, or stop
+  int done_fd_ = -1;  // sender -> caller: the job ended
   size_t rejected_ = 0;
   size_t logged_rejections_ = 0;
   TimePoint last_reject_log_{};
