@@ -140,6 +140,20 @@ void Relay::accept_all() {
       }
       return;
     }
+    if (locals_.size() >= wire::kMaxRelayStreams) {
+      // The driver takes at most this many streams per host: one more would
+      // make it refuse the whole connection, and every worker on it.
+      if (std::exchange(full_warned_, true)) {
+        ::close(fd);
+        continue;
+      }
+      ERUN_LOG_WARN("{}: relay: refused a local connection: {} are open, the most one host may relay; "
+                    "run fewer workers per host or start the job with --no-agent-relay",
+                    o_.log_prefix, locals_.size());
+      ::close(fd);
+      continue;
+    }
+    full_warned_ = false;
     Local l;
     l.fd = fd;
     l.deadline = SteadyClock::now() + o_.io_timeout;
@@ -268,14 +282,37 @@ void Relay::start_upstream() {
   if (int rc = ::getaddrinfo(o_.upstream_host.c_str(), port.c_str(), &hints, &res); rc != 0) {
     return lose_upstream(fmt::format("cannot resolve {}: {}", o_.upstream_host, ::gai_strerror(rc)));
   }
-  up_fd_ = ::socket(res->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  int rc = up_fd_ < 0 ? -1 : ::connect(up_fd_, res->ai_addr, res->ai_addrlen);
-  int err = errno;
+  up_addrs_.clear();
+  for (addrinfo* a = res; a; a = a->ai_next) {
+    up_addrs_.emplace_back(reinterpret_cast<const char*>(a->ai_addr), a->ai_addrlen);
+  }
   ::freeaddrinfo(res);
-  if (rc != 0 && err != EINPROGRESS) return lose_upstream(fmt::format("connect: {}", std::strerror(err)));
-  wire::set_nodelay(up_fd_);
-  up_ = Up::kConnecting;
-  up_deadline_ = SteadyClock::now() + o_.io_timeout;
+  std::string why = "no address";
+  if (!connect_next(&why)) return lose_upstream(why);
+}
+
+bool Relay::connect_next(std::string* why) {
+  close_fd(up_fd_);
+  while (!up_addrs_.empty()) {
+    std::string addr = std::move(up_addrs_.front());
+    up_addrs_.erase(up_addrs_.begin());
+    const auto* sa = reinterpret_cast<const sockaddr*>(addr.data());
+    up_fd_ = ::socket(sa->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (up_fd_ < 0) {
+      *why = fmt::format("socket: {}", std::strerror(errno));
+      continue;
+    }
+    if (::connect(up_fd_, sa, static_cast<socklen_t>(addr.size())) != 0 && errno != EINPROGRESS) {
+      *why = fmt::format("connect: {}", std::strerror(errno));
+      close_fd(up_fd_);
+      continue;
+    }
+    wire::set_nodelay(up_fd_);
+    up_ = Up::kConnecting;
+    up_deadline_ = SteadyClock::now() + o_.io_timeout;
+    return true;
+  }
+  return false;
 }
 
 void Relay::on_upstream(short revents) {
@@ -283,7 +320,11 @@ void Relay::on_upstream(short revents) {
     int err = 0;
     socklen_t len = sizeof err;
     ::getsockopt(up_fd_, SOL_SOCKET, SO_ERROR, &err, &len);
-    if (err != 0) return lose_upstream(fmt::format("connect: {}", std::strerror(err)));
+    if (err != 0) {
+      std::string why = fmt::format("connect: {}", std::strerror(err));
+      if (!connect_next(&why)) lose_upstream(why);
+      return;  // the next address, if any, is polled from the next round
+    }
     if (!(revents & POLLOUT)) return;
     up_nonce_ = wire::random_bytes(wire::kNonceBytes);
     up_wbuf_ = wire::encode_frame(Type::kHello, job_hash_, -1, 0, up_nonce_);

@@ -89,6 +89,8 @@ class Relay {
   void parse_upstream();
   void upstream_frame(uint16_t type, int64_t generation, std::string_view payload);
   void lose_upstream(const std::string& why);
+  // Connects to the next address in up_addrs_; false when none is left.
+  bool connect_next(std::string* why);
   void send_upstream(std::string bytes);
   void write_upstream();
 
@@ -112,6 +114,10 @@ class Relay {
   std::string up_rbuf_, up_wbuf_;
   std::string held_;  // RELAY frames of authenticated workers until the upstream is ready
   TimePoint up_deadline_ = TimePoint::max();
+  // The driver's addresses not tried yet in this connection attempt (a name
+  // may resolve to IPv6 and IPv4; the first that connects is used).
+  std::vector<std::string> up_addrs_;
+  bool full_warned_ = false;  // a refusal at kMaxRelayStreams was logged
 };
 
 }  // namespace erun::agent

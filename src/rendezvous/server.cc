@@ -584,7 +584,10 @@ struct RendezvousServer::Impl {
       }
       return;
     }
-    if (c.wbuf.size() - c.woff > 2 * opt.max_frame_bytes + (1 << 20)) {
+    // An agent's connection carries the replies of its host's workers: it
+    // may hold that much for each of up to 16 of them before it is refused.
+    const size_t readers = std::clamp<size_t>(c.streams.size(), 1, 16);
+    if (c.wbuf.size() - c.woff > readers * (2 * opt.max_frame_bytes + (1 << 20))) {
       return refuse(c, fmt::format("did not read its replies ({} bytes queued)", c.wbuf.size() - c.woff));
     }
     if (!c.want_out) {

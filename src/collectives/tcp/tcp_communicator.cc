@@ -51,6 +51,9 @@ constexpr size_t kAcceptedBytes = 8;
 constexpr Duration kHandshakeTimeout = 5s;
 // At most this many unauthenticated connections are kept; the oldest goes.
 constexpr size_t kMaxPending = 256;
+// An idle sender thread outwaits its caller by this much past the operation's
+// deadline: the caller, blocked on a receive, is the one that names a peer.
+constexpr Duration kIdleSenderGrace = 2s;
 
 wire::PayloadWriter handshake_head(HandshakeType t) {
   wire::PayloadWriter w;
@@ -949,8 +952,16 @@ class TcpCommunicator final : public Communicator {
       if (progressed) continue;
       pollfd pfds[3] = {{abort_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}, {-1, 0, 0}};
       if (i < ready) pfds[2] = {fds_[frames[i].peer], POLLOUT, 0};
-      int timeout = poll_ms(deadline_, 1h);
+      // Blocked sending: the peer is not reading, so it is the one named at
+      // the deadline. Idle (every released frame sent): the caller is the one
+      // waiting, on its own receive with the same deadline; it names the rank
+      // it waits for and stops this job. The sender gives it a grace period,
+      // so that an idle sender never blames its healthy right neighbour.
+      const bool idle = i >= ready;
+      const TimePoint limit = idle && deadline_ != TimePoint::max() ? deadline_ + kIdleSenderGrace : deadline_;
+      int timeout = poll_ms(limit, 1h);
       if (timeout == 0) {
+        if (idle) fail(c, "the sender thread waited past the operation's deadline for its caller");
         fail_peer(c, frames[i].peer, fmt::format("timed out after {:.1f} s sending to rank {} (is that rank alive, or stopped?)",
                                                  seconds(o_.timeout), frames[i].peer));
       }
