@@ -486,6 +486,59 @@ TEST(TcpCommunicator, PeerSigstoppedMidRingFailsTheCollectiveAtItsDeadline) {
   EXPECT_EQ(thread_count(), threads_before) << "the communicator left a thread behind";
 }
 
+// Three ranks in a ring, rank 0 (a child) SIGSTOPped mid-stream. Rank 1 (this
+// process) receives from rank 0 and sends to rank 2 (another child, alive):
+// its sender thread is idle when the deadline comes, and must not blame rank
+// 2; the error names rank 0, silent, for the driver's rule.
+TEST(TcpCommunicator, FrozenLeftNeighbourIsNamedNotTheHealthyRightOne) {
+  testing::TempDir dir;
+  constexpr size_t kFloats = 4u << 20;  // 16 MiB over 3 ranks: the ring with its sender thread
+  std::fflush(nullptr);
+  std::vector<pid_t> children;
+  for (int r : {0, 2}) {
+    pid_t child = ::fork();
+    if (child == 0) {
+      try {
+        FileKvStore store(dir.path());
+        auto comm = make_tcp_communicator(store, options(r, 3, 2s));
+        std::vector<float> v(kFloats, 1.0f);
+        while (true) comm->allreduce(v, ReduceOp::kSum);
+      } catch (...) {
+      }
+      std::_Exit(0);
+    }
+    children.push_back(child);
+  }
+  int named = -2;
+  PeerFate fate = PeerFate::kUnknown;
+  std::string error = "no error";
+  {
+    FileKvStore store(dir.path());
+    auto comm = make_tcp_communicator(store, options(1, 3, 2s));
+    std::vector<float> v(kFloats, 1.0f);
+    for (int i = 0; i < 2; ++i) comm->allreduce(v, ReduceOp::kSum);
+    std::thread stopper([&] {
+      std::this_thread::sleep_for(50ms);
+      ::kill(children[0], SIGSTOP);
+    });
+    try {
+      for (int i = 0; i < 100000; ++i) comm->allreduce(v, ReduceOp::kSum);
+    } catch (const CommError& e) {
+      named = e.failed_rank();
+      fate = e.fate();
+      error = e.what();
+    }
+    stopper.join();
+  }
+  for (pid_t c : children) {
+    ::kill(c, SIGKILL);
+    int status = 0;
+    ::waitpid(c, &status, 0);
+  }
+  EXPECT_EQ(named, 0) << error;
+  EXPECT_EQ(fate, PeerFate::kSilent) << error;
+}
+
 TEST(TcpCommunicator, MismatchedCollectivesNameBothRanksAndCalls) {
   MemoryKvStore store;
   auto [c0, c1] = pair_of(store, 10s);
