@@ -85,11 +85,6 @@ class SharedList {
   const T& operator[](size_t i) const { return vec()[i]; }
   const T& front() const { return vec().front(); }
   const T& back() const { return vec().back(); }
-  void push_back(T v) {
-    auto own = std::make_shared<std::vector<T>>(vec());
-    own->push_back(std::move(v));
-    p_ = std::move(own);
-  }
 
  private:
   std::shared_ptr<const std::vector<T>> p_;

@@ -95,11 +95,7 @@ class ErunRelay : public ::testing::Test {
     return workers();
   }
   void expect_trained_exactly(ErunProcess& p) {
-    auto s = p.wait(300s);
-    ASSERT_TRUE(s) << "erun did not finish\n" << p.out() << p.err();
-    EXPECT_EQ(s->shell_code(), 0) << p.err();
-    EXPECT_EQ(train_checksum(p.out()), *reference_) << p.out();
-    EXPECT_EQ(p.count("exactly-once=NO"), 0u) << p.out();
+    ASSERT_NO_FATAL_FAILURE(erun::testing::expect_trained_exactly(p, *reference_));
     std::vector<pid_t> left;
     EXPECT_TRUE(wait_no_process(program_, 20s, &left)) << describe_pids(left);
   }

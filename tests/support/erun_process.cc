@@ -12,6 +12,7 @@
 #include <regex>
 
 #include <fmt/format.h>
+#include <gtest/gtest.h>
 
 #include "common/strings.h"
 
@@ -47,6 +48,14 @@ std::string train_checksum(const std::string& out) {
   std::smatch m;
   static const std::regex re("final accuracy=[0-9.]+ loss=[0-9.]+ checksum=([0-9a-f]+)");
   return std::regex_search(out, m, re) ? m[1].str() : "";
+}
+
+void expect_trained_exactly(ErunProcess& p, const std::string& reference) {
+  auto s = p.wait(std::chrono::seconds(300));
+  ASSERT_TRUE(s) << "erun did not finish\n" << p.out() << p.err();
+  EXPECT_EQ(s->shell_code(), 0) << p.err();
+  EXPECT_EQ(train_checksum(p.out()), reference) << p.out();
+  EXPECT_EQ(p.count("exactly-once=NO"), 0u) << p.out();
 }
 
 std::string uninterrupted_training_output() {

@@ -47,6 +47,12 @@ std::string train_checksum(const std::string& out);
 // error message when it cannot start).
 std::string uninterrupted_training_output();
 
+class ErunProcess;
+// Waits (300 s at most) for an end-to-end train_mlp job to end, and checks
+// that it ended 0 at `reference`'s checksum with no step applied twice. Call
+// it inside ASSERT_NO_FATAL_FAILURE to stop the test when erun did not end.
+void expect_trained_exactly(ErunProcess& p, const std::string& reference);
+
 class ErunProcess {
  public:
   explicit ErunProcess(std::vector<std::string> args, std::vector<std::string> extra_env = {});

@@ -100,6 +100,20 @@ RankAssignment rank_of(int index, int size) {
   return a;
 }
 
+// Slot hostA:index joins through `c` on another thread: the rank it gets,
+// or -1 when the join fails (or is for another generation than `want_gen`,
+// when that is given).
+std::future<int> join_async(RendezvousClient& c, int index, long want_gen = -1) {
+  return std::async(std::launch::async, [&c, index, want_gen] {
+    JoinRequest r;
+    r.slot = {"hostA", index};
+    r.pid = 100 + index;
+    long gen = -1;
+    auto a = c.join(r, &gen);
+    return a.is_ok() && (want_gen < 0 || gen == want_gen) ? a->rank : -1;
+  });
+}
+
 TEST(AgentRelay, WorkersJoinAndShareTheStoreOverOneConnection) {
   auto server = start_server();
   RelayLoop loop(server->port());
@@ -115,14 +129,7 @@ TEST(AgentRelay, WorkersJoinAndShareTheStoreOverOneConnection) {
   for (int i = 0; i < 3; ++i) {
     clients.push_back(std::make_unique<RendezvousClient>(client_options(address, server->port())));
     ASSERT_TRUE(clients.back()->connect().is_ok());
-    ranks.push_back(std::async(std::launch::async, [&, i] {
-      JoinRequest r;
-      r.slot = {"hostA", i};
-      r.pid = 100 + i;
-      long gen = -1;
-      auto a = clients[static_cast<size_t>(i)]->join(r, &gen);
-      return a.is_ok() && gen == 1 ? a->rank : -1;
-    }));
+    ranks.push_back(join_async(*clients.back(), i, /*want_gen=*/1));
   }
   ASSERT_TRUE(wait_for([&] { return server->waiting().size() == 3; }));
   EXPECT_EQ(server->relay_connections(), 1);
@@ -159,19 +166,9 @@ TEST(AgentRelay, AWorkerThatConnectedFirstButSpeaksLastStillJoins) {
   RendezvousClient second(client_options(loop.relay().address(), server->port()));
   ASSERT_TRUE(first.connect().is_ok());
   ASSERT_TRUE(second.connect().is_ok());
-  auto join = [](RendezvousClient& c, int index) {
-    return std::async(std::launch::async, [&c, index] {
-      JoinRequest r;
-      r.slot = {"hostA", index};
-      r.pid = 100 + index;
-      long gen = -1;
-      auto a = c.join(r, &gen);
-      return a.is_ok() ? a->rank : -1;
-    });
-  };
-  auto j1 = join(second, 1);
+  auto j1 = join_async(second, 1);
   ASSERT_TRUE(wait_for([&] { return server->waiting().size() == 1; }));
-  auto j0 = join(first, 0);
+  auto j0 = join_async(first, 0);
   ASSERT_TRUE(wait_for([&] { return server->waiting().size() == 2; }));
   server->publish(1, {rank_of(0, 2), rank_of(1, 2)});
   EXPECT_EQ(j0.get(), 0);
@@ -200,21 +197,12 @@ TEST(AgentRelay, LosingTheDriverClosesEveryRelayedWorkersConnection) {
   RendezvousClient b(client_options(loop.relay().address(), port));
   ASSERT_TRUE(a.connect().is_ok());
   ASSERT_TRUE(b.connect().is_ok());
-  auto join = [](RendezvousClient& c, int index) {
-    return std::async(std::launch::async, [&c, index] {
-      JoinRequest r;
-      r.slot = {"hostA", index};
-      r.pid = 100 + index;
-      long gen = -1;
-      return c.join(r, &gen).is_ok();
-    });
-  };
-  auto ja = join(a, 0), jb = join(b, 1);
+  auto ja = join_async(a, 0), jb = join_async(b, 1);
   ASSERT_TRUE(wait_for([&] { return server->waiting().size() == 2; }));
   EXPECT_EQ(server->relay_connections(), 1);
   server.reset();  // the driver is gone
-  EXPECT_FALSE(ja.get());
-  EXPECT_FALSE(jb.get());
+  EXPECT_EQ(ja.get(), -1);
+  EXPECT_EQ(jb.get(), -1);
   EXPECT_TRUE(wait_for([&] { return !a.connected() && !b.connected(); }));
 }
 

@@ -88,20 +88,25 @@ const ReduceOp kOps[] = {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMin, Red
 // ring threshold (with blocks that do not divide evenly).
 const size_t kCounts[] = {0, 1, 7, 1000, 70001, 300007};
 
+// One allreduce of n elements of T against the reference.
+template <typename T>
+void check_allreduce_of(int rank, Communicator& comm, ReduceOp op, size_t n) {
+  std::vector<T> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = input<T>(rank, i);
+  comm.allreduce(v.data(), n, data_type_of<T>(), op);
+  size_t bad = 0, first_bad = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (v[i] != reference<T>(comm.size(), i, op) && bad++ == 0) first_bad = i;
+  }
+  EXPECT_EQ(bad, 0u) << to_string(data_type_of<T>()) << " " << to_string(op) << " n=" << n << " size "
+                     << comm.size() << " rank " << rank << ": first mismatch at " << first_bad;
+}
+
 template <typename T>
 void check_allreduce(int rank, Communicator& comm) {
   for (ReduceOp op : kOps) {
     for (size_t n : kCounts) {
-      if (sizeof(T) * n > (2u << 20)) continue;
-      std::vector<T> v(n);
-      for (size_t i = 0; i < n; ++i) v[i] = input<T>(rank, i);
-      comm.allreduce(v.data(), n, data_type_of<T>(), op);
-      size_t bad = 0, first_bad = 0;
-      for (size_t i = 0; i < n; ++i) {
-        if (v[i] != reference<T>(comm.size(), i, op) && bad++ == 0) first_bad = i;
-      }
-      EXPECT_EQ(bad, 0u) << to_string(data_type_of<T>()) << " " << to_string(op) << " n=" << n << " size "
-                         << comm.size() << " rank " << rank << ": first mismatch at " << first_bad;
+      if (sizeof(T) * n <= (2u << 20)) check_allreduce_of<T>(rank, comm, op, n);
     }
   }
 }
@@ -145,16 +150,7 @@ TEST_P(TcpWorld, RingOnTheSenderThreadMatchesTheReference) {
   run_ranks(GetParam(), [&](int rank, Communicator& comm) {
     auto check = [&](auto tag, ReduceOp op) {
       using T = decltype(tag);
-      const size_t n = comm.size() * ((5u << 20) / sizeof(T)) + 3;
-      std::vector<T> v(n);
-      for (size_t i = 0; i < n; ++i) v[i] = input<T>(rank, i);
-      comm.allreduce(v.data(), n, data_type_of<T>(), op);
-      size_t bad = 0, first_bad = 0;
-      for (size_t i = 0; i < n; ++i) {
-        if (v[i] != reference<T>(comm.size(), i, op) && bad++ == 0) first_bad = i;
-      }
-      EXPECT_EQ(bad, 0u) << to_string(data_type_of<T>()) << " " << to_string(op) << " rank " << rank
-                         << ": first mismatch at " << first_bad;
+      check_allreduce_of<T>(rank, comm, op, comm.size() * ((5u << 20) / sizeof(T)) + 3);
     };
     check(int32_t{}, ReduceOp::kSum);
     check(int64_t{}, ReduceOp::kMax);

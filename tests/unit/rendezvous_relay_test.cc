@@ -116,6 +116,14 @@ std::map<uint32_t, int> assignments(RelayPeer& peer, int n, int64_t gen) {
   return got;
 }
 
+// Streams 1..n join and are assigned ranks 0..n-1 of generation 1.
+void form_generation(RendezvousServer& server, RelayPeer& peer, int n) {
+  join_all(peer, n);
+  ASSERT_TRUE(wait_for([&] { return static_cast<int>(server.waiting().size()) == n; }));
+  server.publish(1, ranks_of(n));
+  ASSERT_EQ(static_cast<int>(assignments(peer, n, 1).size()), n);
+}
+
 TEST(RendezvousRelay, OneConnectionCarriesEightWorkersThroughJoinAndAssignment) {
   auto server = start_server();
   RelayPeer peer(server->port());
@@ -138,10 +146,7 @@ TEST(RendezvousRelay, AStreamClosedByTheAgentIsOneDisconnectedWorker) {
   auto server = start_server();
   RelayPeer peer(server->port());
   ASSERT_TRUE(peer.authenticated());
-  join_all(peer, 4);
-  ASSERT_TRUE(wait_for([&] { return server->waiting().size() == 4; }));
-  server->publish(1, ranks_of(4));
-  ASSERT_EQ(assignments(peer, 4, 1).size(), 4u);
+  ASSERT_NO_FATAL_FAILURE(form_generation(*server, peer, 4));
   server->snapshot();  // drain the events so far
   peer.send(wire::encode_relay_closed(kJobHash, 3));
   std::vector<SlotKey> gone;
@@ -170,10 +175,7 @@ TEST(RendezvousRelay, ClosingTheRelayConnectionDisconnectsEveryWorkerOnIt) {
   auto server = start_server();
   RelayPeer peer(server->port());
   ASSERT_TRUE(peer.authenticated());
-  join_all(peer, 8);
-  ASSERT_TRUE(wait_for([&] { return server->waiting().size() == 8; }));
-  server->publish(1, ranks_of(8));
-  ASSERT_EQ(assignments(peer, 8, 1).size(), 8u);
+  ASSERT_NO_FATAL_FAILURE(form_generation(*server, peer, 8));
   server->snapshot();
   peer.close_now();
   std::set<int> gone;
@@ -190,10 +192,7 @@ TEST(RendezvousRelay, PushesReachTheStreamsAndALostRankStreamIsClosed) {
   auto server = start_server();
   RelayPeer peer(server->port());
   ASSERT_TRUE(peer.authenticated());
-  join_all(peer, 4);
-  ASSERT_TRUE(wait_for([&] { return server->waiting().size() == 4; }));
-  server->publish(1, ranks_of(4));
-  ASSERT_EQ(assignments(peer, 4, 1).size(), 4u);
+  ASSERT_NO_FATAL_FAILURE(form_generation(*server, peer, 4));
 
   server->notify_hosts_updated(1);
   std::set<uint32_t> told;
@@ -232,10 +231,7 @@ TEST(RendezvousRelay, StoreCallsTravelOnTheirStreams) {
   auto server = start_server();
   RelayPeer peer(server->port());
   ASSERT_TRUE(peer.authenticated());
-  join_all(peer, 2);
-  ASSERT_TRUE(wait_for([&] { return server->waiting().size() == 2; }));
-  server->publish(1, ranks_of(2));
-  ASSERT_EQ(assignments(peer, 2, 1).size(), 2u);
+  ASSERT_NO_FATAL_FAILURE(form_generation(*server, peer, 2));
   // Stream 2 waits for a key that stream 1 sets afterwards.
   peer.send(RelayPeer::frame(2, Type::kKvGet, 1, 21, wire::encode_kv_get("addr", 10000)));
   peer.send(RelayPeer::frame(1, Type::kKvSet, 1, 11, wire::encode_kv_set("addr", "10.0.0.1:5")));
