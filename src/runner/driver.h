@@ -137,9 +137,17 @@ class Driver {
   // Kills the worker that held the reported rank in the report's generation
   // and leaves it out; `why` is added to the log line.
   void exclude_reported(const JoinRequest& report, const std::string& why = "");
-  // Excludes a member named silent once it is the only member of its
-  // generation that has not re-joined (see the comment in driver_in_place.cc).
+  // Excludes members named silent once the other members of their generation
+  // re-joined or ended (see the comment in driver_in_place.cc).
   void exclude_silent();
+  // Kills `w`, which held `failed` in `generation`, and leaves it out: the
+  // generation's failure unless it already has one.
+  void exclude_worker(Worker& w, long generation, const RankAssignment& failed, PeerState state);
+  // who() of the survivor that sent `report`.
+  std::string reporter(const JoinRequest& report) const;
+  // The worker that held `slot` in `generation` (the latest launched by
+  // then), or null.
+  Worker* worker_of(long generation, const SlotKey& slot);
   // Members of the current generation that ended or were left out, not yet
   // reported: Membership::notify_peers_lost() tells the survivors at once.
   void tell_survivors_of_losses();
@@ -235,7 +243,13 @@ class Driver {
   struct LeftGeneration {
     std::set<SlotKey> left;
     std::vector<JoinRequest> silent;
+    size_t settled = 0;      // members that re-joined or ended, when last counted
+    TimePoint changed_at{};  // when that count last changed
   };
+  // How long the members of a left generation must stay as they are before
+  // several open members (or one beside a member that ended) are excluded
+  // together on a silent report (see exclude_silent()).
+  static constexpr Duration kSilentSettle = std::chrono::milliseconds(500);
   std::map<long, LeftGeneration> leaving_;
   std::vector<Worker> workers_;
   long next_key_ = 1;

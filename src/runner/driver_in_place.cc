@@ -128,16 +128,24 @@ void Driver::handle_rejoins(const MembershipSnapshot& m) {
 // A rank named "silent" was waited on over the network: it may be frozen, or
 // alive and blocked on a frozen rank itself (in a ring every survivor times
 // out on its left neighbour), and such a neighbour re-joins within its own
-// collective timeout. So a silent report alone excludes no one. A member M
-// of the left generation is excluded when a re-joined member named it and
-// *every other* member of that generation re-joined: then nobody M could be
-// waiting on is still in the generation's collectives, so M is stopped,
-// hung, or slower than the collective timeout (the shared-memory rule's
-// "alive but not arriving"). A member that exited or was excluded never
-// re-joins and so keeps the rule from firing: its loss, not M, may be what
-// the survivors timed out on (and M, blocked on it, is about to re-join).
-// Two frozen members, or a frozen one beside a dead one, are left out at
-// the re-join deadline instead (enforce_rejoin_deadline()).
+// collective timeout. So a silent report alone excludes no one. The members
+// of the left generation that neither re-joined nor ended are its "open"
+// members; once a re-joined member named one of them silent and every other
+// member re-joined or ended:
+// - One open member, and every other member re-joined: it is excluded at
+//   once. Nobody it could be waiting on is still in the generation's
+//   collectives, so it is stopped, hung, or slower than the collective
+//   timeout (the shared-memory rule's "alive but not arriving").
+// - Several open members, or one beside a member that ended (its loss, not
+//   the open one, may be what the survivors timed out on): a live one among
+//   them is blocked on a re-joined or dead member, whose connections are
+//   closed, or on another open one, whose timeout falls within a step of its
+//   accusers'. So it re-joins within moments: the open members are excluded
+//   together once the generation's members stayed as they are for
+//   kSilentSettle. Two frozen members cost the collective timeout plus
+//   kSilentSettle instead of the re-join deadline (twice the timeout + 1 s).
+// When no open member was named (a frozen rank whose only watcher died), the
+// open members are left to the re-join deadline (enforce_rejoin_deadline()).
 void Driver::exclude_silent() {
   for (auto it = leaving_.begin(); it != leaving_.end();) {
     const Plan* left = plan_of(it->first);
@@ -145,24 +153,75 @@ void Driver::exclude_silent() {
       it = leaving_.erase(it);  // older than the recent plans: no report can name its ranks any more
       continue;
     }
+    const long generation = it->first;
     LeftGeneration& g = it->second;
     ++it;
     if (g.silent.empty()) continue;
-    const RankAssignment* open = nullptr;
-    int n_open = 0;
+    std::vector<const RankAssignment*> open;
+    size_t ended = 0;
     for (auto& r : left->ranks) {
       if (g.left.count(r.slot)) continue;
-      open = &r;
-      ++n_open;
+      const Worker* w = worker_of(generation, r.slot);
+      if (w && !w->exit && !w->excluded && !w->retiring && w->handle) {
+        open.push_back(&r);
+      } else {
+        ++ended;
+      }
     }
-    if (n_open != 1) continue;
-    auto report = std::find_if(g.silent.begin(), g.silent.end(),
-                               [&](const JoinRequest& j) { return j.failed_rank == open->rank; });
-    if (report == g.silent.end()) continue;
-    const JoinRequest named = *report;
+    const size_t settled = g.left.size() + ended;
+    if (settled != g.settled) {
+      g.settled = settled;
+      g.changed_at = clock_.now();
+    }
+    if (open.empty()) {
+      g.silent.clear();  // nobody left to exclude
+      continue;
+    }
+    const JoinRequest* named = nullptr;
+    for (auto& j : g.silent) {
+      for (auto* r : open) {
+        if (j.failed_rank == r->rank && !named) named = &j;
+      }
+    }
+    if (!named) continue;
+    const bool alone = open.size() == 1 && ended == 0;
+    if (!alone && clock_.now() - g.changed_at < kSilentSettle) continue;
+    const JoinRequest report = *named;
+    const std::vector<const RankAssignment*> excluded = open;
+    const std::vector<JoinRequest> g_reports = std::move(g.silent);
     g.silent.clear();  // decided: later reports about this generation change nothing
-    exclude_reported(named, fmt::format(", and every other member of generation {} re-joined", named.left_generation));
+    if (alone) {
+      exclude_reported(report, fmt::format(", and every other member of generation {} re-joined", generation));
+      continue;
+    }
+    std::vector<int> ranks;
+    for (auto* r : excluded) ranks.push_back(r->rank);
+    for (auto* r : excluded) {
+      Worker* w = worker_of(generation, r->slot);
+      auto by = std::find_if(g_reports.begin(), g_reports.end(),
+                             [&](const JoinRequest& j) { return j.failed_rank == r->rank; });
+      ERUN_LOG_WARN("{}: {}; rank{} {} of generation {} neither re-joined nor ended within {:.1f} s of the other "
+                    "members; killing {} and going on without {}",
+                    who(generation, r->slot.host, r->rank),
+                    by != g_reports.end() ? fmt::format("named silent by {}", reporter(*by))
+                                          : fmt::format("not named by anyone (rank {} was named silent)",
+                                                        report.failed_rank),
+                    ranks.size() == 1 ? "" : "s", fmt::join(ranks, ","), generation, seconds(kSilentSettle),
+                    ranks.size() == 1 ? "it" : "them", ranks.size() == 1 ? "it" : "them");
+      exclude_worker(*w, generation, *r, PeerState::kSilent);
+    }
   }
+}
+
+Driver::Worker* Driver::worker_of(long generation, const SlotKey& slot) {
+  Worker* found = nullptr;
+  for (auto& w : workers_) {
+    if (w.assignment.slot == slot && w.launched_generation <= generation &&
+        (!found || w.launched_generation >= found->launched_generation)) {
+      found = &w;
+    }
+  }
+  return found;
 }
 
 void Driver::exclude_reported(const JoinRequest& report, const std::string& why) {
@@ -178,24 +237,33 @@ void Driver::exclude_reported(const JoinRequest& report, const std::string& why)
       continue;
     }
     ERUN_LOG_WARN("{}: reported by {} as {}{}; killing it and going on without it",
-                  who(report.left_generation, failed.slot.host, failed.rank),
-                  who(-1, report.slot.host, left->find(report.slot) ? left->find(report.slot)->rank : -1),
+                  who(report.left_generation, failed.slot.host, failed.rank), reporter(report),
                   to_string(report.failed_state), why);
-    if (d_.events) {
-      d_.events->write("worker_excluded", {{"generation", json_number(report.left_generation)},
-                                           {"host", json_string(failed.slot.host)},
-                                           {"rank", json_number(long{failed.rank})},
-                                           {"state", json_string(to_string(report.failed_state))}});
-    }
-    w.handle->kill();
-    w.excluded = true;
-    w.stopping = true;  // its exit, when it comes, is this failure, not another
-    if (!generation_failure_) {
-      generation_failure_ = Failure{generation_, failed.slot.host, failed.rank, ExitStatus{0, SIGKILL},
-                                    {fmt::format("reported by a survivor as {}", to_string(report.failed_state))},
-                                    seconds(clock_.now() - w.started)};
-    }
+    exclude_worker(w, report.left_generation, failed, report.failed_state);
     return;
+  }
+}
+
+std::string Driver::reporter(const JoinRequest& report) const {
+  const Plan* left = plan_of(report.left_generation);
+  const RankAssignment* a = left ? left->find(report.slot) : nullptr;
+  return who(-1, report.slot.host, a ? a->rank : -1);
+}
+
+void Driver::exclude_worker(Worker& w, long generation, const RankAssignment& failed, PeerState state) {
+  if (d_.events) {
+    d_.events->write("worker_excluded", {{"generation", json_number(generation)},
+                                         {"host", json_string(failed.slot.host)},
+                                         {"rank", json_number(long{failed.rank})},
+                                         {"state", json_string(to_string(state))}});
+  }
+  w.handle->kill();
+  w.excluded = true;
+  w.stopping = true;  // its exit, when it comes, is this failure, not another
+  if (!generation_failure_) {
+    generation_failure_ = Failure{generation_, failed.slot.host, failed.rank, ExitStatus{0, SIGKILL},
+                                  {fmt::format("reported by a survivor as {}", to_string(state))},
+                                  seconds(clock_.now() - w.started)};
   }
 }
 

@@ -364,6 +364,40 @@ TEST_F(ErunElastic, FrozenWorkerAloneOnAnotherHostIsLeftOutOnceTheOthersReJoined
   EXPECT_EQ(count_events(dir_.file("events.jsonl"), "worker_excluded"), 1u);
 }
 
+// Two workers frozen at once, each alone on its host: node-a's leader names
+// one of them silent, and nobody can name the other (its only neighbours are
+// frozen or wait on a frozen one). Once node-a's workers re-joined and nothing
+// changed for the settle time (0.5 s), both are left out together, instead
+// of at the re-join deadline.
+TEST_F(ErunElastic, TwoFrozenWorkersOnOtherHostsAreLeftOutTogether) {
+  dir_.write("hosts", "node-a:2\nnode-b:1\nnode-c:1\n");
+  ErunProcess p(erun_args({"-np", "4", "--min-np", "2", "--launcher", "local", "--collective-timeout", "2"}));
+  ASSERT_TRUE(wait_events("generation_joined", 1, 60s)) << p.err();
+  ASSERT_TRUE(p.wait_output("epoch 1 ", 120s)) << p.out() << p.err();
+  auto frozen = workers("node-b");
+  auto c = workers("node-c");
+  frozen.insert(frozen.end(), c.begin(), c.end());
+  auto survivors = workers("node-a");
+  ASSERT_EQ(frozen.size(), 2u);
+  ASSERT_EQ(survivors.size(), 2u);
+  double stopped_at = unix_now();
+  for (pid_t pid : frozen) ::kill(pid, SIGSTOP);
+  ASSERT_TRUE(p.wait_output("reset: world size 4 -> 2", 60s)) << p.out() << p.err();
+  auto t = reset_times(p.out());
+  auto after = std::find_if(t.begin(), t.end(), [&](double at) { return at > stopped_at; });
+  ASSERT_NE(after, t.end()) << p.out();
+  std::printf("two frozen workers on other hosts: survivors compute again %.2f s after SIGSTOP (collective timeout "
+              "2 s)\n",
+              *after - stopped_at);
+  const std::string err = p.err();
+  EXPECT_NE(err.find("ranks 2,3 of generation"), std::string::npos) << err;
+  EXPECT_EQ(err.find("did not join generation"), std::string::npos) << err;
+  for (pid_t pid : survivors) EXPECT_TRUE(pid_alive(pid)) << "node-a worker " << pid << " was killed\n" << err;
+  expect_trained_exactly(p);
+  EXPECT_EQ(p.count("epoch 0 "), 1u) << p.out();
+  EXPECT_EQ(count_events(dir_.file("events.jsonl"), "worker_excluded"), 2u);
+}
+
 TEST_F(ErunElastic, BelowMinNpSurvivorsWaitInTheRendezvousAndKeepTheirProgress) {
   dir_.write("hosts", "node-a:2\nnode-b:1\n");
   ErunProcess p(erun_args({"-np", "3", "--min-np", "3", "--max-np", "3", "--launcher", "local"}));

@@ -627,34 +627,89 @@ TEST_F(InPlaceSilentTest, AllReJoinsInOneTickLeaveOutOnlyTheFrozenRank) {
 
 // The unsafe shortcut: ranks 3 and 1 re-joined naming 2 and 0. Both are
 // named and neither re-joined, but rank 0 is alive (blocked on 3, which only
-// just aborted): it must not be killed. Two frozen ranks (0 and 2) would look
-// exactly the same, so both wait for the re-join deadline.
-TEST_F(InPlaceSilentTest, TwoNamedMembersThatHaveNotReJoinedAreNotExcludedOnTheReports) {
+// just aborted): it must not be killed while it may still re-join. Two
+// frozen ranks (0 and 2) look exactly the same, so both wait until the
+// members stayed as they are for the settle time (0.5 s).
+TEST_F(InPlaceSilentTest, TwoNamedMembersThatHaveNotReJoinedAreNotExcludedOnTheReportsAlone) {
   start_ring({c0});
   rejoin({d0, 2});
   rejoin({b0, 0});
-  EXPECT_FALSE(steps(5));
+  EXPECT_FALSE(steps(4));
   expect_no_healthy_worker_killed("while rank 0 is still blocked");
   EXPECT_FALSE(at_start[c0]->killed);
-  rejoin({a0, 3});  // rank 0 times out in its turn
+  rejoin({a0, 3});  // rank 0 sees rank 3's connection close and re-joins in its turn
   EXPECT_FALSE(steps(1));
   expect_no_healthy_worker_killed("after rank 0 re-joined");
   EXPECT_TRUE(at_start[c0]->killed);
 }
 
-TEST_F(InPlaceSilentTest, TwoFrozenMembersAreLeftOutAtTheReJoinDeadline) {
-  // Ranks 0 and 2 (a, c) frozen: rank 1 names 0, rank 3 names 2.
+// Ranks 0 and 2 (a, c) frozen: rank 1 names 0, rank 3 names 2. Once nobody
+// else re-joined for the settle time, both are left out together, long
+// before the 3 s re-join deadline.
+TEST_F(InPlaceSilentTest, TwoFrozenMembersAreLeftOutTogetherOnceTheOthersSettled) {
   start_ring({a0, c0});
+  const TimePoint first = clock.now();
   rejoin({b0, 0});
   rejoin({d0, 2});
-  EXPECT_FALSE(steps(25));  // 2.5 s of the 3 s deadline after the re-form
+  EXPECT_FALSE(steps(5));  // 0.4 s after the re-joins were seen
   EXPECT_FALSE(at_start[a0]->killed);
   EXPECT_FALSE(at_start[c0]->killed);
-  EXPECT_FALSE(steps(6));
+  EXPECT_FALSE(steps(1));
   EXPECT_TRUE(at_start[a0]->killed);
   EXPECT_TRUE(at_start[c0]->killed);
-  expect_no_healthy_worker_killed("at the deadline");
+  EXPECT_LT(clock.now() - first, std::chrono::seconds(1));
+  expect_no_healthy_worker_killed("after the settle time");
   expect_members_after_leaving_the_reformed_generation({b0, d0});
+  expect_no_healthy_worker_killed("at the end");
+}
+
+// Ranks 1 and 2 (b, c) frozen side by side: rank 3 names 2, rank 0 times out
+// on 3 (alive but blocked) and names it; nobody watches rank 1, whose right
+// neighbour is frozen too. It goes with the named one.
+TEST_F(InPlaceSilentTest, AdjacentFrozenMembersGoTogetherWhenOneOfThemIsNamed) {
+  start_ring({b0, c0});
+  rejoin({d0, 2});
+  EXPECT_FALSE(steps(2));
+  rejoin({a0, 3});
+  EXPECT_FALSE(steps(5));
+  EXPECT_FALSE(at_start[b0]->killed);
+  EXPECT_FALSE(steps(1));
+  EXPECT_TRUE(at_start[b0]->killed);
+  EXPECT_TRUE(at_start[c0]->killed);
+  expect_no_healthy_worker_killed("after the settle time");
+  expect_members_after_leaving_the_reformed_generation({a0, d0});
+}
+
+// Rank 3 (d) was SIGKILLed and rank 1 (b) is frozen: rank 0 names 3 (its
+// connection closed), rank 2 times out on 1. With the dead member gone, the
+// frozen one is the only open member: left out after the settle time.
+TEST_F(InPlaceSilentTest, AFrozenMemberBesideADeadOneIsLeftOutOnceTheOthersSettled) {
+  start_ring({b0, d0});
+  launcher.finish(at_start[d0], ExitStatus{0, SIGKILL});
+  rejoin({a0, 3});
+  rejoin({c0, 1});
+  EXPECT_FALSE(steps(5));
+  EXPECT_FALSE(at_start[b0]->killed);
+  EXPECT_FALSE(steps(1));
+  EXPECT_TRUE(at_start[b0]->killed);
+  expect_no_healthy_worker_killed("after the settle time");
+  expect_members_after_leaving_the_reformed_generation({a0, c0});
+}
+
+// Rank 3 (d) was SIGKILLed and rank 2 (c), whose only watcher it was, is
+// frozen: rank 0 names 3, rank 1 names 0 (which aborted). No report names
+// the open member, so it is left out at the re-join deadline.
+TEST_F(InPlaceSilentTest, AFrozenMemberNobodyNamedIsLeftOutAtTheReJoinDeadline) {
+  start_ring({c0, d0});
+  launcher.finish(at_start[d0], ExitStatus{0, SIGKILL});
+  rejoin({a0, 3});
+  rejoin({b0, 0});
+  EXPECT_FALSE(steps(25));  // 2.5 s of the 3 s deadline after the re-form
+  EXPECT_FALSE(at_start[c0]->killed);
+  EXPECT_FALSE(steps(6));
+  EXPECT_TRUE(at_start[c0]->killed);
+  expect_no_healthy_worker_killed("at the deadline");
+  expect_members_after_leaving_the_reformed_generation({a0, b0});
 }
 
 // Rank 3 was SIGKILLed and the driver has not seen its exit yet: rank 0 named
