@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <map>
@@ -37,6 +38,9 @@ constexpr size_t kMaxLine = 64 * 1024;              // longer lines are forwarde
 constexpr size_t kMaxOutbound = 64u * 1024 * 1024;  // output dropped beyond this backlog
 // Exit code of a worker whose program could not be started (as a shell's).
 constexpr int kCannotStart = 127;
+// After a worker is reaped, how long its EXITED waits for its pipes' EOF
+// (a process that left its session may hold them open for ever).
+constexpr Duration kExitOutputWait = 200ms;
 
 void set_nonblocking(int fd) { ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK); }
 
@@ -147,8 +151,13 @@ struct Worker {
   int rank = 0;
   pid_t pid = -1;
   Stream out, err;
+  LineTail err_tail;  // the last stderr lines, for EXITED
   Duration grace = 5s;
   std::optional<SteadyClock::time_point> kill_at;  // after TERMINATE
+  // Reaped: its EXITED waits for the pipes' EOF until output_deadline. No
+  // signal goes to its pid any more.
+  std::optional<ExitStatus> reaped;
+  SteadyClock::time_point output_deadline{};
 };
 
 class Agent {
@@ -169,10 +178,13 @@ class Agent {
   void start(const Start& s);
   void on_sigchld();
   void pump(Worker& w, Stream& s, uint8_t stream, bool final);
+  // Sends EXITED for reaped workers whose pipes ended or whose wait is over.
+  void report_exits(SteadyClock::time_point now);
   void stop_all(const std::string& why, bool lost);
   void ensure_watchdog();
   void relay_env(std::map<std::string, std::string>& env);
   Worker* find(uint64_t id);
+  Worker* live(uint64_t id);  // a worker not reaped yet
 
   AgentOptions o_;
   std::string me_;
@@ -198,6 +210,11 @@ class Agent {
 Worker* Agent::find(uint64_t id) {
   auto it = workers_.find(id);
   return it == workers_.end() ? nullptr : &it->second;
+}
+
+Worker* Agent::live(uint64_t id) {
+  Worker* w = find(id);
+  return w && !w->reaped ? w : nullptr;
 }
 
 void Agent::send(const Message& m) {
@@ -294,14 +311,14 @@ void Agent::handle(Message m) {
   if (auto* s = std::get_if<Start>(&m)) {
     start(*s);
   } else if (auto* sig = std::get_if<Signal>(&m)) {
-    if (Worker* w = find(sig->id); w && sig->sig > 0 && sig->sig < NSIG) ::kill(-w->pid, sig->sig);
+    if (Worker* w = live(sig->id); w && sig->sig > 0 && sig->sig < NSIG) ::kill(-w->pid, sig->sig);
   } else if (auto* t = std::get_if<Terminate>(&m)) {
-    if (Worker* w = find(t->id); w && !w->kill_at) {
+    if (Worker* w = live(t->id); w && !w->kill_at) {
       ::kill(-w->pid, SIGTERM);
       w->kill_at = SteadyClock::now() + w->grace;
     }
   } else if (auto* k = std::get_if<Kill>(&m)) {
-    if (Worker* w = find(k->id)) ::kill(-w->pid, SIGKILL);
+    if (Worker* w = live(k->id)) ::kill(-w->pid, SIGKILL);
   } else if (std::holds_alternative<Shutdown>(m)) {
     stop_all("the driver said SHUTDOWN", false);
   } else if (std::holds_alternative<Heartbeat>(m)) {
@@ -451,9 +468,11 @@ void Agent::pump(Worker& w, Stream& s, uint8_t stream, bool final) {
   size_t take = cut == std::string::npos ? 0 : cut + 1;
   if (s.partial.size() - take >= kMaxLine || s.fd < 0) take = s.partial.size();
   if (take > 0) {
+    if (stream == 2) w.err_tail.feed(std::string_view(s.partial).substr(0, take));
     send(Output{w.id, stream, s.partial.substr(0, take)});
     s.partial.erase(0, take);
   }
+  if (stream == 2 && s.fd < 0) w.err_tail.finish();
 }
 
 void Agent::on_sigchld() {
@@ -467,21 +486,35 @@ void Agent::on_sigchld() {
     int status = 0;
     pid_t pid = ::waitpid(-1, &status, WNOHANG);
     if (pid <= 0) break;
-    for (auto it = workers_.begin(); it != workers_.end(); ++it) {
-      Worker& w = it->second;
-      if (w.pid != pid) continue;
-      ExitStatus st = ExitStatus::from_wait_status(status);
-      // Strays of the worker's session go with it (first, so that none keeps
-      // the pipes busy while they are drained).
+    for (auto& [id, w] : workers_) {
+      if (w.pid != pid || w.reaped) continue;
+      w.reaped = ExitStatus::from_wait_status(status);
+      // Strays of the worker's session go with it, so that none keeps the
+      // pipes open; EXITED follows their EOF (report_exits).
       ::kill(-w.pid, SIGKILL);
-      pump(w, w.out, 1, true);
-      pump(w, w.err, 2, true);
       if (watchdog_fd_ >= 0) (void)write_fully(watchdog_fd_, fmt::format("R {}\n", w.pid));
-      ERUN_LOG_DEBUG("{}: {}: pid {} ended with {}", me_, who(w.generation, o_.host, w.rank), pid, st.describe());
-      send(Exited{w.id, st.code, st.signal});
-      workers_.erase(it);
+      w.output_deadline = SteadyClock::now() + kExitOutputWait;
       break;
     }
+  }
+  report_exits(SteadyClock::now());
+}
+
+void Agent::report_exits(SteadyClock::time_point now) {
+  for (auto it = workers_.begin(); it != workers_.end();) {
+    Worker& w = it->second;
+    bool ended = w.out.fd < 0 && w.err.fd < 0;
+    if (!w.reaped || (!ended && now < w.output_deadline)) {
+      ++it;
+      continue;
+    }
+    // What is left in the pipes (bounded), then the partial lines.
+    pump(w, w.out, 1, true);
+    pump(w, w.err, 2, true);
+    ERUN_LOG_DEBUG("{}: {}: pid {} ended with {}{}", me_, who(w.generation, o_.host, w.rank), w.pid,
+                   w.reaped->describe(), ended ? "" : " (its output pipes were still open: closed)");
+    send(Exited{w.id, w.reaped->code, w.reaped->signal, w.err_tail.lines()});
+    it = workers_.erase(it);
   }
 }
 
@@ -496,6 +529,7 @@ void Agent::stop_all(const std::string& why, bool lost) {
   }
   Duration longest = 0s;
   for (auto& [id, w] : workers_) {
+    if (w.reaped) continue;
     ::kill(-w.pid, SIGTERM);
     if (!w.kill_at) w.kill_at = SteadyClock::now() + w.grace;
     longest = std::max(longest, w.grace);
@@ -554,6 +588,7 @@ void Agent::ensure_watchdog() {
     return;
   }
   for (auto& [id, w] : workers_) {
+    if (w.reaped) continue;
     auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(w.grace).count();
     (void)write_fully(watchdog_fd_, fmt::format("A {} {}\n", w.pid, ms));
   }
@@ -593,8 +628,9 @@ int Agent::run() {
                true);
     }
     if (out_open_ && now - last_sent_ >= o_.heartbeat_interval) send(Heartbeat{});
+    report_exits(now);
     for (auto& [id, w] : workers_) {
-      if (w.kill_at && now >= *w.kill_at) {
+      if (w.kill_at && !w.reaped && now >= *w.kill_at) {
         ::kill(-w.pid, SIGKILL);
         w.kill_at = now + 1s;  // again later if something is left
       }
@@ -602,7 +638,9 @@ int Agent::run() {
     if (stopping_) {
       if (workers_.empty() && (outbound_.empty() || !out_open_)) break;
       if (now >= stop_deadline_) {
-        for (auto& [id, w] : workers_) ::kill(-w.pid, SIGKILL);
+        for (auto& [id, w] : workers_) {
+          if (!w.reaped) ::kill(-w.pid, SIGKILL);
+        }
         if (workers_.empty() || now >= stop_deadline_ + 2s) break;
       }
     }
@@ -625,7 +663,13 @@ int Agent::run() {
     }
     Relay* relay = relay_.get();  // the one whose descriptors are listed (a START may make one)
     size_t relay_first = relay ? relay->add_fds(fds) : fds.size();
-    int n = ::poll(fds.data(), fds.size(), 100);
+    int wait_ms = 100;
+    for (auto& [id, w] : workers_) {
+      if (!w.reaped) continue;
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(w.output_deadline - now).count() + 1;
+      wait_ms = static_cast<int>(std::clamp<long>(left, 0, wait_ms));
+    }
+    int n = ::poll(fds.data(), fds.size(), wait_ms);
     if (n < 0 && errno != EINTR) {
       ERUN_LOG_ERROR("{}: poll: {}", me_, std::strerror(errno));
       stop_all("poll failed", true);

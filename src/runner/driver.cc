@@ -403,11 +403,24 @@ void Driver::reap() {
     ERUN_LOG_WARN("{}: failed with {} after {:.1f} s", who(generation_, a.slot.host, a.rank), s->describe(),
                   after);
     if (!generation_failure_) {
-      std::vector<std::string> tail;
-      if (d_.output) tail = d_.output->tail(w.key);
-      generation_failure_ = Failure{generation_, a.slot.host, a.rank, *s, tail, after};
+      generation_failure_ = Failure{generation_, a.slot.host, a.rank, *s, stderr_tail(w), after};
     }
   }
+}
+
+std::vector<std::string> Driver::stderr_tail(const Worker& w) const {
+  // The agent's report holds what the worker wrote even when forwarding lost
+  // it (dropped, not read in time, a stuck terminal); an agent that was lost
+  // sent none, and then what was forwarded is all there is.
+  std::optional<std::vector<std::string>> reported;
+  if (w.handle) reported = w.handle->exit_stderr();
+  std::vector<std::string> lines;
+  if (reported) {
+    lines = std::move(*reported);
+  } else if (d_.output) {
+    lines = d_.output->tail(w.key);
+  }
+  return lines;
 }
 
 void Driver::stop_all(int sig) {

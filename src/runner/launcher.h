@@ -63,6 +63,11 @@ class WorkerHandle {
   virtual int take_stderr() = 0;
   // pid of the worker on its host once the agent reported it, else 0.
   virtual long pid() const = 0;
+  // The worker's last stderr lines as its host's agent reported them with its
+  // exit (bounded, agent/protocol.h), once poll() has a status; nullopt when
+  // there is no such report (the agent was lost or the worker could not be
+  // started): the driver then uses the lines it forwarded itself.
+  virtual std::optional<std::vector<std::string>> exit_stderr() const { return std::nullopt; }
 };
 
 class Launcher {
