@@ -218,7 +218,9 @@ std::string check_bounds(const Message& m) {
   }
   size_t total = 0;
   for (auto& l : e->stderr_tail) {
-    if (l.size() > kExitTailLineMax) return fmt::format("a stderr line of {} bytes (at most {})", l.size(), kExitTailLineMax);
+    if (l.size() > kExitTailLineMax) {
+      return fmt::format("a stderr line of {} bytes (at most {})", l.size(), kExitTailLineMax);
+    }
     total += l.size();
   }
   if (total > kExitTailBytes) return fmt::format("stderr lines of {} bytes in all (at most {})", total, kExitTailBytes);

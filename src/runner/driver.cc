@@ -412,15 +412,10 @@ std::vector<std::string> Driver::stderr_tail(const Worker& w) const {
   // The agent's report holds what the worker wrote even when forwarding lost
   // it (dropped, not read in time, a stuck terminal); an agent that was lost
   // sent none, and then what was forwarded is all there is.
-  std::optional<std::vector<std::string>> reported;
-  if (w.handle) reported = w.handle->exit_stderr();
-  std::vector<std::string> lines;
-  if (reported) {
-    lines = std::move(*reported);
-  } else if (d_.output) {
-    lines = d_.output->tail(w.key);
+  if (w.handle) {
+    if (auto reported = w.handle->exit_stderr()) return std::move(*reported);
   }
-  return lines;
+  return d_.output ? d_.output->tail(w.key) : std::vector<std::string>{};
 }
 
 void Driver::stop_all(int sig) {

@@ -66,7 +66,8 @@ TEST(ErunExitReport, RootCauseShowsTheLastStderrLinesWhenErunsStdoutIsStuck) {
   EXPECT_NE(err.find("  first words"), std::string::npos) << err;
   // Forwarding itself went on once stdout was read.
   EXPECT_NE(out.find("[0]<stdout>:10000\n"), std::string::npos);
-  EXPECT_NE(out.find("[0]<stderr>:last words"), std::string::npos) << out.substr(out.size() > 500 ? out.size() - 500 : 0);
+  EXPECT_NE(out.find("[0]<stderr>:last words"), std::string::npos)
+      << out.substr(out.size() > 500 ? out.size() - 500 : 0);
 }
 
 TEST(ErunExitReport, AnAgentOfAnotherProtocolVersionFailsItsHostNamingBothVersions) {

@@ -162,7 +162,8 @@ TEST(AgentProtocol, ExitedPastItsBoundsIsAnError) {
   EXPECT_NE(error_of(encode(lines)).find("21 stderr lines (at most 20)"), std::string::npos);
   Exited wide{1, 1, 0, {std::string(kExitTailLineMax + 1, 'x')}};
   EXPECT_NE(error_of(encode(wide)).find("a stderr line of 513 bytes"), std::string::npos);
-  Exited heavy{1, 1, 0, std::vector<std::string>(kExitTailBytes / kExitTailLineMax + 1, std::string(kExitTailLineMax, 'x'))};
+  const std::string longest(kExitTailLineMax, 'x');
+  Exited heavy{1, 1, 0, std::vector<std::string>(kExitTailBytes / kExitTailLineMax + 1, longest)};
   EXPECT_NE(error_of(encode(heavy)).find("in all (at most 4096)"), std::string::npos);
 }
 
