@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <optional>
 #include <set>
@@ -21,6 +22,7 @@
 #include "agent/protocol.h"
 #include "agent/relay.h"
 #include "common/log.h"
+#include "common/private_files.h"
 #include "common/strings.h"
 #include "common/subprocess.h"
 
@@ -52,7 +54,7 @@ void close_from(int lowest) {
   for (int fd = lowest; fd < (max > 0 ? max : 1024); ++fd) ::close(fd);
 }
 
-// write(2) of everything, retrying EINTR; for the small lines to the watchdog.
+// write(2) of everything, retrying EINTR; for the watchdog's lines and the output files.
 bool write_fully(int fd, std::string_view data) {
   while (!data.empty()) {
     ssize_t n = ::write(fd, data.data(), data.size());
@@ -142,6 +144,7 @@ int spawn_watchdog() {
 
 struct Stream {
   int fd = -1;
+  int file_fd = -1;  // --output-filename on this host, or -1
   std::string partial;
 };
 
@@ -176,6 +179,7 @@ class Agent {
   void handle_frames(std::string_view bytes);
   void handle(Message m);
   void start(const Start& s);
+  void open_output_files(Worker& w, const Start& s);
   void on_sigchld();
   void pump(Worker& w, Stream& s, uint8_t stream, bool final);
   // Sends EXITED for reaped workers whose pipes ended or whose wait is over.
@@ -441,9 +445,34 @@ void Agent::start(const Start& s) {
   w.out.fd = out[0];
   w.err.fd = err[0];
   w.grace = std::chrono::milliseconds(s.term_grace_ms);
+  if (!s.output_dir.empty()) open_output_files(w, s);
   workers_.emplace(s.id, std::move(w));
   ERUN_LOG_DEBUG("{}: {}: started pid {}", me_, who_s, pid);
   send(Started{s.id, pid});
+}
+
+// DIR/rank.N/stdout and stderr of the worker, appended across generations,
+// private and never through a link (common/private_files.h). A file that
+// cannot be opened is logged and skipped: the output still reaches erun.
+void Agent::open_output_files(Worker& w, const Start& s) {
+  std::filesystem::path dir(s.output_dir);
+  if (dir.is_relative() && !s.cwd.empty()) dir = std::filesystem::path(s.cwd) / dir;
+  dir /= fmt::format("rank.{}", s.rank);
+  auto who_s = who(s.generation, o_.host, s.rank);
+  Status made = ensure_private_dir(dir.string(), "--output-filename directory",
+                                   DirPolicy{.refuse_shared_write = false, .refuse_link = true});
+  if (!made) {
+    ERUN_LOG_WARN("{}: {}: {}; its output goes to erun only", me_, who_s, made.message());
+    return;
+  }
+  for (auto [stream, name] : {std::pair{&w.out, "stdout"}, std::pair{&w.err, "stderr"}}) {
+    Result<int> fd = open_private_append((dir / name).string(), "--output-filename file");
+    if (fd) {
+      stream->file_fd = fd.value();
+    } else {
+      ERUN_LOG_WARN("{}: {}: {}; its {} goes to erun only", me_, who_s, fd.message(), name);
+    }
+  }
 }
 
 // Forwards what `s` holds: whole lines, a piece of an over-long line, and
@@ -454,6 +483,13 @@ void Agent::pump(Worker& w, Stream& s, uint8_t stream, bool final) {
   while (s.fd >= 0) {
     ssize_t n = ::read(s.fd, chunk, sizeof chunk);
     if (n > 0) {
+      if (s.file_fd >= 0 && !write_fully(s.file_fd, std::string_view(chunk, static_cast<size_t>(n)))) {
+        ERUN_LOG_WARN("{}: {}: cannot write its {} file under --output-filename: {}; it goes to erun only from "
+                      "now on: free space or fix the directory",
+                      me_, who(w.generation, o_.host, w.rank), stream == 1 ? "stdout" : "stderr",
+                      std::strerror(errno));
+        close_fd(s.file_fd);
+      }
       s.partial.append(chunk, static_cast<size_t>(n));
       if (!final) break;  // one read per poll round: other workers get their turn
       // A process that escaped the session may keep writing: drain a bound.
@@ -514,6 +550,8 @@ void Agent::report_exits(SteadyClock::time_point now) {
     ERUN_LOG_DEBUG("{}: {}: pid {} ended with {}{}", me_, who(w.generation, o_.host, w.rank), w.pid,
                    w.reaped->describe(), ended ? "" : " (its output pipes were still open: closed)");
     send(Exited{w.id, w.reaped->code, w.reaped->signal, w.err_tail.lines()});
+    close_fd(w.out.file_fd);
+    close_fd(w.err.file_fd);
     it = workers_.erase(it);
   }
 }

@@ -127,6 +127,7 @@ struct Encoder {
     }
     w.str(m.cwd);
     w.u64(m.term_grace_ms);
+    w.str(m.output_dir);
   }
   void operator()(const Signal& m) {
     w.u64(m.id);
@@ -191,6 +192,7 @@ Message decode_payload(uint8_t type, Reader& r) {
       }
       m.cwd = r.str();
       m.term_grace_ms = r.u64();
+      m.output_dir = r.str();
       return m;
     }
     case 17: {

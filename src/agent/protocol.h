@@ -28,7 +28,7 @@
 
 namespace erun::agent {
 
-// 2: EXITED carries the worker's last stderr lines.
+// 2: EXITED carries the worker's last stderr lines; START an output directory.
 inline constexpr uint32_t kProtocolVersion = 2;
 inline constexpr size_t kMaxFrame = 4u << 20;   // whole frame, header included
 inline constexpr size_t kMaxSecret = 4096;      // the secret line
@@ -78,6 +78,9 @@ struct Start {
   std::vector<std::pair<std::string, std::string>> env;  // the worker's whole env (+ ERUN_SECRET)
   std::string cwd;
   uint64_t term_grace_ms = 5000;
+  // Non-empty: the agent also appends the worker's stdout and stderr to
+  // output_dir/rank.N/{stdout,stderr} on its host (--output-filename).
+  std::string output_dir;
 };
 struct Signal {
   uint64_t id = 0;

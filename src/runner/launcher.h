@@ -42,6 +42,9 @@ struct WorkerSpec {
   std::string cwd;         // working directory on the host
   std::string secret;      // delivered on stdin, exported as ERUN_SECRET; never in argv
   Duration term_grace = std::chrono::seconds(5);  // SIGTERM -> SIGKILL on stop
+  // Non-empty (absolute): the agent appends the worker's stdout and stderr
+  // to output_dir/rank.N/{stdout,stderr} on the worker's host.
+  std::string output_dir;
 };
 
 class WorkerHandle {

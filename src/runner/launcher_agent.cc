@@ -546,6 +546,7 @@ Result<std::unique_ptr<WorkerHandle>> AgentLauncher::launch(const WorkerSpec& sp
   start.env = spec.env;
   start.cwd = spec.cwd;
   start.term_grace_ms = static_cast<uint64_t>(std::max(0L, to_ms(spec.term_grace)));
+  start.output_dir = spec.output_dir;
   c->start_worker(start, out[1], err[1]);
   return std::unique_ptr<WorkerHandle>(new AgentWorker(c, start.id, out[0], err[0]));
 }

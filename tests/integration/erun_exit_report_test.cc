@@ -3,7 +3,9 @@
 // forward them. Here erun's stdout is a small pipe that nobody reads (a
 // stopped pager, a stuck terminal): the forwarding thread blocks on it, the
 // worker's stderr never reaches the driver's own tail, and the report still
-// names the worker's last words, its partial last line included. An agent
+// names the worker's last words, its partial last line included; the
+// rank's --output-filename files, written by its agent, are complete too
+// before anyone reads erun's stdout. An agent
 // of another protocol version (the report's layout changed with version 2)
 // fails its host with a line naming both versions.
 #include <gtest/gtest.h>
@@ -12,6 +14,7 @@
 #include <unistd.h>
 
 #include "support/erun_process.h"
+#include "support/process_utils.h"
 
 namespace erun::testing {
 namespace {
@@ -35,11 +38,12 @@ bool read_until(int fd, std::string& text, const std::string& want, Duration lim
   return true;
 }
 
-TEST(ErunExitReport, RootCauseShowsTheLastStderrLinesWhenErunsStdoutIsStuck) {
+TEST(ErunExitReport, RootCauseAndOutputFilesDoNotWaitForAStuckStdout) {
+  TempDir dir;
   SpawnOptions o;
   // The worker fills erun's stdout (not so far that the driver drops
   // output), then says its last words on stderr.
-  o.argv = {erun_binary(), "--launcher", "local", "-np", "1", "sh", "-c",
+  o.argv = {erun_binary(), "--launcher", "local", "-np", "1", "--output-filename", dir.file("logs"), "sh", "-c",
             "seq 1 10000; echo 'first words' >&2; printf 'last words' >&2; exit 3"};
   auto p = Subprocess::spawn(o);
   ASSERT_TRUE(p.is_ok()) << p.message();
@@ -50,6 +54,8 @@ TEST(ErunExitReport, RootCauseShowsTheLastStderrLinesWhenErunsStdoutIsStuck) {
   ASSERT_TRUE(read_until(p->stderr_fd(), err, "root cause:", 60s)) << err;
   // The report's lines follow at once; stdout is still unread.
   bool reported = read_until(p->stderr_fd(), err, "  last words", 5s);
+  std::string out_file = read_file(dir.file("logs/rank.0/stdout"));
+  std::string err_file = read_file(dir.file("logs/rank.0/stderr"));
 
   std::string out;
   auto deadline = SteadyClock::now() + 60s;
@@ -64,10 +70,24 @@ TEST(ErunExitReport, RootCauseShowsTheLastStderrLinesWhenErunsStdoutIsStuck) {
   EXPECT_NE(err.find("root cause: gen 1 localhost rank 0 exited with exit code 3"), std::string::npos) << err;
   EXPECT_NE(err.find("last stderr lines of rank 0:"), std::string::npos) << err;
   EXPECT_NE(err.find("  first words"), std::string::npos) << err;
+  EXPECT_EQ(err_file, "first words\nlast words");
+  EXPECT_EQ(out_file.size(), 48894u);  // seq 1 10000
+  EXPECT_EQ(out_file.substr(out_file.size() > 12 ? out_file.size() - 12 : 0), "\n9999\n10000\n");
   // Forwarding itself went on once stdout was read.
   EXPECT_NE(out.find("[0]<stdout>:10000\n"), std::string::npos);
   EXPECT_NE(out.find("[0]<stderr>:last words"), std::string::npos)
       << out.substr(out.size() > 500 ? out.size() - 500 : 0);
+}
+
+TEST(ErunExitReport, DryRunNamesEachRanksOutputFilesOnItsHost) {
+  char cwd[4096];
+  ASSERT_NE(::getcwd(cwd, sizeof cwd), nullptr);
+  ErunProcess p({"-np", "3", "-H", "localhost:2,127.0.0.5:2", "--output-filename", "logs", "--dry-run", "true"});
+  ASSERT_TRUE(p.wait(60s));
+  // A relative directory is erun's, sent absolute to every agent.
+  EXPECT_NE(p.out().find(std::string("  output files (on 127.0.0.5): ") + cwd + "/logs/rank.2/stdout, stderr\n"),
+            std::string::npos)
+      << p.out();
 }
 
 TEST(ErunExitReport, AnAgentOfAnotherProtocolVersionFailsItsHostNamingBothVersions) {

@@ -1,18 +1,23 @@
-// The agent's exit report with real processes: a forked child runs the agent
+// The agent with real worker processes: a forked child runs the agent
 // (run_agent) on pipes, the test speaks the driver's side of the protocol,
-// and real /bin/sh workers write to stderr and exit. EXITED carries exactly
-// the worker's last stderr lines (the partial last one included) while the
-// same bytes are still forwarded as OUTPUT; a process that left the worker's
-// session holding its stderr open does not hold EXITED back.
+// and real /bin/sh workers write and exit. EXITED carries exactly the
+// worker's last stderr lines (the partial last one included) while the same
+// bytes are still forwarded as OUTPUT; a process that left the worker's
+// session holding its stderr open does not hold EXITED back. With START's
+// output directory the agent appends each rank's output to private files on
+// its host, across restarts of the rank, and never writes through a link.
 #include <gtest/gtest.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <poll.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <thread>
 
 #include "agent/agent.h"
@@ -130,6 +135,26 @@ class AgentChild {
   size_t checked_ = 0;
 };
 
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// A private temp directory, removed with what is in it.
+struct ScratchDir {
+  ScratchDir() {
+    char tmpl[] = "/tmp/erun-agent-test-XXXXXX";
+    path = ::mkdtemp(tmpl) ? tmpl : "";
+  }
+  ~ScratchDir() {
+    std::error_code ec;
+    if (!path.empty()) std::filesystem::remove_all(path, ec);
+  }
+  std::string path;
+};
+
 Start shell_worker(uint64_t id, const std::string& script) {
   Start s;
   s.id = id;
@@ -176,9 +201,9 @@ TEST(AgentExitReport, ExitedCarriesTheLastStderrLinesAndThePartialOne) {
 }
 
 TEST(AgentExitReport, AnEscapedProcessHoldingStderrDoesNotHoldExitedBack) {
-  char dir_template[] = "/tmp/erun-exit-report-XXXXXX";
-  ASSERT_NE(::mkdtemp(dir_template), nullptr);
-  std::string pidfile = std::string(dir_template) + "/escaped.pid";
+  ScratchDir dir;
+  ASSERT_FALSE(dir.path.empty());
+  std::string pidfile = dir.path + "/escaped.pid";
   AgentChild agent;
   ASSERT_TRUE(agent.wait_for<Hello>(0, 20s));
   // The escaped process (own session: the agent's SIGKILL of the worker's
@@ -192,12 +217,62 @@ TEST(AgentExitReport, AnEscapedProcessHoldingStderrDoesNotHoldExitedBack) {
   long escaped = 0;
   std::ifstream(pidfile) >> escaped;
   if (escaped > 1) ::kill(static_cast<pid_t>(escaped), SIGKILL);
-  ::unlink(pidfile.c_str());
-  ::rmdir(dir_template);
   ASSERT_TRUE(exited);
   EXPECT_EQ(exited->code, 4);
   EXPECT_EQ(exited->stderr_tail, std::vector<std::string>{"bye"});
   EXPECT_LT(waited, 10.0) << "EXITED waited for the escaped process's stderr";
+  EXPECT_EQ(agent.shutdown(), 0);
+}
+
+TEST(AgentOutputFiles, EachRanksOutputIsAppendedOnItsHostAcrossRestarts) {
+  ScratchDir dir;
+  ASSERT_FALSE(dir.path.empty());
+  AgentChild agent;
+  ASSERT_TRUE(agent.wait_for<Hello>(0, 20s));
+  // Rank 2 twice (a restart: a new id), each time ending in a partial line.
+  for (uint64_t id : {1, 2}) {
+    Start s = shell_worker(id, "echo \"gen $ERUN_TEST_GEN\"; printf partial; echo \"err $ERUN_TEST_GEN\" >&2; exit 1");
+    s.rank = 2;
+    s.env = {{"ERUN_TEST_GEN", std::to_string(id)}};
+    s.output_dir = dir.path + "/logs";
+    agent.send(s);
+    auto exited = agent.wait_for<Exited>(id, 20s);
+    ASSERT_TRUE(exited);
+    EXPECT_EQ(exited->stderr_tail, std::vector<std::string>{"err " + std::to_string(id)});
+  }
+  EXPECT_EQ(read_file(dir.path + "/logs/rank.2/stdout"), "gen 1\npartialgen 2\npartial");
+  EXPECT_EQ(read_file(dir.path + "/logs/rank.2/stderr"), "err 1\nerr 2\n");
+  // Forwarded as well.
+  EXPECT_EQ(agent.output(2, 1), "gen 2\npartial");
+  struct stat st {};
+  ASSERT_EQ(::stat((dir.path + "/logs/rank.2/stdout").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0600u);
+  ASSERT_EQ(::stat((dir.path + "/logs/rank.2").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0700u);
+  EXPECT_EQ(agent.shutdown(), 0);
+}
+
+TEST(AgentOutputFiles, NeverWritesThroughALinkAndStillForwards) {
+  ScratchDir dir;
+  ASSERT_FALSE(dir.path.empty());
+  const std::string victim = dir.path + "/victim";
+  std::ofstream(victim) << "precious";
+  std::filesystem::create_directories(dir.path + "/logs/rank.1");
+  std::filesystem::create_symlink(victim, dir.path + "/logs/rank.1/stdout");  // a planted file link
+  std::filesystem::create_symlink(dir.path, dir.path + "/logs/rank.3");      // a planted directory link
+  AgentChild agent;
+  ASSERT_TRUE(agent.wait_for<Hello>(0, 20s));
+  for (int rank : {1, 3}) {
+    Start s = shell_worker(static_cast<uint64_t>(rank), "echo out; echo err >&2");
+    s.rank = rank;
+    s.output_dir = dir.path + "/logs";
+    agent.send(s);
+    ASSERT_TRUE(agent.wait_for<Exited>(static_cast<uint64_t>(rank), 20s));
+    EXPECT_EQ(agent.output(static_cast<uint64_t>(rank), 1), "out\n");
+  }
+  EXPECT_EQ(read_file(victim), "precious");
+  EXPECT_FALSE(std::filesystem::exists(dir.path + "/stdout")) << "written through the rank.3 link";
+  EXPECT_EQ(read_file(dir.path + "/logs/rank.1/stderr"), "err\n");  // the rank's other file still works
   EXPECT_EQ(agent.shutdown(), 0);
 }
 
