@@ -8,8 +8,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <optional>
 #include <set>
@@ -20,6 +22,7 @@
 #include "agent/protocol.h"
 #include "agent/relay.h"
 #include "common/log.h"
+#include "common/private_files.h"
 #include "common/strings.h"
 #include "common/subprocess.h"
 
@@ -37,6 +40,9 @@ constexpr size_t kMaxLine = 64 * 1024;              // longer lines are forwarde
 constexpr size_t kMaxOutbound = 64u * 1024 * 1024;  // output dropped beyond this backlog
 // Exit code of a worker whose program could not be started (as a shell's).
 constexpr int kCannotStart = 127;
+// After a worker is reaped, how long its EXITED waits for its pipes' EOF
+// (a process that left its session may hold them open for ever).
+constexpr Duration kExitOutputWait = 200ms;
 
 void set_nonblocking(int fd) { ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK); }
 
@@ -48,7 +54,7 @@ void close_from(int lowest) {
   for (int fd = lowest; fd < (max > 0 ? max : 1024); ++fd) ::close(fd);
 }
 
-// write(2) of everything, retrying EINTR; for the small lines to the watchdog.
+// write(2) of everything, retrying EINTR; for the watchdog's lines and the output files.
 bool write_fully(int fd, std::string_view data) {
   while (!data.empty()) {
     ssize_t n = ::write(fd, data.data(), data.size());
@@ -138,6 +144,7 @@ int spawn_watchdog() {
 
 struct Stream {
   int fd = -1;
+  int file_fd = -1;  // --output-filename on this host, or -1
   std::string partial;
 };
 
@@ -147,8 +154,13 @@ struct Worker {
   int rank = 0;
   pid_t pid = -1;
   Stream out, err;
+  LineTail err_tail;  // the last stderr lines, for EXITED
   Duration grace = 5s;
   std::optional<SteadyClock::time_point> kill_at;  // after TERMINATE
+  // Reaped: its EXITED waits for the pipes' EOF until output_deadline. No
+  // signal goes to its pid any more.
+  std::optional<ExitStatus> reaped;
+  SteadyClock::time_point output_deadline{};
 };
 
 class Agent {
@@ -167,12 +179,16 @@ class Agent {
   void handle_frames(std::string_view bytes);
   void handle(Message m);
   void start(const Start& s);
+  void open_output_files(Worker& w, const Start& s);
   void on_sigchld();
   void pump(Worker& w, Stream& s, uint8_t stream, bool final);
+  // Sends EXITED for reaped workers whose pipes ended or whose wait is over.
+  void report_exits(SteadyClock::time_point now);
   void stop_all(const std::string& why, bool lost);
   void ensure_watchdog();
   void relay_env(std::map<std::string, std::string>& env);
   Worker* find(uint64_t id);
+  Worker* live(uint64_t id);  // a worker not reaped yet
 
   AgentOptions o_;
   std::string me_;
@@ -198,6 +214,11 @@ class Agent {
 Worker* Agent::find(uint64_t id) {
   auto it = workers_.find(id);
   return it == workers_.end() ? nullptr : &it->second;
+}
+
+Worker* Agent::live(uint64_t id) {
+  Worker* w = find(id);
+  return w && !w->reaped ? w : nullptr;
 }
 
 void Agent::send(const Message& m) {
@@ -294,14 +315,14 @@ void Agent::handle(Message m) {
   if (auto* s = std::get_if<Start>(&m)) {
     start(*s);
   } else if (auto* sig = std::get_if<Signal>(&m)) {
-    if (Worker* w = find(sig->id); w && sig->sig > 0 && sig->sig < NSIG) ::kill(-w->pid, sig->sig);
+    if (Worker* w = live(sig->id); w && sig->sig > 0 && sig->sig < NSIG) ::kill(-w->pid, sig->sig);
   } else if (auto* t = std::get_if<Terminate>(&m)) {
-    if (Worker* w = find(t->id); w && !w->kill_at) {
+    if (Worker* w = live(t->id); w && !w->kill_at) {
       ::kill(-w->pid, SIGTERM);
       w->kill_at = SteadyClock::now() + w->grace;
     }
   } else if (auto* k = std::get_if<Kill>(&m)) {
-    if (Worker* w = find(k->id)) ::kill(-w->pid, SIGKILL);
+    if (Worker* w = live(k->id)) ::kill(-w->pid, SIGKILL);
   } else if (std::holds_alternative<Shutdown>(m)) {
     stop_all("the driver said SHUTDOWN", false);
   } else if (std::holds_alternative<Heartbeat>(m)) {
@@ -424,9 +445,34 @@ void Agent::start(const Start& s) {
   w.out.fd = out[0];
   w.err.fd = err[0];
   w.grace = std::chrono::milliseconds(s.term_grace_ms);
+  if (!s.output_dir.empty()) open_output_files(w, s);
   workers_.emplace(s.id, std::move(w));
   ERUN_LOG_DEBUG("{}: {}: started pid {}", me_, who_s, pid);
   send(Started{s.id, pid});
+}
+
+// DIR/rank.N/stdout and stderr of the worker, appended across generations,
+// private and never through a link (common/private_files.h). A file that
+// cannot be opened is logged and skipped: the output still reaches erun.
+void Agent::open_output_files(Worker& w, const Start& s) {
+  std::filesystem::path dir(s.output_dir);
+  if (dir.is_relative() && !s.cwd.empty()) dir = std::filesystem::path(s.cwd) / dir;
+  dir /= fmt::format("rank.{}", s.rank);
+  auto who_s = who(s.generation, o_.host, s.rank);
+  Status made = ensure_private_dir(dir.string(), "--output-filename directory",
+                                   DirPolicy{.refuse_shared_write = false, .refuse_link = true});
+  if (!made) {
+    ERUN_LOG_WARN("{}: {}: {}; its output goes to erun only", me_, who_s, made.message());
+    return;
+  }
+  for (auto [stream, name] : {std::pair{&w.out, "stdout"}, std::pair{&w.err, "stderr"}}) {
+    Result<int> fd = open_private_append((dir / name).string(), "--output-filename file");
+    if (fd) {
+      stream->file_fd = fd.value();
+    } else {
+      ERUN_LOG_WARN("{}: {}: {}; its {} goes to erun only", me_, who_s, fd.message(), name);
+    }
+  }
 }
 
 // Forwards what `s` holds: whole lines, a piece of an over-long line, and
@@ -437,6 +483,13 @@ void Agent::pump(Worker& w, Stream& s, uint8_t stream, bool final) {
   while (s.fd >= 0) {
     ssize_t n = ::read(s.fd, chunk, sizeof chunk);
     if (n > 0) {
+      if (s.file_fd >= 0 && !write_fully(s.file_fd, std::string_view(chunk, static_cast<size_t>(n)))) {
+        ERUN_LOG_WARN("{}: {}: cannot write its {} file under --output-filename: {}; it goes to erun only from "
+                      "now on: free space or fix the directory",
+                      me_, who(w.generation, o_.host, w.rank), stream == 1 ? "stdout" : "stderr",
+                      std::strerror(errno));
+        close_fd(s.file_fd);
+      }
       s.partial.append(chunk, static_cast<size_t>(n));
       if (!final) break;  // one read per poll round: other workers get their turn
       // A process that escaped the session may keep writing: drain a bound.
@@ -451,9 +504,11 @@ void Agent::pump(Worker& w, Stream& s, uint8_t stream, bool final) {
   size_t take = cut == std::string::npos ? 0 : cut + 1;
   if (s.partial.size() - take >= kMaxLine || s.fd < 0) take = s.partial.size();
   if (take > 0) {
+    if (stream == 2) w.err_tail.feed(std::string_view(s.partial).substr(0, take));
     send(Output{w.id, stream, s.partial.substr(0, take)});
     s.partial.erase(0, take);
   }
+  if (stream == 2 && s.fd < 0) w.err_tail.finish();
 }
 
 void Agent::on_sigchld() {
@@ -467,21 +522,37 @@ void Agent::on_sigchld() {
     int status = 0;
     pid_t pid = ::waitpid(-1, &status, WNOHANG);
     if (pid <= 0) break;
-    for (auto it = workers_.begin(); it != workers_.end(); ++it) {
-      Worker& w = it->second;
-      if (w.pid != pid) continue;
-      ExitStatus st = ExitStatus::from_wait_status(status);
-      // Strays of the worker's session go with it (first, so that none keeps
-      // the pipes busy while they are drained).
+    for (auto& [id, w] : workers_) {
+      if (w.pid != pid || w.reaped) continue;
+      w.reaped = ExitStatus::from_wait_status(status);
+      // Strays of the worker's session go with it, so that none keeps the
+      // pipes open; EXITED follows their EOF (report_exits).
       ::kill(-w.pid, SIGKILL);
-      pump(w, w.out, 1, true);
-      pump(w, w.err, 2, true);
       if (watchdog_fd_ >= 0) (void)write_fully(watchdog_fd_, fmt::format("R {}\n", w.pid));
-      ERUN_LOG_DEBUG("{}: {}: pid {} ended with {}", me_, who(w.generation, o_.host, w.rank), pid, st.describe());
-      send(Exited{w.id, st.code, st.signal});
-      workers_.erase(it);
+      w.output_deadline = SteadyClock::now() + kExitOutputWait;
       break;
     }
+  }
+  report_exits(SteadyClock::now());
+}
+
+void Agent::report_exits(SteadyClock::time_point now) {
+  for (auto it = workers_.begin(); it != workers_.end();) {
+    Worker& w = it->second;
+    bool ended = w.out.fd < 0 && w.err.fd < 0;
+    if (!w.reaped || (!ended && now < w.output_deadline)) {
+      ++it;
+      continue;
+    }
+    // What is left in the pipes (bounded), then the partial lines.
+    pump(w, w.out, 1, true);
+    pump(w, w.err, 2, true);
+    ERUN_LOG_DEBUG("{}: {}: pid {} ended with {}{}", me_, who(w.generation, o_.host, w.rank), w.pid,
+                   w.reaped->describe(), ended ? "" : " (its output pipes were still open: closed)");
+    send(Exited{w.id, w.reaped->code, w.reaped->signal, w.err_tail.lines()});
+    close_fd(w.out.file_fd);
+    close_fd(w.err.file_fd);
+    it = workers_.erase(it);
   }
 }
 
@@ -496,6 +567,7 @@ void Agent::stop_all(const std::string& why, bool lost) {
   }
   Duration longest = 0s;
   for (auto& [id, w] : workers_) {
+    if (w.reaped) continue;
     ::kill(-w.pid, SIGTERM);
     if (!w.kill_at) w.kill_at = SteadyClock::now() + w.grace;
     longest = std::max(longest, w.grace);
@@ -554,6 +626,7 @@ void Agent::ensure_watchdog() {
     return;
   }
   for (auto& [id, w] : workers_) {
+    if (w.reaped) continue;
     auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(w.grace).count();
     (void)write_fully(watchdog_fd_, fmt::format("A {} {}\n", w.pid, ms));
   }
@@ -593,8 +666,9 @@ int Agent::run() {
                true);
     }
     if (out_open_ && now - last_sent_ >= o_.heartbeat_interval) send(Heartbeat{});
+    report_exits(now);
     for (auto& [id, w] : workers_) {
-      if (w.kill_at && now >= *w.kill_at) {
+      if (w.kill_at && !w.reaped && now >= *w.kill_at) {
         ::kill(-w.pid, SIGKILL);
         w.kill_at = now + 1s;  // again later if something is left
       }
@@ -602,7 +676,9 @@ int Agent::run() {
     if (stopping_) {
       if (workers_.empty() && (outbound_.empty() || !out_open_)) break;
       if (now >= stop_deadline_) {
-        for (auto& [id, w] : workers_) ::kill(-w.pid, SIGKILL);
+        for (auto& [id, w] : workers_) {
+          if (!w.reaped) ::kill(-w.pid, SIGKILL);
+        }
         if (workers_.empty() || now >= stop_deadline_ + 2s) break;
       }
     }
@@ -625,7 +701,13 @@ int Agent::run() {
     }
     Relay* relay = relay_.get();  // the one whose descriptors are listed (a START may make one)
     size_t relay_first = relay ? relay->add_fds(fds) : fds.size();
-    int n = ::poll(fds.data(), fds.size(), 100);
+    int wait_ms = 100;
+    for (auto& [id, w] : workers_) {
+      if (!w.reaped) continue;
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(w.output_deadline - now).count() + 1;
+      wait_ms = static_cast<int>(std::clamp<long>(left, 0, wait_ms));
+    }
+    int n = ::poll(fds.data(), fds.size(), wait_ms);
     if (n < 0 && errno != EINTR) {
       ERUN_LOG_ERROR("{}: poll: {}", me_, std::strerror(errno));
       stop_all("poll failed", true);

@@ -3,8 +3,10 @@
 // own stdin (the job secret line, then frames, see protocol.h) and stdout.
 // It starts each worker in its own session with the agent's own environment
 // (the login environment over ssh, erun's own locally) and the variables the
-// driver sent set over it, plus ERUN_SECRET, forwards the worker's output as whole lines,
-// reports its exit at once, and signals, terminates or kills it on request.
+// driver sent set over it, plus ERUN_SECRET, forwards the worker's output as whole lines
+// (and appends it to per-rank files on this host when START names a directory),
+// reports its exit at once with its last stderr lines, and signals, terminates
+// or kills it on request.
 //
 // No worker outlives the job: when the driver's channel ends (EOF, a malformed
 // frame, SHUTDOWN, no frame for the heartbeat timeout, SIGTERM/SIGHUP), the

@@ -109,6 +109,8 @@ struct Encoder {
     w.u64(m.id);
     w.i32(m.code);
     w.i32(m.signal);
+    w.u32(static_cast<uint32_t>(m.stderr_tail.size()));
+    for (auto& l : m.stderr_tail) w.str(l);
   }
   void operator()(const Heartbeat&) {}
   void operator()(const Start& m) {
@@ -125,6 +127,7 @@ struct Encoder {
     }
     w.str(m.cwd);
     w.u64(m.term_grace_ms);
+    w.str(m.output_dir);
   }
   void operator()(const Signal& m) {
     w.u64(m.id);
@@ -168,6 +171,8 @@ Message decode_payload(uint8_t type, Reader& r) {
       m.id = r.u64();
       m.code = r.i32();
       m.signal = r.i32();
+      uint32_t n = r.count(4);
+      for (uint32_t i = 0; i < n; ++i) m.stderr_tail.push_back(r.str());
       return m;
     }
     case 6:
@@ -187,6 +192,7 @@ Message decode_payload(uint8_t type, Reader& r) {
       }
       m.cwd = r.str();
       m.term_grace_ms = r.u64();
+      m.output_dir = r.str();
       return m;
     }
     case 17: {
@@ -204,7 +210,75 @@ Message decode_payload(uint8_t type, Reader& r) {
   }
 }
 
+// What a well-formed message may not hold although its frame parsed: "" or
+// why not.
+std::string check_bounds(const Message& m) {
+  auto* e = std::get_if<Exited>(&m);
+  if (!e) return {};
+  if (e->stderr_tail.size() > kExitTailLines) {
+    return fmt::format("{} stderr lines (at most {})", e->stderr_tail.size(), kExitTailLines);
+  }
+  size_t total = 0;
+  for (auto& l : e->stderr_tail) {
+    if (l.size() > kExitTailLineMax) {
+      return fmt::format("a stderr line of {} bytes (at most {})", l.size(), kExitTailLineMax);
+    }
+    total += l.size();
+  }
+  if (total > kExitTailBytes) return fmt::format("stderr lines of {} bytes in all (at most {})", total, kExitTailBytes);
+  return {};
+}
+
+// The longest prefix of `s` of at most `n` bytes that does not end inside a
+// UTF-8 sequence.
+std::string_view utf8_prefix(std::string_view s, size_t n) {
+  if (s.size() <= n) return s;
+  size_t end = n;  // s[end] is the first byte left out
+  auto continuation = [&](size_t i) { return (static_cast<uint8_t>(s[i]) & 0xC0) == 0x80; };
+  for (int i = 0; i < 3 && end > 0 && continuation(end); ++i) --end;
+  if (continuation(end)) end = n;  // not UTF-8: cut between bytes
+  return s.substr(0, end);
+}
+
 }  // namespace
+
+void LineTail::feed(std::string_view bytes) {
+  while (!bytes.empty()) {
+    size_t nl = bytes.find('\n');
+    std::string_view piece = bytes.substr(0, nl);
+    started_ = true;
+    if (!cut_) {
+      size_t room = kExitTailLineMax - partial_.size();
+      if (piece.size() > room) {
+        cut_ = true;
+        partial_.append(piece.substr(0, room));
+      } else {
+        partial_.append(piece);
+      }
+    }
+    if (nl == std::string_view::npos) return;
+    finish();
+    bytes.remove_prefix(nl + 1);
+  }
+}
+
+void LineTail::finish() {
+  if (!started_) return;
+  std::string line = std::move(partial_);
+  if (cut_) line = std::string(utf8_prefix(line, kExitTailLineMax - 3)) + "...";
+  partial_.clear();
+  cut_ = false;
+  started_ = false;
+  push(std::move(line));
+}
+
+void LineTail::push(std::string line) {
+  bytes_ += line.size();
+  lines_.push_back(std::move(line));
+  size_t drop = 0;
+  while (lines_.size() - drop > kExitTailLines || bytes_ > kExitTailBytes) bytes_ -= lines_[drop++].size();
+  lines_.erase(lines_.begin(), lines_.begin() + static_cast<long>(drop));
+}
 
 std::string encode(const Message& message) {
   Writer w;
@@ -239,6 +313,9 @@ Result<Message> decode(std::string_view body) {
   if (!r.at_end()) {
     return Result<Message>::error(
         fmt::format("agent protocol: {} frame of {} bytes has bytes left over", message_name(m), body.size()));
+  }
+  if (std::string why = check_bounds(m); !why.empty()) {
+    return Result<Message>::error(fmt::format("agent protocol: {} frame carries {}", message_name(m), why));
   }
   return m;
 }

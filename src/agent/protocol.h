@@ -11,6 +11,8 @@
 // protocol error (FrameReader returns it; the reader then stops). Workers are
 // named by an id the driver chooses (unique per agent), not by rank: a rank
 // may be restarted on the same host while its old process is still ending.
+// EXITED carries the worker's last stderr lines, bounded (kExitTail*), so
+// that the driver's failure report does not depend on the forwarded output.
 // See docs/protocol.md ("The agent protocol").
 #pragma once
 
@@ -26,9 +28,16 @@
 
 namespace erun::agent {
 
-inline constexpr uint32_t kProtocolVersion = 1;
+// 2: EXITED carries the worker's last stderr lines; START an output directory.
+inline constexpr uint32_t kProtocolVersion = 2;
 inline constexpr size_t kMaxFrame = 4u << 20;   // whole frame, header included
 inline constexpr size_t kMaxSecret = 4096;      // the secret line
+// Bounds of EXITED's stderr lines: at most this many lines, each at most
+// kExitTailLineMax bytes (a longer line is cut and ends in "..."), all of
+// them together at most kExitTailBytes (the oldest go first).
+inline constexpr size_t kExitTailLines = 20;
+inline constexpr size_t kExitTailLineMax = 512;
+inline constexpr size_t kExitTailBytes = 4096;
 
 // agent -> driver
 struct Hello {
@@ -53,6 +62,9 @@ struct Exited {
   uint64_t id = 0;
   int32_t code = 0;    // exit code when signal == 0
   int32_t signal = 0;  // terminating signal
+  // The worker's last stderr lines, oldest first, without their newlines (a
+  // partial last line counts); within the kExitTail* bounds.
+  std::vector<std::string> stderr_tail;
 };
 struct Heartbeat {};
 
@@ -66,6 +78,9 @@ struct Start {
   std::vector<std::pair<std::string, std::string>> env;  // the worker's whole env (+ ERUN_SECRET)
   std::string cwd;
   uint64_t term_grace_ms = 5000;
+  // Non-empty: the agent also appends the worker's stdout and stderr to
+  // output_dir/rank.N/{stdout,stderr} on its host (--output-filename).
+  std::string output_dir;
 };
 struct Signal {
   uint64_t id = 0;
@@ -86,6 +101,25 @@ using Message = std::variant<Hello, Started, StartFailed, Output, Exited, Heartb
 std::string encode(const Message& message);
 // A readable name for logs ("START", "EXITED", ...).
 const char* message_name(const Message& message);
+
+// The last lines of a byte stream within EXITED's bounds, built as the
+// stream is read: feed() the bytes in order, finish() at its end (a partial
+// last line becomes a line). Keeps at most the bounded lines and one cut
+// partial line, never the stream.
+class LineTail {
+ public:
+  void feed(std::string_view bytes);
+  void finish();
+  const std::vector<std::string>& lines() const { return lines_; }
+
+ private:
+  void push(std::string line);
+  std::vector<std::string> lines_;
+  size_t bytes_ = 0;     // of lines_
+  std::string partial_;  // at most kExitTailLineMax bytes of the current line
+  bool cut_ = false;     // the current line was longer
+  bool started_ = false; // bytes of the current line were seen
+};
 
 // Splits a byte stream into messages. feed() appends; next() returns the next
 // whole message, nullopt when more bytes are needed, or an error for a

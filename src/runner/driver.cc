@@ -287,6 +287,10 @@ WorkerSpec Driver::make_spec(const RankAssignment& a, const std::string& master_
   s.env = worker_env(a, master_addr, master_port);
   char cwd[4096];
   if (::getcwd(cwd, sizeof cwd)) s.cwd = cwd;
+  if (!o_.output_dir.empty()) {
+    // Relative to erun's directory, as the workers' own directory is.
+    s.output_dir = o_.output_dir[0] == '/' || s.cwd.empty() ? o_.output_dir : s.cwd + "/" + o_.output_dir;
+  }
   s.secret = d_.secret;
   s.term_grace = o_.term_grace;
   return s;
@@ -403,11 +407,19 @@ void Driver::reap() {
     ERUN_LOG_WARN("{}: failed with {} after {:.1f} s", who(generation_, a.slot.host, a.rank), s->describe(),
                   after);
     if (!generation_failure_) {
-      std::vector<std::string> tail;
-      if (d_.output) tail = d_.output->tail(w.key);
-      generation_failure_ = Failure{generation_, a.slot.host, a.rank, *s, tail, after};
+      generation_failure_ = Failure{generation_, a.slot.host, a.rank, *s, stderr_tail(w), after};
     }
   }
+}
+
+std::vector<std::string> Driver::stderr_tail(const Worker& w) const {
+  // The agent's report holds what the worker wrote even when forwarding lost
+  // it (dropped, not read in time, a stuck terminal); an agent that was lost
+  // sent none, and then what was forwarded is all there is.
+  if (w.handle) {
+    if (auto reported = w.handle->exit_stderr()) return std::move(*reported);
+  }
+  return d_.output ? d_.output->tail(w.key) : std::vector<std::string>{};
 }
 
 void Driver::stop_all(int sig) {
@@ -759,6 +771,10 @@ int Driver::dry_run(std::FILE* out) {
     for (auto& w : spec.command) program.push_back(shell_quote(w));
     std::fprintf(out, "rank %d on %s slot %d:\n  program: %s\n  directory: %s\n  environment:\n", a.rank,
                  a.slot.host.c_str(), a.slot.local_index, join(program, " ").c_str(), spec.cwd.c_str());
+    if (!spec.output_dir.empty()) {
+      std::fprintf(out, "  output files (on %s): %s/rank.%d/stdout, stderr\n", a.slot.host.c_str(),
+                   spec.output_dir.c_str(), a.rank);
+    }
     for (auto& [name, value] : spec.env) std::fprintf(out, "    %s=%s\n", name.c_str(), shell_quote(value).c_str());
     std::fprintf(out, "    ERUN_SECRET=<redacted: sent on the agent's stdin>\n");
   }

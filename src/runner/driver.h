@@ -120,6 +120,9 @@ class Driver {
   // Every change of the discovered hosts goes through here (keeps all_hosts_local_).
   void set_discovered(HostSet hosts);
   void reap();
+  // A failed worker's last stderr lines for its Failure: its agent's exit
+  // report, else (no report) the lines forwarded through d_.output.
+  std::vector<std::string> stderr_tail(const Worker& w) const;
   bool start_generation(const HostSet& usable);
   bool launch_worker(const RankAssignment& a, const std::string& master_addr, int master_port,
                      bool in_place = false, bool pending = false);

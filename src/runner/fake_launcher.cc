@@ -27,6 +27,7 @@ class FakeHandle final : public WorkerHandle {
   int take_stdout() override { return -1; }
   int take_stderr() override { return -1; }
   long pid() const override { return 0; }
+  std::optional<std::vector<std::string>> exit_stderr() const override { return w_->exit_stderr; }
 
  private:
   std::shared_ptr<FakeLauncher::Worker> w_;

@@ -23,6 +23,7 @@ class FakeLauncher final : public Launcher {
     int terminate_calls = 0;  // how many times terminate() was called
     bool killed = false;      // kill() was called
     std::vector<int> signals;
+    std::optional<std::vector<std::string>> exit_stderr;  // what its agent's EXITED would carry
   };
 
   Result<std::unique_ptr<WorkerHandle>> launch(const WorkerSpec& spec) override;
@@ -35,6 +36,11 @@ class FakeLauncher final : public Launcher {
   // The running worker of a rank in the newest generation that has it.
   std::shared_ptr<Worker> running_rank(int rank) const;
   void finish(const std::shared_ptr<Worker>& w, ExitStatus status) { w->exit = status; }
+  // Ends it with the last stderr lines its agent reports.
+  void finish(const std::shared_ptr<Worker>& w, ExitStatus status, std::vector<std::string> stderr_lines) {
+    w->exit_stderr = std::move(stderr_lines);
+    w->exit = status;
+  }
   // Workers exit at once when terminated (default), or stay until finish().
   void set_obey_terminate(bool obey) { obey_terminate_ = obey; }
   // Workers exit at once when killed (default), or stay (a host that is gone).

@@ -42,6 +42,9 @@ struct WorkerSpec {
   std::string cwd;         // working directory on the host
   std::string secret;      // delivered on stdin, exported as ERUN_SECRET; never in argv
   Duration term_grace = std::chrono::seconds(5);  // SIGTERM -> SIGKILL on stop
+  // Non-empty (absolute): the agent appends the worker's stdout and stderr
+  // to output_dir/rank.N/{stdout,stderr} on the worker's host.
+  std::string output_dir;
 };
 
 class WorkerHandle {
@@ -63,6 +66,11 @@ class WorkerHandle {
   virtual int take_stderr() = 0;
   // pid of the worker on its host once the agent reported it, else 0.
   virtual long pid() const = 0;
+  // The worker's last stderr lines as its host's agent reported them with its
+  // exit (bounded, agent/protocol.h), once poll() has a status; nullopt when
+  // there is no such report (the agent was lost or the worker could not be
+  // started): the driver then uses the lines it forwarded itself.
+  virtual std::optional<std::vector<std::string>> exit_stderr() const { return std::nullopt; }
 };
 
 class Launcher {

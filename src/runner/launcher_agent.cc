@@ -130,6 +130,12 @@ class AgentConnection {
     return it == workers_.end() ? std::nullopt : it->second.exit;
   }
 
+  std::optional<std::vector<std::string>> exit_stderr_of(uint64_t id) {
+    std::lock_guard lock(mu_);
+    auto it = workers_.find(id);
+    return it == workers_.end() ? std::nullopt : it->second.exit_stderr;
+  }
+
   long pid_of(uint64_t id) {
     std::lock_guard lock(mu_);
     auto it = workers_.find(id);
@@ -178,6 +184,7 @@ class AgentConnection {
     long pid = 0;
     int out_w = -1, err_w = -1;
     std::optional<ExitStatus> exit;
+    std::optional<std::vector<std::string>> exit_stderr;  // EXITED's lines
   };
 
   // Writes queued frames without blocking; false on a write error (EPIPE).
@@ -263,8 +270,8 @@ class AgentConnection {
       ERUN_LOG_DEBUG("agent on {}: up as {} pid {} (protocol {})", host_, h->host, h->pid, h->version);
       if (h->version != agent::kProtocolVersion) {
         mu_.unlock();
-        mark_lost(fmt::format("it speaks agent protocol {}, this erun {}: install the same erun on every host or "
-                              "pass --agent-path",
+        mark_lost(fmt::format("it speaks agent protocol {} and this erun speaks {} (different erun versions): "
+                              "install the same erun on every host or pass --agent-path",
                               h->version, agent::kProtocolVersion));
         mu_.lock();
       }
@@ -280,6 +287,7 @@ class AgentConnection {
     } else if (auto* e = std::get_if<agent::Exited>(&m)) {
       if (auto it = workers_.find(e->id); it != workers_.end()) {
         it->second.exit = ExitStatus{e->code, e->signal};
+        it->second.exit_stderr = std::move(e->stderr_tail);
         close_writers(it->second);
       }
     } else if (std::holds_alternative<agent::Heartbeat>(m)) {
@@ -442,6 +450,7 @@ class AgentWorker final : public WorkerHandle {
   int take_stdout() override { return std::exchange(out_r_, -1); }
   int take_stderr() override { return std::exchange(err_r_, -1); }
   long pid() const override { return c_->pid_of(id_); }
+  std::optional<std::vector<std::string>> exit_stderr() const override { return c_->exit_stderr_of(id_); }
 
  private:
   std::shared_ptr<AgentConnection> c_;
@@ -537,6 +546,7 @@ Result<std::unique_ptr<WorkerHandle>> AgentLauncher::launch(const WorkerSpec& sp
   start.env = spec.env;
   start.cwd = spec.cwd;
   start.term_grace_ms = static_cast<uint64_t>(std::max(0L, to_ms(spec.term_grace)));
+  start.output_dir = spec.output_dir;
   c->start_worker(start, out[1], err[1]);
   return std::unique_ptr<WorkerHandle>(new AgentWorker(c, start.id, out[0], err[0]));
 }

@@ -260,7 +260,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  erun::OutputForwarder output(erun::OutputOptions{options.tag_output, options.output_dir, 1, 20});
+  erun::OutputForwarder output(erun::OutputOptions{options.tag_output, 1, 20});
   erun::SystemClock clock;
 
   std::string job_id = "erun-" + random_hex(6);

@@ -10,12 +10,10 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
-#include <filesystem>
 
 #include <fmt/format.h>
 
 #include "common/check.h"
-#include "common/private_files.h"
 #include "common/subprocess.h"
 #include "common/log.h"
 
@@ -50,11 +48,10 @@ bool write_all(int fd, const char* data, size_t size) {
 }  // namespace
 
 struct OutputForwarder::Impl {
-  // fd, file_fd and partial belong to the forwarding thread once add() has
+  // fd and partial belong to the forwarding thread once add() has
   // published the worker; tail and done are guarded by mu.
   struct Stream {
     int fd = -1;
-    int file_fd = -1;
     bool is_err = false;
     std::string partial;
   };
@@ -108,12 +105,6 @@ void OutputForwarder::Impl::emit_line(Worker& w, Stream& s, std::string_view lin
 
 void OutputForwarder::Impl::consume(Worker& w, Stream& s, const char* data, size_t size,
                                     bool at_eof) {
-  if (s.file_fd >= 0 && size > 0 && !write_all(s.file_fd, data, size)) {
-    ERUN_LOG_WARN("rank {}: cannot write its {} file under --output-filename: {}; its output goes to the "
-                  "terminal only from now on: free space or fix the directory",
-                  w.rank, s.is_err ? "stderr" : "stdout", strerror(errno));
-    close_fd(s.file_fd);
-  }
   std::string sink_batch;
   std::vector<std::string> tail_batch;
   s.partial.append(data, size);
@@ -161,7 +152,6 @@ void OutputForwarder::Impl::close_stream(const std::shared_ptr<Worker>& w, Strea
   if (s.fd < 0) return;
   consume(*w, s, nullptr, 0, /*at_eof=*/true);
   close_fd(s.fd);
-  close_fd(s.file_fd);
   std::lock_guard lock(mu);
   (s.is_err ? w->err_open : w->out_open) = false;
   cv.notify_all();
@@ -266,27 +256,6 @@ void OutputForwarder::add(long key, int rank, int stdout_fd, int stderr_fd) {
     if (fd < 0) continue;
     ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
     ::fcntl(fd, F_SETFD, ::fcntl(fd, F_GETFD) | FD_CLOEXEC);
-  }
-  if (!impl_->options.directory.empty()) {
-    // rank.N is this user's own directory (0700, no link); the files in it
-    // are 0600 and never written through a link.
-    std::filesystem::path dir = std::filesystem::path(impl_->options.directory) / fmt::format("rank.{}", rank);
-    Status ok = ensure_private_dir(dir.string(), "--output-filename directory",
-                                   DirPolicy{.refuse_shared_write = false, .refuse_link = true});
-    if (!ok) {
-      ERUN_LOG_WARN("rank {}: {}; its output goes to the terminal only", rank, ok.message());
-    } else {
-      for (Impl::Stream* s : {&w->out, &w->err}) {
-        if (s->fd < 0) continue;
-        auto path = dir / (s->is_err ? "stderr" : "stdout");
-        Result<int> fd = open_private_append(path.string(), "--output-filename file");
-        if (fd) {
-          s->file_fd = fd.value();
-        } else {
-          ERUN_LOG_WARN("rank {}: {}; its {} goes to the terminal only", rank, fd.message(), s->is_err ? "stderr" : "stdout");
-        }
-      }
-    }
   }
   {
     std::lock_guard lock(impl_->mu);

@@ -1,9 +1,9 @@
 // OutputForwarder: one thread that reads every worker's stdout and stderr
 // pipes and writes whole lines to erun's stdout, prefixed in horovodrun's form
-// `[rank]<stdout>:` (or untagged), and to per-rank files under
-// --output-filename DIR (DIR/rank.N/stdout, DIR/rank.N/stderr, appended
-// across generations). Lines of different workers never interleave; a partial
-// last line is flushed when its pipe closes. Thread-safe.
+// `[rank]<stdout>:` (or untagged). Lines of different workers never
+// interleave; a partial last line is flushed when its pipe closes. (The
+// per-rank files of --output-filename are written by each host's agent.)
+// Thread-safe.
 #pragma once
 
 #include <deque>
@@ -18,7 +18,6 @@ namespace erun {
 
 struct OutputOptions {
   bool tag = true;
-  std::string directory;   // empty: no files
   int sink_fd = 1;         // where tagged lines go (erun's stdout)
   size_t tail_lines = 20;  // stderr lines kept per worker for failure reports
 };

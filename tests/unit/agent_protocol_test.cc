@@ -1,7 +1,9 @@
 // The agent protocol's codec: every message survives a round trip, a stream
 // split at any byte is reassembled, and malformed frames (too long, empty,
 // unknown type, cut short, bytes left over, impossible list counts) are clear
-// errors rather than crashes or huge allocations.
+// errors rather than crashes or huge allocations. EXITED's stderr lines keep
+// their bounds on both sides: LineTail builds them from a byte stream, the
+// decoder refuses a frame past them.
 #include <gtest/gtest.h>
 
 #include "agent/protocol.h"
@@ -138,6 +140,86 @@ TEST(AgentProtocol, AnEmptyStreamWantsMoreBytes) {
   m = r.next();
   ASSERT_TRUE(m.is_ok());
   EXPECT_FALSE(m->has_value());
+}
+
+TEST(AgentProtocol, ExitedCarriesItsStderrLines) {
+  Exited e{9, 3, 0, {"Traceback (most recent call last):", "", std::string("a\0b", 3), "caf\xc3\xa9 partial"}};
+  auto m = one(encode(e));
+  auto* got = std::get_if<Exited>(&m);
+  ASSERT_NE(got, nullptr);
+  EXPECT_EQ(got->id, 9u);
+  EXPECT_EQ(got->code, 3);
+  EXPECT_EQ(got->stderr_tail, e.stderr_tail);
+  // At the bounds exactly: accepted.
+  Exited full{1, 1, 0, std::vector<std::string>(kExitTailBytes / kExitTailLineMax, std::string(kExitTailLineMax, 'x'))};
+  EXPECT_EQ(std::get<Exited>(one(encode(full))).stderr_tail, full.stderr_tail);
+  Exited many{1, 1, 0, std::vector<std::string>(kExitTailLines, "short")};
+  EXPECT_EQ(std::get<Exited>(one(encode(many))).stderr_tail.size(), kExitTailLines);
+}
+
+TEST(AgentProtocol, ExitedPastItsBoundsIsAnError) {
+  Exited lines{1, 1, 0, std::vector<std::string>(kExitTailLines + 1, "x")};
+  EXPECT_NE(error_of(encode(lines)).find("21 stderr lines (at most 20)"), std::string::npos);
+  Exited wide{1, 1, 0, {std::string(kExitTailLineMax + 1, 'x')}};
+  EXPECT_NE(error_of(encode(wide)).find("a stderr line of 513 bytes"), std::string::npos);
+  const std::string longest(kExitTailLineMax, 'x');
+  Exited heavy{1, 1, 0, std::vector<std::string>(kExitTailBytes / kExitTailLineMax + 1, longest)};
+  EXPECT_NE(error_of(encode(heavy)).find("in all (at most 4096)"), std::string::npos);
+}
+
+TEST(AgentProtocol, ExitedCutAnywhereIsCutShort) {
+  std::string body = encode(Exited{1, 2, 0, {"first", "second"}}).substr(4);
+  for (size_t n = 1; n < body.size(); ++n) {
+    EXPECT_NE(error_of(le32(static_cast<uint32_t>(n)) + body.substr(0, n)).find("EXITED frame of"), std::string::npos)
+        << n;
+  }
+  // Version 1's EXITED (no list) from an old agent.
+  std::string v1 = body.substr(0, 1 + 8 + 4 + 4);
+  EXPECT_NE(error_of(le32(static_cast<uint32_t>(v1.size())) + v1).find("cut short"), std::string::npos);
+}
+
+std::vector<std::string> tail_of(std::string_view bytes, size_t piece) {
+  LineTail t;
+  for (size_t i = 0; i < bytes.size(); i += piece) t.feed(bytes.substr(i, piece));
+  t.finish();
+  return t.lines();
+}
+
+TEST(LineTail, KeepsTheLastLinesAndThePartialOneWhateverTheReads) {
+  std::string stream;
+  for (int i = 1; i <= 30; ++i) stream += "line " + std::to_string(i) + "\n";
+  stream += "\nlast words";
+  std::vector<std::string> want;
+  for (int i = 13; i <= 30; ++i) want.push_back("line " + std::to_string(i));
+  want.push_back("");
+  want.push_back("last words");
+  for (size_t piece : {size_t{1}, size_t{7}, stream.size()}) EXPECT_EQ(tail_of(stream, piece), want) << piece;
+  EXPECT_EQ(tail_of("a\nb\n", 1), (std::vector<std::string>{"a", "b"}));  // no empty line after the last newline
+  EXPECT_TRUE(tail_of("", 1).empty());
+}
+
+TEST(LineTail, CutsLongLinesAndDropsTheOldestPastTheByteBound) {
+  // "é" is 2 bytes: a cut at 509 bytes would fall inside one.
+  std::string accents;
+  while (accents.size() < 2 * kExitTailLineMax) accents += "\xc3\xa9";
+  auto t = tail_of(accents + "\nnext", 100);
+  ASSERT_EQ(t.size(), 2u);
+  EXPECT_LE(t[0].size(), kExitTailLineMax);
+  EXPECT_EQ(t[0].substr(t[0].size() - 3), "...");
+  EXPECT_EQ(t[0].substr(0, t[0].size() - 3), accents.substr(0, 508));  // 509 would split an "é"
+  EXPECT_EQ(t[1], "next");
+
+  std::string wide;
+  for (int i = 0; i < 12; ++i) wide += std::string(400, static_cast<char>('a' + i)) + "\n";
+  t = tail_of(wide, 4096);
+  size_t total = 0;
+  for (auto& l : t) total += l.size();
+  EXPECT_LE(total, kExitTailBytes);
+  ASSERT_EQ(t.size(), kExitTailBytes / 400);  // 10 of 400 bytes fit in 4096
+  EXPECT_EQ(t.back(), std::string(400, 'l'));
+  EXPECT_EQ(t.front(), std::string(400, 'c'));
+  // What LineTail keeps always encodes into a valid EXITED.
+  EXPECT_EQ(std::get<Exited>(one(encode(Exited{1, 1, 0, t}))).stderr_tail, t);
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 
 #include <map>
 
+#include "common/no_retry.h"
 #include "discovery/discovery.h"
 #include "erun/errors.hpp"
 #include "runner/driver.h"
@@ -150,6 +151,31 @@ TEST_F(DriverTest, FatalExitCodeEndsAnElasticJobWithoutARetry) {
   EXPECT_EQ(driver->resets(), 0);
   EXPECT_EQ(launcher.launched().size(), 4u);
   EXPECT_TRUE(launcher.running().empty());
+}
+
+TEST_F(DriverTest, NoRetryMarkInTheAgentsExitReportEndsAnElasticJob) {
+  discovery.set(HostSet({{"a", 2}, {"b", 2}}));
+  make(elastic(4, 1, 4));
+  ASSERT_TRUE(driver->start());
+  steps(1);
+  ASSERT_EQ(launcher.running().size(), 4u);
+  // The driver forwarded nothing of it (the fake has no pipes): the mark is
+  // only in the lines the worker's agent reported with its exit.
+  launcher.finish(launcher.running_rank(2), ExitStatus{1, 0},
+                  {"Traceback (most recent call last):", std::string(kNoRetryMark) + "allreduce shapes differ"});
+  EXPECT_EQ(steps(2), 1);
+  EXPECT_EQ(driver->resets(), 0);
+  EXPECT_EQ(launcher.launched().size(), 4u);
+}
+
+TEST_F(DriverTest, AFailureWithoutTheMarkInItsExitReportIsRetried) {
+  discovery.set(HostSet({{"a", 2}, {"b", 2}}));
+  make(elastic(4, 1, 4));
+  ASSERT_TRUE(driver->start());
+  steps(1);
+  launcher.finish(launcher.running_rank(2), ExitStatus{1, 0}, {"RuntimeError: peer went away"});
+  EXPECT_FALSE(steps(2));
+  EXPECT_EQ(driver->resets(), 1);
 }
 
 TEST_F(DriverTest, RecoveredFailureDoesNotFailTheJob) {

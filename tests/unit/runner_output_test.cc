@@ -1,15 +1,14 @@
 // OutputForwarder over real pipes: tagging, whole lines under concurrent
-// writers, partial and over-long lines, per-rank files, stderr tail.
+// writers, partial and over-long lines, stderr tail (per-rank files: the agent,
+// agent_workers_test.cc).
 #include "runner/output.h"
 
 #include <fcntl.h>
 #include <signal.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <thread>
 
 #include <fmt/format.h>
@@ -177,55 +176,6 @@ TEST_F(OutputTest, OverlongLineIsForwardedInChunks) {
   }
   EXPECT_EQ(xs, 200u * 1024);
   EXPECT_EQ(lines.back(), "[0]<stdout>:end");
-}
-
-TEST_F(OutputTest, PerRankFilesAreAppendedAcrossGenerations) {
-  auto o = options();
-  o.directory = dir_ + "/logs";
-  OutputForwarder f(o);
-  for (int gen = 0; gen < 2; ++gen) {
-    Pipe out, err;
-    f.add(gen, 2, out.r, err.r);
-    out.write(fmt::format("gen {}\npartial", gen));
-    err.write(fmt::format("err {}\n", gen));
-    out.close_write();
-    err.close_write();
-    f.drain(gen, 10000);
-    f.forget(gen);
-  }
-  EXPECT_EQ(read_file(dir_ + "/logs/rank.2/stdout"), "gen 0\npartialgen 1\npartial");
-  EXPECT_EQ(read_file(dir_ + "/logs/rank.2/stderr"), "err 0\nerr 1\n");
-}
-
-TEST_F(OutputTest, PerRankFilesArePrivateAndNeverWrittenThroughALink) {
-  const std::string victim = dir_ + "/victim";
-  std::ofstream(victim) << "precious";
-  std::filesystem::create_directories(dir_ + "/logs/rank.1");
-  std::filesystem::create_symlink(victim, dir_ + "/logs/rank.1/stdout");  // a planted file link
-  std::filesystem::create_symlink(dir_, dir_ + "/logs/rank.3");           // a planted directory link
-  auto o = options();
-  o.directory = dir_ + "/logs";
-  OutputForwarder f(o);
-  for (int rank : {1, 2, 3}) {
-    Pipe out, err;
-    f.add(rank, rank, out.r, err.r);
-    out.write("out\n");
-    err.write("err\n");
-    out.close_write();
-    err.close_write();
-    f.drain(rank, 10000);
-    f.forget(rank);
-  }
-  EXPECT_EQ(read_file(victim), "precious");
-  EXPECT_FALSE(std::filesystem::exists(dir_ + "/stdout")) << "written through the rank.3 link";
-  EXPECT_EQ(read_file(dir_ + "/logs/rank.1/stderr"), "err\n");  // the rank's other file still works
-  struct stat st {};
-  ASSERT_EQ(::stat((dir_ + "/logs/rank.2/stdout").c_str(), &st), 0);
-  EXPECT_EQ(st.st_mode & 07777, 0600u);
-  ASSERT_EQ(::stat((dir_ + "/logs/rank.2").c_str(), &st), 0);
-  EXPECT_EQ(st.st_mode & 07777, 0700u);
-  // The output itself still reached the terminal sink.
-  EXPECT_EQ(lines_with("[1]").size(), 2u);
 }
 
 TEST_F(OutputTest, KeepsTheLastStderrLines) {
