@@ -30,6 +30,22 @@ std::string cmdline(pid_t pid) {
   return s;
 }
 
+// Live pids in /proc (this process and zombies left out) that `match`.
+template <typename Match>
+std::vector<pid_t> live_pids_where(Match match) {
+  std::vector<pid_t> out;
+  DIR* dir = ::opendir("/proc");
+  if (!dir) return out;
+  pid_t self = ::getpid();
+  while (dirent* e = ::readdir(dir)) {
+    long pid;
+    if (!parse_int(e->d_name, pid) || pid == self) continue;
+    if (match(static_cast<pid_t>(pid)) && pid_alive(static_cast<pid_t>(pid))) out.push_back(static_cast<pid_t>(pid));
+  }
+  ::closedir(dir);
+  return out;
+}
+
 }  // namespace
 
 std::string read_file(const std::string& path) {
@@ -40,18 +56,18 @@ std::string read_file(const std::string& path) {
 }
 
 std::vector<pid_t> pids_with_cmdline(const std::string& marker) {
-  std::vector<pid_t> out;
-  DIR* dir = ::opendir("/proc");
-  if (!dir) return out;
-  pid_t self = ::getpid();
-  while (dirent* e = ::readdir(dir)) {
-    long pid;
-    if (!parse_int(e->d_name, pid) || pid == self) continue;
-    if (cmdline(static_cast<pid_t>(pid)).find(marker) == std::string::npos) continue;
-    if (pid_alive(static_cast<pid_t>(pid))) out.push_back(static_cast<pid_t>(pid));
-  }
-  ::closedir(dir);
-  return out;
+  return live_pids_where([&](pid_t pid) { return cmdline(pid).find(marker) != std::string::npos; });
+}
+
+std::string environ_of(pid_t pid) {
+  std::string s = read_file("/proc/" + std::to_string(pid) + "/environ");
+  std::replace(s.begin(), s.end(), '\0', '\n');
+  if (s.empty() || s.back() != '\n') s.push_back('\n');
+  return "\n" + s;
+}
+
+std::vector<pid_t> pids_with_environ(const std::string& text) {
+  return live_pids_where([&](pid_t pid) { return environ_of(pid).find(text) != std::string::npos; });
 }
 
 bool wait_no_process(const std::string& marker, Duration timeout, std::vector<pid_t>* left) {
