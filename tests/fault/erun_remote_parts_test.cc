@@ -6,6 +6,9 @@
 //                                 -> each worker (own session)
 // and every one of them but sshd's holds the connection's SSH_CONNECTION in
 // its environment, which is how the test finds them (and finds what is left).
+// Each worker also leaves a helper process in its session (as a data loader
+// would), which only erun's stopping of the session ends: the worker itself
+// ends on its own once its agent's relay and pipes are gone.
 // Killing a part must leave no process of that host's job running, report
 // the host's rank as failed with the right exit code (255 when the agent or
 // its connection is lost, the worker's own signal when only a worker died),
@@ -45,12 +48,6 @@ struct RemoteParts {
   }
 };
 
-std::string cmdline_of(pid_t pid) {
-  std::string s = read_file("/proc/" + std::to_string(pid) + "/cmdline");
-  std::replace(s.begin(), s.end(), '\0', ' ');
-  return s;
-}
-
 class ErunRemoteParts : public ::testing::Test {
  public:
   static void SetUpTestSuite() {
@@ -74,9 +71,7 @@ class ErunRemoteParts : public ::testing::Test {
 
   // erun over the fixture's sshd, in place; a failed host stays out for the
   // rest of the run (--blacklist-after 1), so the survivors finish alone.
-  // Each worker leaves a helper process in its session, as a data loader
-  // would: one that outlives the worker unless erun stops the session (the
-  // worker itself ends on its own once its agent's relay and pipes are gone).
+  // Each worker starts its helper (`sleep`) first.
   std::vector<std::string> args(const std::string& hosts, int np) {
     auto a = server_->erun_args();
     a.insert(a.end(), {"--term-grace", "2", "--heartbeat-timeout", "2", "-np", std::to_string(np), "--min-np", "2",

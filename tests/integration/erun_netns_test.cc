@@ -32,8 +32,7 @@ using namespace std::chrono_literals;
 std::vector<pid_t> job_processes(const NetNamespace& ns) {
   std::vector<pid_t> out;
   for (pid_t pid : ns.pids()) {
-    std::string cmd = read_file("/proc/" + std::to_string(pid) + "/cmdline");
-    std::replace(cmd.begin(), cmd.end(), '\0', ' ');
+    std::string cmd = cmdline_of(pid);
     if (cmd.empty()) continue;  // gone meanwhile
     if (cmd.find("sshd -D -e -f") != std::string::npos) continue;
     out.push_back(pid);
@@ -48,7 +47,7 @@ enum class Loss { kLinkCut, kTrafficDropped };
 std::vector<pid_t> erun_processes(const NetNamespace& ns) {
   std::vector<pid_t> out;
   for (pid_t pid : job_processes(ns)) {
-    if (read_file("/proc/" + std::to_string(pid) + "/cmdline").rfind("sshd", 0) != 0) out.push_back(pid);
+    if (cmdline_of(pid).rfind("sshd", 0) != 0) out.push_back(pid);
   }
   return out;
 }
@@ -111,6 +110,8 @@ void lose_a_host_mid_training(Loss loss) {
   ASSERT_TRUE((loss == Loss::kLinkCut ? ns->cut() : ns->drop()).is_ok());
   ASSERT_TRUE(p.wait_output("agent on " + ns->inner_address() + " lost: silent for", 30s)) << p.err();
   auto detected = std::chrono::steady_clock::now() - lost_at;
+  ::testing::Test::RecordProperty(
+      "host_lost_after_ms", static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(detected).count()));
   EXPECT_LT(detected, std::chrono::seconds(kHeartbeatTimeout) + 3s) << p.err();
   // The host's agent heard nothing from the driver either: it stops its
   // worker (term grace 2 s) and exits while the host is still cut off.

@@ -24,12 +24,6 @@ char process_state(pid_t pid) {
   return stat[close + 2];
 }
 
-std::string cmdline(pid_t pid) {
-  std::string s = read_file("/proc/" + std::to_string(pid) + "/cmdline");
-  std::replace(s.begin(), s.end(), '\0', ' ');
-  return s;
-}
-
 // Live pids in /proc (this process and zombies left out) that `match`.
 template <typename Match>
 std::vector<pid_t> live_pids_where(Match match) {
@@ -56,7 +50,13 @@ std::string read_file(const std::string& path) {
 }
 
 std::vector<pid_t> pids_with_cmdline(const std::string& marker) {
-  return live_pids_where([&](pid_t pid) { return cmdline(pid).find(marker) != std::string::npos; });
+  return live_pids_where([&](pid_t pid) { return cmdline_of(pid).find(marker) != std::string::npos; });
+}
+
+std::string cmdline_of(pid_t pid) {
+  std::string s = read_file("/proc/" + std::to_string(pid) + "/cmdline");
+  std::replace(s.begin(), s.end(), '\0', ' ');
+  return s;
 }
 
 std::string environ_of(pid_t pid) {
@@ -100,7 +100,7 @@ bool wait_pid_gone(pid_t pid, Duration timeout) {
 
 std::string describe_pids(const std::vector<pid_t>& pids) {
   std::string out;
-  for (pid_t p : pids) out += std::to_string(p) + ": " + cmdline(p).substr(0, 200) + "\n";
+  for (pid_t p : pids) out += std::to_string(p) + ": " + cmdline_of(p).substr(0, 200) + "\n";
   return out;
 }
 

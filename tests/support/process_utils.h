@@ -24,6 +24,9 @@ bool wait_pid_gone(pid_t pid, Duration timeout);
 pid_t parent_of(pid_t pid);
 // "PID: cmdline" of each pid, for failure messages.
 std::string describe_pids(const std::vector<pid_t>& pids);
+// The command line of a live process with NULs read as spaces (so it ends
+// with one); empty when gone.
+std::string cmdline_of(pid_t pid);
 // The environment of a live process, one NAME=VALUE a line, with a newline
 // before the first and after the last, so that "\nNAME=" finds a whole name;
 // "\n" when unreadable or gone.
