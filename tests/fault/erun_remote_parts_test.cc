@@ -147,13 +147,28 @@ class ErunRemoteParts : public ::testing::Test {
       left = anything_left();
     }
     EXPECT_TRUE(left.empty()) << "left running:\n" << describe_pids(left);
-    for (pid_t pid : left) ::kill(pid, SIGKILL);
+    kill_leftovers(left);
+  }
+
+  // SIGKILLs erun's processes, workers, helpers, ssh clients and sshd's
+  // sessions among `pids`, never a login shell: one killed in the middle of
+  // the user's shell start-up can leave a lock behind (pyenv's rehash does)
+  // that stalls every later login. A shell left alone finds its connection
+  // gone and ends.
+  void kill_leftovers(const std::vector<pid_t>& pids) const {
+    for (pid_t pid : pids) {
+      std::string cmd = cmdline_of(pid);
+      for (const std::string& ours : {erun_binary() + " ", program_ + " ", std::string("sleep 86400 "),
+                                      std::string("ssh "), std::string("sshd: ")}) {
+        if (cmd.rfind(ours, 0) == 0) ::kill(pid, SIGKILL);
+      }
+    }
   }
 
   // Kills what a failed test left behind, so that the next one starts clean.
   void TearDown() override {
     if (!server_ || !server_->ok()) return;
-    for (pid_t pid : anything_left()) ::kill(pid, SIGKILL);
+    kill_leftovers(anything_left());
   }
 
   static bool wait_output_matching(const ErunProcess& p, const std::string& pattern, Duration timeout) {
@@ -288,6 +303,11 @@ INSTANTIATE_TEST_SUITE_P(
                    ASSERT_TRUE(lost) << p.err();
                  },
                  "failed with exit code 255"},
+        // SIGTERM: the agent stops its worker's session itself and reports
+        // how the worker ended before it exits.
+        PartKill{"AgentTerminated",
+                 [](ErunRemoteParts&, ErunProcess&, const RemoteParts& r) { ASSERT_EQ(::kill(r.agent, SIGTERM), 0); },
+                 "failed with signal 15 (Terminated)"},
         // Not erun's part, for contrast: the agent reports the worker's own
         // signal and stays.
         PartKill{"Worker", [](ErunRemoteParts&, ErunProcess&, const RemoteParts& r) { sigkill(r.workers.at(0)); },
