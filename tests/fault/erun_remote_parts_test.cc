@@ -1,5 +1,5 @@
 // Each of erun's own processes on a REMOTE host, killed mid-training over the
-// real sshd fixture (127.0.0.2 and 127.0.0.3 act as hosts; in-place mode,
+// real sshd fixture (127.0.0.2, .3 and .4 act as hosts; in-place mode,
 // examples/train_mlp). On a host, one SSH connection carries
 //   sshd's session process -> the erun agent (exec'd by the login shell)
 //                                 -> its watchdog (forked, own session)
@@ -11,7 +11,8 @@
 // ends on its own once its agent's relay and pipes are gone.
 // Killing a part must leave no process of that host's job running, report
 // the host's rank as failed with the right exit code (255 when the agent or
-// its connection is lost, the worker's own signal when only a worker died),
+// its connection is lost, signal 15 when a SIGTERMed agent stopped its worker
+// and said so, the worker's own signal when only a worker died),
 // and the job must carry on in place to exactly the model of an undisturbed
 // run. Last, parts killed on two hosts and then erun SIGKILLed: nothing of
 // the job is left on any address, and sshd holds no session.
