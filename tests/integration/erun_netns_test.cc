@@ -1,15 +1,18 @@
 // A host that goes silent, with real isolation: one "host" is a network
 // namespace of the test's own (tests/support/netns.h) with its own sshd, the
 // other is this machine at the namespace link's outer address. Mid-training
-// the namespace's link is cut: no reset, no ICMP, its worker stays alive but
-// unreachable. The job must carry on without it and end 0 at exactly the
-// model of an undisturbed run (examples/train_mlp's exact checksum), never
-// restarting from epoch 0; the survivors must hear of the loss from the
-// driver (PEERS_LOST) rather than wait out --collective-timeout; and once the
-// link is back nothing of the old job may be left running in the namespace.
-// The driver learns of the loss from SSH keep-alives today and from the host
-// agent's heartbeats once that lands: the test asserts the behaviour, not a
-// time. Needs root, ip(8) and sshd; skips without them.
+// the namespace's link is cut, or (link up) every packet to and from it is
+// dropped: no reset, no ICMP, its worker stays alive but unreachable. The job
+// must carry on without it and end 0 at exactly the model of an undisturbed
+// run (examples/train_mlp's exact checksum), never restarting from epoch 0;
+// the driver must declare the host lost through its agent's heartbeats
+// (within --heartbeat-timeout and a margin, long before --collective-timeout
+// or SSH keep-alives) and the survivors must hear of it from the driver
+// (PEERS_LOST); the agent in the namespace, hearing nothing from the driver
+// either, must stop its worker while still cut off; and once the link is
+// back nothing of the old job may be left running in the namespace. Needs
+// root and ip(8) and sshd (and for the drop, tc(8) with netem or tbf); skips
+// without them.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -29,8 +32,7 @@ using namespace std::chrono_literals;
 std::vector<pid_t> job_processes(const NetNamespace& ns) {
   std::vector<pid_t> out;
   for (pid_t pid : ns.pids()) {
-    std::string cmd = read_file("/proc/" + std::to_string(pid) + "/cmdline");
-    std::replace(cmd.begin(), cmd.end(), '\0', ' ');
+    std::string cmd = cmdline_of(pid);
     if (cmd.empty()) continue;  // gone meanwhile
     if (cmd.find("sshd -D -e -f") != std::string::npos) continue;
     out.push_back(pid);
@@ -38,9 +40,36 @@ std::vector<pid_t> job_processes(const NetNamespace& ns) {
   return out;
 }
 
-TEST(ErunNetns, AHostCutOffMidTrainingLeavesTheOthersToFinishAtTheSameModel) {
+enum class Loss { kLinkCut, kTrafficDropped };
+
+// The namespace's processes of erun's own (agent, watchdog, worker): the job
+// processes other than sshd's.
+std::vector<pid_t> erun_processes(const NetNamespace& ns) {
+  std::vector<pid_t> out;
+  for (pid_t pid : job_processes(ns)) {
+    if (cmdline_of(pid).rfind("sshd", 0) != 0) out.push_back(pid);
+  }
+  return out;
+}
+
+// Waits until `list()` is empty; what is left when the time is up.
+template <typename List>
+std::vector<pid_t> wait_empty(List list, Duration timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  std::vector<pid_t> left = list();
+  while (!left.empty() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(200ms);
+    left = list();
+  }
+  return left;
+}
+
+void lose_a_host_mid_training(Loss loss) {
   auto ns = NetNamespace::create();
   ERUN_REQUIRE_NETNS(ns);
+  if (loss == Loss::kTrafficDropped) {
+    if (std::string why = ns->drop_skip_reason(); !why.empty()) GTEST_SKIP() << why;
+  }
   SshServerOptions outer;
   outer.addresses = {ns->outer_address()};
   auto here = SshServer::start(outer);
@@ -61,7 +90,8 @@ TEST(ErunNetns, AHostCutOffMidTrainingLeavesTheOthersToFinishAtTheSameModel) {
   // Rank 0 (the one that prints) and rank 1 here, rank 2 in the namespace.
   // --collective-timeout 60: far beyond the driver's detection, so survivors
   // computing again proves they were told, not timed out. --blacklist-after 1:
-  // the cut host is not tried again during the run.
+  // the lost host is not tried again during the run.
+  constexpr int kHeartbeatTimeout = 3;
   std::vector<std::string> args = {
       "--ssh-port", std::to_string(here->port()), "--ssh-identity-file", here->identity_file(),
       // Host keys checked: each server's key for its own addresses.
@@ -70,13 +100,24 @@ TEST(ErunNetns, AHostCutOffMidTrainingLeavesTheOthersToFinishAtTheSameModel) {
       "--term-grace", "2", "-np", "3", "--min-np", "2",
       "-H", ns->outer_address() + ":2," + ns->inner_address() + ":1",
       "--driver-address", ns->outer_address(), "--collective-timeout", "60", "--blacklist-after", "1",
-      "--event-log", dir.file("events.jsonl"), program};
+      "--heartbeat-timeout", std::to_string(kHeartbeatTimeout), "--event-log", dir.file("events.jsonl"), program};
   args.insert(args.end(), kTrainMlpArgs.begin(), kTrainMlpArgs.end());
   ErunProcess p(args);
   ASSERT_TRUE(p.wait_output("epoch 2 ", 120s)) << p.out() << p.err();
-  ASSERT_FALSE(job_processes(*ns).empty()) << "no worker of the job in the namespace";
+  ASSERT_FALSE(erun_processes(*ns).empty()) << "no worker of the job in the namespace";
 
-  ASSERT_TRUE(ns->cut().is_ok());
+  auto lost_at = std::chrono::steady_clock::now();
+  ASSERT_TRUE((loss == Loss::kLinkCut ? ns->cut() : ns->drop()).is_ok());
+  ASSERT_TRUE(p.wait_output("agent on " + ns->inner_address() + " lost: silent for", 30s)) << p.err();
+  auto detected = std::chrono::steady_clock::now() - lost_at;
+  ::testing::Test::RecordProperty(
+      "host_lost_after_ms", static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(detected).count()));
+  EXPECT_LT(detected, std::chrono::seconds(kHeartbeatTimeout) + 3s) << p.err();
+  // The host's agent heard nothing from the driver either: it stops its
+  // worker (term grace 2 s) and exits while the host is still cut off.
+  std::vector<pid_t> running = wait_empty([&] { return erun_processes(*ns); }, 30s);
+  EXPECT_TRUE(running.empty()) << "still running in the cut-off namespace:\n" << describe_pids(running);
+
   ASSERT_NO_FATAL_FAILURE(expect_trained_exactly(p, reference));
   EXPECT_EQ(p.count("exactly-once=yes"), 10u) << p.out();
   EXPECT_EQ(p.count("epoch 0 "), 1u) << p.out();  // never restarted from scratch
@@ -87,16 +128,19 @@ TEST(ErunNetns, AHostCutOffMidTrainingLeavesTheOthersToFinishAtTheSameModel) {
   std::string events = read_file(dir.file("events.jsonl"));
   EXPECT_NE(events.find("\"event\":\"peers_lost\""), std::string::npos) << events;
 
-  // The link comes back: the old worker, its supervisor and its SSH session
-  // in the namespace find their peers gone and end.
+  // The link comes back: the old SSH session in the namespace finds its
+  // client gone and ends.
   ASSERT_TRUE(ns->restore().is_ok());
-  auto deadline = std::chrono::steady_clock::now() + 120s;
-  std::vector<pid_t> left = job_processes(*ns);
-  while (!left.empty() && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(200ms);
-    left = job_processes(*ns);
-  }
+  std::vector<pid_t> left = wait_empty([&] { return job_processes(*ns); }, 120s);
   EXPECT_TRUE(left.empty()) << "left running in the namespace:\n" << describe_pids(left);
+}
+
+TEST(ErunNetns, AHostCutOffMidTrainingLeavesTheOthersToFinishAtTheSameModel) {
+  lose_a_host_mid_training(Loss::kLinkCut);
+}
+
+TEST(ErunNetns, AHostWhoseTrafficIsDroppedMidTrainingLeavesTheOthersToFinishAtTheSameModel) {
+  lose_a_host_mid_training(Loss::kTrafficDropped);
 }
 
 }  // namespace

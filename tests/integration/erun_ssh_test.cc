@@ -16,12 +16,6 @@ namespace {
 
 using namespace std::chrono_literals;
 
-std::string environ_of(pid_t pid) {
-  std::string s = read_file("/proc/" + std::to_string(pid) + "/environ");
-  std::replace(s.begin(), s.end(), '\0', '\n');
-  return "\n" + s;
-}
-
 size_t count_events(const std::string& path, const std::string& event) {
   std::ifstream in(path);
   std::string line;

@@ -20,12 +20,16 @@ namespace {
 
 constexpr const char* kPrefix = "erun-test-";
 
-std::string find_ip() {
-  for (const char* p : {"/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"}) {
-    if (::access(p, X_OK) == 0) return p;
+// An iproute2 tool's path ("" when missing).
+std::string find_tool(const std::string& name) {
+  for (const char* dir : {"/usr/sbin/", "/sbin/", "/usr/bin/", "/bin/"}) {
+    if (::access((dir + name).c_str(), X_OK) == 0) return dir + name;
   }
   return "";
 }
+
+std::string find_ip() { return find_tool("ip"); }
+std::string find_tc() { return find_tool("tc"); }
 
 std::vector<std::string> lines_of(const std::string& s) {
   std::vector<std::string> out;
@@ -155,23 +159,49 @@ Status NetNamespace::cut() {
   return r ? Status::ok() : Status::error(r.message());
 }
 
-Status NetNamespace::drop() {
-  // Both directions: each end's egress.
-  for (const auto& argv : std::vector<std::vector<std::string>>{
-           {find_ip(), "netns", "exec", name_, "tc", "qdisc", "replace", "dev", inner_if_, "root", "netem", "loss",
-            "100%"},
-           {"tc", "qdisc", "replace", "dev", outer_if_, "root", "netem", "loss", "100%"}}) {
-    if (auto r = run_tool(argv); !r) return Status::error(r.message());
+std::string NetNamespace::drop_skip_reason() {
+  if (drop_probed_) return drop_skip_reason_;
+  drop_probed_ = true;
+  const std::string tc = find_tc();
+  if (tc.empty()) return drop_skip_reason_ = "tc(8) not found: install iproute2 to drop a host's traffic";
+  // A tbf drops every packet longer than its burst: with a 1-byte burst, all.
+  std::string errors;
+  for (const auto& qdisc : std::vector<std::vector<std::string>>{
+           {"netem", "loss", "100%"}, {"tbf", "rate", "1kbit", "burst", "1", "latency", "1ms"}}) {
+    std::vector<std::string> argv = {tc, "qdisc", "replace", "dev", outer_if_, "root"};
+    argv.insert(argv.end(), qdisc.begin(), qdisc.end());
+    if (auto r = run_tool(argv); !r) {
+      errors += (errors.empty() ? "" : "; ") + r.message();
+      continue;
+    }
+    (void)run_tool({tc, "qdisc", "del", "dev", outer_if_, "root"});
+    drop_qdisc_ = qdisc;
+    return "";
   }
-  dropping_ = true;
+  return drop_skip_reason_ = "this kernel has neither the netem nor the tbf qdisc (" + errors +
+                             "): a host's traffic cannot be dropped here";
+}
+
+Status NetNamespace::drop() {
+  if (std::string why = drop_skip_reason(); !why.empty()) return Status::error(why);
+  const std::string tc = find_tc();
+  // Both directions: each end's egress.
+  std::vector<std::string> inner = {find_ip(), "netns", "exec", name_, tc, "qdisc", "replace", "dev", inner_if_, "root"};
+  std::vector<std::string> outer = {tc, "qdisc", "replace", "dev", outer_if_, "root"};
+  for (auto* argv : {&inner, &outer}) {
+    argv->insert(argv->end(), drop_qdisc_.begin(), drop_qdisc_.end());
+    dropping_ = true;  // restore() undoes what part of it was done
+    if (auto r = run_tool(*argv); !r) return Status::error(r.message());
+  }
   return Status::ok();
 }
 
 Status NetNamespace::restore() {
   const std::string ip = find_ip();
   if (dropping_) {
-    (void)run_tool({ip, "netns", "exec", name_, "tc", "qdisc", "del", "dev", inner_if_, "root"});
-    (void)run_tool({"tc", "qdisc", "del", "dev", outer_if_, "root"});
+    const std::string tc = find_tc();
+    (void)run_tool({ip, "netns", "exec", name_, tc, "qdisc", "del", "dev", inner_if_, "root"});
+    (void)run_tool({tc, "qdisc", "del", "dev", outer_if_, "root"});
     dropping_ = false;
   }
   auto r = run_tool({ip, "-n", name_, "link", "set", inner_if_, "up"});

@@ -3,8 +3,10 @@
 // namespace and private addresses that exist only inside this machine
 // (10.77.X.Y/30: this side .Y, the namespace .Y+1). Start the test's sshd in
 // it (SshServerOptions::netns) and its workers live there too; cut() takes
-// its link down and drop() makes it lose every packet (netem loss 100%), both
-// silently: no reset, no ICMP, as a powered-off or partitioned host.
+// its link down and drop() makes it lose every packet with the link up (a
+// qdisc on both ends: netem loss 100%, or where the kernel has no netem a tbf
+// whose burst is smaller than any packet), both silently: no reset, no ICMP,
+// as a powered-off or partitioned host.
 //
 // Names carry the test's pid; create() also removes what a killed test left
 // (a namespace whose pid is gone). The destructor kills every process in the
@@ -42,6 +44,9 @@ class NetNamespace {
 
   // The link goes down inside the namespace: packets either way vanish.
   Status cut();
+  // Why drop() cannot work here, "" when it can: no tc(8), or a kernel with
+  // neither the netem nor the tbf qdisc. Probes the link's outer end once.
+  std::string drop_skip_reason();
   // Every packet either way is dropped (the link stays up).
   Status drop();
   // Undoes cut() and drop().
@@ -56,6 +61,9 @@ class NetNamespace {
   NetNamespace() = default;
   std::string skip_reason_, error_;
   std::string name_, outer_if_, inner_if_, outer_address_, inner_address_;
+  std::vector<std::string> drop_qdisc_;  // tc's words after "root", once probed
+  std::string drop_skip_reason_;
+  bool drop_probed_ = false;
   bool created_ = false, link_created_ = false, dropping_ = false;
 };
 

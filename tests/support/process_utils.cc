@@ -24,10 +24,20 @@ char process_state(pid_t pid) {
   return stat[close + 2];
 }
 
-std::string cmdline(pid_t pid) {
-  std::string s = read_file("/proc/" + std::to_string(pid) + "/cmdline");
-  std::replace(s.begin(), s.end(), '\0', ' ');
-  return s;
+// Live pids in /proc (this process and zombies left out) that `match`.
+template <typename Match>
+std::vector<pid_t> live_pids_where(Match match) {
+  std::vector<pid_t> out;
+  DIR* dir = ::opendir("/proc");
+  if (!dir) return out;
+  pid_t self = ::getpid();
+  while (dirent* e = ::readdir(dir)) {
+    long pid;
+    if (!parse_int(e->d_name, pid) || pid == self) continue;
+    if (match(static_cast<pid_t>(pid)) && pid_alive(static_cast<pid_t>(pid))) out.push_back(static_cast<pid_t>(pid));
+  }
+  ::closedir(dir);
+  return out;
 }
 
 }  // namespace
@@ -40,18 +50,24 @@ std::string read_file(const std::string& path) {
 }
 
 std::vector<pid_t> pids_with_cmdline(const std::string& marker) {
-  std::vector<pid_t> out;
-  DIR* dir = ::opendir("/proc");
-  if (!dir) return out;
-  pid_t self = ::getpid();
-  while (dirent* e = ::readdir(dir)) {
-    long pid;
-    if (!parse_int(e->d_name, pid) || pid == self) continue;
-    if (cmdline(static_cast<pid_t>(pid)).find(marker) == std::string::npos) continue;
-    if (pid_alive(static_cast<pid_t>(pid))) out.push_back(static_cast<pid_t>(pid));
-  }
-  ::closedir(dir);
-  return out;
+  return live_pids_where([&](pid_t pid) { return cmdline_of(pid).find(marker) != std::string::npos; });
+}
+
+std::string cmdline_of(pid_t pid) {
+  std::string s = read_file("/proc/" + std::to_string(pid) + "/cmdline");
+  std::replace(s.begin(), s.end(), '\0', ' ');
+  return s;
+}
+
+std::string environ_of(pid_t pid) {
+  std::string s = read_file("/proc/" + std::to_string(pid) + "/environ");
+  std::replace(s.begin(), s.end(), '\0', '\n');
+  if (s.empty() || s.back() != '\n') s.push_back('\n');
+  return "\n" + s;
+}
+
+std::vector<pid_t> pids_with_environ(const std::string& text) {
+  return live_pids_where([&](pid_t pid) { return environ_of(pid).find(text) != std::string::npos; });
 }
 
 bool wait_no_process(const std::string& marker, Duration timeout, std::vector<pid_t>* left) {
@@ -84,7 +100,7 @@ bool wait_pid_gone(pid_t pid, Duration timeout) {
 
 std::string describe_pids(const std::vector<pid_t>& pids) {
   std::string out;
-  for (pid_t p : pids) out += std::to_string(p) + ": " + cmdline(p).substr(0, 200) + "\n";
+  for (pid_t p : pids) out += std::to_string(p) + ": " + cmdline_of(p).substr(0, 200) + "\n";
   return out;
 }
 

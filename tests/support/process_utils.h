@@ -24,6 +24,15 @@ bool wait_pid_gone(pid_t pid, Duration timeout);
 pid_t parent_of(pid_t pid);
 // "PID: cmdline" of each pid, for failure messages.
 std::string describe_pids(const std::vector<pid_t>& pids);
+// The command line of a live process with NULs read as spaces (so it ends
+// with one); empty when gone.
+std::string cmdline_of(pid_t pid);
+// The environment of a live process, one NAME=VALUE a line, with a newline
+// before the first and after the last, so that "\nNAME=" finds a whole name;
+// "\n" when unreadable or gone.
+std::string environ_of(pid_t pid);
+// pids (other than this process, zombies left out) whose environ_of() contains `text`.
+std::vector<pid_t> pids_with_environ(const std::string& text);
 // Reads a file whole; empty when missing.
 std::string read_file(const std::string& path);
 // Waits until `path` exists and holds at least `lines` newline-terminated lines.
