@@ -43,6 +43,10 @@ constexpr int kCannotStart = 127;
 // After a worker is reaped, how long its EXITED waits for its pipes' EOF
 // (a process that left its session may hold them open for ever).
 constexpr Duration kExitOutputWait = 200ms;
+// The watchdog takes an agent that wrote it nothing for the heartbeat
+// timeout plus this for frozen or hung (the driver has declared the host
+// lost by then), kills it and stops its workers.
+constexpr Duration kWatchdogSlack = 2s;
 
 void set_nonblocking(int fd) { ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK); }
 
@@ -66,18 +70,37 @@ bool write_fully(int fd, std::string_view data) {
 }
 
 // ---- the watchdog -------------------------------------------------------
-// Reads "A <pgid> <grace_ms>" and "R <pgid>" lines; at EOF (the agent is
-// gone, however it went) stops every group it still knows: SIGTERM, the
-// longest grace, SIGKILL. Runs in a forked child in its own session, with
-// every inherited descriptor but its pipe closed.
-[[noreturn]] void watchdog_main(int fd) {
+// Reads "A <pgid> <grace_ms>" and "R <pgid>" lines, and "H" lines, the
+// agent's sign of life. At EOF (the agent is gone, however it went), or when
+// the agent has written nothing for `silence_ms` (it is frozen or hung: the
+// driver has declared its host lost by then), it SIGKILLs a silent agent and
+// stops every group it still knows: SIGTERM, the longest grace, SIGKILL.
+// Runs in a forked child in its own session, with every inherited
+// descriptor but its pipe closed.
+[[noreturn]] void watchdog_main(int fd, pid_t agent, long silence_ms) {
   std::map<pid_t, long> groups;  // pgid -> grace ms
   std::string buffer;
   char chunk[4096];
+  auto last_word = SteadyClock::now();
   while (true) {
+    int wait_ms = -1;
+    if (silence_ms > 0) {
+      auto quiet = std::chrono::duration_cast<std::chrono::milliseconds>(SteadyClock::now() - last_word).count();
+      if (quiet >= silence_ms) {
+        // Still our parent, so the pid is the agent's (not reaped, not reused).
+        if (::getppid() == agent) ::kill(agent, SIGKILL);
+        break;
+      }
+      wait_ms = static_cast<int>(silence_ms - quiet);
+    }
+    pollfd p{fd, POLLIN, 0};
+    int ready = ::poll(&p, 1, wait_ms);
+    if (ready < 0 && errno != EINTR) break;
+    if (ready <= 0) continue;
     ssize_t n = ::read(fd, chunk, sizeof chunk);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;
+    last_word = SteadyClock::now();
     buffer.append(chunk, static_cast<size_t>(n));
     size_t nl;
     while ((nl = buffer.find('\n')) != std::string::npos) {
@@ -107,8 +130,10 @@ bool write_fully(int fd, std::string_view data) {
   ::_exit(0);
 }
 
-// Forks the watchdog; returns the write end of its pipe (close-on-exec), or -1.
-int spawn_watchdog() {
+// Forks the watchdog; returns the write end of its pipe (close-on-exec), or
+// -1. `silence_ms` (0: none): see watchdog_main().
+int spawn_watchdog(long silence_ms) {
+  const pid_t agent = ::getpid();
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0) return -1;
   pid_t pid = ::fork();
@@ -132,7 +157,7 @@ int spawn_watchdog() {
       ::fcntl(3, F_SETFD, 0);
     }
     close_from(4);
-    watchdog_main(3);
+    watchdog_main(3, agent, silence_ms);
   }
   ::close(fds[0]);
   // The watchdog is not the agent's to reap through SIGCHLD bookkeeping: it is
@@ -206,6 +231,7 @@ class Agent {
   SteadyClock::time_point last_sent_{};
   int sig_fd_ = -1;
   int watchdog_fd_ = -1;
+  SteadyClock::time_point last_watchdog_word_{};  // the last "H" to the watchdog
   std::map<uint64_t, Worker> workers_;
   std::unique_ptr<Relay> relay_;  // made for the first worker that has a rendezvous to relay
   bool relay_failed_ = false;     // could not be made: workers connect directly
@@ -620,7 +646,9 @@ void Agent::ensure_watchdog() {
     ERUN_LOG_WARN("{}: the watchdog ended: starting another", me_);
     close_fd(watchdog_fd_);
   }
-  watchdog_fd_ = spawn_watchdog();
+  watchdog_fd_ = spawn_watchdog(
+      std::chrono::duration_cast<std::chrono::milliseconds>(o_.heartbeat_timeout + kWatchdogSlack).count());
+  last_watchdog_word_ = SteadyClock::now();
   if (watchdog_fd_ < 0) {
     ERUN_LOG_ERROR("{}: cannot start the watchdog: {}", me_, std::strerror(errno));
     return;
@@ -666,6 +694,10 @@ int Agent::run() {
                true);
     }
     if (out_open_ && now - last_sent_ >= o_.heartbeat_interval) send(Heartbeat{});
+    if (watchdog_fd_ >= 0 && now - last_watchdog_word_ >= o_.heartbeat_interval) {
+      (void)write_fully(watchdog_fd_, "H\n");
+      last_watchdog_word_ = now;
+    }
     report_exits(now);
     for (auto& [id, w] : workers_) {
       if (w.kill_at && !w.reaped && now >= *w.kill_at) {

@@ -13,7 +13,8 @@
 // agent stops every worker session (SIGTERM, the worker's grace, SIGKILL) and
 // exits. A watchdog process it forks at start (own session, knows every
 // worker's process group) does the same when the agent itself dies, even of
-// SIGKILL; a killed watchdog is started again.
+// SIGKILL, or stops writing to it (frozen or hung) for the heartbeat timeout
+// + 2 s, which it then SIGKILLs; a killed watchdog is started again.
 // Single-threaded; run_agent() owns the process (signal mask, SIGCHLD).
 #pragma once
 

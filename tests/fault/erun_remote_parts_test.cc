@@ -304,6 +304,15 @@ INSTANTIATE_TEST_SUITE_P(
                    ASSERT_TRUE(lost) << p.err();
                  },
                  "failed with exit code 255"},
+        // A frozen agent that never runs again: its watchdog hears nothing
+        // from it for --heartbeat-timeout + 2 s, SIGKILLs it and stops the
+        // worker's session, so the host keeps nothing of the job.
+        PartKill{"AgentFrozenForGood",
+                 [](ErunRemoteParts&, ErunProcess& p, const RemoteParts& r) {
+                   ASSERT_EQ(::kill(r.agent, SIGSTOP), 0);
+                   ASSERT_TRUE(p.wait_output("agent on 127.0.0.3 lost: silent for", 10s)) << p.err();
+                 },
+                 "failed with exit code 255"},
         // SIGTERM: the agent stops its worker's session itself and reports
         // how the worker ended before it exits.
         PartKill{"AgentTerminated",
