@@ -1,8 +1,10 @@
 // Cross-host allreduce (float32, sum): N processes bootstrapped over a
 // FileKvStore, each "host" on its own loopback address (127.0.0.2, .3, ...) so
 // that the traffic goes through TCP, not shared memory:
-//   cross_allreduce_bench {tcp|gloo|hier-tcp|hier-tcp-serial|hier-tcp-pipe|hier-gloo} NP [BYTES...]
-// tcp / gloo: one rank per host, erun's TCP transport or Gloo's pairs.
+//   cross_allreduce_bench {tcp|tcp-thread|gloo|hier-tcp|hier-tcp-serial|hier-tcp-pipe|hier-gloo} NP [BYTES...]
+// tcp / gloo: one rank per host, erun's TCP transport or Gloo's pairs;
+// tcp-thread: the transport as if every rank had a CPU of its own (its large
+// rings send on the sender thread even on an oversubscribed machine).
 // hier-*: the hierarchical communicator with 2 ranks per host (NP/2 hosts),
 // shared memory inside a host and the named transport between hosts;
 // hier-tcp-serial / hier-tcp-pipe: its three phases one after the other, or
@@ -69,7 +71,7 @@ std::unique_ptr<Communicator> make(const std::string& backend, KvStore& store, i
     o.prefix = "bench";
     return make_gloo_communicator(store, o);
   }
-  if (backend == "tcp") {
+  if (backend == "tcp" || backend == "tcp-thread") {
     TcpOptions o;
     o.rank = rank;
     o.size = np;
@@ -78,7 +80,9 @@ std::unique_ptr<Communicator> make(const std::string& backend, KvStore& store, i
     o.prefix = "bench";
     o.job_id = "bench";
     o.secret = secret;
-    o.machine_ranks = np;  // every "host" of this benchmark is this machine
+    // Every "host" of this benchmark is this machine; tcp-thread claims a
+    // CPU per rank, so that large rings use the sender thread regardless.
+    o.machine_ranks = backend == "tcp-thread" ? 1 : np;
     return make_tcp_communicator(store, o);
   }
   // Hierarchical: ranks 2h and 2h+1 on host h.
@@ -146,13 +150,13 @@ int rank_main(const std::string& backend, const std::string& dir, int rank, int 
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    std::fprintf(stderr, "usage: %s {tcp|gloo|hier-tcp|hier-tcp-serial|hier-tcp-pipe|hier-gloo} NP [BYTES...]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s {tcp|tcp-thread|gloo|hier-tcp|hier-tcp-serial|hier-tcp-pipe|hier-gloo} NP [BYTES...]\n", argv[0]);
     return 2;
   }
   const std::string backend = argv[1];
-  if (backend != "tcp" && backend != "gloo" && backend != "hier-tcp" && backend != "hier-gloo" &&
+  if (backend != "tcp" && backend != "tcp-thread" && backend != "gloo" && backend != "hier-tcp" && backend != "hier-gloo" &&
       backend != "hier-tcp-serial" && backend != "hier-tcp-pipe") {
-    std::fprintf(stderr, "cross_allreduce_bench: unknown backend '%s' (tcp, gloo, hier-tcp, hier-tcp-serial, "
+    std::fprintf(stderr, "cross_allreduce_bench: unknown backend '%s' (tcp, tcp-thread, gloo, hier-tcp, hier-tcp-serial, "
                  "hier-tcp-pipe or hier-gloo)\n", argv[1]);
     return 2;
   }

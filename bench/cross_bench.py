@@ -9,11 +9,19 @@ docs/performance.md (targets marked met / not met).
   /usr/bin/python3 bench/cross_bench.py [--build-dir build] [--rounds 3]
                                         [--max-bytes 268435456] [--smoke]
                                         [--only flat|hier] [--mpi-rounds N]
+                                        [--sender-thread] [--hosts N]
+                                        [--sizes BYTES,BYTES...]
 
 --mpi-rounds N runs Open MPI in the first N rounds only (it is the far
 reference: 4-28x slower here, and its 256 MiB cases take minutes), while erun
 and Gloo run in every round. Run it under `chrt -f 1` (with --mpi-rounds 0:
 Open MPI busy-polls) to keep other tenants of the machine off its CPUs.
+
+--sender-thread adds erun-tcp with its sender thread forced on at 4 hosts
+(backend tcp-thread: two threads per rank, as Gloo has), to tell the
+transport's cost from the share of an oversubscribed machine its threads get.
+"cores" is the CPU of all ranks per allreduce / its time: how many of the
+machine's cores the implementation had while it ran.
 """
 import argparse
 import os
@@ -60,26 +68,37 @@ def main():
     ap.add_argument("--mpi-rounds", type=int, default=None, help="run Open MPI in the first N rounds only")
     ap.add_argument("--only", choices=("flat", "hier"), help="run only one rank per host (flat) or only the "
                     "hierarchical 2x2 cases (hier; Open MPI np=4 runs with them as the reference)")
+    ap.add_argument("--hosts", type=int, choices=(2, 4), help="only the flat cases with this many hosts")
+    ap.add_argument("--sizes", help="comma-separated sizes in bytes instead of 4 KiB .. --max-bytes")
+    ap.add_argument("--sender-thread", action="store_true", help="also run erun-tcp with its sender thread "
+                    "forced on at 4 hosts (tcp-thread)")
     a = ap.parse_args()
     xbench = os.path.join(a.build_dir, "bench/cross_allreduce_bench")
     mpibench = os.path.join(a.build_dir, "bench/mpi_allreduce_bench")
     sizes = [4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20, 256 << 20]
     sizes = [s for s in sizes if s <= a.max_bytes]
+    if a.sizes:
+        try:
+            sizes = [int(x) for x in a.sizes.split(",")]
+        except ValueError:
+            ap.error(f"--sizes {a.sizes!r}: give sizes in bytes separated by commas, e.g. 16777216,67108864")
     if a.smoke:
         sizes, a.rounds = sizes[:2], 1
     args = [str(s) for s in sizes]
     have_mpi = shutil.which("mpirun") and os.path.exists(mpibench)
 
     cases = []  # (group, np, impl, argv)
-    for np in (2, 4):
+    for np in (2, 4) if a.hosts is None else (a.hosts,):
         cases.append(("flat", np, "erun-tcp", [xbench, "tcp", str(np)] + args))
+        if a.sender_thread and np == 4:
+            cases.append(("flat", np, "erun-tcp-thread", [xbench, "tcp-thread", str(np)] + args))
         cases.append(("flat", np, "gloo", [xbench, "gloo", str(np)] + args))
         if have_mpi:
             cases.append(("flat", np, "openmpi-tcp", MPIRUN + ["-np", str(np), mpibench] + args))
     cases.append(("hier", 4, "hier-tcp", [xbench, "hier-tcp", "4"] + args))
     cases.append(("hier", 4, "hier-tcp-pipe", [xbench, "hier-tcp-pipe", "4"] + args))
     cases.append(("hier", 4, "hier-gloo", [xbench, "hier-gloo", "4"] + args))
-    if a.only == "flat":
+    if a.only == "flat" or a.hosts:
         cases = [c for c in cases if c[0] == "flat"]
     elif a.only == "hier":
         cases = [c for c in cases if c[0] == "hier" or (c[2] == "openmpi-tcp" and c[1] == 4)]
@@ -105,6 +124,9 @@ def main():
         if i == 2:  # the median CPU of all ranks per allreduce, in ms
             cpus = [x[2] for x in v if x[2] is not None]
             return statistics.median(cpus) / 1000 if cpus else None
+        if i == 3:  # the median over rounds of CPU / time: the cores it had
+            cores = [x[2] / x[0] for x in v if x[2] is not None and x[0] > 0]
+            return statistics.median(cores) if cores else None
         return t if i == 0 else b / (t * 1e-6) / 1e9 * 2 * (np - 1) / np
 
     loads.append(os.getloadavg()[0])
@@ -115,12 +137,14 @@ def main():
     out.append(f"Median time of {a.rounds} round(s){mpi_note}; each round's time is itself the median of 5 repetitions. "
                "busbw = bytes/time x 2(n-1)/n from that time. Ratios are erun-tcp / peer (busbw) and peer / erun-tcp (time), "
                "so > 1 means erun is better.\n")
-    for np in (2, 4) if a.only != "hier" else ():
+    for np in ((2, 4) if a.hosts is None else (a.hosts,)) if a.only != "hier" else ():
         out.append(f"\n**{np} hosts, one rank each** (erun-tcp: 127.0.0.2..{1 + np}; Gloo likewise; "
                    "Open MPI `--mca btl tcp,self --mca btl_tcp_if_include lo`)\n")
+        thread = ("flat", np, "erun-tcp-thread", sizes[0]) in samples
         out.append("| size | erun-tcp time (µs) | busbw (GB/s) | Open MPI time | busbw | Gloo time | busbw | "
-                   "busbw vs MPI | time vs MPI | busbw vs Gloo | CPU/op erun, Gloo (ms) | targets |")
-        out.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
+                   "busbw vs MPI | time vs MPI | busbw vs Gloo | CPU/op erun, Gloo (ms) | cores erun, Gloo | "
+                   + ("sender thread: time (µs), vs Gloo, CPU/op (ms), cores | " if thread else "") + "targets |")
+        out.append("|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if thread else "") + "---|")
         for b in sizes:
             et, eb = med("flat", np, "erun-tcp", b, 0), med("flat", np, "erun-tcp", b, 1)
             mt, mb = med("flat", np, "openmpi-tcp", b, 0), med("flat", np, "openmpi-tcp", b, 1)
@@ -138,10 +162,17 @@ def main():
                 notes.append(f"4 KiB within 2x of MPI: {'met' if r_mt >= 0.5 else 'not met'}")
             if r_gb is not None:
                 notes.append(f"≥ Gloo: {'met' if r_gb >= 1 else 'not met'}")
+            extra = ""
+            if thread:
+                tt = med("flat", np, "erun-tcp-thread", b, 0)
+                extra = (f"{f(tt)}, {f(gt / tt if tt and gt else None, 2)}, {f(med('flat', np, 'erun-tcp-thread', b, 2), 2)}, "
+                         f"{f(med('flat', np, 'erun-tcp-thread', b, 3), 2)} | ")
             out.append(f"| {human(b)} | {f(et)} | {f(eb, 3)} | {f(mt)} | {f(mb, 3)} | {f(gt)} | {f(gb, 3)} | "
                        f"{f(r_mb, 2)} | {f(r_mt, 2)} | {f(r_gb, 2)} | "
-                       f"{f(med('flat', np, 'erun-tcp', b, 2), 2)}, {f(med('flat', np, 'gloo', b, 2), 2)} | {'; '.join(notes)} |")
-    if a.only == "flat":
+                       f"{f(med('flat', np, 'erun-tcp', b, 2), 2)}, {f(med('flat', np, 'gloo', b, 2), 2)} | "
+                       f"{f(med('flat', np, 'erun-tcp', b, 3), 2)}, {f(med('flat', np, 'gloo', b, 3), 2)} | "
+                       f"{extra}{'; '.join(notes)} |")
+    if a.only == "flat" or a.hosts:
         print("\n".join(out))
         return
     out.append("\n**Hierarchical, 2 hosts x 2 ranks** (shared memory inside a host, the named transport between "

@@ -7,6 +7,7 @@
 // secret, frames that are corrupted, from another generation or out of
 // sequence (rejected before a byte reaches the caller's buffer), and ranks
 // that call different collectives (the error names both ranks and both calls).
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <arpa/inet.h>
@@ -372,10 +373,17 @@ TEST(TcpCommunicator, AbortWakesARingAllreduceBlockedSendingAndReceiving) {
   EXPECT_EQ(thread_count(), threads_before) << "a communicator left a thread behind";
 }
 
-// A large ring uses the sender thread when the machine has a CPU per rank,
-// and only then; the result is the same either way.
-TEST(TcpCommunicator, SenderThreadOnlyWithACpuPerRankOnTheMachine) {
-  for (int machine_ranks : {1, 1 << 20}) {
+// A large ring uses the sender thread from 4 MiB blocks when the machine has
+// a CPU per rank, from 16 MiB blocks when its ranks outnumber its CPUs; the
+// result is the same either way.
+TEST(TcpCommunicator, SenderThreadFromLargerBlocksWhenRanksOutnumberCpus) {
+  struct Case {
+    int machine_ranks;
+    size_t bytes;
+    bool thread;
+  };
+  for (const Case& k : {Case{1, 16u << 20, true}, Case{1 << 20, 16u << 20, false}, Case{1 << 20, 32u << 20, true}}) {
+    const int machine_ranks = k.machine_ranks;
     const size_t threads_before = thread_count();
     MemoryKvStore store;
     std::unique_ptr<Communicator> c0, c1;
@@ -387,15 +395,15 @@ TEST(TcpCommunicator, SenderThreadOnlyWithACpuPerRankOnTheMachine) {
     std::thread t([&] { c1 = make_tcp_communicator(store, opts(1)); });
     c0 = make_tcp_communicator(store, opts(0));
     t.join();
-    const size_t n = (16u << 20) / sizeof(float);  // 8 MiB blocks
+    const size_t n = k.bytes / sizeof(float);  // blocks of bytes / 2
     std::vector<float> v0(n, 1.0f), v1(n, 2.0f);
     std::thread peer([&] { c1->allreduce(v1, ReduceOp::kSum); });
     c0->allreduce(v0, ReduceOp::kSum);
     peer.join();
-    EXPECT_EQ(std::count(v0.begin(), v0.end(), 3.0f), static_cast<long>(n)) << "machine_ranks " << machine_ranks;
-    EXPECT_EQ(v0, v1) << "machine_ranks " << machine_ranks;
-    EXPECT_EQ(thread_count(), threads_before + (machine_ranks == 1 ? 2 : 0))
-        << "machine_ranks " << machine_ranks << ": one sender thread per communicator, or none";
+    const std::string what = fmt::format("machine_ranks {}, {} MiB", machine_ranks, k.bytes >> 20);
+    EXPECT_EQ(std::count(v0.begin(), v0.end(), 3.0f), static_cast<long>(n)) << what;
+    EXPECT_EQ(v0, v1) << what;
+    EXPECT_EQ(thread_count(), threads_before + (k.thread ? 2 : 0)) << what << ": one sender thread per communicator, or none";
   }
 }
 

@@ -275,7 +275,7 @@ class TcpCommunicator final : public Communicator {
       throw CommError(fmt::format("erun tcp: eventfd: {}", std::strerror(err)));
     }
     who_ = who(o.generation, o.address, o.rank);
-    sender_thread_ = o.machine_ranks <= ::sysconf(_SC_NPROCESSORS_ONLN);
+    cpu_per_rank_ = o.machine_ranks <= ::sysconf(_SC_NPROCESSORS_ONLN);
     if (o.size > 1) connect_mesh(store);
   }
 
@@ -424,9 +424,13 @@ class TcpCommunicator final : public Communicator {
   // segment is forwarded as soon as it has arrived (and been reduced).
   static constexpr size_t kSegmentBytes = 512 << 10;
   // From this block size (bytes / ranks) up, the ring's sends go out on the
-  // sender thread (if sender_thread_); below it the hand-over per segment
-  // costs more than the overlap gains (docs/performance.md section 8).
+  // sender thread when the machine has a CPU per rank (cpu_per_rank_);
+  // below it the hand-over per segment costs more than the overlap gains.
+  // With more ranks than CPUs, the second thread costs CPU for 4 MiB blocks
+  // but not from 16 MiB up, where it keeps a rank's stream moving while the
+  // scheduler runs its neighbours (docs/performance.md section 8).
   static constexpr size_t kSenderThreadBlockBytes = 4 << 20;
+  static constexpr size_t kOversubscribedSenderThreadBlockBytes = 16 << 20;
 
   // Runs one collective: checks the communicator is usable, numbers it, and
   // turns every failure into a CommError that names the operation and rank,
@@ -777,12 +781,11 @@ class TcpCommunicator final : public Communicator {
       }
       return r;
     };
-    if (off[1] - off[0] < kSenderThreadBlockBytes || !sender_thread_) {
+    if (off[1] - off[0] < (cpu_per_rank_ ? kSenderThreadBlockBytes : kOversubscribedSenderThreadBlockBytes)) {
       // Small blocks: handing each segment to another thread costs more
-      // than it overlaps (and without a CPU per rank, it always does); one
-      // thread moves the sends and receives side by side (a receive cannot
-      // complete before the send it overwrites has left: the ring carries
-      // those bytes around first).
+      // than it overlaps; one thread moves the sends and receives side by
+      // side (a receive cannot complete before the send it overwrites has
+      // left: the ring carries those bytes around first).
       size_t released = own_frames, next_send = 0;
       for (const Planned& p : recvs) {
         RecvOp r = receive_op(p);
@@ -1336,8 +1339,9 @@ class TcpCommunicator final : public Communicator {
   TimePoint deadline_{};
   std::vector<char> scratch_;
   // The sender thread (started by the first ring allreduce that uses it:
-  // sender_thread_, blocks of kSenderThreadBlockBytes) and its job.
-  bool sender_thread_ = true;
+  // blocks of kSenderThreadBlockBytes, or kOversubscribedSenderThreadBlockBytes
+  // without cpu_per_rank_) and its job.
+  bool cpu_per_rank_ = true;
   std::thread sender_;
   std::mutex sender_mu_;
   std::condition_variable sender_cv_;

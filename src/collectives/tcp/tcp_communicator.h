@@ -10,10 +10,10 @@
 // signature; anything unexpected is a CommError, never reduced into the
 // caller's buffer. Every connect, send and receive is bounded by a deadline
 // and woken by abort() from any thread. A large allreduce (blocks of 4 MiB
-// and more, when the machine has a CPU per rank: machine_ranks) writes on
-// the communicator's own sender thread while the caller
-// receives and reduces; that thread ends with the communicator, and no send
-// outlives its operation. Wire format: docs/protocol.md.
+// and more when the machine has a CPU per rank, see machine_ranks; of 16 MiB
+// and more otherwise) writes on the communicator's own sender thread while
+// the caller receives and reduces; that thread ends with the communicator,
+// and no send outlives its operation. Wire format: docs/protocol.md.
 #pragma once
 
 #include <functional>
@@ -44,10 +44,11 @@ struct TcpOptions {
   std::string secret;
   long generation = 0;
   // Ranks of the job on this machine, this one included (they share its
-  // CPUs). A large allreduce writes on a second thread only when they are
-  // not more than the machine's CPUs: with a core per rank the overlap pays,
-  // when ranks already outnumber the cores it costs ~10 % more CPU
-  // (docs/performance.md section 8).
+  // CPUs). A large allreduce writes on a second thread from 4 MiB blocks
+  // when they are not more than the machine's CPUs (with a core per rank
+  // the overlap pays), from 16 MiB blocks when they are (for 4 MiB blocks
+  // the second thread then costs ~10 % more CPU; docs/performance.md
+  // section 8).
   int machine_ranks = 1;
   // Polled while the mesh forms (about every 50 ms): returning true gives up
   // at once with a CommError, e.g. when the driver announced a new generation.
