@@ -481,9 +481,8 @@ void Agent::start(const Start& s) {
 // private and never through a link (common/private_files.h). A file that
 // cannot be opened is logged and skipped: the output still reaches erun.
 void Agent::open_output_files(Worker& w, const Start& s) {
-  std::filesystem::path dir(s.output_dir);
-  if (dir.is_relative() && !s.cwd.empty()) dir = std::filesystem::path(s.cwd) / dir;
-  dir /= fmt::format("rank.{}", s.rank);
+  // The driver made it absolute from its own directory (make_spec).
+  std::filesystem::path dir = std::filesystem::path(s.output_dir) / fmt::format("rank.{}", s.rank);
   auto who_s = who(s.generation, o_.host, s.rank);
   Status made = ensure_private_dir(dir.string(), "--output-filename directory",
                                    DirPolicy{.refuse_shared_write = false, .refuse_link = true});

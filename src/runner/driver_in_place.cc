@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <set>
+#include <utility>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -177,26 +178,22 @@ void Driver::exclude_silent() {
       g.silent.clear();  // nobody left to exclude
       continue;
     }
-    const JoinRequest* named = nullptr;
-    for (auto& j : g.silent) {
-      for (auto* r : open) {
-        if (j.failed_rank == r->rank && !named) named = &j;
-      }
-    }
-    if (!named) continue;
+    auto names_open = [&](const JoinRequest& j) {
+      return std::any_of(open.begin(), open.end(), [&](const RankAssignment* r) { return j.failed_rank == r->rank; });
+    };
+    auto named = std::find_if(g.silent.begin(), g.silent.end(), names_open);
+    if (named == g.silent.end()) continue;
     const bool alone = open.size() == 1 && ended == 0;
     if (!alone && clock_.now() - g.changed_at < kSilentSettle) continue;
     const JoinRequest report = *named;
-    const std::vector<const RankAssignment*> excluded = open;
-    const std::vector<JoinRequest> g_reports = std::move(g.silent);
-    g.silent.clear();  // decided: later reports about this generation change nothing
+    const std::vector<JoinRequest> g_reports = std::exchange(g.silent, {});  // decided: later reports change nothing
     if (alone) {
       exclude_reported(report, fmt::format(", and every other member of generation {} re-joined", generation));
       continue;
     }
     std::vector<int> ranks;
-    for (auto* r : excluded) ranks.push_back(r->rank);
-    for (auto* r : excluded) {
+    for (auto* r : open) ranks.push_back(r->rank);
+    for (auto* r : open) {
       Worker* w = worker_of(generation, r->slot);
       auto by = std::find_if(g_reports.begin(), g_reports.end(),
                              [&](const JoinRequest& j) { return j.failed_rank == r->rank; });
@@ -229,19 +226,14 @@ void Driver::exclude_reported(const JoinRequest& report, const std::string& why)
   if (!left || report.failed_rank >= left->size()) return;
   const RankAssignment& failed = left->ranks[static_cast<size_t>(report.failed_rank)];
   if (failed.slot == report.slot) return;  // a worker does not report itself
-  for (auto& w : workers_) {
-    // Only the worker that held the rank then: a replacement launched later
-    // on the same slot is not the one reported.
-    if (!(w.assignment.slot == failed.slot) || w.exit || w.excluded || !w.handle ||
-        w.launched_generation > report.left_generation) {
-      continue;
-    }
-    ERUN_LOG_WARN("{}: reported by {} as {}{}; killing it and going on without it",
-                  who(report.left_generation, failed.slot.host, failed.rank), reporter(report),
-                  to_string(report.failed_state), why);
-    exclude_worker(w, report.left_generation, failed, report.failed_state);
-    return;
-  }
+  // Only the worker that held the rank then: a replacement launched later on
+  // the same slot is not the one reported.
+  Worker* w = worker_of(report.left_generation, failed.slot);
+  if (!w || w->exit || w->excluded || !w->handle) return;
+  ERUN_LOG_WARN("{}: reported by {} as {}{}; killing it and going on without it",
+                who(report.left_generation, failed.slot.host, failed.rank), reporter(report),
+                to_string(report.failed_state), why);
+  exclude_worker(*w, report.left_generation, failed, report.failed_state);
 }
 
 std::string Driver::reporter(const JoinRequest& report) const {
