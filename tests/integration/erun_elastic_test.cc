@@ -17,6 +17,7 @@
 
 #include <fmt/format.h>
 #include <regex>
+#include <set>
 #include <thread>
 
 #include "support/erun_process.h"
@@ -140,7 +141,17 @@ TEST_F(ErunElastic, InPlaceGrowKillSlotChangeShrinkEndsAtTheUninterruptedModel) 
   EXPECT_NE(p.err().find("recovering in place"), std::string::npos) << p.err();
   EXPECT_NE(p.err().find("the survivors go on alone"), std::string::npos) << p.err();
   EXPECT_NE(p.out().find("world size 2 -> 4"), std::string::npos) << p.out();
-  EXPECT_NE(p.out().find("world size 3 -> 4"), std::string::npos) << p.out();  // the replacement joined
+  // The replacement joined a later world of 4. The survivors train alone as 3 first ("3 -> 4") only when their
+  // generation connects before the replacement registers; when it registers sooner, the driver announces the
+  // 4-rank generation while theirs forms, they restore the last commit and meet it there ("2 -> 4" again). Both
+  // keep everything up to the last commit, which expect_trained_exactly checks bit for bit.
+  std::set<int> four_generations;
+  const std::string out = p.out();
+  const std::regex four_re("reset: world size ([0-9]+) -> 4 \\(generation ([0-9]+)\\)");
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), four_re); it != std::sregex_iterator(); ++it) {
+    four_generations.insert(std::stoi((*it)[2].str()));
+  }
+  EXPECT_GE(four_generations.size(), 2u) << out;
   EXPECT_NE(p.out().find("world size 3 -> 1"), std::string::npos) << p.out();
 }
 

@@ -309,6 +309,8 @@ class TcpCommunicator final : public Communicator {
       const size_t bytes = count * esize;
       if (bytes <= kDirectAllreduceBytes || count < static_cast<size_t>(size())) {
         allreduce_direct(c, static_cast<char*>(data), count, esize, fn);
+      } else if (bytes <= kScatterGatherBytes && size() > 2 && size() <= kScatterGatherRanks) {
+        allreduce_scatter_gather(c, static_cast<char*>(data), count, esize, fn);
       } else {
         allreduce_ring(c, static_cast<char*>(data), count, esize, fn);
       }
@@ -417,6 +419,13 @@ class TcpCommunicator final : public Communicator {
   static constexpr size_t kDirectAllreduceBytes = 128 << 10;
   static constexpr size_t kDirectBroadcastBytes = 256 << 10;
   static constexpr size_t kDirectGatherBytes = 256 << 10;
+  // Up to this size, and with 3 to this many ranks, a medium allreduce is a
+  // direct reduce-scatter and a direct allgather: the ring's bytes in 2
+  // steps instead of 2(n-1), each a hop that waits for the slowest rank to
+  // be scheduled (docs/performance.md section 8). With 2 ranks the ring is
+  // already 2 steps, and it pipelines the block in segments.
+  static constexpr size_t kScatterGatherBytes = 4 << 20;
+  static constexpr int kScatterGatherRanks = 8;
   // Received data is reduced in pieces of this size while the rest arrives
   // (a multiple of every element size).
   static constexpr size_t kReduceSegment = 256 << 10;
@@ -658,6 +667,40 @@ class TcpCommunicator final : public Communicator {
     transfer(c, sends, recvs);
     fn(data, slots, slots + bytes, count);
     for (int q = 2; q < size(); ++q) fn(data, data, slots + q * bytes, count);
+  }
+
+  // Medium allreduce: every rank sends block q to rank q, which reduces the
+  // n inputs of its block in rank order and sends the result to every rank.
+  // Each rank moves what the ring moves (2(n-1)/n of the buffer) in two
+  // steps; each block is reduced by one rank only, so every rank ends with
+  // the same bits.
+  void allreduce_scatter_gather(const Call& c, char* data, size_t count, size_t esize, ReduceFn fn) {
+    const int n = size(), me = rank();
+    std::vector<size_t> off(n + 1);
+    for (int i = 0; i <= n; ++i) off[i] = block_begin(count, n, i) * esize;
+    const size_t mine = off[me + 1] - off[me];
+    scratch_.resize(mine * n);
+    char* slots = scratch_.data();
+    std::memcpy(slots + me * mine, data + off[me], mine);
+    std::vector<SendOp> sends;
+    std::vector<RecvOp> recvs;
+    for (int q = 0; q < n; ++q) {
+      if (q == me) continue;
+      sends.push_back(make_send(q, c, off[q], off[q + 1] - off[q], data + off[q]));
+      recvs.push_back(make_recv(q, off[me], mine, slots + q * mine));
+    }
+    transfer(c, sends, recvs);
+    const size_t elems = mine / esize;
+    fn(data + off[me], slots, slots + mine, elems);
+    for (int q = 2; q < n; ++q) fn(data + off[me], data + off[me], slots + q * mine, elems);
+    sends.clear();
+    recvs.clear();
+    for (int q = 0; q < n; ++q) {
+      if (q == me) continue;
+      sends.push_back(make_send(q, c, off[me], mine, data + off[me]));
+      recvs.push_back(make_recv(q, off[q], off[q + 1] - off[q], data + off[q]));
+    }
+    transfer(c, sends, recvs);
   }
 
   // ---- the sender thread ----
