@@ -190,7 +190,9 @@ TEST_P(CollectivesFault, KilledPeerFailsTheOthersQuickly) {
     ASSERT_EQ(ranks.wait(r, 60s), kCommErrorSeen) << "rank " << r;
     double took = detection_seconds(dir.path(), r, killed_at);
     std::printf("rank %d saw the SIGKILLed peer after %.3f s (timeout 20 s)\n", r, took);
-    EXPECT_LT(took, 5.0) << "a dead peer must be seen well before the 20 s timeout";
+    // Half the timeout: a loaded 2-core machine may take seconds to schedule
+    // the ranks, but seeing the death (not waiting out the timeout) is the point.
+    EXPECT_LT(took, 10.0) << "a dead peer must be seen well before the 20 s timeout";
   }
   expect_all_gone(original);
 }
