@@ -163,6 +163,7 @@ class HierCommunicator final : public Communicator {
     so.size = o.local_size;
     so.timeout = o.timeout;
     so.segment_tag = o.segment_tag.empty() ? o.prefix : o.segment_tag;
+    so.cancelled = o.cancelled;
     so.outside_work =
         "its cross-host step as this host's leader: a remote host is not answering or is slow (the leader's own "
         "error says which)";
@@ -457,6 +458,7 @@ std::unique_ptr<Communicator> make_hierarchical_communicator(KvStore& store, con
     so.size = o.size;
     so.timeout = o.timeout;
     so.segment_tag = o.segment_tag.empty() ? o.prefix : o.segment_tag;
+    so.cancelled = o.cancelled;
     return make_shm_communicator(scope, so);
   }
   if (o.local_size == 1 && o.cross_size == o.size) return make_cross(scope, o, o.rank, o.size);

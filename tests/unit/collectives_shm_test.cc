@@ -434,6 +434,36 @@ TEST(ShmCommunicator, ConstructionTimesOutWhenAPeerNeverComesAndLeavesNothing) {
   EXPECT_THROW(make_shm_communicator(empty, options(1, 2, 300ms)), CommError);
 }
 
+// Ranks 0 and 1 of 3 map the segment; rank 2 never comes (it left for the
+// next generation before it saw the segment's name). Once `cancelled` turns
+// true, both give up with the reason instead of waiting out the timeout, and
+// the segment is gone.
+TEST(ShmCommunicator, ConstructionGivesUpWhenCancelled) {
+  MemoryKvStore store;
+  std::atomic<bool> replaced{false};
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      ShmOptions o = options(r, 3, 60s);
+      o.cancelled = [&] { return replaced.load(); };
+      try {
+        make_shm_communicator(store, o);
+        errors[r] = "no CommError";
+      } catch (const CommError& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  std::this_thread::sleep_for(200ms);
+  replaced = true;
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_NE(errors[r].find("a new generation was announced"), std::string::npos) << "rank " << r << ": " << errors[r];
+  }
+  EXPECT_TRUE(our_segments().empty());
+}
+
 TEST(ShmCommunicator, APeerMarkedOutsideIsNotBlamedAtTheTimeoutAndAnUnmarkedOneIs) {
   for (bool marked : {true, false}) {
     SCOPED_TRACE(marked ? "marked outside" : "mark cleared");

@@ -203,6 +203,9 @@ class SegmentCommunicator final : public ShmCommunicator {
     // Everyone waits until all have mapped the segment; then the name goes.
     while (header()->attached.load(std::memory_order_acquire) < static_cast<uint32_t>(o.size)) {
       check_aborted("connect");
+      if (o.cancelled && o.cancelled()) {
+        fail("connect", "gave up: a new generation was announced while the segment was being mapped", true);
+      }
       for (int r = 0; r < o.size; ++r) {
         pid_t pid = pid_of(r);
         if (pid != 0 && watched(r) && process_dead(pid)) {

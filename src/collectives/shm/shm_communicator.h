@@ -17,6 +17,7 @@
 #pragma once
 
 #include <memory>
+#include <functional>
 #include <string>
 
 #include "common/clock.h"
@@ -45,6 +46,10 @@ struct ShmOptions {
   // What a peer is doing while it is marked outside (see ShmCommunicator::
   // set_outside), for the error of a rank that times out on it.
   std::string outside_work = "work outside this communicator";
+  // Polled while the ranks map the segment; true gives up at once (the
+  // caller's generation was replaced, so a rank that already left will
+  // never map it). Empty: only the timeout and dead peers end the wait.
+  std::function<bool()> cancelled;
 };
 
 class ShmCommunicator : public Communicator {
