@@ -45,7 +45,8 @@ struct HierOptions : Topology {
   // job and generation (required when there is more than one host).
   std::string job_id;
   std::string secret;
-  // Polled while the leaders' mesh forms; true gives up (TcpOptions::cancelled).
+  // Polled while the communicator forms (the host's segment, the leaders'
+  // mesh); true gives up (ShmOptions::cancelled, TcpOptions::cancelled).
   std::function<bool()> cancelled;
   // From pipeline_bytes on, allreduce can pipeline its three phases (shm
   // reduce, the leader's cross-host allreduce on a helper thread, shm
