@@ -70,15 +70,20 @@ bool write_fully(int fd, std::string_view data) {
 }
 
 // ---- the watchdog -------------------------------------------------------
-// Reads "A <pgid> <grace_ms>" and "R <pgid>" lines, and "H" lines, the
-// agent's sign of life. At EOF (the agent is gone, however it went), or when
-// the agent has written nothing for `silence_ms` (it is frozen or hung: the
-// driver has declared its host lost by then), it SIGKILLs a silent agent and
-// stops every group it still knows: SIGTERM, the longest grace, SIGKILL.
+// Reads "A <pgid> <grace_ms>" and "R <pgid>" lines, "D <dir>" (the relay's
+// private socket directory), and "H" lines, the agent's sign of life. At EOF
+// (the agent is gone, however it went), or when the agent has written
+// nothing for `silence_ms` (it is frozen or hung: the driver has declared its
+// host lost by then), it SIGKILLs a silent agent and stops every group it
+// still knows: SIGTERM, the longest grace, SIGKILL; then it removes the
+// relay's socket and directory, which a killed agent leaves behind (unlink
+// and rmdir: never through a link, never a directory with anything else in
+// it).
 // Runs in a forked child in its own session, with every inherited
 // descriptor but its pipe closed.
 [[noreturn]] void watchdog_main(int fd, pid_t agent, long silence_ms) {
   std::map<pid_t, long> groups;  // pgid -> grace ms
+  std::string relay_dir;
   std::string buffer;
   char chunk[4096];
   auto last_word = SteadyClock::now();
@@ -104,8 +109,13 @@ bool write_fully(int fd, std::string_view data) {
     buffer.append(chunk, static_cast<size_t>(n));
     size_t nl;
     while ((nl = buffer.find('\n')) != std::string::npos) {
-      auto words = split(buffer.substr(0, nl), ' ');
+      const std::string line = buffer.substr(0, nl);
+      auto words = split(line, ' ');
       buffer.erase(0, nl + 1);
+      if (line.rfind("D /", 0) == 0) {
+        relay_dir = line.substr(2);
+        continue;
+      }
       long pgid = 0, grace = 0;
       if (words.size() == 3 && words[0] == "A" && parse_int(words[1], pgid) && parse_int(words[2], grace) &&
           pgid > 1) {
@@ -127,6 +137,10 @@ bool write_fully(int fd, std::string_view data) {
     ::usleep(50 * 1000);
   }
   for (auto& [g, ms] : groups) ::kill(-g, SIGKILL);
+  if (!relay_dir.empty()) {
+    ::unlink((relay_dir + "/rdzv").c_str());
+    ::rmdir(relay_dir.c_str());
+  }
   ::_exit(0);
 }
 
@@ -630,6 +644,7 @@ void Agent::relay_env(std::map<std::string, std::string>& env) {
       return;
     }
     relay_ = std::move(made).value();
+    if (watchdog_fd_ >= 0) (void)write_fully(watchdog_fd_, fmt::format("D {}\n", relay_->directory()));
     ERUN_LOG_DEBUG("{}: relaying the workers' rendezvous connections from {} to {}:{}", me_, relay_->address(),
                    ro.upstream_host, ro.upstream_port);
   }
@@ -657,6 +672,7 @@ void Agent::ensure_watchdog() {
     auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(w.grace).count();
     (void)write_fully(watchdog_fd_, fmt::format("A {} {}\n", w.pid, ms));
   }
+  if (relay_) (void)write_fully(watchdog_fd_, fmt::format("D {}\n", relay_->directory()));
 }
 
 int Agent::run() {

@@ -53,6 +53,8 @@ class Relay {
 
   // What a worker's ERUN_RDZV_ADDR says: "unix:/path/to/socket".
   std::string address() const { return "unix:" + path_; }
+  // The private directory the socket is in.
+  const std::string& directory() const { return dir_; }
   const RelayOptions& options() const { return o_; }
   // Appends the descriptors to poll; on_events() takes the same vector back
   // (from index `first`, which add_fds() returns) after poll().

@@ -18,10 +18,12 @@
 // the job is left on any address, and sshd holds no session.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <functional>
 #include <regex>
+#include <thread>
 
 #include "support/erun_process.h"
 #include "support/process_utils.h"
@@ -233,6 +235,14 @@ TEST_P(ErunRemotePartKilled, IsTheHostsFailureLeavesNoWorkerAndTheJobEndsAtTheSa
   ASSERT_EQ(before.helpers.size(), 1u) << before.describe();
   ASSERT_NE(cmdline_of(before.sshd).find("sshd"), std::string::npos) << before.describe();
   EXPECT_EQ(p.count("failed with"), 0u) << p.err();
+  // The agent's relay socket, from the worker's environment: its private
+  // directory must not outlive the agent, however the agent ended.
+  std::smatch m;
+  const std::string env = environ_of(before.workers.at(0));
+  ASSERT_TRUE(std::regex_search(env, m, std::regex("\nERUN_RDZV_ADDR=unix:(/[^\n]*)/rdzv\n")))
+      << "the worker does not connect through its agent's relay";
+  const std::string relay_dir = m[1].str();
+  ASSERT_EQ(::access(relay_dir.c_str(), F_OK), 0) << relay_dir;
 
   ASSERT_NO_FATAL_FAILURE(k.kill(*this, p, before));
   // Reported at once (the agent's channel ends, or the agent reports its
@@ -247,6 +257,13 @@ TEST_P(ErunRemotePartKilled, IsTheHostsFailureLeavesNoWorkerAndTheJobEndsAtTheSa
     std::vector<pid_t> gone = before.all;
     gone.push_back(before.sshd);
     EXPECT_TRUE(wait_all_gone(gone, 15s)) << describe_pids(parts_on("127.0.0.3").all) << describe_pids({before.sshd});
+    // The agent's own clean-up, or its watchdog's when it was killed (a
+    // watchdog started after `before` was taken may still be finishing).
+    auto dir_deadline = std::chrono::steady_clock::now() + 10s;
+    while (::access(relay_dir.c_str(), F_OK) == 0 && std::chrono::steady_clock::now() < dir_deadline) {
+      std::this_thread::sleep_for(50ms);
+    }
+    EXPECT_NE(::access(relay_dir.c_str(), F_OK), 0) << relay_dir << " outlived the agent";
   } else {
     // Only the worker died: the agent and its watchdog carry on.
     EXPECT_EQ(p.count("agent on 127.0.0.3 lost"), 0u) << p.err();
