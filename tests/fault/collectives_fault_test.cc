@@ -6,6 +6,8 @@
 // connect-timeout wait. No process is left behind.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -185,15 +187,25 @@ TEST_P(CollectivesFault, KilledPeerFailsTheOthersQuickly) {
   ASSERT_TRUE(wait_for_file(dir.path() + "/running." + std::to_string(victim), 60s)) << "ranks never got going";
   const int64_t killed_at = now_ns();
   ranks.kill_and_reap(victim);
+  double fastest = 1e9;
   for (int r = 0; r < size; ++r) {
     if (r == victim) continue;
     ASSERT_EQ(ranks.wait(r, 60s), kCommErrorSeen) << "rank " << r;
     double took = detection_seconds(dir.path(), r, killed_at);
     std::printf("rank %d saw the SIGKILLed peer after %.3f s (timeout 20 s)\n", r, took);
+    fastest = std::min(fastest, took);
     // Half the timeout: a loaded 2-core machine may take seconds to schedule
     // the ranks, but seeing the death (not waiting out the timeout) is the point.
-    EXPECT_LT(took, 10.0) << "a dead peer must be seen well before the 20 s timeout";
+    if (GetParam() == Transport::kTcp) {
+      EXPECT_LT(took, 10.0) << "a dead peer must be seen well before the 20 s timeout";
+    } else {
+      // Gloo: a rank blocked on a survivor (not on the dead rank) can wait out
+      // its timeout (seen once in CI: 20.0 s while the other survivor saw the
+      // death in 2 ms); erun's own transport closes every pair on a failure.
+      EXPECT_LT(took, 20.0 + 8.0) << "rank " << r << " must fail within the timeout plus a margin";
+    }
   }
+  EXPECT_LT(fastest, 10.0) << "no rank saw the dead peer before the 20 s timeout";
   expect_all_gone(original);
 }
 
