@@ -110,12 +110,12 @@ bool write_fully(int fd, std::string_view data) {
     size_t nl;
     while ((nl = buffer.find('\n')) != std::string::npos) {
       const std::string line = buffer.substr(0, nl);
-      auto words = split(line, ' ');
       buffer.erase(0, nl + 1);
       if (line.rfind("D /", 0) == 0) {
         relay_dir = line.substr(2);
         continue;
       }
+      auto words = split(line, ' ');
       long pgid = 0, grace = 0;
       if (words.size() == 3 && words[0] == "A" && parse_int(words[1], pgid) && parse_int(words[2], grace) &&
           pgid > 1) {

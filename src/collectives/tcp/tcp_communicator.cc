@@ -261,6 +261,14 @@ struct RecvOp {
 // Ring block i of n over `total` units: [begin, end).
 size_t block_begin(size_t total, int n, int i) { return total * static_cast<size_t>(i) / static_cast<size_t>(n); }
 
+// Byte offsets of the n ring blocks of `total` units of `unit` bytes each:
+// block i is [off[i], off[i+1]).
+std::vector<size_t> block_offsets(size_t total, int n, size_t unit = 1) {
+  std::vector<size_t> off(static_cast<size_t>(n) + 1);
+  for (int i = 0; i <= n; ++i) off[static_cast<size_t>(i)] = block_begin(total, n, i) * unit;
+  return off;
+}
+
 class TcpCommunicator final : public Communicator {
  public:
   TcpCommunicator(KvStore& store, const TcpOptions& o) : o_(o), fds_(o.size, -1) {
@@ -344,8 +352,7 @@ class TcpCommunicator final : public Communicator {
       }
       // Scatter from the root, then a ring allgather: the root sends each
       // byte about twice instead of size()-1 times.
-      std::vector<size_t> off(size() + 1);
-      for (int i = 0; i <= size(); ++i) off[i] = block_begin(bytes, size(), i);
+      const std::vector<size_t> off = block_offsets(bytes, size());
       std::vector<SendOp> sends;
       std::vector<RecvOp> recvs;
       if (rank() == root) {
@@ -665,8 +672,14 @@ class TcpCommunicator final : public Communicator {
       recvs.push_back(make_recv(q, 0, bytes, slots + q * bytes));
     }
     transfer(c, sends, recvs);
-    fn(data, slots, slots + bytes, count);
-    for (int q = 2; q < size(); ++q) fn(data, data, slots + q * bytes, count);
+    reduce_slots(data, slots, bytes, count, fn);
+  }
+
+  // out = slot 0 op slot 1 op ... op slot n-1 (slots of `bytes` each, one per
+  // rank, in rank order), so that every rank computing it gets the same bits.
+  void reduce_slots(char* out, const char* slots, size_t bytes, size_t count, ReduceFn fn) const {
+    fn(out, slots, slots + bytes, count);
+    for (int q = 2; q < size(); ++q) fn(out, out, slots + q * bytes, count);
   }
 
   // Medium allreduce: every rank sends block q to rank q, which reduces the
@@ -676,8 +689,7 @@ class TcpCommunicator final : public Communicator {
   // the same bits.
   void allreduce_scatter_gather(const Call& c, char* data, size_t count, size_t esize, ReduceFn fn) {
     const int n = size(), me = rank();
-    std::vector<size_t> off(n + 1);
-    for (int i = 0; i <= n; ++i) off[i] = block_begin(count, n, i) * esize;
+    const std::vector<size_t> off = block_offsets(count, n, esize);
     const size_t mine = off[me + 1] - off[me];
     scratch_.resize(mine * n);
     char* slots = scratch_.data();
@@ -690,17 +702,8 @@ class TcpCommunicator final : public Communicator {
       recvs.push_back(make_recv(q, off[me], mine, slots + q * mine));
     }
     transfer(c, sends, recvs);
-    const size_t elems = mine / esize;
-    fn(data + off[me], slots, slots + mine, elems);
-    for (int q = 2; q < n; ++q) fn(data + off[me], data + off[me], slots + q * mine, elems);
-    sends.clear();
-    recvs.clear();
-    for (int q = 0; q < n; ++q) {
-      if (q == me) continue;
-      sends.push_back(make_send(q, c, off[me], mine, data + off[me]));
-      recvs.push_back(make_recv(q, off[q], off[q + 1] - off[q], data + off[q]));
-    }
-    transfer(c, sends, recvs);
+    reduce_slots(data + off[me], slots, mine, mine / esize, fn);
+    direct_allgather(c, data, off);
   }
 
   // ---- the sender thread ----
@@ -768,8 +771,7 @@ class TcpCommunicator final : public Communicator {
   void allreduce_ring(const Call& c, char* data, size_t count, size_t esize, ReduceFn fn) {
     const int n = size();
     const int right = (rank() + 1) % n, left = (rank() - 1 + n) % n;
-    std::vector<size_t> off(n + 1);
-    for (int i = 0; i <= n; ++i) off[i] = block_begin(count, n, i) * esize;
+    const std::vector<size_t> off = block_offsets(count, n, esize);
     const size_t seg = std::max<size_t>(kSegmentBytes / esize, 1) * esize;
     scratch_.resize(kReduceSegment);
     const int steps = 2 * (n - 1);
