@@ -34,40 +34,7 @@ std::string random_hex(size_t bytes) {
   return out;
 }
 
-// Listening TCP ports in /proc/net/tcp{,6} text.
-std::set<int> listening_ports(const std::string& proc_net_tcp) {
-  std::set<int> ports;
-  std::istringstream in(proc_net_tcp);
-  std::string line;
-  while (std::getline(in, line)) {
-    std::istringstream f(line);
-    std::string sl, local, remote, st;
-    if (!(f >> sl >> local >> remote >> st)) continue;
-    auto colon = local.rfind(':');
-    if (colon == std::string::npos || st != "0A") continue;
-    ports.insert(static_cast<int>(std::stol(local.substr(colon + 1), nullptr, 16)));
-  }
-  return ports;
-}
-
 }  // namespace
-
-int find_free_local_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return 29500;
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_ANY);
-  addr.sin_port = 0;
-  socklen_t len = sizeof addr;
-  int port = 29500;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    port = ntohs(addr.sin_port);
-  }
-  ::close(fd);
-  return port;
-}
 
 Driver::Driver(DriverOptions options, DriverDeps deps)
     : o_(std::move(options)),
@@ -79,36 +46,6 @@ Driver::Driver(DriverOptions options, DriverDeps deps)
   ERUN_CHECK(d_.discovery && d_.local_launcher && d_.clock);
   if (d_.job_id.empty()) d_.job_id = "erun-" + random_hex(6);
   if (d_.secret.empty()) d_.secret = random_hex(32);
-  if (!d_.free_port) {
-    d_.free_port = [this](const std::string& host, bool local) -> int {
-      if (local) return find_free_local_port();
-      // Ask the host which ports listen, then pick one that does not.
-      WorkerSpec probe;
-      probe.host = host;
-      probe.command = {"cat", "/proc/net/tcp", "/proc/net/tcp6"};
-      probe.secret = d_.secret;
-      probe.term_grace = std::chrono::seconds(1);
-      std::mt19937 rng(std::random_device{}());
-      std::uniform_int_distribution<int> pick(20000, 32000);
-      std::set<int> busy;
-      if (d_.remote_launcher) {
-        if (auto h = d_.remote_launcher->launch(probe)) {
-          std::string text;
-          int fd = (*h)->take_stdout();
-          if (fd >= 0) {
-            read_all_until(fd, text, std::chrono::steady_clock::now() + o_.ssh_connect_timeout);
-            ::close(fd);
-          }
-          int efd = (*h)->take_stderr();
-          if (efd >= 0) ::close(efd);
-          busy = listening_ports(text);
-        }
-      }
-      int port = pick(rng);
-      while (busy.count(port)) port = pick(rng);
-      return port;
-    };
-  }
 }
 
 Driver::~Driver() {
@@ -301,9 +238,9 @@ bool Driver::launch_worker(const RankAssignment& a, const std::string& master_ad
   Worker w;
   w.key = next_key_++;
   w.assignment = a;
+  w.state = pending ? WorkerState::kPending : WorkerState::kMember;
   w.joined = in_place;  // launched into a running elastic job: it runs the same program
   w.fresh = in_place;
-  w.pending = pending;
   w.launched_generation = generation_;
   w.started = clock_.now();
   auto spec = make_spec(a, master_addr, master_port);
@@ -352,14 +289,14 @@ bool Driver::start_generation(const HostSet& usable) {
   crash_loop_.generation_started(generation_, plan_.hosts());
   std::string master_addr = master_address();
   bool rank0_local;
-  launcher_for(plan_.ranks.front().slot.host, &rank0_local);
-  int master_port = d_.free_port(plan_.ranks.front().slot.host, rank0_local);
+  const std::string& rank0_host = plan_.ranks.front().slot.host;
+  int master_port = launcher_for(rank0_host, &rank0_local).free_port(rank0_host, d_.secret, o_.ssh_connect_timeout);
   ERUN_LOG_INFO("{}: starting {} (MASTER_ADDR={} MASTER_PORT={})", who(generation_), plan_.to_string(),
                 master_addr, master_port);
   workers_.clear();
   publish();
   for (auto& a : plan_.ranks) launch_worker(a, master_addr, master_port);
-  phase_ = Phase::kRunning;
+  set_phase(JobPhase::kRunning);
   return true;
 }
 
@@ -377,15 +314,15 @@ void Driver::reap() {
                                          {"host", json_string(a.slot.host)},
                                          {"rank", json_number(long{a.rank})},
                                          {"exit_code", json_number(long{s->shell_code()})},
-                                         {"stopped_by_erun", w.stopping ? "true" : "false"}});
+                                         {"stopped_by_erun", is_stopping(w.state) ? "true" : "false"}});
     }
-    if (w.pending) {
+    if (w.pending()) {
       // Never part of a generation: its end fails its host, not the job's generation.
       replacement_failed(w, fmt::format("ended with {} after {:.1f} s", s->describe(), after));
       continue;
     }
-    if (w.stopping) {
-      if (w.excluded && !s->ok()) {
+    if (is_stopping(w.state)) {
+      if (w.state == WorkerState::kExcluded && !s->ok()) {
         // Left out already on a survivor's report; say how it ended too.
         ERUN_LOG_WARN("{}: failed with {} after {:.1f} s (already left out of the job)",
                       who(generation_, a.slot.host, a.rank), s->describe(), after);
@@ -422,53 +359,91 @@ std::vector<std::string> Driver::stderr_tail(const Worker& w) const {
   return d_.output ? d_.output->tail(w.key) : std::vector<std::string>{};
 }
 
-void Driver::stop_all(int sig) {
-  bool any = false;
+bool Driver::all_exited() const {
+  return std::all_of(workers_.begin(), workers_.end(), [](const Worker& w) { return w.exit.has_value(); });
+}
+
+void Driver::set_phase(JobPhase next) {
+  ERUN_CHECK(transition_allowed(phase_, next));
+  if (next == phase_) return;
+  const bool waiting = next == JobPhase::kWaitingForHosts || next == JobPhase::kWaitingWithSurvivors;
+  const bool was_waiting = phase_ == JobPhase::kWaitingForHosts || phase_ == JobPhase::kWaitingWithSurvivors;
+  if (waiting && !was_waiting) {
+    waiting_since_ = clock_.now();
+    last_wait_log_ = {};
+  }
+  ERUN_LOG_DEBUG("job phase: {} -> {}", to_string(phase_), to_string(next));
+  phase_ = next;
+}
+
+void Driver::set_state(Worker& w, WorkerState next) {
+  ERUN_CHECK(transition_allowed(w.state, next));
+  w.state = next;
+}
+
+void Driver::done(int code) {
+  exit_code_ = code;
+  set_phase(JobPhase::kDone);
+}
+
+void Driver::stop_then_wait() {
+  after_stop_ = JobPhase::kWaitingForHosts;
+  stop_exit_code_ = nullptr;
+  begin_stop(SIGTERM);
+}
+
+void Driver::stop_then_end(int signal, std::function<int()> exit_code) {
+  after_stop_ = JobPhase::kDone;
+  stop_exit_code_ = std::move(exit_code);
+  begin_stop(signal);
+}
+
+void Driver::begin_stop(int sig) {
   for (auto& w : workers_) {
-    if (w.exit || !w.handle) continue;
-    any = true;
-    w.stopping = true;
+    if (!w.alive()) continue;
+    if (w.state == WorkerState::kPending || w.state == WorkerState::kMember) set_state(w, WorkerState::kStopping);
     if (sig == SIGTERM || sig == 0) w.handle->terminate();
     else w.handle->signal(sig);
   }
-  if (!any) return;
-  auto deadline = std::chrono::steady_clock::now() + o_.term_grace + std::chrono::seconds(2);
-  bool killed = false;
-  while (true) {
-    bool running = false;
+  stop_kill_at_ = clock_.now() + o_.term_grace + std::chrono::seconds(2);
+  stop_killed_ = false;
+  set_phase(JobPhase::kStopping);
+  continue_stop();  // workers that are gone already end it at once
+}
+
+void Driver::continue_stop() {
+  reap();
+  if (!all_exited()) {
+    auto now = clock_.now();
+    if (!stop_killed_) {
+      if (now < stop_kill_at_ && !kill_requested_) return;
+      for (auto& w : workers_) {
+        if (!w.alive()) continue;
+        ERUN_LOG_WARN("{}: did not stop within {:.1f} s of SIGTERM, killing it (raise --term-grace if it "
+                      "needs longer to shut down)",
+                      who(generation_, w.assignment.slot.host, w.assignment.rank), seconds(o_.term_grace));
+        w.handle->kill();
+      }
+      stop_killed_ = true;
+      stop_give_up_at_ = now + std::chrono::seconds(10);
+      return;
+    }
+    if (now < stop_give_up_at_) return;
     for (auto& w : workers_) {
-      if (w.exit || !w.handle) continue;
-      if (auto s = w.handle->poll()) w.exit = *s;
-      else running = true;
+      if (w.exit) continue;
+      ERUN_LOG_ERROR("{}: still not gone 10 s after SIGKILL; it may be stuck in the kernel (D state) or its "
+                     "host unreachable: check the host",
+                     who(generation_, w.assignment.slot.host, w.assignment.rank));
     }
-    if (!running) break;
-    auto now = std::chrono::steady_clock::now();
-    if (!killed && (now >= deadline || stop_signal_.load() == SIGKILL)) {
-      for (auto& w : workers_) {
-        if (!w.exit && w.handle) {
-          ERUN_LOG_WARN("{}: did not stop within {:.1f} s of SIGTERM, killing it (raise --term-grace if it "
-                        "needs longer to shut down)",
-                        who(generation_, w.assignment.slot.host, w.assignment.rank), seconds(o_.term_grace));
-          w.handle->kill();
-        }
-      }
-      killed = true;
-      deadline = now + std::chrono::seconds(10);
-    } else if (killed && now >= deadline) {
-      for (auto& w : workers_) {
-        if (!w.exit) {
-          ERUN_LOG_ERROR("{}: still not gone 10 s after SIGKILL; it may be stuck in the kernel (D state) or its "
-                         "host unreachable: check the host",
-                         who(generation_, w.assignment.slot.host, w.assignment.rank));
-        }
-      }
-      break;
-    }
-    std::this_thread::sleep_for(kTick);
   }
   for (auto& w : workers_) {
     if (d_.output && w.handle) d_.output->drain(w.key, 200);
   }
+  if (after_stop_ == JobPhase::kWaitingForHosts) {
+    set_phase(JobPhase::kWaitingForHosts);
+    return;
+  }
+  done(stop_exit_code_ ? stop_exit_code_() : 1);
 }
 
 void Driver::report_failure(const Failure& f) {
@@ -480,17 +455,23 @@ void Driver::report_failure(const Failure& f) {
   }
 }
 
-int Driver::finish_with_failure(const Failure& f) {
-  stop_all(SIGTERM);
-  report_failure(f);
-  int code = f.status.shell_code();
-  if (code == 0) code = 1;
-  if (d_.events) {
-    d_.events->write("job_finished", {{"exit_code", json_number(long{code})},
-                                      {"generation", json_number(generation_)},
-                                      {"resets", json_number(long{resets_})}});
-  }
-  return code;
+void Driver::finish_with_failure(const Failure& f) {
+  stop_then_end(SIGTERM, [this, f] {
+    report_failure(f);
+    int code = f.status.shell_code();
+    if (code == 0) code = 1;
+    if (d_.events) {
+      d_.events->write("job_finished", {{"exit_code", json_number(long{code})},
+                                        {"generation", json_number(generation_)},
+                                        {"resets", json_number(long{resets_})}});
+    }
+    return code;
+  });
+}
+
+int Driver::give_up_code() {
+  if (first_failure_) report_failure(*first_failure_);
+  return first_failure_ ? std::max(1, first_failure_->status.shell_code()) : 1;
 }
 
 int Driver::job_exit_code() {
@@ -519,219 +500,244 @@ void Driver::log_waiting(const HostSet& usable) {
 }
 
 std::optional<int> Driver::step() {
-  if (int sig = stop_signal_.load()) {
-    ERUN_LOG_WARN("received signal {} ({}): stopping all workers", sig, strsignal(sig));
-    if (d_.events) d_.events->write("signal", {{"signal", json_number(long{sig})}});
-    stop_all(sig == SIGHUP ? SIGTERM : sig);
-    return 128 + sig;
-  }
+  if (int sig = stop_signal_.exchange(0)) on_signal(sig);
+  if (phase_ == JobPhase::kDone) return exit_code_;
   refresh_hosts();
   reap();
-  auto now = clock_.now();
-
   switch (phase_) {
-    case Phase::kWaiting: {
-      if (have_survivors()) {
-        // Survivors wait in the rendezvous with their state (see reconfigure()).
-        handle_rejoins(take_snapshot());
-        if (generation_failure_) {
-          if (!first_failure_) first_failure_ = generation_failure_;
-          generation_failure_.reset();
-        }
-        if (auto code = wait_with_survivors()) return code;
-        break;
-      }
-      plan_cache_.update(discovered_epoch_, discovered_, hosts_, generation_, plan_, o_.max_np);
-      const HostSet& usable = plan_cache_.usable();
-      if (usable.total_slots() >= std::max(o_.min_np, 1)) {
-        start_generation(HostSet(usable));
-        return std::nullopt;
-      }
-      if (now - waiting_since_ > o_.elastic_timeout) {
-        ERUN_LOG_ERROR("gave up after --elastic-timeout {:.0f} s: {} usable slot{}, --min-np is {}; add hosts "
-                       "or lower --min-np",
-                       seconds(o_.elastic_timeout), usable.total_slots(), usable.total_slots() == 1 ? "" : "s",
-                       o_.min_np);
-        if (first_failure_) report_failure(*first_failure_);
-        return first_failure_ ? std::max(1, first_failure_->status.shell_code()) : 1;
-      }
-      log_waiting(usable);
-      break;
-    }
-    case Phase::kRunning: {
-      MembershipSnapshot m = take_snapshot();
-      update_joined(m);
-      handle_rejoins(m);
-      retire_workers(m);
-      enforce_rejoin_deadline(m);
-      if (generation_failure_ && in_place_possible()) tell_survivors_of_losses();
-      if (generation_failure_) {
-        Failure f = *generation_failure_;
-        if (!first_failure_) first_failure_ = f;
-        const bool fatal_code = f.status.signal == 0 && f.status.code == kFatalExitCode;
-        if (fatal_code || has_no_retry_mark(f.stderr_tail)) {
-          ERUN_LOG_ERROR("{}: {} stopped for an error in the program that a restart would repeat ({}); "
-                         "ending the job without a retry: fix the program and start the job again",
-                         who(generation_), who(-1, f.host, f.rank),
-                         fatal_code ? fmt::format("exit code {}", kFatalExitCode) : std::string("marked not retried"));
-          return finish_with_failure(f);
-        }
-        record_host_failure(f.host);
-        for (auto& h : plan_.hosts()) {
-          if (h != f.host) hosts_.record_success(h);
-        }
-        if (any_success_) {
-          // Training is over for at least one rank: no restart, let the job end.
-          phase_ = Phase::kFinishing;
-          break;  // kFinishing explains and stops the others
-        }
-        if (auto loop = crash_loop_.generation_failed(now - published_at_)) {
-          ERUN_LOG_ERROR("{}: {}", who(generation_), *loop);
-          if (d_.events) d_.events->write("crash_loop", {{"generations", json_number(long{crash_loop_.streak()})}});
-          return finish_with_failure(f);
-        }
-        if (o_.reset_limit >= 0 && resets_ >= o_.reset_limit) {
-          ERUN_LOG_ERROR("{}: --reset-limit {} reached, so this failure ends the job (raise --reset-limit to "
-                         "allow more restarts)",
-                         who(generation_), o_.reset_limit);
-          return finish_with_failure(f);
-        }
-        ++resets_;
-        ERUN_LOG_WARN("{}: {} failed; {} (reset {}{})", who(generation_),
-                      who(-1, f.host, f.rank),
-                      in_place_possible() ? "survivors re-join in place" : "restarting all workers", resets_,
-                      o_.reset_limit >= 0 ? fmt::format(" of {}", o_.reset_limit) : "");
-        if (d_.events) {
-          d_.events->write("reset", {{"generation", json_number(generation_)},
-                                     {"reason", json_string("worker failed")},
-                                     {"resets", json_number(long{resets_})}});
-        }
-        if (in_place_possible()) {
-          reconfigure("recovering", /*after_failure=*/true);
-          return std::nullopt;
-        }
-        stop_all(SIGTERM);
-        phase_ = Phase::kWaiting;
-        waiting_since_ = clock_.now();
-        last_wait_log_ = {};
-        return std::nullopt;
-      }
-      bool all_done = std::all_of(workers_.begin(), workers_.end(), [](const Worker& w) { return w.exit; });
-      if (all_done) return job_exit_code();
-      if (!any_success_ && in_place_possible()) {
-        if (auto why = rejoin_requested(m)) {
-          reconfigure(fmt::format("re-forming ({})", to_string(*why)).c_str(), *why != JoinReason::kHostsUpdated);
-          break;
-        }
-        if (admit_replacements(m)) break;
-      }
-      if (any_success_) {
-        phase_ = Phase::kFinishing;
-        finish_deadline_ = now + o_.finish_timeout;
-        finishing_because_ = fmt::format(
-            "{} finished successfully {:.0f} s ago and the others did not finish within --finish-timeout {:.0f} s "
-            "(raise --finish-timeout if ranks legitimately finish far apart)",
-            first_finished_, seconds(o_.finish_timeout), seconds(o_.finish_timeout));
-        ERUN_LOG_INFO("{}: {} finished; waiting up to --finish-timeout {:.0f} s for the others", who(generation_),
-                      first_finished_, seconds(o_.finish_timeout));
-        break;
-      }
-      // Membership: would a fresh plan differ from the running one?
-      // Recomputed only when the hosts, the blacklist, the plan or the
-      // blacklisted hosts kept for their survivors changed.
-      plan_cache_.update(discovered_epoch_, discovered_, hosts_, generation_, plan_, o_.max_np,
-                         in_place_possible() ? blacklisted_with_survivors() : std::vector<std::string>{});
-      const HostSet& usable = plan_cache_.usable();
-      const Plan& next = plan_cache_.next();
-      if (replacements_cover(next)) break;  // they join first (admit_replacements())
-      if (!next.same_layout(plan_) && next.size() < std::max(o_.min_np, 1)) {
-        // Fewer slots than --min-np: a shrink would stop the job. The running
-        // workers go on (failures still count) until the hosts come back.
-        if (!below_min_logged_) {
-          ERUN_LOG_WARN("{}: discovery offers {} usable slot{}, fewer than --min-np {}; keeping the {} running "
-                        "workers until hosts return",
-                        who(generation_), usable.total_slots(), usable.total_slots() == 1 ? "" : "s", o_.min_np,
-                        plan_.size());
-          below_min_logged_ = true;
-        }
-        break;
-      }
-      below_min_logged_ = false;
-      if (!next.same_layout(plan_)) {
-        if (o_.reset_limit >= 0 && resets_ >= o_.reset_limit) {
-          bool lost = std::any_of(plan_.ranks.begin(), plan_.ranks.end(),
-                                  [&](const RankAssignment& r) { return !next.contains(r.slot); });
-          if (!lost) break;  // could grow, but may not reset any more: keep running
-          ERUN_LOG_ERROR("{}: hosts of the job were removed and --reset-limit {} is reached, so the job ends "
-                         "(raise --reset-limit to let it resize)",
-                         who(generation_), o_.reset_limit);
-          stop_all(SIGTERM);
-          return 1;
-        }
-        bool in_place = in_place_possible();
-        if (in_place && next.size() > plan_.size() &&
-            std::all_of(plan_.ranks.begin(), plan_.ranks.end(),
-                        [&](const RankAssignment& r) { return next.contains(r.slot); })) {
-          grow_pending(next);  // announced once the new workers joined (admit_replacements())
-          break;
-        }
-        ++resets_;
-        ERUN_LOG_INFO("{}: membership changes ({} -> {}); {} (reset {})", who(generation_), plan_.to_string(),
-                      next.to_string(), in_place ? "notifying workers" : "restarting all workers", resets_);
-        if (d_.events) {
-          d_.events->write("reset", {{"generation", json_number(generation_)},
-                                     {"reason", json_string("membership changed")},
-                                     {"resets", json_number(long{resets_})}});
-        }
-        if (in_place) {
-          reconfigure("membership changes", /*after_failure=*/false);
-          break;
-        }
-        stop_all(SIGTERM);
-        phase_ = Phase::kWaiting;
-        waiting_since_ = clock_.now();
-        last_wait_log_ = {};
-      }
-      break;
-    }
-    case Phase::kFinishing: {
-      if (generation_failure_ && !failure_while_finishing_) {
-        // A worker failed after another finished: no restart is possible.
-        const Failure& f = *generation_failure_;
-        failure_while_finishing_ = true;
-        finishing_because_ = fmt::format(
-            "{} finished successfully {:.1f} s ago and then {} failed with {}; a job cannot restart once "
-            "a worker has finished, so erun ends it with the failure's exit code (see the root cause below)",
-            first_finished_, seconds(now - first_finished_at_), who(-1, f.host, f.rank), f.status.describe());
-        ERUN_LOG_ERROR("{}: {}", who(generation_), finishing_because_);
-        finish_deadline_ = now;
-      }
-      bool all_done = std::all_of(workers_.begin(), workers_.end(), [](const Worker& w) { return w.exit; });
-      if (all_done) return job_exit_code();
-      if (now >= finish_deadline_) {
-        std::vector<const Worker*> stragglers;
-        std::vector<std::string> names;
-        for (auto& w : workers_) {
-          if (w.exit) continue;
-          stragglers.push_back(&w);
-          if (names.size() < 8) names.push_back(fmt::format("rank {} on {}", w.assignment.rank, w.assignment.slot.host));
-        }
-        ERUN_LOG_ERROR("{}: stopping {} worker{} still running ({}{}): {}", who(generation_), stragglers.size(),
-                       stragglers.size() == 1 ? "" : "s", join(names, ", "), stragglers.size() > names.size() ? ", ..." : "",
-                       finishing_because_);
-        stop_all(SIGTERM);
-        if (!generation_failure_ && !stragglers.empty()) {
-          const Worker& w = *stragglers.front();
-          generation_failure_ = Failure{generation_, w.assignment.slot.host, w.assignment.rank, ExitStatus{1, 0},
-                                        {"still running --finish-timeout after another rank finished"},
-                                        seconds(now - w.started)};
-        }
-        return job_exit_code();
-      }
-      break;
-    }
+    case JobPhase::kWaitingForHosts: wait_for_hosts(); break;
+    case JobPhase::kWaitingWithSurvivors: wait_with_survivors(); break;
+    case JobPhase::kRunning: supervise(); break;
+    case JobPhase::kFinishing: finish(); break;
+    case JobPhase::kStopping: continue_stop(); break;
+    case JobPhase::kDone: break;
   }
+  if (phase_ == JobPhase::kDone) return exit_code_;
   return std::nullopt;
+}
+
+void Driver::on_signal(int sig) {
+  if (phase_ == JobPhase::kDone) return;
+  ERUN_LOG_WARN("received signal {} ({}): stopping all workers", sig, strsignal(sig));
+  if (d_.events) d_.events->write("signal", {{"signal", json_number(long{sig})}});
+  if (sig == SIGKILL) kill_requested_ = true;
+  const int forward = sig == SIGHUP ? SIGTERM : sig;
+  if (phase_ != JobPhase::kStopping) {
+    stop_then_end(forward, [sig] { return 128 + sig; });
+    return;
+  }
+  // Already stopping: pass the signal on; a stop that would have waited for
+  // hosts ends the job instead.
+  for (auto& w : workers_) {
+    if (w.alive() && forward != SIGTERM) w.handle->signal(forward);
+  }
+  if (after_stop_ == JobPhase::kWaitingForHosts) {
+    after_stop_ = JobPhase::kDone;
+    stop_exit_code_ = [sig] { return 128 + sig; };
+  }
+  continue_stop();
+}
+
+void Driver::wait_for_hosts() {
+  plan_cache_.update(discovered_epoch_, discovered_, hosts_, generation_, plan_, o_.max_np);
+  const HostSet& usable = plan_cache_.usable();
+  if (usable.total_slots() >= std::max(o_.min_np, 1)) {
+    start_generation(HostSet(usable));
+    return;
+  }
+  if (clock_.now() - waiting_since_ > o_.elastic_timeout) {
+    ERUN_LOG_ERROR("gave up after --elastic-timeout {:.0f} s: {} usable slot{}, --min-np is {}; add hosts "
+                   "or lower --min-np",
+                   seconds(o_.elastic_timeout), usable.total_slots(), usable.total_slots() == 1 ? "" : "s",
+                   o_.min_np);
+    done(give_up_code());
+    return;
+  }
+  log_waiting(usable);
+}
+
+void Driver::supervise() {
+  MembershipSnapshot m = take_snapshot();
+  update_joined(m);
+  handle_rejoins(m);
+  retire_workers(m);
+  enforce_rejoin_deadline(m);
+  if (generation_failure_) {
+    handle_generation_failure();
+    return;
+  }
+  if (all_exited()) {
+    done(job_exit_code());
+    return;
+  }
+  if (!any_success_ && in_place_possible()) {
+    if (auto why = rejoin_requested(m)) {
+      reconfigure(fmt::format("re-forming ({})", to_string(*why)).c_str(), *why != JoinReason::kHostsUpdated);
+      return;
+    }
+    if (admit_replacements(m)) return;
+  }
+  if (any_success_) {
+    begin_finishing();
+    return;
+  }
+  follow_membership();
+}
+
+void Driver::handle_generation_failure() {
+  if (in_place_possible()) tell_survivors_of_losses();
+  Failure f = *generation_failure_;
+  if (!first_failure_) first_failure_ = f;
+  const bool fatal_code = f.status.signal == 0 && f.status.code == kFatalExitCode;
+  if (fatal_code || has_no_retry_mark(f.stderr_tail)) {
+    ERUN_LOG_ERROR("{}: {} stopped for an error in the program that a restart would repeat ({}); "
+                   "ending the job without a retry: fix the program and start the job again",
+                   who(generation_), who(-1, f.host, f.rank),
+                   fatal_code ? fmt::format("exit code {}", kFatalExitCode) : std::string("marked not retried"));
+    finish_with_failure(f);
+    return;
+  }
+  record_host_failure(f.host);
+  for (auto& h : plan_.hosts()) {
+    if (h != f.host) hosts_.record_success(h);
+  }
+  if (any_success_) {
+    // Training is over for at least one rank: no restart; kFinishing explains
+    // and stops the others.
+    set_phase(JobPhase::kFinishing);
+    return;
+  }
+  if (auto loop = crash_loop_.generation_failed(clock_.now() - published_at_)) {
+    ERUN_LOG_ERROR("{}: {}", who(generation_), *loop);
+    if (d_.events) d_.events->write("crash_loop", {{"generations", json_number(long{crash_loop_.streak()})}});
+    finish_with_failure(f);
+    return;
+  }
+  if (o_.reset_limit >= 0 && resets_ >= o_.reset_limit) {
+    ERUN_LOG_ERROR("{}: --reset-limit {} reached, so this failure ends the job (raise --reset-limit to "
+                   "allow more restarts)",
+                   who(generation_), o_.reset_limit);
+    finish_with_failure(f);
+    return;
+  }
+  ++resets_;
+  const bool in_place = in_place_possible();
+  ERUN_LOG_WARN("{}: {} failed; {} (reset {}{})", who(generation_), who(-1, f.host, f.rank),
+                in_place ? "survivors re-join in place" : "restarting all workers", resets_,
+                o_.reset_limit >= 0 ? fmt::format(" of {}", o_.reset_limit) : "");
+  if (d_.events) {
+    d_.events->write("reset", {{"generation", json_number(generation_)},
+                               {"reason", json_string("worker failed")},
+                               {"resets", json_number(long{resets_})}});
+  }
+  if (in_place) {
+    reconfigure("recovering", /*after_failure=*/true);
+  } else {
+    stop_then_wait();
+  }
+}
+
+void Driver::begin_finishing() {
+  finish_deadline_ = clock_.now() + o_.finish_timeout;
+  finishing_because_ = fmt::format(
+      "{} finished successfully {:.0f} s ago and the others did not finish within --finish-timeout {:.0f} s "
+      "(raise --finish-timeout if ranks legitimately finish far apart)",
+      first_finished_, seconds(o_.finish_timeout), seconds(o_.finish_timeout));
+  ERUN_LOG_INFO("{}: {} finished; waiting up to --finish-timeout {:.0f} s for the others", who(generation_),
+                first_finished_, seconds(o_.finish_timeout));
+  set_phase(JobPhase::kFinishing);
+}
+
+void Driver::follow_membership() {
+  // Recomputed only when the hosts, the blacklist, the plan or the
+  // blacklisted hosts kept for their survivors changed.
+  const bool in_place = in_place_possible();
+  plan_cache_.update(discovered_epoch_, discovered_, hosts_, generation_, plan_, o_.max_np,
+                     in_place ? blacklisted_with_survivors() : std::vector<std::string>{});
+  const HostSet& usable = plan_cache_.usable();
+  const Plan& next = plan_cache_.next();
+  if (replacements_cover(next)) return;  // they join first (admit_replacements())
+  if (next.same_layout(plan_)) {
+    below_min_logged_ = false;
+    return;
+  }
+  if (next.size() < std::max(o_.min_np, 1)) {
+    // Fewer slots than --min-np: a shrink would stop the job. The running
+    // workers go on (failures still count) until the hosts come back.
+    if (!below_min_logged_) {
+      ERUN_LOG_WARN("{}: discovery offers {} usable slot{}, fewer than --min-np {}; keeping the {} running "
+                    "workers until hosts return",
+                    who(generation_), usable.total_slots(), usable.total_slots() == 1 ? "" : "s", o_.min_np,
+                    plan_.size());
+      below_min_logged_ = true;
+    }
+    return;
+  }
+  below_min_logged_ = false;
+  const bool keeps_every_slot = std::all_of(plan_.ranks.begin(), plan_.ranks.end(),
+                                            [&](const RankAssignment& r) { return next.contains(r.slot); });
+  if (o_.reset_limit >= 0 && resets_ >= o_.reset_limit) {
+    if (keeps_every_slot) return;  // could grow, but may not reset any more: keep running
+    ERUN_LOG_ERROR("{}: hosts of the job were removed and --reset-limit {} is reached, so the job ends "
+                   "(raise --reset-limit to let it resize)",
+                   who(generation_), o_.reset_limit);
+    stop_then_end(SIGTERM, [] { return 1; });
+    return;
+  }
+  if (in_place && next.size() > plan_.size() && keeps_every_slot) {
+    grow_pending(next);  // announced once the new workers joined (admit_replacements())
+    return;
+  }
+  ++resets_;
+  ERUN_LOG_INFO("{}: membership changes ({} -> {}); {} (reset {})", who(generation_), plan_.to_string(),
+                next.to_string(), in_place ? "notifying workers" : "restarting all workers", resets_);
+  if (d_.events) {
+    d_.events->write("reset", {{"generation", json_number(generation_)},
+                               {"reason", json_string("membership changed")},
+                               {"resets", json_number(long{resets_})}});
+  }
+  if (in_place) {
+    reconfigure("membership changes", /*after_failure=*/false);
+  } else {
+    stop_then_wait();
+  }
+}
+
+void Driver::finish() {
+  auto now = clock_.now();
+  if (generation_failure_ && !failure_while_finishing_) {
+    // A worker failed after another finished: no restart is possible.
+    const Failure& f = *generation_failure_;
+    failure_while_finishing_ = true;
+    finishing_because_ = fmt::format(
+        "{} finished successfully {:.1f} s ago and then {} failed with {}; a job cannot restart once "
+        "a worker has finished, so erun ends it with the failure's exit code (see the root cause below)",
+        first_finished_, seconds(now - first_finished_at_), who(-1, f.host, f.rank), f.status.describe());
+    ERUN_LOG_ERROR("{}: {}", who(generation_), finishing_because_);
+    finish_deadline_ = now;
+  }
+  if (all_exited()) {
+    done(job_exit_code());
+    return;
+  }
+  if (now < finish_deadline_) return;
+  std::vector<const Worker*> stragglers;
+  std::vector<std::string> names;
+  for (auto& w : workers_) {
+    if (w.exit) continue;
+    stragglers.push_back(&w);
+    if (names.size() < 8) names.push_back(fmt::format("rank {} on {}", w.assignment.rank, w.assignment.slot.host));
+  }
+  ERUN_LOG_ERROR("{}: stopping {} worker{} still running ({}{}): {}", who(generation_), stragglers.size(),
+                 stragglers.size() == 1 ? "" : "s", join(names, ", "), stragglers.size() > names.size() ? ", ..." : "",
+                 finishing_because_);
+  if (!generation_failure_ && !stragglers.empty()) {
+    const Worker& w = *stragglers.front();
+    generation_failure_ = Failure{generation_, w.assignment.slot.host, w.assignment.rank, ExitStatus{1, 0},
+                                  {"still running --finish-timeout after another rank finished"},
+                                  seconds(now - w.started)};
+  }
+  stop_then_end(SIGTERM, [this] { return job_exit_code(); });
 }
 
 int Driver::run() {

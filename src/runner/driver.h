@@ -18,8 +18,10 @@
 // with their state (up to --elastic-timeout) instead of being stopped. The
 // in-place decisions live in driver_in_place.cc.
 //
-// The driver runs on one thread: run() loops over step() until it
-// returns an exit code. request_stop() is async-signal-safe and may be called
+// The driver runs on one thread: run() loops over step() until it returns an
+// exit code. step() dispatches on the job's phase (runner/driver_states.h) to
+// one handler; no handler blocks: stopping workers is a phase of its own,
+// timed by the Clock. request_stop() is async-signal-safe and may be called
 // from a signal handler; the next step stops all workers and ends the job.
 #pragma once
 
@@ -35,6 +37,7 @@
 #include "common/clock.h"
 #include "discovery/discovery.h"
 #include "runner/crash_loop.h"
+#include "runner/driver_states.h"
 #include "runner/event_log.h"
 #include "runner/host_manager.h"
 #include "runner/launcher.h"
@@ -58,8 +61,6 @@ struct DriverDeps {
   // Runs discovery inside step() (every discovery_interval of `clock`) instead
   // of on the DiscoveryLoop's thread: deterministic unit tests.
   bool synchronous_discovery = false;
-  // Picks MASTER_PORT on a host; default: a free port found on that host.
-  std::function<int(const std::string& host, bool local)> free_port;
   std::string job_id;  // default: random
   std::string secret;  // default: random
 };
@@ -81,31 +82,30 @@ class Driver {
 
   // For tests and the event log.
   long generation() const { return generation_; }
+  JobPhase phase() const { return phase_; }
   int resets() const { return resets_; }
   const Plan& plan() const { return plan_; }
   const HostManager& host_manager() const { return hosts_; }
 
  private:
-  enum class Phase { kWaiting, kRunning, kFinishing };
   struct Worker {
     long key = 0;
     RankAssignment assignment;
     std::unique_ptr<WorkerHandle> handle;
+    WorkerState state = WorkerState::kMember;  // changed only through set_state()
     bool local = false;
-    bool stopping = false;  // erun asked it to stop: its exit is not a failure
-    bool joined = false;    // it joined the rendezvous at least once (in-place capable)
-    bool retiring = false;  // its slot left the plan: stop it once it re-joins
-    bool excluded = false;  // reported as failed by survivors: killed, never planned again
-    // A replacement launched into a slot that the running plan left free: it
-    // waits in the rendezvous until admit_replacements() grows the survivors.
-    bool pending = false;
-    bool grows = false;  // pending for new slots (not a failed one's): its admission is a reset
-    bool fresh = false;  // launched into a running job, and not yet a member of a complete generation
+    bool joined = false;     // it joined the rendezvous at least once (in-place capable)
+    bool grows = false;      // kPending for new slots (not a failed one's): its admission is a reset
+    bool fresh = false;      // launched into a running job, and not yet a member of a complete generation
     bool loss_told = false;  // its loss went to the survivors, or it is no member of the current generation
     long launched_generation = 0;
     TimePoint retire_by{};
     std::optional<ExitStatus> exit;
     TimePoint started{};
+    bool alive() const { return !exit && handle; }
+    bool pending() const { return state == WorkerState::kPending; }
+    // Out of the running plan for good: retiring or excluded.
+    bool left_out() const { return state == WorkerState::kRetiring || state == WorkerState::kExcluded; }
   };
   struct Failure {
     long generation = 0;
@@ -115,6 +115,31 @@ class Driver {
     std::vector<std::string> stderr_tail;
     double after_s = 0;
   };
+
+  // ---- phases (driver.cc): step() calls the handler of the current one ----
+  // Checked against transition_allowed(); entering a waiting phase from
+  // another phase restarts the --elastic-timeout clock.
+  void set_phase(JobPhase next);
+  void set_state(Worker& w, WorkerState next);
+  void on_signal(int sig);
+  void wait_for_hosts();             // kWaitingForHosts
+  void supervise();                  // kRunning
+  void finish();                     // kFinishing
+  void continue_stop();              // kStopping
+  // kRunning: the generation lost a worker: recover in place, restart, or end.
+  void handle_generation_failure();
+  // kRunning: would a fresh plan differ from the running one? Resize if so.
+  void follow_membership();
+  // kRunning -> kFinishing once a rank finished.
+  void begin_finishing();
+  // -> kStopping: sends `signal` (SIGTERM: terminate()) to every live worker;
+  // once all are gone the job waits for hosts (stop_then_wait) or ends with
+  // what `exit_code` returns, called then (stop_then_end).
+  void stop_then_wait();
+  void stop_then_end(int signal, std::function<int()> exit_code);
+  void begin_stop(int signal);
+  void done(int code);
+  bool all_exited() const;
 
   void refresh_hosts();
   // Every change of the discovered hosts goes through here (keeps all_hosts_local_).
@@ -196,9 +221,9 @@ class Driver {
   HostSet plannable_hosts() const;
   // Blacklisted hosts where joined survivors run (sorted): they stay in the plan.
   std::vector<std::string> blacklisted_with_survivors() const;
-  // kWaiting with survivors in the rendezvous: re-form once --min-np slots
-  // are back, give up after --elastic-timeout. The exit code when it gives up.
-  std::optional<int> wait_with_survivors();
+  // kWaitingWithSurvivors (the survivors wait in the rendezvous): re-form
+  // once --min-np slots are back, give up after --elastic-timeout.
+  void wait_with_survivors();
   bool in_place_possible();
   void update_joined(const MembershipSnapshot& m);
   void enforce_rejoin_deadline(const MembershipSnapshot& m);
@@ -212,9 +237,11 @@ class Driver {
                                                                int master_port) const;
   WorkerSpec make_spec(const RankAssignment& a, const std::string& master_addr, int master_port) const;
   Launcher& launcher_for(const std::string& host, bool* local) const;
-  void stop_all(int signal);
-  int finish_with_failure(const Failure& f);
+  // Stops every worker, then ends the job with the failure's exit code.
+  void finish_with_failure(const Failure& f);
   int job_exit_code();
+  // The exit code when the job gives up waiting (after --elastic-timeout).
+  int give_up_code();
   void report_failure(const Failure& f);
   std::string master_address() const;
   std::string advertise_address(const std::string& host, bool local) const;
@@ -235,7 +262,15 @@ class Driver {
   TimePoint last_discovery_{};
   std::string last_discovery_error_;
 
-  Phase phase_ = Phase::kWaiting;
+  JobPhase phase_ = JobPhase::kWaitingForHosts;
+  int exit_code_ = 0;  // in JobPhase::kDone
+  // JobPhase::kStopping: where the job goes once every worker is gone.
+  JobPhase after_stop_ = JobPhase::kDone;
+  std::function<int()> stop_exit_code_;
+  TimePoint stop_kill_at_{};     // SIGKILL to those still running
+  TimePoint stop_give_up_at_{};  // after the SIGKILL: report the ones still not gone
+  bool stop_killed_ = false;
+  bool kill_requested_ = false;  // a SIGKILL was requested: no grace
   long generation_ = 0;
   int resets_ = 0;
   int restarts_ = 0;  // generations started after the first (TORCHELASTIC_RESTART_COUNT)
@@ -272,8 +307,5 @@ class Driver {
   bool failure_reform_ = false;       // the current generation was published after a failure
   std::atomic<int> stop_signal_{0};
 };
-
-// A free TCP port on this machine (bind to port 0).
-int find_free_local_port();
 
 }  // namespace erun

@@ -23,18 +23,18 @@ MembershipSnapshot Driver::take_snapshot() {
   return d_.membership->snapshot();
 }
 
-bool Driver::survivor(const Worker& w) const { return !w.exit && !w.excluded && !w.retiring && w.handle; }
+bool Driver::survivor(const Worker& w) const { return w.alive() && !w.left_out(); }
 
 bool Driver::slot_held(const SlotKey& slot, bool pending_too) const {
   return std::any_of(workers_.begin(), workers_.end(), [&](const Worker& w) {
-    return survivor(w) && (pending_too || !w.pending) && w.assignment.slot == slot;
+    return survivor(w) && (pending_too || !w.pending()) && w.assignment.slot == slot;
   });
 }
 
 bool Driver::have_survivors() const {
   // A pending replacement holds no commit.
   return std::any_of(workers_.begin(), workers_.end(),
-                     [&](const Worker& w) { return survivor(w) && w.joined && !w.pending; });
+                     [&](const Worker& w) { return survivor(w) && w.joined && !w.pending(); });
 }
 
 const Plan* Driver::plan_of(long generation) const {
@@ -56,7 +56,7 @@ HostSet Driver::plannable_hosts() const {
 std::vector<std::string> Driver::blacklisted_with_survivors() const {
   std::vector<std::string> keep;
   for (auto& w : workers_) {
-    if (survivor(w) && w.joined && !w.pending && hosts_.is_blacklisted(w.assignment.slot.host)) {
+    if (survivor(w) && w.joined && !w.pending() && hosts_.is_blacklisted(w.assignment.slot.host)) {
       keep.push_back(w.assignment.slot.host);
     }
   }
@@ -81,7 +81,7 @@ void Driver::update_joined(const MembershipSnapshot& m) {
     if (w.exit) continue;
     bool member = members.count(w.assignment.slot) > 0;
     if (member || waiting.count(w.assignment.slot)) w.joined = true;
-    if (member && !w.retiring && !w.excluded) ++in_current;
+    if (member && !w.left_out()) ++in_current;
   }
   if (in_current == static_cast<size_t>(plan_.size())) {
     generation_complete_ = true;
@@ -163,7 +163,7 @@ void Driver::exclude_silent() {
     for (auto& r : left->ranks) {
       if (g.left.count(r.slot)) continue;
       const Worker* w = worker_of(generation, r.slot);
-      if (w && !w->exit && !w->excluded && !w->retiring && w->handle) {
+      if (w && w->alive() && !w->left_out()) {
         open.push_back(&r);
       } else {
         ++ended;
@@ -229,7 +229,7 @@ void Driver::exclude_reported(const JoinRequest& report, const std::string& why)
   // Only the worker that held the rank then: a replacement launched later on
   // the same slot is not the one reported.
   Worker* w = worker_of(report.left_generation, failed.slot);
-  if (!w || w->exit || w->excluded || !w->handle) return;
+  if (!w || !w->alive() || w->state == WorkerState::kExcluded) return;
   ERUN_LOG_WARN("{}: reported by {} as {}{}; killing it and going on without it",
                 who(report.left_generation, failed.slot.host, failed.rank), reporter(report),
                 to_string(report.failed_state), why);
@@ -250,8 +250,7 @@ void Driver::exclude_worker(Worker& w, long generation, const RankAssignment& fa
                                          {"state", json_string(to_string(state))}});
   }
   w.handle->kill();
-  w.excluded = true;
-  w.stopping = true;  // its exit, when it comes, is this failure, not another
+  set_state(w, WorkerState::kExcluded);  // its exit, when it comes, is this failure, not another
   if (!generation_failure_) {
     generation_failure_ = Failure{generation_, failed.slot.host, failed.rank, ExitStatus{0, SIGKILL},
                                   {fmt::format("reported by a survivor as {}", to_string(state))},
@@ -263,8 +262,15 @@ void Driver::tell_survivors_of_losses() {
   if (!d_.membership) return;
   std::vector<int> ranks;
   for (auto& w : workers_) {
-    if (w.loss_told || w.retiring || w.launched_generation > generation_) continue;
-    if (!w.excluded && !(w.exit && !w.exit->ok())) continue;
+    if (w.loss_told || w.state == WorkerState::kRetiring || w.launched_generation > generation_) continue;
+    if (w.state != WorkerState::kExcluded && !(w.exit && !w.exit->ok())) continue;
+    // Only a rank of the current plan: a replacement that failed before it
+    // was admitted holds a rank of a plan the survivors never formed.
+    const RankAssignment* held = plan_.find(w.assignment.slot);
+    if (!held || held->rank != w.assignment.rank) {
+      w.loss_told = true;
+      continue;
+    }
     w.loss_told = true;
     ranks.push_back(w.assignment.rank);
   }
@@ -296,7 +302,7 @@ bool Driver::in_place_possible() {
   if (o_.mode == WorkerMode::kElastic) return true;
   bool any = false;
   for (auto& w : workers_) {
-    if (w.exit || w.retiring || w.excluded) continue;
+    if (w.exit || w.left_out()) continue;
     if (!w.joined) return false;
     any = true;
   }
@@ -322,7 +328,7 @@ void Driver::enforce_rejoin_deadline(const MembershipSnapshot& m) {
   for (auto& j : m.members) joined.insert(j.slot);
   for (auto& j : m.waiting) joined.insert(j.slot);
   for (auto& w : workers_) {
-    if (w.exit || w.retiring || w.excluded || w.pending || !w.handle || joined.count(w.assignment.slot)) continue;
+    if (!w.alive() || w.left_out() || w.pending() || joined.count(w.assignment.slot)) continue;
     if (!w.joined && o_.mode != WorkerMode::kElastic) continue;  // a restart-mode program never joins
     bool fresh = w.launched_generation == generation_;
     Duration limit = fresh ? o_.rendezvous_timeout : survivor_limit;
@@ -336,18 +342,17 @@ void Driver::enforce_rejoin_deadline(const MembershipSnapshot& m) {
                                     {"did not re-join within --rendezvous-timeout"},
                                     seconds(clock_.now() - w.started)};
     }
-    w.stopping = true;
-    w.excluded = true;  // killed: never planned again, even before it is reaped
+    set_state(w, WorkerState::kExcluded);  // killed: never planned again, even before it is reaped
   }
 }
 
 void Driver::retire_workers(const MembershipSnapshot& m) {
-  bool any = std::any_of(workers_.begin(), workers_.end(), [](const Worker& w) { return w.retiring && !w.exit; });
+  bool any = std::any_of(workers_.begin(), workers_.end(), [](const Worker& w) { return w.state == WorkerState::kRetiring && !w.exit; });
   if (!any) return;
   std::set<SlotKey> waiting;
   for (auto& j : m.waiting) waiting.insert(j.slot);
   for (auto& w : workers_) {
-    if (!w.retiring || w.exit || !w.handle) continue;
+    if (w.state != WorkerState::kRetiring || !w.alive()) continue;
     if (w.retire_by == TimePoint::max()) continue;  // already told to stop (it may take --term-grace)
     bool rejoined = waiting.count(w.assignment.slot) > 0;
     if (rejoined || clock_.now() >= w.retire_by) {
@@ -378,14 +383,12 @@ void Driver::reconfigure(const char* reason, bool after_failure) {
         d_.events->write("survivors_waiting", {{"generation", json_number(generation_)},
                                                {"usable_slots", json_number(long{usable.total_slots()})}});
       }
+      set_phase(JobPhase::kWaitingWithSurvivors);
     } else {
       ERUN_LOG_WARN("{}: {} usable slots are fewer than --min-np {} and no worker holds a commit: waiting for hosts",
                     who(generation_), usable.total_slots(), o_.min_np);
-      stop_all(SIGTERM);
+      stop_then_wait();
     }
-    phase_ = Phase::kWaiting;
-    waiting_since_ = clock_.now();
-    last_wait_log_ = {};
     return;
   }
   // Forget workers that are gone; survivors keep their processes, excluded
@@ -408,22 +411,21 @@ void Driver::reconfigure(const char* reason, bool after_failure) {
     }
   }
   ++generation_;
-  phase_ = Phase::kRunning;
+  set_phase(JobPhase::kRunning);
   std::string master_addr = next.ranks.front().slot.host;
   int launched = 0, retired = 0;
   for (auto& w : workers_) {
-    if (w.retiring || w.excluded) {
+    if (w.left_out()) {
       w.loss_told = true;  // no member of the next generation: nothing to tell about it
       continue;
     }
     if (const RankAssignment* a = next.find(w.assignment.slot)) {
       w.assignment = *a;
-      w.pending = false;
-    } else if (const RankAssignment* f = alone && w.pending ? full.find(w.assignment.slot) : nullptr) {
+      set_state(w, WorkerState::kMember);
+    } else if (const RankAssignment* f = alone && w.pending() ? full.find(w.assignment.slot) : nullptr) {
       w.assignment = *f;  // still pending: it joins with the next growth
     } else {
-      w.retiring = true;
-      w.stopping = true;
+      set_state(w, WorkerState::kRetiring);
       w.retire_by = clock_.now() + o_.rendezvous_timeout;
       ++retired;
     }
@@ -454,7 +456,7 @@ bool Driver::replacements_cover(const Plan& next) const {
   std::set<SlotKey> running, pending;
   for (auto& r : plan_.ranks) running.insert(r.slot);
   for (auto& w : workers_) {
-    if (w.pending && survivor(w)) pending.insert(w.assignment.slot);
+    if (w.pending() && survivor(w)) pending.insert(w.assignment.slot);
   }
   if (pending.empty() || static_cast<size_t>(next.size()) != running.size() + pending.size()) return false;
   return std::all_of(next.ranks.begin(), next.ranks.end(),
@@ -467,7 +469,7 @@ void Driver::replacement_failed(Worker& w, const std::string& why) {
                 who(generation_, host, w.assignment.rank), why, plan_.size(), plan_.size() == 1 ? "" : "s");
   if (w.exit) crash_loop_.worker_failed(host, *w.exit);
   record_host_failure(host);
-  w.pending = false;
+  set_state(w, WorkerState::kExcluded);
 }
 
 void Driver::grow_pending(const Plan& next) {
@@ -487,14 +489,12 @@ void Driver::grow_pending(const Plan& next) {
 
 void Driver::drop_fresh_workers() {
   for (auto& w : workers_) {
-    if (!w.fresh || w.exit || w.stopping || !w.handle) continue;
+    if (!w.fresh || !w.alive() || is_stopping(w.state)) continue;
     ERUN_LOG_INFO("{}: training is over for a rank; stopping this worker, which joined after the others' last "
                   "generation",
                   who(generation_, w.assignment.slot.host, w.assignment.rank));
     w.handle->terminate();
-    w.stopping = true;
-    w.excluded = true;
-    w.pending = false;
+    set_state(w, WorkerState::kExcluded);
   }
 }
 
@@ -503,7 +503,7 @@ bool Driver::admit_replacements(const MembershipSnapshot& m) {
   for (auto& j : m.waiting) waiting.insert(j.slot);
   int ready = 0, starting = 0;
   for (auto& w : workers_) {
-    if (!w.pending || !survivor(w)) continue;
+    if (!w.pending() || !survivor(w)) continue;
     if (waiting.count(w.assignment.slot)) {
       ++ready;
       continue;
@@ -513,8 +513,7 @@ bool Driver::admit_replacements(const MembershipSnapshot& m) {
       continue;
     }
     w.handle->kill();
-    w.stopping = true;
-    w.excluded = true;
+    set_state(w, WorkerState::kExcluded);
     replacement_failed(w, fmt::format("did not join within --rendezvous-timeout {:.0f} s; killed",
                                       seconds(o_.rendezvous_timeout)));
   }
@@ -522,7 +521,7 @@ bool Driver::admit_replacements(const MembershipSnapshot& m) {
   // one hears the announcement).
   if (ready == 0 || starting > 0 || !generation_complete_) return false;
   const bool grows = std::any_of(workers_.begin(), workers_.end(), [&](const Worker& w) {
-    return w.pending && w.grows && survivor(w);
+    return w.pending() && w.grows && survivor(w);
   });
   if (grows) {  // new slots: a membership change, counted as one (a failure's replacement was counted with it)
     ++resets_;
@@ -539,23 +538,30 @@ bool Driver::admit_replacements(const MembershipSnapshot& m) {
   return true;
 }
 
-std::optional<int> Driver::wait_with_survivors() {
-  auto now = clock_.now();
+void Driver::wait_with_survivors() {
+  if (!have_survivors()) {  // they ended while waiting: nobody holds a commit any more
+    set_phase(JobPhase::kWaitingForHosts);
+    wait_for_hosts();
+    return;
+  }
+  handle_rejoins(take_snapshot());
+  if (generation_failure_) {
+    if (!first_failure_) first_failure_ = generation_failure_;
+    generation_failure_.reset();
+  }
   HostSet usable = plannable_hosts();
   if (usable.total_slots() >= std::max(o_.min_np, 1)) {
     reconfigure("hosts returned; re-forming", /*after_failure=*/false);
-    return std::nullopt;
+    return;
   }
-  if (now - waiting_since_ > o_.elastic_timeout) {
+  if (clock_.now() - waiting_since_ > o_.elastic_timeout) {
     ERUN_LOG_ERROR("gave up after --elastic-timeout {:.0f} s: {} usable slot{}, --min-np is {}; stopping the "
                    "survivors; add hosts or lower --min-np",
                    seconds(o_.elastic_timeout), usable.total_slots(), usable.total_slots() == 1 ? "" : "s", o_.min_np);
-    stop_all(SIGTERM);
-    if (first_failure_) report_failure(*first_failure_);
-    return first_failure_ ? std::max(1, first_failure_->status.shell_code()) : 1;
+    stop_then_end(SIGTERM, [this] { return give_up_code(); });
+    return;
   }
   log_waiting(usable);
-  return std::nullopt;
 }
 
 }  // namespace erun

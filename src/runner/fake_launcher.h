@@ -28,6 +28,8 @@ class FakeLauncher final : public Launcher {
 
   Result<std::unique_ptr<WorkerHandle>> launch(const WorkerSpec& spec) override;
   std::vector<std::string> command_line(const WorkerSpec& spec) const override;
+  int free_port(const std::string&, const std::string&, Duration) override { return port_; }
+  void set_free_port(int port) { port_ = port; }
 
   // Every launch so far, in order.
   const std::vector<std::shared_ptr<Worker>>& launched() const { return workers_; }
@@ -53,6 +55,7 @@ class FakeLauncher final : public Launcher {
   std::set<std::string> failing_hosts_;
   bool obey_terminate_ = true;
   bool obey_kill_ = true;
+  int port_ = 4242;
 };
 
 }  // namespace erun

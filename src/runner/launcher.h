@@ -80,7 +80,16 @@ class Launcher {
   // The exact command line that starts the agent of spec.host (for
   // --dry-run and logs); the worker itself travels over the agent's channel.
   virtual std::vector<std::string> command_line(const WorkerSpec& spec) const = 0;
+  // A TCP port on `host` that nothing listens on (MASTER_PORT in restart
+  // mode). This default asks the host through launch() (`cat /proc/net/tcp
+  // /proc/net/tcp6`, with `secret`, for at most `timeout`) and picks a random
+  // port in 20000-32000 that is not listening there, any such port when the
+  // host does not answer. Launchers for this machine bind port 0 instead.
+  virtual int free_port(const std::string& host, const std::string& secret, Duration timeout);
 };
+
+// A free TCP port on this machine (bind to port 0).
+int find_free_local_port();
 
 // How the real launchers start and watch agents.
 struct AgentLaunchOptions {

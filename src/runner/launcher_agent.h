@@ -34,6 +34,9 @@ class AgentLauncher final : public Launcher {
   std::vector<std::string> command_line(const WorkerSpec& spec) const override {
     return agent_command_(spec.host);
   }
+  int free_port(const std::string& host, const std::string& secret, Duration timeout) override {
+    return via_ == "local" ? find_free_local_port() : Launcher::free_port(host, secret, timeout);
+  }
 
  private:
   std::function<std::vector<std::string>(const std::string&)> agent_command_;

@@ -24,7 +24,6 @@ class DriverTest : public ::testing::Test {
     d.local_launcher = &launcher;
     d.clock = &clock;
     d.synchronous_discovery = true;
-    d.free_port = [](const std::string&, bool) { return 4242; };
     d.job_id = "job";
     d.secret = "s3cret";
     driver = std::make_unique<Driver>(o, d);

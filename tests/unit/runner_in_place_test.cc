@@ -43,7 +43,6 @@ class InPlaceTest : public ::testing::Test {
     d.membership = &membership;
     d.rendezvous_port = 1234;
     d.synchronous_discovery = true;
-    d.free_port = [](const std::string&, bool) { return 4242; };
     d.job_id = "job";
     d.secret = "s3cret";
     driver = std::make_unique<Driver>(o, d);
