@@ -4,6 +4,7 @@
 #include <signal.h>
 
 #include <map>
+#include <set>
 
 #include "common/no_retry.h"
 #include "discovery/discovery.h"
@@ -480,6 +481,123 @@ TEST_F(DriverTest, StragglerMessageNamesTheFinishedAndTheStillRunningRanks) {
             std::string::npos)
       << text;
   EXPECT_NE(text.find("did not finish within --finish-timeout 2 s"), std::string::npos) << text;
+}
+
+// Every pair of phases and of worker states: exactly these changes are allowed.
+TEST(DriverStates, OnlyTheseTransitionsAreAllowed) {
+  using P = JobPhase;
+  const std::vector<P> phases{P::kWaitingForHosts, P::kWaitingWithSurvivors, P::kRunning,
+                              P::kFinishing,       P::kStopping,             P::kDone};
+  const std::set<std::pair<P, P>> allowed{
+      {P::kWaitingForHosts, P::kRunning},       {P::kWaitingForHosts, P::kStopping},
+      {P::kWaitingForHosts, P::kDone},          {P::kWaitingWithSurvivors, P::kRunning},
+      {P::kWaitingWithSurvivors, P::kWaitingForHosts}, {P::kWaitingWithSurvivors, P::kStopping},
+      {P::kRunning, P::kWaitingWithSurvivors},  {P::kRunning, P::kFinishing},
+      {P::kRunning, P::kStopping},              {P::kRunning, P::kDone},
+      {P::kFinishing, P::kStopping},            {P::kFinishing, P::kDone},
+      {P::kStopping, P::kWaitingForHosts},      {P::kStopping, P::kDone},
+  };
+  for (P from : phases) {
+    for (P to : phases) {
+      EXPECT_EQ(transition_allowed(from, to), from == to || allowed.count({from, to}) > 0)
+          << to_string(from) << " -> " << to_string(to);
+    }
+  }
+  using W = WorkerState;
+  const std::vector<W> states{W::kPending, W::kMember, W::kRetiring, W::kExcluded, W::kStopping};
+  const std::set<std::pair<W, W>> allowed_w{
+      {W::kPending, W::kMember},   {W::kPending, W::kRetiring}, {W::kPending, W::kExcluded},
+      {W::kPending, W::kStopping}, {W::kMember, W::kRetiring},  {W::kMember, W::kExcluded},
+      {W::kMember, W::kStopping},  {W::kRetiring, W::kExcluded}, {W::kStopping, W::kExcluded},
+  };
+  for (W from : states) {
+    for (W to : states) {
+      EXPECT_EQ(transition_allowed(from, to), from == to || allowed_w.count({from, to}) > 0)
+          << to_string(from) << " -> " << to_string(to);
+    }
+  }
+}
+
+TEST_F(DriverTest, ASuccessfulJobGoesFromWaitingToRunningToFinishingToDone) {
+  discovery.set(HostSet({{"a", 2}}));
+  DriverOptions o;
+  o.np = o.min_np = o.max_np = 2;
+  make(o);
+  ASSERT_TRUE(driver->start());
+  EXPECT_EQ(driver->phase(), JobPhase::kWaitingForHosts);
+  EXPECT_FALSE(steps(1));
+  EXPECT_EQ(driver->phase(), JobPhase::kRunning);
+  launcher.finish(launcher.running_rank(0), ExitStatus{0, 0});
+  EXPECT_FALSE(steps(1));
+  EXPECT_EQ(driver->phase(), JobPhase::kFinishing);
+  launcher.finish(launcher.running_rank(1), ExitStatus{0, 0});
+  EXPECT_EQ(steps(1), 0);
+  EXPECT_EQ(driver->phase(), JobPhase::kDone);
+  EXPECT_EQ(steps(1), 0);  // done stays done
+}
+
+// A restart stops the workers in a phase of its own, timed by the Clock: a
+// worker that ignores SIGTERM is killed once --term-grace + 2 s of the
+// driver's clock passed, and the next generation starts only after that.
+TEST_F(DriverTest, StoppingForARestartIsAPhaseTimedByTheClock) {
+  discovery.set(HostSet({{"a", 2}}));
+  auto o = elastic(2, 1, 2);
+  make(o);
+  driver = nullptr;
+  o.command = {"./train"};
+  o.term_grace = std::chrono::seconds(3);
+  DriverDeps d;
+  d.discovery = &discovery;
+  d.local_launcher = &launcher;
+  d.clock = &clock;
+  d.synchronous_discovery = true;
+  driver = std::make_unique<Driver>(o, d);
+  ASSERT_TRUE(driver->start());
+  EXPECT_FALSE(steps(1));
+  launcher.set_obey_terminate(false);
+  auto stubborn = launcher.running_rank(0);
+  launcher.finish(launcher.running_rank(1), ExitStatus{1, 0});
+  EXPECT_FALSE(steps(1));
+  EXPECT_EQ(driver->phase(), JobPhase::kStopping);
+  EXPECT_TRUE(stubborn->terminated);
+  EXPECT_FALSE(steps(45));  // 4.5 s of the 5 s
+  EXPECT_EQ(driver->phase(), JobPhase::kStopping);
+  EXPECT_FALSE(stubborn->killed);
+  EXPECT_EQ(driver->generation(), 1);
+  EXPECT_FALSE(steps(10));
+  EXPECT_TRUE(stubborn->killed);
+  EXPECT_EQ(driver->phase(), JobPhase::kRunning);
+  EXPECT_EQ(driver->generation(), 2);
+  EXPECT_EQ(launcher.running().size(), 2u);
+}
+
+TEST_F(DriverTest, ASecondSignalWhileStoppingKillsAtOnce) {
+  discovery.set(HostSet({{"a", 2}}));
+  DriverOptions o;
+  o.np = o.min_np = o.max_np = 2;
+  make(o);
+  ASSERT_TRUE(driver->start());
+  EXPECT_FALSE(steps(1));
+  launcher.set_obey_terminate(false);
+  driver->request_stop(SIGINT);
+  EXPECT_FALSE(steps(1));
+  EXPECT_EQ(driver->phase(), JobPhase::kStopping);
+  for (auto& w : launcher.running()) EXPECT_EQ(w->signals, std::vector<int>{SIGINT});
+  driver->request_stop(SIGKILL);
+  EXPECT_EQ(steps(1), 128 + SIGINT);  // the first signal names the job's end
+  for (auto& w : launcher.launched()) EXPECT_TRUE(w->killed);
+}
+
+TEST_F(DriverTest, WaitingForHostsEndsAfterTheElasticTimeout) {
+  discovery.set(HostSet({{"a", 1}}));
+  auto o = elastic(2, 2, 2);
+  make(o);
+  ASSERT_TRUE(driver->start());
+  EXPECT_FALSE(steps(290));
+  EXPECT_EQ(driver->phase(), JobPhase::kWaitingForHosts);
+  EXPECT_TRUE(launcher.launched().empty());
+  EXPECT_EQ(steps(20), 1);
+  EXPECT_EQ(driver->phase(), JobPhase::kDone);
 }
 
 }  // namespace

@@ -809,6 +809,77 @@ TEST_F(InPlaceTest, ARankReportedBySurvivorsIsToldToTheOthers) {
   EXPECT_EQ(membership.peers_lost()[1], (std::pair<long, std::vector<int>>{3, {2}}));
 }
 
+// A replacement that failed before it was admitted holds a rank of the full
+// plan, which the survivors never formed (there, that rank is a live
+// survivor's): a later loss in their generation names only the lost member.
+TEST_F(InPlaceTest, AFailedReplacementIsNotToldToTheSurvivorsAsALostRank) {
+  discovery.set(HostSet({{"a", 2}, {"b", 2}}));
+  start_joined(elastic(4, 2, 4));
+  launcher.finish(worker_at(a1), ExitStatus{0, SIGKILL});
+  survivors_rejoin({a0, b0, SlotKey{"b", 1}}, 1, 1, PeerState::kDead);
+  EXPECT_FALSE(steps(1));
+  ASSERT_EQ(driver->generation(), 2);  // a0, b0, b1 as ranks 0-2; a1's replacement pending with rank 1
+  membership.join_all();
+  EXPECT_FALSE(steps(1));
+  launcher.finish(worker_at(a1), ExitStatus{1, 0});
+  EXPECT_FALSE(steps(1));
+  launcher.finish(worker_at(SlotKey{"b", 1}), ExitStatus{0, SIGKILL});
+  EXPECT_FALSE(steps(1));
+  ASSERT_EQ(membership.peers_lost().size(), 2u);
+  EXPECT_EQ(membership.peers_lost()[1], (std::pair<long, std::vector<int>>{2, {2}}));
+}
+
+// The job's phases while survivors wait below --min-np: they wait with their
+// state, go on when slots return, and the job waits for hosts (restarting
+// from scratch) once they are gone.
+TEST_F(InPlaceTest, SurvivorsBelowMinNpWaitInTheirOwnPhase) {
+  discovery.set(HostSet({{"a", 1}, {"b", 1}, {"c", 1}}));
+  start_joined(elastic(3, 3, 3));
+  EXPECT_EQ(driver->phase(), JobPhase::kRunning);
+  discovery.set(HostSet({{"a", 1}, {"b", 1}}));
+  clock.advance(std::chrono::seconds(1));
+  launcher.finish(worker_at(c0), ExitStatus{1, 0});
+  survivors_rejoin({a0, b0}, 1);
+  EXPECT_FALSE(steps(2));
+  EXPECT_EQ(driver->phase(), JobPhase::kWaitingWithSurvivors);
+  discovery.set(HostSet({{"a", 1}, {"b", 1}, {"c", 1}}));
+  EXPECT_FALSE(steps(15));
+  EXPECT_EQ(driver->phase(), JobPhase::kRunning);
+  EXPECT_EQ(driver->generation(), 2);
+  // Below --min-np again, then every survivor dies while waiting.
+  discovery.set(HostSet({{"a", 1}}));
+  clock.advance(std::chrono::seconds(1));
+  membership.join_all();
+  launcher.finish(worker_at(c0), ExitStatus{1, 0});
+  launcher.finish(worker_at(b0), ExitStatus{1, 0});
+  survivors_rejoin({a0}, 2);
+  EXPECT_FALSE(steps(2));
+  EXPECT_EQ(driver->phase(), JobPhase::kWaitingWithSurvivors);
+  launcher.finish(worker_at(a0), ExitStatus{1, 0});
+  EXPECT_FALSE(steps(1));
+  EXPECT_EQ(driver->phase(), JobPhase::kWaitingForHosts);
+  discovery.set(HostSet({{"a", 1}, {"b", 1}, {"c", 1}}));
+  EXPECT_FALSE(steps(15));
+  EXPECT_EQ(driver->phase(), JobPhase::kRunning);
+  EXPECT_EQ(launcher.running().size(), 3u);  // all started again
+}
+
+TEST_F(InPlaceTest, SurvivorsThatWaitPastTheElasticTimeoutAreStoppedAndTheJobEnds) {
+  discovery.set(HostSet({{"a", 1}, {"b", 1}}));
+  start_joined(elastic(2, 2, 2));
+  discovery.set(HostSet({{"a", 1}}));
+  clock.advance(std::chrono::seconds(1));
+  launcher.finish(worker_at(b0), ExitStatus{1, 0});
+  survivors_rejoin({a0}, 1);
+  launcher.set_obey_terminate(false);
+  EXPECT_FALSE(steps(305));
+  EXPECT_EQ(driver->phase(), JobPhase::kStopping);  // the survivor takes its time to stop
+  EXPECT_TRUE(worker_at(a0)->terminated);
+  launcher.finish(worker_at(a0), ExitStatus{0, SIGTERM});
+  EXPECT_EQ(steps(1), 1);
+  EXPECT_EQ(driver->phase(), JobPhase::kDone);
+}
+
 TEST_F(InPlaceTest, ARestartModeFailureTellsNoOne) {
   discovery.set(HostSet({{"a", 2}}));
   auto o = elastic(2, 1, 2);
