@@ -83,6 +83,12 @@ class Context {
   // --checkpoint-dir, i.e. ERUN_CHECKPOINT_DIR); empty otherwise. A State
   // adopts it at its first sync() unless set_checkpoint_dir() was called.
   virtual std::string checkpoint_dir() const { return {}; }
+  // Where this worker keeps its newest commit in host memory, as a path stem
+  // (STEM.a, STEM.b) in the job's private directory that erun's driver names
+  // (ERUN_COMMIT_DIR); empty when the worker was not started by erun. A State
+  // writes every commit there and, at its first sync(), restores the newest
+  // commit its host holds when that is newer than its own (docs/state.md).
+  virtual std::string host_commit_stem() const { return {}; }
 
  protected:
   // Implementations call this when they leave a generation (rejoin): the GPU

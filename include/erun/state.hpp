@@ -148,6 +148,9 @@ class State {
   // Collective, after the ranks found different commit ids: throws
   // CollectiveMismatch on every rank, naming the ranks and their ids.
   [[noreturn]] void commit_ids_disagree();
+  // At the first sync(): opens this worker's host-memory commit files and
+  // loads the newest commit its host holds when that is newer than its own.
+  void adopt_host_commits();
 
   Context& ctx_;
   struct Impl;

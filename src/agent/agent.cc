@@ -20,6 +20,7 @@
 #include <fmt/format.h>
 
 #include "agent/protocol.h"
+#include "agent/commit_dir.h"
 #include "agent/relay.h"
 #include "common/log.h"
 #include "common/private_files.h"
@@ -84,6 +85,7 @@ bool write_fully(int fd, std::string_view data) {
 [[noreturn]] void watchdog_main(int fd, pid_t agent, long silence_ms) {
   std::map<pid_t, long> groups;  // pgid -> grace ms
   std::string relay_dir;
+  std::string commit_dir;  // the job's host-memory commits (agent/commit_dir.h)
   std::string buffer;
   char chunk[4096];
   auto last_word = SteadyClock::now();
@@ -115,6 +117,10 @@ bool write_fully(int fd, std::string_view data) {
         relay_dir = line.substr(2);
         continue;
       }
+      if (line.rfind("C /", 0) == 0) {
+        commit_dir = line.substr(2);
+        continue;
+      }
       auto words = split(line, ' ');
       long pgid = 0, grace = 0;
       if (words.size() == 3 && words[0] == "A" && parse_int(words[1], pgid) && parse_int(words[2], grace) &&
@@ -141,6 +147,7 @@ bool write_fully(int fd, std::string_view data) {
     ::unlink((relay_dir + "/rdzv").c_str());
     ::rmdir(relay_dir.c_str());
   }
+  if (!commit_dir.empty()) adopt_or_remove_commit_dir(commit_dir, kCommitAdoptGrace);
   ::_exit(0);
 }
 
@@ -247,6 +254,11 @@ class Agent {
   int watchdog_fd_ = -1;
   SteadyClock::time_point last_watchdog_word_{};  // the last "H" to the watchdog
   std::map<uint64_t, Worker> workers_;
+  // The job's host-memory commit directory (the first START's
+  // ERUN_COMMIT_DIR) and this agent's shared lock on its lease.
+  void hold_commit_dir(const std::map<std::string, std::string>& env);
+  std::string commit_dir_;
+  int commit_lease_fd_ = -1;
   std::unique_ptr<Relay> relay_;  // made for the first worker that has a rendezvous to relay
   bool relay_failed_ = false;     // could not be made: workers connect directly
 };
@@ -402,6 +414,7 @@ void Agent::start(const Start& s) {
   }
   for (auto& [k, v] : s.env) merged[k] = v;
   if (o_.relay) relay_env(merged);
+  hold_commit_dir(merged);
   merged["ERUN_SECRET"] = secret_;
   std::vector<std::string> env_words;
   for (auto& [k, v] : merged) env_words.push_back(k + "=" + v);
@@ -653,6 +666,18 @@ void Agent::relay_env(std::map<std::string, std::string>& env) {
   addr->second = relay_->address();
 }
 
+void Agent::hold_commit_dir(const std::map<std::string, std::string>& env) {
+  auto it = env.find("ERUN_COMMIT_DIR");
+  if (!commit_dir_.empty() || it == env.end() || it->second.empty() || it->second[0] != '/') return;
+  commit_dir_ = it->second;
+  std::string error;
+  commit_lease_fd_ = agent::hold_commit_dir(commit_dir_, &error);
+  if (commit_lease_fd_ < 0) {
+    ERUN_LOG_WARN("{}: cannot hold the host-memory commit directory: {}", me_, error);
+  }
+  if (watchdog_fd_ >= 0) (void)write_fully(watchdog_fd_, fmt::format("C {}\n", commit_dir_));
+}
+
 void Agent::ensure_watchdog() {
   if (watchdog_fd_ >= 0) {
     pollfd p{watchdog_fd_, 0, 0};
@@ -673,6 +698,7 @@ void Agent::ensure_watchdog() {
     (void)write_fully(watchdog_fd_, fmt::format("A {} {}\n", w.pid, ms));
   }
   if (relay_) (void)write_fully(watchdog_fd_, fmt::format("D {}\n", relay_->directory()));
+  if (!commit_dir_.empty()) (void)write_fully(watchdog_fd_, fmt::format("C {}\n", commit_dir_));
 }
 
 int Agent::run() {
@@ -780,6 +806,9 @@ int Agent::run() {
     ERUN_LOG_WARN("{}: dropped {} output chunk(s): the driver did not read them in time", me_, dropped_output_);
   }
   relay_.reset();           // its socket and directory go
+  // The job is over on this host (SHUTDOWN, or the driver is gone): its
+  // commits go too, unless another agent of the job still runs here.
+  if (!commit_dir_.empty()) release_commit_dir(commit_dir_, std::exchange(commit_lease_fd_, -1));
   close_fd(watchdog_fd_);  // the watchdog finds no group left and exits
   return lost_ ? 1 : 0;
 }

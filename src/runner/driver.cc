@@ -46,6 +46,8 @@ Driver::Driver(DriverOptions options, DriverDeps deps)
   ERUN_CHECK(d_.discovery && d_.local_launcher && d_.clock);
   if (d_.job_id.empty()) d_.job_id = "erun-" + random_hex(6);
   if (d_.secret.empty()) d_.secret = random_hex(32);
+  if (d_.commit_dir.empty()) d_.commit_dir = "/dev/shm/erun-commits-" + random_hex(12);
+  if (d_.commit_dir == "-") d_.commit_dir.clear();
 }
 
 Driver::~Driver() {
@@ -197,6 +199,7 @@ std::vector<std::pair<std::string, std::string>> Driver::worker_env(const RankAs
   put("TORCHELASTIC_MAX_RESTARTS", o_.reset_limit < 0 ? 1000000000 : o_.reset_limit);
   put("TORCHELASTIC_RUN_ID", d_.job_id);
   if (!o_.checkpoint_dir.empty()) put("ERUN_CHECKPOINT_DIR", o_.checkpoint_dir);
+  if (!d_.commit_dir.empty() && d_.membership) put("ERUN_COMMIT_DIR", d_.commit_dir);
   put("ERUN_COLLECTIVE_TIMEOUT", seconds(o_.collective_timeout));
   put("ERUN_RENDEZVOUS_TIMEOUT", seconds(o_.rendezvous_timeout));
   put("ERUN_ELASTIC_TIMEOUT", seconds(o_.elastic_timeout));

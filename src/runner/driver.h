@@ -63,6 +63,10 @@ struct DriverDeps {
   bool synchronous_discovery = false;
   std::string job_id;  // default: random
   std::string secret;  // default: random
+  // Where each host keeps its workers' newest commits (ERUN_COMMIT_DIR; the
+  // host's agent removes it when the job ends). Default:
+  // /dev/shm/erun-commits-<random>; "-": none (commits live only in workers).
+  std::string commit_dir;
 };
 
 class Driver {
@@ -191,6 +195,13 @@ class Driver {
   // admitted later by admit_replacements(): survivors never wait for a new
   // worker's start-up (a Python worker spends seconds importing torch).
   void reconfigure(const char* reason, bool after_failure);
+  // reconfigure() below --min-np: the survivors wait in the rendezvous
+  // (kWaitingWithSurvivors), or, with none, every worker stops.
+  void wait_below_min_np(const HostSet& usable);
+  // Moves each worker to its rank in `next`; with `full` (the survivors go on
+  // alone), a pending one keeps its rank there. The rest retire. Returns how
+  // many retire.
+  int reassign_workers(const Plan& next, const Plan* full);
   // Pending replacements (launched after a failure while the survivors went
   // on alone, or for new slots): one that does not join within --rendezvous-timeout is killed;
   // once all wait in the rendezvous and the survivors formed their

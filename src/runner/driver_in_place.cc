@@ -373,22 +373,7 @@ void Driver::reconfigure(const char* reason, bool after_failure) {
   HostSet usable = plannable_hosts();
   generation_failure_.reset();
   if (usable.total_slots() < std::max(o_.min_np, 1)) {
-    if (have_survivors()) {
-      // The survivors hold the last commit: they wait in the rendezvous.
-      ERUN_LOG_WARN("{}: {} usable slot{} fewer than --min-np {}: the survivors wait in the rendezvous with their "
-                    "state for up to --elastic-timeout {:.0f} s",
-                    who(generation_), usable.total_slots(), usable.total_slots() == 1 ? " is" : "s are", o_.min_np,
-                    seconds(o_.elastic_timeout));
-      if (d_.events) {
-        d_.events->write("survivors_waiting", {{"generation", json_number(generation_)},
-                                               {"usable_slots", json_number(long{usable.total_slots()})}});
-      }
-      set_phase(JobPhase::kWaitingWithSurvivors);
-    } else {
-      ERUN_LOG_WARN("{}: {} usable slots are fewer than --min-np {} and no worker holds a commit: waiting for hosts",
-                    who(generation_), usable.total_slots(), o_.min_np);
-      stop_then_wait();
-    }
+    wait_below_min_np(usable);
     return;
   }
   // Forget workers that are gone; survivors keep their processes, excluded
@@ -412,35 +397,18 @@ void Driver::reconfigure(const char* reason, bool after_failure) {
   }
   ++generation_;
   set_phase(JobPhase::kRunning);
-  std::string master_addr = next.ranks.front().slot.host;
-  int launched = 0, retired = 0;
-  for (auto& w : workers_) {
-    if (w.left_out()) {
-      w.loss_told = true;  // no member of the next generation: nothing to tell about it
-      continue;
-    }
-    if (const RankAssignment* a = next.find(w.assignment.slot)) {
-      w.assignment = *a;
-      set_state(w, WorkerState::kMember);
-    } else if (const RankAssignment* f = alone && w.pending() ? full.find(w.assignment.slot) : nullptr) {
-      w.assignment = *f;  // still pending: it joins with the next growth
-    } else {
-      set_state(w, WorkerState::kRetiring);
-      w.retire_by = clock_.now() + o_.rendezvous_timeout;
-      ++retired;
-    }
-  }
+  const int retired = reassign_workers(next, alone ? &full : nullptr);
   plan_ = next;
   crash_loop_.generation_started(generation_, plan_.hosts());
   publish();
   failure_reform_ = after_failure;
-  int pending = 0;
+  int launched = 0, pending = 0;
   for (auto& a : full.ranks) {
     if (slot_held(a.slot, /*pending_too=*/true)) {
       if (alone && !plan_.contains(a.slot)) ++pending;
       continue;
     }
-    launch_worker(a, master_addr, 0, /*in_place=*/true, /*pending=*/alone);
+    launch_worker(a, next.ranks.front().slot.host, 0, /*in_place=*/true, /*pending=*/alone);
     ++launched;
     if (alone) ++pending;
   }
@@ -450,6 +418,46 @@ void Driver::reconfigure(const char* reason, bool after_failure) {
                 alone ? fmt::format("; the survivors go on alone, {} replacement{} join{} them once started", pending,
                                     pending == 1 ? "" : "s", pending == 1 ? "s" : "")
                       : "");
+}
+
+void Driver::wait_below_min_np(const HostSet& usable) {
+  if (!have_survivors()) {
+    ERUN_LOG_WARN("{}: {} usable slots are fewer than --min-np {} and no worker holds a commit: waiting for hosts",
+                  who(generation_), usable.total_slots(), o_.min_np);
+    stop_then_wait();
+    return;
+  }
+  // The survivors hold the last commit: they wait in the rendezvous.
+  ERUN_LOG_WARN("{}: {} usable slot{} fewer than --min-np {}: the survivors wait in the rendezvous with their "
+                "state for up to --elastic-timeout {:.0f} s",
+                who(generation_), usable.total_slots(), usable.total_slots() == 1 ? " is" : "s are", o_.min_np,
+                seconds(o_.elastic_timeout));
+  if (d_.events) {
+    d_.events->write("survivors_waiting", {{"generation", json_number(generation_)},
+                                           {"usable_slots", json_number(long{usable.total_slots()})}});
+  }
+  set_phase(JobPhase::kWaitingWithSurvivors);
+}
+
+int Driver::reassign_workers(const Plan& next, const Plan* full) {
+  int retired = 0;
+  for (auto& w : workers_) {
+    if (w.left_out()) {
+      w.loss_told = true;  // no member of the next generation: nothing to tell about it
+      continue;
+    }
+    if (const RankAssignment* a = next.find(w.assignment.slot)) {
+      w.assignment = *a;
+      set_state(w, WorkerState::kMember);
+    } else if (const RankAssignment* f = full && w.pending() ? full->find(w.assignment.slot) : nullptr) {
+      w.assignment = *f;  // still pending: it joins with the next growth
+    } else {
+      set_state(w, WorkerState::kRetiring);
+      w.retire_by = clock_.now() + o_.rendezvous_timeout;
+      ++retired;
+    }
+  }
+  return retired;
 }
 
 bool Driver::replacements_cover(const Plan& next) const {

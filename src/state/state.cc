@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cstring>
 #include <optional>
@@ -13,6 +15,7 @@
 #include "common/private_files.h"
 #include "erun/erun.hpp"
 #include "state/device_state.h"
+#include "state/host_commits.h"
 #include "state/snapshot.h"
 
 namespace erun {
@@ -40,6 +43,10 @@ struct State::Impl {
   bool has_snapshot = false;  // a commit, a synced baseline, or a loaded checkpoint
   std::string checkpoint_dir;
   bool launcher_checkpoint_checked = false;
+  // This worker's host-memory commit files (null outside erun, or when the
+  // host has no room for them).
+  std::unique_ptr<si::HostCommits> host;
+  bool host_failing = false;  // the last host-memory write failed (logged once per streak)
   std::vector<std::function<void(int, int)>> reset_callbacks;
   // World size before this worker's last re-join, until the next sync (0: none).
   int rejoined_from = 0;
@@ -128,6 +135,24 @@ struct State::Impl {
   }
 
   // Brings device entries' `committed` up to their pinned commit before refs() is encoded.
+  // Writes the commit to this worker's host-memory files. A failure (host
+  // memory full) is logged, not thrown: training goes on, and the files keep
+  // the previous commit.
+  void write_host_commit() {
+    if (!host) return;
+    mirror_device();
+    std::optional<std::string> err;
+    try {
+      err = host->write(commit_id, refs());
+    } catch (const Error& e) {
+      err = e.what();
+    }
+    drop_device_mirrors();
+    if (err && !host_failing) ERUN_LOG_ERROR("{}", *err);
+    if (!err && host_failing) ERUN_LOG_INFO("host-memory commit {} written to {} again", commit_id, host->stem());
+    host_failing = err.has_value();
+  }
+
   void mirror_device() {
     for (Entry& e : entries) {
       if (e.device && e.has_committed) e.device->mirror(e.committed);
@@ -287,6 +312,7 @@ void State::commit() {
                               impl_->refs());
     impl_->drop_device_mirrors();
   }
+  impl_->write_host_commit();
   check_host_updates();
 }
 
@@ -298,6 +324,7 @@ void State::sync() {
   if (!impl_->launcher_checkpoint_checked) {
     impl_->launcher_checkpoint_checked = true;
     if (impl_->checkpoint_dir.empty() && !ctx_.checkpoint_dir().empty()) set_checkpoint_dir(ctx_.checkpoint_dir());
+    adopt_host_commits();
   }
   Communicator& comm = ctx_.comm();
   const int size = comm.size();
@@ -447,6 +474,29 @@ void State::set_checkpoint_dir(const std::string& dir) {
   impl_->apply(std::move(snap), source, /*allow_missing=*/true);
   impl_->snapshot_size = 0;  // the file does not say
   ERUN_LOG_INFO("resumed from commit {} in {}", id, path);
+}
+
+void State::adopt_host_commits() {
+  const std::string stem = ctx_.host_commit_stem();
+  if (stem.empty()) return;
+  const std::string dir = stem.substr(0, stem.rfind('/'));
+  const std::string parent = dir.substr(0, dir.rfind('/'));
+  struct stat st {};
+  if (parent.empty() || ::stat(parent.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    ERUN_LOG_WARN("no {} on this host: commits live only in worker memory", parent.empty() ? dir : parent);
+    return;
+  }
+  impl_->host = std::make_unique<si::HostCommits>(stem);
+  // A commit that outlived the workers that made it: every worker of the
+  // last generation died (or was restarted) and this host kept theirs.
+  auto found = si::HostCommits::newest(dir);
+  if (!found || found->snapshot.commit_id <= impl_->commit_id) return;
+  const uint64_t id = found->snapshot.commit_id;
+  impl_->apply(std::move(found->snapshot), "host-memory commit file " + found->path, /*allow_missing=*/true);
+  impl_->snapshot_size = 0;  // the file does not say
+  const WorkerInfo& info = ctx_.info();
+  ERUN_LOG_INFO("{}: restored commit {} from host memory on {} ({})", who(info.generation, info.host, info.rank), id,
+                info.host, found->path);
 }
 
 void State::on_reset(std::function<void(int, int)> callback) {

@@ -5,6 +5,7 @@
 //    (shared memory within a host, erun's authenticated TCP transport between
 //    hosts), re-joins on membership changes;
 //  - StandaloneContext otherwise: a world of one.
+#include <cctype>
 #include <signal.h>
 #include <unistd.h>
 
@@ -43,6 +44,7 @@ struct WorkerOptions {
   // rendezvous while it waits for --min-np slots (--elastic-timeout).
   Duration join_timeout = std::chrono::seconds(660);
   std::string checkpoint_dir;
+  std::string commit_dir;  // host-memory commits (ERUN_COMMIT_DIR)
 };
 
 std::string env_or(const char* name, const std::string& fallback = "") {
@@ -83,6 +85,7 @@ WorkerOptions read_worker_options() {
   o.rendezvous_timeout = from_seconds(env_seconds("ERUN_RENDEZVOUS_TIMEOUT", 60));
   o.join_timeout = o.rendezvous_timeout + from_seconds(env_seconds("ERUN_ELASTIC_TIMEOUT", 600));
   o.checkpoint_dir = env_or("ERUN_CHECKPOINT_DIR");
+  o.commit_dir = env_or("ERUN_COMMIT_DIR");
   if (o.rdzv_port <= 0 || o.job_id.empty() || o.secret.empty()) {
     throw Error("erun: ERUN_RDZV_ADDR is set but ERUN_RDZV_PORT, ERUN_JOB_ID or the job secret is missing; "
                 "start workers through erun, not by hand");
@@ -129,6 +132,14 @@ class ElasticContext final : public Context {
   bool host_update_pending() const override { return client_.hosts_updated(); }
   bool elastic() const override { return true; }
   std::string checkpoint_dir() const override { return o_.checkpoint_dir; }
+  std::string host_commit_stem() const override {
+    if (o_.commit_dir.empty()) return {};
+    // Simulated hosts (--launcher local with 127.0.0.2, ...) share this
+    // machine's /dev/shm: the host is part of the name.
+    std::string host;
+    for (char c : o_.host) host += std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' ? c : '_';
+    return fmt::format("{}/slot-{}-{}", o_.commit_dir, host, o_.local_index);
+  }
   std::chrono::milliseconds collective_timeout() const override {
     return std::chrono::duration_cast<std::chrono::milliseconds>(o_.collective_timeout);
   }

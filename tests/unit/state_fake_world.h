@@ -279,6 +279,9 @@ class FakeContext : public Context {
     refresh();
   }
   bool elastic() const override { return true; }
+  std::string host_commit_stem() const override { return host_commit_stem_; }
+  // Host-memory commits at STEM.a / STEM.b (empty: none, the default).
+  void set_host_commit_stem(std::string stem) { host_commit_stem_ = std::move(stem); }
   int slot() const { return slot_; }
 
  private:
@@ -292,6 +295,7 @@ class FakeContext : public Context {
   int slot_;
   FakeComm comm_;
   WorkerInfo info_;
+  std::string host_commit_stem_;
 };
 
 // Runs fn(i) on n threads and rethrows the first exception any of them threw.

@@ -1,0 +1,193 @@
+#include "state/host_commits.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "common/private_files.h"
+#include "erun/errors.hpp"
+
+namespace erun::state_internal {
+namespace {
+
+constexpr const char* kSuffix[2] = {".a", ".b"};
+
+std::string dir_of(const std::string& stem) {
+  auto slash = stem.rfind('/');
+  return slash == std::string::npos ? std::string(".") : stem.substr(0, slash);
+}
+
+// Sequential pwrite()s from offset 0; small pieces are gathered first.
+class PwriteSink final : public ByteSink {
+ public:
+  explicit PwriteSink(int fd) : fd_(fd) { buf_.reserve(kBuf); }
+  void write(const void* data, size_t n) override {
+    if (err_ != 0) return;
+    const char* p = static_cast<const char*>(data);
+    if (buf_.size() + n <= kBuf) {
+      buf_.insert(buf_.end(), p, p + n);
+      return;
+    }
+    flush();
+    if (n >= kBuf) {
+      put(p, n);
+    } else {
+      buf_.insert(buf_.end(), p, p + n);
+    }
+  }
+  void flush() {
+    put(buf_.data(), buf_.size());
+    buf_.clear();
+  }
+  int error() const { return err_; }
+
+ private:
+  static constexpr size_t kBuf = 64 << 10;
+  void put(const char* p, size_t n) {
+    while (n > 0 && err_ == 0) {
+      ssize_t w = ::pwrite(fd_, p, n, static_cast<off_t>(offset_));
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) {
+        err_ = w < 0 ? errno : EIO;
+        return;
+      }
+      p += w;
+      n -= static_cast<size_t>(w);
+      offset_ += static_cast<size_t>(w);
+    }
+  }
+  int fd_;
+  size_t offset_ = 0;
+  int err_ = 0;
+  std::vector<char> buf_;
+};
+
+size_t encoded_size(const std::vector<EntryRef>& entries) {
+  size_t total = 8 + 4 + 4 + 8 + 8 + 4;
+  for (const EntryRef& e : entries) total += 16 + e.name->size() + e.data->size();
+  return total;
+}
+
+// The commit id a file claims in its header (0 when it has none); read
+// before the whole file is checked, to try the newest first.
+uint64_t claimed_id(int dirfd, const char* name) {
+  int fd = ::openat(dirfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return 0;
+  unsigned char h[24];
+  ssize_t r = ::pread(fd, h, sizeof h, 0);
+  ::close(fd);
+  if (r != static_cast<ssize_t>(sizeof h) || std::memcmp(h, kMagic, 8) != 0) return 0;
+  uint64_t id = 0;
+  for (int i = 7; i >= 0; --i) id = (id << 8) | h[16 + i];
+  return id;
+}
+
+}  // namespace
+
+HostCommits::HostCommits(std::string stem) : stem_(std::move(stem)) {}
+
+HostCommits::~HostCommits() {
+  for (int fd : fd_) {
+    if (fd >= 0) ::close(fd);
+  }
+}
+
+void HostCommits::open_files() {
+  opened_ = true;
+  const std::string dir = dir_of(stem_);
+  DirPolicy policy;
+  policy.refuse_link = true;
+  if (Status ok = ensure_private_dir(dir, "host-memory commit directory", policy); !ok) {
+    throw Error("erun: " + ok.message());
+  }
+  for (int i = 0; i < 2; ++i) {
+    const std::string path = stem_ + kSuffix[i];
+    int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0) {
+      throw Error(fmt::format("erun: cannot open host-memory commit file {}: {}{}", path, std::strerror(errno),
+                              errno == ELOOP ? " (a symbolic link: erun never writes through one; remove it)" : ""));
+    }
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != ::geteuid()) {
+      ::close(fd);
+      throw Error(fmt::format("erun: host-memory commit file {} is not a regular file owned by this user; "
+                              "remove it",
+                              path));
+    }
+    fd_[i] = fd;
+    // What a previous worker of this slot left: keep its newest commit whole.
+    std::vector<char> bytes;
+    try {
+      if (read_file(path, &bytes) && !bytes.empty()) held_[i] = decode(bytes.data(), bytes.size(), path).commit_id;
+    } catch (const Error&) {
+      held_[i] = 0;  // torn or foreign: the first file to overwrite
+    }
+  }
+}
+
+std::optional<std::string> HostCommits::write(uint64_t commit_id, const std::vector<EntryRef>& entries) {
+  if (!opened_) open_files();
+  const int i = held_[0] <= held_[1] ? 0 : 1;
+  const std::string path = stem_ + kSuffix[i];
+  const size_t size = encoded_size(entries);
+  held_[i] = 0;
+  auto failed = [&](int err) {
+    return fmt::format(
+        "erun: host-memory commit {} was not written to {}: {}; the previous commit stays in {}{}", commit_id,
+        path, std::strerror(err), stem_ + kSuffix[1 - i],
+        err == ENOSPC ? fmt::format(". {} needs room for 2 copies of the state ({} bytes each) per worker of this "
+                                    "host: enlarge it (e.g. docker run --shm-size) or free space there",
+                                    dir_of(stem_), size)
+                      : "");
+  };
+  // Reserve the pages first: a full /dev/shm fails here, before a byte of
+  // the file changes, never later with SIGBUS or half a file.
+  if (int err = ::posix_fallocate(fd_[i], 0, static_cast<off_t>(size)); err != 0 && err != EOPNOTSUPP) {
+    return failed(err);
+  }
+  if (::ftruncate(fd_[i], static_cast<off_t>(size)) != 0) return failed(errno);
+  PwriteSink sink(fd_[i]);
+  encode(commit_id, entries, sink);
+  sink.flush();
+  if (sink.error() != 0) return failed(sink.error());
+  held_[i] = commit_id;
+  return std::nullopt;
+}
+
+std::optional<HostCommits::Found> HostCommits::newest(const std::string& dir) {
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return std::nullopt;
+  std::vector<std::pair<uint64_t, std::string>> files;
+  while (dirent* e = ::readdir(d)) {
+    std::string name = e->d_name;
+    if (name.size() < 3 || (name.compare(name.size() - 2, 2, ".a") != 0 && name.compare(name.size() - 2, 2, ".b") != 0)) {
+      continue;
+    }
+    if (uint64_t id = claimed_id(::dirfd(d), name.c_str()); id > 0) files.emplace_back(id, name);
+  }
+  ::closedir(d);
+  std::sort(files.begin(), files.end(), [](const auto& x, const auto& y) {
+    return x.first != y.first ? x.first > y.first : x.second < y.second;
+  });
+  for (const auto& [id, name] : files) {
+    const std::string path = dir + "/" + name;
+    std::vector<char> bytes;
+    try {
+      if (!read_file(path, &bytes)) continue;
+      Found f{decode(bytes.data(), bytes.size(), "host-memory commit file " + path), path};
+      return f;
+    } catch (const Error&) {
+      continue;  // torn by a worker killed while writing it, or not ours
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace erun::state_internal

@@ -1,0 +1,158 @@
+// Commits that outlive every worker (docs/state.md, "Where a commit lives"):
+// examples/train_mlp under the real erun binary, its workers keeping their
+// newest commit in the job's host-memory directory. When every worker dies
+// at once, or the only host's agent is SIGKILLed (its watchdog stops the
+// workers), the next generation resumes at the last commit, not at epoch 0,
+// and ends at exactly the uninterrupted model. When erun itself is
+// SIGKILLed, the directory is gone within seconds.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <regex>
+#include <thread>
+
+#include "support/erun_process.h"
+#include "support/process_utils.h"
+
+namespace erun::testing {
+namespace {
+
+using namespace std::chrono_literals;
+
+std::string environ_of(pid_t pid) {
+  std::string s = read_file("/proc/" + std::to_string(pid) + "/environ");
+  std::replace(s.begin(), s.end(), '\0', '\n');
+  return "\n" + s;
+}
+
+bool exists(const std::string& path) {
+  struct stat st {};
+  return ::lstat(path.c_str(), &st) == 0;
+}
+
+class ErunHostMemory : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    const std::string out = uninterrupted_training_output();
+    reference_ = new std::string(train_checksum(out));
+    ASSERT_FALSE(reference_->empty()) << out;
+  }
+  static void TearDownTestSuite() {
+    delete reference_;
+    reference_ = nullptr;
+  }
+  void SetUp() override {
+    program_ = build_path("examples/train_mlp");
+    dir_.write("discover.sh", "#!/bin/sh\ncat " + dir_.file("hosts") + "\n", true);
+  }
+  std::vector<std::string> erun_args(std::vector<std::string> extra) {
+    std::vector<std::string> a = {"--host-discovery-script", dir_.file("discover.sh"), "--discovery-interval", "0.2",
+                                  "--term-grace", "2", "--launcher", "local"};
+    a.insert(a.end(), extra.begin(), extra.end());
+    a.push_back(program_);
+    a.insert(a.end(), kTrainMlpArgs.begin(), kTrainMlpArgs.end());
+    return a;
+  }
+  std::vector<pid_t> workers() {
+    std::vector<pid_t> out;
+    for (pid_t pid : pids_with_cmdline(program_)) {
+      if (read_file("/proc/" + std::to_string(pid) + "/cmdline").rfind(program_ + std::string(1, '\0'), 0) == 0) {
+        out.push_back(pid);
+      }
+    }
+    return out;
+  }
+  // The job's host-memory directory, from a worker's environment.
+  std::string commit_dir() {
+    std::smatch m;
+    for (pid_t pid : workers()) {
+      std::string env = environ_of(pid);
+      if (std::regex_search(env, m, std::regex("\nERUN_COMMIT_DIR=([^\n]+)\n"))) return m[1].str();
+    }
+    return "";
+  }
+  // The epoch numbers train_mlp's rank 0 printed, in order.
+  static std::vector<int> epochs(const std::string& out) {
+    std::vector<int> e;
+    const std::regex re(":epoch ([0-9]+) loss=");
+    const std::string text = "\n" + out;
+    for (auto it = std::sregex_iterator(text.begin(), text.end(), re); it != std::sregex_iterator(); ++it) {
+      e.push_back(std::stoi((*it)[1].str()));
+    }
+    return e;
+  }
+  void expect_resumed_exactly(ErunProcess& p, int killed_after_epoch) {
+    ASSERT_NO_FATAL_FAILURE(expect_trained_exactly(p, *reference_));
+    std::smatch m;
+    const std::string err = p.err() + p.out();
+    ASSERT_TRUE(std::regex_search(err, m, std::regex("restored commit ([0-9]+) from host memory"))) << err;
+    EXPECT_GT(std::stoi(m[1].str()), 0);
+    // Training went on from the last commit: no epoch that had ended before
+    // the kill ran again (the one it interrupted may finish twice).
+    auto e = epochs(p.out());
+    ASSERT_FALSE(e.empty()) << p.out();
+    for (int done = 0; done < killed_after_epoch; ++done) {
+      EXPECT_EQ(std::count(e.begin(), e.end(), done), 1) << "epoch " << done << " ran again:\n" << p.out();
+    }
+    std::vector<pid_t> left;
+    EXPECT_TRUE(wait_no_process(program_, 20s, &left)) << describe_pids(left);
+  }
+
+  static std::string* reference_;
+  std::string program_;
+  TempDir dir_;
+};
+std::string* ErunHostMemory::reference_ = nullptr;
+
+TEST_F(ErunHostMemory, EveryWorkerOfTwoHostsKilledAtOnceResumesAtTheLastCommit) {
+  dir_.write("hosts", "127.0.0.2:2\n127.0.0.3:2\n");
+  ErunProcess p(erun_args({"-np", "4", "--min-np", "1", "--blacklist-after", "5"}));
+  ASSERT_TRUE(p.wait_output("epoch 2 ", 120s)) << p.out() << p.err();
+  const std::string dir = commit_dir();
+  ASSERT_FALSE(dir.empty());
+  EXPECT_TRUE(exists(dir)) << dir;
+  auto victims = workers();
+  ASSERT_EQ(victims.size(), 4u);
+  for (pid_t pid : victims) ::kill(pid, SIGKILL);
+  ASSERT_NO_FATAL_FAILURE(expect_resumed_exactly(p, 2));
+  EXPECT_FALSE(exists(dir)) << dir << " left behind";
+}
+
+TEST_F(ErunHostMemory, TheOnlyHostsAgentKilledResumesAtTheLastCommit) {
+  dir_.write("hosts", "localhost:2\n");
+  ErunProcess p(erun_args({"-np", "2", "--min-np", "1", "--blacklist-after", "5"}));
+  ASSERT_TRUE(p.wait_output("epoch 2 ", 120s)) << p.out() << p.err();
+  const std::string dir = commit_dir();
+  ASSERT_FALSE(dir.empty());
+  pid_t agent = 0;
+  for (pid_t pid : pids_with_cmdline("--agent")) {
+    if (read_file("/proc/" + std::to_string(pid) + "/status").find("PPid:\t" + std::to_string(p.pid()) + "\n") !=
+        std::string::npos) {
+      agent = pid;
+    }
+  }
+  ASSERT_GT(agent, 0);
+  ::kill(agent, SIGKILL);  // its watchdog stops both workers: nothing in memory holds the commit
+  ASSERT_NO_FATAL_FAILURE(expect_resumed_exactly(p, 2));
+  EXPECT_NE(p.err().find("agent on localhost lost"), std::string::npos) << p.err();
+}
+
+TEST_F(ErunHostMemory, SigkilledErunLeavesNoHostMemoryBehind) {
+  dir_.write("hosts", "127.0.0.2:1\n127.0.0.3:1\n");
+  ErunProcess p(erun_args({"-np", "2"}));
+  ASSERT_TRUE(p.wait_output("epoch 1 ", 120s)) << p.out() << p.err();
+  const std::string dir = commit_dir();
+  ASSERT_FALSE(dir.empty());
+  ASSERT_TRUE(exists(dir)) << dir;
+  p.signal(SIGKILL);
+  auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (exists(dir) && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(50ms);
+  EXPECT_FALSE(exists(dir)) << dir << " still there 10 s after erun was SIGKILLed";
+  std::vector<pid_t> left;
+  EXPECT_TRUE(wait_no_process(program_, 20s, &left)) << describe_pids(left);
+}
+
+}  // namespace
+}  // namespace erun::testing
