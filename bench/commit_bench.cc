@@ -1,10 +1,13 @@
 // erun::State cost against memcpy.
-//   commit_bench [--reps R=5] [--durable DIR] [--no-local] BYTES...
+//   commit_bench [--reps R=5] [--durable DIR] [--no-local] [--host-memory] BYTES...
 // For each size, one raw buffer is registered in a fresh State and timed:
 // commit (deep copy into the snapshot), restore (copy back), a plain memcpy of
 // the same bytes, and sync (under erun with 2+ ranks: the root broadcasts its
 // snapshot; alone it is a world of one). With --durable DIR, a State with a
-// checkpoint dir is committed too (temp file, fsync, rename). One line per
+// checkpoint dir is committed too (temp file, fsync, rename). With
+// --host-memory (under erun, which names the job's host-memory directory), a
+// State that synced first commits into worker memory and host memory
+// (commit-host), beside the plain commit and memcpy of the same run. One line per
 // measurement from rank 0:
 //   COMMIT op=OP bytes=B reps=R median=S min=S max=S bw=GB/s
 #include <algorithm>
@@ -52,6 +55,7 @@ void report(const erun::Context& ctx, const char* op, size_t bytes, int reps, St
 int main(int argc, char** argv) {
   int reps = 5;
   bool local = true;
+  bool host_memory = false;
   std::string durable;
   std::vector<size_t> sizes;
   for (int i = 1; i < argc; ++i) {
@@ -59,6 +63,7 @@ int main(int argc, char** argv) {
     if (a == "--reps" && i + 1 < argc) reps = std::max(1, std::atoi(argv[++i]));
     else if (a == "--durable" && i + 1 < argc) durable = argv[++i];
     else if (a == "--no-local") local = false;
+    else if (a == "--host-memory") host_memory = true;
     else sizes.push_back(std::strtoull(argv[i], nullptr, 10));
   }
   if (sizes.empty()) sizes = {size_t{16} << 20};
@@ -75,6 +80,12 @@ int main(int argc, char** argv) {
           report(ctx, "memcpy", bytes, reps, time_it(reps, [&] { std::memcpy(other.data(), data.data(), bytes); }));
         }
         if (ctx.size() > 1 || local) report(ctx, "sync", bytes, reps, time_it(reps, [&] { state.sync(); }));
+      }
+      if (host_memory) {
+        erun::State state(ctx);
+        state.register_buffer("data", data.data(), bytes);
+        state.sync();  // the first sync opens this worker's host-memory files
+        report(ctx, "commit-host", bytes, reps, time_it(reps, [&] { state.commit(); }));
       }
       if (!durable.empty()) {
         std::string dir = durable + "/size-" + std::to_string(bytes);

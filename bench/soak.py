@@ -30,6 +30,8 @@ import time
 
 TRAIN = ["--samples", "8000", "--batch", "256", "--commit-every", "5"]
 RESET = re.compile(r"reset: world size \d+ -> \d+ \(generation \d+\) at=([0-9.]+)")
+# train_mlp's rank 0 after every worker died: the new workers start at a commit.
+RESUMED = re.compile(r"resumed at commit \d+ in epoch=\d+ \(generation \d+\) at=([0-9.]+)")
 CHECKSUM = re.compile(r"final accuracy=[0-9.]+ loss=[0-9.]+ checksum=([0-9a-f]+)")
 
 
@@ -139,7 +141,8 @@ class Soak:
             return f.read()
 
     def resets_after(self, t):
-        return [float(m.group(1)) for m in RESET.finditer(self.out()) if float(m.group(1)) > t]
+        out = self.out()
+        return [float(m.group(1)) for r in (RESET, RESUMED) for m in r.finditer(out) if float(m.group(1)) > t]
 
     def reference(self, epochs):
         r = subprocess.run([self.train, *TRAIN, "--epochs", str(epochs), "--step-ms", "0"], capture_output=True,
@@ -152,7 +155,7 @@ class Soak:
     # ---- faults --------------------------------------------------------------
     def fault(self):
         kinds = ["kill", "kill", "stop", "remove_host", "add_host", "slots", "discovery_fail", "discovery_junk",
-                 "kill_agent", "kill_watchdog"]
+                 "kill_agent", "kill_watchdog", "kill_all", "kill_lone_agent"]
         kind = self.rng.choice(kinds)
         total = sum(self.hosts.values())
         victim_host = self.rng.choice(sorted(self.hosts))
@@ -171,6 +174,13 @@ class Soak:
         agents.pop(None, None)
         if kind in ("kill_agent", "kill_watchdog") and len(agents) < 2:
             kind = "kill" if ws else "discovery_junk"
+        # Faults that leave no worker holding the last commit: every worker at
+        # once, or the agent of the only host with members (its watchdog stops
+        # them). The next generation restores it from host memory.
+        if kind == "kill_lone_agent" and len(agents) != 1:
+            kind = "kill_all"
+        if kind == "kill_all" and not ws:
+            kind = "discovery_junk"
         t = time.time()
         what = kind
         expect_reset = True
@@ -182,6 +192,14 @@ class Soak:
                 # Its peers reach it only over the network: no one sees its process.
                 self.alone.add(len(self.results))
                 what += " (alone on its host)"
+        elif kind == "kill_all":
+            for pid, _ in self.workers():
+                os.kill(pid, signal.SIGKILL)
+            what = f"kill every worker ({len(ws)} members)"
+        elif kind == "kill_lone_agent":
+            agent = next(iter(agents))
+            os.kill(agent, signal.SIGKILL)
+            what = f"kill agent pid {agent}, alone in the job (its {len(agents[agent])} workers)"
         elif kind == "kill_agent":
             agent = self.rng.choice(sorted(agents))
             os.kill(agent, signal.SIGKILL)
@@ -291,6 +309,7 @@ class Soak:
         recov = [t for k, t in self.results if t is not None]
         stops = [t for k, t in self.results if k == "stop" and t is not None]
         others = [t for k, t in self.results if k != "stop" and t is not None]
+        total_loss = [t for k, t in self.results if k in ("kill_all", "kill_lone_agent") and t is not None]
         alone = [t for i, (k, t) in enumerate(self.results) if i in self.alone and t is not None]
         summary = {
             "faults": len(self.results),
@@ -302,6 +321,9 @@ class Soak:
             "sigstop_max_s": max(stops) if stops else None,
             "sigstop_alone_on_host": {"count": len(alone), "median_s": statistics.median(alone) if alone else None,
                                       "max_s": max(alone) if alone else None},
+            "total_loss": {"count": len(total_loss),
+                           "median_fault_to_computing_s": statistics.median(total_loss) if total_loss else None,
+                           "max_s": max(total_loss) if total_loss else None},
             "collective_timeout_s": self.a.collective_timeout,
             "restarts_from_epoch_0": max(0, out.count("epoch 0 ") - 1),
             "checks": checks,

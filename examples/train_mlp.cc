@@ -24,6 +24,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "erun/erun.hpp"
@@ -177,9 +178,17 @@ int train(const Options& o) {
                 ds.n, ds.d, kClasses, layout.total, o.batch, (ds.n + o.batch - 1) / o.batch, o.epochs, o.lr,
                 o.momentum, ctx.size(), ctx.elastic() ? " (elastic)" : "");
 
+  bool first_call = true;
   Metrics final_metrics = erun::run(state, [&](erun::State& s) {
     erun::Context& c = s.context();
     sampler.reset(c.rank(), c.size());
+    if (std::exchange(first_call, false) && s.commit_id() > 0 && c.rank() == 0) {
+      // A worker that starts at a commit made before it existed: restored
+      // from host memory, a durable file, or the survivors.
+      double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+      std::printf("rank %d: resumed at commit %llu in epoch=%d (generation %ld) at=%.3f\n", c.rank(),
+                  static_cast<unsigned long long>(s.commit_id()), epoch, c.info().generation, now);
+    }
     for (; epoch < o.epochs; ++epoch, s.commit()) {
       auto t0 = std::chrono::steady_clock::now();
       sampler.set_epoch(static_cast<uint64_t>(epoch));

@@ -103,6 +103,25 @@ def test_in_place_grow_kill_slot_change_shrink_ends_at_the_uninterrupted_model(w
     assert "restoring commit" in logs and "hosts updated at commit" in logs, logs
 
 
+def test_every_worker_killed_at_once_resumes_at_the_last_commit_from_host_memory(ws, reference):
+    """No survivor holds the last commit: the new workers restore it from the
+    host's memory (TorchState: model, optimizer, sampler) instead of starting
+    at epoch 0, and the run ends at the uninterrupted model."""
+    ws.hosts("node-a:2\n")
+    job = ws.erun(["-np", "2", "--min-np", "1", "--blacklist-after", "5"], "train_exact.py",
+                  ARGS + ["--step-ms", "100"], discovery=True)
+    assert job.wait_output(r"epoch 1 ", 180), job.out + job.err
+    first = started_pids(job, 2)
+    assert len(first) == 2, job.out
+    for pid in first:
+        os.kill(pid, signal.SIGKILL)
+    expect_trained_exactly(job, reference, ws)
+    logs = job.out + job.err
+    assert re.search(r"restored commit [1-9][0-9]* from host memory", logs), logs
+    assert job.out.count("epoch 0 ") == 1, job.out  # epoch 0 never ran again
+    assert job.out.count("epoch 1 ") == 1, job.out
+
+
 def test_a_user_error_ends_the_job_with_the_error_shown(ws):
     ws.hosts("node-a:2\n")
     job = ws.erun(["-np", "2", "--min-np", "1", "--max-np", "4"], "train_exact.py",
