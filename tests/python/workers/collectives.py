@@ -4,8 +4,9 @@ element i is a small value, so sums and products are exact in every type.
 With --device cuda the torch tensors live on the GPU (this rank's device:
 local rank modulo the visible devices), through erun's GPU collectives on
 torch's current stream, and DistributedOptimizer averages CUDA gradients.
-Prints `collectives ok rank R checks N` (with `device cuda:D backend B` on
-the GPU) or raises."""
+Every erun.ReduceOp member goes through allreduce, every dtype maps onto
+the erun.DataType of its name. Prints `collectives ok rank R checks N` (with
+`device cuda:D backend B` on the GPU) or raises."""
 import argparse
 import sys
 
@@ -48,7 +49,11 @@ TORCH = {"float32": torch.float32, "float64": torch.float64, "int32": torch.int3
          "uint8": torch.uint8, "float16": torch.float16, "bfloat16": torch.bfloat16}
 NUMPY = {"float32": np.float32, "float64": np.float64, "int32": np.int32, "int64": np.int64, "uint8": np.uint8,
          "float16": np.float16}
-OPS = {"sum": erun.Sum, "average": erun.Average, "min": erun.Min, "max": erun.Max, "product": erun.Product}
+# Every member of the extension's enum, by its lower-case name (what reference() takes).
+OPS = {name.lower(): op for name, op in erun.ReduceOp.__members__.items()}
+assert list(OPS) == ["sum", "average", "min", "max", "product"], OPS
+# The old names are the same members, equal to the integer codes they were.
+assert [erun.Sum, erun.Average, erun.Min, erun.Max, erun.Product] == list(OPS.values()) == [0, 1, 2, 3, 4]
 
 
 def as_f64(x):
@@ -120,6 +125,11 @@ def main():
     for lib, types in libs:
         for name, dt in types.items():
             make = (lambda a: torch.from_numpy(a).to(dt).to(device)) if lib == "torch" else (lambda a: a.astype(dt))
+            # The dtype maps onto the extension's DataType of the same name and size.
+            one = make(np.zeros(1))
+            code = erun.data_type(dt)
+            assert code.name == name.upper(), (name, code)
+            assert code.itemsize == (one.element_size() if lib == "torch" else one.itemsize), (name, code)
             for opname, op in OPS.items():
                 if name in ("float16", "bfloat16") and opname == "product":
                     continue  # products of 4 halves overflow float16's exact range
