@@ -6,7 +6,11 @@ host-staged path when ranks share a GPU) on torch's current stream of the
 tensor's device, and the call returns when the result is in the tensor. Every
 collective must be called by every rank in the same order; each is bounded by
 the collective timeout (erun --collective-timeout) and raises erun.CommError
-when a peer dies or the deadline passes."""
+when a peer dies or the deadline passes.
+
+Package-internal (used by erun._state and erun.torch, not exported by
+``erun``): ``Buffer`` (a collective's view of a tensor or array) and
+``bytes_of`` (a flat uint8 view)."""
 from __future__ import annotations
 
 import functools
@@ -80,12 +84,12 @@ def _is_tensor(x: Any) -> bool:
     return torch is not None and isinstance(x, torch.Tensor)
 
 
-class _Buffer:
+class Buffer:
     """A collective's view of a tensor or array: address (ptr), element count,
     byte count, erun.DataType (dtype), and for a CUDA tensor (cuda=True) its
     device index and the integer handle of torch's current stream on that
     device (both None otherwise). Raises erun.Error, naming erun.<what>, for
-    what a collective cannot take."""
+    what a collective cannot take. Package-internal (erun._state, erun.torch)."""
     __slots__ = ("ptr", "count", "dtype", "nbytes", "device", "stream")
 
     def __init__(self, x: Tensor, what: str, writable: bool, cuda: bool = False) -> None:
@@ -236,7 +240,7 @@ def allreduce_(x: T, op: Op = Average) -> T:
     """Reduces x across ranks in place (x's own memory) and returns x.
     float16/bfloat16 are reduced through a float32 copy (the CPU kernels have
     no half precision)."""
-    b = _Buffer(x, "allreduce_", writable=True, cuda=True)
+    b = Buffer(x, "allreduce_", writable=True, cuda=True)
     rop = _reduce_op(op)
     if b.dtype in _HALF:
         wide = x.float() if _is_tensor(x) else x.astype(np.float32)
@@ -260,7 +264,7 @@ def allreduce(x: T, op: Op = Average) -> T:
 
 def broadcast_(x: T, root: int = 0) -> T:
     """Overwrites x on every rank with root's x (in place) and returns x."""
-    b = _Buffer(x, "broadcast_", writable=True, cuda=True)
+    b = Buffer(x, "broadcast_", writable=True, cuda=True)
     if b.device is not None:
         _erun.gpu_broadcast(b.ptr, b.nbytes, int(root), b.stream, b.device)
     else:
@@ -271,7 +275,7 @@ def broadcast_(x: T, root: int = 0) -> T:
 def allgather(x: T) -> T:
     """Concatenates every rank's x along the first dimension, by rank. The
     first dimension may differ between ranks; the others must match."""
-    b = _Buffer(x, "allgather", writable=False, cuda=True)
+    b = Buffer(x, "allgather", writable=False, cuda=True)
     shape = tuple(x.shape)
     n = size()
     if len(shape) == 0:
@@ -291,15 +295,15 @@ def allgather(x: T) -> T:
         _erun.gpu_allgather(b.ptr, out.data_ptr(), b.nbytes, b.stream, b.device)
         return out
     if (firsts == shape[0]).all():
-        _erun.allgather(b.ptr, _Buffer(out, "allgather", True).ptr, b.nbytes)
+        _erun.allgather(b.ptr, Buffer(out, "allgather", True).ptr, b.nbytes)
         return out
-    parts = _erun.allgatherv(_bytes_of(x).tobytes())
-    _bytes_of(out)[:] = np.frombuffer(b"".join(parts), dtype=np.uint8)
+    parts = _erun.allgatherv(bytes_of(x).tobytes())
+    bytes_of(out)[:] = np.frombuffer(b"".join(parts), dtype=np.uint8)
     return out
 
 
-def _bytes_of(x: Tensor) -> np.ndarray:
-    """A flat uint8 numpy view of a contiguous CPU tensor or array."""
+def bytes_of(x: Tensor) -> np.ndarray:
+    """A flat uint8 numpy view of a contiguous CPU tensor or array. Package-internal."""
     if _is_tensor(x):
         import torch
         return x.reshape(-1).view(torch.uint8).numpy()

@@ -1,11 +1,17 @@
 """The erun package's API in a world of one (this process): the extension's
-ReduceOp and DataType enums and the mapping of dtypes onto them. Several
-ranks: tests/python/workers/collectives.py."""
+ReduceOp and DataType enums and the mapping of dtypes onto them, the context
+manager of erun.torch.ProcessGroup, and the loop's
+callbacks and peer-loss checks kept per State (a fresh State carries none of
+another's). Several ranks: tests/python/workers/collectives.py."""
+from datetime import timedelta
+
 import numpy as np
 import pytest
 import torch
+import torch.distributed as dist
 
 import erun
+import erun.torch
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -47,3 +53,84 @@ def test_dtypes_map_onto_the_extensions_data_type():
     for bad in (torch.complex64, np.int16, "not a dtype", None):
         with pytest.raises(erun.Error, match="not supported"):
             erun.data_type(bad)
+
+
+def test_process_group_as_a_context_manager():
+    assert not dist.is_initialized()
+    group = erun.torch.ProcessGroup(timeout=timedelta(seconds=20))
+    with group as pg:
+        assert dist.is_initialized() and dist.get_world_size(pg) == 1
+        assert group.generation == erun.generation()
+        t = torch.tensor([5.0])
+        dist.all_reduce(t, group=pg)
+        assert t.item() == 5.0
+    assert not dist.is_initialized() and group.generation is None
+    # A RuntimeError that does not come from a lost peer (the erun barrier
+    # works) leaves the block unchanged, and the group is destroyed.
+    with pytest.raises(RuntimeError, match="not a lost peer"):
+        with group:
+            raise RuntimeError("not a lost peer")
+    assert not dist.is_initialized()
+    # Only one group at a time: torch.distributed has one default group.
+    with group:
+        with pytest.raises(erun.Error, match="already initialized"):
+            erun.torch.process_group()
+    assert not dist.is_initialized()
+
+
+def test_a_group_built_in_erun_run_is_destroyed_before_the_rejoin():
+    state = erun.State()
+    seen = []
+
+    @erun.run
+    def train(state):
+        erun.torch.process_group(timeout=timedelta(seconds=20))
+        assert dist.is_initialized()
+        raise erun.CommError("peer lost")
+
+    @state.on_rejoin
+    def rejoining():
+        seen.append(1)
+
+    # A world of one cannot re-join: the loop ends with erun.Error, after the
+    # callbacks: the group's (registered by process_group()) destroyed it.
+    with pytest.raises(erun.Error, match="cannot re-join"):
+        train(state)
+    assert seen == [1] and not dist.is_initialized()
+    erun.torch.destroy_process_group()  # nothing left to destroy: fine
+
+
+def test_loop_callbacks_and_peer_loss_checks_belong_to_their_state():
+    checked, rejoined = [], []
+    state = erun.State()
+    state.add_peer_loss_check(lambda e: checked.append(type(e).__name__) or isinstance(e, KeyError))
+    state.on_rejoin(lambda: rejoined.append(1))
+
+    @erun.run
+    def fails(state, exc):
+        raise exc
+
+    # A KeyError that the check calls a lost peer: handled as a CommError (restore, re-join).
+    with pytest.raises(erun.Error, match="cannot re-join"):
+        fails(state, KeyError("k"))
+    assert checked == ["KeyError"] and rejoined == [1]
+    # Any other error leaves the loop unchanged, without a re-join.
+    with pytest.raises(ValueError):
+        fails(state, ValueError("v"))
+    assert checked == ["KeyError", "ValueError"] and rejoined == [1]
+    # A fresh State has none of them: the KeyError goes through.
+    with pytest.raises(KeyError):
+        fails(erun.State(), KeyError("k"))
+    assert checked == ["KeyError", "ValueError"] and rejoined == [1]
+
+
+def test_a_sampler_registers_with_a_plain_state():
+    sampler = erun.torch.ElasticSampler(40, batch_size=4, seed=1)
+    state = erun.State()
+    sampler.register_with(state)
+    sampler.set_epoch(1)
+    sampler.record_batch()
+    state.commit()
+    sampler.record_batch()
+    state.restore()
+    assert sampler.epoch == 1 and sampler.processed == 4

@@ -5,10 +5,12 @@ With --device cuda the torch tensors live on the GPU (this rank's device:
 local rank modulo the visible devices), through erun's GPU collectives on
 torch's current stream, and DistributedOptimizer averages CUDA gradients.
 Every erun.ReduceOp member goes through allreduce, every dtype maps onto
-the erun.DataType of its name. Prints `collectives ok rank R checks N` (with
+the erun.DataType of its name; erun.torch.ProcessGroup is used as a context
+manager. Prints `collectives ok rank R checks N` (with
 `device cuda:D backend B` on the GPU) or raises."""
 import argparse
 import sys
+from datetime import timedelta
 
 import numpy as np
 import torch
@@ -110,6 +112,25 @@ def overlapped_on(device, rank):
     assert hooks._next == 0 and hooks._thread is None
 
 
+def process_group_as_context(rank, size):
+    """``with erun.torch.ProcessGroup()`` builds torch.distributed's group and
+    destroys it at the end; process_group() still works afterwards."""
+    import torch.distributed as dist
+    want = size * (size + 1) // 2
+    with erun.torch.ProcessGroup(timeout=timedelta(seconds=60)) as pg:
+        assert dist.is_initialized() and dist.get_world_size(pg) == size and dist.get_rank(pg) == rank
+        t = torch.tensor([rank + 1])
+        dist.all_reduce(t, group=pg)
+        assert int(t) == want, int(t)
+    assert not dist.is_initialized()
+    pg = erun.torch.process_group(timeout=timedelta(seconds=60))
+    t = torch.tensor([rank + 1])
+    dist.all_reduce(t, group=pg)
+    assert int(t) == want, int(t)
+    erun.torch.destroy_process_group()
+    assert not dist.is_initialized()
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
@@ -170,7 +191,8 @@ def main():
     erun.allreduce_(torch.zeros(0, device=device))
     gradients_on(device, rank, size)
     overlapped_on(device, rank)
-    checks += 2
+    process_group_as_context(rank, size)
+    checks += 3
     if a.device == "cuda":
         # The work ran on torch's current stream: a side stream works too.
         s = torch.cuda.Stream()
