@@ -10,7 +10,8 @@
 - ``DistributedOptimizer(opt)`` / ``allreduce_gradients(params)``: gradient
   averaging through erun, in buckets; ``DistributedOptimizer(opt,
   overlap=True)`` / ``GradientHooks``: the same, each bucket reduced on a
-  communication thread as soon as backward has produced it.
+  communication thread as soon as backward has produced it; ``with
+  GradientHooks(params) as hooks:`` removes the hooks at the end.
 - ``process_group()``: a torch.distributed process group for the current
   generation (for DDP and dist.* calls), rebuilt after every re-join;
   ``with ProcessGroup() as pg:`` builds one and destroys it at the end.
@@ -325,12 +326,17 @@ class GradientHooks:
     gradient (as zeros, so every rank reduces the same buckets), waits for
     all, and raises the first error (e.g. erun.CommError) in the caller.
     One backward per wait(); no other erun collective between a backward and
-    its wait()."""
+    its wait().
 
-    def __init__(self, parameters, op=Average, bucket_bytes=25 << 20):
+    The hooks are registered on construction and removed by ``close()``
+    (``register()`` puts them back); as a context manager, ``with
+    GradientHooks(params) as hooks:`` registers them (if they are not) and
+    removes them when the block ends."""
+
+    def __init__(self, parameters: Iterable[torch.Tensor], op: Op = Average, bucket_bytes: int = 25 << 20) -> None:
         self.op = op
-        params = [p for p in parameters if p.requires_grad]
-        self._buckets = _buckets(params, bucket_bytes)
+        self._params = [p for p in parameters if p.requires_grad]
+        self._buckets = _buckets(self._params, bucket_bytes)
         self._where = {}
         for i, ps in enumerate(self._buckets):
             for p in ps:
@@ -341,23 +347,56 @@ class GradientHooks:
         self._thread = None
         self._accumulators = []  # the hooked autograd nodes, kept alive
         self._handles = []
-        for p in params:
+        self._registered = False
+        self.register()
+
+    @property
+    def num_buckets(self) -> int:
+        """How many buckets the parameters are reduced in."""
+        return len(self._buckets)
+
+    @property
+    def launched(self) -> int:
+        """Buckets handed to the communication thread since the last wait()."""
+        with self._lock:
+            return self._next
+
+    @property
+    def registered(self) -> bool:
+        """True while the hooks are on the parameters (between register() and close())."""
+        return self._registered
+
+    def register(self) -> GradientHooks:
+        """Puts the hooks on the parameters' gradient accumulators (done by the
+        constructor; again after close()). Returns self."""
+        if self._registered:
+            return self
+        self._reset()
+        for p in self._params:
             acc = p.expand_as(p).grad_fn.next_functions[0][0]
             self._handles.append(acc.register_hook(self._hook(p)))
             self._accumulators.append(acc)
-        self._reset()
+        self._registered = True
+        return self
 
-    def close(self):
+    def close(self) -> None:
         """Removes the hooks and ends the communication thread (after wait())."""
         for h in self._handles:
             h.remove()
         self._handles, self._accumulators = [], []
+        self._registered = False
         if self._thread is not None:
             self._queue.put(None)
             self._thread.join()
             self._thread = None
 
-    def _reset(self):
+    def __enter__(self) -> GradientHooks:
+        return self.register()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _reset(self) -> None:
         self._seen = [set() for _ in self._buckets]
         self._next = 0       # the next bucket to launch (launched in index order)
         self._finished = 0   # buckets reduced (or failed) this step
@@ -371,7 +410,7 @@ class GradientHooks:
                 self._launch_ready()
         return hook
 
-    def _launch_ready(self):
+    def _launch_ready(self) -> None:
         while self._next < len(self._buckets) and len(self._seen[self._next]) == len(self._buckets[self._next]):
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="erun-gradients", daemon=True)
@@ -379,7 +418,7 @@ class GradientHooks:
             self._queue.put(self._next)
             self._next += 1
 
-    def _run(self):
+    def _run(self) -> None:
         while True:
             i = self._queue.get()
             if i is None:
@@ -399,7 +438,7 @@ class GradientHooks:
                 self._finished += 1
                 self._done.notify_all()
 
-    def wait(self):
+    def wait(self) -> None:
         """Returns when every bucket is reduced; raises the first error."""
         with self._lock:
             for i in range(self._next, len(self._buckets)):

@@ -1,6 +1,6 @@
 """The erun package's API in a world of one (this process): the extension's
 ReduceOp and DataType enums and the mapping of dtypes onto them, the context
-manager of erun.torch.ProcessGroup, and the loop's
+managers of GradientHooks and erun.torch.ProcessGroup, and the loop's
 callbacks and peer-loss checks kept per State (a fresh State carries none of
 another's). Several ranks: tests/python/workers/collectives.py."""
 from datetime import timedelta
@@ -53,6 +53,36 @@ def test_dtypes_map_onto_the_extensions_data_type():
     for bad in (torch.complex64, np.int16, "not a dtype", None):
         with pytest.raises(erun.Error, match="not supported"):
             erun.data_type(bad)
+
+
+def test_gradient_hooks_as_a_context_manager():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+    x = torch.randn(3, 4)
+    hooks = erun.torch.GradientHooks(model.parameters(), bucket_bytes=32)
+    assert hooks.registered and hooks.num_buckets > 1
+    with hooks as h:
+        assert h is hooks and hooks.registered
+        model(x).sum().backward()
+        assert hooks.launched == hooks.num_buckets  # backward launched every bucket
+        hooks.wait()
+        assert hooks.launched == 0
+    assert not hooks.registered
+    model(x).sum().backward()
+    assert hooks.launched == 0  # no hook fired
+    hooks.wait()  # nothing launched: wait() reduces every bucket itself, as before
+    # A block that raises removes the hooks too; entering again puts them back.
+    with pytest.raises(ValueError):
+        with hooks:
+            model(x).sum().backward()
+            raise ValueError("in the block")
+    assert not hooks.registered
+    with hooks:
+        model(x).sum().backward()
+        assert hooks.launched == hooks.num_buckets
+        hooks.wait()
+    assert not hooks.registered
+    hooks.close()  # closing twice is fine
 
 
 def test_process_group_as_a_context_manager():

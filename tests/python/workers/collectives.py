@@ -5,8 +5,8 @@ With --device cuda the torch tensors live on the GPU (this rank's device:
 local rank modulo the visible devices), through erun's GPU collectives on
 torch's current stream, and DistributedOptimizer averages CUDA gradients.
 Every erun.ReduceOp member goes through allreduce, every dtype maps onto
-the erun.DataType of its name; erun.torch.ProcessGroup is used as a context
-manager. Prints `collectives ok rank R checks N` (with
+the erun.DataType of its name; GradientHooks and erun.torch.ProcessGroup are
+used as context managers too. Prints `collectives ok rank R checks N` (with
 `device cuda:D backend B` on the GPU) or raises."""
 import argparse
 import sys
@@ -93,14 +93,14 @@ def overlapped_on(device, rank):
     ref = copy.deepcopy(model)
     # The unused parameter first: it lands in the last bucket (buckets go in reverse order).
     hooks = erun.torch.GradientHooks([unused] + list(model.parameters()), bucket_bytes=1200)
-    assert len(hooks._buckets) > 3, len(hooks._buckets)
+    assert hooks.num_buckets > 3, hooks.num_buckets
     for step in range(2):
         x = torch.full((4, 16), 0.25 * (rank + 1) + step, device=device)
         for m in (model, ref):
             m.zero_grad()
             m(x).square().sum().backward()
         # Backward launched every bucket but the unused parameter's.
-        assert hooks._next == len(hooks._buckets) - 1, (hooks._next, len(hooks._buckets))
+        assert hooks.launched == hooks.num_buckets - 1, (hooks.launched, hooks.num_buckets)
         unused.grad = None
         hooks.wait()
         erun.torch.allreduce_gradients(ref.parameters())
@@ -109,7 +109,41 @@ def overlapped_on(device, rank):
         assert torch.equal(unused.grad, torch.zeros_like(unused))
     hooks.close()  # no hook fires any more: nothing is launched
     model(x).sum().backward()
-    assert hooks._next == 0 and hooks._thread is None
+    assert hooks.launched == 0 and not hooks.registered
+
+
+def hooks_as_context_on(device, rank, size):
+    """``with GradientHooks(...)``: inside the block backward averages the
+    gradients; after it the hooks are gone and backward leaves each rank its
+    own gradient (which differs from the average when size > 1); entering
+    the block again averages again."""
+    torch.manual_seed(2)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 2)).to(device)
+    x = torch.full((3, 8), float(rank + 1), device=device)
+
+    def backward():
+        model.zero_grad()
+        model(x).square().sum().backward()
+
+    backward()
+    mine = [p.grad.clone() for p in model.parameters()]
+    averaged = [erun.allreduce(g) for g in mine]
+    if size > 1:
+        assert not all(torch.equal(a, b) for a, b in zip(mine, averaged))
+    hooks = erun.torch.GradientHooks(model.parameters(), bucket_bytes=64)
+    for _ in range(2):  # the constructor's hooks, then hooks registered again by `with`
+        with hooks as h:
+            assert h is hooks and hooks.registered and hooks.num_buckets > 1
+            backward()
+            assert hooks.launched == hooks.num_buckets, (hooks.launched, hooks.num_buckets)
+            hooks.wait()
+            for p, a in zip(model.parameters(), averaged):
+                assert torch.allclose(p.grad, a, rtol=1e-6, atol=0), (p.grad, a)
+        assert not hooks.registered
+        backward()
+        assert hooks.launched == 0
+        for p, m in zip(model.parameters(), mine):
+            assert torch.equal(p.grad, m), (p.grad, m)
 
 
 def process_group_as_context(rank, size):
@@ -191,8 +225,9 @@ def main():
     erun.allreduce_(torch.zeros(0, device=device))
     gradients_on(device, rank, size)
     overlapped_on(device, rank)
+    hooks_as_context_on(device, rank, size)
     process_group_as_context(rank, size)
-    checks += 3
+    checks += 4
     if a.device == "cuda":
         # The work ran on torch's current stream: a side stream works too.
         s = torch.cuda.Stream()
