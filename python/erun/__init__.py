@@ -11,7 +11,7 @@ function decorated with ``@erun.run``::
     @erun.run
     def train(state):
         while state.epoch < 10:
-            ...                      # erun.allreduce_(grads, op=erun.Average)
+            ...                      # erun.allreduce_(grads, op=erun.ReduceOp.AVERAGE)
             state.epoch += 1
             state.commit()
 
@@ -24,17 +24,23 @@ tensors and numpy arrays in place, on their own memory. Errors are
 ``erun.Error`` and its subclasses ``erun.CommError`` (a peer died or timed
 out: restore and re-join) and ``erun.HostsUpdated`` (the membership changes:
 re-join). See docs/python.md.
+
+Reduction operators are ``erun.ReduceOp`` (``SUM``, ``AVERAGE``, ``MIN``,
+``MAX``, ``PRODUCT``; also as ``erun.Sum``, ``erun.Average``, ...) and element
+types ``erun.DataType`` (``erun.data_type(torch.float32)`` maps a torch or
+numpy dtype onto it), both from the compiled extension (erun::ReduceOp,
+erun::DataType).
 """
-from ._erun import CommError, Error, HostsUpdated
+from ._erun import CommError, DataType, Error, HostsUpdated, ReduceOp
 from ._core import (Average, Max, Min, Product, Sum, allgather, allgather_object, allreduce, allreduce_,
-                    barrier, broadcast_, broadcast_object, cross_rank, cross_size, elastic, generation,
-                    host, init, initialized, local_rank, local_size, rank, shutdown, size)
+                    barrier, broadcast_, broadcast_object, cross_rank, cross_size, data_type, elastic,
+                    generation, host, init, initialized, local_rank, local_size, rank, shutdown, size)
 from ._state import State, run
 
 __all__ = [
     "Error", "CommError", "HostsUpdated", "init", "initialized", "shutdown", "rank", "size", "local_rank",
     "local_size", "cross_rank", "cross_size", "generation", "host", "elastic", "allreduce", "allreduce_",
-    "broadcast_", "allgather", "barrier", "broadcast_object", "allgather_object", "Sum", "Average", "Min", "Max",
-    "Product", "State", "run",
+    "broadcast_", "allgather", "barrier", "broadcast_object", "allgather_object", "ReduceOp", "DataType",
+    "data_type", "Sum", "Average", "Min", "Max", "Product", "State", "run",
 ]
 __version__ = "0.1.0"

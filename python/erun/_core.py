@@ -6,50 +6,95 @@ host-staged path when ranks share a GPU) on torch's current stream of the
 tensor's device, and the call returns when the result is in the tensor. Every
 collective must be called by every rank in the same order; each is bounded by
 the collective timeout (erun --collective-timeout) and raises erun.CommError
-when a peer dies or the deadline passes."""
+when a peer dies or the deadline passes.
+
+Package-internal (used by erun._state and erun.torch, not exported by
+``erun``): ``Buffer`` (a collective's view of a tensor or array) and
+``bytes_of`` (a flat uint8 view)."""
+from __future__ import annotations
+
+import functools
 import os
 import pickle
 import sys
+from typing import TYPE_CHECKING, Any, Optional, TypeVar, Union
 
 import numpy as np
 
 from . import _erun
-from ._erun import Error
+from ._erun import DataType, Error, ReduceOp
 
-# Reduction operators (the codes of erun::ReduceOp).
-Sum, Average, Min, Max, Product = 0, 1, 2, 3, 4
+if TYPE_CHECKING:
+    import torch
+
+# Reduction operators: the extension's erun.ReduceOp, under their old names too
+# (they compare equal to the integer codes they were).
+Sum, Average, Min, Max, Product = ReduceOp.SUM, ReduceOp.AVERAGE, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT
+_OPS = {int(op): op for op in ReduceOp.__members__.values()}
 _OP_NAMES = {"sum": Sum, "average": Average, "avg": Average, "mean": Average, "min": Min, "max": Max,
              "product": Product, "prod": Product}
 
-# erun::DataType codes.
-_F32, _F64, _I32, _I64, _U8, _F16, _BF16 = range(7)
-_NUMPY_TYPES = {np.dtype(np.float32): _F32, np.dtype(np.float64): _F64, np.dtype(np.int32): _I32,
-                np.dtype(np.int64): _I64, np.dtype(np.uint8): _U8, np.dtype(np.float16): _F16}
-_torch_types = None  # torch dtype -> code, filled on the first torch tensor
+_NUMPY_TYPES = {np.dtype(np.float32): DataType.FLOAT32, np.dtype(np.float64): DataType.FLOAT64,
+                np.dtype(np.int32): DataType.INT32, np.dtype(np.int64): DataType.INT64,
+                np.dtype(np.uint8): DataType.UINT8, np.dtype(np.float16): DataType.FLOAT16}
+_HALF = (DataType.FLOAT16, DataType.BFLOAT16)
+
+Tensor = Union["torch.Tensor", np.ndarray]
+"""What collectives take: a torch.Tensor or a numpy.ndarray."""
+T = TypeVar("T", "torch.Tensor", np.ndarray)
+Op = Union[ReduceOp, str, int]
+"""A reduction operator: an erun.ReduceOp, its name as a string ("sum",
+"average", "avg", "mean", "min", "max", "product", "prod") or its integer code."""
 
 
-def _torch_type_map():
-    global _torch_types
-    if _torch_types is None:
-        import torch
-        _torch_types = {torch.float32: _F32, torch.float64: _F64, torch.int32: _I32, torch.int64: _I64,
-                        torch.uint8: _U8, torch.float16: _F16, torch.bfloat16: _BF16}
-    return _torch_types
+@functools.lru_cache(maxsize=None)
+def _torch_types() -> dict:
+    """torch dtype -> DataType (built on the first torch tensor: importing erun does not import torch)."""
+    import torch
+    return {torch.float32: DataType.FLOAT32, torch.float64: DataType.FLOAT64, torch.int32: DataType.INT32,
+            torch.int64: DataType.INT64, torch.uint8: DataType.UINT8, torch.float16: DataType.FLOAT16,
+            torch.bfloat16: DataType.BFLOAT16}
 
 
-def _is_tensor(x):
+def _data_type_or_none(dtype: Any) -> Optional[DataType]:
+    if dtype is None:
+        return None
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(dtype, torch.dtype):
+        return _torch_types().get(dtype)
+    try:
+        return _NUMPY_TYPES.get(np.dtype(dtype))
+    except TypeError:
+        return None
+
+
+def data_type(dtype: Any) -> DataType:
+    """The erun.DataType of a torch dtype (torch.float32, ...) or of anything
+    numpy.dtype() takes (np.float32, "int64", an array's .dtype); erun.Error
+    when erun's collectives do not support it."""
+    t = _data_type_or_none(dtype)
+    if t is None:
+        raise Error(f"erun: dtype {dtype} is not supported; use float32/64, int32/64, uint8, float16 or bfloat16 "
+                    f"(torch only)")
+    return t
+
+
+def _is_tensor(x: Any) -> bool:
     torch = sys.modules.get("torch")
     return torch is not None and isinstance(x, torch.Tensor)
 
 
-class _Buffer:
-    """A collective's view of a tensor or array: address, element count, type
-    code, and for a CUDA tensor (cuda=True) its device index and the integer
-    handle of torch's current stream on that device."""
-    __slots__ = ("ptr", "count", "code", "nbytes", "device", "stream")
+class Buffer:
+    """A collective's view of a tensor or array: address (ptr), element count,
+    byte count, erun.DataType (dtype), and for a CUDA tensor (cuda=True) its
+    device index and the integer handle of torch's current stream on that
+    device (both None otherwise). Raises erun.Error, naming erun.<what>, for
+    what a collective cannot take. Package-internal (erun._state, erun.torch)."""
+    __slots__ = ("ptr", "count", "dtype", "nbytes", "device", "stream")
 
-    def __init__(self, x, what, writable, cuda=False):
-        self.device = self.stream = None
+    def __init__(self, x: Tensor, what: str, writable: bool, cuda: bool = False) -> None:
+        self.device: Optional[int] = None
+        self.stream: Optional[int] = None
         if _is_tensor(x):
             if x.device.type == "cuda" and cuda:
                 if not _erun.built_with_cuda():
@@ -63,8 +108,8 @@ class _Buffer:
                 kinds = "CPU and CUDA" if cuda else "CPU"
                 raise Error(f"erun.{what}: takes {kinds} tensors only (got a tensor on {x.device}); move it to "
                             f"the CPU first (tensor.cpu())")
-            code = _torch_type_map().get(x.dtype)
-            if code is None:
+            dtype = _torch_types().get(x.dtype)
+            if dtype is None:
                 raise Error(f"erun.{what}: dtype {x.dtype} is not supported; use float32/64, int32/64, uint8, "
                             f"float16 or bfloat16")
             if not x.is_contiguous():
@@ -72,8 +117,8 @@ class _Buffer:
                             f"collective works on the tensor's own memory)")
             self.ptr, self.count, self.nbytes = x.data_ptr(), x.numel(), x.numel() * x.element_size()
         elif isinstance(x, np.ndarray):
-            code = _NUMPY_TYPES.get(x.dtype)
-            if code is None:
+            dtype = _NUMPY_TYPES.get(x.dtype)
+            if dtype is None:
                 raise Error(f"erun.{what}: dtype {x.dtype} is not supported; use float32/64, int32/64, uint8 or "
                             f"float16")
             if not x.flags["C_CONTIGUOUS"]:
@@ -83,21 +128,24 @@ class _Buffer:
             self.ptr, self.count, self.nbytes = x.ctypes.data, x.size, x.nbytes
         else:
             raise Error(f"erun.{what}: expected a torch.Tensor or numpy.ndarray, got {type(x).__name__}")
-        self.code = code
+        self.dtype: DataType = dtype
 
 
-def _op_code(op):
+def _reduce_op(op: Op) -> ReduceOp:
     if isinstance(op, str):
-        code = _OP_NAMES.get(op.lower())
-        if code is None:
+        found = _OP_NAMES.get(op.lower())
+        if found is None:
             raise Error(f"erun: unknown reduce op '{op}'; use one of sum, average, min, max, product")
-        return code
-    if op not in (Sum, Average, Min, Max, Product):
-        raise Error(f"erun: unknown reduce op {op!r}; use erun.Sum, Average, Min, Max or Product")
-    return op
+        return found
+    if isinstance(op, ReduceOp) and int(op) in _OPS:
+        return op
+    if isinstance(op, int) and op in _OPS:  # the integer codes erun.Sum, ... were
+        return _OPS[op]
+    raise Error(f"erun: unknown reduce op {op!r}; use an erun.ReduceOp (erun.ReduceOp.SUM, AVERAGE, MIN, MAX, "
+                f"PRODUCT; also erun.Sum, Average, Min, Max, Product)")
 
 
-def _copy(x):
+def _copy(x: T) -> T:
     if _is_tensor(x):
         import torch
         return x.clone(memory_format=torch.contiguous_format)
@@ -106,7 +154,7 @@ def _copy(x):
     raise Error(f"erun: expected a torch.Tensor or numpy.ndarray, got {type(x).__name__}")
 
 
-def init():
+def init() -> None:
     """Connects to the launcher (the erun driver, MPI, or nothing: a world of
     one). Idempotent. Raises erun.Error when the environment is inconsistent.
     Under the erun driver an uncaught exception other than CommError or
@@ -134,85 +182,89 @@ def _fatal_hook(previous):
     return hook
 
 
-initialized = _erun.initialized
+def initialized() -> bool:
+    """True once init() has connected this worker (and until shutdown())."""
+    return _erun.initialized()
 
 
-def shutdown():
+def shutdown() -> None:
     """Leaves the job (optional; also done at exit)."""
     _erun.shutdown()
 
 
-def _info():
+def _info() -> dict:
     return _erun.info()
 
 
-def rank():
+def rank() -> int:
+    """This worker's rank in the current generation."""
     return _info()["rank"]
 
 
-def size():
+def size() -> int:
+    """The number of ranks in the current generation."""
     return _info()["size"]
 
 
-def local_rank():
+def local_rank() -> int:
     return _info()["local_rank"]
 
 
-def local_size():
+def local_size() -> int:
     return _info()["local_size"]
 
 
-def cross_rank():
+def cross_rank() -> int:
     return _info()["cross_rank"]
 
 
-def cross_size():
+def cross_size() -> int:
     return _info()["cross_size"]
 
 
-def generation():
+def generation() -> int:
     """The generation (membership epoch) this worker is in; grows on every re-join."""
     return _info()["generation"]
 
 
-def host():
+def host() -> str:
     return _info()["host"]
 
 
-def elastic():
+def elastic() -> bool:
     """True under the erun driver (the world can change), False under MPI or alone."""
     return _erun.elastic()
 
 
-def allreduce_(x, op=Average):
+def allreduce_(x: T, op: Op = Average) -> T:
     """Reduces x across ranks in place (x's own memory) and returns x.
     float16/bfloat16 are reduced through a float32 copy (the CPU kernels have
     no half precision)."""
-    b = _Buffer(x, "allreduce_", writable=True, cuda=True)
-    code = _op_code(op)
-    if b.code in (_F16, _BF16):
+    b = Buffer(x, "allreduce_", writable=True, cuda=True)
+    rop = _reduce_op(op)
+    if b.dtype in _HALF:
         wide = x.float() if _is_tensor(x) else x.astype(np.float32)
-        allreduce_(wide, code)
+        allreduce_(wide, rop)
         if _is_tensor(x):
             x.copy_(wide)
         else:
             x[...] = wide
         return x
     if b.device is not None:
-        _erun.gpu_allreduce(b.ptr, b.count, b.code, code, b.stream, b.device)
+        _erun.gpu_allreduce(b.ptr, b.count, b.dtype, rop, b.stream, b.device)
     else:
-        _erun.allreduce(b.ptr, b.count, b.code, code)
+        _erun.allreduce(b.ptr, b.count, b.dtype, rop)
     return x
 
 
-def allreduce(x, op=Average):
+def allreduce(x: T, op: Op = Average) -> T:
     """Out of place: returns a new tensor/array with the reduction; x is unchanged."""
     return allreduce_(_copy(x), op)
 
 
-def broadcast_(x, root=0):
+def broadcast_(x: T, root: int = 0) -> T:
     """Overwrites x on every rank with root's x (in place) and returns x."""
-    b = _Buffer(x, "broadcast_", writable=True, cuda=True)
+    b = Buffer(x, "broadcast_", writable=True, cuda=True)
     if b.device is not None:
         _erun.gpu_broadcast(b.ptr, b.nbytes, int(root), b.stream, b.device)
     else:
@@ -220,10 +272,10 @@ def broadcast_(x, root=0):
     return x
 
 
-def allgather(x):
+def allgather(x: T) -> T:
     """Concatenates every rank's x along the first dimension, by rank. The
     first dimension may differ between ranks; the others must match."""
-    b = _Buffer(x, "allgather", writable=False, cuda=True)
+    b = Buffer(x, "allgather", writable=False, cuda=True)
     shape = tuple(x.shape)
     n = size()
     if len(shape) == 0:
@@ -243,26 +295,27 @@ def allgather(x):
         _erun.gpu_allgather(b.ptr, out.data_ptr(), b.nbytes, b.stream, b.device)
         return out
     if (firsts == shape[0]).all():
-        _erun.allgather(b.ptr, _Buffer(out, "allgather", True).ptr, b.nbytes)
+        _erun.allgather(b.ptr, Buffer(out, "allgather", True).ptr, b.nbytes)
         return out
-    parts = _erun.allgatherv(_bytes_of(x).tobytes())
-    _bytes_of(out)[:] = np.frombuffer(b"".join(parts), dtype=np.uint8)
+    parts = _erun.allgatherv(bytes_of(x).tobytes())
+    bytes_of(out)[:] = np.frombuffer(b"".join(parts), dtype=np.uint8)
     return out
 
 
-def _bytes_of(x):
-    """A flat uint8 numpy view of a contiguous CPU tensor or array."""
+def bytes_of(x: Tensor) -> np.ndarray:
+    """A flat uint8 numpy view of a contiguous CPU tensor or array. Package-internal."""
     if _is_tensor(x):
         import torch
         return x.reshape(-1).view(torch.uint8).numpy()
     return x.reshape(-1).view(np.uint8)
 
 
-def barrier():
+def barrier() -> None:
+    """Returns when every rank has called it."""
     _erun.barrier()
 
 
-def broadcast_object(obj, root=0):
+def broadcast_object(obj: Any, root: int = 0) -> Any:
     """Returns root's obj (pickled) on every rank."""
     data = np.frombuffer(pickle.dumps(obj), dtype=np.uint8) if rank() == root else None
     n = np.array([len(data) if data is not None else 0], dtype=np.int64)
@@ -272,6 +325,6 @@ def broadcast_object(obj, root=0):
     return pickle.loads(buf.tobytes()) if rank() != root else obj
 
 
-def allgather_object(obj):
+def allgather_object(obj: Any) -> list:
     """Returns the list of every rank's obj (pickled), by rank."""
     return [pickle.loads(p) for p in _erun.allgatherv(pickle.dumps(obj))]

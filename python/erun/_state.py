@@ -1,11 +1,25 @@
 """erun.State and erun.run: elastic training state and the loop that keeps a
 training function going across membership changes (the Python side of
-erun::State and erun::run(), see include/erun/state.hpp and docs/state.md)."""
+erun::State and erun::run(), see include/erun/state.hpp and docs/state.md).
+
+Everything the loop does besides the C++ State's work lives in the State
+object: callbacks after a sync (``on_sync``), after a re-join (``on_reset``),
+before a re-join (``on_rejoin``) and the checks that tell a lost peer behind
+a non-erun exception (``add_peer_loss_check``); erun.torch's process group
+registers the last two with the state of the erun.run loop it is built in
+(``running_state()``, package-internal)."""
+from __future__ import annotations
+
+import contextvars
 import functools
+import os
 import pickle
+from typing import Any, Callable, Optional, Sequence, TypeVar, Union
 
 from . import _core, _erun
 from ._erun import CommError, Error, HostsUpdated
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 class State:
@@ -19,30 +33,38 @@ class State:
     newest commit of any rank. commit/sync/check_host_updates are collective.
     """
 
-    def __init__(self, **values):
+    def __init__(self, **values: Any) -> None:
         _core.init()
         object.__setattr__(self, "_values", {})
         object.__setattr__(self, "_c", _erun.State())
         object.__setattr__(self, "_buffers", [])
         object.__setattr__(self, "_reset_callbacks", [])
-        object.__setattr__(self, "_sync_hooks", [])
+        object.__setattr__(self, "_sync_callbacks", [])
+        object.__setattr__(self, "_rejoin_callbacks", [])
+        object.__setattr__(self, "_peer_loss_checks", [])
         for name, value in values.items():
             self.register_value(name, value)
 
     # Registered values read and write as attributes.
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> Any:
         values = self.__dict__.get("_values")
         if values is not None and name in values:
             return values[name]
         raise AttributeError(f"{type(self).__name__} has no attribute or registered value '{name}'")
 
-    def __setattr__(self, name, value):
+    def __setattr__(self, name: str, value: Any) -> None:
         if name in self._values:
             self._values[name] = value
         else:
             object.__setattr__(self, name, value)
 
-    def register_value(self, name, value):
+    @property
+    def native(self) -> _erun.State:
+        """The extension's State (erun::State) underneath, for erun's own
+        modules (erun.torch.ElasticSampler registers its position there)."""
+        return self._c
+
+    def register_value(self, name: str, value: Any) -> None:
         """A picklable value, committed by pickling; read/written as state.<name>."""
         if name in self._values or name in type(self).__dict__:
             raise Error(f"erun: state value '{name}' is registered twice or shadows a State attribute")
@@ -51,80 +73,106 @@ class State:
         self.register_callbacks("value/" + name, lambda: [pickle.dumps(values[name], protocol=5)],
                                 lambda view: values.__setitem__(name, pickle.loads(view)))
 
-    def register_callbacks(self, name, save, load):
+    def register_callbacks(self, name: str, save: Callable[[], Sequence[Any]],
+                           load: Callable[[memoryview], None]) -> None:
         """A custom entry: save() returns a list of bytes-like pieces or
         (address, nbytes) pairs, concatenated into the commit; load(view) gets
         a memoryview of those bytes and must copy what it keeps."""
         self._c.register_callbacks(name, save, load)
 
-    def register_buffer(self, name, x):
+    def register_buffer(self, name: str, x: _core.Tensor) -> None:
         """A contiguous CPU tensor or numpy array, committed and restored by
         memcpy of its own memory. It must stay the same object in the same
         memory (update it in place); commit() checks that."""
-        b = _core._Buffer(x, "State.register_buffer", writable=True)
+        b = _core.Buffer(x, "State.register_buffer", writable=True)
         self._buffers.append((name, x, b.ptr, b.nbytes))
         self._c.register_buffer(name, b.ptr, b.nbytes)
 
-    def _check_buffers(self):
+    def _check_buffers(self) -> None:
         for name, x, ptr, nbytes in self._buffers:
-            b = _core._Buffer(x, "State", writable=True)
+            b = _core.Buffer(x, "State", writable=True)
             if b.ptr != ptr or b.nbytes != nbytes:
                 raise Error(f"erun: state buffer '{name}' moved or changed size since it was registered; update "
                             f"registered tensors in place (copy_(), optimizer steps) instead of replacing them")
 
-    def commit(self):
+    def commit(self) -> None:
         self._check_buffers()
         self._c.commit()
 
-    def restore(self):
+    def restore(self) -> None:
         self._c.restore()
 
-    def sync(self):
+    def sync(self) -> None:
         self._c.sync()
-        for hook in self._sync_hooks:
-            hook()
+        for callback in self._sync_callbacks:
+            callback()
 
-    def check_host_updates(self):
+    def check_host_updates(self) -> None:
         """Collective: raises HostsUpdated on every rank when any rank saw a pending update."""
         self._c.check_host_updates()
 
     @property
-    def commit_id(self):
+    def commit_id(self) -> int:
         return self._c.commit_id
 
-    def set_checkpoint_dir(self, path):
+    def set_checkpoint_dir(self, path: Union[str, os.PathLike]) -> None:
         """Durable commits: rank 0 writes each commit to PATH/erun-state.bin; a
         valid file there is loaded. Call after registering every entry."""
         self._c.set_checkpoint_dir(str(path))
 
-    def on_reset(self, callback):
+    def on_reset(self, callback: F) -> F:
         """callback(old_size, new_size) runs after every re-join, once the state
         is synced (so what it changes, e.g. a learning rate, is kept)."""
         self._reset_callbacks.append(callback)
         return callback
 
-    def _notify_reset(self, old_size, new_size):
+    def on_sync(self, callback: F) -> F:
+        """callback() runs after every sync(), e.g. to re-split work over the
+        world the sync was in (TorchState's sampler does)."""
+        self._sync_callbacks.append(callback)
+        return callback
+
+    def on_rejoin(self, callback: F) -> F:
+        """callback() runs in erun.run before every re-join, to tear down what
+        belongs to the old generation (erun.torch's process group does).
+        Registering the same callback again does nothing."""
+        if callback not in self._rejoin_callbacks:
+            self._rejoin_callbacks.append(callback)
+        return callback
+
+    def add_peer_loss_check(self, check: Callable[[BaseException], bool]) -> None:
+        """check(exc) -> True when an exception erun.run would otherwise let
+        through (not an erun.Error) came from a lost peer; erun.run then
+        restores and re-joins as on CommError (erun.torch's process group
+        checks torch.distributed errors with an erun barrier). Registering
+        the same check again does nothing."""
+        if check not in self._peer_loss_checks:
+            self._peer_loss_checks.append(check)
+
+    def _notify_reset(self, old_size: int, new_size: int) -> None:
         for cb in self._reset_callbacks:
             cb(old_size, new_size)
 
-    def _rejoin(self, comm_error, what):
-        for hook in _before_rejoin:
-            hook()
-        return self._c.rejoin(comm_error, str(what))
+    def _lost_peer(self, exc: BaseException) -> bool:
+        return any(check(exc) for check in self._peer_loss_checks)
+
+    def _rejoin(self, comm_error: bool, what: Any) -> None:
+        for callback in self._rejoin_callbacks:
+            callback()
+        self._c.rejoin(comm_error, str(what))
 
 
-# Called before every re-join (erun.torch destroys its process group there).
-_before_rejoin = []
-# probe(exception) -> True when a non-erun exception came from a lost peer
-# (erun.torch checks torch.distributed errors with an erun barrier).
-_failure_probes = []
+# The State of the erun.run loop whose function is running (in this thread or task).
+_running: contextvars.ContextVar[Optional[State]] = contextvars.ContextVar("erun_running_state", default=None)
 
 
-def _lost_peer(exc):
-    return any(probe(exc) for probe in _failure_probes)
+def running_state() -> Optional[State]:
+    """The State of the erun.run loop whose function is running, else None.
+    Package-internal (erun.torch.ProcessGroup registers itself there)."""
+    return _running.get()
 
 
-def _loop(fn, state, args, kwargs):
+def _loop(fn: Callable[..., Any], state: State, args: tuple, kwargs: dict) -> Any:
     if not isinstance(state, State):
         raise Error(f"erun.run: the function's first argument must be an erun.State, got {type(state).__name__}")
     while True:
@@ -133,28 +181,34 @@ def _loop(fn, state, args, kwargs):
             reset = state._c.take_reset()
             if reset is not None:
                 state._notify_reset(*reset)
-            return fn(*args, **kwargs)
+            token = _running.set(state)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                _running.reset(token)
         except HostsUpdated as e:
             state._rejoin(False, e)
         except CommError as e:
             state._rejoin(True, e)
         except Exception as e:  # noqa: BLE001 - only a lost peer is retried
-            if isinstance(e, Error) or not _lost_peer(e):
+            if isinstance(e, Error) or not state._lost_peer(e):
                 raise
             state._rejoin(True, f"{type(e).__name__}: {e}")
 
 
-def run(arg):
+def run(arg: Union[Callable[..., Any], State]) -> Callable[..., Any]:
     """The elastic loop, as a decorator: ``@erun.run def train(state, ...)``
     (the state is the first argument) or ``erun.run(state)(fn)`` (fn() is
     called with the state as its first argument). Syncs the state, calls the
     function; on CommError restores the last commit and re-joins, on
     HostsUpdated re-joins; then syncs, runs the reset callbacks and calls the
-    function again. Any other exception ends the loop unchanged."""
+    function again. Any other exception ends the loop unchanged, unless a
+    check of the state's (add_peer_loss_check) finds it came from a lost
+    peer: then it is handled as a CommError."""
     if isinstance(arg, State):
-        def bind(fn):
+        def bind(fn: Callable[..., Any]) -> Callable[..., Any]:
             @functools.wraps(fn)
-            def bound(*args, **kwargs):
+            def bound(*args: Any, **kwargs: Any) -> Any:
                 return _loop(fn, arg, (arg,) + args, kwargs)
             return bound
         return bind
@@ -162,7 +216,7 @@ def run(arg):
         raise Error(f"erun.run: expected a function or an erun.State, got {type(arg).__name__}")
 
     @functools.wraps(arg)
-    def wrapper(*args, **kwargs):
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
         if not args:
             raise Error(f"erun.run: call {arg.__name__}(state, ...) with an erun.State first")
         return _loop(arg, args[0], args, kwargs)

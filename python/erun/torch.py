@@ -10,10 +10,14 @@
 - ``DistributedOptimizer(opt)`` / ``allreduce_gradients(params)``: gradient
   averaging through erun, in buckets; ``DistributedOptimizer(opt,
   overlap=True)`` / ``GradientHooks``: the same, each bucket reduced on a
-  communication thread as soon as backward has produced it.
+  communication thread as soon as backward has produced it; ``with
+  GradientHooks(params) as hooks:`` removes the hooks at the end.
 - ``process_group()``: a torch.distributed process group for the current
-  generation (for DDP and dist.* calls), rebuilt after every re-join.
+  generation (for DDP and dist.* calls), rebuilt after every re-join;
+  ``with ProcessGroup() as pg:`` builds one and destroys it at the end.
 """
+from __future__ import annotations
+
 import math
 import os
 import pickle
@@ -21,17 +25,21 @@ import queue
 import socket
 import threading
 from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, List, Optional, Sequence, Union
 
 import torch
 import torch.utils.data
 
-from . import _core, _erun, _state
-from ._core import Average, _bytes_of
+from . import _core, _erun
+from ._core import Average, Op, bytes_of
 from ._erun import CommError, Error
-from ._state import State
+from ._state import State, running_state
+
+if TYPE_CHECKING:
+    import torch.distributed
 
 __all__ = ["TorchState", "ElasticSampler", "DistributedOptimizer", "GradientHooks", "allreduce_gradients",
-           "process_group", "destroy_process_group"]
+           "ProcessGroup", "process_group", "destroy_process_group"]
 
 
 class _TensorRef:
@@ -63,7 +71,7 @@ def _optimizer_entry(opt):
                     t = value.detach()
                     if t.device.type != "cpu" or not t.is_contiguous():
                         t = t.contiguous().cpu()
-                    raw = _bytes_of(t)
+                    raw = bytes_of(t)
                     out[key] = _TensorRef(t.dtype, tuple(t.shape), offset, raw.nbytes)
                     pieces.append(raw)
                     offset += raw.nbytes
@@ -136,7 +144,7 @@ def _tensor_entry(t):
     address (on a GPU, or not contiguous): copied through the CPU."""
 
     def save():
-        return [_bytes_of(t.detach().contiguous().cpu())]
+        return [bytes_of(t.detach().contiguous().cpu())]
 
     def load(view):
         src = torch.frombuffer(view, dtype=torch.uint8) if len(view) else torch.empty(0, dtype=torch.uint8)
@@ -151,7 +159,9 @@ class TorchState(State):
     sampler=s, epoch=0, ...)``. The model's parameters and buffers must be
     updated in place (as optimizers and load_state_dict do)."""
 
-    def __init__(self, model=None, optimizer=None, sampler=None, **values):
+    def __init__(self, model: Optional[torch.nn.Module] = None,
+                 optimizer: Union[torch.optim.Optimizer, DistributedOptimizer, None] = None,
+                 sampler: Optional[ElasticSampler] = None, **values: Any) -> None:
         super().__init__(**values)
         object.__setattr__(self, "model", model)
         object.__setattr__(self, "optimizer", optimizer)
@@ -170,8 +180,7 @@ class TorchState(State):
             if not isinstance(sampler, ElasticSampler):
                 raise Error(f"erun: TorchState(sampler=) takes an erun.torch.ElasticSampler, got "
                             f"{type(sampler).__name__}")
-            sampler._c.register_with(self._c, "erun.sampler")
-            self._sync_hooks.append(sampler._reset_world)
+            sampler.register_with(self)
 
 
 class ElasticSampler(torch.utils.data.Sampler):
@@ -185,7 +194,8 @@ class ElasticSampler(torch.utils.data.Sampler):
     None for a rank without a sample in the epoch's last step. Same order and
     split as erun::ElasticSampler (C++)."""
 
-    def __init__(self, dataset, batch_size=1, shuffle=True, seed=0):
+    def __init__(self, dataset: Union[int, Sequence[Any]], batch_size: int = 1, shuffle: bool = True,
+                 seed: int = 0) -> None:
         n = dataset if isinstance(dataset, int) else len(dataset)
         if batch_size < 1:
             raise Error(f"erun: ElasticSampler batch_size {batch_size} must be at least 1")
@@ -195,46 +205,53 @@ class ElasticSampler(torch.utils.data.Sampler):
         self._c = _erun.ElasticSampler(n, int(seed), bool(shuffle))
         self._reset_world()
 
-    def _reset_world(self):
+    def _reset_world(self) -> None:
         self._c.reset(_core.rank(), _core.size())
 
-    def set_epoch(self, epoch):
+    def register_with(self, state: State, name: str = "erun.sampler") -> None:
+        """Commits this sampler's position (epoch, samples processed) in
+        `state` and re-splits the epoch over the world after every
+        state.sync(). TorchState(sampler=) calls it."""
+        self._c.register_with(state.native, name)
+        state.on_sync(self._reset_world)
+
+    def set_epoch(self, epoch: int) -> None:
         self._c.set_epoch(int(epoch))
 
     @property
-    def epoch(self):
+    def epoch(self) -> int:
         return self._c.epoch
 
     @property
-    def processed(self):
+    def processed(self) -> int:
         """Samples of this epoch already processed by all ranks together."""
         return self._c.processed
 
     @property
-    def remaining(self):
+    def remaining(self) -> int:
         return self._c.remaining
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[int]:
         return iter(self._c.indices())
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self._c.indices())
 
-    def steps(self):
+    def steps(self) -> int:
         """Steps left in this epoch (the same on every rank)."""
         return math.ceil(self._c.remaining / (self.batch_size * _core.size()))
 
-    def record_batch(self, global_batch=None):
+    def record_batch(self, global_batch: Optional[int] = None) -> None:
         """Marks the current step's samples (of all ranks: batch_size * world
         size unless given) as processed."""
         self._c.record_batch(int(global_batch) if global_batch else self.batch_size * _core.size())
 
-    def next_batch(self, global_batch):
+    def next_batch(self, global_batch: int) -> List[int]:
         """This rank's share of the next `global_batch` samples of the epoch
         (for loops that fix the global batch rather than the per-rank one)."""
         return self._c.next_batch(int(global_batch))
 
-    def batches(self, loader):
+    def batches(self, loader: Iterable[Any]) -> Iterator[Any]:
         """Yields this rank's batch of each remaining step of the epoch from
         `loader` (a DataLoader over this sampler), or None when this rank has
         no sample in that step."""
@@ -246,7 +263,7 @@ class ElasticSampler(torch.utils.data.Sampler):
             yield next(it, None)
 
 
-def allreduce_gradients(parameters, op=Average, bucket_bytes=25 << 20):
+def allreduce_gradients(parameters: Iterable[torch.Tensor], op: Op = Average, bucket_bytes: int = 25 << 20) -> None:
     """Reduces the .grad of every parameter across ranks (average by default),
     in buckets of up to bucket_bytes flattened per device and dtype (CUDA
     gradients through the GPU collectives). A missing grad counts
@@ -270,7 +287,7 @@ def allreduce_gradients(parameters, op=Average, bucket_bytes=25 << 20):
                 nbytes += size
 
 
-def _buckets(params, bucket_bytes):
+def _buckets(params: List[torch.Tensor], bucket_bytes: int) -> List[List[torch.Tensor]]:
     """Parameters in buckets of up to bucket_bytes, one (device, dtype) per
     bucket, in reverse order of `params` (about the order backward produces
     their gradients), the same on every rank."""
@@ -287,7 +304,7 @@ def _buckets(params, bucket_bytes):
     return [ps for ps, _ in out]
 
 
-def _reduce_bucket(grads, op):
+def _reduce_bucket(grads: List[torch.Tensor], op: Op) -> None:
     if len(grads) == 1 and grads[0].is_contiguous():
         _core.allreduce_(grads[0], op)
         return
@@ -309,12 +326,17 @@ class GradientHooks:
     gradient (as zeros, so every rank reduces the same buckets), waits for
     all, and raises the first error (e.g. erun.CommError) in the caller.
     One backward per wait(); no other erun collective between a backward and
-    its wait()."""
+    its wait().
 
-    def __init__(self, parameters, op=Average, bucket_bytes=25 << 20):
+    The hooks are registered on construction and removed by ``close()``
+    (``register()`` puts them back); as a context manager, ``with
+    GradientHooks(params) as hooks:`` registers them (if they are not) and
+    removes them when the block ends."""
+
+    def __init__(self, parameters: Iterable[torch.Tensor], op: Op = Average, bucket_bytes: int = 25 << 20) -> None:
         self.op = op
-        params = [p for p in parameters if p.requires_grad]
-        self._buckets = _buckets(params, bucket_bytes)
+        self._params = [p for p in parameters if p.requires_grad]
+        self._buckets = _buckets(self._params, bucket_bytes)
         self._where = {}
         for i, ps in enumerate(self._buckets):
             for p in ps:
@@ -325,23 +347,56 @@ class GradientHooks:
         self._thread = None
         self._accumulators = []  # the hooked autograd nodes, kept alive
         self._handles = []
-        for p in params:
+        self._registered = False
+        self.register()
+
+    @property
+    def num_buckets(self) -> int:
+        """How many buckets the parameters are reduced in."""
+        return len(self._buckets)
+
+    @property
+    def launched(self) -> int:
+        """Buckets handed to the communication thread since the last wait()."""
+        with self._lock:
+            return self._next
+
+    @property
+    def registered(self) -> bool:
+        """True while the hooks are on the parameters (between register() and close())."""
+        return self._registered
+
+    def register(self) -> GradientHooks:
+        """Puts the hooks on the parameters' gradient accumulators (done by the
+        constructor; again after close()). Returns self."""
+        if self._registered:
+            return self
+        self._reset()
+        for p in self._params:
             acc = p.expand_as(p).grad_fn.next_functions[0][0]
             self._handles.append(acc.register_hook(self._hook(p)))
             self._accumulators.append(acc)
-        self._reset()
+        self._registered = True
+        return self
 
-    def close(self):
+    def close(self) -> None:
         """Removes the hooks and ends the communication thread (after wait())."""
         for h in self._handles:
             h.remove()
         self._handles, self._accumulators = [], []
+        self._registered = False
         if self._thread is not None:
             self._queue.put(None)
             self._thread.join()
             self._thread = None
 
-    def _reset(self):
+    def __enter__(self) -> GradientHooks:
+        return self.register()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _reset(self) -> None:
         self._seen = [set() for _ in self._buckets]
         self._next = 0       # the next bucket to launch (launched in index order)
         self._finished = 0   # buckets reduced (or failed) this step
@@ -355,7 +410,7 @@ class GradientHooks:
                 self._launch_ready()
         return hook
 
-    def _launch_ready(self):
+    def _launch_ready(self) -> None:
         while self._next < len(self._buckets) and len(self._seen[self._next]) == len(self._buckets[self._next]):
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="erun-gradients", daemon=True)
@@ -363,7 +418,7 @@ class GradientHooks:
             self._queue.put(self._next)
             self._next += 1
 
-    def _run(self):
+    def _run(self) -> None:
         while True:
             i = self._queue.get()
             if i is None:
@@ -383,7 +438,7 @@ class GradientHooks:
                 self._finished += 1
                 self._done.notify_all()
 
-    def wait(self):
+    def wait(self) -> None:
         """Returns when every bucket is reduced; raises the first error."""
         with self._lock:
             for i in range(self._next, len(self._buckets)):
@@ -407,14 +462,15 @@ class DistributedOptimizer:
     (GradientHooks) and step() only waits for them. Everything else is the
     wrapped optimizer's (``.optimizer``)."""
 
-    def __init__(self, optimizer, op=Average, bucket_bytes=25 << 20, overlap=False):
+    def __init__(self, optimizer: torch.optim.Optimizer, op: Op = Average, bucket_bytes: int = 25 << 20,
+                 overlap: bool = False) -> None:
         self.optimizer = optimizer
         self.op = op
         self.bucket_bytes = bucket_bytes
         params = [p for group in optimizer.param_groups for p in group["params"]]
-        self.hooks = GradientHooks(params, op, bucket_bytes) if overlap else None
+        self.hooks: Optional[GradientHooks] = GradientHooks(params, op, bucket_bytes) if overlap else None
 
-    def step(self, closure=None):
+    def step(self, closure: Optional[Any] = None) -> Any:
         if self.hooks is not None:
             self.hooks.wait()
         else:
@@ -422,15 +478,11 @@ class DistributedOptimizer:
             allreduce_gradients(params, self.op, self.bucket_bytes)
         return self.optimizer.step(closure) if closure is not None else self.optimizer.step()
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> Any:
         return getattr(self.optimizer, name)
 
 
-# The torch.distributed group of the current generation (process_group()).
-_group = {"generation": None, "store": None}
-
-
-def _advertise_address():
+def _advertise_address() -> str:
     """The address peers reach rank 0 at: the one erun gave this worker, else
     loopback in a one-host world, else this host's name."""
     addr = os.environ.get("ERUN_ADVERTISE_ADDR")
@@ -439,54 +491,113 @@ def _advertise_address():
     return "127.0.0.1" if _core.cross_size() == 1 else socket.gethostname()
 
 
-def destroy_process_group():
-    """Destroys the process group process_group() made (done before every re-join)."""
-    import torch.distributed as dist
-    if _group["generation"] is not None and dist.is_initialized():
-        dist.destroy_process_group()
-    _group["generation"] = None
-    _group["store"] = None
+class ProcessGroup:
+    """The default torch.distributed process group of one generation, built
+    by erun: rank 0 hosts a TCPStore on a free port; its address goes to the
+    others through erun. torch.distributed has one default group per
+    process, so one ProcessGroup is up at a time.
 
+    ``build()`` (collective) returns the group, building it unless it is up
+    for the current generation (after a re-join it destroys the old one and
+    builds the new one). Built inside an erun.run function, the group is
+    destroyed before the loop's next re-join, and a RuntimeError the loop
+    gets while it is up is checked with an erun barrier: when that fails
+    too, a peer was lost and the loop handles it as a CommError.
+    ``destroy()`` destroys it (idempotent).
 
-def _lost_peer(exc):
-    """A torch.distributed error while a group is up: a lost peer makes an
-    erun barrier on the same generation fail too."""
-    if _group["generation"] is None or not isinstance(exc, RuntimeError):
+    As a context manager, ``with ProcessGroup() as pg:`` builds the group
+    (``pg`` is torch.distributed's group) and destroys it when the block
+    ends; a RuntimeError leaving the block is checked the same way and
+    becomes an erun.CommError when a peer was lost."""
+
+    def __init__(self, backend: str = "gloo", timeout: timedelta = timedelta(seconds=30)) -> None:
+        self.backend = backend
+        self.timeout = timeout
+        self._generation: Optional[int] = None
+        self._store = None
+
+    @property
+    def generation(self) -> Optional[int]:
+        """The generation the group is up for; None when it is not up."""
+        return self._generation
+
+    def build(self) -> torch.distributed.ProcessGroup:
+        group = self._build()
+        state = running_state()
+        if state is not None:
+            state.on_rejoin(self.destroy)
+            state.add_peer_loss_check(self.lost_peer)
+        return group
+
+    def _build(self) -> torch.distributed.ProcessGroup:
+        import torch.distributed as dist
+        gen = _core.generation()
+        if self._generation == gen and dist.is_initialized():
+            return dist.group.WORLD
+        self.destroy()
+        if dist.is_initialized():
+            raise Error("erun: torch.distributed is already initialized by someone else; erun.torch.process_group() "
+                        "manages the default group itself")
+        store, where = None, None
+        if _core.rank() == 0:
+            addr = _advertise_address()
+            store = dist.TCPStore(addr, 0, None, True, self.timeout, wait_for_workers=False)
+            where = (addr, store.port)
+        addr, port = _core.broadcast_object(where, root=0)
+        if store is None:
+            store = dist.TCPStore(addr, port, None, False, self.timeout)
+        dist.init_process_group(self.backend, store=store, rank=_core.rank(), world_size=_core.size(),
+                                timeout=self.timeout)
+        self._generation, self._store = gen, store
+        return dist.group.WORLD
+
+    def destroy(self) -> None:
+        """Destroys the group if it is up."""
+        import torch.distributed as dist
+        if self._generation is not None and dist.is_initialized():
+            dist.destroy_process_group()
+        self._generation = None
+        self._store = None
+
+    def lost_peer(self, exc: BaseException) -> bool:
+        """Collective check of a torch.distributed error while the group is up:
+        a lost peer makes an erun barrier on the same generation fail too."""
+        if self._generation is None or not isinstance(exc, RuntimeError):
+            return False
+        try:
+            _core.barrier()
+        except CommError:
+            return True
         return False
-    try:
-        _core.barrier()
-    except CommError:
-        return True
-    return False
+
+    def __enter__(self) -> torch.distributed.ProcessGroup:
+        return self._build()
+
+    def __exit__(self, exc_type: Any, exc: Optional[BaseException], tb: Any) -> None:
+        try:
+            if isinstance(exc, Exception) and not isinstance(exc, Error) and self.lost_peer(exc):
+                raise CommError(f"{type(exc).__name__}: {exc}") from exc
+        finally:
+            self.destroy()
 
 
-def process_group(backend="gloo", timeout=timedelta(seconds=30)):
+# The group behind process_group() and destroy_process_group(): like
+# torch.distributed's default group, one per process. Programs and tests that
+# want their own make a ProcessGroup.
+_default_group = ProcessGroup()
+
+
+def process_group(backend: str = "gloo", timeout: timedelta = timedelta(seconds=30)) -> torch.distributed.ProcessGroup:
     """The default torch.distributed process group for the current generation
     (collective: call it on every rank, inside the erun.run function). Rank 0
     hosts a TCPStore on a free port; its address goes to the others through
     erun. erun.run destroys the group before each re-join and the next call
     builds the one of the new generation, so re-wrap DDP each time:
     ``ddp = DistributedDataParallel(model, process_group=erun.torch.process_group())``."""
-    import torch.distributed as dist
-    gen = _core.generation()
-    if _group["generation"] == gen and dist.is_initialized():
-        return dist.group.WORLD
-    destroy_process_group()
-    if dist.is_initialized():
-        raise Error("erun: torch.distributed is already initialized by someone else; erun.torch.process_group() "
-                    "manages the default group itself")
-    store, where = None, None
-    if _core.rank() == 0:
-        addr = _advertise_address()
-        store = dist.TCPStore(addr, 0, None, True, timeout, wait_for_workers=False)
-        where = (addr, store.port)
-    addr, port = _core.broadcast_object(where, root=0)
-    if store is None:
-        store = dist.TCPStore(addr, port, None, False, timeout)
-    dist.init_process_group(backend, store=store, rank=_core.rank(), world_size=_core.size(), timeout=timeout)
-    _group["generation"], _group["store"] = gen, store
-    return dist.group.WORLD
+    _default_group.backend, _default_group.timeout = backend, timeout
+    return _default_group.build()
 
 
-_state._before_rejoin.append(destroy_process_group)
-_state._failure_probes.append(_lost_peer)
+def destroy_process_group() -> None:
+    """Destroys the process group process_group() made (done before every re-join)."""
+    _default_group.destroy()

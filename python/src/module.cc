@@ -140,14 +140,28 @@ void gpu_blocking(GpuCommunicator& g, F&& f) {
 
 GpuStream stream_of(uintptr_t s) { return reinterpret_cast<GpuStream>(s); }
 
-DataType to_type(int t) {
-  if (t < 0 || t > static_cast<int>(DataType::kBFloat16)) throw Error("erun: unknown data type code " + std::to_string(t));
-  return static_cast<DataType>(t);
+// erun.DataType / erun.ReduceOp arrive as the enums bound below; pybind11
+// also builds members from any integer (DataType(9)), which are refused here.
+DataType checked(DataType t) {
+  const int v = static_cast<int>(t);
+  if (v < 0 || v > static_cast<int>(DataType::kBFloat16)) {
+    throw Error("erun: unknown data type code " + std::to_string(v));
+  }
+  return t;
 }
 
-ReduceOp to_op(int op) {
-  if (op < 0 || op > static_cast<int>(ReduceOp::kProduct)) throw Error("erun: unknown reduce op code " + std::to_string(op));
-  return static_cast<ReduceOp>(op);
+ReduceOp checked(ReduceOp op) {
+  const int v = static_cast<int>(op);
+  if (v < 0 || v > static_cast<int>(ReduceOp::kProduct)) {
+    throw Error("erun: unknown reduce op code " + std::to_string(v));
+  }
+  return op;
+}
+
+// ReduceOp == ReduceOp or ReduceOp == int (not another enum, not None).
+bool same_code(const py::object& op, const py::object& other) {
+  if (py::isinstance<ReduceOp>(other)) return py::int_(op).equal(py::int_(other));
+  return py::isinstance<py::int_>(other) && py::int_(op).equal(other);
 }
 
 void* address(uintptr_t p) { return reinterpret_cast<void*>(p); }
@@ -272,6 +286,33 @@ PYBIND11_MODULE(_erun, m) {
     }
   });
 
+  // erun::ReduceOp and erun::DataType, re-exported by the erun package
+  // (erun.ReduceOp.SUM, erun.DataType.FLOAT32). ReduceOp's members also
+  // compare equal to the integer codes erun.Sum, ... were before it (they
+  // hash as those integers): pybind11 compares the members of an enum class
+  // only with members of the same enum.
+  py::enum_<ReduceOp> reduce_op(m, "ReduceOp", "A reduction operator of erun.allreduce_ (erun::ReduceOp)");
+  reduce_op.value("SUM", ReduceOp::kSum)
+      .value("AVERAGE", ReduceOp::kAverage)
+      .value("MIN", ReduceOp::kMin)
+      .value("MAX", ReduceOp::kMax)
+      .value("PRODUCT", ReduceOp::kProduct);
+  // Replaces pybind11's own (a .def() would only add an overload after it).
+  reduce_op.attr("__eq__") = py::cpp_function([](const py::object& a, const py::object& b) { return same_code(a, b); },
+                                              py::name("__eq__"), py::is_method(reduce_op), py::arg("other"));
+  reduce_op.attr("__ne__") = py::cpp_function([](const py::object& a, const py::object& b) { return !same_code(a, b); },
+                                              py::name("__ne__"), py::is_method(reduce_op), py::arg("other"));
+  py::enum_<DataType>(m, "DataType", "An element type of erun's collectives (erun::DataType)")
+      .value("FLOAT32", DataType::kFloat32)
+      .value("FLOAT64", DataType::kFloat64)
+      .value("INT32", DataType::kInt32)
+      .value("INT64", DataType::kInt64)
+      .value("UINT8", DataType::kUInt8)
+      .value("FLOAT16", DataType::kFloat16)
+      .value("BFLOAT16", DataType::kBFloat16)
+      .def_property_readonly("itemsize", [](DataType t) { return data_type_size(checked(t)); },
+                             "bytes per element");
+
   // The exit code that tells the erun driver not to retry (see errors.hpp).
   m.attr("FATAL_EXIT_CODE") = kFatalExitCode;
 
@@ -308,9 +349,9 @@ PYBIND11_MODULE(_erun, m) {
   m.def("host_update_pending", [] { return ctx().host_update_pending(); });
   m.def("checkpoint_dir", [] { return ctx().checkpoint_dir(); });
 
-  m.def("allreduce", [](uintptr_t data, size_t count, int type, int op) {
-    DataType t = to_type(type);
-    ReduceOp o = to_op(op);
+  m.def("allreduce", [](uintptr_t data, size_t count, DataType type, ReduceOp op) {
+    DataType t = checked(type);
+    ReduceOp o = checked(op);
     Communicator& c = ctx().comm();
     blocking(c, [&] { c.allreduce(address(data), count, t, o); });
   }, py::arg("data"), py::arg("count"), py::arg("type"), py::arg("op"));
@@ -344,9 +385,9 @@ PYBIND11_MODULE(_erun, m) {
   m.def("built_with_cuda", &built_with_cuda);
   m.def("built_with_nccl", &built_with_nccl);
   m.def("gpu_device_count", &gpu_device_count);
-  m.def("gpu_allreduce", [](uintptr_t data, size_t count, int type, int op, uintptr_t stream, int device) {
-    DataType t = to_type(type);
-    ReduceOp o = to_op(op);
+  m.def("gpu_allreduce", [](uintptr_t data, size_t count, DataType type, ReduceOp op, uintptr_t stream, int device) {
+    DataType t = checked(type);
+    ReduceOp o = checked(op);
     GpuCommunicator& g = gpu_on(device);
     gpu_blocking(g, [&] { g.allreduce(address(data), count, t, o, stream_of(stream)); });
   }, py::arg("data"), py::arg("count"), py::arg("type"), py::arg("op"), py::arg("stream"), py::arg("device"));
@@ -359,7 +400,6 @@ PYBIND11_MODULE(_erun, m) {
     gpu_blocking(g, [&] { g.allgather(address(in), address(out), bytes, stream_of(stream)); });
   });
   m.def("gpu_backend", [](int device) { return std::string(to_string(gpu_on(device).backend())); });
-  m.def("data_type_size", [](int t) { return data_type_size(to_type(t)); });
 
   py::class_<PyState>(m, "State")
       .def(py::init<>())

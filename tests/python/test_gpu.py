@@ -58,5 +58,5 @@ def test_a_tensor_on_another_device_is_a_clear_error():
 def test_state_buffers_stay_cpu_only():
     # A State's raw buffer is copied with memcpy: a device tensor must not get there.
     x = torch.zeros(4, device="meta")
-    with pytest.raises(erun.Error, match=r"takes CPU tensors only"):
-        erun._core._Buffer(x, "State.register_buffer", writable=True)
+    with pytest.raises(erun.Error, match=r"State.register_buffer: takes CPU tensors only"):
+        erun.State().register_buffer("x", x)

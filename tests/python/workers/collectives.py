@@ -4,10 +4,13 @@ element i is a small value, so sums and products are exact in every type.
 With --device cuda the torch tensors live on the GPU (this rank's device:
 local rank modulo the visible devices), through erun's GPU collectives on
 torch's current stream, and DistributedOptimizer averages CUDA gradients.
-Prints `collectives ok rank R checks N` (with `device cuda:D backend B` on
-the GPU) or raises."""
+Every erun.ReduceOp member goes through allreduce, every dtype maps onto
+the erun.DataType of its name; GradientHooks and erun.torch.ProcessGroup are
+used as context managers too. Prints `collectives ok rank R checks N` (with
+`device cuda:D backend B` on the GPU) or raises."""
 import argparse
 import sys
+from datetime import timedelta
 
 import numpy as np
 import torch
@@ -48,7 +51,11 @@ TORCH = {"float32": torch.float32, "float64": torch.float64, "int32": torch.int3
          "uint8": torch.uint8, "float16": torch.float16, "bfloat16": torch.bfloat16}
 NUMPY = {"float32": np.float32, "float64": np.float64, "int32": np.int32, "int64": np.int64, "uint8": np.uint8,
          "float16": np.float16}
-OPS = {"sum": erun.Sum, "average": erun.Average, "min": erun.Min, "max": erun.Max, "product": erun.Product}
+# Every member of the extension's enum, by its lower-case name (what reference() takes).
+OPS = {name.lower(): op for name, op in erun.ReduceOp.__members__.items()}
+assert list(OPS) == ["sum", "average", "min", "max", "product"], OPS
+# The old names are the same members, equal to the integer codes they were.
+assert [erun.Sum, erun.Average, erun.Min, erun.Max, erun.Product] == list(OPS.values()) == [0, 1, 2, 3, 4]
 
 
 def as_f64(x):
@@ -86,14 +93,14 @@ def overlapped_on(device, rank):
     ref = copy.deepcopy(model)
     # The unused parameter first: it lands in the last bucket (buckets go in reverse order).
     hooks = erun.torch.GradientHooks([unused] + list(model.parameters()), bucket_bytes=1200)
-    assert len(hooks._buckets) > 3, len(hooks._buckets)
+    assert hooks.num_buckets > 3, hooks.num_buckets
     for step in range(2):
         x = torch.full((4, 16), 0.25 * (rank + 1) + step, device=device)
         for m in (model, ref):
             m.zero_grad()
             m(x).square().sum().backward()
         # Backward launched every bucket but the unused parameter's.
-        assert hooks._next == len(hooks._buckets) - 1, (hooks._next, len(hooks._buckets))
+        assert hooks.launched == hooks.num_buckets - 1, (hooks.launched, hooks.num_buckets)
         unused.grad = None
         hooks.wait()
         erun.torch.allreduce_gradients(ref.parameters())
@@ -102,7 +109,60 @@ def overlapped_on(device, rank):
         assert torch.equal(unused.grad, torch.zeros_like(unused))
     hooks.close()  # no hook fires any more: nothing is launched
     model(x).sum().backward()
-    assert hooks._next == 0 and hooks._thread is None
+    assert hooks.launched == 0 and not hooks.registered
+
+
+def hooks_as_context_on(device, rank, size):
+    """``with GradientHooks(...)``: inside the block backward averages the
+    gradients; after it the hooks are gone and backward leaves each rank its
+    own gradient (which differs from the average when size > 1); entering
+    the block again averages again."""
+    torch.manual_seed(2)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 2)).to(device)
+    x = torch.full((3, 8), float(rank + 1), device=device)
+
+    def backward():
+        model.zero_grad()
+        model(x).square().sum().backward()
+
+    backward()
+    mine = [p.grad.clone() for p in model.parameters()]
+    averaged = [erun.allreduce(g) for g in mine]
+    if size > 1:
+        assert not all(torch.equal(a, b) for a, b in zip(mine, averaged))
+    hooks = erun.torch.GradientHooks(model.parameters(), bucket_bytes=64)
+    for _ in range(2):  # the constructor's hooks, then hooks registered again by `with`
+        with hooks as h:
+            assert h is hooks and hooks.registered and hooks.num_buckets > 1
+            backward()
+            assert hooks.launched == hooks.num_buckets, (hooks.launched, hooks.num_buckets)
+            hooks.wait()
+            for p, a in zip(model.parameters(), averaged):
+                assert torch.allclose(p.grad, a, rtol=1e-6, atol=0), (p.grad, a)
+        assert not hooks.registered
+        backward()
+        assert hooks.launched == 0
+        for p, m in zip(model.parameters(), mine):
+            assert torch.equal(p.grad, m), (p.grad, m)
+
+
+def process_group_as_context(rank, size):
+    """``with erun.torch.ProcessGroup()`` builds torch.distributed's group and
+    destroys it at the end; process_group() still works afterwards."""
+    import torch.distributed as dist
+    want = size * (size + 1) // 2
+    with erun.torch.ProcessGroup(timeout=timedelta(seconds=60)) as pg:
+        assert dist.is_initialized() and dist.get_world_size(pg) == size and dist.get_rank(pg) == rank
+        t = torch.tensor([rank + 1])
+        dist.all_reduce(t, group=pg)
+        assert int(t) == want, int(t)
+    assert not dist.is_initialized()
+    pg = erun.torch.process_group(timeout=timedelta(seconds=60))
+    t = torch.tensor([rank + 1])
+    dist.all_reduce(t, group=pg)
+    assert int(t) == want, int(t)
+    erun.torch.destroy_process_group()
+    assert not dist.is_initialized()
 
 
 def main():
@@ -120,6 +180,11 @@ def main():
     for lib, types in libs:
         for name, dt in types.items():
             make = (lambda a: torch.from_numpy(a).to(dt).to(device)) if lib == "torch" else (lambda a: a.astype(dt))
+            # The dtype maps onto the extension's DataType of the same name and size.
+            one = make(np.zeros(1))
+            code = erun.data_type(dt)
+            assert code.name == name.upper(), (name, code)
+            assert code.itemsize == (one.element_size() if lib == "torch" else one.itemsize), (name, code)
             for opname, op in OPS.items():
                 if name in ("float16", "bfloat16") and opname == "product":
                     continue  # products of 4 halves overflow float16's exact range
@@ -160,7 +225,9 @@ def main():
     erun.allreduce_(torch.zeros(0, device=device))
     gradients_on(device, rank, size)
     overlapped_on(device, rank)
-    checks += 2
+    hooks_as_context_on(device, rank, size)
+    process_group_as_context(rank, size)
+    checks += 4
     if a.device == "cuda":
         # The work ran on torch's current stream: a side stream works too.
         s = torch.cuda.Stream()
