@@ -24,33 +24,14 @@ std::string dir_of(const std::string& stem) {
   return slash == std::string::npos ? std::string(".") : stem.substr(0, slash);
 }
 
-// Sequential pwrite()s from offset 0; small pieces are gathered first.
-class PwriteSink final : public ByteSink {
+// Sequential pwrite()s from offset 0; the first error stops it.
+class PwriteSink final : public BufferedSink {
  public:
-  explicit PwriteSink(int fd) : fd_(fd) { buf_.reserve(kBuf); }
-  void write(const void* data, size_t n) override {
-    if (err_ != 0) return;
-    const char* p = static_cast<const char*>(data);
-    if (buf_.size() + n <= kBuf) {
-      buf_.insert(buf_.end(), p, p + n);
-      return;
-    }
-    flush();
-    if (n >= kBuf) {
-      put(p, n);
-    } else {
-      buf_.insert(buf_.end(), p, p + n);
-    }
-  }
-  void flush() {
-    put(buf_.data(), buf_.size());
-    buf_.clear();
-  }
+  explicit PwriteSink(int fd) : BufferedSink(64 << 10), fd_(fd) {}
   int error() const { return err_; }
 
  private:
-  static constexpr size_t kBuf = 64 << 10;
-  void put(const char* p, size_t n) {
+  void put(const char* p, size_t n) override {
     while (n > 0 && err_ == 0) {
       ssize_t w = ::pwrite(fd_, p, n, static_cast<off_t>(offset_));
       if (w < 0 && errno == EINTR) continue;
@@ -66,7 +47,6 @@ class PwriteSink final : public ByteSink {
   int fd_;
   size_t offset_ = 0;
   int err_ = 0;
-  std::vector<char> buf_;
 };
 
 size_t encoded_size(const std::vector<EntryRef>& entries) {

@@ -114,31 +114,13 @@ class VectorSink : public ByteSink {
 
 std::string errno_text(int err) { return std::strerror(err); }
 
-// Buffered writes to a file descriptor; large pieces go straight through.
-class FdSink : public ByteSink {
+// Buffered writes to a file descriptor.
+class FdSink final : public BufferedSink {
  public:
-  FdSink(int fd, std::string path) : fd_(fd), path_(std::move(path)) { buf_.reserve(kBuf); }
-  void write(const void* data, size_t n) override {
-    const char* p = static_cast<const char*>(data);
-    if (buf_.size() + n <= kBuf) {
-      buf_.insert(buf_.end(), p, p + n);
-      return;
-    }
-    flush();
-    if (n >= kBuf) {
-      write_all(p, n);
-    } else {
-      buf_.insert(buf_.end(), p, p + n);
-    }
-  }
-  void flush() {
-    write_all(buf_.data(), buf_.size());
-    buf_.clear();
-  }
+  FdSink(int fd, std::string path) : BufferedSink(1 << 20), fd_(fd), path_(std::move(path)) {}
 
  private:
-  static constexpr size_t kBuf = 1 << 20;
-  void write_all(const char* p, size_t n) {
+  void put(const char* p, size_t n) override {
     while (n > 0) {
       ssize_t w = ::write(fd_, p, n);
       if (w < 0) {
@@ -152,7 +134,6 @@ class FdSink : public ByteSink {
   }
   int fd_;
   std::string path_;
-  std::vector<char> buf_;
 };
 
 class Fd {
@@ -185,6 +166,25 @@ uint32_t crc32c(uint32_t crc, const void* data, size_t n) {
   if (have_hw_crc()) return ~crc32c_hw(crc, p, n);
 #endif
   return ~crc32c_table(crc, p, n);
+}
+
+void BufferedSink::write(const void* data, size_t n) {
+  const char* p = static_cast<const char*>(data);
+  if (buf_.size() + n <= cap_) {
+    buf_.insert(buf_.end(), p, p + n);
+    return;
+  }
+  flush();
+  if (n >= cap_) {
+    put(p, n);
+  } else {
+    buf_.insert(buf_.end(), p, p + n);
+  }
+}
+
+void BufferedSink::flush() {
+  if (!buf_.empty()) put(buf_.data(), buf_.size());
+  buf_.clear();
 }
 
 void encode(uint64_t commit_id, const std::vector<EntryRef>& entries, ByteSink& sink) {

@@ -26,6 +26,23 @@ class ByteSink {
   virtual void write(const void* data, size_t n) = 0;
 };
 
+// Gathers small writes (names, lengths) into one buffer and passes large
+// pieces straight to put(): file sinks write each byte once, without an
+// intermediate copy of the data. Call flush() at the end.
+class BufferedSink : public ByteSink {
+ public:
+  explicit BufferedSink(size_t buffer) : cap_(buffer) { buf_.reserve(buffer); }
+  void write(const void* data, size_t n) final;
+  void flush();
+
+ protected:
+  virtual void put(const char* p, size_t n) = 0;
+
+ private:
+  size_t cap_;
+  std::vector<char> buf_;
+};
+
 struct EntryRef {
   const std::string* name;
   const std::vector<char>* data;
