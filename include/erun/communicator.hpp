@@ -17,15 +17,16 @@
 #include <vector>
 
 #include "erun/errors.hpp"
+#include "erun/export.hpp"
 
 namespace erun {
 
 enum class DataType { kFloat32, kFloat64, kInt32, kInt64, kUInt8, kFloat16, kBFloat16 };
 enum class ReduceOp { kSum, kAverage, kMin, kMax, kProduct };
 
-size_t data_type_size(DataType t);
-const char* to_string(DataType t);
-const char* to_string(ReduceOp op);
+ERUN_API size_t data_type_size(DataType t);
+ERUN_API const char* to_string(DataType t);
+ERUN_API const char* to_string(ReduceOp op);
 
 template <typename T> constexpr DataType data_type_of();
 template <> constexpr DataType data_type_of<float>() { return DataType::kFloat32; }
@@ -34,7 +35,7 @@ template <> constexpr DataType data_type_of<int32_t>() { return DataType::kInt32
 template <> constexpr DataType data_type_of<int64_t>() { return DataType::kInt64; }
 template <> constexpr DataType data_type_of<uint8_t>() { return DataType::kUInt8; }
 
-class Communicator {
+class ERUN_API Communicator {
  public:
   virtual ~Communicator() = default;
   virtual int rank() const = 0;

@@ -14,11 +14,13 @@
 #include <stdexcept>
 #include <string>
 
+#include "erun/export.hpp"
+
 namespace erun {
 
 inline constexpr int kFatalExitCode = 121;
 
-class Error : public std::runtime_error {
+class ERUN_API Error : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
@@ -29,7 +31,7 @@ class Error : public std::runtime_error {
 // another peer (the driver decides with the other ranks' reports).
 enum class PeerFate { kUnknown = 0, kDead = 1, kAlive = 2, kSilent = 3 };
 
-class CommError : public Error {
+class ERUN_API CommError : public Error {
  public:
   using Error::Error;
   // `failed_rank`: the rank (of the communicator's generation) that failed this
@@ -46,12 +48,12 @@ class CommError : public Error {
   PeerFate fate_ = PeerFate::kUnknown;
 };
 
-class CollectiveMismatch : public Error {
+class ERUN_API CollectiveMismatch : public Error {
  public:
   using Error::Error;
 };
 
-class HostsUpdated : public Error {
+class ERUN_API HostsUpdated : public Error {
  public:
   HostsUpdated() : Error("erun: hosts updated; re-joining the next generation") {}
 };

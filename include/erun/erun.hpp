@@ -26,6 +26,7 @@
 
 #include "erun/communicator.hpp"
 #include "erun/errors.hpp"
+#include "erun/export.hpp"
 #include "erun/gpu.hpp"
 #include "erun/state.hpp"
 
@@ -51,7 +52,7 @@ struct RejoinCause {
 
 // The worker's view of the job. Used from the training thread; only
 // host_update_pending() may be called from any thread.
-class Context {
+class ERUN_API Context {
  public:
   virtual ~Context() = default;
   virtual const WorkerInfo& info() const = 0;
@@ -107,8 +108,8 @@ class Context {
 // Connects this process to its launcher (the erun driver, MPI, or nothing) once;
 // later calls return the same Context. Throws erun::Error with a clear message
 // when the environment is inconsistent or the rendezvous cannot be reached.
-Context& init();
+ERUN_API Context& init();
 // Leaves the job cleanly (optional; also done at exit).
-void shutdown();
+ERUN_API void shutdown();
 
 }  // namespace erun

@@ -26,6 +26,7 @@
 #include <memory>
 
 #include "erun/communicator.hpp"
+#include "erun/export.hpp"
 
 namespace erun {
 
@@ -34,15 +35,15 @@ class Context;
 using GpuStream = void*;
 
 enum class GpuBackend { kAuto, kNccl, kStaged };
-const char* to_string(GpuBackend b);
+ERUN_API const char* to_string(GpuBackend b);
 
 // What this build of erun can do (compile-time facts, no device needed).
-bool built_with_cuda();
-bool built_with_nccl();
+ERUN_API bool built_with_cuda();
+ERUN_API bool built_with_nccl();
 // Number of CUDA devices this process sees (0 without a driver, a device, or CUDA).
-int gpu_device_count();
+ERUN_API int gpu_device_count();
 
-class GpuCommunicator {
+class ERUN_API GpuCommunicator {
  public:
   explicit GpuCommunicator(Context& ctx);  // made by Context::gpu()
   ~GpuCommunicator();

@@ -8,6 +8,7 @@
 #pragma once
 
 #include "erun/errors.hpp"
+#include "erun/export.hpp"
 
 namespace erun {
 
@@ -16,11 +17,11 @@ namespace detail {
 // last commit id, telling the driver the rank that failed this one (-1:
 // unknown) and its fate; the next sync() then tells every rank to run the
 // reset callbacks.
-void rejoin(State& state, bool comm_error, const char* what, int failed_rank = -1,
-            PeerFate fate = PeerFate::kUnknown);
+ERUN_API void rejoin(State& state, bool comm_error, const char* what, int failed_rank = -1,
+                     PeerFate fate = PeerFate::kUnknown);
 // Logs an error that a restart would repeat (CollectiveMismatch) with the mark
 // that tells the erun driver to end the job rather than reset it.
-void no_retry(State& state, const char* what);
+ERUN_API void no_retry(State& state, const char* what);
 }  // namespace detail
 
 template <typename Fn>

@@ -21,6 +21,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "erun/export.hpp"
 #include "erun/gpu.hpp"
 
 namespace erun {
@@ -34,7 +35,7 @@ struct Serializer {
   std::function<void(T&, const std::vector<char>&)> load;
 };
 
-class State {
+class ERUN_API State {
  public:
   explicit State(Context& ctx);
   ~State();
@@ -168,7 +169,7 @@ auto run(State& state, Fn&& fn) -> decltype(fn(state));
 // this epoch (recorded through record_batch and kept in the State when
 // registered), and splits the rest evenly over the current ranks, so every
 // sample of an epoch is processed exactly once across resizes and failures.
-class ElasticSampler {
+class ERUN_API ElasticSampler {
  public:
   ElasticSampler(size_t num_samples, uint64_t seed, bool shuffle = true);
   // Registers its position (epoch, processed count) in a State.

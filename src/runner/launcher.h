@@ -22,6 +22,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -69,7 +70,9 @@ class WorkerHandle {
   // The worker's last stderr lines as its host's agent reported them with its
   // exit (bounded, agent/protocol.h), once poll() has a status; nullopt when
   // there is no such report (the agent was lost or the worker could not be
-  // started): the driver then uses the lines it forwarded itself.
+  // started): the driver then uses the lines it forwarded itself. A worker
+  // whose agent was lost because its transport failed in a way the launcher
+  // recognises (ssh refusing the host key) reports that line and its fix.
   virtual std::optional<std::vector<std::string>> exit_stderr() const { return std::nullopt; }
 };
 
@@ -115,6 +118,13 @@ struct SshOptions {
 
 std::unique_ptr<Launcher> make_local_launcher(AgentLaunchOptions agent);
 std::unique_ptr<Launcher> make_ssh_launcher(SshOptions options, AgentLaunchOptions agent);
+// For a line that ssh wrote to stderr while reaching `host`: how to fix the
+// failure it reports (a host key it cannot verify: the ssh-keyscan command
+// for the known_hosts file that `options` use, or
+// --ssh-option StrictHostKeyChecking=accept-new), or nullopt. The ssh
+// launcher reports it with the host's failure.
+std::optional<std::string> ssh_failure_hint(const SshOptions& options, const std::string& host,
+                                            std::string_view line);
 
 // The agent's command line: `AGENT_PATH --agent --heartbeat-interval S --heartbeat-timeout S [--relay]`.
 std::vector<std::string> agent_argv(const AgentLaunchOptions& agent);

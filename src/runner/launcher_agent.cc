@@ -57,17 +57,29 @@ long to_ms(Duration d) { return static_cast<long>(std::chrono::duration_cast<std
 // and the state of every worker started through it.
 class AgentConnection {
  public:
-  AgentConnection(std::string host, Subprocess process, AgentLaunchOptions options, std::string via)
-      : host_(std::move(host)), process_(std::move(process)), options_(std::move(options)), via_(std::move(via)) {
+  // With `stderr_hint`, the process's stderr is a pipe (SpawnOptions::pipe_stderr)
+  // that a thread of this connection copies to erun's stderr.
+  AgentConnection(std::string host, Subprocess process, AgentLaunchOptions options, std::string via,
+                  StderrHint stderr_hint)
+      : host_(std::move(host)),
+        process_(std::move(process)),
+        options_(std::move(options)),
+        via_(std::move(via)),
+        stderr_hint_(std::move(stderr_hint)) {
     last_heard_ = SteadyClock::now();
     last_sent_ = last_heard_;
     ::fcntl(process_.stdin_fd(), F_SETFL, ::fcntl(process_.stdin_fd(), F_GETFL) | O_NONBLOCK);
     ::fcntl(process_.stdout_fd(), F_SETFL, ::fcntl(process_.stdout_fd(), F_GETFL) | O_NONBLOCK);
+    if (int err = process_.release_stderr(); err >= 0) {
+      stderr_done_ = false;
+      stderr_thread_ = std::thread([this, err] { forward_stderr(err); });
+    }
   }
 
   ~AgentConnection() {
     stop_.store(true);
     if (thread_.joinable()) thread_.join();
+    if (stderr_thread_.joinable()) stderr_thread_.join();
     std::lock_guard lock(mu_);
     for (auto& [id, w] : workers_) close_writers(w);
   }
@@ -76,6 +88,9 @@ class AgentConnection {
   Status start(const std::string& secret) {
     std::lock_guard wlock(write_mu_);
     if (!write_within(process_.stdin_fd(), secret + "\n", 5s)) {
+      if (auto fix = transport_failure(2s)) {
+        return Status::error(fmt::format("agent on {} ({}): {}", host_, via_, fix->hint));
+      }
       return Status::error(fmt::format("agent on {} ({}): exited before it read the job secret; its own error is above (for a "
                                        "remote host: can `ssh HOST erun --version` run there?)",
                                        host_, via_));
@@ -102,8 +117,7 @@ class AgentConnection {
       s.out_w = out_w;
       s.err_w = err_w;
       if (lost_) {
-        s.exit = ExitStatus{255, 0};
-        close_writers(s);
+        fail_with_host_locked(s);
         return;
       }
     }
@@ -187,6 +201,75 @@ class AgentConnection {
     std::optional<std::vector<std::string>> exit_stderr;  // EXITED's lines
   };
 
+  // A line of the transport's stderr that stderr_hint_ recognised, and its fix.
+  struct TransportFailure {
+    std::string line;
+    std::string hint;
+  };
+
+  // The worker ends with the lost host (255); a recognised transport failure
+  // becomes its report, so the job's root cause says how to fix it.
+  void fail_with_host_locked(Slot& s) {
+    s.exit = ExitStatus{255, 0};
+    if (transport_failure_) s.exit_stderr = std::vector<std::string>{transport_failure_->line, transport_failure_->hint};
+    close_writers(s);
+  }
+
+  // What the transport's stderr said, once it ended or `limit` passed: a
+  // failing ssh writes its reason before it exits.
+  std::optional<TransportFailure> transport_failure(Duration limit) {
+    std::unique_lock lock(mu_);
+    cv_.wait_for(lock, limit, [&] { return stderr_done_; });
+    return transport_failure_;
+  }
+
+  void recognise_stderr_line(std::string_view line) {
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    if (!stderr_hint_) return;
+    auto hint = stderr_hint_(host_, line);
+    if (!hint) return;
+    std::lock_guard lock(mu_);
+    if (!transport_failure_) transport_failure_ = TransportFailure{escape_for_log(line), std::move(*hint)};
+  }
+
+  // The stderr thread: copies the agent's stderr (ssh's errors, the remote
+  // agent's log lines) to erun's stderr as it comes and looks at each line.
+  // Once stopped, it reads what is already there (up to 64 KiB) and ends.
+  void forward_stderr(int fd) {
+    sigset_t pipe_set;
+    sigemptyset(&pipe_set);
+    sigaddset(&pipe_set, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe_set, nullptr);
+    ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+    std::string line;
+    char buf[4096];
+    size_t after_stop = 0;
+    while (after_stop < 64 * 1024) {
+      pollfd p{fd, POLLIN, 0};
+      bool stopping = stop_.load();
+      if (::poll(&p, 1, stopping ? 0 : 100) <= 0) {
+        if (stopping) break;
+        continue;
+      }
+      ssize_t got = ::read(fd, buf, sizeof buf);
+      if (got < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+      if (got <= 0) break;
+      if (stopping) after_stop += static_cast<size_t>(got);
+      std::string_view data(buf, static_cast<size_t>(got));
+      (void)write_within(STDERR_FILENO, data, 10s);
+      line.append(data);
+      for (size_t nl; (nl = line.find('\n')) != std::string::npos; line.erase(0, nl + 1)) {
+        recognise_stderr_line(std::string_view(line).substr(0, nl));
+      }
+      if (line.size() > 64 * 1024) line.clear();
+    }
+    if (!line.empty()) recognise_stderr_line(line);
+    ::close(fd);
+    std::lock_guard lock(mu_);
+    stderr_done_ = true;
+    cv_.notify_all();
+  }
+
   // Writes queued frames without blocking; false on a write error (EPIPE).
   bool flush_locked() {
     while (!outbox_.empty() && stdin_open_) {
@@ -225,14 +308,14 @@ class AgentConnection {
     int failed = 0;
     for (auto& [id, s] : workers_) {
       if (s.exit) continue;
-      s.exit = ExitStatus{255, 0};
-      close_writers(s);
+      fail_with_host_locked(s);
       ++failed;
     }
     if (!closing_) {
-      ERUN_LOG_ERROR("agent on {} lost: {}; {} worker(s) there failed (exit code 255) and the host counts as failed: "
-                     "check the host and its connection (ssh, network) if this repeats",
-                     host_, why, failed);
+      ERUN_LOG_ERROR("agent on {} lost: {}; {} worker(s) there failed (exit code 255) and the host counts as failed: {}",
+                     host_, why, failed,
+                     transport_failure_ ? transport_failure_->hint
+                                        : "check the host and its connection (ssh, network) if this repeats");
     }
     // A silent agent (stopped, partitioned) is ended from here; its watchdog
     // (or, remotely, the agent itself once it runs again) stops the workers.
@@ -384,6 +467,7 @@ class AgentConnection {
     if (eof && !stop_.load()) {
       std::string why = status ? fmt::format("its {} process ended with {}", via_, status->describe())
                                : std::string("its channel closed");
+      if (!closing) (void)transport_failure(1s);  // its last words, for mark_lost()
       if (closing) {
         std::lock_guard lock(mu_);
         for (auto& [id, s] : workers_) {
@@ -403,7 +487,9 @@ class AgentConnection {
   Subprocess process_;
   AgentLaunchOptions options_;
   std::string via_;
+  StderrHint stderr_hint_;
   std::thread thread_;
+  std::thread stderr_thread_;
   std::atomic<bool> stop_{false};
   SteadyClock::time_point last_heard_;  // reader thread only
 
@@ -417,6 +503,8 @@ class AgentConnection {
   std::condition_variable cv_;
   std::map<uint64_t, Slot> workers_;
   std::optional<std::string> lost_;
+  std::optional<TransportFailure> transport_failure_;  // the first line stderr_hint_ recognised
+  bool stderr_done_ = true;                             // no stderr pipe, or it ended
   bool hello_ = false;
   bool reader_done_ = false;
 };
@@ -485,11 +573,13 @@ Status validate_worker_spec(const WorkerSpec& spec) {
 }
 
 AgentLauncher::AgentLauncher(std::function<std::vector<std::string>(const std::string&)> agent_command,
-                             AgentLaunchOptions options, std::string via, std::string hint)
+                             AgentLaunchOptions options, std::string via, std::string hint,
+                             StderrHint stderr_hint)
     : agent_command_(std::move(agent_command)),
       options_(std::move(options)),
       via_(std::move(via)),
-      hint_(std::move(hint)) {}
+      hint_(std::move(hint)),
+      stderr_hint_(std::move(stderr_hint)) {}
 
 AgentLauncher::~AgentLauncher() {
   for (auto& [host, c] : agents_) c->begin_shutdown();
@@ -512,7 +602,9 @@ Result<std::unique_ptr<WorkerHandle>> AgentLauncher::launch(const WorkerSpec& sp
     o.argv = agent_command_(spec.host);
     o.pipe_stdin = true;
     o.pipe_stdout = true;
-    o.pipe_stderr = false;  // the agent's log lines (and ssh's errors) go to erun's stderr
+    // The agent's log lines (and ssh's errors) go to erun's stderr, through
+    // this connection when it looks at them.
+    o.pipe_stderr = static_cast<bool>(stderr_hint_);
     o.new_process_group = true;
     auto process = Subprocess::spawn(o);
     if (!process) {
@@ -520,7 +612,8 @@ Result<std::unique_ptr<WorkerHandle>> AgentLauncher::launch(const WorkerSpec& sp
       return R::error(fmt::format("rank {} on {}: cannot start the agent: {} ({})", spec.rank, spec.host,
                                   process.message(), hint_));
     }
-    auto conn = std::make_shared<AgentConnection>(spec.host, std::move(process).value(), options_, via_);
+    auto conn =
+        std::make_shared<AgentConnection>(spec.host, std::move(process).value(), options_, via_, stderr_hint_);
     if (Status s = conn->start(spec.secret); !s) {
       agents_.erase(spec.host);
       return R(s);

@@ -12,7 +12,9 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "runner/launcher.h"
@@ -21,13 +23,21 @@ namespace erun {
 
 class AgentConnection;
 
+// What a launcher makes of one line that its transport (ssh) wrote to stderr
+// for `host`: how to fix a failure it recognises, or nullopt.
+using StderrHint = std::function<std::optional<std::string>(const std::string& host, std::string_view line)>;
+
 class AgentLauncher final : public Launcher {
  public:
   // `agent_command(host)`: the argv that starts the host's agent. `via` names
   // the transport in messages ("ssh"); `hint` says what to check when it
-  // cannot be started.
+  // cannot be started. With `stderr_hint`, the agent's stderr comes through a
+  // pipe: every byte is copied to erun's stderr, and the first line it
+  // recognises becomes the fix that the host's failure reports (the log
+  // line, and the lost workers' exit_stderr()); without, the agent writes to
+  // erun's stderr itself.
   AgentLauncher(std::function<std::vector<std::string>(const std::string& host)> agent_command,
-                AgentLaunchOptions options, std::string via, std::string hint);
+                AgentLaunchOptions options, std::string via, std::string hint, StderrHint stderr_hint = {});
   ~AgentLauncher() override;  // SHUTDOWN to every agent, bounded wait, then SIGKILL
 
   Result<std::unique_ptr<WorkerHandle>> launch(const WorkerSpec& spec) override;
@@ -42,6 +52,7 @@ class AgentLauncher final : public Launcher {
   std::function<std::vector<std::string>(const std::string&)> agent_command_;
   AgentLaunchOptions options_;
   std::string via_, hint_;
+  StderrHint stderr_hint_;
   uint64_t next_id_ = 1;
   std::map<std::string, std::shared_ptr<AgentConnection>> agents_;  // by host
 };

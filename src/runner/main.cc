@@ -11,6 +11,7 @@
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <variant>
 
 #include <fmt/format.h>
 
@@ -192,10 +193,9 @@ std::string own_executable() {
   return std::string(buf, static_cast<size_t>(n));
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  if (argc >= 2 && std::string(argv[1]) == "--agent") return agent_main(argc, argv);
+// The command line as DriverOptions, or the exit code when erun stops here
+// (--help and --version: 0 after printing; a wrong command line: 2).
+std::variant<erun::DriverOptions, int> parse_options(int argc, char** argv) {
   erun::CliContext cli_context;
   cli_context.in_slurm_allocation = !env_or_empty("SLURM_JOB_ID").empty();
   auto parsed = erun::parse_cli(argc, argv, cli_context);
@@ -207,51 +207,86 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "erun: %s\n", err->message.c_str());
     return 2;
   }
-  auto options = std::get<erun::DriverOptions>(std::move(parsed));
-  erun::init_logging(options.verbose);
+  return std::get<erun::DriverOptions>(std::move(parsed));
+}
 
-  // -x NAME forwards erun's own value of NAME.
+// -x NAME forwards erun's own value of NAME; false (after saying so) when it has none.
+bool resolve_forwarded_env(erun::DriverOptions& options) {
   for (auto& e : options.env) {
     if (e.find('=') != std::string::npos) continue;
     const char* v = std::getenv(e.c_str());
     if (!v) {
       std::fprintf(stderr, "erun: -x %s: the variable is not set in erun's environment; set it or use -x %s=VALUE\n",
                    e.c_str(), e.c_str());
-      return 2;
+      return false;
     }
     e += "=" + std::string(v);
   }
+  return true;
+}
 
-  auto discovery = make_discovery(options);
-  if (!discovery) {
-    std::fprintf(stderr, "erun: %s\n", discovery.message().c_str());
-    return 2;
-  }
+// The launchers: the local one for this machine's workers, srun or ssh for
+// the others.
+struct Launchers {
+  std::unique_ptr<erun::Launcher> local;
+  std::unique_ptr<erun::Launcher> remote;
+};
 
-  if (options.launcher == erun::LauncherKind::kMpirun) return exec_mpirun(options, **discovery);
-
-  ::signal(SIGPIPE, SIG_IGN);
+erun::Result<Launchers> make_launchers(const erun::DriverOptions& options) {
   erun::AgentLaunchOptions agent;
   agent.agent_path = options.agent_path.empty() ? own_executable() : options.agent_path;
   agent.heartbeat_timeout = options.heartbeat_timeout;
   agent.relay = options.agent_relay;
   if (agent.agent_path.empty()) {
-    std::fprintf(stderr, "erun: cannot find erun's own executable (/proc/self/exe): pass --agent-path PATH\n");
-    return 2;
+    return erun::Result<Launchers>::error(
+        "cannot find erun's own executable (/proc/self/exe): pass --agent-path PATH");
   }
-  auto local = erun::make_local_launcher(agent);
-  std::unique_ptr<erun::Launcher> remote;
+  Launchers l;
+  l.local = erun::make_local_launcher(agent);
   if (options.launcher == erun::LauncherKind::kSrun ||
       (options.launcher == erun::LauncherKind::kAuto && options.slurm)) {
-    remote = erun::make_srun_launcher({}, agent);
+    l.remote = erun::make_srun_launcher({}, agent);
   } else {
     erun::SshOptions ssh;
     ssh.port = options.ssh_port;
     ssh.identity_file = options.ssh_identity_file;
     ssh.connect_timeout = options.ssh_connect_timeout;
     ssh.extra_options = options.ssh_options;
+    // The ssh connection is part of an agent's start; the local agent keeps the default.
     agent.start_timeout = options.ssh_connect_timeout + std::chrono::seconds(60);
-    remote = erun::make_ssh_launcher(ssh, agent);
+    l.remote = erun::make_ssh_launcher(ssh, agent);
+  }
+  return l;
+}
+
+// --dry-run: the plan and the commands, nothing launched.
+int dry_run(erun::Driver& driver) {
+  if (auto s = driver.start(); !s) {
+    ERUN_LOG_ERROR("{}", s.message());
+    return 1;
+  }
+  return driver.dry_run(stdout);
+}
+
+// Runs the job; SIGINT, SIGTERM and SIGHUP stop it (a second signal: SIGKILL).
+int run_with_signals(erun::Driver& driver) {
+  g_driver = &driver;
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  for (int s : {SIGINT, SIGTERM, SIGHUP}) sigaction(s, &sa, nullptr);
+  int code = driver.run();
+  g_driver = nullptr;
+  return code;
+}
+
+// The driver and its parts (launchers, event log, output, rendezvous), then
+// the job or its dry run.
+int run_driver(const erun::DriverOptions& options, erun::HostDiscovery& discovery) {
+  auto launchers = make_launchers(options);
+  if (!launchers) {
+    std::fprintf(stderr, "erun: %s\n", launchers.message().c_str());
+    return 2;
   }
   erun::EventLog events;
   if (!options.event_log.empty()) {
@@ -263,13 +298,11 @@ int main(int argc, char** argv) {
   erun::OutputForwarder output(erun::OutputOptions{options.tag_output, 1, 20});
   erun::SystemClock clock;
 
-  std::string job_id = "erun-" + random_hex(6);
-  std::string secret = random_hex(32);
   erun::ServerOptions server_options;
-  server_options.job_id = job_id;
-  server_options.secret = secret;
+  server_options.job_id = "erun-" + random_hex(6);
+  server_options.secret = random_hex(32);
   // Only this machine's workers will connect: nothing else needs to reach the port.
-  if (loopback_only(options, **discovery)) server_options.bind_address = "127.0.0.1";
+  if (loopback_only(options, discovery)) server_options.bind_address = "127.0.0.1";
   erun::RendezvousServer rendezvous(server_options);
   // The rendezvous runs in restart mode too: a program using the worker
   // library still needs it to form each generation's world.
@@ -283,34 +316,38 @@ int main(int argc, char** argv) {
   }
 
   erun::DriverDeps deps;
-  deps.job_id = job_id;
-  deps.secret = secret;
+  deps.job_id = server_options.job_id;
+  deps.secret = server_options.secret;
   if (!options.dry_run) {
     deps.membership = &rendezvous;
     deps.rendezvous_port = rendezvous.port();
   }
-  deps.discovery = discovery->get();
-  deps.local_launcher = local.get();
-  deps.remote_launcher = remote.get();
+  deps.discovery = &discovery;
+  deps.local_launcher = launchers->local.get();
+  deps.remote_launcher = launchers->remote.get();
   deps.clock = &clock;
   deps.output = &output;
   deps.events = &events;
   erun::Driver driver(options, deps);
+  return options.dry_run ? dry_run(driver) : run_with_signals(driver);
+}
 
-  if (options.dry_run) {
-    if (auto s = driver.start(); !s) {
-      ERUN_LOG_ERROR("{}", s.message());
-      return 1;
-    }
-    return driver.dry_run(stdout);
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc >= 2 && std::string(argv[1]) == "--agent") return agent_main(argc, argv);
+  auto parsed = parse_options(argc, argv);
+  if (auto* code = std::get_if<int>(&parsed)) return *code;
+  auto& options = std::get<erun::DriverOptions>(parsed);
+  erun::init_logging(options.verbose);
+  if (!resolve_forwarded_env(options)) return 2;
+
+  auto discovery = make_discovery(options);
+  if (!discovery) {
+    std::fprintf(stderr, "erun: %s\n", discovery.message().c_str());
+    return 2;
   }
-
-  g_driver = &driver;
-  struct sigaction sa {};
-  sa.sa_handler = on_signal;
-  sigemptyset(&sa.sa_mask);
-  for (int s : {SIGINT, SIGTERM, SIGHUP}) sigaction(s, &sa, nullptr);
-  int code = driver.run();
-  g_driver = nullptr;
-  return code;
+  if (options.launcher == erun::LauncherKind::kMpirun) return exec_mpirun(options, **discovery);
+  ::signal(SIGPIPE, SIG_IGN);
+  return run_driver(options, **discovery);
 }

@@ -42,6 +42,9 @@ soname=$(readelf -d "$libdir/liberun.so" | sed -n 's/.*SONAME.*\[\(.*\)\].*/\1/p
 leaked=$(nm -DC --defined-only "$libdir/liberun.so" | awk '{ $1 = ""; $2 = ""; print }' |
   grep -v -E '^ *((typeinfo|typeinfo name|vtable|VTT) for |(non-)?virtual thunk to )?erun::' || true)
 [ -z "$leaked" ] || fail "liberun exports non-erun symbols: $(echo "$leaked" | head -5)"
+# And of those only the API that the installed headers declare (ERUN_API).
+python3 "$src/scripts/check_exports.py" "$libdir/liberun.so" "$prefix/include/erun" >"$work/exports.log" 2>&1 ||
+  { cat "$work/exports.log" >&2; fail "liberun exports more or less than the installed include/erun declares"; }
 
 # Runs PROGRAM under the installed erun; checks both ranks' totals and, for a
 # shared build, that the mapped liberun is the installed one.

@@ -98,6 +98,30 @@ TEST_F(ErunSsh, UnreachableHostFailsWithSshExitCode) {
   EXPECT_NE(p.err().find("127.0.0.9"), std::string::npos) << p.err();
 }
 
+TEST_F(ErunSsh, UnknownHostKeySaysHowToAddIt) {
+  // No known_hosts entry for the host: ssh refuses it, and erun says how to fix that.
+  dir_.write("known_hosts", "");
+  std::vector<std::string> args = {"--ssh-port", std::to_string(server_->port()), "--ssh-identity-file",
+                                   server_->identity_file(), "--ssh-option", "IdentitiesOnly=yes", "--ssh-option",
+                                   "UserKnownHostsFile=" + dir_.file("known_hosts"), "-np", "1", "-H", "127.0.0.2:1",
+                                   "true"};
+  ErunProcess p(args);
+  auto s = p.wait(60s);
+  ASSERT_TRUE(s);
+  EXPECT_EQ(s->shell_code(), 255) << p.err();
+  std::string fix = "`ssh-keyscan -p " + std::to_string(server_->port()) + " 127.0.0.2 >> " + dir_.file("known_hosts") + "`";
+  EXPECT_NE(p.err().find("Host key verification failed"), std::string::npos) << p.err();
+  EXPECT_NE(p.err().find("lost: its ssh process ended with exit code 255; 1 worker(s) there failed (exit code 255) "
+                         "and the host counts as failed: ssh could not verify the host key of 127.0.0.2"),
+            std::string::npos)
+      << p.err();
+  // In the job's root cause too, the last thing erun prints.
+  auto root = p.err().find("root cause:");
+  ASSERT_NE(root, std::string::npos) << p.err();
+  EXPECT_NE(p.err().find(fix, root), std::string::npos) << p.err();
+  EXPECT_NE(p.err().find("--ssh-option StrictHostKeyChecking=accept-new", root), std::string::npos) << p.err();
+}
+
 TEST_F(ErunSsh, ElasticJobSurvivesAKilledHostADroppedConnectionAndAShrink) {
   dir_.write("hosts", "127.0.0.2:2\n127.0.0.3:1\n127.0.0.4:1\n");
   dir_.write("discover.sh", "#!/bin/sh\ncat " + dir_.file("hosts") + "\n", true);

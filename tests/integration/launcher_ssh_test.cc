@@ -231,6 +231,15 @@ TEST_F(SshLauncherTest, UnknownHostKeyIsRefusedByDefault) {
   ASSERT_TRUE(st);
   EXPECT_EQ(st->code, 255) << st->describe();
   EXPECT_FALSE(std::filesystem::exists(dir_ + "/ran"));
+  // The worker's report is ssh's line and how to fix it, for this port and known_hosts file.
+  auto report = (*h)->exit_stderr();
+  ASSERT_TRUE(report);
+  std::string text = join(*report, "\n");
+  EXPECT_NE(text.find("Host key verification failed"), std::string::npos) << text;
+  EXPECT_NE(text.find(fmt::format("`ssh-keyscan -p {} 127.0.0.2 >> {}/empty_known_hosts`", server_->port(), dir_)),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("--ssh-option StrictHostKeyChecking=accept-new"), std::string::npos) << text;
   // The documented way to turn checking off for a throwaway cluster.
   o.extra_options.push_back("StrictHostKeyChecking=no");
   o.extra_options.push_back("UserKnownHostsFile=/dev/null");
