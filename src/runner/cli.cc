@@ -88,6 +88,7 @@ struct RawFlags {
   double term_grace = 5, finish_timeout = 60, rendezvous_timeout = 60, collective_timeout = 30;
   double ssh_connect_timeout = 10, heartbeat_timeout = 5;
   bool no_agent_relay = false;
+  bool no_host_commits = false;
   std::vector<double> cooldown;
   std::string launcher = "auto", mode = "auto";
   bool tag = false, no_tag = false;
@@ -165,6 +166,7 @@ void add_worker_flags(po::options_description& desc, DriverOptions& o, RawFlags&
     ("collective-timeout", po::value<double>(&r.collective_timeout), "seconds a collective may block before it fails (default 30)")
     ("driver-address", po::value<std::string>(&o.driver_address), "address workers use to reach this driver (default: detected)")
     ("checkpoint-dir", po::value<std::string>(&o.checkpoint_dir), "directory for durable commits of elastic state")
+    ("no-host-commits", po::bool_switch(&r.no_host_commits), "keep commits in worker memory only, not also in each host's /dev/shm (then a failure that kills every worker loses them)")
     ("no-agent-relay", po::bool_switch(&r.no_agent_relay), "workers connect to the driver's rendezvous themselves, one TCP connection each, instead of through their host's agent (one connection per host)");
 }
 
@@ -192,6 +194,7 @@ Check apply_durations(DriverOptions& o, const RawFlags& r) {
   for (const auto& d : kPositiveDurations) o.*d.option = from_seconds(r.*d.seconds);
   o.term_grace = from_seconds(r.term_grace);
   o.agent_relay = !r.no_agent_relay;
+  o.host_commits = !r.no_host_commits;
   if (r.heartbeat_timeout < 2) {
     return fail(fmt::format("--heartbeat-timeout {}: must be at least 2 seconds (heartbeats go every second)",
                             r.heartbeat_timeout));

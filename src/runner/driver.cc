@@ -46,6 +46,7 @@ Driver::Driver(DriverOptions options, DriverDeps deps)
   ERUN_CHECK(d_.discovery && d_.local_launcher && d_.clock);
   if (d_.job_id.empty()) d_.job_id = "erun-" + random_hex(6);
   if (d_.secret.empty()) d_.secret = random_hex(32);
+  if (!o_.host_commits) d_.commit_dir = "-";
   if (d_.commit_dir.empty()) d_.commit_dir = "/dev/shm/erun-commits-" + random_hex(12);
   if (d_.commit_dir == "-") d_.commit_dir.clear();
 }

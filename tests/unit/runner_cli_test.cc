@@ -113,5 +113,12 @@ TEST(Cli, CrashLoopLimitDefaultsToThreeAndZeroTurnsItOff) {
             std::string::npos);
 }
 
+TEST(Cli, HostCommitsAreOnUnlessTurnedOff) {
+  EXPECT_TRUE(ok({"-np", "2", "./train"}).host_commits);
+  auto o = ok({"-np", "2", "--no-host-commits", "./train", "--no-host-commits"});
+  EXPECT_FALSE(o.host_commits);
+  EXPECT_EQ(o.command, (std::vector<std::string>{"./train", "--no-host-commits"}));
+}
+
 }  // namespace
 }  // namespace erun

@@ -880,6 +880,34 @@ TEST_F(InPlaceTest, SurvivorsThatWaitPastTheElasticTimeoutAreStoppedAndTheJobEnd
   EXPECT_EQ(driver->phase(), JobPhase::kDone);
 }
 
+// Workers learn the job's host-memory directory (one per job, in /dev/shm),
+// unless --no-host-commits.
+TEST_F(InPlaceTest, WorkersAreToldWhereTheirHostKeepsCommits) {
+  for (bool on : {true, false}) {
+    launcher = FakeLauncher();
+    discovery.set(HostSet({{"a", 2}}));
+    auto o = elastic(2, 1, 2);
+    o.host_commits = on;
+    make(o);
+    ASSERT_TRUE(driver->start());
+    EXPECT_FALSE(steps(1));
+    std::vector<std::string> dirs;
+    for (auto& w : launcher.launched()) {
+      for (auto& [k, v] : w->spec.env) {
+        if (k == "ERUN_COMMIT_DIR") dirs.push_back(v);
+      }
+    }
+    if (!on) {
+      EXPECT_TRUE(dirs.empty());
+      continue;
+    }
+    ASSERT_EQ(dirs.size(), 2u);
+    EXPECT_EQ(dirs[0], dirs[1]);
+    EXPECT_EQ(dirs[0].rfind("/dev/shm/erun-commits-", 0), 0u) << dirs[0];
+    EXPECT_EQ(dirs[0].size(), std::string("/dev/shm/erun-commits-").size() + 24) << dirs[0];
+  }
+}
+
 TEST_F(InPlaceTest, ARestartModeFailureTellsNoOne) {
   discovery.set(HostSet({{"a", 2}}));
   auto o = elastic(2, 1, 2);
