@@ -100,6 +100,8 @@ class ErunHostMemory : public ::testing::Test {
     EXPECT_TRUE(wait_no_process(program_, 20s, &left)) << describe_pids(left);
   }
 
+  static std::string fmt_epoch(int e) { return ":epoch " + std::to_string(e) + " loss="; }
+
   static std::string* reference_;
   std::string program_;
   TempDir dir_;
@@ -118,6 +120,22 @@ TEST_F(ErunHostMemory, EveryWorkerOfTwoHostsKilledAtOnceResumesAtTheLastCommit) 
   for (pid_t pid : victims) ::kill(pid, SIGKILL);
   ASSERT_NO_FATAL_FAILURE(expect_resumed_exactly(p, 2));
   EXPECT_FALSE(exists(dir)) << dir << " left behind";
+}
+
+// Three total losses in a row, each after the new workers committed: every
+// generation made progress (their first joins report the commit their host
+// kept), so it is no crash loop, and the job ends at the exact model.
+TEST_F(ErunHostMemory, RepeatedTotalLossesAfterProgressAreNoCrashLoop) {
+  dir_.write("hosts", "localhost:2\n");
+  ErunProcess p(erun_args({"-np", "2", "--min-np", "1", "--blacklist-after", "10"}));
+  for (int epoch = 1; epoch <= 3; ++epoch) {
+    ASSERT_TRUE(p.wait_output(fmt_epoch(epoch), 120s)) << p.out() << p.err();
+    auto victims = workers();
+    ASSERT_EQ(victims.size(), 2u);
+    for (pid_t pid : victims) ::kill(pid, SIGKILL);
+  }
+  ASSERT_NO_FATAL_FAILURE(expect_resumed_exactly(p, 3));
+  EXPECT_EQ(p.err().find("crash loop"), std::string::npos) << p.err();
 }
 
 TEST_F(ErunHostMemory, TheOnlyHostsAgentKilledResumesAtTheLastCommit) {
