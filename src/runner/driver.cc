@@ -299,6 +299,7 @@ bool Driver::start_generation(const HostSet& usable) {
                 master_addr, master_port);
   workers_.clear();
   publish();
+  started_fresh_ = true;
   for (auto& a : plan_.ranks) launch_worker(a, master_addr, master_port);
   set_phase(JobPhase::kRunning);
   return true;

@@ -237,6 +237,10 @@ class Driver {
   void wait_with_survivors();
   bool in_place_possible();
   void update_joined(const MembershipSnapshot& m);
+  // A generation of workers that all started in it joined: logs the commit
+  // its members' hosts kept, where training resumes (the event log's
+  // commit_restored).
+  void log_resumed_commit(const MembershipSnapshot& m);
   void enforce_rejoin_deadline(const MembershipSnapshot& m);
   void retire_workers(const MembershipSnapshot& m);
   void publish();
@@ -316,6 +320,7 @@ class Driver {
   TimePoint published_at_{};
   bool generation_complete_ = false;  // every rank of the plan joined the current generation
   bool failure_reform_ = false;       // the current generation was published after a failure
+  bool started_fresh_ = false;        // every worker of the current generation was launched for it
   std::atomic<int> stop_signal_{0};
 };
 

@@ -94,6 +94,25 @@ void Driver::update_joined(const MembershipSnapshot& m) {
       d_.events->write("generation_joined", {{"generation", json_number(generation_)},
                                              {"seconds", json_number(seconds(clock_.now() - published_at_))}});
     }
+    if (started_fresh_) log_resumed_commit(m);
+  }
+}
+
+void Driver::log_resumed_commit(const MembershipSnapshot& m) {
+  // Every worker of this generation started in it: the newest commit their
+  // hosts kept (each reports it in its first join) is where training goes on.
+  const JoinRequest* newest = nullptr;
+  for (auto& j : m.members) {
+    if (j.commit_id > 0 && (!newest || j.commit_id > newest->commit_id)) newest = &j;
+  }
+  if (!newest) return;
+  ERUN_LOG_INFO("{}: no worker of the last generation survived; training resumes at commit {} kept in host "
+                "memory on {}",
+                who(generation_), newest->commit_id, newest->slot.host);
+  if (d_.events) {
+    d_.events->write("commit_restored", {{"generation", json_number(generation_)},
+                                         {"commit", json_number(static_cast<long>(newest->commit_id))},
+                                         {"host", json_string(newest->slot.host)}});
   }
 }
 
@@ -402,6 +421,7 @@ void Driver::reconfigure(const char* reason, bool after_failure) {
   crash_loop_.generation_started(generation_, plan_.hosts());
   publish();
   failure_reform_ = after_failure;
+  started_fresh_ = false;
   int launched = 0, pending = 0;
   for (auto& a : full.ranks) {
     if (slot_held(a.slot, /*pending_too=*/true)) {

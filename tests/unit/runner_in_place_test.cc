@@ -6,10 +6,14 @@
 #include <signal.h>
 
 #include <map>
+#include <iterator>
+#include <fstream>
+#include <filesystem>
 
 #include "discovery/discovery.h"
 #include "rendezvous/fake_membership.h"
 #include "runner/driver.h"
+#include "runner/event_log.h"
 #include "runner/fake_launcher.h"
 
 namespace erun {
@@ -906,6 +910,50 @@ TEST_F(InPlaceTest, WorkersAreToldWhereTheirHostKeepsCommits) {
     EXPECT_EQ(dirs[0].rfind("/dev/shm/erun-commits-", 0), 0u) << dirs[0];
     EXPECT_EQ(dirs[0].size(), std::string("/dev/shm/erun-commits-").size() + 24) << dirs[0];
   }
+}
+
+// Every worker died: the next generation's workers report, in their first
+// joins, the commit their hosts kept; the driver says where training resumes.
+TEST_F(InPlaceTest, ANewGenerationWithoutSurvivorsSaysWhichCommitItResumesAt) {
+  char tmpl[] = "/tmp/erun-events-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string path = std::string(tmpl) + "/events.jsonl";
+  EventLog events;
+  ASSERT_TRUE(events.open(path));
+  discovery.set(HostSet({{"a", 1}, {"b", 1}}));
+  auto o = elastic(2, 2, 2);
+  DriverDeps d;
+  d.discovery = &discovery;
+  d.local_launcher = &launcher;
+  d.clock = &clock;
+  d.membership = &membership;
+  d.rendezvous_port = 1234;
+  d.synchronous_discovery = true;
+  d.events = &events;
+  driver = std::make_unique<Driver>(o, d);
+  ASSERT_TRUE(driver->start());
+  EXPECT_FALSE(steps(1));
+  membership.join_all();
+  EXPECT_FALSE(steps(1));
+  for (auto& w : launcher.running()) launcher.finish(w, ExitStatus{0, SIGKILL});
+  EXPECT_FALSE(steps(3));
+  ASSERT_EQ(driver->generation(), 2);
+  membership.join(a0, -1, JoinReason::kStart, -1, PeerState::kUnknown, 41);
+  membership.join(b0, -1, JoinReason::kStart, -1, PeerState::kUnknown, 42);
+  EXPECT_FALSE(steps(1));
+  std::ifstream in(path);
+  std::string text((std::istreambuf_iterator<char>(in)), {});
+  EXPECT_NE(text.find("\"event\":\"commit_restored\",\"generation\":2,\"commit\":42,\"host\":\"b\""),
+            std::string::npos)
+      << text;
+  // A generation re-formed in place around survivors says nothing of the kind.
+  membership.join(a0, 2, JoinReason::kHostsUpdated, -1, PeerState::kUnknown, 50);
+  membership.join(b0, 2, JoinReason::kHostsUpdated, -1, PeerState::kUnknown, 50);
+  EXPECT_FALSE(steps(2));
+  std::ifstream again(path);
+  std::string all((std::istreambuf_iterator<char>(again)), {});
+  EXPECT_EQ(all.find("commit_restored"), all.rfind("commit_restored")) << all;
+  std::filesystem::remove_all(tmpl);
 }
 
 TEST_F(InPlaceTest, ARestartModeFailureTellsNoOne) {
