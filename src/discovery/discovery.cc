@@ -116,28 +116,29 @@ ScriptDiscovery::ScriptDiscovery(std::string script, Duration timeout, int defau
 
 std::string ScriptDiscovery::describe() const { return "script " + script_; }
 
-Result<HostSet> ScriptDiscovery::discover() {
-  using R = Result<HostSet>;
-  if (auto st = precheck(script_); !st) return st;
-  auto deadline = std::chrono::steady_clock::now() + timeout_;
+// One run of the script: its output, and how it ended.
+struct ScriptDiscovery::Run {
+  std::string out, err;
+  bool timed_out = false;
+  bool too_much = false;
+  std::optional<ExitStatus> status;  // none: it did not exit even after SIGKILL
+};
 
+Result<ScriptDiscovery::Run> ScriptDiscovery::run_script() {
+  auto deadline = std::chrono::steady_clock::now() + timeout_;
   SpawnOptions opts;
   opts.argv = {"/bin/sh", "-c", script_};
   opts.new_process_group = true;
   opts.kill_with_parent = true;
   auto spawned = Subprocess::spawn(opts);
-  if (!spawned) {
-    return R::error(fmt::format("discovery script {}: {}", script_, spawned.message()));
-  }
+  if (!spawned) return Result<Run>::error(fmt::format("discovery script {}: {}", script_, spawned.message()));
   Subprocess& proc = *spawned;
   Fd out(proc.release_stdout());
   Fd err(proc.release_stderr());
   for (int fd : {out.get(), err.get()}) ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
 
-  std::string out_text, err_text;
-  out_text.reserve(last_output_.size() + 1);
-  bool timed_out = false;
-  bool too_much = false;
+  Run run;
+  run.out.reserve(last_output_.size() + 1);
   std::optional<TimePoint> exited_at;
   while (true) {
     bool leader_gone = exited_unreaped(proc.pid());
@@ -150,7 +151,7 @@ Result<HostSet> ScriptDiscovery::discover() {
       break;
     }
     if (now >= deadline) {
-      timed_out = true;
+      run.timed_out = true;
       break;
     }
     pollfd fds[2];
@@ -163,48 +164,59 @@ Result<HostSet> ScriptDiscovery::discover() {
     int wait_ms = static_cast<int>(std::clamp<long>(left + 1, 1, 20));
     if (n > 0) ::poll(fds, n, wait_ms);
     else ::usleep(static_cast<useconds_t>(std::min(wait_ms, 5)) * 1000);
-    if (out.get() >= 0 && !drain(out.get(), out_text, 0)) out.close();
-    if (err.get() >= 0 && !drain(err.get(), err_text, kMaxStderrKept)) err.close();
-    if (out_text.size() > kMaxStdout) {
-      too_much = true;
+    if (out.get() >= 0 && !drain(out.get(), run.out, 0)) out.close();
+    if (err.get() >= 0 && !drain(err.get(), run.err, kMaxStderrKept)) err.close();
+    if (run.out.size() > kMaxStdout) {
+      run.too_much = true;
       break;
     }
   }
   // Kill whatever is left of its process group (children it started in the
   // background included) while the unreaped leader still holds the group id.
   ::kill(-proc.pid(), SIGKILL);
-  auto status = proc.wait_for(std::chrono::seconds(5));
-  if (timed_out) {
-    return R::error(fmt::format(
+  run.status = proc.wait_for(std::chrono::seconds(5));
+  return run;
+}
+
+std::optional<std::string> ScriptDiscovery::failure(const Run& run) const {
+  if (run.timed_out) {
+    return fmt::format(
         "discovery script {} hung: no result within --discovery-timeout ({:.3g} s); killed it and "
         "its child processes. Make it finish sooner or raise --discovery-timeout{}",
-        script_, seconds(timeout_), stderr_tail(err_text)));
+        script_, seconds(timeout_), stderr_tail(run.err));
   }
-  if (too_much) {
-    return R::error(fmt::format(
-        "discovery script {} printed more than {} MiB: it should print one host[:slots] per line",
-        script_, kMaxStdout >> 20));
+  if (run.too_much) {
+    return fmt::format("discovery script {} printed more than {} MiB: it should print one host[:slots] per line",
+                       script_, kMaxStdout >> 20);
   }
-  if (!status) {
-    return R::error(fmt::format("discovery script {} did not exit after it was killed (stuck in the kernel, e.g. on a "
-                                "hung file system); it is tried again at the next --discovery-interval",
-                                script_));
+  if (!run.status) {
+    return fmt::format("discovery script {} did not exit after it was killed (stuck in the kernel, e.g. on a "
+                       "hung file system); it is tried again at the next --discovery-interval",
+                       script_);
   }
-  if (!status->ok()) {
-    std::string hint;
-    if (status->code == 126) hint = " (the shell could not execute it: check chmod +x and its #! line)";
-    if (status->code == 127) hint = " (command not found: check the path, or chmod +x and its #! line)";
-    if (status->code > 128 && status->code < 128 + 65) {
-      hint = fmt::format(" (the shell's way of saying it was killed by signal {}, {})",
-                         status->code - 128, strsignal(status->code - 128));
-    }
-    return R::error(fmt::format("discovery script {} failed with {}{}{}", script_,
-                                status->describe(), hint, stderr_tail(err_text)));
+  const ExitStatus& status = *run.status;
+  if (status.ok()) return std::nullopt;
+  std::string hint;
+  if (status.code == 126) hint = " (the shell could not execute it: check chmod +x and its #! line)";
+  if (status.code == 127) hint = " (command not found: check the path, or chmod +x and its #! line)";
+  if (status.code > 128 && status.code < 128 + 65) {
+    hint = fmt::format(" (the shell's way of saying it was killed by signal {}, {})", status.code - 128,
+                       strsignal(status.code - 128));
   }
-  if (last_parsed_ && out_text == last_output_) return *last_parsed_;
-  auto hosts = parse_discovery_output(out_text, default_slots_);
+  return fmt::format("discovery script {} failed with {}{}{}", script_, status.describe(), hint,
+                     stderr_tail(run.err));
+}
+
+Result<HostSet> ScriptDiscovery::discover() {
+  using R = Result<HostSet>;
+  if (auto st = precheck(script_); !st) return st;
+  auto run = run_script();
+  if (!run) return R::error(run.message());
+  if (auto why = failure(*run)) return R::error(*why);
+  if (last_parsed_ && run->out == last_output_) return *last_parsed_;
+  auto hosts = parse_discovery_output(run->out, default_slots_);
   if (hosts) {
-    last_output_ = std::move(out_text);
+    last_output_ = std::move(run->out);
     last_parsed_ = *hosts;
   } else {
     last_parsed_.reset();

@@ -44,6 +44,12 @@ class ScriptDiscovery final : public HostDiscovery {
   std::string describe() const override;
 
  private:
+  struct Run;
+  // Runs the script once, bounded by the timeout; kills what is left of it.
+  Result<Run> run_script();
+  // Why the run gives no host set (it hung, printed too much, failed), or nullopt.
+  std::optional<std::string> failure(const Run& run) const;
+
   std::string script_;
   Duration timeout_;
   int default_slots_;

@@ -389,11 +389,10 @@ class AgentConnection {
     sigaddset(&pipe_set, SIGPIPE);
     pthread_sigmask(SIG_BLOCK, &pipe_set, nullptr);
     agent::FrameReader reader;
-    int fd = process_.stdout_fd();
     std::vector<char> chunk(64 * 1024);
     bool eof = false;
     while (!stop_.load() && !eof) {
-      pollfd p[2] = {{fd, POLLIN, 0}, {-1, POLLOUT, 0}};
+      pollfd p[2] = {{process_.stdout_fd(), POLLIN, 0}, {-1, POLLOUT, 0}};
       {
         std::lock_guard wlock(write_mu_);
         if (!outbox_.empty() && stdin_open_) p[1].fd = process_.stdin_fd();
@@ -407,53 +406,67 @@ class AgentConnection {
         }
         if (!ok) mark_lost("cannot write to it");
       }
-      if (n > 0 && p[0].revents) {
-        ssize_t got = ::read(fd, chunk.data(), chunk.size());
-        if (got > 0) {
-          last_heard_ = SteadyClock::now();
-          reader.feed(std::string_view(chunk.data(), static_cast<size_t>(got)));
-          while (true) {
-            auto m = reader.next();
-            if (!m) {
-              mark_lost(m.message());
-              eof = true;
-              break;
-            }
-            if (!m->has_value()) break;
-            handle(std::move(**m));
-          }
-          // Time spent handing output on (a slow reader of erun's stdout) is
-          // not the agent's silence.
-          last_heard_ = SteadyClock::now();
-        } else if (got == 0 || (errno != EINTR && errno != EAGAIN)) {
-          eof = true;
-        }
-      }
-      auto now = SteadyClock::now();
-      bool closing;
-      bool hello;
-      {
-        std::lock_guard lock(mu_);
-        hello = hello_;
-        closing = lost_.has_value();
-      }
-      {
-        std::lock_guard wlock(write_mu_);
-        closing = closing || closing_;
-      }
-      if (!closing) {
-        Duration limit = hello ? options_.heartbeat_timeout : options_.start_timeout;
-        if (now - last_heard_ > limit) {
-          mark_lost(hello ? fmt::format("silent for {} ms (--heartbeat-timeout {} s)", to_ms(now - last_heard_),
-                                        to_ms(options_.heartbeat_timeout) / 1000.0)
-                          : fmt::format("no HELLO within {} s of starting it ({})", to_ms(options_.start_timeout) / 1000,
-                                        via_));
-        } else if (now - last_sent_.load() >= options_.heartbeat_interval) {
-          send(agent::Heartbeat{});
-        }
-      }
+      if (n > 0 && p[0].revents) eof = !read_frames(reader, chunk);
+      check_heartbeats();
     }
-    // The agent's channel ended: its exit status says why.
+    channel_ended(eof);
+    std::lock_guard lock(mu_);
+    reader_done_ = true;
+    cv_.notify_all();
+  }
+
+  // Reads what the agent sent and handles every whole frame; false at the
+  // channel's end (EOF, an error, a malformed frame: then it is lost).
+  bool read_frames(agent::FrameReader& reader, std::vector<char>& chunk) {
+    ssize_t got = ::read(process_.stdout_fd(), chunk.data(), chunk.size());
+    if (got <= 0) return got < 0 && (errno == EINTR || errno == EAGAIN);
+    last_heard_ = SteadyClock::now();
+    reader.feed(std::string_view(chunk.data(), static_cast<size_t>(got)));
+    while (true) {
+      auto m = reader.next();
+      if (!m) {
+        mark_lost(m.message());
+        return false;
+      }
+      if (!m->has_value()) break;
+      handle(std::move(**m));
+    }
+    // Time spent handing output on (a slow reader of erun's stdout) is not
+    // the agent's silence.
+    last_heard_ = SteadyClock::now();
+    return true;
+  }
+
+  // Declares the agent lost when it was silent too long (or never said
+  // HELLO); sends a heartbeat when one is due.
+  void check_heartbeats() {
+    auto now = SteadyClock::now();
+    bool closing;
+    bool hello;
+    {
+      std::lock_guard lock(mu_);
+      hello = hello_;
+      closing = lost_.has_value();
+    }
+    {
+      std::lock_guard wlock(write_mu_);
+      closing = closing || closing_;
+    }
+    if (closing) return;
+    Duration limit = hello ? options_.heartbeat_timeout : options_.start_timeout;
+    if (now - last_heard_ > limit) {
+      mark_lost(hello ? fmt::format("silent for {} ms (--heartbeat-timeout {} s)", to_ms(now - last_heard_),
+                                    to_ms(options_.heartbeat_timeout) / 1000.0)
+                      : fmt::format("no HELLO within {} s of starting it ({})", to_ms(options_.start_timeout) / 1000,
+                                    via_));
+    } else if (now - last_sent_.load() >= options_.heartbeat_interval) {
+      send(agent::Heartbeat{});
+    }
+  }
+
+  // The agent's channel ended (or the launcher stops): its exit status says
+  // why; its workers end with 255, as lost unless erun was closing it.
+  void channel_ended(bool eof) {
     auto status = process_.wait_for(eof ? 3s : 0s);
     if (!status && process_.pid() > 0) {
       ::kill(-process_.pid(), SIGKILL);
@@ -464,23 +477,19 @@ class AgentConnection {
       std::lock_guard wlock(write_mu_);
       closing = closing_;
     }
-    if (eof && !stop_.load()) {
-      std::string why = status ? fmt::format("its {} process ended with {}", via_, status->describe())
-                               : std::string("its channel closed");
-      if (!closing) (void)transport_failure(1s);  // its last words, for mark_lost()
-      if (closing) {
-        std::lock_guard lock(mu_);
-        for (auto& [id, s] : workers_) {
-          if (!s.exit) s.exit = ExitStatus{255, 0};
-          close_writers(s);
-        }
-      } else {
-        mark_lost(why);
+    if (!eof || stop_.load()) return;
+    std::string why = status ? fmt::format("its {} process ended with {}", via_, status->describe())
+                             : std::string("its channel closed");
+    if (!closing) (void)transport_failure(1s);  // its last words, for mark_lost()
+    if (closing) {
+      std::lock_guard lock(mu_);
+      for (auto& [id, s] : workers_) {
+        if (!s.exit) s.exit = ExitStatus{255, 0};
+        close_writers(s);
       }
+    } else {
+      mark_lost(why);
     }
-    std::lock_guard lock(mu_);
-    reader_done_ = true;
-    cv_.notify_all();
   }
 
   std::string host_;

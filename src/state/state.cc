@@ -135,6 +135,31 @@ struct State::Impl {
   }
 
   // Brings device entries' `committed` up to their pinned commit before refs() is encoded.
+  // sync() on its root: the snapshot every rank takes. Nobody committed
+  // (newest 0): the root's current values become everyone's baseline.
+  // Device entries travel over NCCL (`devices_over_nccl`: their bytes are
+  // size marks) or through pinned host memory in the blob.
+  std::vector<char> root_blob(uint64_t newest, bool devices_over_nccl) {
+    if (newest == 0) {
+      for (Entry& e : entries) {
+        e.save(e.committed);
+        e.has_committed = true;
+      }
+      has_snapshot = true;
+    } else {
+      fill_uncommitted();
+      load_values();
+    }
+    if (devices_over_nccl) {
+      mark_device_sizes();
+    } else {
+      mirror_device();
+    }
+    std::vector<char> blob = si::encode(commit_id, refs());
+    drop_device_mirrors();
+    return blob;
+  }
+
   // Writes the commit to this worker's host-memory files. A failure (host
   // memory full) is logged, not thrown: training goes on, and the files keep
   // the previous commit.
@@ -368,26 +393,7 @@ void State::sync() {
   devices_over_nccl = devices_over_nccl && ctx_.gpu().backend() == GpuBackend::kNccl;
 
   std::vector<char> blob;
-  if (rank == root) {
-    if (newest == 0) {
-      // Nobody committed: the root's current values are everyone's baseline.
-      for (Impl::Entry& e : impl_->entries) {
-        e.save(e.committed);
-        e.has_committed = true;
-      }
-      impl_->has_snapshot = true;
-    } else {
-      impl_->fill_uncommitted();
-      impl_->load_values();
-    }
-    if (devices_over_nccl) {
-      impl_->mark_device_sizes();
-    } else {
-      impl_->mirror_device();
-    }
-    blob = si::encode(impl_->commit_id, impl_->refs());
-    impl_->drop_device_mirrors();
-  }
+  if (rank == root) blob = impl_->root_blob(newest, devices_over_nccl);
   int64_t bytes = static_cast<int64_t>(blob.size());
   comm.broadcast(&bytes, sizeof(bytes), root);
   if (rank != root) blob.resize(static_cast<size_t>(bytes));
