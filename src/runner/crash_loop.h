@@ -41,6 +41,8 @@ class CrashLoopDetector {
   std::optional<std::string> generation_failed(Duration ran);
 
   int streak() const { return streak_; }
+  // The current generation had a failure counted by worker_failed().
+  bool failures_seen() const { return gen_status_.has_value(); }
 
  private:
   void reset();

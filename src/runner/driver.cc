@@ -274,6 +274,7 @@ bool Driver::launch_worker(const RankAssignment& a, const std::string& master_ad
 
 void Driver::publish() {
   published_at_ = clock_.now();
+  burst_failures_ = false;
   generation_complete_ = false;
   recent_plans_.push_back(plan_);
   if (recent_plans_.size() > 4) recent_plans_.erase(recent_plans_.begin());
@@ -345,7 +346,17 @@ void Driver::reap() {
       crash_loop_.progress();
       continue;
     }
-    crash_loop_.worker_failed(a.slot.host, *s);
+    // A worker that outlived earlier generations and dies within a moment of
+    // the last failure is part of that failure (every worker killed at once
+    // is reaped over several ticks, each re-forming the generation), not
+    // another crash of the program.
+    const bool same_burst = w.launched_generation < generation_ && last_failure_at_ &&
+                            clock_.now() - *last_failure_at_ < kFailureBurst;
+    if (same_burst) {
+      burst_failures_ = true;
+    } else {
+      crash_loop_.worker_failed(a.slot.host, *s);
+    }
     ERUN_LOG_WARN("{}: failed with {} after {:.1f} s", who(generation_, a.slot.host, a.rank), s->describe(),
                   after);
     if (!generation_failure_) {
@@ -612,7 +623,10 @@ void Driver::handle_generation_failure() {
     set_phase(JobPhase::kFinishing);
     return;
   }
-  if (auto loop = crash_loop_.generation_failed(clock_.now() - published_at_)) {
+  last_failure_at_ = clock_.now();
+  if (burst_failures_ && !crash_loop_.failures_seen()) {
+    // Only the rest of an earlier failure: no step of a crash loop.
+  } else if (auto loop = crash_loop_.generation_failed(clock_.now() - published_at_)) {
     ERUN_LOG_ERROR("{}: {}", who(generation_), *loop);
     if (d_.events) d_.events->write("crash_loop", {{"generations", json_number(long{crash_loop_.streak()})}});
     finish_with_failure(f);

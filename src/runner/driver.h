@@ -321,6 +321,9 @@ class Driver {
   bool generation_complete_ = false;  // every rank of the plan joined the current generation
   bool failure_reform_ = false;       // the current generation was published after a failure
   bool started_fresh_ = false;        // every worker of the current generation was launched for it
+  std::optional<TimePoint> last_failure_at_;  // when the last generation failure was handled
+  bool burst_failures_ = false;  // the current generation lost workers to the last failure's burst
+  static constexpr Duration kFailureBurst = std::chrono::seconds(1);
   std::atomic<int> stop_signal_{0};
 };
 

@@ -956,6 +956,24 @@ TEST_F(InPlaceTest, ANewGenerationWithoutSurvivorsSaysWhichCommitItResumesAt) {
   std::filesystem::remove_all(tmpl);
 }
 
+// Every worker killed at once is reaped over several ticks, and each death
+// re-forms the generation around the others: one failure, not a crash loop.
+TEST_F(InPlaceTest, WorkersKilledTogetherButReapedOverSeveralTicksAreNoCrashLoop) {
+  discovery.set(HostSet({{"a", 1}, {"b", 1}, {"c", 1}, {"d", 1}}));
+  auto o = elastic(4, 1, 4);
+  o.crash_loop_limit = 3;
+  start_joined(o);
+  for (auto s : {a0, b0, c0, SlotKey{"d", 0}}) {
+    Worker w = worker_at(s);
+    ASSERT_TRUE(w);
+    launcher.finish(w, ExitStatus{0, SIGKILL});
+    EXPECT_FALSE(driver->step()) << "ended at the death of " << s.host;
+  }
+  EXPECT_FALSE(steps(3));
+  EXPECT_EQ(driver->phase(), JobPhase::kRunning);
+  EXPECT_EQ(launcher.running().size(), 4u);  // all started again
+}
+
 TEST_F(InPlaceTest, ARestartModeFailureTellsNoOne) {
   discovery.set(HostSet({{"a", 2}}));
   auto o = elastic(2, 1, 2);
