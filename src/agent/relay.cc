@@ -1,10 +1,7 @@
 #include "agent/relay.h"
 
-#include <fcntl.h>
-#include <netdb.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -15,7 +12,6 @@
 #include <fmt/format.h>
 
 #include "common/log.h"
-#include "common/subprocess.h"
 #include "rendezvous/wire.h"
 
 namespace erun::agent {
@@ -61,8 +57,8 @@ bool write_some(int fd, std::string& buf) {
 
 Relay::Relay(RelayOptions o)
     : o_(std::move(o)),
-      job_hash_(wire::job_hash(o_.job_id)),
-      prover_(std::make_unique<wire::Prover>(o_.secret, o_.job_id)) {}
+      job_hash_(handshake::job_hash(o_.job_id)),
+      proofs_(wire::proofs(o_.secret, o_.job_id)) {}
 
 Result<std::unique_ptr<Relay>> Relay::create(RelayOptions options) {
   using R = Result<std::unique_ptr<Relay>>;
@@ -74,43 +70,39 @@ Result<std::unique_ptr<Relay>> Relay::create(RelayOptions options) {
   }
   r->dir_ = templ;
   r->path_ = r->dir_ + "/rdzv";
-  sockaddr_un a{};
-  a.sun_family = AF_UNIX;
-  if (r->path_.size() >= sizeof a.sun_path) {
+  net::Address a;
+  if (!net::unix_address(r->path_, &a)) {
     return R::error(fmt::format("the relay socket path {} is too long for a unix socket: set TMPDIR on this host "
                                 "to a shorter directory",
                                 r->path_));
   }
-  std::memcpy(a.sun_path, r->path_.c_str(), r->path_.size() + 1);
-  r->listen_fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (r->listen_fd_ < 0 || ::bind(r->listen_fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
-      ::listen(r->listen_fd_, 1024) != 0) {
-    return R::error(fmt::format("cannot listen on the relay socket {}: {}", r->path_, std::strerror(errno)));
-  }
+  net::Socket s = net::listen(a, 1024);
+  if (!s.ok()) return R::error(fmt::format("cannot listen on the relay socket {}: {}", r->path_, s.outcome.text()));
+  r->listen_fd_ = std::move(s.fd);
   ::chmod(r->path_.c_str(), 0600);
   return r;
 }
 
 Relay::~Relay() {
-  for (auto& [id, l] : locals_) close_fd(l.fd);
-  close_fd(up_fd_);
-  close_fd(listen_fd_);
+  locals_.clear();
+  up_fd_.reset();
+  listen_fd_.reset();
   if (!path_.empty()) ::unlink(path_.c_str());
   if (!dir_.empty()) ::rmdir(dir_.c_str());
 }
 
 size_t Relay::add_fds(std::vector<pollfd>& fds) {
   size_t first = fds.size();
-  fds.push_back({listen_fd_, POLLIN, 0});
+  fds.push_back({listen_fd_.get(), POLLIN, 0});
   short up_events = 0;
   if (up_ == Up::kConnecting || !up_wbuf_.empty()) up_events |= POLLOUT;
   if (up_ != Up::kNone && up_ != Up::kConnecting) up_events |= POLLIN;
-  fds.push_back({up_fd_, up_events, 0});
+  fds.push_back({up_fd_.get(), up_events, 0});
   bool backlog = up_wbuf_.size() + held_.size() > kUpstreamBacklog;
   for (auto& [id, l] : locals_) {
     short ev = backlog && l.phase == Phase::kReady ? 0 : POLLIN;
     if (!l.wbuf.empty()) ev |= POLLOUT;
-    fds.push_back({l.fd, ev, 0});
+    fds.push_back({l.fd.get(), ev, 0});
   }
   return first;
 }
@@ -120,10 +112,10 @@ void Relay::on_events(const std::vector<pollfd>& fds, size_t first) {
   std::vector<std::pair<uint64_t, short>> ready;
   size_t i = first + 2;
   for (auto& [id, l] : locals_) {
-    if (i < fds.size() && fds[i].fd == l.fd && fds[i].revents) ready.push_back({id, fds[i].revents});
+    if (i < fds.size() && fds[i].fd == l.fd.get() && fds[i].revents) ready.push_back({id, fds[i].revents});
     ++i;
   }
-  if (fds[first + 1].revents && up_fd_ >= 0 && fds[first + 1].fd == up_fd_) on_upstream(fds[first + 1].revents);
+  if (fds[first + 1].revents && up_fd_ && fds[first + 1].fd == up_fd_.get()) on_upstream(fds[first + 1].revents);
   for (auto& [id, ev] : ready) on_local(id, ev);
   if (fds[first].revents) accept_all();
   if (want_upstream_ && up_ == Up::kNone) start_upstream();
@@ -132,8 +124,8 @@ void Relay::on_events(const std::vector<pollfd>& fds, size_t first) {
 
 void Relay::accept_all() {
   while (true) {
-    int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd < 0) {
+    Fd fd = net::accept(listen_fd_.get());
+    if (!fd) {
       if (errno == EINTR || errno == ECONNABORTED) continue;
       if (errno != EAGAIN && errno != EWOULDBLOCK) {
         ERUN_LOG_WARN("{}: relay: cannot accept a worker's connection: {}", o_.log_prefix, std::strerror(errno));
@@ -143,19 +135,15 @@ void Relay::accept_all() {
     if (locals_.size() >= wire::kMaxRelayStreams) {
       // The driver takes at most this many streams per host: one more would
       // make it refuse the whole connection, and every worker on it.
-      if (std::exchange(full_warned_, true)) {
-        ::close(fd);
-        continue;
-      }
+      if (std::exchange(full_warned_, true)) continue;  // closes fd
       ERUN_LOG_WARN("{}: relay: refused a local connection: {} are open, the most one host may relay; "
                     "run fewer workers per host or start the job with --no-agent-relay",
                     o_.log_prefix, locals_.size());
-      ::close(fd);
       continue;
     }
     full_warned_ = false;
     Local l;
-    l.fd = fd;
+    l.fd = std::move(fd);
     l.deadline = SteadyClock::now() + o_.io_timeout;
     locals_.emplace(next_key_++, std::move(l));
   }
@@ -175,7 +163,7 @@ void Relay::on_local(uint64_t id, short revents) {
     if (l.rbuf.size() >= kPreAuthBytes) return refuse_local(id, "sent more than a handshake frame");
     room = kPreAuthBytes - l.rbuf.size();
   }
-  ssize_t n = read_some(l.fd, l.rbuf, room);
+  ssize_t n = read_some(l.fd.get(), l.rbuf, room);
   if (n == -2) return;
   if (n <= 0) {
     if (l.phase != Phase::kReady) return refuse_local(id, "closed the connection before authenticating");
@@ -198,23 +186,20 @@ void Relay::parse_local(uint64_t id, Local& l) {
     auto type = static_cast<Type>(h.type);
     switch (l.phase) {
       case Phase::kHello:
-        if (type != Type::kHello || payload.size() != wire::kNonceBytes) {
+        if (type != Type::kHello || !l.hs.hello(payload)) {
           return refuse_local(id, fmt::format("expected HELLO, got {}", wire::type_name(h.type)));
         }
-        l.client_nonce.assign(payload);
-        l.server_nonce = wire::random_bytes(wire::kNonceBytes);
-        l.wbuf += wire::encode_frame(Type::kChallenge, job_hash_, -1, h.request_id, l.server_nonce);
+        l.wbuf += wire::encode_frame(Type::kChallenge, job_hash_, -1, h.request_id, l.hs.challenge());
         l.phase = Phase::kAuth;
         break;
       case Phase::kAuth:
         if (type != Type::kAuth || payload.size() != wire::kMacBytes) {
           return refuse_local(id, fmt::format("expected AUTH, got {}", wire::type_name(h.type)));
         }
-        if (!wire::equal_ct(prover_->client_proof(l.server_nonce, l.client_nonce), payload)) {
+        if (!l.hs.verify(proofs_, payload)) {
           return refuse_local(id, "authentication failed (wrong job secret)");
         }
-        l.wbuf += wire::encode_frame(Type::kAuthOk, job_hash_, -1, h.request_id,
-                                     prover_->server_proof(l.client_nonce, l.server_nonce));
+        l.wbuf += wire::encode_frame(Type::kAuthOk, job_hash_, -1, h.request_id, l.hs.proof(proofs_));
         l.phase = Phase::kReady;
         l.deadline = TimePoint::max();
         want_upstream_ = true;  // connected after this round of events, never under a local's feet
@@ -236,7 +221,7 @@ void Relay::parse_local(uint64_t id, Local& l) {
 // frame read or replies unsent has io_timeout to finish, counted from when
 // its buffers stopped being empty (a trickle of bytes does not extend it).
 bool Relay::write_local(Local& l) {
-  if (!write_some(l.fd, l.wbuf)) return false;
+  if (!write_some(l.fd.get(), l.wbuf)) return false;
   if (l.phase == Phase::kReady) {
     if (l.wbuf.empty() && l.rbuf.empty()) {
       l.deadline = TimePoint::max();
@@ -255,7 +240,7 @@ void Relay::refuse_local(uint64_t id, const std::string& why) {
   ERUN_LOG_WARN("{}: relay: refused a connection to the relay socket {}: {}{}", o_.log_prefix, path_, why,
                 authenticated ? "" : " (not a worker of this job: nothing was relayed)");
   std::string f = wire::encode_frame(Type::kError, job_hash_, -1, 0, wire::encode_str("refused: " + why));
-  [[maybe_unused]] auto n = ::send(it->second.fd, f.data(), f.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+  [[maybe_unused]] auto n = ::send(it->second.fd.get(), f.data(), f.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
   close_local(id, authenticated);
 }
 
@@ -263,8 +248,7 @@ void Relay::close_local(uint64_t id, bool tell_upstream) {
   auto it = locals_.find(id);
   if (it == locals_.end()) return;
   uint32_t stream = it->second.stream;
-  close_fd(it->second.fd);
-  locals_.erase(it);
+  locals_.erase(it);  // closes its socket
   if (stream == 0) return;  // the server never heard of it
   streams_.erase(stream);
   if (tell_upstream) send_upstream(wire::encode_relay_closed(job_hash_, stream));
@@ -273,41 +257,24 @@ void Relay::close_local(uint64_t id, bool tell_upstream) {
 // ---- upstream ------------------------------------------------------------
 
 void Relay::start_upstream() {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICSERV;
-  addrinfo* res = nullptr;
-  std::string port = std::to_string(o_.upstream_port);
-  if (int rc = ::getaddrinfo(o_.upstream_host.c_str(), port.c_str(), &hints, &res); rc != 0) {
-    return lose_upstream(fmt::format("cannot resolve {}: {}", o_.upstream_host, ::gai_strerror(rc)));
-  }
-  up_addrs_.clear();
-  for (addrinfo* a = res; a; a = a->ai_next) {
-    up_addrs_.emplace_back(reinterpret_cast<const char*>(a->ai_addr), a->ai_addrlen);
-  }
-  ::freeaddrinfo(res);
+  auto addrs = net::resolve(o_.upstream_host, std::to_string(o_.upstream_port));
+  if (!addrs) return lose_upstream(fmt::format("cannot resolve {}: {}", o_.upstream_host, addrs.message()));
+  up_addrs_ = std::move(addrs).value();
   std::string why = "no address";
   if (!connect_next(&why)) return lose_upstream(why);
 }
 
 bool Relay::connect_next(std::string* why) {
-  close_fd(up_fd_);
+  up_fd_.reset();
   while (!up_addrs_.empty()) {
-    std::string addr = std::move(up_addrs_.front());
+    net::Address addr = up_addrs_.front();
     up_addrs_.erase(up_addrs_.begin());
-    const auto* sa = reinterpret_cast<const sockaddr*>(addr.data());
-    up_fd_ = ::socket(sa->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (up_fd_ < 0) {
-      *why = fmt::format("socket: {}", std::strerror(errno));
+    net::Socket s = net::start_connect(addr);
+    if (!s.ok()) {
+      *why = fmt::format("{}: {}", s.outcome.call, s.outcome.text());
       continue;
     }
-    if (::connect(up_fd_, sa, static_cast<socklen_t>(addr.size())) != 0 && errno != EINPROGRESS) {
-      *why = fmt::format("connect: {}", std::strerror(errno));
-      close_fd(up_fd_);
-      continue;
-    }
-    wire::set_nodelay(up_fd_);
+    up_fd_ = std::move(s.fd);
     up_ = Up::kConnecting;
     up_deadline_ = SteadyClock::now() + o_.io_timeout;
     return true;
@@ -317,21 +284,18 @@ bool Relay::connect_next(std::string* why) {
 
 void Relay::on_upstream(short revents) {
   if (up_ == Up::kConnecting) {
-    int err = 0;
-    socklen_t len = sizeof err;
-    ::getsockopt(up_fd_, SOL_SOCKET, SO_ERROR, &err, &len);
-    if (err != 0) {
+    if (int err = net::connect_error(up_fd_.get()); err != 0) {
       std::string why = fmt::format("connect: {}", std::strerror(err));
       if (!connect_next(&why)) lose_upstream(why);
       return;  // the next address, if any, is polled from the next round
     }
     if (!(revents & POLLOUT)) return;
-    up_nonce_ = wire::random_bytes(wire::kNonceBytes);
-    up_wbuf_ = wire::encode_frame(Type::kHello, job_hash_, -1, 0, up_nonce_);
+    up_hs_ = handshake::Initiator();
+    up_wbuf_ = wire::encode_frame(Type::kHello, job_hash_, -1, 0, up_hs_.nonce());
     up_ = Up::kChallenge;
   }
   if (revents & (POLLIN | POLLHUP | POLLERR)) {
-    ssize_t n = read_some(up_fd_, up_rbuf_, kReadChunk);
+    ssize_t n = read_some(up_fd_.get(), up_rbuf_, kReadChunk);
     if (n == 0 || n == -1) {
       return lose_upstream(n == 0 ? "the driver closed the connection"
                                   : fmt::format("read: {}", std::strerror(errno)));
@@ -365,17 +329,15 @@ void Relay::upstream_frame(uint16_t type_code, int64_t generation, std::string_v
   }
   switch (up_) {
     case Up::kChallenge: {
-      if (type != Type::kChallenge || payload.size() != wire::kNonceBytes) {
+      if (type != Type::kChallenge || !up_hs_.challenged(payload)) {
         return lose_upstream(fmt::format("expected CHALLENGE, got {}", wire::type_name(type_code)));
       }
-      up_server_nonce_.assign(payload);
-      up_wbuf_ += wire::encode_frame(Type::kAuth, job_hash_, -1, 0, prover_->client_proof(up_server_nonce_, up_nonce_));
+      up_wbuf_ += wire::encode_frame(Type::kAuth, job_hash_, -1, 0, up_hs_.proof(proofs_));
       up_ = Up::kAuthOk;
       return;
     }
     case Up::kAuthOk: {
-      if (type != Type::kAuthOk ||
-          !wire::equal_ct(payload, prover_->server_proof(up_nonce_, up_server_nonce_))) {
+      if (type != Type::kAuthOk || !up_hs_.verify(proofs_, payload)) {
         return lose_upstream("the driver's proof is wrong (not this job's driver)");
       }
       up_ = Up::kReady;
@@ -428,8 +390,8 @@ void Relay::send_upstream(std::string bytes) {
 }
 
 void Relay::write_upstream() {
-  if (up_fd_ < 0 || up_ == Up::kConnecting) return;
-  if (!write_some(up_fd_, up_wbuf_)) return lose_upstream(fmt::format("write: {}", std::strerror(errno)));
+  if (!up_fd_ || up_ == Up::kConnecting) return;
+  if (!write_some(up_fd_.get(), up_wbuf_)) return lose_upstream(fmt::format("write: {}", std::strerror(errno)));
   if (up_ == Up::kReady && up_wbuf_.empty()) up_deadline_ = TimePoint::max();
 }
 
@@ -437,8 +399,7 @@ void Relay::lose_upstream(const std::string& why) {
   size_t relayed = 0;
   for (auto it = locals_.begin(); it != locals_.end();) {
     if (it->second.phase == Phase::kReady) {
-      close_fd(it->second.fd);
-      it = locals_.erase(it);
+      it = locals_.erase(it);  // closes its socket
       ++relayed;
     } else {
       ++it;
@@ -454,7 +415,7 @@ void Relay::lose_upstream(const std::string& why) {
                    o_.upstream_host, o_.upstream_port, why);
   }
   streams_.clear();  // every stream the server knew is closed above
-  close_fd(up_fd_);
+  up_fd_.reset();
   up_ = Up::kNone;
   up_rbuf_.clear();
   up_wbuf_.clear();

@@ -24,11 +24,10 @@
 #include <vector>
 
 #include "common/clock.h"
+#include "common/fd.h"
+#include "common/handshake.h"
+#include "common/net.h"
 #include "common/status.h"
-
-namespace erun::wire {
-class Prover;
-}
 
 namespace erun::agent {
 
@@ -69,9 +68,9 @@ class Relay {
  private:
   enum class Phase { kHello, kAuth, kReady };
   struct Local {
-    int fd = -1;
+    Fd fd;
     Phase phase = Phase::kHello;
-    std::string client_nonce, server_nonce;
+    handshake::Responder hs;
     std::string rbuf, wbuf;
     TimePoint deadline = TimePoint::max();  // handshake, then a half frame or unread output
     bool close_after_write = false;         // the server closed the stream: flush, then close
@@ -98,9 +97,9 @@ class Relay {
 
   RelayOptions o_;
   uint64_t job_hash_;
-  std::unique_ptr<wire::Prover> prover_;
+  handshake::Proofs proofs_;
   std::string dir_, path_;
-  int listen_fd_ = -1;
+  Fd listen_fd_;
   std::map<uint64_t, Local> locals_;  // by accept order
   uint64_t next_key_ = 1;
   // A worker's stream id is given with its first relayed frame, so that ids
@@ -110,15 +109,15 @@ class Relay {
   bool want_upstream_ = false;  // a worker authenticated: connect upstream after this round
   long refused_ = 0;
 
-  int up_fd_ = -1;
+  Fd up_fd_;
   Up up_ = Up::kNone;
-  std::string up_nonce_, up_server_nonce_;
+  handshake::Initiator up_hs_;
   std::string up_rbuf_, up_wbuf_;
   std::string held_;  // RELAY frames of authenticated workers until the upstream is ready
   TimePoint up_deadline_ = TimePoint::max();
   // The driver's addresses not tried yet in this connection attempt (a name
   // may resolve to IPv6 and IPv4; the first that connects is used).
-  std::vector<std::string> up_addrs_;
+  std::vector<net::Address> up_addrs_;
   bool full_warned_ = false;  // a refusal at kMaxRelayStreams was logged
 };
 

@@ -13,6 +13,7 @@
 
 #include <fmt/format.h>
 
+#include "common/fd.h"
 #include "common/log.h"
 #include "common/strings.h"
 #include "common/subprocess.h"
@@ -27,22 +28,6 @@ constexpr int kStderrTailLines = 5;
 // After the script exits, how long a process it left behind may keep its
 // output pipes open before erun stops reading and kills it.
 constexpr auto kDrainAfterExit = std::chrono::milliseconds(500);
-
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  ~Fd() { close(); }
-  int get() const { return fd_; }
-  void close() {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
-  }
-
- private:
-  int fd_;
-};
 
 // Reads what is available; false at EOF or on an error.
 bool drain(int fd, std::string& out, size_t keep_last) {
@@ -164,8 +149,8 @@ Result<ScriptDiscovery::Run> ScriptDiscovery::run_script() {
     int wait_ms = static_cast<int>(std::clamp<long>(left + 1, 1, 20));
     if (n > 0) ::poll(fds, n, wait_ms);
     else ::usleep(static_cast<useconds_t>(std::min(wait_ms, 5)) * 1000);
-    if (out.get() >= 0 && !drain(out.get(), run.out, 0)) out.close();
-    if (err.get() >= 0 && !drain(err.get(), run.err, kMaxStderrKept)) err.close();
+    if (out.get() >= 0 && !drain(out.get(), run.out, 0)) out.reset();
+    if (err.get() >= 0 && !drain(err.get(), run.err, kMaxStderrKept)) err.reset();
     if (run.out.size() > kMaxStdout) {
       run.too_much = true;
       break;

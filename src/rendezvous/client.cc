@@ -14,7 +14,9 @@
 #include <thread>
 #include <unordered_map>
 
+#include "common/fd.h"
 #include "common/log.h"
+#include "common/net.h"
 #include "erun/errors.hpp"
 #include "rendezvous/rendezvous.h"
 #include "rendezvous/wire.h"
@@ -33,10 +35,43 @@ std::string error_message(const wire::Frame& f) {
   return m ? *m : std::string("(unreadable error message)");
 }
 
+// Connects to the rendezvous server at host:port, trying each address in turn.
+Result<Fd> connect_tcp(const std::string& host, int port, TimePoint deadline) {
+  auto addrs = net::resolve(host, std::to_string(port));
+  if (!addrs) {
+    return Result<Fd>::error(fmt::format("cannot resolve rendezvous address '{}': {}", host, addrs.message()));
+  }
+  std::string last = "no address";
+  for (const net::Address& a : *addrs) {
+    net::Socket s = net::connect(a, deadline);
+    if (s.ok()) return std::move(s.fd);
+    last = s.outcome.text();
+  }
+  return Result<Fd>::error(fmt::format(
+      "cannot connect to the rendezvous server at {}:{}: {} (is the driver running and reachable?)", host, port,
+      last));
+}
+
+// Connects to this host's erun agent's relay socket (docs/protocol.md, "Relaying").
+Result<Fd> connect_unix(const std::string& path, TimePoint deadline) {
+  net::Address a;
+  if (!net::unix_address(path, &a)) {
+    return Result<Fd>::error(fmt::format("the rendezvous socket path '{}' is empty or too long", path));
+  }
+  net::Socket s = net::connect_unix(a, deadline);
+  if (s.ok()) return std::move(s.fd);
+  if (s.outcome.call == "socket") {
+    return Result<Fd>::error(fmt::format("socket: {}", s.outcome.text()));
+  }
+  return Result<Fd>::error(fmt::format(
+      "cannot connect to the rendezvous relay of this host's erun agent at {}: {} (is the agent running?)", path,
+      s.outcome.text()));
+}
+
 }  // namespace
 
 struct RendezvousClient::Impl {
-  explicit Impl(ClientOptions o) : opt(std::move(o)), job_hash(wire::job_hash(opt.job_id)), store(this) {}
+  explicit Impl(ClientOptions o) : opt(std::move(o)), job_hash(handshake::job_hash(opt.job_id)), store(this) {}
 
   struct Pending {
     bool done = false;
@@ -76,7 +111,8 @@ struct RendezvousClient::Impl {
   ClientOptions opt;
   uint64_t job_hash;
   RemoteStore store;
-  int fd = -1, wake_fd = -1;
+  Fd sock, wake;
+  int fd = -1;  // sock.get(), once connected
   std::thread reader;
   std::atomic<bool> stop{false};
   std::atomic<bool> hosts_updated{false};
@@ -95,15 +131,13 @@ struct RendezvousClient::Impl {
 
   ~Impl() {
     stop = true;
-    if (wake_fd >= 0) {
+    if (wake) {
       uint64_t one = 1;
-      [[maybe_unused]] auto n = ::write(wake_fd, &one, sizeof(one));
+      [[maybe_unused]] auto n = ::write(wake.get(), &one, sizeof(one));
     }
     if (fd >= 0) ::shutdown(fd, SHUT_RDWR);
     if (reader.joinable()) reader.join();
     fail("the client was closed");
-    if (fd >= 0) ::close(fd);
-    if (wake_fd >= 0) ::close(wake_fd);
   }
 
   std::string where() const {
@@ -124,40 +158,45 @@ struct RendezvousClient::Impl {
     if (fd >= 0) return Status::error("rendezvous: connect() called twice");
     TimePoint deadline = SteadyClock::now() + opt.io_timeout;
     // "unix:PATH": this host's erun agent relays the connection (docs/protocol.md, "Relaying").
-    auto sock = opt.address.rfind("unix:", 0) == 0 ? wire::connect_unix(opt.address.substr(5), deadline)
-                                                   : wire::connect_tcp(opt.address, opt.port, deadline);
-    if (!sock) return sock.status();
-    fd = *sock;
-    auto fail_with = [&](const std::string& what) {
-      ::close(fd);
-      fd = -1;
-      return Status::error(fmt::format("rendezvous: handshake with {} failed: {}", where(), what));
-    };
-    std::string client_nonce = wire::random_bytes(wire::kNonceBytes);
-    auto s = wire::send_all(fd, wire::encode_frame(Type::kHello, job_hash, -1, 0, client_nonce), deadline);
-    if (!s) return fail_with(s.message());
-    auto ch = wire::recv_frame(fd, job_hash, kMaxHandshakeReply, deadline);
-    if (!ch) return fail_with(ch.message());
-    if (ch->header.type == static_cast<uint16_t>(Type::kError)) return fail_with(error_message(*ch));
-    if (ch->header.type != static_cast<uint16_t>(Type::kChallenge) || ch->payload.size() != wire::kNonceBytes) {
-      return fail_with(fmt::format("expected CHALLENGE, got {}", wire::type_name(ch->header.type)));
+    auto s = opt.address.rfind("unix:", 0) == 0 ? connect_unix(opt.address.substr(5), deadline)
+                                                : connect_tcp(opt.address, opt.port, deadline);
+    if (!s) return s.status();
+    if (auto h = authenticate(s->get(), deadline); !h) {
+      return Status::error(fmt::format("rendezvous: handshake with {} failed: {}", where(), h.message()));
     }
-    const std::string& server_nonce = ch->payload;
-    auto proof = wire::client_proof(opt.secret, server_nonce, opt.job_id, client_nonce);
-    s = wire::send_all(fd, wire::encode_frame(Type::kAuth, job_hash, -1, 0, proof), deadline);
-    if (!s) return fail_with(s.message());
-    auto ok = wire::recv_frame(fd, job_hash, kMaxHandshakeReply, deadline);
-    if (!ok) return fail_with(ok.message());
-    if (ok->header.type == static_cast<uint16_t>(Type::kError)) {
-      return fail_with(error_message(*ok) + " (check the job secret given to this worker)");
+    wake.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+    if (!wake) {
+      return Status::error(
+          fmt::format("rendezvous: handshake with {} failed: eventfd: {}", where(), std::strerror(errno)));
     }
-    if (ok->header.type != static_cast<uint16_t>(Type::kAuthOk) ||
-        !wire::equal_ct(ok->payload, wire::server_proof(opt.secret, client_nonce, opt.job_id, server_nonce))) {
-      return fail_with("the server did not prove it knows the job secret (another job, or an impostor)");
-    }
-    wake_fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (wake_fd < 0) return fail_with(fmt::format("eventfd: {}", std::strerror(errno)));
+    sock = std::move(s).value();
+    fd = sock.get();
     reader = std::thread([this] { read_loop(); });
+    return Status::ok();
+  }
+
+  // The client's side of the handshake (docs/protocol.md, "Handshake").
+  Status authenticate(int conn, TimePoint deadline) {
+    const auto proofs = wire::proofs(opt.secret, opt.job_id);
+    handshake::Initiator hs;
+    auto s = wire::send_all(conn, wire::encode_frame(Type::kHello, job_hash, -1, 0, hs.nonce()), deadline);
+    if (!s) return s;
+    auto ch = wire::recv_frame(conn, job_hash, kMaxHandshakeReply, deadline);
+    if (!ch) return ch.status();
+    if (ch->header.type == static_cast<uint16_t>(Type::kError)) return Status::error(error_message(*ch));
+    if (ch->header.type != static_cast<uint16_t>(Type::kChallenge) || !hs.challenged(ch->payload)) {
+      return Status::error(fmt::format("expected CHALLENGE, got {}", wire::type_name(ch->header.type)));
+    }
+    s = wire::send_all(conn, wire::encode_frame(Type::kAuth, job_hash, -1, 0, hs.proof(proofs)), deadline);
+    if (!s) return s;
+    auto ok = wire::recv_frame(conn, job_hash, kMaxHandshakeReply, deadline);
+    if (!ok) return ok.status();
+    if (ok->header.type == static_cast<uint16_t>(Type::kError)) {
+      return Status::error(error_message(*ok) + " (check the job secret given to this worker)");
+    }
+    if (ok->header.type != static_cast<uint16_t>(Type::kAuthOk) || !hs.verify(proofs, ok->payload)) {
+      return Status::error("the server did not prove it knows the job secret (another job, or an impostor)");
+    }
     return Status::ok();
   }
 
@@ -166,7 +205,7 @@ struct RendezvousClient::Impl {
     size_t len = 0;
     TimePoint frame_deadline = TimePoint::max();
     while (!stop) {
-      pollfd fds[2] = {{fd, POLLIN, 0}, {wake_fd, POLLIN, 0}};
+      pollfd fds[2] = {{fd, POLLIN, 0}, {wake.get(), POLLIN, 0}};
       int ms = -1;
       if (len > 0) {
         auto left = frame_deadline - SteadyClock::now();

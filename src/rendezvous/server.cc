@@ -20,8 +20,6 @@
 // is sent to it is wrapped in a RELAY frame in its parent's write buffer.
 // Closing the parent closes its streams; a stream's close is told to the
 // agent with RELAY_CLOSED.
-#include <fcntl.h>
-#include <netdb.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/resource.h>
@@ -40,7 +38,10 @@
 #include <thread>
 #include <unordered_map>
 
+#include "common/fd.h"
+#include "common/handshake.h"
 #include "common/log.h"
+#include "common/net.h"
 #include "rendezvous/admission.h"
 #include "rendezvous/rendezvous.h"
 #include "rendezvous/wire.h"
@@ -67,17 +68,15 @@ constexpr auto kMaxGetWait = std::chrono::hours(24);
 constexpr size_t kMaxRejoins = 8192;
 // Queued frames (publish, notify) the I/O thread sends per round of its loop.
 constexpr size_t kFlushBatch = 2048;
-// Server nonces drawn from the CSPRNG at a time.
-constexpr size_t kNoncesPerDraw = 128;
 
 enum class Phase { kHello, kAuth, kReady };
 
 struct Conn {
   uint64_t id = 0;
-  int fd = -1;
+  Fd fd;  // invalid for a relayed stream
   std::string peer;
   Phase phase = Phase::kHello;
-  std::string client_nonce, server_nonce;
+  handshake::Responder hs;
 
   std::vector<char> rbuf;
   size_t rlen = 0;
@@ -130,25 +129,6 @@ struct SlotHash {
   size_t operator()(const SlotKey& s) const {
     return std::hash<std::string>{}(s.host) * 31 + static_cast<size_t>(s.local_index);
   }
-};
-
-// Fresh server nonces, drawn from OpenSSL's CSPRNG kNoncesPerDraw at a time
-// (one RAND_bytes call costs about as much as the HMACs of a handshake).
-class NoncePool {
- public:
-  std::string next() {
-    if (off_ == pool_.size()) {
-      pool_ = wire::random_bytes(wire::kNonceBytes * kNoncesPerDraw);
-      off_ = 0;
-    }
-    std::string n = pool_.substr(off_, wire::kNonceBytes);
-    off_ += wire::kNonceBytes;
-    return n;
-  }
-
- private:
-  std::string pool_;
-  size_t off_ = 0;
 };
 
 // An index entry: the connection listed for a slot and its JOIN, kept here so
@@ -207,16 +187,17 @@ rlim_t raise_fd_limit() {
 struct RendezvousServer::Impl {
   explicit Impl(ServerOptions o)
       : opt(std::move(o)),
-        job_hash(wire::job_hash(opt.job_id)),
-        prover(opt.secret, opt.job_id),
+        job_hash(handshake::job_hash(opt.job_id)),
+        proofs(wire::proofs(opt.secret, opt.job_id)),
         admission(opt.max_unauthenticated, kPreAuthMinAge, kBurstQuiet) {}
 
   ServerOptions opt;
   uint64_t job_hash;
-  wire::Prover prover;
-  NoncePool nonces;
+  handshake::Proofs proofs;
+  handshake::NoncePool nonces;  // server nonces, drawn 128 at a time
   rlim_t fd_limit = 0;
-  int listen_fd = -1, ep = -1, wake_fd = -1, bound_port = 0;
+  Fd listen_fd, ep, wake_fd;
+  int bound_port = 0;
   std::thread io;
   std::atomic<bool> stop{false};
   std::atomic<long> refused{0};
@@ -254,68 +235,44 @@ struct RendezvousServer::Impl {
     stop = true;
     wake();
     if (io.joinable()) io.join();
-    for (auto& [id, c] : conns) {
-      if (c->fd >= 0) ::close(c->fd);
-    }
-    for (int fd : {listen_fd, ep, wake_fd}) {
-      if (fd >= 0) ::close(fd);
-    }
   }
 
   // "rendezvous (gen 3)" for the server's log lines ("rendezvous" before the first generation).
   std::string log_prefix() const { return gen >= 0 ? fmt::format("rendezvous ({})", who(gen)) : "rendezvous"; }
 
   void wake() {
-    if (wake_fd < 0) return;
+    if (!wake_fd) return;
     uint64_t one = 1;
-    [[maybe_unused]] auto n = ::write(wake_fd, &one, sizeof(one));
+    [[maybe_unused]] auto n = ::write(wake_fd.get(), &one, sizeof(one));
   }
 
   Status start() {
     fd_limit = raise_fd_limit();
-    addrinfo hints{};
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_PASSIVE;
-    addrinfo* res = nullptr;
-    std::string port_s = std::to_string(opt.port);
-    const char* host = opt.bind_address.empty() ? nullptr : opt.bind_address.c_str();
-    if (int rc = ::getaddrinfo(host, port_s.c_str(), &hints, &res); rc != 0) {
+    auto addrs = net::resolve(opt.bind_address, std::to_string(opt.port), /*passive=*/true);
+    if (!addrs) {
       return Status::error(fmt::format("rendezvous: cannot resolve the address '{}' to listen on: {}; give an IP "
                                        "address or a name of this host",
-                                       opt.bind_address, ::gai_strerror(rc)));
+                                       opt.bind_address, addrs.message()));
     }
     std::string last;
-    for (addrinfo* ai = res; ai && listen_fd < 0; ai = ai->ai_next) {
-      int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol);
-      if (fd < 0) {
-        last = std::strerror(errno);
-        continue;
+    for (const net::Address& a : *addrs) {
+      net::Socket s = net::listen(a, 65535, /*reuse_address=*/true);
+      if (s.ok()) {
+        listen_fd = std::move(s.fd);
+        break;
       }
-      int one = 1;
-      ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-      if (::bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || ::listen(fd, 65535) != 0) {
-        last = std::strerror(errno);
-        ::close(fd);
-        continue;
-      }
-      listen_fd = fd;
+      last = s.outcome.text();
     }
-    ::freeaddrinfo(res);
-    if (listen_fd < 0) {
+    if (!listen_fd) {
       return Status::error(fmt::format("rendezvous: cannot listen on {}:{}: {}; {}", opt.bind_address, opt.port, last,
                                        opt.port == 0 ? "check that the address belongs to this host and that the "
                                                        "open-file limit (ulimit -n) is not exhausted"
                                                      : "the port is taken or not allowed: choose another"));
     }
-    sockaddr_storage ss{};
-    socklen_t len = sizeof(ss);
-    ::getsockname(listen_fd, reinterpret_cast<sockaddr*>(&ss), &len);
-    bound_port = ntohs(ss.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port
-                                                : reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
-    ep = ::epoll_create1(EPOLL_CLOEXEC);
-    wake_fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (ep < 0 || wake_fd < 0) {
+    bound_port = net::local_address(listen_fd.get()).port();
+    ep.reset(::epoll_create1(EPOLL_CLOEXEC));
+    wake_fd.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+    if (!ep || !wake_fd) {
       return Status::error(fmt::format("rendezvous: cannot set up the server's I/O loop (epoll/eventfd): {}; raise the "
                                        "open-file limit (ulimit -n) or free memory, then start the job again",
                                        std::strerror(errno)));
@@ -323,9 +280,9 @@ struct RendezvousServer::Impl {
     epoll_event ev{};
     ev.events = EPOLLIN;
     ev.data.u64 = kListenId;
-    ::epoll_ctl(ep, EPOLL_CTL_ADD, listen_fd, &ev);
+    ::epoll_ctl(ep.get(), EPOLL_CTL_ADD, listen_fd.get(), &ev);
     ev.data.u64 = kWakeId;
-    ::epoll_ctl(ep, EPOLL_CTL_ADD, wake_fd, &ev);
+    ::epoll_ctl(ep.get(), EPOLL_CTL_ADD, wake_fd.get(), &ev);
     io = std::thread([this] { loop(); });
     ERUN_LOG_DEBUG("rendezvous: listening on {}:{}", opt.bind_address, bound_port);
     return Status::ok();
@@ -350,7 +307,7 @@ struct RendezvousServer::Impl {
         std::lock_guard<std::mutex> lock(mu);
         timeout = next_timeout_ms();
       }
-      int n = ::epoll_wait(ep, events.data(), static_cast<int>(events.size()), timeout);
+      int n = ::epoll_wait(ep.get(), events.data(), static_cast<int>(events.size()), timeout);
       if (n < 0 && errno != EINTR) {
         ERUN_LOG_ERROR("{}: the server's I/O loop stopped: epoll_wait failed: {}; workers can no longer "
                        "join or use the store, and the job will fail: start it again",
@@ -364,7 +321,7 @@ struct RendezvousServer::Impl {
           accept_all();
         } else if (id == kWakeId) {
           uint64_t v;
-          while (::read(wake_fd, &v, sizeof(v)) > 0) {
+          while (::read(wake_fd.get(), &v, sizeof(v)) > 0) {
           }
         } else {
           auto it = conns.find(id);
@@ -395,7 +352,7 @@ struct RendezvousServer::Impl {
   void pause_accepting(Duration d) {
     epoll_event ev{};
     ev.data.u64 = kListenId;
-    ::epoll_ctl(ep, EPOLL_CTL_MOD, listen_fd, &ev);
+    ::epoll_ctl(ep.get(), EPOLL_CTL_MOD, listen_fd.get(), &ev);
     accept_paused = true;
     push_timer(SteadyClock::now() + d, kListenId, 0);
   }
@@ -423,10 +380,9 @@ struct RendezvousServer::Impl {
   void accept_all() {
     while (true) {
       if (!make_room()) return;
-      sockaddr_storage addr{};
-      socklen_t addr_len = sizeof(addr);
-      int fd = ::accept4(listen_fd, reinterpret_cast<sockaddr*>(&addr), &addr_len, SOCK_NONBLOCK | SOCK_CLOEXEC);
-      if (fd < 0) {
+      net::Address addr;
+      Fd fd = net::accept(listen_fd.get(), &addr);
+      if (!fd) {
         if (errno == EINTR || errno == ECONNABORTED) continue;
         if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
           ERUN_LOG_WARN("rendezvous: cannot accept another worker's connection ({} open, open-file limit {}): {}; "
@@ -438,18 +394,18 @@ struct RendezvousServer::Impl {
         }
         return;
       }
-      wire::set_nodelay(fd);
+      net::set_nodelay(fd.get());
       auto c = std::make_unique<Conn>();
       c->id = next_conn++;
-      c->fd = fd;
-      c->peer = wire::address_name(addr);
+      c->peer = addr.name();
       c->handshake_deadline = SteadyClock::now() + opt.io_timeout;
       push_timer(c->handshake_deadline, c->id, 0);
       admission.accepted(c->id, SteadyClock::now());
       epoll_event ev{};
       ev.events = EPOLLIN;
       ev.data.u64 = c->id;
-      ::epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev);
+      ::epoll_ctl(ep.get(), EPOLL_CTL_ADD, fd.get(), &ev);
+      c->fd = std::move(fd);
       conns.emplace(c->id, std::move(c));
     }
   }
@@ -464,7 +420,7 @@ struct RendezvousServer::Impl {
         if (c.rlen >= kPreAuthBytes) return refuse(c, "sent more than a handshake frame before authenticating");
         room = kPreAuthBytes - c.rlen;
       }
-      ssize_t n = ::recv(c.fd, scratch.data(), room, 0);
+      ssize_t n = ::recv(c.fd.get(), scratch.data(), room, 0);
       if (n > 0) {
         if (c.rbuf.size() < c.rlen + static_cast<size_t>(n)) c.rbuf.resize(c.rlen + static_cast<size_t>(n));
         std::memcpy(c.rbuf.data() + c.rlen, scratch.data(), static_cast<size_t>(n));
@@ -561,7 +517,7 @@ struct RendezvousServer::Impl {
   void flush(Conn& c) {
     if (c.parent != 0) return;  // a stream's frames sit in its relay connection's buffer
     while (c.woff < c.wbuf.size()) {
-      ssize_t n = ::send(c.fd, c.wbuf.data() + c.woff, c.wbuf.size() - c.woff, MSG_NOSIGNAL | MSG_DONTWAIT);
+      ssize_t n = ::send(c.fd.get(), c.wbuf.data() + c.woff, c.wbuf.size() - c.woff, MSG_NOSIGNAL | MSG_DONTWAIT);
       if (n > 0) {
         c.woff += static_cast<size_t>(n);
         continue;
@@ -579,7 +535,7 @@ struct RendezvousServer::Impl {
       c.write_deadline = kNever;
       if (c.want_out) {
         ev.events = EPOLLIN;
-        ::epoll_ctl(ep, EPOLL_CTL_MOD, c.fd, &ev);
+        ::epoll_ctl(ep.get(), EPOLL_CTL_MOD, c.fd.get(), &ev);
         c.want_out = false;
       }
       return;
@@ -592,7 +548,7 @@ struct RendezvousServer::Impl {
     }
     if (!c.want_out) {
       ev.events = EPOLLIN | EPOLLOUT;
-      ::epoll_ctl(ep, EPOLL_CTL_MOD, c.fd, &ev);
+      ::epoll_ctl(ep.get(), EPOLL_CTL_MOD, c.fd.get(), &ev);
       c.want_out = true;
     }
     if (c.write_deadline == kNever) {
@@ -620,7 +576,7 @@ struct RendezvousServer::Impl {
       if (c.parent != 0) send_error(c, 0, "refused: " + reason);
       if (c.relay && c.woff == c.wbuf.size()) {
         std::string f = wire::encode_frame(Type::kError, job_hash, gen, 0, wire::encode_str("refused: " + reason));
-        [[maybe_unused]] auto n = ::send(c.fd, f.data(), f.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+        [[maybe_unused]] auto n = ::send(c.fd.get(), f.data(), f.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
       }
       return doom(c);
     }
@@ -633,7 +589,7 @@ struct RendezvousServer::Impl {
     if (c.woff == c.wbuf.size()) {  // never in the middle of a half-sent frame
       std::string f = wire::encode_frame(Type::kError, job_hash, gen, 0,
                                          wire::encode_str("refused: " + reason));
-      [[maybe_unused]] auto n = ::send(c.fd, f.data(), f.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+      [[maybe_unused]] auto n = ::send(c.fd.get(), f.data(), f.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
     }
     doom(c);
   }
@@ -690,7 +646,7 @@ struct RendezvousServer::Impl {
       auto it = conns.find(id);
       if (it == conns.end()) continue;
       Conn& c = *it->second;
-      if (c.fd >= 0) ::close(c.fd);  // also leaves the epoll set
+      c.fd.reset();  // also leaves the epoll set
       if (c.joined) {
         auto o = slot_owner.find(c.join.slot);
         if (o != slot_owner.end() && o->second == c.id) {
@@ -738,7 +694,7 @@ struct RendezvousServer::Impl {
           epoll_event ev{};
           ev.events = EPOLLIN;
           ev.data.u64 = kListenId;
-          ::epoll_ctl(ep, EPOLL_CTL_MOD, listen_fd, &ev);
+          ::epoll_ctl(ep.get(), EPOLL_CTL_MOD, listen_fd.get(), &ev);
           accept_paused = false;
         }
         continue;
@@ -790,28 +746,24 @@ struct RendezvousServer::Impl {
     auto type = static_cast<Type>(h.type);
     switch (c.phase) {
       case Phase::kHello:
-        if (type != Type::kHello || payload.size() != wire::kNonceBytes) {
+        if (type != Type::kHello || !c.hs.hello(payload, &nonces)) {
           return refuse(c, fmt::format("expected HELLO, got {} ({} bytes)", wire::type_name(h.type),
                                        payload.size()));
         }
-        c.client_nonce.assign(payload);
-        c.server_nonce = nonces.next();
         c.phase = Phase::kAuth;
-        return send_frame(c, Type::kChallenge, gen, h.request_id, c.server_nonce);
+        return send_frame(c, Type::kChallenge, gen, h.request_id, c.hs.challenge());
       case Phase::kAuth: {
         if (type != Type::kAuth || payload.size() != wire::kMacBytes) {
           return refuse(c, fmt::format("expected AUTH, got {} ({} bytes)", wire::type_name(h.type),
                                        payload.size()));
         }
-        auto want = prover.client_proof(c.server_nonce, c.client_nonce);
-        if (!wire::equal_ct(want, payload)) {
+        if (!c.hs.verify(proofs, payload)) {
           return refuse(c, "authentication failed (wrong job secret)");
         }
         c.phase = Phase::kReady;
         c.handshake_deadline = kNever;
         admission.done(c.id);
-        auto proof = prover.server_proof(c.client_nonce, c.server_nonce);
-        return send_frame(c, Type::kAuthOk, gen, h.request_id, proof);
+        return send_frame(c, Type::kAuthOk, gen, h.request_id, c.hs.proof(proofs));
       }
       case Phase::kReady:
         break;
@@ -977,7 +929,7 @@ struct RendezvousServer::Impl {
     if (owner_gen < 0 || after_gen >= owner_gen) return std::nullopt;
     char b;
     // A relayed owner is live until its agent says RELAY_CLOSED.
-    ssize_t n = owner.parent != 0 ? 1 : ::recv(owner.fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    ssize_t n = owner.parent != 0 ? 1 : ::recv(owner.fd.get(), &b, 1, MSG_PEEK | MSG_DONTWAIT);
     if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
       close_quietly(owner, "closed by the peer");
       return std::nullopt;
@@ -1184,7 +1136,7 @@ RendezvousServer::RendezvousServer(ServerOptions options)
 RendezvousServer::~RendezvousServer() = default;
 
 Status RendezvousServer::start() {
-  ERUN_CHECK(impl_->listen_fd < 0);
+  ERUN_CHECK(!impl_->listen_fd);
   return impl_->start();
 }
 

@@ -1,57 +1,12 @@
 #include "rendezvous/wire.h"
 
-#include <arpa/inet.h>
-#include <fcntl.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <openssl/crypto.h>
-#include <openssl/evp.h>
-#include <openssl/hmac.h>
-#include <openssl/rand.h>
-#include <poll.h>
-#include <sys/socket.h>
-#include <sys/un.h>
-#include <unistd.h>
-
-#include <cerrno>
 #include <cstring>
 
 #include <fmt/format.h>
 
+#include "common/net.h"
+
 namespace erun::wire {
-namespace {
-
-void put_le(char* out, uint64_t v, size_t n) {
-  for (size_t i = 0; i < n; ++i) out[i] = static_cast<char>((v >> (8 * i)) & 0xff);
-}
-
-uint64_t get_le(const char* in, size_t n) {
-  uint64_t v = 0;
-  for (size_t i = 0; i < n; ++i) v |= static_cast<uint64_t>(static_cast<unsigned char>(in[i])) << (8 * i);
-  return v;
-}
-
-int poll_ms(TimePoint deadline) {
-  auto left = deadline - std::chrono::steady_clock::now();
-  if (left <= Duration::zero()) return 0;
-  auto ms = std::chrono::ceil<std::chrono::milliseconds>(left).count();
-  return ms > 60'000 ? 60'000 : static_cast<int>(ms);
-}
-
-// Waits for `events` on fd until the deadline; false on timeout.
-bool wait_fd(int fd, short events, TimePoint deadline) {
-  while (true) {
-    pollfd p{fd, events, 0};
-    int ms = poll_ms(deadline);
-    int n = ::poll(&p, 1, ms);
-    if (n > 0) return true;
-    if (n < 0 && errno != EINTR) return true;  // let the caller's I/O call report it
-    if (n == 0 && std::chrono::steady_clock::now() >= deadline) return false;
-  }
-}
-
-}  // namespace
 
 const char* type_name(uint16_t type) {
   switch (static_cast<Type>(type)) {
@@ -74,13 +29,6 @@ const char* type_name(uint16_t type) {
     case Type::kRelayClosed: return "RELAY_CLOSED";
   }
   return "UNKNOWN";
-}
-
-uint64_t job_hash(std::string_view job_id) {
-  unsigned char md[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  ERUN_CHECK(EVP_Digest(job_id.data(), job_id.size(), md, &len, EVP_sha256(), nullptr) == 1);
-  return get_le(reinterpret_cast<const char*>(md), 8);
 }
 
 void encode_header(const Header& h, char out[kHeaderBytes]) {
@@ -174,60 +122,6 @@ std::optional<std::string> decode_relay(std::string_view payload, uint64_t expec
 std::optional<uint32_t> decode_relay_closed(std::string_view payload) {
   if (payload.size() != 4) return std::nullopt;
   return static_cast<uint32_t>(get_le(payload.data(), 4));
-}
-
-PayloadWriter& PayloadWriter::raw(const void* p, size_t n) {
-  buf_.append(static_cast<const char*>(p), n);
-  return *this;
-}
-PayloadWriter& PayloadWriter::u32(uint32_t v) {
-  char b[4];
-  put_le(b, v, 4);
-  return raw(b, 4);
-}
-PayloadWriter& PayloadWriter::u64(uint64_t v) {
-  char b[8];
-  put_le(b, v, 8);
-  return raw(b, 8);
-}
-PayloadWriter& PayloadWriter::bytes(std::string_view s) {
-  ERUN_CHECK(s.size() <= UINT32_MAX);
-  u32(static_cast<uint32_t>(s.size()));
-  return raw(s.data(), s.size());
-}
-
-bool PayloadReader::take(size_t n) {
-  if (failed_ || p_.size() - pos_ < n) {
-    failed_ = true;
-    return false;
-  }
-  return true;
-}
-uint8_t PayloadReader::u8() {
-  if (!take(1)) return 0;
-  return static_cast<uint8_t>(p_[pos_++]);
-}
-uint32_t PayloadReader::u32() {
-  if (!take(4)) return 0;
-  auto v = static_cast<uint32_t>(get_le(p_.data() + pos_, 4));
-  pos_ += 4;
-  return v;
-}
-uint64_t PayloadReader::u64() {
-  if (!take(8)) return 0;
-  auto v = get_le(p_.data() + pos_, 8);
-  pos_ += 8;
-  return v;
-}
-std::string PayloadReader::bytes() {
-  uint32_t n = u32();
-  return fixed(n);
-}
-std::string PayloadReader::fixed(size_t n) {
-  if (!take(n)) return {};
-  std::string s(p_.substr(pos_, n));
-  pos_ += n;
-  return s;
 }
 
 // ---- message payloads ------------------------------------------------------
@@ -375,262 +269,52 @@ std::optional<bool> decode_check_result(std::string_view payload) {
   return v == 1;
 }
 
-std::string random_bytes(size_t n) {
-  std::string out(n, '\0');
-  ERUN_CHECK(RAND_bytes(reinterpret_cast<unsigned char*>(out.data()), static_cast<int>(n)) == 1);
-  return out;
-}
-
-std::string hmac_sha256(std::string_view key, std::string_view data) {
-  unsigned char md[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  ERUN_CHECK(HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
-                  reinterpret_cast<const unsigned char*>(data.data()), data.size(), md,
-                  &len) != nullptr);
-  return std::string(reinterpret_cast<char*>(md), len);
-}
-
-bool equal_ct(std::string_view a, std::string_view b) {
-  return a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
-}
-
 namespace {
-std::string proof(std::string_view label, std::string_view secret, std::string_view n1,
-                  std::string_view job_id, std::string_view n2) {
-  PayloadWriter w;
-  w.fixed(label).fixed(n1).bytes(job_id).fixed(n2);
-  return hmac_sha256(secret, w.str());
+constexpr handshake::Scheme kScheme{"erun-client-v1", "erun-server-v1", handshake::Scheme::Layout::kPeerNonceFirst};
+
+// The rendezvous' words for how a read or a write ended.
+Status io_status(const net::Outcome& o, const char* timed_out, const char* verb) {
+  switch (o.end) {
+    case net::Outcome::kOk: return Status::ok();
+    case net::Outcome::kTimedOut: return Status::error(timed_out);
+    case net::Outcome::kClosed: return Status::error("connection closed by the peer");
+    default: return Status::error(fmt::format("{} failed: {}", verb, o.text()));
+  }
 }
 }  // namespace
+
+handshake::Proofs proofs(std::string_view secret, std::string_view job_id) {
+  return handshake::Proofs(std::make_shared<const handshake::Key>(secret), kScheme,
+                           PayloadWriter().bytes(job_id).str());
+}
 
 std::string client_proof(std::string_view secret, std::string_view server_nonce,
                          std::string_view job_id, std::string_view client_nonce) {
-  return proof("erun-client-v1", secret, server_nonce, job_id, client_nonce);
+  return proofs(secret, job_id).initiator(client_nonce, server_nonce);
 }
 std::string server_proof(std::string_view secret, std::string_view client_nonce,
                          std::string_view job_id, std::string_view server_nonce) {
-  return proof("erun-server-v1", secret, client_nonce, job_id, server_nonce);
-}
-
-// HMAC (RFC 2104) over SHA-256: H((K ^ opad) || H((K ^ ipad) || m)), with the
-// two padded key blocks absorbed once into digest states that each MAC copies.
-struct Prover::Pads {
-  EVP_MD_CTX* inner = nullptr;
-  EVP_MD_CTX* outer = nullptr;
-  ~Pads() {
-    EVP_MD_CTX_free(inner);
-    EVP_MD_CTX_free(outer);
-  }
-};
-
-namespace {
-constexpr size_t kShaBlock = 64;
-
-std::string sha256(std::string_view data) {
-  unsigned char md[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  ERUN_CHECK(EVP_Digest(data.data(), data.size(), md, &len, EVP_sha256(), nullptr) == 1);
-  return std::string(reinterpret_cast<char*>(md), len);
-}
-
-EVP_MD_CTX* padded_state(const std::string& key, unsigned char pad) {
-  unsigned char block[kShaBlock];
-  for (size_t i = 0; i < kShaBlock; ++i) {
-    block[i] = static_cast<unsigned char>((i < key.size() ? static_cast<unsigned char>(key[i]) : 0) ^ pad);
-  }
-  EVP_MD_CTX* ctx = EVP_MD_CTX_new();
-  ERUN_CHECK(ctx != nullptr && EVP_DigestInit_ex(ctx, EVP_sha256(), nullptr) == 1 &&
-             EVP_DigestUpdate(ctx, block, kShaBlock) == 1);
-  return ctx;
-}
-}  // namespace
-
-Prover::Prover(std::string_view secret, std::string_view job_id)
-    : job_id_(job_id), pads_(std::make_unique<Pads>()) {
-  std::string key = secret.size() > kShaBlock ? sha256(secret) : std::string(secret);
-  pads_->inner = padded_state(key, 0x36);
-  pads_->outer = padded_state(key, 0x5c);
-}
-
-Prover::~Prover() = default;
-
-std::string Prover::mac(std::string_view label, std::string_view n1, std::string_view n2) const {
-  PayloadWriter w;
-  w.fixed(label).fixed(n1).bytes(job_id_).fixed(n2);
-  unsigned char inner[EVP_MAX_MD_SIZE], out[EVP_MAX_MD_SIZE];
-  unsigned int inner_len = 0, out_len = 0;
-  EVP_MD_CTX* ctx = EVP_MD_CTX_new();
-  ERUN_CHECK(ctx != nullptr && EVP_MD_CTX_copy_ex(ctx, pads_->inner) == 1 &&
-             EVP_DigestUpdate(ctx, w.str().data(), w.str().size()) == 1 &&
-             EVP_DigestFinal_ex(ctx, inner, &inner_len) == 1 && EVP_MD_CTX_copy_ex(ctx, pads_->outer) == 1 &&
-             EVP_DigestUpdate(ctx, inner, inner_len) == 1 && EVP_DigestFinal_ex(ctx, out, &out_len) == 1);
-  EVP_MD_CTX_free(ctx);
-  return std::string(reinterpret_cast<char*>(out), out_len);
-}
-
-std::string Prover::client_proof(std::string_view server_nonce, std::string_view client_nonce) const {
-  return mac("erun-client-v1", server_nonce, client_nonce);
-}
-std::string Prover::server_proof(std::string_view client_nonce, std::string_view server_nonce) const {
-  return mac("erun-server-v1", client_nonce, server_nonce);
-}
-
-Status set_nonblocking(int fd) {
-  int flags = ::fcntl(fd, F_GETFL, 0);
-  if (flags < 0 || ::fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0) {
-    return Status::error(fmt::format("fcntl(O_NONBLOCK): {}", std::strerror(errno)));
-  }
-  return Status::ok();
-}
-
-void set_nodelay(int fd) {
-  int one = 1;
-  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-}
-
-std::string peer_name(int fd) {
-  sockaddr_storage ss{};
-  socklen_t len = sizeof(ss);
-  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) return "unknown peer";
-  return address_name(ss);
-}
-
-std::string address_name(const sockaddr_storage& ss) {
-  char host[INET6_ADDRSTRLEN] = {};
-  int port = 0;
-  if (ss.ss_family == AF_INET) {
-    auto* a = reinterpret_cast<const sockaddr_in*>(&ss);
-    ::inet_ntop(AF_INET, &a->sin_addr, host, sizeof(host));
-    port = ntohs(a->sin_port);
-    return fmt::format("{}:{}", host, port);
-  }
-  if (ss.ss_family == AF_INET6) {
-    auto* a = reinterpret_cast<const sockaddr_in6*>(&ss);
-    ::inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof(host));
-    port = ntohs(a->sin6_port);
-    return fmt::format("[{}]:{}", host, port);
-  }
-  return "unknown peer";
-}
-
-Result<int> connect_tcp(const std::string& host, int port, TimePoint deadline) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* res = nullptr;
-  std::string port_s = std::to_string(port);
-  int rc = ::getaddrinfo(host.c_str(), port_s.c_str(), &hints, &res);
-  if (rc != 0) {
-    return Result<int>::error(fmt::format("cannot resolve rendezvous address '{}': {}", host,
-                                          ::gai_strerror(rc)));
-  }
-  std::string last = "no address";
-  for (addrinfo* ai = res; ai; ai = ai->ai_next) {
-    int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol);
-    if (fd < 0) {
-      last = std::strerror(errno);
-      continue;
-    }
-    int r = ::connect(fd, ai->ai_addr, ai->ai_addrlen);
-    if (r != 0 && errno == EINPROGRESS) {
-      if (!wait_fd(fd, POLLOUT, deadline)) {
-        last = "timed out";
-        ::close(fd);
-        continue;
-      }
-      int err = 0;
-      socklen_t len = sizeof(err);
-      ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
-      r = err == 0 ? 0 : -1;
-      errno = err;
-    }
-    if (r != 0) {
-      last = std::strerror(errno);
-      ::close(fd);
-      continue;
-    }
-    set_nodelay(fd);
-    ::freeaddrinfo(res);
-    return fd;
-  }
-  ::freeaddrinfo(res);
-  return Result<int>::error(fmt::format(
-      "cannot connect to the rendezvous server at {}:{}: {} (is the driver running and reachable?)",
-      host, port, last));
-}
-
-Result<int> connect_unix(const std::string& path, TimePoint deadline) {
-  sockaddr_un a{};
-  a.sun_family = AF_UNIX;
-  if (path.empty() || path.size() >= sizeof a.sun_path) {
-    return Result<int>::error(fmt::format("the rendezvous socket path '{}' is empty or too long", path));
-  }
-  std::memcpy(a.sun_path, path.c_str(), path.size() + 1);
-  std::string last;
-  while (true) {
-    int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0) return Result<int>::error(fmt::format("socket: {}", std::strerror(errno)));
-    if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) return fd;
-    int err = errno;
-    ::close(fd);
-    last = std::strerror(err);
-    // A full backlog (EAGAIN) clears as the agent accepts: retry until the deadline.
-    if (err != EAGAIN || std::chrono::steady_clock::now() >= deadline) break;
-    ::usleep(5000);
-  }
-  return Result<int>::error(fmt::format(
-      "cannot connect to the rendezvous relay of this host's erun agent at {}: {} (is the agent running?)", path,
-      last));
+  return proofs(secret, job_id).responder(client_nonce, server_nonce);
 }
 
 Status send_all(int fd, std::string_view data, TimePoint deadline) {
-  size_t off = 0;
-  while (off < data.size()) {
-    ssize_t n = ::send(fd, data.data() + off, data.size() - off, MSG_NOSIGNAL);
-    if (n > 0) {
-      off += static_cast<size_t>(n);
-      continue;
-    }
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      if (!wait_fd(fd, POLLOUT, deadline)) return Status::error("timed out sending to the peer");
-      continue;
-    }
-    return Status::error(fmt::format("send failed: {}", std::strerror(errno)));
-  }
-  return Status::ok();
-}
-
-Status recv_exact(int fd, char* out, size_t n, TimePoint deadline) {
-  size_t off = 0;
-  while (off < n) {
-    ssize_t r = ::recv(fd, out + off, n - off, 0);
-    if (r > 0) {
-      off += static_cast<size_t>(r);
-      continue;
-    }
-    if (r == 0) return Status::error("connection closed by the peer");
-    if (errno == EINTR) continue;
-    if (errno == EAGAIN || errno == EWOULDBLOCK) {
-      if (!wait_fd(fd, POLLIN, deadline)) return Status::error("timed out waiting for the peer");
-      continue;
-    }
-    return Status::error(fmt::format("recv failed: {}", std::strerror(errno)));
-  }
-  return Status::ok();
+  return io_status(net::send_all(fd, data, deadline), "timed out sending to the peer", "send");
 }
 
 Result<Frame> recv_frame(int fd, uint64_t expected_job_hash, size_t max_payload,
                          TimePoint deadline) {
+  const char* timed_out = "timed out waiting for the peer";
   char hb[kHeaderBytes];
-  if (auto s = recv_exact(fd, hb, kHeaderBytes, deadline); !s) return s;
+  if (auto s = io_status(net::recv_exact(fd, hb, kHeaderBytes, deadline), timed_out, "recv"); !s) return s;
   Frame f;
   f.header = decode_header(hb);
   if (auto why = check_header(f.header, expected_job_hash, max_payload)) {
     return Result<Frame>::error(*why);
   }
   f.payload.resize(f.header.length);
-  if (auto s = recv_exact(fd, f.payload.data(), f.payload.size(), deadline); !s) return s;
+  if (auto s = io_status(net::recv_exact(fd, f.payload.data(), f.payload.size(), deadline), timed_out, "recv"); !s) {
+    return s;
+  }
   return f;
 }
 

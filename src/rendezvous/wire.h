@@ -1,31 +1,30 @@
 // The rendezvous wire format (docs/protocol.md): a fixed 32-byte little-endian
-// header, then a payload of at most max_frame_bytes. Pure functions over bytes
-// plus the HMAC/nonce helpers and the socket helpers with deadlines that both
-// ends use. Nothing here keeps state; everything is safe from any thread.
+// header, then a payload of at most max_frame_bytes. Pure functions over bytes,
+// the handshake's proofs under the rendezvous' labels, and frame I/O with
+// deadlines over common/net.h. Nothing here keeps state; everything is safe
+// from any thread. The codec, crypto and sockets are common/'s.
 #pragma once
 
-#include <array>
 #include <cstddef>
 #include <cstdint>
-#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "common/clock.h"
+#include "common/codec.h"
+#include "common/handshake.h"
 #include "common/status.h"
 #include "rendezvous/membership.h"
-
-struct sockaddr_storage;
 
 namespace erun::wire {
 
 constexpr uint32_t kMagic = 0x4E555245;  // "ERUN" as little-endian bytes
 constexpr uint16_t kVersion = 3;  // 2: JOIN carries reason and failed rank; 3: agent relay frames
 constexpr size_t kHeaderBytes = 32;
-constexpr size_t kNonceBytes = 32;
-constexpr size_t kMacBytes = 32;
+constexpr size_t kNonceBytes = handshake::kNonceBytes;  // HELLO's and CHALLENGE's payload
+constexpr size_t kMacBytes = handshake::kMacBytes;      // AUTH's and AUTH_OK's payload
 // Frames before authentication are tiny; anything larger is refused at once.
 constexpr size_t kMaxHandshakeFrameBytes = 256;
 // A relay frame wraps one whole inner frame: its header and a u32 stream id.
@@ -64,9 +63,6 @@ struct Header {
   uint32_t length = 0;
 };
 
-// First 8 bytes of SHA-256(job_id), little-endian.
-uint64_t job_hash(std::string_view job_id);
-
 void encode_header(const Header& h, char out[kHeaderBytes]);
 Header decode_header(const char in[kHeaderBytes]);
 // Why a header must be refused ("bad magic 0x..."), or nullopt when it is fine.
@@ -76,44 +72,6 @@ std::optional<std::string> check_header(const Header& h, uint64_t expected_job_h
 // A whole frame (header + payload) as bytes.
 std::string encode_frame(Type type, uint64_t job_hash, int64_t generation, uint32_t request_id,
                          std::string_view payload);
-
-class PayloadWriter {
- public:
-  PayloadWriter& u8(uint8_t v) { return raw(&v, 1); }
-  PayloadWriter& u32(uint32_t v);
-  PayloadWriter& u64(uint64_t v);
-  PayloadWriter& i32(int32_t v) { return u32(static_cast<uint32_t>(v)); }
-  PayloadWriter& i64(int64_t v) { return u64(static_cast<uint64_t>(v)); }
-  PayloadWriter& bytes(std::string_view s);  // u32 length + bytes
-  PayloadWriter& fixed(std::string_view s) { return raw(s.data(), s.size()); }
-  const std::string& str() const { return buf_; }
-
- private:
-  PayloadWriter& raw(const void* p, size_t n);
-  std::string buf_;
-};
-
-// Reads a payload; any underflow sets failed() and returns zeros.
-class PayloadReader {
- public:
-  explicit PayloadReader(std::string_view p) : p_(p) {}
-  uint8_t u8();
-  uint32_t u32();
-  uint64_t u64();
-  int32_t i32() { return static_cast<int32_t>(u32()); }
-  int64_t i64() { return static_cast<int64_t>(u64()); }
-  std::string bytes();
-  std::string fixed(size_t n);
-  // True when everything was read and nothing is left over.
-  bool done() const { return !failed_ && pos_ == p_.size(); }
-  bool failed() const { return failed_; }
-
- private:
-  bool take(size_t n);
-  std::string_view p_;
-  size_t pos_ = 0;
-  bool failed_ = false;
-};
 
 // The message payloads (docs/protocol.md), each encoder next to its decoder.
 // A decoder returns nullopt for a malformed payload (short, or bytes left over,
@@ -155,53 +113,18 @@ std::optional<std::string> decode_relay(std::string_view payload, uint64_t expec
                                         size_t max_inner_payload, RelayedFrame* out);
 std::optional<uint32_t> decode_relay_closed(std::string_view payload);
 
-// Crypto (OpenSSL).
-std::string random_bytes(size_t n);
-std::string hmac_sha256(std::string_view key, std::string_view data);
-bool equal_ct(std::string_view a, std::string_view b);
-// The proofs of the handshake: each side proves it knows the secret over the
-// other side's fresh nonce; distinct labels stop a proof from being reflected.
+// The handshake's proofs (common/handshake.h) under the rendezvous' labels:
+// the client's HMAC(secret, "erun-client-v1" || server nonce || str(job_id) ||
+// client nonce), the server's with "erun-server-v1" and the nonces swapped.
+handshake::Proofs proofs(std::string_view secret, std::string_view job_id);
+// The same two, one shot (tools and tests).
 std::string client_proof(std::string_view secret, std::string_view server_nonce,
                          std::string_view job_id, std::string_view client_nonce);
 std::string server_proof(std::string_view secret, std::string_view client_nonce,
                          std::string_view job_id, std::string_view server_nonce);
 
-// The same two proofs under one secret and job id, with the HMAC key's padded
-// blocks hashed once: a server that authenticates 100,000 connections pays
-// two SHA-256 runs per proof, not an algorithm lookup and a key setup each
-// time. Equal to client_proof()/server_proof(); safe from any thread.
-class Prover {
- public:
-  Prover(std::string_view secret, std::string_view job_id);
-  ~Prover();
-  Prover(const Prover&) = delete;
-  Prover& operator=(const Prover&) = delete;
-  std::string client_proof(std::string_view server_nonce, std::string_view client_nonce) const;
-  std::string server_proof(std::string_view client_nonce, std::string_view server_nonce) const;
-
- private:
-  std::string mac(std::string_view label, std::string_view n1, std::string_view n2) const;
-  std::string job_id_;
-  struct Pads;
-  std::unique_ptr<Pads> pads_;
-};
-
-// Sockets.
-Status set_nonblocking(int fd);
-void set_nodelay(int fd);
-std::string peer_name(int fd);
-// "host:port" ("[v6]:port") of a socket address, e.g. the one accept4() filled.
-std::string address_name(const sockaddr_storage& ss);
-// Connects to host:port (TCP, IPv4 or IPv6) before the deadline; returns a
-// non-blocking socket or an error naming the address.
-Result<int> connect_tcp(const std::string& host, int port, TimePoint deadline);
-// Connects to a unix-domain stream socket (an erun agent's relay) before the
-// deadline; returns a non-blocking socket or an error naming the path.
-Result<int> connect_unix(const std::string& path, TimePoint deadline);
 // Writes all of data to a non-blocking socket before the deadline.
 Status send_all(int fd, std::string_view data, TimePoint deadline);
-// Reads exactly n bytes from a non-blocking socket before the deadline.
-Status recv_exact(int fd, char* out, size_t n, TimePoint deadline);
 
 struct Frame {
   Header header;

@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 #include <unordered_set>
 
+#include "common/fd.h"
 #include "common/private_files.h"
 #include "erun/errors.hpp"
 
@@ -134,21 +135,6 @@ class FdSink final : public BufferedSink {
   }
   int fd_;
   std::string path_;
-};
-
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  int get() const { return fd_; }
-  int release() { return std::exchange(fd_, -1); }
-
- private:
-  int fd_;
 };
 
 std::string temp_prefix(const std::string& name) { return "." + name + ".tmp."; }

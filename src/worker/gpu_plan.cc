@@ -6,17 +6,14 @@
 #include <map>
 #include <utility>
 
+#include "common/codec.h"
 #include "erun/errors.hpp"
-#include "rendezvous/wire.h"
 
 namespace erun::gpu_plan {
 namespace {
 
-using wire::PayloadReader;
-using wire::PayloadWriter;
-
 // Then has_device, the UUID, can_shrink, the kept communicator's generation,
-// rank and size, and the host (wire.h's little-endian encoding).
+// rank and size, and the host (common/codec.h's little-endian encoding).
 constexpr uint32_t kMagic = 0x67707533;  // "gpu3"
 
 std::string uuid_text(const std::array<uint8_t, 16>& u) {

@@ -17,6 +17,7 @@
 #include <regex>
 #include <thread>
 
+#include "common/net.h"
 #include "rendezvous/wire.h"
 #include "support/erun_process.h"
 #include "support/process_utils.h"
@@ -134,10 +135,10 @@ TEST_F(ErunRelay, TwoHostsOfThreeWorkersAreTwoRendezvousConnectionsAndRecoverInP
   ::close(fd);
   fd = connect_unix(sock);
   ASSERT_GE(fd, 0);
-  const uint64_t jh = wire::job_hash(env_value(ws.front(), "ERUN_JOB_ID"));
+  const uint64_t jh = handshake::job_hash(env_value(ws.front(), "ERUN_JOB_ID"));
   auto deadline = std::chrono::steady_clock::now() + 10s;
-  std::string cn = wire::random_bytes(wire::kNonceBytes);
-  ASSERT_TRUE(wire::set_nonblocking(fd));
+  std::string cn = handshake::random_bytes(wire::kNonceBytes);
+  ASSERT_TRUE(net::set_nonblocking(fd));
   ASSERT_TRUE(wire::send_all(fd, wire::encode_frame(wire::Type::kHello, jh, -1, 0, cn), deadline));
   auto ch = wire::recv_frame(fd, jh, 4096, deadline);
   ASSERT_TRUE(ch) << ch.message();

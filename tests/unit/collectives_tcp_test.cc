@@ -30,7 +30,8 @@
 #include "collectives/tcp/tcp_communicator.h"
 #include "store/file_store.h"
 #include "store/memory_store.h"
-#include "rendezvous/wire.h"
+#include "common/codec.h"
+#include "common/handshake.h"
 #include "support/collective_reference.h"
 #include "support/erun_process.h"
 
@@ -651,17 +652,17 @@ void write_all(int fd, const std::string& s) {
   }
 }
 
-wire::PayloadWriter head(uint16_t type) {
-  wire::PayloadWriter w;
+PayloadWriter head(uint16_t type) {
+  PayloadWriter w;
   w.u32(0x31504545).u32(1u | (static_cast<uint32_t>(type) << 16));
   return w;
 }
 
 std::string proof(const std::string& label, const std::string& secret, const std::string& job, int64_t gen,
                   int connector, int acceptor, const std::string& cn, const std::string& an) {
-  wire::PayloadWriter w;
+  PayloadWriter w;
   w.fixed(label).bytes(job).i64(gen).i32(connector).i32(acceptor).fixed(cn).fixed(an);
-  return wire::hmac_sha256(secret, w.str());
+  return handshake::hmac_sha256(secret, w.str());
 }
 
 // Connects to rank `to` at addr as rank `from` and runs the handshake with the
@@ -669,9 +670,9 @@ std::string proof(const std::string& label, const std::string& secret, const std
 int fake_peer(const std::string& addr, int from, int to, const std::string& secret, int64_t gen) {
   int fd = connect_to(addr);
   if (fd < 0) return -1;
-  std::string nonce = wire::random_bytes(32);
+  std::string nonce = handshake::random_bytes(32);
   auto hello = head(1);
-  hello.u64(wire::job_hash(kJob)).i64(gen).i32(from).i32(to).fixed(nonce);
+  hello.u64(handshake::job_hash(kJob)).i64(gen).i32(from).i32(to).fixed(nonce);
   write_all(fd, hello.str());
   std::string ch = read_n(fd, 72);
   if (ch.size() != 72) {

@@ -18,7 +18,7 @@ namespace {
 using namespace std::chrono_literals;
 using wire::Type;
 
-const uint64_t kJobHash = wire::job_hash(kJob);
+const uint64_t kJobHash = handshake::job_hash(kJob);
 
 // What the agent side of a relay connection receives: a frame for a stream,
 // or (closed) the server's RELAY_CLOSED for it.
@@ -255,7 +255,7 @@ TEST(RendezvousRelay, ABadMessageOnOneStreamClosesThatStreamOnly) {
   join_all(peer, 2);
   ASSERT_TRUE(wait_for([&] { return server->waiting().size() == 2; }));
   // A HELLO inside an (already authenticated) stream is out of order.
-  peer.send(RelayPeer::frame(2, Type::kHello, -1, 0, wire::random_bytes(wire::kNonceBytes)));
+  peer.send(RelayPeer::frame(2, Type::kHello, -1, 0, handshake::random_bytes(wire::kNonceBytes)));
   auto err = peer.next();
   ASSERT_TRUE(err);
   EXPECT_EQ(err->stream, 2u);
@@ -280,7 +280,7 @@ TEST(RendezvousRelay, MalformedRelayFramesCloseTheRelayConnection) {
   std::string inner_join = wire::encode_frame(Type::kJoin, kJobHash, -1, 1, wire::encode_join(join_request("h", 0)));
   std::string bad_magic = inner_join;
   bad_magic[0] = 'X';
-  std::string other_job = wire::encode_frame(Type::kJoin, wire::job_hash("other"), -1, 1, "");
+  std::string other_job = wire::encode_frame(Type::kJoin, handshake::job_hash("other"), -1, 1, "");
   auto relay_with = [](const std::string& payload) {
     return wire::encode_frame(Type::kRelay, kJobHash, -1, 0, payload);
   };

@@ -5,6 +5,7 @@
 
 #include <future>
 
+#include "common/net.h"
 #include "rendezvous_test_util.h"
 
 namespace erun::testing {
@@ -49,14 +50,14 @@ TEST(RendezvousWire, HeaderRoundTripsLittleEndian) {
 }
 
 TEST(RendezvousWire, CheckHeaderNamesTheProblem) {
-  uint64_t jh = wire::job_hash("a");
+  uint64_t jh = handshake::job_hash("a");
   wire::Header h;
   h.job_hash = jh;
   EXPECT_FALSE(wire::check_header(h, jh, 10));
   h.length = 11;
   EXPECT_NE(wire::check_header(h, jh, 10)->find("over the limit"), std::string::npos);
   h.length = 0;
-  EXPECT_NE(wire::check_header(h, wire::job_hash("b"), 10)->find("job id"), std::string::npos);
+  EXPECT_NE(wire::check_header(h, handshake::job_hash("b"), 10)->find("job id"), std::string::npos);
   h.version = 7;
   EXPECT_NE(wire::check_header(h, jh, 10)->find("version 7"), std::string::npos);
   h.magic = 1;
@@ -64,22 +65,22 @@ TEST(RendezvousWire, CheckHeaderNamesTheProblem) {
 }
 
 TEST(RendezvousWire, PayloadReaderRejectsTruncationAndLeftovers) {
-  wire::PayloadWriter w;
+  PayloadWriter w;
   w.bytes("host").i32(-3).u64(9);
-  wire::PayloadReader ok(w.str());
+  PayloadReader ok(w.str());
   EXPECT_EQ(ok.bytes(), "host");
   EXPECT_EQ(ok.i32(), -3);
   EXPECT_EQ(ok.u64(), 9u);
   EXPECT_TRUE(ok.done());
-  wire::PayloadReader cut(std::string_view(w.str()).substr(0, 6));
+  PayloadReader cut(std::string_view(w.str()).substr(0, 6));
   cut.bytes();
   EXPECT_TRUE(cut.failed());
   std::string huge_len("\xff\xff\xff\x7f", 4);
-  wire::PayloadReader lie(huge_len);
+  PayloadReader lie(huge_len);
   lie.bytes();
   EXPECT_TRUE(lie.failed());
   std::string longer = w.str() + "x";
-  wire::PayloadReader extra(longer);
+  PayloadReader extra(longer);
   extra.bytes(), extra.i32(), extra.u64();
   EXPECT_FALSE(extra.done());
 }
@@ -91,7 +92,7 @@ TEST(RendezvousWire, PeersLostRoundTripsAndRejectsMalformedLists) {
   EXPECT_FALSE(wire::decode_peers_lost(wire::encode_peers_lost({2, -1})));  // not a rank
   EXPECT_FALSE(wire::decode_peers_lost(p.substr(0, p.size() - 1)));       // short
   EXPECT_FALSE(wire::decode_peers_lost(p + "x"));                         // bytes left over
-  EXPECT_FALSE(wire::decode_peers_lost(wire::PayloadWriter().u32(1u << 30).i32(1).str()));  // count past the end
+  EXPECT_FALSE(wire::decode_peers_lost(PayloadWriter().u32(1u << 30).i32(1).str()));  // count past the end
   EXPECT_STREQ(wire::type_name(static_cast<uint16_t>(wire::Type::kPeersLost)), "PEERS_LOST");
 }
 
@@ -103,22 +104,26 @@ TEST(RendezvousWire, ProofsDependOnEveryInputAndDiffer) {
   EXPECT_NE(a, wire::client_proof("k", "n1", "jab", "n2"));
   EXPECT_NE(a, wire::client_proof("k", "n1", "job", "n3"));
   EXPECT_NE(a, wire::server_proof("k", "n1", "job", "n2"));  // no reflection
-  EXPECT_TRUE(wire::equal_ct(a, a));
-  EXPECT_FALSE(wire::equal_ct(a, a.substr(1)));
+  EXPECT_TRUE(handshake::equal_ct(a, a));
+  EXPECT_FALSE(handshake::equal_ct(a, a.substr(1)));
 }
 
-TEST(RendezvousWire, ProverEqualsTheOneShotProofsForShortAndLongSecrets) {
+TEST(RendezvousWire, ProofsEqualTheDocumentedHmacForShortAndLongSecrets) {
   // A secret longer than SHA-256's 64-byte block is hashed first (RFC 2104).
+  const std::string job = PayloadWriter().bytes("job-7").str();  // str(job_id)
   for (std::string secret : {std::string("k"), std::string(64, 's'), std::string(65, 's'), std::string(200, '\x9c')}) {
-    wire::Prover p(secret, "job-7");
-    std::string n1 = wire::random_bytes(wire::kNonceBytes), n2 = wire::random_bytes(wire::kNonceBytes);
-    EXPECT_EQ(p.client_proof(n1, n2), wire::client_proof(secret, n1, "job-7", n2)) << secret.size();
-    EXPECT_EQ(p.server_proof(n1, n2), wire::server_proof(secret, n1, "job-7", n2)) << secret.size();
-    EXPECT_NE(p.client_proof(n1, n2), p.server_proof(n1, n2));
-    EXPECT_NE(p.client_proof(n1, n2), wire::client_proof(secret + "x", n1, "job-7", n2));
+    const handshake::Proofs p = wire::proofs(secret, "job-7");
+    std::string sn = handshake::random_bytes(wire::kNonceBytes), cn = handshake::random_bytes(wire::kNonceBytes);
+    // docs/protocol.md: HMAC(secret, label || the other side's nonce || str(job_id) || own nonce).
+    EXPECT_EQ(p.initiator(cn, sn), handshake::hmac_sha256(secret, "erun-client-v1" + sn + job + cn)) << secret.size();
+    EXPECT_EQ(p.responder(cn, sn), handshake::hmac_sha256(secret, "erun-server-v1" + cn + job + sn)) << secret.size();
+    EXPECT_EQ(p.initiator(cn, sn), wire::client_proof(secret, sn, "job-7", cn)) << secret.size();
+    EXPECT_EQ(p.responder(cn, sn), wire::server_proof(secret, cn, "job-7", sn)) << secret.size();
+    EXPECT_NE(p.initiator(cn, sn), p.responder(cn, sn));
+    EXPECT_NE(p.initiator(cn, sn), wire::client_proof(secret + "x", sn, "job-7", cn));
   }
   // The standard's own vector: HMAC-SHA256 with key "key" (RFC 4231 style check of the primitive).
-  EXPECT_EQ(wire::hmac_sha256("key", "The quick brown fox jumps over the lazy dog").substr(0, 4),
+  EXPECT_EQ(handshake::hmac_sha256("key", "The quick brown fox jumps over the lazy dog").substr(0, 4),
             std::string("\xf7\xbc\x83\xf4", 4));
 }
 
@@ -157,7 +162,7 @@ TEST(RendezvousSecurity, WrongJobIdIsRefused) {
 TEST(RendezvousSecurity, GarbageBytesAreDropped) {
   auto server = start_server();
   int fd = raw_connect(server->port());
-  raw_send(fd, wire::random_bytes(200));
+  raw_send(fd, handshake::random_bytes(200));
   EXPECT_TRUE(closed_by_peer(fd));
   ::close(fd);
   EXPECT_EQ(server->refused(), 1);
@@ -167,8 +172,8 @@ TEST(RendezvousSecurity, GarbageBytesAreDropped) {
 TEST(RendezvousSecurity, WrongVersionIsDropped) {
   auto server = start_server();
   int fd = raw_connect(server->port());
-  std::string f = wire::encode_frame(wire::Type::kHello, wire::job_hash(kJob), -1, 0,
-                                     wire::random_bytes(wire::kNonceBytes));
+  std::string f = wire::encode_frame(wire::Type::kHello, handshake::job_hash(kJob), -1, 0,
+                                     handshake::random_bytes(wire::kNonceBytes));
   f[4] = 2;  // version 2
   raw_send(fd, f);
   EXPECT_TRUE(closed_by_peer(fd));
@@ -181,7 +186,7 @@ TEST(RendezvousSecurity, OversizedLengthBeforeAuthIsDropped) {
   int fd = raw_connect(server->port());
   wire::Header h;
   h.type = static_cast<uint16_t>(wire::Type::kHello);
-  h.job_hash = wire::job_hash(kJob);
+  h.job_hash = handshake::job_hash(kJob);
   h.length = 1u << 30;
   char b[wire::kHeaderBytes];
   wire::encode_header(h, b);
@@ -198,7 +203,7 @@ TEST(RendezvousSecurity, OversizedLengthAfterAuthIsDropped) {
   ASSERT_TRUE(raw_authenticate(fd));
   wire::Header h;
   h.type = static_cast<uint16_t>(wire::Type::kKvSet);
-  h.job_hash = wire::job_hash(kJob);
+  h.job_hash = handshake::job_hash(kJob);
   h.length = (1u << 20) + 1;
   char b[wire::kHeaderBytes];
   wire::encode_header(h, b);
@@ -213,7 +218,7 @@ TEST(RendezvousSecurity, MalformedPayloadAfterAuthIsDropped) {
   int fd = raw_connect(server->port());
   ASSERT_TRUE(raw_authenticate(fd));
   // A JOIN whose host string claims more bytes than the frame holds.
-  raw_send(fd, wire::encode_frame(wire::Type::kJoin, wire::job_hash(kJob), -1, 1, std::string("\x50\0\0\0ab", 6)));
+  raw_send(fd, wire::encode_frame(wire::Type::kJoin, handshake::job_hash(kJob), -1, 1, std::string("\x50\0\0\0ab", 6)));
   EXPECT_TRUE(closed_by_peer(fd));
   ::close(fd);
   EXPECT_EQ(server->refused(), 1);
@@ -223,9 +228,9 @@ TEST(RendezvousSecurity, MalformedPayloadAfterAuthIsDropped) {
 TEST(RendezvousSecurity, SkippingTheHandshakeIsDropped) {
   auto server = start_server();
   int fd = raw_connect(server->port());
-  wire::PayloadWriter w;
+  PayloadWriter w;
   w.bytes("evil").i32(0).u64(0).i64(1);
-  raw_send(fd, wire::encode_frame(wire::Type::kJoin, wire::job_hash(kJob), -1, 1, w.str()));
+  raw_send(fd, wire::encode_frame(wire::Type::kJoin, handshake::job_hash(kJob), -1, 1, w.str()));
   EXPECT_TRUE(closed_by_peer(fd));
   ::close(fd);
   EXPECT_EQ(server->refused(), 1);
@@ -251,7 +256,7 @@ TEST(RendezvousSecurity, StallMidFrameAfterAuthIsDropped) {
   auto server = start_server(server_options(500ms));
   int fd = raw_connect(server->port());
   ASSERT_TRUE(raw_authenticate(fd));
-  std::string f = wire::encode_frame(wire::Type::kKvSet, wire::job_hash(kJob), -1, 1, std::string(100, 'x'));
+  std::string f = wire::encode_frame(wire::Type::kKvSet, handshake::job_hash(kJob), -1, 1, std::string(100, 'x'));
   raw_send(fd, f.substr(0, 40));
   EXPECT_TRUE(closed_by_peer(fd));
   ::close(fd);
@@ -262,11 +267,11 @@ TEST(RendezvousSecurity, ClientThatDoesNotReadItsRepliesIsDropped) {
   auto server = start_server(server_options(500ms));
   int fd = raw_connect(server->port());
   ASSERT_TRUE(raw_authenticate(fd));
-  uint64_t jh = wire::job_hash(kJob);
-  wire::PayloadWriter set;
+  uint64_t jh = handshake::job_hash(kJob);
+  PayloadWriter set;
   set.bytes("big").bytes(std::string(512 << 10, 'v'));
   raw_send(fd, wire::encode_frame(wire::Type::kKvSet, jh, -1, 1, set.str()));
-  wire::PayloadWriter get;
+  PayloadWriter get;
   get.bytes("big").u64(1000);
   std::string gets;
   for (int i = 0; i < 64; ++i) gets += wire::encode_frame(wire::Type::kKvGet, jh, -1, 2 + i, get.str());
@@ -298,15 +303,15 @@ TEST(RendezvousSecurity, ClientRefusesAServerThatCannotProveTheSecret) {
   std::thread impostor([lfd] {
     int fd = ::accept(lfd, nullptr, nullptr);
     ASSERT_GE(fd, 0);
-    ASSERT_TRUE(wire::set_nonblocking(fd).is_ok());
+    ASSERT_TRUE(net::set_nonblocking(fd).is_ok());
     auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    uint64_t jh = wire::job_hash(kJob);
+    uint64_t jh = handshake::job_hash(kJob);
     auto hello = wire::recv_frame(fd, jh, 4096, deadline);
     ASSERT_TRUE(hello.is_ok());
-    (void)wire::send_all(fd, wire::encode_frame(wire::Type::kChallenge, jh, -1, 0, wire::random_bytes(32)), deadline);
+    (void)wire::send_all(fd, wire::encode_frame(wire::Type::kChallenge, jh, -1, 0, handshake::random_bytes(32)), deadline);
     auto auth = wire::recv_frame(fd, jh, 4096, deadline);
     ASSERT_TRUE(auth.is_ok());
-    (void)wire::send_all(fd, wire::encode_frame(wire::Type::kAuthOk, jh, -1, 0, wire::random_bytes(32)), deadline);
+    (void)wire::send_all(fd, wire::encode_frame(wire::Type::kAuthOk, jh, -1, 0, handshake::random_bytes(32)), deadline);
     closed_by_peer(fd, std::chrono::seconds(10));
     ::close(fd);
   });

@@ -111,8 +111,8 @@ inline bool closed_by_peer(int fd, Duration timeout = std::chrono::seconds(20)) 
 
 // Runs the handshake by hand on a raw socket; true when the server accepted it.
 inline bool raw_authenticate(int fd, const std::string& job = kJob, const std::string& secret = kSecret) {
-  uint64_t jh = wire::job_hash(job);
-  std::string cn = wire::random_bytes(wire::kNonceBytes);
+  uint64_t jh = handshake::job_hash(job);
+  std::string cn = handshake::random_bytes(wire::kNonceBytes);
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   if (!wire::send_all(fd, wire::encode_frame(wire::Type::kHello, jh, -1, 0, cn), deadline)) return false;
   auto ch = wire::recv_frame(fd, jh, 4096, deadline);

@@ -25,6 +25,7 @@
 #include "collectives/call_signature.h"
 #include "collectives/reduce_kernels.h"
 #include "common/check.h"
+#include "common/fd.h"
 
 namespace erun {
 namespace {
@@ -135,11 +136,10 @@ bool process_dead(pid_t pid) {
   if (::kill(pid, 0) != 0 && errno == ESRCH) return true;
   char path[64];
   std::snprintf(path, sizeof(path), "/proc/%d/stat", static_cast<int>(pid));
-  int fd = ::open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return errno == ENOENT;
+  Fd fd(::open(path, O_RDONLY | O_CLOEXEC));
+  if (!fd) return errno == ENOENT;
   char buf[512];
-  ssize_t n = ::read(fd, buf, sizeof(buf) - 1);
-  ::close(fd);
+  ssize_t n = ::read(fd.get(), buf, sizeof(buf) - 1);
   if (n <= 0) return false;
   buf[n] = '\0';
   const char* paren = std::strrchr(buf, ')');
@@ -162,13 +162,6 @@ class Mapping {
  private:
   void* addr_ = nullptr;
   size_t len_ = 0;
-};
-
-struct Fd {
-  int fd = -1;
-  ~Fd() {
-    if (fd >= 0) ::close(fd);
-  }
 };
 
 // Removes the segment's name when construction fails before everyone mapped it.
@@ -475,25 +468,25 @@ class SegmentCommunicator final : public ShmCommunicator {
   void create(KvStore& store, UnlinkGuard& guard) {
     const uint64_t nonce = random_u64();
     Fd fd;
-    for (int attempt = 0; attempt < 5 && fd.fd < 0; ++attempt) {
+    for (int attempt = 0; attempt < 5 && !fd; ++attempt) {
       name_ = "/erun-" + sanitize(options_.segment_tag) + "-" + hex(attempt == 0 ? nonce : random_u64());
-      fd.fd = ::shm_open(name_.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
-      if (fd.fd < 0 && errno != EEXIST) break;
+      fd.reset(::shm_open(name_.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600));
+      if (!fd && errno != EEXIST) break;
     }
-    if (fd.fd < 0) fail("connect", "cannot create shared memory segment " + name_ + ": " + errno_text(errno), false);
+    if (!fd) fail("connect", "cannot create shared memory segment " + name_ + ": " + errno_text(errno), false);
     guard.name = name_;
-    if (::ftruncate(fd.fd, static_cast<off_t>(layout_.total)) != 0) {
+    if (::ftruncate(fd.get(), static_cast<off_t>(layout_.total)) != 0) {
       fail("connect", "cannot size shared memory segment " + name_ + ": " + errno_text(errno), false);
     }
     // Reserve the pages now: a /dev/shm that is too small is an error here,
     // not a SIGBUS in the middle of a collective.
-    if (int err = ::posix_fallocate(fd.fd, 0, static_cast<off_t>(layout_.total)); err != 0) {
+    if (int err = ::posix_fallocate(fd.get(), 0, static_cast<off_t>(layout_.total)); err != 0) {
       fail("connect",
            "cannot reserve " + std::to_string(layout_.total) + " bytes of shared memory for " + name_ + ": " +
                errno_text(err) + "; enlarge /dev/shm (e.g. docker --shm-size) or lower the staging sizes",
            false);
     }
-    map(fd.fd, layout_.total);
+    map(fd.get(), layout_.total);
     auto* h = new (base()) Header{};
     h->magic = kMagic;
     h->nonce = nonce;
@@ -526,11 +519,10 @@ class SegmentCommunicator final : public ShmCommunicator {
     if (space == std::string::npos) fail("connect", "malformed segment record '" + value + "'", false);
     name_ = value.substr(0, space);
     const uint64_t nonce = std::strtoull(value.c_str() + space + 1, nullptr, 16);
-    Fd fd;
-    fd.fd = ::shm_open(name_.c_str(), O_RDWR | O_CLOEXEC, 0600);
-    if (fd.fd < 0) fail("connect", "cannot open shared memory segment " + name_ + ": " + errno_text(errno), false);
+    Fd fd(::shm_open(name_.c_str(), O_RDWR | O_CLOEXEC, 0600));
+    if (!fd) fail("connect", "cannot open shared memory segment " + name_ + ": " + errno_text(errno), false);
     struct stat st {};
-    if (::fstat(fd.fd, &st) != 0 || static_cast<size_t>(st.st_size) < sizeof(Header)) {
+    if (::fstat(fd.get(), &st) != 0 || static_cast<size_t>(st.st_size) < sizeof(Header)) {
       fail("connect", "shared memory segment " + name_ + " is truncated", false);
     }
     // Rank 0 created it 0600 as this user; anything else was planted.
@@ -541,7 +533,7 @@ class SegmentCommunicator final : public ShmCommunicator {
                           std::to_string(st.st_uid) + ", mode " + mode + ")",
            false);
     }
-    map(fd.fd, static_cast<size_t>(st.st_size));
+    map(fd.get(), static_cast<size_t>(st.st_size));
     const Header* h = header();
     if (h->magic != kMagic || h->version != kVersion || h->nonce != nonce ||
         h->size != static_cast<uint32_t>(options_.size) || h->total_bytes != static_cast<uint64_t>(st.st_size)) {

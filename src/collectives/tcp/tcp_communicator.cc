@@ -1,9 +1,5 @@
 #include "collectives/tcp/tcp_communicator.h"
 
-#include <arpa/inet.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -27,8 +23,11 @@
 
 #include "collectives/reduce_kernels.h"
 #include "common/check.h"
+#include "common/codec.h"
+#include "common/fd.h"
+#include "common/handshake.h"
 #include "common/log.h"
-#include "rendezvous/wire.h"
+#include "common/net.h"
 
 namespace erun {
 namespace {
@@ -43,9 +42,9 @@ using namespace std::chrono_literals;
 constexpr uint32_t kHandshakeMagic = 0x31504545;  // "EEP1"
 constexpr uint16_t kHandshakeVersion = 1;
 enum HandshakeType : uint16_t { kHello = 1, kChallenge = 2, kAuth = 3, kAccepted = 4 };
-constexpr size_t kHelloBytes = 8 + 8 + 8 + 4 + 4 + wire::kNonceBytes;  // 64
-constexpr size_t kChallengeBytes = 8 + wire::kNonceBytes + wire::kMacBytes;  // 72
-constexpr size_t kAuthBytes = 8 + wire::kMacBytes;  // 40
+constexpr size_t kHelloBytes = 8 + 8 + 8 + 4 + 4 + handshake::kNonceBytes;  // 64
+constexpr size_t kChallengeBytes = 8 + handshake::kNonceBytes + handshake::kMacBytes;  // 72
+constexpr size_t kAuthBytes = 8 + handshake::kMacBytes;  // 40
 constexpr size_t kAcceptedBytes = 8;
 // A connection that has not finished its handshake by then is dropped.
 constexpr Duration kHandshakeTimeout = 5s;
@@ -55,14 +54,14 @@ constexpr size_t kMaxPending = 256;
 // deadline: the caller, blocked on a receive, is the one that names a peer.
 constexpr Duration kIdleSenderGrace = 2s;
 
-wire::PayloadWriter handshake_head(HandshakeType t) {
-  wire::PayloadWriter w;
+PayloadWriter handshake_head(HandshakeType t) {
+  PayloadWriter w;
   w.u32(kHandshakeMagic).u32(static_cast<uint32_t>(kHandshakeVersion) | (static_cast<uint32_t>(t) << 16));
   return w;
 }
 
 // Why a handshake message is refused, or empty.
-std::string check_head(wire::PayloadReader& r, HandshakeType want) {
+std::string check_head(PayloadReader& r, HandshakeType want) {
   uint32_t magic = r.u32();
   uint32_t vt = r.u32();
   if (magic != kHandshakeMagic) return fmt::format("not an erun pair handshake (magic {:#x})", magic);
@@ -72,15 +71,10 @@ std::string check_head(wire::PayloadReader& r, HandshakeType want) {
 }
 
 // Each side proves the secret over both nonces, the job, the generation and
-// both ranks; the labels keep one side's proof from passing as the other's.
-std::string pair_proof(std::string_view label, const TcpOptions& o, int connector, int acceptor,
-                       std::string_view connector_nonce, std::string_view acceptor_nonce) {
-  wire::PayloadWriter w;
-  w.fixed(label).bytes(o.job_id).i64(o.generation).i32(connector).i32(acceptor).fixed(connector_nonce).fixed(acceptor_nonce);
-  return wire::hmac_sha256(o.secret, w.str());
-}
-constexpr std::string_view kConnectorLabel = "erun-pair-connector-v1";
-constexpr std::string_view kAcceptorLabel = "erun-pair-acceptor-v1";
+// both ranks (the binding); the labels keep one side's proof from passing as
+// the other's: HMAC(secret, label || str(job_id) || gen || c || a || nc || na).
+constexpr handshake::Scheme kPairScheme{"erun-pair-connector-v1", "erun-pair-acceptor-v1",
+                                        handshake::Scheme::Layout::kNoncesLast};
 
 // ---- data frames ------------------------------------------------------------
 
@@ -171,47 +165,11 @@ ReduceFn reduce_fn(DataType type, ReduceOp op) {
 
 // ---- sockets ----------------------------------------------------------------
 
-struct Endpoint {
-  sockaddr_storage addr{};
-  socklen_t len = 0;
-};
-
-bool is_wildcard(const sockaddr* sa) {
-  if (sa->sa_family == AF_INET) return reinterpret_cast<const sockaddr_in*>(sa)->sin_addr.s_addr == htonl(INADDR_ANY);
-  if (sa->sa_family == AF_INET6) {
-    auto* a = reinterpret_cast<const sockaddr_in6*>(sa);
-    return std::memcmp(&a->sin6_addr, &in6addr_any, sizeof(in6addr_any)) == 0;
-  }
-  return false;
-}
-
-Endpoint resolve(const std::string& host, const std::string& port) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICSERV;
-  addrinfo* res = nullptr;
-  int rc = ::getaddrinfo(host.c_str(), port.c_str(), &hints, &res);
-  if (rc != 0 || !res) {
-    throw CommError(fmt::format("erun tcp: cannot resolve address '{}': {}", host, ::gai_strerror(rc)));
-  }
-  Endpoint e;
-  std::memcpy(&e.addr, res->ai_addr, res->ai_addrlen);
-  e.len = res->ai_addrlen;
-  ::freeaddrinfo(res);
-  return e;
-}
-
-std::string numeric(const sockaddr_storage& ss) {
-  char host[INET6_ADDRSTRLEN] = {};
-  if (ss.ss_family == AF_INET6) {
-    auto* a = reinterpret_cast<const sockaddr_in6*>(&ss);
-    ::inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof(host));
-    return fmt::format("[{}]:{}", host, ntohs(a->sin6_port));
-  }
-  auto* a = reinterpret_cast<const sockaddr_in*>(&ss);
-  ::inet_ntop(AF_INET, &a->sin_addr, host, sizeof(host));
-  return fmt::format("{}:{}", host, ntohs(a->sin_port));
+// The first address of host:port.
+net::Address resolve(const std::string& host, const std::string& port) {
+  auto addrs = net::resolve(host, port);
+  if (!addrs) throw CommError(fmt::format("erun tcp: cannot resolve address '{}': {}", host, addrs.message()));
+  return addrs->front();
 }
 
 // "1.2.3.4:5" or "[::1]:5" -> host, port.
@@ -223,12 +181,7 @@ std::pair<std::string, std::string> split_host_port(const std::string& s) {
   return {host, s.substr(colon + 1)};
 }
 
-int poll_ms(TimePoint deadline, Duration cap) {
-  auto left = deadline - Clock::now();
-  if (left <= Duration::zero()) return 0;
-  left = std::min(left, cap);
-  return static_cast<int>(std::chrono::ceil<std::chrono::milliseconds>(left).count());
-}
+using net::poll_ms;
 
 // ---- the communicator -------------------------------------------------------
 
@@ -271,17 +224,14 @@ std::vector<size_t> block_offsets(size_t total, int n, size_t unit = 1) {
 
 class TcpCommunicator final : public Communicator {
  public:
-  TcpCommunicator(KvStore& store, const TcpOptions& o) : o_(o), fds_(o.size, -1) {
-    abort_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    done_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    if (abort_fd_ < 0 || wake_fd_ < 0 || done_fd_ < 0) {
-      const int err = errno;
-      for (int fd : {abort_fd_, wake_fd_, done_fd_}) {
-        if (fd >= 0) ::close(fd);
-      }
-      throw CommError(fmt::format("erun tcp: eventfd: {}", std::strerror(err)));
+  TcpCommunicator(KvStore& store, const TcpOptions& o) : o_(o), fds_(o.size) {
+    abort_fd_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+    wake_fd_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+    done_fd_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+    if (!abort_fd_ || !wake_fd_ || !done_fd_) {
+      throw CommError(fmt::format("erun tcp: eventfd: {}", std::strerror(errno)));
     }
+    interrupt_ = {abort_fd_.get(), &aborted_, o_.cancelled};
     who_ = who(o.generation, o.address, o.rank);
     cpu_per_rank_ = o.machine_ranks <= ::sysconf(_SC_NPROCESSORS_ONLN);
     if (o.size > 1) connect_mesh(store);
@@ -296,13 +246,6 @@ class TcpCommunicator final : public Communicator {
       sender_cv_.notify_all();
       sender_.join();
     }
-    for (int fd : fds_) {
-      if (fd >= 0) ::close(fd);
-    }
-    if (listen_fd_ >= 0) ::close(listen_fd_);
-    ::close(abort_fd_);
-    ::close(wake_fd_);
-    ::close(done_fd_);
   }
 
   int rank() const override { return o_.rank; }
@@ -417,7 +360,7 @@ class TcpCommunicator final : public Communicator {
   void abort() override {
     aborted_ = true;
     uint64_t one = 1;
-    [[maybe_unused]] ssize_t n = ::write(abort_fd_, &one, sizeof(one));
+    [[maybe_unused]] ssize_t n = ::write(abort_fd_.get(), &one, sizeof(one));
     shutdown_all();
   }
 
@@ -479,8 +422,8 @@ class TcpCommunicator final : public Communicator {
   }
 
   void shutdown_all() {
-    for (int fd : fds_) {
-      if (fd >= 0) ::shutdown(fd, SHUT_RDWR);
+    for (const Fd& fd : fds_) {
+      if (fd) ::shutdown(fd.get(), SHUT_RDWR);
     }
   }
 
@@ -565,17 +508,17 @@ class TcpCommunicator final : public Communicator {
       if (progressed) continue;
       pfds.clear();
       which.clear();
-      pfds.push_back({abort_fd_, POLLIN, 0});
+      pfds.push_back({abort_fd_.get(), POLLIN, 0});
       which.push_back(0);
       for (size_t i = 0; i < sends.size(); ++i) {
         if (sends[i].done < sizeof(FrameHeader) + sends[i].header.length) {
-          pfds.push_back({fds_[sends[i].peer], POLLOUT, 0});
+          pfds.push_back({fds_[sends[i].peer].get(), POLLOUT, 0});
           which.push_back(static_cast<int>(i));
         }
       }
       for (size_t i = 0; i < recvs.size(); ++i) {
         if (recvs[i].done < sizeof(FrameHeader) + recvs[i].length) {
-          pfds.push_back({fds_[recvs[i].peer], POLLIN, 0});
+          pfds.push_back({fds_[recvs[i].peer].get(), POLLIN, 0});
           which.push_back(-static_cast<int>(i) - 1);
         }
       }
@@ -609,7 +552,7 @@ class TcpCommunicator final : public Communicator {
     msghdr m{};
     m.msg_iov = iov;
     m.msg_iovlen = n_iov;
-    ssize_t n = ::sendmsg(fds_[s.peer], &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+    ssize_t n = ::sendmsg(fds_[s.peer].get(), &m, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n > 0) {
       s.done += static_cast<size_t>(n);
       return true;
@@ -635,7 +578,7 @@ class TcpCommunicator final : public Communicator {
       ptr = r.dst + (r.done - hb);
       want = r.length - (r.done - hb);
     }
-    ssize_t n = ::recv(fds_[r.peer], ptr, want, MSG_DONTWAIT);
+    ssize_t n = ::recv(fds_[r.peer].get(), ptr, want, MSG_DONTWAIT);
     if (n > 0) {
       const bool had_header = r.done >= hb;
       r.done += static_cast<size_t>(n);
@@ -869,9 +812,9 @@ class TcpCommunicator final : public Communicator {
       }
       if (recv && !recv_done() && step_recv(c, *recv)) progressed = true;
       if (progressed) continue;
-      pollfd pfds[3] = {{abort_fd_, POLLIN, 0}, {-1, 0, 0}, {-1, 0, 0}};
-      if (next < released) pfds[1] = {fds_[sends[next].peer], POLLOUT, 0};
-      if (recv) pfds[2] = {fds_[recv->peer], POLLIN, 0};
+      pollfd pfds[3] = {{abort_fd_.get(), POLLIN, 0}, {-1, 0, 0}, {-1, 0, 0}};
+      if (next < released) pfds[1] = {fds_[sends[next].peer].get(), POLLOUT, 0};
+      if (recv) pfds[2] = {fds_[recv->peer].get(), POLLIN, 0};
       int timeout = poll_ms(deadline_, 1h);
       if (timeout == 0) {
         std::string waiting;
@@ -892,7 +835,7 @@ class TcpCommunicator final : public Communicator {
     const size_t total = sizeof(FrameHeader) + r.length;
     while (r.done < total) {
       if (step_recv(c, r)) continue;
-      pollfd pfds[3] = {{abort_fd_, POLLIN, 0}, {fds_[r.peer], POLLIN, 0}, {done_fd_, POLLIN, 0}};
+      pollfd pfds[3] = {{abort_fd_.get(), POLLIN, 0}, {fds_[r.peer].get(), POLLIN, 0}, {done_fd_.get(), POLLIN, 0}};
       int timeout = poll_ms(deadline_, 1h);
       if (timeout == 0) {
         fail_peer(c, r.peer, fmt::format("timed out after {:.1f} s receiving from rank {} (is that rank alive, or stopped?)",
@@ -909,7 +852,7 @@ class TcpCommunicator final : public Communicator {
 
   void start_sender_job(const Call& c, std::vector<SendOp>& frames, size_t ready) {
     uint64_t drain;
-    while (::read(done_fd_, &drain, sizeof(drain)) > 0) {}
+    while (::read(done_fd_.get(), &drain, sizeof(drain)) > 0) {}
     std::unique_lock lock(sender_mu_);
     if (!sender_.joinable()) sender_ = std::thread([this] { sender_main(); });
     job_call_ = &c;
@@ -925,7 +868,7 @@ class TcpCommunicator final : public Communicator {
 
   void wake_sender() {
     uint64_t one = 1;
-    [[maybe_unused]] ssize_t n = ::write(wake_fd_, &one, sizeof(one));
+    [[maybe_unused]] ssize_t n = ::write(wake_fd_.get(), &one, sizeof(one));
   }
 
   // The caller failed: the sender gives up at its next wake-up.
@@ -938,7 +881,7 @@ class TcpCommunicator final : public Communicator {
 
   void check_sender_job() {
     uint64_t drain;
-    while (::read(done_fd_, &drain, sizeof(drain)) > 0) {}
+    while (::read(done_fd_.get(), &drain, sizeof(drain)) > 0) {}
     std::lock_guard lock(sender_mu_);
     if (!job_running_ && job_error_) std::rethrow_exception(job_error_);
   }
@@ -972,7 +915,7 @@ class TcpCommunicator final : public Communicator {
       job_sent_.store(kSenderEnded, std::memory_order_release);
       job_sent_.notify_all();
       uint64_t one = 1;
-      [[maybe_unused]] ssize_t n = ::write(done_fd_, &one, sizeof(one));
+      [[maybe_unused]] ssize_t n = ::write(done_fd_.get(), &one, sizeof(one));
       sender_cv_.notify_all();
     }
   }
@@ -998,8 +941,8 @@ class TcpCommunicator final : public Communicator {
       }
       if (i == frames.size()) break;
       if (progressed) continue;
-      pollfd pfds[3] = {{abort_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}, {-1, 0, 0}};
-      if (i < ready) pfds[2] = {fds_[frames[i].peer], POLLOUT, 0};
+      pollfd pfds[3] = {{abort_fd_.get(), POLLIN, 0}, {wake_fd_.get(), POLLIN, 0}, {-1, 0, 0}};
+      if (i < ready) pfds[2] = {fds_[frames[i].peer].get(), POLLOUT, 0};
       // Blocked sending: the peer is not reading, so it is the one named at
       // the deadline. Idle (every released frame sent): the caller is the one
       // waiting, on its own receive with the same deadline; it names the rank
@@ -1018,7 +961,7 @@ class TcpCommunicator final : public Communicator {
       if (aborted_ || (pfds[0].revents & POLLIN)) fail(c, "aborted");
       if (pfds[1].revents & POLLIN) {
         uint64_t drain;
-        [[maybe_unused]] ssize_t r = ::read(wake_fd_, &drain, sizeof(drain));
+        [[maybe_unused]] ssize_t r = ::read(wake_fd_.get(), &drain, sizeof(drain));
       }
     }
   }
@@ -1061,10 +1004,11 @@ class TcpCommunicator final : public Communicator {
     if (o_.secret.empty()) {
       throw std::invalid_argument("erun tcp: no job secret; the pairs of a multi-rank communicator must authenticate");
     }
+    key_ = std::make_shared<const handshake::Key>(o_.secret);
     const auto start = Clock::now();
     const TimePoint deadline = start + (o_.connect_timeout > Duration::zero() ? o_.connect_timeout : o_.timeout);
     listen_on_address();
-    const std::string mine = numeric(local_addr_);
+    const std::string mine = local_addr_.name();
     store.set(key(rank()), std::vector<char>(mine.begin(), mine.end()));
     // Higher ranks connect to lower ones: rank r first connects to 0..r-1
     // (each of which is already accepting, or finishing its own connects to
@@ -1076,134 +1020,110 @@ class TcpCommunicator final : public Communicator {
       connect_to(q, std::string(v.begin(), v.end()), deadline);
     }
     accept_peers(deadline);
-    ::close(listen_fd_);
-    listen_fd_ = -1;
+    listen_fd_.reset();
     ERUN_LOG_DEBUG("{}: tcp mesh of {} formed in {:.3f} s", who_, size(), seconds(Clock::now() - start));
   }
 
   std::string key(int r) const { return fmt::format("{}/addr/{}", o_.prefix, r); }
 
   void listen_on_address() {
-    Endpoint e = resolve(o_.address, "0");
-    if (is_wildcard(reinterpret_cast<sockaddr*>(&e.addr))) {
+    net::Address e = resolve(o_.address, "0");
+    if (e.is_wildcard()) {
       throw std::invalid_argument(fmt::format("erun tcp: address '{}' is the wildcard; give the address of this host "
                                               "that the peers reach it at", o_.address));
     }
-    listen_fd_ = ::socket(e.addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (listen_fd_ < 0) throw CommError(fmt::format("erun tcp: socket: {}", std::strerror(errno)));
-    if (::bind(listen_fd_, reinterpret_cast<sockaddr*>(&e.addr), e.len) != 0) {
-      throw CommError(fmt::format("erun tcp: {}: cannot bind {}: {} (is it an address of this host?)", who_, o_.address,
-                                  std::strerror(errno)));
+    net::Socket s = net::listen(e, 128);
+    if (!s.ok()) {
+      if (s.outcome.call == "bind") {
+        throw CommError(fmt::format("erun tcp: {}: cannot bind {}: {} (is it an address of this host?)", who_,
+                                    o_.address, s.outcome.text()));
+      }
+      throw CommError(fmt::format("erun tcp: {}: {}", s.outcome.call, s.outcome.text()));
     }
-    if (::listen(listen_fd_, 128) != 0) throw CommError(fmt::format("erun tcp: listen: {}", std::strerror(errno)));
-    socklen_t len = sizeof(local_addr_);
-    ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&local_addr_), &len);
+    listen_fd_ = std::move(s.fd);
+    local_addr_ = net::local_address(listen_fd_.get());
   }
 
-  // Waits for fd to be ready, for abort() or for `cancelled`, up to deadline.
-  void wait_ready(int fd, short events, TimePoint deadline, const std::string& what) {
-    while (true) {
-      check_cancelled(what);
-      int timeout = poll_ms(deadline, 50ms);
-      if (timeout == 0) throw CommError(fmt::format("erun tcp: {}: timed out {}", who_, what));
-      pollfd p[2] = {{fd, events, 0}, {abort_fd_, POLLIN, 0}};
-      int n = ::poll(p, 2, timeout);
-      if (n < 0 && errno != EINTR) throw CommError(fmt::format("erun tcp: poll: {}", std::strerror(errno)));
-      if (aborted_ || (p[1].revents & POLLIN)) throw CommError(fmt::format("erun tcp: {}: aborted {}", who_, what));
-      if (n > 0 && p[0].revents) return;
+  // Throws the CommError for a connect, send or receive of the handshake that
+  // did not complete.
+  void check(const net::Outcome& o, const std::string& what) {
+    switch (o.end) {
+      case net::Outcome::kOk: return;
+      case net::Outcome::kTimedOut: throw CommError(fmt::format("erun tcp: {}: timed out {}", who_, what));
+      case net::Outcome::kAborted: throw CommError(fmt::format("erun tcp: {}: aborted {}", who_, what));
+      case net::Outcome::kCancelled:
+        throw CommError(fmt::format("erun tcp: {}: gave up {}: a new generation was announced", who_, what));
+      case net::Outcome::kClosed: throw CommError(fmt::format("erun tcp: {}: {}: connection closed", who_, what));
+      case net::Outcome::kError:
+        if (o.call == "poll") throw CommError(fmt::format("erun tcp: poll: {}", o.text()));
+        throw CommError(fmt::format("erun tcp: {}: {}: {}", who_, what, o.text()));
     }
   }
 
   void check_cancelled(const std::string& what) {
-    if (o_.cancelled && o_.cancelled()) {
-      throw CommError(fmt::format("erun tcp: {}: gave up {}: a new generation was announced", who_, what));
-    }
-  }
-
-  void send_blocking(int fd, const std::string& bytes, TimePoint deadline, const std::string& what) {
-    size_t off = 0;
-    while (off < bytes.size()) {
-      ssize_t n = ::send(fd, bytes.data() + off, bytes.size() - off, MSG_NOSIGNAL | MSG_DONTWAIT);
-      if (n > 0) {
-        off += static_cast<size_t>(n);
-      } else if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
-        wait_ready(fd, POLLOUT, deadline, what);
-      } else {
-        throw CommError(fmt::format("erun tcp: {}: {}: {}", who_, what, std::strerror(errno)));
-      }
-    }
+    if (o_.cancelled && o_.cancelled()) check({net::Outcome::kCancelled}, what);
   }
 
   std::string recv_blocking(int fd, size_t want, TimePoint deadline, const std::string& what) {
     std::string out(want, '\0');
-    size_t off = 0;
-    while (off < want) {
-      ssize_t n = ::recv(fd, out.data() + off, want - off, MSG_DONTWAIT);
-      if (n > 0) {
-        off += static_cast<size_t>(n);
-      } else if (n == 0) {
-        throw CommError(fmt::format("erun tcp: {}: {}: connection closed", who_, what));
-      } else if (errno == EAGAIN || errno == EINTR) {
-        wait_ready(fd, POLLIN, deadline, what);
-      } else {
-        throw CommError(fmt::format("erun tcp: {}: {}: {}", who_, what, std::strerror(errno)));
-      }
-    }
+    check(net::recv_exact(fd, out.data(), want, deadline, &interrupt_), what);
     return out;
+  }
+
+  // Both proofs of the pair (connector, acceptor) in this generation.
+  handshake::Proofs pair_proofs(int connector, int acceptor) const {
+    return handshake::Proofs(key_, kPairScheme,
+                             PayloadWriter().bytes(o_.job_id).i64(o_.generation).i32(connector).i32(acceptor).str());
   }
 
   void connect_to(int q, const std::string& addr, TimePoint deadline) {
     auto [host, port] = split_host_port(addr);
     if (host.empty()) throw CommError(fmt::format("erun tcp: {}: rank {} published a malformed address '{}'", who_, q, addr));
-    Endpoint e = resolve(host, port);
-    int fd = ::socket(e.addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0) throw CommError(fmt::format("erun tcp: socket: {}", std::strerror(errno)));
-    fds_[q] = fd;  // closed by the destructor whatever happens next
+    net::Address e = resolve(host, port);
     const std::string what = fmt::format("connecting to rank {} at {}", q, addr);
-    if (::connect(fd, reinterpret_cast<sockaddr*>(&e.addr), e.len) != 0) {
-      if (errno != EINPROGRESS) throw CommError(fmt::format("erun tcp: {}: {}: {}", who_, what, std::strerror(errno)));
-      wait_ready(fd, POLLOUT, deadline, what);
-      int err = 0;
-      socklen_t len = sizeof(err);
-      ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
-      if (err != 0) {
-        throw CommError(fmt::format("erun tcp: {}: {}: {} (has rank {} exited?)", who_, what, std::strerror(err), q));
-      }
+    net::Socket s = net::connect(e, deadline, &interrupt_);
+    if (s.outcome.end == net::Outcome::kError && s.outcome.call == "socket") {
+      throw CommError(fmt::format("erun tcp: socket: {}", s.outcome.text()));
     }
-    wire::set_nodelay(fd);
-    const std::string nonce = wire::random_bytes(wire::kNonceBytes);
+    if (s.outcome.end == net::Outcome::kError && s.outcome.call == "connect") {
+      throw CommError(fmt::format("erun tcp: {}: {}: {} (has rank {} exited?)", who_, what, s.outcome.text(), q));
+    }
+    check(s.outcome, what);
+    const int fd = s.fd.get();
+    const handshake::Proofs proofs = pair_proofs(rank(), q);
+    handshake::Initiator hs;
     auto hello = handshake_head(kHello);
-    hello.u64(wire::job_hash(o_.job_id)).i64(o_.generation).i32(rank()).i32(q).fixed(nonce);
-    send_blocking(fd, hello.str(), deadline, what);
+    hello.u64(handshake::job_hash(o_.job_id)).i64(o_.generation).i32(rank()).i32(q).fixed(hs.nonce());
+    check(net::send_all(fd, hello.str(), deadline, &interrupt_), what);
     std::string ch = recv_blocking(fd, kChallengeBytes, deadline, what + " (waiting for its challenge)");
-    wire::PayloadReader r(ch);
+    PayloadReader r(ch);
     if (auto why = check_head(r, kChallenge); !why.empty()) {
       throw CommError(fmt::format("erun tcp: {}: {}: {}", who_, what, why));
     }
-    std::string peer_nonce = r.fixed(wire::kNonceBytes);
-    std::string peer_proof = r.fixed(wire::kMacBytes);
-    if (!wire::equal_ct(peer_proof, pair_proof(kAcceptorLabel, o_, rank(), q, nonce, peer_nonce))) {
+    const bool challenged = hs.challenged(r.fixed(handshake::kNonceBytes));
+    if (!challenged || !hs.verify(proofs, r.fixed(handshake::kMacBytes))) {
       throw CommError(fmt::format("erun tcp: {}: {}: the peer did not prove the job secret for generation {}; "
                                   "refusing to exchange data with it", who_, what, o_.generation));
     }
     auto auth = handshake_head(kAuth);
-    auth.fixed(pair_proof(kConnectorLabel, o_, rank(), q, nonce, peer_nonce));
-    send_blocking(fd, auth.str(), deadline, what);
+    auth.fixed(hs.proof(proofs));
+    check(net::send_all(fd, auth.str(), deadline, &interrupt_), what);
     std::string ok = recv_blocking(fd, kAcceptedBytes, deadline, what + " (waiting for its acceptance)");
-    wire::PayloadReader okr(ok);
+    PayloadReader okr(ok);
     if (auto why = check_head(okr, kAccepted); !why.empty()) {
       throw CommError(fmt::format("erun tcp: {}: {}: {}", who_, what, why));
     }
+    fds_[q] = std::move(s.fd);
   }
 
   struct Pending {
-    int fd = -1;
+    Fd fd;
     std::string peer;
     TimePoint deadline;
     std::string in;
     size_t want = kHelloBytes;
     int from = -1;
-    std::string nonce, my_nonce;
+    handshake::Responder hs;
   };
 
   // Accepts until every higher rank has authenticated. Strangers are handled
@@ -1214,81 +1134,72 @@ class TcpCommunicator final : public Communicator {
     std::deque<Pending> pending;
     auto drop = [&](Pending& p, const std::string& why) {
       reject(p.peer, why);
-      ::close(p.fd);
-      p.fd = -1;
+      p.fd.reset();
     };
-    try {
-      while (missing > 0) {
-        check_cancelled("accepting the pair connections");
-        // Established pairs must stay up while the rest form: a peer that
-        // died is noticed now, not at the first operation.
-        std::vector<pollfd> pfds{{listen_fd_, POLLIN, 0}, {abort_fd_, POLLIN, 0}};
-        for (int q = 0; q < size(); ++q) {
-          if (fds_[q] >= 0) pfds.push_back({fds_[q], POLLRDHUP, 0});
-        }
-        const size_t first_pending = pfds.size();
-        TimePoint wake = deadline;
-        for (auto& p : pending) {
-          pfds.push_back({p.fd, POLLIN, 0});
-          wake = std::min(wake, p.deadline);
-        }
-        int timeout = poll_ms(wake, 50ms);
-        if (timeout == 0 && Clock::now() >= deadline) {
-          std::string who_missing;
-          for (int q = rank() + 1; q < size(); ++q) {
-            if (fds_[q] < 0) who_missing += fmt::format("{}{}", who_missing.empty() ? "" : ", ", q);
-          }
-          throw CommError(fmt::format("erun tcp: {}: timed out waiting for rank(s) {} to connect (they failed, did not start, or cannot reach this host's port: see their log, and check that no firewall is between the hosts)", who_, who_missing));
-        }
-        int n = ::poll(pfds.data(), pfds.size(), timeout);
-        if (n < 0 && errno != EINTR) throw CommError(fmt::format("erun tcp: poll: {}", std::strerror(errno)));
-        if (aborted_ || (pfds[1].revents & POLLIN)) throw CommError(fmt::format("erun tcp: {}: aborted while forming the mesh", who_));
-        for (size_t i = 2; i < first_pending; ++i) {
-          if (pfds[i].revents & (POLLRDHUP | POLLHUP | POLLERR)) {
-            int q = 0;
-            while (fds_[q] != pfds[i].fd) ++q;
-            throw CommError(fmt::format("erun tcp: {}: rank {} closed its connection while the mesh formed (it exited "
-                                        "or failed)", who_, q));
-          }
-        }
-        for (size_t i = first_pending; i < pfds.size(); ++i) {
-          if (!pfds[i].revents) continue;
-          Pending& p = pending[i - first_pending];
-          if (advance(p, drop)) {
-            --missing;
-          }
-        }
-        const auto now = Clock::now();
-        for (auto& p : pending) {
-          if (p.fd >= 0 && now >= p.deadline) drop(p, "no complete handshake in time");
-        }
-        std::erase_if(pending, [](const Pending& p) { return p.fd < 0; });
-        if (pfds[0].revents & POLLIN) {
-          while (true) {
-            sockaddr_storage ss{};
-            socklen_t len = sizeof(ss);
-            int fd = ::accept4(listen_fd_, reinterpret_cast<sockaddr*>(&ss), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
-            if (fd < 0) break;
-            if (pending.size() >= kMaxPending) {
-              drop(pending.front(), "too many unauthenticated connections; dropping the oldest");
-              pending.pop_front();
-            }
-            Pending p;
-            p.fd = fd;
-            p.peer = numeric(ss);
-            p.deadline = std::min(deadline, Clock::now() + kHandshakeTimeout);
-            pending.push_back(std::move(p));
-          }
-        }
+    while (missing > 0) {
+      check_cancelled("accepting the pair connections");
+      // Established pairs must stay up while the rest form: a peer that
+      // died is noticed now, not at the first operation.
+      std::vector<pollfd> pfds{{listen_fd_.get(), POLLIN, 0}, {abort_fd_.get(), POLLIN, 0}};
+      for (int q = 0; q < size(); ++q) {
+        if (fds_[q]) pfds.push_back({fds_[q].get(), POLLRDHUP, 0});
       }
-    } catch (...) {
+      const size_t first_pending = pfds.size();
+      TimePoint wake = deadline;
       for (auto& p : pending) {
-        if (p.fd >= 0) ::close(p.fd);
+        pfds.push_back({p.fd.get(), POLLIN, 0});
+        wake = std::min(wake, p.deadline);
       }
-      throw;
+      int timeout = poll_ms(wake, 50ms);
+      if (timeout == 0 && Clock::now() >= deadline) {
+        std::string who_missing;
+        for (int q = rank() + 1; q < size(); ++q) {
+          if (!fds_[q]) who_missing += fmt::format("{}{}", who_missing.empty() ? "" : ", ", q);
+        }
+        throw CommError(fmt::format("erun tcp: {}: timed out waiting for rank(s) {} to connect (they failed, did not start, or cannot reach this host's port: see their log, and check that no firewall is between the hosts)", who_, who_missing));
+      }
+      int n = ::poll(pfds.data(), pfds.size(), timeout);
+      if (n < 0 && errno != EINTR) throw CommError(fmt::format("erun tcp: poll: {}", std::strerror(errno)));
+      if (aborted_ || (pfds[1].revents & POLLIN)) throw CommError(fmt::format("erun tcp: {}: aborted while forming the mesh", who_));
+      for (size_t i = 2; i < first_pending; ++i) {
+        if (pfds[i].revents & (POLLRDHUP | POLLHUP | POLLERR)) {
+          int q = 0;
+          while (fds_[q].get() != pfds[i].fd) ++q;
+          throw CommError(fmt::format("erun tcp: {}: rank {} closed its connection while the mesh formed (it exited "
+                                      "or failed)", who_, q));
+        }
+      }
+      for (size_t i = first_pending; i < pfds.size(); ++i) {
+        if (!pfds[i].revents) continue;
+        Pending& p = pending[i - first_pending];
+        if (advance(p, drop)) {
+          --missing;
+        }
+      }
+      const auto now = Clock::now();
+      for (auto& p : pending) {
+        if (p.fd && now >= p.deadline) drop(p, "no complete handshake in time");
+      }
+      std::erase_if(pending, [](const Pending& p) { return !p.fd; });
+      if (pfds[0].revents & POLLIN) {
+        while (true) {
+          net::Address from;
+          Fd fd = net::accept(listen_fd_.get(), &from);
+          if (!fd) break;
+          if (pending.size() >= kMaxPending) {
+            drop(pending.front(), "too many unauthenticated connections; dropping the oldest");
+            pending.pop_front();
+          }
+          Pending p;
+          p.fd = std::move(fd);
+          p.peer = from.name();
+          p.deadline = std::min(deadline, Clock::now() + kHandshakeTimeout);
+          pending.push_back(std::move(p));
+        }
+      }
     }
     for (auto& p : pending) {
-      if (p.fd >= 0) drop(p, "arrived after every peer had connected");
+      if (p.fd) drop(p, "arrived after every peer had connected");
     }
     if (rejected_ > logged_rejections_) {
       ERUN_LOG_WARN("{}: {} connection(s) to the pair port were refused in all (not peers of this job, or peers "
@@ -1303,7 +1214,7 @@ class TcpCommunicator final : public Communicator {
   bool advance(Pending& p, Drop&& drop) {
     char buf[128];
     const size_t want = p.want - p.in.size();
-    ssize_t n = ::recv(p.fd, buf, std::min(want, sizeof(buf)), MSG_DONTWAIT);
+    ssize_t n = ::recv(p.fd.get(), buf, std::min(want, sizeof(buf)), MSG_DONTWAIT);
     if (n == 0) {
       drop(p, "closed before completing the handshake");
       return false;
@@ -1314,7 +1225,7 @@ class TcpCommunicator final : public Communicator {
     }
     p.in.append(buf, static_cast<size_t>(n));
     if (p.in.size() < p.want) return false;
-    wire::PayloadReader r(p.in);
+    PayloadReader r(p.in);
     if (p.from < 0) {  // the hello
       if (auto why = check_head(r, kHello); !why.empty()) {
         drop(p, why);
@@ -1324,17 +1235,17 @@ class TcpCommunicator final : public Communicator {
       int64_t gen = r.i64();
       int32_t from = r.i32();
       int32_t to = r.i32();
-      p.nonce = r.fixed(wire::kNonceBytes);
-      if (jh != wire::job_hash(o_.job_id)) return drop(p, "hello for another job"), false;
+      const std::string nonce = r.fixed(handshake::kNonceBytes);
+      if (jh != handshake::job_hash(o_.job_id)) return drop(p, "hello for another job"), false;
       if (gen != o_.generation) return drop(p, fmt::format("hello for generation {}, this is {}", gen, o_.generation)), false;
       if (to != rank()) return drop(p, fmt::format("hello for rank {}", to)), false;
       if (from <= rank() || from >= size()) return drop(p, fmt::format("hello from rank {}, which does not connect here", from)), false;
-      if (fds_[from] >= 0) return drop(p, fmt::format("hello from rank {}, which is already connected", from)), false;
+      if (fds_[from]) return drop(p, fmt::format("hello from rank {}, which is already connected", from)), false;
+      if (!p.hs.hello(nonce)) return drop(p, "malformed hello"), false;
       p.from = from;
-      p.my_nonce = wire::random_bytes(wire::kNonceBytes);
       auto ch = handshake_head(kChallenge);
-      ch.fixed(p.my_nonce).fixed(pair_proof(kAcceptorLabel, o_, from, rank(), p.nonce, p.my_nonce));
-      if (::send(p.fd, ch.str().data(), ch.str().size(), MSG_NOSIGNAL | MSG_DONTWAIT) != static_cast<ssize_t>(ch.str().size())) {
+      ch.fixed(p.hs.challenge()).fixed(p.hs.proof(pair_proofs(from, rank())));
+      if (::send(p.fd.get(), ch.str().data(), ch.str().size(), MSG_NOSIGNAL | MSG_DONTWAIT) != static_cast<ssize_t>(ch.str().size())) {
         return drop(p, "could not send the challenge"), false;
       }
       p.in.clear();
@@ -1342,19 +1253,17 @@ class TcpCommunicator final : public Communicator {
       return false;
     }
     if (auto why = check_head(r, kAuth); !why.empty()) return drop(p, why), false;
-    std::string proof = r.fixed(wire::kMacBytes);
-    if (!wire::equal_ct(proof, pair_proof(kConnectorLabel, o_, p.from, rank(), p.nonce, p.my_nonce))) {
+    if (!p.hs.verify(pair_proofs(p.from, rank()), r.fixed(handshake::kMacBytes))) {
       return drop(p, fmt::format("claimed to be rank {} but its proof is wrong (another job's secret, another "
                                  "generation, or a replay)", p.from)), false;
     }
-    if (fds_[p.from] >= 0) return drop(p, fmt::format("rank {} is already connected", p.from)), false;
+    if (fds_[p.from]) return drop(p, fmt::format("rank {} is already connected", p.from)), false;
     auto ok = handshake_head(kAccepted);
-    if (::send(p.fd, ok.str().data(), ok.str().size(), MSG_NOSIGNAL | MSG_DONTWAIT) != static_cast<ssize_t>(ok.str().size())) {
+    if (::send(p.fd.get(), ok.str().data(), ok.str().size(), MSG_NOSIGNAL | MSG_DONTWAIT) != static_cast<ssize_t>(ok.str().size())) {
       return drop(p, "could not send the acceptance"), false;
     }
-    wire::set_nodelay(p.fd);
-    fds_[p.from] = p.fd;
-    p.fd = -1;  // now owned by fds_
+    net::set_nodelay(p.fd.get());
+    fds_[p.from] = std::move(p.fd);  // p.fd is now invalid: erased from pending
     return true;
   }
 
@@ -1373,10 +1282,13 @@ class TcpCommunicator final : public Communicator {
 
   const TcpOptions o_;
   std::string who_;
-  std::vector<int> fds_;  // by rank; -1 for self
-  int listen_fd_ = -1;
-  int abort_fd_ = -1;
-  sockaddr_storage local_addr_{};
+  std::vector<Fd> fds_;  // by rank; invalid for self
+  Fd listen_fd_;
+  Fd abort_fd_;
+  // Ends the handshake's waits: abort_fd_, aborted_, o_.cancelled.
+  net::Interrupt interrupt_;
+  std::shared_ptr<const handshake::Key> key_;  // the job secret, keyed for the pair proofs
+  net::Address local_addr_;
   std::atomic<bool> aborted_{false};
   bool broken_ = false;
   std::string broken_reason_;
@@ -1398,8 +1310,8 @@ class TcpCommunicator final : public Communicator {
   std::atomic<size_t> job_ready_{0};  // frames the sender may write
   std::atomic<size_t> job_sent_{0};   // frames written, or kSenderEnded
   std::atomic<bool> job_stop_{false};
-  int wake_fd_ = -1;  // caller -> sender: a frame was released, or stop
-  int done_fd_ = -1;  // sender -> caller: the job ended
+  Fd wake_fd_;  // caller -> sender: a frame was released, or stop
+  Fd done_fd_;  // sender -> caller: the job ended
   size_t rejected_ = 0;
   size_t logged_rejections_ = 0;
   TimePoint last_reject_log_{};
