@@ -265,61 +265,8 @@ class ElasticContext final : public Context {
       topo.generation = gen;
       info_ = worker_info(topo, o_.host);
       try {
-        // Everyone of the generation is here and alive before any pair is
-        // connected: a rank that died or left before this point is seen as a
-        // stale-generation error once the driver publishes the next one, not
-        // as a pair connection that waits out its timeout.
-        // The barrier waits at most --rendezvous-timeout: the driver stops a
-        // worker that does not join in that time. Rank 0 names a rank that
-        // never arrived, so that the driver leaves it out of the next one.
-        KvStore& store = client_.store();
-        auto barrier_end = std::min(deadline, t0 + o_.rendezvous_timeout);
-        auto remaining = [&] {
-          return std::max<Duration>(barrier_end - std::chrono::steady_clock::now(), std::chrono::seconds(1));
-        };
-        PrefixStore ready(store, "ready");
-        ready.set(std::to_string(r->rank), {});
-        if (r->rank == 0) {
-          for (int k = 1; k < r->size; ++k) {
-            try {
-              ready.get(std::to_string(k), remaining());
-            } catch (const CommError& e) {
-              if (std::chrono::steady_clock::now() < barrier_end) throw;  // not a timeout: a newer generation
-              throw CommError(fmt::format("rank {} did not reach the generation barrier: {}", k, e.what()), k,
-                              PeerFate::kUnknown);
-            }
-          }
-          store.set("go", {});
-        } else {
-          store.get("go", remaining());
-        }
-        // Shared memory among the ranks of a host, erun's TCP transport among
-        // the hosts, its pairs authenticated with the job secret.
-        HierOptions h;
-        static_cast<Topology&>(h) = topo;
-        h.timeout = o_.collective_timeout;
-        // The pairs of ranks that just passed the barrier together connect in
-        // milliseconds; a peer that dies meanwhile is seen at once (refused
-        // connect, closed pair) or when the driver announces the next
-        // generation (`cancelled`), not after this bound.
-        h.connect_timeout = std::min<Duration>(o_.collective_timeout, std::chrono::seconds(5));
-        h.job_id = o_.job_id;
-        h.secret = o_.secret;
-        h.cancelled = [this, gen] { return client_.hosts_updated() || client_.peers_lost_generation() == gen; };
-        h.hostname = o_.host;
-        h.address = o_.advertise;
-        h.prefix = "coll";
-        h.segment_tag = fmt::format("{}-g{}", o_.job_id, gen);
-        auto comm = make_hierarchical_communicator(store, h);
-        {
-          // A PEERS_LOST for this generation that arrived while it formed
-          // found no communicator to abort: abort it now.
-          std::lock_guard<std::mutex> lock(comm_mu_);
-          comm_ = std::move(comm);
-          comm_gen_ = gen;
-          comm_rank_ = r->rank;
-          if (client_.peers_lost_generation() == gen) comm_->abort();
-        }
+        generation_barrier(topo, std::min(deadline, t0 + o_.rendezvous_timeout));
+        connect_generation(topo);
         ERUN_LOG_DEBUG("{}: joined with size {} in {:.3f} s", who(gen, o_.host, r->rank), r->size,
                        seconds(std::chrono::steady_clock::now() - t0));
         return;
@@ -332,6 +279,65 @@ class ElasticContext final : public Context {
         req.failed_state = to_peer_state(e.fate());
       }
     }
+  }
+
+  // Everyone of the generation is here and alive before any pair is
+  // connected: a rank that died or left before this point is seen as a
+  // stale-generation error once the driver publishes the next one, not as a
+  // pair connection that waits out its timeout. The barrier waits until
+  // `barrier_end` (at most --rendezvous-timeout: the driver stops a worker
+  // that does not join in that time). Rank 0 names a rank that never
+  // arrived, so that the driver leaves it out of the next one.
+  void generation_barrier(const Topology& topo, TimePoint barrier_end) {
+    KvStore& store = client_.store();
+    auto remaining = [&] {
+      return std::max<Duration>(barrier_end - std::chrono::steady_clock::now(), std::chrono::seconds(1));
+    };
+    PrefixStore ready(store, "ready");
+    ready.set(std::to_string(topo.rank), {});
+    if (topo.rank != 0) {
+      store.get("go", remaining());
+      return;
+    }
+    for (int k = 1; k < topo.size; ++k) {
+      try {
+        ready.get(std::to_string(k), remaining());
+      } catch (const CommError& e) {
+        if (std::chrono::steady_clock::now() < barrier_end) throw;  // not a timeout: a newer generation
+        throw CommError(fmt::format("rank {} did not reach the generation barrier: {}", k, e.what()), k,
+                        PeerFate::kUnknown);
+      }
+    }
+    store.set("go", {});
+  }
+
+  // Shared memory among the ranks of a host, erun's TCP transport among the
+  // hosts, its pairs authenticated with the job secret.
+  void connect_generation(const Topology& topo) {
+    const long gen = topo.generation;
+    HierOptions h;
+    static_cast<Topology&>(h) = topo;
+    h.timeout = o_.collective_timeout;
+    // The pairs of ranks that just passed the barrier together connect in
+    // milliseconds; a peer that dies meanwhile is seen at once (refused
+    // connect, closed pair) or when the driver announces the next generation
+    // (`cancelled`), not after this bound.
+    h.connect_timeout = std::min<Duration>(o_.collective_timeout, std::chrono::seconds(5));
+    h.job_id = o_.job_id;
+    h.secret = o_.secret;
+    h.cancelled = [this, gen] { return client_.hosts_updated() || client_.peers_lost_generation() == gen; };
+    h.hostname = o_.host;
+    h.address = o_.advertise;
+    h.prefix = "coll";
+    h.segment_tag = fmt::format("{}-g{}", o_.job_id, gen);
+    auto comm = make_hierarchical_communicator(client_.store(), h);
+    // A PEERS_LOST for this generation that arrived while it formed found no
+    // communicator to abort: abort it now.
+    std::lock_guard<std::mutex> lock(comm_mu_);
+    comm_ = std::move(comm);
+    comm_gen_ = gen;
+    comm_rank_ = topo.rank;
+    if (client_.peers_lost_generation() == gen) comm_->abort();
   }
 
   WorkerOptions o_;
