@@ -4,7 +4,6 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/signalfd.h>
-#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -22,6 +21,7 @@
 #include "agent/protocol.h"
 #include "agent/commit_dir.h"
 #include "agent/relay.h"
+#include "agent/watchdog.h"
 #include "common/log.h"
 #include "common/private_files.h"
 #include "common/strings.h"
@@ -51,14 +51,6 @@ constexpr Duration kWatchdogSlack = 2s;
 
 void set_nonblocking(int fd) { ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK); }
 
-void close_from(int lowest) {
-#ifdef SYS_close_range
-  if (::syscall(SYS_close_range, lowest, ~0u, 0) == 0) return;
-#endif
-  long max = ::sysconf(_SC_OPEN_MAX);
-  for (int fd = lowest; fd < (max > 0 ? max : 1024); ++fd) ::close(fd);
-}
-
 // write(2) of everything, retrying EINTR; for the watchdog's lines and the output files.
 bool write_fully(int fd, std::string_view data) {
   while (!data.empty()) {
@@ -68,122 +60,6 @@ bool write_fully(int fd, std::string_view data) {
     data.remove_prefix(static_cast<size_t>(n));
   }
   return true;
-}
-
-// ---- the watchdog -------------------------------------------------------
-// Reads "A <pgid> <grace_ms>" and "R <pgid>" lines, "D <dir>" (the relay's
-// private socket directory), and "H" lines, the agent's sign of life. At EOF
-// (the agent is gone, however it went), or when the agent has written
-// nothing for `silence_ms` (it is frozen or hung: the driver has declared its
-// host lost by then), it SIGKILLs a silent agent and stops every group it
-// still knows: SIGTERM, the longest grace, SIGKILL; then it removes the
-// relay's socket and directory, which a killed agent leaves behind (unlink
-// and rmdir: never through a link, never a directory with anything else in
-// it).
-// Runs in a forked child in its own session, with every inherited
-// descriptor but its pipe closed.
-[[noreturn]] void watchdog_main(int fd, pid_t agent, long silence_ms) {
-  std::map<pid_t, long> groups;  // pgid -> grace ms
-  std::string relay_dir;
-  std::string commit_dir;  // the job's host-memory commits (agent/commit_dir.h)
-  std::string buffer;
-  char chunk[4096];
-  auto last_word = SteadyClock::now();
-  while (true) {
-    int wait_ms = -1;
-    if (silence_ms > 0) {
-      auto quiet = std::chrono::duration_cast<std::chrono::milliseconds>(SteadyClock::now() - last_word).count();
-      if (quiet >= silence_ms) {
-        // Still our parent, so the pid is the agent's (not reaped, not reused).
-        if (::getppid() == agent) ::kill(agent, SIGKILL);
-        break;
-      }
-      wait_ms = static_cast<int>(silence_ms - quiet);
-    }
-    pollfd p{fd, POLLIN, 0};
-    int ready = ::poll(&p, 1, wait_ms);
-    if (ready < 0 && errno != EINTR) break;
-    if (ready <= 0) continue;
-    ssize_t n = ::read(fd, chunk, sizeof chunk);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    last_word = SteadyClock::now();
-    buffer.append(chunk, static_cast<size_t>(n));
-    size_t nl;
-    while ((nl = buffer.find('\n')) != std::string::npos) {
-      const std::string line = buffer.substr(0, nl);
-      buffer.erase(0, nl + 1);
-      if (line.rfind("D /", 0) == 0) {
-        relay_dir = line.substr(2);
-        continue;
-      }
-      if (line.rfind("C /", 0) == 0) {
-        commit_dir = line.substr(2);
-        continue;
-      }
-      auto words = split(line, ' ');
-      long pgid = 0, grace = 0;
-      if (words.size() == 3 && words[0] == "A" && parse_int(words[1], pgid) && parse_int(words[2], grace) &&
-          pgid > 1) {
-        groups[static_cast<pid_t>(pgid)] = grace;
-      } else if (words.size() == 2 && words[0] == "R" && parse_int(words[1], pgid)) {
-        groups.erase(static_cast<pid_t>(pgid));
-      }
-    }
-  }
-  long grace = 0;
-  for (auto& [g, ms] : groups) {
-    if (::kill(-g, SIGTERM) == 0) grace = std::max(grace, ms);
-  }
-  auto deadline = SteadyClock::now() + std::chrono::milliseconds(grace);
-  while (SteadyClock::now() < deadline) {
-    bool any = false;
-    for (auto& [g, ms] : groups) any = any || ::kill(-g, 0) == 0;
-    if (!any) break;
-    ::usleep(50 * 1000);
-  }
-  for (auto& [g, ms] : groups) ::kill(-g, SIGKILL);
-  if (!relay_dir.empty()) {
-    ::unlink((relay_dir + "/rdzv").c_str());
-    ::rmdir(relay_dir.c_str());
-  }
-  if (!commit_dir.empty()) adopt_or_remove_commit_dir(commit_dir, kCommitAdoptGrace);
-  ::_exit(0);
-}
-
-// Forks the watchdog; returns the write end of its pipe (close-on-exec), or
-// -1. `silence_ms` (0: none): see watchdog_main().
-int spawn_watchdog(long silence_ms) {
-  const pid_t agent = ::getpid();
-  int fds[2];
-  if (::pipe2(fds, O_CLOEXEC) != 0) return -1;
-  pid_t pid = ::fork();
-  if (pid < 0) {
-    ::close(fds[0]);
-    ::close(fds[1]);
-    return -1;
-  }
-  if (pid == 0) {
-    ::setsid();
-    for (int s : {SIGINT, SIGHUP, SIGTERM, SIGPIPE, SIGQUIT}) ::signal(s, SIG_IGN);
-    ::signal(SIGCHLD, SIG_DFL);
-    sigset_t none;
-    sigemptyset(&none);
-    ::sigprocmask(SIG_SETMASK, &none, nullptr);
-    int null = ::open("/dev/null", O_RDWR);
-    for (int target : {0, 1, 2}) ::dup2(null, target);
-    if (fds[0] != 3) {
-      ::dup2(fds[0], 3);
-    } else {
-      ::fcntl(3, F_SETFD, 0);
-    }
-    close_from(4);
-    watchdog_main(3, agent, silence_ms);
-  }
-  ::close(fds[0]);
-  // The watchdog is not the agent's to reap through SIGCHLD bookkeeping: it is
-  // reaped with the workers' waitpid(-1) and ignored there.
-  return fds[1];
 }
 
 // ---- the agent ------------------------------------------------------------
