@@ -39,8 +39,6 @@ using namespace std::chrono_literals;
 constexpr size_t kReadChunk = 64 * 1024;
 constexpr size_t kMaxLine = 64 * 1024;              // longer lines are forwarded in pieces
 constexpr size_t kMaxOutbound = 64u * 1024 * 1024;  // output dropped beyond this backlog
-// Exit code of a worker whose program could not be started (as a shell's).
-constexpr int kCannotStart = 127;
 // After a worker is reaped, how long its EXITED waits for its pipes' EOF
 // (a process that left its session may hold them open for ever).
 constexpr Duration kExitOutputWait = 200ms;
@@ -101,6 +99,9 @@ class Agent {
   void handle_frames(std::string_view bytes);
   void handle(Message m);
   void start(const Start& s);
+  std::vector<std::string> worker_env(const Start& s);
+  SpawnOptions spawn_options(const Start& s);
+  void add_worker(const Start& s, Subprocess& p);
   void open_output_files(Worker& w, const Start& s);
   void on_sigchld();
   void pump(Worker& w, Stream& s, uint8_t stream, bool final);
@@ -262,26 +263,22 @@ void Agent::handle(Message m) {
 }
 
 void Agent::start(const Start& s) {
-  auto who_s = who(s.generation, o_.host, s.rank);
   if (stopping_ || s.argv.empty() || find(s.id)) {
     send(StartFailed{s.id, stopping_ ? "the agent is stopping" : s.argv.empty() ? "empty command" : "duplicate id"});
     return;
   }
-  int out[2], err[2];
-  if (::pipe2(out, O_CLOEXEC) != 0) {
-    send(StartFailed{s.id, fmt::format("pipe: {}", std::strerror(errno))});
+  auto spawned = Subprocess::spawn(spawn_options(s));
+  if (!spawned) {
+    send(StartFailed{s.id, spawned.message()});
     return;
   }
-  if (::pipe2(err, O_CLOEXEC) != 0) {
-    ::close(out[0]);
-    ::close(out[1]);
-    send(StartFailed{s.id, fmt::format("pipe: {}", std::strerror(errno))});
-    return;
-  }
-  // Everything the child needs is built before fork: it only calls
-  // async-signal-safe functions.
-  // The agent's own environment (the login environment on a remote host,
-  // erun's locally), with the driver's variables and the secret set over it.
+  add_worker(s, spawned.value());
+}
+
+// The agent's own environment (the login environment on a remote host, erun's
+// locally), with the driver's variables, the relay's address and the secret
+// set over it.
+std::vector<std::string> Agent::worker_env(const Start& s) {
   std::map<std::string, std::string> merged;
   for (char** e = environ; e && *e; ++e) {
     std::string_view word(*e);
@@ -292,91 +289,46 @@ void Agent::start(const Start& s) {
   if (o_.relay) relay_env(merged);
   hold_commit_dir(merged);
   merged["ERUN_SECRET"] = secret_;
-  std::vector<std::string> env_words;
-  for (auto& [k, v] : merged) env_words.push_back(k + "=" + v);
-  std::vector<char*> envp, argv;
-  for (auto& e : env_words) envp.push_back(e.data());
-  envp.push_back(nullptr);
-  std::vector<std::string> args = s.argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  std::string cwd_error = fmt::format(
-      "erun: cannot enter the working directory {} on {}: create it or pass another working directory\n", s.cwd,
-      o_.host);
-  std::string exec_error_prefix = fmt::format("erun: cannot run {} on {}: ", s.argv[0], o_.host);
-  std::string register_prefix = "A ";
-  std::string register_suffix = fmt::format(" {}\n", s.term_grace_ms);
-  int wd = watchdog_fd_;
-  // Closed by the child once it leads its session: from then on a signal to
-  // the worker's group reaches it, so the agent waits for that before STARTED.
-  int sync[2];
-  if (::pipe2(sync, O_CLOEXEC) != 0) {
-    for (int fd : {out[0], out[1], err[0], err[1]}) ::close(fd);
-    send(StartFailed{s.id, fmt::format("pipe: {}", std::strerror(errno))});
-    return;
-  }
+  std::vector<std::string> words;
+  for (auto& [k, v] : merged) words.push_back(k + "=" + v);
+  return words;
+}
 
-  pid_t pid = ::fork();
-  if (pid < 0) {
-    for (int fd : {out[0], out[1], err[0], err[1], sync[0], sync[1]}) ::close(fd);
-    send(StartFailed{s.id, fmt::format("fork: {}", std::strerror(errno))});
-    return;
-  }
-  if (pid == 0) {
-    ::setsid();
-    ::close(sync[0]);
-    ::close(sync[1]);
-    if (wd >= 0) {
-      // Registered with the watchdog before anything can go wrong: even if
-      // the agent dies this instant, the watchdog learns of this session.
-      char line[64];
-      int n = std::snprintf(line, sizeof line, "%s%d%s", register_prefix.c_str(), static_cast<int>(::getpid()),
-                            register_suffix.c_str());
-      if (n > 0) (void)!::write(wd, line, static_cast<size_t>(n));
-    }
-    int null = ::open("/dev/null", O_RDONLY);
-    ::dup2(null, 0);
-    ::dup2(out[1], 1);
-    ::dup2(err[1], 2);
-    sigset_t none;
-    sigemptyset(&none);
-    for (int sig = 1; sig < NSIG; ++sig) {
-      if (sig != SIGKILL && sig != SIGSTOP) ::signal(sig, SIG_DFL);
-    }
-    ::sigprocmask(SIG_SETMASK, &none, nullptr);
-    if (!s.cwd.empty() && ::chdir(s.cwd.c_str()) != 0) {
-      (void)!::write(2, cwd_error.data(), cwd_error.size());
-      ::_exit(kCannotStart);
-    }
-    close_from(3);
-    environ = envp.data();
-    ::execvp(argv[0], argv.data());
-    const char* why = std::strerror(errno);
-    (void)!::write(2, exec_error_prefix.data(), exec_error_prefix.size());
-    (void)!::write(2, why, std::strlen(why));
-    (void)!::write(2, "\n", 1);
-    ::_exit(kCannotStart);
-  }
-  ::close(out[1]);
-  ::close(err[1]);
-  ::close(sync[1]);
-  char byte;
-  while (::read(sync[0], &byte, 1) < 0 && errno == EINTR) {
-  }
-  ::close(sync[0]);
-  set_nonblocking(out[0]);
-  set_nonblocking(err[0]);
+// The worker leads its own session, is registered with the watchdog before
+// anything can go wrong (even if the agent dies that instant, the watchdog
+// learns of it), and says on its stderr why it could not start.
+SpawnOptions Agent::spawn_options(const Start& s) {
+  SpawnOptions o;
+  o.argv = s.argv;
+  o.env = worker_env(s);
+  o.path_from_env = true;
+  o.cwd = s.cwd;
+  o.new_session = true;
+  o.close_other_fds = true;
+  if (watchdog_fd_ >= 0) o.announce = SpawnOptions::Announce{watchdog_fd_, "A ", fmt::format(" {}\n", s.term_grace_ms)};
+  o.errors_on_stderr = SpawnOptions::ErrorsOnStderr{
+      fmt::format("erun: cannot enter the working directory {} on {}: create it or pass another working directory\n",
+                  s.cwd, o_.host),
+      fmt::format("erun: cannot run {} on {}: ", s.argv[0], o_.host)};
+  return o;
+}
+
+// Spawned: the worker leads its session, so a signal to its group reaches it.
+void Agent::add_worker(const Start& s, Subprocess& p) {
   Worker w;
   w.id = s.id;
   w.generation = s.generation;
   w.rank = s.rank;
+  w.out.fd = p.release_stdout();
+  w.err.fd = p.release_stderr();
+  const pid_t pid = p.release();  // reaped with waitpid(-1) in on_sigchld()
   w.pid = pid;
-  w.out.fd = out[0];
-  w.err.fd = err[0];
+  set_nonblocking(w.out.fd);
+  set_nonblocking(w.err.fd);
   w.grace = std::chrono::milliseconds(s.term_grace_ms);
   if (!s.output_dir.empty()) open_output_files(w, s);
   workers_.emplace(s.id, std::move(w));
-  ERUN_LOG_DEBUG("{}: {}: started pid {}", me_, who_s, pid);
+  ERUN_LOG_DEBUG("{}: {}: started pid {}", me_, who(s.generation, o_.host, s.rank), pid);
   send(Started{s.id, pid});
 }
 

@@ -39,29 +39,28 @@ TEST(SubprocessTest, ANewSessionIsLedByTheChildAndAnnouncedFirst) {
   EXPECT_TRUE(p->wait_for(std::chrono::seconds(10)).has_value());
 }
 
-TEST(SubprocessTest, ErrorsOnStderrReportACwdThatCannotBeEntered) {
-  SpawnOptions o;
-  o.argv = {"/bin/true"};
-  o.cwd = "/nonexistent/erun-subprocess-test";
-  o.errors_on_stderr = SpawnOptions::ErrorsOnStderr{"no cwd here\n", "cannot run: "};
+// Spawns `o` with errors on stderr; expects `said` there and kCannotStart.
+void expect_cannot_start(SpawnOptions o, const std::string& said) {
+  o.errors_on_stderr = SpawnOptions::ErrorsOnStderr{"no cwd here\n", "cannot run it: "};
   auto p = Subprocess::spawn(o);
   ASSERT_TRUE(p) << p.message();
-  EXPECT_EQ(read_rest(p->stderr_fd()), "no cwd here\n");
+  EXPECT_EQ(read_rest(p->stderr_fd()), said);
   auto st = p->wait_for(std::chrono::seconds(10));
   ASSERT_TRUE(st.has_value());
   EXPECT_EQ(st->code, kCannotStart);
 }
 
+TEST(SubprocessTest, ErrorsOnStderrReportACwdThatCannotBeEntered) {
+  SpawnOptions o;
+  o.argv = {"/bin/true"};
+  o.cwd = "/nonexistent/erun-subprocess-test";
+  expect_cannot_start(o, "no cwd here\n");
+}
+
 TEST(SubprocessTest, ErrorsOnStderrReportAProgramThatCannotRun) {
   SpawnOptions o;
   o.argv = {"erun-no-such-program-xyz"};
-  o.errors_on_stderr = SpawnOptions::ErrorsOnStderr{"no cwd here\n", "cannot run it: "};
-  auto p = Subprocess::spawn(o);
-  ASSERT_TRUE(p) << p.message();
-  EXPECT_EQ(read_rest(p->stderr_fd()), std::string("cannot run it: ") + std::strerror(ENOENT) + "\n");
-  auto st = p->wait_for(std::chrono::seconds(10));
-  ASSERT_TRUE(st.has_value());
-  EXPECT_EQ(st->code, kCannotStart);
+  expect_cannot_start(o, std::string("cannot run it: ") + std::strerror(ENOENT) + "\n");
 }
 
 TEST(SubprocessTest, WithoutErrorsOnStderrSpawnReturnsTheError) {
