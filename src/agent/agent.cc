@@ -90,6 +90,15 @@ class Agent {
   int run();
 
  private:
+  // The steps of run().
+  bool begin();
+  void keep_in_touch(SteadyClock::time_point now);
+  void kill_overdue(SteadyClock::time_point now);
+  bool stopped(SteadyClock::time_point now);
+  void poll_once(SteadyClock::time_point now);
+  int poll_timeout_ms(SteadyClock::time_point now) const;
+  void finish();
+
   void log_prefix_init() { me_ = fmt::format("agent on {} (pid {})", o_.host, ::getpid()); }
   void send(const Message& m);
   void flush_outbound();
@@ -531,6 +540,24 @@ void Agent::ensure_watchdog() {
 
 int Agent::run() {
   log_prefix_init();
+  if (!begin()) return 1;
+  while (true) {
+    auto now = SteadyClock::now();
+    if (relay_) relay_->tick(now);
+    keep_in_touch(now);
+    report_exits(now);
+    kill_overdue(now);
+    if (stopping_ && stopped(now)) break;
+    ensure_watchdog();
+    poll_once(now);
+  }
+  finish();
+  return lost_ ? 1 : 0;
+}
+
+// Signals, the job secret, the watchdog, HELLO, and the frames that came
+// with the secret.
+bool Agent::begin() {
   // Signals the agent handles arrive through a signalfd; SIGPIPE is an error
   // return from write, not a death.
   ::signal(SIGPIPE, SIG_IGN);
@@ -541,9 +568,9 @@ int Agent::run() {
   sig_fd_ = ::signalfd(-1, &handled, SFD_NONBLOCK | SFD_CLOEXEC);
   if (sig_fd_ < 0) {
     ERUN_LOG_ERROR("{}: signalfd: {}", me_, std::strerror(errno));
-    return 1;
+    return false;
   }
-  if (!read_secret()) return 1;
+  if (!read_secret()) return false;
   set_nonblocking(o_.in_fd);
   set_nonblocking(o_.out_fd);
   ensure_watchdog();
@@ -553,82 +580,99 @@ int Agent::run() {
     handle_frames(inbound_);
     inbound_.clear();
   }
+  return true;
+}
 
-  while (true) {
-    auto now = SteadyClock::now();
-    if (relay_) relay_->tick(now);
-    if (!stopping_ && now - last_heard_ > o_.heartbeat_timeout) {
-      stop_all(fmt::format("no word from the driver for {} ms (heartbeat timeout)",
-                           std::chrono::duration_cast<std::chrono::milliseconds>(now - last_heard_).count()),
-               true);
-    }
-    if (out_open_ && now - last_sent_ >= o_.heartbeat_interval) send(Heartbeat{});
-    if (watchdog_fd_ >= 0 && now - last_watchdog_word_ >= o_.heartbeat_interval) {
-      (void)write_fully(watchdog_fd_, "H\n");
-      last_watchdog_word_ = now;
-    }
-    report_exits(now);
-    for (auto& [id, w] : workers_) {
-      if (w.kill_at && !w.reaped && now >= *w.kill_at) {
-        ::kill(-w.pid, SIGKILL);
-        w.kill_at = now + 1s;  // again later if something is left
-      }
-    }
-    if (stopping_) {
-      if (workers_.empty() && (outbound_.empty() || !out_open_)) break;
-      if (now >= stop_deadline_) {
-        for (auto& [id, w] : workers_) {
-          if (!w.reaped) ::kill(-w.pid, SIGKILL);
-        }
-        if (workers_.empty() || now >= stop_deadline_ + 2s) break;
-      }
-    }
-    ensure_watchdog();
-
-    std::vector<pollfd> fds;
-    std::vector<std::pair<uint64_t, int>> streams;  // worker id, 1/2
-    fds.push_back({sig_fd_, POLLIN, 0});
-    fds.push_back({driver_open_ ? o_.in_fd : -1, POLLIN, 0});
-    fds.push_back({out_open_ && !outbound_.empty() ? o_.out_fd : -1, POLLOUT, 0});
-    for (auto& [id, w] : workers_) {
-      if (w.out.fd >= 0) {
-        fds.push_back({w.out.fd, POLLIN, 0});
-        streams.push_back({id, 1});
-      }
-      if (w.err.fd >= 0) {
-        fds.push_back({w.err.fd, POLLIN, 0});
-        streams.push_back({id, 2});
-      }
-    }
-    Relay* relay = relay_.get();  // the one whose descriptors are listed (a START may make one)
-    size_t relay_first = relay ? relay->add_fds(fds) : fds.size();
-    int wait_ms = 100;
-    for (auto& [id, w] : workers_) {
-      if (!w.reaped) continue;
-      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(w.output_deadline - now).count() + 1;
-      wait_ms = static_cast<int>(std::clamp<long>(left, 0, wait_ms));
-    }
-    int n = ::poll(fds.data(), fds.size(), wait_ms);
-    if (n < 0 && errno != EINTR) {
-      ERUN_LOG_ERROR("{}: poll: {}", me_, std::strerror(errno));
-      stop_all("poll failed", true);
-    }
-    if (n <= 0) continue;
-    if (fds[2].revents) flush_outbound();
-    for (size_t i = 0; i < streams.size(); ++i) {
-      if (!fds[3 + i].revents) continue;
-      Worker* w = find(streams[i].first);
-      if (!w) continue;
-      if (streams[i].second == 1) {
-        pump(*w, w->out, 1, false);
-      } else {
-        pump(*w, w->err, 2, false);
-      }
-    }
-    if (relay) relay->on_events(fds, relay_first);
-    if (fds[1].revents) on_driver_bytes();
-    if (fds[0].revents) on_sigchld();
+// The driver's heartbeat timeout, and the heartbeats to the driver and to
+// the watchdog.
+void Agent::keep_in_touch(SteadyClock::time_point now) {
+  if (!stopping_ && now - last_heard_ > o_.heartbeat_timeout) {
+    stop_all(fmt::format("no word from the driver for {} ms (heartbeat timeout)",
+                         std::chrono::duration_cast<std::chrono::milliseconds>(now - last_heard_).count()),
+             true);
   }
+  if (out_open_ && now - last_sent_ >= o_.heartbeat_interval) send(Heartbeat{});
+  if (watchdog_fd_ >= 0 && now - last_watchdog_word_ >= o_.heartbeat_interval) {
+    (void)write_fully(watchdog_fd_, "H\n");
+    last_watchdog_word_ = now;
+  }
+}
+
+// SIGKILL for the sessions of workers whose grace after TERMINATE is over.
+void Agent::kill_overdue(SteadyClock::time_point now) {
+  for (auto& [id, w] : workers_) {
+    if (w.kill_at && !w.reaped && now >= *w.kill_at) {
+      ::kill(-w.pid, SIGKILL);
+      w.kill_at = now + 1s;  // again later if something is left
+    }
+  }
+}
+
+// Stopping: whether the agent is done (every worker reported and the
+// output sent, or the stop deadline passed and what is left killed).
+bool Agent::stopped(SteadyClock::time_point now) {
+  if (workers_.empty() && (outbound_.empty() || !out_open_)) return true;
+  if (now < stop_deadline_) return false;
+  for (auto& [id, w] : workers_) {
+    if (!w.reaped) ::kill(-w.pid, SIGKILL);
+  }
+  return workers_.empty() || now >= stop_deadline_ + 2s;
+}
+
+// One poll round over the signalfd, the driver's channel, the workers'
+// pipes and the relay, and what each ready descriptor asks for.
+void Agent::poll_once(SteadyClock::time_point now) {
+  std::vector<pollfd> fds;
+  std::vector<std::pair<uint64_t, int>> streams;  // worker id, 1/2; from fds[3] on
+  fds.push_back({sig_fd_, POLLIN, 0});
+  fds.push_back({driver_open_ ? o_.in_fd : -1, POLLIN, 0});
+  fds.push_back({out_open_ && !outbound_.empty() ? o_.out_fd : -1, POLLOUT, 0});
+  for (auto& [id, w] : workers_) {
+    if (w.out.fd >= 0) {
+      fds.push_back({w.out.fd, POLLIN, 0});
+      streams.push_back({id, 1});
+    }
+    if (w.err.fd >= 0) {
+      fds.push_back({w.err.fd, POLLIN, 0});
+      streams.push_back({id, 2});
+    }
+  }
+  Relay* relay = relay_.get();  // the one whose descriptors are listed (a START may make one)
+  size_t relay_first = relay ? relay->add_fds(fds) : fds.size();
+  int n = ::poll(fds.data(), fds.size(), poll_timeout_ms(now));
+  if (n < 0 && errno != EINTR) {
+    ERUN_LOG_ERROR("{}: poll: {}", me_, std::strerror(errno));
+    stop_all("poll failed", true);
+  }
+  if (n <= 0) return;
+  if (fds[2].revents) flush_outbound();
+  for (size_t i = 0; i < streams.size(); ++i) {
+    if (!fds[3 + i].revents) continue;
+    Worker* w = find(streams[i].first);
+    if (!w) continue;
+    if (streams[i].second == 1) {
+      pump(*w, w->out, 1, false);
+    } else {
+      pump(*w, w->err, 2, false);
+    }
+  }
+  if (relay) relay->on_events(fds, relay_first);
+  if (fds[1].revents) on_driver_bytes();
+  if (fds[0].revents) on_sigchld();
+}
+
+// 100 ms, or less up to the first reaped worker's output deadline.
+int Agent::poll_timeout_ms(SteadyClock::time_point now) const {
+  int wait_ms = 100;
+  for (auto& [id, w] : workers_) {
+    if (!w.reaped) continue;
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(w.output_deadline - now).count() + 1;
+    wait_ms = static_cast<int>(std::clamp<long>(left, 0, wait_ms));
+  }
+  return wait_ms;
+}
+
+void Agent::finish() {
   flush_outbound();
   if (dropped_output_ > 0) {
     ERUN_LOG_WARN("{}: dropped {} output chunk(s): the driver did not read them in time", me_, dropped_output_);
@@ -638,7 +682,6 @@ int Agent::run() {
   // commits go too, unless another agent of the job still runs here.
   if (!commit_dir_.empty()) release_commit_dir(commit_dir_, std::exchange(commit_lease_fd_, -1));
   close_fd(watchdog_fd_);  // the watchdog finds no group left and exits
-  return lost_ ? 1 : 0;
 }
 
 }  // namespace
