@@ -4,7 +4,6 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/signalfd.h>
-#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -22,6 +21,7 @@
 #include "agent/protocol.h"
 #include "agent/commit_dir.h"
 #include "agent/relay.h"
+#include "agent/watchdog.h"
 #include "common/log.h"
 #include "common/private_files.h"
 #include "common/strings.h"
@@ -39,8 +39,6 @@ using namespace std::chrono_literals;
 constexpr size_t kReadChunk = 64 * 1024;
 constexpr size_t kMaxLine = 64 * 1024;              // longer lines are forwarded in pieces
 constexpr size_t kMaxOutbound = 64u * 1024 * 1024;  // output dropped beyond this backlog
-// Exit code of a worker whose program could not be started (as a shell's).
-constexpr int kCannotStart = 127;
 // After a worker is reaped, how long its EXITED waits for its pipes' EOF
 // (a process that left its session may hold them open for ever).
 constexpr Duration kExitOutputWait = 200ms;
@@ -51,14 +49,6 @@ constexpr Duration kWatchdogSlack = 2s;
 
 void set_nonblocking(int fd) { ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK); }
 
-void close_from(int lowest) {
-#ifdef SYS_close_range
-  if (::syscall(SYS_close_range, lowest, ~0u, 0) == 0) return;
-#endif
-  long max = ::sysconf(_SC_OPEN_MAX);
-  for (int fd = lowest; fd < (max > 0 ? max : 1024); ++fd) ::close(fd);
-}
-
 // write(2) of everything, retrying EINTR; for the watchdog's lines and the output files.
 bool write_fully(int fd, std::string_view data) {
   while (!data.empty()) {
@@ -68,122 +58,6 @@ bool write_fully(int fd, std::string_view data) {
     data.remove_prefix(static_cast<size_t>(n));
   }
   return true;
-}
-
-// ---- the watchdog -------------------------------------------------------
-// Reads "A <pgid> <grace_ms>" and "R <pgid>" lines, "D <dir>" (the relay's
-// private socket directory), and "H" lines, the agent's sign of life. At EOF
-// (the agent is gone, however it went), or when the agent has written
-// nothing for `silence_ms` (it is frozen or hung: the driver has declared its
-// host lost by then), it SIGKILLs a silent agent and stops every group it
-// still knows: SIGTERM, the longest grace, SIGKILL; then it removes the
-// relay's socket and directory, which a killed agent leaves behind (unlink
-// and rmdir: never through a link, never a directory with anything else in
-// it).
-// Runs in a forked child in its own session, with every inherited
-// descriptor but its pipe closed.
-[[noreturn]] void watchdog_main(int fd, pid_t agent, long silence_ms) {
-  std::map<pid_t, long> groups;  // pgid -> grace ms
-  std::string relay_dir;
-  std::string commit_dir;  // the job's host-memory commits (agent/commit_dir.h)
-  std::string buffer;
-  char chunk[4096];
-  auto last_word = SteadyClock::now();
-  while (true) {
-    int wait_ms = -1;
-    if (silence_ms > 0) {
-      auto quiet = std::chrono::duration_cast<std::chrono::milliseconds>(SteadyClock::now() - last_word).count();
-      if (quiet >= silence_ms) {
-        // Still our parent, so the pid is the agent's (not reaped, not reused).
-        if (::getppid() == agent) ::kill(agent, SIGKILL);
-        break;
-      }
-      wait_ms = static_cast<int>(silence_ms - quiet);
-    }
-    pollfd p{fd, POLLIN, 0};
-    int ready = ::poll(&p, 1, wait_ms);
-    if (ready < 0 && errno != EINTR) break;
-    if (ready <= 0) continue;
-    ssize_t n = ::read(fd, chunk, sizeof chunk);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    last_word = SteadyClock::now();
-    buffer.append(chunk, static_cast<size_t>(n));
-    size_t nl;
-    while ((nl = buffer.find('\n')) != std::string::npos) {
-      const std::string line = buffer.substr(0, nl);
-      buffer.erase(0, nl + 1);
-      if (line.rfind("D /", 0) == 0) {
-        relay_dir = line.substr(2);
-        continue;
-      }
-      if (line.rfind("C /", 0) == 0) {
-        commit_dir = line.substr(2);
-        continue;
-      }
-      auto words = split(line, ' ');
-      long pgid = 0, grace = 0;
-      if (words.size() == 3 && words[0] == "A" && parse_int(words[1], pgid) && parse_int(words[2], grace) &&
-          pgid > 1) {
-        groups[static_cast<pid_t>(pgid)] = grace;
-      } else if (words.size() == 2 && words[0] == "R" && parse_int(words[1], pgid)) {
-        groups.erase(static_cast<pid_t>(pgid));
-      }
-    }
-  }
-  long grace = 0;
-  for (auto& [g, ms] : groups) {
-    if (::kill(-g, SIGTERM) == 0) grace = std::max(grace, ms);
-  }
-  auto deadline = SteadyClock::now() + std::chrono::milliseconds(grace);
-  while (SteadyClock::now() < deadline) {
-    bool any = false;
-    for (auto& [g, ms] : groups) any = any || ::kill(-g, 0) == 0;
-    if (!any) break;
-    ::usleep(50 * 1000);
-  }
-  for (auto& [g, ms] : groups) ::kill(-g, SIGKILL);
-  if (!relay_dir.empty()) {
-    ::unlink((relay_dir + "/rdzv").c_str());
-    ::rmdir(relay_dir.c_str());
-  }
-  if (!commit_dir.empty()) adopt_or_remove_commit_dir(commit_dir, kCommitAdoptGrace);
-  ::_exit(0);
-}
-
-// Forks the watchdog; returns the write end of its pipe (close-on-exec), or
-// -1. `silence_ms` (0: none): see watchdog_main().
-int spawn_watchdog(long silence_ms) {
-  const pid_t agent = ::getpid();
-  int fds[2];
-  if (::pipe2(fds, O_CLOEXEC) != 0) return -1;
-  pid_t pid = ::fork();
-  if (pid < 0) {
-    ::close(fds[0]);
-    ::close(fds[1]);
-    return -1;
-  }
-  if (pid == 0) {
-    ::setsid();
-    for (int s : {SIGINT, SIGHUP, SIGTERM, SIGPIPE, SIGQUIT}) ::signal(s, SIG_IGN);
-    ::signal(SIGCHLD, SIG_DFL);
-    sigset_t none;
-    sigemptyset(&none);
-    ::sigprocmask(SIG_SETMASK, &none, nullptr);
-    int null = ::open("/dev/null", O_RDWR);
-    for (int target : {0, 1, 2}) ::dup2(null, target);
-    if (fds[0] != 3) {
-      ::dup2(fds[0], 3);
-    } else {
-      ::fcntl(3, F_SETFD, 0);
-    }
-    close_from(4);
-    watchdog_main(3, agent, silence_ms);
-  }
-  ::close(fds[0]);
-  // The watchdog is not the agent's to reap through SIGCHLD bookkeeping: it is
-  // reaped with the workers' waitpid(-1) and ignored there.
-  return fds[1];
 }
 
 // ---- the agent ------------------------------------------------------------
@@ -216,6 +90,15 @@ class Agent {
   int run();
 
  private:
+  // The steps of run().
+  bool begin();
+  void keep_in_touch(SteadyClock::time_point now);
+  void kill_overdue(SteadyClock::time_point now);
+  bool stopped(SteadyClock::time_point now);
+  void poll_once(SteadyClock::time_point now);
+  int poll_timeout_ms(SteadyClock::time_point now) const;
+  void finish();
+
   void log_prefix_init() { me_ = fmt::format("agent on {} (pid {})", o_.host, ::getpid()); }
   void send(const Message& m);
   void flush_outbound();
@@ -225,6 +108,9 @@ class Agent {
   void handle_frames(std::string_view bytes);
   void handle(Message m);
   void start(const Start& s);
+  std::vector<std::string> worker_env(const Start& s);
+  SpawnOptions spawn_options(const Start& s);
+  void add_worker(const Start& s, Subprocess& p);
   void open_output_files(Worker& w, const Start& s);
   void on_sigchld();
   void pump(Worker& w, Stream& s, uint8_t stream, bool final);
@@ -386,26 +272,22 @@ void Agent::handle(Message m) {
 }
 
 void Agent::start(const Start& s) {
-  auto who_s = who(s.generation, o_.host, s.rank);
   if (stopping_ || s.argv.empty() || find(s.id)) {
     send(StartFailed{s.id, stopping_ ? "the agent is stopping" : s.argv.empty() ? "empty command" : "duplicate id"});
     return;
   }
-  int out[2], err[2];
-  if (::pipe2(out, O_CLOEXEC) != 0) {
-    send(StartFailed{s.id, fmt::format("pipe: {}", std::strerror(errno))});
+  auto spawned = Subprocess::spawn(spawn_options(s));
+  if (!spawned) {
+    send(StartFailed{s.id, spawned.message()});
     return;
   }
-  if (::pipe2(err, O_CLOEXEC) != 0) {
-    ::close(out[0]);
-    ::close(out[1]);
-    send(StartFailed{s.id, fmt::format("pipe: {}", std::strerror(errno))});
-    return;
-  }
-  // Everything the child needs is built before fork: it only calls
-  // async-signal-safe functions.
-  // The agent's own environment (the login environment on a remote host,
-  // erun's locally), with the driver's variables and the secret set over it.
+  add_worker(s, spawned.value());
+}
+
+// The agent's own environment (the login environment on a remote host, erun's
+// locally), with the driver's variables, the relay's address and the secret
+// set over it.
+std::vector<std::string> Agent::worker_env(const Start& s) {
   std::map<std::string, std::string> merged;
   for (char** e = environ; e && *e; ++e) {
     std::string_view word(*e);
@@ -416,91 +298,46 @@ void Agent::start(const Start& s) {
   if (o_.relay) relay_env(merged);
   hold_commit_dir(merged);
   merged["ERUN_SECRET"] = secret_;
-  std::vector<std::string> env_words;
-  for (auto& [k, v] : merged) env_words.push_back(k + "=" + v);
-  std::vector<char*> envp, argv;
-  for (auto& e : env_words) envp.push_back(e.data());
-  envp.push_back(nullptr);
-  std::vector<std::string> args = s.argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  std::string cwd_error = fmt::format(
-      "erun: cannot enter the working directory {} on {}: create it or pass another working directory\n", s.cwd,
-      o_.host);
-  std::string exec_error_prefix = fmt::format("erun: cannot run {} on {}: ", s.argv[0], o_.host);
-  std::string register_prefix = "A ";
-  std::string register_suffix = fmt::format(" {}\n", s.term_grace_ms);
-  int wd = watchdog_fd_;
-  // Closed by the child once it leads its session: from then on a signal to
-  // the worker's group reaches it, so the agent waits for that before STARTED.
-  int sync[2];
-  if (::pipe2(sync, O_CLOEXEC) != 0) {
-    for (int fd : {out[0], out[1], err[0], err[1]}) ::close(fd);
-    send(StartFailed{s.id, fmt::format("pipe: {}", std::strerror(errno))});
-    return;
-  }
+  std::vector<std::string> words;
+  for (auto& [k, v] : merged) words.push_back(k + "=" + v);
+  return words;
+}
 
-  pid_t pid = ::fork();
-  if (pid < 0) {
-    for (int fd : {out[0], out[1], err[0], err[1], sync[0], sync[1]}) ::close(fd);
-    send(StartFailed{s.id, fmt::format("fork: {}", std::strerror(errno))});
-    return;
-  }
-  if (pid == 0) {
-    ::setsid();
-    ::close(sync[0]);
-    ::close(sync[1]);
-    if (wd >= 0) {
-      // Registered with the watchdog before anything can go wrong: even if
-      // the agent dies this instant, the watchdog learns of this session.
-      char line[64];
-      int n = std::snprintf(line, sizeof line, "%s%d%s", register_prefix.c_str(), static_cast<int>(::getpid()),
-                            register_suffix.c_str());
-      if (n > 0) (void)!::write(wd, line, static_cast<size_t>(n));
-    }
-    int null = ::open("/dev/null", O_RDONLY);
-    ::dup2(null, 0);
-    ::dup2(out[1], 1);
-    ::dup2(err[1], 2);
-    sigset_t none;
-    sigemptyset(&none);
-    for (int sig = 1; sig < NSIG; ++sig) {
-      if (sig != SIGKILL && sig != SIGSTOP) ::signal(sig, SIG_DFL);
-    }
-    ::sigprocmask(SIG_SETMASK, &none, nullptr);
-    if (!s.cwd.empty() && ::chdir(s.cwd.c_str()) != 0) {
-      (void)!::write(2, cwd_error.data(), cwd_error.size());
-      ::_exit(kCannotStart);
-    }
-    close_from(3);
-    environ = envp.data();
-    ::execvp(argv[0], argv.data());
-    const char* why = std::strerror(errno);
-    (void)!::write(2, exec_error_prefix.data(), exec_error_prefix.size());
-    (void)!::write(2, why, std::strlen(why));
-    (void)!::write(2, "\n", 1);
-    ::_exit(kCannotStart);
-  }
-  ::close(out[1]);
-  ::close(err[1]);
-  ::close(sync[1]);
-  char byte;
-  while (::read(sync[0], &byte, 1) < 0 && errno == EINTR) {
-  }
-  ::close(sync[0]);
-  set_nonblocking(out[0]);
-  set_nonblocking(err[0]);
+// The worker leads its own session, is registered with the watchdog before
+// anything can go wrong (even if the agent dies that instant, the watchdog
+// learns of it), and says on its stderr why it could not start.
+SpawnOptions Agent::spawn_options(const Start& s) {
+  SpawnOptions o;
+  o.argv = s.argv;
+  o.env = worker_env(s);
+  o.path_from_env = true;
+  o.cwd = s.cwd;
+  o.new_session = true;
+  o.close_other_fds = true;
+  if (watchdog_fd_ >= 0) o.announce = SpawnOptions::Announce{watchdog_fd_, "A ", fmt::format(" {}\n", s.term_grace_ms)};
+  o.errors_on_stderr = SpawnOptions::ErrorsOnStderr{
+      fmt::format("erun: cannot enter the working directory {} on {}: create it or pass another working directory\n",
+                  s.cwd, o_.host),
+      fmt::format("erun: cannot run {} on {}: ", s.argv[0], o_.host)};
+  return o;
+}
+
+// Spawned: the worker leads its session, so a signal to its group reaches it.
+void Agent::add_worker(const Start& s, Subprocess& p) {
   Worker w;
   w.id = s.id;
   w.generation = s.generation;
   w.rank = s.rank;
+  w.out.fd = p.release_stdout();
+  w.err.fd = p.release_stderr();
+  const pid_t pid = p.release();  // reaped with waitpid(-1) in on_sigchld()
   w.pid = pid;
-  w.out.fd = out[0];
-  w.err.fd = err[0];
+  set_nonblocking(w.out.fd);
+  set_nonblocking(w.err.fd);
   w.grace = std::chrono::milliseconds(s.term_grace_ms);
   if (!s.output_dir.empty()) open_output_files(w, s);
   workers_.emplace(s.id, std::move(w));
-  ERUN_LOG_DEBUG("{}: {}: started pid {}", me_, who_s, pid);
+  ERUN_LOG_DEBUG("{}: {}: started pid {}", me_, who(s.generation, o_.host, s.rank), pid);
   send(Started{s.id, pid});
 }
 
@@ -703,6 +540,24 @@ void Agent::ensure_watchdog() {
 
 int Agent::run() {
   log_prefix_init();
+  if (!begin()) return 1;
+  while (true) {
+    auto now = SteadyClock::now();
+    if (relay_) relay_->tick(now);
+    keep_in_touch(now);
+    report_exits(now);
+    kill_overdue(now);
+    if (stopping_ && stopped(now)) break;
+    ensure_watchdog();
+    poll_once(now);
+  }
+  finish();
+  return lost_ ? 1 : 0;
+}
+
+// Signals, the job secret, the watchdog, HELLO, and the frames that came
+// with the secret.
+bool Agent::begin() {
   // Signals the agent handles arrive through a signalfd; SIGPIPE is an error
   // return from write, not a death.
   ::signal(SIGPIPE, SIG_IGN);
@@ -713,9 +568,9 @@ int Agent::run() {
   sig_fd_ = ::signalfd(-1, &handled, SFD_NONBLOCK | SFD_CLOEXEC);
   if (sig_fd_ < 0) {
     ERUN_LOG_ERROR("{}: signalfd: {}", me_, std::strerror(errno));
-    return 1;
+    return false;
   }
-  if (!read_secret()) return 1;
+  if (!read_secret()) return false;
   set_nonblocking(o_.in_fd);
   set_nonblocking(o_.out_fd);
   ensure_watchdog();
@@ -725,82 +580,99 @@ int Agent::run() {
     handle_frames(inbound_);
     inbound_.clear();
   }
+  return true;
+}
 
-  while (true) {
-    auto now = SteadyClock::now();
-    if (relay_) relay_->tick(now);
-    if (!stopping_ && now - last_heard_ > o_.heartbeat_timeout) {
-      stop_all(fmt::format("no word from the driver for {} ms (heartbeat timeout)",
-                           std::chrono::duration_cast<std::chrono::milliseconds>(now - last_heard_).count()),
-               true);
-    }
-    if (out_open_ && now - last_sent_ >= o_.heartbeat_interval) send(Heartbeat{});
-    if (watchdog_fd_ >= 0 && now - last_watchdog_word_ >= o_.heartbeat_interval) {
-      (void)write_fully(watchdog_fd_, "H\n");
-      last_watchdog_word_ = now;
-    }
-    report_exits(now);
-    for (auto& [id, w] : workers_) {
-      if (w.kill_at && !w.reaped && now >= *w.kill_at) {
-        ::kill(-w.pid, SIGKILL);
-        w.kill_at = now + 1s;  // again later if something is left
-      }
-    }
-    if (stopping_) {
-      if (workers_.empty() && (outbound_.empty() || !out_open_)) break;
-      if (now >= stop_deadline_) {
-        for (auto& [id, w] : workers_) {
-          if (!w.reaped) ::kill(-w.pid, SIGKILL);
-        }
-        if (workers_.empty() || now >= stop_deadline_ + 2s) break;
-      }
-    }
-    ensure_watchdog();
-
-    std::vector<pollfd> fds;
-    std::vector<std::pair<uint64_t, int>> streams;  // worker id, 1/2
-    fds.push_back({sig_fd_, POLLIN, 0});
-    fds.push_back({driver_open_ ? o_.in_fd : -1, POLLIN, 0});
-    fds.push_back({out_open_ && !outbound_.empty() ? o_.out_fd : -1, POLLOUT, 0});
-    for (auto& [id, w] : workers_) {
-      if (w.out.fd >= 0) {
-        fds.push_back({w.out.fd, POLLIN, 0});
-        streams.push_back({id, 1});
-      }
-      if (w.err.fd >= 0) {
-        fds.push_back({w.err.fd, POLLIN, 0});
-        streams.push_back({id, 2});
-      }
-    }
-    Relay* relay = relay_.get();  // the one whose descriptors are listed (a START may make one)
-    size_t relay_first = relay ? relay->add_fds(fds) : fds.size();
-    int wait_ms = 100;
-    for (auto& [id, w] : workers_) {
-      if (!w.reaped) continue;
-      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(w.output_deadline - now).count() + 1;
-      wait_ms = static_cast<int>(std::clamp<long>(left, 0, wait_ms));
-    }
-    int n = ::poll(fds.data(), fds.size(), wait_ms);
-    if (n < 0 && errno != EINTR) {
-      ERUN_LOG_ERROR("{}: poll: {}", me_, std::strerror(errno));
-      stop_all("poll failed", true);
-    }
-    if (n <= 0) continue;
-    if (fds[2].revents) flush_outbound();
-    for (size_t i = 0; i < streams.size(); ++i) {
-      if (!fds[3 + i].revents) continue;
-      Worker* w = find(streams[i].first);
-      if (!w) continue;
-      if (streams[i].second == 1) {
-        pump(*w, w->out, 1, false);
-      } else {
-        pump(*w, w->err, 2, false);
-      }
-    }
-    if (relay) relay->on_events(fds, relay_first);
-    if (fds[1].revents) on_driver_bytes();
-    if (fds[0].revents) on_sigchld();
+// The driver's heartbeat timeout, and the heartbeats to the driver and to
+// the watchdog.
+void Agent::keep_in_touch(SteadyClock::time_point now) {
+  if (!stopping_ && now - last_heard_ > o_.heartbeat_timeout) {
+    stop_all(fmt::format("no word from the driver for {} ms (heartbeat timeout)",
+                         std::chrono::duration_cast<std::chrono::milliseconds>(now - last_heard_).count()),
+             true);
   }
+  if (out_open_ && now - last_sent_ >= o_.heartbeat_interval) send(Heartbeat{});
+  if (watchdog_fd_ >= 0 && now - last_watchdog_word_ >= o_.heartbeat_interval) {
+    (void)write_fully(watchdog_fd_, "H\n");
+    last_watchdog_word_ = now;
+  }
+}
+
+// SIGKILL for the sessions of workers whose grace after TERMINATE is over.
+void Agent::kill_overdue(SteadyClock::time_point now) {
+  for (auto& [id, w] : workers_) {
+    if (w.kill_at && !w.reaped && now >= *w.kill_at) {
+      ::kill(-w.pid, SIGKILL);
+      w.kill_at = now + 1s;  // again later if something is left
+    }
+  }
+}
+
+// Stopping: whether the agent is done (every worker reported and the
+// output sent, or the stop deadline passed and what is left killed).
+bool Agent::stopped(SteadyClock::time_point now) {
+  if (workers_.empty() && (outbound_.empty() || !out_open_)) return true;
+  if (now < stop_deadline_) return false;
+  for (auto& [id, w] : workers_) {
+    if (!w.reaped) ::kill(-w.pid, SIGKILL);
+  }
+  return workers_.empty() || now >= stop_deadline_ + 2s;
+}
+
+// One poll round over the signalfd, the driver's channel, the workers'
+// pipes and the relay, and what each ready descriptor asks for.
+void Agent::poll_once(SteadyClock::time_point now) {
+  std::vector<pollfd> fds;
+  std::vector<std::pair<uint64_t, int>> streams;  // worker id, 1/2; from fds[3] on
+  fds.push_back({sig_fd_, POLLIN, 0});
+  fds.push_back({driver_open_ ? o_.in_fd : -1, POLLIN, 0});
+  fds.push_back({out_open_ && !outbound_.empty() ? o_.out_fd : -1, POLLOUT, 0});
+  for (auto& [id, w] : workers_) {
+    if (w.out.fd >= 0) {
+      fds.push_back({w.out.fd, POLLIN, 0});
+      streams.push_back({id, 1});
+    }
+    if (w.err.fd >= 0) {
+      fds.push_back({w.err.fd, POLLIN, 0});
+      streams.push_back({id, 2});
+    }
+  }
+  Relay* relay = relay_.get();  // the one whose descriptors are listed (a START may make one)
+  size_t relay_first = relay ? relay->add_fds(fds) : fds.size();
+  int n = ::poll(fds.data(), fds.size(), poll_timeout_ms(now));
+  if (n < 0 && errno != EINTR) {
+    ERUN_LOG_ERROR("{}: poll: {}", me_, std::strerror(errno));
+    stop_all("poll failed", true);
+  }
+  if (n <= 0) return;
+  if (fds[2].revents) flush_outbound();
+  for (size_t i = 0; i < streams.size(); ++i) {
+    if (!fds[3 + i].revents) continue;
+    Worker* w = find(streams[i].first);
+    if (!w) continue;
+    if (streams[i].second == 1) {
+      pump(*w, w->out, 1, false);
+    } else {
+      pump(*w, w->err, 2, false);
+    }
+  }
+  if (relay) relay->on_events(fds, relay_first);
+  if (fds[1].revents) on_driver_bytes();
+  if (fds[0].revents) on_sigchld();
+}
+
+// 100 ms, or less up to the first reaped worker's output deadline.
+int Agent::poll_timeout_ms(SteadyClock::time_point now) const {
+  int wait_ms = 100;
+  for (auto& [id, w] : workers_) {
+    if (!w.reaped) continue;
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(w.output_deadline - now).count() + 1;
+    wait_ms = static_cast<int>(std::clamp<long>(left, 0, wait_ms));
+  }
+  return wait_ms;
+}
+
+void Agent::finish() {
   flush_outbound();
   if (dropped_output_ > 0) {
     ERUN_LOG_WARN("{}: dropped {} output chunk(s): the driver did not read them in time", me_, dropped_output_);
@@ -810,7 +682,6 @@ int Agent::run() {
   // commits go too, unless another agent of the job still runs here.
   if (!commit_dir_.empty()) release_commit_dir(commit_dir_, std::exchange(commit_lease_fd_, -1));
   close_fd(watchdog_fd_);  // the watchdog finds no group left and exits
-  return lost_ ? 1 : 0;
 }
 
 }  // namespace

@@ -4,13 +4,17 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
+#include <string_view>
 
 #include <fmt/format.h>
+
+extern char** environ;
 
 namespace erun {
 
@@ -31,6 +35,14 @@ void close_fd(int& fd) {
   fd = -1;
 }
 
+void close_from(int lowest) {
+#ifdef SYS_close_range
+  if (::syscall(SYS_close_range, lowest, ~0u, 0) == 0) return;
+#endif
+  long max = ::sysconf(_SC_OPEN_MAX);
+  for (int fd = lowest; fd < (max > 0 ? max : 1024); ++fd) ::close(fd);
+}
+
 namespace {
 
 struct Pipe {
@@ -48,9 +60,97 @@ struct Pipe {
   }
 };
 
+// What the child needs, prepared before fork: after it the child makes only
+// async-signal-safe calls and allocates nothing.
+struct ChildPlan {
+  const SpawnOptions* o = nullptr;
+  std::vector<char*> argv, envp;
+  pid_t parent = -1;
+  int in = -1, out = -1, err = -1;  // the child's ends of the pipes, or -1
+  int status = -1;                  // the status pipe's write end, or -1
+  std::string announce;             // room for the announcement line
+};
+
+void write_text(int fd, std::string_view text) { (void)!::write(fd, text.data(), text.size()); }
+
 [[noreturn]] void child_fail(int errpipe, int err) {
-  (void)!::write(errpipe, &err, sizeof err);
-  ::_exit(127);
+  if (errpipe >= 0) (void)!::write(errpipe, &err, sizeof err);
+  ::_exit(kCannotStart);
+}
+
+// Options::announce's line, in one write (a pipe keeps it whole).
+void announce(ChildPlan& c) {
+  const SpawnOptions::Announce& a = *c.o->announce;
+  char digits[24];
+  size_t n = 0;
+  for (unsigned long v = static_cast<unsigned long>(::getpid()); n == 0 || v > 0; v /= 10) {
+    digits[n++] = static_cast<char>('0' + v % 10);
+  }
+  char* line = c.announce.data();
+  size_t len = a.prefix.size();
+  std::memcpy(line, a.prefix.data(), len);
+  while (n > 0) line[len++] = digits[--n];
+  std::memcpy(line + len, a.suffix.data(), a.suffix.size());
+  len += a.suffix.size();
+  (void)!::write(a.fd, line, len);
+}
+
+// Every descriptor above 2 but `keep` (-1: none).
+void close_others(int keep) {
+  if (keep < 3) {
+    close_from(3);
+    return;
+  }
+  for (int fd = 3; fd < keep; ++fd) ::close(fd);
+  close_from(keep + 1);
+}
+
+[[noreturn]] void run_child(ChildPlan& c) {
+  const SpawnOptions& o = *c.o;
+  if (o.new_session) {
+    ::setsid();
+  } else if (o.new_process_group) {
+    ::setpgid(0, 0);
+  }
+  // It leads its group now: a signal to the group reaches it. With errors on
+  // stderr, spawn() returns here.
+  if (o.errors_on_stderr) close_fd(c.status);
+  if (o.announce && o.announce->fd >= 0) announce(c);
+  for (int sig = 1; sig < NSIG; ++sig) {
+    if (sig != SIGKILL && sig != SIGSTOP) ::signal(sig, SIG_DFL);
+  }
+  sigset_t none;
+  sigemptyset(&none);
+  ::sigprocmask(SIG_SETMASK, &none, nullptr);
+  if (o.kill_with_parent) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != c.parent) ::_exit(kCannotStart);
+  }
+  int devnull = ::open("/dev/null", O_RDONLY);
+  if (::dup2(o.pipe_stdin ? c.in : devnull, 0) < 0) child_fail(c.status, errno);
+  if (o.pipe_stdout && ::dup2(c.out, 1) < 0) child_fail(c.status, errno);
+  if (o.pipe_stderr && ::dup2(c.err, 2) < 0) child_fail(c.status, errno);
+  if (!o.cwd.empty() && ::chdir(o.cwd.c_str()) != 0) {
+    if (!o.errors_on_stderr) child_fail(c.status, errno);
+    write_text(2, o.errors_on_stderr->cwd);
+    ::_exit(kCannotStart);
+  }
+  if (o.close_other_fds) close_others(c.status);
+  if (o.env && o.path_from_env) {
+    environ = c.envp.data();
+    ::execvp(c.argv[0], c.argv.data());
+  } else if (o.env) {
+    ::execvpe(c.argv[0], c.argv.data(), c.envp.data());
+  } else {
+    ::execvp(c.argv[0], c.argv.data());
+  }
+  int e = errno;
+  if (!o.errors_on_stderr) child_fail(c.status, e);
+  const char* why = std::strerror(e);
+  write_text(2, o.errors_on_stderr->exec_prefix);
+  write_text(2, why);
+  write_text(2, "\n");
+  ::_exit(kCannotStart);
 }
 
 }  // namespace
@@ -62,46 +162,32 @@ Result<Subprocess> Subprocess::spawn(const SpawnOptions& o) {
       (o.pipe_stderr && !err.open())) {
     return Result<Subprocess>::error(fmt::format("spawn {}: pipe: {}", o.argv[0], strerror(errno)));
   }
-  // Everything the child needs is prepared before fork: no allocation after it.
-  std::vector<char*> argv;
-  for (auto& a : o.argv) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  std::vector<char*> envp;
+  ChildPlan c;
+  c.o = &o;
+  for (auto& a : o.argv) c.argv.push_back(const_cast<char*>(a.c_str()));
+  c.argv.push_back(nullptr);
   if (o.env) {
-    for (auto& e : *o.env) envp.push_back(const_cast<char*>(e.c_str()));
-    envp.push_back(nullptr);
+    for (auto& e : *o.env) c.envp.push_back(const_cast<char*>(e.c_str()));
+    c.envp.push_back(nullptr);
   }
-  pid_t parent = ::getpid();
+  if (o.announce) c.announce.resize(o.announce->prefix.size() + 24 + o.announce->suffix.size());
+  c.parent = ::getpid();
+  c.in = in.r;
+  c.out = out.w;
+  c.err = err.w;
+  c.status = status.w;
 
   pid_t pid = ::fork();
   if (pid < 0) {
     return Result<Subprocess>::error(fmt::format("spawn {}: fork: {}", o.argv[0], strerror(errno)));
   }
-  if (pid == 0) {
-    // Child: only async-signal-safe calls from here on.
-    sigset_t all;
-    sigemptyset(&all);
-    ::sigprocmask(SIG_SETMASK, &all, nullptr);
-    for (int s : {SIGPIPE, SIGINT, SIGTERM, SIGHUP, SIGCHLD}) ::signal(s, SIG_DFL);
-    if (o.new_process_group) ::setpgid(0, 0);
-    if (o.kill_with_parent) {
-      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (::getppid() != parent) ::_exit(127);
-    }
-    int devnull = ::open("/dev/null", O_RDWR);
-    if (::dup2(o.pipe_stdin ? in.r : devnull, 0) < 0) child_fail(status.w, errno);
-    if (o.pipe_stdout && ::dup2(out.w, 1) < 0) child_fail(status.w, errno);
-    if (o.pipe_stderr && ::dup2(err.w, 2) < 0) child_fail(status.w, errno);
-    if (!o.cwd.empty() && ::chdir(o.cwd.c_str()) != 0) child_fail(status.w, errno);
-    if (o.env) ::execvpe(argv[0], argv.data(), envp.data());
-    else ::execvp(argv[0], argv.data());
-    child_fail(status.w, errno);
-  }
+  if (pid == 0) run_child(c);
 
   Subprocess p;
   p.pid_ = pid;
-  p.own_group_ = o.new_process_group;
-  if (o.new_process_group) ::setpgid(pid, pid);  // closes the race with an early signal()
+  p.own_group_ = o.new_process_group || o.new_session;
+  // Closes the race with an early signal(); a session's leader makes its own.
+  if (o.new_process_group && !o.new_session) ::setpgid(pid, pid);
   close_fd(status.w);
   int child_errno = 0;
   ssize_t n;
@@ -159,6 +245,12 @@ int Subprocess::release_stdout() {
   int fd = out_;
   out_ = -1;
   return fd;
+}
+
+pid_t Subprocess::release() {
+  pid_t pid = pid_;
+  pid_ = -1;
+  return pid;
 }
 
 int Subprocess::release_stderr() {

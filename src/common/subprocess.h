@@ -1,8 +1,9 @@
 // Subprocess: fork/exec of one child with optional pipes, in its own process
-// group, with non-blocking and deadline-bounded waits. Used by script discovery
-// and the local and SSH launchers. Not thread-safe: one owner thread at a time.
-// The destructor of a child that is still running SIGKILLs its process group
-// and reaps it, so a Subprocess never leaks a process.
+// group (or session), with non-blocking and deadline-bounded waits. Used by
+// script discovery, the local and SSH launchers and the agent (its workers).
+// Not thread-safe: one owner thread at a time. The destructor of a child that
+// is still running SIGKILLs its process group and reaps it, so a Subprocess
+// never leaks a process (unless release() handed it over).
 #pragma once
 
 #include <sys/types.h>
@@ -19,6 +20,10 @@ namespace erun {
 // Closes `fd` when it is open and sets it to -1 (so a second call is a no-op).
 void close_fd(int& fd);
 
+// Closes every descriptor from `lowest` up (async-signal-safe: for a child
+// after fork).
+void close_from(int lowest);
+
 struct ExitStatus {
   int code = 0;    // exit code when signal == 0
   int signal = 0;  // terminating signal, or 0
@@ -29,17 +34,43 @@ struct ExitStatus {
   static ExitStatus from_wait_status(int status);
 };
 
+// Exit code of a child whose program could not be started (as a shell's).
+inline constexpr int kCannotStart = 127;
+
 struct SpawnOptions {
   std::vector<std::string> argv;  // argv[0] is looked up in PATH
   // Full environment of the child as NAME=VALUE; when unset, the parent's.
   std::optional<std::vector<std::string>> env;
+  // Looks argv[0] up in the PATH of `env` rather than in the parent's.
+  bool path_from_env = false;
   std::string cwd;  // empty: the parent's
   bool pipe_stdin = false;   // otherwise /dev/null
   bool pipe_stdout = true;   // otherwise inherited
   bool pipe_stderr = true;   // otherwise inherited
   bool new_process_group = true;
+  // Its own session (setsid), and so its own process group.
+  bool new_session = false;
   // SIGKILL the child when the spawning *thread* dies (PR_SET_PDEATHSIG).
   bool kill_with_parent = false;
+  // Closes every inherited descriptor above 2, not only the close-on-exec ones.
+  bool close_other_fds = false;
+  // Written by the child as its first act once it leads its group or session,
+  // before anything can fail: prefix, its pid in decimal, suffix, to fd (for
+  // a watchdog that must learn of it even if the parent dies that instant).
+  struct Announce {
+    int fd = -1;
+    std::string prefix, suffix;
+  };
+  std::optional<Announce> announce;
+  // Set: spawn() returns as soon as the child leads its group or session; a
+  // child that cannot enter `cwd` or run argv[0] then writes `cwd` or
+  // `exec_prefix` + strerror + newline to its stderr and exits kCannotStart.
+  // Unset: spawn() waits for the exec and returns such an error itself.
+  struct ErrorsOnStderr {
+    std::string cwd;
+    std::string exec_prefix;
+  };
+  std::optional<ErrorsOnStderr> errors_on_stderr;
 };
 
 class Subprocess {
@@ -59,6 +90,9 @@ class Subprocess {
   // Hands a pipe's ownership to the caller (it must close it); -1 if none.
   int release_stdout();
   int release_stderr();
+  // Hands the child to the caller, who signals and reaps it from now on; the
+  // Subprocess keeps only its pipes. Returns the pid.
+  pid_t release();
   void close_stdin();
 
   // Reaps the child if it has exited; never blocks.

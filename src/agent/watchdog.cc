@@ -1,0 +1,147 @@
+#include "agent/watchdog.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+
+#include "agent/commit_dir.h"
+#include "common/strings.h"
+#include "common/subprocess.h"
+
+namespace erun::agent {
+
+void WatchdogState::feed(std::string_view bytes) {
+  partial.append(bytes);
+  size_t nl;
+  while ((nl = partial.find('\n')) != std::string::npos) {
+    const std::string line = partial.substr(0, nl);
+    partial.erase(0, nl + 1);
+    apply(line);
+  }
+}
+
+void WatchdogState::apply(std::string_view line) {
+  if (line.rfind("D /", 0) == 0) {
+    relay_dir = std::string(line.substr(2));
+    return;
+  }
+  if (line.rfind("C /", 0) == 0) {
+    commit_dir = std::string(line.substr(2));
+    return;
+  }
+  auto words = split(line, ' ');
+  long pgid = 0, grace = 0;
+  if (words.size() == 3 && words[0] == "A" && parse_int(words[1], pgid) && parse_int(words[2], grace) && pgid > 1) {
+    groups[static_cast<pid_t>(pgid)] = grace;
+  } else if (words.size() == 2 && words[0] == "R" && parse_int(words[1], pgid)) {
+    groups.erase(static_cast<pid_t>(pgid));
+  }
+}
+
+namespace {
+
+using SteadyClock = std::chrono::steady_clock;
+
+// Reads the agent's lines into `state` until the pipe ends or the agent has
+// been silent for `silence_ms` (0: never), which SIGKILLs the agent.
+void listen(int fd, pid_t agent, long silence_ms, WatchdogState& state) {
+  char chunk[4096];
+  auto last_word = SteadyClock::now();
+  while (true) {
+    int wait_ms = -1;
+    if (silence_ms > 0) {
+      auto quiet = std::chrono::duration_cast<std::chrono::milliseconds>(SteadyClock::now() - last_word).count();
+      if (quiet >= silence_ms) {
+        // Still our parent, so the pid is the agent's (not reaped, not reused).
+        if (::getppid() == agent) ::kill(agent, SIGKILL);
+        return;
+      }
+      wait_ms = static_cast<int>(silence_ms - quiet);
+    }
+    pollfd p{fd, POLLIN, 0};
+    int ready = ::poll(&p, 1, wait_ms);
+    if (ready < 0 && errno != EINTR) return;
+    if (ready <= 0) continue;
+    ssize_t n = ::read(fd, chunk, sizeof chunk);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;
+    last_word = SteadyClock::now();
+    state.feed(std::string_view(chunk, static_cast<size_t>(n)));
+  }
+}
+
+// SIGTERM to every group, up to the longest grace for them to end, SIGKILL.
+void stop_groups(const std::map<pid_t, long>& groups) {
+  long grace = 0;
+  for (auto& [g, ms] : groups) {
+    if (::kill(-g, SIGTERM) == 0) grace = std::max(grace, ms);
+  }
+  auto deadline = SteadyClock::now() + std::chrono::milliseconds(grace);
+  while (SteadyClock::now() < deadline) {
+    bool any = false;
+    for (auto& [g, ms] : groups) any = any || ::kill(-g, 0) == 0;
+    if (!any) break;
+    ::usleep(50 * 1000);
+  }
+  for (auto& [g, ms] : groups) ::kill(-g, SIGKILL);
+}
+
+// Runs in the forked child, in its own session, with every inherited
+// descriptor but its pipe (fd) closed.
+[[noreturn]] void watchdog_main(int fd, pid_t agent, long silence_ms) {
+  WatchdogState state;
+  listen(fd, agent, silence_ms, state);
+  stop_groups(state.groups);
+  // A killed agent leaves the relay's socket behind: unlink and rmdir, never
+  // through a link, never a directory with anything else in it.
+  if (!state.relay_dir.empty()) {
+    ::unlink((state.relay_dir + "/rdzv").c_str());
+    ::rmdir(state.relay_dir.c_str());
+  }
+  if (!state.commit_dir.empty()) adopt_or_remove_commit_dir(state.commit_dir, kCommitAdoptGrace);
+  ::_exit(0);
+}
+
+}  // namespace
+
+int spawn_watchdog(long silence_ms) {
+  const pid_t agent = ::getpid();
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) return -1;
+  pid_t pid = ::fork();
+  if (pid < 0) {
+    int saved = errno;
+    ::close(fds[0]);
+    ::close(fds[1]);
+    errno = saved;
+    return -1;
+  }
+  if (pid == 0) {
+    ::setsid();
+    for (int s : {SIGINT, SIGHUP, SIGTERM, SIGPIPE, SIGQUIT}) ::signal(s, SIG_IGN);
+    ::signal(SIGCHLD, SIG_DFL);
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    int null = ::open("/dev/null", O_RDWR);
+    for (int target : {0, 1, 2}) ::dup2(null, target);
+    if (fds[0] != 3) {
+      ::dup2(fds[0], 3);
+    } else {
+      ::fcntl(3, F_SETFD, 0);
+    }
+    close_from(4);
+    watchdog_main(3, agent, silence_ms);
+  }
+  ::close(fds[0]);
+  // The watchdog is not the agent's to reap through SIGCHLD bookkeeping: it is
+  // reaped with the workers' waitpid(-1) and ignored there.
+  return fds[1];
+}
+
+}  // namespace erun::agent

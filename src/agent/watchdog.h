@@ -1,0 +1,33 @@
+// The agent's watchdog, a forked process in its own session, reads the agent's
+// lines: "A <pgid> <grace_ms>", "R <pgid>", "D <relay dir>", "C <commit dir>",
+// "H" (alive). When the pipe ends or the agent is silent for `silence_ms` (then
+// SIGKILLed), it stops the groups it knows (SIGTERM, longest grace, SIGKILL),
+// removes the relay socket and directory and hands the commit directory to
+// commit_dir.h. It never signals other groups, never removes anything else.
+#pragma once
+
+#include <sys/types.h>
+
+#include <map>
+#include <string>
+#include <string_view>
+
+namespace erun::agent {
+
+// What the watchdog knows from the lines read so far.
+struct WatchdogState {
+  std::map<pid_t, long> groups;  // pgid -> grace ms
+  std::string relay_dir;         // the relay's private socket directory
+  std::string commit_dir;        // the job's host-memory commits (agent/commit_dir.h)
+  std::string partial;           // bytes after the last newline
+
+  // Applies every whole line in `bytes`; malformed lines and "H" change nothing.
+  void feed(std::string_view bytes);
+  void apply(std::string_view line);
+};
+
+// Forks the watchdog; returns the write end of its pipe (close-on-exec), or
+// -1 with errno set. `silence_ms` 0: the agent is never taken for silent.
+int spawn_watchdog(long silence_ms);
+
+}  // namespace erun::agent
