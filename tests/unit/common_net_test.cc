@@ -85,7 +85,8 @@ TEST(CommonCodec, RoundTripsLittleEndianAndRefusesUnderflow) {
   EXPECT_TRUE(r.failed());
   EXPECT_FALSE(r.done());
   // A length prefix larger than what is left.
-  PayloadReader big(PayloadWriter().u32(1000).fixed("short").str());
+  const std::string short_payload = PayloadWriter().u32(1000).fixed("short").str();  // outlives the reader's view
+  PayloadReader big(short_payload);
   EXPECT_EQ(big.bytes(), "");
   EXPECT_TRUE(big.failed());
 }
