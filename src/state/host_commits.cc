@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -139,6 +140,32 @@ std::optional<std::string> HostCommits::write(uint64_t commit_id, const std::vec
   if (sink.error() != 0) return failed(sink.error());
   held_[i] = commit_id;
   return std::nullopt;
+}
+
+std::optional<std::string> HostCommits::room_warning(size_t bytes, int workers) const {
+  const std::string dir = dir_of(stem_);
+  struct statvfs fs {};
+  if (::statvfs(dir.c_str(), &fs) != 0) return std::nullopt;
+  const unsigned long long free_bytes = static_cast<unsigned long long>(fs.f_bavail) * fs.f_frsize;
+  unsigned long long held = 0;  // this job's files count as room: they are overwritten
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (dirent* e = ::readdir(d)) {
+      struct stat st {};
+      if (::fstatat(::dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode)) {
+        held += static_cast<unsigned long long>(st.st_blocks) * 512;
+      }
+    }
+    ::closedir(d);
+  }
+  const unsigned long long need = 2ULL * bytes * static_cast<unsigned long long>(std::max(workers, 1));
+  if (free_bytes + held >= need) return std::nullopt;
+  auto mib = [](unsigned long long b) { return static_cast<double>(b) / (1 << 20); };
+  return fmt::format(
+      "erun: {} has {:.0f} MiB free, but host-memory commits need 2 copies of the state ({:.1f} MiB) for each "
+      "of the {} worker(s) on this host, {:.0f} MiB: commits that do not fit are kept only in worker memory. "
+      "Enlarge it (e.g. docker run --shm-size={}m) or pass --no-host-commits",
+      dir_of(dir), mib(free_bytes + held), mib(bytes), std::max(workers, 1), mib(need),
+      static_cast<unsigned long long>(mib(need)) + 64);
 }
 
 std::optional<HostCommits::Found> HostCommits::newest(const std::string& dir) {

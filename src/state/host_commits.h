@@ -36,6 +36,12 @@ class HostCommits {
   // what to do; the file holding the previous commit is untouched.
   std::optional<std::string> write(uint64_t commit_id, const std::vector<EntryRef>& entries);
 
+  // Before the first write: whether the directory's file system has room
+  // for two files of `bytes` for each of `workers` workers on this host
+  // (what is already allocated to this job's files counts as room). The
+  // warning names the sizes and what to do; nullopt when there is room.
+  std::optional<std::string> room_warning(size_t bytes, int workers) const;
+
   struct Found {
     Snapshot snapshot;
     std::string path;

@@ -47,6 +47,7 @@ struct State::Impl {
   // host has no room for them).
   std::unique_ptr<si::HostCommits> host;
   bool host_failing = false;  // the last host-memory write failed (logged once per streak)
+  bool host_room_checked = false;
   std::vector<std::function<void(int, int)>> reset_callbacks;
   // World size before this worker's last re-join, until the next sync (0: none).
   int rejoined_from = 0;
@@ -163,9 +164,14 @@ struct State::Impl {
   // Writes the commit to this worker's host-memory files. A failure (host
   // memory full) is logged, not thrown: training goes on, and the files keep
   // the previous commit.
-  void write_host_commit() {
+  void write_host_commit(const WorkerInfo& info) {
     if (!host) return;
     mirror_device();
+    if (!std::exchange(host_room_checked, true) && info.local_rank == 0) {
+      size_t bytes = 8 + 4 + 4 + 8 + 8 + 4;
+      for (const si::EntryRef& e : refs()) bytes += 16 + e.name->size() + e.data->size();
+      if (auto warning = host->room_warning(bytes, info.local_size)) ERUN_LOG_WARN("{}", *warning);
+    }
     std::optional<std::string> err;
     try {
       err = host->write(commit_id, refs());
@@ -337,7 +343,7 @@ void State::commit() {
                               impl_->refs());
     impl_->drop_device_mirrors();
   }
-  impl_->write_host_commit();
+  impl_->write_host_commit(ctx_.info());
   check_host_updates();
 }
 

@@ -163,6 +163,21 @@ TEST_F(HostCommitsTest, NoRoomIsAnErrorThatKeepsThePreviousCommit) {
   EXPECT_EQ(f->snapshot.entries[0].second, small);
 }
 
+// Before its first commit a worker checks that the host can take two copies
+// of the state for every worker there, and says how to make room if not.
+TEST_F(HostCommitsTest, TooLittleRoomIsSaidBeforeTheFirstCommit) {
+  si::HostCommits hc(dir_ + "/slot-0");
+  std::vector<char> d(16, 1);
+  ASSERT_FALSE(hc.write(1, entries(name_, d)));
+  EXPECT_FALSE(hc.room_warning(1 << 20, 8));
+  auto w = hc.room_warning(size_t{1} << 50, 8);  // a petabyte of state
+  ASSERT_TRUE(w);
+  EXPECT_NE(w->find("2 copies of the state"), std::string::npos) << *w;
+  EXPECT_NE(w->find("8 worker(s)"), std::string::npos) << *w;
+  EXPECT_NE(w->find("--shm-size="), std::string::npos) << *w;
+  EXPECT_NE(w->find("--no-host-commits"), std::string::npos) << *w;
+}
+
 // The State end to end: two ranks commit, then every worker is gone; the
 // next workers (fresh values, no survivor) resume at the last commit.
 TEST_F(HostCommitsTest, WorkersThatStartAfterEveryWorkerDiedResumeAtTheLastCommit) {
