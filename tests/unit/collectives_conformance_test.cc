@@ -1,0 +1,232 @@
+// Conformance: every collective of the Communicator interface, on every
+// DataType and ReduceOp, against every backend (shm, tcp, gloo, hierarchical;
+// staged over tcp when built with CUDA and a device is visible), with ranks as
+// threads (support/rank_threads.h) and the serial reference of
+// support/collective_reference.h. Allreduce at 0, 1, an odd count, a medium
+// count and one past the backends' direct/one-step thresholds; broadcast from
+// every root; allgather; allgatherv with uneven and empty contributions;
+// barrier. Integer sum/product wrap and integer average truncates toward zero
+// (as every CPU backend defines them); float16/bfloat16 are std::invalid_argument
+// on the CPU backends and leave the communicator usable.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "support/collective_reference.h"
+#include "support/rank_threads.h"
+
+namespace erun {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::Backend;
+using testing::input;
+using testing::reference;
+using testing::run_comms;
+using testing::RunOptions;
+
+const ReduceOp kOps[] = {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kProduct};
+// Empty, one element, an odd count, a direct/one-step count, and one past the
+// direct thresholds (tcp: 128 KiB; shm: 32 KiB and step_bytes / 2; the
+// hierarchical pipeline's 1 MiB for 4- and 8-byte types).
+const size_t kCounts[] = {0, 1, 7, 1001, 300007};
+
+struct Case {
+  Backend backend;
+  int size;
+};
+
+void PrintTo(const Case& c, std::ostream* os) { *os << c.backend.name << " world " << c.size; }
+
+std::vector<Case> cases() {
+  return {{testing::shm_backend(), 2},  {testing::shm_backend(), 3},    {testing::tcp_backend(), 2},
+          {testing::tcp_backend(), 3},  {testing::gloo_backend(), 2},   {testing::gloo_backend(), 3},
+          {testing::hier_backend(), 3}, {testing::hier_backend(), 4},   {testing::staged_backend(), 2},
+          {testing::staged_backend(), 3}};
+}
+
+class Conformance : public ::testing::TestWithParam<Case> {
+ protected:
+  void SetUp() override {
+    if (GetParam().backend.unavailable) {
+      if (std::string why = GetParam().backend.unavailable(); !why.empty()) GTEST_SKIP() << why;
+    }
+  }
+  const Backend& backend() const { return GetParam().backend; }
+  int size() const { return GetParam().size; }
+  void run(const std::function<void(int, Communicator&)>& fn) {
+    RunOptions o;
+    o.deadline = 60s;
+    run_comms(backend(), size(), fn, o);
+  }
+
+  // Every op and count of T against the reference on every rank.
+  template <typename T>
+  void check_allreduce() {
+    run([&](int rank, Communicator& comm) {
+      for (ReduceOp op : kOps) {
+        for (size_t n : kCounts) {
+          std::vector<T> v(n);
+          for (size_t i = 0; i < n; ++i) v[i] = input<T>(rank, i);
+          comm.allreduce(v.data(), n, data_type_of<T>(), op);
+          size_t bad = 0, first_bad = 0;
+          for (size_t i = 0; i < n; ++i) {
+            if (v[i] != reference<T>(comm.size(), i, op) && bad++ == 0) first_bad = i;
+          }
+          EXPECT_EQ(bad, 0u) << backend().name << " " << to_string(data_type_of<T>()) << " " << to_string(op)
+                             << " n=" << n << " size " << comm.size() << " rank " << rank
+                             << ": first mismatch at " << first_bad << ": got " << +v[first_bad] << ", want "
+                             << +reference<T>(comm.size(), first_bad, op);
+        }
+      }
+    });
+  }
+};
+
+TEST_P(Conformance, AllreduceFloat32) { check_allreduce<float>(); }
+TEST_P(Conformance, AllreduceFloat64) { check_allreduce<double>(); }
+TEST_P(Conformance, AllreduceInt32) { check_allreduce<int32_t>(); }
+TEST_P(Conformance, AllreduceInt64) { check_allreduce<int64_t>(); }
+TEST_P(Conformance, AllreduceUInt8) { check_allreduce<uint8_t>(); }
+
+#if ERUN_HAVE_CUDA
+float decode16(DataType t, uint16_t v) { return t == DataType::kFloat16 ? half_to_float(v) : bf16_to_float(v); }
+uint16_t encode16(DataType t, float f) { return t == DataType::kFloat16 ? float_to_half(f) : float_to_bf16(f); }
+#endif
+
+TEST_P(Conformance, AllreduceHalfPrecision) {
+  run([&](int rank, Communicator& comm) {
+    for (DataType t : {DataType::kFloat16, DataType::kBFloat16}) {
+      for (ReduceOp op : kOps) {
+        if (!backend().half_precision) {
+          uint16_t v[3] = {0, 0, 0};
+          EXPECT_THROW(comm.allreduce(v, 3, t, op), std::invalid_argument)
+              << backend().name << " " << to_string(t) << " " << to_string(op);
+          comm.barrier();  // still usable
+          continue;
+        }
+#if ERUN_HAVE_CUDA
+        for (size_t n : kCounts) {
+          std::vector<uint16_t> v(n);
+          for (size_t i = 0; i < n; ++i) v[i] = encode16(t, input<float>(rank, i));
+          comm.allreduce(v.data(), n, t, op);
+          // Reduced in float32 and rounded once: within half an ulp of the exact result.
+          const double tol = t == DataType::kFloat16 ? 2e-3 : 1e-2;
+          size_t bad = 0, first_bad = 0;
+          for (size_t i = 0; i < n; ++i) {
+            double want = reference<double>(comm.size(), i, op);
+            if (std::abs(decode16(t, v[i]) - want) > tol * std::max(1.0, std::abs(want)) && bad++ == 0) first_bad = i;
+          }
+          EXPECT_EQ(bad, 0u) << backend().name << " " << to_string(t) << " " << to_string(op) << " n=" << n
+                             << " rank " << rank << ": first mismatch at " << first_bad;
+        }
+#endif
+      }
+    }
+  });
+}
+
+// Inexact float inputs, 5 MiB (tcp's ring with the sender thread, the
+// hierarchical pipeline, shm's multi-step path): every rank ends with the same
+// bits, close to the exact sum.
+TEST_P(Conformance, LargeFloatSumIsBitwiseEqualOnEveryRank) {
+  if (!backend().bitwise_equal) GTEST_SKIP() << backend().name << " does not promise bitwise-equal results";
+  const size_t n = (5u << 20) / sizeof(float) + 3;
+  std::vector<std::vector<float>> results(size());
+  run([&](int rank, Communicator& comm) {
+    std::vector<float> v(n);
+    for (size_t i = 0; i < n; ++i) v[i] = static_cast<float>((i % 1024) * (rank + 1)) * 0.1f;
+    comm.allreduce(v, ReduceOp::kSum);
+    results[rank] = std::move(v);
+  });
+  for (int r = 1; r < size(); ++r) {
+    ASSERT_EQ(results[r].size(), n);
+    EXPECT_EQ(std::memcmp(results[0].data(), results[r].data(), n * sizeof(float)), 0) << "rank " << r;
+  }
+  const int s = size();
+  size_t bad = 0;
+  for (size_t i = 0; i < n; ++i) {
+    bad += std::abs(results[0][i] - static_cast<float>(i % 1024) * 0.1f * s * (s + 1) / 2) > 1e-2f * (i % 1024 + 1);
+  }
+  EXPECT_EQ(bad, 0u);
+}
+
+TEST_P(Conformance, BroadcastFromEveryRoot) {
+  run([&](int rank, Communicator& comm) {
+    for (int root = 0; root < comm.size(); ++root) {
+      for (size_t n : {size_t{0}, size_t{1}, size_t{1001}, size_t{300001}}) {
+        std::vector<char> buf(n);
+        for (size_t i = 0; i < n; ++i) buf[i] = static_cast<char>(rank == root ? (i * 3 + root) : 0x55);
+        comm.broadcast(buf.data(), n, root);
+        size_t bad = 0;
+        for (size_t i = 0; i < n; ++i) bad += buf[i] != static_cast<char>(i * 3 + root);
+        EXPECT_EQ(bad, 0u) << backend().name << " root " << root << " n " << n << " rank " << rank;
+      }
+    }
+  });
+}
+
+TEST_P(Conformance, AllgatherPlacesEachRankAtItsOffset) {
+  run([&](int rank, Communicator& comm) {
+    for (size_t n : {size_t{0}, size_t{1}, size_t{1001}, size_t{300001}}) {
+      std::vector<char> in(n), out(n * comm.size(), 0x7f);
+      for (size_t i = 0; i < n; ++i) in[i] = static_cast<char>(rank * 31 + i);
+      comm.allgather(in.data(), out.data(), n);
+      size_t bad = 0;
+      for (size_t i = 0; i < out.size(); ++i) bad += out[i] != static_cast<char>((i / n) * 31 + i % n);
+      EXPECT_EQ(bad, 0u) << backend().name << " n " << n << " rank " << rank;
+    }
+  });
+}
+
+TEST_P(Conformance, AllgathervUnevenAndEmptyContributions) {
+  // Round 0: uneven (rank 0 gives nothing); 1: only the last rank gives;
+  // 2: nobody gives; 3: only rank 0 gives, past the direct thresholds.
+  auto bytes_of = [](int round, int r, int size) -> size_t {
+    switch (round) {
+      case 0: return r * 1000 + (r % 2) * 70000;
+      case 1: return r == size - 1 ? 13 : 0;
+      case 2: return 0;
+      default: return r == 0 ? 300001 : 0;
+    }
+  };
+  run([&](int rank, Communicator& comm) {
+    for (int round = 0; round < 4; ++round) {
+      std::vector<char> mine(bytes_of(round, rank, comm.size()));
+      for (size_t i = 0; i < mine.size(); ++i) mine[i] = static_cast<char>(rank * 7 + i + round);
+      auto all = comm.allgatherv(mine.data(), mine.size());
+      ASSERT_EQ(all.size(), static_cast<size_t>(comm.size())) << backend().name << " round " << round;
+      for (int r = 0; r < comm.size(); ++r) {
+        std::vector<char> want(bytes_of(round, r, comm.size()));
+        for (size_t i = 0; i < want.size(); ++i) want[i] = static_cast<char>(r * 7 + i + round);
+        EXPECT_TRUE(all[r] == want) << backend().name << " round " << round << ": rank " << rank
+                                    << " got " << all[r].size() << " bytes from rank " << r << ", want "
+                                    << want.size();
+      }
+    }
+  });
+}
+
+TEST_P(Conformance, BarrierWaitsForEveryRank) {
+  std::atomic<int> arrived{0};
+  run([&](int, Communicator& comm) {
+    for (int round = 1; round <= 5; ++round) {
+      arrived++;
+      comm.barrier();
+      EXPECT_GE(arrived.load(), round * comm.size()) << backend().name << " round " << round;
+      comm.barrier();  // nobody starts the next round before everyone checked
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, Conformance, ::testing::ValuesIn(cases()), [](const auto& info) {
+  return info.param.backend.name + "_world" + std::to_string(info.param.size);
+});
+
+}  // namespace
+}  // namespace erun
