@@ -109,12 +109,13 @@ struct Backend {
 };
 
 // Runs fn(rank, comm) on n threads, each with backend.make's communicator
-// over one shared store; a rank whose body throws aborts its communicator so
-// that the others fail now rather than at their timeout, and the deadline
-// aborts them all.
+// over one shared store (`shared`, or a fresh MemoryKvStore); a rank whose
+// body throws aborts its communicator so that the others fail now rather than
+// at their timeout, and the deadline aborts them all.
 inline void run_comms(const Backend& backend, int n, const std::function<void(int rank, Communicator& comm)>& fn,
-                      RunOptions options = {}) {
-  MemoryKvStore store;
+                      RunOptions options = {}, KvStore* shared = nullptr) {
+  MemoryKvStore own;
+  KvStore& store = shared ? *shared : own;
   std::mutex mu;
   std::vector<Communicator*> comms(n, nullptr);
   auto user_on_deadline = options.on_deadline;

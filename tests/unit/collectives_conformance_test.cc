@@ -14,10 +14,10 @@
 #include <cmath>
 #include <cstring>
 #include <string>
-#include <tuple>
+#include <initializer_list>
 #include <vector>
 
-#include "support/collective_reference.h"
+#include "support/collective_checks.h"
 #include "support/rank_threads.h"
 
 namespace erun {
@@ -30,11 +30,12 @@ using testing::reference;
 using testing::run_comms;
 using testing::RunOptions;
 
-const ReduceOp kOps[] = {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kProduct};
 // Empty, one element, an odd count, a direct/one-step count, and one past the
 // direct thresholds (tcp: 128 KiB; shm: 32 KiB and step_bytes / 2; the
 // hierarchical pipeline's 1 MiB for 4- and 8-byte types).
-const size_t kCounts[] = {0, 1, 7, 1001, 300007};
+constexpr std::initializer_list<size_t> kCounts = {0, 1, 7, 1001, 300007};
+// Bytes: empty, one, odd, and past the direct broadcast/gather thresholds.
+constexpr std::initializer_list<size_t> kLengths = {0, 1, 1001, 300001};
 
 struct Case {
   Backend backend;
@@ -65,26 +66,9 @@ class Conformance : public ::testing::TestWithParam<Case> {
     run_comms(backend(), size(), fn, o);
   }
 
-  // Every op and count of T against the reference on every rank.
   template <typename T>
   void check_allreduce() {
-    run([&](int rank, Communicator& comm) {
-      for (ReduceOp op : kOps) {
-        for (size_t n : kCounts) {
-          std::vector<T> v(n);
-          for (size_t i = 0; i < n; ++i) v[i] = input<T>(rank, i);
-          comm.allreduce(v.data(), n, data_type_of<T>(), op);
-          size_t bad = 0, first_bad = 0;
-          for (size_t i = 0; i < n; ++i) {
-            if (v[i] != reference<T>(comm.size(), i, op) && bad++ == 0) first_bad = i;
-          }
-          EXPECT_EQ(bad, 0u) << backend().name << " " << to_string(data_type_of<T>()) << " " << to_string(op)
-                             << " n=" << n << " size " << comm.size() << " rank " << rank
-                             << ": first mismatch at " << first_bad << ": got " << +v[first_bad] << ", want "
-                             << +reference<T>(comm.size(), first_bad, op);
-        }
-      }
-    });
+    run([&](int rank, Communicator& comm) { testing::check_allreduce<T>(rank, comm, kCounts); });
   }
 };
 
@@ -102,7 +86,7 @@ uint16_t encode16(DataType t, float f) { return t == DataType::kFloat16 ? float_
 TEST_P(Conformance, AllreduceHalfPrecision) {
   run([&](int rank, Communicator& comm) {
     for (DataType t : {DataType::kFloat16, DataType::kBFloat16}) {
-      for (ReduceOp op : kOps) {
+      for (ReduceOp op : testing::kAllOps) {
         if (!backend().half_precision) {
           uint16_t v[3] = {0, 0, 0};
           EXPECT_THROW(comm.allreduce(v, 3, t, op), std::invalid_argument)
@@ -157,71 +141,32 @@ TEST_P(Conformance, LargeFloatSumIsBitwiseEqualOnEveryRank) {
 }
 
 TEST_P(Conformance, BroadcastFromEveryRoot) {
-  run([&](int rank, Communicator& comm) {
-    for (int root = 0; root < comm.size(); ++root) {
-      for (size_t n : {size_t{0}, size_t{1}, size_t{1001}, size_t{300001}}) {
-        std::vector<char> buf(n);
-        for (size_t i = 0; i < n; ++i) buf[i] = static_cast<char>(rank == root ? (i * 3 + root) : 0x55);
-        comm.broadcast(buf.data(), n, root);
-        size_t bad = 0;
-        for (size_t i = 0; i < n; ++i) bad += buf[i] != static_cast<char>(i * 3 + root);
-        EXPECT_EQ(bad, 0u) << backend().name << " root " << root << " n " << n << " rank " << rank;
-      }
-    }
-  });
+  run([&](int rank, Communicator& comm) { testing::check_broadcast_from_every_root(rank, comm, kLengths); });
 }
 
 TEST_P(Conformance, AllgatherPlacesEachRankAtItsOffset) {
-  run([&](int rank, Communicator& comm) {
-    for (size_t n : {size_t{0}, size_t{1}, size_t{1001}, size_t{300001}}) {
-      std::vector<char> in(n), out(n * comm.size(), 0x7f);
-      for (size_t i = 0; i < n; ++i) in[i] = static_cast<char>(rank * 31 + i);
-      comm.allgather(in.data(), out.data(), n);
-      size_t bad = 0;
-      for (size_t i = 0; i < out.size(); ++i) bad += out[i] != static_cast<char>((i / n) * 31 + i % n);
-      EXPECT_EQ(bad, 0u) << backend().name << " n " << n << " rank " << rank;
-    }
-  });
+  run([&](int rank, Communicator& comm) { testing::check_allgather(rank, comm, kLengths); });
 }
 
 TEST_P(Conformance, AllgathervUnevenAndEmptyContributions) {
   // Round 0: uneven (rank 0 gives nothing); 1: only the last rank gives;
   // 2: nobody gives; 3: only rank 0 gives, past the direct thresholds.
-  auto bytes_of = [](int round, int r, int size) -> size_t {
-    switch (round) {
-      case 0: return r * 1000 + (r % 2) * 70000;
-      case 1: return r == size - 1 ? 13 : 0;
-      case 2: return 0;
-      default: return r == 0 ? 300001 : 0;
-    }
-  };
+  const int n = size();
   run([&](int rank, Communicator& comm) {
-    for (int round = 0; round < 4; ++round) {
-      std::vector<char> mine(bytes_of(round, rank, comm.size()));
-      for (size_t i = 0; i < mine.size(); ++i) mine[i] = static_cast<char>(rank * 7 + i + round);
-      auto all = comm.allgatherv(mine.data(), mine.size());
-      ASSERT_EQ(all.size(), static_cast<size_t>(comm.size())) << backend().name << " round " << round;
-      for (int r = 0; r < comm.size(); ++r) {
-        std::vector<char> want(bytes_of(round, r, comm.size()));
-        for (size_t i = 0; i < want.size(); ++i) want[i] = static_cast<char>(r * 7 + i + round);
-        EXPECT_TRUE(all[r] == want) << backend().name << " round " << round << ": rank " << rank
-                                    << " got " << all[r].size() << " bytes from rank " << r << ", want "
-                                    << want.size();
+    testing::check_allgatherv(rank, comm, 4, [n](int r, int round) -> size_t {
+      switch (round) {
+        case 0: return r * 1000 + (r % 2) * 70000;
+        case 1: return r == n - 1 ? 13 : 0;
+        case 2: return 0;
+        default: return r == 0 ? 300001 : 0;
       }
-    }
+    });
   });
 }
 
 TEST_P(Conformance, BarrierWaitsForEveryRank) {
   std::atomic<int> arrived{0};
-  run([&](int, Communicator& comm) {
-    for (int round = 1; round <= 5; ++round) {
-      arrived++;
-      comm.barrier();
-      EXPECT_GE(arrived.load(), round * comm.size()) << backend().name << " round " << round;
-      comm.barrier();  // nobody starts the next round before everyone checked
-    }
-  });
+  run([&](int rank, Communicator& comm) { testing::check_barrier(rank, comm, arrived, 5); });
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, Conformance, ::testing::ValuesIn(cases()), [](const auto& info) {
