@@ -154,6 +154,40 @@ inline void run_comms(const Backend& backend, int n, const std::function<void(in
       options);
 }
 
+// As run_comms for bodies that return an error text ("" when fine) instead of
+// throwing: returns every rank's error ("rank R: ...", one a line; a throw
+// counts as its what()), "" when all passed. A rank with an error aborts its
+// communicator so that the others fail now rather than at their timeout.
+inline std::string run_comms_errors(const Backend& backend, int n,
+                                    const std::function<std::string(int rank, Communicator& comm)>& fn,
+                                    RunOptions options = {}) {
+  std::mutex mu;
+  std::string errors;
+  auto record = [&](const std::string& who, const std::string& err) {
+    std::lock_guard<std::mutex> lock(mu);
+    errors += who + ": " + err + "\n";
+  };
+  try {
+    run_comms(
+        backend, n,
+        [&](int r, Communicator& comm) {
+          std::string err;
+          try {
+            err = fn(r, comm);
+          } catch (const std::exception& e) {
+            err = e.what();
+          }
+          if (err.empty()) return;
+          comm.abort();
+          record("rank " + std::to_string(r), err);
+        },
+        std::move(options));
+  } catch (const std::exception& e) {
+    record("a rank's communicator", e.what());
+  }
+  return errors;
+}
+
 // Each backend's options, as its own tests set them.
 inline ShmOptions shm_options(int rank, int size) {
   ShmOptions o;

@@ -25,6 +25,7 @@
 #include <thread>
 
 #include "support/collective_reference.h"
+#include "support/rank_threads.h"
 #include "store/file_store.h"
 #include "collectives/shm/shm_communicator.h"
 #include "store/memory_store.h"
@@ -88,31 +89,11 @@ ShmOptions options(int rank, int size, Duration timeout = 60s, Staging st = kDef
 // Runs fn(rank, comm) on `size` threads; returns every rank's error text.
 std::string run_threads(int size, const std::function<std::string(int, Communicator&)>& fn, Staging st = kDefault,
                         Duration timeout = 60s) {
-  MemoryKvStore store;
-  std::vector<std::thread> threads;
-  std::mutex mu;
-  std::string errors;
-  for (int r = 0; r < size; ++r) {
-    threads.emplace_back([&, r] {
-      std::string err;
-      try {
-        auto comm = make_shm_communicator(store, options(r, size, timeout, st));
-        if (comm->rank() != r || comm->size() != size) err = "wrong rank/size";
-        if (err.empty()) err = fn(r, *comm);
-        if (!err.empty()) comm->abort();  // the others fail now instead of at their timeout
-      } catch (const std::exception& e) {
-        err = e.what();
-      }
-      if (!err.empty()) {
-        std::lock_guard<std::mutex> lock(mu);
-        errors += "rank " + std::to_string(r) + ": " + err + "\n";
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  return errors;
+  auto backend = testing::backend("shm", [&](KvStore& store, int rank, int n) -> std::unique_ptr<Communicator> {
+    return make_shm_communicator(store, options(rank, n, timeout, st));
+  });
+  return testing::run_comms_errors(backend, size, fn);
 }
-
 
 bool wait_child(pid_t pid, int* status, Duration timeout) {
   auto deadline = std::chrono::steady_clock::now() + timeout;
