@@ -188,13 +188,20 @@ inline std::string run_comms_errors(const Backend& backend, int n,
   return errors;
 }
 
-// Each backend's options, as its own tests set them.
-inline ShmOptions shm_options(int rank, int size) {
-  ShmOptions o;
+// Each backend's options, as its own tests set them: rank, size, a 60 s
+// timeout and the store prefix, plus what the backend needs.
+template <typename Options>
+Options rank_options(int rank, int size, const char* prefix) {
+  Options o;
   o.rank = rank;
   o.size = size;
   o.timeout = std::chrono::seconds(60);
-  o.prefix = "shm";
+  o.prefix = prefix;
+  return o;
+}
+
+inline ShmOptions shm_options(int rank, int size) {
+  auto o = rank_options<ShmOptions>(rank, size, "shm");
   o.segment_tag = "ranktest" + std::to_string(::getpid());
   return o;
 }
@@ -202,33 +209,20 @@ inline ShmOptions shm_options(int rank, int size) {
 inline std::string loopback_address(int index) { return "127.0.0." + std::to_string(2 + index); }
 
 inline TcpOptions tcp_options(int rank, int size) {
-  TcpOptions o;
-  o.rank = rank;
-  o.size = size;
-  o.timeout = std::chrono::seconds(60);
+  auto o = rank_options<TcpOptions>(rank, size, "tcp");
   o.address = loopback_address(rank);
-  o.prefix = "tcp";
   o.job_id = "job-rank-threads";
   o.secret = "rank-threads-secret-0123456789abcdef";
   o.generation = 3;
   return o;
 }
 
-inline GlooOptions gloo_options(int rank, int size) {
-  GlooOptions o;
-  o.rank = rank;
-  o.size = size;
-  o.timeout = std::chrono::seconds(60);
-  o.prefix = "gloo";
-  return o;
-}
+inline GlooOptions gloo_options(int rank, int size) { return rank_options<GlooOptions>(rank, size, "gloo"); }
 
 // Ranks interleaved over `hosts` loopback hosts: rank r on host r % hosts,
 // local rank r / hosts; local and cross ranks as Horovod defines them.
 inline HierOptions hier_options(int rank, int size, int hosts) {
-  HierOptions o;
-  o.rank = rank;
-  o.size = size;
+  auto o = rank_options<HierOptions>(rank, size, "hier");
   o.local_rank = rank / hosts;
   o.local_size = 0;
   o.cross_rank = rank % hosts;
@@ -237,9 +231,7 @@ inline HierOptions hier_options(int rank, int size, int hosts) {
     if (q % hosts == rank % hosts) o.local_size++;
     if (q / hosts == rank / hosts) o.cross_size++;
   }
-  o.timeout = std::chrono::seconds(60);
   o.hostname = "127.0.0." + std::to_string(rank % hosts + 1);
-  o.prefix = "hier";
   o.job_id = "hier-rank-threads";
   o.secret = "hier-rank-threads-secret";
   o.segment_tag = "hierranktest" + std::to_string(::getpid());
