@@ -9,6 +9,8 @@
 #include <atomic>
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
+#include <stdexcept>
 #include <thread>
 #include <initializer_list>
 #include <vector>
@@ -98,6 +100,30 @@ void check_allgatherv(int rank, Communicator& comm, int rounds, BytesOf bytes_of
       size_t bad = 0;
       for (size_t i = 0; i < all[r].size(); ++i) bad += all[r][i] != static_cast<char>(r + 5 * i + round);
       EXPECT_EQ(bad, 0u) << "allgatherv round " << round << " rank " << rank << ": bytes from rank " << r;
+    }
+  }
+}
+
+// Allgatherv contributions of rank r in rounds 0 to 3: uneven with rank 0
+// giving nothing; nobody giving anything; every other rank giving nothing;
+// all different and small.
+inline size_t uneven_bytes(int r, int round) {
+  switch (round) {
+    case 0: return r * 3;
+    case 1: return 0;
+    case 2: return r % 2 ? 0 : 1000 + r;
+    default: return (r + 1) * 7;
+  }
+}
+
+// float16 and bfloat16 allreduces are std::invalid_argument on the CPU
+// backends, for every op, and leave the communicator usable.
+inline void check_half_precision_rejected(Communicator& comm) {
+  for (DataType t : {DataType::kFloat16, DataType::kBFloat16}) {
+    for (ReduceOp op : kAllOps) {
+      uint16_t v[3] = {0, 0, 0};
+      EXPECT_THROW(comm.allreduce(v, 3, t, op), std::invalid_argument) << to_string(t) << " " << to_string(op);
+      comm.barrier();  // still usable
     }
   }
 }

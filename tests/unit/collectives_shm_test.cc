@@ -24,7 +24,7 @@
 #include <set>
 #include <thread>
 
-#include "support/collective_reference.h"
+#include "support/collective_checks.h"
 #include "support/rank_threads.h"
 #include "store/file_store.h"
 #include "collectives/shm/shm_communicator.h"
@@ -232,11 +232,9 @@ std::string check_allgather(int rank, Communicator& comm) {
 
 size_t allgatherv_bytes(int r, int round) {
   switch (round) {
-    case 0: return r * 3;  // rank 0 gives nothing
-    case 1: return 0;      // nobody gives anything
-    case 2: return r % 2 ? 0 : 1000 + r;
     case 3: return r == 1 ? (size_t{3} << 20) + 5 : r * 100;  // one large, others small
-    default: return (r + 1) * 70000;
+    case 4: return (r + 1) * 70000;
+    default: return testing::uneven_bytes(r, round);  // rounds 0 to 2
   }
 }
 
@@ -367,15 +365,9 @@ INSTANTIATE_TEST_SUITE_P(Sizes, ShmProcesses, ::testing::Values(1, 2, 3, 4),
 
 TEST(ShmCommunicator, HalfPrecisionOnCpuIsRejected) {
   EXPECT_EQ(run_threads(2,
-                        [](int, Communicator& comm) -> std::string {
-                          uint16_t v = 0;
-                          try {
-                            comm.allreduce(&v, 1, DataType::kBFloat16, ReduceOp::kSum);
-                          } catch (const std::invalid_argument&) {
-                            comm.barrier();  // still usable
-                            return "";
-                          }
-                          return "no std::invalid_argument";
+                        [](int, Communicator& comm) {
+                          testing::check_half_precision_rejected(comm);
+                          return std::string();
                         }),
             "");
 }
