@@ -26,6 +26,7 @@
 #include "common/check.h"
 #include "collectives/gloo/gloo_communicator.h"
 #include "collectives/tcp/tcp_communicator.h"
+#include "support/rank_threads.h"
 
 namespace erun {
 namespace {
@@ -59,26 +60,21 @@ constexpr int kOtherError = 11;
 
 enum class Transport { kTcp, kGloo };
 
+// The communicators as the in-process tests make them (support/rank_threads.h),
+// with this test's timeouts and store prefix.
 std::unique_ptr<Communicator> make_comm(Transport t, KvStore& store, int rank, int size, Duration timeout,
                                         const std::string& prefix, Duration connect_timeout = Duration{0}) {
   if (t == Transport::kGloo) {
-    GlooOptions o;
-    o.rank = rank;
-    o.size = size;
+    GlooOptions o = testing::gloo_options(rank, size);
     o.timeout = timeout;
     o.connect_timeout = connect_timeout;
     o.prefix = prefix;
     return make_gloo_communicator(store, o);
   }
-  TcpOptions o;
-  o.rank = rank;
-  o.size = size;
+  TcpOptions o = testing::tcp_options(rank, size);
   o.timeout = timeout;
   o.connect_timeout = connect_timeout;
-  o.address = "127.0.0." + std::to_string(2 + rank);
   o.prefix = prefix;
-  o.job_id = "fault-job";
-  o.secret = "fault-secret";
   o.generation = 1;
   return make_tcp_communicator(store, o);
 }

@@ -12,7 +12,8 @@
 #include <numeric>
 #include <thread>
 
-#include "support/collective_reference.h"
+#include "support/collective_checks.h"
+#include "support/rank_threads.h"
 #include "collectives/gloo/gloo_communicator.h"
 #include "store/memory_store.h"
 
@@ -20,9 +21,6 @@ namespace erun {
 namespace {
 
 using namespace std::chrono_literals;
-using testing::combine;
-using testing::input;
-using testing::reference;
 
 GlooOptions options(int rank, int size, Duration timeout = 60s, std::string prefix = "t") {
   GlooOptions o;
@@ -36,60 +34,17 @@ GlooOptions options(int rank, int size, Duration timeout = 60s, std::string pref
 // Runs fn(rank, comm) on `size` threads, each with its own communicator, and
 // rethrows the first exception a rank raised.
 void run_ranks(int size, const std::function<void(int, Communicator&)>& fn, Duration timeout = 60s) {
-  MemoryKvStore store;
-  std::vector<std::thread> threads;
-  std::mutex mu;
-  std::exception_ptr first;
-  for (int r = 0; r < size; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        auto comm = make_gloo_communicator(store, options(r, size, timeout));
-        ASSERT_EQ(comm->rank(), r);
-        ASSERT_EQ(comm->size(), size);
-        fn(r, *comm);
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(mu);
-        if (!first) first = std::current_exception();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  if (first) std::rethrow_exception(first);
-}
-
-
-const ReduceOp kOps[] = {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kProduct};
-const size_t kCounts[] = {0, 1, 7, 1000};
-
-template <typename T>
-void check_allreduce(int rank, Communicator& comm) {
-  for (ReduceOp op : kOps) {
-    for (size_t n : kCounts) {
-      std::vector<T> v(n);
-      for (size_t i = 0; i < n; ++i) v[i] = input<T>(rank, i);
-      comm.allreduce(v.data(), n, data_type_of<T>(), op);
-      size_t bad = 0, first_bad = 0;
-      for (size_t i = 0; i < n; ++i) {
-        if (v[i] != reference<T>(comm.size(), i, op)) {
-          if (bad++ == 0) first_bad = i;
-        }
-      }
-      EXPECT_EQ(bad, 0u) << to_string(data_type_of<T>()) << " " << to_string(op) << " n=" << n << " size "
-                         << comm.size() << " rank " << rank << ": first mismatch at " << first_bad << ": got "
-                         << +v[first_bad] << ", want " << +reference<T>(comm.size(), first_bad, op);
-    }
-  }
+  auto backend = testing::backend("gloo", [timeout](KvStore& store, int rank, int n) {
+    return make_gloo_communicator(store, options(rank, n, timeout));
+  });
+  testing::run_comms(backend, size, fn);
 }
 
 class GlooWorld : public ::testing::TestWithParam<int> {};
 
 TEST_P(GlooWorld, AllreduceEveryTypeAndOpMatchesSerialReference) {
   run_ranks(GetParam(), [](int rank, Communicator& comm) {
-    check_allreduce<float>(rank, comm);
-    check_allreduce<double>(rank, comm);
-    check_allreduce<int32_t>(rank, comm);
-    check_allreduce<int64_t>(rank, comm);
-    check_allreduce<uint8_t>(rank, comm);
+    testing::check_allreduce_every_cpu_type(rank, comm, {0, 1, 7, 1000});
   });
 }
 
@@ -119,75 +74,30 @@ TEST_P(GlooWorld, AllreduceValueHelpers) {
 
 TEST_P(GlooWorld, BroadcastFromEveryRoot) {
   run_ranks(GetParam(), [](int rank, Communicator& comm) {
-    for (int root = 0; root < comm.size(); ++root) {
-      for (size_t n : kCounts) {
-        std::vector<char> buf(n);
-        for (size_t i = 0; i < n; ++i) buf[i] = static_cast<char>(rank == root ? (i * 3 + root) : 0x55);
-        comm.broadcast(buf.data(), n, root);
-        for (size_t i = 0; i < n; ++i) {
-          ASSERT_EQ(buf[i], static_cast<char>(i * 3 + root)) << "root " << root << " n " << n << " i " << i;
-        }
-      }
-    }
+    testing::check_broadcast_from_every_root(rank, comm, {0, 1, 7, 1000});
   });
 }
 
 TEST_P(GlooWorld, AllgatherPlacesEachRankAtItsOffset) {
-  run_ranks(GetParam(), [](int rank, Communicator& comm) {
-    for (size_t n : kCounts) {
-      std::vector<char> in(n), out(n * comm.size(), 0x7f);
-      for (size_t i = 0; i < n; ++i) in[i] = static_cast<char>(rank * 31 + i);
-      comm.allgather(in.data(), out.data(), n);
-      for (int r = 0; r < comm.size(); ++r) {
-        for (size_t i = 0; i < n; ++i) ASSERT_EQ(out[r * n + i], static_cast<char>(r * 31 + i)) << r << " " << i;
-      }
-    }
-  });
+  run_ranks(GetParam(), [](int rank, Communicator& comm) { testing::check_allgather(rank, comm, {0, 1, 7, 1000}); });
 }
 
 TEST_P(GlooWorld, AllgathervWithDifferentSizesIncludingZero) {
   run_ranks(GetParam(), [](int rank, Communicator& comm) {
-    auto bytes_of = [](int r, int round) -> size_t {
-      switch (round) {
-        case 0: return r * 3;          // rank 0 gives nothing
-        case 1: return 0;              // nobody gives anything
-        case 2: return r % 2 ? 0 : 1000 + r;
-        default: return (r + 1) * 7;
-      }
-    };
-    for (int round = 0; round < 4; ++round) {
-      std::vector<char> in(bytes_of(rank, round));
-      for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<char>(rank + 5 * i);
-      auto all = comm.allgatherv(in.data(), in.size());
-      ASSERT_EQ(all.size(), static_cast<size_t>(comm.size()));
-      for (int r = 0; r < comm.size(); ++r) {
-        ASSERT_EQ(all[r].size(), bytes_of(r, round)) << "round " << round << " rank " << r;
-        for (size_t i = 0; i < all[r].size(); ++i) ASSERT_EQ(all[r][i], static_cast<char>(r + 5 * i));
-      }
-    }
+    testing::check_allgatherv(rank, comm, 4, testing::uneven_bytes);
   });
 }
 
 TEST_P(GlooWorld, BarrierHoldsEveryRankUntilAllArrive) {
   std::atomic<int> arrived{0};
-  run_ranks(GetParam(), [&](int rank, Communicator& comm) {
-    for (int round = 1; round <= 3; ++round) {
-      arrived++;
-      comm.barrier();
-      EXPECT_GE(arrived.load(), round * comm.size());
-      comm.barrier();
-    }
-  });
+  run_ranks(GetParam(), [&](int rank, Communicator& comm) { testing::check_barrier(rank, comm, arrived, 3); });
 }
 
 INSTANTIATE_TEST_SUITE_P(Sizes, GlooWorld, ::testing::Values(1, 2, 3, 4),
                          [](const auto& info) { return "world" + std::to_string(info.param); });
 
 TEST(GlooCommunicator, HalfPrecisionOnCpuIsRejected) {
-  run_ranks(1, [](int, Communicator& comm) {
-    uint16_t v = 0;
-    EXPECT_THROW(comm.allreduce(&v, 1, DataType::kFloat16, ReduceOp::kSum), std::invalid_argument);
-  });
+  run_ranks(1, [](int, Communicator& comm) { testing::check_half_precision_rejected(comm); });
 }
 
 TEST(GlooCommunicator, ConstructionTimesOutWhenAPeerNeverComes) {

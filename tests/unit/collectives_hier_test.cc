@@ -15,7 +15,8 @@
 #include <mutex>
 #include <thread>
 
-#include "support/collective_reference.h"
+#include "support/collective_checks.h"
+#include "support/rank_threads.h"
 #include "collectives/hierarchical.h"
 #include "store/memory_store.h"
 
@@ -23,9 +24,6 @@ namespace erun {
 namespace {
 
 using namespace std::chrono_literals;
-using testing::combine;
-using testing::input;
-using testing::reference;
 
 struct Place {
   int host;
@@ -64,86 +62,20 @@ std::vector<HierOptions> layout(const std::vector<Place>& places, Duration timeo
   return out;
 }
 
+// Runs fn(rank, comm) on every rank; returns every rank's error ("" when none).
 std::string run_ranks(const std::vector<HierOptions>& opts, const std::function<std::string(int, Communicator&)>& fn) {
-  MemoryKvStore store;
-  std::vector<std::thread> threads;
-  std::mutex mu;
-  std::string errors;
-  for (size_t r = 0; r < opts.size(); ++r) {
-    threads.emplace_back([&, r] {
-      std::string err;
-      try {
-        auto comm = make_hierarchical_communicator(store, opts[r]);
-        if (comm->rank() != static_cast<int>(r) || comm->size() != static_cast<int>(opts.size())) err = "wrong rank/size";
-        if (err.empty()) err = fn(static_cast<int>(r), *comm);
-        if (!err.empty()) comm->abort();  // the others fail now instead of at their timeout
-      } catch (const std::exception& e) {
-        err = e.what();
-      }
-      if (!err.empty()) {
-        std::lock_guard<std::mutex> lock(mu);
-        errors += "rank " + std::to_string(r) + ": " + err + "\n";
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  return errors;
+  auto backend = testing::backend(
+      "hier", [&](KvStore& store, int rank, int) { return make_hierarchical_communicator(store, opts[rank]); });
+  return testing::run_comms_errors(backend, static_cast<int>(opts.size()), fn);
 }
 
-
-const ReduceOp kOps[] = {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kProduct};
-
-template <typename T>
-std::string check_allreduce(int rank, Communicator& comm) {
-  for (ReduceOp op : kOps) {
-    // 300007: pipelined in chunks (>= 1 MiB) for every type but uint8.
-    for (size_t n : {size_t{0}, size_t{1}, size_t{7}, size_t{1000}, size_t{100003}, size_t{300007}}) {
-      std::vector<T> v(n);
-      for (size_t i = 0; i < n; ++i) v[i] = input<T>(rank, i);
-      comm.allreduce(v.data(), n, data_type_of<T>(), op);
-      for (size_t i = 0; i < n; ++i) {
-        if (v[i] != reference<T>(comm.size(), i, op)) {
-          return std::string(to_string(data_type_of<T>())) + " " + to_string(op) + " n=" + std::to_string(n) +
-                 " wrong at " + std::to_string(i);
-        }
-      }
-    }
-  }
-  return "";
-}
-
+// Every operation against the reference (failures are gtest failures).
+// 300007 elements: pipelined in chunks (>= 1 MiB) for every type but uint8.
 std::string check_everything(int rank, Communicator& comm) {
-  std::string e = check_allreduce<float>(rank, comm);
-  if (e.empty()) e = check_allreduce<double>(rank, comm);
-  if (e.empty()) e = check_allreduce<int32_t>(rank, comm);
-  if (e.empty()) e = check_allreduce<int64_t>(rank, comm);
-  if (e.empty()) e = check_allreduce<uint8_t>(rank, comm);
-  if (!e.empty()) return e;
-  const int n = comm.size();
-  for (int root = 0; root < n; ++root) {
-    for (size_t len : {size_t{0}, size_t{5}, size_t{300000}}) {
-      std::vector<char> buf(len, static_cast<char>(rank == root ? root + 1 : 0));
-      comm.broadcast(buf.data(), len, root);
-      for (char c : buf) {
-        if (c != static_cast<char>(root + 1)) return "broadcast from root " + std::to_string(root) + " wrong";
-      }
-    }
-  }
-  for (size_t len : {size_t{0}, size_t{3}, size_t{100000}}) {
-    std::vector<char> in(len, static_cast<char>(rank * 3 + 1)), out(len * n);
-    comm.allgather(in.data(), out.data(), len);
-    for (size_t i = 0; i < out.size(); ++i) {
-      if (out[i] != static_cast<char>((i / len) * 3 + 1)) return "allgather wrong at " + std::to_string(i);
-    }
-  }
-  std::vector<char> mine(rank * 1000 + (rank % 2) * 70000, static_cast<char>(rank));
-  auto all = comm.allgatherv(mine.data(), mine.size());
-  if (all.size() != static_cast<size_t>(n)) return "allgatherv: wrong number of ranks";
-  for (int r = 0; r < n; ++r) {
-    if (all[r] != std::vector<char>(r * 1000 + (r % 2) * 70000, static_cast<char>(r))) {
-      return "allgatherv wrong for rank " + std::to_string(r);
-    }
-  }
+  testing::check_allreduce_every_cpu_type(rank, comm, {0, 1, 7, 1000, 100003, 300007});
+  testing::check_broadcast_from_every_root(rank, comm, {0, 5, 300000});
+  testing::check_allgather(rank, comm, {0, 3, 100000});
+  testing::check_allgatherv(rank, comm, 1, [](int r, int) -> size_t { return r * 1000 + (r % 2) * 70000; });
   for (int i = 0; i < 5; ++i) comm.barrier();
   return "";
 }

@@ -7,11 +7,10 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
-#include <mutex>
-#include <thread>
 
 #include "collectives/nccl/nccl_communicator.h"
 #include "store/memory_store.h"
+#include "support/rank_threads.h"
 
 namespace erun {
 namespace {
@@ -110,30 +109,20 @@ double tolerance(DataType t) {
 
 void run_ranks(int size, const std::function<void(NcclCommunicator&, cudaStream_t)>& fn) {
   MemoryKvStore store;
-  std::vector<std::thread> threads;
-  std::mutex mu;
-  std::exception_ptr first;
-  for (int r = 0; r < size; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        NcclOptions o;
-        o.rank = r;
-        o.size = size;
-        o.device = r;
-        o.timeout = 120s;
-        NcclCommunicator comm(store, o);
-        cudaStream_t stream;
-        ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
-        fn(comm, stream);
-        cudaStreamDestroy(stream);
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(mu);
-        if (!first) first = std::current_exception();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  if (first) std::rethrow_exception(first);
+  testing::RunOptions slow;
+  slow.deadline = 300s;  // NCCL's first communicator on a cold GPU
+  testing::run_ranks(size, [&](int r) {
+    NcclOptions o;
+    o.rank = r;
+    o.size = size;
+    o.device = r;
+    o.timeout = 120s;
+    NcclCommunicator comm(store, o);
+    cudaStream_t stream;
+    ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+    fn(comm, stream);
+    cudaStreamDestroy(stream);
+  }, slow);
 }
 
 class NcclTest : public ::testing::Test {

@@ -24,7 +24,8 @@
 #include <set>
 #include <thread>
 
-#include "support/collective_reference.h"
+#include "support/collective_checks.h"
+#include "support/rank_threads.h"
 #include "store/file_store.h"
 #include "collectives/shm/shm_communicator.h"
 #include "store/memory_store.h"
@@ -88,31 +89,11 @@ ShmOptions options(int rank, int size, Duration timeout = 60s, Staging st = kDef
 // Runs fn(rank, comm) on `size` threads; returns every rank's error text.
 std::string run_threads(int size, const std::function<std::string(int, Communicator&)>& fn, Staging st = kDefault,
                         Duration timeout = 60s) {
-  MemoryKvStore store;
-  std::vector<std::thread> threads;
-  std::mutex mu;
-  std::string errors;
-  for (int r = 0; r < size; ++r) {
-    threads.emplace_back([&, r] {
-      std::string err;
-      try {
-        auto comm = make_shm_communicator(store, options(r, size, timeout, st));
-        if (comm->rank() != r || comm->size() != size) err = "wrong rank/size";
-        if (err.empty()) err = fn(r, *comm);
-        if (!err.empty()) comm->abort();  // the others fail now instead of at their timeout
-      } catch (const std::exception& e) {
-        err = e.what();
-      }
-      if (!err.empty()) {
-        std::lock_guard<std::mutex> lock(mu);
-        errors += "rank " + std::to_string(r) + ": " + err + "\n";
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  return errors;
+  auto backend = testing::backend("shm", [&](KvStore& store, int rank, int n) -> std::unique_ptr<Communicator> {
+    return make_shm_communicator(store, options(rank, n, timeout, st));
+  });
+  return testing::run_comms_errors(backend, size, fn);
 }
-
 
 bool wait_child(pid_t pid, int* status, Duration timeout) {
   auto deadline = std::chrono::steady_clock::now() + timeout;
@@ -251,11 +232,9 @@ std::string check_allgather(int rank, Communicator& comm) {
 
 size_t allgatherv_bytes(int r, int round) {
   switch (round) {
-    case 0: return r * 3;  // rank 0 gives nothing
-    case 1: return 0;      // nobody gives anything
-    case 2: return r % 2 ? 0 : 1000 + r;
     case 3: return r == 1 ? (size_t{3} << 20) + 5 : r * 100;  // one large, others small
-    default: return (r + 1) * 70000;
+    case 4: return (r + 1) * 70000;
+    default: return testing::uneven_bytes(r, round);  // rounds 0 to 2
   }
 }
 
@@ -386,15 +365,9 @@ INSTANTIATE_TEST_SUITE_P(Sizes, ShmProcesses, ::testing::Values(1, 2, 3, 4),
 
 TEST(ShmCommunicator, HalfPrecisionOnCpuIsRejected) {
   EXPECT_EQ(run_threads(2,
-                        [](int, Communicator& comm) -> std::string {
-                          uint16_t v = 0;
-                          try {
-                            comm.allreduce(&v, 1, DataType::kBFloat16, ReduceOp::kSum);
-                          } catch (const std::invalid_argument&) {
-                            comm.barrier();  // still usable
-                            return "";
-                          }
-                          return "no std::invalid_argument";
+                        [](int, Communicator& comm) {
+                          testing::check_half_precision_rejected(comm);
+                          return std::string();
                         }),
             "");
 }

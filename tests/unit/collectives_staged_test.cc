@@ -6,12 +6,11 @@
 #if ERUN_HAVE_CUDA
 #include <cmath>
 #include <cstring>
-#include <mutex>
-#include <thread>
 
 #include "collectives/cuda/staged_communicator.h"
 #include "collectives/gloo/gloo_communicator.h"
 #include "store/memory_store.h"
+#include "support/rank_threads.h"
 
 namespace erun {
 namespace {
@@ -59,45 +58,27 @@ TEST(HalfConversion, RoundsToNearestEvenAndSaturatesToInfinity) {
   }
 }
 
-int device_count() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  return n;
-}
+using testing::cuda_device_count;
 
+// Ranks as threads sharing one GPU, each staging through its own Gloo
+// communicator.
 void run_ranks(int size, const std::function<void(StagedGpuCommunicator&)>& fn) {
-  MemoryKvStore store;
-  std::vector<std::thread> threads;
-  std::mutex mu;
-  std::exception_ptr first;
-  for (int r = 0; r < size; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        GlooOptions g;
-        g.rank = r;
-        g.size = size;
-        g.timeout = 10s;
-        auto cpu = make_gloo_communicator(store, g);
-        StagedOptions o;
-        o.timeout = 10s;
-        o.chunk_bytes = 4096;  // many chunks: the pipeline's buffer reuse is exercised
-        StagedGpuCommunicator comm(*cpu, o);
-        fn(comm);
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(mu);
-        if (!first) first = std::current_exception();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  if (first) std::rethrow_exception(first);
+  auto gloo = testing::backend("gloo", [](KvStore& store, int rank, int n) {
+    GlooOptions g = testing::gloo_options(rank, n);
+    g.timeout = 10s;
+    return make_gloo_communicator(store, g);
+  });
+  testing::run_comms(gloo, size, [&](int, Communicator& cpu) {
+    StagedOptions o;
+    o.timeout = 10s;
+    o.chunk_bytes = 4096;  // many chunks: the pipeline's buffer reuse is exercised
+    StagedGpuCommunicator comm(cpu, o);
+    fn(comm);
+  });
 }
 
 TEST(StagedGpu, HalfPrecisionAllreduceThroughFloat) {
-  if (device_count() == 0) GTEST_SKIP() << "no CUDA device visible (no GPU or no driver)";
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible (no GPU or no driver)";
   run_ranks(3, [](StagedGpuCommunicator& comm) {
     for (DataType t : {DataType::kFloat16, DataType::kBFloat16}) {
       const size_t n = 10000;  // 20 KB: five chunks of 4 KiB
@@ -121,7 +102,7 @@ TEST(StagedGpu, HalfPrecisionAllreduceThroughFloat) {
 }
 
 TEST(StagedGpu, AbortMakesLaterOperationsThrow) {
-  if (device_count() == 0) GTEST_SKIP() << "no CUDA device visible (no GPU or no driver)";
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible (no GPU or no driver)";
   run_ranks(1, [](StagedGpuCommunicator& comm) {
     void* d = nullptr;
     ASSERT_EQ(cudaMalloc(&d, 64), cudaSuccess);

@@ -32,15 +32,14 @@
 #include "store/memory_store.h"
 #include "common/codec.h"
 #include "common/handshake.h"
-#include "support/collective_reference.h"
+#include "support/collective_checks.h"
+#include "support/rank_threads.h"
 #include "support/erun_process.h"
 
 namespace erun {
 namespace {
 
 using namespace std::chrono_literals;
-using testing::input;
-using testing::reference;
 
 constexpr const char* kSecret = "tcp-test-secret-0123456789abcdef";
 constexpr const char* kJob = "job-tcp-test";
@@ -63,65 +62,27 @@ TcpOptions options(int rank, int size, Duration timeout = 60s) {
 // Runs fn(rank, comm) on `size` threads and rethrows the first exception.
 void run_ranks(int size, const std::function<void(int, Communicator&)>& fn,
                const std::function<TcpOptions(int)>& opts = {}, MemoryKvStore* shared = nullptr) {
-  MemoryKvStore own;
-  MemoryKvStore& store = shared ? *shared : own;
-  std::vector<std::thread> threads;
-  std::mutex mu;
-  std::exception_ptr first;
-  for (int r = 0; r < size; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        auto comm = make_tcp_communicator(store, opts ? opts(r) : options(r, size));
-        ASSERT_EQ(comm->rank(), r);
-        ASSERT_EQ(comm->size(), size);
-        fn(r, *comm);
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(mu);
-        if (!first) first = std::current_exception();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  if (first) std::rethrow_exception(first);
+  auto backend = testing::backend("tcp", [&](KvStore& store, int rank, int n) {
+    return make_tcp_communicator(store, opts ? opts(rank) : options(rank, n));
+  });
+  testing::run_comms(backend, size, fn, {}, shared);
 }
 
-const ReduceOp kOps[] = {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kProduct};
+using testing::check_allreduce_of;
+using testing::kAllOps;
+
 // 0 and 1 element, an odd count, a direct-exchange size and sizes past the
-// ring threshold (with blocks that do not divide evenly).
-const size_t kCounts[] = {0, 1, 7, 1000, 70001, 300007};
-
-// One allreduce of n elements of T against the reference.
-template <typename T>
-void check_allreduce_of(int rank, Communicator& comm, ReduceOp op, size_t n) {
-  std::vector<T> v(n);
-  for (size_t i = 0; i < n; ++i) v[i] = input<T>(rank, i);
-  comm.allreduce(v.data(), n, data_type_of<T>(), op);
-  size_t bad = 0, first_bad = 0;
-  for (size_t i = 0; i < n; ++i) {
-    if (v[i] != reference<T>(comm.size(), i, op) && bad++ == 0) first_bad = i;
-  }
-  EXPECT_EQ(bad, 0u) << to_string(data_type_of<T>()) << " " << to_string(op) << " n=" << n << " size "
-                     << comm.size() << " rank " << rank << ": first mismatch at " << first_bad;
-}
-
+// ring threshold (with blocks that do not divide evenly), up to 2 MiB.
 template <typename T>
 void check_allreduce(int rank, Communicator& comm) {
-  for (ReduceOp op : kOps) {
-    for (size_t n : kCounts) {
-      if (sizeof(T) * n <= (2u << 20)) check_allreduce_of<T>(rank, comm, op, n);
-    }
-  }
+  testing::check_allreduce<T>(rank, comm, {0, 1, 7, 1000, 70001, 300007}, 2u << 20);
 }
 
 class TcpWorld : public ::testing::TestWithParam<int> {};
 
 TEST_P(TcpWorld, AllreduceEveryTypeAndOpMatchesSerialReference) {
   run_ranks(GetParam(), [](int rank, Communicator& comm) {
-    check_allreduce<float>(rank, comm);
-    check_allreduce<double>(rank, comm);
-    check_allreduce<int32_t>(rank, comm);
-    check_allreduce<int64_t>(rank, comm);
-    check_allreduce<uint8_t>(rank, comm);
+    testing::check_allreduce_every_cpu_type(rank, comm, {0, 1, 7, 1000, 70001, 300007}, 2u << 20);
   });
 }
 
@@ -154,7 +115,7 @@ TEST_P(TcpWorld, LargeFloatSumIsBitwiseEqualOnEveryRank) {
 // reduction of two types.
 TEST(TcpCommunicator, MediumAllreduceWithEightRanksMatchesTheReference) {
   run_ranks(8, [](int rank, Communicator& comm) {
-    for (ReduceOp op : kOps) {
+    for (ReduceOp op : kAllOps) {
       check_allreduce_of<float>(rank, comm, op, 300007);
       check_allreduce_of<int64_t>(rank, comm, op, 100003);
     }
@@ -179,81 +140,34 @@ TEST_P(TcpWorld, RingOnTheSenderThreadMatchesTheReference) {
 
 TEST_P(TcpWorld, BroadcastFromEveryRootDirectAndScattered) {
   run_ranks(GetParam(), [](int rank, Communicator& comm) {
-    for (int root = 0; root < comm.size(); ++root) {
-      for (size_t n : {size_t{0}, size_t{1}, size_t{1000}, size_t{3u << 20} + 5}) {
-        std::vector<char> buf(n);
-        for (size_t i = 0; i < n; ++i) buf[i] = static_cast<char>(rank == root ? (i * 3 + root) : 0x55);
-        comm.broadcast(buf.data(), n, root);
-        size_t bad = 0;
-        for (size_t i = 0; i < n; ++i) bad += buf[i] != static_cast<char>(i * 3 + root);
-        ASSERT_EQ(bad, 0u) << "root " << root << " n " << n;
-      }
-    }
+    testing::check_broadcast_from_every_root(rank, comm, {0, 1, 1000, (3u << 20) + 5});
   });
 }
 
 TEST_P(TcpWorld, AllgatherPlacesEachRankAtItsOffset) {
   run_ranks(GetParam(), [](int rank, Communicator& comm) {
-    for (size_t n : {size_t{0}, size_t{1}, size_t{1000}, size_t{1u << 20} + 3}) {
-      std::vector<char> in(n), out(n * comm.size(), 0x7f);
-      for (size_t i = 0; i < n; ++i) in[i] = static_cast<char>(rank * 31 + i);
-      comm.allgather(in.data(), out.data(), n);
-      size_t bad = 0;
-      for (int r = 0; r < comm.size(); ++r) {
-        for (size_t i = 0; i < n; ++i) bad += out[r * n + i] != static_cast<char>(r * 31 + i);
-      }
-      ASSERT_EQ(bad, 0u) << "n " << n;
-    }
+    testing::check_allgather(rank, comm, {0, 1, 1000, (1u << 20) + 3});
   });
 }
 
 TEST_P(TcpWorld, AllgathervWithDifferentSizesIncludingZeroAndLarge) {
   run_ranks(GetParam(), [](int rank, Communicator& comm) {
-    auto bytes_of = [](int r, int round) -> size_t {
-      switch (round) {
-        case 0: return r * 3;
-        case 1: return 0;
-        case 2: return r % 2 ? 0 : 1000 + r;
-        case 3: return (r + 1) * 300001;  // ring path
-        default: return (r + 1) * 7;
-      }
-    };
-    for (int round = 0; round < 5; ++round) {
-      std::vector<char> in(bytes_of(rank, round));
-      for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<char>(rank + 5 * i);
-      auto all = comm.allgatherv(in.data(), in.size());
-      ASSERT_EQ(all.size(), static_cast<size_t>(comm.size()));
-      for (int r = 0; r < comm.size(); ++r) {
-        ASSERT_EQ(all[r].size(), bytes_of(r, round)) << "round " << round << " rank " << r;
-        size_t bad = 0;
-        for (size_t i = 0; i < all[r].size(); ++i) bad += all[r][i] != static_cast<char>(r + 5 * i);
-        ASSERT_EQ(bad, 0u) << "round " << round << " rank " << r;
-      }
-    }
+    testing::check_allgatherv(rank, comm, 5, [](int r, int round) -> size_t {
+      return round == 4 ? (r + 1) * 300001 : testing::uneven_bytes(r, round);  // 4: the ring path
+    });
   });
 }
 
 TEST_P(TcpWorld, BarrierHoldsEveryRankUntilAllArrive) {
   std::atomic<int> arrived{0};
-  run_ranks(GetParam(), [&](int rank, Communicator& comm) {
-    for (int round = 1; round <= 3; ++round) {
-      if (rank == round % comm.size()) std::this_thread::sleep_for(20ms);
-      arrived++;
-      comm.barrier();
-      EXPECT_GE(arrived.load(), round * comm.size());
-      comm.barrier();
-    }
-  });
+  run_ranks(GetParam(), [&](int rank, Communicator& comm) { testing::check_barrier(rank, comm, arrived, 3); });
 }
 
 INSTANTIATE_TEST_SUITE_P(Sizes, TcpWorld, ::testing::Values(1, 2, 3, 4),
                          [](const auto& info) { return "world" + std::to_string(info.param); });
 
 TEST(TcpCommunicator, HalfPrecisionIsRejected) {
-  run_ranks(1, [](int, Communicator& comm) {
-    uint16_t v = 0;
-    EXPECT_THROW(comm.allreduce(&v, 1, DataType::kBFloat16, ReduceOp::kSum), std::invalid_argument);
-  });
+  run_ranks(1, [](int, Communicator& comm) { testing::check_half_precision_rejected(comm); });
 }
 
 TEST(TcpCommunicator, WildcardAddressAndMissingSecretAreRefused) {
