@@ -21,12 +21,6 @@ namespace {
 
 using namespace std::chrono_literals;
 
-std::string environ_of(pid_t pid) {
-  std::string s = read_file("/proc/" + std::to_string(pid) + "/environ");
-  std::replace(s.begin(), s.end(), '\0', '\n');
-  return "\n" + s;
-}
-
 bool exists(const std::string& path) {
   struct stat st {};
   return ::lstat(path.c_str(), &st) == 0;
