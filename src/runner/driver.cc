@@ -540,20 +540,24 @@ void Driver::handle_generation_failure() {
     finish_with_failure(f);
     return;
   }
-  ++resets_;
+  count_reset("worker failed");
   const bool in_place = in_place_possible();
   ERUN_LOG_WARN("{}: {} failed; {} (reset {}{})", who(generation_), who(-1, f.host, f.rank),
                 in_place ? "survivors re-join in place" : "restarting all workers", resets_,
                 o_.reset_limit >= 0 ? fmt::format(" of {}", o_.reset_limit) : "");
-  if (d_.events) {
-    d_.events->write("reset", {{"generation", json_number(generation_)},
-                               {"reason", json_string("worker failed")},
-                               {"resets", json_number(long{resets_})}});
-  }
   if (in_place) {
     reconfigure("recovering", /*after_failure=*/true);
   } else {
     stop_then_wait();
+  }
+}
+
+void Driver::count_reset(const char* reason) {
+  ++resets_;
+  if (d_.events) {
+    d_.events->write("reset", {{"generation", json_number(generation_)},
+                               {"reason", json_string(reason)},
+                               {"resets", json_number(long{resets_})}});
   }
 }
 
@@ -608,14 +612,9 @@ void Driver::follow_membership() {
     grow_pending(next);  // announced once the new workers joined (admit_replacements())
     return;
   }
-  ++resets_;
+  count_reset("membership changed");
   ERUN_LOG_INFO("{}: membership changes ({} -> {}); {} (reset {})", who(generation_), plan_.to_string(),
                 next.to_string(), in_place ? "notifying workers" : "restarting all workers", resets_);
-  if (d_.events) {
-    d_.events->write("reset", {{"generation", json_number(generation_)},
-                               {"reason", json_string("membership changed")},
-                               {"resets", json_number(long{resets_})}});
-  }
   if (in_place) {
     reconfigure("membership changes", /*after_failure=*/false);
   } else {

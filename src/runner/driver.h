@@ -134,6 +134,8 @@ class Driver {
   void handle_generation_failure();
   // kRunning: would a fresh plan differ from the running one? Resize if so.
   void follow_membership();
+  // One more reset (--reset-limit counts them), with its event-log line.
+  void count_reset(const char* reason);
   // kRunning -> kFinishing once a rank finished.
   void begin_finishing();
   // -> kStopping: sends `signal` (SIGTERM: terminate()) to every live worker;

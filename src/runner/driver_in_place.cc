@@ -551,14 +551,8 @@ bool Driver::admit_replacements(const MembershipSnapshot& m) {
   const bool grows = std::any_of(workers_.begin(), workers_.end(), [&](const Worker& w) {
     return w.pending() && w.grows && survivor(w);
   });
-  if (grows) {  // new slots: a membership change, counted as one (a failure's replacement was counted with it)
-    ++resets_;
-    if (d_.events) {
-      d_.events->write("reset", {{"generation", json_number(generation_)},
-                                 {"reason", json_string("membership changed")},
-                                 {"resets", json_number(long{resets_})}});
-    }
-  }
+  // New slots: a membership change, counted as one (a failure's replacement was counted with it).
+  if (grows) count_reset("membership changed");
   ERUN_LOG_INFO("{}: {} replacement{} joined the rendezvous; announcing a membership change: the survivors grow "
                 "at their next commit",
                 who(generation_), ready, ready == 1 ? "" : "s");

@@ -12,6 +12,7 @@
 
 #include <fmt/format.h>
 
+#include "common/commit_files.h"
 #include "common/private_files.h"
 #include "erun/errors.hpp"
 
@@ -54,20 +55,6 @@ size_t encoded_size(const std::vector<EntryRef>& entries) {
   size_t total = 8 + 4 + 4 + 8 + 8 + 4;
   for (const EntryRef& e : entries) total += 16 + e.name->size() + e.data->size();
   return total;
-}
-
-// The commit id a file claims in its header (0 when it has none); read
-// before the whole file is checked, to try the newest first.
-uint64_t claimed_id(int dirfd, const char* name) {
-  int fd = ::openat(dirfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-  if (fd < 0) return 0;
-  unsigned char h[24];
-  ssize_t r = ::pread(fd, h, sizeof h, 0);
-  ::close(fd);
-  if (r != static_cast<ssize_t>(sizeof h) || std::memcmp(h, kMagic, 8) != 0) return 0;
-  uint64_t id = 0;
-  for (int i = 7; i >= 0; --i) id = (id << 8) | h[16 + i];
-  return id;
 }
 
 }  // namespace
@@ -129,11 +116,15 @@ std::optional<std::string> HostCommits::write(uint64_t commit_id, const std::vec
                       : "");
   };
   // Reserve the pages first: a full /dev/shm fails here, before a byte of
-  // the file changes, never later with SIGBUS or half a file.
-  if (int err = ::posix_fallocate(fd_[i], 0, static_cast<off_t>(size)); err != 0 && err != EOPNOTSUPP) {
-    return failed(err);
+  // the file changes, never later with SIGBUS or half a file. Pages this
+  // file already holds stay reserved from commit to commit.
+  if (size > reserved_[i]) {
+    if (int err = ::posix_fallocate(fd_[i], 0, static_cast<off_t>(size)); err != 0 && err != EOPNOTSUPP) {
+      return failed(err);
+    }
   }
   if (::ftruncate(fd_[i], static_cast<off_t>(size)) != 0) return failed(errno);
+  reserved_[i] = size;
   PwriteSink sink(fd_[i]);
   encode(commit_id, entries, sink);
   sink.flush();
@@ -142,7 +133,8 @@ std::optional<std::string> HostCommits::write(uint64_t commit_id, const std::vec
   return std::nullopt;
 }
 
-std::optional<std::string> HostCommits::room_warning(size_t bytes, int workers) const {
+std::optional<std::string> HostCommits::room_warning(const std::vector<EntryRef>& entries, int workers) const {
+  const size_t bytes = encoded_size(entries);
   const std::string dir = dir_of(stem_);
   struct statvfs fs {};
   if (::statvfs(dir.c_str(), &fs) != 0) return std::nullopt;
@@ -169,22 +161,8 @@ std::optional<std::string> HostCommits::room_warning(size_t bytes, int workers) 
 }
 
 std::optional<HostCommits::Found> HostCommits::newest(const std::string& dir) {
-  DIR* d = ::opendir(dir.c_str());
-  if (d == nullptr) return std::nullopt;
-  std::vector<std::pair<uint64_t, std::string>> files;
-  while (dirent* e = ::readdir(d)) {
-    std::string name = e->d_name;
-    if (name.size() < 3 || (name.compare(name.size() - 2, 2, ".a") != 0 && name.compare(name.size() - 2, 2, ".b") != 0)) {
-      continue;
-    }
-    if (uint64_t id = claimed_id(::dirfd(d), name.c_str()); id > 0) files.emplace_back(id, name);
-  }
-  ::closedir(d);
-  std::sort(files.begin(), files.end(), [](const auto& x, const auto& y) {
-    return x.first != y.first ? x.first > y.first : x.second < y.second;
-  });
-  for (const auto& [id, name] : files) {
-    const std::string path = dir + "/" + name;
+  for (const ClaimedCommit& c : claimed_commits(dir)) {
+    const std::string path = dir + "/" + c.name;
     std::vector<char> bytes;
     try {
       if (!read_file(path, &bytes)) continue;

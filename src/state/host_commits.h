@@ -37,10 +37,10 @@ class HostCommits {
   std::optional<std::string> write(uint64_t commit_id, const std::vector<EntryRef>& entries);
 
   // Before the first write: whether the directory's file system has room
-  // for two files of `bytes` for each of `workers` workers on this host
+  // for two files of `entries` for each of `workers` workers on this host
   // (what is already allocated to this job's files counts as room). The
   // warning names the sizes and what to do; nullopt when there is room.
-  std::optional<std::string> room_warning(size_t bytes, int workers) const;
+  std::optional<std::string> room_warning(const std::vector<EntryRef>& entries, int workers) const;
 
   struct Found {
     Snapshot snapshot;
@@ -58,7 +58,8 @@ class HostCommits {
 
   std::string stem_;
   int fd_[2] = {-1, -1};
-  uint64_t held_[2] = {0, 0};  // the commit id each file holds whole (0: none)
+  uint64_t held_[2] = {0, 0};      // the commit id each file holds whole (0: none)
+  size_t reserved_[2] = {0, 0};    // bytes of each file known to be allocated
   bool opened_ = false;
 };
 

@@ -168,9 +168,7 @@ struct State::Impl {
     if (!host) return;
     mirror_device();
     if (!std::exchange(host_room_checked, true) && info.local_rank == 0) {
-      size_t bytes = 8 + 4 + 4 + 8 + 8 + 4;
-      for (const si::EntryRef& e : refs()) bytes += 16 + e.name->size() + e.data->size();
-      if (auto warning = host->room_warning(bytes, info.local_size)) ERUN_LOG_WARN("{}", *warning);
+      if (auto warning = host->room_warning(refs(), info.local_size)) ERUN_LOG_WARN("{}", *warning);
     }
     std::optional<std::string> err;
     try {

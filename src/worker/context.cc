@@ -6,8 +6,6 @@
 //    hosts), re-joins on membership changes;
 //  - StandaloneContext otherwise: a world of one.
 #include <cctype>
-#include <dirent.h>
-#include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -21,6 +19,7 @@
 
 #include "collectives/hierarchical.h"
 #include "collectives/tcp/tcp_communicator.h"
+#include "common/commit_files.h"
 #include "common/log.h"
 #include "common/strings.h"
 #include "erun/erun.hpp"
@@ -96,34 +95,6 @@ WorkerOptions read_worker_options() {
   return o;
 }
 
-// The newest commit id that a host-memory commit file in `dir` claims in its
-// header (state/snapshot.h: "ERUNSTAT", u32 version, u32 flags, u64 commit
-// id), 0 when none. A worker new to the job reports it in its first join: the
-// commit its State will resume from (unless a survivor holds a newer one), so
-// the driver sees progress across generations in which every worker died
-// (CrashLoopDetector). The State checks the whole file before it uses it.
-uint64_t newest_host_commit_claimed(const std::string& dir) {
-  if (dir.empty()) return 0;
-  DIR* d = ::opendir(dir.c_str());
-  if (d == nullptr) return 0;
-  uint64_t newest = 0;
-  while (dirent* e = ::readdir(d)) {
-    const std::string name = e->d_name;
-    if (name.size() < 3 || name[name.size() - 2] != '.' || (name.back() != 'a' && name.back() != 'b')) continue;
-    int fd = ::openat(::dirfd(d), name.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-    if (fd < 0) continue;
-    unsigned char h[24];
-    if (::pread(fd, h, sizeof h, 0) == static_cast<ssize_t>(sizeof h) && std::memcmp(h, "ERUNSTAT", 8) == 0) {
-      uint64_t id = 0;
-      for (int i = 7; i >= 0; --i) id = (id << 8) | h[16 + i];
-      newest = std::max(newest, id);
-    }
-    ::close(fd);
-  }
-  ::closedir(d);
-  return newest;
-}
-
 class StandaloneContext final : public Context {
  public:
   explicit StandaloneContext(std::string checkpoint_dir) : checkpoint_dir_(std::move(checkpoint_dir)) {
@@ -151,7 +122,11 @@ class ElasticContext final : public Context {
       throw Error(fmt::format("erun: cannot reach the driver's rendezvous at {}:{}: {}", o_.rdzv_address,
                               o_.rdzv_port, s.message()));
     }
-    join(newest_host_commit_claimed(o_.commit_dir), JoinReason::kStart, -1, PeerState::kUnknown);
+    // A worker new to the job reports the commit its host kept, which its
+    // State resumes from unless a survivor holds a newer one: the driver sees
+    // progress across generations in which every worker died (CrashLoopDetector).
+    const auto kept = claimed_commits(o_.commit_dir);
+    join(kept.empty() ? 0 : kept.front().id, JoinReason::kStart, -1, PeerState::kUnknown);
   }
   ~ElasticContext() override {
     std::lock_guard<std::mutex> lock(comm_mu_);

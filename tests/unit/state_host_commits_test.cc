@@ -169,11 +169,13 @@ TEST_F(HostCommitsTest, TooLittleRoomIsSaidBeforeTheFirstCommit) {
   si::HostCommits hc(dir_ + "/slot-0");
   std::vector<char> d(16, 1);
   ASSERT_FALSE(hc.write(1, entries(name_, d)));
-  EXPECT_FALSE(hc.room_warning(1 << 20, 8));
-  auto w = hc.room_warning(size_t{1} << 50, 8);  // a petabyte of state
+  std::vector<char> mib(1 << 20);
+  EXPECT_FALSE(hc.room_warning(entries(name_, mib), 8));
+  // 2 copies of 1 MiB for 2^30 workers: two pebibytes, more than any disk here.
+  auto w = hc.room_warning(entries(name_, mib), 1 << 30);
   ASSERT_TRUE(w);
   EXPECT_NE(w->find("2 copies of the state"), std::string::npos) << *w;
-  EXPECT_NE(w->find("8 worker(s)"), std::string::npos) << *w;
+  EXPECT_NE(w->find("1073741824 worker(s)"), std::string::npos) << *w;
   EXPECT_NE(w->find("--shm-size="), std::string::npos) << *w;
   EXPECT_NE(w->find("--no-host-commits"), std::string::npos) << *w;
 }

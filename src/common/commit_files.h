@@ -1,0 +1,25 @@
+// The files of a host-memory commit directory (state/host_commits.h). Each
+// starts with the snapshot header of state/snapshot.h: "ERUNSTAT", u32
+// version, u32 flags, u64 commit id. Only that header is read here: the
+// commit id a file claims, before anyone checks the whole file. Shared by the
+// State (which file to read first) and the worker runtime (the commit a new
+// worker reports in its first join). Any thread; no state.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace erun {
+
+struct ClaimedCommit {
+  uint64_t id = 0;
+  std::string name;  // within the directory
+};
+
+// The *.a and *.b files of `dir` whose header claims a commit, newest first
+// (ties by name); empty when there is none or no such directory. Links are
+// not followed.
+std::vector<ClaimedCommit> claimed_commits(const std::string& dir);
+
+}  // namespace erun
