@@ -11,7 +11,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
-bash scripts/setup.sh
+bash scripts/setup.sh --debian-only   # the demo needs no PyPI torch
 bash scripts/build.sh
 bash scripts/install.sh   # erun, liberun, headers, examples into /usr/local
 build=${ERUN_BUILD_DIR:-build}

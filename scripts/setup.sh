@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
 # Installs every Debian package erun's build, tests and demo need (root or sudo).
-# Idempotent: does nothing when everything is already installed.
+# Idempotent: does nothing when everything is already installed. Then the
+# Python venv of the tests (scripts/venv.sh: the newest torch from PyPI and erun
+# installed by pip) unless --debian-only.
 set -euo pipefail
+cd "$(dirname "$0")/.."
+venv=1
+[ "${1:-}" = "--debian-only" ] && venv=0
 
 packages=(
   build-essential cmake ninja-build pkg-config
@@ -12,6 +17,7 @@ packages=(
   libssl-dev openssh-client openssh-server
   procps psmisc iproute2 python3
   python3-dev python3-pybind11 pybind11-dev python3-torch python3-numpy python3-pytest   # the erun Python package (python/)
+  python3-venv   # the PyPI venv of scripts/venv.sh
   slurmctld slurmd slurm-client munge   # the real two-node Slurm of tests/integration/slurm_test.cc
 )
 
@@ -21,12 +27,14 @@ for p in "${packages[@]}"; do
 done
 if [ ${#missing[@]} -eq 0 ]; then
   echo "setup: all packages present"
-  exit 0
+else
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  echo "setup: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
-
-SUDO=""
-[ "$(id -u)" -eq 0 ] || SUDO="sudo"
-echo "setup: installing ${missing[*]}"
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+if [ "$venv" = 1 ]; then
+  bash scripts/venv.sh
+fi

@@ -31,6 +31,9 @@ types ``erun.DataType`` (``erun.data_type(torch.float32)`` maps a torch or
 numpy dtype onto it), both from the compiled extension (erun::ReduceOp,
 erun::DataType).
 """
+from ._preload import load_environment_cuda_libraries as _load_cuda
+
+_load_cuda()  # before _erun: see erun/_preload.py
 from ._erun import CommError, DataType, Error, HostsUpdated, ReduceOp
 from ._core import (Average, Max, Min, Product, Sum, allgather, allgather_object, allreduce, allreduce_,
                     barrier, broadcast_, broadcast_object, cross_rank, cross_size, data_type, elastic,

@@ -17,7 +17,8 @@ import functools
 import os
 import pickle
 import sys
-from typing import TYPE_CHECKING, Any, Optional, TypeVar, Union
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Type, TypeVar, Union, cast
 
 import numpy as np
 
@@ -48,7 +49,7 @@ Op = Union[ReduceOp, str, int]
 
 
 @functools.lru_cache(maxsize=None)
-def _torch_types() -> dict:
+def _torch_types() -> Dict[Any, DataType]:
     """torch dtype -> DataType (built on the first torch tensor: importing erun does not import torch)."""
     import torch
     return {torch.float32: DataType.FLOAT32, torch.float64: DataType.FLOAT64, torch.int32: DataType.INT32,
@@ -92,9 +93,13 @@ class Buffer:
     what a collective cannot take. Package-internal (erun._state, erun.torch)."""
     __slots__ = ("ptr", "count", "dtype", "nbytes", "device", "stream")
 
-    def __init__(self, x: Tensor, what: str, writable: bool, cuda: bool = False) -> None:
+    def __init__(self, x: Any, what: str, writable: bool, cuda: bool = False) -> None:
+        # x: a tensor or an array, told apart at run time (hence Any).
         self.device: Optional[int] = None
         self.stream: Optional[int] = None
+        self.ptr: int
+        self.count: int
+        self.nbytes: int
         if _is_tensor(x):
             if x.device.type == "cuda" and cuda:
                 if not _erun.built_with_cuda():
@@ -103,7 +108,7 @@ class Buffer:
                                 f"or move the tensor to the CPU first (tensor.cpu())")
                 import torch
                 self.device = x.device.index if x.device.index is not None else torch.cuda.current_device()
-                self.stream = torch.cuda.current_stream(self.device).cuda_stream
+                self.stream = int(torch.cuda.current_stream(self.device).cuda_stream)
             elif x.device.type != "cpu":
                 kinds = "CPU and CUDA" if cuda else "CPU"
                 raise Error(f"erun.{what}: takes {kinds} tensors only (got a tensor on {x.device}); move it to "
@@ -146,11 +151,13 @@ def _reduce_op(op: Op) -> ReduceOp:
 
 
 def _copy(x: T) -> T:
-    if _is_tensor(x):
+    v: Any = x
+    if _is_tensor(v):
         import torch
-        return x.clone(memory_format=torch.contiguous_format)
-    if isinstance(x, np.ndarray):
-        return np.array(x, order="C", copy=True)
+        return cast(T, v.clone(memory_format=torch.contiguous_format))
+    if isinstance(v, np.ndarray):
+        out: Any = np.array(v, order="C", copy=True)
+        return cast(T, out)
     raise Error(f"erun: expected a torch.Tensor or numpy.ndarray, got {type(x).__name__}")
 
 
@@ -168,8 +175,11 @@ def init() -> None:
         sys.excepthook = _fatal_hook(sys.excepthook)
 
 
-def _fatal_hook(previous):
-    def hook(tp, value, tb):
+_ExceptHook = Callable[[Type[BaseException], BaseException, Optional[TracebackType]], Any]
+
+
+def _fatal_hook(previous: _ExceptHook) -> _ExceptHook:
+    def hook(tp: Type[BaseException], value: BaseException, tb: Optional[TracebackType]) -> None:
         previous(tp, value, tb)
         if issubclass(tp, (_erun.CommError, _erun.HostsUpdated, KeyboardInterrupt)):
             return
@@ -178,7 +188,7 @@ def _fatal_hook(previous):
             sys.stderr.flush()
         finally:
             os._exit(_erun.FATAL_EXIT_CODE)
-    hook._erun = True
+    setattr(hook, "_erun", True)
     return hook
 
 
@@ -192,43 +202,43 @@ def shutdown() -> None:
     _erun.shutdown()
 
 
-def _info() -> dict:
+def _info() -> Dict[str, Any]:
     return _erun.info()
 
 
 def rank() -> int:
     """This worker's rank in the current generation."""
-    return _info()["rank"]
+    return int(_info()["rank"])
 
 
 def size() -> int:
     """The number of ranks in the current generation."""
-    return _info()["size"]
+    return int(_info()["size"])
 
 
 def local_rank() -> int:
-    return _info()["local_rank"]
+    return int(_info()["local_rank"])
 
 
 def local_size() -> int:
-    return _info()["local_size"]
+    return int(_info()["local_size"])
 
 
 def cross_rank() -> int:
-    return _info()["cross_rank"]
+    return int(_info()["cross_rank"])
 
 
 def cross_size() -> int:
-    return _info()["cross_size"]
+    return int(_info()["cross_size"])
 
 
 def generation() -> int:
     """The generation (membership epoch) this worker is in; grows on every re-join."""
-    return _info()["generation"]
+    return int(_info()["generation"])
 
 
 def host() -> str:
-    return _info()["host"]
+    return str(_info()["host"])
 
 
 def elastic() -> bool:
@@ -243,14 +253,15 @@ def allreduce_(x: T, op: Op = Average) -> T:
     b = Buffer(x, "allreduce_", writable=True, cuda=True)
     rop = _reduce_op(op)
     if b.dtype in _HALF:
-        wide = x.float() if _is_tensor(x) else x.astype(np.float32)
+        v: Any = x
+        wide = v.float() if _is_tensor(v) else v.astype(np.float32)
         allreduce_(wide, rop)
-        if _is_tensor(x):
-            x.copy_(wide)
+        if _is_tensor(v):
+            v.copy_(wide)
         else:
-            x[...] = wide
+            v[...] = wide
         return x
-    if b.device is not None:
+    if b.device is not None and b.stream is not None:
         _erun.gpu_allreduce(b.ptr, b.count, b.dtype, rop, b.stream, b.device)
     else:
         _erun.allreduce(b.ptr, b.count, b.dtype, rop)
@@ -265,7 +276,7 @@ def allreduce(x: T, op: Op = Average) -> T:
 def broadcast_(x: T, root: int = 0) -> T:
     """Overwrites x on every rank with root's x (in place) and returns x."""
     b = Buffer(x, "broadcast_", writable=True, cuda=True)
-    if b.device is not None:
+    if b.device is not None and b.stream is not None:
         _erun.gpu_broadcast(b.ptr, b.nbytes, int(root), b.stream, b.device)
     else:
         _erun.broadcast(b.ptr, b.nbytes, int(root))
@@ -276,38 +287,41 @@ def allgather(x: T) -> T:
     """Concatenates every rank's x along the first dimension, by rank. The
     first dimension may differ between ranks; the others must match."""
     b = Buffer(x, "allgather", writable=False, cuda=True)
-    shape = tuple(x.shape)
+    v: Any = x
+    shape = tuple(v.shape)
     n = size()
     if len(shape) == 0:
-        x, shape = x.reshape(1), (1,)
+        v, shape = v.reshape(1), (1,)
     firsts = np.zeros(n, dtype=np.int64)
     mine = np.array([shape[0]], dtype=np.int64)
     _erun.allgather(mine.ctypes.data, firsts.ctypes.data, 8)
     rows = int(firsts.sum())
-    if _is_tensor(x):
+    out: Any
+    if _is_tensor(v):
         import torch
-        out = torch.empty((rows,) + shape[1:], dtype=x.dtype, device=x.device)
+        out = torch.empty((rows,) + shape[1:], dtype=v.dtype, device=v.device)
     else:
-        out = np.empty((rows,) + shape[1:], dtype=x.dtype)
-    if b.device is not None:
+        out = np.empty((rows,) + shape[1:], dtype=v.dtype)
+    if b.device is not None and b.stream is not None:
         if not (firsts == shape[0]).all():  # uneven rows: through the CPU
-            return allgather(x.cpu()).to(x.device)
+            return cast(T, allgather(v.cpu()).to(v.device))
         _erun.gpu_allgather(b.ptr, out.data_ptr(), b.nbytes, b.stream, b.device)
-        return out
+        return cast(T, out)
     if (firsts == shape[0]).all():
         _erun.allgather(b.ptr, Buffer(out, "allgather", True).ptr, b.nbytes)
-        return out
-    parts = _erun.allgatherv(bytes_of(x).tobytes())
+        return cast(T, out)
+    parts = _erun.allgatherv(bytes_of(v).tobytes())
     bytes_of(out)[:] = np.frombuffer(b"".join(parts), dtype=np.uint8)
-    return out
+    return cast(T, out)
 
 
 def bytes_of(x: Tensor) -> np.ndarray:
     """A flat uint8 numpy view of a contiguous CPU tensor or array. Package-internal."""
-    if _is_tensor(x):
+    v: Any = x
+    if _is_tensor(v):
         import torch
-        return x.reshape(-1).view(torch.uint8).numpy()
-    return x.reshape(-1).view(np.uint8)
+        return cast(np.ndarray, v.reshape(-1).view(torch.uint8).numpy())
+    return v.reshape(-1).view(np.uint8)  # type: ignore[no-any-return]
 
 
 def barrier() -> None:
@@ -325,6 +339,6 @@ def broadcast_object(obj: Any, root: int = 0) -> Any:
     return pickle.loads(buf.tobytes()) if rank() != root else obj
 
 
-def allgather_object(obj: Any) -> list:
+def allgather_object(obj: Any) -> List[Any]:
     """Returns the list of every rank's obj (pickled), by rank."""
     return [pickle.loads(p) for p in _erun.allgatherv(pickle.dumps(obj))]

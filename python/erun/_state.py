@@ -14,7 +14,7 @@ import contextvars
 import functools
 import os
 import pickle
-from typing import Any, Callable, Optional, Sequence, TypeVar, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar, Union
 
 from . import _core, _erun
 from ._erun import CommError, Error, HostsUpdated
@@ -32,6 +32,13 @@ class State:
     ``restore()`` returns to the last commit; ``sync()`` gives every rank the
     newest commit of any rank. commit/sync/check_host_updates are collective.
     """
+    _values: Dict[str, Any]
+    _c: _erun.State
+    _buffers: List[Any]
+    _reset_callbacks: List[Callable[[int, int], Any]]
+    _sync_callbacks: List[Callable[[], Any]]
+    _rejoin_callbacks: List[Callable[[], Any]]
+    _peer_loss_checks: List[Callable[[BaseException], bool]]
 
     def __init__(self, **values: Any) -> None:
         _core.init()
@@ -115,7 +122,7 @@ class State:
     def commit_id(self) -> int:
         return self._c.commit_id
 
-    def set_checkpoint_dir(self, path: Union[str, os.PathLike]) -> None:
+    def set_checkpoint_dir(self, path: Union[str, "os.PathLike[str]"]) -> None:
         """Durable commits: rank 0 writes each commit to PATH/erun-state.bin; a
         valid file there is loaded. Call after registering every entry."""
         self._c.set_checkpoint_dir(str(path))
@@ -172,7 +179,7 @@ def running_state() -> Optional[State]:
     return _running.get()
 
 
-def _loop(fn: Callable[..., Any], state: State, args: tuple, kwargs: dict) -> Any:
+def _loop(fn: Callable[..., Any], state: State, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
     if not isinstance(state, State):
         raise Error(f"erun.run: the function's first argument must be an erun.State, got {type(state).__name__}")
     while True:

@@ -362,11 +362,11 @@ PYBIND11_MODULE(_erun, m) {
                   std::to_string(c.size()));
     }
     blocking(c, [&] { c.broadcast(address(data), bytes, root); });
-  });
+  }, py::arg("data"), py::arg("nbytes"), py::arg("root"));
   m.def("allgather", [](uintptr_t in, uintptr_t out, size_t bytes) {
     Communicator& c = ctx().comm();
     blocking(c, [&] { c.allgather(address(in), address(out), bytes); });
-  });
+  }, py::arg("data"), py::arg("out"), py::arg("nbytes"));
   m.def("allgatherv", [](py::bytes in) {
     std::string s = in;
     Communicator& c = ctx().comm();
@@ -375,7 +375,7 @@ PYBIND11_MODULE(_erun, m) {
     py::list out;
     for (auto& p : parts) out.append(py::bytes(p.data(), p.size()));
     return out;
-  });
+  }, py::arg("data"));
   m.def("barrier", [] {
     Communicator& c = ctx().comm();
     blocking(c, [&] { c.barrier(); });
@@ -394,23 +394,24 @@ PYBIND11_MODULE(_erun, m) {
   m.def("gpu_broadcast", [](uintptr_t data, size_t bytes, int root, uintptr_t stream, int device) {
     GpuCommunicator& g = gpu_on(device);
     gpu_blocking(g, [&] { g.broadcast(address(data), bytes, root, stream_of(stream)); });
-  });
+  }, py::arg("data"), py::arg("nbytes"), py::arg("root"), py::arg("stream"), py::arg("device"));
   m.def("gpu_allgather", [](uintptr_t in, uintptr_t out, size_t bytes, uintptr_t stream, int device) {
     GpuCommunicator& g = gpu_on(device);
     gpu_blocking(g, [&] { g.allgather(address(in), address(out), bytes, stream_of(stream)); });
-  });
-  m.def("gpu_backend", [](int device) { return std::string(to_string(gpu_on(device).backend())); });
+  }, py::arg("data"), py::arg("out"), py::arg("nbytes"), py::arg("stream"), py::arg("device"));
+  m.def("gpu_backend", [](int device) { return std::string(to_string(gpu_on(device).backend())); },
+        py::arg("device"));
 
   py::class_<PyState>(m, "State")
       .def(py::init<>())
-      .def("register_buffer", &PyState::register_buffer)
-      .def("register_callbacks", &PyState::register_callbacks)
+      .def("register_buffer", &PyState::register_buffer, py::arg("name"), py::arg("data"), py::arg("nbytes"))
+      .def("register_callbacks", &PyState::register_callbacks, py::arg("name"), py::arg("save"), py::arg("load"))
       .def("commit", &PyState::commit)
       .def("restore", &PyState::restore)
       .def("sync", &PyState::sync)
       .def("check_host_updates", &PyState::check_host_updates)
-      .def("set_checkpoint_dir", &PyState::set_checkpoint_dir)
-      .def("rejoin", &PyState::rejoin)
+      .def("set_checkpoint_dir", &PyState::set_checkpoint_dir, py::arg("path"))
+      .def("rejoin", &PyState::rejoin, py::arg("comm_error"), py::arg("what"))
       .def("take_reset", &PyState::take_reset)
       .def_property_readonly("commit_id", &PyState::commit_id);
 
@@ -418,13 +419,13 @@ PYBIND11_MODULE(_erun, m) {
       .def(py::init<size_t, uint64_t, bool>(), py::arg("num_samples"), py::arg("seed"), py::arg("shuffle") = true)
       // The State keeps the sampler alive: its entry points at it.
       .def("register_with", [](ElasticSampler& s, PyState& st, const std::string& name) { s.register_with(st.state(), name); },
-           py::keep_alive<2, 1>())
-      .def("reset", &ElasticSampler::reset)
-      .def("set_epoch", &ElasticSampler::set_epoch)
+           py::keep_alive<2, 1>(), py::arg("state"), py::arg("name"))
+      .def("reset", &ElasticSampler::reset, py::arg("rank"), py::arg("size"))
+      .def("set_epoch", &ElasticSampler::set_epoch, py::arg("epoch"))
       .def_property_readonly("epoch", &ElasticSampler::epoch)
       .def("indices", &ElasticSampler::indices)
-      .def("next_batch", &ElasticSampler::next_batch)
-      .def("record_batch", &ElasticSampler::record_batch)
+      .def("next_batch", &ElasticSampler::next_batch, py::arg("global_batch"))
+      .def("record_batch", &ElasticSampler::record_batch, py::arg("global_batch"))
       .def_property_readonly("remaining", &ElasticSampler::remaining)
       .def_property_readonly("processed", &ElasticSampler::processed);
 }

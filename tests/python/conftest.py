@@ -15,7 +15,9 @@ import pytest
 
 SOURCE = pathlib.Path(__file__).resolve().parents[2]
 BUILD = pathlib.Path(os.environ.get("ERUN_BUILD_DIR", SOURCE / "build"))
-ERUN = BUILD / "src" / "runner" / "erun"
+# The launcher: the build's, or ERUN_BIN (the pip-installed one of the venv pass,
+# tests/CMakeLists.txt's pytorch_latest_* tests).
+ERUN = pathlib.Path(os.environ.get("ERUN_BIN", BUILD / "src" / "runner" / "erun"))
 WORKERS = pathlib.Path(__file__).resolve().parent / "workers"
 # The workers' interpreter: Debian's python3, or ERUN_TEST_PYTHON (scripts/gpu_tests.sh
 # passes the one whose torch has CUDA).
