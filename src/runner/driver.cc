@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <random>
 #include <set>
 #include <sstream>
@@ -138,6 +139,29 @@ void Driver::set_discovered(HostSet hosts) {
   }
 }
 
+// What torchrun sets beyond the topology: node numbers and thread count.
+// GROUP_RANK is the host's index among the plan's hosts and GROUP_WORLD_SIZE
+// their number (the cross rank, which topology_env gives, differs from the
+// host's index where hosts have unequal slots: on a:2,b:4, b's local ranks 2
+// and 3 are cross rank 0). OMP_NUM_THREADS=1 where a host runs several
+// workers and neither erun's environment nor -x sets it, as torchrun does, so
+// that each torch worker does not start one thread per core.
+void Driver::torchrun_node_env(std::vector<std::pair<std::string, std::string>>& env,
+                               const RankAssignment& a) const {
+  auto hosts = plan_.hosts();
+  auto at = std::find(hosts.begin(), hosts.end(), a.slot.host);
+  if (at != hosts.end()) {
+    for (auto& [k, v] : env) {
+      if (k == "GROUP_RANK") v = std::to_string(at - hosts.begin());
+    }
+    env.emplace_back("GROUP_WORLD_SIZE", std::to_string(hosts.size()));
+  }
+  env.emplace_back("ROLE_NAME", "default");
+  bool user_set = std::getenv("OMP_NUM_THREADS") != nullptr;
+  for (auto& e : o_.env) user_set = user_set || e.rfind("OMP_NUM_THREADS=", 0) == 0;
+  if (a.local_size > 1 && !user_set) env.emplace_back("OMP_NUM_THREADS", "1");
+}
+
 std::vector<std::pair<std::string, std::string>> Driver::worker_env(const RankAssignment& a,
                                                                     const std::string& master_addr,
                                                                     int master_port) const {
@@ -146,6 +170,7 @@ std::vector<std::pair<std::string, std::string>> Driver::worker_env(const RankAs
   Topology t = a;
   t.generation = generation_;
   env = topology_env(t);
+  torchrun_node_env(env, a);
   put("ERUN_HOSTNAME", a.slot.host);
   put("ERUN_LOCAL_INDEX", a.slot.local_index);
   put("ERUN_JOB_ID", d_.job_id);

@@ -249,6 +249,7 @@ class Driver {
   // The plan of a recent generation (reports name ranks of the generation the
   // reporter left), or null.
   const Plan* plan_of(long generation) const;
+  void torchrun_node_env(std::vector<std::pair<std::string, std::string>>& env, const RankAssignment& a) const;
   std::vector<std::pair<std::string, std::string>> worker_env(const RankAssignment& a,
                                                                const std::string& master_addr,
                                                                int master_port) const;

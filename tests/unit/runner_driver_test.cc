@@ -91,6 +91,69 @@ TEST_F(DriverTest, StaticJobLaunchesRanksWithTorchrunEnvAndSucceeds) {
   EXPECT_EQ(steps(1), 0);
 }
 
+TEST_F(DriverTest, NodeNumbersAreTheHostsIndexesAsTorchrunGivesThem) {
+  // Unequal slots: the cross rank of b's local ranks 2 and 3 is 0, but
+  // torchrun-style programs read GROUP_RANK as the node's index.
+  discovery.set(HostSet({{"a", 2}, {"b", 4}}));
+  DriverOptions o;
+  o.np = o.min_np = o.max_np = 6;
+  make(o);
+  ASSERT_TRUE(driver->start());
+  EXPECT_FALSE(steps(1));
+  ASSERT_EQ(launcher.running().size(), 6u);
+  for (int r = 0; r < 6; ++r) {
+    auto w = launcher.running_rank(r);
+    ASSERT_TRUE(w);
+    auto env = env_of(*w);
+    std::string host = w->spec.host;
+    EXPECT_EQ(env["GROUP_RANK"], host == "a" ? "0" : "1") << r;
+    EXPECT_EQ(env["GROUP_WORLD_SIZE"], "2");
+    EXPECT_EQ(env["LOCAL_WORLD_SIZE"], host == "a" ? "2" : "4");
+    EXPECT_EQ(env["ROLE_NAME"], "default");
+    if (::getenv("OMP_NUM_THREADS") == nullptr) EXPECT_EQ(env["OMP_NUM_THREADS"], "1");
+  }
+}
+
+TEST_F(DriverTest, OmpThreadsComeFromTheUserWhenGivenWithX) {
+  discovery.set(HostSet({{"a", 1}, {"b", 2}}));
+  DriverOptions o;
+  o.np = o.min_np = o.max_np = 3;
+  o.env = {"OMP_NUM_THREADS=3"};
+  make(o);
+  ASSERT_TRUE(driver->start());
+  EXPECT_FALSE(steps(1));
+  ASSERT_EQ(launcher.running().size(), 3u);
+  for (auto& w : launcher.running()) {
+    int n = 0;
+    for (auto& [k, v] : w->spec.env) {
+      if (k == "OMP_NUM_THREADS") {
+        ++n;
+        EXPECT_EQ(v, "3");
+      }
+    }
+    EXPECT_EQ(n, 1) << w->spec.host;
+  }
+}
+
+TEST_F(DriverTest, OmpThreadsAreOneOnlyWhereAHostRunsSeveralWorkers) {
+  if (::getenv("OMP_NUM_THREADS") != nullptr) GTEST_SKIP() << "OMP_NUM_THREADS is set in the test's environment";
+  discovery.set(HostSet({{"a", 1}, {"b", 2}}));
+  DriverOptions o;
+  o.np = o.min_np = o.max_np = 3;
+  make(o);
+  ASSERT_TRUE(driver->start());
+  EXPECT_FALSE(steps(1));
+  ASSERT_EQ(launcher.running().size(), 3u);
+  for (auto& w : launcher.running()) {
+    auto env = env_of(*w);
+    if (w->spec.host == "a") {
+      EXPECT_EQ(env.count("OMP_NUM_THREADS"), 0u) << "a runs one worker";
+    } else {
+      EXPECT_EQ(env["OMP_NUM_THREADS"], "1");
+    }
+  }
+}
+
 TEST_F(DriverTest, NonElasticFailureEndsWithTheWorkersExitCode) {
   discovery.set(HostSet({{"localhost", 2}}));
   DriverOptions o;
