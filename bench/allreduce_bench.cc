@@ -25,7 +25,6 @@ static int rank_main(const std::string& dir, int rank, int np, const std::vector
   o.rank = rank;
   o.size = np;
   o.timeout = std::chrono::seconds(120);
-  o.prefix = "bench";
   auto comm = make_gloo_communicator(store, o);
   for (size_t bytes : sizes) {
     std::vector<float> v(bytes / sizeof(float), 1.0f);

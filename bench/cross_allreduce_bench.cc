@@ -68,7 +68,6 @@ std::unique_ptr<Communicator> make(const std::string& backend, KvStore& store, i
     o.size = np;
     o.timeout = timeout;
     o.hostname = host_address(rank);
-    o.prefix = "bench";
     return make_gloo_communicator(store, o);
   }
   if (backend == "tcp" || backend == "tcp-thread") {
@@ -77,7 +76,6 @@ std::unique_ptr<Communicator> make(const std::string& backend, KvStore& store, i
     o.size = np;
     o.timeout = timeout;
     o.address = host_address(rank);
-    o.prefix = "bench";
     o.job_id = "bench";
     o.secret = secret;
     // Every "host" of this benchmark is this machine; tcp-thread claims a
@@ -95,7 +93,6 @@ std::unique_ptr<Communicator> make(const std::string& backend, KvStore& store, i
   o.cross_size = np / 2;
   o.timeout = timeout;
   o.hostname = host_address(rank / 2);
-  o.prefix = "bench";
   o.segment_tag = "xbench" + std::to_string(::getppid());
   o.cross = backend == "hier-gloo" ? CrossTransport::kGloo : CrossTransport::kTcp;
   if (backend == "hier-tcp-serial") o.pipeline = HierPipeline::kOff;

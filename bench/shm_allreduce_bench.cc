@@ -37,7 +37,6 @@ std::unique_ptr<Communicator> make(const std::string& backend, KvStore& store, i
     o.rank = rank;
     o.size = np;
     o.timeout = timeout;
-    o.prefix = "bench";
     return make_gloo_communicator(store, o);
   }
   if (backend == "hier") {
@@ -47,14 +46,12 @@ std::unique_ptr<Communicator> make(const std::string& backend, KvStore& store, i
     o.cross_rank = 0;
     o.cross_size = 1;
     o.timeout = timeout;
-    o.prefix = "bench";
     return make_hierarchical_communicator(store, o);
   }
   ShmOptions o;
   o.rank = rank;
   o.size = np;
   o.timeout = timeout;
-  o.prefix = "bench";
   o.segment_tag = "bench";
   if (g_step) o.step_bytes = g_step;
   if (g_small) o.small_bytes = g_small;

@@ -37,11 +37,12 @@ uint64_t get_u64(const std::vector<char>& in, size_t& pos) {
 }
 
 // The communicator among one rank per host: rank/size as given, listening on
-// the host's address; its keys under "gloo" or "tcp" (their options' default
-// prefixes) in `store`, a view the caller scoped.
+// the host's address; its keys under "gloo/" or "tcp/" in `store`, a view the
+// caller scoped.
 std::unique_ptr<Communicator> make_cross(KvStore& store, const HierOptions& o, int rank, int size) {
   const std::string& address = o.address.empty() ? o.hostname : o.address;
   if (o.cross == CrossTransport::kGloo) {
+    PrefixStore gloo_scope(store, "gloo");
     GlooOptions go;
     go.rank = rank;
     go.size = size;
@@ -49,8 +50,9 @@ std::unique_ptr<Communicator> make_cross(KvStore& store, const HierOptions& o, i
     go.connect_timeout = o.connect_timeout;
     go.store_timeout = o.connect_timeout;
     go.hostname = address;
-    return make_gloo_communicator(store, go);
+    return make_gloo_communicator(gloo_scope, go);
   }
+  PrefixStore tcp_scope(store, "tcp");
   TcpOptions to;
   to.rank = rank;
   to.size = size;
@@ -62,7 +64,7 @@ std::unique_ptr<Communicator> make_cross(KvStore& store, const HierOptions& o, i
   to.generation = o.generation;
   to.cancelled = o.cancelled;
   to.machine_ranks = o.local_size;
-  return make_tcp_communicator(store, to);
+  return make_tcp_communicator(tcp_scope, to);
 }
 
 // A failure of the leaders' communicator, its failed rank already global.
@@ -155,23 +157,22 @@ class HierCommunicator final : public Communicator {
   HierCommunicator(KvStore& store, const HierOptions& o) : o_(o) {
     ERUN_CHECK(o.size >= 1 && o.rank >= 0 && o.rank < o.size);
     ERUN_CHECK(o.local_size >= 1 && o.local_rank >= 0 && o.local_rank < o.local_size);
-    // Keys: <prefix>/host/<hostname>/shm/... for each host's segment,
-    // <prefix>/cross/tcp/... (or gloo/) for the leaders' mesh.
-    PrefixStore scope(store, o.prefix);
+    // Keys in `store` (a view the caller scoped): host/<hostname>/shm/... for
+    // each host's segment, cross/tcp/... (or gloo/) for the leaders' mesh.
     ShmOptions so;
     so.rank = o.local_rank;
     so.size = o.local_size;
     so.timeout = o.timeout;
-    so.segment_tag = o.segment_tag.empty() ? o.prefix : o.segment_tag;
+    so.segment_tag = o.segment_tag;
     so.cancelled = o.cancelled;
     so.outside_work =
         "its cross-host step as this host's leader: a remote host is not answering or is slow (the leader's own "
         "error says which)";
-    PrefixStore host_scope(scope, "host/" + o.hostname);
+    PrefixStore host_scope(store, "host/" + o.hostname + "/shm");
     local_ = make_shm_communicator(host_scope, so);
     if (leader()) {
       ERUN_CHECK(o.cross_size >= 1 && o.cross_rank >= 0 && o.cross_rank < o.cross_size);
-      PrefixStore cross_scope(scope, "cross");
+      PrefixStore cross_scope(store, "cross");
       guarded([&] { across_hosts([&] { cross_ = make_cross(cross_scope, o, o.cross_rank, o.cross_size); }); });
     }
     // Where every rank lives: its host's index and its local rank there; and
@@ -451,17 +452,17 @@ class HierCommunicator final : public Communicator {
 }  // namespace
 
 std::unique_ptr<Communicator> make_hierarchical_communicator(KvStore& store, const HierOptions& o) {
-  PrefixStore scope(store, o.prefix);
   if (o.local_size == o.size) {
     ShmOptions so;
     so.rank = o.rank;
     so.size = o.size;
     so.timeout = o.timeout;
-    so.segment_tag = o.segment_tag.empty() ? o.prefix : o.segment_tag;
+    so.segment_tag = o.segment_tag;
     so.cancelled = o.cancelled;
-    return make_shm_communicator(scope, so);
+    PrefixStore shm_scope(store, "shm");
+    return make_shm_communicator(shm_scope, so);
   }
-  if (o.local_size == 1 && o.cross_size == o.size) return make_cross(scope, o, o.rank, o.size);
+  if (o.local_size == 1 && o.cross_size == o.size) return make_cross(store, o, o.rank, o.size);
   return std::make_unique<HierCommunicator>(store, o);
 }
 

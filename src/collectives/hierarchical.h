@@ -56,10 +56,8 @@ struct HierOptions : Topology {
   // every rank.
   HierPipeline pipeline = HierPipeline::kAuto;
   size_t pipeline_bytes = size_t{1} << 20;
-  // Scopes the store keys (and names the shm segments), e.g. "gen3".
-  std::string prefix = "coll";
-  // Goes into shm segment names; empty: derived from `prefix`.
-  std::string segment_tag;
+  // Goes into shm segment names.
+  std::string segment_tag = "coll";
 };
 
 // One host (local_size == size): a plain shm communicator. One rank on every

@@ -303,9 +303,9 @@ class ElasticContext final : public Context {
     h.cancelled = [this, gen] { return client_.hosts_updated() || client_.peers_lost_generation() == gen; };
     h.hostname = o_.host;
     h.address = o_.advertise;
-    h.prefix = "coll";
     h.segment_tag = fmt::format("{}-g{}", o_.job_id, gen);
-    auto comm = make_hierarchical_communicator(client_.store(), h);
+    PrefixStore coll(client_.store(), "coll");
+    auto comm = make_hierarchical_communicator(coll, h);
     // A PEERS_LOST for this generation that arrived while it formed found no
     // communicator to abort: abort it now.
     std::lock_guard<std::mutex> lock(comm_mu_);

@@ -208,7 +208,6 @@ struct GpuCommunicator::Impl {
       o.size = ctx.size();
       o.device = dev;
       o.timeout = timeout;
-      o.prefix = fmt::format("gen{}", gen);
       std::unique_ptr<NcclCommunicator> comm = shrink_kept(gpu_plan::plan_shrink(ids), o, cpu, tag);
       if (!comm) comm = init_nccl(o, cpu, tag);
       std::lock_guard<std::mutex> lock(mu);

@@ -23,6 +23,7 @@
 #include <thread>
 
 #include "store/file_store.h"
+#include "store/prefix_store.h"
 #include "common/check.h"
 #include "collectives/gloo/gloo_communicator.h"
 #include "collectives/tcp/tcp_communicator.h"
@@ -61,22 +62,21 @@ constexpr int kOtherError = 11;
 enum class Transport { kTcp, kGloo };
 
 // The communicators as the in-process tests make them (support/rank_threads.h),
-// with this test's timeouts and store prefix.
+// with this test's timeouts, their keys under `prefix` in `store`.
 std::unique_ptr<Communicator> make_comm(Transport t, KvStore& store, int rank, int size, Duration timeout,
                                         const std::string& prefix, Duration connect_timeout = Duration{0}) {
+  PrefixStore scoped(store, prefix);
   if (t == Transport::kGloo) {
     GlooOptions o = testing::gloo_options(rank, size);
     o.timeout = timeout;
     o.connect_timeout = connect_timeout;
-    o.prefix = prefix;
-    return make_gloo_communicator(store, o);
+    return make_gloo_communicator(scoped, o);
   }
   TcpOptions o = testing::tcp_options(rank, size);
   o.timeout = timeout;
   o.connect_timeout = connect_timeout;
-  o.prefix = prefix;
   o.generation = 1;
-  return make_tcp_communicator(store, o);
+  return make_tcp_communicator(scoped, o);
 }
 
 // A rank: builds its communicator, writes "<dir>/running.<rank>" after a few

@@ -59,7 +59,6 @@ int main(int argc, char** argv) {
     o.rank = rank;
     o.size = np;
     o.timeout = std::chrono::seconds(120);
-    o.prefix = "bench";
     auto gloo = make_gloo_communicator(store, o);
     for (size_t bytes : sizes) {
       for (auto [name, comm] : {std::pair<const char*, Communicator*>{"mpi", mpi.get()}, {"gloo", gloo.get()}}) {

@@ -188,20 +188,19 @@ inline std::string run_comms_errors(const Backend& backend, int n,
   return errors;
 }
 
-// Each backend's options, as its own tests set them: rank, size, a 60 s
-// timeout and the store prefix, plus what the backend needs.
+// Each backend's options, as its own tests set them: rank, size and a 60 s
+// timeout, plus what the backend needs.
 template <typename Options>
-Options rank_options(int rank, int size, const char* prefix) {
+Options rank_options(int rank, int size) {
   Options o;
   o.rank = rank;
   o.size = size;
   o.timeout = std::chrono::seconds(60);
-  o.prefix = prefix;
   return o;
 }
 
 inline ShmOptions shm_options(int rank, int size) {
-  auto o = rank_options<ShmOptions>(rank, size, "shm");
+  auto o = rank_options<ShmOptions>(rank, size);
   o.segment_tag = "ranktest" + std::to_string(::getpid());
   return o;
 }
@@ -209,7 +208,7 @@ inline ShmOptions shm_options(int rank, int size) {
 inline std::string loopback_address(int index) { return "127.0.0." + std::to_string(2 + index); }
 
 inline TcpOptions tcp_options(int rank, int size) {
-  auto o = rank_options<TcpOptions>(rank, size, "tcp");
+  auto o = rank_options<TcpOptions>(rank, size);
   o.address = loopback_address(rank);
   o.job_id = "job-rank-threads";
   o.secret = "rank-threads-secret-0123456789abcdef";
@@ -217,12 +216,12 @@ inline TcpOptions tcp_options(int rank, int size) {
   return o;
 }
 
-inline GlooOptions gloo_options(int rank, int size) { return rank_options<GlooOptions>(rank, size, "gloo"); }
+inline GlooOptions gloo_options(int rank, int size) { return rank_options<GlooOptions>(rank, size); }
 
 // Ranks interleaved over `hosts` loopback hosts: rank r on host r % hosts,
 // local rank r / hosts; local and cross ranks as Horovod defines them.
 inline HierOptions hier_options(int rank, int size, int hosts) {
-  auto o = rank_options<HierOptions>(rank, size, "hier");
+  auto o = rank_options<HierOptions>(rank, size);
   o.local_rank = rank / hosts;
   o.local_size = 0;
   o.cross_rank = rank % hosts;

@@ -22,12 +22,11 @@ namespace {
 
 using namespace std::chrono_literals;
 
-GlooOptions options(int rank, int size, Duration timeout = 60s, std::string prefix = "t") {
+GlooOptions options(int rank, int size, Duration timeout = 60s) {
   GlooOptions o;
   o.rank = rank;
   o.size = size;
   o.timeout = timeout;
-  o.prefix = std::move(prefix);
   return o;
 }
 

@@ -52,7 +52,6 @@ std::vector<HierOptions> layout(const std::vector<Place>& places, Duration timeo
     }
     o.timeout = timeout;
     o.hostname = "127.0.0." + std::to_string(places[r].host + 1);
-    o.prefix = "hier";
     o.job_id = "hier-test";
     o.secret = "hier-test-secret";
     o.segment_tag = "hiertest" + std::to_string(::getpid());

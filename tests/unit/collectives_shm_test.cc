@@ -74,12 +74,11 @@ struct Staging {
 const Staging kDefault{"default", size_t{1} << 20, size_t{32} << 10};
 const Staging kTiny{"tiny", 4096, 128};
 
-ShmOptions options(int rank, int size, Duration timeout = 60s, Staging st = kDefault, std::string prefix = "t") {
+ShmOptions options(int rank, int size, Duration timeout = 60s, Staging st = kDefault) {
   ShmOptions o;
   o.rank = rank;
   o.size = size;
   o.timeout = timeout;
-  o.prefix = std::move(prefix);
   o.segment_tag = g_tag;
   o.step_bytes = st.step_bytes;
   o.small_bytes = st.small_bytes;
@@ -654,7 +653,7 @@ TEST(ShmCommunicator, ASegmentOthersCouldReadIsRefused) {
   ASSERT_EQ(::ftruncate(fd, 1 << 16), 0);
   ::close(fd);
   std::string record = name + " 0";
-  store.set("t/segment", std::vector<char>(record.begin(), record.end()));
+  store.set("segment", std::vector<char>(record.begin(), record.end()));
   try {
     make_shm_communicator(store, options(1, 2, 2s));
     ADD_FAILURE() << "a planted segment was accepted";

@@ -52,7 +52,6 @@ TcpOptions options(int rank, int size, Duration timeout = 60s) {
   o.size = size;
   o.timeout = timeout;
   o.address = address_of(rank);
-  o.prefix = "t";
   o.job_id = kJob;
   o.secret = kSecret;
   o.generation = 3;
@@ -635,7 +634,7 @@ struct AgainstFake {
   int fd = -1;
   AgainstFake() {
     std::thread t([&] {
-      auto v = store.get("t/addr/0", 10s);
+      auto v = store.get("addr/0", 10s);
       fd = fake_peer(std::string(v.begin(), v.end()), 1, 0, kSecret, 3);
     });
     TcpOptions o = options(0, 2, 3s);
@@ -719,7 +718,7 @@ TEST(TcpCommunicator, StrangersOnThePairPortAreClosedAndTheJobGoesOn) {
   int wrong_secret = -2, old_generation = -2, wrong_rank = -2;
   std::string garbage_reply = "unset";
   std::thread attacker([&] {
-    auto v = store.get("t/addr/0", 10s);
+    auto v = store.get("addr/0", 10s);
     std::string addr(v.begin(), v.end());
     for (int i = 0; i < 20; ++i) held.push_back(connect_to(addr));  // silent, held open
     int g = connect_to(addr);

@@ -17,6 +17,7 @@
 #include "collectives/gloo/gloo_communicator.h"
 #include "erun/erun.hpp"
 #include "store/memory_store.h"
+#include "store/prefix_store.h"
 
 #if ERUN_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -42,8 +43,8 @@ class ThreadContext final : public Context {
     g.rank = info_.rank;
     g.size = info_.size;
     g.timeout = timeout_;
-    g.prefix = "gen" + std::to_string(info_.generation);
-    comm_ = make_gloo_communicator(store, g);
+    PrefixStore scoped(store, "gen" + std::to_string(info_.generation));
+    comm_ = make_gloo_communicator(scoped, g);
   }
   // Every rank of the generation is past its last operation (an out-of-band
   // barrier through the store), then the old communicators are aborted.

@@ -36,31 +36,23 @@ Millis to_millis(Duration d) {
   return std::max(Millis(1), std::chrono::duration_cast<Millis>(d));
 }
 
-// gloo::rendezvous::Store over an erun KvStore, keys scoped by a prefix.
+// gloo::rendezvous::Store over an erun KvStore (a view the caller scoped).
 class StoreAdapter final : public gloo::rendezvous::Store {
  public:
-  StoreAdapter(KvStore& store, std::string prefix, Duration timeout)
-      : store_(store), prefix_(std::move(prefix)), timeout_(timeout) {}
+  StoreAdapter(KvStore& store, Duration timeout) : store_(store), timeout_(timeout) {}
 
-  void set(const std::string& key, const std::vector<char>& data) override {
-    store_.set(scoped(key), data);
-  }
-  std::vector<char> get(const std::string& key) override {
-    return store_.get(scoped(key), timeout_);
-  }
+  void set(const std::string& key, const std::vector<char>& data) override { store_.set(key, data); }
+  std::vector<char> get(const std::string& key) override { return store_.get(key, timeout_); }
   void wait(const std::vector<std::string>& keys) override { wait(keys, to_millis(timeout_)); }
   void wait(const std::vector<std::string>& keys, const Millis& timeout) override {
     // The store wait has its own bound (GlooOptions::store_timeout), which may
     // be longer than the context's connect timeout gloo passes in.
     (void)timeout;
-    for (auto& key : keys) store_.get(scoped(key), timeout_);
+    for (auto& key : keys) store_.get(key, timeout_);
   }
 
  private:
-  std::string scoped(const std::string& key) const { return prefix_ + "/" + key; }
-
   KvStore& store_;
-  const std::string prefix_;
   const Duration timeout_;
 };
 
@@ -106,7 +98,7 @@ class GlooCommunicator final : public Communicator {
       device_ = gloo::transport::tcp::CreateDevice(attr);
       auto context = std::make_shared<gloo::rendezvous::Context>(o.rank, o.size);
       context->setTimeout(o.connect_timeout.count() > 0 ? to_millis(o.connect_timeout) : timeout_);
-      StoreAdapter adapter(store, o.prefix, o.store_timeout.count() > 0 ? o.store_timeout : o.timeout);
+      StoreAdapter adapter(store, o.store_timeout.count() > 0 ? o.store_timeout : o.timeout);
       context->connectFullMesh(adapter, device_);
       context_ = std::move(context);
     });
@@ -255,7 +247,7 @@ class GlooCommunicator final : public Communicator {
 
   [[noreturn]] void fail(const char* what, const std::string& cause) const {
     throw CommError("gloo " + std::string(what) + " failed on rank " + std::to_string(rank()) + " of " +
-                    std::to_string(size()) + " (prefix '" + options_.prefix + "', timeout " +
+                    std::to_string(size()) + " (timeout " +
                     std::to_string(timeout_.count()) + " ms): " + cause +
                     "; rebuild the communicator (restore and re-join)");
   }

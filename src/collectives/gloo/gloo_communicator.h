@@ -1,6 +1,7 @@
 // GlooCommunicator: the CPU Communicator of one generation, Gloo over TCP.
 // Built by every rank of the generation at once (construction is itself
-// collective: it exchanges pair addresses through the KvStore under `prefix`
+// collective: it exchanges pair addresses through the KvStore it is given, a
+// view the caller scopes (PrefixStore)
 // and connects a full mesh, bounded by `timeout`). Operations run on the
 // caller's thread, one at a time; abort() may be called from any other thread.
 // Every failure (peer reset, timeout, abort, store timeout) is a CommError that
@@ -29,8 +30,6 @@ struct GlooOptions {
   Duration connect_timeout{0};
   // The address peers reach this rank at: a hostname or IP of this host.
   std::string hostname = "127.0.0.1";
-  // Scopes the store keys, e.g. "gen3/gloo"; ranks of one communicator share it.
-  std::string prefix = "gloo";
 };
 
 // Reductions: float types exactly as IEEE arithmetic gives them; integer kSum and

@@ -74,7 +74,7 @@ NcclId nccl_unique_id() {
 
 NcclId NcclCommunicator::exchange_id(KvStore& store, const NcclOptions& o) {
   ERUN_CHECK(o.size >= 1 && o.rank >= 0 && o.rank < o.size);
-  const std::string key = o.prefix + "/nccl_unique_id";
+  const std::string key = "nccl_unique_id";
   if (o.rank == 0) {
     NcclId id = nccl_unique_id();
     store.set(key, std::vector<char>(id.begin(), id.end()));
@@ -287,8 +287,7 @@ void NcclCommunicator::allgather(const void* in, void* out, size_t bytes, cudaSt
 
 void NcclCommunicator::fail(const char* what, const std::string& cause) {
   throw CommError("nccl " + std::string(what) + " failed on rank " + std::to_string(rank()) + " of " +
-                  std::to_string(size()) + " (device " + std::to_string(options_.device) + ", prefix '" +
-                  options_.prefix + "'): " + cause + "; rebuild the communicator (restore and re-join)");
+                  std::to_string(size()) + " (device " + std::to_string(options_.device) + "): " + cause + "; rebuild the communicator (restore and re-join)");
 }
 
 }  // namespace erun

@@ -1,6 +1,7 @@
 // NcclCommunicator: collectives on GPU buffers among the ranks of one
 // generation, one GPU per rank. Construction is collective: rank 0 creates the
-// NCCL unique id and shares it, either through the KvStore under `prefix` or
+// NCCL unique id and shares it, either through the KvStore it is given (a view
+// the caller scopes; key "nccl_unique_id") or
 // by the caller (erun's GpuCommunicator broadcasts it over the generation's
 // CPU communicator, i.e. the rendezvous-built mesh or MPI); init is
 // nonblocking (config.blocking = 0) and bounded by `timeout`. Operations are enqueued on the caller's
@@ -41,7 +42,6 @@ struct NcclOptions {
   int size = 1;
   int device = 0;  // CUDA device of this rank
   Duration timeout = std::chrono::seconds(60);
-  std::string prefix = "nccl";
 };
 
 class NcclCommunicator {

@@ -503,14 +503,14 @@ class SegmentCommunicator final : public ShmCommunicator {
     peer(0).pid.store(::getpid(), std::memory_order_release);
     h->attached.store(1, std::memory_order_release);
     std::string value = name_ + " " + hex(nonce);
-    store.set(options_.prefix + "/segment", std::vector<char>(value.begin(), value.end()));
+    store.set("segment", std::vector<char>(value.begin(), value.end()));
   }
 
   void open(KvStore& store, UnlinkGuard& guard) {
     auto remaining = std::max(Duration::zero(), deadline_ - std::chrono::steady_clock::now());
     std::vector<char> raw;
     try {
-      raw = store.get(options_.prefix + "/segment", remaining);
+      raw = store.get("segment", remaining);
     } catch (const CommError& e) {
       fail("connect", std::string("rank 0 did not publish the segment name: ") + e.what(), false);
     }

@@ -1,7 +1,8 @@
 // ShmCommunicator: the CPU Communicator among ranks that all run on one host,
 // through one POSIX shared-memory segment. Construction is collective: rank 0
 // creates the segment (O_EXCL, 0600, a random name), publishes its name in the
-// KvStore under `prefix`, the others map it, and it is unlinked as soon as all
+// KvStore it is given (a view the caller scopes, e.g. PrefixStore(store,
+// "gen3/shm"): its key is "segment"), the others map it, and it is unlinked as soon as all
 // have mapped it, so nothing is left in /dev/shm even after a crash. Operations
 // run on the caller's thread, one at a time; abort() may be called from any
 // thread and fails every rank's pending and later operations. A dead peer
@@ -31,8 +32,6 @@ struct ShmOptions {
   int size = 1;
   // Bounds construction and every operation.
   Duration timeout = std::chrono::seconds(30);
-  // Scopes the store keys, e.g. "gen3/shm"; ranks of one communicator share it.
-  std::string prefix = "shm";
   // Goes into the segment name (with a random part) so that an operator can
   // tell whose segment it is, e.g. "<job id>-g3". Characters other than
   // [A-Za-z0-9_-] are replaced.

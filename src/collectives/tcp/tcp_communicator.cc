@@ -1024,7 +1024,7 @@ class TcpCommunicator final : public Communicator {
     ERUN_LOG_DEBUG("{}: tcp mesh of {} formed in {:.3f} s", who_, size(), seconds(Clock::now() - start));
   }
 
-  std::string key(int r) const { return fmt::format("{}/addr/{}", o_.prefix, r); }
+  static std::string key(int r) { return fmt::format("addr/{}", r); }
 
   void listen_on_address() {
     net::Address e = resolve(o_.address, "0");

@@ -1,7 +1,8 @@
 // TcpCommunicator: erun's own authenticated TCP transport between hosts (the
 // host leaders of the hierarchical communicator, or one rank per host).
 // Construction is collective: every rank listens on its own address (never the
-// wildcard), publishes address:port in the KvStore under `prefix`, connects to
+// wildcard), publishes address:port in the KvStore it is given (a view the
+// caller scopes; keys "addr/<rank>"), connects to
 // the lower ranks and accepts the higher ones. Every pair proves the job
 // secret both ways (HMAC-SHA256 over both sides' nonces, the job id, the
 // generation and both ranks) before a byte of data flows; a connection that
@@ -36,8 +37,6 @@ struct TcpOptions {
   // This rank's address (an IP or a name of this host): it listens there and
   // peers connect there. The wildcard (0.0.0.0, ::) is refused.
   std::string address = "127.0.0.1";
-  // Scopes the store keys; ranks of one communicator share it.
-  std::string prefix = "tcp";
   // Bind the handshake to this job and generation; the secret keys it. A
   // secret is required when size > 1.
   std::string job_id;
