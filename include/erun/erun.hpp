@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "erun/communicator.hpp"
 #include "erun/errors.hpp"
@@ -100,6 +101,12 @@ class ERUN_API Context {
   void abort_gpu_collectives() noexcept;
 
  private:
+  friend class State;
+  // The numbers of this worker's States (state.cc): each State has its own
+  // host-memory commit files. Per number: 0 never used, 1 held by a live
+  // State, 2 held before by a State since destroyed. Shared with the States,
+  // which may outlive the Context (erun::shutdown()).
+  std::shared_ptr<std::vector<unsigned char>> state_numbers_ = std::make_shared<std::vector<unsigned char>>();
   std::unique_ptr<GpuCommunicator> gpu_;
   // gpu_, published for abort_gpu_collectives() on other threads once made.
   std::atomic<GpuCommunicator*> gpu_live_{nullptr};

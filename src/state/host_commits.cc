@@ -2,11 +2,14 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <bit>
 #include <cerrno>
 #include <cstring>
 
@@ -19,51 +22,176 @@
 namespace erun::state_internal {
 namespace {
 
+static_assert(std::endian::native == std::endian::little, "host-memory commit files are little-endian");
+
 constexpr const char* kSuffix[2] = {".a", ".b"};
+constexpr uint32_t kHostVersion = 2;
+constexpr size_t kHeaderBytes = 64;
+constexpr size_t kAlign = 64;
+constexpr size_t kTrailerBytes = 16;
 
 std::string dir_of(const std::string& stem) {
   auto slash = stem.rfind('/');
   return slash == std::string::npos ? std::string(".") : stem.substr(0, slash);
 }
 
-// Sequential pwrite()s from offset 0; the first error stops it.
-class PwriteSink final : public BufferedSink {
- public:
-  explicit PwriteSink(int fd) : BufferedSink(64 << 10), fd_(fd) {}
-  int error() const { return err_; }
+size_t aligned(size_t n) { return (n + kAlign - 1) & ~(kAlign - 1); }
 
- private:
-  void put(const char* p, size_t n) override {
-    while (n > 0 && err_ == 0) {
-      ssize_t w = ::pwrite(fd_, p, n, static_cast<off_t>(offset_));
-      if (w < 0 && errno == EINTR) continue;
-      if (w <= 0) {
-        err_ = w < 0 ? errno : EIO;
-        return;
-      }
-      p += w;
-      n -= static_cast<size_t>(w);
-      offset_ += static_cast<size_t>(w);
-    }
-  }
-  int fd_;
-  size_t offset_ = 0;
-  int err_ = 0;
+void put_u32(char* p, uint32_t v) { std::memcpy(p, &v, sizeof v); }
+void put_u64(char* p, uint64_t v) { std::memcpy(p, &v, sizeof v); }
+uint32_t get_u32(const char* p) {
+  uint32_t v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+uint64_t get_u64(const char* p) {
+  uint64_t v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+// Keeps the compiler from moving the stores around it: a worker killed at
+// any point has made visible exactly the stores before that point.
+void in_order() { std::atomic_signal_fence(std::memory_order_seq_cst); }
+
+struct Layout {
+  size_t table_end = 0;
+  std::vector<size_t> offsets;  // of each entry's data
+  size_t trailer = 0;
+  size_t total = 0;
 };
 
-size_t encoded_size(const std::vector<EntryRef>& entries) {
-  size_t total = 8 + 4 + 4 + 8 + 8 + 4;
-  for (const EntryRef& e : entries) total += 16 + e.name->size() + e.data->size();
-  return total;
+Layout layout_of(const std::vector<EntryRef>& entries) {
+  Layout l;
+  size_t at = kHeaderBytes;
+  for (const EntryRef& e : entries) at += 8 + e.name->size() + 16;
+  l.table_end = at;
+  at = aligned(at);
+  for (const EntryRef& e : entries) {
+    l.offsets.push_back(at);
+    at = aligned(at + e.size);
+  }
+  l.trailer = at;
+  l.total = at + kTrailerBytes;
+  return l;
+}
+
+// The header's claims, checked against each other and the file's size; the
+// table is checked by the CRC in the trailer. 0 when the file holds no
+// complete commit.
+struct Claims {
+  uint64_t id = 0;
+  uint64_t count = 0;
+  uint64_t trailer = 0;
+};
+std::optional<Claims> claims_of(const char* header, size_t file_size) {
+  if (file_size < kHeaderBytes + kTrailerBytes || std::memcmp(header, "ERUNSTAT", 8) != 0 ||
+      get_u32(header + 8) != kHostVersion) {
+    return std::nullopt;
+  }
+  Claims c{get_u64(header + 16), get_u64(header + 24), get_u64(header + 32)};
+  if (c.id == 0 || c.trailer < kHeaderBytes || c.trailer > file_size - kTrailerBytes) return std::nullopt;
+  return c;
+}
+
+// Parses the whole file; nullopt when torn or malformed.
+std::optional<Snapshot> parse(const char* p, size_t size) {
+  auto c = claims_of(p, size);
+  if (!c || get_u64(p + c->trailer) != c->id) return std::nullopt;
+  Snapshot snap;
+  snap.commit_id = c->id;
+  size_t at = kHeaderBytes;
+  for (uint64_t k = 0; k < c->count; ++k) {
+    if (c->trailer - at < 8) return std::nullopt;
+    const uint64_t name_len = get_u64(p + at);
+    if (name_len > c->trailer - at - 8 || c->trailer - at - 8 - name_len < 16) return std::nullopt;
+    std::string name(p + at + 8, name_len);
+    at += 8 + name_len;
+    const uint64_t len = get_u64(p + at), off = get_u64(p + at + 8);
+    at += 16;
+    if (off > c->trailer || len > c->trailer - off) return std::nullopt;
+    snap.entries.emplace_back(std::move(name), std::vector<char>(p + off, p + off + len));
+  }
+  if (get_u32(p + c->trailer + 8) != crc32c(0, p, at)) return std::nullopt;
+  return snap;
+}
+
+bool pread_all(int fd, char* out, size_t n, size_t offset) {
+  while (n > 0) {
+    ssize_t r = ::pread(fd, out, n, static_cast<off_t>(offset));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    out += r;
+    n -= static_cast<size_t>(r);
+    offset += static_cast<size_t>(r);
+  }
+  return true;
+}
+
+// The commit id a file holds whole, read without its data: header, table
+// (for the CRC) and trailer. 0 when torn, foreign or unreadable.
+uint64_t complete_id(int fd) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return 0;
+  const size_t size = static_cast<size_t>(st.st_size);
+  char header[kHeaderBytes];
+  if (size < kHeaderBytes || !pread_all(fd, header, sizeof header, 0)) return 0;
+  auto c = claims_of(header, size);
+  if (!c) return 0;
+  char trailer[kTrailerBytes];
+  if (!pread_all(fd, trailer, sizeof trailer, c->trailer) || get_u64(trailer) != c->id) return 0;
+  // The table: read in growing pieces until it is whole (it ends before the
+  // first entry's data, so a small state keeps it short).
+  std::vector<char> meta;
+  for (size_t want = std::min<size_t>(c->trailer, 64 << 10);; want = std::min<size_t>(c->trailer, want * 2)) {
+    meta.resize(want);
+    if (!pread_all(fd, meta.data(), meta.size(), 0)) return 0;
+    size_t at = kHeaderBytes;
+    bool short_read = false;
+    for (uint64_t k = 0; k < c->count && !short_read; ++k) {
+      if (meta.size() - at < 8) {
+        short_read = true;
+        break;
+      }
+      const uint64_t name_len = get_u64(meta.data() + at);
+      if (name_len > c->trailer) return 0;
+      if (name_len > meta.size() - at - 8 || meta.size() - at - 8 - name_len < 16) {
+        short_read = true;
+        break;
+      }
+      at += 8 + name_len + 16;
+    }
+    if (!short_read) return get_u32(trailer + 8) == crc32c(0, meta.data(), at) ? c->id : 0;
+    if (want == c->trailer) return 0;  // the table runs into the trailer
+  }
 }
 
 }  // namespace
 
-HostCommits::HostCommits(std::string stem) : stem_(std::move(stem)) {}
+HostCommits::HostCommits(std::string stem, bool discard) : stem_(std::move(stem)), discard_(discard) {}
+
+std::string HostCommits::stem_of(const std::string& stem, int ordinal) {
+  return ordinal == 0 ? stem : fmt::format("{}-s{}", stem, ordinal);
+}
+
+int HostCommits::ordinal_of(const std::string& file_name) {
+  // NAME.a / NAME.b, NAME ending in -s<digits> for the States after the first
+  // (a worker's own stem ends in its local index, digits without the s).
+  if (file_name.size() < 3) return -1;
+  const std::string name = file_name.substr(0, file_name.size() - 2);
+  auto dash = name.rfind("-s");
+  if (dash == std::string::npos || dash + 2 == name.size()) return 0;
+  int k = 0;
+  for (size_t i = dash + 2; i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9' || k > 1000000) return 0;
+    k = k * 10 + (name[i] - '0');
+  }
+  return k;
+}
 
 HostCommits::~HostCommits() {
-  for (int fd : fd_) {
-    if (fd >= 0) ::close(fd);
+  for (int i = 0; i < 2; ++i) {
+    if (map_[i] != nullptr) ::munmap(map_[i], map_len_[i]);
+    if (fd_[i] >= 0) ::close(fd_[i]);
   }
 }
 
@@ -90,51 +218,98 @@ void HostCommits::open_files() {
                               path));
     }
     fd_[i] = fd;
-    // What a previous worker of this slot left: keep its newest commit whole.
-    std::vector<char> bytes;
-    try {
-      if (read_file(path, &bytes) && !bytes.empty()) held_[i] = decode(bytes.data(), bytes.size(), path).commit_id;
-    } catch (const Error&) {
-      held_[i] = 0;  // torn or foreign: the first file to overwrite
+    if (discard_) {
+      // An earlier State of this process wrote these: never a commit of this one.
+      if (::ftruncate(fd, 0) != 0) {
+        throw Error(fmt::format("erun: cannot empty host-memory commit file {}: {}", path, std::strerror(errno)));
+      }
+      continue;
     }
+    // What a previous worker of this slot left: keep its newest commit whole.
+    held_[i] = complete_id(fd);
   }
 }
 
-std::optional<std::string> HostCommits::write(uint64_t commit_id, const std::vector<EntryRef>& entries) {
+// Room for `size` bytes in file i, allocated and mapped. Pages are reserved
+// first: a full /dev/shm fails here, before a byte of the file changes, never
+// later with SIGBUS. The file and its mapping only grow, so from the second
+// commit on (each file once) a commit touches no new page.
+std::optional<std::string> HostCommits::map(int i, size_t size) {
+  if (size > reserved_[i]) {
+    if (int err = ::posix_fallocate(fd_[i], 0, static_cast<off_t>(size)); err != 0 && err != EOPNOTSUPP) {
+      return std::strerror(err);
+    }
+    struct stat st {};
+    if (::fstat(fd_[i], &st) != 0) return std::strerror(errno);
+    if (static_cast<size_t>(st.st_size) < size && ::ftruncate(fd_[i], static_cast<off_t>(size)) != 0) {
+      return std::strerror(errno);
+    }
+    reserved_[i] = std::max(size, static_cast<size_t>(st.st_size));
+  }
+  if (map_len_[i] < size) {
+    if (map_[i] != nullptr) ::munmap(map_[i], map_len_[i]);
+    map_[i] = nullptr;
+    map_len_[i] = 0;
+    void* p = ::mmap(nullptr, reserved_[i], PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd_[i], 0);
+    if (p == MAP_FAILED) return std::strerror(errno);
+    map_[i] = static_cast<char*>(p);
+    map_len_[i] = reserved_[i];
+  }
+  return std::nullopt;
+}
+
+std::optional<std::string> HostCommits::write(uint64_t commit_id, const std::vector<EntryRef>& entries,
+                                              std::vector<const char*>* placed) {
   if (!opened_) open_files();
   const int i = held_[0] <= held_[1] ? 0 : 1;
   const std::string path = stem_ + kSuffix[i];
-  const size_t size = encoded_size(entries);
-  held_[i] = 0;
-  auto failed = [&](int err) {
+  const Layout l = layout_of(entries);
+  if (auto err = map(i, l.total)) {
     return fmt::format(
-        "erun: host-memory commit {} was not written to {}: {}; the previous commit stays in {}{}", commit_id,
-        path, std::strerror(err), stem_ + kSuffix[1 - i],
-        err == ENOSPC ? fmt::format(". {} needs room for 2 copies of the state ({} bytes each) per worker of this "
-                                    "host: enlarge it (e.g. docker run --shm-size) or free space there",
-                                    dir_of(stem_), size)
-                      : "");
-  };
-  // Reserve the pages first: a full /dev/shm fails here, before a byte of
-  // the file changes, never later with SIGBUS or half a file. Pages this
-  // file already holds stay reserved from commit to commit.
-  if (size > reserved_[i]) {
-    if (int err = ::posix_fallocate(fd_[i], 0, static_cast<off_t>(size)); err != 0 && err != EOPNOTSUPP) {
-      return failed(err);
-    }
+        "erun: host-memory commit {} was not written to {}: {}; the previous commit stays in {}{}", commit_id, path,
+        *err, stem_ + kSuffix[1 - i],
+        *err == std::strerror(ENOSPC)
+            ? fmt::format(". {} needs room for 2 copies of the state ({} bytes each) per worker of this host: "
+                          "enlarge it (e.g. docker run --shm-size) or free space there",
+                          dir_of(stem_), l.total)
+            : "");
   }
-  if (::ftruncate(fd_[i], static_cast<off_t>(size)) != 0) return failed(errno);
-  reserved_[i] = size;
-  PwriteSink sink(fd_[i]);
-  encode(commit_id, entries, sink);
-  sink.flush();
-  if (sink.error() != 0) return failed(sink.error());
+  held_[i] = 0;
+  char* m = map_[i];
+  // The claim first: from here until the trailer, the file is torn.
+  std::memcpy(m, "ERUNSTAT", 8);
+  put_u32(m + 8, kHostVersion);
+  put_u32(m + 12, 0);
+  put_u64(m + 16, commit_id);
+  in_order();
+  put_u64(m + 24, entries.size());
+  put_u64(m + 32, l.trailer);
+  std::memset(m + 40, 0, kHeaderBytes - 40);
+  size_t at = kHeaderBytes;
+  for (size_t k = 0; k < entries.size(); ++k) {
+    const EntryRef& e = entries[k];
+    put_u64(m + at, e.name->size());
+    std::memcpy(m + at + 8, e.name->data(), e.name->size());
+    at += 8 + e.name->size();
+    put_u64(m + at, e.size);
+    put_u64(m + at + 8, l.offsets[k]);
+    at += 16;
+  }
+  if (placed != nullptr) placed->clear();
+  for (size_t k = 0; k < entries.size(); ++k) {
+    if (entries[k].size != 0) std::memcpy(m + l.offsets[k], entries[k].data, entries[k].size);
+    if (placed != nullptr) placed->push_back(m + l.offsets[k]);
+  }
+  put_u32(m + l.trailer + 8, crc32c(0, m, l.table_end));
+  in_order();
+  put_u64(m + l.trailer, commit_id);  // complete
+  in_order();
   held_[i] = commit_id;
   return std::nullopt;
 }
 
 std::optional<std::string> HostCommits::room_warning(const std::vector<EntryRef>& entries, int workers) const {
-  const size_t bytes = encoded_size(entries);
+  const size_t bytes = layout_of(entries).total;
   const std::string dir = dir_of(stem_);
   struct statvfs fs {};
   if (::statvfs(dir.c_str(), &fs) != 0) return std::nullopt;
@@ -160,17 +335,21 @@ std::optional<std::string> HostCommits::room_warning(const std::vector<EntryRef>
       static_cast<unsigned long long>(mib(need)) + 64);
 }
 
-std::optional<HostCommits::Found> HostCommits::newest(const std::string& dir) {
+std::optional<Snapshot> HostCommits::read(const std::string& path) {
+  std::vector<char> bytes;
+  try {
+    if (!read_file(path, &bytes)) return std::nullopt;
+  } catch (const Error&) {
+    return std::nullopt;  // a link, or not this user's
+  }
+  return parse(bytes.data(), bytes.size());
+}
+
+std::optional<HostCommits::Found> HostCommits::newest(const std::string& dir, int ordinal) {
   for (const ClaimedCommit& c : claimed_commits(dir)) {
+    if (ordinal_of(c.name) != ordinal) continue;
     const std::string path = dir + "/" + c.name;
-    std::vector<char> bytes;
-    try {
-      if (!read_file(path, &bytes)) continue;
-      Found f{decode(bytes.data(), bytes.size(), "host-memory commit file " + path), path};
-      return f;
-    } catch (const Error&) {
-      continue;  // torn by a worker killed while writing it, or not ours
-    }
+    if (auto snap = read(path)) return Found{std::move(*snap), path};  // else torn by a killed worker, or not ours
   }
   return std::nullopt;
 }

@@ -6,14 +6,24 @@
 // newest complete commit its host holds (docs/state.md, "Where a commit
 // lives").
 //
-// A worker's files are STEM.a and STEM.b, each one encoded snapshot
-// (snapshot.h, CRC-32C over all of it). A commit overwrites the file that
-// does not hold the newest valid commit, so a worker killed while writing
-// leaves the other file whole, and a torn file fails its checksum. Files are
-// 0600, opened with O_NOFOLLOW and checked to be regular files of this user.
-// One object per worker, used from the training thread only.
+// A worker's files are STEM.a and STEM.b, each mapped into the worker once
+// and written in place: a commit is one copy of the state into the mapping
+// (registered buffers go straight from their own memory), which is also
+// where the State keeps that commit (restore() reads it back from there).
+// A commit overwrites the file that does not hold the newest valid one. Its
+// header claims the commit id first and a trailer repeats it last, so a
+// worker killed while writing leaves a file whose two ids differ (torn),
+// and the other file whole. Layout (host byte order, little-endian):
+//   0  "ERUNSTAT" | u32 version 2 | u32 flags 0 | u64 commit id (claimed) |
+//   24 u64 entry count | u64 trailer offset | 24 bytes 0 |
+//   64 per entry: u64 name length, name, u64 data length, u64 data offset |
+//      each entry's data at a 64-byte aligned offset |
+//   trailer: u64 commit id (complete) | u32 CRC-32C of bytes [0, end of the table)
+// Files are 0600, opened with O_NOFOLLOW and checked to be regular files of
+// this user. One object per worker, used from the training thread only.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -25,16 +35,27 @@ namespace erun::state_internal {
 
 class HostCommits {
  public:
-  // `stem`: DIR/NAME; DIR is created (0700) when missing.
-  explicit HostCommits(std::string stem);
+  // `stem`: DIR/NAME; DIR is created (0700) when missing. `discard`: what the
+  // files hold is not this writer's to keep (an earlier State of the same
+  // worker had them): they are emptied when opened.
+  explicit HostCommits(std::string stem, bool discard = false);
+  // Opens (and with `discard` empties) the files now rather than at the
+  // first write. Throws erun::Error naming the file.
+  void open() {
+    if (!opened_) open_files();
+  }
   ~HostCommits();
   HostCommits(const HostCommits&) = delete;
   HostCommits& operator=(const HostCommits&) = delete;
 
   // Writes the commit into the file that does not hold the newest valid one.
-  // On failure (e.g. /dev/shm full) returns the error, naming the file and
-  // what to do; the file holding the previous commit is untouched.
-  std::optional<std::string> write(uint64_t commit_id, const std::vector<EntryRef>& entries);
+  // `placed` (when given) receives, per entry, where its bytes now lie in
+  // that file's mapping: valid until the commit after the next one, which
+  // overwrites this file, or until this object is destroyed. On failure
+  // (e.g. /dev/shm full) returns the error, naming the file and what to do,
+  // before any byte of either file changed.
+  std::optional<std::string> write(uint64_t commit_id, const std::vector<EntryRef>& entries,
+                                   std::vector<const char*>* placed = nullptr);
 
   // Before the first write: whether the directory's file system has room
   // for two files of `entries` for each of `workers` workers on this host
@@ -46,21 +67,35 @@ class HostCommits {
     Snapshot snapshot;
     std::string path;
   };
-  // The newest commit that a file in `dir` holds whole (its checksum right);
-  // torn, foreign or unreadable files are skipped. nullopt when there is none
-  // or no such directory.
-  static std::optional<Found> newest(const std::string& dir);
+  // The newest commit that a file in `dir` of the States numbered `ordinal`
+  // holds whole (its two ids equal, its table intact); torn, foreign or
+  // unreadable files are skipped. nullopt when there is none or no such
+  // directory.
+  static std::optional<Found> newest(const std::string& dir, int ordinal = 0);
+  // The stem of the State numbered `ordinal` of a worker whose first State's
+  // stem is `stem`: `stem` itself for 0, `stem`-s<ordinal> after. A process
+  // numbers the States it holds at once 0, 1, ... so that each has its own
+  // files.
+  static std::string stem_of(const std::string& stem, int ordinal);
+  // The State number a file name (STEM.a, STEM-s3.b) belongs to.
+  static int ordinal_of(const std::string& file_name);
+  // The commit one file holds whole; nullopt when torn, foreign or unreadable.
+  static std::optional<Snapshot> read(const std::string& path);
 
   const std::string& stem() const { return stem_; }
 
  private:
   void open_files();
+  std::optional<std::string> map(int i, size_t size);
 
   std::string stem_;
   int fd_[2] = {-1, -1};
   uint64_t held_[2] = {0, 0};      // the commit id each file holds whole (0: none)
   size_t reserved_[2] = {0, 0};    // bytes of each file known to be allocated
+  char* map_[2] = {nullptr, nullptr};
+  size_t map_len_[2] = {0, 0};
   bool opened_ = false;
+  bool discard_ = false;
 };
 
 }  // namespace erun::state_internal

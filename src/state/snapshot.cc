@@ -185,8 +185,8 @@ void encode(uint64_t commit_id, const std::vector<EntryRef>& entries, ByteSink& 
   for (const EntryRef& e : entries) {
     out.u64(e.name->size());
     out.write(e.name->data(), e.name->size());
-    out.u64(e.data->size());
-    if (!e.data->empty()) out.write(e.data->data(), e.data->size());
+    out.u64(e.size);
+    if (e.size != 0) out.write(e.data, e.size);
   }
   unsigned char crc[4];
   put_u32(crc, out.crc());
@@ -195,7 +195,7 @@ void encode(uint64_t commit_id, const std::vector<EntryRef>& entries, ByteSink& 
 
 std::vector<char> encode(uint64_t commit_id, const std::vector<EntryRef>& entries) {
   size_t total = kHeaderBytes + kCrcBytes;
-  for (const EntryRef& e : entries) total += 16 + e.name->size() + e.data->size();
+  for (const EntryRef& e : entries) total += 16 + e.name->size() + e.size;
   std::vector<char> out;
   out.reserve(total);
   VectorSink sink(&out);

@@ -43,9 +43,15 @@ class BufferedSink : public ByteSink {
   std::vector<char> buf_;
 };
 
+// An entry's name and bytes, wherever the bytes lie (a vector, a registered
+// buffer, a host-memory commit file's mapping).
 struct EntryRef {
   const std::string* name;
-  const std::vector<char>* data;
+  const char* data;
+  size_t size;
+  static EntryRef of(const std::string& name, const std::vector<char>& bytes) {
+    return {&name, bytes.data(), bytes.size()};
+  }
 };
 
 // Streams the encoding into `sink` without an intermediate copy of the data.

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <mutex>
 #include <optional>
 #include <unordered_map>
 
@@ -36,6 +37,12 @@ struct State::Impl {
     // A device buffer: its commit lives in the slot's pinned memory and
     // `committed` is a copy made only when the bytes are encoded.
     std::shared_ptr<si::DeviceSlot> device;
+    // A registered buffer (register_buffer): its own memory. With host-memory
+    // commits, a commit copies it straight into the host file, and `held`
+    // points at the copy there instead of `committed` (one copy per commit).
+    char* raw = nullptr;
+    size_t raw_bytes = 0;
+    const char* held = nullptr;
   };
   std::vector<Entry> entries;
   std::unordered_map<std::string, size_t> by_name;
@@ -46,6 +53,8 @@ struct State::Impl {
   // This worker's host-memory commit files (null outside erun, or when the
   // host has no room for them).
   std::unique_ptr<si::HostCommits> host;
+  int ordinal = -1;  // this State's number among the worker's (host-memory commit files)
+  std::shared_ptr<std::vector<unsigned char>> numbers;  // the worker's, where `ordinal` is marked held
   bool host_failing = false;  // the last host-memory write failed (logged once per streak)
   bool host_room_checked = false;
   std::vector<std::function<void(int, int)>> reset_callbacks;
@@ -56,11 +65,14 @@ struct State::Impl {
   // Set by sync() when some rank re-joined since the last sync: (old size, new size).
   std::optional<std::pair<int, int>> pending_reset;
 
+  static si::EntryRef ref(const Entry& e) {
+    return e.held != nullptr ? si::EntryRef{&e.name, e.held, e.raw_bytes} : si::EntryRef::of(e.name, e.committed);
+  }
   std::vector<si::EntryRef> refs() const {
     std::vector<si::EntryRef> r;
     r.reserve(entries.size());
     for (const Entry& e : entries) {
-      if (e.has_committed) r.push_back({&e.name, &e.committed});
+      if (e.has_committed) r.push_back(ref(e));
     }
     return r;
   }
@@ -70,6 +82,7 @@ struct State::Impl {
     for (Entry& e : entries) {
       if (!e.has_committed) {
         e.save(e.committed);
+        e.held = nullptr;
         e.has_committed = true;
         if (e.device) std::vector<char>().swap(e.committed);  // the commit is in pinned memory
       }
@@ -117,6 +130,7 @@ struct State::Impl {
         throw Error(fmt::format("{} (loading {})", e.what(), source));
       }
       targets[i]->committed = std::move(bytes);
+      targets[i]->held = nullptr;
       targets[i]->has_committed = true;
     }
     drop_device_mirrors();
@@ -129,6 +143,8 @@ struct State::Impl {
       if (!e.has_committed) continue;
       if (e.device) {
         e.device->restore();
+      } else if (e.held != nullptr) {
+        if (e.raw_bytes != 0) std::memcpy(e.raw, e.held, e.raw_bytes);
       } else {
         e.load(e.committed);
       }
@@ -144,6 +160,7 @@ struct State::Impl {
     if (newest == 0) {
       for (Entry& e : entries) {
         e.save(e.committed);
+        e.held = nullptr;
         e.has_committed = true;
       }
       has_snapshot = true;
@@ -161,20 +178,44 @@ struct State::Impl {
     return blob;
   }
 
-  // Writes the commit to this worker's host-memory files. A failure (host
-  // memory full) is logged, not thrown: training goes on, and the files keep
-  // the previous commit.
-  void write_host_commit(const WorkerInfo& info) {
+  // Writes the commit to this worker's host-memory files. `direct`: commit()
+  // left the registered buffers to this write, which copies them from their
+  // own memory into the file and keeps that copy as their commit (`held`).
+  // A failure (host memory full) is logged, not thrown: the buffers are then
+  // copied into worker memory, training goes on, and the files keep the
+  // previous commit.
+  void write_host_commit(const WorkerInfo& info, bool direct) {
     if (!host) return;
     mirror_device();
+    std::vector<si::EntryRef> out;
+    out.reserve(entries.size());
+    for (const Entry& e : entries) {
+      if (!e.has_committed) continue;
+      out.push_back(direct && e.raw != nullptr ? si::EntryRef{&e.name, e.raw, e.raw_bytes} : ref(e));
+    }
     if (!std::exchange(host_room_checked, true) && info.local_rank == 0) {
-      if (auto warning = host->room_warning(refs(), info.local_size)) ERUN_LOG_WARN("{}", *warning);
+      if (auto warning = host->room_warning(out, info.local_size)) ERUN_LOG_WARN("{}", *warning);
     }
     std::optional<std::string> err;
+    std::vector<const char*> placed;
     try {
-      err = host->write(commit_id, refs());
+      err = host->write(commit_id, out, &placed);
     } catch (const Error& e) {
       err = e.what();
+    }
+    size_t k = 0;
+    for (Entry& e : entries) {
+      if (!e.has_committed) continue;
+      if (direct && e.raw != nullptr) {
+        if (!err) {
+          e.held = placed[k];
+          std::vector<char>().swap(e.committed);
+        } else {
+          e.save(e.committed);
+          e.held = nullptr;
+        }
+      }
+      ++k;
     }
     drop_device_mirrors();
     if (err && !host_failing) ERUN_LOG_ERROR("{}", *err);
@@ -238,7 +279,9 @@ struct State::Impl {
 };
 
 State::State(Context& ctx) : ctx_(ctx), impl_(std::make_unique<Impl>()) {}
-State::~State() = default;
+State::~State() {
+  if (impl_->numbers) (*impl_->numbers)[static_cast<size_t>(impl_->ordinal)] = 2;
+}
 
 void State::register_entry(const std::string& name, SaveFn save, LoadFn load, bool may_throw) {
   if (impl_->by_name.count(name) != 0) {
@@ -285,6 +328,8 @@ void State::register_buffer(const std::string& name, void* data, size_t bytes) {
     check_size(name, b.size(), bytes);
     if (bytes != 0) std::memcpy(data, b.data(), bytes);
   });
+  impl_->entries.back().raw = static_cast<char*>(data);
+  impl_->entries.back().raw_bytes = bytes;
 }
 
 void State::register_device_buffer(const std::string& name, void* device_ptr, size_t bytes,
@@ -306,6 +351,9 @@ void State::register_bytes(const std::string& name, std::function<void(std::vect
 }
 
 void State::commit() {
+  // With host-memory commits, registered buffers are copied once, straight
+  // into the host file (write_host_commit).
+  const bool direct = impl_->host != nullptr;
   // User serializers may throw: run them before touching the snapshot.
   // Their side buffers reuse the allocation of the commit before the last.
   std::vector<std::vector<char>> staged(impl_->entries.size());
@@ -327,21 +375,24 @@ void State::commit() {
       if (e.keep_spare) e.spare.swap(staged[i]);
     } else if (e.device) {
       e.device->commit();
+    } else if (e.raw != nullptr && direct) {
+      // copied by write_host_commit, from its own memory into host memory
     } else {
       e.save(e.committed);
+      e.held = nullptr;
     }
     e.has_committed = true;
   }
   impl_->commit_id += 1;
   impl_->has_snapshot = true;
   impl_->snapshot_size = ctx_.size();
+  impl_->write_host_commit(ctx_.info(), direct);
   if (!impl_->checkpoint_dir.empty() && ctx_.rank() == 0) {
     impl_->mirror_device();
     si::write_file_atomically(impl_->checkpoint_dir, si::kStateFile, impl_->commit_id,
                               impl_->refs());
     impl_->drop_device_mirrors();
   }
-  impl_->write_host_commit(ctx_.info());
   check_host_updates();
 }
 
@@ -496,10 +547,32 @@ void State::adopt_host_commits() {
     ERUN_LOG_WARN("no {} on this host: commits live only in worker memory", parent.empty() ? dir : parent);
     return;
   }
-  impl_->host = std::make_unique<si::HostCommits>(stem);
+  // The States a worker holds at once are numbered 0, 1, ... (the lowest
+  // free number), each with its own files (HostCommits::stem_of). A number
+  // held before by a State since destroyed starts from emptied files: that
+  // State's commits are not this one's. Only the first State of each number
+  // in a worker adopts what its host kept.
+  impl_->numbers = ctx_.state_numbers_;
+  auto& numbers = *impl_->numbers;
+  size_t k = 0;
+  while (k < numbers.size() && numbers[k] == 1) ++k;
+  if (k == numbers.size()) numbers.push_back(0);
+  const bool had = numbers[k] == 2;
+  numbers[k] = 1;
+  const int ordinal = static_cast<int>(k);
+  impl_->ordinal = ordinal;
+  impl_->host = std::make_unique<si::HostCommits>(si::HostCommits::stem_of(stem, ordinal), /*discard=*/had);
+  if (had) {
+    try {
+      impl_->host->open();
+    } catch (const Error& e) {
+      ERUN_LOG_ERROR("{}", e.what());  // the first commit says it again, and keeps to worker memory
+    }
+    return;
+  }
   // A commit that outlived the workers that made it: every worker of the
   // last generation died (or was restarted) and this host kept theirs.
-  auto found = si::HostCommits::newest(dir);
+  auto found = si::HostCommits::newest(dir, ordinal);
   if (!found || found->snapshot.commit_id <= impl_->commit_id) return;
   const uint64_t id = found->snapshot.commit_id;
   impl_->apply(std::move(found->snapshot), "host-memory commit file " + found->path, /*allow_missing=*/true);

@@ -6,13 +6,17 @@
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 
 #include "erun/erun.hpp"
+#include "common/commit_files.h"
 #include "state/host_commits.h"
 #include "state_fake_world.h"
 
@@ -37,7 +41,7 @@ class HostCommitsTest : public ::testing::Test {
 
   // One entry "w" holding `value` repeated `n` times.
   static std::vector<si::EntryRef> entries(const std::string& name, const std::vector<char>& data) {
-    return {si::EntryRef{&name, &data}};
+    return {si::EntryRef::of(name, data)};
   }
   uint64_t newest_id() const {
     auto f = si::HostCommits::newest(dir_);
@@ -269,6 +273,253 @@ TEST_F(HostCommitsTest, ASurvivorsNewerCommitWinsOverHostMemory) {
   });
   EXPECT_EQ(got, (std::vector<int64_t>{8, 8}));
   EXPECT_EQ(ids, (std::vector<uint64_t>{8, 8}));
+}
+
+// A writer killed after it claimed a file for its next commit (the claim
+// comes first, the trailer last) leaves that file torn: the other file's
+// commit is the newest whole one.
+TEST_F(HostCommitsTest, AClaimWithoutItsTrailerIsTorn) {
+  si::HostCommits hc(dir_ + "/slot-0");
+  std::vector<char> one(4096, 1), two(4096, 2);
+  ASSERT_FALSE(hc.write(1, entries(name_, one)));
+  ASSERT_FALSE(hc.write(2, entries(name_, two)));
+  auto f = si::HostCommits::newest(dir_);
+  ASSERT_TRUE(f);
+  const std::string older = f->path.back() == 'a' ? dir_ + "/slot-0.b" : dir_ + "/slot-0.a";
+  // What commit 3 does first, and all a worker killed at once leaves.
+  auto b = bytes_of(older);
+  const uint64_t three = 3;
+  std::memcpy(b.data() + 16, &three, sizeof three);
+  std::ofstream(older, std::ios::binary | std::ios::trunc).write(b.data(), static_cast<std::streamsize>(b.size()));
+  EXPECT_EQ(newest_id(), 2u);
+  EXPECT_FALSE(si::HostCommits::read(older));
+  // The claimed id is what a new worker reports (common/commit_files.h)...
+  auto claimed = claimed_commits(dir_);
+  ASSERT_FALSE(claimed.empty());
+  EXPECT_EQ(claimed[0].id, 3u);
+  // ...and a new writer of the slot keeps the whole commit 2, overwriting the torn file.
+  si::HostCommits next(dir_ + "/slot-0");
+  std::vector<char> four(4096, 4);
+  ASSERT_FALSE(next.write(4, entries(name_, four)));
+  EXPECT_EQ(si::HostCommits::read(older)->commit_id, 4u);
+  EXPECT_EQ(si::HostCommits::read(f->path)->commit_id, 2u);
+}
+
+// Real deaths in the middle of real commits: a child process writes 8 MiB
+// commits as fast as it can and is SIGKILLed at random moments, 25 times,
+// each time by a new child in the same slot. After each kill the newest
+// whole commit is never older than the one before, and every byte of it is
+// that commit's (no mix of two commits).
+TEST_F(HostCommitsTest, WorkersKilledInTheMiddleOfCommitsLeaveOnlyWholeCommits) {
+  const std::string stem = dir_ + "/slot-0";
+  const size_t bytes = size_t{8} << 20;
+  uint64_t last = 0, start = 1;
+  unsigned seed = 12345;
+  for (int round = 0; round < 25; ++round) {
+    pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      si::HostCommits hc(stem);
+      std::vector<char> data(bytes);
+      const std::string name = "w";
+      for (uint64_t id = start;; ++id) {
+        std::memset(data.data(), static_cast<int>(id % 251), data.size());
+        if (hc.write(id, entries(name, data))) ::_exit(3);
+      }
+    }
+    seed = seed * 1103515245u + 12345u;
+    ::usleep(2000 + (seed >> 8) % 30000);
+    ::kill(pid, SIGKILL);
+    int status = 0;
+    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+    ASSERT_TRUE(WIFSIGNALED(status)) << "the writer failed: " << status;
+    auto f = si::HostCommits::newest(dir_);
+    if (!f) continue;  // killed before its first commit was whole
+    const uint64_t id = f->snapshot.commit_id;
+    EXPECT_GE(id, last) << "round " << round;
+    ASSERT_EQ(f->snapshot.entries.size(), 1u);
+    const auto& got = f->snapshot.entries[0].second;
+    ASSERT_EQ(got.size(), bytes);
+    const char want = static_cast<char>(id % 251);
+    EXPECT_EQ(std::count(got.begin(), got.end(), want), static_cast<long>(bytes)) << "commit " << id;
+    last = id;
+    start = id + 1000;  // the next child's ids, newer than any this one wrote
+  }
+  EXPECT_GT(last, 0u);
+}
+
+// With host-memory commits a registered buffer is copied once per commit,
+// straight into the host file, and restore() and sync() read it from there.
+TEST_F(HostCommitsTest, RegisteredBuffersCommitIntoHostMemoryAndRestoreFromIt) {
+  FakeHub hub(2);
+  std::vector<std::vector<float>> got(2);
+  run_threads(2, [&](int slot) {
+    FakeContext ctx(hub, slot);
+    ctx.set_host_commit_stem(dir_ + "/slot-fake-" + std::to_string(slot));
+    State st(ctx);
+    std::vector<float> w(100000, static_cast<float>(slot));  // the ranks start apart
+    int64_t step = 0;
+    st.register_buffer("w", w.data(), w.size() * sizeof(float));
+    st.register_value("step", &step);
+    st.sync();  // rank 0's values everywhere
+    EXPECT_EQ(w[5], 0.0f);
+    for (int i = 1; i <= 3; ++i) {
+      for (auto& x : w) x += 1.0f;
+      step = i;
+      st.commit();
+    }
+    for (auto& x : w) x = -7.0f;  // progress after the commit
+    step = 99;
+    st.restore();
+    got[static_cast<size_t>(slot)] = w;
+    EXPECT_EQ(step, 3);
+  });
+  for (auto& w : got) EXPECT_EQ(w, std::vector<float>(100000, 3.0f));
+  // The files hold it too, whole.
+  auto f = si::HostCommits::newest(dir_);
+  ASSERT_TRUE(f);
+  EXPECT_EQ(f->snapshot.commit_id, 3u);
+  std::vector<char> three(100000 * sizeof(float));
+  std::vector<float> threes(100000, 3.0f);
+  std::memcpy(three.data(), threes.data(), three.size());
+  bool found = false;
+  for (auto& [name, b] : f->snapshot.entries) {
+    if (name == "w") {
+      found = true;
+      EXPECT_EQ(b, three);
+    }
+  }
+  EXPECT_TRUE(found);
+}
+
+// A new rank syncs from a rank whose buffer commit lives in host memory.
+TEST_F(HostCommitsTest, ABufferCommittedToHostMemorySyncsToANewRank) {
+  FakeHub solo(1), world(2);
+  std::vector<std::vector<double>> got(2);
+  run_threads(2, [&](int slot) {
+    std::vector<double> w(5000, -1.0);
+    if (slot == 0) {
+      FakeContext ctx(solo, 0);
+      ctx.set_host_commit_stem(dir_ + "/slot-fake-0");
+      State st(ctx);
+      st.register_buffer("w", w.data(), w.size() * sizeof(double));
+      st.sync();
+      for (int i = 0; i < 4; ++i) {
+        for (auto& x : w) x = i + 0.25;
+        st.commit();
+      }
+      for (auto& x : w) x = 42.0;  // uncommitted: rolled back by the sync
+      ctx.attach(world, 0);
+      st.sync();
+      got[0] = w;
+    } else {
+      FakeContext ctx(world, 1);
+      ctx.set_host_commit_stem(dir_ + "/slot-fake-1");
+      State st(ctx);
+      st.register_buffer("w", w.data(), w.size() * sizeof(double));
+      st.sync();
+      got[1] = w;
+    }
+  });
+  EXPECT_EQ(got[0], std::vector<double>(5000, 3.25));
+  EXPECT_EQ(got[1], std::vector<double>(5000, 3.25));
+}
+
+// A host that cannot take a commit: the buffer's commit stays in worker
+// memory, and restore() still returns to it.
+TEST_F(HostCommitsTest, ABufferWhoseHostCommitFailsIsKeptInWorkerMemory) {
+  FakeHub hub(1);
+  FakeContext ctx(hub, 0);
+  ctx.set_host_commit_stem(dir_ + "/slot-fake-0");
+  State st(ctx);
+  std::vector<char> w(1 << 20, 1);
+  st.register_buffer("w", w.data(), w.size());
+  st.sync();
+  st.commit();  // into host memory
+  std::fill(w.begin(), w.end(), 2);
+  struct rlimit old {};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
+  auto old_handler = ::signal(SIGXFSZ, SIG_IGN);
+  struct rlimit lim = old;
+  lim.rlim_cur = 64 << 10;
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &lim), 0);
+  st.commit();  // the other file cannot grow: worker memory keeps commit 2
+  ::setrlimit(RLIMIT_FSIZE, &old);
+  ::signal(SIGXFSZ, old_handler);
+  std::fill(w.begin(), w.end(), 3);
+  st.restore();
+  EXPECT_EQ(w, std::vector<char>(1 << 20, 2));
+  EXPECT_EQ(newest_id(), 1u);
+  std::fill(w.begin(), w.end(), 4);
+  st.commit();  // room again: back into host memory
+  std::fill(w.begin(), w.end(), 5);
+  st.restore();
+  EXPECT_EQ(w, std::vector<char>(1 << 20, 4));
+  EXPECT_EQ(newest_id(), 3u);
+}
+
+// Two States of one worker keep their commits apart, and a new worker's
+// States each restore their own after every worker died; a State made after
+// another was destroyed in the same worker starts afresh instead of
+// adopting that one's commits.
+TEST_F(HostCommitsTest, EachStateOfAWorkerHasItsOwnHostCommits) {
+  const std::string stem = dir_ + "/slot-fake-0";
+  {
+    FakeHub hub(1);
+    FakeContext ctx(hub, 0);
+    ctx.set_host_commit_stem(stem);
+    {
+      int64_t a = 0;
+      std::vector<char> b(1000, 0);
+      State sa(ctx), sb(ctx);
+      sa.register_value("a", &a);
+      sb.register_buffer("b", b.data(), b.size());
+      sa.sync();
+      sb.sync();
+      for (int i = 1; i <= 3; ++i) {
+        a = 10 * i;
+        sa.commit();
+      }
+      std::fill(b.begin(), b.end(), 7);
+      sb.commit();
+    }
+    EXPECT_TRUE(fs::exists(stem + ".a"));
+    EXPECT_TRUE(fs::exists(stem + "-s1.a"));
+    auto first = si::HostCommits::newest(dir_, 0), second = si::HostCommits::newest(dir_, 1);
+    ASSERT_TRUE(first && second);
+    EXPECT_EQ(first->snapshot.commit_id, 3u);
+    EXPECT_EQ(first->snapshot.entries[0].first, "a");
+    EXPECT_EQ(second->snapshot.commit_id, 1u);
+    EXPECT_EQ(second->snapshot.entries[0].first, "b");
+  }
+  EXPECT_EQ(si::HostCommits::ordinal_of("slot-h-0.a"), 0);
+  EXPECT_EQ(si::HostCommits::ordinal_of("slot-h-0-s1.b"), 1);
+  EXPECT_EQ(si::HostCommits::ordinal_of("slot-node-s2-3-s12.a"), 12);
+  FakeHub hub(1);
+  FakeContext ctx(hub, 0);  // a new worker in the slot
+  ctx.set_host_commit_stem(stem);
+  {
+    int64_t a = -1;
+    std::vector<char> b(1000, 0);
+    State sa(ctx), sb(ctx);
+    sa.register_value("a", &a);
+    sb.register_buffer("b", b.data(), b.size());
+    sa.sync();
+    sb.sync();
+    EXPECT_EQ(a, 30);
+    EXPECT_EQ(b, std::vector<char>(1000, 7));
+  }
+  // The same worker's next State of number 0 does not take the destroyed
+  // one's commit 3, and empties its files.
+  int64_t a = -1;
+  State again(ctx);
+  again.register_value("a", &a);
+  again.sync();
+  EXPECT_EQ(a, -1);
+  EXPECT_EQ(again.commit_id(), 0u);
+  EXPECT_FALSE(si::HostCommits::newest(dir_, 0));
+  again.commit();
+  EXPECT_EQ(si::HostCommits::newest(dir_, 0)->snapshot.commit_id, 1u);
 }
 
 }  // namespace
