@@ -316,9 +316,16 @@ def _reduce_bucket(grads: List[torch.Tensor], op: Op) -> None:
         offset += g.numel()
 
 
+# torch >= 2.1: a hook that runs once a leaf's .grad is accumulated. Older torch:
+# GradientHooks hooks the parameter's AccumulateGrad node instead. (Module-level
+# so that tests can take the old path on a new torch.)
+_HAS_POST_ACCUMULATE_GRAD_HOOK = hasattr(torch.Tensor, "register_post_accumulate_grad_hook")
+
+
 class GradientHooks:
-    """Gradient averaging overlapped with backward. Hooks on the parameters'
-    gradient accumulators mark a bucket ready once backward has accumulated
+    """Gradient averaging overlapped with backward. A hook on each parameter
+    (post-accumulate-grad hooks on torch >= 2.1, hooks on the gradient
+    accumulators before) marks a bucket ready once backward has accumulated
     all of its gradients; ready buckets are reduced, in a fixed order (the
     same on every rank, as collectives require), on a communication thread
     while backward goes on (erun's collectives release the GIL). ``wait()``
@@ -348,6 +355,7 @@ class GradientHooks:
         self._accumulators = []  # the hooked autograd nodes, kept alive
         self._handles = []
         self._registered = False
+        self._post_accumulate = _HAS_POST_ACCUMULATE_GRAD_HOOK
         self.register()
 
     @property
@@ -366,16 +374,29 @@ class GradientHooks:
         """True while the hooks are on the parameters (between register() and close())."""
         return self._registered
 
+    @property
+    def hook_kind(self) -> str:
+        """How backward tells a gradient is ready: "post_accumulate_grad"
+        (Tensor.register_post_accumulate_grad_hook, torch >= 2.1) or
+        "grad_accumulator" (a hook on the parameter's AccumulateGrad node,
+        older torch)."""
+        return "post_accumulate_grad" if self._post_accumulate else "grad_accumulator"
+
     def register(self) -> GradientHooks:
-        """Puts the hooks on the parameters' gradient accumulators (done by the
-        constructor; again after close()). Returns self."""
+        """Puts the hooks on the parameters (done by the constructor; again
+        after close()): post-accumulate-grad hooks where torch has them (>=
+        2.1), else hooks on the parameters' gradient accumulators. Returns
+        self."""
         if self._registered:
             return self
         self._reset()
         for p in self._params:
-            acc = p.expand_as(p).grad_fn.next_functions[0][0]
-            self._handles.append(acc.register_hook(self._hook(p)))
-            self._accumulators.append(acc)
+            if self._post_accumulate:
+                self._handles.append(p.register_post_accumulate_grad_hook(self._hook(p)))
+            else:
+                acc = p.expand_as(p).grad_fn.next_functions[0][0]
+                self._handles.append(acc.register_hook(self._hook(p)))
+                self._accumulators.append(acc)
         self._registered = True
         return self
 
