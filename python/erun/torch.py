@@ -23,6 +23,7 @@ import os
 import pickle
 import queue
 import socket
+import sys
 import threading
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, List, Optional, Sequence, Union
@@ -567,8 +568,17 @@ class ProcessGroup:
         addr, port = _core.broadcast_object(where, root=0)
         if store is None:
             store = dist.TCPStore(addr, port, None, False, self.timeout)
+        hook = sys.excepthook
         dist.init_process_group(self.backend, store=store, rank=_core.rank(), world_size=_core.size(),
                                 timeout=self.timeout)
+        # torch >= 2.2 wraps sys.excepthook in a new hook at every init_process_group() and
+        # never unwraps it: one more per generation, each prefixing a traceback's lines with
+        # the rank it had then. Its hook prints into a buffer, calls the one it wrapped and only
+        # then writes the buffer, so under the erun driver (whose hook ends the process after a
+        # fatal error) the traceback was never shown. Keep the hook as it was; erun tags each
+        # worker's output lines with its rank anyway.
+        if sys.excepthook is not hook:
+            sys.excepthook = hook
         self._generation, self._store = gen, store
         return dist.group.WORLD
 

@@ -6,7 +6,7 @@ summed with torch.distributed itself; rank 0 prints whether every sample
 was processed exactly once, and every rank prints a parameter checksum at
 the end (equal on all ranks).
 
-    ddp_train.py [--epochs 4] [--samples 1024] [--batch 8] [--step-ms 0]
+    ddp_train.py [--epochs 4] [--samples 1024] [--batch 8] [--step-ms 0] [--fail-at-step N]
 """
 import argparse
 import hashlib
@@ -29,6 +29,7 @@ def main():
     ap.add_argument("--samples", type=int, default=1024)
     ap.add_argument("--batch", type=int, default=8, help="per-rank batch")
     ap.add_argument("--step-ms", type=int, default=0)
+    ap.add_argument("--fail-at-step", type=int, default=-1, help="raise ValueError at this step (a user error)")
     o = ap.parse_args()
     torch.set_num_threads(1)
     erun.init()
@@ -41,7 +42,8 @@ def main():
     sampler = erun.torch.ElasticSampler(o.samples, batch_size=o.batch, seed=4)
     keys = torch.randint(0, 1 << 40, (o.samples,), generator=g)
     full = int(keys.sum())
-    state = erun.torch.TorchState(model=model, optimizer=opt, sampler=sampler, epoch=0, seen=0, fingerprint=0)
+    state = erun.torch.TorchState(model=model, optimizer=opt, sampler=sampler, epoch=0, seen=0, fingerprint=0,
+                                  step=0)
 
     @state.on_reset
     def _(old, new):
@@ -60,6 +62,9 @@ def main():
             if sampler.processed == 0:
                 state.seen, state.fingerprint = 0, 0
             while sampler.remaining > 0:
+                if state.step == o.fail_at_step:  # with the group up
+                    raise ValueError(f"user error at step {state.step}")
+                state.step += 1
                 global_batch = min(o.batch * erun.size(), sampler.remaining)
                 idx = torch.tensor(sampler.next_batch(global_batch), dtype=torch.int64)
                 opt.zero_grad()
