@@ -155,10 +155,21 @@ def _tensor_entry(t):
     return save, load
 
 
+def _uncompiled_key(key: str) -> str:
+    """A state_dict key without the "_orig_mod." that torch.compile's wrapper
+    (OptimizedModule, whose parameters are the wrapped module's) puts in front
+    of its module's keys, at any depth (a compiled submodule): a commit's
+    entries are named the same whether the compiled or the original module
+    was given, so the workers of a job, and a checkpoint, agree."""
+    return ".".join(part for part in key.split(".") if part != "_orig_mod")
+
+
 class TorchState(State):
     """State of a PyTorch training job: ``TorchState(model=m, optimizer=opt,
     sampler=s, epoch=0, ...)``. The model's parameters and buffers must be
-    updated in place (as optimizers and load_state_dict do)."""
+    updated in place (as optimizers and load_state_dict do). The model may be
+    a ``torch.compile``d module or the module it compiled: both give the same
+    entries."""
 
     def __init__(self, model: Optional[torch.nn.Module] = None,
                  optimizer: Union[torch.optim.Optimizer, DistributedOptimizer, None] = None,
@@ -170,10 +181,11 @@ class TorchState(State):
         if model is not None:
             for key, t in model.state_dict(keep_vars=True).items():
                 t = t.detach()
+                name = "model/" + _uncompiled_key(key)
                 if t.device.type == "cpu" and t.is_contiguous():
-                    self.register_buffer("model/" + key, t)
+                    self.register_buffer(name, t)
                 else:
-                    self.register_callbacks("model/" + key, *_tensor_entry(t))
+                    self.register_callbacks(name, *_tensor_entry(t))
         if optimizer is not None:
             opt = optimizer.optimizer if isinstance(optimizer, DistributedOptimizer) else optimizer
             self.register_callbacks("optimizer", *_optimizer_entry(opt))
