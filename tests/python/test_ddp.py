@@ -9,6 +9,8 @@ import re
 import signal
 import time
 
+import pytest
+
 EPOCHS = 5
 
 
@@ -22,10 +24,14 @@ def wait_count(job, pattern, n, timeout=120):
     raise AssertionError(f"fewer than {n} matches of {pattern}:\n{job.out}\n{job.err}")
 
 
-def test_ddp_in_place_across_a_sigkill_and_a_grow(ws):
+@pytest.mark.parametrize("grads", ["ddp", "hooks"])
+def test_ddp_in_place_across_a_sigkill_and_a_grow(ws, grads):
+    """grads=hooks: erun's DistributedOptimizer(overlap=True) averages the gradients instead of
+    DDP (GradientHooks, post-accumulate-grad hooks on torch >= 2.1), across the same events."""
     ws.hosts("node-a:2\n")
     job = ws.erun(["-np", "2", "--min-np", "1", "--max-np", "4", "--blacklist-after", "5"], "ddp_train.py",
-                  ["--epochs", str(EPOCHS), "--samples", "1024", "--step-ms", "100"], discovery=True)
+                  ["--epochs", str(EPOCHS), "--samples", "1024", "--step-ms", "100", "--grads", grads],
+                  discovery=True)
     first = {int(p) for p in wait_count(job, r"pid (\d+) rank \d+ started", 2)}
     assert job.wait_output(r"ddp rank 1 of 2", 120), job.out + job.err
 
@@ -51,6 +57,7 @@ def test_ddp_in_place_across_a_sigkill_and_a_grow(ws):
         assert len(re.findall(rf"pid {pid}: reset:", job.out)) >= 2, job.out
         assert len(re.findall(rf"pid {pid}: ddp rank", job.out)) >= 3, job.out
     assert "restarting all workers" not in job.err
+    assert len(re.findall(rf"gradients by {grads}\)", job.out)) >= 7, job.out
     assert ws.wait_no_workers("ddp_train.py")
 
 
