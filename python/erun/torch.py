@@ -23,9 +23,10 @@ import os
 import pickle
 import queue
 import socket
+import sys
 import threading
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, List, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple, Union
 
 import torch
 import torch.utils.data
@@ -36,36 +37,47 @@ from ._erun import CommError, Error
 from ._state import State, running_state
 
 if TYPE_CHECKING:
+    import torch.autograd.graph
     import torch.distributed
+    import torch.utils.hooks
 
 __all__ = ["TorchState", "ElasticSampler", "DistributedOptimizer", "GradientHooks", "allreduce_gradients",
            "ProcessGroup", "process_group", "destroy_process_group"]
+
+
+# An entry's callbacks (erun.State.register_callbacks): save() returns the
+# pieces of the commit (bytes-like), load(view) reads them back.
+_Save = Callable[[], List[Any]]
+_Load = Callable[[memoryview], None]
+_TensorRefState = Tuple["torch.dtype", Tuple[int, ...], int, int]
 
 
 class _TensorRef:
     """Where an optimizer-state tensor lies in a commit's raw section."""
     __slots__ = ("dtype", "shape", "offset", "nbytes")
 
-    def __init__(self, dtype, shape, offset, nbytes):
+    def __init__(self, dtype: torch.dtype, shape: Tuple[int, ...], offset: int, nbytes: int) -> None:
         self.dtype, self.shape, self.offset, self.nbytes = dtype, shape, offset, nbytes
 
-    def __getstate__(self):
+    def __getstate__(self) -> _TensorRefState:
         return (self.dtype, self.shape, self.offset, self.nbytes)
 
-    def __setstate__(self, s):
+    def __setstate__(self, s: _TensorRefState) -> None:
         self.dtype, self.shape, self.offset, self.nbytes = s
 
 
-def _optimizer_entry(opt):
+def _optimizer_entry(opt: torch.optim.Optimizer) -> Tuple[_Save, _Load]:
     """save/load callbacks of an optimizer's state_dict: a pickled header
     (param_groups, non-tensor state, tensor layout) then the tensors' bytes,
     taken from their own memory without pickling."""
 
-    def save():
+    def save() -> List[Any]:
         sd = opt.state_dict()
-        pieces, offset, state = [], 0, {}
+        pieces: List[Any] = []
+        offset = 0
+        state: Dict[int, Dict[str, Any]] = {}
         for idx, entries in sd["state"].items():
-            out = {}
+            out: Dict[str, Any] = {}
             for key, value in entries.items():
                 if isinstance(value, torch.Tensor):
                     t = value.detach()
@@ -81,13 +93,13 @@ def _optimizer_entry(opt):
         header = pickle.dumps({"state": state, "param_groups": sd["param_groups"]}, protocol=5)
         return [len(header).to_bytes(8, "little"), header] + pieces
 
-    def raw(view, base, ref):
+    def raw(view: memoryview, base: int, ref: _TensorRef) -> torch.Tensor:
         if ref.nbytes == 0:
             return torch.empty(ref.shape, dtype=ref.dtype)
         flat = torch.frombuffer(view, dtype=torch.uint8, count=ref.nbytes, offset=base + ref.offset)
         return flat.view(ref.dtype).reshape(ref.shape)
 
-    def load_in_place(view, base, header):
+    def load_in_place(view: memoryview, base: int, header: Dict[str, Any]) -> bool:
         """Copies into the optimizer's current state tensors when the commit has
         the same structure (the usual restore): no allocation."""
         params = [p for group in opt.param_groups for p in group["params"]]
@@ -119,15 +131,15 @@ def _optimizer_entry(opt):
             og.update({k: v for k, v in g.items() if k != "params"})
         return True
 
-    def load(view):
+    def load(view: memoryview) -> None:
         hlen = int.from_bytes(view[:8], "little")
-        header = pickle.loads(view[8:8 + hlen])
+        header: Dict[str, Any] = pickle.loads(view[8:8 + hlen])
         base = 8 + hlen
         if load_in_place(view, base, header):
             return
-        state = {}
+        state: Dict[int, Dict[str, Any]] = {}
         for idx, entries in header["state"].items():
-            out = {}
+            out: Dict[str, Any] = {}
             for key, value in entries.items():
                 if isinstance(value, _TensorRef):
                     out[key] = raw(view, base, value).clone()
@@ -139,14 +151,14 @@ def _optimizer_entry(opt):
     return save, load
 
 
-def _tensor_entry(t):
+def _tensor_entry(t: torch.Tensor) -> Tuple[_Save, _Load]:
     """save/load callbacks for a model tensor that cannot be registered by
     address (on a GPU, or not contiguous): copied through the CPU."""
 
-    def save():
+    def save() -> List[Any]:
         return [bytes_of(t.detach().contiguous().cpu())]
 
-    def load(view):
+    def load(view: memoryview) -> None:
         src = torch.frombuffer(view, dtype=torch.uint8) if len(view) else torch.empty(0, dtype=torch.uint8)
         with torch.no_grad():
             t.copy_(src.view(t.dtype).reshape(t.shape))
@@ -154,10 +166,21 @@ def _tensor_entry(t):
     return save, load
 
 
+def _uncompiled_key(key: str) -> str:
+    """A state_dict key without the "_orig_mod." that torch.compile's wrapper
+    (OptimizedModule, whose parameters are the wrapped module's) puts in front
+    of its module's keys, at any depth (a compiled submodule): a commit's
+    entries are named the same whether the compiled or the original module
+    was given, so the workers of a job, and a checkpoint, agree."""
+    return ".".join(part for part in key.split(".") if part != "_orig_mod")
+
+
 class TorchState(State):
     """State of a PyTorch training job: ``TorchState(model=m, optimizer=opt,
     sampler=s, epoch=0, ...)``. The model's parameters and buffers must be
-    updated in place (as optimizers and load_state_dict do)."""
+    updated in place (as optimizers and load_state_dict do). The model may be
+    a ``torch.compile``d module or the module it compiled: both give the same
+    entries."""
 
     def __init__(self, model: Optional[torch.nn.Module] = None,
                  optimizer: Union[torch.optim.Optimizer, DistributedOptimizer, None] = None,
@@ -169,10 +192,11 @@ class TorchState(State):
         if model is not None:
             for key, t in model.state_dict(keep_vars=True).items():
                 t = t.detach()
+                name = "model/" + _uncompiled_key(key)
                 if t.device.type == "cpu" and t.is_contiguous():
-                    self.register_buffer("model/" + key, t)
+                    self.register_buffer(name, t)
                 else:
-                    self.register_callbacks("model/" + key, *_tensor_entry(t))
+                    self.register_callbacks(name, *_tensor_entry(t))
         if optimizer is not None:
             opt = optimizer.optimizer if isinstance(optimizer, DistributedOptimizer) else optimizer
             self.register_callbacks("optimizer", *_optimizer_entry(opt))
@@ -183,7 +207,7 @@ class TorchState(State):
             sampler.register_with(self)
 
 
-class ElasticSampler(torch.utils.data.Sampler):
+class ElasticSampler(torch.utils.data.Sampler[int]):
     """This rank's share of an epoch's samples, for a DataLoader (workers
     allowed). ``batch_size`` is the per-rank batch the DataLoader uses; a step
     of all ranks together takes ``batch_size * world size`` samples. After each
@@ -255,8 +279,9 @@ class ElasticSampler(torch.utils.data.Sampler):
         """Yields this rank's batch of each remaining step of the epoch from
         `loader` (a DataLoader over this sampler), or None when this rank has
         no sample in that step."""
-        if getattr(loader, "batch_size", self.batch_size) != self.batch_size:
-            raise Error(f"erun: the DataLoader's batch_size {loader.batch_size} differs from the sampler's "
+        batch_size = getattr(loader, "batch_size", self.batch_size)
+        if batch_size != self.batch_size:
+            raise Error(f"erun: the DataLoader's batch_size {batch_size} differs from the sampler's "
                         f"{self.batch_size}")
         it = iter(loader)
         for _ in range(self.steps()):
@@ -268,7 +293,7 @@ def allreduce_gradients(parameters: Iterable[torch.Tensor], op: Op = Average, bu
     in buckets of up to bucket_bytes flattened per device and dtype (CUDA
     gradients through the GPU collectives). A missing grad counts
     as zeros (so every rank reduces the same buckets)."""
-    groups = {}
+    groups: Dict[Tuple[torch.device, torch.dtype], List[torch.Tensor]] = {}
     for p in parameters:
         if not p.requires_grad:
             continue
@@ -276,32 +301,44 @@ def allreduce_gradients(parameters: Iterable[torch.Tensor], op: Op = Average, bu
             p.grad = torch.zeros_like(p)
         groups.setdefault((p.grad.device, p.grad.dtype), []).append(p.grad)
     for grads in groups.values():
-        bucket, nbytes = [], 0
-        for g in grads + [None]:
-            size = 0 if g is None else g.numel() * g.element_size()
-            if bucket and (g is None or nbytes + size > bucket_bytes):
+        bucket: List[torch.Tensor] = []
+        nbytes = 0
+        for g in grads:
+            size = g.numel() * g.element_size()
+            if bucket and nbytes + size > bucket_bytes:
                 _reduce_bucket(bucket, op)
                 bucket, nbytes = [], 0
-            if g is not None:
-                bucket.append(g)
-                nbytes += size
+            bucket.append(g)
+            nbytes += size
+        if bucket:
+            _reduce_bucket(bucket, op)
 
 
 def _buckets(params: List[torch.Tensor], bucket_bytes: int) -> List[List[torch.Tensor]]:
     """Parameters in buckets of up to bucket_bytes, one (device, dtype) per
     bucket, in reverse order of `params` (about the order backward produces
     their gradients), the same on every rank."""
-    open_, out = {}, []
+    open_: Dict[Tuple[torch.device, torch.dtype], int] = {}  # the open bucket of each, by index
+    out: List[List[torch.Tensor]] = []
+    nbytes: List[int] = []
     for p in reversed(params):
         key = (p.device, p.dtype)
         size = p.numel() * p.element_size()
-        b = open_.get(key)
-        if b is None or (b[1] and b[1] + size > bucket_bytes):
-            b = open_[key] = [[], 0]
-            out.append(b)
-        b[0].append(p)
-        b[1] += size
-    return [ps for ps, _ in out]
+        i = open_.get(key)
+        if i is None or (nbytes[i] and nbytes[i] + size > bucket_bytes):
+            i = open_[key] = len(out)
+            out.append([])
+            nbytes.append(0)
+        out[i].append(p)
+        nbytes[i] += size
+    return out
+
+
+def _grad_of(p: torch.Tensor) -> torch.Tensor:
+    """p.grad, which backward (or GradientHooks.wait()) has set."""
+    if p.grad is None:
+        raise Error("erun: a parameter's gradient was set to None while GradientHooks reduced it")
+    return p.grad
 
 
 def _reduce_bucket(grads: List[torch.Tensor], op: Op) -> None:
@@ -316,9 +353,16 @@ def _reduce_bucket(grads: List[torch.Tensor], op: Op) -> None:
         offset += g.numel()
 
 
+# torch >= 2.1: a hook that runs once a leaf's .grad is accumulated. Older torch:
+# GradientHooks hooks the parameter's AccumulateGrad node instead. (Module-level
+# so that tests can take the old path on a new torch.)
+_HAS_POST_ACCUMULATE_GRAD_HOOK = hasattr(torch.Tensor, "register_post_accumulate_grad_hook")
+
+
 class GradientHooks:
-    """Gradient averaging overlapped with backward. Hooks on the parameters'
-    gradient accumulators mark a bucket ready once backward has accumulated
+    """Gradient averaging overlapped with backward. A hook on each parameter
+    (post-accumulate-grad hooks on torch >= 2.1, hooks on the gradient
+    accumulators before) marks a bucket ready once backward has accumulated
     all of its gradients; ready buckets are reduced, in a fixed order (the
     same on every rank, as collectives require), on a communication thread
     while backward goes on (erun's collectives release the GIL). ``wait()``
@@ -337,17 +381,18 @@ class GradientHooks:
         self.op = op
         self._params = [p for p in parameters if p.requires_grad]
         self._buckets = _buckets(self._params, bucket_bytes)
-        self._where = {}
+        self._where: Dict[int, int] = {}
         for i, ps in enumerate(self._buckets):
             for p in ps:
                 self._where[id(p)] = i
         self._lock = threading.Lock()
         self._done = threading.Condition(self._lock)
-        self._queue = queue.SimpleQueue()
-        self._thread = None
-        self._accumulators = []  # the hooked autograd nodes, kept alive
-        self._handles = []
+        self._queue: queue.SimpleQueue[Optional[int]] = queue.SimpleQueue()
+        self._thread: Optional[threading.Thread] = None
+        self._accumulators: List[torch.autograd.graph.Node] = []  # the hooked autograd nodes, kept alive
+        self._handles: List[torch.utils.hooks.RemovableHandle] = []
         self._registered = False
+        self._post_accumulate = _HAS_POST_ACCUMULATE_GRAD_HOOK
         self.register()
 
     @property
@@ -366,16 +411,34 @@ class GradientHooks:
         """True while the hooks are on the parameters (between register() and close())."""
         return self._registered
 
+    @property
+    def hook_kind(self) -> str:
+        """How backward tells a gradient is ready: "post_accumulate_grad"
+        (Tensor.register_post_accumulate_grad_hook, torch >= 2.1) or
+        "grad_accumulator" (a hook on the parameter's AccumulateGrad node,
+        older torch)."""
+        return "post_accumulate_grad" if self._post_accumulate else "grad_accumulator"
+
     def register(self) -> GradientHooks:
-        """Puts the hooks on the parameters' gradient accumulators (done by the
-        constructor; again after close()). Returns self."""
+        """Puts the hooks on the parameters (done by the constructor; again
+        after close()): post-accumulate-grad hooks where torch has them (>=
+        2.1), else hooks on the parameters' gradient accumulators. Returns
+        self."""
         if self._registered:
             return self
         self._reset()
         for p in self._params:
-            acc = p.expand_as(p).grad_fn.next_functions[0][0]
-            self._handles.append(acc.register_hook(self._hook(p)))
-            self._accumulators.append(acc)
+            if self._post_accumulate:
+                # (untyped in torch's own annotations)
+                handle = p.register_post_accumulate_grad_hook(self._hook(p))  # type: ignore[no-untyped-call]
+                self._handles.append(handle)
+            else:
+                grad_fn = p.expand_as(p).grad_fn
+                acc = grad_fn.next_functions[0][0] if grad_fn is not None else None
+                if acc is None:  # p requires grad: expand_as's only input edge is its accumulator
+                    raise Error("erun: GradientHooks found no gradient accumulator for a parameter")
+                self._handles.append(acc.register_hook(self._hook(p)))
+                self._accumulators.append(acc)
         self._registered = True
         return self
 
@@ -397,13 +460,13 @@ class GradientHooks:
         self.close()
 
     def _reset(self) -> None:
-        self._seen = [set() for _ in self._buckets]
+        self._seen: List[Set[int]] = [set() for _ in self._buckets]
         self._next = 0       # the next bucket to launch (launched in index order)
         self._finished = 0   # buckets reduced (or failed) this step
-        self._error = None
+        self._error: Optional[BaseException] = None
 
-    def _hook(self, p):
-        def hook(*_):
+    def _hook(self, p: torch.Tensor) -> Callable[..., None]:
+        def hook(*_: Any) -> None:
             with self._lock:
                 i = self._where[id(p)]
                 self._seen[i].add(id(p))
@@ -423,10 +486,10 @@ class GradientHooks:
             i = self._queue.get()
             if i is None:
                 return
-            error = None
+            error: Optional[BaseException] = None
             try:
                 if self._error is None:  # after a failure the rest would fail too
-                    grads = [p.grad for p in self._buckets[i]]
+                    grads = [_grad_of(p) for p in self._buckets[i]]
                     if grads[0].is_cuda:  # the current device is per thread
                         torch.cuda.set_device(grads[0].device)
                     _reduce_bucket(grads, self.op)
@@ -514,7 +577,7 @@ class ProcessGroup:
         self.backend = backend
         self.timeout = timeout
         self._generation: Optional[int] = None
-        self._store = None
+        self._store: Optional[object] = None  # kept alive while the group is up
 
     @property
     def generation(self) -> Optional[int]:
@@ -522,6 +585,7 @@ class ProcessGroup:
         return self._generation
 
     def build(self) -> torch.distributed.ProcessGroup:
+        """The group of the current generation (collective), built unless it is up."""
         group = self._build()
         state = running_state()
         if state is not None:
@@ -533,7 +597,7 @@ class ProcessGroup:
         import torch.distributed as dist
         gen = _core.generation()
         if self._generation == gen and dist.is_initialized():
-            return dist.group.WORLD
+            return _world()
         self.destroy()
         if dist.is_initialized():
             raise Error("erun: torch.distributed is already initialized by someone else; erun.torch.process_group() "
@@ -541,15 +605,25 @@ class ProcessGroup:
         store, where = None, None
         if _core.rank() == 0:
             addr = _advertise_address()
-            store = dist.TCPStore(addr, 0, None, True, self.timeout, wait_for_workers=False)
+            store = dist.TCPStore(addr, 0, None, True, self.timeout,  # type: ignore[attr-defined]
+                                  wait_for_workers=False)
             where = (addr, store.port)
         addr, port = _core.broadcast_object(where, root=0)
         if store is None:
-            store = dist.TCPStore(addr, port, None, False, self.timeout)
+            store = dist.TCPStore(addr, port, None, False, self.timeout)  # type: ignore[attr-defined]
+        hook = sys.excepthook
         dist.init_process_group(self.backend, store=store, rank=_core.rank(), world_size=_core.size(),
                                 timeout=self.timeout)
+        # torch >= 2.2 wraps sys.excepthook in a new hook at every init_process_group() and
+        # never unwraps it: one more per generation, each prefixing a traceback's lines with
+        # the rank it had then. Its hook prints into a buffer, calls the one it wrapped and only
+        # then writes the buffer, so under the erun driver (whose hook ends the process after a
+        # fatal error) the traceback was never shown. Keep the hook as it was; erun tags each
+        # worker's output lines with its rank anyway.
+        if sys.excepthook is not hook:
+            sys.excepthook = hook
         self._generation, self._store = gen, store
-        return dist.group.WORLD
+        return _world()
 
     def destroy(self) -> None:
         """Destroys the group if it is up."""
@@ -579,6 +653,15 @@ class ProcessGroup:
                 raise CommError(f"{type(exc).__name__}: {exc}") from exc
         finally:
             self.destroy()
+
+
+def _world() -> torch.distributed.ProcessGroup:
+    """torch.distributed's default group (it is initialized)."""
+    import torch.distributed as dist
+    world = dist.group.WORLD
+    if world is None:
+        raise Error("erun: torch.distributed has no default group")
+    return world
 
 
 # The group behind process_group() and destroy_process_group(): like

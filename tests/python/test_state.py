@@ -1,6 +1,8 @@
 """erun.State / erun.torch.TorchState in a world of one (this process):
 round trips of a model, SGD momentum and Adam state (created lazily), a
 sampler and picklable values; errors as Python exceptions; erun.run's loop."""
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -52,20 +54,50 @@ def world_of_one():
     assert erun.size() == 1 and erun.rank() == 0 and not erun.elastic()
 
 
-@pytest.mark.parametrize("make_opt", [
-    lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9),
-    lambda p: torch.optim.Adam(p, lr=0.01),
-    lambda p: torch.optim.AdamW(p, lr=0.01, amsgrad=True),
-], ids=["sgd-momentum", "adam", "adamw-amsgrad"])
-def test_torch_state_round_trip(make_opt):
+def fused_or_skip(cls, **kwargs):
+    """cls(params, fused=True, ...), or a skip where this torch has no fused CPU kernel for it
+    (before 2.4; 1.13's fused Adam is CUDA only and its AdamW has no `fused`)."""
+    def make(p):
+        return cls(p, fused=True, **kwargs)
+    w = torch.nn.Parameter(torch.ones(2))
+    try:
+        opt = make([w])
+        w.grad = torch.ones(2)
+        opt.step()
+    except (TypeError, RuntimeError, ValueError) as e:
+        pytest.skip(f"torch {torch.__version__} has no fused {cls.__name__} on the CPU: {e}")
+    return make
+
+
+OPTIMIZERS = {
+    "sgd-momentum": lambda: lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9),
+    "adam": lambda: lambda p: torch.optim.Adam(p, lr=0.01),
+    "adamw-amsgrad": lambda: lambda p: torch.optim.AdamW(p, lr=0.01, amsgrad=True),
+    "sgd-foreach": lambda: lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9, foreach=True),
+    "adam-foreach": lambda: lambda p: torch.optim.Adam(p, lr=0.01, foreach=True),
+    "adamw-amsgrad-foreach": lambda: lambda p: torch.optim.AdamW(p, lr=0.01, amsgrad=True, foreach=True),
+    "adam-fused": lambda: fused_or_skip(torch.optim.Adam, lr=0.01),
+    "adamw-amsgrad-fused": lambda: fused_or_skip(torch.optim.AdamW, lr=0.01, amsgrad=True),
+}
+
+
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_torch_state_round_trip(name):
+    make_opt = OPTIMIZERS[name]()
     model, x, y = model_and_data()
     opt = make_opt(model.parameters())
+    for flag in ("foreach", "fused"):  # the optimizer really is the kind named
+        assert bool(opt.param_groups[0].get(flag)) == (flag in name), (flag, opt.param_groups[0])
     state = erun.torch.TorchState(model=model, optimizer=opt, epoch=0, note="a")
     state.sync()
     train_steps(model, opt, x, y, 3)  # creates the optimizer state lazily, after registration
     state.epoch, state.note = 5, {"b": [1, 2]}
     state.commit()
     committed = snapshot(model, opt)
+    # The reference optimizer starts from its own copy of the committed state: torch 2.x's
+    # load_state_dict() keeps the tensors it is given (1.13 deep-copied them), so loading
+    # opt.state_dict() itself would make both optimizers step the same buffers.
+    committed_opt = copy.deepcopy(opt.state_dict())
     train_steps(model, opt, x, y, 2)
     for g in opt.param_groups:
         g["lr"] = 123.0
@@ -78,11 +110,76 @@ def test_torch_state_round_trip(make_opt):
     model2, _, _ = model_and_data(seed=1)
     model2.load_state_dict(committed[0])
     opt2 = make_opt(model2.parameters())
-    opt2.load_state_dict(opt.state_dict())
+    opt2.load_state_dict(committed_opt)
     train_steps(model, opt, x, y, 2)
     train_steps(model2, opt2, x, y, 2)
-    for a, b in zip(model.state_dict().values(), model2.state_dict().values()):
-        assert torch.equal(a, b)
+    assert_same(snapshot(model, opt), snapshot(model2, opt2))
+    assert not torch.equal(model[0].weight, committed[0]["0.weight"])
+
+
+needs_compile = pytest.mark.skipif(not hasattr(torch, "compile"),
+                                   reason=f"torch {torch.__version__} has no torch.compile (2.0 and later)")
+
+
+@needs_compile
+@pytest.mark.parametrize("given", ["compiled", "original"])
+def test_torch_state_round_trip_with_a_compiled_model(given):
+    """Trained through torch.compile(model) (inductor, C++ on the CPU), with TorchState given the
+    compiled module or the original one: commit, restore and training on match training on from
+    the commit loaded with torch's own load_state_dict, exactly."""
+    model, x, y = model_and_data()
+    compiled = torch.compile(model)
+    assert type(compiled) is not type(model) and compiled.state_dict().keys() != model.state_dict().keys()
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    state = erun.torch.TorchState(model=compiled if given == "compiled" else model, optimizer=opt, epoch=0)
+    assert state.model is (compiled if given == "compiled" else model)
+    state.sync()
+    train_steps(compiled, opt, x, y, 3)
+    state.epoch = 5
+    state.commit()
+    committed = snapshot(model, opt)
+    committed_opt = copy.deepcopy(opt.state_dict())
+    train_steps(compiled, opt, x, y, 2)
+    state.epoch = 9
+    assert not torch.equal(model[0].weight, committed[0]["0.weight"])
+    assert not torch.equal(model[1].running_mean, committed[0]["1.running_mean"])  # compiled BatchNorm, in place
+    state.restore()
+    assert_same(snapshot(model, opt), committed)
+    assert state.epoch == 5
+    with torch._dynamo.config.patch(error_on_recompile=True):  # the restore recompiles nothing
+        train_steps(compiled, opt, x, y, 2)
+    after_restore = snapshot(model, opt)
+    # The reference: the same compiled module (a second compile could round differently) loaded
+    # with the commit by torch, and a new optimizer loaded with its committed state.
+    model.load_state_dict(committed[0])
+    opt2 = torch.optim.Adam(model.parameters(), lr=0.01)
+    opt2.load_state_dict(committed_opt)
+    train_steps(compiled, opt2, x, y, 2)
+    assert_same(snapshot(model, opt2), after_restore)
+
+
+@needs_compile
+def test_compiled_and_original_modules_give_the_same_commit(tmp_path):
+    """A commit of TorchState(model=torch.compile(m)) loads into TorchState(model=m2) and the other
+    way round (as when a new worker passes the other one): through a durable commit file, whose
+    entries go by name. torch.compile's wrapper names its keys "_orig_mod.<key>"; TorchState
+    does not."""
+    for first, second in (("compiled", "original"), ("original", "compiled")):
+        d = tmp_path / first
+        d.mkdir()
+        model, _, _ = model_and_data(seed=0)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        a = erun.torch.TorchState(model=torch.compile(model) if first == "compiled" else model, optimizer=opt)
+        a.set_checkpoint_dir(d)
+        a.commit()
+        other, _, _ = model_and_data(seed=1)
+        assert not torch.equal(other[0].weight, model[0].weight)
+        b = erun.torch.TorchState(model=torch.compile(other) if second == "compiled" else other,
+                                  optimizer=torch.optim.SGD(other.parameters(), lr=0.1))
+        b.set_checkpoint_dir(d)  # loads the commit file
+        b.restore()
+        for k, v in model.state_dict().items():
+            assert torch.equal(other.state_dict()[k], v), (first, second, k)
 
 
 def test_restore_before_the_first_step_empties_the_optimizer_state():

@@ -58,6 +58,11 @@ assert list(OPS) == ["sum", "average", "min", "max", "product"], OPS
 assert [erun.Sum, erun.Average, erun.Min, erun.Max, erun.Product] == list(OPS.values()) == [0, 1, 2, 3, 4]
 
 
+# GradientHooks' hooks: post-accumulate-grad hooks where torch has them (>= 2.1).
+HOOK_KIND = ("post_accumulate_grad" if hasattr(torch.Tensor, "register_post_accumulate_grad_hook")
+             else "grad_accumulator")
+
+
 def as_f64(x):
     return x.double().cpu().numpy() if isinstance(x, torch.Tensor) else x.astype(np.float64)
 
@@ -81,11 +86,14 @@ def gradients_on(device, rank, size):
         check(q.grad.reshape(-1), np.full(q.numel(), (size + 1) / 2), f"{device} DistributedOptimizer")
 
 
-def overlapped_on(device, rank):
+def overlapped_on(device, rank, kind=HOOK_KIND):
     """GradientHooks (reduced during backward, several buckets, an unused
     parameter) give exactly the gradients of allreduce_gradients after
-    backward, two steps in a row."""
+    backward, two steps in a row; the first bucket is launched and reduced
+    while backward is still running (a hook half-way through backward waits
+    for its averaged gradient)."""
     import copy
+    import time
     torch.manual_seed(1)
     layers = [torch.nn.Linear(16, 16) for _ in range(4)] + [torch.nn.Linear(16, 3)]
     model = torch.nn.Sequential(*layers).to(device)
@@ -94,16 +102,34 @@ def overlapped_on(device, rank):
     # The unused parameter first: it lands in the last bucket (buckets go in reverse order).
     hooks = erun.torch.GradientHooks([unused] + list(model.parameters()), bucket_bytes=1200)
     assert hooks.num_buckets > 3, hooks.num_buckets
+    assert hooks.hook_kind == kind, (hooks.hook_kind, kind)
     for step in range(2):
         x = torch.full((4, 16), 0.25 * (rank + 1) + step, device=device)
-        for m in (model, ref):
-            m.zero_grad()
-            m(x).square().sum().backward()
+        ref.zero_grad()
+        ref(x).square().sum().backward()
+        erun.torch.allreduce_gradients(ref.parameters())
+        last = (model[4].bias, ref[4].bias)  # in the first bucket
+        midway = []
+
+        def after_layer_0(grad):
+            # Backward has reached the first layer: the last layers' buckets are launched and
+            # the communication thread averages the first one meanwhile.
+            deadline = time.monotonic() + 20
+            while not torch.equal(last[0].grad, last[1].grad) and time.monotonic() < deadline:
+                time.sleep(0.001)
+            midway.append((hooks.launched, torch.equal(last[0].grad, last[1].grad)))
+
+        model.zero_grad()
+        h = model[0](x)
+        h.register_hook(after_layer_0)
+        model[1:](h).square().sum().backward()
+        launched, reduced = midway[0]
+        assert 1 <= launched < hooks.num_buckets - 1, (launched, hooks.num_buckets)
+        assert reduced, "the first bucket was not reduced during backward"
         # Backward launched every bucket but the unused parameter's.
         assert hooks.launched == hooks.num_buckets - 1, (hooks.launched, hooks.num_buckets)
         unused.grad = None
         hooks.wait()
-        erun.torch.allreduce_gradients(ref.parameters())
         for a, b in zip(model.parameters(), ref.parameters()):
             assert torch.equal(a.grad, b.grad), (step, a.grad, b.grad)
         assert torch.equal(unused.grad, torch.zeros_like(unused))
@@ -226,6 +252,12 @@ def main():
     gradients_on(device, rank, size)
     overlapped_on(device, rank)
     hooks_as_context_on(device, rank, size)
+    if HOOK_KIND == "post_accumulate_grad":  # the hooks of older torch work on this one too
+        erun.torch._HAS_POST_ACCUMULATE_GRAD_HOOK = False
+        overlapped_on(device, rank, "grad_accumulator")
+        hooks_as_context_on(device, rank, size)
+        erun.torch._HAS_POST_ACCUMULATE_GRAD_HOOK = True
+        checks += 2
     process_group_as_context(rank, size)
     checks += 4
     if a.device == "cuda":

@@ -6,7 +6,12 @@ summed with torch.distributed itself; rank 0 prints whether every sample
 was processed exactly once, and every rank prints a parameter checksum at
 the end (equal on all ranks).
 
-    ddp_train.py [--epochs 4] [--samples 1024] [--batch 8] [--step-ms 0]
+With --grads hooks, DDP is left out and the gradients are averaged by
+erun.torch.DistributedOptimizer(overlap=True) instead (GradientHooks, in
+several buckets, during backward); the group still counts the samples.
+
+    ddp_train.py [--epochs 4] [--samples 1024] [--batch 8] [--step-ms 0] [--fail-at-step N]
+                 [--grads ddp|hooks]
 """
 import argparse
 import hashlib
@@ -29,6 +34,9 @@ def main():
     ap.add_argument("--samples", type=int, default=1024)
     ap.add_argument("--batch", type=int, default=8, help="per-rank batch")
     ap.add_argument("--step-ms", type=int, default=0)
+    ap.add_argument("--fail-at-step", type=int, default=-1, help="raise ValueError at this step (a user error)")
+    ap.add_argument("--grads", choices=["ddp", "hooks"], default="ddp",
+                    help="who averages the gradients: DDP, or erun's DistributedOptimizer(overlap=True)")
     o = ap.parse_args()
     torch.set_num_threads(1)
     erun.init()
@@ -38,10 +46,15 @@ def main():
     torch.manual_seed(2)
     model = torch.nn.Sequential(torch.nn.Linear(10, 32), torch.nn.ReLU(), torch.nn.Linear(32, 2))
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    if o.grads == "hooks":
+        opt = erun.torch.DistributedOptimizer(opt, bucket_bytes=256, overlap=True)
+        hooks = opt.hooks
+        assert hooks is not None and hooks.num_buckets > 2, hooks
     sampler = erun.torch.ElasticSampler(o.samples, batch_size=o.batch, seed=4)
     keys = torch.randint(0, 1 << 40, (o.samples,), generator=g)
     full = int(keys.sum())
-    state = erun.torch.TorchState(model=model, optimizer=opt, sampler=sampler, epoch=0, seen=0, fingerprint=0)
+    state = erun.torch.TorchState(model=model, optimizer=opt, sampler=sampler, epoch=0, seen=0, fingerprint=0,
+                                  step=0)
 
     @state.on_reset
     def _(old, new):
@@ -52,21 +65,26 @@ def main():
     @erun.run
     def train(state):
         pg = erun.torch.process_group(timeout=timedelta(seconds=10))
-        ddp = DDP(model, process_group=pg)
+        ddp = DDP(model, process_group=pg) if o.grads == "ddp" else model
         print(f"pid {os.getpid()}: ddp rank {dist.get_rank()} of {dist.get_world_size()} "
-              f"(generation {erun.generation()})", flush=True)
+              f"(generation {erun.generation()}, gradients by {o.grads})", flush=True)
         while state.epoch < o.epochs:
             sampler.set_epoch(state.epoch)
             if sampler.processed == 0:
                 state.seen, state.fingerprint = 0, 0
             while sampler.remaining > 0:
+                if state.step == o.fail_at_step:  # with the group up
+                    raise ValueError(f"user error at step {state.step}")
+                state.step += 1
                 global_batch = min(o.batch * erun.size(), sampler.remaining)
                 idx = torch.tensor(sampler.next_batch(global_batch), dtype=torch.int64)
                 opt.zero_grad()
                 out = ddp(x[idx])
-                # DDP averages over ranks: scale a sum so the step is the global batch's mean.
+                # DDP (or the hooks) average over ranks: scale a sum so the step is the global batch's mean.
                 loss = torch.nn.functional.cross_entropy(out, y[idx], reduction="sum") * erun.size() / global_batch
                 loss.backward()
+                if o.grads == "hooks":  # backward launched every bucket
+                    assert hooks.launched == hooks.num_buckets, (hooks.launched, hooks.num_buckets)
                 opt.step()
                 counts = torch.tensor([len(idx), int(keys[idx].sum())], dtype=torch.int64)
                 dist.all_reduce(counts)
