@@ -185,11 +185,27 @@ def _fatal_hook(previous: _ExceptHook) -> _ExceptHook:
             return
         try:
             sys.stdout.flush()
+            _write_buffered_stderr()
             sys.stderr.flush()
         finally:
             os._exit(_erun.FATAL_EXIT_CODE)
     setattr(hook, "_erun", True)
     return hook
+
+
+def _write_buffered_stderr() -> None:
+    """A hook that wraps ours may have swapped sys.stderr for a buffer that it
+    writes out only after ours returns (torch >= 2.2's init_process_group()
+    installs such a hook, for a group the program made itself). Ours does not
+    return: write what the buffer holds (the traceback) to the real stderr now."""
+    err, real = sys.stderr, sys.__stderr__
+    getvalue = getattr(err, "getvalue", None)
+    if err is real or real is None or getvalue is None:
+        return
+    text = getvalue()
+    if isinstance(text, str) and text:
+        real.write(text)
+        real.flush()
 
 
 def initialized() -> bool:

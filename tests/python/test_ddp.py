@@ -73,3 +73,15 @@ def test_a_user_error_with_the_group_up_ends_the_job_with_the_error_shown(ws):
     assert "a restart would repeat" in job.err
     assert len(job.events("generation_started")) == 1, job.err
     assert ws.wait_no_workers("ddp_train.py")
+
+
+def test_a_user_error_with_the_programs_own_group_up_ends_the_job_with_the_error_shown(ws):
+    """The same with a group the program made itself (dist.init_process_group): erun's hook
+    writes out what torch's wrapping hook buffered before it ends the process."""
+    job = ws.erun(["-np", "1"], "own_group_error.py")
+    code = job.wait(120)
+    assert code == 121, (code, job.out, job.err)
+    assert "own group up, sum 3.0" in job.out, job.out + job.err
+    assert "ValueError: user error with its own group up" in job.err, job.out + job.err
+    assert 'raise ValueError("user error with its own group up")' in job.err, job.err
+    assert ws.wait_no_workers("own_group_error.py")
