@@ -16,7 +16,6 @@ std::vector<std::pair<std::string, std::string>> topology_env(const Topology& t)
       {"WORLD_SIZE", s(t.size)},
       {"LOCAL_RANK", s(t.local_rank)},
       {"LOCAL_WORLD_SIZE", s(t.local_size)},
-      {"GROUP_RANK", s(t.cross_rank)},
       {"ROLE_RANK", s(t.rank)},
       {"ROLE_WORLD_SIZE", s(t.size)},
   };

@@ -27,8 +27,9 @@ struct Topology {
 // The variables a worker process of this topology starts with: erun's own
 // (ERUN_RANK, ERUN_SIZE, ERUN_LOCAL_RANK, ERUN_LOCAL_SIZE, ERUN_CROSS_RANK,
 // ERUN_CROSS_SIZE, ERUN_GENERATION) and the names torchrun-style programs read
-// (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, ROLE_RANK,
-// ROLE_WORLD_SIZE).
+// (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, ROLE_RANK, ROLE_WORLD_SIZE).
+// Not GROUP_RANK: torchrun's node index is not the cross rank where hosts
+// have unequal slots, and only the driver, which has the plan, knows it.
 std::vector<std::pair<std::string, std::string>> topology_env(const Topology& t);
 
 }  // namespace erun

@@ -141,21 +141,21 @@ void Driver::set_discovered(HostSet hosts) {
 
 // What torchrun sets beyond the topology: node numbers and thread count.
 // GROUP_RANK is the host's index among the plan's hosts and GROUP_WORLD_SIZE
-// their number (the cross rank, which topology_env gives, differs from the
-// host's index where hosts have unequal slots: on a:2,b:4, b's local ranks 2
-// and 3 are cross rank 0). OMP_NUM_THREADS=1 where a host runs several
-// workers and neither erun's environment nor -x sets it, as torchrun does, so
-// that each torch worker does not start one thread per core.
+// their number (not the cross rank, which differs from the host's index
+// where hosts have unequal slots: on a:2,b:4, b's local ranks 2 and 3 are
+// cross rank 0). OMP_NUM_THREADS=1 where a host runs several workers and
+// neither erun's environment nor -x sets it, as torchrun does, so that each
+// torch worker does not start one thread per core.
 void Driver::torchrun_node_env(std::vector<std::pair<std::string, std::string>>& env,
                                const RankAssignment& a) const {
-  auto hosts = plan_.hosts();
-  auto at = std::find(hosts.begin(), hosts.end(), a.slot.host);
-  if (at != hosts.end()) {
-    for (auto& [k, v] : env) {
-      if (k == "GROUP_RANK") v = std::to_string(at - hosts.begin());
-    }
-    env.emplace_back("GROUP_WORLD_SIZE", std::to_string(hosts.size()));
+  if (node_index_gen_ != plan_.generation) {  // once per plan: this runs for every rank
+    node_index_.clear();
+    for (const std::string& h : plan_.hosts()) node_index_.emplace(h, static_cast<int>(node_index_.size()));
+    node_index_gen_ = plan_.generation;
   }
+  auto at = node_index_.find(a.slot.host);
+  env.emplace_back("GROUP_RANK", std::to_string(at != node_index_.end() ? at->second : a.cross_rank));
+  env.emplace_back("GROUP_WORLD_SIZE", std::to_string(node_index_.empty() ? a.cross_size : node_index_.size()));
   env.emplace_back("ROLE_NAME", "default");
   bool user_set = std::getenv("OMP_NUM_THREADS") != nullptr;
   for (auto& e : o_.env) user_set = user_set || e.rfind("OMP_NUM_THREADS=", 0) == 0;

@@ -32,6 +32,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "common/clock.h"
@@ -293,6 +294,10 @@ class Driver {
   int resets_ = 0;
   int restarts_ = 0;  // generations started after the first (TORCHELASTIC_RESTART_COUNT)
   Plan plan_;
+  // plan_'s hosts by index (torchrun's node numbers), for the plan of
+  // generation node_index_gen_; made on first use per plan.
+  mutable std::unordered_map<std::string, int> node_index_;
+  mutable long node_index_gen_ = -1;
   std::vector<Plan> recent_plans_;  // the last few published plans, oldest first
   // Per left generation (one of recent_plans_): the slots that re-joined
   // from it, and the reports naming one of its ranks silent.

@@ -16,6 +16,7 @@
 #include <bit>
 #include <cerrno>
 #include <cstring>
+#include <string_view>
 
 #include <fmt/format.h>
 
@@ -124,25 +125,37 @@ std::optional<Claims> claims_of(const char* header, size_t file_size) {
   return c;
 }
 
+// Walks the table in p[0, avail): calls entry(name, data length, data
+// offset) for each entry (false: malformed) and returns where the table
+// ends; nullopt when it does not end within `avail` bytes or is malformed.
+template <typename Fn>
+std::optional<size_t> walk_table(const char* p, size_t avail, uint64_t count, Fn&& entry) {
+  size_t at = kHeaderBytes;
+  for (uint64_t k = 0; k < count; ++k) {
+    if (avail - at < 8) return std::nullopt;
+    const uint64_t name_len = get_u64(p + at);
+    if (name_len > avail - at - 8 || avail - at - 8 - name_len < 16) return std::nullopt;
+    const char* name = p + at + 8;
+    if (!entry(std::string_view(name, name_len), get_u64(name + name_len), get_u64(name + name_len + 8))) {
+      return std::nullopt;
+    }
+    at += 8 + name_len + 16;
+  }
+  return at;
+}
+
 // Parses the whole file; nullopt when torn or malformed.
 std::optional<Snapshot> parse(const char* p, size_t size) {
   auto c = claims_of(p, size);
   if (!c || get_u64(p + c->trailer) != c->id) return std::nullopt;
   Snapshot snap;
   snap.commit_id = c->id;
-  size_t at = kHeaderBytes;
-  for (uint64_t k = 0; k < c->count; ++k) {
-    if (c->trailer - at < 8) return std::nullopt;
-    const uint64_t name_len = get_u64(p + at);
-    if (name_len > c->trailer - at - 8 || c->trailer - at - 8 - name_len < 16) return std::nullopt;
-    std::string name(p + at + 8, name_len);
-    at += 8 + name_len;
-    const uint64_t len = get_u64(p + at), off = get_u64(p + at + 8);
-    at += 16;
-    if (off > c->trailer || len > c->trailer - off) return std::nullopt;
-    snap.entries.emplace_back(std::move(name), std::vector<char>(p + off, p + off + len));
-  }
-  if (get_u32(p + c->trailer + 8) != crc32c(0, p, at)) return std::nullopt;
+  auto end = walk_table(p, c->trailer, c->count, [&](std::string_view name, uint64_t len, uint64_t off) {
+    if (off > c->trailer || len > c->trailer - off) return false;
+    snap.entries.emplace_back(std::string(name), std::vector<char>(p + off, p + off + len));
+    return true;
+  });
+  if (!end || get_u32(p + c->trailer + 8) != crc32c(0, p, *end)) return std::nullopt;
   return snap;
 }
 
@@ -176,22 +189,8 @@ uint64_t complete_id(int fd) {
   for (size_t want = std::min<size_t>(c->trailer, 64 << 10);; want = std::min<size_t>(c->trailer, want * 2)) {
     meta.resize(want);
     if (!pread_all(fd, meta.data(), meta.size(), 0)) return 0;
-    size_t at = kHeaderBytes;
-    bool short_read = false;
-    for (uint64_t k = 0; k < c->count && !short_read; ++k) {
-      if (meta.size() - at < 8) {
-        short_read = true;
-        break;
-      }
-      const uint64_t name_len = get_u64(meta.data() + at);
-      if (name_len > c->trailer) return 0;
-      if (name_len > meta.size() - at - 8 || meta.size() - at - 8 - name_len < 16) {
-        short_read = true;
-        break;
-      }
-      at += 8 + name_len + 16;
-    }
-    if (!short_read) return get_u32(trailer + 8) == crc32c(0, meta.data(), at) ? c->id : 0;
+    auto end = walk_table(meta.data(), meta.size(), c->count, [](std::string_view, uint64_t, uint64_t) { return true; });
+    if (end) return get_u32(trailer + 8) == crc32c(0, meta.data(), *end) ? c->id : 0;
     if (want == c->trailer) return 0;  // the table runs into the trailer
   }
 }
@@ -265,16 +264,12 @@ void HostCommits::open_files() {
 // first: a full /dev/shm fails here, before a byte of the file changes, never
 // later with SIGBUS. The file and its mapping only grow, so from the second
 // commit on (each file once) a commit touches no new page.
-std::optional<std::string> HostCommits::map(int i, size_t size) {
+int HostCommits::map(int i, size_t size) {
   if (size > reserved_[i]) {
-    if (int err = ::posix_fallocate(fd_[i], 0, static_cast<off_t>(size)); err != 0 && err != EOPNOTSUPP) {
-      return std::strerror(err);
-    }
+    if (int err = ::posix_fallocate(fd_[i], 0, static_cast<off_t>(size)); err != 0 && err != EOPNOTSUPP) return err;
     struct stat st {};
-    if (::fstat(fd_[i], &st) != 0) return std::strerror(errno);
-    if (static_cast<size_t>(st.st_size) < size && ::ftruncate(fd_[i], static_cast<off_t>(size)) != 0) {
-      return std::strerror(errno);
-    }
+    if (::fstat(fd_[i], &st) != 0) return errno;
+    if (static_cast<size_t>(st.st_size) < size && ::ftruncate(fd_[i], static_cast<off_t>(size)) != 0) return errno;
     reserved_[i] = std::max(size, static_cast<size_t>(st.st_size));
   }
   if (map_len_[i] < size) {
@@ -282,11 +277,11 @@ std::optional<std::string> HostCommits::map(int i, size_t size) {
     map_[i] = nullptr;
     map_len_[i] = 0;
     void* p = ::mmap(nullptr, reserved_[i], PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd_[i], 0);
-    if (p == MAP_FAILED) return std::strerror(errno);
+    if (p == MAP_FAILED) return errno;
     map_[i] = static_cast<char*>(p);
     map_len_[i] = reserved_[i];
   }
-  return std::nullopt;
+  return 0;
 }
 
 std::optional<std::string> HostCommits::write(uint64_t commit_id, const std::vector<EntryRef>& entries,
@@ -295,11 +290,11 @@ std::optional<std::string> HostCommits::write(uint64_t commit_id, const std::vec
   const int i = held_[0] <= held_[1] ? 0 : 1;
   const std::string path = stem_ + kSuffix[i];
   const Layout l = layout_of(entries);
-  if (auto err = map(i, l.total)) {
+  if (int err = map(i, l.total); err != 0) {
     return fmt::format(
         "erun: host-memory commit {} was not written to {}: {}; the previous commit stays in {}{}", commit_id, path,
-        *err, stem_ + kSuffix[1 - i],
-        *err == std::strerror(ENOSPC)
+        std::strerror(err), stem_ + kSuffix[1 - i],
+        err == ENOSPC
             ? fmt::format(". {} needs room for 2 copies of the state ({} bytes each) per worker of this host: "
                           "enlarge it (e.g. docker run --shm-size) or free space there",
                           dir_of(stem_), l.total)

@@ -86,7 +86,7 @@ class HostCommits {
 
  private:
   void open_files();
-  std::optional<std::string> map(int i, size_t size);
+  int map(int i, size_t size);  // 0 or an errno
 
   std::string stem_;
   int fd_[2] = {-1, -1};

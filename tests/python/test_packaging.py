@@ -60,17 +60,24 @@ def test_the_latest_torch_pass_tests_the_pip_installed_package():
     assert ERUN.parent == venv / "bin", ERUN
 
 
-def test_pip_install_into_a_fresh_venv_gives_a_launcher_that_trains(tmp_path):
+def _pip_install_into_fresh_venv(tmp_path, *pip_args):
+    """A fresh venv on Debian's python3 (seeing Debian's torch and numpy), `pip install
+    *pip_args` into it; (the venv, an environment with its bin/ first on PATH). Runs once,
+    in the Debian pass."""
     if os.environ.get("ERUN_TEST_INSTALLED"):
         pytest.skip("runs once, in the Debian pass")
     venv = tmp_path / "venv"
-    # A fresh venv on Debian's python3, seeing Debian's torch and numpy.
     subprocess.run(["/usr/bin/python3", "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=120)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "ERUN_BIN")}
     env["PATH"] = f"{venv / 'bin'}:{env.get('PATH', '/usr/bin:/bin')}"
-    r = subprocess.run([str(venv / "bin/pip"), "install", "-q", str(SOURCE)], capture_output=True, text=True,
+    r = subprocess.run([str(venv / "bin/pip"), "install", "-q", *pip_args], capture_output=True, text=True,
                        timeout=1500, env=env, cwd=tmp_path)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    return venv, env
+
+
+def test_pip_install_into_a_fresh_venv_gives_a_launcher_that_trains(tmp_path):
+    venv, env = _pip_install_into_fresh_venv(tmp_path, str(SOURCE))
     launcher = venv / "bin/erun"
     assert launcher.is_file() and os.access(launcher, os.X_OK)
     site = subprocess.run([str(venv / "bin/python"), "-c", "import sysconfig; print(sysconfig.get_paths()['platlib'])"],
@@ -92,14 +99,7 @@ def test_pip_install_into_a_fresh_venv_gives_a_launcher_that_trains(tmp_path):
 
 
 def test_editable_install_reads_the_python_files_from_the_source_tree(tmp_path):
-    if os.environ.get("ERUN_TEST_INSTALLED"):
-        pytest.skip("runs once, in the Debian pass")
-    venv = tmp_path / "venv"
-    subprocess.run(["/usr/bin/python3", "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=120)
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "ERUN_BIN")}
-    r = subprocess.run([str(venv / "bin/pip"), "install", "-q", "-e", str(SOURCE)], capture_output=True, text=True,
-                       timeout=1500, env=env, cwd=tmp_path)
-    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    venv, env = _pip_install_into_fresh_venv(tmp_path, "-e", str(SOURCE))
     r = subprocess.run([str(venv / "bin/python"), "-c", "import erun, erun.torch; print(erun.__file__); "
                         "print(erun.torch.__file__); print(erun.ReduceOp.SUM)"],
                        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)

@@ -24,7 +24,7 @@ TEST(Topology, EnvNamesEveryFieldOnce) {
   const std::map<std::string, std::string> want = {
       {"ERUN_RANK", "5"},        {"ERUN_SIZE", "12"},      {"ERUN_LOCAL_RANK", "1"}, {"ERUN_LOCAL_SIZE", "3"},
       {"ERUN_CROSS_RANK", "2"},  {"ERUN_CROSS_SIZE", "4"}, {"ERUN_GENERATION", "77"}, {"RANK", "5"},
-      {"WORLD_SIZE", "12"},      {"LOCAL_RANK", "1"},      {"LOCAL_WORLD_SIZE", "3"}, {"GROUP_RANK", "2"},
+      {"WORLD_SIZE", "12"},      {"LOCAL_RANK", "1"},      {"LOCAL_WORLD_SIZE", "3"},
       {"ROLE_RANK", "5"},        {"ROLE_WORLD_SIZE", "12"},
   };
   EXPECT_EQ(env, want);

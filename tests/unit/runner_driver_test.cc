@@ -110,7 +110,9 @@ TEST_F(DriverTest, NodeNumbersAreTheHostsIndexesAsTorchrunGivesThem) {
     EXPECT_EQ(env["GROUP_WORLD_SIZE"], "2");
     EXPECT_EQ(env["LOCAL_WORLD_SIZE"], host == "a" ? "2" : "4");
     EXPECT_EQ(env["ROLE_NAME"], "default");
-    if (::getenv("OMP_NUM_THREADS") == nullptr) EXPECT_EQ(env["OMP_NUM_THREADS"], "1");
+    if (::getenv("OMP_NUM_THREADS") == nullptr) {
+      EXPECT_EQ(env["OMP_NUM_THREADS"], "1");
+    }
   }
 }
 

@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <optional>
 
 #include "erun/erun.hpp"
 #include "common/commit_files.h"
@@ -58,6 +59,21 @@ class HostCommitsTest : public ::testing::Test {
     std::fill(b.begin() + static_cast<long>(b.size() / 2), b.end(), 0);
     std::ofstream out(path, std::ios::binary | std::ios::trunc);
     out.write(b.data(), static_cast<std::streamsize>(b.size()));
+  }
+
+  // Runs fn with files limited to 64 KiB: a full /dev/shm, as far as a
+  // growing commit file can tell.
+  template <typename Fn>
+  static void with_no_room(Fn&& fn) {
+    struct rlimit old {};
+    ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
+    auto old_handler = ::signal(SIGXFSZ, SIG_IGN);
+    struct rlimit lim = old;
+    lim.rlim_cur = 64 << 10;
+    ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &lim), 0);
+    fn();
+    ::setrlimit(RLIMIT_FSIZE, &old);
+    ::signal(SIGXFSZ, old_handler);
   }
 
   std::string root_, dir_;
@@ -149,15 +165,8 @@ TEST_F(HostCommitsTest, NoRoomIsAnErrorThatKeepsThePreviousCommit) {
   si::HostCommits hc(dir_ + "/slot-0");
   std::vector<char> small(1024, 1), big(1 << 20, 2);
   ASSERT_FALSE(hc.write(1, entries(name_, small)));
-  struct rlimit old {};
-  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
-  auto old_handler = ::signal(SIGXFSZ, SIG_IGN);
-  struct rlimit lim = old;
-  lim.rlim_cur = 64 << 10;
-  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &lim), 0);
-  auto err = hc.write(2, entries(name_, big));
-  ::setrlimit(RLIMIT_FSIZE, &old);
-  ::signal(SIGXFSZ, old_handler);
+  std::optional<std::string> err;
+  with_no_room([&] { err = hc.write(2, entries(name_, big)); });
   ASSERT_TRUE(err);
   EXPECT_NE(err->find("host-memory commit 2 was not written"), std::string::npos) << *err;
   EXPECT_NE(err->find("the previous commit stays"), std::string::npos) << *err;
@@ -437,15 +446,7 @@ TEST_F(HostCommitsTest, ABufferWhoseHostCommitFailsIsKeptInWorkerMemory) {
   st.sync();
   st.commit();  // into host memory
   std::fill(w.begin(), w.end(), 2);
-  struct rlimit old {};
-  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
-  auto old_handler = ::signal(SIGXFSZ, SIG_IGN);
-  struct rlimit lim = old;
-  lim.rlim_cur = 64 << 10;
-  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &lim), 0);
-  st.commit();  // the other file cannot grow: worker memory keeps commit 2
-  ::setrlimit(RLIMIT_FSIZE, &old);
-  ::signal(SIGXFSZ, old_handler);
+  with_no_room([&] { st.commit(); });  // the other file cannot grow: worker memory keeps commit 2
   std::fill(w.begin(), w.end(), 3);
   st.restore();
   EXPECT_EQ(w, std::vector<char>(1 << 20, 2));
