@@ -1,5 +1,5 @@
 // erun::State cost against memcpy.
-//   commit_bench [--reps R=5] [--durable DIR] [--no-local] [--host-memory] BYTES...
+//   commit_bench [--reps R=5] [--durable DIR] [--no-local] [--host-memory] [--pause-ms MS] BYTES...
 // For each size, one raw buffer is registered in a fresh State and timed:
 // commit (deep copy into the snapshot), restore (copy back), a plain memcpy of
 // the same bytes, and sync (under erun with 2+ ranks: the root broadcasts its
@@ -7,7 +7,11 @@
 // checkpoint dir is committed too (temp file, fsync, rename). With
 // --host-memory (under erun, which names the job's host-memory directory), a
 // State that synced first commits into worker memory and host memory
-// (commit-host), beside the plain commit and memcpy of the same run. One line per
+// (commit-host), beside the plain commit and memcpy of the same run; under
+// erun --checkpoint-dir that State also hands its commits to the host side's
+// background persistence (the stall is what commit-host measures). With
+// --pause-ms, each timed commit-host follows MS of idle time (a training
+// step, in which the host side writes the last commit). One line per
 // measurement from rank 0:
 //   COMMIT op=OP bytes=B reps=R median=S min=S max=S bw=GB/s
 #include <algorithm>
@@ -19,6 +23,7 @@
 #include <filesystem>
 #include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "erun/erun.hpp"
@@ -31,10 +36,11 @@ struct Stats {
   double median, min, max;
 };
 
-Stats time_it(int reps, const std::function<void()>& fn) {
+Stats time_it(int reps, const std::function<void()>& fn, int pause_ms = 0) {
   fn();  // warm-up: first-touch page faults are not what we measure
   std::vector<double> t;
   for (int i = 0; i < reps; ++i) {
+    if (pause_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));
     auto t0 = Clock::now();
     fn();
     t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
@@ -56,6 +62,7 @@ int main(int argc, char** argv) {
   int reps = 5;
   bool local = true;
   bool host_memory = false;
+  int pause_ms = 0;
   std::string durable;
   std::vector<size_t> sizes;
   for (int i = 1; i < argc; ++i) {
@@ -64,6 +71,7 @@ int main(int argc, char** argv) {
     else if (a == "--durable" && i + 1 < argc) durable = argv[++i];
     else if (a == "--no-local") local = false;
     else if (a == "--host-memory") host_memory = true;
+    else if (a == "--pause-ms" && i + 1 < argc) pause_ms = std::max(0, std::atoi(argv[++i]));
     else sizes.push_back(std::strtoull(argv[i], nullptr, 10));
   }
   if (sizes.empty()) sizes = {size_t{16} << 20};
@@ -85,7 +93,7 @@ int main(int argc, char** argv) {
         erun::State state(ctx);
         state.register_buffer("data", data.data(), bytes);
         state.sync();  // the first sync opens this worker's host-memory files
-        report(ctx, "commit-host", bytes, reps, time_it(reps, [&] { state.commit(); }));
+        report(ctx, "commit-host", bytes, reps, time_it(reps, [&] { state.commit(); }, pause_ms));
       }
       if (!durable.empty()) {
         std::string dir = durable + "/size-" + std::to_string(bytes);

@@ -20,6 +20,7 @@
 
 #include "agent/protocol.h"
 #include "agent/commit_dir.h"
+#include "agent/persister.h"
 #include "agent/relay.h"
 #include "agent/watchdog.h"
 #include "common/log.h"
@@ -141,10 +142,12 @@ class Agent {
   SteadyClock::time_point last_watchdog_word_{};  // the last "H" to the watchdog
   std::map<uint64_t, Worker> workers_;
   // The job's host-memory commit directory (the first START's
-  // ERUN_COMMIT_DIR) and this agent's shared lock on its lease.
-  void hold_commit_dir(const std::map<std::string, std::string>& env);
+  // ERUN_COMMIT_DIR), this agent's shared lock on its lease, and with
+  // ERUN_CHECKPOINT_DIR the persister that writes its newest commit to disk.
+  void hold_commit_dir(const std::map<std::string, std::string>& env, const std::string& cwd);
   std::string commit_dir_;
   int commit_lease_fd_ = -1;
+  int persister_fd_ = -1;
   std::unique_ptr<Relay> relay_;  // made for the first worker that has a rendezvous to relay
   bool relay_failed_ = false;     // could not be made: workers connect directly
 };
@@ -296,7 +299,7 @@ std::vector<std::string> Agent::worker_env(const Start& s) {
   }
   for (auto& [k, v] : s.env) merged[k] = v;
   if (o_.relay) relay_env(merged);
-  hold_commit_dir(merged);
+  hold_commit_dir(merged, s.cwd);
   merged["ERUN_SECRET"] = secret_;
   std::vector<std::string> words;
   for (auto& [k, v] : merged) words.push_back(k + "=" + v);
@@ -503,7 +506,7 @@ void Agent::relay_env(std::map<std::string, std::string>& env) {
   addr->second = relay_->address();
 }
 
-void Agent::hold_commit_dir(const std::map<std::string, std::string>& env) {
+void Agent::hold_commit_dir(const std::map<std::string, std::string>& env, const std::string& cwd) {
   auto it = env.find("ERUN_COMMIT_DIR");
   if (!commit_dir_.empty() || it == env.end() || it->second.empty() || it->second[0] != '/') return;
   commit_dir_ = it->second;
@@ -513,6 +516,17 @@ void Agent::hold_commit_dir(const std::map<std::string, std::string>& env) {
     ERUN_LOG_WARN("{}: cannot hold the host-memory commit directory: {}", me_, error);
   }
   if (watchdog_fd_ >= 0) (void)write_fully(watchdog_fd_, fmt::format("C {}\n", commit_dir_));
+  auto dir = env.find("ERUN_CHECKPOINT_DIR");
+  auto interval = env.find("ERUN_PERSIST_INTERVAL_MS");
+  long ms = 0;
+  if (dir == env.end() || dir->second.empty() || interval == env.end() || !parse_int(interval->second, ms)) return;
+  PersisterOptions po;
+  po.commit_dir = commit_dir_;
+  po.checkpoint_dir = dir->second[0] == '/' || cwd.empty() ? dir->second : cwd + "/" + dir->second;
+  po.interval = std::chrono::milliseconds(std::max(ms, 0L));
+  po.me = me_;
+  persister_fd_ = spawn_persister(po);
+  if (persister_fd_ < 0) ERUN_LOG_ERROR("{}: cannot start the persister: {}", me_, std::strerror(errno));
 }
 
 void Agent::ensure_watchdog() {
@@ -680,6 +694,9 @@ void Agent::finish() {
   relay_.reset();           // its socket and directory go
   // The job is over on this host (SHUTDOWN, or the driver is gone): its
   // commits go too, unless another agent of the job still runs here.
+  // The persister writes the newest commit first: up to a minute when the
+  // job ended, a few seconds when the driver is gone.
+  stop_persister(std::exchange(persister_fd_, -1), lost_ ? std::chrono::seconds(5) : std::chrono::seconds(60));
   if (!commit_dir_.empty()) release_commit_dir(commit_dir_, std::exchange(commit_lease_fd_, -1));
   close_fd(watchdog_fd_);  // the watchdog finds no group left and exits
 }

@@ -26,7 +26,7 @@ const std::map<std::string, int>& option_arity() {
       {"-i", 1}, {"--ssh-connect-timeout", 1}, {"-x", 1}, {"--env", 1},
       {"--output-filename", 1}, {"--event-log", 1}, {"--launcher", 1}, {"--mode", 1},
       {"--term-grace", 1}, {"--finish-timeout", 1}, {"--rendezvous-timeout", 1},
-      {"--collective-timeout", 1}, {"--driver-address", 1}, {"--checkpoint-dir", 1},
+      {"--collective-timeout", 1}, {"--driver-address", 1}, {"--checkpoint-dir", 1}, {"--persist-interval", 1},
       {"--ssh-option", 1}, {"--agent-path", 1}, {"--heartbeat-timeout", 1},
   };
   return arity;
@@ -86,7 +86,7 @@ Words split_words(int argc, const char* const argv[]) {
 struct RawFlags {
   double discovery_interval = 1, discovery_timeout = 30, elastic_timeout = 600;
   double term_grace = 5, finish_timeout = 60, rendezvous_timeout = 60, collective_timeout = 30;
-  double ssh_connect_timeout = 10, heartbeat_timeout = 5;
+  double ssh_connect_timeout = 10, heartbeat_timeout = 5, persist_interval = 5;
   bool no_agent_relay = false;
   bool no_host_commits = false;
   std::vector<double> cooldown;
@@ -165,7 +165,8 @@ void add_worker_flags(po::options_description& desc, DriverOptions& o, RawFlags&
     ("rendezvous-timeout", po::value<double>(&r.rendezvous_timeout), "seconds a worker may take to (re-)join a generation (default 60)")
     ("collective-timeout", po::value<double>(&r.collective_timeout), "seconds a collective may block before it fails (default 30)")
     ("driver-address", po::value<std::string>(&o.driver_address), "address workers use to reach this driver (default: detected)")
-    ("checkpoint-dir", po::value<std::string>(&o.checkpoint_dir), "directory for durable commits of elastic state")
+    ("checkpoint-dir", po::value<std::string>(&o.checkpoint_dir), "directory for durable commits of elastic state (written in the background by each host's agent from host memory)")
+    ("persist-interval", po::value<double>(&r.persist_interval), "seconds between background writes of the newest commit to --checkpoint-dir (default 5; 0: each commit as soon as the last write ended)")
     ("no-host-commits", po::bool_switch(&r.no_host_commits), "keep commits in worker memory only, not also in each host's /dev/shm (then a failure that kills every worker loses them)")
     ("no-agent-relay", po::bool_switch(&r.no_agent_relay), "workers connect to the driver's rendezvous themselves, one TCP connection each, instead of through their host's agent (one connection per host)");
 }
@@ -191,6 +192,8 @@ Check apply_durations(DriverOptions& o, const RawFlags& r) {
     }
   }
   if (r.term_grace < 0) return fail("--term-grace must be 0 or more seconds");
+  if (!(r.persist_interval >= 0)) return fail(fmt::format("--persist-interval {}: must be 0 or more seconds", r.persist_interval));
+  o.persist_interval = from_seconds(r.persist_interval);
   for (const auto& d : kPositiveDurations) o.*d.option = from_seconds(r.*d.seconds);
   o.term_grace = from_seconds(r.term_grace);
   o.agent_relay = !r.no_agent_relay;

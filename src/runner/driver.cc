@@ -180,7 +180,13 @@ std::vector<std::pair<std::string, std::string>> Driver::worker_env(const RankAs
   put("TORCHELASTIC_MAX_RESTARTS", o_.reset_limit < 0 ? 1000000000 : o_.reset_limit);
   put("TORCHELASTIC_RUN_ID", d_.job_id);
   if (!o_.checkpoint_dir.empty()) put("ERUN_CHECKPOINT_DIR", o_.checkpoint_dir);
-  if (!d_.commit_dir.empty() && d_.membership) put("ERUN_COMMIT_DIR", d_.commit_dir);
+  if (!d_.commit_dir.empty() && d_.membership) {
+    put("ERUN_COMMIT_DIR", d_.commit_dir);
+    // The agent persists: with both variables set, the workers do not.
+    if (!o_.checkpoint_dir.empty()) {
+      put("ERUN_PERSIST_INTERVAL_MS", std::chrono::duration_cast<std::chrono::milliseconds>(o_.persist_interval).count());
+    }
+  }
   put("ERUN_COLLECTIVE_TIMEOUT", seconds(o_.collective_timeout));
   put("ERUN_RENDEZVOUS_TIMEOUT", seconds(o_.rendezvous_timeout));
   put("ERUN_ELASTIC_TIMEOUT", seconds(o_.elastic_timeout));

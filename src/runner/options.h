@@ -64,6 +64,9 @@ struct DriverOptions {
   Duration collective_timeout = std::chrono::seconds(30);
   std::string driver_address;  // address workers reach the driver at (empty: detect)
   std::string checkpoint_dir;
+  // How often each host's agent writes the newest host-memory commit to
+  // checkpoint_dir in the background (--persist-interval).
+  Duration persist_interval = std::chrono::seconds(5);
   // Every commit also goes to the job's directory in each host's /dev/shm
   // (docs/state.md, "Where a commit lives"); false: --no-host-commits.
   bool host_commits = true;

@@ -15,8 +15,8 @@
 #include "common/private_files.h"
 #include "erun/erun.hpp"
 #include "state/device_state.h"
-#include "state/host_commits.h"
-#include "state/snapshot.h"
+#include "commits/host_commits.h"
+#include "commits/snapshot.h"
 
 namespace erun {
 
@@ -55,6 +55,10 @@ struct State::Impl {
   int ordinal = -1;  // this State's number among the worker's (host-memory commit files)
   std::shared_ptr<std::vector<unsigned char>> numbers;  // the worker's, where `ordinal` is marked held
   bool host_failing = false;  // the last host-memory write failed (logged once per streak)
+  // The launcher's --checkpoint-dir, whose durable files the host side
+  // writes from rank 0's host-memory commits (commits/persist.h): rank 0
+  // writes one itself only when its host-memory commit failed.
+  bool host_persists = false;
   bool host_room_checked = false;
   std::vector<std::function<void(int, int)>> reset_callbacks;
   // World size before this worker's last re-join, until the next sync (0: none).
@@ -183,8 +187,9 @@ struct State::Impl {
   // A failure (host memory full) is logged, not thrown: the buffers are then
   // copied into worker memory, training goes on, and the files keep the
   // previous commit.
-  void write_host_commit(const WorkerInfo& info, bool direct) {
-    if (!host) return;
+  // Whether the commit is in host memory.
+  bool write_host_commit(const WorkerInfo& info, bool direct) {
+    if (!host) return false;
     mirror_device();
     std::vector<si::EntryRef> out;
     out.reserve(entries.size());
@@ -198,7 +203,7 @@ struct State::Impl {
     std::optional<std::string> err;
     std::vector<const char*> placed;
     try {
-      err = host->write(commit_id, out, &placed);
+      err = host->write(commit_id, out, &placed, info.rank == 0 ? si::kRankZeroCommit : 0);
     } catch (const Error& e) {
       err = e.what();
     }
@@ -220,6 +225,7 @@ struct State::Impl {
     if (err && !host_failing) ERUN_LOG_ERROR("{}", *err);
     if (!err && host_failing) ERUN_LOG_INFO("host-memory commit {} written to {} again", commit_id, host->stem());
     host_failing = err.has_value();
+    return !err;
   }
 
   void mirror_device() {
@@ -385,8 +391,8 @@ void State::commit() {
   impl_->commit_id += 1;
   impl_->has_snapshot = true;
   impl_->snapshot_size = ctx_.size();
-  impl_->write_host_commit(ctx_.info(), direct);
-  if (!impl_->checkpoint_dir.empty() && ctx_.rank() == 0) {
+  const bool in_host_memory = impl_->write_host_commit(ctx_.info(), direct);
+  if (!impl_->checkpoint_dir.empty() && ctx_.rank() == 0 && !(impl_->host_persists && in_host_memory)) {
     impl_->mirror_device();
     si::write_file_atomically(impl_->checkpoint_dir, si::kStateFile, impl_->commit_id,
                               impl_->refs());
@@ -402,8 +408,10 @@ void State::restore() {
 void State::sync() {
   if (!impl_->launcher_checkpoint_checked) {
     impl_->launcher_checkpoint_checked = true;
-    if (impl_->checkpoint_dir.empty() && !ctx_.checkpoint_dir().empty()) set_checkpoint_dir(ctx_.checkpoint_dir());
+    const bool launcher_dir = impl_->checkpoint_dir.empty() && !ctx_.checkpoint_dir().empty();
+    if (launcher_dir) set_checkpoint_dir(ctx_.checkpoint_dir());
     adopt_host_commits();
+    impl_->host_persists = launcher_dir && impl_->host && impl_->ordinal == 0;
   }
   Communicator& comm = ctx_.comm();
   const int size = comm.size();

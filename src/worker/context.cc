@@ -19,7 +19,7 @@
 
 #include "collectives/hierarchical.h"
 #include "collectives/tcp/tcp_communicator.h"
-#include "common/commit_files.h"
+#include "commits/commit_files.h"
 #include "common/log.h"
 #include "common/strings.h"
 #include "erun/erun.hpp"

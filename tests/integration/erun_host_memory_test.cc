@@ -4,14 +4,22 @@
 // at once, or the only host's agent is SIGKILLed (its watchdog stops the
 // workers), the next generation resumes at the last commit, not at epoch 0,
 // and ends at exactly the uninterrupted model. When erun itself is
-// SIGKILLed, the directory is gone within seconds.
+// SIGKILLed, the directory is gone within seconds. With --checkpoint-dir,
+// the agents write the newest commit to disk in the background, at most once
+// per --persist-interval, and a cold restart resumes from it.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstring>
+#include <fstream>
+#include <map>
 #include <regex>
+#include <set>
 #include <thread>
+
+#include <fmt/format.h>
 
 #include "support/erun_process.h"
 #include "support/process_utils.h"
@@ -24,6 +32,17 @@ using namespace std::chrono_literals;
 bool exists(const std::string& path) {
   struct stat st {};
   return ::lstat(path.c_str(), &st) == 0;
+}
+
+// The commit id a commit file's header claims (host-memory or durable: both
+// start "ERUNSTAT", u32 version, u32 flags, u64 id); 0 when none.
+uint64_t claimed_id(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  char header[24] = {};
+  if (!in.read(header, sizeof header) || std::memcmp(header, "ERUNSTAT", 8) != 0) return 0;
+  uint64_t id = 0;
+  std::memcpy(&id, header + 16, sizeof id);
+  return id;
 }
 
 class ErunHostMemory : public ::testing::Test {
@@ -162,6 +181,54 @@ TEST_F(ErunHostMemory, SigkilledErunLeavesNoHostMemoryBehind) {
   auto deadline = std::chrono::steady_clock::now() + 10s;
   while (exists(dir) && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(50ms);
   EXPECT_FALSE(exists(dir)) << dir << " still there 10 s after erun was SIGKILLed";
+  std::vector<pid_t> left;
+  EXPECT_TRUE(wait_no_process(program_, 20s, &left)) << describe_pids(left);
+}
+
+// (f) The durable file trails the newest commit by at most the interval plus
+// the time to write it, is written by the host side (a few times per
+// interval, not at every commit), and a cold restart after erun was SIGKILLed
+// resumes from it and ends at exactly the uninterrupted model.
+TEST_F(ErunHostMemory, BackgroundPersistenceTrailsByTheIntervalAndAColdRestartResumes) {
+  dir_.write("hosts", "127.0.0.2:1\n127.0.0.3:1\n");
+  const std::string ckpt = dir_.file("ckpt");
+  const std::string durable = ckpt + "/erun-state.bin";
+  {
+    ErunProcess p(erun_args({"-np", "2", "--checkpoint-dir", ckpt, "--persist-interval", "1"}));
+    ASSERT_TRUE(p.wait_output(fmt_epoch(1), 120s)) << p.out() << p.err();
+    const std::string dir = commit_dir();
+    ASSERT_FALSE(dir.empty());
+    // Sample for 4 s: when each commit was begun, and what the file held.
+    std::map<uint64_t, std::chrono::steady_clock::time_point> begun;
+    std::set<uint64_t> durable_ids;
+    const auto start = std::chrono::steady_clock::now();
+    const auto slack = 1s + 1500ms;  // the interval, and the write on a busy 2-core machine
+    while (std::chrono::steady_clock::now() - start < 4s) {
+      const auto now = std::chrono::steady_clock::now();
+      for (const char* f : {"slot-127.0.0.2-0.a", "slot-127.0.0.2-0.b", "slot-127.0.0.3-0.a", "slot-127.0.0.3-0.b"}) {
+        if (uint64_t id = claimed_id(dir + "/" + f)) begun.emplace(id, now);
+      }
+      const uint64_t on_disk = claimed_id(durable);
+      durable_ids.insert(on_disk);
+      for (const auto& [id, when] : begun) {
+        if (now - when > slack) EXPECT_GE(on_disk, id) << "commit " << id << " not on disk after " << (now - when).count() / 1000000 << " ms";
+      }
+      std::this_thread::sleep_for(50ms);
+    }
+    ASSERT_GE(begun.size(), 8u) << "too few commits to judge";
+    // Periodic, not at every commit (which a worker's synchronous write would be).
+    EXPECT_GE(durable_ids.size(), 3u);
+    EXPECT_LE(durable_ids.size(), 7u) << durable_ids.size() << " durable commits for " << begun.size() << " commits";
+    p.signal(SIGKILL);
+    std::vector<pid_t> left;
+    ASSERT_TRUE(wait_no_process(program_, 20s, &left)) << describe_pids(left);
+  }
+  const uint64_t kept = claimed_id(durable);
+  ASSERT_GT(kept, 0u);
+  ErunProcess again(erun_args({"-np", "2", "--checkpoint-dir", ckpt, "--persist-interval", "1"}));
+  ASSERT_NO_FATAL_FAILURE(expect_trained_exactly(again, *reference_));
+  const std::string said = again.err() + again.out();
+  EXPECT_NE(said.find(fmt::format("resumed from commit {} in {}", kept, durable)), std::string::npos) << said;
   std::vector<pid_t> left;
   EXPECT_TRUE(wait_no_process(program_, 20s, &left)) << describe_pids(left);
 }

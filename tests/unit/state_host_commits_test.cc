@@ -17,8 +17,8 @@
 #include <optional>
 
 #include "erun/erun.hpp"
-#include "common/commit_files.h"
-#include "state/host_commits.h"
+#include "commits/commit_files.h"
+#include "commits/host_commits.h"
 #include "state_fake_world.h"
 
 namespace erun {

@@ -1,4 +1,4 @@
-#include "common/commit_files.h"
+#include "commits/commit_files.h"
 
 #include <dirent.h>
 #include <fcntl.h>

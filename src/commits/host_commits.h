@@ -14,7 +14,7 @@
 // header claims the commit id first and a trailer repeats it last, so a
 // worker killed while writing leaves a file whose two ids differ (torn),
 // and the other file whole. Layout (host byte order, little-endian):
-//   0  "ERUNSTAT" | u32 version 2 | u32 flags 0 | u64 commit id (claimed) |
+//   0  "ERUNSTAT" | u32 version 2 | u32 flags | u64 commit id (claimed) |
 //   24 u64 entry count | u64 trailer offset | 24 bytes 0 |
 //   64 per entry: u64 name length, name, u64 data length, u64 data offset |
 //      each entry's data at a 64-byte aligned offset |
@@ -29,9 +29,13 @@
 #include <string>
 #include <vector>
 
-#include "state/snapshot.h"
+#include "commits/snapshot.h"
 
 namespace erun::state_internal {
+
+// Header flags: the commit was made by the job's rank 0 (the one whose State
+// the host side persists to --checkpoint-dir, commits/persist.h).
+inline constexpr uint32_t kRankZeroCommit = 1;
 
 class HostCommits {
  public:
@@ -55,7 +59,7 @@ class HostCommits {
   // (e.g. /dev/shm full) returns the error, naming the file and what to do,
   // before any byte of either file changed.
   std::optional<std::string> write(uint64_t commit_id, const std::vector<EntryRef>& entries,
-                                   std::vector<const char*>* placed = nullptr);
+                                   std::vector<const char*>* placed = nullptr, uint32_t flags = 0);
 
   // Before the first write: whether the directory's file system has room
   // for two files of `entries` for each of `workers` workers on this host
@@ -81,6 +85,21 @@ class HostCommits {
   static int ordinal_of(const std::string& file_name);
   // The commit one file holds whole; nullopt when torn, foreign or unreadable.
   static std::optional<Snapshot> read(const std::string& path);
+
+  // What one file holds whole, its bytes left in the file: for a reader in
+  // another process that copies them piecewise while the writer may begin
+  // to overwrite the file (held() says whether it has not yet).
+  struct Listing {
+    uint64_t id = 0;
+    uint32_t flags = 0;
+    std::vector<std::string> names;
+    std::vector<uint64_t> sizes;
+    std::vector<uint64_t> offsets;  // of each entry's bytes in the file
+  };
+  static std::optional<Listing> list(int fd);
+  // Whether the file still holds commit `id` whole: its writer has not
+  // claimed it for another commit.
+  static bool held(int fd, uint64_t id);
 
   const std::string& stem() const { return stem_; }
 

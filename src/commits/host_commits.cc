@@ -1,4 +1,4 @@
-#include "state/host_commits.h"
+#include "commits/host_commits.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -20,7 +20,7 @@
 
 #include <fmt/format.h>
 
-#include "common/commit_files.h"
+#include "commits/commit_files.h"
 #include "common/private_files.h"
 #include "erun/errors.hpp"
 
@@ -171,27 +171,39 @@ bool pread_all(int fd, char* out, size_t n, size_t offset) {
   return true;
 }
 
-// The commit id a file holds whole, read without its data: header, table
-// (for the CRC) and trailer. 0 when torn, foreign or unreadable.
-uint64_t complete_id(int fd) {
+// What a file holds whole, read without its data: header, table (for the
+// CRC) and trailer. nullopt when torn, foreign or unreadable.
+std::optional<HostCommits::Listing> read_listing(int fd) {
   struct stat st {};
-  if (::fstat(fd, &st) != 0) return 0;
+  if (::fstat(fd, &st) != 0) return std::nullopt;
   const size_t size = static_cast<size_t>(st.st_size);
   char header[kHeaderBytes];
-  if (size < kHeaderBytes || !pread_all(fd, header, sizeof header, 0)) return 0;
+  if (size < kHeaderBytes || !pread_all(fd, header, sizeof header, 0)) return std::nullopt;
   auto c = claims_of(header, size);
-  if (!c) return 0;
+  if (!c) return std::nullopt;
   char trailer[kTrailerBytes];
-  if (!pread_all(fd, trailer, sizeof trailer, c->trailer) || get_u64(trailer) != c->id) return 0;
+  if (!pread_all(fd, trailer, sizeof trailer, c->trailer) || get_u64(trailer) != c->id) return std::nullopt;
   // The table: read in growing pieces until it is whole (it ends before the
   // first entry's data, so a small state keeps it short).
   std::vector<char> meta;
   for (size_t want = std::min<size_t>(c->trailer, 64 << 10);; want = std::min<size_t>(c->trailer, want * 2)) {
     meta.resize(want);
-    if (!pread_all(fd, meta.data(), meta.size(), 0)) return 0;
-    auto end = walk_table(meta.data(), meta.size(), c->count, [](std::string_view, uint64_t, uint64_t) { return true; });
-    if (end) return get_u32(trailer + 8) == crc32c(0, meta.data(), *end) ? c->id : 0;
-    if (want == c->trailer) return 0;  // the table runs into the trailer
+    if (!pread_all(fd, meta.data(), meta.size(), 0)) return std::nullopt;
+    HostCommits::Listing l;
+    auto end = walk_table(meta.data(), meta.size(), c->count, [&](std::string_view name, uint64_t len, uint64_t off) {
+      if (off > c->trailer || len > c->trailer - off) return false;
+      l.names.emplace_back(name);
+      l.sizes.push_back(len);
+      l.offsets.push_back(off);
+      return true;
+    });
+    if (end) {
+      if (get_u32(trailer + 8) != crc32c(0, meta.data(), *end)) return std::nullopt;
+      l.id = c->id;
+      l.flags = get_u32(meta.data() + 12);
+      return l;
+    }
+    if (want == c->trailer) return std::nullopt;  // the table runs into the trailer
   }
 }
 
@@ -256,7 +268,8 @@ void HostCommits::open_files() {
       continue;
     }
     // What a previous worker of this slot left: keep its newest commit whole.
-    held_[i] = complete_id(fd);
+    auto listing = read_listing(fd);
+    held_[i] = listing ? listing->id : 0;
   }
 }
 
@@ -285,7 +298,7 @@ int HostCommits::map(int i, size_t size) {
 }
 
 std::optional<std::string> HostCommits::write(uint64_t commit_id, const std::vector<EntryRef>& entries,
-                                              std::vector<const char*>* placed) {
+                                              std::vector<const char*>* placed, uint32_t flags) {
   if (!opened_) open_files();
   const int i = held_[0] <= held_[1] ? 0 : 1;
   const std::string path = stem_ + kSuffix[i];
@@ -305,9 +318,12 @@ std::optional<std::string> HostCommits::write(uint64_t commit_id, const std::vec
   // The claim first: from here until the trailer, the file is torn.
   std::memcpy(m, "ERUNSTAT", 8);
   put_u32(m + 8, kHostVersion);
-  put_u32(m + 12, 0);
+  put_u32(m + 12, flags);
   put_u64(m + 16, commit_id);
-  in_order();
+  // A reader in another process (the host side's persister) copying the
+  // previous commit out of this file sees the claim before any later store,
+  // the non-temporal ones included.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
   put_u64(m + 24, entries.size());
   put_u64(m + 32, l.trailer);
   std::memset(m + 40, 0, kHeaderBytes - 40);
@@ -359,6 +375,18 @@ std::optional<std::string> HostCommits::room_warning(const std::vector<EntryRef>
       "Enlarge it (e.g. docker run --shm-size={}m) or pass --no-host-commits",
       dir_of(dir), mib(free_bytes + held), mib(bytes), std::max(workers, 1), mib(need),
       static_cast<unsigned long long>(mib(need)) + 64);
+}
+
+std::optional<HostCommits::Listing> HostCommits::list(int fd) { return read_listing(fd); }
+
+bool HostCommits::held(int fd, uint64_t id) {
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  char header[kHeaderBytes];
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !pread_all(fd, header, sizeof header, 0)) return false;
+  auto c = claims_of(header, static_cast<size_t>(st.st_size));
+  char trailer[8];
+  return c && c->id == id && pread_all(fd, trailer, sizeof trailer, c->trailer) && get_u64(trailer) == id;
 }
 
 std::optional<Snapshot> HostCommits::read(const std::string& path) {

@@ -1,0 +1,145 @@
+#include "agent/persister.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <vector>
+
+#include "commits/persist.h"
+#include "common/log.h"
+#include "common/subprocess.h"
+#include "erun/errors.hpp"
+
+namespace erun::agent {
+namespace {
+
+using SteadyClock = std::chrono::steady_clock;
+namespace si = erun::state_internal;
+
+class Persister {
+ public:
+  Persister(PersisterOptions o, int channel) : o_(std::move(o)), channel_(channel) {}
+
+  [[noreturn]] void run() {
+    bool last = false;
+    while (!last) {
+      last = wait_turn();
+      // The final pass retries a commit whose worker began to overwrite it:
+      // the newer one is then whole or about to be.
+      for (int attempt = 0; attempt < (last ? 20 : 1); ++attempt) {
+        if (!persist_once() || !last) break;
+        ::usleep(10 * 1000);
+      }
+    }
+    ::_exit(0);
+  }
+
+ private:
+  // Waits until the interval since the last write has passed (polling for
+  // new commits every 100 ms meanwhile) or the channel ends; true at its end.
+  bool wait_turn() {
+    while (true) {
+      const auto now = SteadyClock::now();
+      const bool due = written_ == 0 || now - last_write_ >= o_.interval;
+      pollfd p{channel_, POLLIN, 0};
+      int ready = ::poll(&p, 1, due ? 100 : static_cast<int>(std::min<long>(
+                                                  100, std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                           o_.interval - (now - last_write_)).count() + 1)));
+      if (ready > 0) {
+        char byte;
+        ssize_t n = ::read(channel_, &byte, 1);
+        if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) return true;
+      }
+      if (due) return false;
+    }
+  }
+
+  // One attempt; true when the commit was overwritten under the copy.
+  bool persist_once() {
+    const auto started = SteadyClock::now();
+    try {
+      si::Persisted p = si::persist_newest(o_.commit_dir, o_.checkpoint_dir, written_, &scratch_);
+      if (p.id != 0) {
+        written_ = p.id;
+        last_write_ = started;
+        failing_.clear();
+        ERUN_LOG_DEBUG("{}: persisted commit {} from {} to {}", o_.me, p.id, p.from, o_.checkpoint_dir);
+      }
+      return p.raced;
+    } catch (const Error& e) {
+      // Said once per distinct failure; the next interval tries again.
+      if (e.what() != failing_) ERUN_LOG_ERROR("{}: background persistence: {}", o_.me, e.what());
+      failing_ = e.what();
+      last_write_ = started;
+      return false;
+    }
+  }
+
+  PersisterOptions o_;
+  int channel_;
+  uint64_t written_ = 0;
+  SteadyClock::time_point last_write_{};
+  std::string failing_;
+  std::vector<char> scratch_;  // the commit being persisted
+};
+
+}  // namespace
+
+int spawn_persister(const PersisterOptions& options) {
+  int fds[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) return -1;
+  pid_t pid = ::fork();
+  if (pid < 0) {
+    int saved = errno;
+    ::close(fds[0]);
+    ::close(fds[1]);
+    errno = saved;
+    return -1;
+  }
+  if (pid == 0) {
+    // Its own session: the terminal's signals and the watchdog's stop go to
+    // the workers, not to the write of the last commit. stderr stays (the
+    // agent's, so its errors reach the driver while there is one).
+    ::setsid();
+    for (int s : {SIGINT, SIGHUP, SIGTERM, SIGPIPE, SIGQUIT}) ::signal(s, SIG_IGN);
+    ::signal(SIGCHLD, SIG_DFL);
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    int null = ::open("/dev/null", O_RDWR);
+    for (int target : {0, 1}) ::dup2(null, target);
+    if (fds[1] != 3) {
+      ::dup2(fds[1], 3);
+    } else {
+      ::fcntl(3, F_SETFD, 0);
+    }
+    close_from(4);
+    Persister(options, 3).run();
+  }
+  ::close(fds[1]);
+  return fds[0];
+}
+
+void stop_persister(int fd, std::chrono::milliseconds wait) {
+  if (fd < 0) return;
+  ::shutdown(fd, SHUT_WR);
+  const auto deadline = SteadyClock::now() + wait;
+  char byte;
+  while (true) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - SteadyClock::now()).count();
+    if (left <= 0) break;
+    pollfd p{fd, POLLIN, 0};
+    int ready = ::poll(&p, 1, static_cast<int>(left));
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready <= 0) break;
+    ssize_t n = ::read(fd, &byte, 1);
+    if (n == 0 || (n < 0 && errno != EINTR)) break;  // it exited
+  }
+  ::close(fd);
+}
+
+}  // namespace erun::agent
