@@ -11,7 +11,6 @@
 #include <cerrno>
 #include <condition_variable>
 #include <cstring>
-#include <deque>
 #include <exception>
 #include <map>
 #include <mutex>
@@ -22,10 +21,9 @@
 #include <fmt/format.h>
 
 #include "collectives/reduce_kernels.h"
+#include "collectives/tcp/mesh.h"
 #include "common/check.h"
-#include "common/codec.h"
 #include "common/fd.h"
-#include "common/handshake.h"
 #include "common/log.h"
 #include "common/net.h"
 
@@ -37,44 +35,9 @@ static_assert(std::endian::native == std::endian::little, "the pair wire format 
 using Clock = std::chrono::steady_clock;
 using namespace std::chrono_literals;
 
-// ---- handshake --------------------------------------------------------------
-
-constexpr uint32_t kHandshakeMagic = 0x31504545;  // "EEP1"
-constexpr uint16_t kHandshakeVersion = 1;
-enum HandshakeType : uint16_t { kHello = 1, kChallenge = 2, kAuth = 3, kAccepted = 4 };
-constexpr size_t kHelloBytes = 8 + 8 + 8 + 4 + 4 + handshake::kNonceBytes;  // 64
-constexpr size_t kChallengeBytes = 8 + handshake::kNonceBytes + handshake::kMacBytes;  // 72
-constexpr size_t kAuthBytes = 8 + handshake::kMacBytes;  // 40
-constexpr size_t kAcceptedBytes = 8;
-// A connection that has not finished its handshake by then is dropped.
-constexpr Duration kHandshakeTimeout = 5s;
-// At most this many unauthenticated connections are kept; the oldest goes.
-constexpr size_t kMaxPending = 256;
 // An idle sender thread outwaits its caller by this much past the operation's
 // deadline: the caller, blocked on a receive, is the one that names a peer.
 constexpr Duration kIdleSenderGrace = 2s;
-
-PayloadWriter handshake_head(HandshakeType t) {
-  PayloadWriter w;
-  w.u32(kHandshakeMagic).u32(static_cast<uint32_t>(kHandshakeVersion) | (static_cast<uint32_t>(t) << 16));
-  return w;
-}
-
-// Why a handshake message is refused, or empty.
-std::string check_head(PayloadReader& r, HandshakeType want) {
-  uint32_t magic = r.u32();
-  uint32_t vt = r.u32();
-  if (magic != kHandshakeMagic) return fmt::format("not an erun pair handshake (magic {:#x})", magic);
-  if ((vt & 0xffff) != kHandshakeVersion) return fmt::format("pair handshake version {}, want {}", vt & 0xffff, kHandshakeVersion);
-  if ((vt >> 16) != want) return fmt::format("handshake message type {}, want {}", vt >> 16, static_cast<int>(want));
-  return {};
-}
-
-// Each side proves the secret over both nonces, the job, the generation and
-// both ranks (the binding); the labels keep one side's proof from passing as
-// the other's: HMAC(secret, label || str(job_id) || gen || c || a || nc || na).
-constexpr handshake::Scheme kPairScheme{"erun-pair-connector-v1", "erun-pair-acceptor-v1",
-                                        handshake::Scheme::Layout::kNoncesLast};
 
 // ---- data frames ------------------------------------------------------------
 
@@ -163,24 +126,6 @@ ReduceFn reduce_fn(DataType type, ReduceOp op) {
   });
 }
 
-// ---- sockets ----------------------------------------------------------------
-
-// The first address of host:port.
-net::Address resolve(const std::string& host, const std::string& port) {
-  auto addrs = net::resolve(host, port);
-  if (!addrs) throw CommError(fmt::format("erun tcp: cannot resolve address '{}': {}", host, addrs.message()));
-  return addrs->front();
-}
-
-// "1.2.3.4:5" or "[::1]:5" -> host, port.
-std::pair<std::string, std::string> split_host_port(const std::string& s) {
-  auto colon = s.rfind(':');
-  if (colon == std::string::npos || colon == 0) return {"", ""};
-  std::string host = s.substr(0, colon);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
-  return {host, s.substr(colon + 1)};
-}
-
 using net::poll_ms;
 
 // ---- the communicator -------------------------------------------------------
@@ -234,7 +179,7 @@ class TcpCommunicator final : public Communicator {
     interrupt_ = {abort_fd_.get(), &aborted_, o_.cancelled};
     who_ = who(o.generation, o.address, o.rank);
     cpu_per_rank_ = o.machine_ranks <= ::sysconf(_SC_NPROCESSORS_ONLN);
-    if (o.size > 1) connect_mesh(store);
+    if (o.size > 1) fds_ = tcp::form_mesh(store, o_, who_, interrupt_);
   }
 
   ~TcpCommunicator() override {
@@ -998,297 +943,12 @@ class TcpCommunicator final : public Communicator {
     ring_allgather(c, base, off, rank());
   }
 
-  // ---- forming the mesh ----
-
-  void connect_mesh(KvStore& store) {
-    if (o_.secret.empty()) {
-      throw std::invalid_argument("erun tcp: no job secret; the pairs of a multi-rank communicator must authenticate");
-    }
-    key_ = std::make_shared<const handshake::Key>(o_.secret);
-    const auto start = Clock::now();
-    const TimePoint deadline = start + (o_.connect_timeout > Duration::zero() ? o_.connect_timeout : o_.timeout);
-    listen_on_address();
-    const std::string mine = local_addr_.name();
-    store.set(key(rank()), std::vector<char>(mine.begin(), mine.end()));
-    // Higher ranks connect to lower ones: rank r first connects to 0..r-1
-    // (each of which is already accepting, or finishing its own connects to
-    // even lower ranks), then accepts r+1..size-1.
-    for (int q = 0; q < rank(); ++q) {
-      auto left = deadline - Clock::now();
-      if (left <= Duration::zero()) throw CommError(fmt::format("erun tcp: {}: timed out waiting for rank {}'s address (it did not start its communicator: it may have failed; see its log)", who_, q));
-      auto v = store.get(key(q), left);
-      connect_to(q, std::string(v.begin(), v.end()), deadline);
-    }
-    accept_peers(deadline);
-    listen_fd_.reset();
-    ERUN_LOG_DEBUG("{}: tcp mesh of {} formed in {:.3f} s", who_, size(), seconds(Clock::now() - start));
-  }
-
-  static std::string key(int r) { return fmt::format("addr/{}", r); }
-
-  void listen_on_address() {
-    net::Address e = resolve(o_.address, "0");
-    if (e.is_wildcard()) {
-      throw std::invalid_argument(fmt::format("erun tcp: address '{}' is the wildcard; give the address of this host "
-                                              "that the peers reach it at", o_.address));
-    }
-    net::Socket s = net::listen(e, 128);
-    if (!s.ok()) {
-      if (s.outcome.call == "bind") {
-        throw CommError(fmt::format("erun tcp: {}: cannot bind {}: {} (is it an address of this host?)", who_,
-                                    o_.address, s.outcome.text()));
-      }
-      throw CommError(fmt::format("erun tcp: {}: {}", s.outcome.call, s.outcome.text()));
-    }
-    listen_fd_ = std::move(s.fd);
-    local_addr_ = net::local_address(listen_fd_.get());
-  }
-
-  // Throws the CommError for a connect, send or receive of the handshake that
-  // did not complete.
-  void check(const net::Outcome& o, const std::string& what) {
-    switch (o.end) {
-      case net::Outcome::kOk: return;
-      case net::Outcome::kTimedOut: throw CommError(fmt::format("erun tcp: {}: timed out {}", who_, what));
-      case net::Outcome::kAborted: throw CommError(fmt::format("erun tcp: {}: aborted {}", who_, what));
-      case net::Outcome::kCancelled:
-        throw CommError(fmt::format("erun tcp: {}: gave up {}: a new generation was announced", who_, what));
-      case net::Outcome::kClosed: throw CommError(fmt::format("erun tcp: {}: {}: connection closed", who_, what));
-      case net::Outcome::kError:
-        if (o.call == "poll") throw CommError(fmt::format("erun tcp: poll: {}", o.text()));
-        throw CommError(fmt::format("erun tcp: {}: {}: {}", who_, what, o.text()));
-    }
-  }
-
-  void check_cancelled(const std::string& what) {
-    if (o_.cancelled && o_.cancelled()) check({net::Outcome::kCancelled}, what);
-  }
-
-  std::string recv_blocking(int fd, size_t want, TimePoint deadline, const std::string& what) {
-    std::string out(want, '\0');
-    check(net::recv_exact(fd, out.data(), want, deadline, &interrupt_), what);
-    return out;
-  }
-
-  // Both proofs of the pair (connector, acceptor) in this generation.
-  handshake::Proofs pair_proofs(int connector, int acceptor) const {
-    return handshake::Proofs(key_, kPairScheme,
-                             PayloadWriter().bytes(o_.job_id).i64(o_.generation).i32(connector).i32(acceptor).str());
-  }
-
-  void connect_to(int q, const std::string& addr, TimePoint deadline) {
-    auto [host, port] = split_host_port(addr);
-    if (host.empty()) throw CommError(fmt::format("erun tcp: {}: rank {} published a malformed address '{}'", who_, q, addr));
-    net::Address e = resolve(host, port);
-    const std::string what = fmt::format("connecting to rank {} at {}", q, addr);
-    net::Socket s = net::connect(e, deadline, &interrupt_);
-    if (s.outcome.end == net::Outcome::kError && s.outcome.call == "socket") {
-      throw CommError(fmt::format("erun tcp: socket: {}", s.outcome.text()));
-    }
-    if (s.outcome.end == net::Outcome::kError && s.outcome.call == "connect") {
-      throw CommError(fmt::format("erun tcp: {}: {}: {} (has rank {} exited?)", who_, what, s.outcome.text(), q));
-    }
-    check(s.outcome, what);
-    const int fd = s.fd.get();
-    const handshake::Proofs proofs = pair_proofs(rank(), q);
-    handshake::Initiator hs;
-    auto hello = handshake_head(kHello);
-    hello.u64(handshake::job_hash(o_.job_id)).i64(o_.generation).i32(rank()).i32(q).fixed(hs.nonce());
-    check(net::send_all(fd, hello.str(), deadline, &interrupt_), what);
-    std::string ch = recv_blocking(fd, kChallengeBytes, deadline, what + " (waiting for its challenge)");
-    PayloadReader r(ch);
-    if (auto why = check_head(r, kChallenge); !why.empty()) {
-      throw CommError(fmt::format("erun tcp: {}: {}: {}", who_, what, why));
-    }
-    const bool challenged = hs.challenged(r.fixed(handshake::kNonceBytes));
-    if (!challenged || !hs.verify(proofs, r.fixed(handshake::kMacBytes))) {
-      throw CommError(fmt::format("erun tcp: {}: {}: the peer did not prove the job secret for generation {}; "
-                                  "refusing to exchange data with it", who_, what, o_.generation));
-    }
-    auto auth = handshake_head(kAuth);
-    auth.fixed(hs.proof(proofs));
-    check(net::send_all(fd, auth.str(), deadline, &interrupt_), what);
-    std::string ok = recv_blocking(fd, kAcceptedBytes, deadline, what + " (waiting for its acceptance)");
-    PayloadReader okr(ok);
-    if (auto why = check_head(okr, kAccepted); !why.empty()) {
-      throw CommError(fmt::format("erun tcp: {}: {}: {}", who_, what, why));
-    }
-    fds_[q] = std::move(s.fd);
-  }
-
-  struct Pending {
-    Fd fd;
-    std::string peer;
-    TimePoint deadline;
-    std::string in;
-    size_t want = kHelloBytes;
-    int from = -1;
-    handshake::Responder hs;
-  };
-
-  // Accepts until every higher rank has authenticated. Strangers are handled
-  // side by side with the real peers (a silent connection costs nothing but a
-  // descriptor) and closed on the first wrong byte or after kHandshakeTimeout.
-  void accept_peers(TimePoint deadline) {
-    int missing = size() - 1 - rank();
-    std::deque<Pending> pending;
-    auto drop = [&](Pending& p, const std::string& why) {
-      reject(p.peer, why);
-      p.fd.reset();
-    };
-    while (missing > 0) {
-      check_cancelled("accepting the pair connections");
-      // Established pairs must stay up while the rest form: a peer that
-      // died is noticed now, not at the first operation.
-      std::vector<pollfd> pfds{{listen_fd_.get(), POLLIN, 0}, {abort_fd_.get(), POLLIN, 0}};
-      for (int q = 0; q < size(); ++q) {
-        if (fds_[q]) pfds.push_back({fds_[q].get(), POLLRDHUP, 0});
-      }
-      const size_t first_pending = pfds.size();
-      TimePoint wake = deadline;
-      for (auto& p : pending) {
-        pfds.push_back({p.fd.get(), POLLIN, 0});
-        wake = std::min(wake, p.deadline);
-      }
-      int timeout = poll_ms(wake, 50ms);
-      if (timeout == 0 && Clock::now() >= deadline) {
-        std::string who_missing;
-        for (int q = rank() + 1; q < size(); ++q) {
-          if (!fds_[q]) who_missing += fmt::format("{}{}", who_missing.empty() ? "" : ", ", q);
-        }
-        throw CommError(fmt::format("erun tcp: {}: timed out waiting for rank(s) {} to connect (they failed, did not start, or cannot reach this host's port: see their log, and check that no firewall is between the hosts)", who_, who_missing));
-      }
-      int n = ::poll(pfds.data(), pfds.size(), timeout);
-      if (n < 0 && errno != EINTR) throw CommError(fmt::format("erun tcp: poll: {}", std::strerror(errno)));
-      if (aborted_ || (pfds[1].revents & POLLIN)) throw CommError(fmt::format("erun tcp: {}: aborted while forming the mesh", who_));
-      for (size_t i = 2; i < first_pending; ++i) {
-        if (pfds[i].revents & (POLLRDHUP | POLLHUP | POLLERR)) {
-          int q = 0;
-          while (fds_[q].get() != pfds[i].fd) ++q;
-          throw CommError(fmt::format("erun tcp: {}: rank {} closed its connection while the mesh formed (it exited "
-                                      "or failed)", who_, q));
-        }
-      }
-      for (size_t i = first_pending; i < pfds.size(); ++i) {
-        if (!pfds[i].revents) continue;
-        Pending& p = pending[i - first_pending];
-        if (advance(p, drop)) {
-          --missing;
-        }
-      }
-      const auto now = Clock::now();
-      for (auto& p : pending) {
-        if (p.fd && now >= p.deadline) drop(p, "no complete handshake in time");
-      }
-      std::erase_if(pending, [](const Pending& p) { return !p.fd; });
-      if (pfds[0].revents & POLLIN) {
-        while (true) {
-          net::Address from;
-          Fd fd = net::accept(listen_fd_.get(), &from);
-          if (!fd) break;
-          if (pending.size() >= kMaxPending) {
-            drop(pending.front(), "too many unauthenticated connections; dropping the oldest");
-            pending.pop_front();
-          }
-          Pending p;
-          p.fd = std::move(fd);
-          p.peer = from.name();
-          p.deadline = std::min(deadline, Clock::now() + kHandshakeTimeout);
-          pending.push_back(std::move(p));
-        }
-      }
-    }
-    for (auto& p : pending) {
-      if (p.fd) drop(p, "arrived after every peer had connected");
-    }
-    if (rejected_ > logged_rejections_) {
-      ERUN_LOG_WARN("{}: {} connection(s) to the pair port were refused in all (not peers of this job, or peers "
-                    "with another job secret); the communicator formed without them. If they are not yours, limit "
-                    "who can reach the workers' ports",
-                    who_, rejected_);
-    }
-  }
-
-  // Reads what a pending connection sent; true when it became a peer.
-  template <typename Drop>
-  bool advance(Pending& p, Drop&& drop) {
-    char buf[128];
-    const size_t want = p.want - p.in.size();
-    ssize_t n = ::recv(p.fd.get(), buf, std::min(want, sizeof(buf)), MSG_DONTWAIT);
-    if (n == 0) {
-      drop(p, "closed before completing the handshake");
-      return false;
-    }
-    if (n < 0) {
-      if (errno != EAGAIN && errno != EINTR) drop(p, std::strerror(errno));
-      return false;
-    }
-    p.in.append(buf, static_cast<size_t>(n));
-    if (p.in.size() < p.want) return false;
-    PayloadReader r(p.in);
-    if (p.from < 0) {  // the hello
-      if (auto why = check_head(r, kHello); !why.empty()) {
-        drop(p, why);
-        return false;
-      }
-      uint64_t jh = r.u64();
-      int64_t gen = r.i64();
-      int32_t from = r.i32();
-      int32_t to = r.i32();
-      const std::string nonce = r.fixed(handshake::kNonceBytes);
-      if (jh != handshake::job_hash(o_.job_id)) return drop(p, "hello for another job"), false;
-      if (gen != o_.generation) return drop(p, fmt::format("hello for generation {}, this is {}", gen, o_.generation)), false;
-      if (to != rank()) return drop(p, fmt::format("hello for rank {}", to)), false;
-      if (from <= rank() || from >= size()) return drop(p, fmt::format("hello from rank {}, which does not connect here", from)), false;
-      if (fds_[from]) return drop(p, fmt::format("hello from rank {}, which is already connected", from)), false;
-      if (!p.hs.hello(nonce)) return drop(p, "malformed hello"), false;
-      p.from = from;
-      auto ch = handshake_head(kChallenge);
-      ch.fixed(p.hs.challenge()).fixed(p.hs.proof(pair_proofs(from, rank())));
-      if (::send(p.fd.get(), ch.str().data(), ch.str().size(), MSG_NOSIGNAL | MSG_DONTWAIT) != static_cast<ssize_t>(ch.str().size())) {
-        return drop(p, "could not send the challenge"), false;
-      }
-      p.in.clear();
-      p.want = kAuthBytes;
-      return false;
-    }
-    if (auto why = check_head(r, kAuth); !why.empty()) return drop(p, why), false;
-    if (!p.hs.verify(pair_proofs(p.from, rank()), r.fixed(handshake::kMacBytes))) {
-      return drop(p, fmt::format("claimed to be rank {} but its proof is wrong (another job's secret, another "
-                                 "generation, or a replay)", p.from)), false;
-    }
-    if (fds_[p.from]) return drop(p, fmt::format("rank {} is already connected", p.from)), false;
-    auto ok = handshake_head(kAccepted);
-    if (::send(p.fd.get(), ok.str().data(), ok.str().size(), MSG_NOSIGNAL | MSG_DONTWAIT) != static_cast<ssize_t>(ok.str().size())) {
-      return drop(p, "could not send the acceptance"), false;
-    }
-    net::set_nodelay(p.fd.get());
-    fds_[p.from] = std::move(p.fd);  // p.fd is now invalid: erased from pending
-    return true;
-  }
-
-  // Logs a refused connection: the first few, then at most one line a second.
-  void reject(const std::string& peer, const std::string& why) {
-    ++rejected_;
-    const auto now = Clock::now();
-    if (logged_rejections_ < 5 || now - last_reject_log_ >= 1s) {
-      ERUN_LOG_WARN("{}: closed a connection from {} to the pair port: {} ({} refused so far; the communicator "
-                    "keeps waiting for its real peers)",
-                    who_, peer, why, rejected_);
-      ++logged_rejections_;
-      last_reject_log_ = now;
-    }
-  }
-
   const TcpOptions o_;
   std::string who_;
   std::vector<Fd> fds_;  // by rank; invalid for self
-  Fd listen_fd_;
   Fd abort_fd_;
   // Ends the handshake's waits: abort_fd_, aborted_, o_.cancelled.
   net::Interrupt interrupt_;
-  std::shared_ptr<const handshake::Key> key_;  // the job secret, keyed for the pair proofs
-  net::Address local_addr_;
   std::atomic<bool> aborted_{false};
   bool broken_ = false;
   std::string broken_reason_;
@@ -1312,9 +972,6 @@ class TcpCommunicator final : public Communicator {
   std::atomic<bool> job_stop_{false};
   Fd wake_fd_;  // caller -> sender: a frame was released, or stop
   Fd done_fd_;  // sender -> caller: the job ended
-  size_t rejected_ = 0;
-  size_t logged_rejections_ = 0;
-  TimePoint last_reject_log_{};
 };
 
 }  // namespace
