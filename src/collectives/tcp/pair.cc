@@ -3,7 +3,9 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <bit>
 #include <cerrno>
+#include <cstddef>
 #include <cstring>
 #include <utility>
 
@@ -14,6 +16,32 @@
 
 namespace erun::tcp {
 namespace {
+
+static_assert(std::endian::native == std::endian::little, "the pair wire format is little-endian");
+
+constexpr uint32_t kFrameMagic = 0x46504545;  // "EEPF"
+constexpr uint8_t kFrameVersion = 1;
+
+uint32_t fnv1a(const void* p, size_t n) {
+  uint32_t h = 2166136261u;
+  auto* b = static_cast<const unsigned char*>(p);
+  for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 16777619u;
+  return h;
+}
+
+std::string describe(uint8_t op, uint8_t dtype, uint8_t reduce, uint64_t count, int32_t root) {
+  switch (static_cast<Op>(op)) {
+    case Op::kAllreduce:
+      return fmt::format("allreduce({} x {}, {})", count, dtype <= 6 ? to_string(static_cast<DataType>(dtype)) : "?",
+                         reduce <= 4 ? to_string(static_cast<ReduceOp>(reduce)) : "?");
+    case Op::kBroadcast: return fmt::format("broadcast({} bytes, root {})", count, root);
+    case Op::kAllgather: return fmt::format("allgather({} bytes each)", count);
+    case Op::kAllgathervSizes:
+    case Op::kAllgatherv: return "allgatherv";
+    case Op::kBarrier: return "barrier";
+  }
+  return fmt::format("unknown operation {}", op);
+}
 
 constexpr uint32_t kHandshakeMagic = 0x31504545;  // "EEP1"
 constexpr uint16_t kHandshakeVersion = 1;
@@ -83,6 +111,43 @@ bool send_now(int fd, const PayloadWriter& w) {
 }
 
 }  // namespace
+
+const char* op_name(uint8_t op) {
+  switch (static_cast<Op>(op)) {
+    case Op::kAllreduce: return "allreduce";
+    case Op::kBroadcast: return "broadcast";
+    case Op::kAllgather: return "allgather";
+    case Op::kAllgathervSizes:
+    case Op::kAllgatherv: return "allgatherv";
+    case Op::kBarrier: return "barrier";
+  }
+  return "unknown-op";
+}
+
+FrameHeader frame_header(const Call& c, long generation, int from, uint64_t seq, uint64_t offset, uint64_t length) {
+  FrameHeader h;
+  h.magic = kFrameMagic;
+  h.version = kFrameVersion;
+  h.op = static_cast<uint8_t>(c.op);
+  h.dtype = c.dtype;
+  h.reduce = c.reduce;
+  h.generation = static_cast<uint32_t>(generation);
+  h.from = from;
+  h.seq = seq;
+  h.count = c.count;
+  h.offset = offset;
+  h.length = length;
+  h.root = c.root;
+  h.check = fnv1a(&h, offsetof(FrameHeader, check));
+  return h;
+}
+
+bool intact(const FrameHeader& h) {
+  return h.magic == kFrameMagic && h.version == kFrameVersion && h.check == fnv1a(&h, offsetof(FrameHeader, check));
+}
+
+std::string describe(const Call& c) { return describe(static_cast<uint8_t>(c.op), c.dtype, c.reduce, c.count, c.root); }
+std::string describe(const FrameHeader& h) { return describe(h.op, h.dtype, h.reduce, h.count, h.root); }
 
 handshake::Proofs PairBinding::proofs(int connector, int acceptor) const {
   return handshake::Proofs(key, kPairScheme, PayloadWriter().bytes(job_id).i64(generation).i32(connector).i32(acceptor).str());

@@ -1,9 +1,10 @@
-// One pair of a TcpCommunicator: the handshake that authenticates it; the
-// descriptors belong to the mesh. Wire format:
+// One pair of a TcpCommunicator: the handshake that authenticates it and the
+// header of its data frames; the descriptors belong to the mesh. Wire format:
 // docs/protocol.md, "Worker-to-worker pairs"; the code map: docs/design.md.
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -14,6 +15,44 @@
 #include "common/net.h"
 
 namespace erun::tcp {
+
+// ---- data frames ------------------------------------------------------------
+
+enum class Op : uint8_t { kAllreduce = 1, kBroadcast = 2, kAllgather = 3, kAllgathervSizes = 4, kAllgatherv = 5, kBarrier = 6 };
+
+const char* op_name(uint8_t op);
+inline const char* op_name(Op op) { return op_name(static_cast<uint8_t>(op)); }
+
+// What a collective call is, as both ends must agree on it.
+struct Call {
+  Op op = Op::kBarrier;
+  uint8_t dtype = 0;
+  uint8_t reduce = 0;
+  uint64_t count = 0;  // elements for allreduce, bytes otherwise
+  int32_t root = 0;
+};
+
+struct FrameHeader {
+  uint32_t magic;
+  uint8_t version, op, dtype, reduce;
+  uint32_t generation;
+  int32_t from;
+  uint64_t seq;
+  uint64_t count;
+  uint64_t offset;
+  uint64_t length;
+  int32_t root;
+  uint32_t check;  // FNV-1a of the bytes before it
+};
+static_assert(sizeof(FrameHeader) == 56, "FrameHeader must have no padding");
+
+// The header of [offset, +length) of `c`, collective #seq, sent by rank `from`.
+FrameHeader frame_header(const Call& c, long generation, int from, uint64_t seq, uint64_t offset, uint64_t length);
+// Magic, version and check are right: the rest of the header can be believed.
+bool intact(const FrameHeader& h);
+
+std::string describe(const Call& c);
+std::string describe(const FrameHeader& h);
 
 // ---- the handshake ----------------------------------------------------------
 
