@@ -61,6 +61,12 @@ class HostCommits {
   std::optional<std::string> write(uint64_t commit_id, const std::vector<EntryRef>& entries,
                                    std::vector<const char*>* placed = nullptr, uint32_t flags = 0);
 
+  // Whether one of the files holds commit `id` whole (opens them first).
+  bool holds(uint64_t id) {
+    if (!opened_) open_files();
+    return id != 0 && (held_[0] == id || held_[1] == id);
+  }
+
   // Before the first write: whether the directory's file system has room
   // for two files of `entries` for each of `workers` workers on this host
   // (what is already allocated to this job's files counts as room). The

@@ -3,6 +3,9 @@
 #include <cerrno>
 #include <algorithm>
 #include <charconv>
+#include <cstdint>
+
+#include <fmt/format.h>
 
 namespace erun {
 
@@ -86,6 +89,19 @@ std::string escape_for_log(std::string_view s, size_t max_bytes) {
   }
   if (s.size() > max_bytes) out += "... (" + std::to_string(s.size()) + " bytes)";
   return out;
+}
+
+std::string host_file_name(std::string_view host) {
+  std::string out;
+  for (char c : host.substr(0, 64)) {
+    const bool keep = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+                      c == '-' || c == '_';
+    out += keep ? c : '_';
+  }
+  if (out == host && out != "." && out != ".." && !out.empty()) return out;
+  uint32_t h = 2166136261u;  // FNV-1a
+  for (char c : host) h = (h ^ static_cast<unsigned char>(c)) * 16777619u;
+  return out + fmt::format("-{:08x}", h);
 }
 
 }  // namespace erun

@@ -20,5 +20,9 @@ std::string join(const std::vector<std::string>& parts, std::string_view sep);
 // control byte reaches a terminal or log; text longer than `max_bytes` input
 // bytes is cut and ends with "... (N bytes)".
 std::string escape_for_log(std::string_view s, size_t max_bytes = 200);
+// A host name as one file-name component: letters, digits, '.', '-' and '_'
+// kept, any other byte '_', at most 64 bytes; a name that had to change gets
+// a hash of the original appended, so two hosts never share one.
+std::string host_file_name(std::string_view host);
 
 }  // namespace erun

@@ -181,7 +181,10 @@ std::vector<std::pair<std::string, std::string>> Driver::worker_env(const RankAs
   put("TORCHELASTIC_RUN_ID", d_.job_id);
   if (!o_.checkpoint_dir.empty()) put("ERUN_CHECKPOINT_DIR", o_.checkpoint_dir);
   if (!d_.commit_dir.empty() && d_.membership) {
-    put("ERUN_COMMIT_DIR", d_.commit_dir);
+    // One directory per host, named after it: simulated hosts of one
+    // machine (--launcher local, the tests' sshd on 127.0.0.N) keep apart
+    // what separate machines would.
+    put("ERUN_COMMIT_DIR", d_.commit_dir + "-" + host_file_name(a.slot.host));
     // The agent persists: with both variables set, the workers do not.
     if (!o_.checkpoint_dir.empty()) {
       put("ERUN_PERSIST_INTERVAL_MS", std::chrono::duration_cast<std::chrono::milliseconds>(o_.persist_interval).count());

@@ -64,9 +64,10 @@ struct DriverDeps {
   bool synchronous_discovery = false;
   std::string job_id;  // default: random
   std::string secret;  // default: random
-  // Where each host keeps its workers' newest commits (ERUN_COMMIT_DIR; the
-  // host's agent removes it when the job ends). Default:
-  // /dev/shm/erun-commits-<random>; "-": none (commits live only in workers).
+  // Where each host keeps its workers' newest commits (ERUN_COMMIT_DIR is
+  // this, "-", and the host's name; the host's agent removes it when the job
+  // ends). Default: /dev/shm/erun-commits-<random>; "-": none (commits live
+  // only in workers).
   std::string commit_dir;
 };
 

@@ -228,6 +228,21 @@ struct State::Impl {
     return !err;
   }
 
+  // After sync(): the commit this worker now holds goes into its host's
+  // memory too, unless its files hold it already. A worker new to the job
+  // (or to this host) so keeps the commit it received before it commits
+  // itself: its host holds a copy of the newest commit from the moment it
+  // joined, should every other host be lost.
+  void keep_in_host_memory(const WorkerInfo& info) {
+    if (!host || commit_id == 0) return;
+    try {
+      if (host->holds(commit_id)) return;
+    } catch (const Error&) {
+      return;  // said again at the first commit, which keeps to worker memory
+    }
+    write_host_commit(info, /*direct=*/true);
+  }
+
   void mirror_device() {
     for (Entry& e : entries) {
       if (e.device && e.has_committed) e.device->mirror(e.committed);
@@ -422,6 +437,7 @@ void State::sync() {
     impl_->fill_uncommitted();
     if (impl_->commit_id > 0) impl_->load_values();
     impl_->has_snapshot = true;
+    impl_->keep_in_host_memory(ctx_.info());
     if (impl_->snapshot_size == 0 && impl_->commit_id == 0) impl_->snapshot_size = 1;
     if (rejoined_from > 0) {
       impl_->pending_reset.emplace(impl_->snapshot_size > 0 ? impl_->snapshot_size : rejoined_from, size);
@@ -470,6 +486,7 @@ void State::sync() {
     impl_->apply(std::move(snap), source, /*allow_missing=*/false, /*devices_done=*/devices_over_nccl);
   }
   impl_->snapshot_size = snapshot_size;
+  impl_->keep_in_host_memory(ctx_.info());
   // Every rank, a worker new to the job included, learns that a reset is due.
   if (any_rejoin > 0) {
     impl_->pending_reset.emplace(snapshot_size > 0 ? snapshot_size : static_cast<int>(any_rejoin), size);

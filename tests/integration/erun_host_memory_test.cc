@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -174,15 +175,56 @@ TEST_F(ErunHostMemory, SigkilledErunLeavesNoHostMemoryBehind) {
   dir_.write("hosts", "127.0.0.2:1\n127.0.0.3:1\n");
   ErunProcess p(erun_args({"-np", "2"}));
   ASSERT_TRUE(p.wait_output("epoch 1 ", 120s)) << p.out() << p.err();
-  const std::string dir = commit_dir();
-  ASSERT_FALSE(dir.empty());
-  ASSERT_TRUE(exists(dir)) << dir;
+  // One directory per host: /dev/shm/erun-commits-<random>-<host>.
+  std::vector<std::string> dirs;
+  for (pid_t pid : workers()) {
+    std::smatch m;
+    std::string env = environ_of(pid);
+    if (std::regex_search(env, m, std::regex("\nERUN_COMMIT_DIR=([^\n]+)\n"))) dirs.push_back(m[1].str());
+  }
+  std::sort(dirs.begin(), dirs.end());
+  ASSERT_EQ(dirs.size(), 2u);
+  EXPECT_NE(dirs[0], dirs[1]);
+  for (const auto& dir : dirs) ASSERT_TRUE(exists(dir)) << dir;
   p.signal(SIGKILL);
   auto deadline = std::chrono::steady_clock::now() + 10s;
-  while (exists(dir) && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(50ms);
-  EXPECT_FALSE(exists(dir)) << dir << " still there 10 s after erun was SIGKILLed";
+  auto any = [&] { return exists(dirs[0]) || exists(dirs[1]); };
+  while (any() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(50ms);
+  for (const auto& dir : dirs) EXPECT_FALSE(exists(dir)) << dir << " still there 10 s after erun was SIGKILLed";
   std::vector<pid_t> left;
   EXPECT_TRUE(wait_no_process(program_, 20s, &left)) << describe_pids(left);
+}
+
+// (c) Host a trains alone and commits; host b joins and receives the commit;
+// before anyone commits again, b's worker is SIGKILLed and a is removed
+// from discovery in the same moment. No worker survives and a's memory is
+// gone with a, but b kept the commit it received when it joined (each
+// simulated host has its own directory): the job resumes there, at the
+// last commit, and ends at exactly the uninterrupted model.
+TEST_F(ErunHostMemory, HostBsWorkerKilledAndHostARemovedResumesFromTheCopyOnB) {
+  dir_.write("hosts", "127.0.0.2:1\n");
+  // Commits only at the ends of epochs: b joins mid-epoch and is killed
+  // before the next one.
+  std::vector<std::string> args = erun_args({"-np", "1", "--min-np", "1", "--max-np", "2", "--blacklist-after", "5"});
+  args.insert(args.end(), {"--commit-every", "100000"});
+  ErunProcess p(args);
+  ASSERT_TRUE(p.wait_output(fmt_epoch(2), 120s)) << p.out() << p.err();
+  dir_.write("hosts", "127.0.0.2:1\n127.0.0.3:1\n");
+  ASSERT_TRUE(p.wait_output("world size 1 -> 2", 60s)) << p.out() << p.err();
+  const size_t epochs_then = epochs(p.out()).size();
+  std::this_thread::sleep_for(150ms);  // b's worker writes what it received into b's memory
+  pid_t on_b = 0;
+  for (pid_t pid : workers()) {
+    if (environ_of(pid).find("\nERUN_HOSTNAME=127.0.0.3\n") != std::string::npos) on_b = pid;
+  }
+  ASSERT_GT(on_b, 0);
+  dir_.write("hosts", "127.0.0.3:1\n");
+  ::kill(on_b, SIGKILL);
+  ASSERT_EQ(epochs(p.out()).size(), epochs_then) << "an epoch ended (and committed) before the kill: retry\n"
+                                                 << p.out();
+  ASSERT_NO_FATAL_FAILURE(expect_resumed_exactly(p, 3));
+  const std::string said = p.err() + p.out();
+  EXPECT_NE(said.find("from host memory on 127.0.0.3"), std::string::npos) << said;
 }
 
 // (f) The durable file trails the newest commit by at most the interval plus

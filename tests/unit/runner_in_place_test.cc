@@ -2,6 +2,7 @@
 // FakeLauncher and FakeClock: a frozen worker reported by the survivors, the
 // survivors below --min-np, re-join reasons, retiring slots, the re-join
 // deadline. No process, no socket, no sleep.
+#include <algorithm>
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -884,13 +885,13 @@ TEST_F(InPlaceTest, SurvivorsThatWaitPastTheElasticTimeoutAreStoppedAndTheJobEnd
   EXPECT_EQ(driver->phase(), JobPhase::kDone);
 }
 
-// Workers learn the job's host-memory directory (one per job, in /dev/shm),
-// unless --no-host-commits.
+// Workers learn their host's host-memory directory (one per job and host, in
+// /dev/shm, named after the host), unless --no-host-commits.
 TEST_F(InPlaceTest, WorkersAreToldWhereTheirHostKeepsCommits) {
   for (bool on : {true, false}) {
     launcher = FakeLauncher();
-    discovery.set(HostSet({{"a", 2}}));
-    auto o = elastic(2, 1, 2);
+    discovery.set(HostSet({{"a", 2}, {"b/c", 1}}));
+    auto o = elastic(3, 1, 3);
     o.host_commits = on;
     make(o);
     ASSERT_TRUE(driver->start());
@@ -905,10 +906,16 @@ TEST_F(InPlaceTest, WorkersAreToldWhereTheirHostKeepsCommits) {
       EXPECT_TRUE(dirs.empty());
       continue;
     }
-    ASSERT_EQ(dirs.size(), 2u);
+    ASSERT_EQ(dirs.size(), 3u);
+    std::sort(dirs.begin(), dirs.end());
     EXPECT_EQ(dirs[0], dirs[1]);
-    EXPECT_EQ(dirs[0].rfind("/dev/shm/erun-commits-", 0), 0u) << dirs[0];
-    EXPECT_EQ(dirs[0].size(), std::string("/dev/shm/erun-commits-").size() + 24) << dirs[0];
+    const std::string base = "/dev/shm/erun-commits-";
+    EXPECT_EQ(dirs[0].rfind(base, 0), 0u) << dirs[0];
+    EXPECT_EQ(dirs[0].size(), base.size() + 24 + 2) << dirs[0];
+    EXPECT_EQ(dirs[0].substr(base.size() + 24), "-a");
+    // Never a path separator from a host's name; the same job's random part.
+    EXPECT_EQ(dirs[2].substr(0, base.size() + 24), dirs[0].substr(0, base.size() + 24));
+    EXPECT_EQ(dirs[2].find('/', base.size()), std::string::npos) << dirs[2];
   }
 }
 
