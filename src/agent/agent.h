@@ -1,21 +1,7 @@
-// The erun agent: one per host, started by the driver (`erun --agent`) over
-// ssh, as a Slurm step, or as a local child. Its channel to the driver is its
-// own stdin (the job secret line, then frames, see protocol.h) and stdout.
-// It starts each worker in its own session with the agent's own environment
-// (the login environment over ssh, erun's own locally) and the variables the
-// driver sent set over it, plus ERUN_SECRET, forwards the worker's output as whole lines
-// (and appends it to per-rank files on this host when START names a directory),
-// reports its exit at once with its last stderr lines, and signals, terminates
-// or kills it on request.
-//
-// No worker outlives the job: when the driver's channel ends (EOF, a malformed
-// frame, SHUTDOWN, no frame for the heartbeat timeout, SIGTERM/SIGHUP), the
-// agent stops every worker session (SIGTERM, the worker's grace, SIGKILL) and
-// exits. A watchdog process it forks at start (own session, knows every
-// worker's process group) does the same when the agent itself dies, even of
-// SIGKILL, or stops writing to it (frozen or hung) for the heartbeat timeout
-// + 2 s, which it then SIGKILLs; a killed watchdog is started again.
-// Single-threaded; run_agent() owns the process (signal mask, SIGCHLD).
+// The erun agent (`erun --agent`): one per host, it starts, signals and reaps
+// that host's workers for the driver; its watchdog stops them if the agent
+// dies (docs/protocol.md, "The agent protocol"). Single-threaded; run_agent()
+// owns the process (signal mask, SIGCHLD).
 #pragma once
 
 #include <string>

@@ -1,16 +1,6 @@
-// The job's host-memory commit directory on this host (ERUN_COMMIT_DIR, in
-// /dev/shm; the workers' State writes its commits there, state/host_commits.h).
-// It must outlive the workers and even the agent (a new agent's workers
-// restore from it), yet be gone when the job ends, however it ends:
-// - every agent of the job on this host holds a shared lock on DIR/lease
-//   while it lives (simulated hosts of --launcher local share one machine);
-// - an agent that ends (SHUTDOWN, or the driver lost) removes the directory
-//   when no other agent holds the lease;
-// - the watchdog of an agent that died waits kCommitAdoptGrace for another
-//   agent of the job to hold the lease (the driver starting the host again),
-//   and removes the directory when none did.
-// Removal unlinks the directory's entries and the directory itself: never
-// through a link, never anything outside it.
+// The job's host-memory commit directory on this host (ERUN_COMMIT_DIR): kept
+// for the next agent under a lease every agent of the job holds, removed when
+// the job ends (docs/state.md, "Where a commit lives").
 #pragma once
 
 #include <chrono>

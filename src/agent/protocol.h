@@ -1,19 +1,6 @@
-// The erun agent protocol: what the driver and a host's agent say to each
-// other over the agent's stdin (driver -> agent) and stdout (agent -> driver).
-// The stdin stream starts with one line, the job secret; everything after it,
-// both ways, is a sequence of frames:
-//
-//   u32 length (little endian, of what follows) | u8 type | payload
-//
-// Payload fields are u8/u32/u64 little endian, strings as u32 length + bytes,
-// lists as u32 count + items. A frame is at most kMaxFrame bytes; a frame that
-// is too long, has an unknown type, is cut short or has bytes left over is a
-// protocol error (FrameReader returns it; the reader then stops). Workers are
-// named by an id the driver chooses (unique per agent), not by rank: a rank
-// may be restarted on the same host while its old process is still ending.
-// EXITED carries the worker's last stderr lines, bounded (kExitTail*), so
-// that the driver's failure report does not depend on the forwarded output.
-// See docs/protocol.md ("The agent protocol").
+// The agent protocol's codec: the frames that the driver and a host's agent
+// exchange over the agent's stdin and stdout, encoded and decoded without I/O
+// (docs/protocol.md, "The agent protocol").
 #pragma once
 
 #include <cstdint>

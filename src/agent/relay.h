@@ -1,17 +1,7 @@
-// The agent's rendezvous relay (docs/protocol.md, "Relaying"): the workers of
-// this host connect to a unix-domain socket of the agent (in a private 0700
-// directory, removed with the relay) instead of the driver. The relay runs the
-// server side of the rendezvous handshake with each of them (the job secret:
-// a stranger is refused and logged before a byte is relayed), then carries
-// every frame of every worker over ONE authenticated TCP connection to the
-// driver's rendezvous server, each worker as a stream of RELAY frames. The
-// upstream connection is opened when the first worker has authenticated;
-// when it is lost, every worker's connection is closed (as when the driver
-// dies), and the next worker opens a new one.
-//
-// Single-threaded and non-blocking: the agent's poll loop asks for the
-// descriptors (add_fds), hands back their events (on_events) and calls
-// tick() for the deadlines; nothing here blocks.
+// Relay: carries this host's workers' rendezvous connections, each one
+// authenticated on the agent's unix socket, over one connection to the driver
+// (docs/protocol.md, "Relaying"). Single-threaded, driven by the agent's poll
+// loop (add_fds, on_events, tick); only resolving the driver's name may block.
 #pragma once
 
 #include <poll.h>

@@ -1,26 +1,7 @@
-// Host-memory commits: each worker keeps its newest commit in two files of a
-// private per-job directory in host memory (/dev/shm, named by the driver,
-// made 0700 by the first worker that needs it, removed by the host's agent or
-// its watchdog when the job ends). The files outlive the worker that wrote
-// them, so when every worker of a generation died the next one restores the
-// newest complete commit its host holds (docs/state.md, "Where a commit
-// lives").
-//
-// A worker's files are STEM.a and STEM.b, each mapped into the worker once
-// and written in place: a commit is one copy of the state into the mapping
-// (registered buffers go straight from their own memory), which is also
-// where the State keeps that commit (restore() reads it back from there).
-// A commit overwrites the file that does not hold the newest valid one. Its
-// header claims the commit id first and a trailer repeats it last, so a
-// worker killed while writing leaves a file whose two ids differ (torn),
-// and the other file whole. Layout (host byte order, little-endian):
-//   0  "ERUNSTAT" | u32 version 2 | u32 flags | u64 commit id (claimed) |
-//   24 u64 entry count | u64 trailer offset | 24 bytes 0 |
-//   64 per entry: u64 name length, name, u64 data length, u64 data offset |
-//      each entry's data at a 64-byte aligned offset |
-//   trailer: u64 commit id (complete) | u32 CRC-32C of bytes [0, end of the table)
-// Files are 0600, opened with O_NOFOLLOW and checked to be regular files of
-// this user. One object per worker, used from the training thread only.
+// HostCommits: a State's two commit files in the job's host-memory directory,
+// mapped and written in place (docs/state.md, "Where a commit lives", and the
+// file layout there). An object is used from its State's training thread only;
+// the static readers also serve the host side's persister (commits/persist.h).
 #pragma once
 
 #include <cstddef>

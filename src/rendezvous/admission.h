@@ -1,15 +1,7 @@
-// Admission: the rendezvous server's guard against connection floods.
-//
-// It keeps the connections that have not authenticated yet in accept order and
-// names the one to close when a new connection would pass `cap` (the oldest,
-// and only once it is older than `min_age`: a real worker authenticates within
-// a round trip, a flood's silent connection does not; a young one is never
-// closed for a newer one, the server stops accepting for a moment instead, and
-// the kernel's backlog holds the rest). It also turns the refusals of a burst
-// into two log lines: the first in full, then one count when the burst is over
-// (no refusal for `quiet`) or every `quiet * 15` while it goes on.
-//
-// Not thread-safe: the server's I/O thread uses it under the server's mutex.
+// Admission: the rendezvous server's guard against connection floods and its
+// refusal-burst log lines (docs/protocol.md, "Limits and deadlines", "Bad
+// input"). Not thread-safe: the server's I/O thread uses it under the server's
+// mutex.
 #pragma once
 
 #include <cstdint>

@@ -1,17 +1,7 @@
-// The rendezvous between the driver and its workers: a TCP server in the driver
-// and a client in each worker, over the wire protocol of docs/protocol.md.
-//
-// Every connection authenticates by HMAC-SHA256 challenge-response with the job
-// secret; every frame carries magic, version, job id and generation and has a
-// length limit; every read and write has a deadline. A bad client is dropped
-// and logged; the server goes on. See docs/protocol.md. The server is the
-// driver's Membership (membership.h).
-//
-// Server threads: one I/O thread owned by the server; the methods below are
-// thread-safe and called from the driver's thread. Client: one connection,
-// a reader thread that owns all reads (replies and pushed notifications);
-// methods are called from the worker's threads, and the client is destroyed
-// when none is inside a method (the destructor returns promptly, driver or not).
+// The rendezvous (docs/protocol.md): RendezvousServer, the driver's Membership,
+// has an I/O thread of its own and thread-safe methods. RendezvousClient, one
+// per worker, reads on a thread of its own; any worker thread may call it, and
+// none may be inside a call when it is destroyed.
 #pragma once
 
 #include <atomic>

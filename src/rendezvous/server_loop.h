@@ -1,26 +1,7 @@
-// ServerLoop: the rendezvous server's connection layer. One I/O thread runs
-// an epoll loop over the listening socket, an eventfd (wake-ups from the
-// driver's thread) and every client socket, all non-blocking with
-// per-connection buffers. It accepts (Admission's limits before
-// authentication), runs the server side of the handshake, reads and checks
-// frames, carries agents' relay connections as streams, sends, enforces the
-// deadlines of docs/protocol.md ("Limits and deadlines") and closes. It knows
-// nothing of joins or keys: each authenticated frame goes to its Handler,
-// which answers through the loop's Outbox.
-//
-// Threads: the I/O thread holds the mutex the server gives it while it
-// handles a batch of events and calls the Handler; the driver's calls take
-// the same mutex to send, then wake() the loop. Sockets are closed by the I/O
-// thread only (reap(), at the end of each batch), never inside a call.
-//
-// Relaying (docs/protocol.md): each stream of an agent's connection is a
-// Conn without a socket (fd -1, parent set) that goes through the same code
-// as a direct connection; what is sent to it is wrapped in a RELAY frame in
-// its parent's write buffer. Closing the parent closes its streams; a
-// stream's close is told to the agent with RELAY_CLOSED.
-//
-// Files: server_loop.cc (the loop, accepting, reading, the handshake, relay
-// frames, timers), server_loop_send.cc (sending, flushing, refusing, closing).
+// ServerLoop: the rendezvous server's sockets, nothing of joins or keys; it
+// hands each authenticated frame to the Handler (docs/protocol.md, "Threads and
+// scale", "Relaying"). The I/O thread works under the server's mutex; others
+// send under it, then wake(). Sockets close on the I/O thread only (reap()).
 #pragma once
 
 #include <sys/resource.h>

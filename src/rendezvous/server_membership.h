@@ -1,17 +1,7 @@
-// ServerMembership: the rendezvous server's membership logic
-// (docs/protocol.md, "Membership"): joins by slot, take-overs, the
-// one-process-per-rank check, the re-joins for the driver, publish, the
-// pushes to a generation's members, and what snapshot() reports.
-//
-// No sockets: events come in as calls that name connections (a JOIN on one,
-// a connection closing, publish), and frames and closes go out through the
-// Outbox, in the order the protocol needs them. A close this class asks for
-// is applied here at once; the server's later closed() for it changes
-// nothing. Not thread-safe: the server calls it under its mutex.
-//
-// Scale: nothing walks every connection. Who waits and who is a member of
-// the current generation are slot-ordered indexes (SlotIndex), updated as
-// joins, assignments and closes happen; the pushes walk the members.
+// ServerMembership: the rendezvous server's membership rules (docs/protocol.md,
+// "Membership"). No sockets: events arrive as calls naming connections, frames
+// and closes leave through the Outbox. Not thread-safe: the server calls it
+// under its mutex.
 #pragma once
 
 #include <cstdint>
@@ -52,7 +42,8 @@ class ServerMembership {
   void notify_peers_lost(int64_t gen, const std::vector<int>& ranks);
 
   // `conn` is closing: its join stops waiting and it is a member no more.
-  // `why`, when not empty, is logged (debug) for a connection that joined.
+  // `why`, when not empty, is logged (debug) for a connection that joined. A
+  // close this class asked for was applied at once: closed() then does nothing.
   void closed(ConnId conn, std::string_view why);
   // The server is done with `conn`: its slot is reported disconnected, unless
   // another connection joined for it since.

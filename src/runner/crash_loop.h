@@ -1,16 +1,6 @@
-// CrashLoopDetector: ends a job whose generations keep failing the same way,
-// like torchrun's --max-restarts but automatic. A crash loop is `limit`
-// failed generations in a row where
-//   - every failed worker of those generations ended with the same status
-//     (exit code or signal),
-//   - every host that ran a worker of those generations had such a failure
-//     (so one bad host, which the blacklist handles, is not a loop), and
-//   - nothing made progress in between: no worker finished successfully, no
-//     worker reported a commit newer than before, and no failed generation
-//     ran for `progress_after` or longer before it failed.
-// A mistyped program (exit 127 everywhere) or a training function that throws
-// before its first commit is such a loop; a flaky host or a crash after real
-// work is not. Driver thread only; pure logic (no clock, no I/O).
+// CrashLoopDetector: ends a job whose generations keep failing the same way on
+// every host without progress (docs/design.md, "Recovery policy"). Driver
+// thread only; pure logic, no clock and no I/O.
 #pragma once
 
 #include <optional>

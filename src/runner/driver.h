@@ -1,28 +1,7 @@
-// Driver: the job's state machine. It takes host sets from discovery, plans
-// generations, launches workers through the Launchers, supervises them, and
-// decides the job's end and exit code.
-//
-// Restart mode (any program): on a failure or a membership change every worker
-// is stopped and the next generation starts them all again with torchrun-style
-// variables. In-place mode (workers that joined the rendezvous through
-// erun::init()): survivors keep running; the driver launches only new slots,
-// publishes the next generation, tells every worker of a membership change,
-// retires workers whose slots left the plan, and kills a worker that does not
-// re-join within the rendezvous timeout. It reads the rendezvous through the
-// Membership interface, one snapshot per tick: a rank that survivors report
-// as failed (dead, or alive but not arriving) is killed and left out of the
-// next generation at once (one reported silent over the network, once every
-// other member of its generation re-joined); survivors that alone meet
-// --min-np go on without the failed slot, whose replacement joins them at
-// their next commit once it waits in the rendezvous; below --min-np, survivors wait in the rendezvous
-// with their state (up to --elastic-timeout) instead of being stopped. The
-// in-place decisions live in driver_in_place.cc.
-//
-// The driver runs on one thread: run() loops over step() until it returns an
-// exit code. step() dispatches on the job's phase (runner/driver_states.h) to
-// one handler; no handler blocks: stopping workers is a phase of its own,
-// timed by the Clock. request_stop() is async-signal-safe and may be called
-// from a signal handler; the next step stops all workers and ends the job.
+// Driver: the job's state machine; step() is one turn of its loop and never
+// blocks (docs/design.md, "The driver's states", "Recovery policy"; the
+// in-place decisions are in driver_in_place.cc). Driver thread only, but for
+// request_stop(), which is async-signal-safe: main's signal handler calls it.
 #pragma once
 
 #include <atomic>

@@ -1,22 +1,7 @@
-// Launcher: starts one worker process on a host and hands back a WorkerHandle.
-// The real launchers start ONE erun agent per host (src/agent/agent.h) and
-// ask it to start, signal and stop that host's workers; they differ only in
-// how the agent is started: as a child over a pipe (make_local_launcher: this
-// machine, and each simulated host under --launcher local), through ssh
-// (make_ssh_launcher), or as one Slurm step per node (make_srun_launcher).
-// FakeLauncher stands in for them in the driver's unit tests.
-//
-// The agent's stdin/stdout are the channel: the job secret first, then
-// frames (agent/protocol.h); a worker's env and argv never appear in any
-// command line. An agent that is lost (its channel closes, or it sends
-// nothing for the heartbeat timeout) fails every worker of its host at once
-// with exit code 255 ("agent on HOST lost: ..."); a later launch on that host
-// starts a new agent. The agent and its watchdog stop the workers when erun
-// goes away, however it goes. No worker outlives the driver.
-//
-// Handles are used from the driver's thread only (a launcher's own threads
-// read the agents). The destructor of a handle whose worker still runs kills
-// it (SIGKILL of its whole session) and waits briefly for its end.
+// Launcher: starts a worker on a host and hands back its WorkerHandle; the
+// real ones start one erun agent per host (a local child, ssh, an srun step)
+// and drive it (docs/protocol.md, "The agent protocol"). Handles are used from
+// the driver's thread only; a launcher's own threads read the agents.
 #pragma once
 
 #include <memory>
@@ -50,6 +35,8 @@ struct WorkerSpec {
 
 class WorkerHandle {
  public:
+  // A real launcher's handle whose worker still runs kills it (SIGKILL of its
+  // session) and waits briefly for its end.
   virtual ~WorkerHandle() = default;
   // The worker's exit status once it has ended (255 when its host's agent
   // was lost or could not be started). Never blocks.

@@ -1,16 +1,6 @@
-// DeviceSlot: the committed copy of one device buffer registered in a State,
-// kept in pinned host memory (never a second copy on the GPU, which is full of
-// model). commit() copies device -> pinned: synchronously on the buffer's
-// stream, or asynchronously on a side stream that waits for the work already
-// on the buffer's stream, while the buffer's stream waits for the copy before
-// any later work (so a kernel enqueued after commit() never races the copy);
-// the host returns at once and the next commit, restore or read fences it.
-// restore() copies pinned -> device. save_to()/load_from() move the commit
-// through a byte vector for State's generic paths (sync over the CPU
-// communicator, durable commits); sync over NCCL broadcasts the buffer itself
-// (buffer(), bytes(), stream()) and then commit()s it.
-// Waits are bounded by `timeout` (erun::Error: the GPU is stuck). Without
-// CUDA the constructor throws "erun was built without CUDA".
+// DeviceSlot: one device buffer registered in a State, its commit in pinned
+// host memory (docs/gpu.md, "Device buffers in the State"). Every wait is
+// bounded by `timeout` (erun::Error: the GPU is stuck).
 #pragma once
 
 #include <chrono>

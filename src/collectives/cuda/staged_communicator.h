@@ -1,17 +1,7 @@
-// StagedGpuCommunicator: collectives on device buffers through host memory,
-// for ranks that share a GPU (NCCL refuses two ranks on one device) or a build
-// without NCCL. Each operation copies the device buffer to pinned host memory
-// on the caller's stream, runs erun's CPU communicator on it and copies the
-// result back on the same stream, in chunks through two pinned buffers so
-// that the copies of one chunk overlap the CPU collective of the previous one.
-// float16/bfloat16 are reduced in float32 on the host and rounded back.
-//
-// Contract as NcclCommunicator: every call returns when the result is in the
-// device buffer, bounded by `timeout` (CommError "timed out"); a failing peer
-// surfaces as the CPU communicator's CommError; a CUDA error is an
-// erun::Error (the device is unusable, re-joining does not help). abort()
-// aborts the CPU communicator and may be called from any thread. The CPU
-// communicator must outlive this object. Only built when ERUN_HAVE_CUDA.
+// StagedGpuCommunicator: GPU collectives through pinned host memory and a CPU
+// communicator, for ranks that share a GPU or a build without NCCL
+// (docs/gpu.md, "Contract", "Backends"). abort() may be called from any
+// thread; the CPU communicator must outlive this. Built only with CUDA.
 #pragma once
 
 #include <cuda_runtime_api.h>

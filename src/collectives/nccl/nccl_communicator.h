@@ -1,16 +1,7 @@
-// NcclCommunicator: collectives on GPU buffers among the ranks of one
-// generation, one GPU per rank. Construction is collective: rank 0 creates the
-// NCCL unique id and shares it, either through the KvStore it is given (a view
-// the caller scopes; key "nccl_unique_id") or
-// by the caller (erun's GpuCommunicator broadcasts it over the generation's
-// CPU communicator, i.e. the rendezvous-built mesh or MPI); init is
-// nonblocking (config.blocking = 0) and bounded by `timeout`. Operations are enqueued on the caller's
-// stream and then waited for by the caller's thread, which polls the stream and
-// NCCL's async error until the deadline; on error or timeout it aborts the NCCL
-// communicator and throws CommError, and the object only throws afterwards.
-// abort() may be called from any thread. shrink() makes the communicator of
-// the ranks that remain when some leave (ncclCommShrink, NCCL 2.27+), cheaper
-// than a new init. Only built when ERUN_HAVE_NCCL.
+// NcclCommunicator: GPU collectives among a generation's ranks, one GPU each
+// (docs/gpu.md, "Contract", "Backends"). Construction is collective; after an
+// error or a timeout it is aborted and only throws CommError. abort() may be
+// called from any thread. Built only with ERUN_HAVE_NCCL.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -46,6 +37,8 @@ struct NcclOptions {
 
 class NcclCommunicator {
  public:
+  // Rank 0 sets a fresh unique id under "nccl_unique_id" in `store` (a view
+  // the caller scopes); the other ranks wait for it there.
   NcclCommunicator(KvStore& store, const NcclOptions& options);
   // Every rank passes the id rank 0 got from nccl_unique_id().
   NcclCommunicator(const NcclId& id, const NcclOptions& options);

@@ -1,20 +1,7 @@
-// TcpCommunicator: erun's own authenticated TCP transport between hosts (the
-// host leaders of the hierarchical communicator, or one rank per host).
-// Construction is collective: every rank listens on its own address (never the
-// wildcard), publishes address:port in the KvStore it is given (a view the
-// caller scopes; keys "addr/<rank>"), connects to
-// the lower ranks and accepts the higher ones. Every pair proves the job
-// secret both ways (HMAC-SHA256 over both sides' nonces, the job id, the
-// generation and both ranks) before a byte of data flows; a connection that
-// fails the handshake is closed and logged and never takes a peer's place.
-// Every frame carries the generation, the collective's sequence number and
-// signature; anything unexpected is a CommError, never reduced into the
-// caller's buffer. Every connect, send and receive is bounded by a deadline
-// and woken by abort() from any thread. A large allreduce (blocks of 4 MiB
-// and more when the machine has a CPU per rank, see machine_ranks; of 16 MiB
-// and more otherwise) writes on the communicator's own sender thread while
-// the caller receives and reduces; that thread ends with the communicator,
-// and no send outlives its operation. Wire format: docs/protocol.md.
+// TcpCommunicator: erun's authenticated TCP transport between hosts (host
+// leaders, or one rank per host). Construction is collective; abort() may be
+// called from any thread and wakes every wait. Mesh, handshake, frames and
+// algorithms: docs/protocol.md, "Worker-to-worker pairs".
 #pragma once
 
 #include <functional>
