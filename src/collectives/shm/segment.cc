@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <random>
@@ -30,6 +31,7 @@ static_assert(std::atomic<uint32_t>::is_always_lock_free, "shared-memory counter
 
 namespace {
 
+constexpr size_t kPage = 4096;
 constexpr uint64_t kMagic = 0x65'72'75'6e'73'68'6d'31ULL;  // "erunshm1"
 constexpr uint32_t kVersion = 4;  // 2: call signatures in the rank slots; 3: the failed peer in the header; 4: `outside`
 
@@ -41,6 +43,46 @@ inline void cpu_relax() {
 #elif defined(__aarch64__)
   asm volatile("yield");
 #endif
+}
+
+uint64_t my_pid_namespace() {
+  struct stat st {};
+  return ::stat("/proc/self/ns/pid", &st) == 0 ? static_cast<uint64_t>(st.st_ino) : 0;
+}
+
+std::string sanitize(const std::string& tag) {
+  std::string out;
+  for (char c : tag.substr(0, 64)) out += (std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_') ? c : '_';
+  return out.empty() ? "erun" : out;
+}
+
+uint64_t random_u64() {
+  std::random_device rd;
+  return (static_cast<uint64_t>(rd()) << 32) ^ rd();
+}
+
+std::string hex(uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+// True when `pid` no longer runs: gone (ESRCH) or a zombie waiting for its parent.
+bool process_dead(pid_t pid) {
+  if (pid <= 0) return false;
+  if (::kill(pid, 0) != 0 && errno == ESRCH) return true;
+  char path[64];
+  std::snprintf(path, sizeof(path), "/proc/%d/stat", static_cast<int>(pid));
+  Fd fd(::open(path, O_RDONLY | O_CLOEXEC));
+  if (!fd) return errno == ENOENT;
+  char buf[512];
+  ssize_t n = ::read(fd.get(), buf, sizeof(buf) - 1);
+  if (n <= 0) return false;
+  buf[n] = '\0';
+  const char* paren = std::strrchr(buf, ')');
+  if (!paren || paren[1] == '\0' || paren[2] == '\0') return false;
+  char state = paren[2];
+  return state == 'Z' || state == 'X' || state == 'x';
 }
 
 }  // namespace
@@ -85,50 +127,6 @@ struct Peer {
   uint64_t pid_ns;
   std::atomic<int32_t> pid;
 };
-
-namespace {
-
-uint64_t my_pid_namespace() {
-  struct stat st {};
-  return ::stat("/proc/self/ns/pid", &st) == 0 ? static_cast<uint64_t>(st.st_ino) : 0;
-}
-
-std::string sanitize(const std::string& tag) {
-  std::string out;
-  for (char c : tag.substr(0, 64)) out += (std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_') ? c : '_';
-  return out.empty() ? "erun" : out;
-}
-
-uint64_t random_u64() {
-  std::random_device rd;
-  return (static_cast<uint64_t>(rd()) << 32) ^ rd();
-}
-
-std::string hex(uint64_t v) {
-  char buf[17];
-  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(v));
-  return buf;
-}
-
-// True when `pid` no longer runs: gone (ESRCH) or a zombie waiting for its parent.
-bool process_dead(pid_t pid) {
-  if (pid <= 0) return false;
-  if (::kill(pid, 0) != 0 && errno == ESRCH) return true;
-  char path[64];
-  std::snprintf(path, sizeof(path), "/proc/%d/stat", static_cast<int>(pid));
-  Fd fd(::open(path, O_RDONLY | O_CLOEXEC));
-  if (!fd) return errno == ENOENT;
-  char buf[512];
-  ssize_t n = ::read(fd.get(), buf, sizeof(buf) - 1);
-  if (n <= 0) return false;
-  buf[n] = '\0';
-  const char* paren = std::strrchr(buf, ')');
-  if (!paren || paren[1] == '\0' || paren[2] == '\0') return false;
-  char state = paren[2];
-  return state == 'Z' || state == 'X' || state == 'x';
-}
-
-}  // namespace
 
 class Mapping {
  public:

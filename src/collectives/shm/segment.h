@@ -19,7 +19,6 @@
 namespace erun::shm {
 
 inline constexpr size_t kLine = 64;
-inline constexpr size_t kPage = 4096;
 
 inline size_t round_up(size_t v, size_t to) { return (v + to - 1) / to * to; }
 
