@@ -48,9 +48,14 @@ inline T apply(T a, T b) {
   }
 }
 
+// The hot loops start at a fixed place in a cache line, so that their speed
+// does not move with where the linker puts them (a loop that came to
+// straddle two 64-byte blocks after an unrelated change ran ~5 % slower).
+#define ERUN_HOT_LOOP __attribute__((aligned(64)))
+
 // out[i] = a[i] OP b[i]; out may be a or b (same index), nothing else may overlap.
 template <typename T, ReduceOp OP>
-void combine(T* out, const T* a, const T* b, size_t n) {
+ERUN_HOT_LOOP void combine(T* out, const T* a, const T* b, size_t n) {
   constexpr size_t kBlock = 16;
   size_t i = 0;
   for (; i + kBlock <= n; i += kBlock) {
@@ -66,7 +71,7 @@ void combine(T* out, const T* a, const T* b, size_t n) {
 // out[i] = copy[i] = a[i] OP b[i]; out may be a, copy may be a or b (same
 // index), nothing else may overlap.
 template <typename T, ReduceOp OP>
-void combine2(T* out, T* copy, const T* a, const T* b, size_t n) {
+ERUN_HOT_LOOP void combine2(T* out, T* copy, const T* a, const T* b, size_t n) {
   constexpr size_t kBlock = 16;
   size_t i = 0;
   for (; i + kBlock <= n; i += kBlock) {
