@@ -142,12 +142,15 @@ class Agent {
   SteadyClock::time_point last_watchdog_word_{};  // the last "H" to the watchdog
   std::map<uint64_t, Worker> workers_;
   // The job's host-memory commit directory (the first START's
-  // ERUN_COMMIT_DIR), this agent's shared lock on its lease, and with
-  // ERUN_CHECKPOINT_DIR the persister that writes its newest commit to disk.
-  void hold_commit_dir(const std::map<std::string, std::string>& env, const std::string& cwd);
+  // ERUN_COMMIT_DIR) and this agent's shared lock on its lease.
+  void hold_commit_dir(const std::map<std::string, std::string>& env);
+  // With ERUN_CHECKPOINT_DIR too, the persister that writes its newest
+  // commit to disk (agent/persister.h); `cwd` resolves a relative directory.
+  void start_persister(const std::map<std::string, std::string>& env, const std::string& cwd);
   std::string commit_dir_;
   int commit_lease_fd_ = -1;
   int persister_fd_ = -1;
+  bool persister_tried_ = false;  // at the first START, once
   std::unique_ptr<Relay> relay_;  // made for the first worker that has a rendezvous to relay
   bool relay_failed_ = false;     // could not be made: workers connect directly
 };
@@ -299,7 +302,8 @@ std::vector<std::string> Agent::worker_env(const Start& s) {
   }
   for (auto& [k, v] : s.env) merged[k] = v;
   if (o_.relay) relay_env(merged);
-  hold_commit_dir(merged, s.cwd);
+  hold_commit_dir(merged);
+  start_persister(merged, s.cwd);
   merged["ERUN_SECRET"] = secret_;
   std::vector<std::string> words;
   for (auto& [k, v] : merged) words.push_back(k + "=" + v);
@@ -506,7 +510,7 @@ void Agent::relay_env(std::map<std::string, std::string>& env) {
   addr->second = relay_->address();
 }
 
-void Agent::hold_commit_dir(const std::map<std::string, std::string>& env, const std::string& cwd) {
+void Agent::hold_commit_dir(const std::map<std::string, std::string>& env) {
   auto it = env.find("ERUN_COMMIT_DIR");
   if (!commit_dir_.empty() || it == env.end() || it->second.empty() || it->second[0] != '/') return;
   commit_dir_ = it->second;
@@ -516,6 +520,10 @@ void Agent::hold_commit_dir(const std::map<std::string, std::string>& env, const
     ERUN_LOG_WARN("{}: cannot hold the host-memory commit directory: {}", me_, error);
   }
   if (watchdog_fd_ >= 0) (void)write_fully(watchdog_fd_, fmt::format("C {}\n", commit_dir_));
+}
+
+void Agent::start_persister(const std::map<std::string, std::string>& env, const std::string& cwd) {
+  if (std::exchange(persister_tried_, true) || commit_dir_.empty()) return;
   auto dir = env.find("ERUN_CHECKPOINT_DIR");
   auto interval = env.find("ERUN_PERSIST_INTERVAL_MS");
   long ms = 0;

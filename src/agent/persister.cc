@@ -6,12 +6,13 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <vector>
 
+#include "agent/detached.h"
 #include "commits/persist.h"
 #include "common/log.h"
-#include "common/subprocess.h"
 #include "erun/errors.hpp"
 
 namespace erun::agent {
@@ -39,22 +40,18 @@ class Persister {
   }
 
  private:
-  // Waits until the interval since the last write has passed (polling for
-  // new commits every 100 ms meanwhile) or the channel ends; true at its end.
+  // Waits for the next turn: 100 ms from now, or the interval after the
+  // last write if that is later. True when the channel ended meanwhile.
   bool wait_turn() {
+    const auto turn = std::max(SteadyClock::now() + std::chrono::milliseconds(100), last_write_ + o_.interval);
     while (true) {
-      const auto now = SteadyClock::now();
-      const bool due = written_ == 0 || now - last_write_ >= o_.interval;
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(turn - SteadyClock::now()).count();
+      if (left <= 0) return false;
       pollfd p{channel_, POLLIN, 0};
-      int ready = ::poll(&p, 1, due ? 100 : static_cast<int>(std::min<long>(
-                                                  100, std::chrono::duration_cast<std::chrono::milliseconds>(
-                                                           o_.interval - (now - last_write_)).count() + 1)));
-      if (ready > 0) {
-        char byte;
-        ssize_t n = ::read(channel_, &byte, 1);
-        if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) return true;
-      }
-      if (due) return false;
+      if (::poll(&p, 1, static_cast<int>(left) + 1) <= 0) continue;
+      char byte;
+      ssize_t n = ::read(channel_, &byte, 1);
+      if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) return true;
     }
   }
 
@@ -92,7 +89,9 @@ class Persister {
 int spawn_persister(const PersisterOptions& options) {
   int fds[2];
   if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) return -1;
-  pid_t pid = ::fork();
+  // stderr stays: the agent's, so that its errors reach the driver while
+  // there is one.
+  pid_t pid = fork_detached(fds[1], /*keep_stderr=*/true);
   if (pid < 0) {
     int saved = errno;
     ::close(fds[0]);
@@ -101,23 +100,6 @@ int spawn_persister(const PersisterOptions& options) {
     return -1;
   }
   if (pid == 0) {
-    // Its own session: the terminal's signals and the watchdog's stop go to
-    // the workers, not to the write of the last commit. stderr stays (the
-    // agent's, so its errors reach the driver while there is one).
-    ::setsid();
-    for (int s : {SIGINT, SIGHUP, SIGTERM, SIGPIPE, SIGQUIT}) ::signal(s, SIG_IGN);
-    ::signal(SIGCHLD, SIG_DFL);
-    sigset_t none;
-    sigemptyset(&none);
-    ::sigprocmask(SIG_SETMASK, &none, nullptr);
-    int null = ::open("/dev/null", O_RDWR);
-    for (int target : {0, 1}) ::dup2(null, target);
-    if (fds[1] != 3) {
-      ::dup2(fds[1], 3);
-    } else {
-      ::fcntl(3, F_SETFD, 0);
-    }
-    close_from(4);
     Persister(options, 3).run();
   }
   ::close(fds[1]);

@@ -10,8 +10,8 @@
 #include <chrono>
 
 #include "agent/commit_dir.h"
+#include "agent/detached.h"
 #include "common/strings.h"
-#include "common/subprocess.h"
 
 namespace erun::agent {
 
@@ -113,7 +113,7 @@ int spawn_watchdog(long silence_ms) {
   const pid_t agent = ::getpid();
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0) return -1;
-  pid_t pid = ::fork();
+  pid_t pid = fork_detached(fds[0], /*keep_stderr=*/false);
   if (pid < 0) {
     int saved = errno;
     ::close(fds[0]);
@@ -122,20 +122,6 @@ int spawn_watchdog(long silence_ms) {
     return -1;
   }
   if (pid == 0) {
-    ::setsid();
-    for (int s : {SIGINT, SIGHUP, SIGTERM, SIGPIPE, SIGQUIT}) ::signal(s, SIG_IGN);
-    ::signal(SIGCHLD, SIG_DFL);
-    sigset_t none;
-    sigemptyset(&none);
-    ::sigprocmask(SIG_SETMASK, &none, nullptr);
-    int null = ::open("/dev/null", O_RDWR);
-    for (int target : {0, 1, 2}) ::dup2(null, target);
-    if (fds[0] != 3) {
-      ::dup2(fds[0], 3);
-    } else {
-      ::fcntl(3, F_SETFD, 0);
-    }
-    close_from(4);
     watchdog_main(3, agent, silence_ms);
   }
   ::close(fds[0]);

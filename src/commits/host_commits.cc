@@ -159,18 +159,6 @@ std::optional<Snapshot> parse(const char* p, size_t size) {
   return snap;
 }
 
-bool pread_all(int fd, char* out, size_t n, size_t offset) {
-  while (n > 0) {
-    ssize_t r = ::pread(fd, out, n, static_cast<off_t>(offset));
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) return false;
-    out += r;
-    n -= static_cast<size_t>(r);
-    offset += static_cast<size_t>(r);
-  }
-  return true;
-}
-
 // What a file holds whole, read without its data: header, table (for the
 // CRC) and trailer. nullopt when torn, foreign or unreadable.
 std::optional<HostCommits::Listing> read_listing(int fd) {
@@ -208,6 +196,18 @@ std::optional<HostCommits::Listing> read_listing(int fd) {
 }
 
 }  // namespace
+
+bool pread_all(int fd, char* out, uint64_t n, uint64_t offset) {
+  while (n > 0) {
+    ssize_t r = ::pread(fd, out, std::min<uint64_t>(n, uint64_t{1} << 30), static_cast<off_t>(offset));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    out += r;
+    n -= static_cast<uint64_t>(r);
+    offset += static_cast<uint64_t>(r);
+  }
+  return true;
+}
 
 HostCommits::HostCommits(std::string stem, bool discard) : stem_(std::move(stem)), discard_(discard) {}
 

@@ -18,6 +18,10 @@ namespace erun::state_internal {
 // the host side persists to --checkpoint-dir, commits/persist.h).
 inline constexpr uint32_t kRankZeroCommit = 1;
 
+// Reads exactly n bytes at `offset`; false on an error or an early end (a
+// file truncated under the reader).
+bool pread_all(int fd, char* out, uint64_t n, uint64_t offset);
+
 class HostCommits {
  public:
   // `stem`: DIR/NAME; DIR is created (0700) when missing. `discard`: what the

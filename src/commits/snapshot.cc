@@ -81,10 +81,10 @@ uint64_t get_u64(const char* p) {
 }
 
 // Forwards to a sink while keeping the running CRC.
-class CrcSink final : public ByteSink {
+class CrcSink {
  public:
   explicit CrcSink(ByteSink& out) : out_(out) {}
-  void write(const void* data, size_t n) override {
+  void write(const void* data, size_t n) {
     crc_ = crc32c(crc_, data, n);
     out_.write(data, n);
   }
@@ -173,7 +173,7 @@ void BufferedSink::flush() {
   buf_.clear();
 }
 
-void encode(uint64_t commit_id, const std::vector<EntryRef>& entries, ByteSink& sink, const DataWriter& data) {
+void encode(uint64_t commit_id, const std::vector<EntryRef>& entries, ByteSink& sink) {
   CrcSink out(sink);
   unsigned char header[kHeaderBytes];
   std::memcpy(header, kMagic, 8);
@@ -186,11 +186,7 @@ void encode(uint64_t commit_id, const std::vector<EntryRef>& entries, ByteSink& 
     out.u64(e.name->size());
     out.write(e.name->data(), e.name->size());
     out.u64(e.size);
-    if (data) {
-      data(static_cast<size_t>(&e - entries.data()), out);
-    } else if (e.size != 0) {
-      out.write(e.data, e.size);
-    }
+    if (e.size != 0) out.write(e.data, e.size);
   }
   unsigned char crc[4];
   put_u32(crc, out.crc());
@@ -253,9 +249,8 @@ Snapshot decode(const char* data, size_t size, const std::string& source) {
   return snap;
 }
 
-bool write_file_atomically(const std::string& dir, const std::string& name, uint64_t commit_id,
-                           const std::vector<EntryRef>& entries, const DataWriter& data,
-                           const std::function<bool()>& keep) {
+void write_file_atomically(const std::string& dir, const std::string& name, uint64_t commit_id,
+                           const std::vector<EntryRef>& entries) {
   const std::string target = dir + "/" + name;
   Fd dfd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (dfd.get() < 0) {
@@ -274,7 +269,7 @@ bool write_file_atomically(const std::string& dir, const std::string& name, uint
   const std::string tmp = dir + "/" + tmp_name;
   try {
     FdSink sink(fd.get(), tmp);
-    encode(commit_id, entries, sink, data);
+    encode(commit_id, entries, sink);
     sink.flush();
     if (::fsync(fd.get()) != 0) {
       throw Error(fmt::format("erun: fsync of checkpoint file {} failed: {}", tmp,
@@ -283,10 +278,6 @@ bool write_file_atomically(const std::string& dir, const std::string& name, uint
     if (::close(fd.release()) != 0) {
       throw Error(fmt::format("erun: closing checkpoint file {} failed: {}", tmp,
                               errno_text(errno)));
-    }
-    if (keep && !keep()) {
-      ::unlinkat(dfd.get(), tmp_name.c_str(), 0);
-      return false;
     }
     // rename(2) replaces whatever is at the target, a symbolic link
     // included, and never follows it.
@@ -302,7 +293,6 @@ bool write_file_atomically(const std::string& dir, const std::string& name, uint
     throw Error(fmt::format("erun: fsync of checkpoint directory {} failed: {}", dir,
                             errno_text(errno)));
   }
-  return true;
 }
 
 uint64_t file_commit_id(const std::string& path) {

@@ -8,7 +8,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -55,14 +54,8 @@ struct EntryRef {
   }
 };
 
-// Writes entry k's `size` bytes to `out`, for entries whose bytes are not in
-// memory (EntryRef::data unused): the host side's persister reads them
-// piecewise from a host-memory commit file.
-using DataWriter = std::function<void(size_t k, ByteSink& out)>;
-
-// Streams the encoding into `sink` without an intermediate copy of the data
-// (each entry's bytes from EntryRef::data, or through `data` when given).
-void encode(uint64_t commit_id, const std::vector<EntryRef>& entries, ByteSink& sink, const DataWriter& data = {});
+// Streams the encoding into `sink` without an intermediate copy of the data.
+void encode(uint64_t commit_id, const std::vector<EntryRef>& entries, ByteSink& sink);
 std::vector<char> encode(uint64_t commit_id, const std::vector<EntryRef>& entries);
 
 struct Snapshot {
@@ -75,11 +68,9 @@ Snapshot decode(const char* data, size_t size, const std::string& source);
 // O_NOFOLLOW, 0600), fsync, rename (which replaces a link at DIR/name rather
 // than following it), fsync DIR. Throws erun::Error naming the path on any I/O
 // failure (the old file stays) and when DIR is not a private directory (see
-// common/private_files.h). `keep`, asked after the fsync: false removes the
-// temp file instead of renaming it, and the call returns false.
-bool write_file_atomically(const std::string& dir, const std::string& name, uint64_t commit_id,
-                           const std::vector<EntryRef>& entries, const DataWriter& data = {},
-                           const std::function<bool()>& keep = {});
+// common/private_files.h).
+void write_file_atomically(const std::string& dir, const std::string& name, uint64_t commit_id,
+                           const std::vector<EntryRef>& entries);
 // The commit id the header of the durable file at `path` claims (its data
 // unread and unchecked); 0 when there is none, it is a link or not erun's.
 uint64_t file_commit_id(const std::string& path);

@@ -185,7 +185,8 @@ std::vector<std::pair<std::string, std::string>> Driver::worker_env(const RankAs
     // machine (--launcher local, the tests' sshd on 127.0.0.N) keep apart
     // what separate machines would.
     put("ERUN_COMMIT_DIR", d_.commit_dir + "-" + host_file_name(a.slot.host));
-    // The agent persists: with both variables set, the workers do not.
+    // Read by the agent, which then writes the durable files; a worker given
+    // both ERUN_CHECKPOINT_DIR and ERUN_COMMIT_DIR leaves them to it.
     if (!o_.checkpoint_dir.empty()) {
       put("ERUN_PERSIST_INTERVAL_MS", std::chrono::duration_cast<std::chrono::milliseconds>(o_.persist_interval).count());
     }

@@ -18,6 +18,7 @@
 #include "commits/persist.h"
 #include "commits/snapshot.h"
 #include "erun/errors.hpp"
+#include "support/erun_process.h"
 
 namespace erun {
 namespace {
@@ -27,15 +28,6 @@ namespace si = state_internal;
 
 class PersistTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/erun-persist-test-XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl), nullptr);
-    root_ = tmpl;
-    commits_ = root_ + "/commits";
-    ckpt_ = root_ + "/ckpt";
-  }
-  void TearDown() override { fs::remove_all(root_); }
-
   // Commit `id` of two entries whose every byte is a function of the id.
   static std::vector<char> fill(uint64_t id, size_t n, int salt) {
     return std::vector<char>(n, static_cast<char>((id * 31 + static_cast<uint64_t>(salt)) % 251));
@@ -57,7 +49,9 @@ class PersistTest : public ::testing::Test {
     EXPECT_EQ(s.entries[1].second, fill(s.commit_id, n / 3 + 1, 2)) << "commit " << s.commit_id;
   }
 
-  std::string root_, commits_, ckpt_;
+  testing::TempDir root_;
+  const std::string commits_ = root_.file("commits");
+  const std::string ckpt_ = root_.file("ckpt");
   std::vector<char> scratch_;
 };
 
