@@ -1,7 +1,9 @@
 // Recovery and scale-up benchmark worker, written against erun's worker API.
 //   step_worker [--steps N=100000] [--step-ms M=50] [--commit-every K=1] [--floats F=1024]
-// Each step sleeps M ms (the "compute"), sum-allreduces F floats and
-// increments the global step; every K steps it commits. After every step it
+//               [--state-floats W=0]
+// Each step sleeps M ms (the "compute"), sum-allreduces F floats, adds them
+// into a model of W floats kept in the State, and increments the global
+// step; every K steps it commits. After every step it
 // prints one line with a CLOCK_REALTIME timestamp, which bench/bench.py parses:
 //   STEP pid=P host=H rank=R size=S gen=G step=N t=SECONDS
 // A START line with the same timestamp clock is printed before erun::init().
@@ -40,19 +42,23 @@ int main(int argc, char** argv) {
   const long step_ms = arg_long(argc, argv, "--step-ms", 50);
   const long commit_every = std::max(1L, arg_long(argc, argv, "--commit-every", 1));
   const long floats = std::max(1L, arg_long(argc, argv, "--floats", 1024));
+  const long state_floats = std::max(0L, arg_long(argc, argv, "--state-floats", 0));
   std::printf("START pid=%d t=%.6f\n", static_cast<int>(::getpid()), now_realtime());
   try {
     erun::Context& ctx = erun::init();
     int64_t step = 0;
     std::vector<float> grad(static_cast<size_t>(floats), 1.0f);
     erun::State state(ctx);
+    std::vector<float> model(static_cast<size_t>(state_floats), 0.0f);
     state.register_value("step", &step);
+    if (!model.empty()) state.register_buffer("model", model.data(), model.size() * sizeof(float));
     erun::run(state, [&](erun::State& s) {
       erun::Context& c = s.context();
       while (step < steps) {
         if (step_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(step_ms));
         std::fill(grad.begin(), grad.end(), 1.0f);
         c.comm().allreduce(grad, erun::ReduceOp::kSum);
+        for (size_t i = 0; i < model.size(); ++i) model[i] += 1e-3f * grad[i % grad.size()];
         ++step;
         if (step % commit_every == 0) s.commit();
         std::printf("STEP pid=%d host=%s rank=%d size=%d gen=%ld step=%lld t=%.6f\n", static_cast<int>(::getpid()),

@@ -19,6 +19,7 @@
 #include <memory>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "erun/export.hpp"
@@ -102,6 +103,19 @@ class ERUN_API State {
   // the previous commit intact. For bindings (the Python package).
   void register_bytes(const std::string& name, std::function<void(std::vector<char>&)> save,
                       std::function<void(const std::vector<char>&)> load);
+
+  // Bytes that stay in the caller's memory: save() names the ranges that,
+  // one after another, make the entry, and `keep` holds whatever keeps them
+  // alive until commit() has copied them, once, straight into the commit
+  // (the host's memory under erun). save() may throw: the previous commit
+  // stays. load(data, size) gets the committed bytes and copies what it keeps.
+  // For bindings (the Python package's callback entries).
+  struct Pieces {
+    std::vector<std::pair<const void*, size_t>> ranges;
+    std::shared_ptr<void> keep;
+  };
+  void register_pieces(const std::string& name, std::function<Pieces()> save,
+                       std::function<void(const char* data, size_t size)> load);
 
   void commit();
   void restore();

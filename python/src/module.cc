@@ -188,38 +188,39 @@ class PyState {
   void register_callbacks(const std::string& name, py::function save, py::function load) {
     callbacks_.push_back(std::make_unique<Callbacks>(Callbacks{std::move(save), std::move(load)}));
     Callbacks* cb = callbacks_.back().get();
-    auto save_fn = [cb](std::vector<char>& out) {
+    // The pieces stay where they are until commit() has copied them into the
+    // commit: `Held` keeps them alive, and is freed with the GIL held.
+    struct Held {
+      py::list pieces;
+      std::vector<py::buffer_info> buffers;
+    };
+    auto save_fn = [cb]() {
       py::gil_scoped_acquire gil;
-      py::list pieces = cb->save();
-      std::vector<std::pair<const char*, size_t>> spans;
-      std::vector<py::buffer_info> keep;
-      size_t total = 0;
-      for (py::handle piece : pieces) {
+      auto held = std::shared_ptr<Held>(new Held{cb->save(), {}}, [](Held* h) {
+        py::gil_scoped_acquire again;
+        delete h;
+      });
+      erun::State::Pieces out;
+      for (py::handle piece : held->pieces) {
         if (py::isinstance<py::tuple>(piece)) {
           auto t = piece.cast<std::pair<uintptr_t, size_t>>();
-          spans.emplace_back(static_cast<const char*>(address(t.first)), t.second);
+          out.ranges.emplace_back(address(t.first), t.second);
         } else {
-          keep.push_back(py::reinterpret_borrow<py::buffer>(piece).request());
-          const py::buffer_info& b = keep.back();
-          spans.emplace_back(static_cast<const char*>(b.ptr), static_cast<size_t>(b.size * b.itemsize));
+          held->buffers.push_back(py::reinterpret_borrow<py::buffer>(piece).request());
+          const py::buffer_info& b = held->buffers.back();
+          out.ranges.emplace_back(b.ptr, static_cast<size_t>(b.size * b.itemsize));
         }
-        total += spans.back().second;
       }
-      py::gil_scoped_release nogil;  // `pieces` keeps the memory alive
-      out.resize(total);             // keeps the allocation of an earlier commit
-      size_t at = 0;
-      for (auto& [p, n] : spans) {
-        if (n != 0) std::memcpy(out.data() + at, p, n);
-        at += n;
-      }
+      out.keep = std::move(held);
+      return out;
     };
-    auto load_fn = [cb](const std::vector<char>& bytes) {
+    auto load_fn = [cb](const char* data, size_t size) {
       py::gil_scoped_acquire gil;
       // Writable so that torch.frombuffer accepts it; the callee only reads.
-      auto view = py::memoryview::from_memory(const_cast<char*>(bytes.data()), static_cast<ssize_t>(bytes.size()));
+      auto view = py::memoryview::from_memory(const_cast<char*>(data), static_cast<ssize_t>(size));
       cb->load(view);
     };
-    state_->register_bytes(name, std::move(save_fn), std::move(load_fn));
+    state_->register_pieces(name, std::move(save_fn), std::move(load_fn));
   }
 
   void commit() {

@@ -62,7 +62,10 @@ uint64_t get_u64(const char* p) {
 void copy_out(char* dst, const char* src, size_t n) {
 #if defined(__SSE2__)
   if (n >= (size_t{1} << 20)) {
-    size_t i = 0;
+    // The streaming stores want 16-byte aligned destinations (an entry's
+    // pieces after the first may start anywhere).
+    size_t i = (16 - reinterpret_cast<uintptr_t>(dst) % 16) % 16;
+    std::memcpy(dst, src, i);
     for (; i + 64 <= n; i += 64) {
       __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
       __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 16));
@@ -339,7 +342,11 @@ std::optional<std::string> HostCommits::write(uint64_t commit_id, const std::vec
   }
   if (placed != nullptr) placed->clear();
   for (size_t k = 0; k < entries.size(); ++k) {
-    if (entries[k].size != 0) copy_out(m + l.offsets[k], entries[k].data, entries[k].size);
+    char* to = m + l.offsets[k];
+    entries[k].each_range([&](const char* p, size_t n) {
+      copy_out(to, p, n);
+      to += n;
+    });
     if (placed != nullptr) placed->push_back(m + l.offsets[k]);
   }
   put_u32(m + l.trailer + 8, crc32c(0, m, l.table_end));
@@ -379,6 +386,13 @@ std::optional<std::string> HostCommits::room_warning(const std::vector<EntryRef>
 
 std::optional<HostCommits::Listing> HostCommits::list(int fd) { return read_listing(fd); }
 
+Fd HostCommits::open_own(const std::string& path) {
+  Fd fd(::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+  struct stat st {};
+  if (fd && (::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != ::geteuid())) fd.reset();
+  return fd;
+}
+
 bool HostCommits::held(int fd, uint64_t id) {
   std::atomic_thread_fence(std::memory_order_seq_cst);
   char header[kHeaderBytes];
@@ -404,6 +418,18 @@ std::optional<HostCommits::Found> HostCommits::newest(const std::string& dir, in
     if (ordinal_of(c.name) != ordinal) continue;
     const std::string path = dir + "/" + c.name;
     if (auto snap = read(path)) return Found{std::move(*snap), path};  // else torn by a killed worker, or not ours
+  }
+  return std::nullopt;
+}
+
+std::optional<HostCommits::Claim> HostCommits::newest_claim(const std::string& dir, int ordinal) {
+  for (const ClaimedCommit& c : claimed_commits(dir)) {
+    if (ordinal_of(c.name) != ordinal) continue;
+    const std::string path = dir + "/" + c.name;
+    Fd fd = open_own(path);
+    if (!fd) continue;
+    auto l = read_listing(fd.get());
+    if (l && l->id == c.id) return Claim{l->id, path};  // else torn by a killed worker, or not ours
   }
   return std::nullopt;
 }

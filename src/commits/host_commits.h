@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "commits/snapshot.h"
+#include "common/fd.h"
 
 namespace erun::state_internal {
 
@@ -67,6 +68,13 @@ class HostCommits {
   // unreadable files are skipped. nullopt when there is none or no such
   // directory.
   static std::optional<Found> newest(const std::string& dir, int ordinal = 0);
+  // The same choice, made from each file's header, table and trailer only
+  // (its data unread): which commit, and where.
+  struct Claim {
+    uint64_t id = 0;
+    std::string path;
+  };
+  static std::optional<Claim> newest_claim(const std::string& dir, int ordinal = 0);
   // The stem of the State numbered `ordinal` of a worker whose first State's
   // stem is `stem`: `stem` itself for 0, `stem`-s<ordinal> after. A process
   // numbers the States it holds at once 0, 1, ... so that each has its own
@@ -88,6 +96,9 @@ class HostCommits {
     std::vector<uint64_t> offsets;  // of each entry's bytes in the file
   };
   static std::optional<Listing> list(int fd);
+  // `path` opened for reading when it is a regular file of this user (no
+  // link followed); an invalid Fd otherwise.
+  static Fd open_own(const std::string& path);
   // Whether the file still holds commit `id` whole: its writer has not
   // claimed it for another commit.
   static bool held(int fd, uint64_t id);

@@ -1,9 +1,5 @@
 #include "commits/persist.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <optional>
 #include <vector>
@@ -28,9 +24,8 @@ Persisted persist_newest(const std::string& commit_dir, const std::string& check
     if (!floor) floor = std::max(after, file_commit_id(checkpoint_dir + "/" + kStateFile));
     if (c.id <= *floor) break;
     const std::string path = commit_dir + "/" + c.name;
-    Fd fd(::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
-    struct stat st {};
-    if (fd.get() < 0 || ::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != ::geteuid()) continue;
+    Fd fd = HostCommits::open_own(path);
+    if (!fd) continue;
     auto listing = HostCommits::list(fd.get());
     if (!listing || (listing->flags & kRankZeroCommit) == 0 || listing->id <= *floor) continue;
     // Copied out first, at memory speed, so that the worker's next commits

@@ -186,7 +186,7 @@ void encode(uint64_t commit_id, const std::vector<EntryRef>& entries, ByteSink& 
     out.u64(e.name->size());
     out.write(e.name->data(), e.name->size());
     out.u64(e.size);
-    if (e.size != 0) out.write(e.data, e.size);
+    e.each_range([&](const char* p, size_t n) { out.write(p, n); });
   }
   unsigned char crc[4];
   put_u32(crc, out.crc());

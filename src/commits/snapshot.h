@@ -44,13 +44,32 @@ class BufferedSink : public ByteSink {
 };
 
 // An entry's name and bytes, wherever the bytes lie (a vector, a registered
-// buffer, a host-memory commit file's mapping).
+// buffer, a host-memory commit file's mapping), in one range or, with
+// `pieces`, in several that follow each other (`data` unused, `size` their sum).
+using Piece = std::pair<const void*, size_t>;
 struct EntryRef {
   const std::string* name;
   const char* data;
   size_t size;
+  const std::vector<Piece>* pieces = nullptr;
   static EntryRef of(const std::string& name, const std::vector<char>& bytes) {
     return {&name, bytes.data(), bytes.size()};
+  }
+  static EntryRef of(const std::string& name, const std::vector<Piece>& pieces) {
+    size_t n = 0;
+    for (const Piece& p : pieces) n += p.second;
+    return {&name, nullptr, n, &pieces};
+  }
+  // Calls fn(data, size) for each non-empty range, in order.
+  template <typename Fn>
+  void each_range(Fn&& fn) const {
+    if (pieces == nullptr) {
+      if (size != 0) fn(data, size);
+      return;
+    }
+    for (const Piece& p : *pieces) {
+      if (p.second != 0) fn(static_cast<const char*>(p.first), p.second);
+    }
   }
 };
 

@@ -41,7 +41,13 @@ struct State::Impl {
     // points at the copy there instead of `committed` (one copy per commit).
     char* raw = nullptr;
     size_t raw_bytes = 0;
+    // register_pieces: the ranges of its bytes, named anew at each commit,
+    // which copies them straight into the host file too.
+    std::function<Pieces()> gather;
+    std::function<void(const char*, size_t)> load_range;
     const char* held = nullptr;
+    size_t held_bytes = 0;
+    bool direct() const { return raw != nullptr || gather != nullptr; }
   };
   std::vector<Entry> entries;
   std::unordered_map<std::string, size_t> by_name;
@@ -55,6 +61,10 @@ struct State::Impl {
   int ordinal = -1;  // this State's number among the worker's (host-memory commit files)
   std::shared_ptr<std::vector<unsigned char>> numbers;  // the worker's, where `ordinal` is marked held
   bool host_failing = false;  // the last host-memory write failed (logged once per streak)
+  // Found at the first sync(): a commit newer than this worker's that its
+  // host kept, in `adopt_dir`. Read only if the sync makes this rank the root.
+  std::optional<si::HostCommits::Claim> adoptable;
+  std::string adopt_dir;
   // The launcher's --checkpoint-dir, whose durable files the host side
   // writes from rank 0's host-memory commits (commits/persist.h): rank 0
   // writes one itself only when its host-memory commit failed.
@@ -68,8 +78,20 @@ struct State::Impl {
   // Set by sync() when some rank re-joined since the last sync: (old size, new size).
   std::optional<std::pair<int, int>> pending_reset;
 
+  // The ranges, one after another, into `out` (keeping its allocation).
+  static void concat(const std::vector<si::Piece>& ranges, std::vector<char>& out) {
+    size_t total = 0;
+    for (const si::Piece& r : ranges) total += r.second;
+    out.resize(total);
+    size_t at = 0;
+    for (const auto& [p, n] : ranges) {
+      if (n != 0) std::memcpy(out.data() + at, p, n);
+      at += n;
+    }
+  }
+
   static si::EntryRef ref(const Entry& e) {
-    return e.held != nullptr ? si::EntryRef{&e.name, e.held, e.raw_bytes} : si::EntryRef::of(e.name, e.committed);
+    return e.held != nullptr ? si::EntryRef{&e.name, e.held, e.held_bytes} : si::EntryRef::of(e.name, e.committed);
   }
   std::vector<si::EntryRef> refs() const {
     std::vector<si::EntryRef> r;
@@ -146,8 +168,10 @@ struct State::Impl {
       if (!e.has_committed) continue;
       if (e.device) {
         e.device->restore();
-      } else if (e.held != nullptr) {
+      } else if (e.held != nullptr && e.raw != nullptr) {
         if (e.raw_bytes != 0) std::memcpy(e.raw, e.held, e.raw_bytes);
+      } else if (e.held != nullptr) {
+        e.load_range(e.held, e.held_bytes);
       } else {
         e.load(e.committed);
       }
@@ -183,19 +207,28 @@ struct State::Impl {
 
   // Writes the commit to this worker's host-memory files. `direct`: commit()
   // left the registered buffers to this write, which copies them from their
-  // own memory into the file and keeps that copy as their commit (`held`).
+  // own memory into the file; `gathered` (when given, per entry): the pieces
+  // entries' ranges, copied the same way. Registered buffers and pieces keep
+  // the file's copy as their commit (`held`).
   // A failure (host memory full) is logged, not thrown: the buffers are then
   // copied into worker memory, training goes on, and the files keep the
   // previous commit.
   // Whether the commit is in host memory.
-  bool write_host_commit(const WorkerInfo& info, bool direct) {
+  bool write_host_commit(const WorkerInfo& info, bool direct, const std::vector<std::vector<si::Piece>>* gathered = nullptr) {
     if (!host) return false;
     mirror_device();
     std::vector<si::EntryRef> out;
     out.reserve(entries.size());
-    for (const Entry& e : entries) {
+    for (size_t i = 0; i < entries.size(); ++i) {
+      const Entry& e = entries[i];
       if (!e.has_committed) continue;
-      out.push_back(direct && e.raw != nullptr ? si::EntryRef{&e.name, e.raw, e.raw_bytes} : ref(e));
+      if (direct && e.raw != nullptr) {
+        out.push_back(si::EntryRef{&e.name, e.raw, e.raw_bytes});
+      } else if (gathered != nullptr && e.gather) {
+        out.push_back(si::EntryRef::of(e.name, (*gathered)[i]));
+      } else {
+        out.push_back(ref(e));
+      }
     }
     if (!std::exchange(host_room_checked, true) && info.local_rank == 0) {
       if (auto warning = host->room_warning(out, info.local_size)) ERUN_LOG_WARN("{}", *warning);
@@ -208,16 +241,21 @@ struct State::Impl {
       err = e.what();
     }
     size_t k = 0;
-    for (Entry& e : entries) {
+    for (size_t i = 0; i < entries.size(); ++i) {
+      Entry& e = entries[i];
       if (!e.has_committed) continue;
-      if (direct && e.raw != nullptr) {
-        if (!err) {
-          e.held = placed[k];
-          std::vector<char>().swap(e.committed);
-        } else {
+      const bool copied_here = (direct && e.raw != nullptr) || (gathered != nullptr && e.gather);
+      if (!err && e.direct()) {
+        e.held = placed[k];
+        e.held_bytes = out[k].size;
+        std::vector<char>().swap(e.committed);
+      } else if (err && copied_here) {
+        if (e.raw != nullptr) {
           e.save(e.committed);
-          e.held = nullptr;
+        } else {
+          concat((*gathered)[i], e.committed);
         }
+        e.held = nullptr;
       }
       ++k;
     }
@@ -226,6 +264,32 @@ struct State::Impl {
     if (!err && host_failing) ERUN_LOG_INFO("host-memory commit {} written to {} again", commit_id, host->stem());
     host_failing = err.has_value();
     return !err;
+  }
+
+  // In sync(), on the rank whose commit every rank takes: loads the host's
+  // commit that adopt_host_commits() found. A file that no longer holds it
+  // (overwritten or torn since) gives way to the host's newest whole one,
+  // or to this worker's own commit.
+  void adopt(const WorkerInfo& info) {
+    auto claim = std::exchange(adoptable, std::nullopt);
+    if (!claim) return;
+    std::optional<si::HostCommits::Found> found;
+    if (auto snap = si::HostCommits::read(claim->path); snap && snap->commit_id == claim->id) {
+      found = si::HostCommits::Found{std::move(*snap), claim->path};
+    } else {
+      found = si::HostCommits::newest(adopt_dir, ordinal);
+    }
+    if (!found || found->snapshot.commit_id <= commit_id) {
+      ERUN_LOG_WARN("{}: host-memory commit {} in {} was overwritten before it was read; the job goes on from "
+                    "commit {}",
+                    who(info.generation, info.host, info.rank), claim->id, claim->path, commit_id);
+      return;
+    }
+    const uint64_t id = found->snapshot.commit_id;
+    apply(std::move(found->snapshot), "host-memory commit file " + found->path, /*allow_missing=*/true);
+    snapshot_size = 0;  // the file does not say
+    ERUN_LOG_INFO("{}: restored commit {} from host memory on {} ({})", who(info.generation, info.host, info.rank),
+                  id, info.host, found->path);
   }
 
   // After sync(): the commit this worker now holds goes into its host's
@@ -370,15 +434,31 @@ void State::register_bytes(const std::string& name, std::function<void(std::vect
   impl_->entries.back().keep_spare = true;
 }
 
+void State::register_pieces(const std::string& name, std::function<Pieces()> save,
+                            std::function<void(const char*, size_t)> load) {
+  register_entry(name, [save](std::vector<char>& out) { Impl::concat(save().ranges, out); },
+                 [load](const std::vector<char>& b) { load(b.data(), b.size()); }, /*may_throw=*/true);
+  impl_->entries.back().gather = std::move(save);
+  impl_->entries.back().load_range = std::move(load);
+}
+
 void State::commit() {
-  // With host-memory commits, registered buffers are copied once, straight
-  // into the host file (write_host_commit).
+  // With host-memory commits, registered buffers and pieces are copied once,
+  // straight into the host file (write_host_commit).
   const bool direct = impl_->host != nullptr;
   // User serializers may throw: run them before touching the snapshot.
   // Their side buffers reuse the allocation of the commit before the last.
   std::vector<std::vector<char>> staged(impl_->entries.size());
+  std::vector<std::vector<si::Piece>> gathered(impl_->entries.size());
+  std::vector<std::shared_ptr<void>> keep;
   for (size_t i = 0; i < impl_->entries.size(); ++i) {
     Impl::Entry& e = impl_->entries[i];
+    if (e.gather) {
+      Pieces p = e.gather();
+      gathered[i] = std::move(p.ranges);
+      keep.push_back(std::move(p.keep));
+      continue;
+    }
     if (!e.may_throw) continue;
     staged[i].swap(e.spare);
     try {
@@ -390,7 +470,12 @@ void State::commit() {
   }
   for (size_t i = 0; i < impl_->entries.size(); ++i) {
     Impl::Entry& e = impl_->entries[i];
-    if (e.may_throw) {
+    if (e.gather) {
+      if (!direct) {
+        Impl::concat(gathered[i], e.committed);
+        e.held = nullptr;
+      }  // else copied by write_host_commit
+    } else if (e.may_throw) {
       e.committed.swap(staged[i]);
       if (e.keep_spare) e.spare.swap(staged[i]);
     } else if (e.device) {
@@ -406,7 +491,9 @@ void State::commit() {
   impl_->commit_id += 1;
   impl_->has_snapshot = true;
   impl_->snapshot_size = ctx_.size();
-  const bool in_host_memory = impl_->write_host_commit(ctx_.info(), direct);
+  const bool in_host_memory = impl_->write_host_commit(ctx_.info(), direct, &gathered);
+  gathered.clear();
+  keep.clear();  // the ranges were copied
   if (!impl_->checkpoint_dir.empty() && ctx_.rank() == 0 && !(impl_->host_persists && in_host_memory)) {
     impl_->mirror_device();
     si::write_file_atomically(impl_->checkpoint_dir, si::kStateFile, impl_->commit_id,
@@ -434,6 +521,7 @@ void State::sync() {
   const int rejoined_from = std::exchange(impl_->rejoined_from, 0);
   impl_->pending_reset.reset();
   if (size == 1) {
+    impl_->adopt(ctx_.info());
     impl_->fill_uncommitted();
     if (impl_->commit_id > 0) impl_->load_values();
     impl_->has_snapshot = true;
@@ -449,8 +537,9 @@ void State::sync() {
   // entries and an erun built with NCCL.
   constexpr size_t kFields = 4;
   std::vector<uint64_t> all(static_cast<size_t>(size) * kFields);
-  const uint64_t mine[kFields] = {impl_->commit_id, static_cast<uint64_t>(rejoined_from),
-                                  static_cast<uint64_t>(impl_->snapshot_size),
+  const auto& adoptable = impl_->adoptable;
+  const uint64_t mine[kFields] = {adoptable ? adoptable->id : impl_->commit_id, static_cast<uint64_t>(rejoined_from),
+                                  static_cast<uint64_t>(adoptable ? 0 : impl_->snapshot_size),
                                   impl_->has_device_entries() && built_with_nccl() ? 1u : 0u};
   comm.allgather(mine, all.data(), sizeof(mine));
   auto field = [&](int r, size_t f) { return all[static_cast<size_t>(r) * kFields + f]; };
@@ -471,7 +560,12 @@ void State::sync() {
   devices_over_nccl = devices_over_nccl && ctx_.gpu().backend() == GpuBackend::kNccl;
 
   std::vector<char> blob;
-  if (rank == root) blob = impl_->root_blob(newest, devices_over_nccl);
+  if (rank == root) {
+    impl_->adopt(ctx_.info());
+    blob = impl_->root_blob(impl_->commit_id, devices_over_nccl);
+  } else {
+    impl_->adoptable.reset();  // a newer or equal commit comes from the root
+  }
   int64_t bytes = static_cast<int64_t>(blob.size());
   comm.broadcast(&bytes, sizeof(bytes), root);
   if (rank != root) blob.resize(static_cast<size_t>(bytes));
@@ -595,15 +689,12 @@ void State::adopt_host_commits() {
     return;
   }
   // A commit that outlived the workers that made it: every worker of the
-  // last generation died (or was restarted) and this host kept theirs.
-  auto found = si::HostCommits::newest(dir, ordinal);
-  if (!found || found->snapshot.commit_id <= impl_->commit_id) return;
-  const uint64_t id = found->snapshot.commit_id;
-  impl_->apply(std::move(found->snapshot), "host-memory commit file " + found->path, /*allow_missing=*/true);
-  impl_->snapshot_size = 0;  // the file does not say
-  const WorkerInfo& info = ctx_.info();
-  ERUN_LOG_INFO("{}: restored commit {} from host memory on {} ({})", who(info.generation, info.host, info.rank), id,
-                info.host, found->path);
+  // last generation died (or was restarted) and this host kept theirs. Its
+  // header is enough for sync() to choose; the data is read when chosen.
+  auto found = si::HostCommits::newest_claim(dir, ordinal);
+  if (!found || found->id <= impl_->commit_id) return;
+  impl_->adoptable = std::move(found);
+  impl_->adopt_dir = dir;
 }
 
 void State::on_reset(std::function<void(int, int)> callback) {

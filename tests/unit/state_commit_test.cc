@@ -200,6 +200,32 @@ TEST_F(StateCommit, RegisterBytesReusesItsBufferAndAThrowingSaveKeepsThePrevious
   EXPECT_EQ(value, std::vector<char>(1 << 20, 'f'));
 }
 
+// register_pieces in worker memory: the ranges are joined into the commit,
+// a throwing save() keeps the previous one, restore() hands the bytes back.
+TEST_F(StateCommit, RegisterPiecesJoinsItsRangesAndAThrowingSaveKeepsThePreviousCommit) {
+  std::string head = "hdr";
+  std::vector<char> body(1 << 20, 'a');
+  std::string got;
+  bool fail = false;
+  int kept_alive = 0;
+  state.register_pieces("blob", [&] {
+    if (fail) throw std::runtime_error("save failed");
+    State::Pieces p;
+    p.ranges = {{head.data(), head.size()}, {body.data(), body.size()}, {nullptr, 0}};
+    ++kept_alive;
+    p.keep = std::shared_ptr<void>(nullptr, [&](void*) { --kept_alive; });
+    return p;
+  }, [&](const char* data, size_t size) { got.assign(data, size); });
+  state.commit();
+  EXPECT_EQ(kept_alive, 0);  // released once copied
+  std::fill(body.begin(), body.end(), 'z');
+  fail = true;
+  EXPECT_THROW(state.commit(), std::runtime_error);
+  EXPECT_EQ(state.commit_id(), 1u);
+  state.restore();
+  EXPECT_EQ(got, "hdr" + std::string(1 << 20, 'a'));
+}
+
 TEST_F(StateCommit, LargeBufferRoundTrip) {
   std::vector<uint64_t> big((64u << 20) / sizeof(uint64_t));
   std::iota(big.begin(), big.end(), uint64_t{1});

@@ -242,15 +242,17 @@ TEST_F(HostCommitsTest, WorkersThatStartAfterEveryWorkerDiedResumeAtTheLastCommi
 }
 
 // A worker that joins a survivor holding a newer commit takes the
-// survivor's, not the older one its host kept.
+// survivor's, not the older one its host kept, whose data it does not even
+// read: the old file holds an entry that no worker registers, which a load
+// would refuse.
 TEST_F(HostCommitsTest, ASurvivorsNewerCommitWinsOverHostMemory) {
   {
     si::HostCommits old(dir_ + "/slot-fake-1");
     int64_t step = 3;
-    std::string name = "step";
+    std::string name = "step", stray = "gone";
     std::vector<char> b(sizeof step);
     std::memcpy(b.data(), &step, sizeof step);
-    ASSERT_FALSE(old.write(3, entries(name, b)));
+    ASSERT_FALSE(old.write(3, {si::EntryRef::of(name, b), si::EntryRef::of(stray, b)}));
   }
   FakeHub solo(1), world(2);
   std::vector<int64_t> got(2);
@@ -399,6 +401,65 @@ TEST_F(HostCommitsTest, RegisteredBuffersCommitIntoHostMemoryAndRestoreFromIt) {
     }
   }
   EXPECT_TRUE(found);
+}
+
+// register_pieces with host-memory commits: the ranges go straight into the
+// host file (a large one at an odd offset there, which the streaming copy
+// must not trip over), restore() reads them back from it, a new rank syncs
+// them, and a host that cannot take a commit keeps it in worker memory.
+TEST_F(HostCommitsTest, PiecesCommitIntoHostMemoryAndRestoreAndSyncFromIt) {
+  FakeHub solo(1), world(2);
+  std::vector<std::string> got(2);
+  auto register_blob = [](State& st, std::string& head, std::vector<char>& body, std::string& out) {
+    st.register_pieces("blob", [&] {
+      State::Pieces p;
+      p.ranges = {{head.data(), head.size()}, {body.data(), body.size()}};
+      return p;
+    }, [&](const char* data, size_t size) { out.assign(data, size); });
+  };
+  run_threads(2, [&](int slot) {
+    std::string head = "abc";  // 3 bytes: the body starts unaligned in the file
+    std::vector<char> body(2 << 20, 'x');
+    std::string& out = got[static_cast<size_t>(slot)];
+    if (slot == 0) {
+      FakeContext ctx(solo, 0);
+      ctx.set_host_commit_stem(dir_ + "/slot-fake-0");
+      State st(ctx);
+      register_blob(st, head, body, out);
+      st.sync();
+      std::fill(body.begin(), body.end(), '1');
+      st.commit();  // into host memory
+      std::fill(body.begin(), body.end(), '2');
+      with_no_room([&] { st.commit(); });  // the other file cannot grow: worker memory keeps commit 2
+      std::fill(body.begin(), body.end(), '9');
+      st.restore();
+      EXPECT_EQ(out, "abc" + std::string(2 << 20, '2'));
+      EXPECT_EQ(newest_id(), 1u);
+      for (char c : {'3', '4'}) {
+        std::fill(body.begin(), body.end(), c);
+        st.commit();  // room again: back into host memory
+      }
+      std::fill(body.begin(), body.end(), '9');
+      st.restore();  // from the host file
+      EXPECT_EQ(out, "abc" + std::string(2 << 20, '4'));
+      ctx.attach(world, 0);
+      st.sync();
+    } else {
+      FakeContext ctx(world, 1);
+      ctx.set_host_commit_stem(dir_ + "/slot-fake-1");
+      State st(ctx);
+      register_blob(st, head, body, out);
+      st.sync();
+    }
+  });
+  EXPECT_EQ(got[1], "abc" + std::string(2 << 20, '4'));
+  // The file the new rank wrote after its sync holds the commit whole.
+  auto f = si::HostCommits::read(dir_ + "/slot-fake-1.a");
+  if (!f) f = si::HostCommits::read(dir_ + "/slot-fake-1.b");
+  ASSERT_TRUE(f);
+  EXPECT_EQ(f->commit_id, 4u);
+  ASSERT_EQ(f->entries.size(), 1u);
+  EXPECT_EQ(std::string(f->entries[0].second.begin(), f->entries[0].second.end()), "abc" + std::string(2 << 20, '4'));
 }
 
 // A new rank syncs from a rank whose buffer commit lives in host memory.
