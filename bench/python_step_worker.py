@@ -43,10 +43,16 @@ def main():
                 q.grad = torch.full_like(q, 1e-3)
             opt.step()
             state.step += 1
+            def done() -> None:
+                print(f"STEP pid={os.getpid()} host={erun.host()} rank={erun.rank()} size={erun.size()} "
+                      f"gen={erun.generation()} step={state.step} t={time.time():.6f}", flush=True)
             if state.step % a.commit_every == 0:
-                state.commit()
-            print(f"STEP pid={os.getpid()} host={erun.host()} rank={erun.rank()} size={erun.size()} "
-                  f"gen={erun.generation()} step={state.step} t={time.time():.6f}", flush=True)
+                try:
+                    state.commit()
+                except erun.HostsUpdated:
+                    done()  # the step is committed; new members join before the next one
+                    raise
+            done()
 
     train(state)
 

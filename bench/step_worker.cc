@@ -3,7 +3,9 @@
 //               [--state-floats W=0]
 // Each step sleeps M ms (the "compute"), sum-allreduces F floats, adds them
 // into a model of W floats kept in the State, and increments the global
-// step; every K steps it commits. After every step it
+// step; every K steps it commits. A step is printed once committed, also
+// when the commit then raises HostsUpdated (the driver admits a replacement
+// or a new host before the next step). After every step it
 // prints one line with a CLOCK_REALTIME timestamp, which bench/bench.py parses:
 //   STEP pid=P host=H rank=R size=S gen=G step=N t=SECONDS
 // A START line with the same timestamp clock is printed before erun::init().
@@ -60,10 +62,20 @@ int main(int argc, char** argv) {
         c.comm().allreduce(grad, erun::ReduceOp::kSum);
         for (size_t i = 0; i < model.size(); ++i) model[i] += 1e-3f * grad[i % grad.size()];
         ++step;
-        if (step % commit_every == 0) s.commit();
-        std::printf("STEP pid=%d host=%s rank=%d size=%d gen=%ld step=%lld t=%.6f\n", static_cast<int>(::getpid()),
-                    c.info().host.c_str(), c.rank(), c.size(), c.info().generation, static_cast<long long>(step),
-                    now_realtime());
+        auto done = [&] {
+          std::printf("STEP pid=%d host=%s rank=%d size=%d gen=%ld step=%lld t=%.6f\n", static_cast<int>(::getpid()),
+                      c.info().host.c_str(), c.rank(), c.size(), c.info().generation, static_cast<long long>(step),
+                      now_realtime());
+        };
+        if (step % commit_every == 0) {
+          try {
+            s.commit();
+          } catch (const erun::HostsUpdated&) {
+            done();  // the step is committed; new members join before the next one
+            throw;
+          }
+        }
+        done();
       }
       return 0;
     });
