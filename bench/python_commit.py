@@ -1,7 +1,8 @@
 """TorchState.commit() of a ~100 MB model vs a memcpy of its parameters
 (numpy copyto into buffers allocated once), in a world of one; and with an
 SGD-momentum optimizer, whose state (another 100 MB) goes through the
-serialized path. Median of --reps.
+serialized path. Median of --reps. Under erun (`erun -np 1 /usr/bin/python3
+bench/python_commit.py`) the commits go to host memory too.
 
     PYTHONPATH=build/python /usr/bin/python3 bench/python_commit.py [--mb 100] [--reps 9]
 """
@@ -46,6 +47,7 @@ def main():
             np.copyto(d, s)
 
     state = erun.torch.TorchState(model=model, step=0)
+    state.sync()  # as training does first: under erun, commits then go to host memory too
     t_copy = median_time(memcpy, o.reps)
     t_commit = median_time(state.commit, o.reps)
     print(f"model {nbytes / 1e6:.1f} MB: memcpy {t_copy * 1e3:.1f} ms ({nbytes / t_copy / 1e9:.2f} GB/s), "
@@ -56,6 +58,7 @@ def main():
         p.grad = torch.zeros_like(p)
     opt.step()  # creates the momentum buffers
     with_opt = erun.torch.TorchState(model=model, optimizer=opt)
+    with_opt.sync()
     t_commit2 = median_time(with_opt.commit, o.reps)
     print(f"model + SGD momentum {2 * nbytes / 1e6:.1f} MB: TorchState.commit {t_commit2 * 1e3:.1f} ms: "
           f"{t_commit2 / (2 * t_copy):.2f}x memcpy of the same bytes", flush=True)
