@@ -16,7 +16,7 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-STEP = re.compile(r"^STEP .*rank=0 .*step=(\d+) t=([0-9.]+)$", re.M)
+STEP = re.compile(r"STEP .*rank=0 .*step=(\d+) t=([0-9.]+)$", re.M)
 
 
 def step_time(build, np_, mb, steps, step_ms, host_commits):
