@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <optional>
 #include <unordered_map>
@@ -507,6 +508,43 @@ void State::restore() {
   if (impl_->has_snapshot) impl_->load_values();
 }
 
+namespace {
+
+// What the ranks of a sync() agree on from what each one holds.
+struct SyncAgreement {
+  int root = 0;  // the lowest rank with the newest commit
+  uint64_t any_rejoin = 0;  // the largest world size a rank re-joined from since the last sync (0: none)
+  int snapshot_size = 0;  // the world size at which the root's commit was made (0: unknown)
+  bool devices_over_nccl = false;
+};
+
+// Collective. `mine`: this rank's commit id, the world size it re-joined
+// from since the last sync, the world size its snapshot was taken at, and
+// whether it has device entries and an erun built with NCCL.
+SyncAgreement agree(Context& ctx, const std::array<uint64_t, 4>& mine) {
+  Communicator& comm = ctx.comm();
+  const int size = comm.size();
+  std::vector<uint64_t> all(static_cast<size_t>(size) * mine.size());
+  comm.allgather(mine.data(), all.data(), sizeof(uint64_t) * mine.size());
+  auto field = [&](int r, size_t f) { return all[static_cast<size_t>(r) * mine.size() + f]; };
+  SyncAgreement a;
+  for (int r = 0; r < size; ++r) {
+    if (field(r, 0) > field(a.root, 0)) a.root = r;
+    a.any_rejoin = std::max(a.any_rejoin, field(r, 1));
+  }
+  a.snapshot_size = static_cast<int>(field(a.root, 2));
+  if (field(a.root, 0) == 0 && a.snapshot_size == 0) a.snapshot_size = size;  // a new baseline
+  // Device buffers go device to device over NCCL when every rank has some
+  // and the generation's GPU backend (chosen here, collectively, if not yet)
+  // is NCCL; otherwise through pinned host memory in the blob.
+  a.devices_over_nccl = true;
+  for (int r = 0; r < size; ++r) a.devices_over_nccl = a.devices_over_nccl && field(r, 3) != 0;
+  a.devices_over_nccl = a.devices_over_nccl && ctx.gpu().backend() == GpuBackend::kNccl;
+  return a;
+}
+
+}  // namespace
+
 void State::sync() {
   if (!impl_->launcher_checkpoint_checked) {
     impl_->launcher_checkpoint_checked = true;
@@ -532,33 +570,13 @@ void State::sync() {
     }
     return;
   }
-  // Per rank: commit id, world size before a re-join since the last sync,
-  // the world size its snapshot was taken at, and whether it has device
-  // entries and an erun built with NCCL.
-  constexpr size_t kFields = 4;
-  std::vector<uint64_t> all(static_cast<size_t>(size) * kFields);
   const auto& adoptable = impl_->adoptable;
-  const uint64_t mine[kFields] = {adoptable ? adoptable->id : impl_->commit_id, static_cast<uint64_t>(rejoined_from),
-                                  static_cast<uint64_t>(adoptable ? 0 : impl_->snapshot_size),
-                                  impl_->has_device_entries() && built_with_nccl() ? 1u : 0u};
-  comm.allgather(mine, all.data(), sizeof(mine));
-  auto field = [&](int r, size_t f) { return all[static_cast<size_t>(r) * kFields + f]; };
-  int root = 0;
-  uint64_t any_rejoin = 0;
-  for (int r = 0; r < size; ++r) {
-    if (field(r, 0) > field(root, 0)) root = r;
-    any_rejoin = std::max(any_rejoin, field(r, 1));
-  }
-  const uint64_t newest = field(root, 0);
-  int snapshot_size = static_cast<int>(field(root, 2));
-  if (newest == 0 && snapshot_size == 0) snapshot_size = size;  // a new baseline
-  // Device buffers go device to device over NCCL when every rank has some
-  // and the generation's GPU backend (chosen here, collectively, if not yet)
-  // is NCCL; otherwise through pinned host memory in the blob.
-  bool devices_over_nccl = true;
-  for (int r = 0; r < size; ++r) devices_over_nccl = devices_over_nccl && field(r, 3) != 0;
-  devices_over_nccl = devices_over_nccl && ctx_.gpu().backend() == GpuBackend::kNccl;
-
+  const SyncAgreement a = agree(ctx_, {adoptable ? adoptable->id : impl_->commit_id,
+                                       static_cast<uint64_t>(rejoined_from),
+                                       static_cast<uint64_t>(adoptable ? 0 : impl_->snapshot_size),
+                                       impl_->has_device_entries() && built_with_nccl() ? 1u : 0u});
+  const int root = a.root;
+  const bool devices_over_nccl = a.devices_over_nccl;
   std::vector<char> blob;
   if (rank == root) {
     impl_->adopt(ctx_.info());
@@ -579,11 +597,11 @@ void State::sync() {
     if (devices_over_nccl) impl_->receive_devices(snap, source, ctx_.gpu(), root);
     impl_->apply(std::move(snap), source, /*allow_missing=*/false, /*devices_done=*/devices_over_nccl);
   }
-  impl_->snapshot_size = snapshot_size;
+  impl_->snapshot_size = a.snapshot_size;
   impl_->keep_in_host_memory(ctx_.info());
   // Every rank, a worker new to the job included, learns that a reset is due.
-  if (any_rejoin > 0) {
-    impl_->pending_reset.emplace(snapshot_size > 0 ? snapshot_size : static_cast<int>(any_rejoin), size);
+  if (a.any_rejoin > 0) {
+    impl_->pending_reset.emplace(a.snapshot_size > 0 ? a.snapshot_size : static_cast<int>(a.any_rejoin), size);
   }
 }
 
