@@ -63,9 +63,8 @@ struct State::Impl {
   std::shared_ptr<std::vector<unsigned char>> numbers;  // the worker's, where `ordinal` is marked held
   bool host_failing = false;  // the last host-memory write failed (logged once per streak)
   // Found at the first sync(): a commit newer than this worker's that its
-  // host kept, in `adopt_dir`. Read only if the sync makes this rank the root.
+  // host kept. Read only if the sync makes this rank the root.
   std::optional<si::HostCommits::Claim> adoptable;
-  std::string adopt_dir;
   // The launcher's --checkpoint-dir, whose durable files the host side
   // writes from rank 0's host-memory commits (commits/persist.h): rank 0
   // writes one itself only when its host-memory commit failed.
@@ -184,7 +183,8 @@ struct State::Impl {
   // (newest 0): the root's current values become everyone's baseline.
   // Device entries travel over NCCL (`devices_over_nccl`: their bytes are
   // size marks) or through pinned host memory in the blob.
-  std::vector<char> root_blob(uint64_t newest, bool devices_over_nccl) {
+  // `loaded`: the values hold the commit already (adopt() loaded it).
+  std::vector<char> root_blob(uint64_t newest, bool devices_over_nccl, bool loaded) {
     if (newest == 0) {
       for (Entry& e : entries) {
         e.save(e.committed);
@@ -194,7 +194,7 @@ struct State::Impl {
       has_snapshot = true;
     } else {
       fill_uncommitted();
-      load_values();
+      if (!loaded) load_values();
     }
     if (devices_over_nccl) {
       mark_device_sizes();
@@ -267,30 +267,26 @@ struct State::Impl {
     return !err;
   }
 
-  // In sync(), on the rank whose commit every rank takes: loads the host's
-  // commit that adopt_host_commits() found. A file that no longer holds it
-  // (overwritten or torn since) gives way to the host's newest whole one,
-  // or to this worker's own commit.
-  void adopt(const WorkerInfo& info) {
+  // In sync(), on the rank whose commit every rank takes: loads the newest
+  // whole commit of the directory where adopt_host_commits() found one (the
+  // same file, unless it was overwritten or torn since), into the values
+  // too. Whether it loaded one.
+  bool adopt(const WorkerInfo& info) {
     auto claim = std::exchange(adoptable, std::nullopt);
-    if (!claim) return;
-    std::optional<si::HostCommits::Found> found;
-    if (auto snap = si::HostCommits::read(claim->path); snap && snap->commit_id == claim->id) {
-      found = si::HostCommits::Found{std::move(*snap), claim->path};
-    } else {
-      found = si::HostCommits::newest(adopt_dir, ordinal);
-    }
+    if (!claim) return false;
+    auto found = si::HostCommits::newest(claim->path.substr(0, claim->path.rfind('/')), ordinal);
     if (!found || found->snapshot.commit_id <= commit_id) {
       ERUN_LOG_WARN("{}: host-memory commit {} in {} was overwritten before it was read; the job goes on from "
                     "commit {}",
                     who(info.generation, info.host, info.rank), claim->id, claim->path, commit_id);
-      return;
+      return false;
     }
     const uint64_t id = found->snapshot.commit_id;
     apply(std::move(found->snapshot), "host-memory commit file " + found->path, /*allow_missing=*/true);
     snapshot_size = 0;  // the file does not say
     ERUN_LOG_INFO("{}: restored commit {} from host memory on {} ({})", who(info.generation, info.host, info.rank),
                   id, info.host, found->path);
+    return true;
   }
 
   // After sync(): the commit this worker now holds goes into its host's
@@ -559,9 +555,9 @@ void State::sync() {
   const int rejoined_from = std::exchange(impl_->rejoined_from, 0);
   impl_->pending_reset.reset();
   if (size == 1) {
-    impl_->adopt(ctx_.info());
+    const bool loaded = impl_->adopt(ctx_.info());
     impl_->fill_uncommitted();
-    if (impl_->commit_id > 0) impl_->load_values();
+    if (impl_->commit_id > 0 && !loaded) impl_->load_values();
     impl_->has_snapshot = true;
     impl_->keep_in_host_memory(ctx_.info());
     if (impl_->snapshot_size == 0 && impl_->commit_id == 0) impl_->snapshot_size = 1;
@@ -579,8 +575,8 @@ void State::sync() {
   const bool devices_over_nccl = a.devices_over_nccl;
   std::vector<char> blob;
   if (rank == root) {
-    impl_->adopt(ctx_.info());
-    blob = impl_->root_blob(impl_->commit_id, devices_over_nccl);
+    const bool loaded = impl_->adopt(ctx_.info());
+    blob = impl_->root_blob(impl_->commit_id, devices_over_nccl, loaded);
   } else {
     impl_->adoptable.reset();  // a newer or equal commit comes from the root
   }
@@ -712,7 +708,6 @@ void State::adopt_host_commits() {
   auto found = si::HostCommits::newest_claim(dir, ordinal);
   if (!found || found->id <= impl_->commit_id) return;
   impl_->adoptable = std::move(found);
-  impl_->adopt_dir = dir;
 }
 
 void State::on_reset(std::function<void(int, int)> callback) {
