@@ -85,10 +85,16 @@ def torchrun_reference(tmp_path_factory):
             script, _ = require(name)
             w = Workspace(tmp_path_factory.mktemp(f"torchrun-{name}"))
             # --standalone: a rendezvous on a free port, so parallel test runs do not collide on 29500.
-            job = w.start([PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                           str(EXAMPLES / script), "--checkpoint-dir", str(w.path / "ckpt")] + ARGS)
-            code = job.wait(180)
-            job.close()
+            # The peer itself is the reference, not what is tested: torch 2.x's gloo has aborted a worker at
+            # exit ("terminate called without an active exception") after training ended, now and then, so a
+            # failed reference run is run once more, from a fresh checkpoint directory.
+            for attempt in range(2):
+                job = w.start([PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                               str(EXAMPLES / script), "--checkpoint-dir", str(w.path / f"ckpt{attempt}")] + ARGS)
+                code = job.wait(180)
+                job.close()
+                if code == 0:
+                    break
             assert code == 0, job.out + job.err
             results[name] = done_line(job.out)
             assert results[name] == (EPOCHS, EPOCHS * STEPS_PER_EPOCH, 2, results[name][3]), job.out
