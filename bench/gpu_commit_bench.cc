@@ -2,7 +2,9 @@
 // plain cudaMemcpy device -> pinned host of the same bytes on the same GPU.
 //   gpu_commit_bench [--reps R=10] [BYTES=1073741824]
 // Lines from rank 0:
-//   GPUCOMMIT op=OP bytes=B median_s=S bw=GB/s
+//   GPUCOMMIT op=OP where=W bytes=B median_s=S bw=GB/s
+// W: host-memory under erun (commits land in the host-memory commit file,
+// registered with CUDA), worker-memory outside it (the slot's pinned buffer).
 // OP: cudaMemcpy-d2h-pinned (the reference), commit and restore (synchronous
 // device buffer), commit-async-call (how long commit() blocks the host with
 // DeviceBufferOptions::async), commit-async-plus-restore-half (an async commit
@@ -41,8 +43,10 @@ double median_of(int reps, const std::function<void()>& fn) {
 }
 
 void line(const erun::Context& ctx, const char* op, size_t bytes, double secs) {
-  if (ctx.rank() == 0)
-    std::printf("GPUCOMMIT op=%s bytes=%zu median_s=%.6f bw=%.2f\n", op, bytes, secs, bytes / secs / 1e9);
+  if (ctx.rank() == 0) {
+    std::printf("GPUCOMMIT op=%s where=%s bytes=%zu median_s=%.6f bw=%.2f\n", op,
+                ctx.host_commit_stem().empty() ? "worker-memory" : "host-memory", bytes, secs, bytes / secs / 1e9);
+  }
 }
 
 }  // namespace

@@ -5,14 +5,15 @@
 #      2+ GPUs: ncclCommShrink, State::sync() of device buffers over NCCL),
 #      the host-staged path with 2-4 ranks sharing the GPU, device state
 #      (commit/restore/sync, async),
-#   3. the CUDA example elastic under erun (a worker SIGKILLed, a host added)
-#      against an uninterrupted run and a world of one: same checksum,
+#   3. the CUDA example elastic under erun (a worker SIGKILLed, a host added;
+#      every worker SIGKILLed at once) against an uninterrupted run and a
+#      world of one: same checksum,
 #   4. the Python package's tests on CUDA tensors (tests/python/test_gpu.py:
 #      NCCL in a world of one, 2 and 4 ranks sharing the GPU through the staged
 #      path) when python3 has torch with CUDA and pytest,
 #   5. benchmarks: erun's GPU allreduce against raw NCCL (and torch.distributed
 #      NCCL when torch is importable), device-state commit against cudaMemcpy,
-#      and (2+ GPUs) shrinking an NCCL communicator against a new init,
+#      in worker and in host memory, and (2+ GPUs) shrinking an NCCL communicator against a new init,
 # then prints a summary. Where no GPU is visible it prints "no GPU: skipped"
 # and exits 0. Exits 1 when a step failed.
 #   scripts/gpu_tests.sh [build-dir]     (default: build-gpu)
@@ -102,17 +103,21 @@ args=(--epochs 8 --samples 8000 --batch 128 --commit-every 5)
 checksum_of() { grep -o 'checksum=[0-9a-f]*' "$1" | tail -1; }
 step example_world_of_one "$example" "${args[@]}"
 step example_np2 timeout 300 "$erun" -np 2 --launcher local --collective-timeout 10 "$example" "${args[@]}"
-elastic() {
-  local work
+# The CUDA example under erun, elastic, from 2 ranks on host node-a, in the
+# background: sets $work (its hosts file is $ERUN_HOSTS_FILE) and $pid.
+start_elastic() {
   work=$(mktemp -d /tmp/erun-gpu-XXXXXX)
   export ERUN_HOSTS_FILE="$work/hosts.txt"
   echo "node-a:2" >"$ERUN_HOSTS_FILE"
-  timeout 300 "$erun" -np 2 --min-np 1 --max-np 4 --launcher local --collective-timeout 10 --elastic-timeout 60 \
+  timeout 300 "$erun" -np 2 --min-np 1 --max-np "$1" --launcher local --collective-timeout 10 --elastic-timeout 60 \
     --host-discovery-script "$root/scripts/discover_hosts.sh" --discovery-interval 0.5 \
     --event-log "$work/events.jsonl" "$example" "${args[@]}" --step-ms 40 --async-commit &
-  local pid=$! status=0
+  pid=$!
+}
+elastic() {
+  local work pid status=0 victim
+  start_elastic 4
   sleep 5
-  local victim
   victim=$(pgrep -f "^$example" -n || true)
   echo "gpu_tests: SIGKILL worker ${victim:-none}"
   [ -n "$victim" ] && kill -9 "$victim"
@@ -125,13 +130,33 @@ elastic() {
   return "$status"
 }
 step example_elastic elastic
+# Every worker SIGKILLed at once: the next generation resumes at the last
+# commit, which only the host-memory commit files (device copies landed
+# there straight) still hold.
+total_loss() {
+  local work pid status=0
+  start_elastic 2
+  sleep 6
+  echo "gpu_tests: SIGKILL every worker: $(pgrep -f "^$example" | tr '\n' ' ')"
+  pkill -9 -f "^$example"
+  wait "$pid" || status=$?
+  rm -rf "$work"
+  return "$status"
+}
+step example_total_loss total_loss
+restored_from_host_memory() {
+  grep -h "restored commit [0-9]* from host memory" "$out/example_total_loss.log" | head -2
+  grep -q "restored commit [1-9][0-9]* from host memory" "$out/example_total_loss.log"
+}
+step example_total_loss_resumed restored_from_host_memory
 same_checksum() {
-  local a b c
+  local a b c d
   a=$(checksum_of "$out/example_world_of_one.log")
   b=$(checksum_of "$out/example_np2.log")
   c=$(checksum_of "$out/example_elastic.log")
-  echo "world of one: $a; np 2: $b; elastic (SIGKILL + grow): $c"
-  [ -n "$a" ] && [ "$a" = "$b" ] && [ "$b" = "$c" ]
+  d=$(checksum_of "$out/example_total_loss.log")
+  echo "world of one: $a; np 2: $b; elastic (SIGKILL + grow): $c; every worker SIGKILLed: $d"
+  [ -n "$a" ] && [ "$a" = "$b" ] && [ "$b" = "$c" ] && [ "$c" = "$d" ]
 }
 step example_same_checksum same_checksum
 summary+=("      $(tail -1 "$out/example_same_checksum.log")")
@@ -156,6 +181,8 @@ sizes=(65536 1048576 16777216 268435456)
 step bench_erun_vs_nccl "$build/bench/gpu_allreduce_bench" --iters 50 "${sizes[@]}"
 step bench_staged_np2 timeout 300 "$erun" -np 2 --launcher local "$build/bench/gpu_allreduce_bench" --iters 20 "${sizes[@]}"
 step bench_commit "$build/bench/gpu_commit_bench" --reps 10 1073741824
+# The same under erun: commits land in the host-memory commit file.
+step bench_commit_host timeout 300 "$erun" -np 1 --launcher local "$build/bench/gpu_commit_bench" --reps 10 1073741824
 if [ -x "$build/bench/nccl_shrink_bench" ]; then
   step bench_shrink "$build/bench/nccl_shrink_bench" --repeat 5
 else
@@ -176,7 +203,7 @@ fi
                       s, t["erun-nccl," s], t["nccl," s], t["nccl-pipelined," s], 100 * (t["erun-nccl," s] / t["nccl," s] - 1) }' \
       "$out/bench_erun_vs_nccl.log" | sort -k2 -n
   grep -h "^GPUBENCH" "$out"/bench_staged_np2.log "$out"/bench_torch.log 2>/dev/null
-  grep -h "^GPUCOMMIT" "$out/bench_commit.log" 2>/dev/null
+  grep -h "^GPUCOMMIT" "$out/bench_commit.log" "$out/bench_commit_host.log" 2>/dev/null
   grep -h "^SHRINKBENCH \(median\|skipped\)" "$out/bench_shrink.log" 2>/dev/null
 } >"$out/numbers.txt"
 finish

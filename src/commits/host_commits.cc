@@ -21,6 +21,7 @@
 #include <fmt/format.h>
 
 #include "commits/commit_files.h"
+#include "common/check.h"
 #include "common/private_files.h"
 #include "erun/errors.hpp"
 
@@ -233,11 +234,59 @@ int HostCommits::ordinal_of(const std::string& file_name) {
   return k;
 }
 
+void Completion::done() {
+  if (left_.fetch_sub(1, std::memory_order_acq_rel) != 1 || abandoned_.load(std::memory_order_acquire)) return;
+  // Every filler's bytes are in the file (each done() came after its copy).
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  put_u64(trailer_, id_);  // complete
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  whole_.store(true, std::memory_order_release);
+}
+
 HostCommits::~HostCommits() {
   for (int i = 0; i < 2; ++i) {
-    if (map_[i] != nullptr) ::munmap(map_[i], map_len_[i]);
+    unmap(i);
     if (fd_[i] >= 0) ::close(fd_[i]);
   }
+}
+
+void HostCommits::unmap(int i) {
+  if (map_[i] == nullptr) return;
+  if (pinned_[i]) pinner_->unpin(map_[i]);
+  pinned_[i] = false;
+  ::munmap(map_[i], map_len_[i]);
+  map_[i] = nullptr;
+  map_len_[i] = 0;
+}
+
+bool HostCommits::set_pinner(std::shared_ptr<MappingPinner> pinner) {
+  if (pinner != pinner_) {
+    for (int i = 0; i < 2; ++i) {
+      if (pinned_[i]) pinner_->unpin(map_[i]);
+      pinned_[i] = false;
+    }
+    pinner_ = std::move(pinner);
+  }
+  bool all = true;
+  for (int i = 0; i < 2; ++i) {
+    if (pinner_ != nullptr && map_[i] != nullptr && !pinned_[i]) pinned_[i] = pinner_->pin(map_[i], map_len_[i]);
+    all = all && (map_[i] == nullptr || pinned_[i]);
+  }
+  return all;
+}
+
+void HostCommits::settle() {
+  if (pending_ != nullptr && pending_->complete()) {
+    held_[pending_->file_] = pending_->id_;
+    pending_.reset();
+  }
+}
+
+void HostCommits::abandon() {
+  if (pending_ == nullptr) return;
+  pending_->abandoned_.store(true, std::memory_order_release);
+  settle();  // it may have completed after all
+  pending_.reset();
 }
 
 void HostCommits::open_files() {
@@ -289,22 +338,31 @@ int HostCommits::map(int i, size_t size) {
     reserved_[i] = std::max(size, static_cast<size_t>(st.st_size));
   }
   if (map_len_[i] < size) {
-    if (map_[i] != nullptr) ::munmap(map_[i], map_len_[i]);
-    map_[i] = nullptr;
-    map_len_[i] = 0;
+    unmap(i);
     void* p = ::mmap(nullptr, reserved_[i], PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd_[i], 0);
     if (p == MAP_FAILED) return errno;
     map_[i] = static_cast<char*>(p);
     map_len_[i] = reserved_[i];
+    if (pinner_ != nullptr) pinned_[i] = pinner_->pin(map_[i], map_len_[i]);
   }
   return 0;
 }
 
 std::optional<std::string> HostCommits::write(uint64_t commit_id, const std::vector<EntryRef>& entries,
-                                              std::vector<const char*>* placed, uint32_t flags) {
+                                              std::vector<const char*>* placed, uint32_t flags,
+                                              std::shared_ptr<Completion>* completion) {
   if (!opened_) open_files();
+  settle();
   const int i = held_[0] <= held_[1] ? 0 : 1;
   const std::string path = stem_ + kSuffix[i];
+  if (pending_ != nullptr) {
+    return fmt::format("erun: host-memory commit {} was not written to {}: commit {} is still being copied into {}",
+                       commit_id, path, pending_->id_, stem_ + kSuffix[pending_->file_]);
+  }
+  const int later = static_cast<int>(std::count_if(entries.begin(), entries.end(), [](const EntryRef& e) {
+    return e.later;
+  }));
+  ERUN_CHECK(later == 0 || (placed != nullptr && completion != nullptr));
   const Layout l = layout_of(entries);
   if (int err = map(i, l.total); err != 0) {
     return fmt::format(
@@ -343,13 +401,25 @@ std::optional<std::string> HostCommits::write(uint64_t commit_id, const std::vec
   if (placed != nullptr) placed->clear();
   for (size_t k = 0; k < entries.size(); ++k) {
     char* to = m + l.offsets[k];
-    entries[k].each_range([&](const char* p, size_t n) {
-      copy_out(to, p, n);
-      to += n;
-    });
+    if (!entries[k].later) {
+      entries[k].each_range([&](const char* p, size_t n) {
+        copy_out(to, p, n);
+        to += n;
+      });
+    }
     if (placed != nullptr) placed->push_back(m + l.offsets[k]);
   }
   put_u32(m + l.trailer + 8, crc32c(0, m, l.table_end));
+  if (later > 0) {
+    auto c = std::make_shared<Completion>();
+    c->left_.store(later, std::memory_order_relaxed);
+    c->trailer_ = m + l.trailer;
+    c->id_ = commit_id;
+    c->file_ = i;
+    pending_ = c;
+    *completion = std::move(c);
+    return std::nullopt;  // whole at the last filler's done()
+  }
   in_order();
   put_u64(m + l.trailer, commit_id);  // complete
   in_order();

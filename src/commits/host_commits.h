@@ -4,8 +4,10 @@
 // the static readers also serve the host side's persister (commits/persist.h).
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -22,6 +24,36 @@ inline constexpr uint32_t kRankZeroCommit = 1;
 // Reads exactly n bytes at `offset`; false on an error or an early end (a
 // file truncated under the reader).
 bool pread_all(int fd, char* out, uint64_t n, uint64_t offset);
+
+// Registers a commit file's mapping with a device runtime, so that copies
+// from the device land in it directly (state/device_state.cc registers it
+// with CUDA). A mapping pin() refused stays usable: copies into it are then
+// staged by the runtime, slower but whole.
+class MappingPinner {
+ public:
+  virtual ~MappingPinner() = default;
+  virtual bool pin(void* p, size_t n) = 0;
+  virtual void unpin(void* p) = 0;
+};
+
+// A commit written but for its entries filled later (EntryRef::later): the
+// file holds it whole once every filler called done(), in any order and from
+// any thread (a CUDA host callback: done() only stores to memory). The
+// filler must not write into the file after done().
+class Completion {
+ public:
+  void done();
+  bool complete() const { return whole_.load(std::memory_order_acquire); }
+
+ private:
+  friend class HostCommits;
+  std::atomic<int> left_{0};
+  std::atomic<bool> abandoned_{false};
+  std::atomic<bool> whole_{false};
+  char* trailer_ = nullptr;
+  uint64_t id_ = 0;
+  int file_ = 0;
+};
 
 class HostCommits {
  public:
@@ -44,12 +76,27 @@ class HostCommits {
   // overwrites this file, or until this object is destroyed. On failure
   // (e.g. /dev/shm full) returns the error, naming the file and what to do,
   // before any byte of either file changed.
+  //
+  // Entries made with EntryRef::filled_later are laid out and left for their
+  // fillers (at `placed`, which is then required): `completion` receives
+  // what each filler calls done() on, and the commit is whole once all did.
+  // Until then the previous commit stays the file pair's newest, and the
+  // next write() is refused: a writer waits for its fillers first (or calls
+  // abandon() once none will write any more).
   std::optional<std::string> write(uint64_t commit_id, const std::vector<EntryRef>& entries,
-                                   std::vector<const char*>* placed = nullptr, uint32_t flags = 0);
+                                   std::vector<const char*>* placed = nullptr, uint32_t flags = 0,
+                                   std::shared_ptr<Completion>* completion = nullptr);
+  // The commit whose fillers will not all finish stays torn; the next write
+  // may reuse its file. Call only when no filler writes into it any more.
+  void abandon();
+  // Registers each file's mapping through `pinner` from now on (the ones
+  // already mapped at once); null stops. Whether every mapped file is pinned.
+  bool set_pinner(std::shared_ptr<MappingPinner> pinner);
 
   // Whether one of the files holds commit `id` whole (opens them first).
   bool holds(uint64_t id) {
     if (!opened_) open_files();
+    settle();
     return id != 0 && (held_[0] == id || held_[1] == id);
   }
 
@@ -108,6 +155,8 @@ class HostCommits {
  private:
   void open_files();
   int map(int i, size_t size);  // 0 or an errno
+  void unmap(int i);
+  void settle();  // a completed commit's file is held from now on
 
   std::string stem_;
   int fd_[2] = {-1, -1};
@@ -115,6 +164,9 @@ class HostCommits {
   size_t reserved_[2] = {0, 0};    // bytes of each file known to be allocated
   char* map_[2] = {nullptr, nullptr};
   size_t map_len_[2] = {0, 0};
+  bool pinned_[2] = {false, false};
+  std::shared_ptr<MappingPinner> pinner_;
+  std::shared_ptr<Completion> pending_;  // the last write's, until it completes
   bool opened_ = false;
   bool discard_ = false;
 };

@@ -52,6 +52,9 @@ struct EntryRef {
   const char* data;
   size_t size;
   const std::vector<Piece>* pieces = nullptr;
+  // Filled after the write by someone else (a device copy): HostCommits
+  // lays out its `size` bytes but copies nothing (encode() never gets one).
+  bool later = false;
   static EntryRef of(const std::string& name, const std::vector<char>& bytes) {
     return {&name, bytes.data(), bytes.size()};
   }
@@ -59,6 +62,9 @@ struct EntryRef {
     size_t n = 0;
     for (const Piece& p : pieces) n += p.second;
     return {&name, nullptr, n, &pieces};
+  }
+  static EntryRef filled_later(const std::string& name, size_t size) {
+    return {&name, nullptr, size, nullptr, true};
   }
   // Calls fn(data, size) for each non-empty range, in order.
   template <typename Fn>

@@ -1,10 +1,14 @@
 #include "state/device_state.h"
 
-#include <fmt/format.h>
+#include <unistd.h>
 
 #include <cstring>
+#include <utility>
+
+#include <fmt/format.h>
 
 #include "common/backoff.h"
+#include "common/log.h"
 #include "erun/errors.hpp"
 
 #if ERUN_HAVE_CUDA
@@ -44,7 +48,6 @@ DeviceSlot::DeviceSlot(std::string name, void* device_ptr, size_t bytes, GpuStre
   }
   device_ = attr.device;
   ERUN_CUDA(cudaSetDevice(device_));
-  ERUN_CUDA(cudaMallocHost(reinterpret_cast<void**>(&pinned_), bytes_));
   cudaEvent_t done;
   ERUN_CUDA(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
   done_ = done;
@@ -59,12 +62,18 @@ DeviceSlot::DeviceSlot(std::string name, void* device_ptr, size_t bytes, GpuStre
 }
 
 DeviceSlot::~DeviceSlot() {
-  if (done_ != nullptr) cudaEventSynchronize(as_event(done_));  // a copy in flight targets pinned_
+  if (done_ != nullptr) cudaEventSynchronize(as_event(done_));  // a copy in flight targets last_
   if (ready_ != nullptr) cudaEventDestroy(as_event(ready_));
   if (done_ != nullptr) cudaEventDestroy(as_event(done_));
   if (side_ != nullptr) cudaStreamDestroy(as_stream(side_));
-  if (pinned_ != nullptr) cudaFreeHost(pinned_);
+  if (own_ != nullptr) cudaFreeHost(own_);
   cudaGetLastError();
+}
+
+void DeviceSlot::own_pinned() {
+  if (own_ != nullptr) return;
+  ERUN_CUDA(cudaSetDevice(device_));
+  ERUN_CUDA(cudaMallocHost(reinterpret_cast<void**>(&own_), bytes_));
 }
 
 void DeviceSlot::fence() {
@@ -85,29 +94,67 @@ void DeviceSlot::fence() {
   in_flight_ = false;
 }
 
-void DeviceSlot::commit() {
-  if (bytes_ == 0) return;
-  fence();
+namespace {
+
+void CUDART_CB run_landed(void* arg) {
+  std::unique_ptr<std::function<void()>> landed(static_cast<std::function<void()>*>(arg));
+  (*landed)();
+}
+
+}  // namespace
+
+// The buffer into `dst` once the buffer's stream reached this point: on a
+// side stream that the buffer's stream then waits for (async), or on the
+// buffer's stream, waited for here. `landed` runs after the copy, before
+// done_.
+void DeviceSlot::copy_to_host(char* dst, std::function<void()>* landed) {
   ERUN_CUDA(cudaSetDevice(device_));
+  cudaStream_t on = as_stream(async_ ? side_ : stream_);
   if (async_) {
     ERUN_CUDA(cudaEventRecord(as_event(ready_), as_stream(stream_)));
-    ERUN_CUDA(cudaStreamWaitEvent(as_stream(side_), as_event(ready_), 0));
-    ERUN_CUDA(cudaMemcpyAsync(pinned_, dev_, bytes_, cudaMemcpyDeviceToHost, as_stream(side_)));
-    ERUN_CUDA(cudaEventRecord(as_event(done_), as_stream(side_)));
-    ERUN_CUDA(cudaStreamWaitEvent(as_stream(stream_), as_event(done_), 0));
-  } else {
-    ERUN_CUDA(cudaMemcpyAsync(pinned_, dev_, bytes_, cudaMemcpyDeviceToHost, as_stream(stream_)));
-    ERUN_CUDA(cudaEventRecord(as_event(done_), as_stream(stream_)));
+    ERUN_CUDA(cudaStreamWaitEvent(on, as_event(ready_), 0));
   }
+  ERUN_CUDA(cudaMemcpyAsync(dst, dev_, bytes_, cudaMemcpyDeviceToHost, on));
+  if (landed != nullptr) {
+    auto* fn = new std::function<void()>(std::move(*landed));
+    if (cudaError_t e = cudaLaunchHostFunc(on, run_landed, fn); e != cudaSuccess) {
+      delete fn;
+      ERUN_CUDA(e);
+    }
+  }
+  ERUN_CUDA(cudaEventRecord(as_event(done_), on));
+  if (async_) ERUN_CUDA(cudaStreamWaitEvent(as_stream(stream_), as_event(done_), 0));
   in_flight_ = true;
+  last_ = dst;
   if (!async_) fence();
 }
 
-void DeviceSlot::restore() {
+void DeviceSlot::commit() {
   if (bytes_ == 0) return;
   fence();
+  own_pinned();
+  copy_to_host(own_, nullptr);
+}
+
+void DeviceSlot::commit_into(char* dst, std::function<void()> landed) {
+  if (bytes_ == 0) {
+    landed();
+    return;
+  }
+  fence();
+  if (own_ != nullptr) {  // no copy in flight uses it (fenced above)
+    if (last_ == own_) last_ = nullptr;
+    cudaFreeHost(own_);
+    own_ = nullptr;
+  }
+  copy_to_host(dst, &landed);
+}
+
+void DeviceSlot::restore() {
+  if (bytes_ == 0 || last_ == nullptr) return;
+  fence();
   ERUN_CUDA(cudaSetDevice(device_));
-  ERUN_CUDA(cudaMemcpyAsync(dev_, pinned_, bytes_, cudaMemcpyHostToDevice, as_stream(stream_)));
+  ERUN_CUDA(cudaMemcpyAsync(dev_, last_, bytes_, cudaMemcpyHostToDevice, as_stream(stream_)));
   ERUN_CUDA(cudaEventRecord(as_event(done_), as_stream(stream_)));
   in_flight_ = true;
   fence();
@@ -121,15 +168,52 @@ void DeviceSlot::save_to(std::vector<char>& out) {
 void DeviceSlot::mirror(std::vector<char>& out) {
   fence();
   out.resize(bytes_);
-  if (bytes_ != 0) std::memcpy(out.data(), pinned_, bytes_);
+  if (bytes_ != 0 && last_ != nullptr) std::memcpy(out.data(), last_, bytes_);
 }
 
 void DeviceSlot::load_from(const std::vector<char>& in) {
   expect_bytes(in.size());
   if (bytes_ == 0) return;
   fence();
-  std::memcpy(pinned_, in.data(), bytes_);
+  own_pinned();
+  std::memcpy(own_, in.data(), bytes_);
+  last_ = own_;
   restore();
+}
+
+namespace {
+
+// Pins a commit file's mapping for every CUDA context (the mapping is page
+// aligned; its last page is whole in the mapping).
+class CudaPinner final : public MappingPinner {
+ public:
+  bool pin(void* p, size_t n) override {
+    const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+    n = (n + page - 1) / page * page;
+    cudaError_t e = cudaHostRegister(p, n, cudaHostRegisterPortable);
+    if (e == cudaSuccess) return true;
+    cudaGetLastError();
+    if (!std::exchange(warned_, true)) {
+      ERUN_LOG_WARN("cannot register a host-memory commit file's {} bytes with CUDA ({}): device buffers "
+                    "are copied into it through CUDA's staging buffers, more slowly",
+                    n, cudaGetErrorString(e));
+    }
+    return false;
+  }
+  void unpin(void* p) override {
+    cudaHostUnregister(p);
+    cudaGetLastError();
+  }
+
+ private:
+  bool warned_ = false;
+};
+
+}  // namespace
+
+std::shared_ptr<MappingPinner> DeviceSlot::pinner() {
+  static const std::shared_ptr<MappingPinner> cuda = std::make_shared<CudaPinner>();
+  return cuda;
 }
 
 #else  // no CUDA
@@ -142,6 +226,8 @@ DeviceSlot::DeviceSlot(std::string name, void*, size_t, GpuStream, bool, std::ch
 }
 DeviceSlot::~DeviceSlot() = default;
 void DeviceSlot::commit() {}
+void DeviceSlot::commit_into(char*, std::function<void()>) {}
+std::shared_ptr<MappingPinner> DeviceSlot::pinner() { return nullptr; }
 void DeviceSlot::fence() {}
 void DeviceSlot::restore() {}
 void DeviceSlot::save_to(std::vector<char>&) {}

@@ -1,13 +1,18 @@
 // DeviceSlot: one device buffer registered in a State, its commit in pinned
-// host memory (docs/gpu.md, "Device buffers in the State"). Every wait is
+// host memory (docs/gpu.md, "Device buffers in the State"): the host-memory
+// commit file's own bytes when the State has one (registered with CUDA,
+// commit_into), else a pinned buffer of the slot's own. Every wait is
 // bounded by `timeout` (erun::Error: the GPU is stuck).
 #pragma once
 
 #include <chrono>
 #include <cstddef>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "commits/host_commits.h"
 #include "erun/gpu.hpp"
 
 namespace erun::state_internal {
@@ -20,7 +25,15 @@ class DeviceSlot {
   DeviceSlot(const DeviceSlot&) = delete;
   DeviceSlot& operator=(const DeviceSlot&) = delete;
 
+  // Copies the buffer into the slot's own pinned memory.
   void commit();
+  // Copies the buffer straight into `dst` (a host-memory commit file's bytes
+  // for this entry, kept until the commit after the next) and calls
+  // `landed` on a CUDA thread once they are there (it must not call CUDA).
+  // The commit then lives at `dst`, and the slot's own pinned memory is freed.
+  void commit_into(char* dst, std::function<void()> landed);
+  // The registration of commit files' mappings with CUDA; null without CUDA.
+  static std::shared_ptr<MappingPinner> pinner();
   void fence();
   void restore();
   // commit() and fence(), then the pinned bytes into `out`.
@@ -44,8 +57,12 @@ class DeviceSlot {
   GpuStream stream_;
   bool async_;
   std::chrono::milliseconds timeout_;
+  void own_pinned();  // own_ allocated
+  void copy_to_host(char* dst, std::function<void()>* landed);
+
   int device_ = 0;
-  char* pinned_ = nullptr;
+  char* own_ = nullptr;   // pinned, the slot's own; null while the commit lies in a commit file
+  char* last_ = nullptr;  // where the last commit lies: own_, or a commit file's bytes
   void* side_ = nullptr;   // cudaStream_t
   void* ready_ = nullptr;  // cudaEvent_t: the buffer's stream reached commit()
   void* done_ = nullptr;   // cudaEvent_t: the copy finished

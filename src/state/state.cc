@@ -215,15 +215,24 @@ struct State::Impl {
   // copied into worker memory, training goes on, and the files keep the
   // previous commit.
   // Whether the commit is in host memory.
-  bool write_host_commit(const WorkerInfo& info, bool direct, const std::vector<std::vector<si::Piece>>* gathered = nullptr) {
+  // `devices_later`: device entries are copied from the device straight
+  // into the file (land_devices), not from their pinned commit.
+  bool write_host_commit(const WorkerInfo& info, bool direct, const std::vector<std::vector<si::Piece>>* gathered = nullptr,
+                         bool devices_later = false) {
     if (!host) return false;
-    mirror_device();
+    if (devices_later) {
+      fence_devices();  // the last commit's copies landed: its file is whole
+    } else {
+      mirror_device();
+    }
     std::vector<si::EntryRef> out;
     out.reserve(entries.size());
     for (size_t i = 0; i < entries.size(); ++i) {
       const Entry& e = entries[i];
       if (!e.has_committed) continue;
-      if (direct && e.raw != nullptr) {
+      if (devices_later && e.device) {
+        out.push_back(si::EntryRef::filled_later(e.name, e.device->bytes()));
+      } else if (direct && e.raw != nullptr) {
         out.push_back(si::EntryRef{&e.name, e.raw, e.raw_bytes});
       } else if (gathered != nullptr && e.gather) {
         out.push_back(si::EntryRef::of(e.name, (*gathered)[i]));
@@ -236,11 +245,13 @@ struct State::Impl {
     }
     std::optional<std::string> err;
     std::vector<const char*> placed;
+    std::shared_ptr<si::Completion> landed;
     try {
-      err = host->write(commit_id, out, &placed, info.rank == 0 ? si::kRankZeroCommit : 0);
+      err = host->write(commit_id, out, &placed, info.rank == 0 ? si::kRankZeroCommit : 0, &landed);
     } catch (const Error& e) {
       err = e.what();
     }
+    if (devices_later) land_devices(err ? nullptr : &placed, landed);
     size_t k = 0;
     for (size_t i = 0; i < entries.size(); ++i) {
       Entry& e = entries[i];
@@ -304,6 +315,48 @@ struct State::Impl {
     write_host_commit(info, /*direct=*/true);
   }
 
+  // A commit's device entries: copied straight into their places in the
+  // host file (`placed`, one per committed entry), which is whole once every
+  // copy landed; or, when the host-memory write failed (null), into their
+  // own pinned memory.
+  void land_devices(const std::vector<const char*>* placed, const std::shared_ptr<si::Completion>& landed) {
+    size_t k = 0;
+    try {
+      for (Entry& e : entries) {
+        if (!e.has_committed) continue;
+        if (e.device && placed != nullptr) {
+          // The file's bytes for this entry, writable in its mapping.
+          e.device->commit_into(const_cast<char*>((*placed)[k]), [landed] { landed->done(); });
+        } else if (e.device) {
+          e.device->commit();
+        }
+        ++k;
+      }
+    } catch (const Error&) {
+      fence_devices_quietly();
+      host->abandon();  // the file stays torn: the previous commit is its host's newest
+      throw;
+    }
+  }
+  void fence_devices() {
+    for (Entry& e : entries) {
+      if (e.device) e.device->fence();
+    }
+  }
+  void fence_devices_quietly() noexcept {
+    for (Entry& e : entries) {
+      try {
+        if (e.device) e.device->fence();
+      } catch (const Error&) {
+      }
+    }
+  }
+  // Device copies land in host-memory commit files: those files' mappings
+  // are registered with CUDA.
+  void pin_for_devices() {
+    if (host && has_device_entries()) host->set_pinner(si::DeviceSlot::pinner());
+  }
+
   void mirror_device() {
     for (Entry& e : entries) {
       if (e.device && e.has_committed) e.device->mirror(e.committed);
@@ -361,6 +414,9 @@ struct State::Impl {
 
 State::State(Context& ctx) : ctx_(ctx), impl_(std::make_unique<Impl>()) {}
 State::~State() {
+  // A device copy in flight lands in a host-memory commit file, which the
+  // host's destruction unmaps.
+  impl_->fence_devices_quietly();
   if (impl_->numbers) (*impl_->numbers)[static_cast<size_t>(impl_->ordinal)] = 2;
 }
 
@@ -423,6 +479,7 @@ void State::register_device_buffer(const std::string& name, void* device_ptr, si
   register_entry(name, [slot](std::vector<char>& b) { slot->save_to(b); },
                  [slot](const std::vector<char>& b) { slot->load_from(b); });
   impl_->entries.back().device = std::move(slot);
+  impl_->pin_for_devices();
 }
 
 void State::register_bytes(const std::string& name, std::function<void(std::vector<char>&)> save,
@@ -476,7 +533,7 @@ void State::commit() {
       e.committed.swap(staged[i]);
       if (e.keep_spare) e.spare.swap(staged[i]);
     } else if (e.device) {
-      e.device->commit();
+      if (!direct) e.device->commit();  // else straight into the host file (write_host_commit)
     } else if (e.raw != nullptr && direct) {
       // copied by write_host_commit, from its own memory into host memory
     } else {
@@ -488,7 +545,7 @@ void State::commit() {
   impl_->commit_id += 1;
   impl_->has_snapshot = true;
   impl_->snapshot_size = ctx_.size();
-  const bool in_host_memory = impl_->write_host_commit(ctx_.info(), direct, &gathered);
+  const bool in_host_memory = impl_->write_host_commit(ctx_.info(), direct, &gathered, /*devices_later=*/true);
   gathered.clear();
   keep.clear();  // the ranges were copied
   if (!impl_->checkpoint_dir.empty() && ctx_.rank() == 0 && !(impl_->host_persists && in_host_memory)) {
@@ -694,6 +751,7 @@ void State::adopt_host_commits() {
   const int ordinal = static_cast<int>(k);
   impl_->ordinal = ordinal;
   impl_->host = std::make_unique<si::HostCommits>(si::HostCommits::stem_of(stem, ordinal), /*discard=*/had);
+  impl_->pin_for_devices();
   if (had) {
     try {
       impl_->host->open();

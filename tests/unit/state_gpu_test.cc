@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "collectives/gloo/gloo_communicator.h"
+#include "commits/host_commits.h"
 #include "erun/erun.hpp"
 #include "store/memory_store.h"
 #include "store/prefix_store.h"
@@ -58,6 +59,8 @@ class ThreadContext final : public Context {
     connect(store);
   }
   const WorkerInfo& info() const override { return info_; }
+  std::string host_commit_stem() const override { return stem_; }
+  void set_host_commit_stem(std::string stem) { stem_ = std::move(stem); }
   Communicator& comm() override { return *comm_; }
   bool host_update_pending() const override { return false; }
   void rejoin(uint64_t) override { throw Error("ThreadContext cannot re-join"); }
@@ -66,6 +69,7 @@ class ThreadContext final : public Context {
 
  private:
   WorkerInfo info_;
+  std::string stem_;
   std::chrono::milliseconds timeout_;
   std::unique_ptr<Communicator> comm_;
 };
@@ -363,7 +367,9 @@ TEST(DeviceState, SyncGoesOverNcclWithAGpuPerRank) {
     CUDA_OK(cudaMemcpy(d, own.data(), count * sizeof(float), cudaMemcpyHostToDevice));
     host_value = ctx.rank() + 100;
     state.commit();
-    if (ctx.rank() != 0) CUDA_OK(cudaMemset(d, 0, count * sizeof(float)));
+    if (ctx.rank() != 0) {
+      CUDA_OK(cudaMemset(d, 0, count * sizeof(float)));
+    }
     state.sync();
     const std::vector<float> newest(count, 20.0f);
     EXPECT_EQ(to_host<float>(d, count), newest) << "rank " << ctx.rank();
@@ -374,6 +380,89 @@ TEST(DeviceState, SyncGoesOverNcclWithAGpuPerRank) {
     EXPECT_EQ(to_host<float>(d, count), newest) << "rank " << ctx.rank();
     cudaFree(d);
   });
+}
+
+// Under erun a device buffer's commit is copied straight into the worker's
+// host-memory commit file (registered with CUDA), synchronously or on a side
+// stream; the file is whole once the copy landed, restore() reads it back
+// from there, and the next worker on the host adopts it when every worker
+// that made it is gone.
+void check_device_commits_in_host_memory(bool async) {
+  char tmpl[] = "/tmp/erun-gpu-host-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string root = tmpl, dir = root + "/job", stem = dir + "/slot-0";
+  const size_t n = (size_t{3} << 20) + 5;  // 12 MB of float
+  auto as_bytes = [n](float value) {
+    std::vector<float> v(n, value);
+    std::vector<char> b(n * sizeof(float));
+    std::memcpy(b.data(), v.data(), b.size());
+    return b;
+  };
+  run_world(1, [&](ThreadContext& ctx, KvStore&) {
+    ctx.gpu().device();
+    ctx.set_host_commit_stem(stem);
+    cudaStream_t stream;
+    CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    float* d = to_device(std::vector<float>(n, 0.0f));
+    int32_t step = 0;
+    {
+      State state(ctx);
+      State::DeviceBufferOptions o;
+      o.stream = stream;
+      o.async = async;
+      state.register_device_buffer("w", d, n * sizeof(float), o);
+      state.register_value("step", &step);
+      state.sync();
+      std::vector<float> host(n);
+      for (int k = 1; k <= 3; ++k) {
+        std::fill(host.begin(), host.end(), static_cast<float>(k));
+        CUDA_OK(cudaMemcpyAsync(d, host.data(), n * sizeof(float), cudaMemcpyHostToDevice, stream));
+        step = k;
+        state.commit();
+        // Later work on the stream waits for the copy and its landing.
+        CUDA_OK(cudaStreamSynchronize(stream));
+        auto f = state_internal::HostCommits::newest(dir);
+        ASSERT_TRUE(f) << "commit " << k;
+        EXPECT_EQ(f->snapshot.commit_id, static_cast<uint64_t>(k));
+        for (auto& [name, bytes] : f->snapshot.entries) {
+          if (name == "w") {
+            EXPECT_TRUE(bytes == as_bytes(static_cast<float>(k))) << "commit " << k;
+          }
+        }
+      }
+      CUDA_OK(cudaMemset(d, 0, n * sizeof(float)));
+      state.restore();  // from the host file's bytes
+      EXPECT_EQ(to_host<float>(d, n), std::vector<float>(n, 3.0f));
+    }
+    cudaFree(d);
+    cudaStreamDestroy(stream);
+  });
+  // Every worker of the host gone: the next one resumes at commit 3.
+  run_world(1, [&](ThreadContext& ctx, KvStore&) {
+    ctx.gpu().device();
+    ctx.set_host_commit_stem(stem);
+    float* d = to_device(std::vector<float>(n, 0.0f));
+    int32_t step = 0;
+    State state(ctx);
+    state.register_device_buffer("w", d, n * sizeof(float));
+    state.register_value("step", &step);
+    state.sync();
+    EXPECT_EQ(state.commit_id(), 3u);
+    EXPECT_EQ(step, 3);
+    EXPECT_EQ(to_host<float>(d, n), std::vector<float>(n, 3.0f));
+    cudaFree(d);
+  });
+  std::filesystem::remove_all(root);
+}
+
+TEST(DeviceState, CommitLandsStraightInHostMemory) {
+  REQUIRE_GPU();
+  check_device_commits_in_host_memory(false);
+}
+
+TEST(DeviceState, AsynchronousCommitLandsStraightInHostMemory) {
+  REQUIRE_GPU();
+  check_device_commits_in_host_memory(true);
 }
 
 TEST(DeviceState, DurableCommitComesBackIntoTheDeviceBuffer) {

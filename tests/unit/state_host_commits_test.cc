@@ -14,7 +14,11 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
+#include <memory>
 #include <optional>
+#include <set>
+#include <thread>
 
 #include "erun/erun.hpp"
 #include "commits/commit_files.h"
@@ -314,6 +318,143 @@ TEST_F(HostCommitsTest, AClaimWithoutItsTrailerIsTorn) {
   ASSERT_FALSE(next.write(4, entries(name_, four)));
   EXPECT_EQ(si::HostCommits::read(older)->commit_id, 4u);
   EXPECT_EQ(si::HostCommits::read(f->path)->commit_id, 2u);
+}
+
+// Device entries are filled after the write, by their copies from the GPU
+// (State: DeviceSlot::commit_into), here by threads. The commit is whole only
+// once every filler said done(); until then the previous one is the newest,
+// a kill leaves it so, and the next write is refused rather than reusing a
+// file a copy may still land in.
+TEST_F(HostCommitsTest, EntriesFilledLaterMakeTheCommitWholeOnlyWhenAllLanded) {
+  si::HostCommits hc(dir_ + "/slot-0");
+  std::vector<char> one(4096, 1);
+  ASSERT_FALSE(hc.write(1, entries(name_, one)));
+  const std::string d1 = "d1", d2 = "d2";
+  std::vector<char> two(100, 2);
+  std::vector<si::EntryRef> refs = {si::EntryRef::of(name_, two), si::EntryRef::filled_later(d1, 3 << 20),
+                                    si::EntryRef::filled_later(d2, 5)};
+  std::vector<const char*> placed;
+  std::shared_ptr<si::Completion> landed;
+  ASSERT_FALSE(hc.write(2, refs, &placed, 0, &landed));
+  ASSERT_TRUE(landed);
+  ASSERT_EQ(placed.size(), 3u);
+  EXPECT_FALSE(landed->complete());
+  EXPECT_FALSE(hc.holds(2));
+  EXPECT_TRUE(hc.holds(1));
+  EXPECT_EQ(newest_id(), 1u);
+  auto refused = hc.write(3, entries(name_, one));
+  ASSERT_TRUE(refused);
+  EXPECT_NE(refused->find("still being copied"), std::string::npos) << *refused;
+
+  std::thread filler([&] {
+    std::memset(const_cast<char*>(placed[1]), 7, 3 << 20);
+    landed->done();
+  });
+  filler.join();
+  EXPECT_FALSE(landed->complete());
+  EXPECT_EQ(newest_id(), 1u) << "one filler is still to land";
+  std::memcpy(const_cast<char*>(placed[2]), "hello", 5);
+  landed->done();
+  EXPECT_TRUE(landed->complete());
+  auto f = si::HostCommits::newest(dir_);
+  ASSERT_TRUE(f);
+  ASSERT_EQ(f->snapshot.commit_id, 2u);
+  ASSERT_EQ(f->snapshot.entries.size(), 3u);
+  EXPECT_EQ(f->snapshot.entries[0].second, two);
+  EXPECT_EQ(f->snapshot.entries[1].second, std::vector<char>(3 << 20, 7));
+  EXPECT_EQ(std::string(f->snapshot.entries[2].second.begin(), f->snapshot.entries[2].second.end()), "hello");
+  EXPECT_TRUE(hc.holds(2));
+  // The next commit goes to the other file: commit 2 stays whole.
+  ASSERT_FALSE(hc.write(3, entries(name_, one)));
+  EXPECT_EQ(newest_id(), 3u);
+  EXPECT_EQ(si::HostCommits::read(f->path)->commit_id, 2u);
+}
+
+// Fillers that will not all land (a CUDA error after some copies started):
+// the commit stays torn even if a late filler says done(), and the writer
+// goes on into that file.
+TEST_F(HostCommitsTest, AnAbandonedCommitStaysTornAndTheNextWriteGoesOn) {
+  si::HostCommits hc(dir_ + "/slot-0");
+  std::vector<char> one(64, 1);
+  ASSERT_FALSE(hc.write(1, entries(name_, one)));
+  const std::string d = "d";
+  std::vector<si::EntryRef> refs = {si::EntryRef::filled_later(d, 64)};
+  std::vector<const char*> placed;
+  std::shared_ptr<si::Completion> landed;
+  ASSERT_FALSE(hc.write(2, refs, &placed, 0, &landed));
+  hc.abandon();
+  landed->done();
+  EXPECT_FALSE(landed->complete());
+  EXPECT_EQ(newest_id(), 1u);
+  std::vector<char> three(64, 3);
+  ASSERT_FALSE(hc.write(3, entries(name_, three)));
+  EXPECT_EQ(newest_id(), 3u);
+  std::set<uint64_t> whole;
+  for (auto suffix : {".a", ".b"}) {
+    if (auto snap = si::HostCommits::read(dir_ + "/slot-0" + suffix)) whole.insert(snap->commit_id);
+  }
+  EXPECT_EQ(whole, (std::set<uint64_t>{1, 3}));
+}
+
+// What the GPU path registers with CUDA (MappingPinner), as a fake that
+// keeps the ranges pinned: every mapping is pinned when made (or when the
+// pinner comes), unpinned before it is unmapped (a file that grows is mapped
+// anew), and none is left pinned when the writer goes. A refused pin leaves
+// the files usable.
+class FakePinner : public si::MappingPinner {
+ public:
+  bool pin(void* p, size_t n) override {
+    ++pins;
+    if (refuse) return false;
+    EXPECT_EQ(pinned.count(static_cast<char*>(p)), 0u);
+    pinned[static_cast<char*>(p)] = n;
+    return true;
+  }
+  void unpin(void* p) override {
+    EXPECT_EQ(pinned.erase(static_cast<char*>(p)), 1u) << "unpinned what was not pinned";
+  }
+  bool covers(const char* p, size_t n) const {
+    for (const auto& [at, len] : pinned) {
+      if (p >= at && p + n <= at + len) return true;
+    }
+    return false;
+  }
+  std::map<char*, size_t> pinned;
+  int pins = 0;
+  bool refuse = false;
+};
+
+TEST_F(HostCommitsTest, CommitFilesArePinnedForDeviceCopiesAndUnpinnedBeforeUnmapped) {
+  auto pinner = std::make_shared<FakePinner>();
+  {
+    si::HostCommits hc(dir_ + "/slot-0");
+    std::vector<char> small(4096, 1);
+    ASSERT_FALSE(hc.write(1, entries(name_, small)));  // file a mapped before any pinner
+    EXPECT_TRUE(hc.set_pinner(pinner));
+    EXPECT_EQ(pinner->pinned.size(), 1u);
+    const std::string d = "d";
+    for (uint64_t id = 2; id <= 6; ++id) {
+      // Growing entries: each file is mapped anew.
+      std::vector<si::EntryRef> refs = {si::EntryRef::filled_later(d, size_t{1} << (16 + id))};
+      std::vector<const char*> placed;
+      std::shared_ptr<si::Completion> landed;
+      ASSERT_FALSE(hc.write(id, refs, &placed, 0, &landed));
+      EXPECT_TRUE(pinner->covers(placed[0], refs[0].size)) << "commit " << id;
+      EXPECT_LE(pinner->pinned.size(), 2u);
+      landed->done();
+    }
+    EXPECT_EQ(newest_id(), 6u);
+    EXPECT_GE(pinner->pins, 5);
+  }
+  EXPECT_TRUE(pinner->pinned.empty()) << "a mapping was left pinned";
+
+  pinner->refuse = true;
+  si::HostCommits hc(dir_ + "/slot-1");
+  EXPECT_TRUE(hc.set_pinner(pinner));  // nothing mapped yet
+  std::vector<char> data(8192, 9);
+  ASSERT_FALSE(hc.write(7, entries(name_, data)));
+  EXPECT_FALSE(hc.set_pinner(pinner));
+  EXPECT_EQ(si::HostCommits::read(dir_ + "/slot-1.a")->commit_id, 7u);
 }
 
 // Real deaths in the middle of real commits: a child process writes 8 MiB
