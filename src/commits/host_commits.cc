@@ -111,6 +111,32 @@ Layout layout_of(const std::vector<EntryRef>& entries) {
   return l;
 }
 
+// The header, then the table: the claim first, so that from here until the
+// trailer the file is torn.
+void claim(char* m, uint64_t commit_id, uint32_t flags, const std::vector<EntryRef>& entries, const Layout& l) {
+  std::memcpy(m, "ERUNSTAT", 8);
+  put_u32(m + 8, kHostVersion);
+  put_u32(m + 12, flags);
+  put_u64(m + 16, commit_id);
+  // A reader in another process (the host side's persister) copying the
+  // previous commit out of this file sees the claim before any later store,
+  // the non-temporal ones included.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  put_u64(m + 24, entries.size());
+  put_u64(m + 32, l.trailer);
+  std::memset(m + 40, 0, kHeaderBytes - 40);
+  size_t at = kHeaderBytes;
+  for (size_t k = 0; k < entries.size(); ++k) {
+    const EntryRef& e = entries[k];
+    put_u64(m + at, e.name->size());
+    std::memcpy(m + at + 8, e.name->data(), e.name->size());
+    at += 8 + e.name->size();
+    put_u64(m + at, e.size);
+    put_u64(m + at + 8, l.offsets[k]);
+    at += 16;
+  }
+}
+
 // The header's claims, checked against each other and the file's size; the
 // table is checked by the CRC in the trailer. 0 when the file holds no
 // complete commit.
@@ -376,28 +402,7 @@ std::optional<std::string> HostCommits::write(uint64_t commit_id, const std::vec
   }
   held_[i] = 0;
   char* m = map_[i];
-  // The claim first: from here until the trailer, the file is torn.
-  std::memcpy(m, "ERUNSTAT", 8);
-  put_u32(m + 8, kHostVersion);
-  put_u32(m + 12, flags);
-  put_u64(m + 16, commit_id);
-  // A reader in another process (the host side's persister) copying the
-  // previous commit out of this file sees the claim before any later store,
-  // the non-temporal ones included.
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  put_u64(m + 24, entries.size());
-  put_u64(m + 32, l.trailer);
-  std::memset(m + 40, 0, kHeaderBytes - 40);
-  size_t at = kHeaderBytes;
-  for (size_t k = 0; k < entries.size(); ++k) {
-    const EntryRef& e = entries[k];
-    put_u64(m + at, e.name->size());
-    std::memcpy(m + at + 8, e.name->data(), e.name->size());
-    at += 8 + e.name->size();
-    put_u64(m + at, e.size);
-    put_u64(m + at + 8, l.offsets[k]);
-    at += 16;
-  }
+  claim(m, commit_id, flags, entries, l);
   if (placed != nullptr) placed->clear();
   for (size_t k = 0; k < entries.size(); ++k) {
     char* to = m + l.offsets[k];
