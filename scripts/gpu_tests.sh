@@ -204,6 +204,10 @@ fi
       "$out/bench_erun_vs_nccl.log" | sort -k2 -n
   grep -h "^GPUBENCH" "$out"/bench_staged_np2.log "$out"/bench_torch.log 2>/dev/null
   grep -h "^GPUCOMMIT" "$out/bench_commit.log" "$out/bench_commit_host.log" 2>/dev/null
+  grep -q "host-memory commit [0-9]* was not written" "$out/bench_commit_host.log" 2>/dev/null &&
+    echo "bench_commit_host: /dev/shm could not hold 2 GiB of commit files: its where=host-memory lines are worker memory"
+  grep -q "cannot register a host-memory commit file" "$out/bench_commit_host.log" 2>/dev/null &&
+    echo "bench_commit_host: the commit files could not be registered with CUDA (staged copies)"
   grep -h "^SHRINKBENCH \(median\|skipped\)" "$out/bench_shrink.log" 2>/dev/null
 } >"$out/numbers.txt"
 finish

@@ -3,7 +3,9 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <linux/magic.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
@@ -118,6 +120,7 @@ void claim(char* m, uint64_t commit_id, uint32_t flags, const std::vector<EntryR
   put_u32(m + 8, kHostVersion);
   put_u32(m + 12, flags);
   put_u64(m + 16, commit_id);
+  put_u64(m + l.trailer, 0);  // whatever lay there, not this commit's id
   // A reader in another process (the host side's persister) copying the
   // previous commit out of this file sees the claim before any later store,
   // the non-temporal ones included.
@@ -271,7 +274,9 @@ void Completion::done() {
 
 HostCommits::~HostCommits() {
   for (int i = 0; i < 2; ++i) {
-    unmap(i);
+    // A copy that may still land (its filler never said done) keeps its
+    // mapping: leaked rather than written after munmap.
+    if (pending_ == nullptr || pending_->file_ != i || pending_->complete()) unmap(i);
     if (fd_[i] >= 0) ::close(fd_[i]);
   }
 }
@@ -295,7 +300,9 @@ bool HostCommits::set_pinner(std::shared_ptr<MappingPinner> pinner) {
   }
   bool all = true;
   for (int i = 0; i < 2; ++i) {
-    if (pinner_ != nullptr && map_[i] != nullptr && !pinned_[i]) pinned_[i] = pinner_->pin(map_[i], map_len_[i]);
+    if (pinner_ != nullptr && in_memory_ && map_[i] != nullptr && !pinned_[i]) {
+      pinned_[i] = pinner_->pin(map_[i], map_len_[i]);
+    }
     all = all && (map_[i] == nullptr || pinned_[i]);
   }
   return all;
@@ -338,6 +345,10 @@ void HostCommits::open_files() {
                               path));
     }
     fd_[i] = fd;
+    // Pinning pages of a file on disk would let the kernel drop what a
+    // device wrote into them: only memory file systems are pinned.
+    struct statfs fs {};
+    in_memory_ = ::fstatfs(fd, &fs) == 0 && (fs.f_type == TMPFS_MAGIC || fs.f_type == HUGETLBFS_MAGIC);
     if (discard_) {
       // An earlier State of this process wrote these: never a commit of this one.
       if (::ftruncate(fd, 0) != 0) {
@@ -369,7 +380,7 @@ int HostCommits::map(int i, size_t size) {
     if (p == MAP_FAILED) return errno;
     map_[i] = static_cast<char*>(p);
     map_len_[i] = reserved_[i];
-    if (pinner_ != nullptr) pinned_[i] = pinner_->pin(map_[i], map_len_[i]);
+    if (pinner_ != nullptr && in_memory_) pinned_[i] = pinner_->pin(map_[i], map_len_[i]);
   }
   return 0;
 }
@@ -479,13 +490,18 @@ bool HostCommits::held(int fd, uint64_t id) {
 }
 
 std::optional<Snapshot> HostCommits::read(const std::string& path) {
-  std::vector<char> bytes;
-  try {
-    if (!read_file(path, &bytes)) return std::nullopt;
-  } catch (const Error&) {
-    return std::nullopt;  // a link, or not this user's
-  }
-  return parse(bytes.data(), bytes.size());
+  Fd fd = open_own(path);
+  if (!fd) return std::nullopt;  // a link, or not this user's
+  // Whole before its data is read (a writer's stores, device copies
+  // included, come before its trailer), and not claimed again by the end.
+  auto listing = read_listing(fd.get());
+  struct stat st {};
+  if (!listing || ::fstat(fd.get(), &st) != 0) return std::nullopt;
+  std::vector<char> bytes(static_cast<size_t>(st.st_size));
+  if (!pread_all(fd.get(), bytes.data(), bytes.size(), 0)) return std::nullopt;
+  auto snap = parse(bytes.data(), bytes.size());
+  if (!snap || snap->commit_id != listing->id || !held(fd.get(), listing->id)) return std::nullopt;
+  return snap;
 }
 
 std::optional<HostCommits::Found> HostCommits::newest(const std::string& dir, int ordinal) {

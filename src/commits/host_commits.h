@@ -165,6 +165,7 @@ class HostCommits {
   char* map_[2] = {nullptr, nullptr};
   size_t map_len_[2] = {0, 0};
   bool pinned_[2] = {false, false};
+  bool in_memory_ = false;  // the files are on tmpfs or hugetlbfs: pinned for device copies
   std::shared_ptr<MappingPinner> pinner_;
   std::shared_ptr<Completion> pending_;  // the last write's, until it completes
   bool opened_ = false;

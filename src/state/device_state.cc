@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
 #include <utility>
 
@@ -58,12 +59,16 @@ DeviceSlot::DeviceSlot(std::string name, void* device_ptr, size_t bytes, GpuStre
     side_ = side;
     ERUN_CUDA(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
     ready_ = ready;
+    cudaEvent_t copied;
+    ERUN_CUDA(cudaEventCreateWithFlags(&copied, cudaEventDisableTiming));
+    copied_ = copied;
   }
 }
 
 DeviceSlot::~DeviceSlot() {
   if (done_ != nullptr) cudaEventSynchronize(as_event(done_));  // a copy in flight targets last_
   if (ready_ != nullptr) cudaEventDestroy(as_event(ready_));
+  if (copied_ != nullptr) cudaEventDestroy(as_event(copied_));
   if (done_ != nullptr) cudaEventDestroy(as_event(done_));
   if (side_ != nullptr) cudaStreamDestroy(as_stream(side_));
   if (own_ != nullptr) cudaFreeHost(own_);
@@ -106,7 +111,8 @@ void CUDART_CB run_landed(void* arg) {
 // The buffer into `dst` once the buffer's stream reached this point: on a
 // side stream that the buffer's stream then waits for (async), or on the
 // buffer's stream, waited for here. `landed` runs after the copy, before
-// done_.
+// done_. Once the copy is queued it is waited for, even when a later call
+// fails (its destination must not be reused under it).
 void DeviceSlot::copy_to_host(char* dst, std::function<void()>* landed) {
   ERUN_CUDA(cudaSetDevice(device_));
   cudaStream_t on = as_stream(async_ ? side_ : stream_);
@@ -115,18 +121,32 @@ void DeviceSlot::copy_to_host(char* dst, std::function<void()>* landed) {
     ERUN_CUDA(cudaStreamWaitEvent(on, as_event(ready_), 0));
   }
   ERUN_CUDA(cudaMemcpyAsync(dst, dev_, bytes_, cudaMemcpyDeviceToHost, on));
-  if (landed != nullptr) {
-    auto* fn = new std::function<void()>(std::move(*landed));
-    if (cudaError_t e = cudaLaunchHostFunc(on, run_landed, fn); e != cudaSuccess) {
-      delete fn;
-      ERUN_CUDA(e);
-    }
-  }
-  ERUN_CUDA(cudaEventRecord(as_event(done_), on));
-  if (async_) ERUN_CUDA(cudaStreamWaitEvent(as_stream(stream_), as_event(done_), 0));
-  in_flight_ = true;
   last_ = dst;
+  try {
+    if (async_) {
+      // The buffer may change once its bytes are copied; the landing need not hold its stream.
+      ERUN_CUDA(cudaEventRecord(as_event(copied_), on));
+      ERUN_CUDA(cudaStreamWaitEvent(as_stream(stream_), as_event(copied_), 0));
+    }
+    if (landed != nullptr) {
+      auto* fn = new std::function<void()>(std::move(*landed));
+      if (cudaError_t e = cudaLaunchHostFunc(on, run_landed, fn); e != cudaSuccess) {
+        delete fn;
+        ERUN_CUDA(e);
+      }
+    }
+    ERUN_CUDA(cudaEventRecord(as_event(done_), on));
+  } catch (...) {
+    cudaStreamSynchronize(on);
+    cudaGetLastError();
+    throw;
+  }
+  in_flight_ = true;
   if (!async_) fence();
+}
+
+void DeviceSlot::release_kept() {
+  if (last_ != kept_.data()) std::vector<char>().swap(kept_);
 }
 
 void DeviceSlot::commit() {
@@ -134,6 +154,7 @@ void DeviceSlot::commit() {
   fence();
   own_pinned();
   copy_to_host(own_, nullptr);
+  release_kept();
 }
 
 void DeviceSlot::commit_into(char* dst, std::function<void()> landed) {
@@ -142,12 +163,20 @@ void DeviceSlot::commit_into(char* dst, std::function<void()> landed) {
     return;
   }
   fence();
-  if (own_ != nullptr) {  // no copy in flight uses it (fenced above)
-    if (last_ == own_) last_ = nullptr;
-    cudaFreeHost(own_);
-    own_ = nullptr;
-  }
   copy_to_host(dst, &landed);
+  release_kept();
+}
+
+void DeviceSlot::take() {
+  if (bytes_ == 0) return;
+  fence();
+  kept_.resize(bytes_);
+  ERUN_CUDA(cudaSetDevice(device_));
+  ERUN_CUDA(cudaMemcpyAsync(kept_.data(), dev_, bytes_, cudaMemcpyDeviceToHost, as_stream(stream_)));
+  last_ = kept_.data();
+  ERUN_CUDA(cudaEventRecord(as_event(done_), as_stream(stream_)));
+  in_flight_ = true;
+  fence();
 }
 
 void DeviceSlot::restore() {
@@ -161,7 +190,7 @@ void DeviceSlot::restore() {
 }
 
 void DeviceSlot::save_to(std::vector<char>& out) {
-  commit();
+  take();
   mirror(out);
 }
 
@@ -175,9 +204,8 @@ void DeviceSlot::load_from(const std::vector<char>& in) {
   expect_bytes(in.size());
   if (bytes_ == 0) return;
   fence();
-  own_pinned();
-  std::memcpy(own_, in.data(), bytes_);
-  last_ = own_;
+  kept_ = in;
+  last_ = kept_.data();
   restore();
 }
 
@@ -193,9 +221,10 @@ class CudaPinner final : public MappingPinner {
     cudaError_t e = cudaHostRegister(p, n, cudaHostRegisterPortable);
     if (e == cudaSuccess) return true;
     cudaGetLastError();
-    if (!std::exchange(warned_, true)) {
+    if (!warned_.exchange(true)) {
       ERUN_LOG_WARN("cannot register a host-memory commit file's {} bytes with CUDA ({}): device buffers "
-                    "are copied into it through CUDA's staging buffers, more slowly",
+                    "are copied into it through CUDA's staging buffers, more slowly, and an async commit "
+                    "waits for its copy",
                     n, cudaGetErrorString(e));
     }
     return false;
@@ -206,7 +235,7 @@ class CudaPinner final : public MappingPinner {
   }
 
  private:
-  bool warned_ = false;
+  std::atomic<bool> warned_{false};
 };
 
 }  // namespace
@@ -227,6 +256,7 @@ DeviceSlot::DeviceSlot(std::string name, void*, size_t, GpuStream, bool, std::ch
 DeviceSlot::~DeviceSlot() = default;
 void DeviceSlot::commit() {}
 void DeviceSlot::commit_into(char*, std::function<void()>) {}
+void DeviceSlot::take() {}
 std::shared_ptr<MappingPinner> DeviceSlot::pinner() { return nullptr; }
 void DeviceSlot::fence() {}
 void DeviceSlot::restore() {}

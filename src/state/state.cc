@@ -332,9 +332,10 @@ struct State::Impl {
         }
         ++k;
       }
-    } catch (const Error&) {
-      fence_devices_quietly();
-      host->abandon();  // the file stays torn: the previous commit is its host's newest
+    } catch (...) {
+      // The file stays torn: the previous commit is its host's newest. It is
+      // written again only once no copy can land in it any more.
+      if (fence_devices_quietly()) host->abandon();
       throw;
     }
   }
@@ -343,13 +344,17 @@ struct State::Impl {
       if (e.device) e.device->fence();
     }
   }
-  void fence_devices_quietly() noexcept {
+  // Whether every copy finished.
+  bool fence_devices_quietly() noexcept {
+    bool all = true;
     for (Entry& e : entries) {
       try {
         if (e.device) e.device->fence();
       } catch (const Error&) {
+        all = false;
       }
     }
+    return all;
   }
   // Device copies land in host-memory commit files: those files' mappings
   // are registered with CUDA.
@@ -405,7 +410,7 @@ struct State::Impl {
       order.push_back(&e);
     }
     for (Entry* e : order) gpu.broadcast(e->device->buffer(), e->device->bytes(), root, e->device->stream());
-    for (Entry* e : order) e->device->commit();
+    for (Entry* e : order) e->device->take();
   }
   bool has_device_entries() const {
     return std::any_of(entries.begin(), entries.end(), [](const Entry& e) { return e.device != nullptr; });
@@ -414,9 +419,9 @@ struct State::Impl {
 
 State::State(Context& ctx) : ctx_(ctx), impl_(std::make_unique<Impl>()) {}
 State::~State() {
-  // A device copy in flight lands in a host-memory commit file, which the
-  // host's destruction unmaps.
-  impl_->fence_devices_quietly();
+  // A device copy in flight lands in a host-memory commit file: the device
+  // slots wait for their copies before the files are unmapped.
+  impl_->entries.clear();
   if (impl_->numbers) (*impl_->numbers)[static_cast<size_t>(impl_->ordinal)] = 2;
 }
 
@@ -500,6 +505,9 @@ void State::commit() {
   // With host-memory commits, registered buffers and pieces are copied once,
   // straight into the host file (write_host_commit).
   const bool direct = impl_->host != nullptr;
+  // The last commit's device copies landed (a stuck GPU throws here, before
+  // anything changed).
+  if (direct) impl_->fence_devices();
   // User serializers may throw: run them before touching the snapshot.
   // Their side buffers reuse the allocation of the commit before the last.
   std::vector<std::vector<char>> staged(impl_->entries.size());

@@ -383,20 +383,45 @@ TEST(DeviceState, SyncGoesOverNcclWithAGpuPerRank) {
 }
 
 // Under erun a device buffer's commit is copied straight into the worker's
-// host-memory commit file (registered with CUDA), synchronously or on a side
-// stream; the file is whole once the copy landed, restore() reads it back
-// from there, and the next worker on the host adopts it when every worker
-// that made it is gone.
+// host-memory commit file (on /dev/shm, registered with CUDA), synchronously
+// or on a side stream; the file is whole once every copy landed, restore()
+// reads it back from there, and the next worker on the host adopts it when
+// every worker that made it is gone, then commits on top of it.
 void check_device_commits_in_host_memory(bool async) {
-  char tmpl[] = "/tmp/erun-gpu-host-XXXXXX";
+  char tmpl[] = "/dev/shm/erun-gpu-host-XXXXXX";
   ASSERT_NE(::mkdtemp(tmpl), nullptr);
   const std::string root = tmpl, dir = root + "/job", stem = dir + "/slot-0";
   const size_t n = (size_t{3} << 20) + 5;  // 12 MB of float
-  auto as_bytes = [n](float value) {
-    std::vector<float> v(n, value);
-    std::vector<char> b(n * sizeof(float));
-    std::memcpy(b.data(), v.data(), b.size());
-    return b;
+  const size_t small = 1000;               // a second buffer, on the default stream
+  auto floats_of = [](const std::vector<char>& b) {
+    std::vector<float> v(b.size() / sizeof(float));
+    std::memcpy(v.data(), b.data(), v.size() * sizeof(float));
+    return v;
+  };
+  // The newest whole commit in the host's files: its id, and w's and b's values.
+  auto expect_in_host_memory = [&](uint64_t id, float w, float b) {
+    auto f = state_internal::HostCommits::newest(dir);
+    ASSERT_TRUE(f) << "commit " << id;
+    EXPECT_EQ(f->snapshot.commit_id, id);
+    int found = 0;
+    for (auto& [name, bytes] : f->snapshot.entries) {
+      if (name == "w") {
+        ++found;
+        EXPECT_TRUE(floats_of(bytes) == std::vector<float>(n, w)) << "commit " << id;
+      } else if (name == "b") {
+        ++found;
+        EXPECT_TRUE(floats_of(bytes) == std::vector<float>(small, b)) << "commit " << id;
+      } else if (name == "z") {
+        ++found;
+        EXPECT_TRUE(bytes.empty());
+      }
+    }
+    EXPECT_EQ(found, 3) << "commit " << id;
+  };
+  auto set = [](float* d, size_t count, float value, cudaStream_t s) {
+    std::vector<float> host(count, value);
+    ASSERT_EQ(cudaMemcpyAsync(d, host.data(), count * sizeof(float), cudaMemcpyHostToDevice, s), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
   };
   run_world(1, [&](ThreadContext& ctx, KvStore&) {
     ctx.gpu().device();
@@ -404,6 +429,7 @@ void check_device_commits_in_host_memory(bool async) {
     cudaStream_t stream;
     CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     float* d = to_device(std::vector<float>(n, 0.0f));
+    float* b = to_device(std::vector<float>(small, 0.0f));
     int32_t step = 0;
     {
       State state(ctx);
@@ -411,46 +437,53 @@ void check_device_commits_in_host_memory(bool async) {
       o.stream = stream;
       o.async = async;
       state.register_device_buffer("w", d, n * sizeof(float), o);
+      state.register_device_buffer("b", b, small * sizeof(float));
+      state.register_device_buffer("z", d, 0);
       state.register_value("step", &step);
       state.sync();
-      std::vector<float> host(n);
       for (int k = 1; k <= 3; ++k) {
-        std::fill(host.begin(), host.end(), static_cast<float>(k));
-        CUDA_OK(cudaMemcpyAsync(d, host.data(), n * sizeof(float), cudaMemcpyHostToDevice, stream));
+        set(d, n, static_cast<float>(k), stream);
+        set(b, small, static_cast<float>(-k), nullptr);
         step = k;
         state.commit();
-        // Later work on the stream waits for the copy and its landing.
+        // Later work on the stream waits for the copy; the landing follows.
         CUDA_OK(cudaStreamSynchronize(stream));
-        auto f = state_internal::HostCommits::newest(dir);
-        ASSERT_TRUE(f) << "commit " << k;
-        EXPECT_EQ(f->snapshot.commit_id, static_cast<uint64_t>(k));
-        for (auto& [name, bytes] : f->snapshot.entries) {
-          if (name == "w") {
-            EXPECT_TRUE(bytes == as_bytes(static_cast<float>(k))) << "commit " << k;
-          }
-        }
+        state.restore();  // waits for the landing too
+        expect_in_host_memory(static_cast<uint64_t>(k), static_cast<float>(k), static_cast<float>(-k));
       }
       CUDA_OK(cudaMemset(d, 0, n * sizeof(float)));
+      CUDA_OK(cudaMemset(b, 0, small * sizeof(float)));
       state.restore();  // from the host file's bytes
       EXPECT_EQ(to_host<float>(d, n), std::vector<float>(n, 3.0f));
+      EXPECT_EQ(to_host<float>(b, small), std::vector<float>(small, -3.0f));
     }
     cudaFree(d);
+    cudaFree(b);
     cudaStreamDestroy(stream);
   });
-  // Every worker of the host gone: the next one resumes at commit 3.
+  // Every worker of the host gone: the next one resumes at commit 3, and
+  // its own next commit lands in the host's files as well.
   run_world(1, [&](ThreadContext& ctx, KvStore&) {
     ctx.gpu().device();
     ctx.set_host_commit_stem(stem);
     float* d = to_device(std::vector<float>(n, 0.0f));
+    float* b = to_device(std::vector<float>(small, 0.0f));
     int32_t step = 0;
     State state(ctx);
     state.register_device_buffer("w", d, n * sizeof(float));
+    state.register_device_buffer("b", b, small * sizeof(float));
+    state.register_device_buffer("z", d, 0);
     state.register_value("step", &step);
     state.sync();
     EXPECT_EQ(state.commit_id(), 3u);
     EXPECT_EQ(step, 3);
     EXPECT_EQ(to_host<float>(d, n), std::vector<float>(n, 3.0f));
+    EXPECT_EQ(to_host<float>(b, small), std::vector<float>(small, -3.0f));
+    set(d, n, 4.0f, nullptr);
+    state.commit();
+    expect_in_host_memory(4, 4.0f, -3.0f);
     cudaFree(d);
+    cudaFree(b);
   });
   std::filesystem::remove_all(root);
 }

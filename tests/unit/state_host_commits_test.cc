@@ -5,7 +5,9 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/resource.h>
+#include <linux/magic.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -370,6 +372,27 @@ TEST_F(HostCommitsTest, EntriesFilledLaterMakeTheCommitWholeOnlyWhenAllLanded) {
   EXPECT_EQ(si::HostCommits::read(f->path)->commit_id, 2u);
 }
 
+// A commit whose entries are still to land must not look whole because the
+// file's older bytes happen to hold its id where its trailer goes.
+TEST_F(HostCommitsTest, OldBytesAtTheTrailerNeverMakeAPendingCommitWhole) {
+  si::HostCommits hc(dir_ + "/slot-0");
+  std::vector<uint64_t> threes(512, 3);  // 4 KiB of the id 3
+  std::vector<char> old(sizeof(uint64_t) * threes.size());
+  std::memcpy(old.data(), threes.data(), old.size());
+  ASSERT_FALSE(hc.write(1, entries(name_, old)));  // file a
+  std::vector<char> two(64, 2);
+  ASSERT_FALSE(hc.write(2, entries(name_, two)));  // file b
+  const std::string d = "d";
+  std::vector<si::EntryRef> refs = {si::EntryRef::filled_later(d, 64)};
+  std::vector<const char*> placed;
+  std::shared_ptr<si::Completion> landed;
+  ASSERT_FALSE(hc.write(3, refs, &placed, 0, &landed));  // file a again: its trailer lies in commit 1's data
+  EXPECT_EQ(newest_id(), 2u);
+  std::memset(const_cast<char*>(placed[0]), 5, 64);
+  landed->done();
+  EXPECT_EQ(newest_id(), 3u);
+}
+
 // Fillers that will not all land (a CUDA error after some copies started):
 // the commit stays torn even if a late filler says done(), and the writer
 // goes on into that file.
@@ -425,9 +448,18 @@ class FakePinner : public si::MappingPinner {
 };
 
 TEST_F(HostCommitsTest, CommitFilesArePinnedForDeviceCopiesAndUnpinnedBeforeUnmapped) {
+  // Only files in memory are pinned (a device copy into pinned pages of a
+  // file on disk could be dropped): /dev/shm, as under erun.
+  char tmpl[] = "/dev/shm/erun-host-commits-test-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string shm = tmpl;
+  struct Cleanup {
+    std::string dir;
+    ~Cleanup() { fs::remove_all(dir); }
+  } cleanup{shm};
   auto pinner = std::make_shared<FakePinner>();
   {
-    si::HostCommits hc(dir_ + "/slot-0");
+    si::HostCommits hc(shm + "/slot-0");
     std::vector<char> small(4096, 1);
     ASSERT_FALSE(hc.write(1, entries(name_, small)));  // file a mapped before any pinner
     EXPECT_TRUE(hc.set_pinner(pinner));
@@ -443,18 +475,32 @@ TEST_F(HostCommitsTest, CommitFilesArePinnedForDeviceCopiesAndUnpinnedBeforeUnma
       EXPECT_LE(pinner->pinned.size(), 2u);
       landed->done();
     }
-    EXPECT_EQ(newest_id(), 6u);
+    auto f = si::HostCommits::newest(shm);
+    ASSERT_TRUE(f);
+    EXPECT_EQ(f->snapshot.commit_id, 6u);
     EXPECT_GE(pinner->pins, 5);
   }
   EXPECT_TRUE(pinner->pinned.empty()) << "a mapping was left pinned";
 
   pinner->refuse = true;
-  si::HostCommits hc(dir_ + "/slot-1");
-  EXPECT_TRUE(hc.set_pinner(pinner));  // nothing mapped yet
-  std::vector<char> data(8192, 9);
-  ASSERT_FALSE(hc.write(7, entries(name_, data)));
-  EXPECT_FALSE(hc.set_pinner(pinner));
-  EXPECT_EQ(si::HostCommits::read(dir_ + "/slot-1.a")->commit_id, 7u);
+  {
+    si::HostCommits hc(shm + "/slot-1");
+    EXPECT_TRUE(hc.set_pinner(pinner));  // nothing mapped yet
+    std::vector<char> data(8192, 9);
+    ASSERT_FALSE(hc.write(7, entries(name_, data)));
+    EXPECT_FALSE(hc.set_pinner(pinner));
+    EXPECT_EQ(si::HostCommits::read(shm + "/slot-1.a")->commit_id, 7u);
+  }
+  // Files on disk are never pinned.
+  if (struct statfs st {}; ::statfs(root_.c_str(), &st) == 0 && st.f_type != TMPFS_MAGIC) {
+    pinner->refuse = false;
+    const int pins = pinner->pins;
+    si::HostCommits hc(dir_ + "/slot-2");
+    hc.set_pinner(pinner);
+    std::vector<char> data(8192, 9);
+    ASSERT_FALSE(hc.write(8, entries(name_, data)));
+    EXPECT_EQ(pinner->pins, pins);
+  }
 }
 
 // Real deaths in the middle of real commits: a child process writes 8 MiB
