@@ -479,28 +479,37 @@ Fd HostCommits::open_own(const std::string& path) {
   return fd;
 }
 
-bool HostCommits::held(int fd, uint64_t id) {
+namespace {
+
+// The commit id a file's header claims and its trailer repeats (header and
+// trailer read only; the table's CRC is not checked); nullopt otherwise.
+std::optional<uint64_t> claimed_whole(int fd) {
   std::atomic_thread_fence(std::memory_order_seq_cst);
   char header[kHeaderBytes];
   struct stat st {};
-  if (::fstat(fd, &st) != 0 || !pread_all(fd, header, sizeof header, 0)) return false;
+  if (::fstat(fd, &st) != 0 || !pread_all(fd, header, sizeof header, 0)) return std::nullopt;
   auto c = claims_of(header, static_cast<size_t>(st.st_size));
   char trailer[8];
-  return c && c->id == id && pread_all(fd, trailer, sizeof trailer, c->trailer) && get_u64(trailer) == id;
+  if (!c || !pread_all(fd, trailer, sizeof trailer, c->trailer) || get_u64(trailer) != c->id) return std::nullopt;
+  return c->id;
 }
+
+}  // namespace
+
+bool HostCommits::held(int fd, uint64_t id) { return claimed_whole(fd) == id; }
 
 std::optional<Snapshot> HostCommits::read(const std::string& path) {
   Fd fd = open_own(path);
   if (!fd) return std::nullopt;  // a link, or not this user's
   // Whole before its data is read (a writer's stores, device copies
   // included, come before its trailer), and not claimed again by the end.
-  auto listing = read_listing(fd.get());
+  const auto id = claimed_whole(fd.get());
   struct stat st {};
-  if (!listing || ::fstat(fd.get(), &st) != 0) return std::nullopt;
+  if (!id || ::fstat(fd.get(), &st) != 0) return std::nullopt;
   std::vector<char> bytes(static_cast<size_t>(st.st_size));
   if (!pread_all(fd.get(), bytes.data(), bytes.size(), 0)) return std::nullopt;
   auto snap = parse(bytes.data(), bytes.size());
-  if (!snap || snap->commit_id != listing->id || !held(fd.get(), listing->id)) return std::nullopt;
+  if (!snap || snap->commit_id != *id || !held(fd.get(), *id)) return std::nullopt;
   return snap;
 }
 

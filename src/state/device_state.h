@@ -42,11 +42,11 @@ class DeviceSlot {
   static std::shared_ptr<MappingPinner> pinner();
   void fence();
   void restore();
-  // commit() and fence(), then the pinned bytes into `out`.
+  // take(), then its bytes into `out`.
   void save_to(std::vector<char>& out);
   // `in` (checked to be the buffer's size) into pinned memory and the device.
   void load_from(const std::vector<char>& in);
-  // fence(), then the pinned bytes into `out` (the last commit, for encoding).
+  // fence(), then the last commit's bytes into `out` (for encoding).
   void mirror(std::vector<char>& out);
   // erun::Error naming the entry unless `got` (a snapshot's size) is bytes().
   void expect_bytes(size_t got) const;
@@ -56,22 +56,21 @@ class DeviceSlot {
   GpuStream stream() const { return stream_; }
 
  private:
-  struct Cuda;
+  void own_pinned();  // own_ allocated
+  void copy_to_host(char* dst, std::function<void()>* landed);
+  void release_kept();  // kept_ freed unless the commit lies there
+
   std::string name_;
   void* dev_;
   size_t bytes_;
   GpuStream stream_;
   bool async_;
   std::chrono::milliseconds timeout_;
-  void own_pinned();  // own_ allocated
-  void copy_to_host(char* dst, std::function<void()>* landed);
-  void release_kept();  // kept_ freed unless the commit lies there
-
   int device_ = 0;
   char* own_ = nullptr;     // pinned, the slot's own (commit())
   std::vector<char> kept_;  // a commit received or loaded (take(), load_from())
   char* last_ = nullptr;    // where the last commit lies: own_, kept_ or a commit file's bytes
-  void* side_ = nullptr;   // cudaStream_t
+  void* side_ = nullptr;    // cudaStream_t
   void* ready_ = nullptr;   // cudaEvent_t: the buffer's stream reached commit()
   void* copied_ = nullptr;  // cudaEvent_t: the async copy finished (the buffer's stream waits for it)
   void* done_ = nullptr;    // cudaEvent_t: the copy finished and landed() ran

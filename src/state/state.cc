@@ -215,16 +215,13 @@ struct State::Impl {
   // copied into worker memory, training goes on, and the files keep the
   // previous commit.
   // Whether the commit is in host memory.
-  // `devices_later`: device entries are copied from the device straight
-  // into the file (land_devices), not from their pinned commit.
+  // `devices_later` (commit(), which fenced the last commit's copies first):
+  // device entries are copied from the device straight into the file
+  // (land_devices), not from their last commit.
   bool write_host_commit(const WorkerInfo& info, bool direct, const std::vector<std::vector<si::Piece>>* gathered = nullptr,
                          bool devices_later = false) {
     if (!host) return false;
-    if (devices_later) {
-      fence_devices();  // the last commit's copies landed: its file is whole
-    } else {
-      mirror_device();
-    }
+    if (!devices_later) mirror_device();
     std::vector<si::EntryRef> out;
     out.reserve(entries.size());
     for (size_t i = 0; i < entries.size(); ++i) {
