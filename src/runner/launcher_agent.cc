@@ -25,10 +25,40 @@ namespace {
 using SteadyClock = std::chrono::steady_clock;
 using namespace std::chrono_literals;
 
+// Blocks SIGPIPE in this thread while it lives, and discards one that a
+// write raised meanwhile: a closed reader is an EPIPE, never the end of a
+// program that did not ignore SIGPIPE (erun's main does; a test or an
+// embedding program need not).
+class SigpipeBlocked {
+ public:
+  SigpipeBlocked() {
+    sigemptyset(&pipe_);
+    sigaddset(&pipe_, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe_, &old_);
+    sigset_t pending;
+    sigpending(&pending);
+    was_pending_ = sigismember(&pending, SIGPIPE) == 1;
+  }
+  ~SigpipeBlocked() {
+    if (!was_pending_) {
+      timespec zero{0, 0};
+      while (sigtimedwait(&pipe_, nullptr, &zero) == SIGPIPE) {
+      }
+    }
+    pthread_sigmask(SIG_SETMASK, &old_, nullptr);
+  }
+  SigpipeBlocked(const SigpipeBlocked&) = delete;
+  SigpipeBlocked& operator=(const SigpipeBlocked&) = delete;
+
+ private:
+  sigset_t pipe_, old_;
+  bool was_pending_ = false;
+};
+
 // Writes everything to a non-blocking fd within `limit`; false on EPIPE,
-// another error, or the time running out. SIGPIPE is ignored by erun's main
-// and blocked in the reader threads, so a closed reader is an EPIPE here.
+// another error, or the time running out.
 bool write_within(int fd, std::string_view data, Duration limit) {
+  SigpipeBlocked quiet;
   auto deadline = SteadyClock::now() + limit;
   while (!data.empty()) {
     ssize_t n = ::write(fd, data.data(), data.size());
@@ -84,19 +114,19 @@ class AgentConnection {
     for (auto& [id, w] : workers_) close_writers(w);
   }
 
-  // Sends the secret line and starts the reader thread.
-  Status start(const std::string& secret) {
+  // Sends the secret line. A transport that ended before it took it (ssh
+  // refused, a host key it cannot verify) is found lost by the reader, as one
+  // that ends a moment later: its workers end with 255 and the transport's
+  // reason, whichever of the two won the race.
+  void send_secret(const std::string& secret) {
     std::lock_guard wlock(write_mu_);
-    if (!write_within(process_.stdin_fd(), secret + "\n", 5s)) {
-      if (auto fix = transport_failure(2s)) {
-        return Status::error(fmt::format("agent on {} ({}): {}", host_, via_, fix->hint));
-      }
-      return Status::error(fmt::format("agent on {} ({}): exited before it read the job secret; its own error is above (for a "
-                                       "remote host: can `ssh HOST erun --version` run there?)",
-                                       host_, via_));
-    }
-    thread_ = std::thread([this] { run(); });
-    return Status::ok();
+    if (!write_within(process_.stdin_fd(), secret + "\n", 5s)) close_stdin_locked();
+  }
+
+  // Starts the reader thread, once: after the first worker is registered, so
+  // a transport already gone fails that worker with the host.
+  void start_reader() {
+    if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
   }
 
   const std::string& host() const { return host_; }
@@ -105,6 +135,11 @@ class AgentConnection {
   bool lost() {
     std::lock_guard lock(mu_);
     return lost_.has_value();
+  }
+
+  bool hello_seen() {
+    std::lock_guard lock(mu_);
+    return hello_;
   }
 
   // Registers a worker (its output goes into the write ends) and sends START.
@@ -272,6 +307,7 @@ class AgentConnection {
 
   // Writes queued frames without blocking; false on a write error (EPIPE).
   bool flush_locked() {
+    SigpipeBlocked quiet;
     while (!outbox_.empty() && stdin_open_) {
       ssize_t n = ::write(process_.stdin_fd(), outbox_.data(), outbox_.size());
       if (n > 0) {
@@ -480,6 +516,12 @@ class AgentConnection {
     if (!eof || stop_.load()) return;
     std::string why = status ? fmt::format("its {} process ended with {}", via_, status->describe())
                              : std::string("its channel closed");
+    // A shell's "command not found": the agent binary is not there.
+    if (status && status->code == 127 && !hello_seen()) {
+      why += fmt::format(" before it started: {} is not there (install the same erun on that host, or pass "
+                         "--agent-path with the path it has there)",
+                         options_.agent_path);
+    }
     if (!closing) (void)transport_failure(1s);  // its last words, for mark_lost()
     if (closing) {
       std::lock_guard lock(mu_);
@@ -605,6 +647,16 @@ Result<std::unique_ptr<WorkerHandle>> AgentLauncher::launch(const WorkerSpec& sp
   if (options_.agent_path.empty()) {
     return R::error("no erun agent binary: pass --agent-path PATH (the erun program on the hosts)");
   }
+  // The worker's output pipes first: a connection, once made, gets its reader.
+  int out[2], err[2];
+  if (::pipe2(out, O_CLOEXEC) != 0) return R::error(fmt::format("pipe: {}", std::strerror(errno)));
+  if (::pipe2(err, O_CLOEXEC) != 0) {
+    ::close(out[0]);
+    ::close(out[1]);
+    return R::error(fmt::format("pipe: {}", std::strerror(errno)));
+  }
+  ::fcntl(out[1], F_SETFL, O_NONBLOCK);
+  ::fcntl(err[1], F_SETFL, O_NONBLOCK);
   auto& c = agents_[spec.host];
   if (!c || c->lost()) {
     SpawnOptions o;
@@ -618,27 +670,16 @@ Result<std::unique_ptr<WorkerHandle>> AgentLauncher::launch(const WorkerSpec& sp
     auto process = Subprocess::spawn(o);
     if (!process) {
       agents_.erase(spec.host);
+      for (int fd : {out[0], out[1], err[0], err[1]}) ::close(fd);
       return R::error(fmt::format("rank {} on {}: cannot start the agent: {} ({})", spec.rank, spec.host,
                                   process.message(), hint_));
     }
     auto conn =
         std::make_shared<AgentConnection>(spec.host, std::move(process).value(), options_, via_, stderr_hint_);
-    if (Status s = conn->start(spec.secret); !s) {
-      agents_.erase(spec.host);
-      return R(s);
-    }
+    conn->send_secret(spec.secret);
     ERUN_LOG_DEBUG("agent on {}: started ({}, pid {})", spec.host, via_, conn->process_pid());
     c = std::move(conn);
   }
-  int out[2], err[2];
-  if (::pipe2(out, O_CLOEXEC) != 0) return R::error(fmt::format("pipe: {}", std::strerror(errno)));
-  if (::pipe2(err, O_CLOEXEC) != 0) {
-    ::close(out[0]);
-    ::close(out[1]);
-    return R::error(fmt::format("pipe: {}", std::strerror(errno)));
-  }
-  ::fcntl(out[1], F_SETFL, O_NONBLOCK);
-  ::fcntl(err[1], F_SETFL, O_NONBLOCK);
   agent::Start start;
   start.id = next_id_++;
   start.generation = spec.generation;
@@ -650,6 +691,7 @@ Result<std::unique_ptr<WorkerHandle>> AgentLauncher::launch(const WorkerSpec& sp
   start.term_grace_ms = static_cast<uint64_t>(std::max(0L, to_ms(spec.term_grace)));
   start.output_dir = spec.output_dir;
   c->start_worker(start, out[1], err[1]);
+  c->start_reader();
   return std::unique_ptr<WorkerHandle>(new AgentWorker(c, start.id, out[0], err[0]));
 }
 

@@ -98,6 +98,22 @@ TEST_F(ErunSsh, UnreachableHostFailsWithSshExitCode) {
   EXPECT_NE(p.err().find("127.0.0.9"), std::string::npos) << p.err();
 }
 
+TEST_F(ErunSsh, AgentMissingOnTheHostSaysWhichPath) {
+  // The remote shell cannot find the agent (exit 127): erun names the path
+  // and how to fix it, whether ssh ended before or after taking the secret.
+  auto args = ssh_args();
+  std::string missing = dir_.file("no-such-erun");
+  args.insert(args.end(), {"--agent-path", missing, "-np", "1", "-H", "127.0.0.2:1", "true"});
+  ErunProcess p(args);
+  auto s = p.wait(60s);
+  ASSERT_TRUE(s);
+  EXPECT_EQ(s->shell_code(), 255) << p.err();
+  EXPECT_NE(p.err().find("lost: its ssh process ended with exit code 127 before it started: " + missing +
+                         " is not there (install the same erun on that host, or pass --agent-path"),
+            std::string::npos)
+      << p.err();
+}
+
 TEST_F(ErunSsh, UnknownHostKeySaysHowToAddIt) {
   // No known_hosts entry for the host: ssh refuses it, and erun says how to fix that.
   dir_.write("known_hosts", "");
