@@ -1,0 +1,277 @@
+#include "commits/replica.h"
+
+#include <algorithm>
+#include <set>
+
+#include <fmt/format.h>
+
+#include "commits/commit_files.h"
+#include "common/codec.h"
+#include "erun/errors.hpp"
+
+namespace erun::state_internal {
+namespace {
+
+constexpr handshake::Scheme kReplicaScheme{"erun-replica-pusher-v1", "erun-replica-keeper-v1",
+                                           handshake::Scheme::Layout::kNoncesLast};
+// Bounds on what a keeper accepts from an authenticated pusher: a table no
+// State makes, never an allocation a stranger chose (the handshake comes first).
+constexpr uint32_t kMaxEntries = 1u << 20;
+constexpr uint32_t kMaxName = 4096;
+constexpr size_t kChunk = 1 << 20;
+
+// One end of an exchange: reads and writes with a deadline per operation,
+// each failure an erun::Error naming the peer and the step.
+class Wire {
+ public:
+  Wire(int sock, std::string peer, Duration timeout) : sock_(sock), peer_(std::move(peer)), timeout_(timeout) {}
+  void send(std::string_view data, const char* what) {
+    check(net::send_all(sock_, data, now_plus()), "sending", what);
+  }
+  void recv(char* out, size_t n, const char* what) { check(net::recv_exact(sock_, out, n, now_plus()), "reading", what); }
+  std::string recv(size_t n, const char* what) {
+    std::string s(n, '\0');
+    recv(s.data(), n, what);
+    return s;
+  }
+  // Whether the peer closed the connection before the first byte of the next message.
+  bool closed_before(char* out, size_t n, const char* what) {
+    net::Outcome o = net::recv_exact(sock_, out, 1, now_plus());
+    if (o.end == net::Outcome::kClosed) return true;
+    check(o, "reading", what);
+    if (n > 1) recv(out + 1, n - 1, what);
+    return false;
+  }
+  uint8_t u8(const char* what) {
+    char b = 0;
+    recv(&b, 1, what);
+    return static_cast<uint8_t>(b);
+  }
+  [[noreturn]] void fail(const std::string& why) const {
+    throw Error(fmt::format("erun: commit replica exchange with {}: {}", peer_, why));
+  }
+
+ private:
+  TimePoint now_plus() const { return std::chrono::steady_clock::now() + timeout_; }
+  void check(const net::Outcome& o, const char* verb, const char* what) const {
+    if (!o.ok()) fail(fmt::format("{} {}: {}", verb, what, o.text()));
+  }
+  int sock_;
+  std::string peer_;
+  Duration timeout_;
+};
+
+// A commit's header: what a keeper lays out before the bytes come.
+struct Header {
+  uint32_t ordinal = 0, flags = 0;
+  uint64_t id = 0, total = 0;
+  std::vector<std::string> names;
+  std::vector<uint64_t> sizes;
+};
+
+std::string encode_header(const Header& h) {
+  PayloadWriter w;
+  w.u32(h.ordinal).u32(h.flags).u64(h.id).u32(static_cast<uint32_t>(h.names.size())).u64(h.total);
+  for (size_t k = 0; k < h.names.size(); ++k) w.bytes(h.names[k]).u64(h.sizes[k]);
+  return w.str();
+}
+
+uint32_t le32(const char* p) { return static_cast<uint32_t>(get_le(p, 4)); }
+
+}  // namespace
+
+handshake::Proofs replica_proofs(std::shared_ptr<const handshake::Key> key, const std::string& keeper_dir) {
+  return handshake::Proofs(std::move(key), kReplicaScheme, keeper_dir);
+}
+
+ReplicaPusher::ReplicaPusher(std::string commit_dir, std::shared_ptr<const handshake::Key> key)
+    : commit_dir_(std::move(commit_dir)), key_(std::move(key)) {}
+
+void ReplicaPusher::target(const net::Address& keeper, const std::string& keeper_dir) {
+  keeper_ = keeper;
+  keeper_dir_ = keeper_dir;
+  has_target_ = true;
+  sent_.clear();
+}
+
+std::vector<Pushed> ReplicaPusher::push(Duration io_timeout) {
+  std::vector<Pushed> pushed;
+  if (!has_target_) return pushed;
+  net::Socket sock;
+  std::set<int> looked;  // State numbers whose newest whole commit was found
+  for (const ClaimedCommit& c : claimed_commits(commit_dir_)) {  // newest first
+    const int ordinal = HostCommits::ordinal_of(c.name);
+    if (ordinal < 0 || looked.count(ordinal) || c.id <= sent_[ordinal]) continue;
+    const std::string path = commit_dir_ + "/" + c.name;
+    Fd fd = HostCommits::open_own(path);
+    if (!fd) continue;
+    auto listing = HostCommits::list(fd.get());
+    if (!listing || listing->id <= sent_[ordinal]) continue;  // torn, or older than its header said
+    looked.insert(ordinal);
+    if (!sock.fd) {
+      sock = net::connect(keeper_, std::chrono::steady_clock::now() + io_timeout);
+      if (!sock.ok()) {
+        throw Error(fmt::format("erun: commit replica: cannot connect to the keeper at {}: {}", keeper_.name(),
+                                sock.outcome.text()));
+      }
+      Wire wire(sock.fd.get(), keeper_.name(), io_timeout);
+      handshake::Initiator hs;
+      PayloadWriter hello;
+      hello.fixed(std::string_view(kReplicaMagic, 8)).u32(kReplicaVersion).fixed(hs.nonce());
+      wire.send(hello.str(), "the hello");
+      if (!hs.challenged(wire.recv(handshake::kNonceBytes, "the keeper's nonce"))) wire.fail("a malformed nonce");
+      const handshake::Proofs proofs = replica_proofs(key_, keeper_dir_);
+      wire.send(hs.proof(proofs), "the proof");
+      if (!hs.verify(proofs, wire.recv(handshake::kMacBytes, "the keeper's proof"))) {
+        wire.fail("the keeper could not prove the job secret: another job's keeper (or not erun) listens there");
+      }
+    }
+    if (push_one(sock.fd.get(), path, *listing, ordinal, io_timeout)) {
+      sent_[ordinal] = listing->id;
+      pushed.push_back(Pushed{ordinal, listing->id});
+    }
+  }
+  return pushed;
+}
+
+bool ReplicaPusher::push_one(int sock, const std::string& path, const HostCommits::Listing& l, int ordinal,
+                             Duration io_timeout) {
+  Wire wire(sock, keeper_.name(), io_timeout);
+  Header h;
+  h.ordinal = static_cast<uint32_t>(ordinal);
+  h.flags = l.flags;
+  h.id = l.id;
+  h.names = l.names;
+  h.sizes = l.sizes;
+  for (uint64_t n : l.sizes) h.total += n;
+  wire.send(encode_header(h), "a commit's header");
+  if (wire.u8("the keeper's answer") != 1) {
+    char len[4];
+    wire.recv(len, 4, "the keeper's reason");
+    std::string why = wire.recv(std::min<uint32_t>(le32(len), 64 * 1024), "the keeper's reason");
+    throw Error(fmt::format("erun: commit replica: the keeper at {} refused commit {}: {}", keeper_.name(), l.id, why));
+  }
+  // Straight from the holder's file to the socket, a chunk at a time.
+  Fd fd = HostCommits::open_own(path);
+  chunk_.resize(kChunk);
+  bool whole = static_cast<bool>(fd);
+  for (size_t k = 0; k < l.sizes.size(); ++k) {
+    for (uint64_t at = 0; at < l.sizes[k];) {
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(kChunk, l.sizes[k] - at));
+      // A file truncated under the copy (a new State of its worker) still
+      // sends its bytes' count, as zeros, and is then declared torn.
+      if (whole && !pread_all(fd.get(), chunk_.data(), n, l.offsets[k] + at)) whole = false;
+      if (!whole) std::fill(chunk_.begin(), chunk_.begin() + static_cast<std::ptrdiff_t>(n), 0);
+      wire.send(std::string_view(chunk_.data(), n), "a commit's bytes");
+      at += n;
+    }
+  }
+  whole = whole && HostCommits::held(fd.get(), l.id);
+  wire.send(std::string_view(whole ? "\1" : "\0", 1), "the verdict");
+  const bool stored = wire.u8("the keeper's receipt") == 1;
+  return whole && stored;
+}
+
+ReplicaStore::ReplicaStore(std::string commit_dir, std::shared_ptr<const handshake::Key> key)
+    : commit_dir_(std::move(commit_dir)), key_(std::move(key)) {}
+
+ReplicaStore::~ReplicaStore() = default;
+
+uint64_t ReplicaStore::stored(int ordinal) const {
+  auto it = stored_.find(ordinal);
+  return it == stored_.end() ? 0 : it->second;
+}
+
+HostCommits& ReplicaStore::files(int ordinal) {
+  auto& f = files_[ordinal];
+  if (!f) f = std::make_unique<HostCommits>(HostCommits::stem_of(commit_dir_ + "/" + kReplicaStem, ordinal));
+  return *f;
+}
+
+int ReplicaStore::serve(int sock, const std::string& peer, Duration io_timeout) {
+  Wire wire(sock, peer, io_timeout);
+  // The handshake: nothing the peer sends is believed before its proof.
+  std::string hello = wire.recv(8 + 4 + handshake::kNonceBytes, "the hello");
+  if (hello.compare(0, 8, kReplicaMagic, 8) != 0) wire.fail("not a commit replica hello (is something else connecting?)");
+  if (le32(hello.data() + 8) != kReplicaVersion) {
+    wire.fail(fmt::format("replica protocol version {}, this erun speaks {}: install the same erun on every host",
+                          le32(hello.data() + 8), kReplicaVersion));
+  }
+  handshake::Responder hs;
+  if (!hs.hello(std::string_view(hello).substr(12))) wire.fail("a malformed nonce");
+  wire.send(hs.challenge(), "the nonce");
+  const handshake::Proofs proofs = replica_proofs(key_, commit_dir_);
+  if (!hs.verify(proofs, wire.recv(handshake::kMacBytes, "the proof"))) {
+    wire.fail("the peer could not prove the job secret; nothing was stored");
+  }
+  wire.send(hs.proof(proofs), "the proof");
+
+  int stored = 0;
+  while (true) {
+    char fixed[4 + 4 + 8 + 4 + 8];
+    if (wire.closed_before(fixed, sizeof fixed, "a commit's header")) return stored;
+    Header h;
+    h.ordinal = le32(fixed);
+    h.flags = le32(fixed + 4);
+    h.id = get_le(fixed + 8, 8);
+    const uint32_t count = le32(fixed + 16);
+    h.total = get_le(fixed + 20, 8);
+    if (count > kMaxEntries || h.ordinal > 1000000 || h.id == 0) {
+      wire.fail(fmt::format("a malformed commit header ({} entries, State {}, commit {})", count, h.ordinal, h.id));
+    }
+    uint64_t sum = 0;
+    for (uint32_t k = 0; k < count; ++k) {
+      char len[4];
+      wire.recv(len, 4, "an entry's name");
+      if (le32(len) > kMaxName) wire.fail(fmt::format("an entry name of {} bytes", le32(len)));
+      h.names.push_back(wire.recv(le32(len), "an entry's name"));
+      char size[8];
+      wire.recv(size, 8, "an entry's size");
+      h.sizes.push_back(get_le(size, 8));
+      if (h.sizes.back() > h.total - std::min(sum, h.total)) wire.fail("entry sizes that exceed the commit's");
+      sum += h.sizes.back();
+    }
+    if (sum != h.total) wire.fail("entry sizes that do not add up to the commit's");
+    // Laid out in the file, each entry then received straight into its place.
+    std::vector<EntryRef> entries;
+    for (uint32_t k = 0; k < count; ++k) entries.push_back(EntryRef::filled_later(h.names[k], h.sizes[k]));
+    HostCommits& f = files(static_cast<int>(h.ordinal));
+    std::vector<const char*> placed;
+    std::shared_ptr<Completion> completion;
+    std::optional<std::string> refused;
+    try {
+      refused = f.write(h.id, entries, &placed, h.flags, &completion);
+    } catch (const Error& e) {
+      refused = e.what();
+    }
+    if (refused) {
+      PayloadWriter no;
+      no.u8(0).bytes(*refused);
+      wire.send(no.str(), "a refusal");
+      wire.fail("refused commit " + std::to_string(h.id) + ": " + *refused);
+    }
+    wire.send(std::string_view("\1", 1), "the answer");
+    bool whole = false;
+    try {
+      for (uint32_t k = 0; k < count; ++k) {
+        if (h.sizes[k] > 0) wire.recv(const_cast<char*>(placed[k]), h.sizes[k], "a commit's bytes");
+      }
+      whole = wire.u8("the verdict") == 1;
+    } catch (...) {
+      f.abandon();  // torn: the previous commit stays this keeper's newest
+      throw;
+    }
+    if (!whole) {
+      f.abandon();
+    } else {
+      if (completion) {  // none for a commit without entries: whole when written
+        for (uint32_t k = 0; k < count; ++k) completion->done();
+      }
+      stored_[static_cast<int>(h.ordinal)] = h.id;
+      ++stored;
+    }
+    wire.send(std::string_view(whole ? "\1" : "\0", 1), "the receipt");
+  }
+}
+
+}  // namespace erun::state_internal

@@ -1,0 +1,112 @@
+// Replicas of host-memory commits on spare hosts (docs/state.md, "Replicas on
+// spare hosts"). A host whose workers commit pushes the newest whole commit of
+// each State number in its commit directory to a keeper (the agent of a host
+// of the job that runs no worker): ReplicaPusher on the holder's side,
+// ReplicaStore on the keeper's, over TCP after erun's mutual HMAC handshake
+// under the job secret. The keeper writes what it receives into its own
+// commit directory as the file pair `replica` (replica-s<N> for the States
+// after the first), which HostCommits::newest() reads as it reads a worker's:
+// workers that later start on the keeper restore from it, should every host
+// that ran workers be lost. The bytes go from the holder's file to the
+// socket and from the socket into the keeper's mapped file, with no copy of
+// the whole state in either process. An object belongs to one thread.
+//
+// The exchange (docs/protocol.md, "Commit replicas"), all integers
+// little-endian:
+//   pusher: "ERUNREPL" u32 version, nonce(32)      keeper: nonce(32)
+//   pusher: proof(32)                              keeper: proof(32)
+//   per commit, pusher: u32 ordinal, u32 flags, u64 id, u32 entries, u64 bytes,
+//     then per entry u32 name length, name, u64 size
+//   keeper: u8 1 (send) or 0, u32 length, why
+//   pusher: the entries' bytes, then u8 1 (the source still held it whole
+//     after the copy) or 0 (its worker began to overwrite it)
+//   keeper: u8 1 (stored whole) or 0
+// The pusher ends the exchange by closing the connection.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "commits/host_commits.h"
+#include "common/clock.h"
+#include "common/handshake.h"
+#include "common/net.h"
+
+namespace erun::state_internal {
+
+inline constexpr char kReplicaMagic[8] = {'E', 'R', 'U', 'N', 'R', 'E', 'P', 'L'};
+inline constexpr uint32_t kReplicaVersion = 1;
+// The stem of the keeper's files within its commit directory.
+inline constexpr const char* kReplicaStem = "replica";
+
+// The proofs of one keeper's exchanges: the job secret, bound to the
+// keeper's commit directory (which names the job and the host), so that a
+// proof made for one keeper is no use at another.
+handshake::Proofs replica_proofs(std::shared_ptr<const handshake::Key> key, const std::string& keeper_dir);
+
+struct Pushed {
+  int ordinal = 0;
+  uint64_t id = 0;
+};
+
+class ReplicaPusher {
+ public:
+  // `commit_dir`: this host's commit directory, whose newest commits are pushed.
+  ReplicaPusher(std::string commit_dir, std::shared_ptr<const handshake::Key> key);
+
+  // The keeper to push to from now on (its address and its commit
+  // directory, which binds the proofs); what it was sent is forgotten, so
+  // that the new keeper gets the newest commits at the next push.
+  void target(const net::Address& keeper, const std::string& keeper_dir);
+
+  // Pushes, over one connection, each State number's newest commit that
+  // this host holds whole and that the keeper was not sent yet. Connects
+  // only when there is such a commit. A commit whose worker began to
+  // overwrite it under the copy is skipped (the next push sends the newer
+  // one). Each read or write waits at most `io_timeout`. Throws erun::Error
+  // naming the keeper and what failed; what went before stays pushed.
+  std::vector<Pushed> push(Duration io_timeout);
+
+  bool has_target() const { return has_target_; }
+
+ private:
+  // One commit over the open connection; whether the keeper stored it whole.
+  bool push_one(int sock, const std::string& path, const HostCommits::Listing& l, int ordinal, Duration io_timeout);
+  std::string commit_dir_;
+  std::shared_ptr<const handshake::Key> key_;
+  bool has_target_ = false;
+  net::Address keeper_;
+  std::string keeper_dir_;
+  std::map<int, uint64_t> sent_;  // per State number, the newest commit the keeper stored
+  std::vector<char> chunk_;
+};
+
+class ReplicaStore {
+ public:
+  // `commit_dir`: this keeper's commit directory (it exists: the agent holds it).
+  ReplicaStore(std::string commit_dir, std::shared_ptr<const handshake::Key> key);
+  ~ReplicaStore();
+
+  // Serves one accepted connection until the pusher closes it: authenticates
+  // the pusher, then stores each commit it sends. Returns the number of
+  // commits stored whole. Throws erun::Error naming the peer and what was
+  // wrong (a failed proof, a malformed header, a stall longer than
+  // `io_timeout`); a commit cut short stays torn and the previous one stays
+  // the keeper's newest.
+  int serve(int sock, const std::string& peer, Duration io_timeout);
+
+  // The newest commit stored for State number `ordinal`; 0: none.
+  uint64_t stored(int ordinal) const;
+
+ private:
+  HostCommits& files(int ordinal);
+  std::string commit_dir_;
+  std::shared_ptr<const handshake::Key> key_;
+  std::map<int, std::unique_ptr<HostCommits>> files_;
+  std::map<int, uint64_t> stored_;
+};
+
+}  // namespace erun::state_internal

@@ -1,0 +1,238 @@
+// Commit replicas (commits/replica.h): a holder pushes the newest whole commit
+// of each State number to a keeper over loopback TCP; the keeper's files then
+// hold it whole for HostCommits::newest(), a commit cut short or declared
+// torn never replaces the previous one, and a peer without the job secret
+// stores nothing.
+#include <gtest/gtest.h>
+#include <poll.h>
+
+#include <future>
+#include <thread>
+
+#include "commits/host_commits.h"
+#include "commits/replica.h"
+#include "commits/snapshot.h"
+#include "common/codec.h"
+#include "erun/errors.hpp"
+#include "support/erun_process.h"
+
+namespace erun {
+namespace {
+
+namespace si = state_internal;
+using namespace std::chrono_literals;
+
+std::vector<char> fill(uint64_t id, size_t n, int salt) {
+  std::vector<char> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<char>((id * 31 + i * 7 + static_cast<uint64_t>(salt)) % 251);
+  return v;
+}
+
+void commit(si::HostCommits& h, uint64_t id, size_t n) {
+  static const std::string a = "a", b = "b";
+  auto da = fill(id, n, 1), db = fill(id, n / 3 + 1, 2);
+  ASSERT_FALSE(h.write(id, {si::EntryRef::of(a, da), si::EntryRef::of(b, db)}, nullptr, si::kRankZeroCommit));
+}
+
+void expect_commit(const std::optional<si::HostCommits::Found>& f, uint64_t id, size_t n) {
+  ASSERT_TRUE(f) << "no whole commit";
+  EXPECT_EQ(f->snapshot.commit_id, id);
+  ASSERT_EQ(f->snapshot.entries.size(), 2u);
+  EXPECT_EQ(f->snapshot.entries[0].first, "a");
+  EXPECT_EQ(f->snapshot.entries[0].second, fill(id, n, 1)) << "commit " << id;
+  EXPECT_EQ(f->snapshot.entries[1].second, fill(id, n / 3 + 1, 2)) << "commit " << id;
+}
+
+// A keeper serving the connections that come to its listener, one at a time,
+// on a thread of its own.
+class Keeper {
+ public:
+  Keeper(std::string dir, const std::string& secret) : dir_(std::move(dir)) {
+    auto addrs = net::resolve("127.0.0.1", "0");
+    EXPECT_TRUE(addrs.is_ok());
+    listener_ = net::listen(addrs.value().front(), 8);
+    EXPECT_TRUE(listener_.ok());
+    address_ = net::local_address(listener_.fd.get());
+    store_ = std::make_unique<si::ReplicaStore>(dir_, std::make_shared<handshake::Key>(secret));
+  }
+  // Serves the next connection; its outcome: "stored N" or the error.
+  std::future<std::string> serve_next() {
+    return std::async(std::launch::async, [this] {
+      pollfd p{listener_.fd.get(), POLLIN, 0};
+      if (::poll(&p, 1, 10000) != 1) return std::string("no connection");
+      Fd c = net::accept(listener_.fd.get());
+      try {
+        return "stored " + std::to_string(store_->serve(c.get(), "a test pusher", 5s));
+      } catch (const Error& e) {
+        return std::string(e.what());
+      }
+    });
+  }
+  // Whether a connection is waiting that nobody accepted.
+  bool connection_waiting() {
+    pollfd p{listener_.fd.get(), POLLIN, 0};
+    return ::poll(&p, 1, 200) == 1;
+  }
+  const net::Address& address() const { return address_; }
+  const std::string& dir() const { return dir_; }
+  si::ReplicaStore& store() { return *store_; }
+
+ private:
+  std::string dir_;
+  net::Socket listener_;
+  net::Address address_;
+  std::unique_ptr<si::ReplicaStore> store_;
+};
+
+class ReplicaTest : public ::testing::Test {
+ protected:
+  testing::TempDir root_;
+  const std::string holder_ = root_.file("holder");
+  const std::string kept_ = root_.file("keeper");
+  const std::string secret_ = "replica-test-secret";
+};
+
+TEST_F(ReplicaTest, TheNewestCommitOfEachStateLandsWholeAtTheKeeperAndOnlyNewerOnesFollow) {
+  si::HostCommits rank0(holder_ + "/slot-h-0"), rank1(holder_ + "/slot-h-1");
+  si::HostCommits second(si::HostCommits::stem_of(holder_ + "/slot-h-0", 1));
+  commit(rank0, 1, 5000);
+  commit(rank0, 2, 5000);
+  commit(rank1, 2, 5000);
+  commit(second, 7, 3 << 20);  // more than one chunk
+  Keeper keeper(kept_, secret_);
+  si::ReplicaPusher pusher(holder_, std::make_shared<handshake::Key>(secret_));
+  pusher.target(keeper.address(), kept_);
+  auto served = keeper.serve_next();
+  auto pushed = pusher.push(5s);
+  ASSERT_EQ(pushed.size(), 2u);
+  EXPECT_EQ(served.get(), "stored 2");
+  expect_commit(si::HostCommits::newest(kept_, 0), 2, 5000);
+  expect_commit(si::HostCommits::newest(kept_, 1), 7, 3 << 20);
+  EXPECT_EQ(si::HostCommits::newest(kept_, 0)->path, kept_ + "/replica.a");
+  EXPECT_EQ(keeper.store().stored(0), 2u);
+  EXPECT_EQ(keeper.store().stored(1), 7u);
+  // Nothing newer: no connection at all.
+  EXPECT_TRUE(pusher.push(5s).empty());
+  EXPECT_FALSE(keeper.connection_waiting());
+  // One State moved on: only its commit goes, into the keeper's other file.
+  commit(rank0, 3, 5000);
+  served = keeper.serve_next();
+  pushed = pusher.push(5s);
+  ASSERT_EQ(pushed.size(), 1u);
+  EXPECT_EQ(pushed[0].ordinal, 0);
+  EXPECT_EQ(pushed[0].id, 3u);
+  EXPECT_EQ(served.get(), "stored 1");
+  expect_commit(si::HostCommits::newest(kept_, 0), 3, 5000);
+  // A new target gets everything again.
+  pusher.target(keeper.address(), kept_);
+  served = keeper.serve_next();
+  EXPECT_EQ(pusher.push(5s).size(), 2u);
+  EXPECT_EQ(served.get(), "stored 2");
+}
+
+TEST_F(ReplicaTest, APusherWithoutTheJobSecretStoresNothing) {
+  si::HostCommits rank0(holder_ + "/slot-h-0");
+  commit(rank0, 4, 1000);
+  Keeper keeper(kept_, secret_);
+  si::ReplicaPusher stranger(holder_, std::make_shared<handshake::Key>("another-jobs-secret"));
+  stranger.target(keeper.address(), kept_);
+  auto served = keeper.serve_next();
+  EXPECT_THROW(stranger.push(5s), Error);
+  EXPECT_NE(served.get().find("could not prove the job secret"), std::string::npos);
+  EXPECT_FALSE(si::HostCommits::newest(kept_, 0));
+  // Proofs are bound to the keeper's directory: the right secret for another keeper fails too.
+  si::ReplicaPusher misdirected(holder_, std::make_shared<handshake::Key>(secret_));
+  misdirected.target(keeper.address(), root_.file("another-keeper"));
+  served = keeper.serve_next();
+  EXPECT_THROW(misdirected.push(5s), Error);
+  EXPECT_NE(served.get().find("could not prove the job secret"), std::string::npos);
+  EXPECT_FALSE(si::HostCommits::newest(kept_, 0));
+}
+
+// A hand-made pusher: speaks the exchange step by step, to cut it anywhere.
+class RawPusher {
+ public:
+  RawPusher(const Keeper& k, const std::string& secret) {
+    sock_ = net::connect(k.address(), std::chrono::steady_clock::now() + 5s);
+    EXPECT_TRUE(sock_.ok());
+    handshake::Initiator hs;
+    PayloadWriter hello;
+    hello.fixed(std::string_view(si::kReplicaMagic, 8)).u32(si::kReplicaVersion).fixed(hs.nonce());
+    send(hello.str());
+    EXPECT_TRUE(hs.challenged(recv(handshake::kNonceBytes)));
+    auto proofs = si::replica_proofs(std::make_shared<handshake::Key>(secret), k.dir());
+    send(hs.proof(proofs));
+    EXPECT_TRUE(hs.verify(proofs, recv(handshake::kMacBytes)));
+  }
+  void header(uint64_t id, uint32_t count, uint64_t each) {
+    PayloadWriter w;
+    w.u32(0).u32(0).u64(id).u32(count).u64(count * each);
+    for (uint32_t k = 0; k < count; ++k) w.bytes(k == 0 ? "a" : "b").u64(each);
+    send(w.str());
+  }
+  void send(std::string_view s) { ASSERT_TRUE(net::send_all(sock_.fd.get(), s, deadline()).ok()); }
+  std::string recv(size_t n) {
+    std::string s(n, '\0');
+    EXPECT_TRUE(net::recv_exact(sock_.fd.get(), s.data(), n, deadline()).ok());
+    return s;
+  }
+  void close() { sock_.fd.reset(); }
+
+ private:
+  static TimePoint deadline() { return std::chrono::steady_clock::now() + 5s; }
+  net::Socket sock_;
+};
+
+TEST_F(ReplicaTest, ACommitCutShortOrDeclaredTornNeverReplacesThePreviousOne) {
+  si::HostCommits rank0(holder_ + "/slot-h-0");
+  commit(rank0, 5, 1000);
+  Keeper keeper(kept_, secret_);
+  si::ReplicaPusher pusher(holder_, std::make_shared<handshake::Key>(secret_));
+  pusher.target(keeper.address(), kept_);
+  auto served = keeper.serve_next();
+  ASSERT_EQ(pusher.push(5s).size(), 1u);
+  EXPECT_EQ(served.get(), "stored 1");
+  {
+    // The source's worker began to overwrite it under the copy: verdict 0.
+    served = keeper.serve_next();
+    RawPusher raw(keeper, secret_);
+    raw.header(6, 2, 100);
+    EXPECT_EQ(raw.recv(1), std::string("\1"));
+    raw.send(std::string(200, 'x'));
+    raw.send(std::string_view("\0", 1));
+    EXPECT_EQ(raw.recv(1), std::string("\0", 1));  // not stored
+    raw.close();
+    EXPECT_EQ(served.get(), "stored 0");
+    expect_commit(si::HostCommits::newest(kept_, 0), 5, 1000);
+  }
+  {
+    // The pusher's host died in the middle of the bytes.
+    served = keeper.serve_next();
+    RawPusher raw(keeper, secret_);
+    raw.header(7, 2, 1 << 20);
+    EXPECT_EQ(raw.recv(1), std::string("\1"));
+    raw.send(std::string(1 << 20, 'y'));
+    raw.close();
+    EXPECT_NE(served.get().find("connection closed"), std::string::npos);
+    expect_commit(si::HostCommits::newest(kept_, 0), 5, 1000);
+  }
+  {
+    // An authenticated peer's malformed header: an error, nothing laid out.
+    served = keeper.serve_next();
+    RawPusher raw(keeper, secret_);
+    PayloadWriter w;
+    w.u32(0).u32(0).u64(8).u32(3).u64(10).bytes("a").u64(1000);  // sizes beyond the total
+    raw.send(w.str());
+    EXPECT_NE(served.get().find("exceed the commit's"), std::string::npos);
+    expect_commit(si::HostCommits::newest(kept_, 0), 5, 1000);
+  }
+  // And the next whole commit goes on as before.
+  commit(rank0, 9, 1000);
+  served = keeper.serve_next();
+  ASSERT_EQ(pusher.push(5s).size(), 1u);
+  EXPECT_EQ(served.get(), "stored 1");
+  expect_commit(si::HostCommits::newest(kept_, 0), 9, 1000);
+}
+
+}  // namespace
+}  // namespace erun
