@@ -20,6 +20,7 @@
 
 #include "agent/protocol.h"
 #include "agent/commit_dir.h"
+#include "agent/replicas.h"
 #include "agent/persister.h"
 #include "agent/relay.h"
 #include "agent/watchdog.h"
@@ -144,6 +145,14 @@ class Agent {
   // The job's host-memory commit directory (the first START's
   // ERUN_COMMIT_DIR) and this agent's shared lock on its lease.
   void hold_commit_dir(const std::map<std::string, std::string>& env);
+  bool hold_commit_dir(const std::string& dir);
+  // Commit replicas (agent/replicas.h): KEEP starts the keeper, REPLICATE
+  // (re)targets the pusher.
+  void keep(const Keep& k);
+  void replicate(const Replicate& r);
+  KeeperProcess keeper_;
+  int pusher_fd_ = -1;
+  std::string pushing_to_;  // "host:port dir" of the pusher's keeper
   // With ERUN_CHECKPOINT_DIR too, the persister that writes its newest
   // commit to disk (agent/persister.h); `cwd` resolves a relative directory.
   void start_persister(const std::map<std::string, std::string>& env, const std::string& cwd);
@@ -269,6 +278,10 @@ void Agent::handle(Message m) {
     if (Worker* w = live(k->id)) ::kill(-w->pid, SIGKILL);
   } else if (std::holds_alternative<Shutdown>(m)) {
     stop_all("the driver said SHUTDOWN", false);
+  } else if (auto* k = std::get_if<Keep>(&m)) {
+    keep(*k);
+  } else if (auto* r = std::get_if<Replicate>(&m)) {
+    replicate(*r);
   } else if (std::holds_alternative<Heartbeat>(m)) {
     // last_heard_ is set for every frame
   } else {
@@ -512,14 +525,63 @@ void Agent::relay_env(std::map<std::string, std::string>& env) {
 
 void Agent::hold_commit_dir(const std::map<std::string, std::string>& env) {
   auto it = env.find("ERUN_COMMIT_DIR");
-  if (!commit_dir_.empty() || it == env.end() || it->second.empty() || it->second[0] != '/') return;
-  commit_dir_ = it->second;
+  if (it != env.end()) hold_commit_dir(it->second);
+}
+
+bool Agent::hold_commit_dir(const std::string& dir) {
+  if (!commit_dir_.empty()) return commit_dir_ == dir;
+  if (dir.empty() || dir[0] != '/') return false;
+  commit_dir_ = dir;
   std::string error;
   commit_lease_fd_ = agent::hold_commit_dir(commit_dir_, &error);
   if (commit_lease_fd_ < 0) {
     ERUN_LOG_WARN("{}: cannot hold the host-memory commit directory: {}", me_, error);
   }
   if (watchdog_fd_ >= 0) (void)write_fully(watchdog_fd_, fmt::format("C {}\n", commit_dir_));
+  return true;
+}
+
+void Agent::keep(const Keep& k) {
+  if (keeper_.channel < 0) {
+    if (stopping_) {
+      send(Keeping{0, "the agent is stopping"});
+      return;
+    }
+    if (!hold_commit_dir(k.commit_dir)) {
+      send(Keeping{0, fmt::format("cannot keep commits in {}: this agent holds {}", k.commit_dir,
+                                  commit_dir_.empty() ? std::string("none") : commit_dir_)});
+      return;
+    }
+    ensure_watchdog();  // it removes the directory should this agent die
+    std::string error;
+    keeper_ = spawn_keeper(commit_dir_, secret_, me_, &error);
+    if (keeper_.channel < 0) {
+      send(Keeping{0, error});
+      return;
+    }
+    ERUN_LOG_DEBUG("{}: keeping commit replicas in {} (port {})", me_, commit_dir_, keeper_.port);
+  }
+  send(Keeping{static_cast<uint32_t>(keeper_.port), ""});
+}
+
+void Agent::replicate(const Replicate& r) {
+  const std::string to = r.host.empty() ? "" : fmt::format("{}:{} {}", r.host, r.port, r.keeper_dir);
+  if (to == pushing_to_ && (to.empty() || pusher_fd_ >= 0)) return;
+  stop_replica_process(pusher_fd_);
+  pushing_to_ = to;
+  if (to.empty() || stopping_) return;
+  if (commit_dir_.empty() || r.port == 0 || r.port > 65535) {
+    ERUN_LOG_WARN("{}: cannot replicate commits to {}: {}", me_, to,
+                  commit_dir_.empty() ? "this host keeps no commits" : "no port");
+    return;
+  }
+  pusher_fd_ = spawn_pusher(commit_dir_, secret_, r.host, static_cast<int>(r.port), r.keeper_dir, me_);
+  if (pusher_fd_ < 0) {
+    ERUN_LOG_ERROR("{}: cannot start pushing commit replicas to {}: {}", me_, r.host, std::strerror(errno));
+    pushing_to_.clear();
+  } else {
+    ERUN_LOG_DEBUG("{}: replicating commits from {} to {}", me_, commit_dir_, to);
+  }
 }
 
 void Agent::start_persister(const std::map<std::string, std::string>& env, const std::string& cwd) {
@@ -705,6 +767,8 @@ void Agent::finish() {
   // The persister writes the newest commit first: up to a minute when the
   // job ended, a few seconds when the driver is gone.
   stop_persister(std::exchange(persister_fd_, -1), lost_ ? std::chrono::seconds(5) : std::chrono::seconds(60));
+  stop_replica_process(pusher_fd_);
+  stop_replica_process(keeper_.channel);
   if (!commit_dir_.empty()) release_commit_dir(commit_dir_, std::exchange(commit_lease_fd_, -1));
   close_fd(watchdog_fd_);  // the watchdog finds no group left and exits
 }

@@ -7,9 +7,10 @@ namespace erun::agent {
 namespace {
 
 // Type byte of each Message alternative, in variant order.
-constexpr uint8_t kTypes[] = {1, 2, 3, 4, 5, 6, 16, 17, 18, 19, 20};
-constexpr const char* kNames[] = {"HELLO",  "STARTED", "START_FAILED", "OUTPUT",    "EXITED",  "HEARTBEAT",
-                                  "START",  "SIGNAL",  "TERMINATE",    "KILL",      "SHUTDOWN"};
+constexpr uint8_t kTypes[] = {1, 2, 3, 4, 5, 6, 16, 17, 18, 19, 20, 7, 21, 22};
+constexpr const char* kNames[] = {"HELLO", "STARTED",  "START_FAILED", "OUTPUT",  "EXITED",
+                                  "HEARTBEAT", "START", "SIGNAL",      "TERMINATE", "KILL",
+                                  "SHUTDOWN", "KEEPING", "KEEP",       "REPLICATE"};
 static_assert(std::size(kTypes) == std::variant_size_v<Message>);
 
 class Writer {
@@ -136,6 +137,16 @@ struct Encoder {
   void operator()(const Terminate& m) { w.u64(m.id); }
   void operator()(const Kill& m) { w.u64(m.id); }
   void operator()(const Shutdown&) {}
+  void operator()(const Keeping& m) {
+    w.u32(m.port);
+    w.str(m.why);
+  }
+  void operator()(const Keep& m) { w.str(m.commit_dir); }
+  void operator()(const Replicate& m) {
+    w.str(m.host);
+    w.u32(m.port);
+    w.str(m.keeper_dir);
+  }
 };
 
 Message decode_payload(uint8_t type, Reader& r) {
@@ -205,6 +216,21 @@ Message decode_payload(uint8_t type, Reader& r) {
       return Terminate{r.u64()};
     case 19:
       return Kill{r.u64()};
+    case 7: {
+      Keeping m;
+      m.port = r.u32();
+      m.why = r.str();
+      return m;
+    }
+    case 21:
+      return Keep{r.str()};
+    case 22: {
+      Replicate m;
+      m.host = r.str();
+      m.port = r.u32();
+      m.keeper_dir = r.str();
+      return m;
+    }
     default:  // 20, checked by the caller
       return Shutdown{};
   }

@@ -16,7 +16,8 @@
 namespace erun::agent {
 
 // 2: EXITED carries the worker's last stderr lines; START an output directory.
-inline constexpr uint32_t kProtocolVersion = 2;
+// 3: KEEP, KEEPING and REPLICATE (commit replicas on spare hosts).
+inline constexpr uint32_t kProtocolVersion = 3;
 inline constexpr size_t kMaxFrame = 4u << 20;   // whole frame, header included
 inline constexpr size_t kMaxSecret = 4096;      // the secret line
 // Bounds of EXITED's stderr lines: at most this many lines, each at most
@@ -81,8 +82,27 @@ struct Kill {
 };
 struct Shutdown {};  // stop every worker (as Terminate) and exit
 
+// Commit replicas (docs/state.md, "Replicas on spare hosts").
+// agent -> driver, the answer to KEEP: the port its keeper listens on, or 0 and why not.
+struct Keeping {
+  uint32_t port = 0;
+  std::string why;
+};
+// driver -> agent: hold `commit_dir` (the host's ERUN_COMMIT_DIR) and keep the
+// commits that holders push to it, on a host that runs no worker of the job.
+struct Keep {
+  std::string commit_dir;
+};
+// driver -> agent: push this host's newest commits to the keeper at
+// host:port whose directory is `keeper_dir`; an empty host stops pushing.
+struct Replicate {
+  std::string host;
+  uint32_t port = 0;
+  std::string keeper_dir;
+};
+
 using Message = std::variant<Hello, Started, StartFailed, Output, Exited, Heartbeat, Start, Signal, Terminate,
-                             Kill, Shutdown>;
+                             Kill, Shutdown, Keeping, Keep, Replicate>;
 
 // The frame for one message, header included.
 std::string encode(const Message& message);

@@ -24,11 +24,14 @@ constexpr size_t kChunk = 1 << 20;
 // each failure an erun::Error naming the peer and the step.
 class Wire {
  public:
-  Wire(int sock, std::string peer, Duration timeout) : sock_(sock), peer_(std::move(peer)), timeout_(timeout) {}
+  Wire(int sock, std::string peer, Duration timeout, const net::Interrupt* interrupt)
+      : sock_(sock), peer_(std::move(peer)), timeout_(timeout), interrupt_(interrupt) {}
   void send(std::string_view data, const char* what) {
-    check(net::send_all(sock_, data, now_plus()), "sending", what);
+    check(net::send_all(sock_, data, now_plus(), interrupt_), "sending", what);
   }
-  void recv(char* out, size_t n, const char* what) { check(net::recv_exact(sock_, out, n, now_plus()), "reading", what); }
+  void recv(char* out, size_t n, const char* what) {
+    check(net::recv_exact(sock_, out, n, now_plus(), interrupt_), "reading", what);
+  }
   std::string recv(size_t n, const char* what) {
     std::string s(n, '\0');
     recv(s.data(), n, what);
@@ -36,7 +39,7 @@ class Wire {
   }
   // Whether the peer closed the connection before the first byte of the next message.
   bool closed_before(char* out, size_t n, const char* what) {
-    net::Outcome o = net::recv_exact(sock_, out, 1, now_plus());
+    net::Outcome o = net::recv_exact(sock_, out, 1, now_plus(), interrupt_);
     if (o.end == net::Outcome::kClosed) return true;
     check(o, "reading", what);
     if (n > 1) recv(out + 1, n - 1, what);
@@ -59,6 +62,7 @@ class Wire {
   int sock_;
   std::string peer_;
   Duration timeout_;
+  const net::Interrupt* interrupt_;
 };
 
 // A commit's header: what a keeper lays out before the bytes come.
@@ -109,12 +113,12 @@ std::vector<Pushed> ReplicaPusher::push(Duration io_timeout) {
     if (!listing || listing->id <= sent_[ordinal]) continue;  // torn, or older than its header said
     looked.insert(ordinal);
     if (!sock.fd) {
-      sock = net::connect(keeper_, std::chrono::steady_clock::now() + io_timeout);
+      sock = net::connect(keeper_, std::chrono::steady_clock::now() + io_timeout, interrupt_);
       if (!sock.ok()) {
         throw Error(fmt::format("erun: commit replica: cannot connect to the keeper at {}: {}", keeper_.name(),
                                 sock.outcome.text()));
       }
-      Wire wire(sock.fd.get(), keeper_.name(), io_timeout);
+      Wire wire(sock.fd.get(), keeper_.name(), io_timeout, interrupt_);
       handshake::Initiator hs;
       PayloadWriter hello;
       hello.fixed(std::string_view(kReplicaMagic, 8)).u32(kReplicaVersion).fixed(hs.nonce());
@@ -136,7 +140,7 @@ std::vector<Pushed> ReplicaPusher::push(Duration io_timeout) {
 
 bool ReplicaPusher::push_one(int sock, const std::string& path, const HostCommits::Listing& l, int ordinal,
                              Duration io_timeout) {
-  Wire wire(sock, keeper_.name(), io_timeout);
+  Wire wire(sock, keeper_.name(), io_timeout, interrupt_);
   Header h;
   h.ordinal = static_cast<uint32_t>(ordinal);
   h.flags = l.flags;
@@ -189,7 +193,7 @@ HostCommits& ReplicaStore::files(int ordinal) {
 }
 
 int ReplicaStore::serve(int sock, const std::string& peer, Duration io_timeout) {
-  Wire wire(sock, peer, io_timeout);
+  Wire wire(sock, peer, io_timeout, interrupt_);
   // The handshake: nothing the peer sends is believed before its proof.
   std::string hello = wire.recv(8 + 4 + handshake::kNonceBytes, "the hello");
   if (hello.compare(0, 8, kReplicaMagic, 8) != 0) wire.fail("not a commit replica hello (is something else connecting?)");

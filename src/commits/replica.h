@@ -71,6 +71,8 @@ class ReplicaPusher {
   std::vector<Pushed> push(Duration io_timeout);
 
   bool has_target() const { return has_target_; }
+  // Ends a push early (its error says "aborted") when it fires; null: none.
+  void set_interrupt(const net::Interrupt* interrupt) { interrupt_ = interrupt; }
 
  private:
   // One commit over the open connection; whether the keeper stored it whole.
@@ -82,6 +84,7 @@ class ReplicaPusher {
   std::string keeper_dir_;
   std::map<int, uint64_t> sent_;  // per State number, the newest commit the keeper stored
   std::vector<char> chunk_;
+  const net::Interrupt* interrupt_ = nullptr;
 };
 
 class ReplicaStore {
@@ -100,6 +103,8 @@ class ReplicaStore {
 
   // The newest commit stored for State number `ordinal`; 0: none.
   uint64_t stored(int ordinal) const;
+  // Ends serve() early (its error says "aborted") when it fires; null: none.
+  void set_interrupt(const net::Interrupt* interrupt) { interrupt_ = interrupt; }
 
  private:
   HostCommits& files(int ordinal);
@@ -107,6 +112,7 @@ class ReplicaStore {
   std::shared_ptr<const handshake::Key> key_;
   std::map<int, std::unique_ptr<HostCommits>> files_;
   std::map<int, uint64_t> stored_;
+  const net::Interrupt* interrupt_ = nullptr;
 };
 
 }  // namespace erun::state_internal

@@ -27,7 +27,7 @@ const std::map<std::string, int>& option_arity() {
       {"--output-filename", 1}, {"--event-log", 1}, {"--launcher", 1}, {"--mode", 1},
       {"--term-grace", 1}, {"--finish-timeout", 1}, {"--rendezvous-timeout", 1},
       {"--collective-timeout", 1}, {"--driver-address", 1}, {"--checkpoint-dir", 1}, {"--persist-interval", 1},
-      {"--ssh-option", 1}, {"--agent-path", 1}, {"--heartbeat-timeout", 1},
+      {"--commit-replicas", 1}, {"--ssh-option", 1}, {"--agent-path", 1}, {"--heartbeat-timeout", 1},
   };
   return arity;
 }
@@ -167,6 +167,7 @@ void add_worker_flags(po::options_description& desc, DriverOptions& o, RawFlags&
     ("driver-address", po::value<std::string>(&o.driver_address), "address workers use to reach this driver (default: detected)")
     ("checkpoint-dir", po::value<std::string>(&o.checkpoint_dir), "directory for durable commits of elastic state (written in the background by each host's agent from host memory)")
     ("persist-interval", po::value<double>(&r.persist_interval), "seconds between background writes of the newest commit to --checkpoint-dir (default 5; 0: each commit as soon as the last write ended)")
+    ("commit-replicas", po::value<int>(&o.commit_replicas), "hosts besides its maker's that keep each commit in memory: when the job's hosts are fewer, spare hosts (discovered, running no worker) keep replicas that the others push to them (default 1; 0: none)")
     ("no-host-commits", po::bool_switch(&r.no_host_commits), "keep commits in worker memory only, not also in each host's /dev/shm (then a failure that kills every worker loses them)")
     ("no-agent-relay", po::bool_switch(&r.no_agent_relay), "workers connect to the driver's rendezvous themselves, one TCP connection each, instead of through their host's agent (one connection per host)");
 }
@@ -210,6 +211,9 @@ Check check_counts(const DriverOptions& o, const po::variables_map& vm) {
   if (o.crash_loop_limit < 0) return fail("--crash-loop-limit must be 0 (off) or more");
   if (vm.count("np") && o.np < 1) return fail(fmt::format("-np {}: must be at least 1", o.np));
   if (vm.count("min-np") && o.min_np < 1) return fail(fmt::format("--min-np {}: must be at least 1", o.min_np));
+  if (o.commit_replicas < 0) {
+    return fail(fmt::format("--commit-replicas {}: must be 0 or more (0: no replicas)", o.commit_replicas));
+  }
   if (vm.count("max-np") && o.max_np < 1) return fail(fmt::format("--max-np {}: must be at least 1", o.max_np));
   if (vm.count("slots-per-host") && o.slots_per_host < 1) {
     return fail(fmt::format("--slots-per-host {}: must be at least 1", o.slots_per_host));

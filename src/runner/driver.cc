@@ -50,6 +50,36 @@ Driver::Driver(DriverOptions options, DriverDeps deps)
   if (!o_.host_commits) d_.commit_dir = "-";
   if (d_.commit_dir.empty()) d_.commit_dir = "/dev/shm/erun-commits-" + random_hex(12);
   if (d_.commit_dir == "-") d_.commit_dir.clear();
+  if (!d_.commit_dir.empty() && d_.membership && o_.commit_replicas > 0) {
+    replicas_ = std::make_unique<CommitReplicas>(
+        o_.commit_replicas, d_.secret, [this](const std::string& host) { return host_commit_dir(host); },
+        [this](const std::string& host) -> Launcher& {
+          bool local;
+          return launcher_for(host, &local);
+        },
+        clock_);
+  }
+}
+
+std::string Driver::host_commit_dir(const std::string& host) const {
+  // One directory per host, named after it: simulated hosts of one machine
+  // (--launcher local, the tests' sshd on 127.0.0.N) keep apart what
+  // separate machines would.
+  return d_.commit_dir + "-" + host_file_name(host);
+}
+
+void Driver::tend_replicas() {
+  if (!replicas_) return;
+  std::vector<std::string> holders, spares;
+  std::set<std::string> seen;
+  for (auto& r : plan_.ranks) {
+    if (seen.insert(r.slot.host).second) holders.push_back(r.slot.host);
+  }
+  const HostSet usable = hosts_.usable(discovered_);
+  for (auto& h : usable.hosts()) {
+    if (seen.insert(h.name).second) spares.push_back(h.name);
+  }
+  replicas_->tick(holders, spares);
 }
 
 Driver::~Driver() {
@@ -181,10 +211,7 @@ std::vector<std::pair<std::string, std::string>> Driver::worker_env(const RankAs
   put("TORCHELASTIC_RUN_ID", d_.job_id);
   if (!o_.checkpoint_dir.empty()) put("ERUN_CHECKPOINT_DIR", o_.checkpoint_dir);
   if (!d_.commit_dir.empty() && d_.membership) {
-    // One directory per host, named after it: simulated hosts of one
-    // machine (--launcher local, the tests' sshd on 127.0.0.N) keep apart
-    // what separate machines would.
-    put("ERUN_COMMIT_DIR", d_.commit_dir + "-" + host_file_name(a.slot.host));
+    put("ERUN_COMMIT_DIR", host_commit_dir(a.slot.host));
     // Read by the agent, which then writes the durable files; a worker given
     // both ERUN_CHECKPOINT_DIR and ERUN_COMMIT_DIR leaves them to it.
     if (!o_.checkpoint_dir.empty()) {
@@ -534,6 +561,7 @@ void Driver::supervise() {
     return;
   }
   follow_membership();
+  tend_replicas();
 }
 
 void Driver::handle_generation_failure() {

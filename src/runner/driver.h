@@ -25,6 +25,7 @@
 #include "runner/output.h"
 #include "runner/plan_cache.h"
 #include "runner/planner.h"
+#include "runner/replicas.h"
 #include "rendezvous/membership.h"
 
 namespace erun {
@@ -236,6 +237,10 @@ class Driver {
                                                                int master_port) const;
   WorkerSpec make_spec(const RankAssignment& a, const std::string& master_addr, int master_port) const;
   Launcher& launcher_for(const std::string& host, bool* local) const;
+  // The host's ERUN_COMMIT_DIR.
+  std::string host_commit_dir(const std::string& host) const;
+  // kRunning: spare hosts keep replicas of the commits (--commit-replicas).
+  void tend_replicas();
   // Stops every worker, then ends the job with the failure's exit code.
   void finish_with_failure(const Failure& f);
   int job_exit_code();
@@ -298,6 +303,7 @@ class Driver {
   TimePoint last_wait_log_{};
   TimePoint finish_deadline_{};
   std::optional<Failure> generation_failure_;  // first failure of the current generation
+  std::unique_ptr<CommitReplicas> replicas_;   // null: no host commits, or --commit-replicas 0
   std::optional<Failure> first_failure_;       // first failure of the job
   bool any_success_ = false;
   std::string first_finished_;     // who() of the first worker that finished successfully

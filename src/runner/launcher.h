@@ -76,6 +76,27 @@ class Launcher {
   // port in 20000-32000 that is not listening there, any such port when the
   // host does not answer. Launchers for this machine bind port 0 instead.
   virtual int free_port(const std::string& host, const std::string& secret, Duration timeout);
+
+  // Commit replicas (docs/state.md, "Replicas on spare hosts"); only the
+  // launchers that run agents have them. keep() starts `host`'s agent when
+  // it has none (with `secret`) and asks it to keep the commits that holders
+  // push into `commit_dir`, its ERUN_COMMIT_DIR; false when it cannot ask.
+  virtual bool keep(const std::string& host, const std::string& commit_dir, const std::string& secret) {
+    (void)host, (void)commit_dir, (void)secret;
+    return false;
+  }
+  // The port that `host`'s keeper listens on: nullopt until its agent
+  // answered KEEP, 0 when it could not keep or its agent was lost since.
+  virtual std::optional<int> keeper_port(const std::string& host) {
+    (void)host;
+    return 0;
+  }
+  // Asks `holder`'s agent to push its host's newest commits to the keeper at
+  // keeper:port with directory `keeper_dir`; an empty keeper stops it.
+  virtual void replicate(const std::string& holder, const std::string& keeper, int port,
+                         const std::string& keeper_dir) {
+    (void)holder, (void)keeper, (void)port, (void)keeper_dir;
+  }
 };
 
 // A free TCP port on this machine (bind to port 0).

@@ -142,6 +142,19 @@ class AgentConnection {
     return hello_;
   }
 
+  // KEEP: the answer comes as KEEPING (keeper_port()).
+  void keep(const std::string& commit_dir) {
+    {
+      std::lock_guard lock(mu_);
+      keeper_port_.reset();
+    }
+    send(agent::Keep{commit_dir});
+  }
+  std::optional<int> keeper_port() {
+    std::lock_guard lock(mu_);
+    return keeper_port_;
+  }
+
   // Registers a worker (its output goes into the write ends) and sends START.
   void start_worker(const agent::Start& start, int out_w, int err_w) {
     {
@@ -411,6 +424,9 @@ class AgentConnection {
       }
     } else if (std::holds_alternative<agent::Heartbeat>(m)) {
       // last_heard_ is set for every frame
+    } else if (auto* k = std::get_if<agent::Keeping>(&m)) {
+      if (k->port == 0) ERUN_LOG_WARN("agent on {}: cannot keep commit replicas: {}", host_, escape_for_log(k->why));
+      keeper_port_ = k->port > 65535 ? 0 : static_cast<int>(k->port);
     } else {
       mu_.unlock();
       mark_lost(fmt::format("agent protocol: it sent {}, a message only the driver sends", agent::message_name(m)));
@@ -558,6 +574,7 @@ class AgentConnection {
   bool stderr_done_ = true;                             // no stderr pipe, or it ended
   bool hello_ = false;
   bool reader_done_ = false;
+  std::optional<int> keeper_port_;  // KEEPING's port; unset until it came
 };
 
 namespace {
@@ -657,28 +674,11 @@ Result<std::unique_ptr<WorkerHandle>> AgentLauncher::launch(const WorkerSpec& sp
   }
   ::fcntl(out[1], F_SETFL, O_NONBLOCK);
   ::fcntl(err[1], F_SETFL, O_NONBLOCK);
-  auto& c = agents_[spec.host];
-  if (!c || c->lost()) {
-    SpawnOptions o;
-    o.argv = agent_command_(spec.host);
-    o.pipe_stdin = true;
-    o.pipe_stdout = true;
-    // The agent's log lines (and ssh's errors) go to erun's stderr, through
-    // this connection when it looks at them.
-    o.pipe_stderr = static_cast<bool>(stderr_hint_);
-    o.new_process_group = true;
-    auto process = Subprocess::spawn(o);
-    if (!process) {
-      agents_.erase(spec.host);
-      for (int fd : {out[0], out[1], err[0], err[1]}) ::close(fd);
-      return R::error(fmt::format("rank {} on {}: cannot start the agent: {} ({})", spec.rank, spec.host,
-                                  process.message(), hint_));
-    }
-    auto conn =
-        std::make_shared<AgentConnection>(spec.host, std::move(process).value(), options_, via_, stderr_hint_);
-    conn->send_secret(spec.secret);
-    ERUN_LOG_DEBUG("agent on {}: started ({}, pid {})", spec.host, via_, conn->process_pid());
-    c = std::move(conn);
+  std::string error;
+  auto c = connection(spec.host, spec.secret, &error);
+  if (!c) {
+    for (int fd : {out[0], out[1], err[0], err[1]}) ::close(fd);
+    return R::error(fmt::format("rank {} on {}: cannot start the agent: {} ({})", spec.rank, spec.host, error, hint_));
   }
   agent::Start start;
   start.id = next_id_++;
@@ -693,6 +693,56 @@ Result<std::unique_ptr<WorkerHandle>> AgentLauncher::launch(const WorkerSpec& sp
   c->start_worker(start, out[1], err[1]);
   c->start_reader();
   return std::unique_ptr<WorkerHandle>(new AgentWorker(c, start.id, out[0], err[0]));
+}
+
+std::shared_ptr<AgentConnection> AgentLauncher::connection(const std::string& host, const std::string& secret,
+                                                           std::string* error) {
+  auto& c = agents_[host];
+  if (c && !c->lost()) return c;
+  SpawnOptions o;
+  o.argv = agent_command_(host);
+  o.pipe_stdin = true;
+  o.pipe_stdout = true;
+  // The agent's log lines (and ssh's errors) go to erun's stderr, through
+  // this connection when it looks at them.
+  o.pipe_stderr = static_cast<bool>(stderr_hint_);
+  o.new_process_group = true;
+  auto process = Subprocess::spawn(o);
+  if (!process) {
+    agents_.erase(host);
+    *error = process.message();
+    return nullptr;
+  }
+  auto conn = std::make_shared<AgentConnection>(host, std::move(process).value(), options_, via_, stderr_hint_);
+  conn->send_secret(secret);
+  ERUN_LOG_DEBUG("agent on {}: started ({}, pid {})", host, via_, conn->process_pid());
+  c = std::move(conn);
+  return c;
+}
+
+bool AgentLauncher::keep(const std::string& host, const std::string& commit_dir, const std::string& secret) {
+  std::string error;
+  auto c = connection(host, secret, &error);
+  if (!c) {
+    ERUN_LOG_WARN("agent on {}: cannot start it to keep commit replicas: {} ({})", host, error, hint_);
+    return false;
+  }
+  c->keep(commit_dir);
+  c->start_reader();
+  return true;
+}
+
+std::optional<int> AgentLauncher::keeper_port(const std::string& host) {
+  auto it = agents_.find(host);
+  if (it == agents_.end() || it->second->lost()) return 0;
+  return it->second->keeper_port();
+}
+
+void AgentLauncher::replicate(const std::string& holder, const std::string& keeper, int port,
+                              const std::string& keeper_dir) {
+  auto it = agents_.find(holder);
+  if (it == agents_.end() || it->second->lost()) return;
+  it->second->send(agent::Replicate{keeper, static_cast<uint32_t>(port), keeper_dir});
 }
 
 std::unique_ptr<Launcher> make_local_launcher(AgentLaunchOptions agent) {

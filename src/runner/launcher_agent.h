@@ -47,8 +47,16 @@ class AgentLauncher final : public Launcher {
   int free_port(const std::string& host, const std::string& secret, Duration timeout) override {
     return via_ == "local" ? find_free_local_port() : Launcher::free_port(host, secret, timeout);
   }
+  bool keep(const std::string& host, const std::string& commit_dir, const std::string& secret) override;
+  std::optional<int> keeper_port(const std::string& host) override;
+  void replicate(const std::string& holder, const std::string& keeper, int port,
+                 const std::string& keeper_dir) override;
 
  private:
+  // `host`'s live connection, started (and sent `secret`) when it has none;
+  // null with `error` set when its agent cannot be started.
+  std::shared_ptr<AgentConnection> connection(const std::string& host, const std::string& secret,
+                                              std::string* error);
   std::function<std::vector<std::string>(const std::string&)> agent_command_;
   AgentLaunchOptions options_;
   std::string via_, hint_;

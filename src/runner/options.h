@@ -70,6 +70,10 @@ struct DriverOptions {
   // Every commit also goes to the job's directory in each host's /dev/shm
   // (docs/state.md, "Where a commit lives"); false: --no-host-commits.
   bool host_commits = true;
+  // Hosts beyond the one that made it that hold each commit in memory
+  // (--commit-replicas): spare hosts keep replicas when the plan's own hosts
+  // are fewer (docs/state.md, "Replicas on spare hosts"). 0: none.
+  int commit_replicas = 1;
 
   std::vector<std::string> command;
 };

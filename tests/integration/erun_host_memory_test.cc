@@ -227,6 +227,71 @@ TEST_F(ErunHostMemory, HostBsWorkerKilledAndHostARemovedResumesFromTheCopyOnB) {
   EXPECT_NE(said.find("from host memory on 127.0.0.3"), std::string::npos) << said;
 }
 
+// The agent of the host running the worker whose environment names `host`.
+pid_t agent_of_worker_on(const std::vector<pid_t>& workers, const std::string& host) {
+  for (pid_t pid : workers) {
+    if (environ_of(pid).find("\nERUN_HOSTNAME=" + host + "\n") == std::string::npos) continue;
+    std::smatch m;
+    std::string status = read_file("/proc/" + std::to_string(pid) + "/status");
+    if (std::regex_search(status, m, std::regex("\nPPid:\t([0-9]+)\n"))) return std::stoi(m[1].str());
+  }
+  return 0;
+}
+
+// (c') A one-host job with a spare host in discovery (--max-np leaves it
+// idle): the spare's agent keeps a replica of the newest commit, pushed from
+// the worker's host. The worker's host is then lost whole (its agent is
+// SIGKILLed, so its watchdog stops the worker and frees its memory, and it
+// leaves discovery in the same moment): the job resumes on the spare from
+// the replica and ends at exactly the uninterrupted model. With
+// --commit-replicas 0 the same loss starts training over.
+class ErunReplicas : public ErunHostMemory, public ::testing::WithParamInterface<int> {};
+
+TEST_P(ErunReplicas, TheOnlyHostLostWholeResumesOnTheSpareFromItsReplica) {
+  const int replicas = GetParam();
+  dir_.write("hosts", "127.0.0.2:1\n127.0.0.3:1\n");
+  ErunProcess p(erun_args({"-np", "1", "--min-np", "1", "--max-np", "1", "--blacklist-after", "5",
+                           "--commit-replicas", std::to_string(replicas)}));
+  ASSERT_TRUE(p.wait_output(fmt_epoch(2), 120s)) << p.out() << p.err();
+  const std::string dir_a = commit_dir();
+  ASSERT_FALSE(dir_a.empty());
+  ASSERT_EQ(dir_a.substr(dir_a.size() - 9), "127.0.0.2") << dir_a;
+  const std::string dir_b = dir_a.substr(0, dir_a.size() - 9) + "127.0.0.3";
+  const std::string replica = dir_b + "/replica";
+  // The spare holds a commit of this run's, within a push's time.
+  auto held_at_b = [&] { return std::max(claimed_id(replica + ".a"), claimed_id(replica + ".b")); };
+  auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (replicas > 0 && held_at_b() == 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(50ms);
+  }
+  if (replicas == 0) {
+    EXPECT_FALSE(exists(dir_b)) << "no replicas asked for, yet " << dir_b << " exists";
+  } else {
+    ASSERT_GT(held_at_b(), 0u) << "no replica on the spare host after 10 s\n" << p.err();
+    EXPECT_NE(p.err().find("commit replicas on spare hosts: 127.0.0.3 from 127.0.0.2"), std::string::npos)
+        << p.err();
+  }
+  // Host a is lost whole.
+  pid_t agent_a = agent_of_worker_on(workers(), "127.0.0.2");
+  ASSERT_GT(agent_a, 0);
+  dir_.write("hosts", "127.0.0.3:1\n");
+  ::kill(agent_a, SIGKILL);
+  if (replicas == 0) {
+    ASSERT_NO_FATAL_FAILURE(expect_trained_exactly(p, *reference_));
+    const auto e = epochs(p.out());
+    EXPECT_EQ(std::count(e.begin(), e.end(), 0), 2) << "training did not start over\n" << p.out();
+    EXPECT_EQ((p.err() + p.out()).find("restored commit"), std::string::npos);
+    return;
+  }
+  ASSERT_NO_FATAL_FAILURE(expect_resumed_exactly(p, 2));
+  const std::string said = p.err() + p.out();
+  EXPECT_NE(said.find("from host memory on 127.0.0.3 (" + replica), std::string::npos) << said;
+  EXPECT_FALSE(exists(dir_b)) << dir_b << " left behind";
+}
+
+INSTANTIATE_TEST_SUITE_P(Replicas, ErunReplicas, ::testing::Values(1, 0),
+                         [](const ::testing::TestParamInfo<int>& i) { return "CommitReplicas" + std::to_string(i.param); });
+
 // (f) The durable file trails the newest commit by at most the interval plus
 // the time to write it, is written by the host side (a few times per
 // interval, not at every commit), and a cold restart after erun was SIGKILLed

@@ -77,6 +77,16 @@ TEST(AgentProtocol, AgentMessagesRoundTrip) {
   EXPECT_EQ(std::get<Terminate>(one(encode(Terminate{78}))).id, 78u);
   EXPECT_EQ(std::get<StartFailed>(one(encode(StartFailed{3, "fork: no"}))).why, "fork: no");
   EXPECT_EQ(std::get<Started>(one(encode(Started{3, 99}))).pid, 99);
+  auto keeping = std::get<Keeping>(one(encode(Keeping{40123, ""})));
+  EXPECT_EQ(keeping.port, 40123u);
+  EXPECT_EQ(std::get<Keeping>(one(encode(Keeping{0, "cannot listen"}))).why, "cannot listen");
+  EXPECT_EQ(std::get<Keep>(one(encode(Keep{"/dev/shm/erun-commits-x-h"}))).commit_dir, "/dev/shm/erun-commits-x-h");
+  auto rep = std::get<Replicate>(one(encode(Replicate{"node8", 40123, "/dev/shm/erun-commits-x-node8"})));
+  EXPECT_EQ(rep.host, "node8");
+  EXPECT_EQ(rep.port, 40123u);
+  EXPECT_EQ(rep.keeper_dir, "/dev/shm/erun-commits-x-node8");
+  EXPECT_STREQ(message_name(Replicate{}), "REPLICATE");
+  EXPECT_STREQ(message_name(Keeping{}), "KEEPING");
 }
 
 TEST(AgentProtocol, StreamSplitAtEveryByteIsReassembled) {

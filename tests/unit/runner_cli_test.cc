@@ -88,6 +88,16 @@ TEST(Cli, ContradictionsAreOneClearLine) {
   EXPECT_NE(error({"-np", "2", "--launcher", "rsh", "x"}).find("auto, local or ssh"), std::string::npos);
   EXPECT_NE(error({"-np", "2", "-x", "1BAD=2", "x"}).find("not a variable name"), std::string::npos);
   EXPECT_NE(error({"-np", "2", "--discovery-interval", "0", "x"}).find("positive"), std::string::npos);
+  EXPECT_NE(error({"-np", "2", "--commit-replicas", "-1", "x"}).find("--commit-replicas -1: must be 0 or more"),
+            std::string::npos);
+}
+
+TEST(Cli, CommitReplicas) {
+  EXPECT_EQ(ok({"-np", "2", "x"}).commit_replicas, 1);
+  EXPECT_EQ(ok({"-np", "2", "--commit-replicas", "0", "x"}).commit_replicas, 0);
+  auto o = ok({"-np", "2", "--commit-replicas", "3", "./train", "--commit-replicas", "9"});
+  EXPECT_EQ(o.commit_replicas, 3);
+  EXPECT_EQ(o.command.back(), "9");  // the program's own argument stays its own
 }
 
 TEST(Cli, HelpAndVersion) {

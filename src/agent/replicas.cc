@@ -1,0 +1,205 @@
+#include "agent/replicas.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "agent/detached.h"
+#include "commits/replica.h"
+#include "common/fd.h"
+#include "common/log.h"
+#include "common/net.h"
+#include "erun/errors.hpp"
+
+namespace erun::agent {
+namespace {
+
+namespace si = erun::state_internal;
+using namespace std::chrono_literals;
+
+// The child's end of its channel, after fork_detached().
+constexpr int kChannel = 3;
+// A stalled peer holds a keeper or a pusher this long at most.
+constexpr auto kIoTimeout = 30s;
+
+bool channel_ended(int fd, int wait_ms) {
+  pollfd p{fd, POLLIN, 0};
+  if (::poll(&p, 1, wait_ms) <= 0) return false;
+  char byte;
+  ssize_t n = ::read(fd, &byte, 1);
+  return n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN);
+}
+
+// Says each distinct failure once, until a success.
+class Complaints {
+ public:
+  explicit Complaints(std::string me) : me_(std::move(me)) {}
+  void failed(const std::string& why) {
+    if (why != last_) ERUN_LOG_WARN("{}: {}", me_, why);
+    last_ = why;
+  }
+  void ok() { last_.clear(); }
+
+ private:
+  std::string me_, last_;
+};
+
+// A listener on every address of this host, IPv6 (which takes IPv4 too)
+// when the host has it.
+net::Socket listen_everywhere() {
+  net::Socket best;
+  auto addrs = net::resolve("", "0", /*passive=*/true);
+  if (!addrs.is_ok()) return best;
+  for (const net::Address& a : addrs.value()) {
+    net::Socket s = net::listen(a, 16);
+    if (s.ok() && (!best.ok() || a.family() == AF_INET6)) best = std::move(s);
+  }
+  return best;
+}
+
+[[noreturn]] void run_keeper(const std::string& commit_dir, const std::string& secret, const std::string& me,
+                             net::Socket listener) {
+  const std::string port = std::to_string(net::local_address(listener.fd.get()).port()) + "\n";
+  if (::write(kChannel, port.data(), port.size()) != static_cast<ssize_t>(port.size())) ::_exit(1);
+  si::ReplicaStore store(commit_dir, std::make_shared<handshake::Key>(secret));
+  net::Interrupt stop;
+  stop.fd = kChannel;  // readable at its end
+  store.set_interrupt(&stop);
+  Complaints complaints(me + ": commit replica keeper");
+  while (true) {
+    pollfd p[2] = {{listener.fd.get(), POLLIN, 0}, {kChannel, POLLIN, 0}};
+    if (::poll(p, 2, -1) < 0 && errno != EINTR) ::_exit(1);
+    if (p[1].revents != 0 && channel_ended(kChannel, 0)) ::_exit(0);
+    if (p[0].revents == 0) continue;
+    net::Address peer;
+    Fd conn = net::accept(listener.fd.get(), &peer);
+    if (!conn) continue;
+    try {
+      int n = store.serve(conn.get(), peer.name(), kIoTimeout);
+      if (n > 0) ERUN_LOG_DEBUG("{}: stored {} commit(s) from {}", me, n, peer.name());
+      complaints.ok();
+    } catch (const Error& e) {
+      if (channel_ended(kChannel, 0)) ::_exit(0);
+      complaints.failed(e.what());
+    }
+  }
+}
+
+[[noreturn]] void run_pusher(const std::string& commit_dir, const std::string& secret, const std::string& host,
+                             int port, const std::string& keeper_dir, const std::string& me) {
+  si::ReplicaPusher pusher(commit_dir, std::make_shared<handshake::Key>(secret));
+  net::Interrupt stop;
+  stop.fd = kChannel;
+  pusher.set_interrupt(&stop);
+  Complaints complaints(fmt::format("{}: commit replicas to {}", me, host));
+  bool targeted = false;
+  int wait_ms = 0;
+  while (!channel_ended(kChannel, wait_ms)) {
+    wait_ms = 100;
+    try {
+      if (!targeted) {
+        // Resolved here, not in the agent: a slow name service delays no worker.
+        auto addrs = net::resolve(host, std::to_string(port));
+        if (!addrs.is_ok() || addrs.value().empty()) {
+          throw Error(fmt::format("cannot resolve the keeper's host {}: {}", host, addrs.message()));
+        }
+        pusher.target(addrs.value().front(), keeper_dir);
+        targeted = true;
+      }
+      for (const si::Pushed& p : pusher.push(kIoTimeout)) {
+        ERUN_LOG_DEBUG("{}: commit {} of State {} replicated to {}", me, p.id, p.ordinal, host);
+      }
+      complaints.ok();
+    } catch (const Error& e) {
+      if (channel_ended(kChannel, 0)) break;
+      complaints.failed(e.what());
+      wait_ms = 1000;  // a keeper that is not there yet, or gone: try again soon
+    }
+  }
+  ::_exit(0);
+}
+
+}  // namespace
+
+KeeperProcess spawn_keeper(const std::string& commit_dir, const std::string& secret, const std::string& me,
+                           std::string* error) {
+  KeeperProcess k;
+  int fds[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) {
+    *error = std::string("socketpair: ") + std::strerror(errno);
+    return k;
+  }
+  pid_t pid = fork_detached(fds[1], /*keep_stderr=*/true);
+  if (pid < 0) {
+    *error = std::string("fork: ") + std::strerror(errno);
+    ::close(fds[0]);
+    ::close(fds[1]);
+    return k;
+  }
+  if (pid == 0) {
+    // The listener is made here: fork_detached() closed every other descriptor.
+    net::Socket listener = listen_everywhere();
+    if (!listener.ok()) {
+      std::string line = "E " + listener.outcome.text() + "\n";
+      (void)!::write(kChannel, line.data(), line.size());
+      ::_exit(1);
+    }
+    run_keeper(commit_dir, secret, me, std::move(listener));
+  }
+  ::close(fds[1]);
+  // Its first line: the port, or why it has none.
+  std::string line;
+  const auto deadline = std::chrono::steady_clock::now() + 5s;
+  while (line.find('\n') == std::string::npos) {
+    int left = static_cast<int>(
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count());
+    pollfd p{fds[0], POLLIN, 0};
+    if (left <= 0 || ::poll(&p, 1, left) <= 0) break;
+    char buf[64];
+    ssize_t n = ::read(fds[0], buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    line.append(buf, static_cast<size_t>(n));
+  }
+  long port = 0;
+  if (line.empty() || line[0] == 'E' || (port = std::strtol(line.c_str(), nullptr, 10)) <= 0 || port > 65535) {
+    *error = line.size() > 2 && line[0] == 'E' ? "cannot listen for commit replicas: " + line.substr(2, line.size() - 3)
+                                               : "the commit replica keeper did not start";
+    ::close(fds[0]);
+    return k;
+  }
+  k.channel = fds[0];
+  k.port = static_cast<int>(port);
+  return k;
+}
+
+int spawn_pusher(const std::string& commit_dir, const std::string& secret, const std::string& host, int port,
+                 const std::string& keeper_dir, const std::string& me) {
+  int fds[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) return -1;
+  pid_t pid = fork_detached(fds[1], /*keep_stderr=*/true);
+  if (pid < 0) {
+    int saved = errno;
+    ::close(fds[0]);
+    ::close(fds[1]);
+    errno = saved;
+    return -1;
+  }
+  if (pid == 0) run_pusher(commit_dir, secret, host, port, keeper_dir, me);
+  ::close(fds[1]);
+  return fds[0];
+}
+
+void stop_replica_process(int& channel) {
+  if (channel >= 0) ::close(channel);
+  channel = -1;
+}
+
+}  // namespace erun::agent

@@ -1,0 +1,123 @@
+#include "runner/replicas.h"
+
+#include <algorithm>
+#include <set>
+
+#include <fmt/format.h>
+
+#include "common/log.h"
+#include "common/strings.h"
+
+namespace erun {
+
+namespace {
+// A keeper that could not be asked, or whose agent was lost, is asked again
+// after this long.
+constexpr auto kRetry = std::chrono::seconds(5);
+}  // namespace
+
+std::vector<std::pair<std::string, std::string>> plan_keepers(const std::vector<std::string>& holders,
+                                                              const std::vector<std::string>& spares, int replicas) {
+  std::vector<std::pair<std::string, std::string>> plan;
+  if (holders.empty() || replicas <= 0) return plan;
+  const int need = replicas + 1 - static_cast<int>(holders.size());
+  for (int i = 0; i < need && i < static_cast<int>(spares.size()); ++i) {
+    plan.emplace_back(spares[static_cast<size_t>(i)], holders[static_cast<size_t>(i) % holders.size()]);
+  }
+  return plan;
+}
+
+CommitReplicas::CommitReplicas(int replicas, std::string secret,
+                               std::function<std::string(const std::string&)> commit_dir,
+                               std::function<Launcher&(const std::string&)> launcher_for, Clock& clock)
+    : replicas_(replicas),
+      secret_(std::move(secret)),
+      commit_dir_(std::move(commit_dir)),
+      launcher_for_(std::move(launcher_for)),
+      clock_(clock) {}
+
+void CommitReplicas::drop(Keeper& k) {
+  if (!k.told.empty()) launcher_for_(k.told).replicate(k.told, "", 0, "");
+  k.told.clear();
+}
+
+void CommitReplicas::tick(const std::vector<std::string>& holders, const std::vector<std::string>& spares) {
+  const auto plan = plan_keepers(holders, spares, replicas_);
+  std::map<std::string, std::string> wanted(plan.begin(), plan.end());
+  std::vector<std::string> words;
+  for (auto& [keeper, holder] : plan) words.push_back(fmt::format("{} from {}", keeper, holder));
+  const int hosts = static_cast<int>(holders.size() + plan.size());
+  std::string said = words.empty() ? "" : join(words, ", ");
+  if (replicas_ > 0 && hosts < replicas_ + 1 && !holders.empty()) {
+    said += fmt::format("{}each commit is on {} host(s), fewer than --commit-replicas {} + 1: no more spare hosts",
+                        said.empty() ? "" : "; ", hosts, replicas_);
+  }
+  if (said != last_said_) {
+    if (!words.empty()) ERUN_LOG_INFO("commit replicas on spare hosts: {}", said);
+    else if (!said.empty()) ERUN_LOG_INFO("commit replicas: {}", said);
+    last_said_ = said;
+  }
+  for (auto it = keepers_.begin(); it != keepers_.end();) {
+    if (wanted.count(it->first)) {
+      ++it;
+      continue;
+    }
+    drop(it->second);
+    it = keepers_.erase(it);
+  }
+  const TimePoint now = clock_.now();
+  for (auto& [host, holder] : wanted) {
+    Keeper& k = keepers_[host];
+    if (k.holder != holder) {
+      drop(k);
+      k.holder = holder;
+    }
+    Launcher& launcher = launcher_for_(host);
+    if (!k.asked) {
+      if (now < k.retry_at) continue;
+      k.asked = launcher.keep(host, commit_dir_(host), secret_);
+      k.port = 0;
+      if (!k.asked) {
+        k.retry_at = now + kRetry;
+        continue;
+      }
+    }
+    if (k.port == 0) {
+      std::optional<int> port = launcher.keeper_port(host);
+      if (!port) continue;  // no answer yet
+      if (*port == 0) {     // it could not keep: its agent said why
+        k.asked = false;
+        k.retry_at = now + kRetry;
+        drop(k);
+        continue;
+      }
+      k.port = *port;
+    } else if (launcher.keeper_port(host).value_or(0) != k.port) {
+      // Its agent was lost (or restarted): ask again.
+      k.asked = false;
+      k.port = 0;
+      drop(k);
+      continue;
+    }
+    // Said again now and then: a holder's agent started anew since has no
+    // pusher (an agent ignores the same target twice).
+    if (k.told != holder || now >= k.told_at + kRetry) {
+      if (k.told != holder) {
+        ERUN_LOG_DEBUG("commit replicas: {} pushes to the keeper on {} (port {})", holder, host, k.port);
+      }
+      launcher_for_(holder).replicate(holder, host, k.port, commit_dir_(host));
+      k.told = holder;
+      k.told_at = now;
+    }
+  }
+}
+
+std::map<std::string, std::string> CommitReplicas::serving() const {
+  std::map<std::string, std::string> out;
+  for (auto& [host, k] : keepers_) {
+    if (!k.told.empty()) out[host] = k.told;
+  }
+  return out;
+}
+
+}  // namespace erun

@@ -1,0 +1,62 @@
+// The driver's side of commit replicas (docs/state.md, "Replicas on spare
+// hosts"; --commit-replicas N). Every host that runs workers of the job holds
+// its newest commit already (commits are the same on every rank), so a commit
+// is on as many hosts as the plan has. When that is fewer than N + 1, the
+// job's spare hosts (usable, discovered, running no worker) make up the
+// difference: each keeper's agent keeps what one holder pushes to it, the
+// holders taken in turn. tick() moves the agents toward that plan as their
+// answers come, without waiting for any. Driver thread only.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/clock.h"
+#include "runner/launcher.h"
+
+namespace erun {
+
+// Keepers and the holder that pushes to each: the first spares (in the
+// order given), enough that holders + keepers reach replicas + 1 hosts.
+std::vector<std::pair<std::string, std::string>> plan_keepers(const std::vector<std::string>& holders,
+                                                              const std::vector<std::string>& spares, int replicas);
+
+class CommitReplicas {
+ public:
+  // `commit_dir(host)`: the host's ERUN_COMMIT_DIR; `launcher_for(host)`: the
+  // launcher of its agent.
+  CommitReplicas(int replicas, std::string secret, std::function<std::string(const std::string&)> commit_dir,
+                 std::function<Launcher&(const std::string&)> launcher_for, Clock& clock);
+
+  // `holders`: the hosts of the running plan; `spares`: the usable hosts
+  // without a worker, in discovery order.
+  void tick(const std::vector<std::string>& holders, const std::vector<std::string>& spares);
+
+  // host -> the holder it keeps for, once its keeper pushes reach it.
+  std::map<std::string, std::string> serving() const;
+
+ private:
+  struct Keeper {
+    std::string holder;      // who should push to it
+    bool asked = false;      // KEEP sent
+    int port = 0;            // its answer
+    std::string told;        // the holder told to push to it
+    TimePoint told_at{};     // when it was last told
+    TimePoint retry_at{};    // after a failure: ask again then
+  };
+  // Stops the pushes to `k`.
+  void drop(Keeper& k);
+
+  int replicas_;
+  std::string secret_;
+  std::function<std::string(const std::string&)> commit_dir_;
+  std::function<Launcher&(const std::string&)> launcher_for_;
+  Clock& clock_;
+  std::map<std::string, Keeper> keepers_;
+  std::string last_said_;  // the last plan logged
+};
+
+}  // namespace erun

@@ -1,0 +1,122 @@
+// The driver's side of commit replicas (runner/replicas.h): which spare
+// hosts keep replicas and who pushes to each, and how the agents are moved
+// toward that plan as their answers come, through a launcher that records
+// what it was asked.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "runner/replicas.h"
+
+namespace erun {
+namespace {
+
+using Plan = std::vector<std::pair<std::string, std::string>>;
+
+TEST(PlanKeepers, SparesMakeUpWhatTheHoldersLack) {
+  // One holder, --commit-replicas 1: one spare keeps a replica.
+  EXPECT_EQ(plan_keepers({"a"}, {"b", "c"}, 1), (Plan{{"b", "a"}}));
+  // Two holders already hold every commit twice.
+  EXPECT_TRUE(plan_keepers({"a", "b"}, {"c"}, 1).empty());
+  // Three replicas over two holders: the spares take the holders in turn.
+  EXPECT_EQ(plan_keepers({"a", "b"}, {"c", "d", "e"}, 3), (Plan{{"c", "a"}, {"d", "b"}}));
+  // Fewer spares than wanted: all of them.
+  EXPECT_EQ(plan_keepers({"a"}, {"b"}, 4), (Plan{{"b", "a"}}));
+  // Nothing to replicate, or replicas off.
+  EXPECT_TRUE(plan_keepers({}, {"b"}, 1).empty());
+  EXPECT_TRUE(plan_keepers({"a"}, {"b"}, 0).empty());
+}
+
+class RecordingLauncher final : public Launcher {
+ public:
+  Result<std::unique_ptr<WorkerHandle>> launch(const WorkerSpec&) override {
+    return Result<std::unique_ptr<WorkerHandle>>::error("not in this test");
+  }
+  std::vector<std::string> command_line(const WorkerSpec&) const override { return {}; }
+  bool keep(const std::string& host, const std::string& dir, const std::string& secret) override {
+    asked.push_back(host + " " + dir + " " + secret);
+    return can_start;
+  }
+  std::optional<int> keeper_port(const std::string& host) override {
+    auto it = ports.find(host);
+    if (it == ports.end()) return std::nullopt;
+    return it->second;
+  }
+  void replicate(const std::string& holder, const std::string& keeper, int port, const std::string& dir) override {
+    told.push_back(keeper.empty() ? holder + " stop" : holder + " -> " + keeper + ":" + std::to_string(port) + " " + dir);
+  }
+  bool can_start = true;
+  std::map<std::string, int> ports;  // absent: no answer yet
+  std::vector<std::string> asked, told;
+};
+
+class CommitReplicasTest : public ::testing::Test {
+ protected:
+  CommitReplicas replicas_{1, "s3cret", [](const std::string& h) { return "/dev/shm/c-" + h; },
+                           [this](const std::string&) -> Launcher& { return launcher_; }, clock_};
+  RecordingLauncher launcher_;
+  FakeClock clock_;
+};
+
+TEST_F(CommitReplicasTest, AKeeperIsAskedOnceAndItsHolderToldOnceItAnswered) {
+  replicas_.tick({"a"}, {"b"});
+  EXPECT_EQ(launcher_.asked, std::vector<std::string>{"b /dev/shm/c-b s3cret"});
+  EXPECT_TRUE(launcher_.told.empty());  // no answer yet
+  replicas_.tick({"a"}, {"b"});
+  EXPECT_EQ(launcher_.asked.size(), 1u);
+  launcher_.ports["b"] = 4000;
+  replicas_.tick({"a"}, {"b"});
+  EXPECT_EQ(launcher_.told, std::vector<std::string>{"a -> b:4000 /dev/shm/c-b"});
+  EXPECT_EQ(replicas_.serving(), (std::map<std::string, std::string>{{"b", "a"}}));
+  // Said again now and then (a holder's agent started anew has no pusher).
+  replicas_.tick({"a"}, {"b"});
+  EXPECT_EQ(launcher_.told.size(), 1u);
+  clock_.advance(std::chrono::seconds(6));
+  replicas_.tick({"a"}, {"b"});
+  EXPECT_EQ(launcher_.told.size(), 2u);
+}
+
+TEST_F(CommitReplicasTest, AKeeperThatBecomesAHolderIsDroppedAndItsPusherStopped) {
+  launcher_.ports["b"] = 4000;
+  replicas_.tick({"a"}, {"b"});
+  replicas_.tick({"a"}, {"b"});
+  ASSERT_EQ(launcher_.told.size(), 1u);
+  // b runs a worker now: both hold every commit.
+  replicas_.tick({"a", "b"}, {});
+  EXPECT_EQ(launcher_.told.back(), "a stop");
+  EXPECT_TRUE(replicas_.serving().empty());
+}
+
+TEST_F(CommitReplicasTest, ALostOrRefusingKeeperIsAskedAgainAfterAWhile) {
+  launcher_.ports["b"] = 0;  // could not keep
+  replicas_.tick({"a"}, {"b"});
+  replicas_.tick({"a"}, {"b"});
+  EXPECT_EQ(launcher_.asked.size(), 1u);
+  EXPECT_TRUE(launcher_.told.empty());
+  clock_.advance(std::chrono::seconds(6));
+  launcher_.ports["b"] = 4001;
+  replicas_.tick({"a"}, {"b"});
+  replicas_.tick({"a"}, {"b"});
+  EXPECT_EQ(launcher_.asked.size(), 2u);
+  EXPECT_EQ(launcher_.told, std::vector<std::string>{"a -> b:4001 /dev/shm/c-b"});
+  // Its agent lost: the pusher stops and b is asked again at once.
+  launcher_.ports["b"] = 0;
+  replicas_.tick({"a"}, {"b"});
+  EXPECT_EQ(launcher_.told.back(), "a stop");
+  replicas_.tick({"a"}, {"b"});
+  EXPECT_EQ(launcher_.asked.size(), 3u);
+  // A launcher without agents cannot keep: asked again only after the wait.
+  launcher_.can_start = false;
+  clock_.advance(std::chrono::seconds(6));
+  launcher_.ports.erase("b");
+  CommitReplicas other(1, "s", [](const std::string& h) { return h; },
+                       [this](const std::string&) -> Launcher& { return launcher_; }, clock_);
+  other.tick({"a"}, {"b"});
+  other.tick({"a"}, {"b"});
+  EXPECT_EQ(launcher_.asked.size(), 4u);
+}
+
+}  // namespace
+}  // namespace erun
