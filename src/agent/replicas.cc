@@ -4,7 +4,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <thread>
@@ -28,6 +30,8 @@ using namespace std::chrono_literals;
 constexpr int kChannel = 3;
 // A stalled peer holds a keeper or a pusher this long at most.
 constexpr auto kIoTimeout = 30s;
+// A pusher waits (kBusyShare - 1) times as long as its last push took.
+constexpr int kBusyShare = 10;
 
 bool channel_ended(int fd, int wait_ms) {
   pollfd p{fd, POLLIN, 0};
@@ -51,13 +55,20 @@ class Complaints {
   std::string me_, last_;
 };
 
-// A listener on every address of this host, IPv6 (which takes IPv4 too)
-// when the host has it.
+// A listener on every address of this host: IPv6's wildcard, which takes
+// IPv4 too, when the host has IPv6 and does not bind it to IPv6 only
+// (net.ipv6.bindv6only); otherwise IPv4's.
 net::Socket listen_everywhere() {
+  char only = '0';
+  if (FILE* f = std::fopen("/proc/sys/net/ipv6/bindv6only", "r")) {
+    only = static_cast<char>(std::fgetc(f));
+    std::fclose(f);
+  }
   net::Socket best;
   auto addrs = net::resolve("", "0", /*passive=*/true);
   if (!addrs.is_ok()) return best;
   for (const net::Address& a : addrs.value()) {
+    if (a.family() == AF_INET6 && only == '1') continue;
     net::Socket s = net::listen(a, 16);
     if (s.ok() && (!best.ok() || a.family() == AF_INET6)) best = std::move(s);
   }
@@ -113,8 +124,17 @@ net::Socket listen_everywhere() {
         pusher.target(addrs.value().front(), keeper_dir);
         targeted = true;
       }
-      for (const si::Pushed& p : pusher.push(kIoTimeout)) {
+      const auto started = std::chrono::steady_clock::now();
+      const auto pushed = pusher.push(kIoTimeout);
+      for (const si::Pushed& p : pushed) {
         ERUN_LOG_DEBUG("{}: commit {} of State {} replicated to {}", me, p.id, p.ordinal, host);
+      }
+      // At most a tenth of the time copying: the workers of this host keep
+      // the rest of its memory bandwidth and cores.
+      if (!pushed.empty()) {
+        const auto took = std::chrono::steady_clock::now() - started;
+        wait_ms = std::max(wait_ms, static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                         took * (kBusyShare - 1)).count()));
       }
       complaints.ok();
     } catch (const Error& e) {

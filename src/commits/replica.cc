@@ -19,6 +19,8 @@ constexpr handshake::Scheme kReplicaScheme{"erun-replica-pusher-v1", "erun-repli
 constexpr uint32_t kMaxEntries = 1u << 20;
 constexpr uint32_t kMaxName = 4096;
 constexpr size_t kChunk = 1 << 20;
+// The whole handshake, at the keeper.
+constexpr auto kHelloTimeout = std::chrono::seconds(5);
 
 // One end of an exchange: reads and writes with a deadline per operation,
 // each failure an erun::Error naming the peer and the step.
@@ -193,22 +195,25 @@ HostCommits& ReplicaStore::files(int ordinal) {
 }
 
 int ReplicaStore::serve(int sock, const std::string& peer, Duration io_timeout) {
-  Wire wire(sock, peer, io_timeout, interrupt_);
-  // The handshake: nothing the peer sends is believed before its proof.
-  std::string hello = wire.recv(8 + 4 + handshake::kNonceBytes, "the hello");
-  if (hello.compare(0, 8, kReplicaMagic, 8) != 0) wire.fail("not a commit replica hello (is something else connecting?)");
+  // The handshake: nothing the peer sends is believed before its proof, and
+  // a peer that says nothing holds the keeper (which serves one connection
+  // at a time) for kHelloTimeout at most.
+  Wire hs_wire(sock, peer, std::min<Duration>(io_timeout, kHelloTimeout), interrupt_);
+  std::string hello = hs_wire.recv(8 + 4 + handshake::kNonceBytes, "the hello");
+  if (hello.compare(0, 8, kReplicaMagic, 8) != 0) hs_wire.fail("not a commit replica hello (is something else connecting?)");
   if (le32(hello.data() + 8) != kReplicaVersion) {
-    wire.fail(fmt::format("replica protocol version {}, this erun speaks {}: install the same erun on every host",
+    hs_wire.fail(fmt::format("replica protocol version {}, this erun speaks {}: install the same erun on every host",
                           le32(hello.data() + 8), kReplicaVersion));
   }
   handshake::Responder hs;
-  if (!hs.hello(std::string_view(hello).substr(12))) wire.fail("a malformed nonce");
-  wire.send(hs.challenge(), "the nonce");
+  if (!hs.hello(std::string_view(hello).substr(12))) hs_wire.fail("a malformed nonce");
+  hs_wire.send(hs.challenge(), "the nonce");
   const handshake::Proofs proofs = replica_proofs(key_, commit_dir_);
-  if (!hs.verify(proofs, wire.recv(handshake::kMacBytes, "the proof"))) {
-    wire.fail("the peer could not prove the job secret; nothing was stored");
+  if (!hs.verify(proofs, hs_wire.recv(handshake::kMacBytes, "the proof"))) {
+    hs_wire.fail("the peer could not prove the job secret; nothing was stored");
   }
-  wire.send(hs.proof(proofs), "the proof");
+  hs_wire.send(hs.proof(proofs), "the proof");
+  Wire wire(sock, peer, io_timeout, interrupt_);
 
   int stored = 0;
   while (true) {

@@ -360,7 +360,11 @@ class AgentConnection {
       fail_with_host_locked(s);
       ++failed;
     }
-    if (!closing_) {
+    if (!closing_ && workers_.empty()) {
+      // A spare host's agent (commit replicas): no worker, no failure of the host.
+      ERUN_LOG_WARN("agent on {} lost: {}; it ran no worker: {}", host_, why,
+                    transport_failure_ ? transport_failure_->hint : "check the host and its connection (ssh, network)");
+    } else if (!closing_) {
       ERUN_LOG_ERROR("agent on {} lost: {}; {} worker(s) there failed (exit code 255) and the host counts as failed: {}",
                      host_, why, failed,
                      transport_failure_ ? transport_failure_->hint

@@ -12,8 +12,11 @@ namespace erun {
 
 namespace {
 // A keeper that could not be asked, or whose agent was lost, is asked again
-// after this long.
+// after kRetry, twice that after a second failure, and so on up to kMaxRetry
+// (an unreachable spare costs an ssh attempt and a log line each time).
+// REPLICATE is repeated every kRetry.
 constexpr auto kRetry = std::chrono::seconds(5);
+constexpr auto kMaxRetry = std::chrono::seconds(300);
 }  // namespace
 
 std::vector<std::pair<std::string, std::string>> plan_keepers(const std::vector<std::string>& holders,
@@ -35,6 +38,11 @@ CommitReplicas::CommitReplicas(int replicas, std::string secret,
       commit_dir_(std::move(commit_dir)),
       launcher_for_(std::move(launcher_for)),
       clock_(clock) {}
+
+void CommitReplicas::back_off(Keeper& k, TimePoint now) {
+  k.backoff = k.backoff == Duration{} ? Duration(kRetry) : std::min<Duration>(k.backoff * 2, kMaxRetry);
+  k.retry_at = now + k.backoff;
+}
 
 void CommitReplicas::drop(Keeper& k) {
   if (!k.told.empty()) launcher_for_(k.told).replicate(k.told, "", 0, "");
@@ -78,7 +86,7 @@ void CommitReplicas::tick(const std::vector<std::string>& holders, const std::ve
       k.asked = launcher.keep(host, commit_dir_(host), secret_);
       k.port = 0;
       if (!k.asked) {
-        k.retry_at = now + kRetry;
+        back_off(k, now);
         continue;
       }
     }
@@ -87,11 +95,12 @@ void CommitReplicas::tick(const std::vector<std::string>& holders, const std::ve
       if (!port) continue;  // no answer yet
       if (*port == 0) {     // it could not keep: its agent said why
         k.asked = false;
-        k.retry_at = now + kRetry;
+        back_off(k, now);
         drop(k);
         continue;
       }
       k.port = *port;
+      k.backoff = Duration{};
     } else if (launcher.keeper_port(host).value_or(0) != k.port) {
       // Its agent was lost (or restarted): ask again.
       k.asked = false;

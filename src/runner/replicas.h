@@ -46,9 +46,11 @@ class CommitReplicas {
     std::string told;        // the holder told to push to it
     TimePoint told_at{};     // when it was last told
     TimePoint retry_at{};    // after a failure: ask again then
+    Duration backoff{};      // the wait after the last failure
   };
   // Stops the pushes to `k`.
   void drop(Keeper& k);
+  void back_off(Keeper& k, TimePoint now);
 
   int replicas_;
   std::string secret_;

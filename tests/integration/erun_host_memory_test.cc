@@ -24,6 +24,7 @@
 
 #include "support/erun_process.h"
 #include "support/process_utils.h"
+#include "support/sshd.h"
 
 namespace erun::testing {
 namespace {
@@ -61,9 +62,12 @@ class ErunHostMemory : public ::testing::Test {
     program_ = build_path("examples/train_mlp");
     dir_.write("discover.sh", "#!/bin/sh\ncat " + dir_.file("hosts") + "\n", true);
   }
-  std::vector<std::string> erun_args(std::vector<std::string> extra) {
+  // With `local`, every host's agent is a child of erun (--launcher local);
+  // without, the caller names the launcher (a test sshd's arguments).
+  std::vector<std::string> erun_args(std::vector<std::string> extra, bool local = true) {
     std::vector<std::string> a = {"--host-discovery-script", dir_.file("discover.sh"), "--discovery-interval", "0.2",
-                                  "--term-grace", "2", "--launcher", "local"};
+                                  "--term-grace", "2"};
+    if (local) a.insert(a.end(), {"--launcher", "local"});
     a.insert(a.end(), extra.begin(), extra.end());
     a.push_back(program_);
     a.insert(a.end(), kTrainMlpArgs.begin(), kTrainMlpArgs.end());
@@ -245,13 +249,24 @@ pid_t agent_of_worker_on(const std::vector<pid_t>& workers, const std::string& h
 // leaves discovery in the same moment): the job resumes on the spare from
 // the replica and ends at exactly the uninterrupted model. With
 // --commit-replicas 0 the same loss starts training over.
-class ErunReplicas : public ErunHostMemory, public ::testing::WithParamInterface<int> {};
+// Parameters: --commit-replicas, and whether the agents run over the test's sshd.
+class ErunReplicas : public ErunHostMemory, public ::testing::WithParamInterface<std::tuple<int, bool>> {};
 
 TEST_P(ErunReplicas, TheOnlyHostLostWholeResumesOnTheSpareFromItsReplica) {
-  const int replicas = GetParam();
+  const auto [replicas, over_ssh] = GetParam();
+  std::unique_ptr<SshServer> server;
+  // --blacklist-after 1: the lost host is out at once, as a dead machine
+  // would be (its agent cannot be started again), even before discovery
+  // drops it.
+  std::vector<std::string> args = {"-np", "1", "--min-np", "1", "--max-np", "1", "--blacklist-after", "1",
+                                   "--commit-replicas", std::to_string(replicas)};
+  if (over_ssh) {
+    server = SshServer::start();
+    ERUN_REQUIRE_SSHD(server);
+    for (auto& a : server->erun_args()) args.push_back(a);
+  }
   dir_.write("hosts", "127.0.0.2:1\n127.0.0.3:1\n");
-  ErunProcess p(erun_args({"-np", "1", "--min-np", "1", "--max-np", "1", "--blacklist-after", "5",
-                           "--commit-replicas", std::to_string(replicas)}));
+  ErunProcess p(erun_args(args, !over_ssh));
   ASSERT_TRUE(p.wait_output(fmt_epoch(2), 120s)) << p.out() << p.err();
   const std::string dir_a = commit_dir();
   ASSERT_FALSE(dir_a.empty());
@@ -280,7 +295,7 @@ TEST_P(ErunReplicas, TheOnlyHostLostWholeResumesOnTheSpareFromItsReplica) {
     ASSERT_NO_FATAL_FAILURE(expect_trained_exactly(p, *reference_));
     const auto e = epochs(p.out());
     EXPECT_EQ(std::count(e.begin(), e.end(), 0), 2) << "training did not start over\n" << p.out();
-    EXPECT_EQ((p.err() + p.out()).find("restored commit"), std::string::npos);
+    EXPECT_EQ((p.err() + p.out()).find("restored commit"), std::string::npos) << p.err();
     return;
   }
   ASSERT_NO_FATAL_FAILURE(expect_resumed_exactly(p, 2));
@@ -289,8 +304,13 @@ TEST_P(ErunReplicas, TheOnlyHostLostWholeResumesOnTheSpareFromItsReplica) {
   EXPECT_FALSE(exists(dir_b)) << dir_b << " left behind";
 }
 
-INSTANTIATE_TEST_SUITE_P(Replicas, ErunReplicas, ::testing::Values(1, 0),
-                         [](const ::testing::TestParamInfo<int>& i) { return "CommitReplicas" + std::to_string(i.param); });
+INSTANTIATE_TEST_SUITE_P(Replicas, ErunReplicas,
+                         ::testing::Values(std::make_tuple(1, false), std::make_tuple(0, false),
+                                           std::make_tuple(1, true)),
+                         [](const ::testing::TestParamInfo<std::tuple<int, bool>>& i) {
+                           return "CommitReplicas" + std::to_string(std::get<0>(i.param)) +
+                                  (std::get<1>(i.param) ? "OverSsh" : "Local");
+                         });
 
 // (f) The durable file trails the newest commit by at most the interval plus
 // the time to write it, is written by the host side (a few times per

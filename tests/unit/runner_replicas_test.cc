@@ -116,6 +116,16 @@ TEST_F(CommitReplicasTest, ALostOrRefusingKeeperIsAskedAgainAfterAWhile) {
   other.tick({"a"}, {"b"});
   other.tick({"a"}, {"b"});
   EXPECT_EQ(launcher_.asked.size(), 4u);
+  // Each failure doubles the wait: 5 s, then 10 s.
+  clock_.advance(std::chrono::seconds(6));
+  other.tick({"a"}, {"b"});
+  EXPECT_EQ(launcher_.asked.size(), 5u);
+  clock_.advance(std::chrono::seconds(6));
+  other.tick({"a"}, {"b"});
+  EXPECT_EQ(launcher_.asked.size(), 5u);
+  clock_.advance(std::chrono::seconds(5));
+  other.tick({"a"}, {"b"});
+  EXPECT_EQ(launcher_.asked.size(), 6u);
 }
 
 }  // namespace

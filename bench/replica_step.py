@@ -1,0 +1,68 @@
+"""Step time with a commit replica on a spare host against none, side by side
+in one run: issue 20's "step time with and without the replica". A one-host
+job (-np 2 on 127.0.0.2, --launcher local) with a second host, 127.0.0.3, in
+its host list: with --commit-replicas 1 (the default) the spare's agent keeps
+a replica that 127.0.0.2's pusher sends it in the background; with
+--commit-replicas 0 nothing is pushed. Each run is bench/step_worker with a
+model of --state-mb MiB registered as a buffer and committed at every step;
+the rounds alternate between the two, and a round's figure is rank 0's median
+time between steps after the first 10. Also prints how many commits the
+replica received (from the pusher's debug lines).
+
+    /usr/bin/python3 bench/replica_step.py [--build-dir build-bench] [--state-mb 16 64]
+        [--steps 120] [--step-ms 20] [--rounds 4]
+"""
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STEP = re.compile(r"STEP .*rank=0 .*step=(\d+) t=([0-9.]+)$", re.M)
+PUSHED = re.compile(r"replicated to 127\.0\.0\.3")
+
+
+def step_time(build, mb, steps, step_ms, replicas):
+    erun = os.path.join(build, "src/runner/erun")
+    worker = os.path.join(build, "bench/step_worker")
+    cmd = [erun, "-v", "-np", "2", "-H", "127.0.0.2:2,127.0.0.3:2", "--launcher", "local",
+           "--commit-replicas", str(replicas),
+           worker, "--steps", str(steps), "--step-ms", str(step_ms), "--floats", "1024",
+           "--state-floats", str(mb * (1 << 20) // 4)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    if out.returncode != 0:
+        sys.exit(f"replica_step: {' '.join(cmd)} failed ({out.returncode}):\n{out.stderr[-2000:]}")
+    t = {int(s): float(x) for s, x in STEP.findall(out.stdout)}
+    ts = [t[s] for s in sorted(t) if s > 10]
+    return statistics.median(b - a for a, b in zip(ts, ts[1:])), len(PUSHED.findall(out.stderr))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build-dir", default=os.path.join(ROOT, "build-bench"))
+    ap.add_argument("--state-mb", type=int, nargs="+", default=[16, 64])
+    ap.add_argument("--steps", type=int, default=120)
+    ap.add_argument("--step-ms", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=4)
+    o = ap.parse_args()
+    print(f"np=2 steps={o.steps} step-ms={o.step_ms} rounds={o.rounds} load={os.getloadavg()[0]:.2f}")
+    print("| state | no replica (median step) | replica on the spare (median step) | with / without | commits replicated per run |")
+    print("|---|---|---|---|---|")
+    for mb in o.state_mb:
+        runs = {1: [], 0: []}
+        pushed = []
+        for r in range(o.rounds):
+            for rep in ((1, 0) if r % 2 == 0 else (0, 1)):
+                t, n = step_time(o.build_dir, mb, o.steps, o.step_ms, rep)
+                runs[rep].append(t)
+                if rep:
+                    pushed.append(n)
+        off, on = statistics.median(runs[0]), statistics.median(runs[1])
+        print(f"| {mb} MiB | {off * 1e3:.2f} ms | {on * 1e3:.2f} ms | {on / off:.3f}x | {statistics.median(pushed):.0f} |",
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()
