@@ -21,13 +21,13 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEP = re.compile(r"STEP .*rank=0 .*step=(\d+) t=([0-9.]+)$", re.M)
-PUSHED = re.compile(r"replicated to 127\.0\.0\.3")
+PUSHED = re.compile(r"(\d+) commit\(s\) replicated to 127\.0\.0\.3 \(([0-9.]+) MiB, ([0-9.]+) s copying\)")
 
 
 def step_time(build, mb, steps, step_ms, replicas):
     erun = os.path.join(build, "src/runner/erun")
     worker = os.path.join(build, "bench/step_worker")
-    cmd = [erun, "-v", "-np", "2", "-H", "127.0.0.2:2,127.0.0.3:2", "--launcher", "local",
+    cmd = [erun, "-np", "2", "-H", "127.0.0.2:2,127.0.0.3:2", "--launcher", "local",
            "--commit-replicas", str(replicas),
            worker, "--steps", str(steps), "--step-ms", str(step_ms), "--floats", "1024",
            "--state-floats", str(mb * (1 << 20) // 4)]
@@ -36,7 +36,9 @@ def step_time(build, mb, steps, step_ms, replicas):
         sys.exit(f"replica_step: {' '.join(cmd)} failed ({out.returncode}):\n{out.stderr[-2000:]}")
     t = {int(s): float(x) for s, x in STEP.findall(out.stdout)}
     ts = [t[s] for s in sorted(t) if s > 10]
-    return statistics.median(b - a for a, b in zip(ts, ts[1:])), len(PUSHED.findall(out.stderr))
+    m = PUSHED.search(out.stderr)
+    return statistics.median(b - a for a, b in zip(ts, ts[1:])), (int(m.group(1)) if m else 0), (
+        float(m.group(3)) if m else 0.0)
 
 
 def main():
@@ -48,20 +50,22 @@ def main():
     ap.add_argument("--rounds", type=int, default=4)
     o = ap.parse_args()
     print(f"np=2 steps={o.steps} step-ms={o.step_ms} rounds={o.rounds} load={os.getloadavg()[0]:.2f}")
-    print("| state | no replica (median step) | replica on the spare (median step) | with / without | commits replicated per run |")
-    print("|---|---|---|---|---|")
+    print("| state | no replica (median step) | replica on the spare (median step) | with / without "
+          "| commits replicated per run | pusher's copying per run |")
+    print("|---|---|---|---|---|---|")
     for mb in o.state_mb:
         runs = {1: [], 0: []}
-        pushed = []
+        pushed, busy = [], []
         for r in range(o.rounds):
             for rep in ((1, 0) if r % 2 == 0 else (0, 1)):
-                t, n = step_time(o.build_dir, mb, o.steps, o.step_ms, rep)
+                t, n, b = step_time(o.build_dir, mb, o.steps, o.step_ms, rep)
                 runs[rep].append(t)
                 if rep:
                     pushed.append(n)
+                    busy.append(b)
         off, on = statistics.median(runs[0]), statistics.median(runs[1])
-        print(f"| {mb} MiB | {off * 1e3:.2f} ms | {on * 1e3:.2f} ms | {on / off:.3f}x | {statistics.median(pushed):.0f} |",
-              flush=True)
+        print(f"| {mb} MiB | {off * 1e3:.2f} ms | {on * 1e3:.2f} ms | {on / off:.3f}x "
+              f"| {statistics.median(pushed):.0f} | {statistics.median(busy):.2f} s |", flush=True)
 
 
 if __name__ == "__main__":

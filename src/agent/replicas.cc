@@ -112,6 +112,8 @@ net::Socket listen_everywhere() {
   Complaints complaints(fmt::format("{}: commit replicas to {}", me, host));
   bool targeted = false;
   int wait_ms = 0;
+  uint64_t count = 0, bytes = 0;
+  std::chrono::steady_clock::duration busy{};
   while (!channel_ended(kChannel, wait_ms)) {
     wait_ms = 100;
     try {
@@ -128,7 +130,10 @@ net::Socket listen_everywhere() {
       const auto pushed = pusher.push(kIoTimeout);
       for (const si::Pushed& p : pushed) {
         ERUN_LOG_DEBUG("{}: commit {} of State {} replicated to {}", me, p.id, p.ordinal, host);
+        if (count++ == 0) ERUN_LOG_INFO("{}: commit {} replicated to {}, the first", me, p.id, host);
+        bytes += p.bytes;
       }
+      if (!pushed.empty()) busy += std::chrono::steady_clock::now() - started;
       // At most a tenth of the time copying: the workers of this host keep
       // the rest of its memory bandwidth and cores.
       if (!pushed.empty()) {
@@ -143,6 +148,8 @@ net::Socket listen_everywhere() {
       wait_ms = 1000;  // a keeper that is not there yet, or gone: try again soon
     }
   }
+  ERUN_LOG_INFO("{}: {} commit(s) replicated to {} ({:.1f} MiB, {:.2f} s copying)", me, count, host,
+                static_cast<double>(bytes) / (1 << 20), std::chrono::duration<double>(busy).count());
   ::_exit(0);
 }
 

@@ -134,7 +134,9 @@ std::vector<Pushed> ReplicaPusher::push(Duration io_timeout) {
     }
     if (push_one(sock.fd.get(), path, *listing, ordinal, io_timeout)) {
       sent_[ordinal] = listing->id;
-      pushed.push_back(Pushed{ordinal, listing->id});
+      uint64_t bytes = 0;
+      for (uint64_t n : listing->sizes) bytes += n;
+      pushed.push_back(Pushed{ordinal, listing->id, bytes});
     }
   }
   return pushed;

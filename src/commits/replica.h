@@ -50,6 +50,7 @@ handshake::Proofs replica_proofs(std::shared_ptr<const handshake::Key> key, cons
 struct Pushed {
   int ordinal = 0;
   uint64_t id = 0;
+  uint64_t bytes = 0;  // the entries' bytes
 };
 
 class ReplicaPusher {
