@@ -566,7 +566,14 @@ void Agent::keep(const Keep& k) {
 
 void Agent::replicate(const Replicate& r) {
   const std::string to = r.host.empty() ? "" : fmt::format("{}:{} {}", r.host, r.port, r.keeper_dir);
-  if (to == pushing_to_ && (to.empty() || pusher_fd_ >= 0)) return;
+  if (to == pushing_to_) {
+    // The driver repeats REPLICATE: a pusher that still runs goes on, one
+    // that ended (its end of the channel hung up) or could not start is
+    // started again, and one refused for want of a commit directory waits
+    // for the directory.
+    pollfd p{pusher_fd_, POLLIN, 0};
+    if (to.empty() || (pusher_fd_ < 0 && commit_dir_.empty()) || (pusher_fd_ >= 0 && ::poll(&p, 1, 0) == 0)) return;
+  }
   stop_replica_process(pusher_fd_);
   pushing_to_ = to;
   if (to.empty() || stopping_) return;

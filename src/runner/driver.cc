@@ -53,6 +53,11 @@ Driver::Driver(DriverOptions options, DriverDeps deps)
   if (!d_.commit_dir.empty() && d_.membership && o_.commit_replicas > 0) {
     replicas_ = std::make_unique<CommitReplicas>(
         o_.commit_replicas, d_.secret, [this](const std::string& host) { return host_commit_dir(host); },
+        [this](const std::string& host) {
+          bool local;
+          launcher_for(host, &local);
+          return advertise_address(host, local);
+        },
         [this](const std::string& host) -> Launcher& {
           bool local;
           return launcher_for(host, &local);

@@ -32,10 +32,12 @@ std::vector<std::pair<std::string, std::string>> plan_keepers(const std::vector<
 
 CommitReplicas::CommitReplicas(int replicas, std::string secret,
                                std::function<std::string(const std::string&)> commit_dir,
+                               std::function<std::string(const std::string&)> address,
                                std::function<Launcher&(const std::string&)> launcher_for, Clock& clock)
     : replicas_(replicas),
       secret_(std::move(secret)),
       commit_dir_(std::move(commit_dir)),
+      address_(std::move(address)),
       launcher_for_(std::move(launcher_for)),
       clock_(clock) {}
 
@@ -114,7 +116,7 @@ void CommitReplicas::tick(const std::vector<std::string>& holders, const std::ve
       if (k.told != holder) {
         ERUN_LOG_DEBUG("commit replicas: {} pushes to the keeper on {} (port {})", holder, host, k.port);
       }
-      launcher_for_(holder).replicate(holder, host, k.port, commit_dir_(host));
+      launcher_for_(holder).replicate(holder, address_(host), k.port, commit_dir_(host));
       k.told = holder;
       k.told_at = now;
     }

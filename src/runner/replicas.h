@@ -26,9 +26,12 @@ std::vector<std::pair<std::string, std::string>> plan_keepers(const std::vector<
 
 class CommitReplicas {
  public:
-  // `commit_dir(host)`: the host's ERUN_COMMIT_DIR; `launcher_for(host)`: the
-  // launcher of its agent.
+  // `commit_dir(host)`: the host's ERUN_COMMIT_DIR; `address(host)`: where
+  // the other hosts reach it (its name, or for an agent this machine runs,
+  // the address its workers advertise); `launcher_for(host)`: the launcher
+  // of its agent.
   CommitReplicas(int replicas, std::string secret, std::function<std::string(const std::string&)> commit_dir,
+                 std::function<std::string(const std::string&)> address,
                  std::function<Launcher&(const std::string&)> launcher_for, Clock& clock);
 
   // `holders`: the hosts of the running plan; `spares`: the usable hosts
@@ -55,6 +58,7 @@ class CommitReplicas {
   int replicas_;
   std::string secret_;
   std::function<std::string(const std::string&)> commit_dir_;
+  std::function<std::string(const std::string&)> address_;
   std::function<Launcher&(const std::string&)> launcher_for_;
   Clock& clock_;
   std::map<std::string, Keeper> keepers_;

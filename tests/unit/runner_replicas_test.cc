@@ -54,8 +54,13 @@ class RecordingLauncher final : public Launcher {
 
 class CommitReplicasTest : public ::testing::Test {
  protected:
-  CommitReplicas replicas_{1, "s3cret", [](const std::string& h) { return "/dev/shm/c-" + h; },
-                           [this](const std::string&) -> Launcher& { return launcher_; }, clock_};
+  // Keepers are reached at the address the driver gives (ip-of-HOST).
+  CommitReplicas replicas_{1,
+                           "s3cret",
+                           [](const std::string& h) { return "/dev/shm/c-" + h; },
+                           [](const std::string& h) { return "ip-of-" + h; },
+                           [this](const std::string&) -> Launcher& { return launcher_; },
+                           clock_};
   RecordingLauncher launcher_;
   FakeClock clock_;
 };
@@ -68,7 +73,7 @@ TEST_F(CommitReplicasTest, AKeeperIsAskedOnceAndItsHolderToldOnceItAnswered) {
   EXPECT_EQ(launcher_.asked.size(), 1u);
   launcher_.ports["b"] = 4000;
   replicas_.tick({"a"}, {"b"});
-  EXPECT_EQ(launcher_.told, std::vector<std::string>{"a -> b:4000 /dev/shm/c-b"});
+  EXPECT_EQ(launcher_.told, std::vector<std::string>{"a -> ip-of-b:4000 /dev/shm/c-b"});
   EXPECT_EQ(replicas_.serving(), (std::map<std::string, std::string>{{"b", "a"}}));
   // Said again now and then (a holder's agent started anew has no pusher).
   replicas_.tick({"a"}, {"b"});
@@ -100,7 +105,7 @@ TEST_F(CommitReplicasTest, ALostOrRefusingKeeperIsAskedAgainAfterAWhile) {
   replicas_.tick({"a"}, {"b"});
   replicas_.tick({"a"}, {"b"});
   EXPECT_EQ(launcher_.asked.size(), 2u);
-  EXPECT_EQ(launcher_.told, std::vector<std::string>{"a -> b:4001 /dev/shm/c-b"});
+  EXPECT_EQ(launcher_.told, std::vector<std::string>{"a -> ip-of-b:4001 /dev/shm/c-b"});
   // Its agent lost: the pusher stops and b is asked again at once.
   launcher_.ports["b"] = 0;
   replicas_.tick({"a"}, {"b"});
@@ -111,7 +116,7 @@ TEST_F(CommitReplicasTest, ALostOrRefusingKeeperIsAskedAgainAfterAWhile) {
   launcher_.can_start = false;
   clock_.advance(std::chrono::seconds(6));
   launcher_.ports.erase("b");
-  CommitReplicas other(1, "s", [](const std::string& h) { return h; },
+  CommitReplicas other(1, "s", [](const std::string& h) { return h; }, [](const std::string& h) { return h; },
                        [this](const std::string&) -> Launcher& { return launcher_; }, clock_);
   other.tick({"a"}, {"b"});
   other.tick({"a"}, {"b"});
