@@ -151,8 +151,11 @@ class Agent {
   void keep(const Keep& k);
   void replicate(const Replicate& r);
   KeeperProcess keeper_;
-  int pusher_fd_ = -1;
-  std::string pushing_to_;  // "host:port dir" of the pusher's keeper
+  struct Pusher {
+    int channel = -1;
+    std::string to;  // host:port
+  };
+  std::map<std::string, Pusher> pushers_;  // by the keeper's commit directory
   // With ERUN_CHECKPOINT_DIR too, the persister that writes its newest
   // commit to disk (agent/persister.h); `cwd` resolves a relative directory.
   void start_persister(const std::map<std::string, std::string>& env, const std::string& cwd);
@@ -541,7 +544,19 @@ bool Agent::hold_commit_dir(const std::string& dir) {
   return true;
 }
 
+// Whether a forked helper's channel hung up: the helper ended.
+bool helper_ended(int channel) {
+  pollfd p{channel, POLLIN, 0};
+  return channel < 0 || ::poll(&p, 1, 0) != 0;
+}
+
 void Agent::keep(const Keep& k) {
+  // The driver repeats KEEP: a keeper that ended (its channel hung up) is
+  // started again, on a new port that the answer says.
+  if (keeper_.channel >= 0 && helper_ended(keeper_.channel)) {
+    ERUN_LOG_WARN("{}: the commit replica keeper ended: starting another", me_);
+    stop_replica_process(keeper_.channel);
+  }
   if (keeper_.channel < 0) {
     if (stopping_) {
       send(Keeping{0, "the agent is stopping"});
@@ -565,30 +580,39 @@ void Agent::keep(const Keep& k) {
 }
 
 void Agent::replicate(const Replicate& r) {
-  const std::string to = r.host.empty() ? "" : fmt::format("{}:{} {}", r.host, r.port, r.keeper_dir);
-  if (to == pushing_to_) {
-    // The driver repeats REPLICATE: a pusher that still runs goes on, one
-    // that ended (its end of the channel hung up) or could not start is
-    // started again, and one refused for want of a commit directory waits
-    // for the directory.
-    pollfd p{pusher_fd_, POLLIN, 0};
-    if (to.empty() || (pusher_fd_ < 0 && commit_dir_.empty()) || (pusher_fd_ >= 0 && ::poll(&p, 1, 0) == 0)) return;
-  }
-  stop_replica_process(pusher_fd_);
-  pushing_to_ = to;
-  if (to.empty() || stopping_) return;
-  if (commit_dir_.empty() || r.port == 0 || r.port > 65535) {
-    ERUN_LOG_WARN("{}: cannot replicate commits to {}: {}", me_, to,
-                  commit_dir_.empty() ? "this host keeps no commits" : "no port");
+  if (r.keeper_dir.empty()) {  // stop every pusher
+    for (auto& [dir, p] : pushers_) stop_replica_process(p.channel);
+    pushers_.clear();
     return;
   }
-  pusher_fd_ = spawn_pusher(commit_dir_, secret_, r.host, static_cast<int>(r.port), r.keeper_dir, me_);
-  if (pusher_fd_ < 0) {
-    ERUN_LOG_ERROR("{}: cannot start pushing commit replicas to {}: {}", me_, r.host, std::strerror(errno));
-    pushing_to_.clear();
-  } else {
-    ERUN_LOG_DEBUG("{}: replicating commits from {} to {}", me_, commit_dir_, to);
+  const std::string to = fmt::format("{}:{}", r.host, r.port);
+  auto it = pushers_.find(r.keeper_dir);
+  if (r.port == 0 || r.port > 65535 || r.host.empty()) {  // stop the pusher to this keeper
+    if (it != pushers_.end()) {
+      stop_replica_process(it->second.channel);
+      pushers_.erase(it);
+    }
+    return;
   }
+  // The driver repeats REPLICATE: a pusher that still runs to the same
+  // address goes on; one that ended, or whose keeper moved, starts again.
+  if (it != pushers_.end() && it->second.to == to && !helper_ended(it->second.channel)) return;
+  if (it != pushers_.end()) {
+    stop_replica_process(it->second.channel);
+    pushers_.erase(it);
+  }
+  if (stopping_) return;
+  if (commit_dir_.empty()) {
+    ERUN_LOG_WARN("{}: cannot replicate commits to {}: this host keeps no commits", me_, to);
+    return;
+  }
+  int fd = spawn_pusher(commit_dir_, secret_, r.host, static_cast<int>(r.port), r.keeper_dir, me_);
+  if (fd < 0) {
+    ERUN_LOG_ERROR("{}: cannot start pushing commit replicas to {}: {}", me_, to, std::strerror(errno));
+    return;
+  }
+  pushers_[r.keeper_dir] = Pusher{fd, to};
+  ERUN_LOG_DEBUG("{}: replicating commits from {} to {} ({})", me_, commit_dir_, to, r.keeper_dir);
 }
 
 void Agent::start_persister(const std::map<std::string, std::string>& env, const std::string& cwd) {
@@ -774,8 +798,9 @@ void Agent::finish() {
   // The persister writes the newest commit first: up to a minute when the
   // job ended, a few seconds when the driver is gone.
   stop_persister(std::exchange(persister_fd_, -1), lost_ ? std::chrono::seconds(5) : std::chrono::seconds(60));
-  stop_replica_process(pusher_fd_);
-  stop_replica_process(keeper_.channel);
+  for (auto& [dir, p] : pushers_) stop_replica_process(p.channel);
+  pushers_.clear();
+  stop_replica_process(keeper_.channel);  // it ends before the directory goes
   if (!commit_dir_.empty()) release_commit_dir(commit_dir_, std::exchange(commit_lease_fd_, -1));
   close_fd(watchdog_fd_);  // the watchdog finds no group left and exits
 }

@@ -92,13 +92,19 @@ net::Socket listen_everywhere() {
     net::Address peer;
     Fd conn = net::accept(listener.fd.get(), &peer);
     if (!conn) continue;
+    // Named without its port, so that one peer's repeated failure is said once.
+    std::string name = peer.name();
+    name = name.substr(0, name.rfind(':'));
     try {
-      int n = store.serve(conn.get(), peer.name(), kIoTimeout);
-      if (n > 0) ERUN_LOG_DEBUG("{}: stored {} commit(s) from {}", me, n, peer.name());
+      int n = store.serve(conn.get(), name, kIoTimeout);
+      if (n > 0) ERUN_LOG_DEBUG("{}: stored {} commit(s) from {}", me, n, name);
       complaints.ok();
     } catch (const Error& e) {
       if (channel_ended(kChannel, 0)) ::_exit(0);
       complaints.failed(e.what());
+    } catch (const std::exception& e) {  // e.g. no memory for a table: this keeper ends, the agent starts another
+      ERUN_LOG_ERROR("{}: commit replica keeper: {}", me, e.what());
+      ::_exit(1);
     }
   }
 }
@@ -114,8 +120,18 @@ net::Socket listen_everywhere() {
   int wait_ms = 0;
   uint64_t count = 0, bytes = 0;
   std::chrono::steady_clock::duration busy{};
+  // The wait after an attempt that took `took`: the copying is at most a
+  // tenth of the time, leaving the workers of this host the rest of its
+  // cores and memory bandwidth; `floor_ms` at least.
+  auto pause_after = [](std::chrono::steady_clock::duration took, int floor_ms) {
+    return std::max(floor_ms, static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                   took * (kBusyShare - 1)).count()));
+  };
   while (!channel_ended(kChannel, wait_ms)) {
     wait_ms = 100;
+    const auto started = std::chrono::steady_clock::now();
+    std::vector<si::Pushed> pushed;  // what reached the keeper, even when a later push failed
+    bool failed = false;
     try {
       if (!targeted) {
         // Resolved here, not in the agent: a slow name service delays no worker.
@@ -126,26 +142,25 @@ net::Socket listen_everywhere() {
         pusher.target(addrs.value().front(), keeper_dir);
         targeted = true;
       }
-      const auto started = std::chrono::steady_clock::now();
-      const auto pushed = pusher.push(kIoTimeout);
-      for (const si::Pushed& p : pushed) {
-        ERUN_LOG_DEBUG("{}: commit {} of State {} replicated to {}", me, p.id, p.ordinal, host);
-        if (count++ == 0) ERUN_LOG_INFO("{}: commit {} replicated to {}, the first", me, p.id, host);
-        bytes += p.bytes;
-      }
-      if (!pushed.empty()) busy += std::chrono::steady_clock::now() - started;
-      // At most a tenth of the time copying: the workers of this host keep
-      // the rest of its memory bandwidth and cores.
-      if (!pushed.empty()) {
-        const auto took = std::chrono::steady_clock::now() - started;
-        wait_ms = std::max(wait_ms, static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                                         took * (kBusyShare - 1)).count()));
-      }
+      pusher.push(kIoTimeout, &pushed);
       complaints.ok();
     } catch (const Error& e) {
       if (channel_ended(kChannel, 0)) break;
       complaints.failed(e.what());
-      wait_ms = 1000;  // a keeper that is not there yet, or gone: try again soon
+      failed = true;  // a keeper not there yet, or gone: again in a second at the soonest
+    } catch (const std::exception& e) {
+      ERUN_LOG_ERROR("{}: commit replicas to {}: {}", me, host, e.what());
+      ::_exit(1);
+    }
+    const auto took = std::chrono::steady_clock::now() - started;
+    for (const si::Pushed& p : pushed) {
+      ERUN_LOG_DEBUG("{}: commit {} of State {} replicated to {}", me, p.id, p.ordinal, host);
+      if (count++ == 0) ERUN_LOG_INFO("{}: commit {} replicated to {}, the first", me, p.id, host);
+      bytes += p.bytes;
+    }
+    if (!pushed.empty() || failed) {
+      busy += took;
+      wait_ms = pause_after(took, failed ? 1000 : 100);
     }
   }
   ERUN_LOG_INFO("{}: {} commit(s) replicated to {} ({:.1f} MiB, {:.2f} s copying)", me, count, host,
@@ -225,7 +240,21 @@ int spawn_pusher(const std::string& commit_dir, const std::string& secret, const
 }
 
 void stop_replica_process(int& channel) {
-  if (channel >= 0) ::close(channel);
+  if (channel < 0) return;
+  // EOF to the helper; then its own end closes when it exits (within a
+  // poll's time, even in the middle of an exchange): waited for, so that a
+  // keeper never writes into a directory removed after this.
+  ::shutdown(channel, SHUT_WR);
+  const auto deadline = std::chrono::steady_clock::now() + 2s;
+  while (true) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    pollfd p{channel, POLLIN, 0};
+    if (left.count() <= 0 || ::poll(&p, 1, static_cast<int>(left.count())) == 0) break;
+    char buf[64];
+    ssize_t n = ::read(channel, buf, sizeof buf);
+    if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) break;
+  }
+  ::close(channel);
   channel = -1;
 }
 

@@ -1,6 +1,7 @@
 #include "commits/replica.h"
 
 #include <algorithm>
+#include <optional>
 #include <set>
 
 #include <fmt/format.h>
@@ -18,6 +19,7 @@ constexpr handshake::Scheme kReplicaScheme{"erun-replica-pusher-v1", "erun-repli
 // State makes, never an allocation a stranger chose (the handshake comes first).
 constexpr uint32_t kMaxEntries = 1u << 20;
 constexpr uint32_t kMaxName = 4096;
+constexpr uint64_t kMaxBytes = 1ull << 48;  // no layout arithmetic near 2^64
 constexpr size_t kChunk = 1 << 20;
 // The whole handshake, at the keeper.
 constexpr auto kHelloTimeout = std::chrono::seconds(5);
@@ -26,8 +28,21 @@ constexpr auto kHelloTimeout = std::chrono::seconds(5);
 // each failure an erun::Error naming the peer and the step.
 class Wire {
  public:
-  Wire(int sock, std::string peer, Duration timeout, const net::Interrupt* interrupt)
-      : sock_(sock), peer_(std::move(peer)), timeout_(timeout), interrupt_(interrupt) {}
+  // Each read or write waits at most `timeout`; with `whole`, all of them
+  // together do (a handshake).
+  Wire(int sock, std::string peer, Duration timeout, const net::Interrupt* interrupt, bool whole = false)
+      : sock_(sock), peer_(std::move(peer)), timeout_(timeout), interrupt_(interrupt) {
+    if (whole) deadline_ = std::chrono::steady_clock::now() + timeout;
+  }
+  // n bytes, a chunk at a time, each chunk within the timeout: a large entry
+  // over a slow link is not one deadline.
+  void recv_chunked(char* out, size_t n, const char* what) {
+    for (size_t at = 0; at < n;) {
+      const size_t k = std::min(n - at, kChunk);
+      recv(out + at, k, what);
+      at += k;
+    }
+  }
   void send(std::string_view data, const char* what) {
     check(net::send_all(sock_, data, now_plus(), interrupt_), "sending", what);
   }
@@ -57,7 +72,7 @@ class Wire {
   }
 
  private:
-  TimePoint now_plus() const { return std::chrono::steady_clock::now() + timeout_; }
+  TimePoint now_plus() const { return deadline_ ? *deadline_ : std::chrono::steady_clock::now() + timeout_; }
   void check(const net::Outcome& o, const char* verb, const char* what) const {
     if (!o.ok()) fail(fmt::format("{} {}: {}", verb, what, o.text()));
   }
@@ -65,6 +80,7 @@ class Wire {
   std::string peer_;
   Duration timeout_;
   const net::Interrupt* interrupt_;
+  std::optional<TimePoint> deadline_;
 };
 
 // A commit's header: what a keeper lays out before the bytes come.
@@ -100,9 +116,8 @@ void ReplicaPusher::target(const net::Address& keeper, const std::string& keeper
   sent_.clear();
 }
 
-std::vector<Pushed> ReplicaPusher::push(Duration io_timeout) {
-  std::vector<Pushed> pushed;
-  if (!has_target_) return pushed;
+void ReplicaPusher::push(Duration io_timeout, std::vector<Pushed>* pushed) {
+  if (!has_target_) return;
   net::Socket sock;
   std::set<int> looked;  // State numbers whose newest whole commit was found
   for (const ClaimedCommit& c : claimed_commits(commit_dir_)) {  // newest first
@@ -136,10 +151,9 @@ std::vector<Pushed> ReplicaPusher::push(Duration io_timeout) {
       sent_[ordinal] = listing->id;
       uint64_t bytes = 0;
       for (uint64_t n : listing->sizes) bytes += n;
-      pushed.push_back(Pushed{ordinal, listing->id, bytes});
+      pushed->push_back(Pushed{ordinal, listing->id, bytes});
     }
   }
-  return pushed;
 }
 
 bool ReplicaPusher::push_one(int sock, const std::string& path, const HostCommits::Listing& l, int ordinal,
@@ -200,7 +214,7 @@ int ReplicaStore::serve(int sock, const std::string& peer, Duration io_timeout) 
   // The handshake: nothing the peer sends is believed before its proof, and
   // a peer that says nothing holds the keeper (which serves one connection
   // at a time) for kHelloTimeout at most.
-  Wire hs_wire(sock, peer, std::min<Duration>(io_timeout, kHelloTimeout), interrupt_);
+  Wire hs_wire(sock, peer, std::min<Duration>(io_timeout, kHelloTimeout), interrupt_, /*whole=*/true);
   std::string hello = hs_wire.recv(8 + 4 + handshake::kNonceBytes, "the hello");
   if (hello.compare(0, 8, kReplicaMagic, 8) != 0) hs_wire.fail("not a commit replica hello (is something else connecting?)");
   if (le32(hello.data() + 8) != kReplicaVersion) {
@@ -227,7 +241,7 @@ int ReplicaStore::serve(int sock, const std::string& peer, Duration io_timeout) 
     h.id = get_le(fixed + 8, 8);
     const uint32_t count = le32(fixed + 16);
     h.total = get_le(fixed + 20, 8);
-    if (count > kMaxEntries || h.ordinal > 1000000 || h.id == 0) {
+    if (count > kMaxEntries || h.ordinal > 1000000 || h.id == 0 || h.total > kMaxBytes) {
       wire.fail(fmt::format("a malformed commit header ({} entries, State {}, commit {})", count, h.ordinal, h.id));
     }
     uint64_t sum = 0;
@@ -261,11 +275,11 @@ int ReplicaStore::serve(int sock, const std::string& peer, Duration io_timeout) 
       wire.send(no.str(), "a refusal");
       wire.fail("refused commit " + std::to_string(h.id) + ": " + *refused);
     }
-    wire.send(std::string_view("\1", 1), "the answer");
     bool whole = false;
     try {
+      wire.send(std::string_view("\1", 1), "the answer");
       for (uint32_t k = 0; k < count; ++k) {
-        if (h.sizes[k] > 0) wire.recv(const_cast<char*>(placed[k]), h.sizes[k], "a commit's bytes");
+        if (h.sizes[k] > 0) wire.recv_chunked(const_cast<char*>(placed[k]), h.sizes[k], "a commit's bytes");
       }
       whole = wire.u8("the verdict") == 1;
     } catch (...) {

@@ -64,12 +64,13 @@ class ReplicaPusher {
   void target(const net::Address& keeper, const std::string& keeper_dir);
 
   // Pushes, over one connection, each State number's newest commit that
-  // this host holds whole and that the keeper was not sent yet. Connects
-  // only when there is such a commit. A commit whose worker began to
-  // overwrite it under the copy is skipped (the next push sends the newer
-  // one). Each read or write waits at most `io_timeout`. Throws erun::Error
-  // naming the keeper and what failed; what went before stays pushed.
-  std::vector<Pushed> push(Duration io_timeout);
+  // this host holds whole and that the keeper was not sent yet, appending
+  // each one the keeper stored to `pushed`. Connects only when there is
+  // such a commit. A commit whose worker began to overwrite it under the
+  // copy is skipped (the next push sends the newer one). Each read or write
+  // of a chunk waits at most `io_timeout`. Throws erun::Error naming the
+  // keeper and what failed; what went before stays pushed (and in `pushed`).
+  void push(Duration io_timeout, std::vector<Pushed>* pushed);
 
   bool has_target() const { return has_target_; }
   // Ends a push early (its error says "aborted") when it fires; null: none.

@@ -92,7 +92,8 @@ class Launcher {
     return 0;
   }
   // Asks `holder`'s agent to push its host's newest commits to the keeper at
-  // keeper:port with directory `keeper_dir`; an empty keeper stops it.
+  // keeper:port with directory `keeper_dir` (one pusher per keeper); port 0
+  // stops its pusher to that keeper.
   virtual void replicate(const std::string& holder, const std::string& keeper, int port,
                          const std::string& keeper_dir) {
     (void)holder, (void)keeper, (void)port, (void)keeper_dir;

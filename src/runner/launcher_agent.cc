@@ -142,14 +142,9 @@ class AgentConnection {
     return hello_;
   }
 
-  // KEEP: the answer comes as KEEPING (keeper_port()).
-  void keep(const std::string& commit_dir) {
-    {
-      std::lock_guard lock(mu_);
-      keeper_port_.reset();
-    }
-    send(agent::Keep{commit_dir});
-  }
+  // KEEP: the answer comes as KEEPING (keeper_port(), the last answer's
+  // port until the next answer).
+  void keep(const std::string& commit_dir) { send(agent::Keep{commit_dir}); }
   std::optional<int> keeper_port() {
     std::lock_guard lock(mu_);
     return keeper_port_;
@@ -159,6 +154,7 @@ class AgentConnection {
   void start_worker(const agent::Start& start, int out_w, int err_w) {
     {
       std::lock_guard lock(mu_);
+      had_worker_ = true;
       Slot& s = workers_[start.id];
       s.rank = start.rank;
       s.generation = start.generation;
@@ -360,7 +356,7 @@ class AgentConnection {
       fail_with_host_locked(s);
       ++failed;
     }
-    if (!closing_ && workers_.empty()) {
+    if (!closing_ && !had_worker_) {
       // A spare host's agent (commit replicas): no worker, no failure of the host.
       ERUN_LOG_WARN("agent on {} lost: {}; it ran no worker: {}", host_, why,
                     transport_failure_ ? transport_failure_->hint : "check the host and its connection (ssh, network)");
@@ -579,6 +575,7 @@ class AgentConnection {
   bool hello_ = false;
   bool reader_done_ = false;
   std::optional<int> keeper_port_;  // KEEPING's port; unset until it came
+  bool had_worker_ = false;         // START was sent through it (a spare's agent had none)
 };
 
 namespace {

@@ -46,8 +46,9 @@ void CommitReplicas::back_off(Keeper& k, TimePoint now) {
   k.retry_at = now + k.backoff;
 }
 
-void CommitReplicas::drop(Keeper& k) {
-  if (!k.told.empty()) launcher_for_(k.told).replicate(k.told, "", 0, "");
+void CommitReplicas::drop(const std::string& host, Keeper& k) {
+  // Port 0: the holder stops its pusher to this keeper (only that one).
+  if (!k.told.empty()) launcher_for_(k.told).replicate(k.told, address_(host), 0, commit_dir_(host));
   k.told.clear();
 }
 
@@ -72,14 +73,14 @@ void CommitReplicas::tick(const std::vector<std::string>& holders, const std::ve
       ++it;
       continue;
     }
-    drop(it->second);
+    drop(it->first, it->second);
     it = keepers_.erase(it);
   }
   const TimePoint now = clock_.now();
   for (auto& [host, holder] : wanted) {
     Keeper& k = keepers_[host];
     if (k.holder != holder) {
-      drop(k);
+      drop(host, k);
       k.holder = holder;
     }
     Launcher& launcher = launcher_for_(host);
@@ -87,28 +88,34 @@ void CommitReplicas::tick(const std::vector<std::string>& holders, const std::ve
       if (now < k.retry_at) continue;
       k.asked = launcher.keep(host, commit_dir_(host), secret_);
       k.port = 0;
+      k.kept_at = now;
       if (!k.asked) {
         back_off(k, now);
         continue;
       }
     }
-    if (k.port == 0) {
-      std::optional<int> port = launcher.keeper_port(host);
-      if (!port) continue;  // no answer yet
-      if (*port == 0) {     // it could not keep: its agent said why
-        k.asked = false;
-        back_off(k, now);
-        drop(k);
-        continue;
-      }
-      k.port = *port;
-      k.backoff = Duration{};
-    } else if (launcher.keeper_port(host).value_or(0) != k.port) {
-      // Its agent was lost (or restarted): ask again.
+    const std::optional<int> port = launcher.keeper_port(host);
+    if (k.port == 0 && !port) continue;  // no answer yet
+    if (port.value_or(k.port) == 0) {
+      // It could not keep (its agent said why), or its agent was lost: ask
+      // again after a while.
       k.asked = false;
       k.port = 0;
-      drop(k);
+      back_off(k, now);
+      drop(host, k);
       continue;
+    }
+    if (*port != k.port) {
+      // The first answer, or a keeper started again on a new port (KEEP is
+      // repeated, and an agent whose keeper ended starts another): the
+      // holder is told the new port at once.
+      if (k.port != 0) k.told_at = TimePoint{};
+      k.port = *port;
+      k.backoff = Duration{};
+    }
+    if (now >= k.kept_at + kRetry) {
+      (void)launcher.keep(host, commit_dir_(host), secret_);
+      k.kept_at = now;
     }
     // Said again now and then: a holder's agent started anew since has no
     // pusher (an agent ignores the same target twice).

@@ -45,14 +45,15 @@ class CommitReplicas {
   struct Keeper {
     std::string holder;      // who should push to it
     bool asked = false;      // KEEP sent
+    TimePoint kept_at{};     // when KEEP was last sent (repeated every kRetry)
     int port = 0;            // its answer
     std::string told;        // the holder told to push to it
     TimePoint told_at{};     // when it was last told
     TimePoint retry_at{};    // after a failure: ask again then
     Duration backoff{};      // the wait after the last failure
   };
-  // Stops the pushes to `k`.
-  void drop(Keeper& k);
+  // Stops the pushes to `host`'s keeper.
+  void drop(const std::string& host, Keeper& k);
   void back_off(Keeper& k, TimePoint now);
 
   int replicas_;

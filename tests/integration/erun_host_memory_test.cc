@@ -22,6 +22,7 @@
 
 #include <fmt/format.h>
 
+#include "commits/host_commits.h"
 #include "support/erun_process.h"
 #include "support/process_utils.h"
 #include "support/sshd.h"
@@ -273,8 +274,12 @@ TEST_P(ErunReplicas, TheOnlyHostLostWholeResumesOnTheSpareFromItsReplica) {
   ASSERT_EQ(dir_a.substr(dir_a.size() - 9), "127.0.0.2") << dir_a;
   const std::string dir_b = dir_a.substr(0, dir_a.size() - 9) + "127.0.0.3";
   const std::string replica = dir_b + "/replica";
-  // The spare holds a commit of this run's, within a push's time.
-  auto held_at_b = [&] { return std::max(claimed_id(replica + ".a"), claimed_id(replica + ".b")); };
+  // The spare holds a whole commit of this run's (trailer and all), within a
+  // push's time.
+  auto held_at_b = [&]() -> uint64_t {
+    auto c = state_internal::HostCommits::newest_claim(dir_b, 0);
+    return c && c->path.find("/replica.") != std::string::npos ? c->id : 0;
+  };
   auto deadline = std::chrono::steady_clock::now() + 10s;
   while (replicas > 0 && held_at_b() == 0 && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(50ms);
@@ -338,7 +343,10 @@ TEST_F(ErunHostMemory, BackgroundPersistenceTrailsByTheIntervalAndAColdRestartRe
       const uint64_t on_disk = claimed_id(durable);
       durable_ids.insert(on_disk);
       for (const auto& [id, when] : begun) {
-        if (now - when > slack) EXPECT_GE(on_disk, id) << "commit " << id << " not on disk after " << (now - when).count() / 1000000 << " ms";
+        if (now - when > slack) {
+          EXPECT_GE(on_disk, id) << "commit " << id << " not on disk after " << (now - when).count() / 1000000
+                                 << " ms";
+        }
       }
       std::this_thread::sleep_for(50ms);
     }

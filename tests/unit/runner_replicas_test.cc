@@ -45,7 +45,8 @@ class RecordingLauncher final : public Launcher {
     return it->second;
   }
   void replicate(const std::string& holder, const std::string& keeper, int port, const std::string& dir) override {
-    told.push_back(keeper.empty() ? holder + " stop" : holder + " -> " + keeper + ":" + std::to_string(port) + " " + dir);
+    told.push_back(port == 0 ? holder + " stops " + keeper : holder + " -> " + keeper + ":" + std::to_string(port) +
+                                                                 " " + dir);
   }
   bool can_start = true;
   std::map<std::string, int> ports;  // absent: no answer yet
@@ -54,74 +55,100 @@ class RecordingLauncher final : public Launcher {
 
 class CommitReplicasTest : public ::testing::Test {
  protected:
-  // Keepers are reached at the address the driver gives (ip-of-HOST).
-  CommitReplicas replicas_{1,
-                           "s3cret",
-                           [](const std::string& h) { return "/dev/shm/c-" + h; },
-                           [](const std::string& h) { return "ip-of-" + h; },
-                           [this](const std::string&) -> Launcher& { return launcher_; },
-                           clock_};
+  CommitReplicas make(int replicas) {
+    // Keepers are reached at the address the driver gives (ip-of-HOST).
+    return CommitReplicas(
+        replicas, "s3cret", [](const std::string& h) { return "/dev/shm/c-" + h; },
+        [](const std::string& h) { return "ip-of-" + h; },
+        [this](const std::string&) -> Launcher& { return launcher_; }, clock_);
+  }
   RecordingLauncher launcher_;
   FakeClock clock_;
 };
 
-TEST_F(CommitReplicasTest, AKeeperIsAskedOnceAndItsHolderToldOnceItAnswered) {
-  replicas_.tick({"a"}, {"b"});
+TEST_F(CommitReplicasTest, AKeeperIsAskedAndItsHolderToldOnceItAnsweredBothAgainNowAndThen) {
+  CommitReplicas r = make(1);
+  r.tick({"a"}, {"b"});
   EXPECT_EQ(launcher_.asked, std::vector<std::string>{"b /dev/shm/c-b s3cret"});
   EXPECT_TRUE(launcher_.told.empty());  // no answer yet
-  replicas_.tick({"a"}, {"b"});
+  r.tick({"a"}, {"b"});
   EXPECT_EQ(launcher_.asked.size(), 1u);
   launcher_.ports["b"] = 4000;
-  replicas_.tick({"a"}, {"b"});
+  r.tick({"a"}, {"b"});
   EXPECT_EQ(launcher_.told, std::vector<std::string>{"a -> ip-of-b:4000 /dev/shm/c-b"});
-  EXPECT_EQ(replicas_.serving(), (std::map<std::string, std::string>{{"b", "a"}}));
-  // Said again now and then (a holder's agent started anew has no pusher).
-  replicas_.tick({"a"}, {"b"});
+  EXPECT_EQ(r.serving(), (std::map<std::string, std::string>{{"b", "a"}}));
+  r.tick({"a"}, {"b"});
   EXPECT_EQ(launcher_.told.size(), 1u);
+  EXPECT_EQ(launcher_.asked.size(), 1u);
+  // Both said again after a while: a keeper or a pusher that ended is
+  // started again by its agent.
   clock_.advance(std::chrono::seconds(6));
-  replicas_.tick({"a"}, {"b"});
+  r.tick({"a"}, {"b"});
+  EXPECT_EQ(launcher_.asked.size(), 2u);
   EXPECT_EQ(launcher_.told.size(), 2u);
 }
 
-TEST_F(CommitReplicasTest, AKeeperThatBecomesAHolderIsDroppedAndItsPusherStopped) {
+TEST_F(CommitReplicasTest, AKeeperStartedAgainOnAnotherPortIsToldToItsHolderAtOnce) {
+  CommitReplicas r = make(1);
   launcher_.ports["b"] = 4000;
-  replicas_.tick({"a"}, {"b"});
-  replicas_.tick({"a"}, {"b"});
+  r.tick({"a"}, {"b"});
   ASSERT_EQ(launcher_.told.size(), 1u);
-  // b runs a worker now: both hold every commit.
-  replicas_.tick({"a", "b"}, {});
-  EXPECT_EQ(launcher_.told.back(), "a stop");
-  EXPECT_TRUE(replicas_.serving().empty());
+  launcher_.ports["b"] = 4002;
+  r.tick({"a"}, {"b"});
+  EXPECT_EQ(launcher_.told.back(), "a -> ip-of-b:4002 /dev/shm/c-b");
 }
 
-TEST_F(CommitReplicasTest, ALostOrRefusingKeeperIsAskedAgainAfterAWhile) {
+TEST_F(CommitReplicasTest, OneHolderPushesToEachOfSeveralKeepersAndDroppingOneStopsOnlyIt) {
+  CommitReplicas r = make(2);
+  launcher_.ports = {{"b", 4000}, {"c", 4001}};
+  r.tick({"a"}, {"b", "c"});
+  EXPECT_EQ(launcher_.told, (std::vector<std::string>{"a -> ip-of-b:4000 /dev/shm/c-b",
+                                                      "a -> ip-of-c:4001 /dev/shm/c-c"}));
+  // c runs a worker now: a and c hold every commit, b keeps the third copy.
+  r.tick({"a", "c"}, {"b"});
+  EXPECT_EQ(launcher_.told.back(), "a stops ip-of-c");
+  EXPECT_EQ(r.serving(), (std::map<std::string, std::string>{{"b", "a"}}));
+}
+
+TEST_F(CommitReplicasTest, AKeeperThatBecomesAHolderIsDroppedAndItsPusherStopped) {
+  CommitReplicas r = make(1);
+  launcher_.ports["b"] = 4000;
+  r.tick({"a"}, {"b"});
+  ASSERT_EQ(launcher_.told.size(), 1u);
+  // b runs a worker now: both hold every commit.
+  r.tick({"a", "b"}, {});
+  EXPECT_EQ(launcher_.told.back(), "a stops ip-of-b");
+  EXPECT_TRUE(r.serving().empty());
+}
+
+TEST_F(CommitReplicasTest, ALostOrRefusingKeeperIsAskedAgainAfterAWaitThatDoubles) {
+  CommitReplicas r = make(1);
   launcher_.ports["b"] = 0;  // could not keep
-  replicas_.tick({"a"}, {"b"});
-  replicas_.tick({"a"}, {"b"});
+  r.tick({"a"}, {"b"});
+  r.tick({"a"}, {"b"});
   EXPECT_EQ(launcher_.asked.size(), 1u);
   EXPECT_TRUE(launcher_.told.empty());
   clock_.advance(std::chrono::seconds(6));
   launcher_.ports["b"] = 4001;
-  replicas_.tick({"a"}, {"b"});
-  replicas_.tick({"a"}, {"b"});
+  r.tick({"a"}, {"b"});
   EXPECT_EQ(launcher_.asked.size(), 2u);
   EXPECT_EQ(launcher_.told, std::vector<std::string>{"a -> ip-of-b:4001 /dev/shm/c-b"});
-  // Its agent lost: the pusher stops and b is asked again at once.
+  // Its agent lost: the pusher stops, and b is asked again after 5 s.
   launcher_.ports["b"] = 0;
-  replicas_.tick({"a"}, {"b"});
-  EXPECT_EQ(launcher_.told.back(), "a stop");
-  replicas_.tick({"a"}, {"b"});
-  EXPECT_EQ(launcher_.asked.size(), 3u);
-  // A launcher without agents cannot keep: asked again only after the wait.
-  launcher_.can_start = false;
+  r.tick({"a"}, {"b"});
+  EXPECT_EQ(launcher_.told.back(), "a stops ip-of-b");
+  r.tick({"a"}, {"b"});
+  EXPECT_EQ(launcher_.asked.size(), 2u);
   clock_.advance(std::chrono::seconds(6));
   launcher_.ports.erase("b");
-  CommitReplicas other(1, "s", [](const std::string& h) { return h; }, [](const std::string& h) { return h; },
-                       [this](const std::string&) -> Launcher& { return launcher_; }, clock_);
+  r.tick({"a"}, {"b"});
+  EXPECT_EQ(launcher_.asked.size(), 3u);
+  // A launcher without agents cannot keep: each failure doubles the wait, 5 s, then 10 s.
+  launcher_.can_start = false;
+  CommitReplicas other = make(1);
   other.tick({"a"}, {"b"});
   other.tick({"a"}, {"b"});
   EXPECT_EQ(launcher_.asked.size(), 4u);
-  // Each failure doubles the wait: 5 s, then 10 s.
   clock_.advance(std::chrono::seconds(6));
   other.tick({"a"}, {"b"});
   EXPECT_EQ(launcher_.asked.size(), 5u);
