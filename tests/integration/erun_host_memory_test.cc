@@ -14,10 +14,12 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <regex>
 #include <set>
+#include <sstream>
 #include <thread>
 
 #include <fmt/format.h>
@@ -243,6 +245,64 @@ pid_t agent_of_worker_on(const std::vector<pid_t>& workers, const std::string& h
   return 0;
 }
 
+// The children of `parent` (from /proc/*/stat).
+std::vector<pid_t> children_of(pid_t parent) {
+  std::vector<pid_t> out;
+  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = e.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::string stat = read_file("/proc/" + name + "/stat");
+    auto close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream rest(stat.substr(close + 2));
+    std::string state;
+    long ppid = 0;
+    rest >> state >> ppid;
+    if (ppid == parent && state != "Z") out.push_back(static_cast<pid_t>(std::stol(name)));
+  }
+  return out;
+}
+
+// Whether `pid` holds a listening TCP socket (its fds against /proc/net/tcp{,6}).
+bool listens_on_tcp(pid_t pid) {
+  std::set<std::string> listening;
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::istringstream in(read_file(table));
+    std::string line;
+    std::getline(in, line);
+    while (std::getline(in, line)) {
+      std::istringstream f(line);
+      std::string sl, local, remote, st, queues, tr, retr, uid, timeout, inode;
+      f >> sl >> local >> remote >> st >> queues >> tr >> retr >> uid >> timeout >> inode;
+      if (st == "0A") listening.insert(inode);
+    }
+  }
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/fd", ec)) {
+    std::string link = std::filesystem::read_symlink(e.path(), ec).string();
+    if (link.rfind("socket:[", 0) == 0 && listening.count(link.substr(8, link.size() - 9))) return true;
+  }
+  return false;
+}
+
+// The keeper of erun `driver`'s spare host: among the driver's agents
+// (--launcher local), the one that runs no `program` worker; its child that
+// listens on TCP. 0 when there is none.
+pid_t keeper_process(pid_t driver, const std::string& program) {
+  for (pid_t agent : children_of(driver)) {
+    if (read_file("/proc/" + std::to_string(agent) + "/cmdline").find("--agent") == std::string::npos) continue;
+    bool runs_worker = false;
+    for (pid_t c : children_of(agent)) {
+      runs_worker = runs_worker || read_file("/proc/" + std::to_string(c) + "/cmdline").rfind(program, 0) == 0;
+    }
+    if (runs_worker) continue;
+    for (pid_t c : children_of(agent)) {
+      if (listens_on_tcp(c)) return c;
+    }
+  }
+  return 0;
+}
+
 // (c') A one-host job with a spare host in discovery (--max-np leaves it
 // idle): the spare's agent keeps a replica of the newest commit, pushed from
 // the worker's host. The worker's host is then lost whole (its agent is
@@ -307,6 +367,52 @@ TEST_P(ErunReplicas, TheOnlyHostLostWholeResumesOnTheSpareFromItsReplica) {
   const std::string said = p.err() + p.out();
   EXPECT_NE(said.find("from host memory on 127.0.0.3 (" + replica), std::string::npos) << said;
   EXPECT_FALSE(exists(dir_b)) << dir_b << " left behind";
+}
+
+// A spare's keeper process dies (here SIGKILLed): its agent starts another
+// at the driver's next KEEP (every 5 s), the holder is told its new port,
+// and replicas go on: the spare holds a newer whole commit than before, and
+// losing the worker's host whole still resumes there.
+TEST_F(ErunHostMemory, AKeeperThatDiesIsStartedAgainAndReplicasGoOn) {
+  dir_.write("hosts", "127.0.0.2:1\n127.0.0.3:1\n");
+  ErunProcess p(erun_args({"-np", "1", "--min-np", "1", "--max-np", "1", "--blacklist-after", "1"}));
+  ASSERT_TRUE(p.wait_output(fmt_epoch(1), 120s)) << p.out() << p.err();
+  const std::string dir_a = commit_dir();
+  ASSERT_FALSE(dir_a.empty());
+  const std::string dir_b = dir_a.substr(0, dir_a.size() - 9) + "127.0.0.3";
+  auto replica_id = [&]() -> uint64_t {
+    auto c = state_internal::HostCommits::newest_claim(dir_b, 0);
+    return c && c->path.find("/replica.") != std::string::npos ? c->id : 0;
+  };
+  pid_t keeper = 0;
+  auto deadline = std::chrono::steady_clock::now() + 10s;
+  while ((keeper == 0 || replica_id() == 0) && std::chrono::steady_clock::now() < deadline) {
+    keeper = keeper_process(p.pid(), program_);
+    std::this_thread::sleep_for(50ms);
+  }
+  ASSERT_GT(keeper, 0) << "no keeper process found\n" << p.err();
+  ASSERT_GT(replica_id(), 0u) << p.err();
+  ::kill(keeper, SIGKILL);
+  const uint64_t before = replica_id();
+  pid_t again = 0;
+  deadline = std::chrono::steady_clock::now() + 20s;
+  while (std::chrono::steady_clock::now() < deadline) {
+    again = keeper_process(p.pid(), program_);
+    if (again != 0 && again != keeper && replica_id() > before) break;
+    std::this_thread::sleep_for(100ms);
+  }
+  ASSERT_NE(again, 0) << p.err();
+  EXPECT_NE(again, keeper);
+  ASSERT_GT(replica_id(), before) << "no newer replica after the keeper was started again\n" << p.err();
+  EXPECT_NE(p.err().find("the commit replica keeper ended: starting another"), std::string::npos) << p.err();
+  // And it serves: the worker's host lost whole resumes on the spare.
+  pid_t agent_a = agent_of_worker_on(workers(), "127.0.0.2");
+  ASSERT_GT(agent_a, 0);
+  dir_.write("hosts", "127.0.0.3:1\n");
+  ::kill(agent_a, SIGKILL);
+  ASSERT_NO_FATAL_FAILURE(expect_resumed_exactly(p, 2));
+  EXPECT_NE((p.err() + p.out()).find("from host memory on 127.0.0.3 (" + dir_b + "/replica"), std::string::npos)
+      << p.err();
 }
 
 INSTANTIATE_TEST_SUITE_P(Replicas, ErunReplicas,
