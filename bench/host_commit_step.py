@@ -19,18 +19,28 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEP = re.compile(r"STEP .*rank=0 .*step=(\d+) t=([0-9.]+)$", re.M)
 
 
-def step_time(build, np_, mb, steps, step_ms, host_commits):
-    erun = os.path.join(build, "src/runner/erun")
-    worker = os.path.join(build, "bench/step_worker")
-    cmd = [erun, "-np", str(np_)] + ([] if host_commits else ["--no-host-commits"]) + [
-        worker, "--steps", str(steps), "--step-ms", str(step_ms), "--floats", "1024",
-        "--state-floats", str(mb * (1 << 20) // 4)]
+def worker_args(build, mb, steps, step_ms):
+    """bench/step_worker committing a model of `mb` MiB at every step."""
+    return [os.path.join(build, "bench/step_worker"), "--steps", str(steps), "--step-ms", str(step_ms),
+            "--floats", "1024", "--state-floats", str(mb * (1 << 20) // 4)]
+
+
+def median_step(cmd):
+    """Runs `cmd` (erun and step_worker); rank 0's median time between steps
+    after the first 10, and the run's stderr."""
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     if out.returncode != 0:
-        sys.exit(f"host_commit_step: {' '.join(cmd)} failed ({out.returncode}):\n{out.stderr[-2000:]}")
+        sys.exit(f"{' '.join(cmd)} failed ({out.returncode}):\n{out.stderr[-2000:]}")
     t = {int(s): float(x) for s, x in STEP.findall(out.stdout)}
     ts = [t[s] for s in sorted(t) if s > 10]
-    return statistics.median(b - a for a, b in zip(ts, ts[1:]))
+    return statistics.median(b - a for a, b in zip(ts, ts[1:])), out.stderr
+
+
+def step_time(build, np_, mb, steps, step_ms, host_commits):
+    erun = os.path.join(build, "src/runner/erun")
+    cmd = [erun, "-np", str(np_)] + ([] if host_commits else ["--no-host-commits"]) + worker_args(
+        build, mb, steps, step_ms)
+    return median_step(cmd)[0]
 
 
 def main():

@@ -6,8 +6,8 @@ a replica that 127.0.0.2's pusher sends it in the background; with
 --commit-replicas 0 nothing is pushed. Each run is bench/step_worker with a
 model of --state-mb MiB registered as a buffer and committed at every step;
 the rounds alternate between the two, and a round's figure is rank 0's median
-time between steps after the first 10. Also prints how many commits the
-replica received (from the pusher's debug lines).
+time between steps after the first 10. Also prints how many commits were
+replicated and how long the pusher spent copying (its closing log line).
 
     /usr/bin/python3 bench/replica_step.py [--build-dir build-bench] [--state-mb 16 64]
         [--steps 120] [--step-ms 20] [--rounds 4]
@@ -16,29 +16,21 @@ import argparse
 import os
 import re
 import statistics
-import subprocess
-import sys
+
+from host_commit_step import median_step, worker_args
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-STEP = re.compile(r"STEP .*rank=0 .*step=(\d+) t=([0-9.]+)$", re.M)
 PUSHED = re.compile(r"(\d+) commit\(s\) replicated to 127\.0\.0\.3 \(([0-9.]+) MiB, ([0-9.]+) s copying\)")
 
 
 def step_time(build, mb, steps, step_ms, replicas):
-    erun = os.path.join(build, "src/runner/erun")
-    worker = os.path.join(build, "bench/step_worker")
-    cmd = [erun, "-np", "2", "-H", "127.0.0.2:2,127.0.0.3:2", "--launcher", "local",
-           "--commit-replicas", str(replicas),
-           worker, "--steps", str(steps), "--step-ms", str(step_ms), "--floats", "1024",
-           "--state-floats", str(mb * (1 << 20) // 4)]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    if out.returncode != 0:
-        sys.exit(f"replica_step: {' '.join(cmd)} failed ({out.returncode}):\n{out.stderr[-2000:]}")
-    t = {int(s): float(x) for s, x in STEP.findall(out.stdout)}
-    ts = [t[s] for s in sorted(t) if s > 10]
-    m = PUSHED.search(out.stderr)
-    return statistics.median(b - a for a, b in zip(ts, ts[1:])), (int(m.group(1)) if m else 0), (
-        float(m.group(3)) if m else 0.0)
+    """Median step, and the commits replicated and seconds spent copying
+    (the pusher's closing line)."""
+    cmd = [os.path.join(build, "src/runner/erun"), "-np", "2", "-H", "127.0.0.2:2,127.0.0.3:2", "--launcher", "local",
+           "--commit-replicas", str(replicas)] + worker_args(build, mb, steps, step_ms)
+    step, err = median_step(cmd)
+    m = PUSHED.search(err)
+    return step, (int(m.group(1)) if m else 0), (float(m.group(3)) if m else 0.0)
 
 
 def main():

@@ -20,6 +20,7 @@
 
 #include "agent/protocol.h"
 #include "agent/commit_dir.h"
+#include "agent/detached.h"
 #include "agent/replicas.h"
 #include "agent/persister.h"
 #include "agent/relay.h"
@@ -150,6 +151,7 @@ class Agent {
   // (re)targets the pusher.
   void keep(const Keep& k);
   void replicate(const Replicate& r);
+  void stop_pushers();
   KeeperProcess keeper_;
   struct Pusher {
     int channel = -1;
@@ -555,7 +557,7 @@ void Agent::keep(const Keep& k) {
   // started again, on a new port that the answer says.
   if (keeper_.channel >= 0 && helper_ended(keeper_.channel)) {
     ERUN_LOG_WARN("{}: the commit replica keeper ended: starting another", me_);
-    stop_replica_process(keeper_.channel);
+    stop_helper(std::exchange(keeper_.channel, -1), kReplicaStopWait);
   }
   if (keeper_.channel < 0) {
     if (stopping_) {
@@ -579,29 +581,26 @@ void Agent::keep(const Keep& k) {
   send(Keeping{static_cast<uint32_t>(keeper_.port), ""});
 }
 
+void Agent::stop_pushers() {
+  for (auto& [dir, p] : pushers_) stop_helper(p.channel, kReplicaStopWait);
+  pushers_.clear();
+}
+
 void Agent::replicate(const Replicate& r) {
   if (r.keeper_dir.empty()) {  // stop every pusher
-    for (auto& [dir, p] : pushers_) stop_replica_process(p.channel);
-    pushers_.clear();
+    stop_pushers();
     return;
   }
   const std::string to = fmt::format("{}:{}", r.host, r.port);
-  auto it = pushers_.find(r.keeper_dir);
-  if (r.port == 0 || r.port > 65535 || r.host.empty()) {  // stop the pusher to this keeper
-    if (it != pushers_.end()) {
-      stop_replica_process(it->second.channel);
-      pushers_.erase(it);
-    }
-    return;
-  }
-  // The driver repeats REPLICATE: a pusher that still runs to the same
-  // address goes on; one that ended, or whose keeper moved, starts again.
-  if (it != pushers_.end() && it->second.to == to && !helper_ended(it->second.channel)) return;
-  if (it != pushers_.end()) {
-    stop_replica_process(it->second.channel);
+  const bool wanted = r.port > 0 && r.port <= 65535 && !r.host.empty();  // port 0: stop this keeper's pusher
+  if (auto it = pushers_.find(r.keeper_dir); it != pushers_.end()) {
+    // The driver repeats REPLICATE: a pusher that still runs to the same
+    // address goes on; one that ended, or whose keeper moved, starts again.
+    if (wanted && it->second.to == to && !helper_ended(it->second.channel)) return;
+    stop_helper(it->second.channel, kReplicaStopWait);
     pushers_.erase(it);
   }
-  if (stopping_) return;
+  if (!wanted || stopping_) return;
   if (commit_dir_.empty()) {
     ERUN_LOG_WARN("{}: cannot replicate commits to {}: this host keeps no commits", me_, to);
     return;
@@ -797,10 +796,9 @@ void Agent::finish() {
   // commits go too, unless another agent of the job still runs here.
   // The persister writes the newest commit first: up to a minute when the
   // job ended, a few seconds when the driver is gone.
-  stop_persister(std::exchange(persister_fd_, -1), lost_ ? std::chrono::seconds(5) : std::chrono::seconds(60));
-  for (auto& [dir, p] : pushers_) stop_replica_process(p.channel);
-  pushers_.clear();
-  stop_replica_process(keeper_.channel);  // it ends before the directory goes
+  stop_helper(std::exchange(persister_fd_, -1), lost_ ? std::chrono::seconds(5) : std::chrono::seconds(60));
+  stop_pushers();
+  stop_helper(std::exchange(keeper_.channel, -1), kReplicaStopWait);  // it ends before the directory goes
   if (!commit_dir_.empty()) release_commit_dir(commit_dir_, std::exchange(commit_lease_fd_, -1));
   close_fd(watchdog_fd_);  // the watchdog finds no group left and exits
 }

@@ -1,8 +1,12 @@
 // fork_detached: how the agent starts its helper processes (the watchdog, the
-// persister), which must outlive it and ignore the terminal's signals.
+// persister, the commit replica keeper and pushers), which must outlive it
+// and ignore the terminal's signals.
 #pragma once
 
 #include <sys/types.h>
+
+#include <chrono>
+#include <functional>
 
 namespace erun::agent {
 
@@ -12,5 +16,16 @@ namespace erun::agent {
 // every other descriptor closed. Returns what fork() does: the child's pid,
 // 0 in the child, -1 with errno set.
 pid_t fork_detached(int child_end, bool keep_stderr);
+
+// A helper that talks with the agent over a socketpair (the persister, the
+// keeper, a pusher): forks it detached, stderr kept (the agent's, so that its
+// errors reach the driver), and runs `body(3)` in it, its end of the channel;
+// `body` must not return. Returns the agent's end (close-on-exec), or -1 with
+// errno set.
+int spawn_helper(const std::function<void(int channel)>& body);
+
+// Ends a helper started by spawn_helper(): EOF on its channel, then waits up
+// to `wait` for its end of the channel to close (it exited). Closes `fd`.
+void stop_helper(int fd, std::chrono::milliseconds wait);
 
 }  // namespace erun::agent

@@ -87,41 +87,7 @@ class Persister {
 }  // namespace
 
 int spawn_persister(const PersisterOptions& options) {
-  int fds[2];
-  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) return -1;
-  // stderr stays: the agent's, so that its errors reach the driver while
-  // there is one.
-  pid_t pid = fork_detached(fds[1], /*keep_stderr=*/true);
-  if (pid < 0) {
-    int saved = errno;
-    ::close(fds[0]);
-    ::close(fds[1]);
-    errno = saved;
-    return -1;
-  }
-  if (pid == 0) {
-    Persister(options, 3).run();
-  }
-  ::close(fds[1]);
-  return fds[0];
-}
-
-void stop_persister(int fd, std::chrono::milliseconds wait) {
-  if (fd < 0) return;
-  ::shutdown(fd, SHUT_WR);
-  const auto deadline = SteadyClock::now() + wait;
-  char byte;
-  while (true) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - SteadyClock::now()).count();
-    if (left <= 0) break;
-    pollfd p{fd, POLLIN, 0};
-    int ready = ::poll(&p, 1, static_cast<int>(left));
-    if (ready < 0 && errno == EINTR) continue;
-    if (ready <= 0) break;
-    ssize_t n = ::read(fd, &byte, 1);
-    if (n == 0 || (n < 0 && errno != EINTR)) break;  // it exited
-  }
-  ::close(fd);
+  return spawn_helper([&options](int channel) { Persister(options, channel).run(); });
 }
 
 }  // namespace erun::agent

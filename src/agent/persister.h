@@ -20,12 +20,9 @@ struct PersisterOptions {
   std::string me;  // for log lines: "agent on HOST (pid N)"
 };
 
-// Forks the persister. Returns the agent's end of its channel (close-on-exec)
-// or -1 with errno set.
+// Forks the persister (spawn_helper()). Returns the agent's end of its channel
+// (close-on-exec) or -1 with errno set. stop_helper() asks it to write the
+// newest commit and exit, and waits for that.
 int spawn_persister(const PersisterOptions& options);
-
-// Asks the persister to write the newest commit and exit, and waits up to
-// `wait` for it to do so. Closes `fd`.
-void stop_persister(int fd, std::chrono::milliseconds wait);
 
 }  // namespace erun::agent

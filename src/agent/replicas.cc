@@ -9,7 +9,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <thread>
 
 #include <fmt/format.h>
 
@@ -26,8 +25,6 @@ namespace {
 namespace si = erun::state_internal;
 using namespace std::chrono_literals;
 
-// The child's end of its channel, after fork_detached().
-constexpr int kChannel = 3;
 // A stalled peer holds a keeper or a pusher this long at most.
 constexpr auto kIoTimeout = 30s;
 // A pusher waits (kBusyShare - 1) times as long as its last push took.
@@ -75,19 +72,19 @@ net::Socket listen_everywhere() {
   return best;
 }
 
-[[noreturn]] void run_keeper(const std::string& commit_dir, const std::string& secret, const std::string& me,
-                             net::Socket listener) {
+[[noreturn]] void run_keeper(int channel, const std::string& commit_dir, const std::string& secret,
+                             const std::string& me, net::Socket listener) {
   const std::string port = std::to_string(net::local_address(listener.fd.get()).port()) + "\n";
-  if (::write(kChannel, port.data(), port.size()) != static_cast<ssize_t>(port.size())) ::_exit(1);
+  if (::write(channel, port.data(), port.size()) != static_cast<ssize_t>(port.size())) ::_exit(1);
   si::ReplicaStore store(commit_dir, std::make_shared<handshake::Key>(secret));
   net::Interrupt stop;
-  stop.fd = kChannel;  // readable at its end
+  stop.fd = channel;  // readable at its end
   store.set_interrupt(&stop);
   Complaints complaints(me + ": commit replica keeper");
   while (true) {
-    pollfd p[2] = {{listener.fd.get(), POLLIN, 0}, {kChannel, POLLIN, 0}};
+    pollfd p[2] = {{listener.fd.get(), POLLIN, 0}, {channel, POLLIN, 0}};
     if (::poll(p, 2, -1) < 0 && errno != EINTR) ::_exit(1);
-    if (p[1].revents != 0 && channel_ended(kChannel, 0)) ::_exit(0);
+    if (p[1].revents != 0 && channel_ended(channel, 0)) ::_exit(0);
     if (p[0].revents == 0) continue;
     net::Address peer;
     Fd conn = net::accept(listener.fd.get(), &peer);
@@ -100,7 +97,7 @@ net::Socket listen_everywhere() {
       if (n > 0) ERUN_LOG_DEBUG("{}: stored {} commit(s) from {}", me, n, name);
       complaints.ok();
     } catch (const Error& e) {
-      if (channel_ended(kChannel, 0)) ::_exit(0);
+      if (channel_ended(channel, 0)) ::_exit(0);
       complaints.failed(e.what());
     } catch (const std::exception& e) {  // e.g. no memory for a table: this keeper ends, the agent starts another
       ERUN_LOG_ERROR("{}: commit replica keeper: {}", me, e.what());
@@ -109,11 +106,11 @@ net::Socket listen_everywhere() {
   }
 }
 
-[[noreturn]] void run_pusher(const std::string& commit_dir, const std::string& secret, const std::string& host,
-                             int port, const std::string& keeper_dir, const std::string& me) {
+[[noreturn]] void run_pusher(int channel, const std::string& commit_dir, const std::string& secret,
+                             const std::string& host, int port, const std::string& keeper_dir, const std::string& me) {
   si::ReplicaPusher pusher(commit_dir, std::make_shared<handshake::Key>(secret));
   net::Interrupt stop;
-  stop.fd = kChannel;
+  stop.fd = channel;
   pusher.set_interrupt(&stop);
   Complaints complaints(fmt::format("{}: commit replicas to {}", me, host));
   bool targeted = false;
@@ -127,7 +124,7 @@ net::Socket listen_everywhere() {
     return std::max(floor_ms, static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(
                                                    took * (kBusyShare - 1)).count()));
   };
-  while (!channel_ended(kChannel, wait_ms)) {
+  while (!channel_ended(channel, wait_ms)) {
     wait_ms = 100;
     const auto started = std::chrono::steady_clock::now();
     std::vector<si::Pushed> pushed;  // what reached the keeper, even when a later push failed
@@ -145,7 +142,7 @@ net::Socket listen_everywhere() {
       pusher.push(kIoTimeout, &pushed);
       complaints.ok();
     } catch (const Error& e) {
-      if (channel_ended(kChannel, 0)) break;
+      if (channel_ended(channel, 0)) break;
       complaints.failed(e.what());
       failed = true;  // a keeper not there yet, or gone: again in a second at the soonest
     } catch (const std::exception& e) {
@@ -173,39 +170,29 @@ net::Socket listen_everywhere() {
 KeeperProcess spawn_keeper(const std::string& commit_dir, const std::string& secret, const std::string& me,
                            std::string* error) {
   KeeperProcess k;
-  int fds[2];
-  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) {
-    *error = std::string("socketpair: ") + std::strerror(errno);
-    return k;
-  }
-  pid_t pid = fork_detached(fds[1], /*keep_stderr=*/true);
-  if (pid < 0) {
-    *error = std::string("fork: ") + std::strerror(errno);
-    ::close(fds[0]);
-    ::close(fds[1]);
-    return k;
-  }
-  if (pid == 0) {
+  const int fd = spawn_helper([&](int channel) {
     // The listener is made here: fork_detached() closed every other descriptor.
     net::Socket listener = listen_everywhere();
     if (!listener.ok()) {
       std::string line = "E " + listener.outcome.text() + "\n";
-      (void)!::write(kChannel, line.data(), line.size());
+      (void)!::write(channel, line.data(), line.size());
       ::_exit(1);
     }
-    run_keeper(commit_dir, secret, me, std::move(listener));
+    run_keeper(channel, commit_dir, secret, me, std::move(listener));
+  });
+  if (fd < 0) {
+    *error = std::string("cannot start the commit replica keeper: ") + std::strerror(errno);
+    return k;
   }
-  ::close(fds[1]);
   // Its first line: the port, or why it has none.
   std::string line;
   const auto deadline = std::chrono::steady_clock::now() + 5s;
   while (line.find('\n') == std::string::npos) {
-    int left = static_cast<int>(
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count());
-    pollfd p{fds[0], POLLIN, 0};
+    pollfd p{fd, POLLIN, 0};
+    const int left = net::poll_ms(deadline, 5s);
     if (left <= 0 || ::poll(&p, 1, left) <= 0) break;
     char buf[64];
-    ssize_t n = ::read(fds[0], buf, sizeof buf);
+    ssize_t n = ::read(fd, buf, sizeof buf);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;
     line.append(buf, static_cast<size_t>(n));
@@ -214,48 +201,18 @@ KeeperProcess spawn_keeper(const std::string& commit_dir, const std::string& sec
   if (line.empty() || line[0] == 'E' || (port = std::strtol(line.c_str(), nullptr, 10)) <= 0 || port > 65535) {
     *error = line.size() > 2 && line[0] == 'E' ? "cannot listen for commit replicas: " + line.substr(2, line.size() - 3)
                                                : "the commit replica keeper did not start";
-    ::close(fds[0]);
+    ::close(fd);
     return k;
   }
-  k.channel = fds[0];
+  k.channel = fd;
   k.port = static_cast<int>(port);
   return k;
 }
 
 int spawn_pusher(const std::string& commit_dir, const std::string& secret, const std::string& host, int port,
                  const std::string& keeper_dir, const std::string& me) {
-  int fds[2];
-  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) return -1;
-  pid_t pid = fork_detached(fds[1], /*keep_stderr=*/true);
-  if (pid < 0) {
-    int saved = errno;
-    ::close(fds[0]);
-    ::close(fds[1]);
-    errno = saved;
-    return -1;
-  }
-  if (pid == 0) run_pusher(commit_dir, secret, host, port, keeper_dir, me);
-  ::close(fds[1]);
-  return fds[0];
-}
-
-void stop_replica_process(int& channel) {
-  if (channel < 0) return;
-  // EOF to the helper; then its own end closes when it exits (within a
-  // poll's time, even in the middle of an exchange): waited for, so that a
-  // keeper never writes into a directory removed after this.
-  ::shutdown(channel, SHUT_WR);
-  const auto deadline = std::chrono::steady_clock::now() + 2s;
-  while (true) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    pollfd p{channel, POLLIN, 0};
-    if (left.count() <= 0 || ::poll(&p, 1, static_cast<int>(left.count())) == 0) break;
-    char buf[64];
-    ssize_t n = ::read(channel, buf, sizeof buf);
-    if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) break;
-  }
-  ::close(channel);
-  channel = -1;
+  return spawn_helper(
+      [&](int channel) { run_pusher(channel, commit_dir, secret, host, port, keeper_dir, me); });
 }
 
 }  // namespace erun::agent

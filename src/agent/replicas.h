@@ -10,6 +10,7 @@
 // it), within a poll's time even in the middle of an exchange.
 #pragma once
 
+#include <chrono>
 #include <string>
 
 namespace erun::agent {
@@ -20,17 +21,18 @@ struct KeeperProcess {
 };
 
 // Forks the keeper for `commit_dir` (which this agent holds) under the job
-// `secret`. On failure returns channel -1 and sets `error`.
+// `secret` (spawn_helper()). On failure returns channel -1 and sets `error`.
 KeeperProcess spawn_keeper(const std::string& commit_dir, const std::string& secret, const std::string& me,
                            std::string* error);
 
 // Forks a pusher from `commit_dir` to the keeper at `host`:`port` whose
-// commit directory is `keeper_dir`. Returns the agent's end of its channel
-// (close-on-exec) or -1 with errno set.
+// commit directory is `keeper_dir` (spawn_helper()). Returns the agent's end
+// of its channel (close-on-exec) or -1 with errno set.
 int spawn_pusher(const std::string& commit_dir, const std::string& secret, const std::string& host, int port,
                  const std::string& keeper_dir, const std::string& me);
 
-// Ends a keeper or pusher: closes its channel (it exits at once).
-void stop_replica_process(int& channel);
+// How long stop_helper() waits for a keeper or a pusher: it ends within a
+// poll's time, even in the middle of an exchange.
+inline constexpr std::chrono::milliseconds kReplicaStopWait{2000};
 
 }  // namespace erun::agent

@@ -91,14 +91,49 @@ struct Header {
   std::vector<uint64_t> sizes;
 };
 
-std::string encode_header(const Header& h) {
+uint64_t total_of(const HostCommits::Listing& l) {
+  uint64_t total = 0;
+  for (uint64_t n : l.sizes) total += n;
+  return total;
+}
+
+std::string encode_header(int ordinal, const HostCommits::Listing& l) {
   PayloadWriter w;
-  w.u32(h.ordinal).u32(h.flags).u64(h.id).u32(static_cast<uint32_t>(h.names.size())).u64(h.total);
-  for (size_t k = 0; k < h.names.size(); ++k) w.bytes(h.names[k]).u64(h.sizes[k]);
+  w.u32(static_cast<uint32_t>(ordinal)).u32(l.flags).u64(l.id).u32(static_cast<uint32_t>(l.names.size()));
+  w.u64(total_of(l));
+  for (size_t k = 0; k < l.names.size(); ++k) w.bytes(l.names[k]).u64(l.sizes[k]);
   return w.str();
 }
 
 uint32_t le32(const char* p) { return static_cast<uint32_t>(get_le(p, 4)); }
+
+// The rest of a header whose fixed part (`fixed`) came, checked against the
+// keeper's bounds: an error for anything a State does not make.
+Header read_header(Wire& wire, const char* fixed) {
+  Header h;
+  h.ordinal = le32(fixed);
+  h.flags = le32(fixed + 4);
+  h.id = get_le(fixed + 8, 8);
+  const uint32_t count = le32(fixed + 16);
+  h.total = get_le(fixed + 20, 8);
+  if (count > kMaxEntries || h.ordinal > 1000000 || h.id == 0 || h.total > kMaxBytes) {
+    wire.fail(fmt::format("a malformed commit header ({} entries, State {}, commit {})", count, h.ordinal, h.id));
+  }
+  uint64_t sum = 0;  // never above h.total
+  for (uint32_t k = 0; k < count; ++k) {
+    char len[4];
+    wire.recv(len, 4, "an entry's name");
+    if (le32(len) > kMaxName) wire.fail(fmt::format("an entry name of {} bytes", le32(len)));
+    h.names.push_back(wire.recv(le32(len), "an entry's name"));
+    char size[8];
+    wire.recv(size, 8, "an entry's size");
+    h.sizes.push_back(get_le(size, 8));
+    if (h.sizes.back() > h.total - sum) wire.fail("entry sizes that exceed the commit's");
+    sum += h.sizes.back();
+  }
+  if (sum != h.total) wire.fail("entry sizes that do not add up to the commit's");
+  return h;
+}
 
 }  // namespace
 
@@ -147,26 +182,16 @@ void ReplicaPusher::push(Duration io_timeout, std::vector<Pushed>* pushed) {
         wire.fail("the keeper could not prove the job secret: another job's keeper (or not erun) listens there");
       }
     }
-    if (push_one(sock.fd.get(), path, *listing, ordinal, io_timeout)) {
+    if (push_one(sock.fd.get(), fd.get(), *listing, ordinal, io_timeout)) {
       sent_[ordinal] = listing->id;
-      uint64_t bytes = 0;
-      for (uint64_t n : listing->sizes) bytes += n;
-      pushed->push_back(Pushed{ordinal, listing->id, bytes});
+      pushed->push_back(Pushed{ordinal, listing->id, total_of(*listing)});
     }
   }
 }
 
-bool ReplicaPusher::push_one(int sock, const std::string& path, const HostCommits::Listing& l, int ordinal,
-                             Duration io_timeout) {
+bool ReplicaPusher::push_one(int sock, int fd, const HostCommits::Listing& l, int ordinal, Duration io_timeout) {
   Wire wire(sock, keeper_.name(), io_timeout, interrupt_);
-  Header h;
-  h.ordinal = static_cast<uint32_t>(ordinal);
-  h.flags = l.flags;
-  h.id = l.id;
-  h.names = l.names;
-  h.sizes = l.sizes;
-  for (uint64_t n : l.sizes) h.total += n;
-  wire.send(encode_header(h), "a commit's header");
+  wire.send(encode_header(ordinal, l), "a commit's header");
   if (wire.u8("the keeper's answer") != 1) {
     char len[4];
     wire.recv(len, 4, "the keeper's reason");
@@ -174,21 +199,20 @@ bool ReplicaPusher::push_one(int sock, const std::string& path, const HostCommit
     throw Error(fmt::format("erun: commit replica: the keeper at {} refused commit {}: {}", keeper_.name(), l.id, why));
   }
   // Straight from the holder's file to the socket, a chunk at a time.
-  Fd fd = HostCommits::open_own(path);
   chunk_.resize(kChunk);
-  bool whole = static_cast<bool>(fd);
+  bool whole = true;
   for (size_t k = 0; k < l.sizes.size(); ++k) {
     for (uint64_t at = 0; at < l.sizes[k];) {
       const size_t n = static_cast<size_t>(std::min<uint64_t>(kChunk, l.sizes[k] - at));
       // A file truncated under the copy (a new State of its worker) still
       // sends its bytes' count, as zeros, and is then declared torn.
-      if (whole && !pread_all(fd.get(), chunk_.data(), n, l.offsets[k] + at)) whole = false;
+      if (whole && !pread_all(fd, chunk_.data(), n, l.offsets[k] + at)) whole = false;
       if (!whole) std::fill(chunk_.begin(), chunk_.begin() + static_cast<std::ptrdiff_t>(n), 0);
       wire.send(std::string_view(chunk_.data(), n), "a commit's bytes");
       at += n;
     }
   }
-  whole = whole && HostCommits::held(fd.get(), l.id);
+  whole = whole && HostCommits::held(fd, l.id);
   wire.send(std::string_view(whole ? "\1" : "\0", 1), "the verdict");
   const bool stored = wire.u8("the keeper's receipt") == 1;
   return whole && stored;
@@ -198,11 +222,6 @@ ReplicaStore::ReplicaStore(std::string commit_dir, std::shared_ptr<const handsha
     : commit_dir_(std::move(commit_dir)), key_(std::move(key)) {}
 
 ReplicaStore::~ReplicaStore() = default;
-
-uint64_t ReplicaStore::stored(int ordinal) const {
-  auto it = stored_.find(ordinal);
-  return it == stored_.end() ? 0 : it->second;
-}
 
 HostCommits& ReplicaStore::files(int ordinal) {
   auto& f = files_[ordinal];
@@ -235,31 +254,11 @@ int ReplicaStore::serve(int sock, const std::string& peer, Duration io_timeout) 
   while (true) {
     char fixed[4 + 4 + 8 + 4 + 8];
     if (wire.closed_before(fixed, sizeof fixed, "a commit's header")) return stored;
-    Header h;
-    h.ordinal = le32(fixed);
-    h.flags = le32(fixed + 4);
-    h.id = get_le(fixed + 8, 8);
-    const uint32_t count = le32(fixed + 16);
-    h.total = get_le(fixed + 20, 8);
-    if (count > kMaxEntries || h.ordinal > 1000000 || h.id == 0 || h.total > kMaxBytes) {
-      wire.fail(fmt::format("a malformed commit header ({} entries, State {}, commit {})", count, h.ordinal, h.id));
-    }
-    uint64_t sum = 0;
-    for (uint32_t k = 0; k < count; ++k) {
-      char len[4];
-      wire.recv(len, 4, "an entry's name");
-      if (le32(len) > kMaxName) wire.fail(fmt::format("an entry name of {} bytes", le32(len)));
-      h.names.push_back(wire.recv(le32(len), "an entry's name"));
-      char size[8];
-      wire.recv(size, 8, "an entry's size");
-      h.sizes.push_back(get_le(size, 8));
-      if (h.sizes.back() > h.total - std::min(sum, h.total)) wire.fail("entry sizes that exceed the commit's");
-      sum += h.sizes.back();
-    }
-    if (sum != h.total) wire.fail("entry sizes that do not add up to the commit's");
+    const Header h = read_header(wire, fixed);
+    const size_t count = h.names.size();
     // Laid out in the file, each entry then received straight into its place.
     std::vector<EntryRef> entries;
-    for (uint32_t k = 0; k < count; ++k) entries.push_back(EntryRef::filled_later(h.names[k], h.sizes[k]));
+    for (size_t k = 0; k < count; ++k) entries.push_back(EntryRef::filled_later(h.names[k], h.sizes[k]));
     HostCommits& f = files(static_cast<int>(h.ordinal));
     std::vector<const char*> placed;
     std::shared_ptr<Completion> completion;
@@ -278,7 +277,7 @@ int ReplicaStore::serve(int sock, const std::string& peer, Duration io_timeout) 
     bool whole = false;
     try {
       wire.send(std::string_view("\1", 1), "the answer");
-      for (uint32_t k = 0; k < count; ++k) {
+      for (size_t k = 0; k < count; ++k) {
         if (h.sizes[k] > 0) wire.recv_chunked(const_cast<char*>(placed[k]), h.sizes[k], "a commit's bytes");
       }
       whole = wire.u8("the verdict") == 1;
@@ -290,9 +289,8 @@ int ReplicaStore::serve(int sock, const std::string& peer, Duration io_timeout) 
       f.abandon();
     } else {
       if (completion) {  // none for a commit without entries: whole when written
-        for (uint32_t k = 0; k < count; ++k) completion->done();
+        for (size_t k = 0; k < count; ++k) completion->done();
       }
-      stored_[static_cast<int>(h.ordinal)] = h.id;
       ++stored;
     }
     wire.send(std::string_view(whole ? "\1" : "\0", 1), "the receipt");

@@ -77,8 +77,9 @@ class ReplicaPusher {
   void set_interrupt(const net::Interrupt* interrupt) { interrupt_ = interrupt; }
 
  private:
-  // One commit over the open connection; whether the keeper stored it whole.
-  bool push_one(int sock, const std::string& path, const HostCommits::Listing& l, int ordinal, Duration io_timeout);
+  // One commit, listed from the open file `fd`, over the open connection;
+  // whether the keeper stored it whole.
+  bool push_one(int sock, int fd, const HostCommits::Listing& l, int ordinal, Duration io_timeout);
   std::string commit_dir_;
   std::shared_ptr<const handshake::Key> key_;
   bool has_target_ = false;
@@ -103,8 +104,6 @@ class ReplicaStore {
   // the keeper's newest.
   int serve(int sock, const std::string& peer, Duration io_timeout);
 
-  // The newest commit stored for State number `ordinal`; 0: none.
-  uint64_t stored(int ordinal) const;
   // Ends serve() early (its error says "aborted") when it fires; null: none.
   void set_interrupt(const net::Interrupt* interrupt) { interrupt_ = interrupt; }
 
@@ -113,7 +112,6 @@ class ReplicaStore {
   std::string commit_dir_;
   std::shared_ptr<const handshake::Key> key_;
   std::map<int, std::unique_ptr<HostCommits>> files_;
-  std::map<int, uint64_t> stored_;
   const net::Interrupt* interrupt_ = nullptr;
 };
 

@@ -75,16 +75,21 @@ std::string Driver::host_commit_dir(const std::string& host) const {
 
 void Driver::tend_replicas() {
   if (!replicas_) return;
-  std::vector<std::string> holders, spares;
-  std::set<std::string> seen;
-  for (auto& r : plan_.ranks) {
-    if (seen.insert(r.slot.host).second) holders.push_back(r.slot.host);
+  // Planned again only when the plan cache was (the hosts, the blacklist or
+  // the running plan changed): with 20,000 hosts a tick must not list them.
+  if (plan_cache_.recomputations() != replicas_planned_at_) {
+    replicas_planned_at_ = plan_cache_.recomputations();
+    std::vector<std::string> holders, spares;
+    std::set<std::string> seen;
+    for (auto& r : plan_.ranks) {
+      if (seen.insert(r.slot.host).second) holders.push_back(r.slot.host);
+    }
+    for (auto& h : plan_cache_.usable().hosts()) {
+      if (seen.insert(h.name).second) spares.push_back(h.name);
+    }
+    replicas_->plan(holders, spares);
   }
-  const HostSet usable = hosts_.usable(discovered_);
-  for (auto& h : usable.hosts()) {
-    if (seen.insert(h.name).second) spares.push_back(h.name);
-  }
-  replicas_->tick(holders, spares);
+  replicas_->tick();
 }
 
 Driver::~Driver() {

@@ -239,7 +239,8 @@ class Driver {
   Launcher& launcher_for(const std::string& host, bool* local) const;
   // The host's ERUN_COMMIT_DIR.
   std::string host_commit_dir(const std::string& host) const;
-  // kRunning: spare hosts keep replicas of the commits (--commit-replicas).
+  // kRunning, after follow_membership() brought plan_cache_ up to date:
+  // spare hosts keep replicas of the commits (--commit-replicas).
   void tend_replicas();
   // Stops every worker, then ends the job with the failure's exit code.
   void finish_with_failure(const Failure& f);
@@ -304,6 +305,7 @@ class Driver {
   TimePoint finish_deadline_{};
   std::optional<Failure> generation_failure_;  // first failure of the current generation
   std::unique_ptr<CommitReplicas> replicas_;   // null: no host commits, or --commit-replicas 0
+  long replicas_planned_at_ = -1;              // plan_cache_.recomputations() at the last replicas_->plan()
   std::optional<Failure> first_failure_;       // first failure of the job
   bool any_success_ = false;
   std::string first_finished_;     // who() of the first worker that finished successfully

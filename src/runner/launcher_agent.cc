@@ -28,7 +28,8 @@ using namespace std::chrono_literals;
 // Blocks SIGPIPE in this thread while it lives, and discards one that a
 // write raised meanwhile: a closed reader is an EPIPE, never the end of a
 // program that did not ignore SIGPIPE (erun's main does; a test or an
-// embedding program need not).
+// embedding program need not). Every write to a pipe here goes through
+// write_within() or flush_locked(), which hold one, whatever the thread.
 class SigpipeBlocked {
  public:
   SigpipeBlocked() {
@@ -280,10 +281,6 @@ class AgentConnection {
   // agent's log lines) to erun's stderr as it comes and looks at each line.
   // Once stopped, it reads what is already there (up to 64 KiB) and ends.
   void forward_stderr(int fd) {
-    sigset_t pipe_set;
-    sigemptyset(&pipe_set);
-    sigaddset(&pipe_set, SIGPIPE);
-    pthread_sigmask(SIG_BLOCK, &pipe_set, nullptr);
     ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
     std::string line;
     char buf[4096];
@@ -436,10 +433,6 @@ class AgentConnection {
   }
 
   void run() {
-    sigset_t pipe_set;
-    sigemptyset(&pipe_set);
-    sigaddset(&pipe_set, SIGPIPE);
-    pthread_sigmask(SIG_BLOCK, &pipe_set, nullptr);
     agent::FrameReader reader;
     std::vector<char> chunk(64 * 1024);
     bool eof = false;

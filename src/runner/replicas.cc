@@ -52,9 +52,8 @@ void CommitReplicas::drop(const std::string& host, Keeper& k) {
   k.told.clear();
 }
 
-void CommitReplicas::tick(const std::vector<std::string>& holders, const std::vector<std::string>& spares) {
+void CommitReplicas::plan(const std::vector<std::string>& holders, const std::vector<std::string>& spares) {
   const auto plan = plan_keepers(holders, spares, replicas_);
-  std::map<std::string, std::string> wanted(plan.begin(), plan.end());
   std::vector<std::string> words;
   for (auto& [keeper, holder] : plan) words.push_back(fmt::format("{} from {}", keeper, holder));
   const int hosts = static_cast<int>(holders.size() + plan.size());
@@ -68,6 +67,7 @@ void CommitReplicas::tick(const std::vector<std::string>& holders, const std::ve
     else if (!said.empty()) ERUN_LOG_INFO("commit replicas: {}", said);
     last_said_ = said;
   }
+  const std::map<std::string, std::string> wanted(plan.begin(), plan.end());
   for (auto it = keepers_.begin(); it != keepers_.end();) {
     if (wanted.count(it->first)) {
       ++it;
@@ -76,13 +76,19 @@ void CommitReplicas::tick(const std::vector<std::string>& holders, const std::ve
     drop(it->first, it->second);
     it = keepers_.erase(it);
   }
-  const TimePoint now = clock_.now();
   for (auto& [host, holder] : wanted) {
     Keeper& k = keepers_[host];
     if (k.holder != holder) {
       drop(host, k);
       k.holder = holder;
     }
+  }
+}
+
+void CommitReplicas::tick() {
+  const TimePoint now = clock_.now();
+  for (auto& [host, k] : keepers_) {
+    const std::string& holder = k.holder;
     Launcher& launcher = launcher_for_(host);
     if (!k.asked) {
       if (now < k.retry_at) continue;
@@ -105,7 +111,7 @@ void CommitReplicas::tick(const std::vector<std::string>& holders, const std::ve
       drop(host, k);
       continue;
     }
-    if (*port != k.port) {
+    if (port && *port != k.port) {
       // The first answer, or a keeper started again on a new port (KEEP is
       // repeated, and an agent whose keeper ended starts another): the
       // holder is told the new port at once.

@@ -4,8 +4,9 @@
 // is on as many hosts as the plan has. When that is fewer than N + 1, the
 // job's spare hosts (usable, discovered, running no worker) make up the
 // difference: each keeper's agent keeps what one holder pushes to it, the
-// holders taken in turn. tick() moves the agents toward that plan as their
-// answers come, without waiting for any. Driver thread only.
+// holders taken in turn. plan() makes that plan when the hosts change; tick()
+// moves the agents toward it as their answers come, without waiting for
+// any. Driver thread only.
 #pragma once
 
 #include <functional>
@@ -34,9 +35,14 @@ class CommitReplicas {
                  std::function<std::string(const std::string&)> address,
                  std::function<Launcher&(const std::string&)> launcher_for, Clock& clock);
 
-  // `holders`: the hosts of the running plan; `spares`: the usable hosts
-  // without a worker, in discovery order.
-  void tick(const std::vector<std::string>& holders, const std::vector<std::string>& spares);
+  // Plans the keepers anew, for `holders` (the hosts of the running plan)
+  // and `spares` (the usable hosts without a worker, in discovery order):
+  // called when those change, not every tick. A keeper no longer wanted, or
+  // given another holder, has its pusher stopped.
+  void plan(const std::vector<std::string>& holders, const std::vector<std::string>& spares);
+  // Moves the agents toward the plan as their answers come; cheap (a few
+  // keepers), called every tick of the running job.
+  void tick();
 
   // host -> the holder it keeps for, once its keeper pushes reach it.
   std::map<std::string, std::string> serving() const;

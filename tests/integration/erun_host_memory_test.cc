@@ -14,12 +14,10 @@
 
 #include <algorithm>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <map>
 #include <regex>
 #include <set>
-#include <sstream>
 #include <thread>
 
 #include <fmt/format.h>
@@ -237,52 +235,9 @@ TEST_F(ErunHostMemory, HostBsWorkerKilledAndHostARemovedResumesFromTheCopyOnB) {
 // The agent of the host running the worker whose environment names `host`.
 pid_t agent_of_worker_on(const std::vector<pid_t>& workers, const std::string& host) {
   for (pid_t pid : workers) {
-    if (environ_of(pid).find("\nERUN_HOSTNAME=" + host + "\n") == std::string::npos) continue;
-    std::smatch m;
-    std::string status = read_file("/proc/" + std::to_string(pid) + "/status");
-    if (std::regex_search(status, m, std::regex("\nPPid:\t([0-9]+)\n"))) return std::stoi(m[1].str());
+    if (environ_of(pid).find("\nERUN_HOSTNAME=" + host + "\n") != std::string::npos) return parent_of(pid);
   }
   return 0;
-}
-
-// The children of `parent` (from /proc/*/stat).
-std::vector<pid_t> children_of(pid_t parent) {
-  std::vector<pid_t> out;
-  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
-    const std::string name = e.path().filename();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::string stat = read_file("/proc/" + name + "/stat");
-    auto close = stat.rfind(')');
-    if (close == std::string::npos) continue;
-    std::istringstream rest(stat.substr(close + 2));
-    std::string state;
-    long ppid = 0;
-    rest >> state >> ppid;
-    if (ppid == parent && state != "Z") out.push_back(static_cast<pid_t>(std::stol(name)));
-  }
-  return out;
-}
-
-// Whether `pid` holds a listening TCP socket (its fds against /proc/net/tcp{,6}).
-bool listens_on_tcp(pid_t pid) {
-  std::set<std::string> listening;
-  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
-    std::istringstream in(read_file(table));
-    std::string line;
-    std::getline(in, line);
-    while (std::getline(in, line)) {
-      std::istringstream f(line);
-      std::string sl, local, remote, st, queues, tr, retr, uid, timeout, inode;
-      f >> sl >> local >> remote >> st >> queues >> tr >> retr >> uid >> timeout >> inode;
-      if (st == "0A") listening.insert(inode);
-    }
-  }
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/fd", ec)) {
-    std::string link = std::filesystem::read_symlink(e.path(), ec).string();
-    if (link.rfind("socket:[", 0) == 0 && listening.count(link.substr(8, link.size() - 9))) return true;
-  }
-  return false;
 }
 
 // The keeper of erun `driver`'s spare host: among the driver's agents
@@ -297,7 +252,7 @@ pid_t keeper_process(pid_t driver, const std::string& program) {
     }
     if (runs_worker) continue;
     for (pid_t c : children_of(agent)) {
-      if (listens_on_tcp(c)) return c;
+      if (!listening(socket_inodes({c})).empty()) return c;
     }
   }
   return 0;

@@ -53,35 +53,6 @@ std::vector<pid_t> workers(const std::string& program) {
   return out;
 }
 
-// The socket inodes the given processes hold.
-std::set<std::string> socket_inodes(const std::vector<pid_t>& pids) {
-  std::set<std::string> out;
-  for (pid_t pid : pids) {
-    std::error_code ec;
-    for (auto& e : fs::directory_iterator("/proc/" + std::to_string(pid) + "/fd", ec)) {
-      auto target = fs::read_symlink(e.path(), ec);
-      const std::string t = target.string();
-      if (!ec && t.rfind("socket:[", 0) == 0) out.insert(t.substr(8, t.size() - 9));
-    }
-  }
-  return out;
-}
-
-// "addr:port" of the LISTEN sockets in /proc/net/tcp whose inode is in `inodes`.
-std::vector<std::string> listening(const std::set<std::string>& inodes) {
-  std::vector<std::string> out;
-  std::istringstream in(read_file("/proc/net/tcp"));
-  std::string line;
-  std::getline(in, line);
-  while (std::getline(in, line)) {
-    std::istringstream f(line);
-    std::string sl, local, remote, st, q, tr, retr, uid, timeout, inode;
-    f >> sl >> local >> remote >> st >> q >> tr >> retr >> uid >> timeout >> inode;
-    if (st == "0A" && inodes.count(inode)) out.push_back(local);
-  }
-  return out;
-}
-
 // The worker of `program` started for `host` (its ERUN_HOSTNAME), or -1.
 pid_t worker_on(const std::string& program, const std::string& host) {
   for (pid_t w : workers(program)) {

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -123,6 +124,46 @@ pid_t parent_of(pid_t pid) {
   long ppid = 0;
   if (!(rest >> state >> ppid)) return 0;
   return static_cast<pid_t>(ppid);
+}
+
+std::vector<pid_t> children_of(pid_t parent) {
+  std::vector<pid_t> out;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/proc", ec)) {
+    const std::string name = e.path().filename();
+    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
+    const pid_t pid = static_cast<pid_t>(std::stol(name));
+    if (parent_of(pid) == parent && pid_alive(pid)) out.push_back(pid);
+  }
+  return out;
+}
+
+std::set<std::string> socket_inodes(const std::vector<pid_t>& pids) {
+  std::set<std::string> out;
+  for (pid_t pid : pids) {
+    std::error_code ec;
+    for (auto& e : std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/fd", ec)) {
+      const std::string t = std::filesystem::read_symlink(e.path(), ec).string();
+      if (!ec && t.rfind("socket:[", 0) == 0) out.insert(t.substr(8, t.size() - 9));
+    }
+  }
+  return out;
+}
+
+std::vector<std::string> listening(const std::set<std::string>& inodes) {
+  std::vector<std::string> out;
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::istringstream in(read_file(table));
+    std::string line;
+    std::getline(in, line);  // the column names
+    while (std::getline(in, line)) {
+      std::istringstream f(line);
+      std::string sl, local, remote, st, queues, tr, retr, uid, timeout, inode;
+      f >> sl >> local >> remote >> st >> queues >> tr >> retr >> uid >> timeout >> inode;
+      if (st == "0A" && inodes.count(inode)) out.push_back(local);
+    }
+  }
+  return out;
 }
 
 }  // namespace erun::testing

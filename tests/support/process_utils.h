@@ -4,6 +4,7 @@
 
 #include <sys/types.h>
 
+#include <set>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,13 @@ bool pid_alive(pid_t pid);
 bool wait_pid_gone(pid_t pid, Duration timeout);
 // The parent pid of a live process, or 0.
 pid_t parent_of(pid_t pid);
+// The live children of `parent` (zombies left out).
+std::vector<pid_t> children_of(pid_t parent);
+// The socket inodes the given processes hold (from /proc/PID/fd).
+std::set<std::string> socket_inodes(const std::vector<pid_t>& pids);
+// "addr:port" (as /proc/net/tcp{,6} write them) of the listening TCP sockets,
+// IPv4 and IPv6, whose inode is in `inodes`.
+std::vector<std::string> listening(const std::set<std::string>& inodes);
 // "PID: cmdline" of each pid, for failure messages.
 std::string describe_pids(const std::vector<pid_t>& pids);
 // The command line of a live process with NULs read as spaces (so it ends
