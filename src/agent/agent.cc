@@ -25,6 +25,7 @@
 #include "agent/persister.h"
 #include "agent/relay.h"
 #include "agent/watchdog.h"
+#include "commits/replica.h"
 #include "common/log.h"
 #include "common/private_files.h"
 #include "common/strings.h"
@@ -37,6 +38,7 @@ namespace erun::agent {
 namespace {
 
 using SteadyClock = std::chrono::steady_clock;
+namespace si = erun::state_internal;
 using namespace std::chrono_literals;
 
 constexpr size_t kReadChunk = 64 * 1024;
@@ -150,9 +152,16 @@ class Agent {
   // Commit replicas (agent/replicas.h): KEEP starts the keeper, REPLICATE
   // (re)targets the pusher.
   void keep(const Keep& k);
+  void unkeep(const Unkeep& u);
   void replicate(const Replicate& r);
   void stop_pushers();
+  // After UNKEEP: removes the replicas that this host's workers hold a
+  // commit as new as (all of them with `all`), now and then until none is
+  // left.
+  void sweep_replicas(SteadyClock::time_point now, bool all = false);
   KeeperProcess keeper_;
+  bool sweeping_ = false;
+  SteadyClock::time_point next_sweep_{};
   struct Pusher {
     int channel = -1;
     std::string to;  // host:port
@@ -287,6 +296,8 @@ void Agent::handle(Message m) {
     keep(*k);
   } else if (auto* r = std::get_if<Replicate>(&m)) {
     replicate(*r);
+  } else if (auto* u = std::get_if<Unkeep>(&m)) {
+    unkeep(*u);
   } else if (std::holds_alternative<Heartbeat>(m)) {
     // last_heard_ is set for every frame
   } else {
@@ -581,6 +592,35 @@ void Agent::keep(const Keep& k) {
   send(Keeping{static_cast<uint32_t>(keeper_.port), ""});
 }
 
+void Agent::unkeep(const Unkeep& u) {
+  if (keeper_.channel >= 0) {
+    stop_helper(std::exchange(keeper_.channel, -1), kReplicaStopWait);
+    keeper_.port = 0;
+    ERUN_LOG_DEBUG("{}: keeps commit replicas no more", me_);
+  }
+  sweeping_ = true;
+  // `forget` holds only for a host without workers: one that got some since
+  // may be restoring from a replica.
+  const bool idle = std::all_of(workers_.begin(), workers_.end(), [](auto& w) { return w.second.reaped; });
+  sweep_replicas(SteadyClock::now(), u.forget && idle);
+}
+
+void Agent::sweep_replicas(SteadyClock::time_point now, bool all) {
+  if (!sweeping_ || now < next_sweep_) return;
+  next_sweep_ = now + 1s;
+  if (keeper_.channel >= 0 || commit_dir_.empty()) {  // kept again since
+    sweeping_ = false;
+    return;
+  }
+  const si::RemovedReplicas r = si::remove_replicas(commit_dir_, all);
+  if (!r.names.empty()) {
+    ERUN_LOG_INFO("{}: removed the commit replicas {} ({:.1f} MiB): {}", me_, join(r.names, ", "),
+                  static_cast<double>(r.bytes) / (1 << 20),
+                  all ? "no longer a keeper" : "this host's workers hold a commit as new");
+  }
+  sweeping_ = r.left > 0;
+}
+
 void Agent::stop_pushers() {
   for (auto& [dir, p] : pushers_) stop_helper(p.channel, kReplicaStopWait);
   pushers_.clear();
@@ -659,6 +699,7 @@ int Agent::run() {
     auto now = SteadyClock::now();
     if (relay_) relay_->tick(now);
     keep_in_touch(now);
+    sweep_replicas(now);
     report_exits(now);
     kill_overdue(now);
     if (stopping_ && stopped(now)) break;

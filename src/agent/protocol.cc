@@ -7,10 +7,10 @@ namespace erun::agent {
 namespace {
 
 // Type byte of each Message alternative, in variant order.
-constexpr uint8_t kTypes[] = {1, 2, 3, 4, 5, 6, 16, 17, 18, 19, 20, 7, 21, 22};
-constexpr const char* kNames[] = {"HELLO", "STARTED",  "START_FAILED", "OUTPUT",  "EXITED",
+constexpr uint8_t kTypes[] = {1, 2, 3, 4, 5, 6, 16, 17, 18, 19, 20, 7, 21, 22, 23};
+constexpr const char* kNames[] = {"HELLO", "STARTED",  "START_FAILED", "OUTPUT",    "EXITED",
                                   "HEARTBEAT", "START", "SIGNAL",      "TERMINATE", "KILL",
-                                  "SHUTDOWN", "KEEPING", "KEEP",       "REPLICATE"};
+                                  "SHUTDOWN", "KEEPING", "KEEP",       "REPLICATE", "UNKEEP"};
 static_assert(std::size(kTypes) == std::variant_size_v<Message>);
 
 class Writer {
@@ -147,6 +147,7 @@ struct Encoder {
     w.u32(m.port);
     w.str(m.keeper_dir);
   }
+  void operator()(const Unkeep& m) { w.u8(m.forget ? 1 : 0); }
 };
 
 Message decode_payload(uint8_t type, Reader& r) {
@@ -231,6 +232,8 @@ Message decode_payload(uint8_t type, Reader& r) {
       m.keeper_dir = r.str();
       return m;
     }
+    case 23:
+      return Unkeep{r.u8() != 0};
     default:  // 20, checked by the caller
       return Shutdown{};
   }

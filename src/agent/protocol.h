@@ -17,7 +17,8 @@ namespace erun::agent {
 
 // 2: EXITED carries the worker's last stderr lines; START an output directory.
 // 3: KEEP, KEEPING and REPLICATE (commit replicas on spare hosts).
-inline constexpr uint32_t kProtocolVersion = 3;
+// 4: UNKEEP.
+inline constexpr uint32_t kProtocolVersion = 4;
 inline constexpr size_t kMaxFrame = 4u << 20;   // whole frame, header included
 inline constexpr size_t kMaxSecret = 4096;      // the secret line
 // Bounds of EXITED's stderr lines: at most this many lines, each at most
@@ -101,8 +102,16 @@ struct Replicate {
   std::string keeper_dir;
 };
 
+// driver -> agent: keep no more. The keeper ends; the replicas it stored
+// stay while no worker of this host holds a commit as new as theirs (then
+// they go), unless `forget`: then they go at once, when no worker runs here
+// (the commit is on enough hosts without this one).
+struct Unkeep {
+  bool forget = false;
+};
+
 using Message = std::variant<Hello, Started, StartFailed, Output, Exited, Heartbeat, Start, Signal, Terminate,
-                             Kill, Shutdown, Keeping, Keep, Replicate>;
+                             Kill, Shutdown, Keeping, Keep, Replicate, Unkeep>;
 
 // The frame for one message, header included.
 std::string encode(const Message& message);

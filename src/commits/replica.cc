@@ -1,5 +1,10 @@
 #include "commits/replica.h"
 
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <optional>
 #include <set>
@@ -295,6 +300,53 @@ int ReplicaStore::serve(int sock, const std::string& peer, Duration io_timeout) 
     }
     wire.send(std::string_view(whole ? "\1" : "\0", 1), "the receipt");
   }
+}
+
+RemovedReplicas remove_replicas(const std::string& dir, bool all) {
+  RemovedReplicas removed;
+  Fd dfd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!dfd) return removed;
+  struct File {
+    std::string name;
+    bool replica;
+    uint64_t whole;  // the commit it holds whole; 0: none
+    uint64_t size;
+  };
+  std::map<int, std::vector<File>> by_state;
+  const std::string stem = kReplicaStem;
+  {
+    DIR* d = ::fdopendir(::dup(dfd.get()));
+    if (d == nullptr) return removed;
+    while (dirent* e = ::readdir(d)) {
+      const std::string name = e->d_name;
+      if (name.size() < 3 || name[name.size() - 2] != '.' || (name.back() != 'a' && name.back() != 'b')) continue;
+      Fd fd = HostCommits::open_own(dir + "/" + name);
+      if (!fd) continue;  // a link, or not this user's: never ours to remove
+      struct stat st {};
+      const uint64_t size = ::fstat(fd.get(), &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
+      const auto listing = HostCommits::list(fd.get());
+      const bool replica = name.compare(0, stem.size() + 1, stem + ".") == 0 ||
+                           name.compare(0, stem.size() + 2, stem + "-s") == 0;
+      by_state[HostCommits::ordinal_of(name)].push_back({name, replica, listing ? listing->id : 0, size});
+    }
+    ::closedir(d);
+  }
+  for (auto& [ordinal, files] : by_state) {
+    uint64_t own = 0, kept = 0;
+    for (const File& f : files) (f.replica ? kept : own) = std::max(f.replica ? kept : own, f.whole);
+    const bool go = all || (own > 0 && own >= kept);
+    for (const File& f : files) {
+      if (!f.replica) continue;
+      // unlinkat() removes a link itself, never what it points to.
+      if (!go || ::unlinkat(dfd.get(), f.name.c_str(), 0) != 0) {
+        ++removed.left;
+        continue;
+      }
+      removed.names.push_back(f.name);
+      removed.bytes += f.size;
+    }
+  }
+  return removed;
 }
 
 }  // namespace erun::state_internal

@@ -47,6 +47,19 @@ inline constexpr const char* kReplicaStem = "replica";
 // proof made for one keeper is no use at another.
 handshake::Proofs replica_proofs(std::shared_ptr<const handshake::Key> key, const std::string& keeper_dir);
 
+// Removes keeper files (the kReplicaStem pairs) from `dir`, a commit
+// directory that no keeper writes into any more. With `all`, every one;
+// otherwise only those of a State number whose newest whole commit a
+// worker's own file of `dir` holds too, or a newer one (the replica adds
+// nothing there: a keeper whose host now runs workers). Never follows a
+// link.
+struct RemovedReplicas {
+  std::vector<std::string> names;
+  uint64_t bytes = 0;  // their sizes
+  int left = 0;        // keeper files still there
+};
+RemovedReplicas remove_replicas(const std::string& dir, bool all);
+
 struct Pushed {
   int ordinal = 0;
   uint64_t id = 0;

@@ -98,6 +98,10 @@ class Launcher {
                          const std::string& keeper_dir) {
     (void)holder, (void)keeper, (void)port, (void)keeper_dir;
   }
+  // Asks `host`'s agent, when it has a live one, to keep no more: its keeper
+  // ends; with `forget` the replicas it stored go at once (when no worker
+  // runs there), otherwise once its workers hold a commit as new.
+  virtual void unkeep(const std::string& host, bool forget) { (void)host, (void)forget; }
 };
 
 // A free TCP port on this machine (bind to port 0).

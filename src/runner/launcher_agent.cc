@@ -146,6 +146,14 @@ class AgentConnection {
   // KEEP: the answer comes as KEEPING (keeper_port(), the last answer's
   // port until the next answer).
   void keep(const std::string& commit_dir) { send(agent::Keep{commit_dir}); }
+  // UNKEEP: a KEEP after it waits for a new answer (a new keeper, a new port).
+  void unkeep(bool forget) {
+    {
+      std::lock_guard lock(mu_);
+      keeper_port_.reset();
+    }
+    send(agent::Unkeep{forget});
+  }
   std::optional<int> keeper_port() {
     std::lock_guard lock(mu_);
     return keeper_port_;
@@ -737,6 +745,12 @@ void AgentLauncher::replicate(const std::string& holder, const std::string& keep
   auto it = agents_.find(holder);
   if (it == agents_.end() || it->second->lost()) return;
   it->second->send(agent::Replicate{keeper, static_cast<uint32_t>(port), keeper_dir});
+}
+
+void AgentLauncher::unkeep(const std::string& host, bool forget) {
+  auto it = agents_.find(host);
+  if (it == agents_.end() || it->second->lost()) return;
+  it->second->unkeep(forget);
 }
 
 std::unique_ptr<Launcher> make_local_launcher(AgentLaunchOptions agent) {

@@ -51,6 +51,7 @@ class AgentLauncher final : public Launcher {
   std::optional<int> keeper_port(const std::string& host) override;
   void replicate(const std::string& holder, const std::string& keeper, int port,
                  const std::string& keeper_dir) override;
+  void unkeep(const std::string& host, bool forget) override;
 
  private:
   // `host`'s live connection, started (and sent `secret`) when it has none;

@@ -17,15 +17,50 @@ namespace {
 // REPLICATE is repeated every kRetry.
 constexpr auto kRetry = std::chrono::seconds(5);
 constexpr auto kMaxRetry = std::chrono::seconds(300);
+// A keeper no longer wanted, on a host without workers, while the holders
+// reach replicas + 1 hosts, keeps its replicas this long before its agent
+// is told to drop them: a holder new to the plan has its commit once its
+// workers synced.
+constexpr auto kRetire = std::chrono::seconds(60);
 }  // namespace
 
 std::vector<std::pair<std::string, std::string>> plan_keepers(const std::vector<std::string>& holders,
-                                                              const std::vector<std::string>& spares, int replicas) {
+                                                              const std::vector<std::string>& spares, int replicas,
+                                                              const std::map<std::string, std::string>& current) {
   std::vector<std::pair<std::string, std::string>> plan;
   if (holders.empty() || replicas <= 0) return plan;
-  const int need = replicas + 1 - static_cast<int>(holders.size());
-  for (int i = 0; i < need && i < static_cast<int>(spares.size()); ++i) {
-    plan.emplace_back(spares[static_cast<size_t>(i)], holders[static_cast<size_t>(i) % holders.size()]);
+  const size_t need = static_cast<size_t>(std::max(0, replicas + 1 - static_cast<int>(holders.size())));
+  // Which spares: the current keepers first, then the others in order.
+  std::set<std::string> chosen;
+  for (const std::string& s : spares) {
+    if (chosen.size() < need && current.count(s)) chosen.insert(s);
+  }
+  for (const std::string& s : spares) {
+    if (chosen.size() < need) chosen.insert(s);
+  }
+  // Which holder: the one it had, while it is a holder; otherwise the one
+  // with the fewest keepers (the first of those).
+  std::map<std::string, size_t> load;
+  for (const std::string& h : holders) load[h] = 0;
+  std::map<std::string, std::string> holder_of;
+  for (const std::string& s : spares) {
+    auto it = current.find(s);
+    if (chosen.count(s) && it != current.end() && load.count(it->second)) {
+      holder_of[s] = it->second;
+      ++load[it->second];
+    }
+  }
+  for (const std::string& s : spares) {
+    if (!chosen.count(s) || holder_of.count(s)) continue;
+    const std::string* least = &holders.front();
+    for (const std::string& h : holders) {
+      if (load[h] < load[*least]) least = &h;
+    }
+    holder_of[s] = *least;
+    ++load[*least];
+  }
+  for (const std::string& s : spares) {
+    if (chosen.count(s)) plan.emplace_back(s, holder_of[s]);
   }
   return plan;
 }
@@ -53,7 +88,11 @@ void CommitReplicas::drop(const std::string& host, Keeper& k) {
 }
 
 void CommitReplicas::plan(const std::vector<std::string>& holders, const std::vector<std::string>& spares) {
-  const auto plan = plan_keepers(holders, spares, replicas_);
+  paused_ = holders.empty();
+  if (paused_) return;
+  std::map<std::string, std::string> current;
+  for (auto& [host, k] : keepers_) current[host] = k.holder;
+  const auto plan = plan_keepers(holders, spares, replicas_, current);
   std::vector<std::string> words;
   for (auto& [keeper, holder] : plan) words.push_back(fmt::format("{} from {}", keeper, holder));
   const int hosts = static_cast<int>(holders.size() + plan.size());
@@ -68,16 +107,35 @@ void CommitReplicas::plan(const std::vector<std::string>& holders, const std::ve
     last_said_ = said;
   }
   const std::map<std::string, std::string> wanted(plan.begin(), plan.end());
+  const std::set<std::string> holding(holders.begin(), holders.end());
+  // The holders alone reach replicas + 1 hosts: a keeper's replica is then
+  // one copy more than asked for.
+  const bool enough = static_cast<int>(holders.size()) >= replicas_ + 1;
+  const TimePoint now = clock_.now();
   for (auto it = keepers_.begin(); it != keepers_.end();) {
+    Keeper& k = it->second;
     if (wanted.count(it->first)) {
       ++it;
       continue;
     }
-    drop(it->first, it->second);
+    drop(it->first, k);
+    if (enough && !holding.count(it->first)) {
+      // Retired after kRetire, should it not be wanted again by then: the
+      // holders new to the plan get the commit when their workers sync.
+      if (!k.retiring) k.retire_at = now + kRetire;
+      k.retiring = true;
+      ++it;
+      continue;
+    }
+    // Its host runs workers now (its replicas go once they hold a commit
+    // as new), or it left the spares with too few holders (they stay).
+    ERUN_LOG_DEBUG("commit replicas: {} keeps no more", it->first);
+    launcher_for_(it->first).unkeep(it->first, /*forget=*/false);
     it = keepers_.erase(it);
   }
   for (auto& [host, holder] : wanted) {
     Keeper& k = keepers_[host];
+    k.retiring = false;
     if (k.holder != holder) {
       drop(host, k);
       k.holder = holder;
@@ -86,8 +144,23 @@ void CommitReplicas::plan(const std::vector<std::string>& holders, const std::ve
 }
 
 void CommitReplicas::tick() {
+  if (paused_) return;
   const TimePoint now = clock_.now();
+  for (auto it = keepers_.begin(); it != keepers_.end();) {
+    if (!it->second.retiring) {
+      ++it;
+      continue;
+    }
+    if (now >= it->second.retire_at) {
+      ERUN_LOG_DEBUG("commit replicas: {} keeps no more, and its replicas go", it->first);
+      launcher_for_(it->first).unkeep(it->first, /*forget=*/true);
+      it = keepers_.erase(it);
+    } else {
+      ++it;
+    }
+  }
   for (auto& [host, k] : keepers_) {
+    if (k.retiring) continue;
     const std::string& holder = k.holder;
     Launcher& launcher = launcher_for_(host);
     if (!k.asked) {
@@ -139,7 +212,7 @@ void CommitReplicas::tick() {
 std::map<std::string, std::string> CommitReplicas::serving() const {
   std::map<std::string, std::string> out;
   for (auto& [host, k] : keepers_) {
-    if (!k.told.empty()) out[host] = k.told;
+    if (!k.told.empty() && !k.retiring) out[host] = k.told;
   }
   return out;
 }

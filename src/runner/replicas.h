@@ -20,10 +20,15 @@
 
 namespace erun {
 
-// Keepers and the holder that pushes to each: the first spares (in the
-// order given), enough that holders + keepers reach replicas + 1 hosts.
-std::vector<std::pair<std::string, std::string>> plan_keepers(const std::vector<std::string>& holders,
-                                                              const std::vector<std::string>& spares, int replicas);
+// Keepers and the holder that pushes to each, enough that holders +
+// keepers reach replicas + 1 hosts, in the order of `spares`. The keepers of
+// `current` (keeper -> holder) that are still spares stay keepers, and keep
+// their holder while it is one: a new keeper starts empty and must be sent
+// the whole state. The others are the first spares in the order given,
+// each given the holder with the fewest keepers.
+std::vector<std::pair<std::string, std::string>> plan_keepers(
+    const std::vector<std::string>& holders, const std::vector<std::string>& spares, int replicas,
+    const std::map<std::string, std::string>& current = {});
 
 class CommitReplicas {
  public:
@@ -37,8 +42,15 @@ class CommitReplicas {
 
   // Plans the keepers anew, for `holders` (the hosts of the running plan)
   // and `spares` (the usable hosts without a worker, in discovery order):
-  // called when those change, not every tick. A keeper no longer wanted, or
-  // given another holder, has its pusher stopped.
+  // called when those change, not every tick. A keeper given another holder
+  // has its pusher stopped. A keeper no longer wanted has its pusher stopped
+  // and its agent told UNKEEP (its keeper ends): at once when its host runs
+  // workers now (its replicas go once they hold a commit as new) or when
+  // the holders are too few (its replicas stay); otherwise, on a spare host
+  // with the holders reaching replicas + 1 hosts, with `forget` after a
+  // minute (tick()) unless it is wanted again by then. With no holders
+  // (between generations, after every worker was lost) nothing changes: a
+  // keeper's replica may be the only copy left.
   void plan(const std::vector<std::string>& holders, const std::vector<std::string>& spares);
   // Moves the agents toward the plan as their answers come; cheap (a few
   // keepers), called every tick of the running job.
@@ -57,6 +69,8 @@ class CommitReplicas {
     TimePoint told_at{};     // when it was last told
     TimePoint retry_at{};    // after a failure: ask again then
     Duration backoff{};      // the wait after the last failure
+    bool retiring = false;   // no longer wanted: told UNKEEP at retire_at
+    TimePoint retire_at{};
   };
   // Stops the pushes to `host`'s keeper.
   void drop(const std::string& host, Keeper& k);
@@ -69,6 +83,7 @@ class CommitReplicas {
   std::function<Launcher&(const std::string&)> launcher_for_;
   Clock& clock_;
   std::map<std::string, Keeper> keepers_;
+  bool paused_ = false;    // the last plan had no holders
   std::string last_said_;  // the last plan logged
 };
 

@@ -87,6 +87,9 @@ TEST(AgentProtocol, AgentMessagesRoundTrip) {
   EXPECT_EQ(rep.keeper_dir, "/dev/shm/erun-commits-x-node8");
   EXPECT_STREQ(message_name(Replicate{}), "REPLICATE");
   EXPECT_STREQ(message_name(Keeping{}), "KEEPING");
+  EXPECT_TRUE(std::get<Unkeep>(one(encode(Unkeep{true}))).forget);
+  EXPECT_FALSE(std::get<Unkeep>(one(encode(Unkeep{false}))).forget);
+  EXPECT_STREQ(message_name(Unkeep{}), "UNKEEP");
 }
 
 TEST(AgentProtocol, StreamSplitAtEveryByteIsReassembled) {

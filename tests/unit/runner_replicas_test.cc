@@ -29,6 +29,20 @@ TEST(PlanKeepers, SparesMakeUpWhatTheHoldersLack) {
   EXPECT_TRUE(plan_keepers({"a"}, {"b"}, 0).empty());
 }
 
+TEST(PlanKeepers, KeepersStayKeepersWithTheirHoldersWhileTheyCan) {
+  // A spare listed before the keeper does not take its place: a new keeper
+  // would be sent the whole state again.
+  EXPECT_EQ(plan_keepers({"a"}, {"x", "b", "c"}, 1, {{"b", "a"}}), (Plan{{"b", "a"}}));
+  // A keeper that left the spares is replaced by the first other spare.
+  EXPECT_EQ(plan_keepers({"a"}, {"x", "c"}, 1, {{"b", "a"}}), (Plan{{"x", "a"}}));
+  // Its holder stays while it is one; a new keeper takes the least loaded holder.
+  EXPECT_EQ(plan_keepers({"a", "b"}, {"c", "d", "e"}, 3, {{"d", "a"}}), (Plan{{"c", "b"}, {"d", "a"}}));
+  // A holder that is one no more: the keeper gets another.
+  EXPECT_EQ(plan_keepers({"b"}, {"c"}, 1, {{"c", "a"}}), (Plan{{"c", "b"}}));
+  // Fewer keepers wanted: the current ones first, in the spares' order.
+  EXPECT_EQ(plan_keepers({"a", "b"}, {"c", "d", "e"}, 2, {{"e", "a"}, {"d", "b"}}), (Plan{{"d", "b"}}));
+}
+
 class RecordingLauncher final : public Launcher {
  public:
   Result<std::unique_ptr<WorkerHandle>> launch(const WorkerSpec&) override {
@@ -48,9 +62,12 @@ class RecordingLauncher final : public Launcher {
     told.push_back(port == 0 ? holder + " stops " + keeper : holder + " -> " + keeper + ":" + std::to_string(port) +
                                                                  " " + dir);
   }
+  void unkeep(const std::string& host, bool forget) override {
+    unkept.push_back(host + (forget ? " forgets" : " keeps its replicas"));
+  }
   bool can_start = true;
   std::map<std::string, int> ports;  // absent: no answer yet
-  std::vector<std::string> asked, told;
+  std::vector<std::string> asked, told, unkept;
 };
 
 class CommitReplicasTest : public ::testing::Test {
@@ -114,6 +131,7 @@ TEST_F(CommitReplicasTest, OneHolderPushesToEachOfSeveralKeepersAndDroppingOneSt
   // c runs a worker now: a and c hold every commit, b keeps the third copy.
   tick(r, {"a", "c"}, {"b"});
   EXPECT_EQ(launcher_.told.back(), "a stops ip-of-c");
+  EXPECT_EQ(launcher_.unkept, std::vector<std::string>{"c keeps its replicas"});
   EXPECT_EQ(r.serving(), (std::map<std::string, std::string>{{"b", "a"}}));
 }
 
@@ -122,10 +140,65 @@ TEST_F(CommitReplicasTest, AKeeperThatBecomesAHolderIsDroppedAndItsPusherStopped
   launcher_.ports["b"] = 4000;
   tick(r, {"a"}, {"b"});
   ASSERT_EQ(launcher_.told.size(), 1u);
-  // b runs a worker now: both hold every commit.
+  // b runs a worker now: both hold every commit. Its keeper ends at once;
+  // its replica stays until its own workers hold a commit as new (it may be
+  // what they restore from).
   tick(r, {"a", "b"}, {});
   EXPECT_EQ(launcher_.told.back(), "a stops ip-of-b");
+  EXPECT_EQ(launcher_.unkept, std::vector<std::string>{"b keeps its replicas"});
   EXPECT_TRUE(r.serving().empty());
+}
+
+TEST_F(CommitReplicasTest, ASpareNoLongerNeededForgetsItsReplicasAfterAMinuteUnlessWantedAgain) {
+  CommitReplicas r = make(1);
+  launcher_.ports = {{"b", 4000}};
+  tick(r, {"a"}, {"b", "c"});
+  ASSERT_EQ(launcher_.told, std::vector<std::string>{"a -> ip-of-b:4000 /dev/shm/c-b"});
+  // c runs a worker now: a and c hold every commit, b is not needed. Its
+  // pusher stops at once, but its replica stays a minute: c's workers may
+  // not have synced the commit yet.
+  tick(r, {"a", "c"}, {"b"});
+  EXPECT_EQ(launcher_.told.back(), "a stops ip-of-b");
+  EXPECT_TRUE(r.serving().empty());
+  clock_.advance(std::chrono::seconds(59));
+  tick(r, {"a", "c"}, {"b"});
+  EXPECT_TRUE(launcher_.unkept.empty());
+  const size_t asked = launcher_.asked.size();
+  EXPECT_EQ(asked, 1u);  // KEEP is not repeated to a keeper being retired
+  // Wanted again before the minute is over (c lost): it keeps, and a pushes
+  // to it again.
+  tick(r, {"a"}, {"b"});
+  EXPECT_EQ(launcher_.told.back(), "a -> ip-of-b:4000 /dev/shm/c-b");
+  EXPECT_TRUE(launcher_.unkept.empty());
+  // Not needed again: a minute later it is told to forget its replicas.
+  tick(r, {"a", "c"}, {"b"});
+  clock_.advance(std::chrono::seconds(30));
+  tick(r, {"a", "c"}, {"b"});
+  EXPECT_TRUE(launcher_.unkept.empty());
+  clock_.advance(std::chrono::seconds(31));
+  tick(r, {"a", "c"}, {"b"});
+  EXPECT_EQ(launcher_.unkept, std::vector<std::string>{"b forgets"});
+  tick(r, {"a", "c"}, {"b"});
+  EXPECT_EQ(launcher_.unkept.size(), 1u);
+}
+
+TEST_F(CommitReplicasTest, WithoutHoldersNothingChangesForTheKeepers) {
+  CommitReplicas r = make(1);
+  launcher_.ports = {{"b", 4000}};
+  tick(r, {"a"}, {"b"});
+  ASSERT_EQ(launcher_.told.size(), 1u);
+  // Every worker was lost: the plan has no holders until the next
+  // generation. b's replica may be the only copy: b is not dropped.
+  tick(r, {}, {"b"});
+  clock_.advance(std::chrono::seconds(120));
+  tick(r, {}, {"b"});
+  EXPECT_TRUE(launcher_.unkept.empty());
+  EXPECT_EQ(launcher_.told.size(), 1u);
+  EXPECT_EQ(launcher_.asked.size(), 1u);
+  // The next generation runs on b: it is a holder now, and keeps its
+  // replica for its workers to restore.
+  tick(r, {"b"}, {});
+  EXPECT_EQ(launcher_.unkept, std::vector<std::string>{"b keeps its replicas"});
 }
 
 TEST_F(CommitReplicasTest, ALostOrRefusingKeeperIsAskedAgainAfterAWaitThatDoubles) {

@@ -7,7 +7,10 @@
 #include <poll.h>
 #include <sys/socket.h>
 
+#include <filesystem>
+#include <fstream>
 #include <future>
+#include <set>
 #include <thread>
 
 #include "commits/host_commits.h"
@@ -16,6 +19,7 @@
 #include "common/codec.h"
 #include "erun/errors.hpp"
 #include "support/erun_process.h"
+#include "support/process_utils.h"
 
 namespace erun {
 namespace {
@@ -253,6 +257,63 @@ TEST_F(ReplicaTest, ACommitCutShortOrDeclaredTornNeverReplacesThePreviousOne) {
   ASSERT_EQ(push(pusher).size(), 1u);
   EXPECT_EQ(served.get(), "stored 1");
   expect_commit(si::HostCommits::newest(kept_, 0), 9, 1000);
+}
+
+// What a keeper leaves: once its host's workers hold a commit as new, a
+// replica adds nothing and goes; with `all` every replica goes; a worker's
+// file, or a link in the keeper's place, never does.
+TEST_F(ReplicaTest, RemovingReplicasTakesOnlyThoseAWorkersCommitMakesRedundant) {
+  const std::string dir = kept_;
+  auto names = [&] {
+    std::set<std::string> out;
+    for (auto& e : std::filesystem::directory_iterator(dir)) out.insert(e.path().filename().string());
+    return out;
+  };
+  {
+    si::HostCommits replica(dir + "/" + si::kReplicaStem);
+    si::HostCommits replica1(si::HostCommits::stem_of(dir + "/" + si::kReplicaStem, 1));
+    commit(replica, 5, 1000);
+    commit(replica1, 7, 1000);
+  }
+  si::HostCommits own(dir + "/slot-h-0");
+  si::HostCommits own1(si::HostCommits::stem_of(dir + "/slot-h-0", 1));
+  commit(own, 4, 1000);  // older than the replica of State 0
+  commit(own1, 9, 1000);  // newer than the replica of State 1
+  const std::string outside = root_.file("outside");
+  { std::ofstream(outside) << "not a keeper's"; }
+  ASSERT_EQ(::symlink(outside.c_str(), (dir + "/replica-s2.a").c_str()), 0);
+
+  si::RemovedReplicas r = si::remove_replicas(dir, false);
+  EXPECT_EQ(std::set<std::string>(r.names.begin(), r.names.end()),
+            (std::set<std::string>{"replica-s1.a", "replica-s1.b"}));
+  EXPECT_GT(r.bytes, 1000u);  // one commit of 1000 + 334 bytes and its table
+  EXPECT_EQ(r.left, 2);  // replica.a and .b: State 0's newest is still the replica's
+  expect_commit(si::HostCommits::newest(dir, 0), 5, 1000);
+  // As new: the replica goes.
+  commit(own, 5, 1000);
+  r = si::remove_replicas(dir, false);
+  EXPECT_EQ(std::set<std::string>(r.names.begin(), r.names.end()), (std::set<std::string>{"replica.a", "replica.b"}));
+  EXPECT_EQ(r.left, 0);
+  EXPECT_EQ(names(), (std::set<std::string>{"slot-h-0.a", "slot-h-0.b", "slot-h-0-s1.a", "slot-h-0-s1.b",
+                                            "replica-s2.a"}));
+  expect_commit(si::HostCommits::newest(dir, 0), 5, 1000);
+  expect_commit(si::HostCommits::newest(dir, 1), 9, 1000);
+  EXPECT_EQ(testing::read_file(outside), "not a keeper's");
+
+  // `all`: every replica, even the newest commit on this host; the workers'
+  // files and the link stay.
+  {
+    si::HostCommits replica(dir + "/" + si::kReplicaStem);
+    commit(replica, 8, 1000);
+  }
+  r = si::remove_replicas(dir, true);
+  EXPECT_EQ(std::set<std::string>(r.names.begin(), r.names.end()), (std::set<std::string>{"replica.a", "replica.b"}));
+  EXPECT_EQ(names(), (std::set<std::string>{"slot-h-0.a", "slot-h-0.b", "slot-h-0-s1.a", "slot-h-0-s1.b",
+                                            "replica-s2.a"}));
+  expect_commit(si::HostCommits::newest(dir, 0), 5, 1000);
+  EXPECT_EQ(testing::read_file(outside), "not a keeper's");
+  // No directory: nothing.
+  EXPECT_TRUE(si::remove_replicas(root_.file("none"), true).names.empty());
 }
 
 }  // namespace
