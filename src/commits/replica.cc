@@ -346,6 +346,7 @@ RemovedReplicas remove_replicas(const std::string& dir, bool all) {
       removed.bytes += f.size;
     }
   }
+  std::sort(removed.names.begin(), removed.names.end());
   return removed;
 }
 

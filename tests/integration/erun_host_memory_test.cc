@@ -318,9 +318,21 @@ TEST_P(ErunReplicas, TheOnlyHostLostWholeResumesOnTheSpareFromItsReplica) {
     EXPECT_EQ((p.err() + p.out()).find("restored commit"), std::string::npos) << p.err();
     return;
   }
+  // The spare runs the job now: its keeper ends, and its replica goes once
+  // the worker's own files hold a commit as new (the worker writes the one
+  // it restored at once), while the job still runs.
+  ASSERT_TRUE(p.wait_output("restored commit", 60s)) << p.err();
+  deadline = std::chrono::steady_clock::now() + 10s;
+  while ((exists(replica + ".a") || exists(replica + ".b")) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(50ms);
+  }
+  EXPECT_TRUE(exists(dir_b)) << "the job ended before the replica was removed\n" << p.out();
+  EXPECT_FALSE(exists(replica + ".a") || exists(replica + ".b")) << "the replica stayed\n" << p.err();
   ASSERT_NO_FATAL_FAILURE(expect_resumed_exactly(p, 2));
   const std::string said = p.err() + p.out();
   EXPECT_NE(said.find("from host memory on 127.0.0.3 (" + replica), std::string::npos) << said;
+  EXPECT_NE(said.find("removed the commit replicas replica.a, replica.b"), std::string::npos) << said;
+  EXPECT_NE(said.find("this host's workers hold a commit as new"), std::string::npos) << said;
   EXPECT_FALSE(exists(dir_b)) << dir_b << " left behind";
 }
 

@@ -16,12 +16,15 @@
 
 #include <chrono>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <sstream>
 #include <thread>
 
 #include "agent/agent.h"
 #include "agent/protocol.h"
+#include "commits/host_commits.h"
+#include "commits/replica.h"
 #include "common/subprocess.h"
 
 namespace erun::agent {
@@ -119,6 +122,7 @@ class AgentChild {
   static uint64_t id_of(const Exited& m) { return m.id; }
   static uint64_t id_of(const Started& m) { return m.id; }
   static uint64_t id_of(const Hello&) { return 0; }
+  static uint64_t id_of(const Keeping&) { return 0; }
 
   void write_all(std::string_view data) {
     while (!data.empty()) {
@@ -273,6 +277,89 @@ TEST(AgentOutputFiles, NeverWritesThroughALinkAndStillForwards) {
   EXPECT_EQ(read_file(victim), "precious");
   EXPECT_FALSE(std::filesystem::exists(dir.path + "/stdout")) << "written through the rank.3 link";
   EXPECT_EQ(read_file(dir.path + "/logs/rank.1/stderr"), "err\n");  // the rank's other file still works
+  EXPECT_EQ(agent.shutdown(), 0);
+}
+
+// Commit replicas through a real agent: KEEP starts its keeper, a pusher
+// made here stores a commit in it, and UNKEEP ends the keeper. With
+// `forget` its replica goes at once; without, it stays until a worker's file
+// of the host holds a commit as new.
+namespace si = erun::state_internal;
+
+void commit_into(si::HostCommits& files, uint64_t id) {
+  static const std::string name = "w";
+  std::vector<char> bytes(4096, static_cast<char>(id));
+  ASSERT_FALSE(files.write(id, {si::EntryRef::of(name, bytes)}, nullptr, si::kRankZeroCommit));
+}
+
+// Starts the agent's keeper in `kept` and pushes commit `id` from `holder` to it.
+int keep_and_push(AgentChild& agent, const std::string& kept, const std::string& holder, uint64_t id) {
+  agent.send(Keep{kept});
+  auto keeping = agent.wait_for<Keeping>(0, 20s);
+  EXPECT_TRUE(keeping && keeping->port > 0) << (keeping ? keeping->why : "no KEEPING");
+  if (!keeping || keeping->port == 0) return 0;
+  si::HostCommits files(holder + "/slot-h-0");
+  commit_into(files, id);
+  si::ReplicaPusher pusher(holder, std::make_shared<handshake::Key>("job-secret"));
+  auto addrs = net::resolve("127.0.0.1", std::to_string(keeping->port));
+  EXPECT_TRUE(addrs.is_ok());
+  pusher.target(addrs.value().front(), kept);
+  std::vector<si::Pushed> pushed;
+  pusher.push(10s, &pushed);
+  EXPECT_EQ(pushed.size(), 1u);
+  return static_cast<int>(keeping->port);
+}
+
+bool eventually(const std::function<bool()>& what, Duration limit) {
+  for (auto end = SteadyClock::now() + limit; SteadyClock::now() < end; std::this_thread::sleep_for(50ms)) {
+    if (what()) return true;
+  }
+  return what();
+}
+
+bool connectable(int port) {
+  auto addrs = net::resolve("127.0.0.1", std::to_string(port));
+  return addrs.is_ok() && net::connect(addrs.value().front(), SteadyClock::now() + 1s).ok();
+}
+
+TEST(AgentReplicas, UnkeepWithForgetEndsTheKeeperAndRemovesItsReplicaAtOnce) {
+  ScratchDir dir;
+  ASSERT_FALSE(dir.path.empty());
+  const std::string kept = dir.path + "/kept", holder = dir.path + "/holder";
+  AgentChild agent;
+  ASSERT_TRUE(agent.wait_for<Hello>(0, 20s));
+  const int port = keep_and_push(agent, kept, holder, 3);
+  ASSERT_GT(port, 0);
+  ASSERT_TRUE(std::filesystem::exists(kept + "/replica.a"));
+  EXPECT_EQ(si::HostCommits::newest(kept)->snapshot.commit_id, 3u);
+  agent.send(Unkeep{true});
+  EXPECT_TRUE(eventually([&] { return !std::filesystem::exists(kept + "/replica.a"); }, 5s));
+  EXPECT_FALSE(std::filesystem::exists(kept + "/replica.b"));
+  EXPECT_TRUE(eventually([&] { return !connectable(port); }, 5s)) << "the keeper still listens";
+  EXPECT_TRUE(std::filesystem::exists(kept + "/lease")) << "the agent still holds the directory";
+  EXPECT_EQ(agent.shutdown(), 0);
+  EXPECT_FALSE(std::filesystem::exists(kept));
+}
+
+TEST(AgentReplicas, UnkeepWithoutForgetKeepsTheReplicaUntilAWorkersCommitIsAsNew) {
+  ScratchDir dir;
+  ASSERT_FALSE(dir.path.empty());
+  const std::string kept = dir.path + "/kept", holder = dir.path + "/holder";
+  AgentChild agent;
+  ASSERT_TRUE(agent.wait_for<Hello>(0, 20s));
+  const int port = keep_and_push(agent, kept, holder, 5);
+  ASSERT_GT(port, 0);
+  agent.send(Unkeep{false});
+  EXPECT_TRUE(eventually([&] { return !connectable(port); }, 5s)) << "the keeper still listens";
+  // A worker of this host restored commit 5 from the replica and writes it
+  // into its own files, but an older one first: the replica stays.
+  si::HostCommits own(kept + "/slot-k-0");
+  commit_into(own, 4);
+  std::this_thread::sleep_for(2500ms);
+  EXPECT_TRUE(std::filesystem::exists(kept + "/replica.a")) << "removed while the newest commit of the host";
+  commit_into(own, 5);
+  EXPECT_TRUE(eventually([&] { return !std::filesystem::exists(kept + "/replica.a"); }, 5s));
+  EXPECT_EQ(si::HostCommits::newest(kept)->path, kept + "/slot-k-0.b");
   EXPECT_EQ(agent.shutdown(), 0);
 }
 
