@@ -4,12 +4,16 @@
 Runs examples/train_mlp under erun (--launcher local, simulated hosts from a
 discovery script) and, while it trains, injects random faults one after another:
 SIGKILL or SIGSTOP of a worker, a host removed or added, a host's slots changed,
-discovery failing or printing junk for a while. After each fault it waits until
+discovery failing or printing junk for a while, every worker killed at once, an
+agent or a watchdog killed, and a host lost whole (its agent SIGKILLed and the
+host gone from discovery at once; when it is the only host with members, only
+once a spare host holds a whole replica: run with --max-np 2 --min-np 1 so that
+one host runs every worker and the others are spares). After each fault it waits until
 the survivors compute again (their "reset: ... at=<unix time>" line) and records
 the time from the fault to that line. At the end it checks that erun exited 0,
 that the model equals an uninterrupted run's bit for bit, that every epoch saw
 every sample exactly once, that training never restarted from epoch 0, and that
-no worker process is left.
+no worker process and no host-memory directory is left.
 
     /usr/bin/python3 bench/soak.py --build build --faults 100 --seed 1
 
@@ -73,6 +77,7 @@ class Soak:
         self.err_path = os.path.join(self.dir, "err")
         self.results = []  # (kind, seconds or None)
         self.alone = set()  # indices in results of SIGSTOPs of a worker alone on its simulated host
+        self.replica_losses = 0  # hosts lost whole that were the only ones with members
 
     # ---- discovery ---------------------------------------------------------
     def write_discovery(self):
@@ -129,6 +134,42 @@ class Soak:
                 continue
         return out
 
+    @staticmethod
+    def env_of(pid):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                items = f.read().decode(errors="replace").split("\0")
+        except OSError:
+            return {}
+        return dict(i.split("=", 1) for i in items if "=" in i)
+
+    def commit_base(self, ws):
+        """The job's host-memory directory without its host part (ERUN_COMMIT_DIR is BASE-HOST)."""
+        for pid, _ in ws:
+            env = self.env_of(pid)
+            d, h = env.get("ERUN_COMMIT_DIR", ""), env.get("ERUN_HOSTNAME", "")
+            if d and h and d.endswith("-" + h):
+                self.base = d[:-len(h) - 1]
+                break
+        return getattr(self, "base", None)
+
+    @staticmethod
+    def whole_replica(directory):
+        """Whether DIR/replica.a or .b holds a whole commit (header claim == trailer id)."""
+        for name in ("replica.a", "replica.b"):
+            try:
+                with open(os.path.join(directory, name), "rb") as f:
+                    head = f.read(40)
+                    if len(head) < 40 or head[:8] != b"ERUNSTAT":
+                        continue
+                    claim = int.from_bytes(head[16:24], "little")
+                    f.seek(int.from_bytes(head[32:40], "little"))
+                    if claim and int.from_bytes(f.read(8), "little") == claim:
+                        return True
+            except OSError:
+                continue
+        return False
+
     def is_worker(self, pid):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -155,7 +196,7 @@ class Soak:
     # ---- faults --------------------------------------------------------------
     def fault(self):
         kinds = ["kill", "kill", "stop", "remove_host", "add_host", "slots", "discovery_fail", "discovery_junk",
-                 "kill_agent", "kill_watchdog", "kill_all", "kill_lone_agent"]
+                 "kill_agent", "kill_watchdog", "kill_all", "kill_lone_agent", "lose_host"]
         kind = self.rng.choice(kinds)
         total = sum(self.hosts.values())
         victim_host = self.rng.choice(sorted(self.hosts))
@@ -177,6 +218,28 @@ class Soak:
         # Faults that leave no worker holding the last commit: every worker at
         # once, or the agent of the only host with members (its watchdog stops
         # them). The next generation restores it from host memory.
+        # A host lost whole: its agent SIGKILLed (its watchdog stops its
+        # workers) and the host gone from discovery at once. When it is the
+        # only host with members, the job can go on only from a replica on a
+        # host that stays (--commit-replicas, a spare host): only then.
+        lost = None
+        if kind == "lose_host":
+            by_host = {}
+            for agent, pids in agents.items():
+                h = self.env_of(pids[0]).get("ERUN_HOSTNAME")
+                if h in self.hosts:
+                    by_host[h] = agent
+            base = self.commit_base(ws)
+            for h in sorted(by_host):
+                if len(self.hosts) < 2 or total - self.hosts[h] < self.a.min_np:
+                    continue
+                if len(by_host) == 1 and not (base and any(self.whole_replica(f"{base}-{o}")
+                                                            for o in self.hosts if o != h)):
+                    continue
+                lost = (h, by_host[h], len(by_host) == 1)
+                break
+            if lost is None:
+                kind = "kill_lone_agent" if len(agents) == 1 else "kill" if ws else "discovery_junk"
         if kind == "kill_lone_agent" and len(agents) != 1:
             kind = "kill_all"
         if kind == "kill_all" and not ws:
@@ -184,6 +247,7 @@ class Soak:
         t = time.time()
         what = kind
         expect_reset = True
+        maybe_reset = False
         if kind in ("kill", "stop"):
             pid = self.rng.choice(ws)[0]
             os.kill(pid, signal.SIGKILL if kind == "kill" else signal.SIGSTOP)
@@ -200,6 +264,16 @@ class Soak:
             agent = next(iter(agents))
             os.kill(agent, signal.SIGKILL)
             what = f"kill agent pid {agent}, alone in the job (its {len(agents[agent])} workers)"
+        elif kind == "lose_host":
+            h, agent, alone = lost
+            del self.hosts[h]
+            self.spare.append(h)
+            self.set_hosts()
+            os.kill(agent, signal.SIGKILL)
+            what = f"lose {h} whole (agent pid {agent}" + (", the only host with members: a spare holds a replica)"
+                                                           if alone else ")")
+            if alone:
+                self.replica_losses += 1
         elif kind == "kill_agent":
             agent = self.rng.choice(sorted(agents))
             os.kill(agent, signal.SIGKILL)
@@ -226,11 +300,19 @@ class Soak:
             what = f"add {h}:{self.hosts[h]}"
         elif kind == "slots":
             h = self.rng.choice(sorted(self.hosts))
-            choices = [n for n in (1, 2, 3) if n != self.hosts[h] and
-                       self.a.min_np <= total - self.hosts[h] + n <= self.a.max_np]
+            # Within --max-np when it can be (with a small --max-np, hosts
+            # offer more slots than the job takes anyway).
+            choices = ([n for n in (1, 2, 3) if n != self.hosts[h] and
+                        self.a.min_np <= total - self.hosts[h] + n <= self.a.max_np] or
+                       [n for n in (1, 2, 3) if n != self.hosts[h] and self.a.min_np <= total - self.hosts[h] + n])
+            old_world = min(total, self.a.max_np)
             self.hosts[h] = self.rng.choice(choices)
             self.set_hosts()
             what = f"slots {h}:{self.hosts[h]}"
+            if old_world == min(sum(self.hosts.values()), self.a.max_np):
+                # --max-np caps the world either way: a reset only when the
+                # ranks move (a host of the job lost a slot it used).
+                maybe_reset = True
         else:
             self.set_mode("fail" if kind == "discovery_fail" else "junk")
             time.sleep(1.0)
@@ -238,7 +320,7 @@ class Soak:
             expect_reset = False
         took = None
         if expect_reset:
-            limit = self.a.collective_timeout + 30
+            limit = 5 if maybe_reset else self.a.collective_timeout + 30
             while time.time() - t < limit and self.proc.poll() is None:
                 after = self.resets_after(t)
                 if after:
@@ -248,8 +330,9 @@ class Soak:
         self.results.append((kind, took))
         log(f"fault {len(self.results)}: {what}: " +
             (f"computing again after {took:.2f} s" if took is not None else
-             ("no membership change expected" if not expect_reset else "NO recovery seen")))
-        return expect_reset and took is None
+             ("no membership change expected" if not expect_reset else
+              "no membership change" if maybe_reset else "NO recovery seen")))
+        return expect_reset and not maybe_reset and took is None
 
     def run(self):
         a = self.a
@@ -258,7 +341,7 @@ class Soak:
         ref = self.reference(epochs)
         cmd = [self.erun, "--host-discovery-script", os.path.join(self.dir, "discover.sh"),
                "--discovery-interval", "0.2", "--launcher", "local", "--event-log", os.path.join(self.dir, "events.jsonl"),
-               "--term-grace", "2", "-np", "4", "--min-np", str(a.min_np), "--max-np", str(a.max_np),
+               "--term-grace", "2", "-np", str(min(4, a.max_np)), "--min-np", str(a.min_np), "--max-np", str(a.max_np),
                "--collective-timeout", str(a.collective_timeout), "--rendezvous-timeout", "10",
                "--blacklist-after", "1000", self.train, *TRAIN, "--epochs", str(epochs), "--step-ms", "40"]
         log(" ".join(cmd))
@@ -277,6 +360,7 @@ class Soak:
                 log("the job did not start training")
                 return self.finish(ref, False)
             time.sleep(0.1)
+        self.commit_base(self.workers())
         for _ in range(a.faults):
             if self.proc.poll() is not None:
                 log("the job ended before all faults were injected")
@@ -304,12 +388,24 @@ class Soak:
         }
         time.sleep(1)
         checks["no process left"] = not self.workers(stopped=True)
+        # The watchdog of a host lost whole removes its directory 10 s after.
+        base = getattr(self, "base", None)
+        left_dirs = []
+        for _ in range(150):
+            left_dirs = [d for d in os.listdir("/dev/shm") if base and d.startswith(os.path.basename(base))]
+            if not left_dirs:
+                break
+            time.sleep(0.1)
+        checks["no host memory left"] = bool(base) and not left_dirs
         for w in self.workers(stopped=True):
             os.kill(w[0], signal.SIGKILL)
         recov = [t for k, t in self.results if t is not None]
         stops = [t for k, t in self.results if k == "stop" and t is not None]
         others = [t for k, t in self.results if k != "stop" and t is not None]
         total_loss = [t for k, t in self.results if k in ("kill_all", "kill_lone_agent") and t is not None]
+        with open(self.err_path, errors="replace") as f:
+            said = f.read() + out  # a worker's lines come through erun's stdout
+        from_replica = len(re.findall(r"restored commit \d+ from host memory on \S+ \(\S+/replica", said))
         alone = [t for i, (k, t) in enumerate(self.results) if i in self.alone and t is not None]
         summary = {
             "faults": len(self.results),
@@ -324,6 +420,8 @@ class Soak:
             "total_loss": {"count": len(total_loss),
                            "median_fault_to_computing_s": statistics.median(total_loss) if total_loss else None,
                            "max_s": max(total_loss) if total_loss else None},
+            "hosts_lost_whole_alone": self.replica_losses,
+            "restores_from_a_replica": from_replica,
             "collective_timeout_s": self.a.collective_timeout,
             "restarts_from_epoch_0": max(0, out.count("epoch 0 ") - 1),
             "checks": checks,
@@ -352,7 +450,15 @@ def main():
     p.add_argument("--json", help="write the summary here")
     a = p.parse_args()
     log(f"seed {a.seed}, {a.faults} faults")
-    return Soak(a).run()
+    soak = Soak(a)
+    try:
+        return soak.run()
+    finally:
+        # A soak that failed midway takes its job down with it.
+        proc = getattr(soak, "proc", None)
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 if __name__ == "__main__":

@@ -322,14 +322,26 @@ bool connectable(int port) {
   return addrs.is_ok() && net::connect(addrs.value().front(), SteadyClock::now() + 1s).ok();
 }
 
-TEST(AgentReplicas, UnkeepWithForgetEndsTheKeeperAndRemovesItsReplicaAtOnce) {
-  ScratchDir dir;
-  ASSERT_FALSE(dir.path.empty());
-  const std::string kept = dir.path + "/kept", holder = dir.path + "/holder";
-  AgentChild agent;
-  ASSERT_TRUE(agent.wait_for<Hello>(0, 20s));
-  const int port = keep_and_push(agent, kept, holder, 3);
-  ASSERT_GT(port, 0);
+// A real agent that keeps commit `id`, pushed from `holder` into `kept`.
+class AgentReplicas : public ::testing::Test {
+ protected:
+  void keep_one(uint64_t id) {
+    ASSERT_FALSE(dir_.path.empty());
+    ASSERT_TRUE(agent_.wait_for<Hello>(0, 20s));
+    port_ = keep_and_push(agent_, kept_, dir_.path + "/holder", id);
+    ASSERT_GT(port_, 0);
+  }
+  ScratchDir dir_;
+  const std::string kept_ = dir_.path + "/kept";
+  AgentChild agent_;
+  int port_ = 0;
+};
+
+TEST_F(AgentReplicas, UnkeepWithForgetEndsTheKeeperAndRemovesItsReplicaAtOnce) {
+  ASSERT_NO_FATAL_FAILURE(keep_one(3));
+  auto& agent = agent_;
+  const std::string& kept = kept_;
+  const int port = port_;
   ASSERT_TRUE(std::filesystem::exists(kept + "/replica.a"));
   EXPECT_EQ(si::HostCommits::newest(kept)->snapshot.commit_id, 3u);
   agent.send(Unkeep{true});
@@ -341,14 +353,11 @@ TEST(AgentReplicas, UnkeepWithForgetEndsTheKeeperAndRemovesItsReplicaAtOnce) {
   EXPECT_FALSE(std::filesystem::exists(kept));
 }
 
-TEST(AgentReplicas, UnkeepWithoutForgetKeepsTheReplicaUntilAWorkersCommitIsAsNew) {
-  ScratchDir dir;
-  ASSERT_FALSE(dir.path.empty());
-  const std::string kept = dir.path + "/kept", holder = dir.path + "/holder";
-  AgentChild agent;
-  ASSERT_TRUE(agent.wait_for<Hello>(0, 20s));
-  const int port = keep_and_push(agent, kept, holder, 5);
-  ASSERT_GT(port, 0);
+TEST_F(AgentReplicas, UnkeepWithoutForgetKeepsTheReplicaUntilAWorkersCommitIsAsNew) {
+  ASSERT_NO_FATAL_FAILURE(keep_one(5));
+  auto& agent = agent_;
+  const std::string& kept = kept_;
+  const int port = port_;
   agent.send(Unkeep{false});
   EXPECT_TRUE(eventually([&] { return !connectable(port); }, 5s)) << "the keeper still listens";
   // A worker of this host restored commit 5 from the replica and writes it
