@@ -65,6 +65,13 @@ class Soak:
     def __init__(self, a):
         a.build = os.path.abspath(a.build)
         self.a = a
+        self.kinds = ["kill", "kill", "stop", "remove_host", "add_host", "slots", "discovery_fail", "discovery_junk",
+                      "kill_agent", "kill_watchdog", "kill_all", "kill_lone_agent", "lose_host"]
+        for w in a.weight:
+            kind, _, n = w.partition("=")
+            if kind not in self.kinds or not n.isdigit():
+                raise SystemExit(f"--weight {w}: expected KIND=N with KIND one of {sorted(set(self.kinds))}")
+            self.kinds = [k for k in self.kinds if k != kind] + [kind] * int(n)
         self.rng = random.Random(a.seed)
         self.dir = tempfile.mkdtemp(prefix="erun-soak-")
         self.train = os.path.join(a.build, "examples", "train_mlp")
@@ -195,18 +202,23 @@ class Soak:
 
     # ---- faults --------------------------------------------------------------
     def fault(self):
-        kinds = ["kill", "kill", "stop", "remove_host", "add_host", "slots", "discovery_fail", "discovery_junk",
-                 "kill_agent", "kill_watchdog", "kill_all", "kill_lone_agent", "lose_host"]
-        kind = self.rng.choice(kinds)
+        kind = self.rng.choice(self.kinds)
         total = sum(self.hosts.values())
         victim_host = self.rng.choice(sorted(self.hosts))
         if kind == "remove_host" and (len(self.hosts) < 2 or total - self.hosts[victim_host] < self.a.min_np):
             kind = "add_host" if self.spare else "kill"
-        if kind == "add_host" and (not self.spare or total + 2 > self.a.max_np):
+        # With a small --max-np the hosts offer more slots than the job
+        # takes: a host is added while fewer than two are listed (a spare
+        # for the one running the workers).
+        if kind == "add_host" and (not self.spare or (total + 2 > self.a.max_np and len(self.hosts) >= 2)):
             kind = "kill"
         ws = [w for w in self.workers() if w[1] > 1.5]  # members, not fresh replacements
         if kind in ("kill", "stop") and not ws:
             kind = "discovery_junk"
+        # A frozen worker is seen by the peers that wait for it in a
+        # collective: the only worker of a job has none.
+        if kind == "stop" and len(ws) < 2:
+            kind = "kill"
         # A host's agent is its workers' parent. Killing one fails every worker
         # of that host: only where another host's members survive it.
         agents = {}
@@ -406,6 +418,7 @@ class Soak:
         with open(self.err_path, errors="replace") as f:
             said = f.read() + out  # a worker's lines come through erun's stdout
         from_replica = len(re.findall(r"restored commit \d+ from host memory on \S+ \(\S+/replica", said))
+        checks["a replica restored after each lone host lost"] = from_replica >= self.replica_losses
         alone = [t for i, (k, t) in enumerate(self.results) if i in self.alone and t is not None]
         summary = {
             "faults": len(self.results),
@@ -448,6 +461,8 @@ def main():
     p.add_argument("--min-np", type=int, default=2)
     p.add_argument("--max-np", type=int, default=12)
     p.add_argument("--json", help="write the summary here")
+    p.add_argument("--weight", action="append", default=[], metavar="KIND=N",
+                   help="draw the fault KIND N times in each round of draws (0: never), e.g. lose_host=4")
     a = p.parse_args()
     log(f"seed {a.seed}, {a.faults} faults")
     soak = Soak(a)

@@ -155,13 +155,17 @@ class Agent {
   void unkeep(const Unkeep& u);
   void replicate(const Replicate& r);
   void stop_pushers();
-  // After UNKEEP: removes the replicas that this host's workers hold a
-  // commit as new as (all of them with `all`), now and then until none is
-  // left.
-  void sweep_replicas(SteadyClock::time_point now, bool all = false);
+  // While no keeper runs: removes the replicas that this host's workers
+  // hold a commit as new as (all of them after UNKEEP with forget, while no
+  // worker runs), now and then until none is left. Armed by UNKEEP and by
+  // the first START (an agent started anew may find a lost one's replicas).
+  void sweep_replicas(SteadyClock::time_point now);
+  void arm_sweep(bool all);
   KeeperProcess keeper_;
   bool sweeping_ = false;
+  bool sweep_all_ = false;  // UNKEEP said forget, and no worker started since
   SteadyClock::time_point next_sweep_{};
+  std::chrono::milliseconds sweep_every_{1000};  // doubles while nothing goes
   struct Pusher {
     int channel = -1;
     std::string to;  // host:port
@@ -331,7 +335,12 @@ std::vector<std::string> Agent::worker_env(const Start& s) {
   }
   for (auto& [k, v] : s.env) merged[k] = v;
   if (o_.relay) relay_env(merged);
+  const bool first_hold = commit_dir_.empty();
   hold_commit_dir(merged);
+  // A worker from now on: a replica goes only once the workers' own
+  // commits are as new; at the first START, replicas that an earlier agent
+  // of this host kept (and was not told UNKEEP) are looked at too.
+  if (sweep_all_ || (first_hold && !commit_dir_.empty() && keeper_.channel < 0)) arm_sweep(false);
   start_persister(merged, s.cwd);
   merged["ERUN_SECRET"] = secret_;
   std::vector<std::string> words;
@@ -598,27 +607,40 @@ void Agent::unkeep(const Unkeep& u) {
     keeper_.port = 0;
     ERUN_LOG_DEBUG("{}: keeps commit replicas no more", me_);
   }
-  sweeping_ = true;
-  // `forget` holds only for a host without workers: one that got some since
-  // may be restoring from a replica.
-  const bool idle = std::all_of(workers_.begin(), workers_.end(), [](auto& w) { return w.second.reaped; });
-  sweep_replicas(SteadyClock::now(), u.forget && idle);
+  arm_sweep(u.forget);
+  sweep_replicas(SteadyClock::now());
 }
 
-void Agent::sweep_replicas(SteadyClock::time_point now, bool all) {
+void Agent::arm_sweep(bool all) {
+  sweeping_ = true;
+  sweep_all_ = all;
+  sweep_every_ = 1s;
+  next_sweep_ = SteadyClock::time_point{};  // at once
+}
+
+void Agent::sweep_replicas(SteadyClock::time_point now) {
   if (!sweeping_ || now < next_sweep_) return;
-  next_sweep_ = now + 1s;
-  if (keeper_.channel >= 0 || commit_dir_.empty()) {  // kept again since
+  if (keeper_.channel >= 0 || commit_dir_.empty()) {  // kept again since, or nothing held
     sweeping_ = false;
     return;
   }
-  const si::RemovedReplicas r = si::remove_replicas(commit_dir_, all);
+  // `forget` holds only while no worker runs here: one that started since
+  // may be restoring from a replica. Without it, only a worker's own commit
+  // makes a replica redundant: with no worker, there is nothing to look at.
+  const bool working = std::any_of(workers_.begin(), workers_.end(), [](auto& w) { return !w.second.reaped; });
+  const bool all = sweep_all_ && !working;
+  si::RemovedReplicas r;
+  if (all || working) r = si::remove_replicas(commit_dir_, all);
   if (!r.names.empty()) {
     ERUN_LOG_INFO("{}: removed the commit replicas {} ({:.1f} MiB): {}", me_, join(r.names, ", "),
                   static_cast<double>(r.bytes) / (1 << 20),
                   all ? "no longer a keeper" : "this host's workers hold a commit as new");
   }
-  sweeping_ = r.left > 0;
+  // Looked at again a second later, then less often while nothing goes
+  // (a State without a worker file, or workers still behind the replica).
+  sweep_every_ = r.names.empty() ? std::min<std::chrono::milliseconds>(sweep_every_ * 2, 8s) : 1s;
+  next_sweep_ = now + sweep_every_;
+  sweeping_ = !(all || working) || r.left > 0;
 }
 
 void Agent::stop_pushers() {

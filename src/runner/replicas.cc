@@ -17,9 +17,9 @@ namespace {
 // REPLICATE is repeated every kRetry.
 constexpr auto kRetry = std::chrono::seconds(5);
 constexpr auto kMaxRetry = std::chrono::seconds(300);
-// A keeper no longer wanted, on a host without workers, while the holders
-// reach replicas + 1 hosts, keeps its replicas this long before its agent
-// is told to drop them: a holder new to the plan has its commit once its
+// A keeper no longer wanted on a host that is still a spare keeps its
+// replicas this long after the holders last changed before its agent is
+// told to drop them: a holder new to the plan has the commit once its
 // workers synced.
 constexpr auto kRetire = std::chrono::seconds(60);
 }  // namespace
@@ -108,9 +108,12 @@ void CommitReplicas::plan(const std::vector<std::string>& holders, const std::ve
   }
   const std::map<std::string, std::string> wanted(plan.begin(), plan.end());
   const std::set<std::string> holding(holders.begin(), holders.end());
-  // The holders alone reach replicas + 1 hosts: a keeper's replica is then
-  // one copy more than asked for.
-  const bool enough = static_cast<int>(holders.size()) >= replicas_ + 1;
+  const std::set<std::string> spare(spares.begin(), spares.end());
+  // New holders have the commit only once their workers synced, which the
+  // driver does not see: a keeper is retired kRetire after the holders last
+  // changed, never sooner.
+  const bool new_holders = holding != last_holders_;
+  last_holders_ = holding;
   const TimePoint now = clock_.now();
   for (auto it = keepers_.begin(); it != keepers_.end();) {
     Keeper& k = it->second;
@@ -119,16 +122,16 @@ void CommitReplicas::plan(const std::vector<std::string>& holders, const std::ve
       continue;
     }
     drop(it->first, k);
-    if (enough && !holding.count(it->first)) {
-      // Retired after kRetire, should it not be wanted again by then: the
-      // holders new to the plan get the commit when their workers sync.
-      if (!k.retiring) k.retire_at = now + kRetire;
+    if (spare.count(it->first)) {
+      // Still a spare, but its copy is beyond the replicas asked for.
+      if (!k.retiring || new_holders) k.retire_at = now + kRetire;
       k.retiring = true;
       ++it;
       continue;
     }
     // Its host runs workers now (its replicas go once they hold a commit
-    // as new), or it left the spares with too few holders (they stay).
+    // as new), or it left the spares (out of discovery or blacklisted: its
+    // replicas stay, should it come back while they are the newest).
     ERUN_LOG_DEBUG("commit replicas: {} keeps no more", it->first);
     launcher_for_(it->first).unkeep(it->first, /*forget=*/false);
     it = keepers_.erase(it);

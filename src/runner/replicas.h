@@ -11,6 +11,7 @@
 
 #include <functional>
 #include <map>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -43,14 +44,13 @@ class CommitReplicas {
   // Plans the keepers anew, for `holders` (the hosts of the running plan)
   // and `spares` (the usable hosts without a worker, in discovery order):
   // called when those change, not every tick. A keeper given another holder
-  // has its pusher stopped. A keeper no longer wanted has its pusher stopped
-  // and its agent told UNKEEP (its keeper ends): at once when its host runs
-  // workers now (its replicas go once they hold a commit as new) or when
-  // the holders are too few (its replicas stay); otherwise, on a spare host
-  // with the holders reaching replicas + 1 hosts, with `forget` after a
-  // minute (tick()) unless it is wanted again by then. With no holders
-  // (between generations, after every worker was lost) nothing changes: a
-  // keeper's replica may be the only copy left.
+  // has its pusher stopped. A keeper no longer wanted has its pusher stopped;
+  // its agent is told UNKEEP (its keeper ends) at once when its host runs
+  // workers now (its replicas go once they hold a commit as new) or left the
+  // spares (they stay); a keeper still a spare is told UNKEEP with `forget`
+  // (tick()) a minute after the holders last changed, unless it is wanted
+  // again by then. A plan without holders changes nothing: a keeper's
+  // replica may be the only copy left.
   void plan(const std::vector<std::string>& holders, const std::vector<std::string>& spares);
   // Moves the agents toward the plan as their answers come; cheap (a few
   // keepers), called every tick of the running job.
@@ -84,6 +84,7 @@ class CommitReplicas {
   Clock& clock_;
   std::map<std::string, Keeper> keepers_;
   bool paused_ = false;    // the last plan had no holders
+  std::set<std::string> last_holders_;
   std::string last_said_;  // the last plan logged
 };
 

@@ -322,7 +322,7 @@ TEST_P(ErunReplicas, TheOnlyHostLostWholeResumesOnTheSpareFromItsReplica) {
   // the worker's own files hold a commit as new (the worker writes the one
   // it restored at once), while the job still runs.
   ASSERT_TRUE(p.wait_output("restored commit", 60s)) << p.err();
-  deadline = std::chrono::steady_clock::now() + 10s;
+  deadline = std::chrono::steady_clock::now() + 20s;
   while ((exists(replica + ".a") || exists(replica + ".b")) && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(50ms);
   }

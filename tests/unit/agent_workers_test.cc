@@ -358,6 +358,11 @@ TEST_F(AgentReplicas, UnkeepWithoutForgetKeepsTheReplicaUntilAWorkersCommitIsAsN
   auto& agent = agent_;
   const std::string& kept = kept_;
   const int port = port_;
+  // The job resumes on this host: a worker starts, then UNKEEP.
+  Start s = shell_worker(1, "sleep 30");
+  s.env = {{"ERUN_COMMIT_DIR", kept}};
+  agent.send(s);
+  ASSERT_TRUE(agent.wait_for<Started>(1, 20s));
   agent.send(Unkeep{false});
   EXPECT_TRUE(eventually([&] { return !connectable(port); }, 5s)) << "the keeper still listens";
   // A worker of this host restored commit 5 from the replica and writes it
@@ -367,7 +372,34 @@ TEST_F(AgentReplicas, UnkeepWithoutForgetKeepsTheReplicaUntilAWorkersCommitIsAsN
   std::this_thread::sleep_for(2500ms);
   EXPECT_TRUE(std::filesystem::exists(kept + "/replica.a")) << "removed while the newest commit of the host";
   commit_into(own, 5);
-  EXPECT_TRUE(eventually([&] { return !std::filesystem::exists(kept + "/replica.a"); }, 5s));
+  EXPECT_TRUE(eventually([&] { return !std::filesystem::exists(kept + "/replica.a"); }, 20s));
+  EXPECT_EQ(si::HostCommits::newest(kept)->path, kept + "/slot-k-0.b");
+  EXPECT_EQ(agent.shutdown(), 0);
+}
+
+// An agent started anew on a host (the one that kept replicas was lost, so
+// never told UNKEEP) finds the replicas at its first START, and removes them
+// once its worker's own commit is as new.
+TEST(AgentReplicasLeftBehind, AreRemovedOnceTheWorkersOfANewAgentHoldACommitAsNew) {
+  ScratchDir dir;
+  ASSERT_FALSE(dir.path.empty());
+  const std::string kept = dir.path + "/kept";
+  {
+    si::HostCommits replica(kept + "/" + si::kReplicaStem);
+    commit_into(replica, 7);
+  }
+  AgentChild agent;
+  ASSERT_TRUE(agent.wait_for<Hello>(0, 20s));
+  Start s = shell_worker(1, "sleep 30");
+  s.env = {{"ERUN_COMMIT_DIR", kept}};
+  agent.send(s);
+  ASSERT_TRUE(agent.wait_for<Started>(1, 20s));
+  si::HostCommits own(kept + "/slot-k-0");
+  commit_into(own, 6);
+  std::this_thread::sleep_for(1500ms);
+  EXPECT_TRUE(std::filesystem::exists(kept + "/replica.a")) << "removed while the newest commit of the host";
+  commit_into(own, 7);
+  EXPECT_TRUE(eventually([&] { return !std::filesystem::exists(kept + "/replica.a"); }, 20s));
   EXPECT_EQ(si::HostCommits::newest(kept)->path, kept + "/slot-k-0.b");
   EXPECT_EQ(agent.shutdown(), 0);
 }

@@ -182,6 +182,40 @@ TEST_F(CommitReplicasTest, ASpareNoLongerNeededForgetsItsReplicasAfterAMinuteUnl
   EXPECT_EQ(launcher_.unkept.size(), 1u);
 }
 
+TEST_F(CommitReplicasTest, TheMinuteStartsAgainWhenTheHoldersChange) {
+  CommitReplicas r = make(1);
+  launcher_.ports = {{"b", 4000}};
+  tick(r, {"a"}, {"b"});
+  tick(r, {"a", "c"}, {"b"});  // b retiring
+  clock_.advance(std::chrono::seconds(50));
+  // c is lost and d joins: d's workers have not synced yet.
+  tick(r, {"a", "d"}, {"b"});
+  clock_.advance(std::chrono::seconds(11));
+  tick(r, {"a", "d"}, {"b"});
+  EXPECT_TRUE(launcher_.unkept.empty()) << "forgot 11 s after new holders came";
+  clock_.advance(std::chrono::seconds(50));
+  tick(r, {"a", "d"}, {"b"});
+  EXPECT_EQ(launcher_.unkept, std::vector<std::string>{"b forgets"});
+}
+
+TEST_F(CommitReplicasTest, ASurplusKeeperThatIsStillASpareIsRetiredToo) {
+  // Two replicas over one holder: b and c keep. A second holder makes c's
+  // copy surplus, although the holders alone are still too few.
+  CommitReplicas r = make(2);
+  launcher_.ports = {{"b", 4000}, {"c", 4001}};
+  tick(r, {"a"}, {"b", "c"});
+  tick(r, {"a", "d"}, {"b", "c"});
+  EXPECT_EQ(r.serving(), (std::map<std::string, std::string>{{"b", "a"}}));
+  EXPECT_TRUE(launcher_.unkept.empty());
+  clock_.advance(std::chrono::seconds(61));
+  tick(r, {"a", "d"}, {"b", "c"});
+  EXPECT_EQ(launcher_.unkept, std::vector<std::string>{"c forgets"});
+  // A keeper that leaves the spares is told at once, and keeps its replicas
+  // (it may come back while they are the newest).
+  tick(r, {"a", "d"}, {"c"});
+  EXPECT_EQ(launcher_.unkept.back(), "b keeps its replicas");
+}
+
 TEST_F(CommitReplicasTest, WithoutHoldersNothingChangesForTheKeepers) {
   CommitReplicas r = make(1);
   launcher_.ports = {{"b", 4000}};
