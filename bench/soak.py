@@ -301,15 +301,22 @@ class Soak:
             expect_reset = False
         elif kind == "remove_host":
             h = victim_host
+            members = {self.env_of(pid).get("ERUN_HOSTNAME") for pid, _ in self.workers()}
             del self.hosts[h]
             self.spare.append(h)
             self.set_hosts()
             what = f"remove {h}"
+            if h not in members:  # a spare (a small --max-np): the job goes on as it was
+                what += " (a spare)"
+                maybe_reset = True
         elif kind == "add_host":
             h = self.spare.pop(0)
             self.hosts[h] = self.rng.randint(1, 2)
             self.set_hosts()
             what = f"add {h}:{self.hosts[h]}"
+            if total >= self.a.max_np:  # it can only be a spare
+                what += " (a spare)"
+                maybe_reset = True
         elif kind == "slots":
             h = self.rng.choice(sorted(self.hosts))
             # Within --max-np when it can be (with a small --max-np, hosts
