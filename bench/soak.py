@@ -85,6 +85,7 @@ class Soak:
         self.results = []  # (kind, seconds or None)
         self.alone = set()  # indices in results of SIGSTOPs of a worker alone on its simulated host
         self.replica_losses = 0  # hosts lost whole that were the only ones with members
+        self.base = None  # the job's host-memory directory without its host part
 
     # ---- discovery ---------------------------------------------------------
     def write_discovery(self):
@@ -152,13 +153,15 @@ class Soak:
 
     def commit_base(self, ws):
         """The job's host-memory directory without its host part (ERUN_COMMIT_DIR is BASE-HOST)."""
+        if self.base:
+            return self.base
         for pid, _ in ws:
             env = self.env_of(pid)
             d, h = env.get("ERUN_COMMIT_DIR", ""), env.get("ERUN_HOSTNAME", "")
             if d and h and d.endswith("-" + h):
                 self.base = d[:-len(h) - 1]
                 break
-        return getattr(self, "base", None)
+        return self.base
 
     @staticmethod
     def whole_replica(directory):
@@ -408,7 +411,7 @@ class Soak:
         time.sleep(1)
         checks["no process left"] = not self.workers(stopped=True)
         # The watchdog of a host lost whole removes its directory 10 s after.
-        base = getattr(self, "base", None)
+        base = self.base
         left_dirs = []
         for _ in range(150):
             left_dirs = [d for d in os.listdir("/dev/shm") if base and d.startswith(os.path.basename(base))]

@@ -158,12 +158,12 @@ class Agent {
   // While no keeper runs: removes the replicas that this host's workers
   // hold a commit as new as (all of them after UNKEEP with forget, while no
   // worker runs), now and then until none is left. Armed by UNKEEP and by
-  // the first START (an agent started anew may find a lost one's replicas).
+  // START (an agent started anew may find a lost one's replicas).
   void sweep_replicas(SteadyClock::time_point now);
   void arm_sweep(bool all);
   KeeperProcess keeper_;
   bool sweeping_ = false;
-  bool sweep_all_ = false;  // UNKEEP said forget, and no worker started since
+  bool sweep_all_ = false;  // UNKEEP said forget, and no START came since
   SteadyClock::time_point next_sweep_{};
   std::chrono::milliseconds sweep_every_{1000};  // doubles while nothing goes
   struct Pusher {
@@ -335,12 +335,12 @@ std::vector<std::string> Agent::worker_env(const Start& s) {
   }
   for (auto& [k, v] : s.env) merged[k] = v;
   if (o_.relay) relay_env(merged);
-  const bool first_hold = commit_dir_.empty();
   hold_commit_dir(merged);
   // A worker from now on: a replica goes only once the workers' own
-  // commits are as new; at the first START, replicas that an earlier agent
-  // of this host kept (and was not told UNKEEP) are looked at too.
-  if (sweep_all_ || (first_hold && !commit_dir_.empty() && keeper_.channel < 0)) arm_sweep(false);
+  // commits are as new (UNKEEP's forget no longer holds). This also finds
+  // replicas that an earlier agent of this host kept and was never told
+  // UNKEEP for.
+  if (keeper_.channel < 0) arm_sweep(false);
   start_persister(merged, s.cwd);
   merged["ERUN_SECRET"] = secret_;
   std::vector<std::string> words;

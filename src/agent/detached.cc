@@ -34,10 +34,10 @@ pid_t fork_detached(int child_end, bool keep_stderr) {
   return 0;
 }
 
-int spawn_helper(const std::function<void(int channel)>& body) {
+int spawn_helper(const std::function<void(int channel)>& body, bool keep_stderr) {
   int fds[2];
   if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) return -1;
-  pid_t pid = fork_detached(fds[1], /*keep_stderr=*/true);
+  pid_t pid = fork_detached(fds[1], keep_stderr);
   if (pid < 0) {
     int saved = errno;
     ::close(fds[0]);

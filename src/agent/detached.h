@@ -17,12 +17,12 @@ namespace erun::agent {
 // 0 in the child, -1 with errno set.
 pid_t fork_detached(int child_end, bool keep_stderr);
 
-// A helper that talks with the agent over a socketpair (the persister, the
-// keeper, a pusher): forks it detached, stderr kept (the agent's, so that its
-// errors reach the driver), and runs `body(3)` in it, its end of the channel;
-// `body` must not return. Returns the agent's end (close-on-exec), or -1 with
-// errno set.
-int spawn_helper(const std::function<void(int channel)>& body);
+// A helper that talks with the agent over a socketpair (the watchdog, the
+// persister, the keeper, a pusher): forks it detached (fork_detached(), with
+// `keep_stderr`: the agent's, so that its errors reach the driver) and runs
+// `body(3)` in it, its end of the channel; `body` must not return. Returns
+// the agent's end (close-on-exec), or -1 with errno set.
+int spawn_helper(const std::function<void(int channel)>& body, bool keep_stderr = true);
 
 // Ends a helper started by spawn_helper(): EOF on its channel, then waits up
 // to `wait` for its end of the channel to close (it exited). Closes `fd`.

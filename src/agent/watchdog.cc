@@ -47,7 +47,7 @@ namespace {
 
 using SteadyClock = std::chrono::steady_clock;
 
-// Reads the agent's lines into `state` until the pipe ends or the agent has
+// Reads the agent's lines into `state` until the channel ends or the agent has
 // been silent for `silence_ms` (0: never), which SIGKILLs the agent.
 void listen(int fd, pid_t agent, long silence_ms, WatchdogState& state) {
   char chunk[4096];
@@ -92,7 +92,7 @@ void stop_groups(const std::map<pid_t, long>& groups) {
 }
 
 // Runs in the forked child, in its own session, with every inherited
-// descriptor but its pipe (fd) closed.
+// descriptor but its channel (fd) closed.
 [[noreturn]] void watchdog_main(int fd, pid_t agent, long silence_ms) {
   WatchdogState state;
   listen(fd, agent, silence_ms, state);
@@ -111,23 +111,11 @@ void stop_groups(const std::map<pid_t, long>& groups) {
 
 int spawn_watchdog(long silence_ms) {
   const pid_t agent = ::getpid();
-  int fds[2];
-  if (::pipe2(fds, O_CLOEXEC) != 0) return -1;
-  pid_t pid = fork_detached(fds[0], /*keep_stderr=*/false);
-  if (pid < 0) {
-    int saved = errno;
-    ::close(fds[0]);
-    ::close(fds[1]);
-    errno = saved;
-    return -1;
-  }
-  if (pid == 0) {
-    watchdog_main(3, agent, silence_ms);
-  }
-  ::close(fds[0]);
-  // The watchdog is not the agent's to reap through SIGCHLD bookkeeping: it is
-  // reaped with the workers' waitpid(-1) and ignored there.
-  return fds[1];
+  // stderr on /dev/null: the watchdog outlives the driver's connection.
+  // It is not the agent's to reap through SIGCHLD bookkeeping: it is reaped
+  // with the workers' waitpid(-1) and ignored there.
+  return spawn_helper([agent, silence_ms](int channel) { watchdog_main(channel, agent, silence_ms); },
+                      /*keep_stderr=*/false);
 }
 
 }  // namespace erun::agent

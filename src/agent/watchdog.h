@@ -1,6 +1,6 @@
 // The agent's watchdog, a forked process in its own session, reads the agent's
 // lines: "A <pgid> <grace_ms>", "R <pgid>", "D <relay dir>", "C <commit dir>",
-// "H" (alive). When the pipe ends or the agent is silent for `silence_ms` (then
+// "H" (alive). When the channel ends or the agent is silent for `silence_ms` (then
 // SIGKILLed), it stops the groups it knows (SIGTERM, longest grace, SIGKILL),
 // removes the relay socket and directory and hands the commit directory to
 // commit_dir.h. It never signals other groups, never removes anything else.
@@ -26,8 +26,8 @@ struct WatchdogState {
   void apply(std::string_view line);
 };
 
-// Forks the watchdog; returns the write end of its pipe (close-on-exec), or
-// -1 with errno set. `silence_ms` 0: the agent is never taken for silent.
+// Forks the watchdog (spawn_helper()); returns the agent's end of its
+// channel (close-on-exec), or -1 with errno set. `silence_ms` 0: the agent is never taken for silent.
 int spawn_watchdog(long silence_ms);
 
 }  // namespace erun::agent

@@ -22,11 +22,11 @@ uint64_t claimed_id(int dirfd, const char* name) {
   return id;
 }
 
+}  // namespace
+
 bool commit_file_name(const std::string& name) {
   return name.size() >= 3 && name[name.size() - 2] == '.' && (name.back() == 'a' || name.back() == 'b');
 }
-
-}  // namespace
 
 std::vector<ClaimedCommit> claimed_commits(const std::string& dir) {
   std::vector<ClaimedCommit> out;

@@ -17,6 +17,9 @@ struct ClaimedCommit {
   std::string name;  // within the directory
 };
 
+// Whether `name` is one of a commit file pair's names (STEM.a, STEM.b).
+bool commit_file_name(const std::string& name);
+
 // The *.a and *.b files of `dir` whose header claims a commit, newest first
 // (ties by name); empty when there is none or no such directory. Links are
 // not followed.

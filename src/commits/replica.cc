@@ -308,35 +308,40 @@ RemovedReplicas remove_replicas(const std::string& dir, bool all) {
   if (!dfd) return removed;
   struct File {
     std::string name;
-    bool replica;
     uint64_t whole;  // the commit it holds whole; 0: none
     uint64_t size;
   };
-  std::map<int, std::vector<File>> by_state;
-  const std::string stem = kReplicaStem;
-  {
-    DIR* d = ::fdopendir(::dup(dfd.get()));
-    if (d == nullptr) return removed;
-    while (dirent* e = ::readdir(d)) {
-      const std::string name = e->d_name;
-      if (name.size() < 3 || name[name.size() - 2] != '.' || (name.back() != 'a' && name.back() != 'b')) continue;
-      Fd fd = HostCommits::open_own(dir + "/" + name);
-      if (!fd) continue;  // a link, or not this user's: never ours to remove
-      struct stat st {};
-      const uint64_t size = ::fstat(fd.get(), &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
-      const auto listing = HostCommits::list(fd.get());
-      const bool replica = name.compare(0, stem.size() + 1, stem + ".") == 0 ||
-                           name.compare(0, stem.size() + 2, stem + "-s") == 0;
-      by_state[HostCommits::ordinal_of(name)].push_back({name, replica, listing ? listing->id : 0, size});
-    }
-    ::closedir(d);
+  // Per State number: the keeper's files, and the newest whole commit of the others.
+  std::map<int, std::vector<File>> kept;
+  std::map<int, uint64_t> own;
+  const int listed = ::dup(dfd.get());
+  DIR* d = listed < 0 ? nullptr : ::fdopendir(listed);
+  if (d == nullptr) {
+    if (listed >= 0) ::close(listed);
+    return removed;
   }
-  for (auto& [ordinal, files] : by_state) {
-    uint64_t own = 0, kept = 0;
-    for (const File& f : files) (f.replica ? kept : own) = std::max(f.replica ? kept : own, f.whole);
-    const bool go = all || (own > 0 && own >= kept);
+  while (dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    if (!commit_file_name(name)) continue;
+    Fd fd = HostCommits::open_own(dir + "/" + name);
+    if (!fd) continue;  // a link, or not this user's: never ours to remove
+    struct stat st {};
+    const uint64_t size = ::fstat(fd.get(), &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
+    const auto listing = HostCommits::list(fd.get());
+    const uint64_t whole = listing ? listing->id : 0;
+    const int ordinal = HostCommits::ordinal_of(name);
+    if (name.substr(0, name.size() - 2) == HostCommits::stem_of(kReplicaStem, ordinal)) {
+      kept[ordinal].push_back({name, whole, size});
+    } else {
+      own[ordinal] = std::max(own[ordinal], whole);
+    }
+  }
+  ::closedir(d);
+  for (auto& [ordinal, files] : kept) {
+    uint64_t newest = 0;
+    for (const File& f : files) newest = std::max(newest, f.whole);
+    const bool go = all || (own[ordinal] > 0 && own[ordinal] >= newest);
     for (const File& f : files) {
-      if (!f.replica) continue;
       // unlinkat() removes a link itself, never what it points to.
       if (!go || ::unlinkat(dfd.get(), f.name.c_str(), 0) != 0) {
         ++removed.left;

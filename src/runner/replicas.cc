@@ -88,8 +88,7 @@ void CommitReplicas::drop(const std::string& host, Keeper& k) {
 }
 
 void CommitReplicas::plan(const std::vector<std::string>& holders, const std::vector<std::string>& spares) {
-  paused_ = holders.empty();
-  if (paused_) return;
+  if (holders.empty()) return;  // nothing to plan from: the keepers keep what they have
   std::map<std::string, std::string> current;
   for (auto& [host, k] : keepers_) current[host] = k.holder;
   const auto plan = plan_keepers(holders, spares, replicas_, current);
@@ -147,7 +146,6 @@ void CommitReplicas::plan(const std::vector<std::string>& holders, const std::ve
 }
 
 void CommitReplicas::tick() {
-  if (paused_) return;
   const TimePoint now = clock_.now();
   for (auto it = keepers_.begin(); it != keepers_.end();) {
     if (!it->second.retiring) {

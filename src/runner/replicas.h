@@ -83,7 +83,6 @@ class CommitReplicas {
   std::function<Launcher&(const std::string&)> launcher_for_;
   Clock& clock_;
   std::map<std::string, Keeper> keepers_;
-  bool paused_ = false;    // the last plan had no holders
   std::set<std::string> last_holders_;
   std::string last_said_;  // the last plan logged
 };

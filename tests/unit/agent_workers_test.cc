@@ -317,6 +317,14 @@ bool eventually(const std::function<bool()>& what, Duration limit) {
   return what();
 }
 
+// A worker (it sleeps) of the host whose commit directory is `commit_dir`.
+void start_worker_on(AgentChild& agent, const std::string& commit_dir) {
+  Start s = shell_worker(1, "sleep 30");
+  s.env = {{"ERUN_COMMIT_DIR", commit_dir}};
+  agent.send(s);
+  ASSERT_TRUE(agent.wait_for<Started>(1, 20s));
+}
+
 bool connectable(int port) {
   auto addrs = net::resolve("127.0.0.1", std::to_string(port));
   return addrs.is_ok() && net::connect(addrs.value().front(), SteadyClock::now() + 1s).ok();
@@ -359,10 +367,7 @@ TEST_F(AgentReplicas, UnkeepWithoutForgetKeepsTheReplicaUntilAWorkersCommitIsAsN
   const std::string& kept = kept_;
   const int port = port_;
   // The job resumes on this host: a worker starts, then UNKEEP.
-  Start s = shell_worker(1, "sleep 30");
-  s.env = {{"ERUN_COMMIT_DIR", kept}};
-  agent.send(s);
-  ASSERT_TRUE(agent.wait_for<Started>(1, 20s));
+  ASSERT_NO_FATAL_FAILURE(start_worker_on(agent, kept));
   agent.send(Unkeep{false});
   EXPECT_TRUE(eventually([&] { return !connectable(port); }, 5s)) << "the keeper still listens";
   // A worker of this host restored commit 5 from the replica and writes it
@@ -378,7 +383,7 @@ TEST_F(AgentReplicas, UnkeepWithoutForgetKeepsTheReplicaUntilAWorkersCommitIsAsN
 }
 
 // An agent started anew on a host (the one that kept replicas was lost, so
-// never told UNKEEP) finds the replicas at its first START, and removes them
+// never told UNKEEP) finds the replicas when a worker starts, and removes them
 // once its worker's own commit is as new.
 TEST(AgentReplicasLeftBehind, AreRemovedOnceTheWorkersOfANewAgentHoldACommitAsNew) {
   ScratchDir dir;
@@ -390,10 +395,7 @@ TEST(AgentReplicasLeftBehind, AreRemovedOnceTheWorkersOfANewAgentHoldACommitAsNe
   }
   AgentChild agent;
   ASSERT_TRUE(agent.wait_for<Hello>(0, 20s));
-  Start s = shell_worker(1, "sleep 30");
-  s.env = {{"ERUN_COMMIT_DIR", kept}};
-  agent.send(s);
-  ASSERT_TRUE(agent.wait_for<Started>(1, 20s));
+  ASSERT_NO_FATAL_FAILURE(start_worker_on(agent, kept));
   si::HostCommits own(kept + "/slot-k-0");
   commit_into(own, 6);
   std::this_thread::sleep_for(1500ms);
