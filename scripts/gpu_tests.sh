@@ -8,37 +8,58 @@
 #   3. the CUDA example elastic under erun (a worker SIGKILLed, a host added;
 #      every worker SIGKILLed at once) against an uninterrupted run and a
 #      world of one: same checksum,
-#   4. the Python package's tests on CUDA tensors (tests/python/test_gpu.py:
-#      NCCL in a world of one, 2 and 4 ranks sharing the GPU through the staged
-#      path) when python3 has torch with CUDA and pytest,
-#   5. benchmarks: erun's GPU allreduce against raw NCCL (and torch.distributed
+#   4. benchmarks: erun's GPU allreduce against raw NCCL (and torch.distributed
 #      NCCL when torch is importable), device-state commit against cudaMemcpy,
 #      in worker and in host memory, and (2+ GPUs) shrinking an NCCL communicator against a new init,
-# then prints a summary. Where no GPU is visible it prints "no GPU: skipped"
-# and exits 0. Exits 1 when a step failed.
+#   5. the Python package's tests on CUDA tensors (tests/python/test_gpu.py:
+#      NCCL in a world of one, 2 and 4 ranks sharing the GPU through the staged
+#      path; the exact model and DDP trained in place on CUDA across SIGKILLs
+#      and a grow) when python3 (GPU_TESTS_PYTHON) has torch with CUDA and pytest,
+# then prints a summary (also in OUT/summary.txt). Where no GPU is visible it
+# prints "no GPU: skipped" and exits 0. Exits 1 when a step failed.
 #   scripts/gpu_tests.sh [build-dir]     (default: build-gpu)
+# build-dir may be a GPU bundle (scripts/gpu_bundle.sh): its programs are used
+# as they are (scripts/gpu_device.sh sets the library path for them).
 # Logs and results go to $GPU_TESTS_OUT (default: BUILD/gpu-results).
+# GPU_TESTS_BUDGET=SECONDS: every step gets what is left of that time and a
+# step that would start with under 20 s left is skipped ("out of time"), so
+# the summary is written inside one bounded device command.
+# GPU_TESTS_FORCE=1 runs the steps without a GPU (a dry run of this script:
+# the device tests skip, the CUDA example fails).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 build=${1:-build-gpu}
+case $build in /*) ;; *) build=$root/$build ;; esac
+deadline=$((SECONDS + ${GPU_TESTS_BUDGET:-100000}))
 
-if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
+if [ -z "${GPU_TESTS_FORCE:-}" ] && { ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; }; then
   echo "gpu_tests: no GPU: skipped (nvidia-smi sees no NVIDIA GPU; run this on a GPU machine)"
   exit 0
 fi
+gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
 out=${GPU_TESTS_OUT:-$build/gpu-results}
 mkdir -p "$out"
-rm -f "$out/unit_summary.txt" "$out/numbers.txt"
-nvidia-smi -L | tee "$out/gpus.txt"
+rm -f "$out/unit_summary.txt" "$out/numbers.txt" "$out/summary.txt"
+nvidia-smi -L 2>&1 | tee "$out/gpus.txt"
 
 summary=()
 failures=0
-# step NAME CMD...: runs CMD with its output in $out/NAME.log; records PASS/FAIL.
+# Seconds left of GPU_TESTS_BUDGET, at most CAP (default 300: the bound of one erun run).
+left() {
+  local l=$((deadline - SECONDS)) cap=${1:-300}
+  echo $((l < cap ? (l < 1 ? 1 : l) : cap))
+}
+# step NAME CMD...: runs CMD with its output in $out/NAME.log; records PASS/FAIL,
+# or SKIP when under 20 s of the budget are left.
 step() {
   local name=$1
   shift
   local t0=$SECONDS
+  if [ $((deadline - SECONDS)) -lt 20 ]; then
+    summary+=("SKIP  $name (out of time: GPU_TESTS_BUDGET)")
+    return
+  fi
   if "$@" >"$out/$name.log" 2>&1; then
     summary+=("PASS  $name ($((SECONDS - t0)) s)")
   else
@@ -49,25 +70,40 @@ step() {
   fi
 }
 finish() {
-  echo
-  echo "==== gpu_tests summary ($(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)) ===="
-  printf '%s\n' "${summary[@]}"
-  [ -f "$out/numbers.txt" ] && cat "$out/numbers.txt"
-  echo "logs: $out"
+  {
+    echo
+    echo "==== gpu_tests summary (${gpu_name:-no GPU}, erun $(git -C "$root" rev-parse --short HEAD 2>/dev/null)) ===="
+    printf '%s\n' "${summary[@]}"
+    [ -f "$out/numbers.txt" ] && cat "$out/numbers.txt"
+    echo "logs: $out"
+  } | tee "$out/summary.txt"
   [ "$failures" -eq 0 ] && exit 0 || exit 1
 }
 
 # ---- 1. build
 targets=(erun collectives_nccl_test collectives_staged_test state_gpu_test worker_gpu_plan_test
          train_mlp_gpu gpu_allreduce_bench gpu_commit_bench nccl_shrink_bench)
+# Those a carried build or a bundle must hold (nccl_shrink_bench only with NCCL).
+programs=(src/runner/erun tests/collectives_nccl_test tests/collectives_staged_test tests/state_gpu_test
+          tests/worker_gpu_plan_test examples/gpu/train_mlp_gpu bench/gpu_allreduce_bench bench/gpu_commit_bench)
 build_erun() {
   local home
+  if [ -f "$build/BUNDLE" ]; then
+    echo "gpu_tests: using the GPU bundle in $build:"
+    cat "$build/BUNDLE"
+    local missing=0 f
+    for f in "${programs[@]}"; do
+      [ -x "$build/$f" ] || { echo "gpu_tests: $build/$f is missing"; missing=1; }
+    done
+    "$build/src/runner/erun" --version || missing=1
+    return "$missing"
+  fi
   home=$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$build/CMakeCache.txt" 2>/dev/null)
   if [ -n "$home" ] && [ "$home" != "$root" ]; then
     # A build carried from another machine: use its binaries as they are.
     echo "gpu_tests: using the carried build in $build (configured in $home)"
-    local missing=0
-    for f in src/runner/erun tests/state_gpu_test examples/gpu/train_mlp_gpu bench/gpu_allreduce_bench; do
+    local missing=0 f
+    for f in "${programs[@]}"; do
       [ -x "$build/$f" ] || { echo "gpu_tests: $build/$f is missing"; missing=1; }
     done
     return "$missing"
@@ -88,28 +124,28 @@ if [ "$failures" -ne 0 ]; then
   summary+=("      (a missing library? scripts/setup.sh lists erun's build dependencies)")
   finish
 fi
-erun="$root/$build/src/runner/erun"
-example="$root/$build/examples/gpu/train_mlp_gpu"
+erun="$build/src/runner/erun"
+example="$build/examples/gpu/train_mlp_gpu"
 
 # ---- 2. unit tests (the device tests skip only without a device)
 for t in collectives_nccl_test collectives_staged_test state_gpu_test worker_gpu_plan_test; do
-  step "$t" "$build/tests/$t" --gtest_color=no
-  grep -E "^\[  (PASSED|SKIPPED|FAILED) +\] [0-9]+ tests?" "$out/$t.log" | sed "s/^/      $t: /" >>"$out/unit_summary.txt"
+  step "$t" timeout "$(left)" "$build/tests/$t" --gtest_color=no
+  grep -E "^\[  (PASSED|SKIPPED|FAILED) +\] [0-9]+ tests?" "$out/$t.log" 2>/dev/null | sed "s/^/      $t: /" >>"$out/unit_summary.txt"
 done
 [ -f "$out/unit_summary.txt" ] && summary+=("$(cat "$out/unit_summary.txt")")
 
 # ---- 3. the CUDA example: elastic run == uninterrupted run == world of one
 args=(--epochs 8 --samples 8000 --batch 128 --commit-every 5)
 checksum_of() { grep -o 'checksum=[0-9a-f]*' "$1" | tail -1; }
-step example_world_of_one "$example" "${args[@]}"
-step example_np2 timeout 300 "$erun" -np 2 --launcher local --collective-timeout 10 "$example" "${args[@]}"
+step example_world_of_one timeout "$(left)" "$example" "${args[@]}"
+step example_np2 timeout "$(left)" "$erun" -np 2 --launcher local --collective-timeout 10 "$example" "${args[@]}"
 # The CUDA example under erun, elastic, from 2 ranks on host node-a, in the
 # background: sets $work (its hosts file is $ERUN_HOSTS_FILE) and $pid.
 start_elastic() {
   work=$(mktemp -d /tmp/erun-gpu-XXXXXX)
   export ERUN_HOSTS_FILE="$work/hosts.txt"
   echo "node-a:2" >"$ERUN_HOSTS_FILE"
-  timeout 300 "$erun" -np 2 --min-np 1 --max-np "$1" --launcher local --collective-timeout 10 --elastic-timeout 60 \
+  timeout "$(left)" "$erun" -np 2 --min-np 1 --max-np "$1" --launcher local --collective-timeout 10 --elastic-timeout 60 \
     --host-discovery-script "$root/scripts/discover_hosts.sh" --discovery-interval 0.5 \
     --event-log "$work/events.jsonl" "$example" "${args[@]}" --step-ms 40 --async-commit &
   pid=$!
@@ -163,36 +199,36 @@ summary+=("      $(tail -1 "$out/example_same_checksum.log")")
 grep -q "exactly-once=NO" "$out"/example_*.log && summary+=("FAIL  a sample was processed twice or never") &&
   failures=$((failures + 1))
 
-# ---- 4. the Python package on CUDA tensors
+# ---- 4. benchmarks
 gpu_python=${GPU_TESTS_PYTHON:-python3}
+sizes=(65536 1048576 16777216 268435456)
+step bench_erun_vs_nccl timeout "$(left)" "$build/bench/gpu_allreduce_bench" --iters 50 "${sizes[@]}"
+step bench_staged_np2 timeout "$(left)" "$erun" -np 2 --launcher local "$build/bench/gpu_allreduce_bench" --iters 20 "${sizes[@]}"
+step bench_commit timeout "$(left)" "$build/bench/gpu_commit_bench" --reps 10 1073741824
+# The same under erun: commits land in the host-memory commit file.
+step bench_commit_host timeout "$(left)" "$erun" -np 1 --launcher local "$build/bench/gpu_commit_bench" --reps 10 1073741824
+if [ -x "$build/bench/nccl_shrink_bench" ]; then
+  step bench_shrink timeout "$(left)" "$build/bench/nccl_shrink_bench" --repeat 5
+else
+  summary+=("SKIP  bench_shrink (no nccl_shrink_bench in $build: built without NCCL?)")
+fi
+if "$gpu_python" -c "import torch, torch.distributed; assert torch.cuda.is_available()" 2>/dev/null; then
+  step bench_torch timeout "$(left)" "$gpu_python" bench/torch_gpu_allreduce.py --iters 50 "${sizes[@]}"
+else
+  summary+=("SKIP  bench_torch (no torch with CUDA in $gpu_python)")
+fi
+# ---- 5. the Python package on CUDA tensors (last: the longest step)
 if [ ! -d "$build/python/erun" ]; then
   summary+=("SKIP  python_gpu (the build has no Python package: pybind11 missing at configure)")
 elif ! "$gpu_python" -c "import torch, pytest, numpy; assert torch.cuda.is_available()" 2>/dev/null; then
   summary+=("SKIP  python_gpu ($gpu_python has no torch with CUDA, or no pytest/numpy)")
 else
-  step python_gpu env PYTHONPATH="$root/$build/python" ERUN_BUILD_DIR="$root/$build" \
-    ERUN_TEST_PYTHON="$(command -v "$gpu_python")" "$gpu_python" -m pytest -q -p no:cacheprovider -rs \
+  step python_gpu timeout "$(left 1200)" env PYTHONPATH="$build/python" ERUN_BUILD_DIR="$build" \
+    ERUN_TEST_PYTHON="$(command -v "$gpu_python")" "$gpu_python" -m pytest -q -p no:cacheprovider -rs --durations=0 \
     tests/python/test_gpu.py
   summary+=("      python_gpu: $(grep -E "[0-9]+ (passed|failed)" "$out/python_gpu.log" | tail -1)")
 fi
 
-# ---- 5. benchmarks
-sizes=(65536 1048576 16777216 268435456)
-step bench_erun_vs_nccl "$build/bench/gpu_allreduce_bench" --iters 50 "${sizes[@]}"
-step bench_staged_np2 timeout 300 "$erun" -np 2 --launcher local "$build/bench/gpu_allreduce_bench" --iters 20 "${sizes[@]}"
-step bench_commit "$build/bench/gpu_commit_bench" --reps 10 1073741824
-# The same under erun: commits land in the host-memory commit file.
-step bench_commit_host timeout 300 "$erun" -np 1 --launcher local "$build/bench/gpu_commit_bench" --reps 10 1073741824
-if [ -x "$build/bench/nccl_shrink_bench" ]; then
-  step bench_shrink "$build/bench/nccl_shrink_bench" --repeat 5
-else
-  summary+=("SKIP  bench_shrink (no nccl_shrink_bench in $build: built without NCCL?)")
-fi
-if python3 -c "import torch, torch.distributed; assert torch.cuda.is_available()" 2>/dev/null; then
-  step bench_torch python3 bench/torch_gpu_allreduce.py --iters 50 "${sizes[@]}"
-else
-  summary+=("SKIP  bench_torch (no torch with CUDA in python3)")
-fi
 {
   echo "---- numbers"
   # erun (NCCL backend) against raw NCCL waiting for each call: the overhead.

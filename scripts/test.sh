@@ -16,3 +16,10 @@ if [ -z "${ERUN_SKIP_NOCUDA:-}" ] && { [ -d /usr/local/cuda ] || [ -n "${CUDA_HO
   ninja -C "$build-nocuda" -j"$(nproc)" state_gpu_test train_mlp
   "$build-nocuda/tests/state_gpu_test" --gtest_color=no
 fi
+# The GPU machines lent to this project have no erun build dependencies: a
+# bundle built here goes there (scripts/gpu_bundle.sh, docs/gpu.md). Check,
+# without a GPU, that it loads, builds its Python module and passes the GPU
+# unit tests.
+if [ -z "${ERUN_SKIP_GPU_BUNDLE:-}" ] && [ -x /usr/local/cuda/bin/nvcc ]; then
+  bash scripts/check_gpu_bundle.sh
+fi

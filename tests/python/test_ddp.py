@@ -28,10 +28,15 @@ def wait_count(job, pattern, n, timeout=120):
 def test_ddp_in_place_across_a_sigkill_and_a_grow(ws, grads):
     """grads=hooks: erun's DistributedOptimizer(overlap=True) averages the gradients instead of
     DDP (GradientHooks, post-accumulate-grad hooks on torch >= 2.1), across the same events."""
+    ddp_across_a_sigkill_and_a_grow(ws, grads, "cpu")
+
+
+def ddp_across_a_sigkill_and_a_grow(ws, grads, device):
+    """The test above with the model on `device` (test_gpu.py runs it on CUDA)."""
     ws.hosts("node-a:2\n")
     job = ws.erun(["-np", "2", "--min-np", "1", "--max-np", "4", "--blacklist-after", "5"], "ddp_train.py",
-                  ["--epochs", str(EPOCHS), "--samples", "1024", "--step-ms", "100", "--grads", grads],
-                  discovery=True)
+                  ["--epochs", str(EPOCHS), "--samples", "1024", "--step-ms", "100", "--grads", grads,
+                   "--device", device], discovery=True)
     first = {int(p) for p in wait_count(job, r"pid (\d+) rank \d+ started", 2)}
     assert job.wait_output(r"ddp rank 1 of 2", 120), job.out + job.err
 
@@ -57,7 +62,7 @@ def test_ddp_in_place_across_a_sigkill_and_a_grow(ws, grads):
         assert len(re.findall(rf"pid {pid}: reset:", job.out)) >= 2, job.out
         assert len(re.findall(rf"pid {pid}: ddp rank", job.out)) >= 3, job.out
     assert "restarting all workers" not in job.err
-    assert len(re.findall(rf"gradients by {grads}\)", job.out)) >= 7, job.out
+    assert len(re.findall(rf"gradients by {grads}, on {device}", job.out)) >= 7, job.out
     assert ws.wait_no_workers("ddp_train.py")
 
 

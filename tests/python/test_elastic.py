@@ -24,16 +24,21 @@ def checksum(text):
     return m.group(1) if m else None
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory):
+def uninterrupted_checksum(tmp_path_factory, args):
+    """The checksum of train_exact.py with `args`, alone and uninterrupted."""
     from conftest import Workspace
     w = Workspace(tmp_path_factory.mktemp("reference"))
-    job = w.python("train_exact.py", ARGS)
+    job = w.python("train_exact.py", args)
     assert job.wait(300) == 0, job.out + job.err
     job.close()
     c = checksum(job.out)
     assert c, job.out
     return c
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    return uninterrupted_checksum(tmp_path_factory, ARGS)
 
 
 def expect_trained_exactly(job, reference, ws, timeout=300):
@@ -107,9 +112,14 @@ def test_every_worker_killed_at_once_resumes_at_the_last_commit_from_host_memory
     """No survivor holds the last commit: the new workers restore it from the
     host's memory (TorchState: model, optimizer, sampler) instead of starting
     at epoch 0, and the run ends at the uninterrupted model."""
+    every_worker_killed_at_once(ws, reference, ARGS)
+
+
+def every_worker_killed_at_once(ws, reference, args):
+    """The test above with train_exact.py's `args` (test_gpu.py passes --device cuda)."""
     ws.hosts("node-a:2\n")
     job = ws.erun(["-np", "2", "--min-np", "1", "--blacklist-after", "5"], "train_exact.py",
-                  ARGS + ["--step-ms", "100"], discovery=True)
+                  args + ["--step-ms", "100"], discovery=True)
     assert job.wait_output(r"epoch 1 ", 180), job.out + job.err
     first = started_pids(job, 2)
     assert len(first) == 2, job.out

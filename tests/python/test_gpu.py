@@ -1,18 +1,27 @@
 """CUDA tensors through erun's GPU collectives (issue 11): every collective
 on every dtype and op on the GPU against the serial reference, several ranks
 sharing the one GPU (the host-staged path) and a world of one (NCCL), and
-DistributedOptimizer on CUDA gradients. They need torch with CUDA and a GPU,
+DistributedOptimizer on CUDA gradients. Training on CUDA in place (issue 18):
+the exact model (train_exact.py --device cuda) across a grow and a SIGKILL,
+and with every worker SIGKILLed at once, ends at the uninterrupted CUDA run's
+checksum; DDP and erun's gradient hooks on CUDA across a SIGKILL and a grow. They need torch with CUDA and a GPU,
 and skip with the reason otherwise (Debian's torch is CPU-only); a GPU
 machine runs them through scripts/gpu_tests.sh. The checks of the error a
 non-CPU tensor gets run everywhere."""
+import os
 import re
+import signal
 
 import pytest
 import torch
 
 import erun
 
-from conftest import PYTHON
+from test_ddp import ddp_across_a_sigkill_and_a_grow
+from test_elastic import (ARGS, every_worker_killed_at_once, expect_trained_exactly, started_pids,
+                          uninterrupted_checksum, wait_count)
+
+CUDA_ARGS = ARGS + ["--device", "cuda"]
 
 if not torch.cuda.is_available():
     why = ("torch has no CUDA (a CPU-only build)" if torch.version.cuda is None
@@ -60,3 +69,43 @@ def test_state_buffers_stay_cpu_only():
     x = torch.zeros(4, device="meta")
     with pytest.raises(erun.Error, match=r"State.register_buffer: takes CPU tensors only"):
         erun.State().register_buffer("x", x)
+
+
+@pytest.fixture(scope="module")
+def cuda_reference(tmp_path_factory):
+    """The checksum of train_exact.py on CUDA, uninterrupted, in a world of one (NCCL)."""
+    return uninterrupted_checksum(tmp_path_factory, CUDA_ARGS)
+
+
+@needs_gpu
+def test_cuda_model_in_place_across_a_grow_and_a_sigkill_ends_at_the_uninterrupted_model(ws, cuda_reference):
+    ws.hosts("node-a:2\n")
+    job = ws.erun(["-np", "2", "--min-np", "1", "--max-np", "4", "--blacklist-after", "5"], "train_exact.py",
+                  CUDA_ARGS + ["--step-ms", "100"], discovery=True)
+    assert job.wait_output(r"epoch 0 ", 180), job.out + job.err
+    first = started_pids(job, 2)
+    assert len(first) == 2, job.out
+    ws.hosts("node-a:2\nnode-b:2\n")  # grow to 4 ranks sharing the GPU
+    assert wait_count(job, "-> 4 (generation", 4), job.out + job.err
+    grown = started_pids(job, 4) - first
+    assert len(grown) == 2, job.out
+    os.kill(sorted(grown)[0], signal.SIGKILL)  # the survivors go on; the slot's replacement syncs
+    assert wait_count(job, "world size 3 -> 4", 4), job.out + job.err
+    expect_trained_exactly(job, cuda_reference, ws)
+    assert "restarting all workers" not in job.err
+    assert len(re.findall(r"rank \d+ device cuda:\d+", job.out)) >= 5, job.out
+    for pid in first:  # survivors kept their process (and their CUDA context)
+        assert len(re.findall(rf"pid {pid}: reset:", job.out)) >= 2, job.out
+
+
+@needs_gpu
+def test_cuda_model_every_worker_killed_at_once_resumes_from_host_memory(ws, cuda_reference):
+    every_worker_killed_at_once(ws, cuda_reference, CUDA_ARGS)
+
+
+@needs_gpu
+@pytest.mark.parametrize("grads", ["ddp", "hooks"])
+def test_cuda_ddp_in_place_across_a_sigkill_and_a_grow(ws, grads):
+    """DDP reduces CUDA buckets over the Gloo group (grads=ddp), or erun's
+    DistributedOptimizer reduces CUDA gradients through the staged path (hooks)."""
+    ddp_across_a_sigkill_and_a_grow(ws, grads, "cuda")

@@ -10,8 +10,13 @@ With --grads hooks, DDP is left out and the gradients are averaged by
 erun.torch.DistributedOptimizer(overlap=True) instead (GradientHooks, in
 several buckets, during backward); the group still counts the samples.
 
+With --device cuda the model and the data live on the GPU (local rank modulo
+the visible devices): DDP reduces CUDA buckets over the Gloo group, or the
+hooks reduce CUDA gradients through erun's GPU collectives (the host-staged
+path where ranks share a GPU), and TorchState commits CUDA tensors.
+
     ddp_train.py [--epochs 4] [--samples 1024] [--batch 8] [--step-ms 0] [--fail-at-step N]
-                 [--grads ddp|hooks]
+                 [--grads ddp|hooks] [--device cpu|cuda]
 """
 import argparse
 import hashlib
@@ -37,14 +42,20 @@ def main():
     ap.add_argument("--fail-at-step", type=int, default=-1, help="raise ValueError at this step (a user error)")
     ap.add_argument("--grads", choices=["ddp", "hooks"], default="ddp",
                     help="who averages the gradients: DDP, or erun's DistributedOptimizer(overlap=True)")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     o = ap.parse_args()
     torch.set_num_threads(1)
     erun.init()
+    device = torch.device("cpu")
+    if o.device == "cuda":
+        device = torch.device(f"cuda:{erun.local_rank() % torch.cuda.device_count()}")
+        torch.cuda.set_device(device)
     g = torch.Generator().manual_seed(1)
     x = torch.randn(o.samples, 10, generator=g)
     y = (x.sum(1) > 0).long()
+    x, y = x.to(device), y.to(device)
     torch.manual_seed(2)
-    model = torch.nn.Sequential(torch.nn.Linear(10, 32), torch.nn.ReLU(), torch.nn.Linear(32, 2))
+    model = torch.nn.Sequential(torch.nn.Linear(10, 32), torch.nn.ReLU(), torch.nn.Linear(32, 2)).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     if o.grads == "hooks":
         opt = erun.torch.DistributedOptimizer(opt, bucket_bytes=256, overlap=True)
@@ -65,9 +76,10 @@ def main():
     @erun.run
     def train(state):
         pg = erun.torch.process_group(timeout=timedelta(seconds=10))
-        ddp = DDP(model, process_group=pg) if o.grads == "ddp" else model
+        ids = [device] if device.type == "cuda" else None
+        ddp = DDP(model, device_ids=ids, process_group=pg) if o.grads == "ddp" else model
         print(f"pid {os.getpid()}: ddp rank {dist.get_rank()} of {dist.get_world_size()} "
-              f"(generation {erun.generation()}, gradients by {o.grads})", flush=True)
+              f"(generation {erun.generation()}, gradients by {o.grads}, on {device})", flush=True)
         while state.epoch < o.epochs:
             sampler.set_epoch(state.epoch)
             if sampler.processed == 0:
@@ -79,9 +91,10 @@ def main():
                 global_batch = min(o.batch * erun.size(), sampler.remaining)
                 idx = torch.tensor(sampler.next_batch(global_batch), dtype=torch.int64)
                 opt.zero_grad()
-                out = ddp(x[idx])
+                on = idx.to(device)
+                out = ddp(x[on])
                 # DDP (or the hooks) average over ranks: scale a sum so the step is the global batch's mean.
-                loss = torch.nn.functional.cross_entropy(out, y[idx], reduction="sum") * erun.size() / global_batch
+                loss = torch.nn.functional.cross_entropy(out, y[on], reduction="sum") * erun.size() / global_batch
                 loss.backward()
                 if o.grads == "hooks":  # backward launched every bucket
                     assert hooks.launched == hooks.num_buckets, (hooks.launched, hooks.num_buckets)
@@ -104,7 +117,7 @@ def main():
     train(state)
     h = hashlib.sha256()
     for p in model.parameters():
-        h.update(p.detach().numpy().tobytes())
+        h.update(p.detach().cpu().numpy().tobytes())
     print(f"rank {erun.rank()} checksum={h.hexdigest()[:16]}", flush=True)
     erun.torch.destroy_process_group()
     return 0

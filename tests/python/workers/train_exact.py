@@ -6,7 +6,14 @@ one that grows, shrinks and loses workers mid-epoch, ends at bit-identical
 parameters and prints the same checksum. Prints, per epoch, whether every
 sample was processed exactly once; survivors print their pid at every reset.
 
-    train_exact.py [--epochs 4] [--samples 1024] [--batch 16] [--step-ms 0]
+With --device cuda the model, its optimizer state, the data and the summed
+gradients live on the GPU (local rank modulo the visible devices): TorchState
+commits and restores CUDA tensors, and the int64 sums go through erun's GPU
+collectives (NCCL in a world of one, the host-staged path for ranks sharing a
+GPU). Such a run ends at the checksum of an uninterrupted CUDA run (cuBLAS in
+its deterministic mode), not a CPU run's.
+
+    train_exact.py [--epochs 4] [--samples 1024] [--batch 16] [--step-ms 0] [--device cpu|cuda]
 """
 import argparse
 import hashlib
@@ -43,15 +50,24 @@ def main():
     ap.add_argument("--batch", type=int, default=16, help="per-rank batch at world size 1 = global batch")
     ap.add_argument("--step-ms", type=int, default=0)
     ap.add_argument("--fail-at-step", type=int, default=-1, help="raise ValueError at this step (a user error)")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     o = ap.parse_args()
     torch.set_num_threads(1)
     erun.init()
+    device = torch.device("cpu")
+    if o.device == "cuda":
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before cuBLAS starts
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        device = torch.device(f"cuda:{erun.local_rank() % torch.cuda.device_count()}")
+        torch.cuda.set_device(device)
+        print(f"pid {os.getpid()} rank {erun.rank()} device {device}", flush=True)
 
     g = torch.Generator().manual_seed(7)
     x = torch.randn(o.samples, 8, generator=g)
     y = (x[:, 0] * x[:, 1] > 0).long() + 2 * (x[:, 2] > 0).long()
+    x, y = x.to(device), y.to(device)
     torch.manual_seed(3)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     # The global batch is fixed: the sampler's per-rank batch follows the world size.
     sampler = erun.torch.ElasticSampler(o.samples, batch_size=1, seed=11)
@@ -77,7 +93,7 @@ def main():
                     raise ValueError(f"user error at step {state.step}")
                 global_batch = min(o.batch, sampler.remaining)
                 mine = sampler.next_batch(global_batch)
-                acc = [torch.zeros(p.shape, dtype=torch.int64) for p in params]
+                acc = [torch.zeros(p.shape, dtype=torch.int64, device=device) for p in params]
                 seen = torch.zeros(2, dtype=torch.int64)
                 for i in mine:
                     model.zero_grad()
@@ -86,7 +102,7 @@ def main():
                         a += torch.round(p.grad.double() * SCALE).long()
                     seen[0] += 1
                     seen[1] = wrap64(int(seen[1]) + mix(i))
-                flat = torch.cat([a.reshape(-1) for a in acc] + [seen])
+                flat = torch.cat([a.reshape(-1) for a in acc] + [seen.to(device)])
                 erun.allreduce_(flat, op=erun.Sum)
                 off = 0
                 for p in params:
@@ -112,7 +128,7 @@ def main():
     if erun.rank() == 0:
         h = hashlib.sha256()
         for p in params:
-            h.update(p.detach().numpy().tobytes())
+            h.update(p.detach().cpu().numpy().tobytes())
         print(f"final checksum={h.hexdigest()[:16]}", flush=True)
     return 0
 
