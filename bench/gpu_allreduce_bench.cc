@@ -73,6 +73,7 @@ int main(int argc, char** argv) {
     float* buf = nullptr;
     cuda(cudaMalloc(reinterpret_cast<void**>(&buf), max_bytes), "cudaMalloc");
     cuda(cudaMemset(buf, 0, max_bytes), "cudaMemset");
+    cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");  // the memset runs on the legacy stream
     const std::string erun_impl = std::string("erun-") + erun::to_string(gpu.backend());
     for (size_t bytes : sizes) {
       const size_t count = bytes / sizeof(float);

@@ -69,6 +69,7 @@ int main(int argc, char** argv) {
     void* pinned = nullptr;
     cuda(cudaMalloc(&dev, bytes), "cudaMalloc");
     cuda(cudaMemset(dev, 1, bytes), "cudaMemset");
+    cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");  // the memset runs on the legacy stream
     cuda(cudaMallocHost(&pinned, bytes), "cudaMallocHost");
     line(ctx, "cudaMemcpy-d2h-pinned", bytes, median_of(reps, [&] {
            cuda(cudaMemcpyAsync(pinned, dev, bytes, cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync");

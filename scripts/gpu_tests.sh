@@ -223,10 +223,15 @@ if [ ! -d "$build/python/erun" ]; then
 elif ! "$gpu_python" -c "import torch, pytest, numpy; assert torch.cuda.is_available()" 2>/dev/null; then
   summary+=("SKIP  python_gpu ($gpu_python has no torch with CUDA, or no pytest/numpy)")
 else
+  # -v: each test's outcome is in the log as it ends, also when the budget cuts the step off.
   step python_gpu timeout "$(left 1200)" env PYTHONPATH="$build/python" ERUN_BUILD_DIR="$build" \
-    ERUN_TEST_PYTHON="$(command -v "$gpu_python")" "$gpu_python" -m pytest -q -p no:cacheprovider -rs --durations=0 \
+    ERUN_TEST_PYTHON="$(command -v "$gpu_python")" "$gpu_python" -m pytest -v -p no:cacheprovider -rs --durations=0 \
     tests/python/test_gpu.py
-  summary+=("      python_gpu: $(grep -E "[0-9]+ (passed|failed)" "$out/python_gpu.log" | tail -1)")
+  if grep -qE "[0-9]+ (passed|failed)" "$out/python_gpu.log" 2>/dev/null; then
+    summary+=("      python_gpu: $(grep -E "[0-9]+ (passed|failed)" "$out/python_gpu.log" | tail -1)")
+  elif [ -f "$out/python_gpu.log" ]; then
+    summary+=("      python_gpu: cut off: $(grep -c " PASSED" "$out/python_gpu.log") passed, $(grep -c " FAILED" "$out/python_gpu.log") failed before")
+  fi
 fi
 
 {

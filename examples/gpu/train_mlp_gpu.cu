@@ -185,6 +185,9 @@ int train(const Options& o) {
     CUDA_CHECK(cudaMemcpy(d_params, p0.data(), n_params * sizeof(float), cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaMemset(d_velocity, 0, n_params * sizeof(float)));
   }
+  // cudaMemset and the tail of a pageable cudaMemcpy may still run on the
+  // legacy stream, which `stream` (non-blocking) does not wait for.
+  CUDA_CHECK(cudaDeviceSynchronize());
 
   int32_t epoch = 0;
   int64_t step = 0;

@@ -13,6 +13,7 @@ Package-internal (used by erun._state and erun.torch, not exported by
 ``bytes_of`` (a flat uint8 view)."""
 from __future__ import annotations
 
+import atexit
 import functools
 import os
 import pickle
@@ -171,8 +172,23 @@ def init() -> None:
     if _erun.initialized():
         return
     _erun.init()
+    global _shutdown_registered
+    if not _shutdown_registered:
+        # Leave the job while the interpreter still runs: before the C
+        # runtime's exit handlers, among them the CUDA runtime's teardown,
+        # which NCCL and the device state still need.
+        atexit.register(_shutdown_at_exit)
+        _shutdown_registered = True
     if _erun.elastic() and not getattr(sys.excepthook, "_erun", False):
         sys.excepthook = _fatal_hook(sys.excepthook)
+
+
+_shutdown_registered = False
+
+
+def _shutdown_at_exit() -> None:
+    if _erun.initialized():
+        _erun.shutdown()
 
 
 _ExceptHook = Callable[[Type[BaseException], BaseException, Optional[TracebackType]], Any]
@@ -214,7 +230,7 @@ def initialized() -> bool:
 
 
 def shutdown() -> None:
-    """Leaves the job (optional; also done at exit)."""
+    """Leaves the job (optional: done at exit, before the C runtime's exit handlers)."""
     _erun.shutdown()
 
 

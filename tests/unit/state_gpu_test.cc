@@ -173,6 +173,9 @@ T* to_device(const std::vector<T>& v) {
   void* p = nullptr;
   EXPECT_EQ(cudaMalloc(&p, std::max<size_t>(v.size(), 1) * sizeof(T)), cudaSuccess);
   EXPECT_EQ(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+  // A pageable copy may still be landing when cudaMemcpy returns, and the
+  // tests' streams are non-blocking: they do not wait for the legacy stream.
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   return static_cast<T*>(p);
 }
 
@@ -200,6 +203,7 @@ void check_collectives(ThreadContext& ctx, cudaStream_t stream) {
   const int root = size - 1;
   for (size_t i = 0; i < n; ++i) f[i] = rank == root ? static_cast<float>(i % 1009) : -1.0f;
   CUDA_OK(cudaMemcpy(df, f.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+  CUDA_OK(cudaDeviceSynchronize());  // `stream` may be non-blocking: it does not wait for the copy
   ctx.gpu().broadcast(df, n * sizeof(float), root, stream);
   got = to_host<float>(df, n);
   for (size_t i = 0; i < n; ++i) ASSERT_EQ(got[i], static_cast<float>(i % 1009)) << "broadcast element " << i;
@@ -209,6 +213,7 @@ void check_collectives(ThreadContext& ctx, cudaStream_t stream) {
   CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&in), bytes));
   CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&out), bytes * size));
   CUDA_OK(cudaMemset(in, rank + 1, bytes));
+  CUDA_OK(cudaDeviceSynchronize());
   ctx.gpu().allgather(in, out, bytes, stream);
   std::vector<char> all = to_host<char>(out, bytes * size);
   for (int r = 0; r < size; ++r) {
@@ -453,6 +458,7 @@ void check_device_commits_in_host_memory(bool async) {
       }
       CUDA_OK(cudaMemset(d, 0, n * sizeof(float)));
       CUDA_OK(cudaMemset(b, 0, small * sizeof(float)));
+      CUDA_OK(cudaDeviceSynchronize());  // the memsets (legacy stream) before the restore's copy on `stream`
       state.restore();  // from the host file's bytes
       EXPECT_EQ(to_host<float>(d, n), std::vector<float>(n, 3.0f));
       EXPECT_EQ(to_host<float>(b, small), std::vector<float>(small, -3.0f));

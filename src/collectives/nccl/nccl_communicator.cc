@@ -42,7 +42,13 @@ ncclRedOp_t nccl_op(ReduceOp op) {
 struct NcclCommunicator::Comm {
   ncclComm_t handle = nullptr;
   bool aborted = false;
+  // Recorded after each operation: a call waits for its own operation, not
+  // for work another thread queued on the same stream after it.
+  cudaEvent_t done = nullptr;
 
+  ~Comm() {
+    if (done) cudaEventDestroy(done);
+  }
   void abort_now() {
     if (handle && !aborted) ncclCommAbort(handle);
     aborted = true;
@@ -221,10 +227,18 @@ void NcclCommunicator::wait_ready(const char* what, TimePoint deadline) {
 
 void NcclCommunicator::wait_stream(const char* what, cudaStream_t stream) {
   const TimePoint deadline = std::chrono::steady_clock::now() + options_.timeout;
-  wait_ready(what, deadline);
+  wait_ready(what, deadline);  // the operation is on the stream (a nonblocking communicator enqueues late)
+  cudaError_t e = comm_->done ? cudaSuccess : cudaEventCreateWithFlags(&comm_->done, cudaEventDisableTiming);
+  if (e == cudaSuccess) e = cudaEventRecord(comm_->done, stream);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    comm_->abort_now();
+    broken_ = true;
+    fail(what, std::string("cannot record a CUDA event on the stream: ") + cudaGetErrorString(e));
+  }
   Backoff backoff;
   for (;;) {
-    cudaError_t q = cudaStreamQuery(stream);
+    cudaError_t q = cudaEventQuery(comm_->done);
     if (q == cudaSuccess) return;
     if (q != cudaErrorNotReady) {
       comm_->abort_now();

@@ -51,7 +51,8 @@ class NcclCommunicator {
   int device() const { return options_.device; }
 
   // Device pointers; each call returns when the result is in `data` (the
-  // stream has drained up to and including the operation).
+  // operation and what was on the stream before it are done; work queued on
+  // the stream after it, by another thread, is not waited for).
   void allreduce(void* data, size_t count, DataType type, ReduceOp op, cudaStream_t stream);
   void broadcast(void* data, size_t bytes, int root, cudaStream_t stream);
   void allgather(const void* in, void* out, size_t bytes, cudaStream_t stream);
