@@ -2,10 +2,12 @@
 // devices and buffers. Run alone (a world of one) or under erun; needs a GPU.
 //   gpu_allreduce_bench [--iters N=50] [--backend auto|staged|nccl] BYTES...
 // For each size, rank 0 prints one line:
-//   GPUBENCH impl=erun-BACKEND|nccl|nccl-pipelined bytes=B ranks=N time_us=T algbw=GB/s busbw=GB/s
+//   GPUBENCH impl=erun-BACKEND|nccl|nccl-pipelined|copy-d2h2d bytes=B ranks=N time_us=T algbw=GB/s busbw=GB/s
 // erun and "nccl" wait for each operation before the next (erun's contract:
 // a call returns when the result is there); "nccl-pipelined" enqueues all
-// iterations and waits once (nccl-tests' way), the upper bound. busbw is
+// iterations and waits once (nccl-tests' way), the upper bound. With the
+// staged backend, "copy-d2h2d" is its floor: every rank at once copies the
+// buffer to pinned host memory and back on its stream, nothing reduced. busbw is
 // algbw * 2(n-1)/n (nccl-tests' convention; 0 in a world of one, where algbw
 // is what to compare).
 #include <cuda_runtime_api.h>
@@ -82,6 +84,24 @@ int main(int argc, char** argv) {
       auto t0 = Clock::now();
       for (int k = 0; k < iters; ++k) gpu.allreduce(buf, count, erun::DataType::kFloat32, erun::ReduceOp::kSum, stream);
       report(ctx, erun_impl, bytes, std::chrono::duration<double>(Clock::now() - t0).count() / iters);
+    }
+    if (gpu.backend() == erun::GpuBackend::kStaged) {
+      void* host = nullptr;
+      cuda(cudaMallocHost(&host, max_bytes), "cudaMallocHost");
+      for (size_t bytes : sizes) {
+        auto down_and_up = [&] {
+          cuda(cudaMemcpyAsync(host, buf, bytes, cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync");
+          cuda(cudaMemcpyAsync(buf, host, bytes, cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync");
+          cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+        };
+        down_and_up();
+        ctx.comm().barrier();
+        auto t0 = Clock::now();
+        for (int k = 0; k < iters; ++k) down_and_up();
+        ctx.comm().barrier();  // the slowest rank's time, as the collective's
+        report(ctx, "copy-d2h2d", bytes, std::chrono::duration<double>(Clock::now() - t0).count() / iters);
+      }
+      cudaFreeHost(host);
     }
 #if ERUN_HAVE_NCCL
     if (gpu.backend() == erun::GpuBackend::kNccl) {

@@ -201,7 +201,7 @@ grep -q "exactly-once=NO" "$out"/example_*.log && summary+=("FAIL  a sample was 
 
 # ---- 4. benchmarks
 gpu_python=${GPU_TESTS_PYTHON:-python3}
-sizes=(65536 1048576 16777216 268435456)
+sizes=(4096 65536 1048576 16777216 268435456 1073741824)  # 4 KiB to 1 GiB
 step bench_erun_vs_nccl timeout "$(left)" "$build/bench/gpu_allreduce_bench" --iters 50 "${sizes[@]}"
 step bench_staged_np2 timeout "$(left)" "$erun" -np 2 --launcher local "$build/bench/gpu_allreduce_bench" --iters 20 "${sizes[@]}"
 step bench_commit timeout "$(left)" "$build/bench/gpu_commit_bench" --reps 10 1073741824
@@ -243,6 +243,13 @@ fi
                printf "allreduce %10d B: erun %8.1f us, raw NCCL %8.1f us (pipelined %8.1f us): overhead %+.1f%%\n",
                       s, t["erun-nccl," s], t["nccl," s], t["nccl-pipelined," s], 100 * (t["erun-nccl," s] / t["nccl," s] - 1) }' \
       "$out/bench_erun_vs_nccl.log" | sort -k2 -n
+  # The staged path (2 ranks sharing the GPU) against its floor, a copy down and up.
+  awk '/^GPUBENCH/ { for (i = 2; i <= NF; ++i) { split($i, kv, "="); f[kv[1]] = kv[2] }
+                    t[f["impl"] "," f["bytes"]] = f["time_us"]; b[f["bytes"]] = 1 }
+       END { for (s in b) if (t["erun-staged," s] > 0 && t["copy-d2h2d," s] > 0)
+               printf "staged %10d B: erun %8.1f us, copy down and up %8.1f us: %.2fx the copy\n",
+                      s, t["erun-staged," s], t["copy-d2h2d," s], t["erun-staged," s] / t["copy-d2h2d," s] }' \
+      "$out/bench_staged_np2.log" 2>/dev/null | sort -k2 -n
   grep -h "^GPUBENCH" "$out"/bench_staged_np2.log "$out"/bench_torch.log 2>/dev/null
   grep -h "^GPUCOMMIT" "$out/bench_commit.log" "$out/bench_commit_host.log" 2>/dev/null
   grep -q "host-memory commit [0-9]* was not written" "$out/bench_commit_host.log" 2>/dev/null &&
