@@ -49,6 +49,15 @@ DeviceSlot::DeviceSlot(std::string name, void* device_ptr, size_t bytes, GpuStre
   }
   device_ = attr.device;
   ERUN_CUDA(cudaSetDevice(device_));
+  try {
+    create_handles();
+  } catch (...) {
+    release();  // no destructor runs for an object whose constructor threw
+    throw;
+  }
+}
+
+void DeviceSlot::create_handles() {
   cudaEvent_t done;
   ERUN_CUDA(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
   done_ = done;
@@ -65,7 +74,9 @@ DeviceSlot::DeviceSlot(std::string name, void* device_ptr, size_t bytes, GpuStre
   }
 }
 
-DeviceSlot::~DeviceSlot() {
+DeviceSlot::~DeviceSlot() { release(); }
+
+void DeviceSlot::release() noexcept {
   if (done_ != nullptr) cudaEventSynchronize(as_event(done_));  // a copy in flight targets last_
   if (ready_ != nullptr) cudaEventDestroy(as_event(ready_));
   if (copied_ != nullptr) cudaEventDestroy(as_event(copied_));

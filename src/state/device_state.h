@@ -56,6 +56,8 @@ class DeviceSlot {
   GpuStream stream() const { return stream_; }
 
  private:
+  void create_handles();  // done_ (and side_, ready_, copied_ when async_)
+  void release() noexcept;  // what create_handles() and own_pinned() made
   void own_pinned();  // own_ allocated
   void copy_to_host(char* dst, std::function<void()>* landed);
   void release_kept();  // kept_ freed unless the commit lies there

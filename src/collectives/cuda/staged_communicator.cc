@@ -75,13 +75,20 @@ uint16_t float_to_bf16(float f) {
 StagedGpuCommunicator::StagedGpuCommunicator(Communicator& cpu, const StagedOptions& o) : cpu_(cpu), options_(o) {
   ERUN_CHECK(o.chunk_bytes >= 64);
   check(cudaSetDevice(o.device), "cudaSetDevice");
-  for (int i = 0; i < 2; ++i) {
-    check(cudaEventCreateWithFlags(&down_[i], cudaEventDisableTiming), "cudaEventCreate");
-    check(cudaEventCreateWithFlags(&up_[i], cudaEventDisableTiming), "cudaEventCreate");
+  try {
+    for (int i = 0; i < 2; ++i) {
+      check(cudaEventCreateWithFlags(&down_[i], cudaEventDisableTiming), "cudaEventCreate");
+      check(cudaEventCreateWithFlags(&up_[i], cudaEventDisableTiming), "cudaEventCreate");
+    }
+  } catch (...) {
+    release();  // no destructor runs for an object whose constructor threw
+    throw;
   }
 }
 
-StagedGpuCommunicator::~StagedGpuCommunicator() {
+StagedGpuCommunicator::~StagedGpuCommunicator() { release(); }
+
+void StagedGpuCommunicator::release() noexcept {
   // Copies enqueued before a failed operation may still target the pinned
   // buffers: let them finish before the memory goes back.
   for (int i = 0; i < 2; ++i) {

@@ -37,6 +37,7 @@ class StagedGpuCommunicator {
   void abort();
 
  private:
+  void release() noexcept;  // the events and pinned buffers made so far
   using HostOp = std::function<void(char* buf, size_t offset, size_t len)>;
   // Streams `bytes` at `dev` through the pinned buffers in chunks of `chunk`:
   // device->host when `down`, op(), host->device when `up`.
