@@ -93,6 +93,7 @@ GPU_TESTS_OUT="$work/logs" GPU_TESTS_BUDGET=$left GPU_TESTS_PYTHON=$py bash scri
 status=$?
 
 # ---- 5. what comes back
+mkdir -p "$work/logs"
 cp "$work/python_module.log" "$work/logs/" 2>/dev/null
 cp "$out/machine.txt" "$work/logs/"
 [ -f "$work/logs/summary.txt" ] && cp "$work/logs/summary.txt" "$out/summary.txt"
