@@ -62,7 +62,7 @@ glibcxx=$(objdump -T "${files[@]}" 2>/dev/null | grep -o 'GLIBCXX_3\.4\.[0-9]*' 
 nccl=$(sed -n 's/^#define NCCL_\(MAJOR\|MINOR\|PATCH\) \([0-9]*\).*/\2/p' "$(sed -n 's/^NCCL_INCLUDE_DIR:PATH=//p' "$build/CMakeCache.txt")/nccl.h" | paste -sd.)
 {
   echo "erun GPU bundle (scripts/gpu_bundle.sh)"
-  echo "commit: $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src include examples bench tests python || echo ' (with local changes)')"
+  echo "commit: $(git rev-parse --short HEAD)$([ -z "$(git status --porcelain -- src include examples bench tests python)" ] || echo ' (with local changes)')"
   echo "made: $(date -u +%Y-%m-%dT%H:%MZ) on $(. /etc/os-release && echo "$PRETTY_NAME")"
   echo "cuda: $(nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1/p'), built against NCCL $nccl"
   echo "needs: $glibc $glibcxx"

@@ -34,6 +34,10 @@ py=${GPU_TESTS_PYTHON:-python3}
 # ---- 1. the machine
 {
   cat "$bundle/BUNDLE"
+  head=$(git -C "$root" rev-parse --short HEAD 2>/dev/null)
+  if [ -n "$head" ] && ! grep -q "^commit: $head\b" "$bundle/BUNDLE"; then
+    echo "WARNING: the bundle was not made from this tree's commit $head: remake it (scripts/gpu_bundle.sh)"
+  fi
   echo "---- machine"
   nvidia-smi 2>&1 || echo "nvidia-smi: none"
   command -v nvcc >/dev/null && nvcc --version | tail -2
@@ -46,8 +50,9 @@ py=${GPU_TESTS_PYTHON:-python3}
 
 # ---- 2. libraries: the machine's NCCL; the bundle's libraries only where the machine has none
 nccl_dir=
-for d in $(ldconfig -p | sed -n 's/.*libnccl\.so\.2 .*=> \(.*\)\/libnccl\.so\.2$/\1/p') /usr/local/cuda/lib64 \
-         $("$py" -c "import nvidia, os; print(' '.join(nvidia.__path__))" 2>/dev/null); do
+# PyTorch's first: the one its own collectives use (a system libnccl2 may be older).
+for d in $("$py" -c "import nvidia; print(' '.join(nvidia.__path__))" 2>/dev/null) \
+         $(ldconfig -p | sed -n 's/.*libnccl\.so\.2 .*=> \(.*\)\/libnccl\.so\.2$/\1/p') /usr/local/cuda/lib64; do
   f=$(find "$d" -maxdepth 3 -name 'libnccl.so.2*' 2>/dev/null | head -1)
   if [ -n "$f" ]; then nccl_dir=$(dirname "$f"); break; fi
 done
@@ -89,14 +94,20 @@ cat "$out/machine.txt"
 
 # ---- 4. the checks
 left=$((budget - (SECONDS - t0)))
-GPU_TESTS_OUT="$work/logs" GPU_TESTS_BUDGET=$left GPU_TESTS_PYTHON=$py bash scripts/gpu_tests.sh "$bundle"
+# Bounded as a whole too, so that the logs are packed even if a step overruns.
+GPU_TESTS_OUT="$work/logs" GPU_TESTS_BUDGET=$left GPU_TESTS_PYTHON=$py \
+  timeout -k 5 $((left + 30)) bash scripts/gpu_tests.sh "$bundle"
 status=$?
 
 # ---- 5. what comes back
 mkdir -p "$work/logs"
 cp "$work/python_module.log" "$work/logs/" 2>/dev/null
 cp "$out/machine.txt" "$work/logs/"
-[ -f "$work/logs/summary.txt" ] && cp "$work/logs/summary.txt" "$out/summary.txt"
+if [ -f "$work/logs/summary.txt" ]; then
+  cp "$work/logs/summary.txt" "$out/summary.txt"
+else
+  echo "gpu_tests.sh ended without a summary (exit $status): see logs.tar.gz" >"$out/summary.txt"
+fi
 tar -czf "$out/logs.tar.gz" -C "$work" logs
 rm -rf "$work"
 echo "gpu_device: $((SECONDS - t0)) s; results in $out (summary.txt, machine.txt, logs.tar.gz)"

@@ -50,6 +50,14 @@ left() {
   local l=$((deadline - SECONDS)) cap=${1:-300}
   echo $((l < cap ? (l < 1 ? 1 : l) : cap))
 }
+# Pids of the processes whose command line starts with $1 (from /proc: no procps needed).
+pids_of() {
+  local p cmd
+  for p in /proc/[0-9]*; do
+    cmd=$(tr '\0' ' ' <"$p/cmdline" 2>/dev/null) || continue
+    [[ $cmd == "$1 "* || $cmd == "$1" ]] && echo "${p#/proc/}"
+  done
+}
 # step NAME CMD...: runs CMD with its output in $out/NAME.log; records PASS/FAIL,
 # or SKIP when under 20 s of the budget are left.
 step() {
@@ -129,7 +137,7 @@ example="$build/examples/gpu/train_mlp_gpu"
 
 # ---- 2. unit tests (the device tests skip only without a device)
 for t in collectives_nccl_test collectives_staged_test state_gpu_test worker_gpu_plan_test; do
-  step "$t" timeout "$(left)" "$build/tests/$t" --gtest_color=no
+  step "$t" timeout -k 10 "$(left 150)" "$build/tests/$t" --gtest_color=no
   grep -E "^\[  (PASSED|SKIPPED|FAILED) +\] [0-9]+ tests?" "$out/$t.log" 2>/dev/null | sed "s/^/      $t: /" >>"$out/unit_summary.txt"
 done
 [ -f "$out/unit_summary.txt" ] && summary+=("$(cat "$out/unit_summary.txt")")
@@ -137,15 +145,15 @@ done
 # ---- 3. the CUDA example: elastic run == uninterrupted run == world of one
 args=(--epochs 8 --samples 8000 --batch 128 --commit-every 5)
 checksum_of() { grep -o 'checksum=[0-9a-f]*' "$1" | tail -1; }
-step example_world_of_one timeout "$(left)" "$example" "${args[@]}"
-step example_np2 timeout "$(left)" "$erun" -np 2 --launcher local --collective-timeout 10 "$example" "${args[@]}"
+step example_world_of_one timeout -k 10 "$(left 120)" "$example" "${args[@]}"
+step example_np2 timeout -k 10 "$(left 120)" "$erun" -np 2 --launcher local --collective-timeout 10 "$example" "${args[@]}"
 # The CUDA example under erun, elastic, from 2 ranks on host node-a, in the
 # background: sets $work (its hosts file is $ERUN_HOSTS_FILE) and $pid.
 start_elastic() {
   work=$(mktemp -d /tmp/erun-gpu-XXXXXX)
   export ERUN_HOSTS_FILE="$work/hosts.txt"
   echo "node-a:2" >"$ERUN_HOSTS_FILE"
-  timeout "$(left)" "$erun" -np 2 --min-np 1 --max-np "$1" --launcher local --collective-timeout 10 --elastic-timeout 60 \
+  timeout -k 10 "$(left 150)" "$erun" -np 2 --min-np 1 --max-np "$1" --launcher local --collective-timeout 10 --elastic-timeout 60 \
     --host-discovery-script "$root/scripts/discover_hosts.sh" --discovery-interval 0.5 \
     --event-log "$work/events.jsonl" "$example" "${args[@]}" --step-ms 40 --async-commit &
   pid=$!
@@ -154,7 +162,7 @@ elastic() {
   local work pid status=0 victim
   start_elastic 4
   sleep 5
-  victim=$(pgrep -f "^$example" -n || true)
+  victim=$(pids_of "$example" | sort -n | tail -1)
   echo "gpu_tests: SIGKILL worker ${victim:-none}"
   [ -n "$victim" ] && kill -9 "$victim"
   sleep 5
@@ -173,8 +181,10 @@ total_loss() {
   local work pid status=0
   start_elastic 2
   sleep 6
-  echo "gpu_tests: SIGKILL every worker: $(pgrep -f "^$example" | tr '\n' ' ')"
-  pkill -9 -f "^$example"
+  local victims
+  victims=$(pids_of "$example")
+  echo "gpu_tests: SIGKILL every worker: $(echo $victims)"
+  [ -n "$victims" ] && kill -9 $victims
   wait "$pid" || status=$?
   rm -rf "$work"
   return "$status"
@@ -202,18 +212,18 @@ grep -q "exactly-once=NO" "$out"/example_*.log && summary+=("FAIL  a sample was 
 # ---- 4. benchmarks
 gpu_python=${GPU_TESTS_PYTHON:-python3}
 sizes=(4096 65536 1048576 16777216 268435456 1073741824)  # 4 KiB to 1 GiB
-step bench_erun_vs_nccl timeout "$(left)" "$build/bench/gpu_allreduce_bench" --iters 50 "${sizes[@]}"
-step bench_staged_np2 timeout "$(left)" "$erun" -np 2 --launcher local "$build/bench/gpu_allreduce_bench" --iters 20 "${sizes[@]}"
-step bench_commit timeout "$(left)" "$build/bench/gpu_commit_bench" --reps 10 1073741824
+step bench_erun_vs_nccl timeout -k 10 "$(left 120)" "$build/bench/gpu_allreduce_bench" --iters 50 "${sizes[@]}"
+step bench_staged_np2 timeout -k 10 "$(left 120)" "$erun" -np 2 --launcher local "$build/bench/gpu_allreduce_bench" --iters 20 "${sizes[@]}"
+step bench_commit timeout -k 10 "$(left 120)" "$build/bench/gpu_commit_bench" --reps 10 1073741824
 # The same under erun: commits land in the host-memory commit file.
-step bench_commit_host timeout "$(left)" "$erun" -np 1 --launcher local "$build/bench/gpu_commit_bench" --reps 10 1073741824
+step bench_commit_host timeout -k 10 "$(left 120)" "$erun" -np 1 --launcher local "$build/bench/gpu_commit_bench" --reps 10 1073741824
 if [ -x "$build/bench/nccl_shrink_bench" ]; then
-  step bench_shrink timeout "$(left)" "$build/bench/nccl_shrink_bench" --repeat 5
+  step bench_shrink timeout -k 10 "$(left 120)" "$build/bench/nccl_shrink_bench" --repeat 5
 else
   summary+=("SKIP  bench_shrink (no nccl_shrink_bench in $build: built without NCCL?)")
 fi
 if "$gpu_python" -c "import torch, torch.distributed; assert torch.cuda.is_available()" 2>/dev/null; then
-  step bench_torch timeout "$(left)" "$gpu_python" bench/torch_gpu_allreduce.py --iters 50 "${sizes[@]}"
+  step bench_torch timeout -k 10 "$(left 120)" "$gpu_python" bench/torch_gpu_allreduce.py --iters 50 "${sizes[@]}"
 else
   summary+=("SKIP  bench_torch (no torch with CUDA in $gpu_python)")
 fi
@@ -224,9 +234,12 @@ elif ! "$gpu_python" -c "import torch, pytest, numpy; assert torch.cuda.is_avail
   summary+=("SKIP  python_gpu ($gpu_python has no torch with CUDA, or no pytest/numpy)")
 else
   # -v: each test's outcome is in the log as it ends, also when the budget cuts the step off.
-  step python_gpu timeout "$(left 1200)" env PYTHONPATH="$build/python" ERUN_BUILD_DIR="$build" \
+  step python_gpu timeout -k 10 "$(left 1200)" env PYTHONPATH="$build/python" ERUN_BUILD_DIR="$build" \
     ERUN_TEST_PYTHON="$(command -v "$gpu_python")" "$gpu_python" -m pytest -v -p no:cacheprovider -rs --durations=0 \
-    tests/python/test_gpu.py
+    --basetemp "$out/pytest" tests/python/test_gpu.py
+  # A step cut off by the budget leaves its jobs (own sessions) running.
+  leftover=$(pids_of "$erun")
+  [ -n "$leftover" ] && kill -9 $leftover 2>/dev/null
   if grep -qE "[0-9]+ (passed|failed)" "$out/python_gpu.log" 2>/dev/null; then
     summary+=("      python_gpu: $(grep -E "[0-9]+ (passed|failed)" "$out/python_gpu.log" | tail -1)")
   elif [ -f "$out/python_gpu.log" ]; then

@@ -80,8 +80,9 @@ def cuda_reference(tmp_path_factory):
 @needs_gpu
 def test_cuda_model_in_place_across_a_grow_and_a_sigkill_ends_at_the_uninterrupted_model(ws, cuda_reference):
     ws.hosts("node-a:2\n")
+    # 300 ms steps: training outlasts two waves of worker start-up (import torch, a CUDA context).
     job = ws.erun(["-np", "2", "--min-np", "1", "--max-np", "4", "--blacklist-after", "5"], "train_exact.py",
-                  CUDA_ARGS + ["--step-ms", "100"], discovery=True)
+                  CUDA_ARGS + ["--step-ms", "300"], discovery=True)
     assert job.wait_output(r"epoch 0 ", 180), job.out + job.err
     first = started_pids(job, 2)
     assert len(first) == 2, job.out
