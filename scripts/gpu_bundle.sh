@@ -5,7 +5,7 @@
 # there. This builds the GPU targets here (Release, NCCL, no MPI) and copies
 # them into BUNDLE in the layout of a build directory (src/runner/erun,
 # tests/, examples/gpu/, bench/, src/lib/liberun.so), with the shared
-# libraries they need that are not the C runtime, CUDA or NCCL in BUNDLE/deps.
+# libraries they need, but for the C runtime, the driver and NCCL, in BUNDLE/deps.
 # On the GPU machine scripts/gpu_device.sh puts BUNDLE/deps (only the
 # libraries the machine lacks) and its own NCCL on the library path, builds
 # the Python module against liberun there, and runs scripts/gpu_tests.sh on it.
@@ -20,10 +20,8 @@ case $bundle in /*) ;; *) bundle=$PWD/$bundle ;; esac
 if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then export PATH=/usr/local/cuda/bin:$PATH; fi
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DERUN_WITH_NCCL=ON -DERUN_WITH_MPI=OFF \
   -DERUN_WITH_PYTHON=OFF -DERUN_BUILD_TESTS=ON >/dev/null
-# What scripts/gpu_tests.sh runs, where it looks for it.
-programs=(src/runner/erun tests/collectives_nccl_test tests/collectives_staged_test tests/state_gpu_test
-          tests/worker_gpu_plan_test examples/gpu/train_mlp_gpu bench/gpu_allreduce_bench
-          bench/gpu_commit_bench bench/nccl_shrink_bench)
+. scripts/gpu_programs.sh
+programs=("${gpu_programs[@]}" "${gpu_programs_nccl[@]}")
 targets=(erun_shared)
 for p in "${programs[@]}"; do targets+=("$(basename "$p")"); done
 ninja -C "$build" "${targets[@]}"
@@ -33,8 +31,7 @@ mkdir -p "$bundle/deps" "$bundle/src/lib" "$bundle/python/erun"
 for p in "${programs[@]}"; do
   install -D -m 0755 "$build/$p" "$bundle/$p"
 done
-cp -a "$build"/src/lib/liberun.so* "$bundle/src/lib/"
-cp python/erun/*.py python/erun/*.pyi python/erun/py.typed "$bundle/python/erun/"
+cp -a "$build"/src/lib/liberun.so* "$bundle/src/lib/"  # python/erun is filled there (gpu_device.sh)
 strip --strip-unneeded "${programs[@]/#/$bundle/}" "$bundle"/src/lib/liberun.so.*.*
 
 # The libraries to carry: every one the programs load, except the C runtime
@@ -43,19 +40,21 @@ strip --strip-unneeded "${programs[@]/#/$bundle/}" "$bundle"/src/lib/liberun.so.
 # one the code was built against: it goes along, and is used only where the
 # machine has none.
 keep_out='^(linux-vdso|ld-linux|libc|libm|libdl|libpthread|librt|libstdc\+\+|libgcc_s|libcuda|libnccl|liberun)\.so'
-for p in "${programs[@]}"; do ldd "$build/$p"; done | awk '$2 == "=>" && $3 ~ /^\// { print $1, $3 }' | sort -u |
+loaded=$(for p in "${programs[@]}"; do ldd "$build/$p"; done)
+awk '$2 == "=>" && $3 ~ /^\// { print $1, $3 }' <<<"$loaded" | sort -u |
   while read -r soname path; do
     if [[ $soname =~ $keep_out ]]; then continue; fi
     cp -L "$path" "$bundle/deps/$soname"
   done
-missing=$(for p in "${programs[@]}"; do ldd "$build/$p"; done | grep "not found" | sort -u || true)
+missing=$(grep "not found" <<<"$loaded" | sort -u || true)
 if [ -n "$missing" ]; then
   echo "gpu_bundle: $build's programs do not load here: $missing" >&2
   exit 1
 fi
 
 # What the machine must provide: the newest C library and C++ runtime
-# versions these files ask for (checked by scripts/gpu_device.sh first).
+# versions these files ask for (an older machine shows in gpu_device.sh's
+# ldd check as "version ... not found").
 files=("${programs[@]/#/$bundle/}" "$bundle"/src/lib/liberun.so.*.* "$bundle"/deps/*)
 glibc=$(objdump -T "${files[@]}" 2>/dev/null | grep -o 'GLIBC_2\.[0-9]*' | sort -V -u | tail -1)
 glibcxx=$(objdump -T "${files[@]}" 2>/dev/null | grep -o 'GLIBCXX_3\.4\.[0-9]*' | sort -V -u | tail -1)

@@ -44,8 +44,7 @@ py=${GPU_TESTS_PYTHON:-python3}
   (. /etc/os-release && echo "$PRETTY_NAME"); uname -r; ldd --version | head -1
   echo "cores: $(nproc); /dev/shm: $(df -h --output=size /dev/shm | tail -1)"
   "$py" -c "import sys, torch; print(sys.executable, sys.version.split()[0], 'torch', torch.__version__,
-            'cuda', torch.version.cuda, 'available', torch.cuda.is_available())" 2>&1
-  "$py" -c "import torch; print('torch NCCL', torch.cuda.nccl.version())" 2>&1
+            'cuda', torch.version.cuda, 'available', torch.cuda.is_available()); print('NCCL', torch.cuda.nccl.version())" 2>&1
 } >"$out/machine.txt" 2>&1
 
 # ---- 2. libraries: the machine's NCCL; the bundle's libraries only where the machine has none
@@ -70,15 +69,15 @@ export LD_LIBRARY_PATH="$work/lib:$bundle/src/lib${nccl_dir:+:$nccl_dir}${LD_LIB
   echo "---- libraries"
   echo "NCCL: ${nccl_dir:-none found} $(ls "$nccl_dir"/libnccl.so.2* 2>/dev/null | head -1 | xargs -r basename)"
   echo "from the bundle: ${used[*]:-none}"
-  for p in src/runner/erun tests/collectives_nccl_test tests/collectives_staged_test tests/state_gpu_test \
-           tests/worker_gpu_plan_test examples/gpu/train_mlp_gpu bench/gpu_allreduce_bench \
-           bench/gpu_commit_bench bench/nccl_shrink_bench; do
+  . scripts/gpu_programs.sh
+  for p in "${gpu_programs[@]}" "${gpu_programs_nccl[@]}"; do
     ldd "$bundle/$p" 2>&1 | grep "not found" | sed "s|^|$p does not load: |"
   done
   "$bundle/src/runner/erun" --version
 } >>"$out/machine.txt" 2>&1
 
 # ---- 3. the Python module for this python3 (the package's Python files from this tree)
+mkdir -p "$bundle/python/erun"
 cp "$root"/python/erun/*.py "$root"/python/erun/*.pyi "$root"/python/erun/py.typed "$bundle/python/erun/"
 ext=$("$py" -c "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))" 2>/dev/null)
 if [ -n "$ext" ] && includes=$("$py" -m pybind11 --includes 2>/dev/null) && command -v c++ >/dev/null; then

@@ -45,10 +45,10 @@ nvidia-smi -L 2>&1 | tee "$out/gpus.txt"
 
 summary=()
 failures=0
-# Seconds left of GPU_TESTS_BUDGET, at most CAP (default 300: the bound of one erun run).
+# left CAP: seconds left of GPU_TESTS_BUDGET, at most CAP (so that one hung step leaves time to the rest).
 left() {
-  local l=$((deadline - SECONDS)) cap=${1:-300}
-  echo $((l < cap ? (l < 1 ? 1 : l) : cap))
+  local l=$((deadline - SECONDS))
+  echo $((l < $1 ? (l < 1 ? 1 : l) : $1))
 }
 # Pids of the processes whose command line starts with $1 (from /proc: no procps needed).
 pids_of() {
@@ -89,31 +89,17 @@ finish() {
 }
 
 # ---- 1. build
-targets=(erun collectives_nccl_test collectives_staged_test state_gpu_test worker_gpu_plan_test
-         train_mlp_gpu gpu_allreduce_bench gpu_commit_bench nccl_shrink_bench)
-# Those a carried build or a bundle must hold (nccl_shrink_bench only with NCCL).
-programs=(src/runner/erun tests/collectives_nccl_test tests/collectives_staged_test tests/state_gpu_test
-          tests/worker_gpu_plan_test examples/gpu/train_mlp_gpu bench/gpu_allreduce_bench bench/gpu_commit_bench)
+. scripts/gpu_programs.sh
 build_erun() {
-  local home
-  if [ -f "$build/BUNDLE" ]; then
-    echo "gpu_tests: using the GPU bundle in $build:"
-    cat "$build/BUNDLE"
-    local missing=0 f
-    for f in "${programs[@]}"; do
+  local home missing=0 f
+  home=$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$build/CMakeCache.txt" 2>/dev/null)
+  if [ -f "$build/BUNDLE" ] || { [ -n "$home" ] && [ "$home" != "$root" ]; }; then
+    # A bundle, or a build carried from another machine: its programs as they are.
+    if [ -f "$build/BUNDLE" ]; then cat "$build/BUNDLE"; else echo "gpu_tests: the build in $build was configured in $home"; fi
+    for f in "${gpu_programs[@]}"; do
       [ -x "$build/$f" ] || { echo "gpu_tests: $build/$f is missing"; missing=1; }
     done
     "$build/src/runner/erun" --version || missing=1
-    return "$missing"
-  fi
-  home=$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$build/CMakeCache.txt" 2>/dev/null)
-  if [ -n "$home" ] && [ "$home" != "$root" ]; then
-    # A build carried from another machine: use its binaries as they are.
-    echo "gpu_tests: using the carried build in $build (configured in $home)"
-    local missing=0 f
-    for f in "${programs[@]}"; do
-      [ -x "$build/$f" ] || { echo "gpu_tests: $build/$f is missing"; missing=1; }
-    done
     return "$missing"
   fi
   if [ ! -f "$build/CMakeCache.txt" ]; then
@@ -122,7 +108,8 @@ build_erun() {
     if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then export PATH=/usr/local/cuda/bin:$PATH; fi
     cmake -S . -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DERUN_WITH_NCCL=ON -DERUN_BUILD_TESTS=ON || return 1
   fi
-  local t=("${targets[@]}")
+  local t=()
+  for f in "${gpu_programs[@]}" "${gpu_programs_nccl[@]}"; do t+=("$(basename "$f")"); done
   # The Python package too when the build has it (pybind11 found at configure).
   cmake --build "$build" --target help 2>/dev/null | grep -qw erun_python && t+=(erun_python)
   cmake --build "$build" -j "$(nproc)" --target "${t[@]}"
@@ -211,6 +198,8 @@ grep -q "exactly-once=NO" "$out"/example_*.log && summary+=("FAIL  a sample was 
 
 # ---- 4. benchmarks
 gpu_python=${GPU_TESTS_PYTHON:-python3}
+torch_cuda=0  # importing torch takes seconds: asked once, for bench_torch and python_gpu
+"$gpu_python" -c "import torch; assert torch.cuda.is_available()" 2>/dev/null && torch_cuda=1
 sizes=(4096 65536 1048576 16777216 268435456 1073741824)  # 4 KiB to 1 GiB
 step bench_erun_vs_nccl timeout -k 10 "$(left 120)" "$build/bench/gpu_allreduce_bench" --iters 50 "${sizes[@]}"
 step bench_staged_np2 timeout -k 10 "$(left 120)" "$erun" -np 2 --launcher local "$build/bench/gpu_allreduce_bench" --iters 20 "${sizes[@]}"
@@ -222,7 +211,7 @@ if [ -x "$build/bench/nccl_shrink_bench" ]; then
 else
   summary+=("SKIP  bench_shrink (no nccl_shrink_bench in $build: built without NCCL?)")
 fi
-if "$gpu_python" -c "import torch, torch.distributed; assert torch.cuda.is_available()" 2>/dev/null; then
+if [ "$torch_cuda" = 1 ]; then
   step bench_torch timeout -k 10 "$(left 120)" "$gpu_python" bench/torch_gpu_allreduce.py --iters 50 "${sizes[@]}"
 else
   summary+=("SKIP  bench_torch (no torch with CUDA in $gpu_python)")
@@ -230,7 +219,7 @@ fi
 # ---- 5. the Python package on CUDA tensors (last: the longest step)
 if [ ! -d "$build/python/erun" ]; then
   summary+=("SKIP  python_gpu (the build has no Python package: pybind11 missing at configure)")
-elif ! "$gpu_python" -c "import torch, pytest, numpy; assert torch.cuda.is_available()" 2>/dev/null; then
+elif [ "$torch_cuda" = 0 ] || ! "$gpu_python" -c "import pytest, numpy" 2>/dev/null; then
   summary+=("SKIP  python_gpu ($gpu_python has no torch with CUDA, or no pytest/numpy)")
 else
   # -v: each test's outcome is in the log as it ends, also when the budget cuts the step off.
@@ -247,23 +236,21 @@ else
   fi
 fi
 
+# compare LOG A B: per size of LOG's GPUBENCH lines, A's time against B's.
+compare() {
+  awk -v a="$2" -v b="$3" '/^GPUBENCH/ { for (i = 2; i <= NF; ++i) { split($i, kv, "="); f[kv[1]] = kv[2] }
+                                        t[f["impl"] "," f["bytes"]] = f["time_us"]; sz[f["bytes"]] = 1 }
+       END { for (s in sz) if (t[a "," s] > 0 && t[b "," s] > 0)
+               printf "%10d B: %s %8.1f us, %s %8.1f us: %.2fx (%+.1f%%)\n", s, a, t[a "," s], b, t[b "," s],
+                      t[a "," s] / t[b "," s], 100 * (t[a "," s] / t[b "," s] - 1) }' "$1" 2>/dev/null | sort -n
+}
 {
   echo "---- numbers"
-  # erun (NCCL backend) against raw NCCL waiting for each call: the overhead.
-  awk '/^GPUBENCH/ { for (i = 2; i <= NF; ++i) { split($i, kv, "="); f[kv[1]] = kv[2] }
-                    t[f["impl"] "," f["bytes"]] = f["time_us"]; b[f["bytes"]] = 1 }
-       END { for (s in b) if (t["nccl," s] > 0 && t["erun-nccl," s] > 0)
-               printf "allreduce %10d B: erun %8.1f us, raw NCCL %8.1f us (pipelined %8.1f us): overhead %+.1f%%\n",
-                      s, t["erun-nccl," s], t["nccl," s], t["nccl-pipelined," s], 100 * (t["erun-nccl," s] / t["nccl," s] - 1) }' \
-      "$out/bench_erun_vs_nccl.log" | sort -k2 -n
-  # The staged path (2 ranks sharing the GPU) against its floor, a copy down and up.
-  awk '/^GPUBENCH/ { for (i = 2; i <= NF; ++i) { split($i, kv, "="); f[kv[1]] = kv[2] }
-                    t[f["impl"] "," f["bytes"]] = f["time_us"]; b[f["bytes"]] = 1 }
-       END { for (s in b) if (t["erun-staged," s] > 0 && t["copy-d2h2d," s] > 0)
-               printf "staged %10d B: erun %8.1f us, copy down and up %8.1f us: %.2fx the copy\n",
-                      s, t["erun-staged," s], t["copy-d2h2d," s], t["erun-staged," s] / t["copy-d2h2d," s] }' \
-      "$out/bench_staged_np2.log" 2>/dev/null | sort -k2 -n
-  grep -h "^GPUBENCH" "$out"/bench_staged_np2.log "$out"/bench_torch.log 2>/dev/null
+  # erun (NCCL backend) against raw NCCL waiting for each call; the staged
+  # path (2 ranks sharing the GPU) against its floor, a copy down and up.
+  compare "$out/bench_erun_vs_nccl.log" erun-nccl nccl
+  compare "$out/bench_staged_np2.log" erun-staged copy-d2h2d
+  grep -h "^GPUBENCH" "$out"/bench_erun_vs_nccl.log "$out"/bench_staged_np2.log "$out"/bench_torch.log 2>/dev/null
   grep -h "^GPUCOMMIT" "$out/bench_commit.log" "$out/bench_commit_host.log" 2>/dev/null
   grep -q "host-memory commit [0-9]* was not written" "$out/bench_commit_host.log" 2>/dev/null &&
     echo "bench_commit_host: /dev/shm could not hold 2 GiB of commit files: its where=host-memory lines are worker memory"

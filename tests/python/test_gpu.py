@@ -4,9 +4,10 @@ sharing the one GPU (the host-staged path) and a world of one (NCCL), and
 DistributedOptimizer on CUDA gradients. Training on CUDA in place (issue 18):
 the exact model (train_exact.py --device cuda) across a grow and a SIGKILL,
 and with every worker SIGKILLed at once, ends at the uninterrupted CUDA run's
-checksum; DDP and erun's gradient hooks on CUDA across a SIGKILL and a grow. They need torch with CUDA and a GPU,
-and skip with the reason otherwise (Debian's torch is CPU-only); a GPU
-machine runs them through scripts/gpu_tests.sh. The checks of the error a
+checksum; DDP and erun's gradient hooks on CUDA across a SIGKILL and a grow.
+They need torch with CUDA and a GPU, and skip with the reason otherwise
+(Debian's torch is CPU-only); a GPU machine runs them through
+scripts/gpu_tests.sh. The checks of the error a
 non-CPU tensor gets run everywhere."""
 import os
 import re
