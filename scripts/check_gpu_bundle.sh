@@ -6,7 +6,8 @@
 # module builds against its liberun and imports, the GPU unit tests pass
 # (their device cases skip), and the results come back as the device tool
 # returns them (summary.txt, machine.txt, logs.tar.gz). The steps that need a
-# GPU (the CUDA example, the benchmarks) fail here, as expected.
+# GPU (the CUDA example, the benchmarks) fail here, as expected. A second run
+# with GPU_TESTS_ONLY must run only the steps it names.
 #   scripts/check_gpu_bundle.sh [BUNDLE]     (default: build-gpu-bundle)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,6 +17,10 @@ out=$(mktemp -d /tmp/erun-gpu-check-XXXXXX)
 trap 'rm -rf "$out"' EXIT
 GPU_TESTS_FORCE=1 GPU_TESTS_BUDGET=90 GPU_DEVICE_OUT="$out" GPU_TESTS_PYTHON=/usr/bin/python3 \
   bash scripts/gpu_device.sh "$bundle" >"$out/run.log" 2>&1 || true
+# The second, shorter call that reruns chosen steps (GPU_TESTS_ONLY).
+mkdir -p "$out/only"
+GPU_TESTS_FORCE=1 GPU_TESTS_BUDGET=60 GPU_DEVICE_OUT="$out/only" GPU_TESTS_PYTHON=/usr/bin/python3 \
+  GPU_TESTS_ONLY='worker_gpu_plan_test|example_world_of_one' bash scripts/gpu_device.sh "$bundle" >"$out/only/run.log" 2>&1 || true
 
 fail=0
 expect() {  # expect FILE PATTERN WHAT
@@ -32,6 +37,13 @@ expect summary.txt "^PASS  build " "the bundle is incomplete"
 for t in collectives_nccl_test collectives_staged_test state_gpu_test worker_gpu_plan_test; do
   expect summary.txt "^PASS  $t " "$t failed without a device"
 done
+expect only/summary.txt "^PASS  worker_gpu_plan_test " "GPU_TESTS_ONLY did not run the step it names"
+expect only/summary.txt "^SKIP  state_gpu_test \(not in GPU_TESTS_ONLY\)" "GPU_TESTS_ONLY ran a step it does not name"
+expect only/summary.txt "^SKIP  example_elastic \(not in GPU_TESTS_ONLY\)" "GPU_TESTS_ONLY ran a step it does not name"
+if grep -qE "^(PASS|FAIL)  (bench|python|example_np2)" "$out/only/summary.txt"; then
+  echo "check_gpu_bundle: GPU_TESTS_ONLY ran steps it does not name"
+  fail=1
+fi
 if grep -q "does not load\|building the Python module failed" "$out/machine.txt"; then
   grep "does not load\|building the Python module failed" "$out/machine.txt"
   fail=1

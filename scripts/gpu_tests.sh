@@ -26,6 +26,9 @@
 # the summary is written inside one bounded device command.
 # GPU_TESTS_FORCE=1 runs the steps without a GPU (a dry run of this script:
 # the device tests skip, the CUDA example fails).
+# GPU_TESTS_ONLY=REGEX runs only the steps whose names match it (the build
+# always), e.g. 'example_.*|python_gpu' for a second, shorter call that reruns
+# what failed or was cut; GPU_TESTS_PYTEST_K=EXPR is pytest's -k for python_gpu.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -64,6 +67,10 @@ step() {
   local name=$1
   shift
   local t0=$SECONDS
+  if [ -n "${GPU_TESTS_ONLY:-}" ] && [ "$name" != build ] && ! [[ $name =~ ^(${GPU_TESTS_ONLY})$ ]]; then
+    summary+=("SKIP  $name (not in GPU_TESTS_ONLY)")
+    return
+  fi
   if [ $((deadline - SECONDS)) -lt 20 ]; then
     summary+=("SKIP  $name (out of time: GPU_TESTS_BUDGET)")
     return
@@ -192,7 +199,7 @@ same_checksum() {
   [ -n "$a" ] && [ "$a" = "$b" ] && [ "$b" = "$c" ] && [ "$c" = "$d" ]
 }
 step example_same_checksum same_checksum
-summary+=("      $(tail -1 "$out/example_same_checksum.log")")
+[ -f "$out/example_same_checksum.log" ] && summary+=("      $(tail -1 "$out/example_same_checksum.log")")
 grep -q "exactly-once=NO" "$out"/example_*.log && summary+=("FAIL  a sample was processed twice or never") &&
   failures=$((failures + 1))
 
@@ -225,7 +232,7 @@ else
   # -v: each test's outcome is in the log as it ends, also when the budget cuts the step off.
   step python_gpu timeout -k 10 "$(left 1200)" env PYTHONPATH="$build/python" ERUN_BUILD_DIR="$build" \
     ERUN_TEST_PYTHON="$(command -v "$gpu_python")" "$gpu_python" -m pytest -v -p no:cacheprovider -rs --durations=0 \
-    --basetemp "$out/pytest" tests/python/test_gpu.py
+    --basetemp "$out/pytest" ${GPU_TESTS_PYTEST_K:+-k "$GPU_TESTS_PYTEST_K"} tests/python/test_gpu.py
   # A step cut off by the budget leaves its jobs (own sessions) running.
   leftover=$(pids_of "$erun")
   [ -n "$leftover" ] && kill -9 $leftover 2>/dev/null
