@@ -28,7 +28,9 @@
 # the device tests skip, the CUDA example fails).
 # GPU_TESTS_ONLY=REGEX runs only the steps whose names match it (the build
 # always), e.g. 'example_.*|python_gpu' for a second, shorter call that reruns
-# what failed or was cut; GPU_TESTS_PYTEST_K=EXPR is pytest's -k for python_gpu.
+# what failed or was cut (example_same_checksum compares the logs of the other
+# example_ steps: name them with it); GPU_TESTS_PYTEST_K=EXPR is pytest's -k
+# for python_gpu.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -61,18 +63,22 @@ pids_of() {
     [[ $cmd == "$1 "* || $cmd == "$1" ]] && echo "${p#/proc/}"
   done
 }
+# wanted NAME: whether GPU_TESTS_ONLY (if set) names step NAME; the build always is.
+wanted() {
+  [ -z "${GPU_TESTS_ONLY:-}" ] || [ "$1" = build ] || [[ $1 =~ ^(${GPU_TESTS_ONLY})$ ]]
+}
+# skip NAME WHY: records step NAME as skipped for WHY, or as left out by GPU_TESTS_ONLY.
+skip() {
+  if wanted "$1"; then summary+=("SKIP  $1 ($2)"); else summary+=("SKIP  $1 (not in GPU_TESTS_ONLY)"); fi
+}
 # step NAME CMD...: runs CMD with its output in $out/NAME.log; records PASS/FAIL,
-# or SKIP when under 20 s of the budget are left.
+# or SKIP when GPU_TESTS_ONLY leaves it out or under 20 s of the budget are left.
 step() {
   local name=$1
   shift
   local t0=$SECONDS
-  if [ -n "${GPU_TESTS_ONLY:-}" ] && [ "$name" != build ] && ! [[ $name =~ ^(${GPU_TESTS_ONLY})$ ]]; then
-    summary+=("SKIP  $name (not in GPU_TESTS_ONLY)")
-    return
-  fi
-  if [ $((deadline - SECONDS)) -lt 20 ]; then
-    summary+=("SKIP  $name (out of time: GPU_TESTS_BUDGET)")
+  if ! wanted "$name" || [ $((deadline - SECONDS)) -lt 20 ]; then
+    skip "$name" "out of time: GPU_TESTS_BUDGET"
     return
   fi
   if "$@" >"$out/$name.log" 2>&1; then
@@ -205,8 +211,10 @@ grep -q "exactly-once=NO" "$out"/example_*.log && summary+=("FAIL  a sample was 
 
 # ---- 4. benchmarks
 gpu_python=${GPU_TESTS_PYTHON:-python3}
-torch_cuda=0  # importing torch takes seconds: asked once, for bench_torch and python_gpu
-"$gpu_python" -c "import torch; assert torch.cuda.is_available()" 2>/dev/null && torch_cuda=1
+torch_cuda=0  # importing torch takes seconds: asked once, and only for bench_torch or python_gpu
+if wanted bench_torch || wanted python_gpu; then
+  "$gpu_python" -c "import torch; assert torch.cuda.is_available()" 2>/dev/null && torch_cuda=1
+fi
 sizes=(4096 65536 1048576 16777216 268435456 1073741824)  # 4 KiB to 1 GiB
 step bench_erun_vs_nccl timeout -k 10 "$(left 120)" "$build/bench/gpu_allreduce_bench" --iters 50 "${sizes[@]}"
 step bench_staged_np2 timeout -k 10 "$(left 120)" "$erun" -np 2 --launcher local "$build/bench/gpu_allreduce_bench" --iters 20 "${sizes[@]}"
@@ -216,18 +224,18 @@ step bench_commit_host timeout -k 10 "$(left 120)" "$erun" -np 1 --launcher loca
 if [ -x "$build/bench/nccl_shrink_bench" ]; then
   step bench_shrink timeout -k 10 "$(left 120)" "$build/bench/nccl_shrink_bench" --repeat 5
 else
-  summary+=("SKIP  bench_shrink (no nccl_shrink_bench in $build: built without NCCL?)")
+  skip bench_shrink "no nccl_shrink_bench in $build: built without NCCL?"
 fi
 if [ "$torch_cuda" = 1 ]; then
   step bench_torch timeout -k 10 "$(left 120)" "$gpu_python" bench/torch_gpu_allreduce.py --iters 50 "${sizes[@]}"
 else
-  summary+=("SKIP  bench_torch (no torch with CUDA in $gpu_python)")
+  skip bench_torch "no torch with CUDA in $gpu_python"
 fi
 # ---- 5. the Python package on CUDA tensors (last: the longest step)
 if [ ! -d "$build/python/erun" ]; then
-  summary+=("SKIP  python_gpu (the build has no Python package: pybind11 missing at configure)")
+  skip python_gpu "the build has no Python package: pybind11 missing at configure"
 elif [ "$torch_cuda" = 0 ] || ! "$gpu_python" -c "import pytest, numpy" 2>/dev/null; then
-  summary+=("SKIP  python_gpu ($gpu_python has no torch with CUDA, or no pytest/numpy)")
+  skip python_gpu "$gpu_python has no torch with CUDA, or no pytest/numpy"
 else
   # -v: each test's outcome is in the log as it ends, also when the budget cuts the step off.
   step python_gpu timeout -k 10 "$(left 1200)" env PYTHONPATH="$build/python" ERUN_BUILD_DIR="$build" \
