@@ -4,17 +4,31 @@
 # with real processes and a private sshd, fault injection, the installed package).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+start=$(date +%s)
+took() {  # took WHAT: when WHAT ended, from the start (where the time of a CI run went)
+  local now
+  now=$(date +%s)
+  echo "test.sh: $1 done at +$(( now - start )) s"
+}
 bash scripts/setup.sh
+took setup
 bash scripts/build.sh
+took build
 bash scripts/install.sh   # erun, liberun, headers, examples into /usr/local
 build=${ERUN_BUILD_DIR:-build}
-ctest --test-dir "$build" --output-on-failure --timeout 300 -j2 "$@"
+# Three at a time on two cores: most of the tests that start real processes
+# wait on timeouts, not the CPU. Those that find processes by name hold a
+# RESOURCE_LOCK (tests/CMakeLists.txt): one C++ such test, one of each Python
+# pass, and the unit tests share the three slots.
+ctest --test-dir "$build" --output-on-failure --timeout 300 -j3 "$@"
+took ctest
 # Where CUDA is found the build above uses it; check that erun also builds
 # without it and that the GPU API then fails with a clear error.
 if [ -z "${ERUN_SKIP_NOCUDA:-}" ] && { [ -d /usr/local/cuda ] || [ -n "${CUDA_HOME:-}" ]; }; then
   cmake -S . -B "$build-nocuda" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DERUN_WITH_NCCL=OFF >/dev/null
   ninja -C "$build-nocuda" -j"$(nproc)" state_gpu_test train_mlp
   "$build-nocuda/tests/state_gpu_test" --gtest_color=no
+  took "the build without CUDA"
 fi
 # The GPU machines lent to this project have no erun build dependencies: a
 # bundle built here goes there (scripts/gpu_bundle.sh, docs/gpu.md). Check,
@@ -22,4 +36,5 @@ fi
 # unit tests.
 if [ -z "${ERUN_SKIP_GPU_BUNDLE:-}" ] && [ -x /usr/local/cuda/bin/nvcc ]; then
   bash scripts/check_gpu_bundle.sh
+  took "the GPU bundle check"
 fi
