@@ -17,9 +17,9 @@ took build
 bash scripts/install.sh   # erun, liberun, headers, examples into /usr/local
 build=${ERUN_BUILD_DIR:-build}
 # Three at a time on two cores: most of the tests that start real processes
-# wait on timeouts, not the CPU. Those that find processes by name hold a
-# RESOURCE_LOCK (tests/CMakeLists.txt): one C++ such test, one of each Python
-# pass, and the unit tests share the three slots.
+# wait on timeouts, not the CPU. They hold RESOURCE_LOCKs (tests/CMakeLists.txt):
+# one C++ test of real processes (they find workers by the program's path),
+# one multi-process test of each Python pass, and unit tests share the slots.
 ctest --test-dir "$build" --output-on-failure --timeout 300 -j3 "$@"
 took ctest
 # Where CUDA is found the build above uses it; check that erun also builds
