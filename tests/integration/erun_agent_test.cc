@@ -51,6 +51,15 @@ class ErunAgent : public ::testing::Test {
     return {};
   }
 
+  // An agent and its watchdog (the agent's child that runs erun --agent too).
+  static std::vector<pid_t> with_watchdog(pid_t agent) {
+    std::vector<pid_t> out = {agent};
+    for (pid_t w : children_of(agent)) {
+      if (cmdline_of(w).find(" --agent") != std::string::npos) out.push_back(w);
+    }
+    return out;
+  }
+
   void expect_no_worker_left() {
     std::vector<pid_t> left;
     EXPECT_TRUE(wait_no_process(dir_.path(), 20s, &left)) << describe_pids(left);
@@ -98,21 +107,24 @@ TEST_F(ErunAgent, KilledAgentIsItsHostsFailureAndSigkilledErunLeavesNothing) {
   for (pid_t pid : pids_with_cmdline(value)) EXPECT_EQ(pid, static_cast<pid_t>(p.pid())) << describe_pids({pid});
   auto victims = wait_workers_on("127.0.0.3", 10s);
   ASSERT_EQ(victims.size(), 1u);
-  ::kill(parent_of(victims[0]), SIGKILL);
+  // Every agent of this job and its watchdog must be gone at the end (found
+  // by parent, as other tests' agents may run beside): the killed agent's
+  // watchdog outlives it, holding the host's commits for a new agent to adopt
+  // for up to kCommitAdoptGrace (10 s).
+  std::vector<pid_t> agents = with_watchdog(parent_of(victims[0]));
+  ASSERT_EQ(agents.size(), 2u) << describe_pids(agents);
+  ::kill(agents[0], SIGKILL);
   ASSERT_TRUE(p.wait_output("127.0.0.3 rank 2: failed with exit code 255", 10s)) << p.err();
   EXPECT_TRUE(wait_pid_gone(victims[0], 10s));
   ASSERT_TRUE(p.wait_output("2 ranks", 60s)) << p.err();
   ASSERT_FALSE(wait_workers_on("127.0.0.2", 20s).empty()) << p.err();
-  // This job's agents and their watchdogs (other tests' agents may run beside it).
-  std::vector<pid_t> agents;
   for (pid_t a : children_of(p.pid())) {
     if (cmdline_of(a).find(" --agent") == std::string::npos) continue;
-    agents.push_back(a);
-    for (pid_t w : children_of(a)) {
-      if (cmdline_of(w).find(" --agent") != std::string::npos) agents.push_back(w);
-    }
+    auto aw = with_watchdog(a);
+    ASSERT_EQ(aw.size(), 2u) << describe_pids(aw);
+    agents.insert(agents.end(), aw.begin(), aw.end());
   }
-  ASSERT_GE(agents.size(), 2u) << describe_pids(children_of(p.pid()));
+  ASSERT_EQ(agents.size(), 4u) << describe_pids(children_of(p.pid()));
   p.signal(SIGKILL);
   ASSERT_TRUE(p.wait(10s));
   expect_no_worker_left();
