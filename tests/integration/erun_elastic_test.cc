@@ -325,9 +325,13 @@ TEST_F(ErunElastic, FrozenWorkerIsLeftOutAndSurvivorsComputeWithinTheCollectiveT
   ASSERT_EQ(ws.size(), 4u);
   double stopped_at = unix_now();
   ::kill(ws[2], SIGSTOP);  // alive, never arrives: only the collective timeout sees it
-  // The 3 survivors compute again alone; the replacement joins them later.
-  ASSERT_TRUE(p.wait_output("reset: world size 4 -> 3", 60s)) << p.out() << p.err();
-  ASSERT_TRUE(p.wait_output("reset: world size 3 -> 4", 60s)) << p.out() << p.err();
+  // The 3 survivors compute again alone and the replacement joins them
+  // later; or, when the replacement reaches the rendezvous before the
+  // survivors' generation has connected (a busy machine), that generation is
+  // given up and they grow straight back to 4. Either way the first reset
+  // comes within the collective timeout and the job ends at world size 4.
+  ASSERT_TRUE(p.wait_output("reset: world size 4 -> ", 60s)) << p.out() << p.err();
+  ASSERT_TRUE(p.wait_output("-> 4 (generation", 60s)) << p.out() << p.err();
   auto t = reset_times(p.out());
   ASSERT_FALSE(t.empty()) << p.out();
   double took = t.front() - stopped_at;
