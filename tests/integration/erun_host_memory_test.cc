@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <regex>
@@ -201,33 +202,56 @@ TEST_F(ErunHostMemory, SigkilledErunLeavesNoHostMemoryBehind) {
 }
 
 // (c) Host a trains alone and commits; host b joins and receives the commit;
-// before anyone commits again, b's worker is SIGKILLed and a is removed
-// from discovery in the same moment. No worker survives and a's memory is
-// gone with a, but b kept the commit it received when it joined (each
-// simulated host has its own directory): the job resumes there, at the
-// last commit, and ends at exactly the uninterrupted model.
+// before anyone commits again, a disappears from discovery and both workers
+// die (a's with its host, b's by a crash). No worker survives and a's memory
+// is gone with a, but b kept the commit it received when it joined (each
+// simulated host has its own directory): the job resumes there, at the last
+// commit, and ends at exactly the uninterrupted model. Both workers are
+// frozen first, so that neither can commit, re-join or hand its state on
+// while the driver learns that a is gone: the order of events is fixed.
 TEST_F(ErunHostMemory, HostBsWorkerKilledAndHostARemovedResumesFromTheCopyOnB) {
   dir_.write("hosts", "127.0.0.2:1\n");
-  // Commits only at the ends of epochs: b joins mid-epoch and is killed
-  // before the next one.
+  // Commits only at the ends of epochs: b joins at one and is killed before
+  // the next.
   std::vector<std::string> args = erun_args({"-np", "1", "--min-np", "1", "--max-np", "2", "--blacklist-after", "5"});
   args.insert(args.end(), {"--commit-every", "100000"});
   ErunProcess p(args);
   ASSERT_TRUE(p.wait_output(fmt_epoch(2), 120s)) << p.out() << p.err();
   dir_.write("hosts", "127.0.0.2:1\n127.0.0.3:1\n");
   ASSERT_TRUE(p.wait_output("world size 1 -> 2", 60s)) << p.out() << p.err();
-  const size_t epochs_then = epochs(p.out()).size();
-  std::this_thread::sleep_for(150ms);  // b's worker writes what it received into b's memory
-  pid_t on_b = 0;
+  pid_t on_a = 0, on_b = 0;
+  std::string b_dir;
   for (pid_t pid : workers()) {
-    if (environ_of(pid).find("\nERUN_HOSTNAME=127.0.0.3\n") != std::string::npos) on_b = pid;
+    const std::string env = environ_of(pid);
+    std::smatch m;
+    if (env.find("\nERUN_HOSTNAME=127.0.0.2\n") != std::string::npos) on_a = pid;
+    if (env.find("\nERUN_HOSTNAME=127.0.0.3\n") != std::string::npos) {
+      on_b = pid;
+      if (std::regex_search(env, m, std::regex("\nERUN_COMMIT_DIR=([^\n]+)\n"))) b_dir = m[1].str();
+    }
   }
+  ASSERT_GT(on_a, 0);
   ASSERT_GT(on_b, 0);
+  ASSERT_FALSE(b_dir.empty());
+  ::kill(on_a, SIGSTOP);
+  ::kill(on_b, SIGSTOP);
+  const size_t epochs_then = epochs(p.out()).size();
+  // b holds the commit it joined at in its own memory.
+  auto b_holds = [&] {
+    std::error_code ec;
+    for (const auto& f : std::filesystem::directory_iterator(b_dir, ec)) {
+      if (claimed_id(f.path().string()) > 0) return true;
+    }
+    return false;
+  };
+  auto deadline = std::chrono::steady_clock::now() + 20s;
+  while (!b_holds() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(20ms);
+  EXPECT_TRUE(b_holds()) << "no commit in " << b_dir;
   dir_.write("hosts", "127.0.0.3:1\n");
+  ASSERT_TRUE(p.wait_output("hosts changed: -127.0.0.2", 30s)) << p.out() << p.err();
+  ::kill(on_a, SIGKILL);
   ::kill(on_b, SIGKILL);
-  ASSERT_EQ(epochs(p.out()).size(), epochs_then) << "an epoch ended (and committed) before the kill: retry\n"
-                                                 << p.out();
-  ASSERT_NO_FATAL_FAILURE(expect_resumed_exactly(p, 3));
+  ASSERT_NO_FATAL_FAILURE(expect_resumed_exactly(p, static_cast<int>(epochs_then)));
   const std::string said = p.err() + p.out();
   EXPECT_NE(said.find("from host memory on 127.0.0.3"), std::string::npos) << said;
 }

@@ -275,6 +275,19 @@ size_t thread_count() {
   return n;
 }
 
+// thread_count() once it is `expected`, or after 5 s: a joined thread can
+// stay in /proc/self/task for a moment after pthread_join returns (the
+// kernel clears its tid before it reaps it), longer on a loaded machine.
+size_t thread_count_settled_at(size_t expected) {
+  const auto deadline = std::chrono::steady_clock::now() + 5s;
+  size_t n = thread_count();
+  while (n != expected && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(5ms);
+    n = thread_count();
+  }
+  return n;
+}
+
 // A ring allreduce large enough that its sends fill the socket buffers of a
 // peer that does not read: the sender thread blocks writing while the caller
 // blocks receiving, and abort() must wake both at once; destroying the
@@ -300,7 +313,7 @@ TEST(TcpCommunicator, AbortWakesARingAllreduceBlockedSendingAndReceiving) {
   EXPECT_GT(thread_count(), threads_before) << "the ring's sender thread never started";
   c0.reset();
   c1.reset();
-  EXPECT_EQ(thread_count(), threads_before) << "a communicator left a thread behind";
+  EXPECT_EQ(thread_count_settled_at(threads_before), threads_before) << "a communicator left a thread behind";
 }
 
 // A large ring uses the sender thread from 4 MiB blocks when the machine has
@@ -312,9 +325,9 @@ TEST(TcpCommunicator, SenderThreadFromLargerBlocksWhenRanksOutnumberCpus) {
     size_t bytes;
     bool thread;
   };
+  const size_t threads_before = thread_count();
   for (const Case& k : {Case{1, 16u << 20, true}, Case{1 << 20, 16u << 20, false}, Case{1 << 20, 32u << 20, true}}) {
     const int machine_ranks = k.machine_ranks;
-    const size_t threads_before = thread_count();
     MemoryKvStore store;
     std::unique_ptr<Communicator> c0, c1;
     auto opts = [&](int r) {
@@ -333,7 +346,11 @@ TEST(TcpCommunicator, SenderThreadFromLargerBlocksWhenRanksOutnumberCpus) {
     const std::string what = fmt::format("machine_ranks {}, {} MiB", machine_ranks, k.bytes >> 20);
     EXPECT_EQ(std::count(v0.begin(), v0.end(), 3.0f), static_cast<long>(n)) << what;
     EXPECT_EQ(v0, v1) << what;
-    EXPECT_EQ(thread_count(), threads_before + (k.thread ? 2 : 0)) << what << ": one sender thread per communicator, or none";
+    const size_t expected = threads_before + (k.thread ? 2 : 0);
+    EXPECT_EQ(thread_count_settled_at(expected), expected) << what << ": one sender thread per communicator, or none";
+    c0.reset();
+    c1.reset();
+    EXPECT_EQ(thread_count_settled_at(threads_before), threads_before) << what << ": a thread left behind";
   }
 }
 
@@ -408,7 +425,7 @@ TEST(TcpCommunicator, PeerSigkilledMidRingFailsTheCollectiveAtOnce) {
   auto [took, error] = signal_ring_peer(SIGKILL, 30s);
   EXPECT_NE(error.find("rank 1"), std::string::npos) << error;
   EXPECT_LT(took, 5s) << "a dead peer's closed socket must end the collective, not its 30 s deadline: " << error;
-  EXPECT_EQ(thread_count(), threads_before) << "the communicator left a thread behind";
+  EXPECT_EQ(thread_count_settled_at(threads_before), threads_before) << "the communicator left a thread behind";
 }
 
 TEST(TcpCommunicator, PeerSigstoppedMidRingFailsTheCollectiveAtItsDeadline) {
@@ -417,7 +434,7 @@ TEST(TcpCommunicator, PeerSigstoppedMidRingFailsTheCollectiveAtItsDeadline) {
   EXPECT_NE(error.find("timed out after 2.0 s"), std::string::npos) << error;
   EXPECT_NE(error.find("rank 1"), std::string::npos) << error;
   EXPECT_LT(took, 7s) << "the collective outlived its 2 s deadline: " << error;
-  EXPECT_EQ(thread_count(), threads_before) << "the communicator left a thread behind";
+  EXPECT_EQ(thread_count_settled_at(threads_before), threads_before) << "the communicator left a thread behind";
 }
 
 // Three ranks in a ring, rank 0 (a child) SIGSTOPped mid-stream. Rank 1 (this
