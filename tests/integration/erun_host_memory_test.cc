@@ -220,40 +220,57 @@ TEST_F(ErunHostMemory, HostBsWorkerKilledAndHostARemovedResumesFromTheCopyOnB) {
   dir_.write("hosts", "127.0.0.2:1\n127.0.0.3:1\n");
   ASSERT_TRUE(p.wait_output("world size 1 -> 2", 60s)) << p.out() << p.err();
   pid_t on_a = 0, on_b = 0;
-  std::string b_dir;
+  std::string a_dir, b_dir;
   for (pid_t pid : workers()) {
     const std::string env = environ_of(pid);
     std::smatch m;
-    if (env.find("\nERUN_HOSTNAME=127.0.0.2\n") != std::string::npos) on_a = pid;
+    const bool has_dir = std::regex_search(env, m, std::regex("\nERUN_COMMIT_DIR=([^\n]+)\n"));
+    if (env.find("\nERUN_HOSTNAME=127.0.0.2\n") != std::string::npos) {
+      on_a = pid;
+      if (has_dir) a_dir = m[1].str();
+    }
     if (env.find("\nERUN_HOSTNAME=127.0.0.3\n") != std::string::npos) {
       on_b = pid;
-      if (std::regex_search(env, m, std::regex("\nERUN_COMMIT_DIR=([^\n]+)\n"))) b_dir = m[1].str();
+      if (has_dir) b_dir = m[1].str();
     }
   }
   ASSERT_GT(on_a, 0);
   ASSERT_GT(on_b, 0);
+  ASSERT_FALSE(a_dir.empty());
   ASSERT_FALSE(b_dir.empty());
-  ::kill(on_a, SIGSTOP);
-  ::kill(on_b, SIGSTOP);
-  const size_t epochs_then = epochs(p.out()).size();
-  // b holds the commit it joined at in its own memory.
-  auto b_holds = [&] {
+  // The newest commit a host's memory holds (0: none).
+  auto newest = [](const std::string& dir) {
+    uint64_t id = 0;
     std::error_code ec;
-    for (const auto& f : std::filesystem::directory_iterator(b_dir, ec)) {
-      if (claimed_id(f.path().string()) > 0) return true;
-    }
-    return false;
+    for (const auto& f : std::filesystem::directory_iterator(dir, ec)) id = std::max(id, claimed_id(f.path().string()));
+    return id;
   };
+  // The reset message comes before the sync: wait until b's worker has
+  // received a's newest commit and written it into b's memory. a is frozen
+  // first so that its newest commit stays put; b cannot commit without a.
   auto deadline = std::chrono::steady_clock::now() + 20s;
-  while (!b_holds() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(20ms);
-  EXPECT_TRUE(b_holds()) << "no commit in " << b_dir;
+  while (newest(b_dir) < newest(a_dir) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(10ms);
+  }
+  ::kill(on_a, SIGSTOP);
+  const uint64_t last_commit = newest(a_dir);
+  while (newest(b_dir) < last_commit && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(10ms);
+  }
+  ::kill(on_b, SIGSTOP);
+  ASSERT_GT(last_commit, 0u);
+  ASSERT_EQ(newest(b_dir), last_commit) << "b's memory never held commit " << last_commit << " (" << b_dir << ")\n"
+                                        << p.err();
+  const size_t epochs_then = epochs(p.out()).size();
   dir_.write("hosts", "127.0.0.3:1\n");
   ASSERT_TRUE(p.wait_output("hosts changed: -127.0.0.2", 30s)) << p.out() << p.err();
   ::kill(on_a, SIGKILL);
   ::kill(on_b, SIGKILL);
   ASSERT_NO_FATAL_FAILURE(expect_resumed_exactly(p, static_cast<int>(epochs_then)));
   const std::string said = p.err() + p.out();
-  EXPECT_NE(said.find("from host memory on 127.0.0.3"), std::string::npos) << said;
+  EXPECT_NE(said.find("restored commit " + std::to_string(last_commit) + " from host memory on 127.0.0.3"),
+            std::string::npos)
+      << said;
 }
 
 // The agent of the host running the worker whose environment names `host`.
