@@ -51,7 +51,9 @@ class ErunAgent : public ::testing::Test {
     return {};
   }
 
-  // An agent and its watchdog (the agent's child that runs erun --agent too).
+  // An agent and its helpers: its children that run erun --agent too, forked
+  // without exec (the watchdog, always; the persister, the commit replica
+  // keeper and pushers, when they run; a worker between fork and exec).
   static std::vector<pid_t> with_watchdog(pid_t agent) {
     std::vector<pid_t> out = {agent};
     for (pid_t w : children_of(agent)) {
@@ -112,19 +114,21 @@ TEST_F(ErunAgent, KilledAgentIsItsHostsFailureAndSigkilledErunLeavesNothing) {
   // watchdog outlives it, holding the host's commits for a new agent to adopt
   // for up to kCommitAdoptGrace (10 s).
   std::vector<pid_t> agents = with_watchdog(parent_of(victims[0]));
-  ASSERT_EQ(agents.size(), 2u) << describe_pids(agents);
+  ASSERT_GE(agents.size(), 2u) << "no watchdog: " << describe_pids(agents);
   ::kill(agents[0], SIGKILL);
   ASSERT_TRUE(p.wait_output("127.0.0.3 rank 2: failed with exit code 255", 10s)) << p.err();
   EXPECT_TRUE(wait_pid_gone(victims[0], 10s));
   ASSERT_TRUE(p.wait_output("2 ranks", 60s)) << p.err();
   ASSERT_FALSE(wait_workers_on("127.0.0.2", 20s).empty()) << p.err();
+  size_t agents_now = 0;
   for (pid_t a : children_of(p.pid())) {
     if (cmdline_of(a).find(" --agent") == std::string::npos) continue;
     auto aw = with_watchdog(a);
-    ASSERT_EQ(aw.size(), 2u) << describe_pids(aw);
+    ASSERT_GE(aw.size(), 2u) << "no watchdog: " << describe_pids(aw);
     agents.insert(agents.end(), aw.begin(), aw.end());
+    ++agents_now;
   }
-  ASSERT_EQ(agents.size(), 4u) << describe_pids(children_of(p.pid()));
+  ASSERT_EQ(agents_now, 1u) << describe_pids(children_of(p.pid()));
   p.signal(SIGKILL);
   ASSERT_TRUE(p.wait(10s));
   expect_no_worker_left();
