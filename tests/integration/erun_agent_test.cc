@@ -54,7 +54,7 @@ class ErunAgent : public ::testing::Test {
   // An agent and its helpers: its children that run erun --agent too, forked
   // without exec (the watchdog, always; the persister, the commit replica
   // keeper and pushers, when they run; a worker between fork and exec).
-  static std::vector<pid_t> with_watchdog(pid_t agent) {
+  static std::vector<pid_t> with_helpers(pid_t agent) {
     std::vector<pid_t> out = {agent};
     for (pid_t w : children_of(agent)) {
       if (cmdline_of(w).find(" --agent") != std::string::npos) out.push_back(w);
@@ -109,11 +109,11 @@ TEST_F(ErunAgent, KilledAgentIsItsHostsFailureAndSigkilledErunLeavesNothing) {
   for (pid_t pid : pids_with_cmdline(value)) EXPECT_EQ(pid, static_cast<pid_t>(p.pid())) << describe_pids({pid});
   auto victims = wait_workers_on("127.0.0.3", 10s);
   ASSERT_EQ(victims.size(), 1u);
-  // Every agent of this job and its watchdog must be gone at the end (found
+  // Every agent of this job and its helpers must be gone at the end (found
   // by parent, as other tests' agents may run beside): the killed agent's
   // watchdog outlives it, holding the host's commits for a new agent to adopt
   // for up to kCommitAdoptGrace (10 s).
-  std::vector<pid_t> agents = with_watchdog(parent_of(victims[0]));
+  std::vector<pid_t> agents = with_helpers(parent_of(victims[0]));
   ASSERT_GE(agents.size(), 2u) << "no watchdog: " << describe_pids(agents);
   ::kill(agents[0], SIGKILL);
   ASSERT_TRUE(p.wait_output("127.0.0.3 rank 2: failed with exit code 255", 10s)) << p.err();
@@ -123,7 +123,7 @@ TEST_F(ErunAgent, KilledAgentIsItsHostsFailureAndSigkilledErunLeavesNothing) {
   size_t agents_now = 0;
   for (pid_t a : children_of(p.pid())) {
     if (cmdline_of(a).find(" --agent") == std::string::npos) continue;
-    auto aw = with_watchdog(a);
+    auto aw = with_helpers(a);
     ASSERT_GE(aw.size(), 2u) << "no watchdog: " << describe_pids(aw);
     agents.insert(agents.end(), aw.begin(), aw.end());
     ++agents_now;

@@ -14,7 +14,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <map>
 #include <regex>
@@ -47,6 +46,28 @@ uint64_t claimed_id(const std::string& path) {
   uint64_t id = 0;
   std::memcpy(&id, header + 16, sizeof id);
   return id;
+}
+
+// The host-memory directory a worker's environment names ("" when none).
+std::string commit_dir_of(pid_t worker) {
+  std::smatch m;
+  const std::string env = environ_of(worker);
+  return std::regex_search(env, m, std::regex("\nERUN_COMMIT_DIR=([^\n]+)\n")) ? m[1].str() : "";
+}
+
+// Among `workers`, the one whose environment names host `host` (0: none).
+pid_t worker_on(const std::vector<pid_t>& workers, const std::string& host) {
+  for (pid_t pid : workers) {
+    if (environ_of(pid).find("\nERUN_HOSTNAME=" + host + "\n") != std::string::npos) return pid;
+  }
+  return 0;
+}
+
+// The newest commit a host-memory directory holds whole (0: none); with
+// `replica`, 0 unless that commit is a replica pushed from another host.
+uint64_t newest_id(const std::string& dir, bool replica = false) {
+  auto c = state_internal::HostCommits::newest_claim(dir);
+  return c && (!replica || c->path.find("/replica.") != std::string::npos) ? c->id : 0;
 }
 
 class ErunHostMemory : public ::testing::Test {
@@ -86,10 +107,8 @@ class ErunHostMemory : public ::testing::Test {
   }
   // The job's host-memory directory, from a worker's environment.
   std::string commit_dir() {
-    std::smatch m;
     for (pid_t pid : workers()) {
-      std::string env = environ_of(pid);
-      if (std::regex_search(env, m, std::regex("\nERUN_COMMIT_DIR=([^\n]+)\n"))) return m[1].str();
+      if (std::string dir = commit_dir_of(pid); !dir.empty()) return dir;
     }
     return "";
   }
@@ -184,9 +203,7 @@ TEST_F(ErunHostMemory, SigkilledErunLeavesNoHostMemoryBehind) {
   // One directory per host: /dev/shm/erun-commits-<random>-<host>.
   std::vector<std::string> dirs;
   for (pid_t pid : workers()) {
-    std::smatch m;
-    std::string env = environ_of(pid);
-    if (std::regex_search(env, m, std::regex("\nERUN_COMMIT_DIR=([^\n]+)\n"))) dirs.push_back(m[1].str());
+    if (std::string dir = commit_dir_of(pid); !dir.empty()) dirs.push_back(dir);
   }
   std::sort(dirs.begin(), dirs.end());
   ASSERT_EQ(dirs.size(), 2u);
@@ -219,47 +236,28 @@ TEST_F(ErunHostMemory, HostBsWorkerKilledAndHostARemovedResumesFromTheCopyOnB) {
   ASSERT_TRUE(p.wait_output(fmt_epoch(2), 120s)) << p.out() << p.err();
   dir_.write("hosts", "127.0.0.2:1\n127.0.0.3:1\n");
   ASSERT_TRUE(p.wait_output("world size 1 -> 2", 60s)) << p.out() << p.err();
-  pid_t on_a = 0, on_b = 0;
-  std::string a_dir, b_dir;
-  for (pid_t pid : workers()) {
-    const std::string env = environ_of(pid);
-    std::smatch m;
-    const bool has_dir = std::regex_search(env, m, std::regex("\nERUN_COMMIT_DIR=([^\n]+)\n"));
-    if (env.find("\nERUN_HOSTNAME=127.0.0.2\n") != std::string::npos) {
-      on_a = pid;
-      if (has_dir) a_dir = m[1].str();
-    }
-    if (env.find("\nERUN_HOSTNAME=127.0.0.3\n") != std::string::npos) {
-      on_b = pid;
-      if (has_dir) b_dir = m[1].str();
-    }
-  }
+  const std::vector<pid_t> ws = workers();
+  const pid_t on_a = worker_on(ws, "127.0.0.2"), on_b = worker_on(ws, "127.0.0.3");
   ASSERT_GT(on_a, 0);
   ASSERT_GT(on_b, 0);
+  const std::string a_dir = commit_dir_of(on_a), b_dir = commit_dir_of(on_b);
   ASSERT_FALSE(a_dir.empty());
   ASSERT_FALSE(b_dir.empty());
-  // The newest commit a host's memory holds (0: none).
-  auto newest = [](const std::string& dir) {
-    uint64_t id = 0;
-    std::error_code ec;
-    for (const auto& f : std::filesystem::directory_iterator(dir, ec)) id = std::max(id, claimed_id(f.path().string()));
-    return id;
-  };
   // The reset message comes before the sync: wait until b's worker has
   // received a's newest commit and written it into b's memory. a is frozen
   // first so that its newest commit stays put; b cannot commit without a.
   auto deadline = std::chrono::steady_clock::now() + 20s;
-  while (newest(b_dir) < newest(a_dir) && std::chrono::steady_clock::now() < deadline) {
+  while (newest_id(b_dir) < newest_id(a_dir) && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(10ms);
   }
   ::kill(on_a, SIGSTOP);
-  const uint64_t last_commit = newest(a_dir);
-  while (newest(b_dir) < last_commit && std::chrono::steady_clock::now() < deadline) {
+  const uint64_t last_commit = newest_id(a_dir);
+  while (newest_id(b_dir) < last_commit && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(10ms);
   }
   ::kill(on_b, SIGSTOP);
   ASSERT_GT(last_commit, 0u);
-  ASSERT_EQ(newest(b_dir), last_commit) << "b's memory never held commit " << last_commit << " (" << b_dir << ")\n"
+  ASSERT_EQ(newest_id(b_dir), last_commit) << "b's memory never held commit " << last_commit << " (" << b_dir << ")\n"
                                         << p.err();
   const size_t epochs_then = epochs(p.out()).size();
   dir_.write("hosts", "127.0.0.3:1\n");
@@ -275,10 +273,8 @@ TEST_F(ErunHostMemory, HostBsWorkerKilledAndHostARemovedResumesFromTheCopyOnB) {
 
 // The agent of the host running the worker whose environment names `host`.
 pid_t agent_of_worker_on(const std::vector<pid_t>& workers, const std::string& host) {
-  for (pid_t pid : workers) {
-    if (environ_of(pid).find("\nERUN_HOSTNAME=" + host + "\n") != std::string::npos) return parent_of(pid);
-  }
-  return 0;
+  const pid_t worker = worker_on(workers, host);
+  return worker > 0 ? parent_of(worker) : 0;
 }
 
 // The keeper of erun `driver`'s spare host: among the driver's agents
@@ -332,10 +328,7 @@ TEST_P(ErunReplicas, TheOnlyHostLostWholeResumesOnTheSpareFromItsReplica) {
   const std::string replica = dir_b + "/replica";
   // The spare holds a whole commit of this run's (trailer and all), within a
   // push's time.
-  auto held_at_b = [&]() -> uint64_t {
-    auto c = state_internal::HostCommits::newest_claim(dir_b, 0);
-    return c && c->path.find("/replica.") != std::string::npos ? c->id : 0;
-  };
+  auto held_at_b = [&] { return newest_id(dir_b, true); };
   auto deadline = std::chrono::steady_clock::now() + 10s;
   while (replicas > 0 && held_at_b() == 0 && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(50ms);
@@ -388,10 +381,7 @@ TEST_F(ErunHostMemory, AKeeperThatDiesIsStartedAgainAndReplicasGoOn) {
   const std::string dir_a = commit_dir();
   ASSERT_FALSE(dir_a.empty());
   const std::string dir_b = dir_a.substr(0, dir_a.size() - 9) + "127.0.0.3";
-  auto replica_id = [&]() -> uint64_t {
-    auto c = state_internal::HostCommits::newest_claim(dir_b, 0);
-    return c && c->path.find("/replica.") != std::string::npos ? c->id : 0;
-  };
+  auto replica_id = [&] { return newest_id(dir_b, true); };
   pid_t keeper = 0;
   auto deadline = std::chrono::steady_clock::now() + 10s;
   while ((keeper == 0 || replica_id() == 0) && std::chrono::steady_clock::now() < deadline) {
