@@ -4,6 +4,8 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -26,7 +28,9 @@
 #include "agent/relay.h"
 #include "agent/watchdog.h"
 #include "commits/replica.h"
+#include "common/fd.h"
 #include "common/log.h"
+#include "common/net.h"
 #include "common/private_files.h"
 #include "common/strings.h"
 #include "common/subprocess.h"
@@ -77,6 +81,7 @@ struct Worker {
   uint64_t id = 0;
   long generation = 0;
   int rank = 0;
+  int slot = 0;
   pid_t pid = -1;
   Stream out, err;
   LineTail err_tail;  // the last stderr lines, for EXITED
@@ -105,8 +110,22 @@ class Agent {
   void finish();
 
   void log_prefix_init() { me_ = fmt::format("agent on {} (pid {})", o_.host, ::getpid()); }
+  bool holding() const { return !attached_ && o_.driver_grace > Duration::zero() && !stopping_; }
   void send(const Message& m);
   void flush_outbound();
+  // The driver's channel broke without SHUTDOWN: with --driver-grace the
+  // workers keep running and the agent waits for a new driver; without, it
+  // stops them (stop_all).
+  void lose_driver(const std::string& why);
+  void close_channel();
+  // The attach socket (--driver-grace): a new driver's connection proves the
+  // job secret and sends ATTACH with a higher term; it then becomes the
+  // driver's channel.
+  bool listen_for_attach();
+  void accept_attachers();
+  void on_attacher(size_t i);
+  void take_over_channel(Fd fd, const Attach& a, std::string_view rest);
+  State state_report() const;
   bool read_secret();
   void on_driver_bytes();
   // Feeds bytes from the driver and handles every whole frame in them.
@@ -132,8 +151,24 @@ class Agent {
   std::string secret_;
   std::string inbound_;  // bytes read after the secret line
   FrameReader reader_;
-  std::string outbound_;
+  std::string outbound_;   // whole frames; the first is written from head_sent_ on
+  size_t head_sent_ = 0;
   size_t dropped_output_ = 0;
+  int in_fd_ = -1, out_fd_ = -1;  // the driver's channel: stdin/stdout, or an attach connection
+  bool attached_ = true;          // a driver's channel is open
+  uint64_t term_ = 1;             // the driver obeyed: the first one is term 1
+  SteadyClock::time_point grace_until_{};
+  // Workers whose EXITED is queued but not yet written: a new driver learns
+  // them from STATE.
+  std::map<uint64_t, WorkerReport> departed_;
+  std::string attach_dir_, attach_path_;
+  Fd attach_listen_;
+  struct Attacher {
+    Fd fd;
+    std::string in;
+    SteadyClock::time_point deadline;
+  };
+  std::vector<Attacher> attachers_;
   bool driver_open_ = true;   // reading the driver's channel
   bool out_open_ = true;      // writing to it
   bool stopping_ = false;
@@ -193,32 +228,196 @@ Worker* Agent::live(uint64_t id) {
 }
 
 void Agent::send(const Message& m) {
-  if (!out_open_) return;
+  if (!out_open_ && !holding()) return;
   bool is_output = std::holds_alternative<Output>(m);
   if (is_output && outbound_.size() > kMaxOutbound) {
     ++dropped_output_;
     return;
   }
   outbound_ += encode(m);
-  last_sent_ = SteadyClock::now();
-  flush_outbound();
+  if (out_open_) {
+    last_sent_ = SteadyClock::now();
+    flush_outbound();
+  }
+}
+
+// The length of the frame that starts at `p` (its header included).
+size_t frame_size(const char* p) {
+  uint32_t length = 0;
+  for (int i = 0; i < 4; ++i) length |= static_cast<uint32_t>(static_cast<uint8_t>(p[i])) << (8 * i);
+  return 4 + static_cast<size_t>(length);
 }
 
 void Agent::flush_outbound() {
-  while (out_open_ && !outbound_.empty()) {
-    ssize_t n = ::write(o_.out_fd, outbound_.data(), outbound_.size());
+  while (out_open_ && outbound_.size() > head_sent_) {
+    ssize_t n = ::write(out_fd_, outbound_.data() + head_sent_, outbound_.size() - head_sent_);
     if (n > 0) {
-      outbound_.erase(0, static_cast<size_t>(n));
+      head_sent_ += static_cast<size_t>(n);
+      // Whole frames written leave the queue; a part-written one stays, so
+      // that a new driver gets it whole should this channel break now.
+      size_t done = 0;
+      while (done < head_sent_ && outbound_.size() - done >= 4 && frame_size(outbound_.data() + done) <= head_sent_ - done) {
+        done += frame_size(outbound_.data() + done);
+      }
+      outbound_.erase(0, done);
+      head_sent_ -= done;
+      if (outbound_.empty()) departed_.clear();
     } else if (n < 0 && errno == EINTR) {
       continue;
     } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
       return;
     } else {
-      out_open_ = false;
-      outbound_.clear();
-      stop_all(fmt::format("cannot write to the driver ({})", n < 0 ? std::strerror(errno) : "closed"), true);
+      lose_driver(fmt::format("cannot write to the driver ({})", n < 0 ? std::strerror(errno) : "closed"));
     }
   }
+}
+
+void Agent::close_channel() {
+  if (in_fd_ >= 0 && in_fd_ != out_fd_) ::close(in_fd_);
+  if (out_fd_ >= 0) ::close(out_fd_);
+  in_fd_ = out_fd_ = -1;
+  driver_open_ = out_open_ = attached_ = false;
+  head_sent_ = 0;  // the next driver gets the first frame whole
+  reader_ = FrameReader();
+}
+
+void Agent::lose_driver(const std::string& why) {
+  if (o_.driver_grace <= Duration::zero() || stopping_) {
+    driver_open_ = false;
+    out_open_ = false;
+    outbound_.clear();
+    head_sent_ = 0;
+    stop_all(why, true);
+    return;
+  }
+  if (!attached_) return;
+  close_channel();
+  grace_until_ = SteadyClock::now() + o_.driver_grace;
+  // The relay waits for the next driver's address instead of retrying this one.
+  if (relay_) relay_->pause();
+  size_t running = std::count_if(workers_.begin(), workers_.end(), [](auto& w) { return !w.second.reaped; });
+  ERUN_LOG_WARN("{}: {}: keeping {} worker(s) running for {:.0f} s (--driver-grace) while a new erun takes the "
+                "job over (the same erun command again, or erun --attach)",
+                me_, why, running, std::chrono::duration<double>(o_.driver_grace).count());
+  // The agent's stderr was erun's (a local agent) or its ssh session's: let
+  // it go, so that nothing waiting for erun's output to end (a pipe, a
+  // terminal) waits for this agent. Its later lines are lost.
+  if (int devnull = ::open("/dev/null", O_WRONLY | O_CLOEXEC); devnull >= 0) {
+    ::dup2(devnull, STDERR_FILENO);
+    ::close(devnull);
+  }
+}
+
+bool Agent::listen_for_attach() {
+  std::string templ = o_.relay_dir + "/erun-agent-XXXXXX";
+  if (::mkdtemp(templ.data()) == nullptr) {  // mode 0700
+    ERUN_LOG_ERROR("{}: cannot create a private directory for the attach socket ({}): {}", me_, templ,
+                   std::strerror(errno));
+    return false;
+  }
+  attach_dir_ = templ;
+  attach_path_ = attach_dir_ + "/attach";
+  net::Address a;
+  net::Socket sock;
+  if (net::unix_address(attach_path_, &a)) sock = net::listen(a, 16);
+  if (!sock.ok()) {
+    ERUN_LOG_ERROR("{}: cannot listen on the attach socket {}: set TMPDIR on this host to a short directory", me_,
+                   attach_path_);
+    ::rmdir(attach_dir_.c_str());
+    attach_dir_.clear();
+    attach_path_.clear();
+    return false;
+  }
+  ::chmod(attach_path_.c_str(), 0600);
+  attach_listen_ = std::move(sock.fd);
+  return true;
+}
+
+void Agent::accept_attachers() {
+  while (true) {
+    Fd fd = net::accept(attach_listen_.get());
+    if (!fd) return;
+    if (attachers_.size() >= 4 || stopping_) continue;  // closes it
+    attachers_.push_back(Attacher{std::move(fd), {}, SteadyClock::now() + std::chrono::seconds(10)});
+  }
+}
+
+// Bytes from a would-be driver: its secret line, then ATTACH.
+void Agent::on_attacher(size_t i) {
+  Attacher& a = attachers_[i];
+  char chunk[4096];
+  ssize_t n = ::recv(a.fd.get(), chunk, sizeof chunk, MSG_DONTWAIT);
+  if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) return;
+  auto drop = [&](const std::string& why) {
+    if (!why.empty()) ERUN_LOG_WARN("{}: refused a driver's attach: {}", me_, why);
+    attachers_.erase(attachers_.begin() + static_cast<long>(i));
+  };
+  if (n <= 0) return drop("");
+  a.in.append(chunk, static_cast<size_t>(n));
+  size_t nl = a.in.find('\n');
+  if (nl == std::string::npos) {
+    if (a.in.size() > kMaxSecret) drop("its first line is no job secret");
+    return;
+  }
+  if (a.in.size() - nl - 1 < 4) return;
+  size_t size = frame_size(a.in.data() + nl + 1);
+  if (size > kMaxFrame) return drop("its first frame is too long");
+  if (a.in.size() - nl - 1 < size) return;
+  const std::string_view secret(a.in.data(), nl);
+  bool same = secret.size() == secret_.size();
+  unsigned char diff = 0;
+  for (size_t k = 0; same && k < secret.size(); ++k) diff |= static_cast<unsigned char>(secret[k] ^ secret_[k]);
+  if (!same || diff != 0) return drop("wrong job secret");
+  auto m = decode(std::string_view(a.in).substr(nl + 1 + 4, size - 4));
+  const Attach* at = m ? std::get_if<Attach>(&m.value()) : nullptr;
+  if (!at) return drop("its first frame is not ATTACH");
+  if (at->term <= term_) {
+    std::string no = encode(Superseded{term_});
+    (void)!::send(a.fd.get(), no.data(), no.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+    return drop(fmt::format("it is driver term {}, and this agent obeys term {}", at->term, term_));
+  }
+  Fd fd = std::move(a.fd);
+  Attach attach = *at;
+  std::string rest = a.in.substr(nl + 1 + size);
+  attachers_.erase(attachers_.begin() + static_cast<long>(i));
+  take_over_channel(std::move(fd), attach, rest);
+}
+
+State Agent::state_report() const {
+  State st;
+  st.term = term_;
+  st.dropped_output = dropped_output_;
+  for (auto& [id, w] : workers_) st.workers.push_back(WorkerReport{id, w.generation, w.rank, w.slot, w.pid, false});
+  for (auto& [id, r] : departed_) st.workers.push_back(r);
+  return st;
+}
+
+// The new driver's connection becomes the channel: a driver still attached
+// hears SUPERSEDED and loses its channel (its workers stay); the new one gets
+// HELLO, STATE, then every frame held for it.
+void Agent::take_over_channel(Fd fd, const Attach& a, std::string_view rest) {
+  if (attached_) {
+    // The rest of a frame it got part of first, so that it reads SUPERSEDED
+    // (best effort: a full pipe drops it, and the old driver sees EOF).
+    std::string bye;
+    if (head_sent_ > 0) bye = outbound_.substr(head_sent_, frame_size(outbound_.data()) - head_sent_);
+    bye += encode(Superseded{a.term});
+    (void)write_fully(out_fd_, bye);
+    close_channel();
+  }
+  term_ = a.term;
+  (void)net::set_nonblocking(fd.get());
+  in_fd_ = out_fd_ = fd.release();
+  attached_ = driver_open_ = out_open_ = true;
+  last_heard_ = SteadyClock::now();
+  if (relay_) relay_->resume(a.rdzv_host, static_cast<int>(a.rdzv_port));
+  size_t held = outbound_.size();
+  outbound_ = encode(Hello{kProtocolVersion, o_.host, ::getpid(), attach_path_}) + encode(state_report()) + outbound_;
+  ERUN_LOG_WARN("{}: driver term {} took the job over: {} worker(s) here, {} bytes held for it", me_, term_,
+                workers_.size(), held);
+  last_sent_ = SteadyClock::now();
+  flush_outbound();
+  if (!rest.empty()) handle_frames(rest);
 }
 
 bool Agent::read_secret() {
@@ -241,9 +440,9 @@ bool Agent::read_secret() {
                      std::chrono::duration_cast<std::chrono::seconds>(o_.secret_timeout).count());
       return false;
     }
-    pollfd p{o_.in_fd, POLLIN, 0};
+    pollfd p{in_fd_, POLLIN, 0};
     if (::poll(&p, 1, static_cast<int>(std::min<long>(left, 1000))) <= 0) continue;
-    ssize_t n = ::read(o_.in_fd, chunk, sizeof chunk);
+    ssize_t n = ::read(in_fd_, chunk, sizeof chunk);
     if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
     if (n <= 0) {
       ERUN_LOG_ERROR("{}: the driver's channel closed before the job secret (erun gone?)", me_);
@@ -255,13 +454,11 @@ bool Agent::read_secret() {
 
 void Agent::on_driver_bytes() {
   char chunk[kReadChunk];
-  ssize_t n = ::read(o_.in_fd, chunk, sizeof chunk);
+  ssize_t n = ::read(in_fd_, chunk, sizeof chunk);
   if (n < 0 && (errno == EINTR || errno == EAGAIN)) return;
   if (n <= 0) {
-    driver_open_ = false;
-    stop_all(n == 0 ? "the driver's channel closed (erun exited or the connection dropped)"
-                    : fmt::format("cannot read from the driver: {}", std::strerror(errno)),
-             true);
+    lose_driver(n == 0 ? "the driver's channel closed (erun exited or the connection dropped)"
+                       : fmt::format("cannot read from the driver: {}", std::strerror(errno)));
     return;
   }
   last_heard_ = SteadyClock::now();
@@ -273,8 +470,7 @@ void Agent::handle_frames(std::string_view bytes) {
   while (driver_open_) {
     auto m = reader_.next();
     if (!m) {
-      driver_open_ = false;
-      stop_all(m.message(), true);
+      lose_driver(m.message());
       return;
     }
     if (!m->has_value()) return;
@@ -304,9 +500,10 @@ void Agent::handle(Message m) {
     unkeep(*u);
   } else if (std::holds_alternative<Heartbeat>(m)) {
     // last_heard_ is set for every frame
+  } else if (std::holds_alternative<Attach>(m)) {
+    // Only an attach connection starts with ATTACH; on a channel it changes nothing.
   } else {
-    driver_open_ = false;
-    stop_all(fmt::format("agent protocol: the driver sent {}, a message only agents send", message_name(m)), true);
+    lose_driver(fmt::format("agent protocol: the driver sent {}, a message only agents send", message_name(m)));
   }
 }
 
@@ -373,6 +570,7 @@ void Agent::add_worker(const Start& s, Subprocess& p) {
   w.id = s.id;
   w.generation = s.generation;
   w.rank = s.rank;
+  w.slot = s.slot;
   w.out.fd = p.release_stdout();
   w.err.fd = p.release_stderr();
   const pid_t pid = p.release();  // reaped with waitpid(-1) in on_sigchld()
@@ -448,7 +646,10 @@ void Agent::pump(Worker& w, Stream& s, uint8_t stream, bool final) {
 void Agent::on_sigchld() {
   signalfd_siginfo info;
   while (::read(sig_fd_, &info, sizeof info) == sizeof info) {
-    if (info.ssi_signo == SIGTERM || info.ssi_signo == SIGHUP || info.ssi_signo == SIGINT) {
+    if (info.ssi_signo == SIGHUP && o_.driver_grace > Duration::zero()) {
+      // The terminal that ran erun is gone: erun's loss, not a stop order.
+      ERUN_LOG_DEBUG("{}: SIGHUP ignored (--driver-grace)", me_);
+    } else if (info.ssi_signo == SIGTERM || info.ssi_signo == SIGHUP || info.ssi_signo == SIGINT) {
       stop_all(fmt::format("signal {} ({})", info.ssi_signo, strsignal(static_cast<int>(info.ssi_signo))), true);
     }
   }
@@ -484,6 +685,7 @@ void Agent::report_exits(SteadyClock::time_point now) {
     ERUN_LOG_DEBUG("{}: {}: pid {} ended with {}{}", me_, who(w.generation, o_.host, w.rank), w.pid,
                    w.reaped->describe(), ended ? "" : " (its output pipes were still open: closed)");
     send(Exited{w.id, w.reaped->code, w.reaped->signal, w.err_tail.lines()});
+    if (!outbound_.empty()) departed_[w.id] = WorkerReport{w.id, w.generation, w.rank, w.slot, w.pid, true};
     close_fd(w.out.file_fd);
     close_fd(w.err.file_fd);
     it = workers_.erase(it);
@@ -530,6 +732,7 @@ void Agent::relay_env(std::map<std::string, std::string>& env) {
     ro.upstream_port = static_cast<int>(port);
     ro.log_prefix = me_;
     ro.parent_dir = o_.relay_dir;
+    ro.pause_on_loss = o_.driver_grace > Duration::zero();
     auto made = Relay::create(ro);
     if (!made) {
       relay_failed_ = true;
@@ -711,6 +914,7 @@ void Agent::ensure_watchdog() {
     (void)write_fully(watchdog_fd_, fmt::format("A {} {}\n", w.pid, ms));
   }
   if (relay_) (void)write_fully(watchdog_fd_, fmt::format("D {}\n", relay_->directory()));
+  if (!attach_dir_.empty()) (void)write_fully(watchdog_fd_, fmt::format("T {}\n", attach_dir_));
   if (!commit_dir_.empty()) (void)write_fully(watchdog_fd_, fmt::format("C {}\n", commit_dir_));
 }
 
@@ -719,7 +923,12 @@ int Agent::run() {
   if (!begin()) return 1;
   while (true) {
     auto now = SteadyClock::now();
-    if (relay_) relay_->tick(now);
+    if (relay_) {
+      relay_->tick(now);
+      // The upstream dropped while the driver's channel stayed up: the same
+      // driver again, once its channel has had a moment to show it is gone.
+      if (relay_->paused() && attached_ && now - relay_->paused_since() > 1s) relay_->resume("", 0);
+    }
     keep_in_touch(now);
     sweep_replicas(now);
     report_exits(now);
@@ -747,12 +956,15 @@ bool Agent::begin() {
     ERUN_LOG_ERROR("{}: signalfd: {}", me_, std::strerror(errno));
     return false;
   }
+  in_fd_ = o_.in_fd;
+  out_fd_ = o_.out_fd;
   if (!read_secret()) return false;
-  set_nonblocking(o_.in_fd);
-  set_nonblocking(o_.out_fd);
+  set_nonblocking(in_fd_);
+  set_nonblocking(out_fd_);
+  if (o_.driver_grace > Duration::zero()) listen_for_attach();
   ensure_watchdog();
   last_heard_ = SteadyClock::now();
-  send(Hello{kProtocolVersion, o_.host, ::getpid()});
+  send(Hello{kProtocolVersion, o_.host, ::getpid(), attach_path_});
   if (!inbound_.empty()) {
     handle_frames(inbound_);
     inbound_.clear();
@@ -763,10 +975,17 @@ bool Agent::begin() {
 // The driver's heartbeat timeout, and the heartbeats to the driver and to
 // the watchdog.
 void Agent::keep_in_touch(SteadyClock::time_point now) {
-  if (!stopping_ && now - last_heard_ > o_.heartbeat_timeout) {
-    stop_all(fmt::format("no word from the driver for {} ms (heartbeat timeout)",
-                         std::chrono::duration_cast<std::chrono::milliseconds>(now - last_heard_).count()),
+  if (!stopping_ && attached_ && now - last_heard_ > o_.heartbeat_timeout) {
+    lose_driver(fmt::format("no word from the driver for {} ms (heartbeat timeout)",
+                            std::chrono::duration_cast<std::chrono::milliseconds>(now - last_heard_).count()));
+  }
+  if (holding() && now >= grace_until_) {
+    stop_all(fmt::format("no driver took the job over within --driver-grace ({:.0f} s)",
+                         std::chrono::duration<double>(o_.driver_grace).count()),
              true);
+  }
+  for (size_t i = attachers_.size(); i-- > 0;) {
+    if (now >= attachers_[i].deadline) attachers_.erase(attachers_.begin() + static_cast<long>(i));
   }
   if (out_open_ && now - last_sent_ >= o_.heartbeat_interval) send(Heartbeat{});
   if (watchdog_fd_ >= 0 && now - last_watchdog_word_ >= o_.heartbeat_interval) {
@@ -802,8 +1021,8 @@ void Agent::poll_once(SteadyClock::time_point now) {
   std::vector<pollfd> fds;
   std::vector<std::pair<uint64_t, int>> streams;  // worker id, 1/2; from fds[3] on
   fds.push_back({sig_fd_, POLLIN, 0});
-  fds.push_back({driver_open_ ? o_.in_fd : -1, POLLIN, 0});
-  fds.push_back({out_open_ && !outbound_.empty() ? o_.out_fd : -1, POLLOUT, 0});
+  fds.push_back({driver_open_ ? in_fd_ : -1, POLLIN, 0});
+  fds.push_back({out_open_ && outbound_.size() > head_sent_ ? out_fd_ : -1, POLLOUT, 0});
   for (auto& [id, w] : workers_) {
     if (w.out.fd >= 0) {
       fds.push_back({w.out.fd, POLLIN, 0});
@@ -816,6 +1035,10 @@ void Agent::poll_once(SteadyClock::time_point now) {
   }
   Relay* relay = relay_.get();  // the one whose descriptors are listed (a START may make one)
   size_t relay_first = relay ? relay->add_fds(fds) : fds.size();
+  const size_t attach_first = fds.size();
+  fds.push_back({attach_listen_.get(), POLLIN, 0});
+  for (auto& a : attachers_) fds.push_back({a.fd.get(), POLLIN, 0});
+  const size_t attachers_listed = attachers_.size();
   int n = ::poll(fds.data(), fds.size(), poll_timeout_ms(now));
   if (n < 0 && errno != EINTR) {
     ERUN_LOG_ERROR("{}: poll: {}", me_, std::strerror(errno));
@@ -834,8 +1057,13 @@ void Agent::poll_once(SteadyClock::time_point now) {
     }
   }
   if (relay) relay->on_events(fds, relay_first);
-  if (fds[1].revents) on_driver_bytes();
+  if (fds[1].revents && driver_open_) on_driver_bytes();
   if (fds[0].revents) on_sigchld();
+  // Attachers from the last one listed down: on_attacher() may remove the one it reads.
+  for (size_t i = attachers_listed; i-- > 0;) {
+    if (i < attachers_.size() && fds[attach_first + 1 + i].revents) on_attacher(i);
+  }
+  if (fds[attach_first].revents) accept_attachers();
 }
 
 // 100 ms, or less up to the first reaped worker's output deadline.
@@ -863,11 +1091,70 @@ void Agent::finish() {
   stop_pushers();
   stop_helper(std::exchange(keeper_.channel, -1), kReplicaStopWait);  // it ends before the directory goes
   if (!commit_dir_.empty()) release_commit_dir(commit_dir_, std::exchange(commit_lease_fd_, -1));
+  attachers_.clear();
+  attach_listen_.reset();
+  if (!attach_path_.empty()) ::unlink(attach_path_.c_str());
+  if (!attach_dir_.empty()) ::rmdir(attach_dir_.c_str());
   close_fd(watchdog_fd_);  // the watchdog finds no group left and exits
 }
 
 }  // namespace
 
 int run_agent(const AgentOptions& options) { return Agent(options).run(); }
+
+int run_attach_pump(const std::string& path, int in_fd, int out_fd) {
+  ::signal(SIGPIPE, SIG_IGN);
+  net::Address a;
+  if (!net::unix_address(path, &a)) {
+    ERUN_LOG_ERROR("erun --agent --attach {}: not a usable socket path", path);
+    return 1;
+  }
+  net::Socket s = net::connect_unix(a, SteadyClock::now() + std::chrono::seconds(10));
+  if (!s.ok()) {
+    ERUN_LOG_ERROR("erun --agent --attach {}: cannot reach the agent ({}): it ended, or its host restarted", path,
+                   s.outcome.text());
+    return 1;
+  }
+  const int sock = s.fd.get();
+  // Two directions, each a buffer that poll() drains; either side's end ends both.
+  std::string to_sock, to_out;
+  bool in_open = true;
+  char chunk[kReadChunk];
+  while (true) {
+    pollfd fds[4] = {{in_open && to_sock.size() < kReadChunk * 16 ? in_fd : -1, POLLIN, 0},
+                     {to_out.size() < kReadChunk * 16 ? sock : -1, POLLIN, 0},
+                     {to_sock.empty() ? -1 : sock, POLLOUT, 0},
+                     {to_out.empty() ? -1 : out_fd, POLLOUT, 0}};
+    if (!in_open && to_sock.empty()) ::shutdown(sock, SHUT_WR);
+    if (::poll(fds, 4, -1) < 0) {
+      if (errno == EINTR) continue;
+      return 1;
+    }
+    if (fds[0].revents) {
+      ssize_t n = ::read(in_fd, chunk, sizeof chunk);
+      if (n > 0) to_sock.append(chunk, static_cast<size_t>(n));
+      if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) in_open = false;
+    }
+    if (fds[1].revents) {
+      ssize_t n = ::recv(sock, chunk, sizeof chunk, 0);
+      if (n > 0) to_out.append(chunk, static_cast<size_t>(n));
+      if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) {
+        (void)write_fully(out_fd, to_out);
+        return 0;
+      }
+    }
+    if (fds[2].revents && !to_sock.empty()) {
+      ssize_t n = ::send(sock, to_sock.data(), to_sock.size(), MSG_NOSIGNAL);
+      if (n > 0) to_sock.erase(0, static_cast<size_t>(n));
+      if (n < 0 && errno != EINTR && errno != EAGAIN) return 0;
+    }
+    if (fds[3].revents && !to_out.empty()) {
+      ssize_t n = ::write(out_fd, to_out.data(), to_out.size());
+      if (n > 0) to_out.erase(0, static_cast<size_t>(n));
+      if (n < 0 && errno != EINTR && errno != EAGAIN) return 0;
+    }
+    if (!in_open && to_sock.empty() && fds[1].fd < 0 && to_out.empty()) return 0;
+  }
+}
 
 }  // namespace erun::agent

@@ -22,11 +22,24 @@ struct AgentOptions {
   // START env names the driver's rendezvous (ERUN_RDZV_ADDR, ERUN_RDZV_PORT,
   // ERUN_JOB_ID) gets this agent's socket as ERUN_RDZV_ADDR instead.
   bool relay = false;
-  std::string relay_dir = "/tmp";  // where the relay's private socket directory is made ($TMPDIR)
+  std::string relay_dir = "/tmp";  // where the relay's and the attach socket's private directories are made ($TMPDIR)
+  // --driver-grace: when the driver's channel breaks without SHUTDOWN (erun
+  // killed, the connection dropped, heartbeats lost), the workers keep
+  // running this long while the agent holds their output and exits for a
+  // new driver, which reaches it through its attach socket
+  // (docs/protocol.md, "Taking a job over"). 0: the workers stop at once.
+  Duration driver_grace = Duration::zero();
 };
 
 // Runs until the driver is gone or says SHUTDOWN; returns the agent's exit
 // code (0 after SHUTDOWN, 1 when the driver's channel was lost or broken).
 int run_agent(const AgentOptions& options);
+
+// `erun --agent --attach PATH`: connects to a running agent's attach socket
+// and carries bytes between it and this process's stdin and stdout, so that
+// a new driver reaches the agent as it reaches a new one (a local child, or
+// over ssh) and no new port is opened. Returns 0 when either side ended, 1
+// when the socket cannot be reached (the agent is gone).
+int run_attach_pump(const std::string& path, int in_fd = 0, int out_fd = 1);
 
 }  // namespace erun::agent

@@ -1,17 +1,32 @@
 #include "agent/protocol.h"
 
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
 #include <fmt/format.h>
 
 namespace erun::agent {
 
 namespace {
 
-// Type byte of each Message alternative, in variant order.
-constexpr uint8_t kTypes[] = {1, 2, 3, 4, 5, 6, 16, 17, 18, 19, 20, 7, 21, 22, 23};
-constexpr const char* kNames[] = {"HELLO", "STARTED",  "START_FAILED", "OUTPUT",    "EXITED",
-                                  "HEARTBEAT", "START", "SIGNAL",      "TERMINATE", "KILL",
-                                  "SHUTDOWN", "KEEPING", "KEEP",       "REPLICATE", "UNKEEP"};
-static_assert(std::size(kTypes) == std::variant_size_v<Message>);
+// Every type byte names one message.
+template <size_t... I>
+constexpr bool types_unique(std::index_sequence<I...>) {
+  constexpr uint8_t types[] = {std::variant_alternative_t<I, Message>::kType...};
+  for (size_t i = 0; i < sizeof...(I); ++i) {
+    for (size_t j = i + 1; j < sizeof...(I); ++j) {
+      if (types[i] == types[j]) return false;
+    }
+  }
+  return true;
+}
+static_assert(types_unique(std::make_index_sequence<std::variant_size_v<Message>>{}),
+              "two agent messages share a type byte");
+
+// A struct that lists its fields (a message, WorkerReport).
+template <class T>
+concept HasFields = requires(T t) { t.fields(); };
 
 class Writer {
  public:
@@ -28,6 +43,28 @@ class Writer {
     u32(static_cast<uint32_t>(s.size()));
     out_.append(s);
   }
+  // One field of a message, by its type.
+  void put(bool v) { u8(v ? 1 : 0); }
+  void put(uint8_t v) { u8(v); }
+  void put(uint32_t v) { u32(v); }
+  void put(uint64_t v) { u64(v); }
+  void put(int32_t v) { i32(v); }
+  void put(int64_t v) { i64(v); }
+  void put(const std::string& v) { str(v); }
+  template <class A, class B>
+  void put(const std::pair<A, B>& v) {
+    put(v.first);
+    put(v.second);
+  }
+  template <class T>
+  void put(const std::vector<T>& v) {
+    u32(static_cast<uint32_t>(v.size()));
+    for (auto& x : v) put(x);
+  }
+  template <HasFields T>
+  void put(const T& v) {
+    std::apply([this](auto&... f) { (put(f), ...); }, const_cast<T&>(v).fields());
+  }
   std::string& bytes() { return out_; }
 
  private:
@@ -36,6 +73,20 @@ class Writer {
 
 // Reads fields from a body; the first short read sets failed and every later
 // read returns zero values, so a decoder checks once at the end.
+// The fewest bytes an encoded T takes (a list's count is bounded by it).
+template <class T>
+constexpr size_t min_bytes() {
+  if constexpr (std::is_same_v<T, std::string>) {
+    return 4;
+  } else if constexpr (requires { typename T::first_type; }) {
+    return min_bytes<typename T::first_type>() + min_bytes<typename T::second_type>();
+  } else if constexpr (std::is_integral_v<T>) {
+    return sizeof(T);
+  } else {
+    return 1;
+  }
+}
+
 class Reader {
  public:
   explicit Reader(std::string_view in) : in_(in) {}
@@ -70,6 +121,28 @@ class Reader {
     if (!failed_ && n > (in_.size() - at_) / min_item) failed_ = true;
     return failed_ ? 0 : n;
   }
+  // One field of a message, by its type.
+  void get(bool& v) { v = u8() != 0; }
+  void get(uint8_t& v) { v = u8(); }
+  void get(uint32_t& v) { v = u32(); }
+  void get(uint64_t& v) { v = u64(); }
+  void get(int32_t& v) { v = i32(); }
+  void get(int64_t& v) { v = i64(); }
+  void get(std::string& v) { v = str(); }
+  template <class A, class B>
+  void get(std::pair<A, B>& v) {
+    get(v.first);
+    get(v.second);
+  }
+  template <class T>
+  void get(std::vector<T>& v) {
+    uint32_t n = count(min_bytes<T>());
+    for (uint32_t i = 0; i < n && !failed_; ++i) get(v.emplace_back());
+  }
+  template <HasFields T>
+  void get(T& v) {
+    std::apply([this](auto&... f) { (get(f), ...); }, v.fields());
+  }
   bool failed() const { return failed_; }
   bool at_end() const { return at_ == in_.size(); }
 
@@ -86,158 +159,28 @@ class Reader {
   bool failed_ = false;
 };
 
-struct Encoder {
-  Writer& w;
-  void operator()(const Hello& m) {
-    w.u32(m.version);
-    w.str(m.host);
-    w.i64(m.pid);
-  }
-  void operator()(const Started& m) {
-    w.u64(m.id);
-    w.i64(m.pid);
-  }
-  void operator()(const StartFailed& m) {
-    w.u64(m.id);
-    w.str(m.why);
-  }
-  void operator()(const Output& m) {
-    w.u64(m.id);
-    w.u8(m.stream);
-    w.str(m.data);
-  }
-  void operator()(const Exited& m) {
-    w.u64(m.id);
-    w.i32(m.code);
-    w.i32(m.signal);
-    w.u32(static_cast<uint32_t>(m.stderr_tail.size()));
-    for (auto& l : m.stderr_tail) w.str(l);
-  }
-  void operator()(const Heartbeat&) {}
-  void operator()(const Start& m) {
-    w.u64(m.id);
-    w.i64(m.generation);
-    w.i32(m.rank);
-    w.i32(m.slot);
-    w.u32(static_cast<uint32_t>(m.argv.size()));
-    for (auto& a : m.argv) w.str(a);
-    w.u32(static_cast<uint32_t>(m.env.size()));
-    for (auto& [k, v] : m.env) {
-      w.str(k);
-      w.str(v);
-    }
-    w.str(m.cwd);
-    w.u64(m.term_grace_ms);
-    w.str(m.output_dir);
-  }
-  void operator()(const Signal& m) {
-    w.u64(m.id);
-    w.i32(m.sig);
-  }
-  void operator()(const Terminate& m) { w.u64(m.id); }
-  void operator()(const Kill& m) { w.u64(m.id); }
-  void operator()(const Shutdown&) {}
-  void operator()(const Keeping& m) {
-    w.u32(m.port);
-    w.str(m.why);
-  }
-  void operator()(const Keep& m) { w.str(m.commit_dir); }
-  void operator()(const Replicate& m) {
-    w.str(m.host);
-    w.u32(m.port);
-    w.str(m.keeper_dir);
-  }
-  void operator()(const Unkeep& m) { w.u8(m.forget ? 1 : 0); }
-};
-
-Message decode_payload(uint8_t type, Reader& r) {
-  switch (type) {
-    case 1: {
-      Hello m;
-      m.version = r.u32();
-      m.host = r.str();
-      m.pid = r.i64();
-      return m;
-    }
-    case 2: {
-      Started m;
-      m.id = r.u64();
-      m.pid = r.i64();
-      return m;
-    }
-    case 3: {
-      StartFailed m;
-      m.id = r.u64();
-      m.why = r.str();
-      return m;
-    }
-    case 4: {
-      Output m;
-      m.id = r.u64();
-      m.stream = r.u8();
-      m.data = r.str();
-      return m;
-    }
-    case 5: {
-      Exited m;
-      m.id = r.u64();
-      m.code = r.i32();
-      m.signal = r.i32();
-      uint32_t n = r.count(4);
-      for (uint32_t i = 0; i < n; ++i) m.stderr_tail.push_back(r.str());
-      return m;
-    }
-    case 6:
-      return Heartbeat{};
-    case 16: {
-      Start m;
-      m.id = r.u64();
-      m.generation = r.i64();
-      m.rank = r.i32();
-      m.slot = r.i32();
-      uint32_t n = r.count(4);
-      for (uint32_t i = 0; i < n; ++i) m.argv.push_back(r.str());
-      n = r.count(8);
-      for (uint32_t i = 0; i < n; ++i) {
-        std::string k = r.str();
-        m.env.emplace_back(std::move(k), r.str());
-      }
-      m.cwd = r.str();
-      m.term_grace_ms = r.u64();
-      m.output_dir = r.str();
-      return m;
-    }
-    case 17: {
-      Signal m;
-      m.id = r.u64();
-      m.sig = r.i32();
-      return m;
-    }
-    case 18:
-      return Terminate{r.u64()};
-    case 19:
-      return Kill{r.u64()};
-    case 7: {
-      Keeping m;
-      m.port = r.u32();
-      m.why = r.str();
-      return m;
-    }
-    case 21:
-      return Keep{r.str()};
-    case 22: {
-      Replicate m;
-      m.host = r.str();
-      m.port = r.u32();
-      m.keeper_dir = r.str();
-      return m;
-    }
-    case 23:
-      return Unkeep{r.u8() != 0};
-    default:  // 20, checked by the caller
-      return Shutdown{};
-  }
+// The message whose type byte is `type` (known), its fields read from `r`.
+template <size_t... I>
+Message decode_payload(uint8_t type, Reader& r, std::index_sequence<I...>) {
+  Message m;
+  auto try_one = [&]<size_t K>(std::integral_constant<size_t, K>) {
+    using M = std::variant_alternative_t<K, Message>;
+    if (M::kType != type) return false;
+    M one;
+    r.get(one);
+    m = std::move(one);
+    return true;
+  };
+  (try_one(std::integral_constant<size_t, I>{}) || ...);
+  return m;
 }
+
+template <size_t... I>
+bool known_type(uint8_t type, std::index_sequence<I...>) {
+  return ((std::variant_alternative_t<I, Message>::kType == type) || ...);
+}
+
+constexpr auto kAll = std::make_index_sequence<std::variant_size_v<Message>>{};
 
 // What a well-formed message may not hold although its frame parsed: "" or
 // why not.
@@ -312,29 +255,33 @@ void LineTail::push(std::string line) {
 std::string encode(const Message& message) {
   Writer w;
   w.u32(0);  // length, filled in below
-  w.u8(kTypes[message.index()]);
-  std::visit(Encoder{w}, message);
+  std::visit(
+      [&w](const auto& m) {
+        w.u8(std::decay_t<decltype(m)>::kType);
+        w.put(m);
+      },
+      message);
   std::string& out = w.bytes();
   uint32_t length = static_cast<uint32_t>(out.size() - 4);
   for (int i = 0; i < 4; ++i) out[i] = static_cast<char>((length >> (8 * i)) & 0xff);
   return std::move(out);
 }
 
-const char* message_name(const Message& message) { return kNames[message.index()]; }
+const char* message_name(const Message& message) {
+  return std::visit([](const auto& m) { return std::decay_t<decltype(m)>::kName; }, message);
+}
 
 Result<Message> decode(std::string_view body) {
   if (body.empty()) return Result<Message>::error("agent protocol: empty frame (no message type)");
   uint8_t type = static_cast<uint8_t>(body[0]);
-  bool known = false;
-  for (uint8_t t : kTypes) known = known || t == type;
-  if (!known) {
+  if (!known_type(type, kAll)) {
     return Result<Message>::error(fmt::format(
         "agent protocol: unknown message type {} (driver and agent from different erun versions? "
         "install the same erun on every host or pass --agent-path)",
         type));
   }
   Reader r(body.substr(1));
-  Message m = decode_payload(type, r);
+  Message m = decode_payload(type, r, kAll);
   if (r.failed()) {
     return Result<Message>::error(
         fmt::format("agent protocol: {} frame of {} bytes is cut short", message_name(m), body.size()));

@@ -118,8 +118,24 @@ void Relay::on_events(const std::vector<pollfd>& fds, size_t first) {
   if (fds[first + 1].revents && up_fd_ && fds[first + 1].fd == up_fd_.get()) on_upstream(fds[first + 1].revents);
   for (auto& [id, ev] : ready) on_local(id, ev);
   if (fds[first].revents) accept_all();
-  if (want_upstream_ && up_ == Up::kNone) start_upstream();
+  if (want_upstream_ && up_ == Up::kNone && !paused_) start_upstream();
   want_upstream_ = false;
+}
+
+void Relay::pause() {
+  if (!paused_) paused_since_ = SteadyClock::now();
+  paused_ = true;
+  if (up_ != Up::kNone) lose_upstream("the driver is gone");
+}
+
+void Relay::resume(const std::string& host, int port) {
+  if (port > 0 && port <= 65535) {
+    if (!host.empty()) o_.upstream_host = host;
+    o_.upstream_port = port;
+  }
+  paused_ = false;
+  if (up_ != Up::kNone) lose_upstream("a new driver took over");
+  want_upstream_ = !locals_.empty();
 }
 
 void Relay::accept_all() {
@@ -186,6 +202,13 @@ void Relay::parse_local(uint64_t id, Local& l) {
     auto type = static_cast<Type>(h.type);
     switch (l.phase) {
       case Phase::kHello:
+        if (paused_) {
+          // No driver to relay to: the worker's client tries again later.
+          std::string f = wire::encode_frame(Type::kError, job_hash_, -1, h.request_id,
+                                             wire::encode_str("no driver yet: waiting for one to take the job over"));
+          [[maybe_unused]] auto n = ::send(l.fd.get(), f.data(), f.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+          return close_local(id, false);
+        }
         if (type != Type::kHello || !l.hs.hello(payload)) {
           return refuse_local(id, fmt::format("expected HELLO, got {}", wire::type_name(h.type)));
         }
@@ -415,6 +438,10 @@ void Relay::lose_upstream(const std::string& why) {
                    o_.upstream_host, o_.upstream_port, why);
   }
   streams_.clear();  // every stream the server knew is closed above
+  if (o_.pause_on_loss && !paused_) {
+    paused_ = true;
+    paused_since_ = SteadyClock::now();
+  }
   up_fd_.reset();
   up_ = Up::kNone;
   up_rbuf_.clear();

@@ -30,6 +30,9 @@ struct RelayOptions {
   std::string parent_dir = "/tmp";  // where the private socket directory is made
   Duration io_timeout = std::chrono::seconds(10);
   size_t max_frame_bytes = 64 << 20;
+  // A lost upstream pauses the relay (see pause()): the agent resumes it
+  // for a new driver, or for the same one when its channel stays up.
+  bool pause_on_loss = false;
 };
 
 class Relay {
@@ -51,6 +54,16 @@ class Relay {
   void on_events(const std::vector<pollfd>& fds, size_t first);
   // Deadlines: handshakes, half frames, unread writes, the upstream's connect.
   void tick(TimePoint now);
+  // The driver is gone (docs/protocol.md, "Taking a job over"): the
+  // upstream is dropped and not tried again, and workers that reconnect are
+  // turned away quietly until resume(), so that their clients keep retrying
+  // until a driver is there. resume() points the upstream at a new driver's
+  // rendezvous (port 0: the same address; an empty host: the same host) and
+  // connects it.
+  void pause();
+  void resume(const std::string& host, int port);
+  bool paused() const { return paused_; }
+  TimePoint paused_since() const { return paused_since_; }
   // Counts, for logs and tests.
   size_t streams() const { return locals_.size(); }
   long refused() const { return refused_; }
@@ -109,6 +122,8 @@ class Relay {
   // may resolve to IPv6 and IPv4; the first that connects is used).
   std::vector<net::Address> up_addrs_;
   bool full_warned_ = false;  // a refusal at kMaxRelayStreams was logged
+  bool paused_ = false;
+  TimePoint paused_since_{};
 };
 
 }  // namespace erun::agent

@@ -34,6 +34,10 @@ void WatchdogState::apply(std::string_view line) {
     commit_dir = std::string(line.substr(2));
     return;
   }
+  if (line.rfind("T /", 0) == 0) {
+    attach_dir = std::string(line.substr(2));
+    return;
+  }
   auto words = split(line, ' ');
   long pgid = 0, grace = 0;
   if (words.size() == 3 && words[0] == "A" && parse_int(words[1], pgid) && parse_int(words[2], grace) && pgid > 1) {
@@ -102,6 +106,10 @@ void stop_groups(const std::map<pid_t, long>& groups) {
   if (!state.relay_dir.empty()) {
     ::unlink((state.relay_dir + "/rdzv").c_str());
     ::rmdir(state.relay_dir.c_str());
+  }
+  if (!state.attach_dir.empty()) {
+    ::unlink((state.attach_dir + "/attach").c_str());
+    ::rmdir(state.attach_dir.c_str());
   }
   if (!state.commit_dir.empty()) adopt_or_remove_commit_dir(state.commit_dir, kCommitAdoptGrace);
   ::_exit(0);

@@ -1,8 +1,9 @@
 // The agent's watchdog, a forked process in its own session, reads the agent's
 // lines: "A <pgid> <grace_ms>", "R <pgid>", "D <relay dir>", "C <commit dir>",
+// "T <attach socket dir>",
 // "H" (alive). When the channel ends or the agent is silent for `silence_ms` (then
 // SIGKILLed), it stops the groups it knows (SIGTERM, longest grace, SIGKILL),
-// removes the relay socket and directory and hands the commit directory to
+// removes the relay's and the attach socket's directories and hands the commit directory to
 // commit_dir.h. It never signals other groups, never removes anything else.
 #pragma once
 
@@ -19,6 +20,7 @@ struct WatchdogState {
   std::map<pid_t, long> groups;  // pgid -> grace ms
   std::string relay_dir;         // the relay's private socket directory
   std::string commit_dir;        // the job's host-memory commits (agent/commit_dir.h)
+  std::string attach_dir;        // the agent's attach socket's private directory
   std::string partial;           // bytes after the last newline
 
   // Applies every whole line in `bytes`; malformed lines and "H" change nothing.

@@ -75,6 +75,7 @@ struct RendezvousClient::Impl {
 
   struct Pending {
     bool done = false;
+    bool lost = false;  // sent on a connection that was lost before the reply
     wire::Frame frame;
   };
 
@@ -126,6 +127,8 @@ struct RendezvousClient::Impl {
   std::unordered_map<uint32_t, Pending*> pending;  // guarded by mu
   uint32_t next_request = 1;                       // guarded by mu
   bool broken = false;                             // guarded by mu
+  bool reconnecting = false;                       // guarded by mu: the connection was lost, tried again
+  TimePoint reconnect_until{};                     // guarded by mu
   std::string broken_reason;                       // guarded by mu
   std::string server_said;                         // guarded by mu: last pushed ERROR
 
@@ -154,16 +157,70 @@ struct RendezvousClient::Impl {
     cv.notify_all();
   }
 
-  Status connect() {
-    if (fd >= 0) return Status::error("rendezvous: connect() called twice");
-    TimePoint deadline = SteadyClock::now() + opt.io_timeout;
+  // A connected and authenticated socket to the driver (or its relay).
+  Result<Fd> open_connection(TimePoint deadline) {
     // "unix:PATH": this host's erun agent relays the connection (docs/protocol.md, "Relaying").
     auto s = opt.address.rfind("unix:", 0) == 0 ? connect_unix(opt.address.substr(5), deadline)
                                                 : connect_tcp(opt.address, opt.port, deadline);
-    if (!s) return s.status();
+    if (!s) return s;
     if (auto h = authenticate(s->get(), deadline); !h) {
-      return Status::error(fmt::format("rendezvous: handshake with {} failed: {}", where(), h.message()));
+      return Result<Fd>::error(fmt::format("rendezvous: handshake with {} failed: {}", where(), h.message()));
     }
+    return s;
+  }
+
+  // The reader thread, its connection lost for `why`: without
+  // reconnect_within the client fails; with it, requests in flight are
+  // told they were lost and the driver is tried again every half second.
+  // True once connected again.
+  bool reconnect(const std::string& why) {
+    if (opt.reconnect_within <= Duration::zero()) {
+      fail(why);
+      return false;
+    }
+    const TimePoint until = SteadyClock::now() + opt.reconnect_within;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (broken) return false;
+      reconnecting = true;
+      reconnect_until = until;
+      for (auto& [id, p] : pending) p->lost = true;
+    }
+    cv.notify_all();
+    ERUN_LOG_WARN("{}; trying {} again for up to {:.0f} s (--driver-grace: a new erun may take the job over)", why,
+                  where(), seconds(opt.reconnect_within));
+    while (!stop) {
+      pollfd w{wake.get(), POLLIN, 0};
+      ::poll(&w, 1, 500);
+      if (stop) return false;
+      if (SteadyClock::now() > until) {
+        fail(fmt::format("{}; no driver took the job over within {:.0f} s", why, seconds(opt.reconnect_within)));
+        return false;
+      }
+      auto s = open_connection(std::min(until, SteadyClock::now() + std::chrono::seconds(2)));
+      if (!s) continue;
+      {
+        std::lock_guard<std::mutex> wlock(write_mu);
+        sock = std::move(s).value();
+        fd = sock.get();
+      }
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        reconnecting = false;
+      }
+      hosts_updated = true;  // re-join the new driver at the next commit
+      cv.notify_all();
+      ERUN_LOG_WARN("rendezvous: connected to {} again: re-joining at the next commit", where());
+      return true;
+    }
+    return false;
+  }
+
+  Status connect() {
+    if (fd >= 0) return Status::error("rendezvous: connect() called twice");
+    TimePoint deadline = SteadyClock::now() + opt.io_timeout;
+    auto s = open_connection(deadline);
+    if (!s) return s.status();
     wake.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
     if (!wake) {
       return Status::error(
@@ -227,14 +284,17 @@ struct RendezvousClient::Impl {
       }
       if (buf.size() - len < 65536) buf.resize(len + 65536);
       ssize_t r = ::recv(fd, buf.data() + len, buf.size() - len, 0);
-      if (r == 0) {
-        return fail(fmt::format("rendezvous: connection to the driver at {} closed (the driver exited or dropped this "
-                                "worker; its log says why)",
-                                where()));
-      }
-      if (r < 0) {
-        if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
-        return fail(fmt::format("rendezvous: connection to the driver at {} lost: {}", where(), std::strerror(errno)));
+      if (r < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
+      if (r <= 0) {
+        std::string why = r == 0 ? fmt::format("rendezvous: connection to the driver at {} closed (the driver exited "
+                                               "or dropped this worker; its log says why)",
+                                               where())
+                                 : fmt::format("rendezvous: connection to the driver at {} lost: {}", where(),
+                                               std::strerror(errno));
+        if (!reconnect(why)) return;
+        len = 0;
+        frame_deadline = TimePoint::max();
+        continue;
       }
       len += static_cast<size_t>(r);
       size_t off = 0;
@@ -304,36 +364,56 @@ struct RendezvousClient::Impl {
   }
 
   // Sends one request and waits for its reply until `deadline`.
-  Result<wire::Frame> call(Type type, int64_t generation, const std::string& payload, TimePoint deadline) {
+  // With `resend`, a request whose connection was lost waits for the
+  // driver to be back (reconnect_within) and is sent again.
+  Result<wire::Frame> call(Type type, int64_t generation, const std::string& payload, TimePoint deadline,
+                           bool resend = false) {
     if (fd < 0) return Result<wire::Frame>::error("rendezvous: not connected (call connect() first)");
-    Pending p;
-    uint32_t id;
-    {
-      std::lock_guard<std::mutex> lock(mu);
+    while (true) {
+      Pending p;
+      uint32_t id;
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        if (reconnecting && resend) {
+          // A join waits for the driver through the whole grace.
+          deadline = std::max(deadline, reconnect_until);
+          cv.wait_until(lock, deadline, [&] { return !reconnecting || broken; });
+        }
+        if (broken) return Result<wire::Frame>::error(broken_reason);
+        if (reconnecting) {
+          return Result<wire::Frame>::error(
+              fmt::format("rendezvous: the connection to the driver at {} is lost (trying it again)", where()));
+        }
+        id = next_request++;
+        if (next_request == 0) next_request = 1;
+        pending[id] = &p;
+      }
+      Status sent;
+      {
+        std::lock_guard<std::mutex> lock(write_mu);
+        sent = wire::send_all(fd, wire::encode_frame(type, job_hash, generation, id, payload),
+                              std::min(deadline, SteadyClock::now() + opt.io_timeout));
+        // A partly written frame leaves the stream unusable: the reader sees
+        // it closed and fails or reconnects.
+        if (!sent) ::shutdown(fd, SHUT_RDWR);
+      }
+      if (!sent && opt.reconnect_within <= Duration::zero()) {
+        fail(fmt::format("rendezvous: sending to the driver at {} failed: {}", where(), sent.message()));
+      }
+      std::unique_lock<std::mutex> lock(mu);
+      cv.wait_until(lock, deadline, [&] { return p.done || p.lost || broken; });
+      pending.erase(id);
+      if (p.done) return std::move(p.frame);
+      if (p.lost && resend) continue;
+      if (p.lost) {
+        return Result<wire::Frame>::error(
+            fmt::format("rendezvous: the connection to the driver at {} was lost before the reply", where()));
+      }
       if (broken) return Result<wire::Frame>::error(broken_reason);
-      id = next_request++;
-      if (next_request == 0) next_request = 1;
-      pending[id] = &p;
+      return Result<wire::Frame>::error(fmt::format("rendezvous: no reply from the driver at {} in time (the driver "
+                                                    "is overloaded or unreachable; see its log)",
+                                                    where()));
     }
-    Status sent;
-    {
-      std::lock_guard<std::mutex> lock(write_mu);
-      sent = wire::send_all(fd, wire::encode_frame(type, job_hash, generation, id, payload),
-                            std::min(deadline, SteadyClock::now() + opt.io_timeout));
-    }
-    if (!sent) {
-      // A partly written frame leaves the stream unusable.
-      ::shutdown(fd, SHUT_RDWR);
-      fail(fmt::format("rendezvous: sending to the driver at {} failed: {}", where(), sent.message()));
-    }
-    std::unique_lock<std::mutex> lock(mu);
-    cv.wait_until(lock, deadline, [&] { return p.done || broken; });
-    pending.erase(id);
-    if (p.done) return std::move(p.frame);
-    if (broken) return Result<wire::Frame>::error(broken_reason);
-    return Result<wire::Frame>::error(fmt::format("rendezvous: no reply from the driver at {} in time (the driver is "
-                                                  "overloaded or unreachable; see its log)",
-                                                  where()));
   }
 
   wire::Frame kv_call(Type type, const std::string& payload, Duration wait, const std::string& what) {
@@ -354,7 +434,8 @@ struct RendezvousClient::Impl {
   }
 
   Result<RankAssignment> join(const JoinRequest& req, long* generation_out) {
-    auto f = call(Type::kJoin, gen.load(), wire::encode_join(req), SteadyClock::now() + opt.join_timeout);
+    auto f = call(Type::kJoin, gen.load(), wire::encode_join(req), SteadyClock::now() + opt.join_timeout,
+                  /*resend=*/true);
     if (!f) {
       return Result<RankAssignment>::error(
           fmt::format("rendezvous: join of slot {} failed: {}", slot_name(req.slot), f.message()));

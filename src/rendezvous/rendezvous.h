@@ -28,6 +28,10 @@ struct ServerOptions {
   Duration io_timeout = std::chrono::seconds(10);
   // Connections that have not authenticated yet, at most (see admission.h).
   size_t max_unauthenticated = 1024;
+  // A driver that takes a running job over (docs/protocol.md, "Taking a job
+  // over"): the last generation the job published before, whose members
+  // re-join this server. -1: a new job.
+  long resume_generation = -1;
 };
 
 class RendezvousServer final : public Membership {
@@ -76,6 +80,13 @@ struct ClientOptions {
   // generation and the lost ranks. It must return promptly and not call the
   // client; it is set before connect() and outlives the client.
   std::function<void(long generation, const std::vector<int>& ranks)> on_peers_lost;
+  // The driver's --driver-grace: a lost connection is tried again (every
+  // half second, for this long) instead of failing the client, as a new
+  // driver may take the job over (docs/protocol.md, "Taking a job over").
+  // Meanwhile a join waits and is sent again once connected; a store call
+  // fails. Once connected again, hosts_updated() is true: the worker re-joins
+  // at its next commit, with nothing rolled back. Zero: the client fails.
+  Duration reconnect_within = Duration::zero();
 };
 
 class RendezvousClient {

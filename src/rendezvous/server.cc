@@ -32,7 +32,9 @@ namespace erun {
 using wire::Type;
 
 struct RendezvousServer::Impl final : ServerLoop::Handler {
-  explicit Impl(const ServerOptions& o) : loop(o, mu, *this), kv(loop), membership(loop) {}
+  explicit Impl(const ServerOptions& o) : loop(o, mu, *this), kv(loop), membership(loop) {
+    if (o.resume_generation >= 0) membership.resume_after(o.resume_generation);
+  }
   // The I/O thread calls into the services: it stops before they go.
   ~Impl() override { loop.stop(); }
 

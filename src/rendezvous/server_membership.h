@@ -52,6 +52,9 @@ class ServerMembership {
   // True once `conn` joined for a slot (and was not taken over).
   bool joined(ConnId conn) const;
   int64_t generation() const { return gen_; }
+  // A driver that took a job over goes on from the generation its workers
+  // last joined: joins leaving it (or an older one) wait for the next.
+  void resume_after(int64_t gen) { gen_ = std::max(gen_, gen); }
   // Joins waiting for a generation, and members of the current one, in slot order.
   std::shared_ptr<const std::vector<JoinRequest>> waiting() { return waiting_.list(); }
   std::shared_ptr<const std::vector<JoinRequest>> members() { return members_.list(); }

@@ -122,7 +122,77 @@ Status Driver::start() {
   }
   if (!d_.synchronous_discovery && o_.elastic) loop_->start();
   waiting_since_ = clock_.now();
+  if (d_.takeover) adopt(*d_.takeover);
   return Status::ok();
+}
+
+void Driver::adopt(DriverDeps::Takeover& t) {
+  generation_ = t.generation;
+  resets_ = t.resets;
+  restarts_ = t.restarts;
+  plan_ = plan_over_slots(generation_, t.plan);
+  recent_plans_.push_back(plan_);
+  int kept = 0, ended = 0, strays = 0;
+  std::set<std::string> hosts;
+  for (auto& a : t.workers) {
+    Worker w;
+    w.key = next_key_++;
+    w.handle = std::move(a.handle);
+    w.launched_generation = a.generation;
+    w.started = clock_.now();
+    launcher_for(a.host, &w.local);
+    const RankAssignment* r = plan_.find(SlotKey{a.host, a.slot});
+    if (!r) {
+      // Not of the running plan (a replacement that was never admitted): it
+      // holds nothing the job needs.
+      w.assignment.slot = SlotKey{a.host, a.slot};
+      w.assignment.rank = a.rank;
+      w.state = WorkerState::kExcluded;
+      w.handle->kill();
+      ++strays;
+    } else {
+      w.assignment = *r;
+      w.state = WorkerState::kMember;
+      w.joined = true;  // it ran in place under the driver before
+      ++kept;
+      hosts.insert(a.host);
+      if (w.handle->poll()) ++ended;
+    }
+    if (d_.output) d_.output->add(w.key, w.assignment.rank, w.handle->take_stdout(), w.handle->take_stderr());
+    workers_.push_back(std::move(w));
+  }
+  crash_loop_.generation_started(generation_, plan_.hosts());
+  generation_complete_ = true;
+  published_at_ = clock_.now();
+  set_phase(JobPhase::kRunning);
+  ERUN_LOG_WARN("job {}: driver term {} took the job over at generation {}: {} worker(s) on {} host(s) go on in place "
+                "(their processes and ranks kept; they re-join at their next commit){}",
+                d_.job_id, t.term, generation_, kept, hosts.size(),
+                strays > 0 ? fmt::format("; {} worker(s) outside the plan stopped", strays) : "");
+  if (d_.events) {
+    d_.events->write("driver_attached", {{"term", json_number(static_cast<long>(t.term))},
+                                         {"generation", json_number(generation_)},
+                                         {"workers", json_number(long{kept})},
+                                         {"hosts", json_number(static_cast<long>(hosts.size()))}});
+  }
+  (void)ended;
+}
+
+bool Driver::check_superseded() {
+  uint64_t term = d_.local_launcher->superseded();
+  if (d_.remote_launcher) term = std::max(term, d_.remote_launcher->superseded());
+  if (term == 0) return false;
+  superseded_by_ = term;
+  ERUN_LOG_ERROR("job {}: driver term {} took the job over: this erun leaves it to that one and exits without "
+                 "touching the workers",
+                 d_.job_id, term);
+  d_.local_launcher->abandon();
+  if (d_.remote_launcher) d_.remote_launcher->abandon();
+  for (auto& w : workers_) {
+    if (!w.exit) w.exit = ExitStatus{255, 0};
+  }
+  done(3);
+  return true;
 }
 
 bool Driver::record_host_failure(const std::string& host) {
@@ -231,6 +301,7 @@ std::vector<std::pair<std::string, std::string>> Driver::worker_env(const RankAs
   put("ERUN_COLLECTIVE_TIMEOUT", seconds(o_.collective_timeout));
   put("ERUN_RENDEZVOUS_TIMEOUT", seconds(o_.rendezvous_timeout));
   put("ERUN_ELASTIC_TIMEOUT", seconds(o_.elastic_timeout));
+  if (o_.driver_grace > Duration::zero()) put("ERUN_DRIVER_GRACE", seconds(o_.driver_grace));
   if (d_.membership) {
     bool local;
     launcher_for(a.slot.host, &local);
@@ -489,6 +560,7 @@ void Driver::log_waiting(const HostSet& usable) {
 }
 
 std::optional<int> Driver::step() {
+  if (phase_ != JobPhase::kDone && check_superseded()) return exit_code_;
   if (int sig = stop_signal_.exchange(0)) on_signal(sig);
   if (phase_ == JobPhase::kDone) return exit_code_;
   refresh_hosts();
@@ -738,7 +810,9 @@ int Driver::run() {
     return 1;
   }
   while (true) {
-    if (auto code = step()) return *code;
+    auto code = step();
+    if (d_.after_step) d_.after_step(*this);
+    if (code) return *code;
     clock_.sleep_for(kTick);
   }
 }

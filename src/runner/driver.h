@@ -30,6 +30,8 @@
 
 namespace erun {
 
+class Driver;
+
 struct DriverDeps {
   HostDiscovery* discovery = nullptr;
   Launcher* local_launcher = nullptr;
@@ -49,6 +51,20 @@ struct DriverDeps {
   // ends). Default: /dev/shm/erun-commits-<random>; "-": none (commits live
   // only in workers).
   std::string commit_dir;
+  // A job taken over from a driver that is gone (docs/design.md, "A driver
+  // that can be replaced"): main read its record and attached to its agents;
+  // start() adopts their workers instead of starting a generation.
+  struct Takeover {
+    uint64_t term = 0;
+    long generation = 0;  // the last one published: the rendezvous goes on after it
+    int resets = 0;
+    int restarts = 0;
+    std::vector<SlotKey> plan;  // its slots in rank order
+    std::vector<AdoptedWorker> workers;
+  };
+  Takeover* takeover = nullptr;
+  // Called by run() after every step (main keeps the job record with it).
+  std::function<void(const Driver&)> after_step;
 };
 
 class Driver {
@@ -70,6 +86,10 @@ class Driver {
   long generation() const { return generation_; }
   JobPhase phase() const { return phase_; }
   int resets() const { return resets_; }
+  int restarts() const { return restarts_; }
+  // Another driver took the job over (an agent said SUPERSEDED): this one
+  // ended without touching the workers.
+  uint64_t superseded_by() const { return superseded_by_; }
   const Plan& plan() const { return plan_; }
   const HostManager& host_manager() const { return hosts_; }
 
@@ -102,6 +122,10 @@ class Driver {
     double after_s = 0;
   };
 
+  // Makes the taken-over job's workers this driver's (start()).
+  void adopt(DriverDeps::Takeover& t);
+  // An agent obeys a newer driver: leave the job to it.
+  bool check_superseded();
   // ---- phases (driver.cc): step() calls the handler of the current one ----
   // Checked against transition_allowed(); entering a waiting phase from
   // another phase restarts the --elastic-timeout clock.
@@ -321,6 +345,7 @@ class Driver {
   bool burst_failures_ = false;  // the current generation lost workers to the last failure's burst
   static constexpr Duration kFailureBurst = std::chrono::seconds(1);
   std::atomic<int> stop_signal_{0};
+  uint64_t superseded_by_ = 0;
 };
 
 }  // namespace erun

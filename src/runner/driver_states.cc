@@ -9,7 +9,8 @@ bool transition_allowed(JobPhase from, JobPhase to) {
     case P::kWaitingForHosts:
       return to == P::kRunning || to == P::kStopping || to == P::kDone;
     case P::kWaitingWithSurvivors:
-      return to == P::kRunning || to == P::kWaitingForHosts || to == P::kStopping;
+      // kDone: another driver took the job over (the survivors are its now).
+      return to == P::kRunning || to == P::kWaitingForHosts || to == P::kStopping || to == P::kDone;
     case P::kRunning:
       return to == P::kWaitingWithSurvivors || to == P::kFinishing || to == P::kStopping || to == P::kDone;
     case P::kFinishing:

@@ -4,6 +4,7 @@
 // the driver's thread only; a launcher's own threads read the agents.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -63,6 +64,27 @@ class WorkerHandle {
   virtual std::optional<std::vector<std::string>> exit_stderr() const { return std::nullopt; }
 };
 
+// A worker that a driver taking a job over found running (or ended while no
+// driver was there) on an agent it attached to.
+struct AdoptedWorker {
+  std::string host;
+  long generation = 0;  // the generation it was started for
+  int rank = 0;         // its rank then
+  int slot = 0;
+  long pid = 0;
+  std::unique_ptr<WorkerHandle> handle;
+};
+
+// Where a driver taking a job over tells the agents to relay the workers'
+// rendezvous, and which term it is.
+struct AttachRequest {
+  std::string secret;
+  uint64_t term = 0;
+  std::string rdzv_host;  // as the host's workers reach the new driver
+  int rdzv_port = 0;
+  Duration timeout = std::chrono::seconds(10);  // for the agent's STATE
+};
+
 class Launcher {
  public:
   virtual ~Launcher() = default;
@@ -102,6 +124,25 @@ class Launcher {
   // ends; with `forget` the replicas it stored go at once (when no worker
   // runs there), otherwise once its workers hold a commit as new.
   virtual void unkeep(const std::string& host, bool forget) { (void)host, (void)forget; }
+
+  // Taking a job over (docs/protocol.md, "Taking a job over"); only the
+  // launchers that run agents have it. attach() reaches `host`'s running
+  // agent through its attach socket `attach_path` (`erun --agent --attach`
+  // started as the launcher starts agents) and returns its workers once its
+  // STATE came; an error when it is gone or obeys a newer driver.
+  virtual Result<std::vector<AdoptedWorker>> attach(const std::string& host, const std::string& attach_path,
+                                                    const AttachRequest& request) {
+    (void)host, (void)attach_path, (void)request;
+    return Result<std::vector<AdoptedWorker>>::error("this launcher cannot take agents over");
+  }
+  // Each live agent's host and attach socket (for the job record).
+  virtual std::vector<std::pair<std::string, std::string>> attach_paths() { return {}; }
+  // The highest driver term an agent said it obeys now instead of this
+  // driver (SUPERSEDED), or 0.
+  virtual uint64_t superseded() { return 0; }
+  // This driver leaves the job to another: nothing more is sent to the
+  // agents, whose workers keep running; handles report them ended at once.
+  virtual void abandon() {}
 };
 
 // A free TCP port on this machine (bind to port 0).
@@ -116,6 +157,9 @@ struct AgentLaunchOptions {
   Duration start_timeout = std::chrono::seconds(30);
   // The agent relays its workers' rendezvous connections (`--relay`).
   bool relay = true;
+  // `--driver-grace`: the agent keeps its workers this long once erun is
+  // gone without SHUTDOWN (0: it stops them at once).
+  Duration driver_grace = Duration::zero();
 };
 
 struct SshOptions {
@@ -139,7 +183,8 @@ std::unique_ptr<Launcher> make_ssh_launcher(SshOptions options, AgentLaunchOptio
 std::optional<std::string> ssh_failure_hint(const SshOptions& options, const std::string& host,
                                             std::string_view line);
 
-// The agent's command line: `AGENT_PATH --agent --heartbeat-interval S --heartbeat-timeout S [--relay]`.
+// The agent's command line: `AGENT_PATH --agent --heartbeat-interval S --heartbeat-timeout S
+// [--driver-grace S] [--relay]`.
 std::vector<std::string> agent_argv(const AgentLaunchOptions& agent);
 
 // Checks a spec before it is sent: a command, env names without '=' or NUL,

@@ -143,6 +143,50 @@ class AgentConnection {
     return hello_;
   }
 
+  std::string attach_path() {
+    std::lock_guard lock(mu_);
+    return attach_path_;
+  }
+  uint64_t superseded() {
+    std::lock_guard lock(mu_);
+    return superseded_;
+  }
+
+  // A worker the agent reported in STATE, with the read ends of its output pipes.
+  struct Adopted {
+    agent::WorkerReport report;
+    int out_r = -1, err_r = -1;
+  };
+  // Waits for the agent's STATE (after ATTACH); its workers, or why not.
+  Result<std::vector<Adopted>> wait_state(Duration limit) {
+    using R = Result<std::vector<Adopted>>;
+    std::unique_lock lock(mu_);
+    cv_.wait_for(lock, limit, [&] { return state_seen_ || lost_ || superseded_ > 0; });
+    if (superseded_ > 0) return R::error(fmt::format("it obeys driver term {} already", superseded_));
+    if (lost_) return R::error(*lost_);
+    if (!state_seen_) return R::error(fmt::format("no STATE within {} s", to_ms(limit) / 1000.0));
+    return R(std::exchange(adopted_, {}));
+  }
+
+  // This driver leaves the agent to another: nothing more is sent, the
+  // agent's process is left running, and every worker reads as ended.
+  void abandon() {
+    {
+      std::lock_guard wlock(write_mu_);
+      closing_ = true;
+      outbox_.clear();
+      close_stdin_locked();
+    }
+    std::lock_guard lock(mu_);
+    abandoned_ = true;
+    for (auto& [id, s] : workers_) {
+      if (!s.exit) s.exit = ExitStatus{255, 0};
+      close_writers(s);
+    }
+    (void)process_.release();
+    cv_.notify_all();
+  }
+
   // KEEP: the answer comes as KEEPING (keeper_port(), the last answer's
   // port until the next answer).
   void keep(const std::string& commit_dir) { send(agent::Keep{commit_dir}); }
@@ -353,7 +397,7 @@ class AgentConnection {
 
   void mark_lost(const std::string& why) {
     std::lock_guard lock(mu_);
-    if (lost_ || stop_.load()) return;
+    if (lost_ || stop_.load() || abandoned_ || superseded_ > 0) return;
     lost_ = why;
     int failed = 0;
     for (auto& [id, s] : workers_) {
@@ -404,6 +448,7 @@ class AgentConnection {
     std::lock_guard lock(mu_);
     if (auto* h = std::get_if<agent::Hello>(&m)) {
       hello_ = true;
+      attach_path_ = h->attach_path;
       ERUN_LOG_DEBUG("agent on {}: up as {} pid {} (protocol {})", host_, h->host, h->pid, h->version);
       if (h->version != agent::kProtocolVersion) {
         mu_.unlock();
@@ -429,6 +474,35 @@ class AgentConnection {
       }
     } else if (std::holds_alternative<agent::Heartbeat>(m)) {
       // last_heard_ is set for every frame
+    } else if (auto* st = std::get_if<agent::State>(&m)) {
+      // The agent this connection took over: its workers, each with output
+      // pipes of its own; their held output and exits follow.
+      for (auto& r : st->workers) {
+        int out[2], err[2];
+        if (::pipe2(out, O_CLOEXEC) != 0) continue;
+        if (::pipe2(err, O_CLOEXEC) != 0) {
+          ::close(out[0]);
+          ::close(out[1]);
+          continue;
+        }
+        ::fcntl(out[1], F_SETFL, O_NONBLOCK);
+        ::fcntl(err[1], F_SETFL, O_NONBLOCK);
+        Slot& s = workers_[r.id];
+        s.rank = r.rank;
+        s.generation = r.generation;
+        s.pid = r.pid;
+        s.out_w = out[1];
+        s.err_w = err[1];
+        had_worker_ = true;
+        adopted_.push_back(Adopted{r, out[0], err[0]});
+      }
+      if (st->dropped_output > 0) {
+        ERUN_LOG_WARN("agent on {}: {} output chunk(s) of its workers were dropped while no driver read them", host_,
+                      st->dropped_output);
+      }
+      state_seen_ = true;
+    } else if (auto* sup = std::get_if<agent::Superseded>(&m)) {
+      superseded_ = std::max<uint64_t>(superseded_, sup->term);
     } else if (auto* k = std::get_if<agent::Keeping>(&m)) {
       if (k->port == 0) ERUN_LOG_WARN("agent on {}: cannot keep commit replicas: {}", host_, escape_for_log(k->why));
       keeper_port_ = k->port > 65535 ? 0 : static_cast<int>(k->port);
@@ -520,6 +594,11 @@ class AgentConnection {
   // The agent's channel ended (or the launcher stops): its exit status says
   // why; its workers end with 255, as lost unless erun was closing it.
   void channel_ended(bool eof) {
+    {
+      std::lock_guard lock(mu_);
+      // Left to another driver: the agent goes on, nothing here is lost.
+      if (abandoned_ || superseded_ > 0) return;
+    }
     auto status = process_.wait_for(eof ? 3s : 0s);
     if (!status && process_.pid() > 0) {
       ::kill(-process_.pid(), SIGKILL);
@@ -574,6 +653,11 @@ class AgentConnection {
   std::optional<TransportFailure> transport_failure_;  // the first line stderr_hint_ recognised
   bool stderr_done_ = true;                             // no stderr pipe, or it ended
   bool hello_ = false;
+  std::string attach_path_;   // HELLO's
+  bool state_seen_ = false;   // STATE came (a connection that attached)
+  std::vector<Adopted> adopted_;
+  uint64_t superseded_ = 0;   // SUPERSEDED's term
+  bool abandoned_ = false;
   bool reader_done_ = false;
   std::optional<int> keeper_port_;  // KEEPING's port; unset until it came
   bool had_worker_ = false;         // START was sent through it (a spare's agent had none)
@@ -623,6 +707,10 @@ std::vector<std::string> agent_argv(const AgentLaunchOptions& agent) {
   std::vector<std::string> argv = {agent.agent_path,     "--agent", "--heartbeat-interval",
                                    seconds(agent.heartbeat_interval), "--heartbeat-timeout",
                                    seconds(agent.heartbeat_timeout)};
+  if (agent.driver_grace > Duration::zero()) {
+    argv.push_back("--driver-grace");
+    argv.push_back(seconds(agent.driver_grace));
+  }
   if (agent.relay) argv.push_back("--relay");
   return argv;
 }
@@ -642,7 +730,7 @@ Status validate_worker_spec(const WorkerSpec& spec) {
   return Status::ok();
 }
 
-AgentLauncher::AgentLauncher(std::function<std::vector<std::string>(const std::string&)> agent_command,
+AgentLauncher::AgentLauncher(AgentCommand agent_command,
                              AgentLaunchOptions options, std::string via, std::string hint,
                              StderrHint stderr_hint)
     : agent_command_(std::move(agent_command)),
@@ -652,6 +740,7 @@ AgentLauncher::AgentLauncher(std::function<std::vector<std::string>(const std::s
       stderr_hint_(std::move(stderr_hint)) {}
 
 AgentLauncher::~AgentLauncher() {
+  if (abandoned_) return;  // the connections went without a word
   for (auto& [host, c] : agents_) c->begin_shutdown();
   // Workers still running get their grace from the agents; wait a little longer.
   for (auto& [host, c] : agents_) c->finish_shutdown(8s);
@@ -702,7 +791,7 @@ std::shared_ptr<AgentConnection> AgentLauncher::connection(const std::string& ho
   auto& c = agents_[host];
   if (c && !c->lost()) return c;
   SpawnOptions o;
-  o.argv = agent_command_(host);
+  o.argv = agent_command_(host, agent_argv(options_));
   o.pipe_stdin = true;
   o.pipe_stdout = true;
   // The agent's log lines (and ssh's errors) go to erun's stderr, through
@@ -753,8 +842,68 @@ void AgentLauncher::unkeep(const std::string& host, bool forget) {
   it->second->unkeep(forget);
 }
 
+Result<std::vector<AdoptedWorker>> AgentLauncher::attach(const std::string& host, const std::string& attach_path,
+                                                         const AttachRequest& request) {
+  using R = Result<std::vector<AdoptedWorker>>;
+  if (abandoned_) return R::error("this driver left the job");
+  SpawnOptions o;
+  o.argv = agent_command_(host, {options_.agent_path, "--agent", "--attach", attach_path});
+  o.pipe_stdin = true;
+  o.pipe_stdout = true;
+  o.pipe_stderr = static_cast<bool>(stderr_hint_);
+  o.new_process_group = true;
+  auto process = Subprocess::spawn(o);
+  if (!process) return R::error(process.message());
+  auto conn = std::make_shared<AgentConnection>(host, std::move(process).value(), options_, via_, stderr_hint_);
+  conn->send_secret(request.secret);
+  conn->send(agent::Attach{request.term, request.rdzv_host, static_cast<uint32_t>(std::max(request.rdzv_port, 0))});
+  conn->start_reader();
+  auto adopted = conn->wait_state(request.timeout);
+  if (!adopted) {
+    conn->abandon();  // never a SHUTDOWN to an agent this driver does not hold
+    return R::error(adopted.message());
+  }
+  std::vector<AdoptedWorker> out;
+  for (auto& a : adopted.value()) {
+    // The agent refuses a START whose id it runs: new ids go above these.
+    next_id_ = std::max<uint64_t>(next_id_, a.report.id + 1);
+    AdoptedWorker w;
+    w.host = host;
+    w.generation = a.report.generation;
+    w.rank = a.report.rank;
+    w.slot = a.report.slot;
+    w.pid = a.report.pid;
+    w.handle.reset(new AgentWorker(conn, a.report.id, a.out_r, a.err_r));
+    out.push_back(std::move(w));
+  }
+  if (auto old = agents_.find(host); old != agents_.end()) old->second->abandon();
+  agents_[host] = conn;
+  return R(std::move(out));
+}
+
+std::vector<std::pair<std::string, std::string>> AgentLauncher::attach_paths() {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (auto& [host, c] : agents_) {
+    if (c->lost()) continue;
+    std::string path = c->attach_path();
+    if (!path.empty()) out.emplace_back(host, path);
+  }
+  return out;
+}
+
+uint64_t AgentLauncher::superseded() {
+  uint64_t term = 0;
+  for (auto& [host, c] : agents_) term = std::max(term, c->superseded());
+  return term;
+}
+
+void AgentLauncher::abandon() {
+  abandoned_ = true;
+  for (auto& [host, c] : agents_) c->abandon();
+}
+
 std::unique_ptr<Launcher> make_local_launcher(AgentLaunchOptions agent) {
-  auto command = [agent](const std::string&) { return agent_argv(agent); };
+  auto command = [](const std::string&, const std::vector<std::string>& agent_args) { return agent_args; };
   return std::make_unique<AgentLauncher>(command, agent, "local", "is --agent-path an erun binary?");
 }
 

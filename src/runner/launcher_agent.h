@@ -27,6 +27,12 @@ class AgentConnection;
 // for `host`: how to fix a failure it recognises, or nullopt.
 using StderrHint = std::function<std::optional<std::string>(const std::string& host, std::string_view line)>;
 
+// The argv that starts `host`'s agent process running `agent_args` (erun's
+// own argv for an agent, or for `erun --agent --attach PATH`): the args
+// themselves locally, wrapped in ssh or srun otherwise.
+using AgentCommand =
+    std::function<std::vector<std::string>(const std::string& host, const std::vector<std::string>& agent_args)>;
+
 class AgentLauncher final : public Launcher {
  public:
   // `agent_command(host)`: the argv that starts the host's agent. `via` names
@@ -36,13 +42,12 @@ class AgentLauncher final : public Launcher {
   // recognises becomes the fix that the host's failure reports (the log
   // line, and the lost workers' exit_stderr()); without, the agent writes to
   // erun's stderr itself.
-  AgentLauncher(std::function<std::vector<std::string>(const std::string& host)> agent_command,
-                AgentLaunchOptions options, std::string via, std::string hint, StderrHint stderr_hint = {});
+  AgentLauncher(AgentCommand agent_command, AgentLaunchOptions options, std::string via, std::string hint, StderrHint stderr_hint = {});
   ~AgentLauncher() override;  // SHUTDOWN to every agent, bounded wait, then SIGKILL
 
   Result<std::unique_ptr<WorkerHandle>> launch(const WorkerSpec& spec) override;
   std::vector<std::string> command_line(const WorkerSpec& spec) const override {
-    return agent_command_(spec.host);
+    return agent_command_(spec.host, agent_argv(options_));
   }
   int free_port(const std::string& host, const std::string& secret, Duration timeout) override {
     return via_ == "local" ? find_free_local_port() : Launcher::free_port(host, secret, timeout);
@@ -52,13 +57,19 @@ class AgentLauncher final : public Launcher {
   void replicate(const std::string& holder, const std::string& keeper, int port,
                  const std::string& keeper_dir) override;
   void unkeep(const std::string& host, bool forget) override;
+  Result<std::vector<AdoptedWorker>> attach(const std::string& host, const std::string& attach_path,
+                                            const AttachRequest& request) override;
+  std::vector<std::pair<std::string, std::string>> attach_paths() override;
+  uint64_t superseded() override;
+  void abandon() override;
 
  private:
   // `host`'s live connection, started (and sent `secret`) when it has none;
   // null with `error` set when its agent cannot be started.
   std::shared_ptr<AgentConnection> connection(const std::string& host, const std::string& secret,
                                               std::string* error);
-  std::function<std::vector<std::string>(const std::string&)> agent_command_;
+  AgentCommand agent_command_;
+  bool abandoned_ = false;
   AgentLaunchOptions options_;
   std::string via_, hint_;
   StderrHint stderr_hint_;

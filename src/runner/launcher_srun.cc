@@ -8,7 +8,7 @@
 namespace erun {
 
 std::unique_ptr<Launcher> make_srun_launcher(SrunOptions options, AgentLaunchOptions agent) {
-  auto command = [options, agent](const std::string& host) {
+  auto command = [options](const std::string& host, const std::vector<std::string>& agent_args) {
     // One step per node, holding that node's agent; --input=0 gives the
     // step's single task erun's pipe as stdin (the agent's channel).
     std::vector<std::string> argv = {options.srun,
@@ -22,7 +22,7 @@ std::unique_ptr<Launcher> make_srun_launcher(SrunOptions options, AgentLaunchOpt
                                      "--quiet",
                                      "--job-name=erun-agent-" + host};
     argv.insert(argv.end(), options.extra_options.begin(), options.extra_options.end());
-    for (auto& a : agent_argv(agent)) argv.push_back(a);
+    for (auto& a : agent_args) argv.push_back(a);
     return argv;
   };
   return std::make_unique<AgentLauncher>(command, agent, "srun",

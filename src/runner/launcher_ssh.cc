@@ -115,10 +115,10 @@ std::optional<std::string> ssh_failure_hint(const SshOptions& options, const std
 }
 
 std::unique_ptr<Launcher> make_ssh_launcher(SshOptions options, AgentLaunchOptions agent) {
-  auto command = [options, agent](const std::string& host) {
+  auto command = [options](const std::string& host, const std::vector<std::string>& agent_args) {
     // `exec`: the agent replaces the login shell, nothing between sshd and it.
     std::string remote = "exec";
-    for (auto& a : agent_argv(agent)) remote += " " + shell_quote(a);
+    for (auto& a : agent_args) remote += " " + shell_quote(a);
     return ssh_command(options, host, remote);
   };
   // ssh's stderr comes through the launcher, which recognises a host key it

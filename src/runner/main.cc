@@ -22,6 +22,7 @@
 #include "runner/cli.h"
 #include "runner/driver.h"
 #include "runner/event_log.h"
+#include "runner/job_record.h"
 #include "runner/launcher.h"
 #include "runner/launcher_srun.h"
 #include "runner/output.h"
@@ -151,8 +152,9 @@ int exec_mpirun(const erun::DriverOptions& o, erun::HostDiscovery& discovery) {
   return 127;
 }
 
-// `erun --agent [--heartbeat-interval S] [--heartbeat-timeout S] [--relay]`:
+// `erun --agent [--heartbeat-interval S] [--heartbeat-timeout S] [--driver-grace S] [--relay]`:
 // the per-host agent (src/agent/agent.h), started by a driver; not for users.
+// `erun --agent --attach PATH`: a new driver's way to a running agent.
 int agent_main(int argc, char** argv) {
   erun::init_logging(false);
   erun::agent::AgentOptions o;
@@ -160,6 +162,7 @@ int agent_main(int argc, char** argv) {
   ::gethostname(name, sizeof name - 1);
   o.host = name;
   if (const char* tmp = std::getenv("TMPDIR"); tmp && tmp[0] == '/') o.relay_dir = tmp;
+  if (argc == 4 && std::string(argv[2]) == "--attach") return erun::agent::run_attach_pump(argv[3]);
   for (int i = 2; i < argc; ++i) {
     std::string flag = argv[i];
     if (flag == "--relay") {
@@ -167,7 +170,8 @@ int agent_main(int argc, char** argv) {
       continue;
     }
     double v = 0;
-    bool known = (flag == "--heartbeat-interval" || flag == "--heartbeat-timeout") && i + 1 < argc;
+    bool known =
+        (flag == "--heartbeat-interval" || flag == "--heartbeat-timeout" || flag == "--driver-grace") && i + 1 < argc;
     if (known) {
       char* end = nullptr;
       v = std::strtod(argv[i + 1], &end);
@@ -179,7 +183,9 @@ int agent_main(int argc, char** argv) {
       return 2;
     }
     auto d = std::chrono::duration_cast<erun::Duration>(std::chrono::duration<double>(v));
-    (flag == "--heartbeat-interval" ? o.heartbeat_interval : o.heartbeat_timeout) = d;
+    (flag == "--heartbeat-interval"  ? o.heartbeat_interval
+     : flag == "--heartbeat-timeout" ? o.heartbeat_timeout
+                                     : o.driver_grace) = d;
     ++i;
   }
   return erun::agent::run_agent(o);
@@ -237,6 +243,7 @@ erun::Result<Launchers> make_launchers(const erun::DriverOptions& options) {
   agent.agent_path = options.agent_path.empty() ? own_executable() : options.agent_path;
   agent.heartbeat_timeout = options.heartbeat_timeout;
   agent.relay = options.agent_relay;
+  agent.driver_grace = options.driver_grace;
   if (agent.agent_path.empty()) {
     return erun::Result<Launchers>::error(
         "cannot find erun's own executable (/proc/self/exe): pass --agent-path PATH");
@@ -268,21 +275,113 @@ int dry_run(erun::Driver& driver) {
   return driver.dry_run(stdout);
 }
 
-// Runs the job; SIGINT, SIGTERM and SIGHUP stop it (a second signal: SIGKILL).
-int run_with_signals(erun::Driver& driver) {
+// SIGHUP with --driver-grace: the terminal or session that ran erun is gone.
+// That is erun's loss, not a stop order: erun ends at once without a word to
+// the agents, which keep the workers for the grace (their channels close as
+// this process ends).
+void on_hangup(int) { ::_exit(128 + SIGHUP); }
+
+// Runs the job; SIGINT, SIGTERM and SIGHUP stop it (a second signal:
+// SIGKILL), but SIGHUP with --driver-grace leaves it to a new driver.
+int run_with_signals(erun::Driver& driver, bool hangup_leaves) {
   g_driver = &driver;
   struct sigaction sa {};
   sa.sa_handler = on_signal;
   sigemptyset(&sa.sa_mask);
   for (int s : {SIGINT, SIGTERM, SIGHUP}) sigaction(s, &sa, nullptr);
+  if (hangup_leaves) {
+    sa.sa_handler = on_hangup;
+    sigaction(SIGHUP, &sa, nullptr);
+  }
   int code = driver.run();
   g_driver = nullptr;
   return code;
 }
 
+std::string current_directory() {
+  char cwd[4096];
+  return ::getcwd(cwd, sizeof cwd) ? std::string(cwd) : std::string();
+}
+
+std::string this_host() {
+  char name[256] = {};
+  ::gethostname(name, sizeof name - 1);
+  return name;
+}
+
+// The launcher of `host`'s agent, as the driver picks it.
+erun::Launcher& launcher_of(const erun::DriverOptions& o, Launchers& l, const std::string& host) {
+  bool local = o.launcher == erun::LauncherKind::kLocal ||
+               (o.launcher == erun::LauncherKind::kAuto && erun::is_local_host(host)) || !l.remote;
+  return local ? *l.local : *l.remote;
+}
+
+// A job whose driver is gone: attaches to every agent its record names
+// (term one above the record's) and collects their workers. Agents that are
+// gone are logged and left out.
+void take_over(const erun::DriverOptions& o, Launchers& l, const erun::JobRecord& record, int rdzv_port,
+               erun::DriverDeps::Takeover& t) {
+  t.term = record.term + 1;
+  t.generation = record.generation;
+  t.resets = record.resets;
+  t.restarts = record.restarts;
+  t.plan = record.plan;
+  erun::AttachRequest req;
+  req.secret = record.secret;
+  req.term = t.term;
+  req.rdzv_port = rdzv_port == record.rendezvous_port ? 0 : rdzv_port;  // 0: the relays keep their address
+  req.timeout = std::max<erun::Duration>(o.heartbeat_timeout, std::chrono::seconds(10));
+  for (auto& a : record.agents) {
+    auto got = launcher_of(o, l, a.host).attach(a.host, a.attach_path, req);
+    if (!got) {
+      ERUN_LOG_WARN("job {}: cannot take over the agent on {}: {}", record.name, a.host, got.message());
+      continue;
+    }
+    for (auto& w : got.value()) t.workers.push_back(std::move(w));
+  }
+}
+
+// Keeps the job record up to date from the driver (at most once a second,
+// written only when it changed).
+class RecordKeeper {
+ public:
+  RecordKeeper(erun::JobStore& store, erun::JobRecord base, Launchers& l)
+      : store_(store), base_(std::move(base)), l_(l) {}
+  void operator()(const erun::Driver& d) {
+    auto now = std::chrono::steady_clock::now();
+    if (now < next_) return;
+    next_ = now + std::chrono::seconds(1);
+    erun::JobRecord r = base_;
+    r.generation = d.generation();
+    r.resets = d.resets();
+    r.restarts = d.restarts();
+    for (auto& a : d.plan().ranks) r.plan.push_back(a.slot);
+    for (erun::Launcher* launcher : {l_.local.get(), l_.remote.get()}) {
+      if (!launcher) continue;
+      for (auto& [host, path] : launcher->attach_paths()) r.agents.push_back({host, path});
+    }
+    if (r == last_) return;
+    if (auto s = store_.write(r); !s) {
+      if (!warned_) ERUN_LOG_WARN("{}: a new erun could not take this job over", s.message());
+      warned_ = true;
+      return;
+    }
+    last_ = std::move(r);
+  }
+
+ private:
+  erun::JobStore& store_;
+  erun::JobRecord base_;
+  Launchers& l_;
+  erun::JobRecord last_;
+  std::chrono::steady_clock::time_point next_{};
+  bool warned_ = false;
+};
+
 // The driver and its parts (launchers, event log, output, rendezvous), then
-// the job or its dry run.
-int run_driver(const erun::DriverOptions& options, erun::HostDiscovery& discovery) {
+// the job or its dry run. `args`: erun's arguments, for the job's name and record.
+int run_driver(const erun::DriverOptions& options, erun::HostDiscovery& discovery,
+               const std::vector<std::string>& args) {
   auto launchers = make_launchers(options);
   if (!launchers) {
     std::fprintf(stderr, "erun: %s\n", launchers.message().c_str());
@@ -301,13 +400,52 @@ int run_driver(const erun::DriverOptions& options, erun::HostDiscovery& discover
   erun::ServerOptions server_options;
   server_options.job_id = "erun-" + random_hex(6);
   server_options.secret = random_hex(32);
+  std::string commit_dir = options.host_commits ? "/dev/shm/erun-commits-" + random_hex(12) : "-";
   // Only this machine's workers will connect: nothing else needs to reach the port.
   if (loopback_only(options, discovery)) server_options.bind_address = "127.0.0.1";
-  erun::RendezvousServer rendezvous(server_options);
+
+  // With --driver-grace the job has a record that a new erun takes it over
+  // from, and a lock: one driver at a time.
+  const std::string cwd = current_directory();
+  const std::string name = options.job_name.empty() ? erun::default_job_name(cwd, args) : options.job_name;
+  std::unique_ptr<erun::JobStore> store;
+  std::optional<erun::JobRecord> previous;
+  if (!options.dry_run && options.driver_grace > erun::Duration::zero()) {
+    bool held = false;
+    auto locked = erun::JobStore::lock(erun::jobs_directory(), name, &held);
+    if (!locked && held) {
+      std::fprintf(stderr, "erun: %s\n", locked.message().c_str());
+      return 2;
+    }
+    if (locked) {
+      store = std::move(locked).value();
+      previous = store->read();
+    } else {
+      ERUN_LOG_WARN("{}: this job runs without a record, so no new erun can take it over should this one die",
+                    locked.message());
+    }
+  }
+  if (previous) {
+    server_options.job_id = previous->job_id;
+    server_options.secret = previous->secret;
+    server_options.port = previous->rendezvous_port;  // the workers' relays reconnect to it
+    server_options.resume_generation = previous->generation;
+    commit_dir = previous->commit_dir.empty() ? "-" : previous->commit_dir;
+  }
+  auto rendezvous = std::make_unique<erun::RendezvousServer>(server_options);
   // The rendezvous runs in restart mode too: a program using the worker
   // library still needs it to form each generation's world.
   if (!options.dry_run) {
-    if (auto s = rendezvous.start(); !s) {
+    erun::Status s = rendezvous->start();
+    if (!s && previous) {
+      ERUN_LOG_WARN("cannot listen on the job's rendezvous port {} again ({}): taking another; workers that "
+                    "connect to erun themselves (--no-agent-relay) cannot follow",
+                    server_options.port, s.message());
+      server_options.port = 0;
+      rendezvous = std::make_unique<erun::RendezvousServer>(server_options);
+      s = rendezvous->start();
+    }
+    if (!s) {
       ERUN_LOG_ERROR("cannot start the rendezvous server: {}; nothing was launched (check the address erun binds, "
                      "and the open-file limit `ulimit -n`)",
                      s.message());
@@ -318,9 +456,28 @@ int run_driver(const erun::DriverOptions& options, erun::HostDiscovery& discover
   erun::DriverDeps deps;
   deps.job_id = server_options.job_id;
   deps.secret = server_options.secret;
+  deps.commit_dir = commit_dir;
+  erun::DriverDeps::Takeover takeover;
+  if (previous) {
+    ERUN_LOG_WARN("job {}: its driver (erun pid {} on {}) is gone: taking the job over", name, previous->driver_pid,
+                  previous->driver_host);
+    erun::JobRecord claimed = *previous;
+    claimed.term = previous->term + 1;  // before any agent hears of it
+    claimed.driver_pid = ::getpid();
+    claimed.driver_host = this_host();
+    (void)store->write(claimed);
+    take_over(options, *launchers, *previous, rendezvous->port(), takeover);
+    if (takeover.workers.empty()) {
+      ERUN_LOG_WARN("job {}: no worker of it is left (its agents ended, or their --driver-grace ran out): starting it "
+                    "anew; it resumes from what host memory or --checkpoint-dir still hold",
+                    name);
+    } else {
+      deps.takeover = &takeover;
+    }
+  }
   if (!options.dry_run) {
-    deps.membership = &rendezvous;
-    deps.rendezvous_port = rendezvous.port();
+    deps.membership = rendezvous.get();
+    deps.rendezvous_port = rendezvous->port();
   }
   deps.discovery = &discovery;
   deps.local_launcher = launchers->local.get();
@@ -328,17 +485,60 @@ int run_driver(const erun::DriverOptions& options, erun::HostDiscovery& discover
   deps.clock = &clock;
   deps.output = &output;
   deps.events = &events;
+  std::optional<RecordKeeper> keeper;
+  if (store) {
+    erun::JobRecord base;
+    base.name = name;
+    base.term = previous ? previous->term + 1 : 1;
+    base.driver_pid = ::getpid();
+    base.driver_host = this_host();
+    base.job_id = server_options.job_id;
+    base.secret = server_options.secret;
+    base.rendezvous_port = rendezvous->port();
+    base.commit_dir = commit_dir == "-" ? "" : commit_dir;
+    base.cwd = previous ? previous->cwd : cwd;
+    base.args = previous && options.job_name.empty() ? previous->args : args;
+    keeper.emplace(*store, std::move(base), *launchers);
+    deps.after_step = [&keeper](const erun::Driver& d) { (*keeper)(d); };
+  }
   erun::Driver driver(options, deps);
-  return options.dry_run ? dry_run(driver) : run_with_signals(driver);
+  if (options.dry_run) return dry_run(driver);
+  int code = run_with_signals(driver, options.driver_grace > erun::Duration::zero());
+  // The job is over (or another driver holds it): a later run starts anew.
+  if (store && driver.superseded_by() == 0) store->remove();
+  return code;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc >= 2 && std::string(argv[1]) == "--agent") return agent_main(argc, argv);
-  auto parsed = parse_options(argc, argv);
+  std::vector<std::string> args(argv + 1, argv + argc);
+  std::string attach_name;
+  if (argc == 3 && std::string(argv[1]) == "--attach") {
+    // `erun --attach NAME`: the job's own command, from its own directory.
+    attach_name = argv[2];
+    auto record = erun::valid_job_name(attach_name) ? erun::peek_record(erun::jobs_directory(), attach_name)
+                                                    : std::nullopt;
+    if (!record) {
+      std::fprintf(stderr, "erun --attach %s: no such job in %s (a job has a record only while it runs with "
+                           "--driver-grace; its name is in erun's log)\n",
+                   attach_name.c_str(), erun::jobs_directory().c_str());
+      return 2;
+    }
+    if (!record->cwd.empty() && ::chdir(record->cwd.c_str()) != 0) {
+      std::fprintf(stderr, "erun --attach %s: cannot enter the job's directory %s: %s\n", attach_name.c_str(),
+                   record->cwd.c_str(), std::strerror(errno));
+      return 2;
+    }
+    args = record->args;
+  }
+  std::vector<char*> cargs = {argv[0]};
+  for (auto& a : args) cargs.push_back(a.data());
+  auto parsed = parse_options(static_cast<int>(cargs.size()), cargs.data());
   if (auto* code = std::get_if<int>(&parsed)) return *code;
   auto& options = std::get<erun::DriverOptions>(parsed);
+  if (!attach_name.empty()) options.job_name = attach_name;
   erun::init_logging(options.verbose);
   if (!resolve_forwarded_env(options)) return 2;
 
@@ -349,5 +549,5 @@ int main(int argc, char** argv) {
   }
   if (options.launcher == erun::LauncherKind::kMpirun) return exec_mpirun(options, **discovery);
   ::signal(SIGPIPE, SIG_IGN);
-  return run_driver(options, **discovery);
+  return run_driver(options, **discovery, args);
 }

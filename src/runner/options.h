@@ -49,6 +49,11 @@ struct DriverOptions {
   std::vector<std::string> ssh_options;  // --ssh-option, in order
   std::string agent_path;                // --agent-path (empty: erun's own executable)
   Duration heartbeat_timeout = std::chrono::seconds(5);
+  // --driver-grace: how long agents keep their workers running once erun is
+  // gone without a stop order (SIGKILL, a dropped connection, SIGHUP), for a
+  // new erun to take the job over; 0: the workers stop with erun.
+  Duration driver_grace = std::chrono::seconds(60);
+  std::string job_name;  // --job-name (empty: from the user, directory and command)
   bool agent_relay = true;               // false: --no-agent-relay (workers connect to the driver themselves)
   std::vector<std::string> env;  // -x NAME or NAME=VALUE
 

@@ -45,6 +45,7 @@ struct WorkerOptions {
   // How long a join may block: the driver may hold survivors in the
   // rendezvous while it waits for --min-np slots (--elastic-timeout).
   Duration join_timeout = std::chrono::seconds(660);
+  Duration driver_grace = Duration::zero();  // ERUN_DRIVER_GRACE: reconnect for this long
   std::string checkpoint_dir;
   std::string commit_dir;  // host-memory commits (ERUN_COMMIT_DIR)
 };
@@ -86,6 +87,7 @@ WorkerOptions read_worker_options() {
   o.collective_timeout = from_seconds(env_seconds("ERUN_COLLECTIVE_TIMEOUT", 30));
   o.rendezvous_timeout = from_seconds(env_seconds("ERUN_RENDEZVOUS_TIMEOUT", 60));
   o.join_timeout = o.rendezvous_timeout + from_seconds(env_seconds("ERUN_ELASTIC_TIMEOUT", 600));
+  o.driver_grace = from_seconds(env_seconds("ERUN_DRIVER_GRACE", 0));
   o.checkpoint_dir = env_or("ERUN_CHECKPOINT_DIR");
   o.commit_dir = env_or("ERUN_COMMIT_DIR");
   if (o.rdzv_port <= 0 || o.job_id.empty() || o.secret.empty()) {
@@ -185,6 +187,7 @@ class ElasticContext final : public Context {
     c.job_id = o.job_id;
     c.secret = o.secret;
     c.join_timeout = o.join_timeout;
+    c.reconnect_within = o.driver_grace;
     c.on_peers_lost = [self](long gen, const std::vector<int>& ranks) { self->on_peers_lost(gen, ranks); };
     return c;
   }

@@ -131,7 +131,8 @@ class Workspace:
         tmp.replace(self.path / "hosts")
 
     def erun(self, erun_args, script, script_args=(), discovery=False, env=None):
-        argv = [str(ERUN), "--event-log", str(self.path / "events.jsonl"), "--term-grace", "2"]
+        # --driver-grace 0: a test that kills erun expects the workers gone with it.
+        argv = [str(ERUN), "--driver-grace", "0", "--event-log", str(self.path / "events.jsonl"), "--term-grace", "2"]
         if discovery:
             disc = self.path / "discover.sh"
             disc.write_text(f"#!/bin/sh\ncat {self.path / 'hosts'}\n")

@@ -1,5 +1,6 @@
 #include "support/erun_process.h"
 
+#include <algorithm>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -72,6 +73,16 @@ std::string uninterrupted_training_output() {
   return out;
 }
 
+const std::string& uninterrupted_checksum() {
+  static const std::string* checksum = [] {
+    const std::string out = uninterrupted_training_output();
+    auto* c = new std::string(train_checksum(out));
+    EXPECT_FALSE(c->empty()) << "the uninterrupted training failed:\n" << out;
+    return c;
+  }();
+  return *checksum;
+}
+
 TempDir::TempDir() {
   char tmpl[] = "/tmp/erun-test-XXXXXX";
   char* p = ::mkdtemp(tmpl);
@@ -96,6 +107,13 @@ void TempDir::write(const std::string& name, const std::string& text, bool execu
 ErunProcess::ErunProcess(std::vector<std::string> args, std::vector<std::string> extra_env) {
   SpawnOptions o;
   o.argv = {erun_binary()};
+  // A test that kills erun expects its workers gone with it, unless it asks
+  // for a grace itself (a takeover test).
+  const bool driver = args.empty() || (args[0] != "--agent" && args[0] != "--attach" && args[0] != "--help" &&
+                                       args[0] != "--version");
+  if (driver && std::find(args.begin(), args.end(), "--driver-grace") == args.end()) {
+    o.argv.insert(o.argv.end(), {"--driver-grace", "0"});
+  }
   o.argv.insert(o.argv.end(), args.begin(), args.end());
   if (!extra_env.empty()) {
     std::vector<std::string> env;

@@ -46,6 +46,9 @@ std::string train_checksum(const std::string& out);
 // step sleep: the reference an elastic run's train_checksum() must equal (an
 // error message when it cannot start).
 std::string uninterrupted_training_output();
+// Its train_checksum(), computed once per test program; "" (after an
+// EXPECT failure naming the output) when it cannot be had.
+const std::string& uninterrupted_checksum();
 
 class ErunProcess;
 // Waits (300 s at most) for an end-to-end train_mlp job to end, and checks

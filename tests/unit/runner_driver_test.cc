@@ -557,6 +557,7 @@ TEST(DriverStates, OnlyTheseTransitionsAreAllowed) {
       {P::kWaitingForHosts, P::kRunning},       {P::kWaitingForHosts, P::kStopping},
       {P::kWaitingForHosts, P::kDone},          {P::kWaitingWithSurvivors, P::kRunning},
       {P::kWaitingWithSurvivors, P::kWaitingForHosts}, {P::kWaitingWithSurvivors, P::kStopping},
+      {P::kWaitingWithSurvivors, P::kDone},  // another driver took the job over
       {P::kRunning, P::kWaitingWithSurvivors},  {P::kRunning, P::kFinishing},
       {P::kRunning, P::kStopping},              {P::kRunning, P::kDone},
       {P::kFinishing, P::kStopping},            {P::kFinishing, P::kDone},

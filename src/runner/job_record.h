@@ -1,0 +1,86 @@
+// The job record: what a new erun needs to take a running job over (the
+// secret, the rendezvous port, the agents' attach sockets, the running plan,
+// the generation and the counts), in a private file the driver rewrites
+// atomically whenever it changes, beside the lock that lets one driver at a
+// time hold the job (docs/design.md, "A driver that can be replaced").
+// JobStore: one per driver, from its thread only.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/fd.h"
+#include "common/status.h"
+#include "rendezvous/membership.h"
+
+namespace erun {
+
+struct JobRecord {
+  std::string name;
+  uint64_t term = 1;        // raised by every takeover; agents obey the highest they saw
+  long driver_pid = 0;      // the driver that holds the job now
+  std::string driver_host;
+  std::string job_id;
+  std::string secret;
+  int rendezvous_port = 0;
+  std::string commit_dir;   // the job's host-memory commit directories' prefix ("" : none)
+  std::string cwd;          // the directory erun ran in
+  std::vector<std::string> args;  // erun's arguments (argv[1..])
+  long generation = 0;      // the last published generation
+  int resets = 0;
+  int restarts = 0;
+  std::vector<SlotKey> plan;  // the running plan's slots, rank i at index i
+  struct Agent {
+    std::string host;
+    std::string attach_path;  // the agent's attach socket on its host
+    bool operator==(const Agent&) const = default;
+  };
+  std::vector<Agent> agents;
+  bool operator==(const JobRecord&) const = default;
+};
+
+// Text, one field a line ("key value", bytes outside '!'..'~' and '%' as
+// %XX), the first line naming the format; decode refuses anything else.
+std::string encode_record(const JobRecord& r);
+Result<JobRecord> decode_record(std::string_view text);
+
+// The name of a job run without --job-name: "job-" and 12 hex digits of a
+// hash of the user, the directory and erun's arguments, so the same command
+// run again from the same directory by the same user finds the same job.
+std::string default_job_name(const std::string& cwd, const std::vector<std::string>& args);
+// Where job records live: $ERUN_JOB_DIR when set, else $HOME/.erun/jobs.
+std::string jobs_directory();
+// A job name is a file name: letters, digits, '.', '_', '-', not starting with '.'.
+bool valid_job_name(const std::string& name);
+
+class JobStore {
+ public:
+  // Makes `jobs_dir`/`name` (0700, this user's, no links) and takes its
+  // lock without waiting. When another live erun holds it: an error that
+  // names that erun and says what to do, and *held (when given) is set.
+  static Result<std::unique_ptr<JobStore>> lock(const std::string& jobs_dir, const std::string& name,
+                                                bool* held = nullptr);
+  // The record, when one is there; a damaged one is reported and ignored.
+  std::optional<JobRecord> read() const;
+  // Replaces the record atomically (a private temporary file, fsync, rename).
+  Status write(const JobRecord& r);
+  // The job ended: its record goes (the lock stays until this store goes).
+  void remove();
+  std::string record_path() const { return dir_ + "/record"; }
+
+ private:
+  JobStore(std::string dir, Fd dir_fd, Fd lock) : dir_(std::move(dir)), dir_fd_(std::move(dir_fd)), lock_(std::move(lock)) {}
+  std::string dir_;
+  Fd dir_fd_;
+  Fd lock_;
+};
+
+// Reads the record of job `name` under `jobs_dir` without taking its lock
+// (erun --attach NAME, before it locks).
+std::optional<JobRecord> peek_record(const std::string& jobs_dir, const std::string& name);
+
+}  // namespace erun

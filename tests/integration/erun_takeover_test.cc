@@ -1,0 +1,201 @@
+// The job outlives its driver (--driver-grace; docs/design.md, "A driver
+// that can be replaced"): examples/train_mlp (a copy of its own, so its
+// workers are found by path) under the real erun, which is SIGKILLed
+// mid-training. The workers train on; the same command run again takes the
+// job over: every worker keeps its process and rank, no epoch runs twice and
+// none is missing (the lines printed meanwhile reach the new erun), and the
+// job ends at exactly the uninterrupted model. A worker killed while no
+// driver is there is recovered in place by the next one. Nobody running it
+// again: after the grace every process and the host memory are gone. Two
+// takeovers racing: one wins. Another user reaches neither the record nor
+// the agents.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <map>
+#include <regex>
+#include <set>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "support/erun_process.h"
+#include "support/process_utils.h"
+
+namespace erun::testing {
+namespace {
+
+using namespace std::chrono_literals;
+
+class ErunTakeover : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_FALSE(uninterrupted_checksum().empty());
+    program_ = dir_.file("train_mlp_takeover");
+    std::filesystem::copy_file(build_path("examples/train_mlp"), program_);
+    ::chmod(program_.c_str(), 0755);
+    ::mkdir(dir_.file("jobs").c_str(), 0700);
+  }
+  void TearDown() override {
+    std::vector<pid_t> left;
+    EXPECT_TRUE(wait_no_process(program_, 30s, &left)) << describe_pids(left);
+  }
+  std::vector<std::string> args(std::vector<std::string> extra) {
+    std::vector<std::string> a = {"--driver-grace", "30", "--term-grace", "2"};
+    a.insert(a.end(), extra.begin(), extra.end());
+    a.push_back(program_);
+    a.insert(a.end(), kTrainMlpArgs.begin(), kTrainMlpArgs.end());
+    return a;
+  }
+  std::vector<std::string> env() const { return {"ERUN_JOB_DIR=" + dir_.file("jobs")}; }
+  std::set<pid_t> workers() const {
+    std::set<pid_t> out;
+    for (pid_t pid : pids_with_cmdline(program_)) {
+      if (read_file("/proc/" + std::to_string(pid) + "/cmdline").rfind(program_ + std::string(1, '\0'), 0) == 0) {
+        out.insert(pid);
+      }
+    }
+    return out;
+  }
+  // Rank 0's epoch lines, in order, of every erun's output together.
+  static std::vector<int> epochs(const std::string& out) {
+    std::vector<int> e;
+    const std::regex re(":epoch ([0-9]+) loss=");
+    for (auto it = std::sregex_iterator(out.begin(), out.end(), re); it != std::sregex_iterator(); ++it) {
+      e.push_back(std::stoi((*it)[1].str()));
+    }
+    return e;
+  }
+  // Starts the job and SIGKILLs its erun right after rank 0's line for
+  // `epoch` (not while a line is on its way); the workers' pids then.
+  std::set<pid_t> start_and_kill(ErunProcess& p, int epoch) {
+    EXPECT_TRUE(p.wait_output(fmt::format(":epoch {} loss=", epoch), 120s)) << p.out() << p.err();
+    std::set<pid_t> before = workers();
+    p.signal(SIGKILL);
+    EXPECT_TRUE(p.wait(10s));
+    return before;
+  }
+
+  TempDir dir_;
+  std::string program_;
+};
+
+TEST_F(ErunTakeover, TheSameCommandAgainTakesTheJobOverInPlace) {
+  ErunProcess first(args({"-np", "2"}), env());
+  std::set<pid_t> before = start_and_kill(first, 1);
+  ASSERT_EQ(before.size(), 2u);
+  std::this_thread::sleep_for(2s);  // the workers train on, with no driver
+  EXPECT_EQ(workers(), before) << "a worker ended with its driver";
+
+  ErunProcess again(args({"-np", "2"}), env());
+  ASSERT_TRUE(again.wait_output("took the job over at generation", 30s)) << again.err();
+  EXPECT_EQ(workers(), before) << "the new erun did not keep the workers";
+  ASSERT_NO_FATAL_FAILURE(expect_trained_exactly(again, uninterrupted_checksum()));
+  EXPECT_NE(again.err().find("re-forming (hosts updated) in place"), std::string::npos) << again.err();
+  EXPECT_NE(again.err().find("and 0 resets"), std::string::npos) << "a takeover is no reset\n" << again.err();
+  // Every epoch once: none ran twice, and the lines printed while no erun
+  // was there reached the new one.
+  std::vector<int> all = epochs(first.out() + again.out());
+  std::vector<int> want(10);
+  for (int i = 0; i < 10; ++i) want[static_cast<size_t>(i)] = i;
+  EXPECT_EQ(all, want) << first.out() << "\n---\n" << again.out();
+  // The job is over: its record is gone, so the command starts anew next time.
+  for (auto& e : std::filesystem::directory_iterator(dir_.file("jobs"))) {
+    EXPECT_FALSE(std::filesystem::exists(e.path() / "record")) << e.path();
+  }
+}
+
+TEST_F(ErunTakeover, AWorkerKilledWithoutADriverIsRecoveredInPlaceByTheNext) {
+  ErunProcess first(args({"-np", "2", "--min-np", "1"}), env());
+  std::set<pid_t> before = start_and_kill(first, 1);
+  ASSERT_EQ(before.size(), 2u);
+  pid_t victim = *before.rbegin();
+  ::kill(victim, SIGKILL);
+  std::this_thread::sleep_for(2s);  // the survivor rolls back and waits to re-join
+  ErunProcess again(args({"-np", "2", "--min-np", "1"}), env());
+  ASSERT_NO_FATAL_FAILURE(expect_trained_exactly(again, uninterrupted_checksum()));
+  EXPECT_NE(again.err().find("took the job over"), std::string::npos) << again.err();
+  EXPECT_EQ(again.out().find("] epoch 0 "), std::string::npos) << "restarted from the start";
+  std::vector<int> all = epochs(first.out() + again.out());
+  ASSERT_FALSE(all.empty());
+  EXPECT_EQ(all.back(), 9);
+  EXPECT_EQ(std::count(all.begin(), all.end(), 0), 1) << "epoch 0 ran again: not in place\n" << again.out();
+}
+
+TEST_F(ErunTakeover, NobodyTakingOverLeavesNothingAfterTheGrace) {
+  std::vector<std::string> a = args({"-np", "2"});
+  a[1] = "3";  // --driver-grace 3
+  ErunProcess first(a, env());
+  std::set<pid_t> before = start_and_kill(first, 0);
+  ASSERT_EQ(before.size(), 2u);
+  std::set<std::string> shm_before;
+  for (auto& e : std::filesystem::directory_iterator("/dev/shm")) {
+    if (e.path().filename().string().rfind("erun-commits-", 0) == 0) shm_before.insert(e.path().string());
+  }
+  std::this_thread::sleep_for(1s);
+  EXPECT_EQ(workers(), before) << "the workers did not wait for the grace\n" << first.err();
+  std::vector<pid_t> left;
+  EXPECT_TRUE(wait_no_process(program_, 20s, &left)) << describe_pids(left);
+  // Their host memory went with them (this job's; other tests' may be there).
+  auto deadline = std::chrono::steady_clock::now() + 10s;
+  std::vector<std::string> still;
+  do {
+    still.clear();
+    for (auto& d : shm_before) {
+      if (std::filesystem::exists(d) && std::chrono::steady_clock::now() < deadline) still.push_back(d);
+    }
+    if (!still.empty()) std::this_thread::sleep_for(100ms);
+  } while (!still.empty() && std::chrono::steady_clock::now() < deadline);
+  for (auto& d : shm_before) EXPECT_FALSE(std::filesystem::exists(d)) << d;
+  EXPECT_TRUE(pids_with_cmdline("--agent --attach").empty());
+}
+
+TEST_F(ErunTakeover, TwoTakeoversRacingOneWins) {
+  ErunProcess first(args({"-np", "2"}), env());
+  std::set<pid_t> before = start_and_kill(first, 0);
+  ASSERT_EQ(before.size(), 2u);
+  ErunProcess a(args({"-np", "2"}), env());
+  ErunProcess b(args({"-np", "2"}), env());
+  auto sa = a.wait(180s);
+  auto sb = b.wait(180s);
+  ASSERT_TRUE(sa && sb) << a.err() << b.err();
+  ErunProcess& winner = sa->shell_code() == 0 ? a : b;
+  ErunProcess& loser = sa->shell_code() == 0 ? b : a;
+  const auto& lost = sa->shell_code() == 0 ? sb : sa;
+  EXPECT_EQ(lost->shell_code(), 2) << loser.err();
+  EXPECT_NE(loser.err().find("is already driven by erun pid"), std::string::npos) << loser.err();
+  EXPECT_EQ(train_checksum(winner.out()), uninterrupted_checksum()) << winner.out() << winner.err();
+  EXPECT_NE(winner.err().find("took the job over"), std::string::npos) << winner.err();
+}
+
+TEST_F(ErunTakeover, AnotherUserReachesNeitherTheRecordNorTheAgents) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to run a command as nobody";
+  ::chmod(dir_.path().c_str(), 0755);  // the program is nobody's to read; the job directory stays 0700
+  ErunProcess first(args({"-np", "2"}), env());
+  ASSERT_TRUE(first.wait_output(":epoch 0 loss=", 120s)) << first.err();
+  std::set<pid_t> before = workers();
+  // The agent's attach socket, from the record only root reads.
+  std::string record;
+  for (auto& e : std::filesystem::directory_iterator(dir_.file("jobs"))) record = read_file((e.path() / "record").string());
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(record, m, std::regex("\nagent [^ ]+ ([^\n]+)\n"))) << record;
+  const std::string socket = m[1].str();
+  auto attach = run_tool({"runuser", "-u", "nobody", "--", erun_binary(), "--agent", "--attach", socket});
+  EXPECT_FALSE(attach.is_ok()) << "another user reached the agent's attach socket";
+  auto job = run_tool({"runuser", "-u", "nobody", "--", "env", "ERUN_JOB_DIR=" + dir_.file("jobs"), erun_binary(),
+                       "--attach", std::filesystem::directory_iterator(dir_.file("jobs"))->path().filename().string()});
+  EXPECT_FALSE(job.is_ok()) << "another user read the job record";
+  EXPECT_EQ(workers(), before);
+  first.signal(SIGTERM);  // a stop order: everything stops at once
+  auto s = first.wait(30s);
+  ASSERT_TRUE(s);
+  std::vector<pid_t> left;
+  EXPECT_TRUE(wait_no_process(program_, 15s, &left)) << describe_pids(left);
+}
+
+}  // namespace
+}  // namespace erun::testing

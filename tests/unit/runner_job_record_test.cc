@@ -1,0 +1,133 @@
+// The job record: every field survives the text form (bytes of any kind,
+// empty values, lists), a damaged or foreign file is refused, the name of a
+// job follows its user, directory and command, the store replaces the
+// record atomically with a private file, and only one holder at a time gets
+// a job's lock (the second is told who holds it and what to do).
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "runner/job_record.h"
+#include "support/erun_process.h"
+
+namespace erun {
+namespace {
+
+JobRecord sample() {
+  JobRecord r;
+  r.name = "job-0123456789ab";
+  r.term = 7;
+  r.driver_pid = 4242;
+  r.driver_host = "login1";
+  r.job_id = "erun-abcdef";
+  r.secret = std::string("s3cr3t %\n\0x", 11);
+  r.rendezvous_port = 40123;
+  r.commit_dir = "";
+  r.cwd = "/home/a user/run";
+  r.args = {"-np", "2", "", "python3", "train.py", "--name=a b%c"};
+  r.generation = 12;
+  r.resets = 3;
+  r.restarts = 1;
+  r.plan = {{"node a", 0}, {"node a", 1}, {"b", 0}};
+  r.agents = {{"node a", "/tmp/erun-agent-x/attach"}, {"b", ""}};
+  return r;
+}
+
+TEST(JobRecord, EveryFieldSurvivesTheTextForm) {
+  JobRecord r = sample();
+  auto back = decode_record(encode_record(r));
+  ASSERT_TRUE(back.is_ok()) << back.message();
+  EXPECT_EQ(back.value(), r);
+  EXPECT_EQ(encode_record(r).find('\0'), std::string::npos);
+}
+
+TEST(JobRecord, DamagedOrForeignTextIsRefused) {
+  const std::string good = encode_record(sample());
+  EXPECT_FALSE(decode_record("").is_ok());
+  EXPECT_FALSE(decode_record("hello\n").is_ok());
+  EXPECT_FALSE(decode_record(good.substr(0, good.size() - 4)).is_ok()) << "cut short";
+  EXPECT_FALSE(decode_record(good + "term 1\n").is_ok()) << "lines after the end";
+  std::string bad_escape = good;
+  bad_escape.replace(bad_escape.find("term 7"), 6, "term %Z");
+  EXPECT_FALSE(decode_record(bad_escape).is_ok());
+  std::string bad_slot = good;
+  bad_slot.replace(bad_slot.find("slot b 0"), 8, "slot b -1");
+  EXPECT_FALSE(decode_record(bad_slot).is_ok());
+  std::string no_secret = good;
+  no_secret.erase(no_secret.find("secret "), no_secret.find('\n', no_secret.find("secret ")) - no_secret.find("secret ") + 1);
+  EXPECT_FALSE(decode_record(no_secret).is_ok());
+}
+
+TEST(JobRecord, TheNameFollowsDirectoryAndCommand) {
+  const std::string a = default_job_name("/w", {"-np", "2", "./train"});
+  EXPECT_EQ(a, default_job_name("/w", {"-np", "2", "./train"}));
+  EXPECT_NE(a, default_job_name("/v", {"-np", "2", "./train"}));
+  EXPECT_NE(a, default_job_name("/w", {"-np", "4", "./train"}));
+  EXPECT_NE(a, default_job_name("/w", {"-np", "2./train"}));  // word boundaries count
+  EXPECT_TRUE(valid_job_name(a));
+  EXPECT_EQ(a.size(), 16u);
+  EXPECT_FALSE(valid_job_name("../x"));
+  EXPECT_FALSE(valid_job_name(".hidden"));
+  EXPECT_FALSE(valid_job_name("a/b"));
+  EXPECT_FALSE(valid_job_name(""));
+  EXPECT_TRUE(valid_job_name("nightly-run_2.b"));
+}
+
+TEST(JobStore, WritesPrivatelyAndAtomicallyAndLocksOneHolder) {
+  testing::TempDir dir;
+  auto store = JobStore::lock(dir.file("jobs"), "j1");
+  ASSERT_TRUE(store.is_ok()) << store.message();
+  EXPECT_FALSE(store.value()->read());
+  JobRecord r = sample();
+  ASSERT_TRUE(store.value()->write(r).is_ok());
+  struct stat st {};
+  ASSERT_EQ(::stat(store.value()->record_path().c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  ASSERT_EQ(::stat(dir.file("jobs/j1").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+  auto back = store.value()->read();
+  ASSERT_TRUE(back);
+  EXPECT_EQ(*back, r);
+  r.generation = 13;
+  ASSERT_TRUE(store.value()->write(r).is_ok());
+  EXPECT_EQ(store.value()->read()->generation, 13);
+  // No temporary file is left beside it.
+  size_t files = 0;
+  for (auto& e : std::filesystem::directory_iterator(dir.file("jobs/j1"))) {
+    (void)e;
+    ++files;
+  }
+  EXPECT_EQ(files, 2u);  // lock and record
+
+  // A second holder is refused while the first holds the lock, and told who.
+  auto second = JobStore::lock(dir.file("jobs"), "j1");
+  ASSERT_FALSE(second.is_ok());
+  EXPECT_NE(second.message().find("already driven by erun pid 4242 on login1"), std::string::npos) << second.message();
+  EXPECT_NE(second.message().find("--job-name"), std::string::npos);
+  EXPECT_TRUE(peek_record(dir.file("jobs"), "j1"));
+  // Another name is another job.
+  EXPECT_TRUE(JobStore::lock(dir.file("jobs"), "j2").is_ok());
+
+  store.value()->remove();
+  EXPECT_FALSE(peek_record(dir.file("jobs"), "j1"));
+  store.value().reset();  // the lock goes with it
+  EXPECT_TRUE(JobStore::lock(dir.file("jobs"), "j1").is_ok());
+}
+
+TEST(JobStore, ARecordOthersCouldChangeIsIgnored) {
+  testing::TempDir dir;
+  auto store = JobStore::lock(dir.file("jobs"), "j");
+  ASSERT_TRUE(store.is_ok());
+  ASSERT_TRUE(store.value()->write(sample()).is_ok());
+  ::chmod(store.value()->record_path().c_str(), 0644);
+  EXPECT_FALSE(store.value()->read()) << "a record others can read is no record (it holds the secret)";
+  ::unlink(store.value()->record_path().c_str());
+  ::symlink("/etc/passwd", store.value()->record_path().c_str());
+  EXPECT_FALSE(store.value()->read());
+}
+
+}  // namespace
+}  // namespace erun
