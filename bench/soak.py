@@ -8,7 +8,8 @@ discovery failing or printing junk for a while, every worker killed at once, an
 agent or a watchdog killed, and a host lost whole (its agent SIGKILLed and the
 host gone from discovery at once; when it is the only host with members, only
 once a spare host holds a whole replica: run with --max-np 2 --min-np 1 so that
-one host runs every worker and the others are spares). After each fault it waits until
+one host runs every worker and the others are spares), and erun itself SIGKILLed and the same
+command run again at once (the new erun takes the job over in place). After each fault it waits until
 the survivors compute again (their "reset: ... at=<unix time>" line) and records
 the time from the fault to that line. At the end it checks that erun exited 0,
 that the model equals an uninterrupted run's bit for bit, that every epoch saw
@@ -66,7 +67,7 @@ class Soak:
         a.build = os.path.abspath(a.build)
         self.a = a
         self.kinds = ["kill", "kill", "stop", "remove_host", "add_host", "slots", "discovery_fail", "discovery_junk",
-                      "kill_agent", "kill_watchdog", "kill_all", "kill_lone_agent", "lose_host"]
+                      "kill_agent", "kill_watchdog", "kill_all", "kill_lone_agent", "lose_host", "restart_erun"]
         for w in a.weight:
             kind, _, n = w.partition("=")
             if kind not in self.kinds or not n.isdigit():
@@ -86,6 +87,8 @@ class Soak:
         self.alone = set()  # indices in results of SIGSTOPs of a worker alone on its simulated host
         self.replica_losses = 0  # hosts lost whole that were the only ones with members
         self.base = None  # the job's host-memory directory without its host part
+        self.takeovers = 0  # restart_erun faults
+        self.cmd = None
 
     # ---- discovery ---------------------------------------------------------
     def write_discovery(self):
@@ -271,6 +274,15 @@ class Soak:
                 # Its peers reach it only over the network: no one sees its process.
                 self.alone.add(len(self.results))
                 what += " (alone on its host)"
+        elif kind == "restart_erun":
+            # The driver lost (SIGKILL): the same command again takes the job
+            # over, its output appended to the same files.
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+            time.sleep(self.rng.uniform(0.1, 1.5))
+            self.start_erun("a")
+            what = "kill erun and run it again"
+            self.takeovers += 1
         elif kind == "kill_all":
             for pid, _ in self.workers():
                 os.kill(pid, signal.SIGKILL)
@@ -367,8 +379,8 @@ class Soak:
                "--collective-timeout", str(a.collective_timeout), "--rendezvous-timeout", "10",
                "--blacklist-after", "1000", self.train, *TRAIN, "--epochs", str(epochs), "--step-ms", "40"]
         log(" ".join(cmd))
-        with open(self.out_path, "w") as out, open(self.err_path, "w") as err:
-            self.proc = subprocess.Popen(cmd, stdout=out, stderr=err)
+        self.cmd = cmd
+        self.start_erun("w")
         ok = True
         deadline = time.time() + 120
         self.job_id = None
@@ -392,6 +404,11 @@ class Soak:
                 ok = False
             time.sleep(self.rng.uniform(0.3, 1.0))
         return self.finish(ref, ok)
+
+    def start_erun(self, mode):
+        env = dict(os.environ, ERUN_JOB_DIR=os.path.join(self.dir, "jobs"))
+        with open(self.out_path, mode) as out, open(self.err_path, mode) as err:
+            self.proc = subprocess.Popen(self.cmd, stdout=out, stderr=err, env=env)
 
     def finish(self, ref, ok):
         try:
@@ -429,6 +446,8 @@ class Soak:
             said = f.read() + out  # a worker's lines come through erun's stdout
         from_replica = len(re.findall(r"restored commit \d+ from host memory on \S+ \(\S+/replica", said))
         checks["a replica restored after each lone host lost"] = from_replica >= self.replica_losses
+        took_over = said.count("took the job over at generation")
+        checks["every erun run again took the job over"] = took_over == self.takeovers
         alone = [t for i, (k, t) in enumerate(self.results) if i in self.alone and t is not None]
         summary = {
             "faults": len(self.results),
@@ -444,6 +463,7 @@ class Soak:
                            "median_fault_to_computing_s": statistics.median(total_loss) if total_loss else None,
                            "max_s": max(total_loss) if total_loss else None},
             "hosts_lost_whole_alone": self.replica_losses,
+            "erun_restarts": self.takeovers,
             "restores_from_a_replica": from_replica,
             "collective_timeout_s": self.a.collective_timeout,
             "restarts_from_epoch_0": max(0, out.count("epoch 0 ") - 1),

@@ -282,6 +282,16 @@ Result<Message> decode(std::string_view body) {
   }
   Reader r(body.substr(1));
   Message m = decode_payload(type, r, kAll);
+  if (r.failed() && type == Hello::kType) {
+    // An agent of version 4 or older: its HELLO ends after the pid. Read so
+    // far, it names its version, which the driver then refuses in words.
+    Reader old(body.substr(1));
+    Hello h;
+    h.version = old.u32();
+    h.host = old.str();
+    h.pid = old.i64();
+    if (!old.failed() && old.at_end()) return Message(std::move(h));
+  }
   if (r.failed()) {
     return Result<Message>::error(
         fmt::format("agent protocol: {} frame of {} bytes is cut short", message_name(m), body.size()));

@@ -122,7 +122,15 @@ Status Driver::start() {
   }
   if (!d_.synchronous_discovery && o_.elastic) loop_->start();
   waiting_since_ = clock_.now();
-  if (d_.takeover) adopt(*d_.takeover);
+  if (d_.takeover && !d_.takeover->workers.empty()) {
+    adopt(*d_.takeover);
+  } else if (d_.takeover) {
+    // Nothing left to adopt: the job starts anew, its generations going on
+    // after the record's (the rendezvous resumed there).
+    generation_ = d_.takeover->generation;
+    resets_ = d_.takeover->resets;
+    restarts_ = d_.takeover->restarts;
+  }
   return Status::ok();
 }
 
@@ -153,7 +161,7 @@ void Driver::adopt(DriverDeps::Takeover& t) {
     } else {
       w.assignment = *r;
       w.state = WorkerState::kMember;
-      w.joined = true;  // it ran in place under the driver before
+      w.joined = t.in_place;  // it ran in place under the driver before
       ++kept;
       hosts.insert(a.host);
       if (w.handle->poll()) ++ended;
@@ -176,6 +184,11 @@ void Driver::adopt(DriverDeps::Takeover& t) {
                                          {"hosts", json_number(static_cast<long>(hosts.size()))}});
   }
   (void)ended;
+}
+
+bool Driver::members_joined() const {
+  return std::any_of(workers_.begin(), workers_.end(),
+                     [](const Worker& w) { return w.joined && w.state == WorkerState::kMember; });
 }
 
 bool Driver::check_superseded() {

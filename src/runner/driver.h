@@ -60,6 +60,7 @@ struct DriverDeps {
     int resets = 0;
     int restarts = 0;
     std::vector<SlotKey> plan;  // its slots in rank order
+    bool in_place = false;      // its workers joined the rendezvous (not restart mode)
     std::vector<AdoptedWorker> workers;
   };
   Takeover* takeover = nullptr;
@@ -87,6 +88,9 @@ class Driver {
   JobPhase phase() const { return phase_; }
   int resets() const { return resets_; }
   int restarts() const { return restarts_; }
+  // Some member of the running plan joined the rendezvous (the job's workers
+  // use erun's library: a takeover keeps them in place).
+  bool members_joined() const;
   // Another driver took the job over (an agent said SUPERSEDED): this one
   // ended without touching the workers.
   uint64_t superseded_by() const { return superseded_by_; }

@@ -80,6 +80,7 @@ std::string encode_record(const JobRecord& r) {
   line("generation", std::to_string(r.generation));
   line("resets", std::to_string(r.resets));
   line("restarts", std::to_string(r.restarts));
+  line("in_place", r.in_place ? "1" : "0");
   for (auto& s : r.plan) out += fmt::format("slot {} {}\n", escape(s.host), s.local_index);
   for (auto& a : r.agents) out += fmt::format("agent {} {}\n", escape(a.host), escape(a.attach_path));
   out += "end\n";
@@ -158,6 +159,9 @@ Result<JobRecord> decode_record(std::string_view text) {
       ok = number(r.resets);
     } else if (key == "restarts") {
       ok = number(r.restarts);
+    } else if (key == "in_place") {
+      ok = values[0] == "0" || values[0] == "1";
+      r.in_place = values[0] == "1";
     }  // an unknown key from a newer erun is left alone
     if (!ok) return bad();
   }

@@ -33,6 +33,7 @@ struct JobRecord {
   long generation = 0;      // the last published generation
   int resets = 0;
   int restarts = 0;
+  bool in_place = false;    // the workers joined the rendezvous (erun's library): they re-join in place
   std::vector<SlotKey> plan;  // the running plan's slots, rank i at index i
   struct Agent {
     std::string host;

@@ -326,6 +326,7 @@ void take_over(const erun::DriverOptions& o, Launchers& l, const erun::JobRecord
   t.resets = record.resets;
   t.restarts = record.restarts;
   t.plan = record.plan;
+  t.in_place = record.in_place;
   erun::AttachRequest req;
   req.secret = record.secret;
   req.term = t.term;
@@ -347,14 +348,19 @@ class RecordKeeper {
  public:
   RecordKeeper(erun::JobStore& store, erun::JobRecord base, Launchers& l)
       : store_(store), base_(std::move(base)), l_(l) {}
+  // A new generation is written at once (a new erun must resume after it);
+  // the agents' sockets are looked at once a second.
   void operator()(const erun::Driver& d) {
     auto now = std::chrono::steady_clock::now();
-    if (now < next_) return;
+    const bool changed = d.generation() != last_.generation || d.resets() != last_.resets ||
+                         d.restarts() != last_.restarts;
+    if (!changed && now < next_) return;
     next_ = now + std::chrono::seconds(1);
     erun::JobRecord r = base_;
     r.generation = d.generation();
     r.resets = d.resets();
     r.restarts = d.restarts();
+    r.in_place = d.members_joined();
     for (auto& a : d.plan().ranks) r.plan.push_back(a.slot);
     for (erun::Launcher* launcher : {l_.local.get(), l_.remote.get()}) {
       if (!launcher) continue;
@@ -471,9 +477,8 @@ int run_driver(const erun::DriverOptions& options, erun::HostDiscovery& discover
       ERUN_LOG_WARN("job {}: no worker of it is left (its agents ended, or their --driver-grace ran out): starting it "
                     "anew; it resumes from what host memory or --checkpoint-dir still hold",
                     name);
-    } else {
-      deps.takeover = &takeover;
     }
+    deps.takeover = &takeover;
   }
   if (!options.dry_run) {
     deps.membership = rendezvous.get();
@@ -499,6 +504,11 @@ int run_driver(const erun::DriverOptions& options, erun::HostDiscovery& discover
     base.cwd = previous ? previous->cwd : cwd;
     base.args = previous && options.job_name.empty() ? previous->args : args;
     keeper.emplace(*store, std::move(base), *launchers);
+    if (!previous) {
+      ERUN_LOG_INFO("job {}: should this erun die, its workers wait {:.0f} s (--driver-grace) for the same command "
+                    "again, or erun --attach {}",
+                    name, std::chrono::duration<double>(options.driver_grace).count(), name);
+    }
     deps.after_step = [&keeper](const erun::Driver& d) { (*keeper)(d); };
   }
   erun::Driver driver(options, deps);

@@ -103,7 +103,7 @@ TEST(ErunExitReport, AnAgentOfAnotherProtocolVersionFailsItsHostNamingBothVersio
   auto status = p.wait(60s);
   ASSERT_TRUE(status) << p.err();
   EXPECT_EQ(status->shell_code(), 255) << p.err();
-  EXPECT_NE(p.err().find("agent on localhost lost: it speaks agent protocol 1 and this erun speaks 4 (different erun "
+  EXPECT_NE(p.err().find("agent on localhost lost: it speaks agent protocol 1 and this erun speaks 5 (different erun "
                          "versions): install the same erun on every host"),
             std::string::npos)
       << p.err();

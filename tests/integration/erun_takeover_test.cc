@@ -6,7 +6,9 @@
 // none is missing (the lines printed meanwhile reach the new erun), and the
 // job ends at exactly the uninterrupted model. A worker killed while no
 // driver is there is recovered in place by the next one. Nobody running it
-// again: after the grace every process and the host memory are gone. Two
+// again: after the grace every process and the host memory are gone. A
+// host that left discovery meanwhile is left out in place. `erun --attach
+// NAME` takes the job over by the name the first erun logged. Two
 // takeovers racing: one wins. Another user reaches neither the record nor
 // the agents.
 #include <gtest/gtest.h>
@@ -116,7 +118,11 @@ TEST_F(ErunTakeover, AWorkerKilledWithoutADriverIsRecoveredInPlaceByTheNext) {
   pid_t victim = *before.rbegin();
   ::kill(victim, SIGKILL);
   std::this_thread::sleep_for(2s);  // the survivor rolls back and waits to re-join
-  ErunProcess again(args({"-np", "2", "--min-np", "1"}), env());
+  // This time by the job's name, which the first erun logged.
+  std::smatch m;
+  const std::string said = first.err();
+  ASSERT_TRUE(std::regex_search(said, m, std::regex("erun --attach (job-[0-9a-f]+)"))) << said;
+  ErunProcess again({"--attach", m[1].str()}, env());
   ASSERT_NO_FATAL_FAILURE(expect_trained_exactly(again, uninterrupted_checksum()));
   EXPECT_NE(again.err().find("took the job over"), std::string::npos) << again.err();
   EXPECT_EQ(again.out().find("] epoch 0 "), std::string::npos) << "restarted from the start";
@@ -124,6 +130,27 @@ TEST_F(ErunTakeover, AWorkerKilledWithoutADriverIsRecoveredInPlaceByTheNext) {
   ASSERT_FALSE(all.empty());
   EXPECT_EQ(all.back(), 9);
   EXPECT_EQ(std::count(all.begin(), all.end(), 0), 1) << "epoch 0 ran again: not in place\n" << again.out();
+}
+
+TEST_F(ErunTakeover, AHostThatLeftDiscoveryMeanwhileIsLeftOutInPlaceByTheNext) {
+  // Two simulated hosts of this machine; the second leaves the hosts file
+  // while no erun runs.
+  dir_.write("hosts", "127.0.0.2:1\n127.0.0.3:1\n");
+  dir_.write("discover.sh", "#!/bin/sh\ncat " + dir_.file("hosts") + "\n", true);
+  const std::vector<std::string> extra = {"--launcher", "local", "--host-discovery-script", dir_.file("discover.sh"),
+                                          "--discovery-interval", "0.2", "-np", "2", "--min-np", "1"};
+  ErunProcess first(args(extra), env());
+  std::set<pid_t> before = start_and_kill(first, 1);
+  ASSERT_EQ(before.size(), 2u);
+  dir_.write("hosts", "127.0.0.2:1\n");
+  ErunProcess again(args(extra), env());
+  ASSERT_NO_FATAL_FAILURE(expect_trained_exactly(again, uninterrupted_checksum()));
+  EXPECT_NE(again.err().find("took the job over"), std::string::npos) << again.err();
+  EXPECT_NE(again.out().find("world size 2 -> 1"), std::string::npos) << "no shrink\n" << again.out();
+  std::vector<int> all = epochs(first.out() + again.out());
+  std::vector<int> want(10);
+  for (int i = 0; i < 10; ++i) want[static_cast<size_t>(i)] = i;
+  EXPECT_EQ(all, want) << "an epoch ran twice or went missing\n" << first.out() << "\n---\n" << again.out();
 }
 
 TEST_F(ErunTakeover, NobodyTakingOverLeavesNothingAfterTheGrace) {

@@ -235,5 +235,49 @@ TEST(LineTail, CutsLongLinesAndDropsTheOldestPastTheByteBound) {
   EXPECT_EQ(std::get<Exited>(one(encode(Exited{1, 1, 0, t}))).stderr_tail, t);
 }
 
+TEST(AgentProtocol, TakeoverMessagesRoundTrip) {
+  auto hello = one(encode(Hello{kProtocolVersion, "n1", 77, "/tmp/erun-agent-x/attach"}));
+  EXPECT_EQ(std::get<Hello>(hello).attach_path, "/tmp/erun-agent-x/attach");
+  auto attach = std::get<Attach>(one(encode(Attach{9, "login2", 40123})));
+  EXPECT_EQ(attach.term, 9u);
+  EXPECT_EQ(attach.rdzv_host, "login2");
+  EXPECT_EQ(attach.rdzv_port, 40123u);
+  State st;
+  st.term = 9;
+  st.workers = {WorkerReport{41, 3, 1, 2, 5000, false}, WorkerReport{40, 2, 0, 0, 4999, true}};
+  st.dropped_output = 12;
+  auto back = std::get<State>(one(encode(st)));
+  EXPECT_EQ(back.term, 9u);
+  ASSERT_EQ(back.workers.size(), 2u);
+  EXPECT_EQ(back.workers[0].id, 41u);
+  EXPECT_EQ(back.workers[0].generation, 3);
+  EXPECT_EQ(back.workers[0].rank, 1);
+  EXPECT_EQ(back.workers[0].slot, 2);
+  EXPECT_EQ(back.workers[0].pid, 5000);
+  EXPECT_FALSE(back.workers[0].exited);
+  EXPECT_TRUE(back.workers[1].exited);
+  EXPECT_EQ(back.dropped_output, 12u);
+  EXPECT_EQ(std::get<Superseded>(one(encode(Superseded{4}))).term, 4u);
+  EXPECT_STREQ(message_name(Attach{}), "ATTACH");
+  EXPECT_STREQ(message_name(State{}), "STATE");
+  EXPECT_STREQ(message_name(Superseded{}), "SUPERSEDED");
+}
+
+TEST(AgentProtocol, AnOlderAgentsHelloStillNamesItsVersion) {
+  // Version 4's HELLO ends after the pid: read as such, so that the driver
+  // can refuse the version in words instead of a malformed frame.
+  std::string body = std::string(1, '\x01') + le32(4) + le32(3) + "old" + std::string(8, '\0');
+  auto m = one(le32(static_cast<uint32_t>(body.size())) + body);
+  ASSERT_TRUE(std::holds_alternative<Hello>(m));
+  EXPECT_EQ(std::get<Hello>(m).version, 4u);
+  EXPECT_EQ(std::get<Hello>(m).host, "old");
+  EXPECT_TRUE(std::get<Hello>(m).attach_path.empty());
+  // A STATE cut short is still an error.
+  std::string state = encode(State{1, {WorkerReport{1, 1, 0, 0, 1, false}}, 0});
+  std::string cut = state.substr(0, state.size() - 3);
+  cut.replace(0, 4, le32(static_cast<uint32_t>(cut.size() - 4)));
+  EXPECT_NE(error_of(cut).find("cut short"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace erun::agent
