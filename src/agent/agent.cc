@@ -156,6 +156,7 @@ class Agent {
   size_t dropped_output_ = 0;
   int in_fd_ = -1, out_fd_ = -1;  // the driver's channel: stdin/stdout, or an attach connection
   bool attached_ = true;          // a driver's channel is open
+  bool recorded_ = false;         // RECORDED came: a new driver can find this agent
   uint64_t term_ = 1;             // the driver obeyed: the first one is term 1
   SteadyClock::time_point grace_until_{};
   // Workers whose EXITED is queued but not yet written: a new driver learns
@@ -282,7 +283,11 @@ void Agent::close_channel() {
 }
 
 void Agent::lose_driver(const std::string& why) {
-  if (o_.driver_grace <= Duration::zero() || stopping_) {
+  if (o_.driver_grace > Duration::zero() && !recorded_ && !stopping_) {
+    // No job record names this agent yet: no new driver could find it.
+    ERUN_LOG_WARN("{}: its driver is gone before recording this agent for a takeover: its workers stop", me_);
+  }
+  if (o_.driver_grace <= Duration::zero() || !recorded_ || stopping_) {
     driver_open_ = false;
     out_open_ = false;
     outbound_.clear();
@@ -406,6 +411,7 @@ void Agent::take_over_channel(Fd fd, const Attach& a, std::string_view rest) {
     close_channel();
   }
   term_ = a.term;
+  recorded_ = true;  // the new driver found it in the record
   (void)net::set_nonblocking(fd.get());
   in_fd_ = out_fd_ = fd.release();
   attached_ = driver_open_ = out_open_ = true;
@@ -500,6 +506,8 @@ void Agent::handle(Message m) {
     unkeep(*u);
   } else if (std::holds_alternative<Heartbeat>(m)) {
     // last_heard_ is set for every frame
+  } else if (std::holds_alternative<Recorded>(m)) {
+    recorded_ = true;
   } else if (std::holds_alternative<Attach>(m)) {
     // Only an attach connection starts with ATTACH; on a channel it changes nothing.
   } else {

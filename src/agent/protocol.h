@@ -19,7 +19,7 @@ namespace erun::agent {
 // 2: EXITED carries the worker's last stderr lines; START an output directory.
 // 3: KEEP, KEEPING and REPLICATE (commit replicas on spare hosts).
 // 4: UNKEEP.
-// 5: HELLO names the attach socket; ATTACH, STATE and SUPERSEDED (a driver that takes over).
+// 5: HELLO names the attach socket; ATTACH, STATE, SUPERSEDED and RECORDED (a driver that takes over).
 inline constexpr uint32_t kProtocolVersion = 5;
 inline constexpr size_t kMaxFrame = 4u << 20;   // whole frame, header included
 inline constexpr size_t kMaxSecret = 4096;      // the secret line
@@ -209,8 +209,18 @@ struct Superseded {
   auto fields() { return std::tie(term); }
 };
 
+// driver -> agent: the job record now names this agent's attach socket, so
+// a new driver can find it. Only an agent told so keeps its workers through
+// --driver-grace; one that loses its driver before stops them at once (no
+// new driver could reach it).
+struct Recorded {
+  static constexpr uint8_t kType = 25;
+  static constexpr const char* kName = "RECORDED";
+  auto fields() { return std::tie(); }
+};
+
 using Message = std::variant<Hello, Started, StartFailed, Output, Exited, Heartbeat, Start, Signal, Terminate,
-                             Kill, Shutdown, Keeping, Keep, Replicate, Unkeep, Attach, State, Superseded>;
+                             Kill, Shutdown, Keeping, Keep, Replicate, Unkeep, Attach, State, Superseded, Recorded>;
 
 // The frame for one message, header included.
 std::string encode(const Message& message);

@@ -122,9 +122,14 @@ Status Driver::start() {
   }
   if (!d_.synchronous_discovery && o_.elastic) loop_->start();
   waiting_since_ = clock_.now();
-  if (d_.takeover && !d_.takeover->workers.empty()) {
+  auto in_plan = [&](const AdoptedWorker& a) {
+    return std::find(d_.takeover->plan.begin(), d_.takeover->plan.end(), SlotKey{a.host, a.slot}) !=
+           d_.takeover->plan.end();
+  };
+  if (d_.takeover && std::any_of(d_.takeover->workers.begin(), d_.takeover->workers.end(), in_plan)) {
     adopt(*d_.takeover);
   } else if (d_.takeover) {
+    for (auto& a : d_.takeover->workers) a.handle->kill();  // none holds a rank of the plan
     // Nothing left to adopt: the job starts anew, its generations going on
     // after the record's (the rendezvous resumed there).
     generation_ = d_.takeover->generation;
@@ -170,7 +175,10 @@ void Driver::adopt(DriverDeps::Takeover& t) {
     workers_.push_back(std::move(w));
   }
   crash_loop_.generation_started(generation_, plan_.hosts());
-  generation_complete_ = true;
+  // Workers the record does not know to have joined (its driver died before
+  // they did) are marked joined when they come to the rendezvous
+  // (update_joined()), and then re-form in place.
+  generation_complete_ = t.in_place;
   published_at_ = clock_.now();
   set_phase(JobPhase::kRunning);
   ERUN_LOG_WARN("job {}: driver term {} took the job over at generation {}: {} worker(s) on {} host(s) go on in place "

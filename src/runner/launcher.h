@@ -82,7 +82,14 @@ struct AttachRequest {
   uint64_t term = 0;
   std::string rdzv_host;  // as the host's workers reach the new driver
   int rdzv_port = 0;
-  Duration timeout = std::chrono::seconds(10);  // for the agent's STATE
+  Duration timeout = std::chrono::seconds(10);  // for the agents' STATE, all together
+};
+
+// One agent's answer to attach(): its workers, or why not.
+struct AttachOutcome {
+  std::string host;
+  Status status;
+  std::vector<AdoptedWorker> workers;
 };
 
 class Launcher {
@@ -126,17 +133,27 @@ class Launcher {
   virtual void unkeep(const std::string& host, bool forget) { (void)host, (void)forget; }
 
   // Taking a job over (docs/protocol.md, "Taking a job over"); only the
-  // launchers that run agents have it. attach() reaches `host`'s running
-  // agent through its attach socket `attach_path` (`erun --agent --attach`
-  // started as the launcher starts agents) and returns its workers once its
-  // STATE came; an error when it is gone or obeys a newer driver.
-  virtual Result<std::vector<AdoptedWorker>> attach(const std::string& host, const std::string& attach_path,
-                                                    const AttachRequest& request) {
-    (void)host, (void)attach_path, (void)request;
-    return Result<std::vector<AdoptedWorker>>::error("this launcher cannot take agents over");
+  // launchers that run agents have it. attach() reaches each (host, attach
+  // socket)'s running agent (`erun --agent --attach PATH` started as the
+  // launcher starts agents, all at once) and returns, in the same order,
+  // its workers once its STATE came, or why not (it is gone, it obeys a
+  // newer driver, no STATE within the request's timeout).
+  virtual std::vector<AttachOutcome> attach(const std::vector<std::pair<std::string, std::string>>& agents,
+                                            const AttachRequest& request) {
+    (void)request;
+    std::vector<AttachOutcome> out;
+    for (auto& [host, path] : agents) {
+      out.push_back(AttachOutcome{host, Status::error("this launcher cannot take agents over"), {}});
+    }
+    return out;
   }
-  // Each live agent's host and attach socket (for the job record).
+  // Each live agent's host and attach socket (for the job record), and a
+  // number that changes whenever an agent names a new one.
   virtual std::vector<std::pair<std::string, std::string>> attach_paths() { return {}; }
+  virtual uint64_t attach_paths_version() { return 0; }
+  // The job record now names these agents (host, attach socket): each is
+  // told RECORDED once, and keeps its workers for a new driver from then on.
+  virtual void recorded(const std::vector<std::pair<std::string, std::string>>& agents) { (void)agents; }
   // The highest driver term an agent said it obeys now instead of this
   // driver (SUPERSEDED), or 0.
   virtual uint64_t superseded() { return 0; }

@@ -91,8 +91,9 @@ class AgentConnection {
   // With `stderr_hint`, the process's stderr is a pipe (SpawnOptions::pipe_stderr)
   // that a thread of this connection copies to erun's stderr.
   AgentConnection(std::string host, Subprocess process, AgentLaunchOptions options, std::string via,
-                  StderrHint stderr_hint)
-      : host_(std::move(host)),
+                  StderrHint stderr_hint, std::shared_ptr<std::atomic<uint64_t>> paths_version = nullptr)
+      : paths_version_(std::move(paths_version)),
+        host_(std::move(host)),
         process_(std::move(process)),
         options_(std::move(options)),
         via_(std::move(via)),
@@ -150,6 +151,15 @@ class AgentConnection {
   uint64_t superseded() {
     std::lock_guard lock(mu_);
     return superseded_;
+  }
+  // RECORDED, once per attach socket, when the record names `path`.
+  void confirm_recorded(const std::string& path) {
+    {
+      std::lock_guard lock(mu_);
+      if (path.empty() || path != attach_path_ || recorded_path_ == path) return;
+      recorded_path_ = path;
+    }
+    send(agent::Recorded{});
   }
 
   // A worker the agent reported in STATE, with the read ends of its output pipes.
@@ -449,6 +459,7 @@ class AgentConnection {
     if (auto* h = std::get_if<agent::Hello>(&m)) {
       hello_ = true;
       attach_path_ = h->attach_path;
+      if (paths_version_ && !attach_path_.empty()) ++*paths_version_;
       ERUN_LOG_DEBUG("agent on {}: up as {} pid {} (protocol {})", host_, h->host, h->pid, h->version);
       if (h->version != agent::kProtocolVersion) {
         mu_.unlock();
@@ -630,6 +641,7 @@ class AgentConnection {
     }
   }
 
+  std::shared_ptr<std::atomic<uint64_t>> paths_version_;
   std::string host_;
   Subprocess process_;
   AgentLaunchOptions options_;
@@ -654,6 +666,7 @@ class AgentConnection {
   bool stderr_done_ = true;                             // no stderr pipe, or it ended
   bool hello_ = false;
   std::string attach_path_;   // HELLO's
+  std::string recorded_path_; // the attach socket RECORDED was sent for
   bool state_seen_ = false;   // STATE came (a connection that attached)
   std::vector<Adopted> adopted_;
   uint64_t superseded_ = 0;   // SUPERSEDED's term
@@ -804,7 +817,8 @@ std::shared_ptr<AgentConnection> AgentLauncher::connection(const std::string& ho
     *error = process.message();
     return nullptr;
   }
-  auto conn = std::make_shared<AgentConnection>(host, std::move(process).value(), options_, via_, stderr_hint_);
+  auto conn = std::make_shared<AgentConnection>(host, std::move(process).value(), options_, via_, stderr_hint_,
+                                                  paths_version_);
   conn->send_secret(secret);
   ERUN_LOG_DEBUG("agent on {}: started ({}, pid {})", host, via_, conn->process_pid());
   c = std::move(conn);
@@ -842,43 +856,63 @@ void AgentLauncher::unkeep(const std::string& host, bool forget) {
   it->second->unkeep(forget);
 }
 
-Result<std::vector<AdoptedWorker>> AgentLauncher::attach(const std::string& host, const std::string& attach_path,
-                                                         const AttachRequest& request) {
-  using R = Result<std::vector<AdoptedWorker>>;
-  if (abandoned_) return R::error("this driver left the job");
-  SpawnOptions o;
-  o.argv = agent_command_(host, {options_.agent_path, "--agent", "--attach", attach_path});
-  o.pipe_stdin = true;
-  o.pipe_stdout = true;
-  o.pipe_stderr = static_cast<bool>(stderr_hint_);
-  o.new_process_group = true;
-  auto process = Subprocess::spawn(o);
-  if (!process) return R::error(process.message());
-  auto conn = std::make_shared<AgentConnection>(host, std::move(process).value(), options_, via_, stderr_hint_);
-  conn->send_secret(request.secret);
-  conn->send(agent::Attach{request.term, request.rdzv_host, static_cast<uint32_t>(std::max(request.rdzv_port, 0))});
-  conn->start_reader();
-  auto adopted = conn->wait_state(request.timeout);
-  if (!adopted) {
-    conn->abandon();  // never a SHUTDOWN to an agent this driver does not hold
-    return R::error(adopted.message());
+std::vector<AttachOutcome> AgentLauncher::attach(const std::vector<std::pair<std::string, std::string>>& agents,
+                                                 const AttachRequest& request) {
+  std::vector<AttachOutcome> out;
+  std::vector<std::shared_ptr<AgentConnection>> conns;
+  // Every agent's attach process first, then the answers: a thousand hosts
+  // take about as long as the slowest, not as their sum.
+  for (auto& [host, path] : agents) {
+    out.push_back(AttachOutcome{host, Status::ok(), {}});
+    conns.emplace_back();
+    if (abandoned_) {
+      out.back().status = Status::error("this driver left the job");
+      continue;
+    }
+    SpawnOptions o;
+    o.argv = agent_command_(host, {options_.agent_path, "--agent", "--attach", path});
+    o.pipe_stdin = true;
+    o.pipe_stdout = true;
+    o.pipe_stderr = static_cast<bool>(stderr_hint_);
+    o.new_process_group = true;
+    auto process = Subprocess::spawn(o);
+    if (!process) {
+      out.back().status = Status::error(process.message());
+      continue;
+    }
+    auto conn = std::make_shared<AgentConnection>(host, std::move(process).value(), options_, via_, stderr_hint_,
+                                                  paths_version_);
+    conn->send_secret(request.secret);
+    conn->send(agent::Attach{request.term, request.rdzv_host, static_cast<uint32_t>(std::max(request.rdzv_port, 0))});
+    conn->start_reader();
+    conns.back() = std::move(conn);
   }
-  std::vector<AdoptedWorker> out;
-  for (auto& a : adopted.value()) {
-    // The agent refuses a START whose id it runs: new ids go above these.
-    next_id_ = std::max<uint64_t>(next_id_, a.report.id + 1);
-    AdoptedWorker w;
-    w.host = host;
-    w.generation = a.report.generation;
-    w.rank = a.report.rank;
-    w.slot = a.report.slot;
-    w.pid = a.report.pid;
-    w.handle.reset(new AgentWorker(conn, a.report.id, a.out_r, a.err_r));
-    out.push_back(std::move(w));
+  const auto deadline = SteadyClock::now() + request.timeout;
+  for (size_t i = 0; i < conns.size(); ++i) {
+    auto& conn = conns[i];
+    if (!conn) continue;
+    auto adopted = conn->wait_state(std::max<Duration>(deadline - SteadyClock::now(), Duration::zero()));
+    if (!adopted) {
+      conn->abandon();  // never a SHUTDOWN to an agent this driver does not hold
+      out[i].status = Status::error(adopted.message());
+      continue;
+    }
+    for (auto& a : adopted.value()) {
+      // The agent refuses a START whose id it runs: new ids go above these.
+      next_id_ = std::max<uint64_t>(next_id_, a.report.id + 1);
+      AdoptedWorker w;
+      w.host = out[i].host;
+      w.generation = a.report.generation;
+      w.rank = a.report.rank;
+      w.slot = a.report.slot;
+      w.pid = a.report.pid;
+      w.handle.reset(new AgentWorker(conn, a.report.id, a.out_r, a.err_r));
+      out[i].workers.push_back(std::move(w));
+    }
+    if (auto old = agents_.find(out[i].host); old != agents_.end()) old->second->abandon();
+    agents_[out[i].host] = conn;
   }
-  if (auto old = agents_.find(host); old != agents_.end()) old->second->abandon();
-  agents_[host] = conn;
-  return R(std::move(out));
+  return out;
 }
 
 std::vector<std::pair<std::string, std::string>> AgentLauncher::attach_paths() {
@@ -889,6 +923,13 @@ std::vector<std::pair<std::string, std::string>> AgentLauncher::attach_paths() {
     if (!path.empty()) out.emplace_back(host, path);
   }
   return out;
+}
+
+void AgentLauncher::recorded(const std::vector<std::pair<std::string, std::string>>& agents) {
+  for (auto& [host, path] : agents) {
+    auto it = agents_.find(host);
+    if (it != agents_.end() && !it->second->lost()) it->second->confirm_recorded(path);
+  }
 }
 
 uint64_t AgentLauncher::superseded() {

@@ -8,6 +8,7 @@
 // timeout: every worker of that host then ends with exit code 255.
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <map>
 #include <memory>
@@ -57,9 +58,11 @@ class AgentLauncher final : public Launcher {
   void replicate(const std::string& holder, const std::string& keeper, int port,
                  const std::string& keeper_dir) override;
   void unkeep(const std::string& host, bool forget) override;
-  Result<std::vector<AdoptedWorker>> attach(const std::string& host, const std::string& attach_path,
-                                            const AttachRequest& request) override;
+  std::vector<AttachOutcome> attach(const std::vector<std::pair<std::string, std::string>>& agents,
+                                    const AttachRequest& request) override;
   std::vector<std::pair<std::string, std::string>> attach_paths() override;
+  uint64_t attach_paths_version() override { return paths_version_->load(); }
+  void recorded(const std::vector<std::pair<std::string, std::string>>& agents) override;
   uint64_t superseded() override;
   void abandon() override;
 
@@ -70,6 +73,8 @@ class AgentLauncher final : public Launcher {
                                               std::string* error);
   AgentCommand agent_command_;
   bool abandoned_ = false;
+  // Bumped by a connection whose agent names its attach socket (HELLO).
+  std::shared_ptr<std::atomic<uint64_t>> paths_version_ = std::make_shared<std::atomic<uint64_t>>(0);
   AgentLaunchOptions options_;
   std::string via_, hint_;
   StderrHint stderr_hint_;

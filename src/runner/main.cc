@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <variant>
 
@@ -332,13 +333,17 @@ void take_over(const erun::DriverOptions& o, Launchers& l, const erun::JobRecord
   req.term = t.term;
   req.rdzv_port = rdzv_port == record.rendezvous_port ? 0 : rdzv_port;  // 0: the relays keep their address
   req.timeout = std::max<erun::Duration>(o.heartbeat_timeout, std::chrono::seconds(10));
-  for (auto& a : record.agents) {
-    auto got = launcher_of(o, l, a.host).attach(a.host, a.attach_path, req);
-    if (!got) {
-      ERUN_LOG_WARN("job {}: cannot take over the agent on {}: {}", record.name, a.host, got.message());
-      continue;
+  // Each launcher attaches to its agents all at once.
+  std::map<erun::Launcher*, std::vector<std::pair<std::string, std::string>>> by_launcher;
+  for (auto& a : record.agents) by_launcher[&launcher_of(o, l, a.host)].emplace_back(a.host, a.attach_path);
+  for (auto& [launcher, agents] : by_launcher) {
+    for (auto& got : launcher->attach(agents, req)) {
+      if (!got.status) {
+        ERUN_LOG_WARN("job {}: cannot take over the agent on {}: {}", record.name, got.host, got.status.message());
+        continue;
+      }
+      for (auto& w : got.workers) t.workers.push_back(std::move(w));
     }
-    for (auto& w : got.value()) t.workers.push_back(std::move(w));
   }
 }
 
@@ -348,14 +353,22 @@ class RecordKeeper {
  public:
   RecordKeeper(erun::JobStore& store, erun::JobRecord base, Launchers& l)
       : store_(store), base_(std::move(base)), l_(l) {}
-  // A new generation is written at once (a new erun must resume after it);
-  // the agents' sockets are looked at once a second.
+  // A new generation or a new agent's socket is written at once (a new
+  // erun must resume after it, and find every agent that runs workers);
+  // then each agent the record names is told RECORDED, and only then keeps
+  // its workers through the grace. The rest is looked at once a second.
   void operator()(const erun::Driver& d) {
     auto now = std::chrono::steady_clock::now();
+    uint64_t version = 0;
+    for (erun::Launcher* launcher : {l_.local.get(), l_.remote.get()}) {
+      if (launcher) version += launcher->attach_paths_version();
+    }
     const bool changed = d.generation() != last_.generation || d.resets() != last_.resets ||
-                         d.restarts() != last_.restarts;
+                         d.restarts() != last_.restarts || version != version_ ||
+                         (!last_.in_place && d.members_joined());
     if (!changed && now < next_) return;
     next_ = now + std::chrono::seconds(1);
+    version_ = version;
     erun::JobRecord r = base_;
     r.generation = d.generation();
     r.resets = d.resets();
@@ -372,6 +385,11 @@ class RecordKeeper {
       warned_ = true;
       return;
     }
+    std::vector<std::pair<std::string, std::string>> named;
+    for (auto& a : r.agents) named.emplace_back(a.host, a.attach_path);
+    for (erun::Launcher* launcher : {l_.local.get(), l_.remote.get()}) {
+      if (launcher) launcher->recorded(named);
+    }
     last_ = std::move(r);
   }
 
@@ -380,6 +398,7 @@ class RecordKeeper {
   erun::JobRecord base_;
   Launchers& l_;
   erun::JobRecord last_;
+  uint64_t version_ = 0;
   std::chrono::steady_clock::time_point next_{};
   bool warned_ = false;
 };

@@ -4,7 +4,8 @@
 // and what it prints meanwhile is held; a new driver that reaches the
 // agent's attach socket through `erun --agent --attach` (run_attach_pump,
 // forked) with the job secret and a higher term gets HELLO, STATE and the
-// held output. A wrong secret or a term not above the agent's is refused
+// held output, provided its driver had told it RECORDED (the job record
+// names it); one no record names stops its workers with its driver. A wrong secret or a term not above the agent's is refused
 // and changes nothing; a driver still attached hears SUPERSEDED and loses
 // its channel, not its workers; with no driver within the grace, the
 // workers stop and the socket's directory goes.
@@ -183,7 +184,7 @@ class AgentAttach : public ::testing::Test {
  protected:
   // The agent, with a worker that prints "before", then (after `pause`
   // seconds) "during", then sleeps; its HELLO and STARTED read.
-  void start(Duration grace, const std::string& pause = "1") {
+  void start(Duration grace, const std::string& pause = "1", bool recorded = true) {
     agent_ = Child::fork_with_pipes([grace](int in, int out) {
       AgentOptions o;
       o.in_fd = in;
@@ -204,6 +205,7 @@ class AgentAttach : public ::testing::Test {
     EXPECT_TRUE(S_ISSOCK(st.st_mode));
     ASSERT_EQ(::lstat(std::filesystem::path(attach_path_).parent_path().c_str(), &st), 0);
     EXPECT_EQ(st.st_mode & 0777, 0700u) << "the attach socket's directory is private";
+    if (recorded) ASSERT_TRUE(ch.send(Recorded{}));  // the driver's record names it
     Start s;
     s.id = 41;
     s.generation = 3;
@@ -312,6 +314,15 @@ TEST_F(AgentAttach, NoDriverWithinTheGraceStopsEverything) {
   EXPECT_TRUE(wait_gone(worker_, 10s)) << "the worker outlived the grace";
   EXPECT_EQ(agent_.wait(15s), 1);
   EXPECT_FALSE(std::filesystem::exists(std::filesystem::path(attach_path_).parent_path()));
+}
+
+TEST_F(AgentAttach, AnAgentNoRecordNamesStopsItsWorkersWithTheDriver) {
+  // Its driver died before recording it: no new driver could find it, so
+  // its workers must not run on unowned.
+  ASSERT_NO_FATAL_FAILURE(start(20s, "0", /*recorded=*/false));
+  agent_.channel->close();
+  EXPECT_TRUE(wait_gone(worker_, 10s)) << "an agent no record names kept its workers";
+  EXPECT_EQ(agent_.wait(15s), 1);
 }
 
 TEST_F(AgentAttach, WithoutAGraceTheWorkersStopWithTheDriver) {
