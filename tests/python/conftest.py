@@ -131,8 +131,11 @@ class Workspace:
         tmp.replace(self.path / "hosts")
 
     def erun(self, erun_args, script, script_args=(), discovery=False, env=None):
-        # --driver-grace 0: a test that kills erun expects the workers gone with it.
-        argv = [str(ERUN), "--driver-grace", "0", "--event-log", str(self.path / "events.jsonl"), "--term-grace", "2"]
+        # --driver-grace 0: a test that kills erun expects the workers gone with it
+        # (unless it asks for a grace itself: a takeover test).
+        argv = [str(ERUN), "--event-log", str(self.path / "events.jsonl"), "--term-grace", "2"]
+        if "--driver-grace" not in erun_args:
+            argv[1:1] = ["--driver-grace", "0"]
         if discovery:
             disc = self.path / "discover.sh"
             disc.write_text(f"#!/bin/sh\ncat {self.path / 'hosts'}\n")
