@@ -254,7 +254,11 @@ class Soak:
                 if len(by_host) == 1 and not (base and any(self.whole_replica(f"{base}-{o}")
                                                             for o in self.hosts if o != h)):
                     continue
-                lost = (h, by_host[h], len(by_host) == 1)
+                # Alone: no other host runs a worker, not even one younger
+                # than the members counted above (a replacement that just
+                # started there holds the commit in its own files).
+                others = {self.env_of(pid).get("ERUN_HOSTNAME") for pid, _ in self.workers()} - {h}
+                lost = (h, by_host[h], len(by_host) == 1 and not others)
                 break
             if lost is None:
                 kind = "kill_lone_agent" if len(agents) == 1 else "kill" if ws else "discovery_junk"

@@ -27,6 +27,7 @@
 
 #include "support/erun_process.h"
 #include "support/process_utils.h"
+#include "support/sshd.h"
 
 namespace erun::testing {
 namespace {
@@ -151,6 +152,37 @@ TEST_F(ErunTakeover, AHostThatLeftDiscoveryMeanwhileIsLeftOutInPlaceByTheNext) {
   std::vector<int> want(10);
   for (int i = 0; i < 10; ++i) want[static_cast<size_t>(i)] = i;
   EXPECT_EQ(all, want) << "an epoch ran twice or went missing\n" << first.out() << "\n---\n" << again.out();
+}
+
+TEST_F(ErunTakeover, OverSshTheLaunchingSideLostWholeIsTakenOverByTheSameCommand) {
+  // Two hosts of the test's sshd; erun and every ssh client it started are
+  // SIGKILLed together, as when the launching machine dies: the remote
+  // agents see their connections gone, and the same command reaches them
+  // again over new ssh connections (`erun --agent --attach` on each host).
+  auto server = SshServer::start();
+  ERUN_REQUIRE_SSHD(server);
+  std::vector<std::string> extra = {"-np", "2", "-H", "127.0.0.2:1,127.0.0.3:1"};
+  for (auto& a : server->erun_args()) extra.push_back(a);
+  ErunProcess first(args(extra), env());
+  ASSERT_TRUE(first.wait_output(":epoch 1 loss=", 120s)) << first.out() << first.err();
+  std::set<pid_t> before = workers();
+  ASSERT_EQ(before.size(), 2u);
+  std::vector<pid_t> clients = children_of(static_cast<pid_t>(first.pid()));
+  first.signal(SIGKILL);
+  for (pid_t c : clients) ::kill(c, SIGKILL);
+  ASSERT_TRUE(first.wait(10s));
+  std::this_thread::sleep_for(2s);
+  EXPECT_EQ(workers(), before) << "a worker ended with the launching side";
+
+  ErunProcess again(args(extra), env());
+  ASSERT_TRUE(again.wait_output("took the job over at generation", 60s)) << again.err();
+  EXPECT_EQ(workers(), before) << "the new erun did not keep the workers";
+  ASSERT_NO_FATAL_FAILURE(expect_trained_exactly(again, uninterrupted_checksum()));
+  EXPECT_NE(again.err().find("2 worker(s) on 2 host(s)"), std::string::npos) << again.err();
+  std::vector<int> all = epochs(first.out() + again.out());
+  std::vector<int> want(10);
+  for (int i = 0; i < 10; ++i) want[static_cast<size_t>(i)] = i;
+  EXPECT_EQ(all, want) << first.out() << "\n---\n" << again.out();
 }
 
 TEST_F(ErunTakeover, NobodyTakingOverLeavesNothingAfterTheGrace) {
