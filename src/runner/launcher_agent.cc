@@ -799,26 +799,35 @@ Result<std::unique_ptr<WorkerHandle>> AgentLauncher::launch(const WorkerSpec& sp
   return std::unique_ptr<WorkerHandle>(new AgentWorker(c, start.id, out[0], err[0]));
 }
 
-std::shared_ptr<AgentConnection> AgentLauncher::connection(const std::string& host, const std::string& secret,
-                                                           std::string* error) {
-  auto& c = agents_[host];
-  if (c && !c->lost()) return c;
+std::shared_ptr<AgentConnection> AgentLauncher::spawn_connection(const std::string& host,
+                                                                 const std::vector<std::string>& agent_args,
+                                                                 std::string* error) {
   SpawnOptions o;
-  o.argv = agent_command_(host, agent_argv(options_));
+  o.argv = agent_command_(host, agent_args);
   o.pipe_stdin = true;
   o.pipe_stdout = true;
   // The agent's log lines (and ssh's errors) go to erun's stderr, through
-  // this connection when it looks at them.
+  // the connection when it looks at them.
   o.pipe_stderr = static_cast<bool>(stderr_hint_);
   o.new_process_group = true;
   auto process = Subprocess::spawn(o);
   if (!process) {
-    agents_.erase(host);
     *error = process.message();
     return nullptr;
   }
-  auto conn = std::make_shared<AgentConnection>(host, std::move(process).value(), options_, via_, stderr_hint_,
-                                                  paths_version_);
+  return std::make_shared<AgentConnection>(host, std::move(process).value(), options_, via_, stderr_hint_,
+                                           paths_version_);
+}
+
+std::shared_ptr<AgentConnection> AgentLauncher::connection(const std::string& host, const std::string& secret,
+                                                           std::string* error) {
+  auto& c = agents_[host];
+  if (c && !c->lost()) return c;
+  auto conn = spawn_connection(host, agent_argv(options_), error);
+  if (!conn) {
+    agents_.erase(host);
+    return nullptr;
+  }
   conn->send_secret(secret);
   ERUN_LOG_DEBUG("agent on {}: started ({}, pid {})", host, via_, conn->process_pid());
   c = std::move(conn);
@@ -869,19 +878,12 @@ std::vector<AttachOutcome> AgentLauncher::attach(const std::vector<std::pair<std
       out.back().status = Status::error("this driver left the job");
       continue;
     }
-    SpawnOptions o;
-    o.argv = agent_command_(host, {options_.agent_path, "--agent", "--attach", path});
-    o.pipe_stdin = true;
-    o.pipe_stdout = true;
-    o.pipe_stderr = static_cast<bool>(stderr_hint_);
-    o.new_process_group = true;
-    auto process = Subprocess::spawn(o);
-    if (!process) {
-      out.back().status = Status::error(process.message());
+    std::string error;
+    auto conn = spawn_connection(host, {options_.agent_path, "--agent", "--attach", path}, &error);
+    if (!conn) {
+      out.back().status = Status::error(error);
       continue;
     }
-    auto conn = std::make_shared<AgentConnection>(host, std::move(process).value(), options_, via_, stderr_hint_,
-                                                  paths_version_);
     conn->send_secret(request.secret);
     conn->send(agent::Attach{request.term, request.rdzv_host, static_cast<uint32_t>(std::max(request.rdzv_port, 0))});
     conn->start_reader();

@@ -71,6 +71,10 @@ class AgentLauncher final : public Launcher {
   // null with `error` set when its agent cannot be started.
   std::shared_ptr<AgentConnection> connection(const std::string& host, const std::string& secret,
                                               std::string* error);
+  // A connection to the process that runs `agent_args` for `host` (an agent,
+  // or `erun --agent --attach`); null with `error` set when it cannot start.
+  std::shared_ptr<AgentConnection> spawn_connection(const std::string& host, const std::vector<std::string>& agent_args,
+                                                    std::string* error);
   AgentCommand agent_command_;
   bool abandoned_ = false;
   // Bumped by a connection whose agent names its attach socket (HELLO).
