@@ -157,6 +157,7 @@ class Agent {
   int in_fd_ = -1, out_fd_ = -1;  // the driver's channel: stdin/stdout, or an attach connection
   bool attached_ = true;          // a driver's channel is open
   bool recorded_ = false;         // RECORDED came: a new driver can find this agent
+  bool silent_ = false;           // attached, but the driver is past its heartbeat timeout
   uint64_t term_ = 1;             // the driver obeyed: the first one is term 1
   SteadyClock::time_point grace_until_{};
   // Workers whose EXITED is queued but not yet written: a new driver learns
@@ -274,6 +275,7 @@ void Agent::flush_outbound() {
 }
 
 void Agent::close_channel() {
+  silent_ = false;
   if (in_fd_ >= 0 && in_fd_ != out_fd_) ::close(in_fd_);
   if (out_fd_ >= 0) ::close(out_fd_);
   in_fd_ = out_fd_ = -1;
@@ -468,6 +470,7 @@ void Agent::on_driver_bytes() {
     return;
   }
   last_heard_ = SteadyClock::now();
+  if (std::exchange(silent_, false)) ERUN_LOG_WARN("{}: the driver speaks again", me_);
   handle_frames(std::string_view(chunk, static_cast<size_t>(n)));
 }
 
@@ -983,9 +986,24 @@ bool Agent::begin() {
 // The driver's heartbeat timeout, and the heartbeats to the driver and to
 // the watchdog.
 void Agent::keep_in_touch(SteadyClock::time_point now) {
+  const auto silent_ms = std::chrono::duration_cast<std::chrono::milliseconds>(now - last_heard_).count();
   if (!stopping_ && attached_ && now - last_heard_ > o_.heartbeat_timeout) {
-    lose_driver(fmt::format("no word from the driver for {} ms (heartbeat timeout)",
-                            std::chrono::duration_cast<std::chrono::milliseconds>(now - last_heard_).count()));
+    if (o_.driver_grace > Duration::zero() && recorded_) {
+      // A silent driver (stopped with Ctrl-Z, a hung connection) keeps its
+      // channel through the grace: should it speak again, nothing changed;
+      // a new driver may take the job over meanwhile.
+      if (!silent_) {
+        silent_ = true;
+        grace_until_ = now + o_.driver_grace;
+        ERUN_LOG_WARN("{}: no word from the driver for {} ms: its workers go on for up to {:.0f} s (--driver-grace) "
+                      "while it stays silent",
+                      me_, silent_ms, std::chrono::duration<double>(o_.driver_grace).count());
+      } else if (now >= grace_until_) {
+        stop_all(fmt::format("no word from the driver for {} ms, past --driver-grace", silent_ms), true);
+      }
+    } else {
+      lose_driver(fmt::format("no word from the driver for {} ms (heartbeat timeout)", silent_ms));
+    }
   }
   if (holding() && now >= grace_until_) {
     stop_all(fmt::format("no driver took the job over within --driver-grace ({:.0f} s)",

@@ -185,6 +185,24 @@ TEST_F(ErunTakeover, OverSshTheLaunchingSideLostWholeIsTakenOverByTheSameCommand
   EXPECT_EQ(all, want) << first.out() << "\n---\n" << again.out();
 }
 
+TEST_F(ErunTakeover, AnErunStoppedPastItsHeartbeatTimeoutGoesOnWhenContinued) {
+  // Ctrl-Z on erun for three heartbeat timeouts, then fg: the agents keep
+  // their workers and the channel, and the job goes on as if nothing
+  // happened (no worker replaced, no reset).
+  std::vector<std::string> extra = {"--heartbeat-timeout", "2", "-np", "2"};
+  ErunProcess p(args(extra), env());
+  ASSERT_TRUE(p.wait_output(":epoch 1 loss=", 120s)) << p.out() << p.err();
+  std::set<pid_t> before = workers();
+  ASSERT_EQ(before.size(), 2u);
+  p.signal(SIGSTOP);
+  std::this_thread::sleep_for(6s);
+  EXPECT_EQ(workers(), before) << "a worker stopped while erun was stopped";
+  p.signal(SIGCONT);
+  ASSERT_NO_FATAL_FAILURE(expect_trained_exactly(p, uninterrupted_checksum()));
+  EXPECT_NE(p.err().find("and 0 resets"), std::string::npos) << p.err();
+  EXPECT_NE(p.err().find("the driver speaks again"), std::string::npos) << p.err();
+}
+
 TEST_F(ErunTakeover, NobodyTakingOverLeavesNothingAfterTheGrace) {
   std::vector<std::string> a = args({"-np", "2"});
   a[1] = "3";  // --driver-grace 3
