@@ -126,7 +126,11 @@ class Driver {
     double after_s = 0;
   };
 
-  // Makes the taken-over job's workers this driver's (start()).
+  // ---- taking over (driver_takeover.cc) ----
+  // start() of a job taken over: adopts its workers, or (none of the plan
+  // left) starts it anew after the record's generation.
+  void take_over(DriverDeps::Takeover& t);
+  // Makes the taken-over job's workers this driver's.
   void adopt(DriverDeps::Takeover& t);
   // An agent obeys a newer driver: leave the job to it.
   bool check_superseded();

@@ -1,0 +1,325 @@
+// The agent's channel to its driver (agent_internal.h).
+#include "agent/agent_internal.h"
+#include "common/handshake.h"
+
+namespace erun::agent::internal {
+
+void Agent::send(const Message& m) {
+  if (!out_open_ && !holding()) return;
+  bool is_output = std::holds_alternative<Output>(m);
+  if (is_output && outbound_.size() > kMaxOutbound) {
+    ++dropped_output_;
+    return;
+  }
+  outbound_ += encode(m);
+  if (out_open_) {
+    last_sent_ = SteadyClock::now();
+    flush_outbound();
+  }
+}
+
+// The length of the frame that starts at `p` (its header included).
+size_t frame_size(const char* p) {
+  uint32_t length = 0;
+  for (int i = 0; i < 4; ++i) length |= static_cast<uint32_t>(static_cast<uint8_t>(p[i])) << (8 * i);
+  return 4 + static_cast<size_t>(length);
+}
+
+void Agent::flush_outbound() {
+  while (out_open_ && outbound_.size() > head_sent_) {
+    ssize_t n = ::write(out_fd_, outbound_.data() + head_sent_, outbound_.size() - head_sent_);
+    if (n > 0) {
+      head_sent_ += static_cast<size_t>(n);
+      // Whole frames written leave the queue; a part-written one stays, so
+      // that a new driver gets it whole should this channel break now.
+      size_t done = 0;
+      while (done < head_sent_ && outbound_.size() - done >= 4 && frame_size(outbound_.data() + done) <= head_sent_ - done) {
+        done += frame_size(outbound_.data() + done);
+      }
+      outbound_.erase(0, done);
+      head_sent_ -= done;
+      if (outbound_.empty()) departed_.clear();
+    } else if (n < 0 && errno == EINTR) {
+      continue;
+    } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      return;
+    } else {
+      lose_driver(fmt::format("cannot write to the driver ({})", n < 0 ? std::strerror(errno) : "closed"));
+    }
+  }
+}
+
+void Agent::close_channel() {
+  silent_ = false;
+  if (in_fd_ >= 0 && in_fd_ != out_fd_) ::close(in_fd_);
+  if (out_fd_ >= 0) ::close(out_fd_);
+  in_fd_ = out_fd_ = -1;
+  driver_open_ = out_open_ = attached_ = false;
+  head_sent_ = 0;  // the next driver gets the first frame whole
+  reader_ = FrameReader();
+}
+
+void Agent::lose_driver(const std::string& why) {
+  if (o_.driver_grace > Duration::zero() && !recorded_ && !stopping_) {
+    // No job record names this agent yet: no new driver could find it.
+    ERUN_LOG_WARN("{}: its driver is gone before recording this agent for a takeover: its workers stop", me_);
+  }
+  if (o_.driver_grace <= Duration::zero() || !recorded_ || stopping_) {
+    driver_open_ = false;
+    out_open_ = false;
+    outbound_.clear();
+    head_sent_ = 0;
+    stop_all(why, true);
+    return;
+  }
+  if (!attached_) return;
+  close_channel();
+  grace_until_ = SteadyClock::now() + o_.driver_grace;
+  // The relay waits for the next driver's address instead of retrying this one.
+  if (relay_) relay_->pause();
+  size_t running = std::count_if(workers_.begin(), workers_.end(), [](auto& w) { return !w.second.reaped; });
+  ERUN_LOG_WARN("{}: {}: keeping {} worker(s) running for {:.0f} s (--driver-grace) while a new erun takes the "
+                "job over (the same erun command again, or erun --attach)",
+                me_, why, running, std::chrono::duration<double>(o_.driver_grace).count());
+  // The agent's stderr was erun's (a local agent) or its ssh session's: let
+  // it go, so that nothing waiting for erun's output to end (a pipe, a
+  // terminal) waits for this agent. Its later lines are lost.
+  if (int devnull = ::open("/dev/null", O_WRONLY | O_CLOEXEC); devnull >= 0) {
+    ::dup2(devnull, STDERR_FILENO);
+    ::close(devnull);
+  }
+}
+
+bool Agent::listen_for_attach() {
+  std::string templ = o_.relay_dir + "/erun-agent-XXXXXX";
+  if (::mkdtemp(templ.data()) == nullptr) {  // mode 0700
+    ERUN_LOG_ERROR("{}: cannot create a private directory for the attach socket ({}): {}", me_, templ,
+                   std::strerror(errno));
+    return false;
+  }
+  attach_dir_ = templ;
+  attach_path_ = attach_dir_ + "/attach";
+  net::Address a;
+  net::Socket sock;
+  if (net::unix_address(attach_path_, &a)) sock = net::listen(a, 16);
+  if (!sock.ok()) {
+    ERUN_LOG_ERROR("{}: cannot listen on the attach socket {}: set TMPDIR on this host to a short directory", me_,
+                   attach_path_);
+    ::rmdir(attach_dir_.c_str());
+    attach_dir_.clear();
+    attach_path_.clear();
+    return false;
+  }
+  ::chmod(attach_path_.c_str(), 0600);
+  attach_listen_ = std::move(sock.fd);
+  return true;
+}
+
+void Agent::accept_attachers() {
+  while (true) {
+    Fd fd = net::accept(attach_listen_.get());
+    if (!fd) return;
+    if (attachers_.size() >= 4 || stopping_) continue;  // closes it
+    attachers_.push_back(Attacher{std::move(fd), {}, SteadyClock::now() + std::chrono::seconds(10)});
+  }
+}
+
+// Bytes from a would-be driver: its secret line, then ATTACH.
+void Agent::on_attacher(size_t i) {
+  Attacher& a = attachers_[i];
+  char chunk[4096];
+  ssize_t n = ::recv(a.fd.get(), chunk, sizeof chunk, MSG_DONTWAIT);
+  if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) return;
+  auto drop = [&](const std::string& why) {
+    if (!why.empty()) ERUN_LOG_WARN("{}: refused a driver's attach: {}", me_, why);
+    attachers_.erase(attachers_.begin() + static_cast<long>(i));
+  };
+  if (n <= 0) return drop("");
+  a.in.append(chunk, static_cast<size_t>(n));
+  size_t nl = a.in.find('\n');
+  if (nl == std::string::npos) {
+    if (a.in.size() > kMaxSecret) drop("its first line is no job secret");
+    return;
+  }
+  if (a.in.size() - nl - 1 < 4) return;
+  size_t size = frame_size(a.in.data() + nl + 1);
+  if (size > kMaxFrame) return drop("its first frame is too long");
+  if (a.in.size() - nl - 1 < size) return;
+  if (!handshake::equal_ct(std::string_view(a.in.data(), nl), secret_)) return drop("wrong job secret");
+  auto m = decode(std::string_view(a.in).substr(nl + 1 + 4, size - 4));
+  const Attach* at = m ? std::get_if<Attach>(&m.value()) : nullptr;
+  if (!at) return drop("its first frame is not ATTACH");
+  if (at->term <= term_) {
+    std::string no = encode(Superseded{term_});
+    (void)!::send(a.fd.get(), no.data(), no.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+    return drop(fmt::format("it is driver term {}, and this agent obeys term {}", at->term, term_));
+  }
+  Fd fd = std::move(a.fd);
+  Attach attach = *at;
+  std::string rest = a.in.substr(nl + 1 + size);
+  attachers_.erase(attachers_.begin() + static_cast<long>(i));
+  take_over_channel(std::move(fd), attach, rest);
+}
+
+State Agent::state_report() const {
+  State st;
+  st.term = term_;
+  st.dropped_output = dropped_output_;
+  for (auto& [id, w] : workers_) st.workers.push_back(WorkerReport{id, w.generation, w.rank, w.slot, w.pid, false});
+  for (auto& [id, r] : departed_) st.workers.push_back(r);
+  return st;
+}
+
+// The new driver's connection becomes the channel: a driver still attached
+// hears SUPERSEDED and loses its channel (its workers stay); the new one gets
+// HELLO, STATE, then every frame held for it.
+void Agent::take_over_channel(Fd fd, const Attach& a, std::string_view rest) {
+  if (attached_) {
+    // The rest of a frame it got part of first, so that it reads SUPERSEDED
+    // (best effort: a full pipe drops it, and the old driver sees EOF).
+    std::string bye;
+    if (head_sent_ > 0) bye = outbound_.substr(head_sent_, frame_size(outbound_.data()) - head_sent_);
+    bye += encode(Superseded{a.term});
+    (void)write_fully(out_fd_, bye);
+    close_channel();
+  }
+  term_ = a.term;
+  recorded_ = true;  // the new driver found it in the record
+  (void)net::set_nonblocking(fd.get());
+  in_fd_ = out_fd_ = fd.release();
+  attached_ = driver_open_ = out_open_ = true;
+  last_heard_ = SteadyClock::now();
+  if (relay_) relay_->resume(a.rdzv_host, static_cast<int>(a.rdzv_port));
+  size_t held = outbound_.size();
+  outbound_ = encode(Hello{kProtocolVersion, o_.host, ::getpid(), attach_path_}) + encode(state_report()) + outbound_;
+  ERUN_LOG_WARN("{}: driver term {} took the job over: {} worker(s) here, {} bytes held for it", me_, term_,
+                workers_.size(), held);
+  last_sent_ = SteadyClock::now();
+  flush_outbound();
+  if (!rest.empty()) handle_frames(rest);
+}
+
+bool Agent::read_secret() {
+  auto deadline = SteadyClock::now() + o_.secret_timeout;
+  char chunk[4096];
+  while (true) {
+    size_t nl = inbound_.find('\n');
+    if (nl != std::string::npos) {
+      secret_ = inbound_.substr(0, nl);
+      inbound_.erase(0, nl + 1);
+      return true;
+    }
+    if (inbound_.size() > kMaxSecret) {
+      ERUN_LOG_ERROR("{}: the first line from the driver is longer than {} bytes: not a job secret", me_, kMaxSecret);
+      return false;
+    }
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - SteadyClock::now()).count();
+    if (left <= 0) {
+      ERUN_LOG_ERROR("{}: no job secret from the driver within {} s", me_,
+                     std::chrono::duration_cast<std::chrono::seconds>(o_.secret_timeout).count());
+      return false;
+    }
+    pollfd p{in_fd_, POLLIN, 0};
+    if (::poll(&p, 1, static_cast<int>(std::min<long>(left, 1000))) <= 0) continue;
+    ssize_t n = ::read(in_fd_, chunk, sizeof chunk);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (n <= 0) {
+      ERUN_LOG_ERROR("{}: the driver's channel closed before the job secret (erun gone?)", me_);
+      return false;
+    }
+    inbound_.append(chunk, static_cast<size_t>(n));
+  }
+}
+
+void Agent::on_driver_bytes() {
+  char chunk[kReadChunk];
+  ssize_t n = ::read(in_fd_, chunk, sizeof chunk);
+  if (n < 0 && (errno == EINTR || errno == EAGAIN)) return;
+  if (n <= 0) {
+    lose_driver(n == 0 ? "the driver's channel closed (erun exited or the connection dropped)"
+                       : fmt::format("cannot read from the driver: {}", std::strerror(errno)));
+    return;
+  }
+  last_heard_ = SteadyClock::now();
+  if (std::exchange(silent_, false)) ERUN_LOG_WARN("{}: the driver speaks again", me_);
+  handle_frames(std::string_view(chunk, static_cast<size_t>(n)));
+}
+
+void Agent::handle_frames(std::string_view bytes) {
+  reader_.feed(bytes);
+  while (driver_open_) {
+    auto m = reader_.next();
+    if (!m) {
+      lose_driver(m.message());
+      return;
+    }
+    if (!m->has_value()) return;
+    handle(std::move(**m));
+  }
+}
+
+
+}  // namespace erun::agent::internal
+
+namespace erun::agent {
+
+using internal::kReadChunk;
+using internal::SteadyClock;
+using internal::write_fully;
+
+int run_attach_pump(const std::string& path, int in_fd, int out_fd) {
+  ::signal(SIGPIPE, SIG_IGN);
+  net::Address a;
+  if (!net::unix_address(path, &a)) {
+    ERUN_LOG_ERROR("erun --agent --attach {}: not a usable socket path", path);
+    return 1;
+  }
+  net::Socket s = net::connect_unix(a, SteadyClock::now() + std::chrono::seconds(10));
+  if (!s.ok()) {
+    ERUN_LOG_ERROR("erun --agent --attach {}: cannot reach the agent ({}): it ended, or its host restarted", path,
+                   s.outcome.text());
+    return 1;
+  }
+  const int sock = s.fd.get();
+  // Two directions, each a buffer that poll() drains; either side's end ends both.
+  std::string to_sock, to_out;
+  bool in_open = true;
+  char chunk[kReadChunk];
+  while (true) {
+    pollfd fds[4] = {{in_open && to_sock.size() < kReadChunk * 16 ? in_fd : -1, POLLIN, 0},
+                     {to_out.size() < kReadChunk * 16 ? sock : -1, POLLIN, 0},
+                     {to_sock.empty() ? -1 : sock, POLLOUT, 0},
+                     {to_out.empty() ? -1 : out_fd, POLLOUT, 0}};
+    if (!in_open && to_sock.empty()) ::shutdown(sock, SHUT_WR);
+    if (::poll(fds, 4, -1) < 0) {
+      if (errno == EINTR) continue;
+      return 1;
+    }
+    if (fds[0].revents) {
+      ssize_t n = ::read(in_fd, chunk, sizeof chunk);
+      if (n > 0) to_sock.append(chunk, static_cast<size_t>(n));
+      if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) in_open = false;
+    }
+    if (fds[1].revents) {
+      ssize_t n = ::recv(sock, chunk, sizeof chunk, 0);
+      if (n > 0) to_out.append(chunk, static_cast<size_t>(n));
+      if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) {
+        (void)write_fully(out_fd, to_out);
+        return 0;
+      }
+    }
+    if (fds[2].revents && !to_sock.empty()) {
+      ssize_t n = ::send(sock, to_sock.data(), to_sock.size(), MSG_NOSIGNAL);
+      if (n > 0) to_sock.erase(0, static_cast<size_t>(n));
+      if (n < 0 && errno != EINTR && errno != EAGAIN) return 0;
+    }
+    if (fds[3].revents && !to_out.empty()) {
+      ssize_t n = ::write(out_fd, to_out.data(), to_out.size());
+      if (n > 0) to_out.erase(0, static_cast<size_t>(n));
+      if (n < 0 && errno != EINTR && errno != EAGAIN) return 0;
+    }
+    if (!in_open && to_sock.empty() && fds[1].fd < 0 && to_out.empty()) return 0;
+  }
+}
+
+}  // namespace erun::agent

@@ -1,0 +1,107 @@
+// The driver taking a running job over from one that is gone, and leaving
+// it to a newer one (docs/design.md, "A driver that can be replaced").
+#include <algorithm>
+#include <set>
+
+#include <fmt/format.h>
+
+#include "common/log.h"
+#include "runner/driver.h"
+
+namespace erun {
+
+void Driver::take_over(DriverDeps::Takeover& t) {
+  auto in_plan = [&](const AdoptedWorker& a) {
+    return std::find(t.plan.begin(), t.plan.end(), SlotKey{a.host, a.slot}) != t.plan.end();
+  };
+  if (std::any_of(t.workers.begin(), t.workers.end(), in_plan)) {
+    adopt(t);
+    return;
+  }
+  for (auto& a : t.workers) a.handle->kill();  // none holds a rank of the plan
+  // Nothing left to adopt: the job starts anew, its generations going on
+  // after the record's (the rendezvous resumed there).
+  generation_ = t.generation;
+  resets_ = t.resets;
+  restarts_ = t.restarts;
+}
+
+void Driver::adopt(DriverDeps::Takeover& t) {
+  generation_ = t.generation;
+  resets_ = t.resets;
+  restarts_ = t.restarts;
+  plan_ = plan_over_slots(generation_, t.plan);
+  recent_plans_.push_back(plan_);
+  int kept = 0, ended = 0, strays = 0;
+  std::set<std::string> hosts;
+  for (auto& a : t.workers) {
+    Worker w;
+    w.key = next_key_++;
+    w.handle = std::move(a.handle);
+    w.launched_generation = a.generation;
+    w.started = clock_.now();
+    launcher_for(a.host, &w.local);
+    const RankAssignment* r = plan_.find(SlotKey{a.host, a.slot});
+    if (!r) {
+      // Not of the running plan (a replacement that was never admitted): it
+      // holds nothing the job needs.
+      w.assignment.slot = SlotKey{a.host, a.slot};
+      w.assignment.rank = a.rank;
+      w.state = WorkerState::kExcluded;
+      w.handle->kill();
+      ++strays;
+    } else {
+      w.assignment = *r;
+      w.state = WorkerState::kMember;
+      w.joined = t.in_place;  // it ran in place under the driver before
+      ++kept;
+      hosts.insert(a.host);
+      if (w.handle->poll()) ++ended;
+    }
+    if (d_.output) d_.output->add(w.key, w.assignment.rank, w.handle->take_stdout(), w.handle->take_stderr());
+    workers_.push_back(std::move(w));
+  }
+  crash_loop_.generation_started(generation_, plan_.hosts());
+  // Workers the record does not know to have joined (its driver died before
+  // they did) are marked joined when they come to the rendezvous
+  // (update_joined()), and then re-form in place.
+  generation_complete_ = t.in_place;
+  published_at_ = clock_.now();
+  set_phase(JobPhase::kRunning);
+  ERUN_LOG_WARN("job {}: driver term {} took the job over at generation {}: {} worker(s) on {} host(s) go on in place "
+                "(their processes and ranks kept; they re-join at their next commit){}",
+                d_.job_id, t.term, generation_, kept, hosts.size(),
+                strays > 0 ? fmt::format("; {} worker(s) outside the plan stopped", strays) : "");
+  if (d_.events) {
+    d_.events->write("driver_attached", {{"term", json_number(static_cast<long>(t.term))},
+                                         {"generation", json_number(generation_)},
+                                         {"workers", json_number(long{kept})},
+                                         {"hosts", json_number(static_cast<long>(hosts.size()))}});
+  }
+  (void)ended;
+}
+
+bool Driver::members_joined() const {
+  return std::any_of(workers_.begin(), workers_.end(),
+                     [](const Worker& w) { return w.joined && w.state == WorkerState::kMember; });
+}
+
+bool Driver::check_superseded() {
+  uint64_t term = d_.local_launcher->superseded();
+  if (d_.remote_launcher) term = std::max(term, d_.remote_launcher->superseded());
+  if (term == 0) return false;
+  superseded_by_ = term;
+  ERUN_LOG_ERROR("job {}: driver term {} took the job over: this erun leaves it to that one and exits without "
+                 "touching the workers",
+                 d_.job_id, term);
+  d_.local_launcher->abandon();
+  if (d_.remote_launcher) d_.remote_launcher->abandon();
+  for (auto& w : workers_) {
+    if (!w.exit) w.exit = ExitStatus{255, 0};
+  }
+  done(3);
+  return true;
+}
+
+
+}  // namespace erun
