@@ -3,6 +3,7 @@
 // middle of a commit leaves the previous one whole, and read back by the
 // State of a later worker when every worker that made it is gone.
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <linux/magic.h>
@@ -514,22 +515,38 @@ TEST_F(HostCommitsTest, WorkersKilledInTheMiddleOfCommitsLeaveOnlyWholeCommits) 
   uint64_t last = 0, start = 1;
   unsigned seed = 12345;
   for (int round = 0; round < 25; ++round) {
+    // Odd rounds kill only after the child's first whole commit, so that a
+    // loaded machine (every kill landing before any commit) cannot leave the
+    // test with nothing to check; even rounds may kill the first one too.
+    int started[2];
+    ASSERT_EQ(::pipe(started), 0);
     pid_t pid = ::fork();
     ASSERT_GE(pid, 0);
     if (pid == 0) {
+      ::close(started[0]);
       si::HostCommits hc(stem);
       std::vector<char> data(bytes);
       const std::string name = "w";
       for (uint64_t id = start;; ++id) {
         std::memset(data.data(), static_cast<int>(id % 251), data.size());
         if (hc.write(id, entries(name, data))) ::_exit(3);
+        if (id == start) {
+          char one = 1;
+          if (::write(started[1], &one, 1) != 1) ::_exit(4);
+        }
       }
+    }
+    ::close(started[1]);
+    if (round % 2 == 1) {
+      pollfd p{started[0], POLLIN, 0};
+      ASSERT_EQ(::poll(&p, 1, 20000), 1) << "the writer made no whole commit in 20 s";
     }
     seed = seed * 1103515245u + 12345u;
     ::usleep(2000 + (seed >> 8) % 30000);
     ::kill(pid, SIGKILL);
     int status = 0;
     ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+    ::close(started[0]);  // open until the kill: the child's one byte never meets a closed pipe
     ASSERT_TRUE(WIFSIGNALED(status)) << "the writer failed: " << status;
     auto f = si::HostCommits::newest(dir_);
     if (!f) continue;  // killed before its first commit was whole
