@@ -148,6 +148,9 @@ int train(const Options& o) {
   std::vector<float> velocity(layout.total, 0.0f);
   int32_t epoch = 0;
   int64_t step = 0;
+  // Steps this process computed, rolled-back ones included (not in the
+  // State): beside `step` it says how many steps a fault cost.
+  int64_t steps_run = 0;
   int64_t epoch_samples = 0;     // samples processed this epoch, by all ranks
   uint64_t epoch_fingerprint = 0;
   uint64_t full_fingerprint = 0;
@@ -221,6 +224,7 @@ int train(const Options& o) {
         }
         sampler.record_batch(global);
         ++step;
+        ++steps_run;
         if (o.step_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(o.step_ms));
         if (step % o.commit_every == 0) s.commit();
       }
@@ -235,6 +239,11 @@ int train(const Options& o) {
     return evaluate(c, layout, params, ds);
   });
 
+  // Rolled-back steps of this process: steps_run - step when it ran from
+  // the start (a survivor of every fault), as rank 0 does in the benches.
+  if (ctx.rank() == 0)
+    std::printf("rank 0 pid %d: steps run %lld, in the model %lld\n", static_cast<int>(::getpid()),
+                static_cast<long long>(steps_run), static_cast<long long>(step));
   if (ctx.rank() == 0)
     std::printf("final accuracy=%.4f loss=%.4f checksum=%016llx\n", final_metrics.accuracy, final_metrics.loss,
                 static_cast<unsigned long long>(checksum(params)));

@@ -91,6 +91,10 @@ class ERUN_API Context {
   // writes every commit there and, at its first sync(), restores the newest
   // commit its host holds when that is newer than its own (docs/state.md).
   virtual std::string host_commit_stem() const { return {}; }
+  // The pending change is a host that drains (it got a notice to leave):
+  // State::check_host_updates() between commits then commits first, so the
+  // leaving workers take no step with them (docs/state.md, "Leaving on notice").
+  virtual bool drain_pending() const { return false; }
 
  protected:
   // Implementations call this when they leave a generation (rejoin): the GPU

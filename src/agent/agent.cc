@@ -18,10 +18,16 @@ void Agent::handle(Message m) {
   if (auto* s = std::get_if<Start>(&m)) {
     start(*s);
   } else if (auto* sig = std::get_if<Signal>(&m)) {
-    if (Worker* w = live(sig->id); w && sig->sig > 0 && sig->sig < NSIG) ::kill(-w->pid, sig->sig);
+    if (Worker* w = live(sig->id); w && sig->sig > 0 && sig->sig < NSIG) {
+      if (sig->sig == SIGTERM) {
+        terminate(*w);  // erun forwards a SIGTERM it got: a stop, not a notice
+      } else {
+        ::kill(-w->pid, sig->sig);
+      }
+    }
   } else if (auto* t = std::get_if<Terminate>(&m)) {
     if (Worker* w = live(t->id); w && !w->kill_at) {
-      ::kill(-w->pid, SIGTERM);
+      terminate(*w);
       w->kill_at = SteadyClock::now() + w->grace;
     }
   } else if (auto* k = std::get_if<Kill>(&m)) {
@@ -46,16 +52,70 @@ void Agent::handle(Message m) {
 }
 
 void Agent::start(const Start& s) {
-  if (stopping_ || s.argv.empty() || find(s.id)) {
-    send(StartFailed{s.id, stopping_ ? "the agent is stopping" : s.argv.empty() ? "empty command" : "duplicate id"});
+  if (stopping_ || draining_ || s.argv.empty() || find(s.id)) {
+    send(StartFailed{s.id, stopping_   ? "the agent is stopping"
+                           : draining_ ? "the host is draining (it got a notice to leave)"
+                           : s.argv.empty() ? "empty command"
+                                            : "duplicate id"});
     return;
   }
-  auto spawned = Subprocess::spawn(spawn_options(s));
+  // The worker's control socket: its library takes a SIGTERM as a notice to
+  // leave (and says 'D'), unless this agent said 'S' first.
+  Fd ctl, child_ctl;
+  if (o_.drain_timeout > Duration::zero()) {
+    int pair[2];
+    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, pair) == 0) {
+      ctl.reset(pair[0]);
+      child_ctl.reset(pair[1]);
+    } else {
+      ERUN_LOG_WARN("{}: socketpair: {}: this worker cannot drain on SIGTERM", me_, std::strerror(errno));
+    }
+  }
+  auto spawned = Subprocess::spawn(spawn_options(s, child_ctl.get()));
   if (!spawned) {
     send(StartFailed{s.id, spawned.message()});
     return;
   }
   add_worker(s, spawned.value());
+  if (Worker* w = find(s.id)) w->ctl = ctl.release();
+}
+
+void Agent::terminate(Worker& w) {
+  if (w.ctl >= 0) (void)!::send(w.ctl, "S", 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+  ::kill(-w.pid, SIGTERM);
+}
+
+void Agent::on_worker_ctl(Worker& w) {
+  char buf[16];
+  ssize_t n = ::recv(w.ctl, buf, sizeof buf, MSG_DONTWAIT);
+  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
+  if (n <= 0) {  // the worker (and whatever inherited the socket) closed it
+    close_fd(w.ctl);
+    return;
+  }
+  if (std::memchr(buf, 'D', static_cast<size_t>(n))) {
+    begin_drain(fmt::format("SIGTERM to {} (pid {})", who(w.generation, o_.host, w.rank), w.pid));
+  }
+}
+
+void Agent::begin_drain(const std::string& why) {
+  if (draining_ || stopping_) return;
+  draining_ = true;
+  drain_deadline_ = SteadyClock::now() + o_.drain_timeout + 10s;
+  ERUN_LOG_INFO("{}: {}: the host drains: its workers leave the job at their next commit (--drain-timeout {:g} s)",
+                me_, why, std::chrono::duration<double>(o_.drain_timeout).count());
+  send(Draining{why});
+}
+
+void Agent::tend_drain(SteadyClock::time_point now) {
+  if (!draining_ || stopping_) return;
+  if (workers_.empty()) {
+    stop_all("drained: its workers left the job", false);
+  } else if (now >= drain_deadline_) {
+    stop_all(fmt::format("draining: {} worker(s) still here {:.0f} s after the notice", workers_.size(),
+                         std::chrono::duration<double>(o_.drain_timeout + 10s).count()),
+             true);
+  }
 }
 
 // The agent's own environment (the login environment on a remote host, erun's
@@ -86,10 +146,14 @@ std::vector<std::string> Agent::worker_env(const Start& s) {
 // The worker leads its own session, is registered with the watchdog before
 // anything can go wrong (even if the agent dies that instant, the watchdog
 // learns of it), and says on its stderr why it could not start.
-SpawnOptions Agent::spawn_options(const Start& s) {
+SpawnOptions Agent::spawn_options(const Start& s, int ctl) {
   SpawnOptions o;
   o.argv = s.argv;
   o.env = worker_env(s);
+  if (ctl >= 0) {
+    o.pass_fd = ctl;
+    o.env->push_back(fmt::format("ERUN_AGENT_FD={}", ctl));
+  }
   o.path_from_env = true;
   o.cwd = s.cwd;
   o.new_session = true;
@@ -187,6 +251,11 @@ void Agent::on_sigchld() {
     if (info.ssi_signo == SIGHUP && o_.driver_grace > Duration::zero()) {
       // The terminal that ran erun is gone: erun's loss, not a stop order.
       ERUN_LOG_DEBUG("{}: SIGHUP ignored (--driver-grace)", me_);
+    } else if (info.ssi_signo == SIGTERM && !std::exchange(sigterm_seen_, true) &&
+               o_.drain_timeout > Duration::zero() && attached_ && !stopping_ && !workers_.empty()) {
+      // A notice (Slurm's preemption, a pod's eviction, an operator): the
+      // host leaves at its workers' next commit; a second SIGTERM stops now.
+      begin_drain("SIGTERM to the agent");
     } else if (info.ssi_signo == SIGTERM || info.ssi_signo == SIGHUP || info.ssi_signo == SIGINT) {
       stop_all(fmt::format("signal {} ({})", info.ssi_signo, strsignal(static_cast<int>(info.ssi_signo))), true);
     }
@@ -226,6 +295,7 @@ void Agent::report_exits(SteadyClock::time_point now) {
     if (!outbound_.empty()) departed_[w.id] = WorkerReport{w.id, w.generation, w.rank, w.slot, w.pid, true};
     close_fd(w.out.file_fd);
     close_fd(w.err.file_fd);
+    close_fd(w.ctl);
     it = workers_.erase(it);
   }
 }
@@ -242,7 +312,7 @@ void Agent::stop_all(const std::string& why, bool lost) {
   Duration longest = 0s;
   for (auto& [id, w] : workers_) {
     if (w.reaped) continue;
-    ::kill(-w.pid, SIGTERM);
+    terminate(w);
     if (!w.kill_at) w.kill_at = SteadyClock::now() + w.grace;
     longest = std::max(longest, w.grace);
   }
@@ -328,6 +398,7 @@ int Agent::run() {
     sweep_replicas(now);
     report_exits(now);
     kill_overdue(now);
+    tend_drain(now);
     if (stopping_ && stopped(now)) break;
     ensure_watchdog();
     poll_once(now);
@@ -429,7 +500,7 @@ bool Agent::stopped(SteadyClock::time_point now) {
 // pipes and the relay, and what each ready descriptor asks for.
 void Agent::poll_once(SteadyClock::time_point now) {
   std::vector<pollfd> fds;
-  std::vector<std::pair<uint64_t, int>> streams;  // worker id, 1/2; from fds[3] on
+  std::vector<std::pair<uint64_t, int>> streams;  // worker id, 1/2 (output) or 3 (control); from fds[3] on
   fds.push_back({sig_fd_, POLLIN, 0});
   fds.push_back({driver_open_ ? in_fd_ : -1, POLLIN, 0});
   fds.push_back({out_open_ && outbound_.size() > head_sent_ ? out_fd_ : -1, POLLOUT, 0});
@@ -441,6 +512,10 @@ void Agent::poll_once(SteadyClock::time_point now) {
     if (w.err.fd >= 0) {
       fds.push_back({w.err.fd, POLLIN, 0});
       streams.push_back({id, 2});
+    }
+    if (w.ctl >= 0) {
+      fds.push_back({w.ctl, POLLIN, 0});
+      streams.push_back({id, 3});
     }
   }
   Relay* relay = relay_.get();  // the one whose descriptors are listed (a START may make one)
@@ -462,6 +537,8 @@ void Agent::poll_once(SteadyClock::time_point now) {
     if (!w) continue;
     if (streams[i].second == 1) {
       pump(*w, w->out, 1, false);
+    } else if (streams[i].second == 3) {
+      on_worker_ctl(*w);
     } else {
       pump(*w, w->err, 2, false);
     }

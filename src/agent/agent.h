@@ -29,6 +29,13 @@ struct AgentOptions {
   // new driver, which reaches it through its attach socket
   // (docs/protocol.md, "Taking a job over"). 0: the workers stop at once.
   Duration driver_grace = Duration::zero();
+  // --drain-timeout: SIGTERM to the agent, or a worker that takes its own
+  // SIGTERM as a notice (it writes 'D' on its ERUN_AGENT_FD), drains the
+  // host: DRAINING to the driver, whose plan leaves the host's workers out at
+  // their next commit; the agent exits once they are gone, and stops any
+  // still running after this (plus 10 s for the driver's own deadline).
+  // 0: SIGTERM stops the workers at once.
+  Duration drain_timeout = Duration::zero();
 };
 
 // Runs until the driver is gone or says SHUTDOWN; returns the agent's exit

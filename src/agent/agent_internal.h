@@ -91,6 +91,11 @@ struct Worker {
   LineTail err_tail;  // the last stderr lines, for EXITED
   Duration grace = 5s;
   std::optional<SteadyClock::time_point> kill_at;  // after TERMINATE
+  // The agent's end of the worker's control socket (ERUN_AGENT_FD in the
+  // worker, with --drain-timeout), or -1: 'S' before a SIGTERM the agent
+  // sends on purpose (a stop, not a notice); 'D' from the worker's library
+  // when it took a SIGTERM as a notice to leave.
+  int ctl = -1;
   // Reaped: its EXITED waits for the pipes' EOF until output_deadline. No
   // signal goes to its pid any more.
   std::optional<ExitStatus> reaped;
@@ -137,7 +142,7 @@ class Agent {
   void handle(Message m);
   void start(const Start& s);
   std::vector<std::string> worker_env(const Start& s);
-  SpawnOptions spawn_options(const Start& s);
+  SpawnOptions spawn_options(const Start& s, int ctl);
   void add_worker(const Start& s, Subprocess& p);
   void open_output_files(Worker& w, const Start& s);
   void on_sigchld();
@@ -145,6 +150,16 @@ class Agent {
   // Sends EXITED for reaped workers whose pipes ended or whose wait is over.
   void report_exits(SteadyClock::time_point now);
   void stop_all(const std::string& why, bool lost);
+  // SIGTERM to the worker's session, as a stop order: its library must not
+  // take it as a notice to drain (docs/design.md, "Draining a host").
+  void terminate(Worker& w);
+  // The host leaves the job on notice: DRAINING to the driver, which takes
+  // its workers out at their next commit; the agent exits once they are gone.
+  void begin_drain(const std::string& why);
+  void on_worker_ctl(Worker& w);
+  // Draining: ends the agent once its workers are gone, or stops them past
+  // the deadline.
+  void tend_drain(SteadyClock::time_point now);
   void ensure_watchdog();
   void relay_env(std::map<std::string, std::string>& env);
   Worker* find(uint64_t id);
@@ -179,6 +194,9 @@ class Agent {
   bool out_open_ = true;      // writing to it
   bool stopping_ = false;
   bool lost_ = false;
+  bool draining_ = false;
+  bool sigterm_seen_ = false;  // a second SIGTERM to the agent stops at once
+  SteadyClock::time_point drain_deadline_{};
   SteadyClock::time_point stop_deadline_{};
   SteadyClock::time_point last_heard_{};
   SteadyClock::time_point last_sent_{};

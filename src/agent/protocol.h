@@ -20,7 +20,8 @@ namespace erun::agent {
 // 3: KEEP, KEEPING and REPLICATE (commit replicas on spare hosts).
 // 4: UNKEEP.
 // 5: HELLO names the attach socket; ATTACH, STATE, SUPERSEDED and RECORDED (a driver that takes over).
-inline constexpr uint32_t kProtocolVersion = 5;
+// 6: DRAINING (a host that leaves on notice).
+inline constexpr uint32_t kProtocolVersion = 6;
 inline constexpr size_t kMaxFrame = 4u << 20;   // whole frame, header included
 inline constexpr size_t kMaxSecret = 4096;      // the secret line
 // Bounds of EXITED's stderr lines: at most this many lines, each at most
@@ -219,8 +220,20 @@ struct Recorded {
   auto fields() { return std::tie(); }
 };
 
+// agent -> driver: a notice that this host is leaving (SIGTERM to the agent,
+// or a worker's library took its own SIGTERM as one): the driver drains it,
+// its workers leave at their next commit (docs/design.md, "Draining a
+// host"). The agent exits once they are gone.
+struct Draining {
+  static constexpr uint8_t kType = 10;
+  static constexpr const char* kName = "DRAINING";
+  std::string reason;
+  auto fields() { return std::tie(reason); }
+};
+
 using Message = std::variant<Hello, Started, StartFailed, Output, Exited, Heartbeat, Start, Signal, Terminate,
-                             Kill, Shutdown, Keeping, Keep, Replicate, Unkeep, Attach, State, Superseded, Recorded>;
+                             Kill, Shutdown, Keeping, Keep, Replicate, Unkeep, Attach, State, Superseded, Recorded,
+                             Draining>;
 
 // The frame for one message, header included.
 std::string encode(const Message& message);

@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <string_view>
@@ -95,14 +96,15 @@ void announce(ChildPlan& c) {
   (void)!::write(a.fd, line, len);
 }
 
-// Every descriptor above 2 but `keep` (-1: none).
-void close_others(int keep) {
-  if (keep < 3) {
-    close_from(3);
-    return;
+// Every descriptor above 2 but `keep` and `keep2` (-1: none).
+void close_others(int keep, int keep2) {
+  int lowest = 3;
+  for (int k : {std::min(keep, keep2), std::max(keep, keep2)}) {
+    if (k < lowest) continue;
+    for (int fd = lowest; fd < k; ++fd) ::close(fd);
+    lowest = k + 1;
   }
-  for (int fd = 3; fd < keep; ++fd) ::close(fd);
-  close_from(keep + 1);
+  close_from(lowest);
 }
 
 [[noreturn]] void run_child(ChildPlan& c) {
@@ -135,7 +137,8 @@ void close_others(int keep) {
     write_text(2, o.errors_on_stderr->cwd);
     ::_exit(kCannotStart);
   }
-  if (o.close_other_fds) close_others(c.status);
+  if (o.pass_fd >= 0 && ::fcntl(o.pass_fd, F_SETFD, 0) != 0) child_fail(c.status, errno);
+  if (o.close_other_fds) close_others(c.status, o.pass_fd);
   if (o.env && o.path_from_env) {
     environ = c.envp.data();
     ::execvp(c.argv[0], c.argv.data());

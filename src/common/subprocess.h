@@ -54,6 +54,9 @@ struct SpawnOptions {
   bool kill_with_parent = false;
   // Closes every inherited descriptor above 2, not only the close-on-exec ones.
   bool close_other_fds = false;
+  // A descriptor of the parent's that the child keeps, at the same number
+  // (its close-on-exec flag cleared in the child): -1 none.
+  int pass_fd = -1;
   // Written by the child as its first act once it leads its group or session,
   // before anything can fail: prefix, its pid in decimal, suffix, to fd (for
   // a watchdog that must learn of it even if the parent dies that instant).

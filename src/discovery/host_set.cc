@@ -165,6 +165,7 @@ Status add_host(HostSet& set, std::unordered_map<std::string, Seen>& first_seen,
                                      h.name, total, kMaxSlots));
   }
   set.add_slots_at(it->second.index, h.slots);
+  if (h.draining) set.mark_draining_at(it->second.index);
   return Status::ok();
 }
 
@@ -260,6 +261,12 @@ void HostSet::add(Host h) {
   else hosts_[static_cast<size_t>(i)].slots += h.slots;
 }
 
+void HostSet::mark_draining_at(size_t index) { hosts_[index].draining = true; }
+
+bool HostSet::any_draining() const {
+  return std::any_of(hosts_.begin(), hosts_.end(), [](const Host& h) { return h.draining; });
+}
+
 std::string HostSet::to_string() const {
   std::string out;
   for (const auto& h : hosts_) {
@@ -346,11 +353,22 @@ Result<HostSet> parse_discovery_output(std::string_view text, int default_slots,
     auto line = strip_comment(raw);
     if (line.empty()) continue;
     auto shown = escape_for_log(trim(raw));
+    // `host[:slots] draining`: the host leaves the job at its workers' next
+    // commit (a notice, not a failure). Old scripts never print a second
+    // word: it was an error before.
+    bool draining = false;
+    if (auto blank = line.find_last_of(" \t"); blank != std::string_view::npos && line.substr(blank + 1) == "draining") {
+      line = trim(line.substr(0, blank));
+      draining = true;
+    }
     auto h = parse_host_spec(line, default_slots);
     if (!h) {
-      return Result<HostSet>::error(fmt::format("discovery output line {} \"{}\": {} (expected host[:slots])",
-                                                no, shown, h.message()));
+      return Result<HostSet>::error(fmt::format(
+          "discovery output line {} \"{}\": {} (expected host[:slots], or host[:slots] draining for a host that "
+          "leaves)",
+          no, shown, h.message()));
     }
+    h->draining = draining;
     if (auto st = add_host(set, first_seen, std::move(*h), no, dup, "line"); !st) {
       return Result<HostSet>::error(
           fmt::format("discovery output line {} \"{}\": {}", no, shown, st.message()));

@@ -17,6 +17,9 @@ namespace erun {
 struct Host {
   std::string name;  // hostname, IPv4, or IPv6 without brackets
   int slots = 1;
+  // Discovery listed it as `host[:slots] draining`: it leaves the job at its
+  // workers' next commit (docs/discovery.md).
+  bool draining = false;
   bool operator==(const Host&) const = default;
 };
 
@@ -39,6 +42,8 @@ class HostSet {
   void append_new(Host h);
   // Adds slots to the host at `index`.
   void add_slots_at(size_t index, int slots);
+  void mark_draining_at(size_t index);
+  bool any_draining() const;
   // One line, e.g. "a:4,b:2" (IPv6 in brackets).
   std::string to_string() const;
   // For logs: to_string() of at most `max_hosts` hosts, then
@@ -53,7 +58,8 @@ class HostSet {
 // How to treat a host named twice in one input.
 enum class DuplicatePolicy { kMerge, kReject };
 
-// Discovery script output: one `host[:slots]` per line; blank lines and `#`
+// Discovery script output: one `host[:slots]` per line (`host[:slots]
+// draining` for a host that leaves on notice); blank lines and `#`
 // comments (whole-line or trailing) ignored; whitespace trimmed; IPv6 as
 // `[::1]:2` or a bare address without slots. default_slots applies to lines
 // without slots. Duplicates are merged (slots added) or rejected.

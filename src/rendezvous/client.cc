@@ -117,6 +117,7 @@ struct RendezvousClient::Impl {
   std::thread reader;
   std::atomic<bool> stop{false};
   std::atomic<bool> hosts_updated{false};
+  std::atomic<bool> drain_pending{false};  // the update is a host that drains
   std::atomic<long> gen{-1};
   std::atomic<long> lost_gen{-1};
   std::vector<int> lost_ranks;                     // guarded by mu: of lost_gen
@@ -326,7 +327,10 @@ struct RendezvousClient::Impl {
   void dispatch(wire::Frame f) {
     auto type = static_cast<Type>(f.header.type);
     if (type == Type::kHostsUpdated) {
-      if (f.header.generation >= gen.load()) hosts_updated = true;
+      if (f.header.generation >= gen.load()) {
+        if (!f.payload.empty() && f.payload[0] == 1) drain_pending = true;
+        hosts_updated = true;
+      }
       return;
     }
     if (type == Type::kPeersLost) {
@@ -356,6 +360,7 @@ struct RendezvousClient::Impl {
         // assignment is measured against the new generation.
         gen = static_cast<long>(f.header.generation);
         hosts_updated = false;
+        drain_pending = false;
       }
       it->second->frame = std::move(f);
       it->second->done = true;
@@ -466,6 +471,7 @@ Result<RankAssignment> RendezvousClient::join(const JoinRequest& request, long* 
 }
 KvStore& RendezvousClient::store() { return impl_->store; }
 bool RendezvousClient::hosts_updated() const { return impl_->hosts_updated.load(); }
+bool RendezvousClient::drain_pending() const { return impl_->drain_pending.load(); }
 long RendezvousClient::generation() const { return impl_->gen.load(); }
 long RendezvousClient::peers_lost_generation() const { return impl_->lost_gen.load(); }
 std::vector<int> RendezvousClient::peers_lost() const {

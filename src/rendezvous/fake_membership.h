@@ -40,7 +40,10 @@ class FakeMembership final : public Membership {
     disconnected_.clear();
     return s;
   }
-  void notify_hosts_updated(long gen) override { notified_.push_back(gen); }
+  void notify_hosts_updated(long gen, bool drain = false) override {
+    notified_.push_back(gen);
+    if (drain) drains_notified_.push_back(gen);
+  }
   void notify_peers_lost(long gen, const std::vector<int>& ranks) override {
     if (gen == generation_ && !ranks.empty()) peers_lost_.emplace_back(gen, ranks);
   }
@@ -80,6 +83,7 @@ class FakeMembership final : public Membership {
   const std::vector<long>& published() const { return published_; }
   const std::vector<RankAssignment>& ranks() const { return ranks_; }
   const std::vector<long>& notified() const { return notified_; }
+  const std::vector<long>& drains_notified() const { return drains_notified_; }
   // Every notify_peers_lost() that reached the members: (generation, ranks).
   const std::vector<std::pair<long, std::vector<int>>>& peers_lost() const { return peers_lost_; }
   bool is_member(const SlotKey& slot) const { return members_.count(slot) > 0; }
@@ -93,6 +97,7 @@ class FakeMembership final : public Membership {
   long generation_ = -1;
   std::vector<long> published_;
   std::vector<long> notified_;
+  std::vector<long> drains_notified_;
   std::vector<std::pair<long, std::vector<int>>> peers_lost_;
   std::vector<RankAssignment> ranks_;
   std::map<SlotKey, JoinRequest> members_, waiting_;

@@ -108,7 +108,10 @@ class Membership {
   // The state now, with the events (rejoined, disconnected) since the last call.
   virtual MembershipSnapshot snapshot() = 0;
   // Tells every member of generation `gen` that membership changes.
-  virtual void notify_hosts_updated(long gen) = 0;
+  // `drain`: a host leaves on notice (docs/design.md, "Draining a host"):
+  // a worker's State::check_host_updates() between commits commits first,
+  // so that the leaving host's workers take nothing uncommitted with them.
+  virtual void notify_hosts_updated(long gen, bool drain = false) = 0;
   // Tells every other member of generation `gen` at once that `ranks` (of
   // `gen`) are gone (exited, killed, host lost), so that they abort their
   // collectives instead of waiting out the collective timeout; the lost

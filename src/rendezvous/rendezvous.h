@@ -48,7 +48,7 @@ class RendezvousServer final : public Membership {
   // mode) costs memory bounded by the number of slots.
   void publish(long gen, const std::vector<RankAssignment>& ranks) override;
   MembershipSnapshot snapshot() override;
-  void notify_hosts_updated(long gen) override;
+  void notify_hosts_updated(long gen, bool drain = false) override;
   void notify_peers_lost(long gen, const std::vector<int>& ranks) override;
 
   // Workers blocked in join (connected, not yet given an assignment), by slot.
@@ -103,6 +103,8 @@ class RendezvousClient {
   // Set by the reader thread when the driver announced a membership change
   // for the current generation; cleared by the next successful join.
   bool hosts_updated() const;
+  // The announced change is a host that drains (HOSTS_UPDATED's payload).
+  bool drain_pending() const;
   // The generation of the last successful join (-1 before).
   long generation() const;
   // The newest generation the driver reported lost ranks of (PEERS_LOST),

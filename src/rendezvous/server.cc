@@ -150,8 +150,8 @@ long RendezvousServer::generation() const {
   return impl_->membership.generation();
 }
 
-void RendezvousServer::notify_hosts_updated(long gen) {
-  impl_->queued([&] { impl_->membership.notify_hosts_updated(gen); });
+void RendezvousServer::notify_hosts_updated(long gen, bool drain) {
+  impl_->queued([&] { impl_->membership.notify_hosts_updated(gen, drain); });
 }
 
 void RendezvousServer::notify_peers_lost(long gen, const std::vector<int>& ranks) {

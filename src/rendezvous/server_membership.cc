@@ -148,7 +148,11 @@ void ServerMembership::publish(int64_t gen, const std::vector<RankAssignment>& r
   }
 }
 
-void ServerMembership::notify_hosts_updated(int64_t gen) { push_to_members(gen, Type::kHostsUpdated, {}); }
+void ServerMembership::notify_hosts_updated(int64_t gen, bool drain) {
+  // The payload's one byte says a host drains (an empty payload, as older
+  // servers send, does not).
+  push_to_members(gen, Type::kHostsUpdated, drain ? std::string_view("\x01", 1) : std::string_view());
+}
 
 // Closing a lost rank's connection matters when its process is alive but
 // cut off (a partitioned host): once it can reach us again it finds its

@@ -36,7 +36,7 @@ class ServerMembership {
   // listed slots' waiting joins get their ASSIGNMENT.
   void publish(int64_t gen, const std::vector<RankAssignment>& ranks);
   // HOSTS_UPDATED to every member of generation `gen`.
-  void notify_hosts_updated(int64_t gen);
+  void notify_hosts_updated(int64_t gen, bool drain = false);
   // The members of `ranks` of the last published generation are closed, and
   // every other member gets PEERS_LOST; any other `gen`, or no ranks, does nothing.
   void notify_peers_lost(int64_t gen, const std::vector<int>& ranks);

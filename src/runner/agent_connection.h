@@ -166,6 +166,17 @@ class AgentConnection {
     std::lock_guard lock(mu_);
     return superseded_;
   }
+  // The agent said DRAINING (its host leaves on notice): the reason, once.
+  std::optional<std::string> take_draining() {
+    std::lock_guard lock(mu_);
+    if (!draining_ || draining_told_) return std::nullopt;
+    draining_told_ = true;
+    return draining_;
+  }
+  bool draining() {
+    std::lock_guard lock(mu_);
+    return draining_.has_value();
+  }
   // RECORDED, once per attach socket, when the record names `path`.
   void confirm_recorded(const std::string& path) {
     {
@@ -429,7 +440,10 @@ class AgentConnection {
       fail_with_host_locked(s);
       ++failed;
     }
-    if (!closing_ && !had_worker_) {
+    if (draining_ && failed == 0) {
+      // It drained: its workers left the job, and it ended as it was told.
+      ERUN_LOG_DEBUG("agent on {}: ended after draining ({})", host_, why);
+    } else if (!closing_ && !had_worker_) {
       // A spare host's agent (commit replicas): no worker, no failure of the host.
       ERUN_LOG_WARN("agent on {} lost: {}; it ran no worker: {}", host_, why,
                     transport_failure_ ? transport_failure_->hint : "check the host and its connection (ssh, network)");
@@ -528,6 +542,8 @@ class AgentConnection {
       state_seen_ = true;
     } else if (auto* sup = std::get_if<agent::Superseded>(&m)) {
       superseded_ = std::max<uint64_t>(superseded_, sup->term);
+    } else if (auto* d = std::get_if<agent::Draining>(&m)) {
+      if (!draining_) draining_ = d->reason.empty() ? std::string("a notice") : escape_for_log(d->reason, 200);
     } else if (auto* k = std::get_if<agent::Keeping>(&m)) {
       if (k->port == 0) ERUN_LOG_WARN("agent on {}: cannot keep commit replicas: {}", host_, escape_for_log(k->why));
       keeper_port_ = k->port > 65535 ? 0 : static_cast<int>(k->port);
@@ -684,6 +700,8 @@ class AgentConnection {
   bool state_seen_ = false;   // STATE came (a connection that attached)
   std::vector<Adopted> adopted_;
   uint64_t superseded_ = 0;   // SUPERSEDED's term
+  std::optional<std::string> draining_;  // DRAINING's reason
+  bool draining_told_ = false;           // take_draining() returned it
   bool abandoned_ = false;
   bool reader_done_ = false;
   std::optional<int> keeper_port_;  // KEEPING's port; unset until it came

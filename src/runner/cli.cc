@@ -29,7 +29,7 @@ const std::map<std::string, int>& option_arity() {
       {"--term-grace", 1}, {"--finish-timeout", 1}, {"--rendezvous-timeout", 1},
       {"--collective-timeout", 1}, {"--driver-address", 1}, {"--checkpoint-dir", 1}, {"--persist-interval", 1},
       {"--commit-replicas", 1}, {"--ssh-option", 1}, {"--agent-path", 1}, {"--heartbeat-timeout", 1},
-      {"--driver-grace", 1}, {"--job-name", 1},
+      {"--driver-grace", 1}, {"--job-name", 1}, {"--drain-timeout", 1},
   };
   return arity;
 }
@@ -88,7 +88,8 @@ Words split_words(int argc, const char* const argv[]) {
 struct RawFlags {
   double discovery_interval = 1, discovery_timeout = 30, elastic_timeout = 600;
   double term_grace = 5, finish_timeout = 60, rendezvous_timeout = 60, collective_timeout = 30;
-  double ssh_connect_timeout = 10, heartbeat_timeout = 5, persist_interval = 5, driver_grace = 60;
+  double ssh_connect_timeout = 10, heartbeat_timeout = 5, persist_interval = 5, driver_grace = 60,
+         drain_timeout = 20;
   bool no_agent_relay = false;
   bool no_host_commits = false;
   std::vector<double> cooldown;
@@ -149,6 +150,7 @@ void add_launcher_flags(po::options_description& desc, DriverOptions& o, RawFlag
     ("ssh-option", po::value<std::vector<std::string>>(&o.ssh_options), "more ssh options, repeatable: Key=Value (as -o Key=Value) or a raw flag; e.g. --ssh-option StrictHostKeyChecking=no --ssh-option UserKnownHostsFile=/dev/null turns host-key checking off (throwaway clusters only)")
     ("agent-path", po::value<std::string>(&o.agent_path), "the erun binary that runs the per-host agent on every host (default: this erun's own path)")
     ("heartbeat-timeout", po::value<double>(&r.heartbeat_timeout), "seconds a host's agent (or the driver, seen from the agent) may be silent before it is declared lost (default 5; heartbeats every 1 s)")
+    ("drain-timeout", po::value<double>(&r.drain_timeout), "seconds a host that leaves on notice (SIGTERM to its agent or its workers, as Slurm and Kubernetes deliver a preemption; a `host:slots draining` discovery line) has for its workers to leave the job at their next commit, with nothing rolled back and no failure counted; workers still there after it are stopped as a failure (default 20; 0: a SIGTERM stops a host's workers at once, as a failure)")
     ("job-name", po::value<std::string>(&o.job_name), "the job's name for a takeover (with --driver-grace): the same command run again from the same directory finds the job without it; two jobs of the same command beside each other need different names")
     ("driver-grace", po::value<double>(&r.driver_grace), "seconds each host's agent keeps its workers training once erun is gone without a stop order (SIGKILL, a dropped connection, SIGHUP) and holds their output, waiting for a new erun to take the job over: the same command again, or erun --attach NAME (default 60; 0: they stop with erun)");
 }
@@ -199,6 +201,8 @@ Check apply_durations(DriverOptions& o, const RawFlags& r) {
   if (r.term_grace < 0) return fail("--term-grace must be 0 or more seconds");
   if (!(r.driver_grace >= 0)) return fail(fmt::format("--driver-grace {}: must be 0 or more seconds", r.driver_grace));
   o.driver_grace = from_seconds(r.driver_grace);
+  if (!(r.drain_timeout >= 0)) return fail(fmt::format("--drain-timeout {}: must be 0 or more seconds", r.drain_timeout));
+  o.drain_timeout = from_seconds(r.drain_timeout);
   if (!o.job_name.empty() && !valid_job_name(o.job_name)) {
     return fail(fmt::format("--job-name {}: use letters, digits, '.', '_' and '-' (not first '.'), at most 128",
                             o.job_name));

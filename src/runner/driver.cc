@@ -145,14 +145,14 @@ void Driver::refresh_hosts() {
       if (r.message() != last_discovery_error_) {
         ERUN_LOG_WARN("host discovery failed, keeping the previous {} host(s): {}; erun runs the script again every "
                       "{:.0f} s: fix the script or what it reads",
-                      discovered_.size(), r.message(), seconds(o_.discovery_interval));
+                      listed_.size(), r.message(), seconds(o_.discovery_interval));
       }
       last_discovery_error_ = r.message();
       return;
     }
     last_discovery_error_.clear();
-    if (!(*r == discovered_)) {
-      ERUN_LOG_INFO("hosts changed: {} (now {})", diff_hosts(discovered_, *r).summary(), r->summary());
+    if (!(*r == listed_)) {
+      ERUN_LOG_INFO("hosts changed: {} (now {})", diff_hosts(listed_, *r).summary(), r->summary());
       if (d_.events) d_.events->write("hosts_changed", {{"hosts", json_string(r->to_string())}});
       set_discovered(*r);
     }
@@ -161,7 +161,7 @@ void Driver::refresh_hosts() {
   if (loop_->version() == discovered_version_) return;  // no copy of the host set per tick
   auto snap = loop_->snapshot();
   if (snap.version != discovered_version_) {
-    ERUN_LOG_INFO("hosts changed: {} (now {})", diff_hosts(discovered_, snap.hosts).summary(),
+    ERUN_LOG_INFO("hosts changed: {} (now {})", diff_hosts(listed_, snap.hosts).summary(),
                   snap.hosts.summary());
     if (d_.events) d_.events->write("hosts_changed", {{"hosts", json_string(snap.hosts.to_string())}});
     set_discovered(snap.hosts);
@@ -170,14 +170,13 @@ void Driver::refresh_hosts() {
 }
 
 void Driver::set_discovered(HostSet hosts) {
-  discovered_ = std::move(hosts);
-  ++discovered_epoch_;
-  all_hosts_local_ = true;
-  for (auto& h : discovered_.hosts()) {
-    bool local;
-    launcher_for(h.name, &local);
-    all_hosts_local_ = all_hosts_local_ && local;
+  listed_ = std::move(hosts);
+  if (listed_.any_draining()) {
+    for (auto& h : listed_.hosts()) {
+      if (h.draining) start_drain(h.name, "discovery lists it draining", /*from_discovery=*/true);
+    }
   }
+  apply_drains();
 }
 
 // What torchrun sets beyond the topology: node numbers and thread count.
@@ -495,6 +494,7 @@ std::optional<int> Driver::step() {
   if (int sig = stop_signal_.exchange(0)) on_signal(sig);
   if (phase_ == JobPhase::kDone) return exit_code_;
   refresh_hosts();
+  take_drains();
   reap();
   switch (phase_) {
     case JobPhase::kWaitingForHosts: wait_for_hosts(); break;
@@ -553,6 +553,7 @@ void Driver::supervise() {
   update_joined(m);
   handle_rejoins(m);
   retire_workers(m);
+  tend_drains(m);
   enforce_rejoin_deadline(m);
   if (generation_failure_) {
     handle_generation_failure();
@@ -659,6 +660,13 @@ void Driver::follow_membership() {
   if (replacements_cover(next)) return;  // they join first (admit_replacements())
   if (next.same_layout(plan_)) {
     below_min_logged_ = false;
+    return;
+  }
+  if (next.size() < std::max(o_.min_np, 1) && in_place && draining_members()) {
+    // A host leaves on notice whatever the plan: its workers leave at the
+    // commit, and the survivors wait in the rendezvous for --min-np.
+    count_reset("membership changed");
+    reconfigure("a host drains", /*after_failure=*/false);
     return;
   }
   if (next.size() < std::max(o_.min_np, 1)) {

@@ -134,6 +134,27 @@ class Driver {
   void adopt(DriverDeps::Takeover& t);
   // An agent obeys a newer driver: leave the job to it.
   bool check_superseded();
+  // ---- draining (driver_drain.cc) ----
+  // A host that leaves on notice: its agent said DRAINING, or discovery
+  // lists it `draining`. It is held out of discovered_ while it drains.
+  struct Drain {
+    std::string reason;
+    TimePoint since{};
+    bool from_discovery = false;
+    bool overdue = false;  // --drain-timeout passed
+    bool drained = false;  // its workers are gone (logged)
+  };
+  // DRAINING notices the launchers' agents sent since the last tick.
+  void take_drains();
+  void start_drain(const std::string& host, const std::string& reason, bool from_discovery);
+  // discovered_: listed_ less the draining hosts.
+  void apply_drains();
+  // Stops a draining host's workers once their part is done, the rest as a
+  // failure past --drain-timeout; ends drains that discovery let go.
+  void tend_drains(const MembershipSnapshot& m);
+  bool on_draining_host(const Worker& w) const;
+  // A live member of the running plan is on a draining host.
+  bool draining_members() const;
   // ---- phases (driver.cc): step() calls the handler of the current one ----
   // Checked against transition_allowed(); entering a waiting phase from
   // another phase restarts the --elastic-timeout clock.
@@ -290,7 +311,9 @@ class Driver {
   Clock& clock_;
   HostManager hosts_;
   std::unique_ptr<DiscoveryLoop> loop_;
-  HostSet discovered_;
+  HostSet listed_;      // the hosts as discovery lists them (draining marks included)
+  HostSet discovered_;  // listed_ less the draining hosts: what the plans use
+  std::map<std::string, Drain> drains_;
   bool all_hosts_local_ = true;  // every discovered host launches locally
   long discovered_version_ = -1;
   long discovered_epoch_ = 0;  // bumps in set_discovered

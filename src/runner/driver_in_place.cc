@@ -388,7 +388,7 @@ void Driver::reconfigure(const char* reason, bool after_failure) {
   // still forming it (waiting for a peer's pair connection that will never
   // come) give it up now instead of at their connect timeout, and the others
   // re-join at their next check (their collectives fail anyway if a peer died).
-  d_.membership->notify_hosts_updated(generation_);
+  d_.membership->notify_hosts_updated(generation_, draining_members());
   HostSet usable = plannable_hosts();
   generation_failure_.reset();
   if (usable.total_slots() < std::max(o_.min_np, 1)) {
@@ -566,7 +566,9 @@ void Driver::wait_with_survivors() {
     wait_for_hosts();
     return;
   }
-  handle_rejoins(take_snapshot());
+  const MembershipSnapshot m = take_snapshot();
+  handle_rejoins(m);
+  tend_drains(m);
   if (generation_failure_) {
     if (!first_failure_) first_failure_ = generation_failure_;
     generation_failure_.reset();

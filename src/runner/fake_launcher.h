@@ -8,6 +8,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "runner/launcher.h"
@@ -49,10 +50,14 @@ class FakeLauncher final : public Launcher {
   void set_obey_kill(bool obey) { obey_kill_ = obey; }
   // launch() fails for this host.
   void fail_launches_on(const std::string& host) { failing_hosts_.insert(host); }
+  // The host's agent says DRAINING (take_drains() returns it once).
+  void drain(const std::string& host, const std::string& reason) { drains_.emplace_back(host, reason); }
+  std::vector<std::pair<std::string, std::string>> take_drains() override { return std::exchange(drains_, {}); }
 
  private:
   std::vector<std::shared_ptr<Worker>> workers_;
   std::set<std::string> failing_hosts_;
+  std::vector<std::pair<std::string, std::string>> drains_;
   bool obey_terminate_ = true;
   bool obey_kill_ = true;
   int port_ = 4242;

@@ -157,6 +157,9 @@ class Launcher {
   // The highest driver term an agent said it obeys now instead of this
   // driver (SUPERSEDED), or 0.
   virtual uint64_t superseded() { return 0; }
+  // Hosts whose agent said since the last call that the host leaves on
+  // notice (DRAINING: SIGTERM to the agent or to a worker), with the reason.
+  virtual std::vector<std::pair<std::string, std::string>> take_drains() { return {}; }
   // This driver leaves the job to another: nothing more is sent to the
   // agents, whose workers keep running; handles report them ended at once.
   virtual void abandon() {}
@@ -177,6 +180,10 @@ struct AgentLaunchOptions {
   // `--driver-grace`: the agent keeps its workers this long once erun is
   // gone without SHUTDOWN (0: it stops them at once).
   Duration driver_grace = Duration::zero();
+  // `--drain-timeout`: SIGTERM to the agent (or a worker's notice) drains
+  // the host: its workers get this long to leave at a commit (0: SIGTERM
+  // stops them at once, as a failure).
+  Duration drain_timeout = Duration::zero();
 };
 
 struct SshOptions {
@@ -201,7 +208,7 @@ std::optional<std::string> ssh_failure_hint(const SshOptions& options, const std
                                             std::string_view line);
 
 // The agent's command line: `AGENT_PATH --agent --heartbeat-interval S --heartbeat-timeout S
-// [--driver-grace S] [--relay]`.
+// [--driver-grace S] [--drain-timeout S] [--relay]`.
 std::vector<std::string> agent_argv(const AgentLaunchOptions& agent);
 
 // Checks a spec before it is sent: a command, env names without '=' or NUL,

@@ -73,6 +73,10 @@ std::vector<std::string> agent_argv(const AgentLaunchOptions& agent) {
     argv.push_back("--driver-grace");
     argv.push_back(seconds(agent.driver_grace));
   }
+  if (agent.drain_timeout > Duration::zero()) {
+    argv.push_back("--drain-timeout");
+    argv.push_back(seconds(agent.drain_timeout));
+  }
   if (agent.relay) argv.push_back("--relay");
   return argv;
 }
@@ -171,7 +175,7 @@ std::shared_ptr<AgentConnection> AgentLauncher::spawn_connection(const std::stri
 std::shared_ptr<AgentConnection> AgentLauncher::connection(const std::string& host, const std::string& secret,
                                                            std::string* error) {
   auto& c = agents_[host];
-  if (c && !c->lost()) return c;
+  if (c && !c->lost() && !c->draining()) return c;  // a draining agent ends: the host's next worker gets a new one
   auto conn = spawn_connection(host, agent_argv(options_), error);
   if (!conn) {
     agents_.erase(host);
@@ -287,6 +291,14 @@ uint64_t AgentLauncher::superseded() {
   uint64_t term = 0;
   for (auto& [host, c] : agents_) term = std::max(term, c->superseded());
   return term;
+}
+
+std::vector<std::pair<std::string, std::string>> AgentLauncher::take_drains() {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (auto& [host, c] : agents_) {
+    if (auto why = c->take_draining()) out.emplace_back(host, std::move(*why));
+  }
+  return out;
 }
 
 void AgentLauncher::abandon() {

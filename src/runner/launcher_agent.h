@@ -64,6 +64,7 @@ class AgentLauncher final : public Launcher {
   uint64_t attach_paths_version() override { return paths_version_->load(); }
   void recorded(const std::vector<std::pair<std::string, std::string>>& agents) override;
   uint64_t superseded() override;
+  std::vector<std::pair<std::string, std::string>> take_drains() override;
   void abandon() override;
 
  private:

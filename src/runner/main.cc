@@ -153,7 +153,7 @@ int exec_mpirun(const erun::DriverOptions& o, erun::HostDiscovery& discovery) {
   return 127;
 }
 
-// `erun --agent [--heartbeat-interval S] [--heartbeat-timeout S] [--driver-grace S] [--relay]`:
+// `erun --agent [--heartbeat-interval S] [--heartbeat-timeout S] [--driver-grace S] [--drain-timeout S] [--relay]`:
 // the per-host agent (src/agent/agent.h), started by a driver; not for users.
 // `erun --agent --attach PATH`: a new driver's way to a running agent.
 int agent_main(int argc, char** argv) {
@@ -172,7 +172,8 @@ int agent_main(int argc, char** argv) {
     }
     double v = 0;
     bool known =
-        (flag == "--heartbeat-interval" || flag == "--heartbeat-timeout" || flag == "--driver-grace") && i + 1 < argc;
+        (flag == "--heartbeat-interval" || flag == "--heartbeat-timeout" || flag == "--driver-grace" ||
+         flag == "--drain-timeout") && i + 1 < argc;
     if (known) {
       char* end = nullptr;
       v = std::strtod(argv[i + 1], &end);
@@ -186,6 +187,7 @@ int agent_main(int argc, char** argv) {
     auto d = std::chrono::duration_cast<erun::Duration>(std::chrono::duration<double>(v));
     (flag == "--heartbeat-interval"  ? o.heartbeat_interval
      : flag == "--heartbeat-timeout" ? o.heartbeat_timeout
+     : flag == "--drain-timeout"     ? o.drain_timeout
                                      : o.driver_grace) = d;
     ++i;
   }
@@ -245,6 +247,7 @@ erun::Result<Launchers> make_launchers(const erun::DriverOptions& options) {
   agent.heartbeat_timeout = options.heartbeat_timeout;
   agent.relay = options.agent_relay;
   agent.driver_grace = options.driver_grace;
+  agent.drain_timeout = options.drain_timeout;
   if (agent.agent_path.empty()) {
     return erun::Result<Launchers>::error(
         "cannot find erun's own executable (/proc/self/exe): pass --agent-path PATH");

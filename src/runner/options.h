@@ -53,6 +53,11 @@ struct DriverOptions {
   // gone without a stop order (SIGKILL, a dropped connection, SIGHUP), for a
   // new erun to take the job over; 0: the workers stop with erun.
   Duration driver_grace = std::chrono::seconds(60);
+  // --drain-timeout: a host that leaves on notice (SIGTERM to its agent or
+  // workers, a `draining` discovery line) gets this long for its workers to
+  // leave at a commit; after it they are stopped as a failure. 0: a SIGTERM
+  // stops them at once, as a failure (the behaviour before draining).
+  Duration drain_timeout = std::chrono::seconds(20);
   std::string job_name;  // --job-name (empty: from the user, directory and command)
   bool agent_relay = true;               // false: --no-agent-relay (workers connect to the driver themselves)
   std::vector<std::string> env;  // -x NAME or NAME=VALUE

@@ -54,6 +54,7 @@ struct State::Impl {
   std::unordered_map<std::string, size_t> by_name;
   uint64_t commit_id = 0;
   bool has_snapshot = false;  // a commit, a synced baseline, or a loaded checkpoint
+  bool committing = false;    // commit() runs its check_host_updates()
   std::string checkpoint_dir;
   bool launcher_checkpoint_checked = false;
   // This worker's host-memory commit files (null outside erun, or when the
@@ -559,6 +560,11 @@ void State::commit() {
                               impl_->refs());
     impl_->drop_device_mirrors();
   }
+  impl_->committing = true;
+  struct Done {
+    bool& flag;
+    ~Done() { flag = false; }
+  } done{impl_->committing};
   check_host_updates();
 }
 
@@ -665,18 +671,23 @@ void State::sync() {
 
 void State::check_host_updates() {
   Communicator& comm = ctx_.comm();
-  bool pending = ctx_.host_update_pending();
+  // 0: nothing pending; 1: a change; 2: a host drains.
+  int64_t pending = ctx_.host_update_pending() ? (ctx_.drain_pending() ? 2 : 1) : 0;
   if (comm.size() > 1) {
     // One allreduce (MAX) carries the host-update flag and the commit id's
     // maximum and minimum, so the check that all ranks are at the same commit
     // costs nothing extra.
     const auto id = static_cast<int64_t>(impl_->commit_id);
-    int64_t v[3] = {pending ? 1 : 0, id, -id};
+    int64_t v[3] = {pending, id, -id};
     comm.allreduce(v, 3, DataType::kInt64, ReduceOp::kMax);
     if (v[1] != -v[2]) commit_ids_disagree();
-    pending = v[0] != 0;
+    pending = v[0];
   }
-  if (pending) throw HostsUpdated();
+  // A host drains and the program checks between commits, where its state
+  // is whole: commit here, so the leaving workers take no step with them.
+  // (commit() ends in this check again, which then throws.)
+  if (pending == 2 && !impl_->committing) commit();
+  if (pending != 0) throw HostsUpdated();
 }
 
 void State::commit_ids_disagree() {

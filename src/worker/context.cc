@@ -26,6 +26,7 @@
 #include "rendezvous/rendezvous.h"
 #include "store/memory_store.h"
 #include "store/prefix_store.h"
+#include "worker/drain_signal.h"
 #include "worker/mpi_context.h"
 #include "worker/worker_info.h"
 
@@ -138,6 +139,7 @@ class ElasticContext final : public Context {
   const WorkerInfo& info() const override { return info_; }
   Communicator& comm() override { return *comm_; }
   bool host_update_pending() const override { return client_.hosts_updated(); }
+  bool drain_pending() const override { return client_.drain_pending(); }
   bool elastic() const override { return true; }
   std::string checkpoint_dir() const override { return o_.checkpoint_dir; }
   std::string host_commit_stem() const override {
@@ -347,6 +349,8 @@ Context& init() {
   struct sigaction old {};
   if (::sigaction(SIGPIPE, nullptr, &old) == 0 && old.sa_handler == SIG_DFL) ::signal(SIGPIPE, SIG_IGN);
   if (!env_or("ERUN_RDZV_ADDR").empty()) {
+    // Before the first join, which may wait: a notice then drains as well.
+    worker::install_drain_on_sigterm();
     g_context = std::make_unique<ElasticContext>(read_worker_options());
   } else if (launched_by_mpi()) {
     // The world size the launcher announced, to catch an MPI that cannot see it.

@@ -75,9 +75,11 @@ class ErunRemoteParts : public ::testing::Test {
   // erun over the fixture's sshd, in place; a failed host stays out for the
   // rest of the run (--blacklist-after 1), so the survivors finish alone.
   // Each worker starts its helper (`sleep`) first.
+  // --drain-timeout 0: a SIGTERM to an agent is its host's failure, as every
+  // other part's end here (with a drain it is a notice: erun_drain_test).
   std::vector<std::string> args(const std::string& hosts, int np) {
     auto a = server_->erun_args();
-    a.insert(a.end(), {"--term-grace", "2", "--heartbeat-timeout", "2", "-np", std::to_string(np), "--min-np", "2",
+    a.insert(a.end(), {"--drain-timeout", "0", "--term-grace", "2", "--heartbeat-timeout", "2", "-np", std::to_string(np), "--min-np", "2",
                        "-H", hosts, "--blacklist-after", "1", "--blacklist-cooldown-range", "600", "600", "sh", "-c",
                        "sleep 86400 & exec \"$0\" \"$@\"", program_});
     a.insert(a.end(), kTrainMlpArgs.begin(), kTrainMlpArgs.end());
@@ -330,8 +332,8 @@ INSTANTIATE_TEST_SUITE_P(
                    ASSERT_TRUE(p.wait_output("agent on 127.0.0.3 lost: silent for", 10s)) << p.err();
                  },
                  "failed with exit code 255"},
-        // SIGTERM: the agent stops its worker's session itself and reports
-        // how the worker ended before it exits.
+        // SIGTERM (with --drain-timeout 0): the agent stops its worker's
+        // session itself and reports how the worker ended before it exits.
         PartKill{"AgentTerminated",
                  [](ErunRemoteParts&, ErunProcess&, const RemoteParts& r) { ASSERT_EQ(::kill(r.agent, SIGTERM), 0); },
                  "failed with signal 15 (Terminated)"},

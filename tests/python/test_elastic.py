@@ -132,6 +132,35 @@ def every_worker_killed_at_once(ws, reference, args):
     assert job.out.count("epoch 1 ") == 1, job.out
 
 
+def host_of(pid):
+    """The host a worker runs for (its ERUN_HOSTNAME)."""
+    env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+    return next((e.split(b"=", 1)[1].decode() for e in env if e.startswith(b"ERUN_HOSTNAME=")), None)
+
+
+def test_a_sigterm_to_a_worker_drains_its_host_in_place(ws, reference):
+    """A preemption as Slurm and Kubernetes deliver it, a SIGTERM to one host's
+    worker: erun's library takes it as a notice (docs/python.md), so that host
+    leaves at the next commit; the survivor keeps its process, nothing is
+    rolled back, no failure is counted, and TorchState ends bit-identical to
+    the uninterrupted run."""
+    ws.hosts("node-a:1\nnode-b:1\n")
+    job = ws.erun(["-np", "2", "--min-np", "1"], "train_exact.py", ARGS + ["--step-ms", "100"], discovery=True)
+    assert job.wait_output(r"epoch 0 ", 180), job.out + job.err
+    by_host = {host_of(p): p for p in started_pids(job, 2)}
+    assert set(by_host) == {"node-a", "node-b"}, by_host
+    os.kill(by_host["node-b"], signal.SIGTERM)
+    assert wait_count(job, "world size 2 -> 1", 1), job.out + job.err
+    assert by_host["node-a"] in ws.workers("train_exact.py"), "the survivor did not keep its process"
+    expect_trained_exactly(job, reference, ws)
+    drains = job.events("host_draining")
+    assert [d["host"] for d in drains] == ["node-b"] and "SIGTERM to" in drains[0]["reason"], drains
+    assert job.events("host_drained"), job.err
+    assert all(r["reason"] != "worker failed" for r in job.events("reset")), job.events("reset")
+    assert all(r["reason"] != "peer lost" for r in job.events("rejoined")), job.events("rejoined")
+    assert "restoring commit" not in job.out + job.err
+
+
 def test_a_user_error_ends_the_job_with_the_error_shown(ws):
     ws.hosts("node-a:2\n")
     job = ws.erun(["-np", "2", "--min-np", "1", "--max-np", "4"], "train_exact.py",

@@ -263,6 +263,12 @@ TEST(AgentProtocol, TakeoverMessagesRoundTrip) {
   EXPECT_STREQ(message_name(Superseded{}), "SUPERSEDED");
 }
 
+TEST(AgentProtocol, DrainingRoundTrips) {
+  EXPECT_EQ(std::get<Draining>(one(encode(Draining{"SIGTERM to the agent"}))).reason, "SIGTERM to the agent");
+  EXPECT_EQ(std::get<Draining>(one(encode(Draining{}))).reason, "");
+  EXPECT_STREQ(message_name(Draining{}), "DRAINING");
+}
+
 TEST(AgentProtocol, AnOlderAgentsHelloStillNamesItsVersion) {
   // Version 4's HELLO ends after the pid: read as such, so that the driver
   // can refuse the version in words instead of a malformed frame.

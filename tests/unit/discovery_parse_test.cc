@@ -68,7 +68,7 @@ TEST(DiscoveryOutput, ErrorNamesLineNumberTextAndProblem) {
   ASSERT_FALSE(r);
   EXPECT_EQ(r.message(),
             "discovery output line 3 \"node1:x\": slots must be a positive integer "
-            "(expected host[:slots])");
+            "(expected host[:slots], or host[:slots] draining for a host that leaves)");
 }
 
 struct BadLine {
@@ -106,6 +106,31 @@ INSTANTIATE_TEST_SUITE_P(
                       BadLine{"hello world!", 1, "the character '!'"},
                       BadLine{"Traceback (most recent call last):", 1, "the character '('"},
                       BadLine{"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx", 1, "63"}));
+
+// `host[:slots] draining` marks a host that leaves; nothing else may follow
+// a host, and the mark is no host of its own nor valid on -H.
+TEST(DiscoveryOutput, DrainingMark) {
+  auto r = parse_discovery_output("a:2\nb:1 draining\n  c\tdraining  # leaving\n[fe80::1]:2 draining\n", 3);
+  ASSERT_TRUE(r) << r.message();
+  EXPECT_THAT(r->hosts(), ElementsAre(Host{"a", 2}, Host{"b", 1, true}, Host{"c", 3, true}, Host{"fe80::1", 2, true}));
+  EXPECT_TRUE(r->any_draining());
+  auto none = parse_discovery_output("a:2\nb:1\n", 1);
+  ASSERT_TRUE(none);
+  EXPECT_FALSE(none->any_draining());
+  EXPECT_TRUE(*none == *parse_discovery_output("a:2\nb:1", 1));
+  EXPECT_FALSE(*none == *parse_discovery_output("a:2\nb:1 draining", 1)) << "a new mark is a change";
+  for (const char* bad : {"b:1 drain", "b:1 draining now", "b:1 DRAINING"}) {
+    auto e = parse_discovery_output(bad, 1);
+    EXPECT_FALSE(e) << bad;
+    if (!e) {
+      EXPECT_THAT(e.message(), HasSubstr("host[:slots] draining")) << e.message();
+    }
+  }
+  EXPECT_FALSE(parse_hosts_flag("a:1 draining", 1));
+  auto merged = parse_discovery_output("a:1\na:1 draining\n", 1, DuplicatePolicy::kMerge);
+  ASSERT_TRUE(merged) << merged.message();
+  EXPECT_THAT(merged->hosts(), ElementsAre(Host{"a", 2, true}));
+}
 
 TEST(DiscoveryOutput, DuplicatePolicy) {
   auto rejected = parse_discovery_output("a:1\nb:1\na:2\n", 1, DuplicatePolicy::kReject);

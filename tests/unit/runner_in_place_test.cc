@@ -329,6 +329,84 @@ TEST_F(InPlaceTest, ARetiredWorkerIsToldToStopOnce) {
   EXPECT_EQ(leaving->terminate_calls, 1);
 }
 
+// A host that leaves on notice (its agent said DRAINING) leaves the plan at
+// once, with the announcement marked a drain; its workers are stopped once
+// they left at a commit. No failure: no blacklist, one membership reset.
+TEST_F(InPlaceTest, ADrainingHostLeavesAtTheNextCommitWithNoFailure) {
+  discovery.set(HostSet({{"a", 2}, {"b", 2}}));
+  start_joined(elastic(4, 1, 4));
+  launcher.drain("b", "SIGTERM to the agent");
+  EXPECT_FALSE(steps(1));
+  ASSERT_EQ(driver->generation(), 2);
+  EXPECT_EQ(driver->plan().size(), 2);
+  EXPECT_EQ(membership.drains_notified(), std::vector<long>{1});
+  Worker b_0 = worker_at(b0), b_1 = worker_at(SlotKey{"b", 1});
+  ASSERT_TRUE(b_0 && b_1);
+  EXPECT_FALSE(b_0->terminated);  // still training until the commit
+  for (auto& s : {a0, a1, b0, SlotKey{"b", 1}}) membership.join(s, 1, JoinReason::kHostsUpdated);
+  EXPECT_FALSE(steps(2));
+  EXPECT_TRUE(b_0->terminated);
+  EXPECT_TRUE(b_1->terminated);
+  EXPECT_FALSE(b_0->killed);
+  EXPECT_FALSE(driver->host_manager().is_blacklisted("b"));
+  EXPECT_EQ(driver->resets(), 1);
+  EXPECT_TRUE(worker_at(a0) && worker_at(a1)) << "a survivor was stopped";
+  // Discovery still lists b: it stays out (no worker is started there).
+  const size_t launched = launcher.launched().size();
+  clock.advance(std::chrono::seconds(2));
+  EXPECT_FALSE(steps(20));
+  EXPECT_EQ(launcher.launched().size(), launched);
+  EXPECT_EQ(driver->plan().size(), 2);
+}
+
+// Workers of a draining host that reach no commit within --drain-timeout
+// are killed; a discovery line marked `draining` drains as a notice does,
+// and the host grows the job again once listed without the mark.
+TEST_F(InPlaceTest, ADrainPastItsTimeoutKillsAndADiscoveryMarkDrainsUntilItIsGone) {
+  discovery.set(HostSet({{"a", 1}, {"b", 1}}));
+  DriverOptions o = elastic(2, 1, 2);
+  o.drain_timeout = std::chrono::seconds(2);
+  start_joined(o);
+  discovery.set(HostSet({Host{"a", 1}, Host{"b", 1, /*draining=*/true}}));
+  clock.advance(std::chrono::seconds(1));
+  EXPECT_FALSE(steps(1));
+  ASSERT_EQ(driver->generation(), 2);
+  EXPECT_EQ(membership.drains_notified(), std::vector<long>{1});
+  Worker b_0 = worker_at(b0);
+  ASSERT_TRUE(b_0);
+  EXPECT_FALSE(steps(15));  // 1.5 s: b's worker has not committed yet
+  EXPECT_FALSE(b_0->killed);
+  EXPECT_FALSE(steps(10));
+  EXPECT_TRUE(b_0->killed) << "not stopped at --drain-timeout";
+  EXPECT_EQ(driver->resets(), 2) << "the membership change, and the failure";
+  // Listed again without the mark: b grows the job again.
+  discovery.set(HostSet({{"a", 1}, {"b", 1}}));
+  clock.advance(std::chrono::seconds(1));
+  EXPECT_FALSE(steps(5));
+  Worker again = worker_at(b0);
+  ASSERT_TRUE(again) << "b did not grow the job again";
+  EXPECT_NE(again, b_0);
+}
+
+// Draining below --min-np: the host leaves anyway; the survivors wait in
+// the rendezvous with their commit.
+TEST_F(InPlaceTest, ADrainBelowMinNpLeavesTheSurvivorsWaitingInTheRendezvous) {
+  discovery.set(HostSet({{"a", 1}, {"b", 1}}));
+  start_joined(elastic(2, 2, 2));
+  launcher.drain("b", "SIGTERM to worker");
+  EXPECT_FALSE(steps(1));
+  EXPECT_EQ(driver->phase(), JobPhase::kWaitingWithSurvivors);
+  EXPECT_EQ(membership.drains_notified(), std::vector<long>{1});
+  Worker b_0 = worker_at(b0);
+  ASSERT_TRUE(b_0);
+  for (auto& s : {a0, b0}) membership.join(s, 1, JoinReason::kHostsUpdated);
+  EXPECT_FALSE(steps(2));
+  EXPECT_TRUE(b_0->terminated);
+  EXPECT_FALSE(b_0->killed);
+  EXPECT_TRUE(worker_at(a0));
+  EXPECT_EQ(driver->phase(), JobPhase::kWaitingWithSurvivors);
+}
+
 TEST_F(InPlaceTest, AWorkerThatDoesNotJoinWithinTheRendezvousTimeoutIsKilled) {
   discovery.set(HostSet({{"a", 2}}));
   start_joined(elastic(2, 1, 2));

@@ -4,7 +4,8 @@
 // injection: fail_at(slot, op) makes that slot's op-th collective of the
 // generation throw CommError and breaks the generation, so every rank's
 // pending and later ops throw too; kill(slot) breaks it and drops the slot from
-// the next generation; set_host_update(slot) raises one slot's pending flag.
+// the next generation; set_host_update(slot[, drain]) raises one slot's pending
+// flag (a host that drains, with drain).
 // All methods are thread-safe. Header-only.
 #pragma once
 
@@ -76,9 +77,14 @@ class FakeHub {
     broken_ = true;
     cv_.notify_all();
   }
-  void set_host_update(int slot) {
+  void set_host_update(int slot, bool drain = false) {
     std::lock_guard<std::mutex> lk(mu_);
     host_update_[static_cast<size_t>(slot)] = true;
+    if (drain) drain_[static_cast<size_t>(slot)] = true;
+  }
+  bool drain(int slot) const {
+    std::lock_guard<std::mutex> lk(mu_);
+    return drain_[static_cast<size_t>(slot)];
   }
   bool host_update(int slot) const {
     std::lock_guard<std::mutex> lk(mu_);
@@ -146,6 +152,7 @@ class FakeHub {
       rounds_.clear();
       joining_.clear();
       std::fill(host_update_.begin(), host_update_.end(), false);
+      std::fill(drain_.begin(), drain_.end(), false);
       cv_.notify_all();
       return;
     }
@@ -167,6 +174,7 @@ class FakeHub {
     last_commit_.push_back(0);
     rejoins_.push_back(0);
     host_update_.push_back(false);
+    drain_.push_back(false);
     if (member) members_.push_back(s);
     return s;
   }
@@ -187,6 +195,7 @@ class FakeHub {
   std::vector<uint64_t> last_commit_;
   std::vector<int> rejoins_;
   std::vector<bool> host_update_;
+  std::vector<bool> drain_;  // the pending update is a host that drains
   std::map<int, int> fail_at_;
   std::map<int, Round> rounds_;
   std::set<int> joining_;
@@ -274,6 +283,7 @@ class FakeContext : public Context {
   const WorkerInfo& info() const override { return info_; }
   Communicator& comm() override { return comm_; }
   bool host_update_pending() const override { return hub_->host_update(slot_); }
+  bool drain_pending() const override { return hub_->drain(slot_); }
   void rejoin(uint64_t last_commit_id) override {
     hub_->rejoin(slot_, last_commit_id);
     refresh();

@@ -141,6 +141,48 @@ TEST(StateSync, HostUpdateSeenByOneRankRaisesOnAllAtTheSameStep) {
   EXPECT_EQ(ids, std::vector<uint64_t>(3, 5));
 }
 
+// A program that checks for updates between commits (every step, commits
+// every 4): a plain update there leaves at once, with the steps since the
+// last commit rolled back; a host that drains makes that check commit first,
+// so nothing is lost. Every rank commits together, and the id says so.
+TEST(StateSync, ADrainSeenBetweenCommitsCommitsFirstAPlainUpdateDoesNot) {
+  for (bool drain : {false, true}) {
+    FakeHub hub(3);
+    std::vector<int> raised_at(3, -1);
+    std::vector<uint64_t> ids(3);
+    std::vector<int> kept(3, -1);
+    run_threads(3, [&](int r) {
+      FakeContext ctx(hub, r);
+      State st(ctx);
+      int step = 0;
+      st.register_value("step", &step);
+      st.sync();
+      for (; step < 20;) {
+        if (r == 2 && step == 6) hub.set_host_update(2, drain);
+        ++step;
+        try {
+          if (step % 4 == 0) {
+            st.commit();
+          } else {
+            st.check_host_updates();
+          }
+        } catch (const HostsUpdated&) {
+          raised_at[static_cast<size_t>(r)] = step;
+          break;
+        }
+      }
+      ids[static_cast<size_t>(r)] = st.commit_id();
+      st.restore();  // what a re-join resumes from
+      kept[static_cast<size_t>(r)] = step;
+    });
+    // Rank 2 sees it in step 7 (after its step 6), the others with it.
+    EXPECT_EQ(raised_at, std::vector<int>(3, 7)) << "drain " << drain;
+    // Commits at steps 4 (id 1), then with a drain at step 7 (id 2).
+    EXPECT_EQ(ids, std::vector<uint64_t>(3, drain ? 2u : 1u)) << "drain " << drain;
+    EXPECT_EQ(kept, std::vector<int>(3, drain ? 7 : 4)) << "drain " << drain;
+  }
+}
+
 // A training loop in the shape erun::run() expects, with a replicated
 // accumulator: every step adds the sum over ranks of (rank+1)*step.
 struct Trainer {
