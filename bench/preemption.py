@@ -32,6 +32,9 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from procs import checksum, children_of, parent_of, wait_for, worker_on  # noqa: E402
+
 
 def args_for(commit_every):
     return ["--samples", "8000", "--epochs", "6", "--batch", "256", "--commit-every", str(commit_every),
@@ -43,47 +46,14 @@ def wall(e):
     return calendar.timegm(time.strptime(e["time"][:19], "%Y-%m-%dT%H:%M:%S")) + int(e["time"][20:23]) / 1000
 
 
-def wait_for(path, text, limit):
-    end = time.time() + limit
-    while time.time() < end:
-        if os.path.exists(path) and text in open(path, errors="replace").read():
-            return True
-        time.sleep(0.01)
-    return False
 
 
-def checksum(text):
-    m = re.search(r"checksum=([0-9a-f]+)", text)
-    return m.group(1) if m else None
 
 
-def worker_on(program, host):
-    for pid in subprocess.run(["pgrep", "-f", program], capture_output=True, text=True).stdout.split():
-        try:
-            env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
-            if open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")[0].decode() != program:
-                continue
-        except OSError:
-            continue
-        if f"ERUN_HOSTNAME={host}".encode() in env:
-            return int(pid)
-    return None
 
 
-def parent_of(pid):
-    return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
 
 
-def children_of(pid):
-    out = []
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                if parent_of(int(d)) == pid:
-                    out.append(int(d))
-            except (OSError, IndexError, ValueError):
-                pass
-    return out
 
 
 def one_run(erun, program, work, drain, target, commit_every, reference, delay):

@@ -111,6 +111,10 @@ class ERUN_API Context {
   // State, 2 held before by a State since destroyed. Shared with the States,
   // which may outlive the Context (erun::shutdown()).
   std::shared_ptr<std::vector<unsigned char>> state_numbers_ = std::make_shared<std::vector<unsigned char>>();
+  // A State committed `commit_id` (State::commit calls it on every rank):
+  // under erun the worker reports the commit interval's timing to the
+  // driver, which finds stragglers with it (docs/design.md, "Stragglers").
+  virtual void committed(uint64_t commit_id) { (void)commit_id; }
   std::unique_ptr<GpuCommunicator> gpu_;
   // gpu_, published for abort_gpu_collectives() on other threads once made.
   std::atomic<GpuCommunicator*> gpu_live_{nullptr};

@@ -421,6 +421,22 @@ struct RendezvousClient::Impl {
     }
   }
 
+  // TIMING, no reply: dropped while no driver is connected; a send that
+  // cannot finish within the I/O timeout breaks the connection as a
+  // request's would.
+  void report_timing(const wire::Timing& t) {
+    const long g = gen.load();
+    if (fd < 0 || g < 0) return;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (reconnecting || broken) return;
+    }
+    std::lock_guard<std::mutex> lock(write_mu);
+    Status sent = wire::send_all(fd, wire::encode_frame(Type::kTiming, job_hash, g, 0, wire::encode_timing(t)),
+                                 SteadyClock::now() + opt.io_timeout);
+    if (!sent) ::shutdown(fd, SHUT_RDWR);
+  }
+
   wire::Frame kv_call(Type type, const std::string& payload, Duration wait, const std::string& what) {
     long g = gen.load();
     if (g < 0) throw CommError("store: " + what + " before join (join a generation first)");
@@ -472,6 +488,9 @@ Result<RankAssignment> RendezvousClient::join(const JoinRequest& request, long* 
 KvStore& RendezvousClient::store() { return impl_->store; }
 bool RendezvousClient::hosts_updated() const { return impl_->hosts_updated.load(); }
 bool RendezvousClient::drain_pending() const { return impl_->drain_pending.load(); }
+void RendezvousClient::report_timing(uint64_t commit_id, uint64_t interval_us, uint64_t wait_us) {
+  impl_->report_timing(wire::Timing{commit_id, interval_us, std::min(wait_us, interval_us)});
+}
 long RendezvousClient::generation() const { return impl_->gen.load(); }
 long RendezvousClient::peers_lost_generation() const { return impl_->lost_gen.load(); }
 std::vector<int> RendezvousClient::peers_lost() const {

@@ -36,6 +36,7 @@ class FakeMembership final : public Membership {
     s.members = std::move(members);
     s.waiting = std::move(waiting);
     s.rejoined = std::exchange(rejoined_, {});
+    s.timings = std::exchange(timings_, {});
     s.disconnected.assign(disconnected_.begin(), disconnected_.end());
     disconnected_.clear();
     return s;
@@ -68,6 +69,8 @@ class FakeMembership final : public Membership {
     }
   }
   // Every slot of the last published generation joins it (first joins).
+  // A member's commit interval (TIMING), in the next snapshot.
+  void timing(const RankTiming& t) { timings_.push_back(t); }
   void join_all() {
     for (auto& r : ranks_) {
       if (!members_.count(r.slot)) join(r.slot, -1);
@@ -102,6 +105,7 @@ class FakeMembership final : public Membership {
   std::vector<RankAssignment> ranks_;
   std::map<SlotKey, JoinRequest> members_, waiting_;
   std::vector<JoinRequest> rejoined_;
+  std::vector<RankTiming> timings_;
   std::set<SlotKey> disconnected_;
 };
 

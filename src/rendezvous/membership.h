@@ -90,12 +90,25 @@ class SharedList {
   std::shared_ptr<const std::vector<T>> p_;
 };
 
+// One rank's commit interval (TIMING, docs/protocol.md): from its previous
+// commit (or its join) to commit `commit_id`, how long it took and how much
+// of it the rank spent inside collectives. A straggler computes longest and
+// waits least (runner/stragglers.h).
+struct RankTiming {
+  SlotKey slot;
+  long generation = -1;
+  uint64_t commit_id = 0;
+  double interval_s = 0;
+  double wait_s = 0;
+};
+
 struct MembershipSnapshot {
   long generation = -1;               // the last published generation
   SharedList<JoinRequest> members;    // connected and assigned in `generation`
   SharedList<JoinRequest> waiting;    // blocked in a join (not yet assigned)
   std::vector<JoinRequest> rejoined;  // JOINs of workers leaving a generation, since the last snapshot
   std::vector<SlotKey> disconnected;  // slots whose connection closed since the last snapshot
+  std::vector<RankTiming> timings;    // members' commit intervals since the last snapshot
 };
 
 class Membership {

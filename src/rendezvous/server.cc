@@ -53,6 +53,11 @@ struct RendezvousServer::Impl final : ServerLoop::Handler {
       case Type::kKvSet:
       case Type::kKvGet:
       case Type::kKvCheck: return on_kv(r, type, payload);
+      case Type::kTiming: {
+        auto t = wire::decode_timing(payload);
+        if (!t) return loop.refuse(conn, fmt::format("malformed TIMING payload ({} bytes)", payload.size()));
+        return membership.timing(r, *t);
+      }
       default:
         return loop.refuse(conn, fmt::format("unexpected {} after authentication", wire::type_name(h.type)));
     }

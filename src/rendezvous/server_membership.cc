@@ -211,12 +211,23 @@ bool ServerMembership::joined(ConnId conn) const {
   return it != workers_.end() && it->second.joined;
 }
 
+void ServerMembership::timing(const Request& r, const wire::Timing& t) {
+  auto it = workers_.find(r.conn);
+  // Only a member's report of the generation it is in: a late one of a
+  // generation it left says nothing about this one.
+  if (it == workers_.end() || !it->second.joined || it->second.member_gen != gen_ || r.generation != gen_) return;
+  if (timings_.size() >= kMaxRejoins) timings_.erase(timings_.begin(), timings_.begin() + kMaxRejoins / 2);
+  timings_.push_back(RankTiming{it->second.join.slot, static_cast<long>(gen_), t.commit_id,
+                                static_cast<double>(t.interval_us) / 1e6, static_cast<double>(t.wait_us) / 1e6});
+}
+
 MembershipSnapshot ServerMembership::snapshot() {
   MembershipSnapshot s;
   s.generation = gen_;
   s.members = SharedList<JoinRequest>(members_.list());
   s.waiting = SharedList<JoinRequest>(waiting_.list());
   s.rejoined = std::exchange(rejoined_, {});
+  s.timings = std::exchange(timings_, {});
   s.disconnected.assign(disconnected_.begin(), disconnected_.end());
   disconnected_.clear();
   return s;

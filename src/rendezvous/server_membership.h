@@ -41,6 +41,10 @@ class ServerMembership {
   // every other member gets PEERS_LOST; any other `gen`, or no ranks, does nothing.
   void notify_peers_lost(int64_t gen, const std::vector<int>& ranks);
 
+  // TIMING from a member of the current generation: kept for the next
+  // snapshot (bounded: the oldest half goes when a driver stops asking).
+  void timing(const Request& r, const wire::Timing& t);
+
   // `conn` is closing: its join stops waiting and it is a member no more.
   // `why`, when not empty, is logged (debug) for a connection that joined. A
   // close this class asked for was applied at once: closed() then does nothing.
@@ -94,6 +98,7 @@ class ServerMembership {
   SlotIndex members_;                                                   // slot -> connection assigned in gen_
   std::set<SlotKey> disconnected_;                                      // since the last snapshot
   std::vector<JoinRequest> rejoined_;                                   // since the last snapshot
+  std::vector<RankTiming> timings_;                                     // since the last snapshot
 };
 
 }  // namespace erun

@@ -27,6 +27,7 @@ const char* type_name(uint16_t type) {
     case Type::kPeersLost: return "PEERS_LOST";
     case Type::kRelay: return "RELAY";
     case Type::kRelayClosed: return "RELAY_CLOSED";
+    case Type::kTiming: return "TIMING";
   }
   return "UNKNOWN";
 }
@@ -267,6 +268,20 @@ std::optional<bool> decode_check_result(std::string_view payload) {
   uint8_t v = r.u8();
   if (!r.done() || v > 1) return std::nullopt;
   return v == 1;
+}
+
+std::string encode_timing(const Timing& t) {
+  return PayloadWriter().u64(t.commit_id).u64(t.interval_us).u64(t.wait_us).str();
+}
+
+std::optional<Timing> decode_timing(std::string_view payload) {
+  PayloadReader r(payload);
+  Timing t;
+  t.commit_id = r.u64();
+  t.interval_us = r.u64();
+  t.wait_us = r.u64();
+  if (!r.done() || t.wait_us > t.interval_us) return std::nullopt;
+  return t;
 }
 
 namespace {

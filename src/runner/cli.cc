@@ -29,7 +29,8 @@ const std::map<std::string, int>& option_arity() {
       {"--term-grace", 1}, {"--finish-timeout", 1}, {"--rendezvous-timeout", 1},
       {"--collective-timeout", 1}, {"--driver-address", 1}, {"--checkpoint-dir", 1}, {"--persist-interval", 1},
       {"--commit-replicas", 1}, {"--ssh-option", 1}, {"--agent-path", 1}, {"--heartbeat-timeout", 1},
-      {"--driver-grace", 1}, {"--job-name", 1}, {"--drain-timeout", 1},
+      {"--driver-grace", 1}, {"--job-name", 1}, {"--drain-timeout", 1}, {"--stragglers", 1},
+      {"--straggler-factor", 1}, {"--straggler-window", 1},
   };
   return arity;
 }
@@ -93,7 +94,7 @@ struct RawFlags {
   bool no_agent_relay = false;
   bool no_host_commits = false;
   std::vector<double> cooldown;
-  std::string launcher = "auto", mode = "auto";
+  std::string launcher = "auto", mode = "auto", stragglers = "evict";
   bool tag = false, no_tag = false;
 };
 
@@ -137,6 +138,9 @@ void add_elasticity_flags(po::options_description& desc, DriverOptions& o, RawFl
     ("reset-limit", po::value<int>(&o.reset_limit), "resets (restarts or resizes) allowed before the job fails (default: unlimited when elastic, 0 otherwise)")
     ("blacklist-cooldown-range", po::value<std::vector<double>>(&r.cooldown)->multitoken(), "MIN MAX seconds a failing host stays blacklisted, doubling per blacklisting (default 10 300)")
     ("blacklist-after", po::value<int>(&o.blacklist_after), "consecutive failures before a host is blacklisted (default 2)")
+    ("stragglers", po::value<std::string>(&r.stragglers), "evict (default): a rank that computes --straggler-factor times longer than the others' median for --straggler-window commit intervals in a row leaves the job at the next commit, when the job stays at --min-np or above and would run at least 20 % faster, and its slot sits out a cooldown (--blacklist-cooldown-range, doubling); report: only log it and write the event; off: neither. Restart mode reports only")
+    ("straggler-factor", po::value<double>(&o.straggler_factor), "how many times the others' median compute time makes a straggler (default 1.5)")
+    ("straggler-window", po::value<int>(&o.straggler_window), "commit intervals in a row a straggler must be slow (default 3)")
     ("crash-loop-limit", po::value<int>(&o.crash_loop_limit), "end the job when this many generations in a row fail with the same exit status on every host, each within 60 s and before any commit or finished worker (default 3; 0: never)");
 }
 
@@ -315,6 +319,20 @@ Check resolve_launcher(DriverOptions& o, const RawFlags& r) {
   auto mode = modes.find(r.mode);
   if (mode == modes.end()) return fail(fmt::format("--mode {}: expected auto, elastic or restart", r.mode));
   o.mode = mode->second;
+  static const std::map<std::string, StragglerPolicy> policies = {
+      {"evict", StragglerPolicy::kEvict}, {"report", StragglerPolicy::kReport}, {"off", StragglerPolicy::kOff}};
+  auto policy = policies.find(r.stragglers);
+  if (policy == policies.end()) {
+    return fail(fmt::format("--stragglers {}: expected evict, report or off", r.stragglers));
+  }
+  o.stragglers = policy->second;
+  if (!(o.straggler_factor > 1)) {
+    return fail(fmt::format("--straggler-factor {}: must be more than 1 (1.5: half again as slow as the others)",
+                            o.straggler_factor));
+  }
+  if (o.straggler_window < 1) {
+    return fail(fmt::format("--straggler-window {}: must be 1 or more commit intervals", o.straggler_window));
+  }
   return std::nullopt;
 }
 

@@ -43,6 +43,7 @@ Driver::Driver(DriverOptions options, DriverDeps deps)
       clock_(*d_.clock),
       hosts_(*d_.clock, BlacklistPolicy{o_.blacklist_after, from_seconds(o_.cooldown_min_s),
                                         from_seconds(o_.cooldown_max_s)}),
+      stragglers_(StragglerOptions{o_.straggler_factor, o_.straggler_window}),
       crash_loop_(o_.crash_loop_limit, o_.crash_loop_progress) {
   ERUN_CHECK(d_.discovery && d_.local_launcher && d_.clock);
   if (d_.job_id.empty()) d_.job_id = "erun-" + random_hex(6);
@@ -261,7 +262,7 @@ void Driver::publish() {
 }
 
 bool Driver::start_generation(const HostSet& usable) {
-  plan_ = make_plan(generation_ + 1, usable, o_.max_np, plan_.empty() ? nullptr : &plan_);
+  plan_ = without_resting(make_plan(generation_ + 1, usable, o_.max_np, plan_.empty() ? nullptr : &plan_));
   ++generation_;
   if (generation_ > 1) ++restarts_;
   generation_failure_.reset();
@@ -554,6 +555,7 @@ void Driver::supervise() {
   handle_rejoins(m);
   retire_workers(m);
   tend_drains(m);
+  watch_stragglers(m);
   enforce_rejoin_deadline(m);
   if (generation_failure_) {
     handle_generation_failure();
@@ -656,7 +658,10 @@ void Driver::follow_membership() {
   plan_cache_.update(discovered_epoch_, discovered_, hosts_, generation_, plan_, o_.max_np,
                      in_place ? blacklisted_with_survivors() : std::vector<std::string>{});
   const HostSet& usable = plan_cache_.usable();
-  const Plan& next = plan_cache_.next();
+  // The cached plan, unless a straggler's slot sits out (no copy per tick).
+  Plan filtered;
+  if (any_resting()) filtered = without_resting(plan_cache_.next());
+  const Plan& next = any_resting() ? filtered : plan_cache_.next();
   if (replacements_cover(next)) return;  // they join first (admit_replacements())
   if (next.same_layout(plan_)) {
     below_min_logged_ = false;

@@ -26,6 +26,7 @@
 #include "runner/plan_cache.h"
 #include "runner/planner.h"
 #include "runner/replicas.h"
+#include "runner/stragglers.h"
 #include "rendezvous/membership.h"
 
 namespace erun {
@@ -155,6 +156,16 @@ class Driver {
   bool on_draining_host(const Worker& w) const;
   // A live member of the running plan is on a draining host.
   bool draining_members() const;
+  // ---- stragglers (driver_stragglers.cc) ----
+  // Feeds the ranks' commit intervals to the detector, acts on what it
+  // finds, and ends the cooldowns of slots left out.
+  void watch_stragglers(const MembershipSnapshot& m);
+  void handle_straggler(const Straggler& s);
+  // A straggler's slot sits out its cooldown.
+  bool resting(const SlotKey& slot) const;
+  bool any_resting() const;
+  // `p` without the resting slots (planned again over the others).
+  Plan without_resting(Plan p) const;
   // ---- phases (driver.cc): step() calls the handler of the current one ----
   // Checked against transition_allowed(); entering a waiting phase from
   // another phase restarts the --elastic-timeout clock.
@@ -314,6 +325,14 @@ class Driver {
   HostSet listed_;      // the hosts as discovery lists them (draining marks included)
   HostSet discovered_;  // listed_ less the draining hosts: what the plans use
   std::map<std::string, Drain> drains_;
+  StragglerDetector stragglers_;
+  long stragglers_gen_ = -1;  // the generation the detector watches
+  struct Rest {
+    TimePoint until{};
+    int times = 0;        // cooldowns so far (each doubles)
+    bool active = false;  // sitting out now
+  };
+  std::map<SlotKey, Rest> resting_;
   bool all_hosts_local_ = true;  // every discovered host launches locally
   long discovered_version_ = -1;
   long discovered_epoch_ = 0;  // bumps in set_discovered

@@ -31,9 +31,11 @@ void Driver::take_drains() {
 bool Driver::on_draining_host(const Worker& w) const { return drains_.count(w.assignment.slot.host) > 0; }
 
 bool Driver::draining_members() const {
-  if (drains_.empty()) return false;
-  return std::any_of(workers_.begin(), workers_.end(),
-                     [&](const Worker& w) { return survivor(w) && !w.pending() && on_draining_host(w); });
+  // A straggler's slot that sits out leaves the same way.
+  if (drains_.empty() && resting_.empty()) return false;
+  return std::any_of(workers_.begin(), workers_.end(), [&](const Worker& w) {
+    return survivor(w) && !w.pending() && (on_draining_host(w) || resting(w.assignment.slot));
+  });
 }
 
 void Driver::start_drain(const std::string& host, const std::string& reason, bool from_discovery) {

@@ -399,7 +399,7 @@ void Driver::reconfigure(const char* reason, bool after_failure) {
   // ones are kept until reaped.
   workers_.erase(std::remove_if(workers_.begin(), workers_.end(), [](const Worker& w) { return w.exit.has_value(); }),
                  workers_.end());
-  const Plan full = make_plan(generation_ + 1, usable, o_.max_np, &plan_);
+  const Plan full = without_resting(make_plan(generation_ + 1, usable, o_.max_np, &plan_));
   // After a failure, survivors that alone meet --min-np go on at once in a
   // generation of their own; the free slots get pending replacements.
   Plan next = full;

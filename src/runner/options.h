@@ -13,6 +13,8 @@ namespace erun {
 // kSrun: a Slurm job step per node (its agent); kMpirun: erun execs mpirun (static, no driver).
 enum class LauncherKind { kAuto, kLocal, kSsh, kSrun, kMpirun };
 enum class WorkerMode { kAuto, kElastic, kRestart };
+// --stragglers: what the driver does with a rank that holds the job back.
+enum class StragglerPolicy { kEvict, kReport, kOff };
 
 struct DriverOptions {
   int np = 0;      // -np: the number of workers to start with (0: all available slots)
@@ -32,6 +34,10 @@ struct DriverOptions {
 
   Duration elastic_timeout = std::chrono::seconds(600);
   int reset_limit = -1;  // -1: unlimited
+  // --stragglers, --straggler-factor, --straggler-window (runner/stragglers.h).
+  StragglerPolicy stragglers = StragglerPolicy::kEvict;
+  double straggler_factor = 1.5;
+  int straggler_window = 3;
   double cooldown_min_s = 10;
   double cooldown_max_s = 300;
   int blacklist_after = 2;  // consecutive failures of a host before it is blacklisted

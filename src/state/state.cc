@@ -560,6 +560,7 @@ void State::commit() {
                               impl_->refs());
     impl_->drop_device_mirrors();
   }
+  ctx_.committed(impl_->commit_id);
   impl_->committing = true;
   struct Done {
     bool& flag;

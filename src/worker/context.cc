@@ -27,6 +27,7 @@
 #include "store/memory_store.h"
 #include "store/prefix_store.h"
 #include "worker/drain_signal.h"
+#include "worker/timed_communicator.h"
 #include "worker/mpi_context.h"
 #include "worker/worker_info.h"
 
@@ -49,6 +50,7 @@ struct WorkerOptions {
   Duration driver_grace = Duration::zero();  // ERUN_DRIVER_GRACE: reconnect for this long
   std::string checkpoint_dir;
   std::string commit_dir;  // host-memory commits (ERUN_COMMIT_DIR)
+  bool timing = true;      // commit intervals to the driver (ERUN_STEP_TIMING=0: off)
 };
 
 std::string env_or(const char* name, const std::string& fallback = "") {
@@ -91,6 +93,7 @@ WorkerOptions read_worker_options() {
   o.driver_grace = from_seconds(env_seconds("ERUN_DRIVER_GRACE", 0));
   o.checkpoint_dir = env_or("ERUN_CHECKPOINT_DIR");
   o.commit_dir = env_or("ERUN_COMMIT_DIR");
+  o.timing = env_or("ERUN_STEP_TIMING") != "0";
   if (o.rdzv_port <= 0 || o.job_id.empty() || o.secret.empty()) {
     throw Error("erun: ERUN_RDZV_ADDR is set but ERUN_RDZV_PORT, ERUN_JOB_ID or the job secret is missing; "
                 "start workers through erun, not by hand");
@@ -140,6 +143,21 @@ class ElasticContext final : public Context {
   Communicator& comm() override { return *comm_; }
   bool host_update_pending() const override { return client_.hosts_updated(); }
   bool drain_pending() const override { return client_.drain_pending(); }
+  // The interval since the last commit (or the join) and its time in
+  // collectives, to the driver. Several States commit at the same steps:
+  // the first commit of a step (its id is new) ends the interval.
+  void committed(uint64_t commit_id) override {
+    if (!o_.timing) return;
+    const auto now = std::chrono::steady_clock::now();
+    if (commit_id == last_commit_reported_) return;
+    last_commit_reported_ = commit_id;
+    const int64_t wait_ns = wait_ns_.exchange(0, std::memory_order_relaxed);
+    const int64_t interval_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(now - interval_start_).count();
+    interval_start_ = now;
+    if (interval_ns <= 0) return;
+    client_.report_timing(commit_id, static_cast<uint64_t>(interval_ns / 1000),
+                          static_cast<uint64_t>(std::max<int64_t>(wait_ns, 0) / 1000));
+  }
   bool elastic() const override { return true; }
   std::string checkpoint_dir() const override { return o_.checkpoint_dir; }
   std::string host_commit_stem() const override {
@@ -313,8 +331,15 @@ class ElasticContext final : public Context {
     auto comm = make_hierarchical_communicator(coll, h);
     // A PEERS_LOST for this generation that arrived while it formed found no
     // communicator to abort: abort it now.
+    // A generation's first interval starts once it formed.
+    wait_ns_.store(0, std::memory_order_relaxed);
+    interval_start_ = std::chrono::steady_clock::now();
     std::lock_guard<std::mutex> lock(comm_mu_);
-    comm_ = std::move(comm);
+    if (o_.timing) {
+      comm_ = std::make_unique<worker::TimedCommunicator>(std::move(comm), &wait_ns_);
+    } else {
+      comm_ = std::move(comm);
+    }
     comm_gen_ = gen;
     comm_rank_ = topo.rank;
     if (client_.peers_lost_generation() == gen) comm_->abort();
@@ -328,6 +353,10 @@ class ElasticContext final : public Context {
   std::mutex comm_mu_;
   std::unique_ptr<Communicator> comm_;
   long comm_gen_ = -1;  // the generation of comm_ (-1: none)
+  // Stragglers: time inside comm_'s collectives since the interval began.
+  std::atomic<int64_t> wait_ns_{0};
+  std::chrono::steady_clock::time_point interval_start_ = std::chrono::steady_clock::now();
+  uint64_t last_commit_reported_ = 0;
   int comm_rank_ = -1;
   // Declared last: destroyed first, so its reader thread is gone before
   // the communicator it may abort.

@@ -207,17 +207,23 @@ TEST_F(ErunTakeover, NobodyTakingOverLeavesNothingAfterTheGrace) {
   std::vector<std::string> a = args({"-np", "2"});
   a[1] = "3";  // --driver-grace 3
   ErunProcess first(a, env());
+  ASSERT_TRUE(first.wait_output(":epoch 0 loss=", 120s)) << first.out() << first.err();
+  // This job's host memory (other tests' jobs may run beside it).
+  std::set<std::string> shm_before;
+  for (pid_t pid : workers()) {
+    const std::string env = environ_of(pid);
+    const size_t at = env.find("\nERUN_COMMIT_DIR=");
+    if (at != std::string::npos) shm_before.insert(env.substr(at + 17, env.find('\n', at + 17) - at - 17));
+  }
+  ASSERT_FALSE(shm_before.empty());
+  for (auto& d : shm_before) ASSERT_TRUE(std::filesystem::exists(d)) << d;
   std::set<pid_t> before = start_and_kill(first, 0);
   ASSERT_EQ(before.size(), 2u);
-  std::set<std::string> shm_before;
-  for (auto& e : std::filesystem::directory_iterator("/dev/shm")) {
-    if (e.path().filename().string().rfind("erun-commits-", 0) == 0) shm_before.insert(e.path().string());
-  }
   std::this_thread::sleep_for(1s);
   EXPECT_EQ(workers(), before) << "the workers did not wait for the grace\n" << first.err();
   std::vector<pid_t> left;
   EXPECT_TRUE(wait_no_process(program_, 20s, &left)) << describe_pids(left);
-  // Their host memory went with them (this job's; other tests' may be there).
+  // Their host memory went with them.
   auto deadline = std::chrono::steady_clock::now() + 10s;
   std::vector<std::string> still;
   do {

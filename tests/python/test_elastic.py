@@ -9,6 +9,7 @@ import re
 import shutil
 import signal
 import os
+import threading
 import time
 
 import pytest
@@ -159,6 +160,50 @@ def test_a_sigterm_to_a_worker_drains_its_host_in_place(ws, reference):
     assert all(r["reason"] != "worker failed" for r in job.events("reset")), job.events("reset")
     assert all(r["reason"] != "peer lost" for r in job.events("rejoined")), job.events("rejoined")
     assert "restoring commit" not in job.out + job.err
+
+
+def slow_down(pid, stop):
+    """SIGSTOP 80 ms, SIGCONT 20 ms until `stop` is set: a fifth of its speed."""
+    while not stop.is_set():
+        try:
+            os.kill(pid, signal.SIGSTOP)
+            time.sleep(0.08)
+            os.kill(pid, signal.SIGCONT)
+            time.sleep(0.02)
+        except ProcessLookupError:
+            return
+    try:
+        os.kill(pid, signal.SIGCONT)
+    except ProcessLookupError:
+        pass
+
+
+def test_a_slowed_worker_is_left_out_at_a_commit_and_the_model_is_exact(ws, reference):
+    """A straggler (docs/design.md, "Stragglers"): one of three torch workers
+    slowed to a fifth of its speed is found from the commit intervals the
+    library reports, leaves at a commit, and the others go on in place with
+    nothing rolled back; TorchState ends bit-identical to the uninterrupted run."""
+    ws.hosts("node-a:1\nnode-b:1\nnode-c:1\n")
+    job = ws.erun(["-np", "3", "--min-np", "2", "--blacklist-cooldown-range", "600", "600"], "train_exact.py",
+                  ARGS + ["--step-ms", "50"], discovery=True)
+    assert job.wait_output(r"epoch 0 ", 180), job.out + job.err
+    by_host = {host_of(p): p for p in started_pids(job, 3)}
+    assert set(by_host) == {"node-a", "node-b", "node-c"}, by_host
+    stop = threading.Event()
+    slowing = threading.Thread(target=slow_down, args=(by_host["node-c"], stop))
+    slowing.start()
+    try:
+        assert job.wait_events("straggler", 1, 60), job.err
+        assert wait_count(job, "world size 3 -> 2", 2), job.out + job.err
+    finally:
+        stop.set()
+        slowing.join()
+    assert by_host["node-a"] in ws.workers("train_exact.py") and by_host["node-b"] in ws.workers("train_exact.py")
+    expect_trained_exactly(job, reference, ws)
+    found = job.events("straggler")
+    assert found[0]["host"] == "node-c" and found[0]["action"] == "evict", found
+    assert all(r["reason"] != "worker failed" for r in job.events("reset")), job.events("reset")
+    assert all(r["reason"] != "peer lost" for r in job.events("rejoined")), job.events("rejoined")
 
 
 def test_a_user_error_ends_the_job_with_the_error_shown(ws):

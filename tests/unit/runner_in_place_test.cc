@@ -407,6 +407,62 @@ TEST_F(InPlaceTest, ADrainBelowMinNpLeavesTheSurvivorsWaitingInTheRendezvous) {
   EXPECT_EQ(driver->phase(), JobPhase::kWaitingWithSurvivors);
 }
 
+// Three commit intervals in which `slow` computes five times as long as the
+// other members of generation `gen`.
+void slow_intervals(FakeMembership& m, const std::vector<SlotKey>& members, const SlotKey& slow, long gen) {
+  for (uint64_t id = 1; id <= 3; ++id) {
+    for (auto& s : members) m.timing(RankTiming{s, gen, id, 1.01, s == slow ? 0.01 : 0.81});
+  }
+}
+
+// A straggler's slot leaves at the next commit (announced as a drain), with
+// no failure; after its cooldown the slot grows the job again.
+TEST_F(InPlaceTest, AStragglerLeavesAtTheNextCommitAndItsSlotReturnsAfterTheCooldown) {
+  const SlotKey b1{"b", 1};
+  discovery.set(HostSet({{"a", 2}, {"b", 2}}));
+  DriverOptions o = elastic(4, 1, 4);
+  o.cooldown_min_s = 5;
+  start_joined(o);
+  slow_intervals(membership, {a0, a1, b0, b1}, b1, 1);
+  EXPECT_FALSE(steps(1));
+  ASSERT_EQ(driver->generation(), 2);
+  EXPECT_EQ(driver->plan().size(), 3);
+  EXPECT_FALSE(driver->plan().contains(b1));
+  EXPECT_EQ(membership.drains_notified(), std::vector<long>{1});
+  Worker slow = worker_at(b1);
+  ASSERT_TRUE(slow);
+  EXPECT_FALSE(slow->terminated);
+  for (auto& s : {a0, a1, b0, b1}) membership.join(s, 1, JoinReason::kHostsUpdated);
+  EXPECT_FALSE(steps(2));
+  EXPECT_TRUE(slow->terminated);
+  EXPECT_FALSE(slow->killed);
+  EXPECT_FALSE(driver->host_manager().is_blacklisted("b"));
+  EXPECT_EQ(driver->resets(), 1);
+  // Out for the cooldown, then a new worker in that slot.
+  EXPECT_FALSE(steps(40));
+  EXPECT_FALSE(worker_at(b1));
+  EXPECT_FALSE(steps(20));
+  Worker again = worker_at(b1);
+  ASSERT_TRUE(again) << "the slot did not return after its cooldown";
+  EXPECT_NE(again, slow);
+}
+
+// At --min-np, or with --stragglers report, a straggler is only reported.
+TEST_F(InPlaceTest, AStragglerAtMinNpOrUnderReportIsOnlyReported) {
+  for (bool at_min : {true, false}) {
+    membership = FakeMembership();
+    discovery.set(HostSet({{"a", 1}, {"b", 1}}));
+    DriverOptions o = elastic(2, at_min ? 2 : 1, 2);
+    if (!at_min) o.stragglers = StragglerPolicy::kReport;
+    start_joined(o);
+    slow_intervals(membership, {a0, b0}, b0, 1);
+    EXPECT_FALSE(steps(5));
+    EXPECT_EQ(driver->generation(), 1) << at_min;
+    EXPECT_EQ(driver->plan().size(), 2) << at_min;
+    EXPECT_TRUE(membership.drains_notified().empty()) << at_min;
+  }
+}
+
 TEST_F(InPlaceTest, AWorkerThatDoesNotJoinWithinTheRendezvousTimeoutIsKilled) {
   discovery.set(HostSet({{"a", 2}}));
   start_joined(elastic(2, 1, 2));

@@ -1,0 +1,69 @@
+"""Helpers the fault benchmarks share (bench/preemption.py, bench/stragglers.py):
+waiting for a line, the model checksum, finding a worker by its host, and
+slowing a process down."""
+import os
+import re
+import signal
+import subprocess
+import time
+
+
+def wait_for(path, text, limit):
+    """Waits up to `limit` seconds for `text` in the file at `path`."""
+    end = time.time() + limit
+    while time.time() < end:
+        if os.path.exists(path) and text in open(path, errors="replace").read():
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def checksum(text):
+    """train_mlp's final model checksum in `text`, or None."""
+    m = re.search(r"checksum=([0-9a-f]+)", text)
+    return m.group(1) if m else None
+
+
+def worker_on(program, host):
+    """The pid of the process running `program` for `host` (its ERUN_HOSTNAME), or None."""
+    for pid in subprocess.run(["pgrep", "-f", program], capture_output=True, text=True).stdout.split():
+        try:
+            if open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")[0].decode() != program:
+                continue
+            if f"ERUN_HOSTNAME={host}".encode() in open(f"/proc/{pid}/environ", "rb").read().split(b"\0"):
+                return int(pid)
+        except OSError:
+            continue
+    return None
+
+
+def parent_of(pid):
+    return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+
+
+def children_of(pid):
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                if parent_of(int(d)) == pid:
+                    out.append(int(d))
+            except (OSError, IndexError, ValueError):
+                pass
+    return out
+
+
+def slow_down(pid, stop):
+    """SIGSTOP 80 ms, SIGCONT 20 ms until the event `stop` is set: a fifth of its speed."""
+    while not stop.is_set():
+        try:
+            os.kill(pid, signal.SIGSTOP)
+            time.sleep(0.08)
+            os.kill(pid, signal.SIGCONT)
+            time.sleep(0.02)
+        except ProcessLookupError:
+            return
+    try:
+        os.kill(pid, signal.SIGCONT)
+    except ProcessLookupError:
+        pass

@@ -1,0 +1,107 @@
+// Stragglers (docs/design.md, "Stragglers"): the ranks report each commit
+// interval (TIMING: its length, its time in collectives); the detector
+// (runner/stragglers.h) finds a rank that computes much longer than the
+// others, again and again. With --stragglers evict its slot leaves the job
+// at the next commit, as a drain does, when the job stays at --min-np or
+// above and would run at least 20 % faster; the slot sits out a cooldown
+// that doubles on repeat (--blacklist-cooldown-range), then may grow the job
+// again. Otherwise, and in restart mode, it is only reported.
+#include <algorithm>
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "common/log.h"
+#include "runner/driver.h"
+
+namespace erun {
+
+namespace {
+constexpr double kMinGain = 0.2;  // eviction must make the job at least this much faster
+}
+
+void Driver::watch_stragglers(const MembershipSnapshot& m) {
+  for (auto& [slot, rest] : resting_) {
+    if (rest.active && clock_.now() >= rest.until) {
+      rest.active = false;
+      ERUN_LOG_INFO("{}: {}[{}]: its straggler cooldown ended; the slot may grow the job again", who(generation_),
+                    slot.host, slot.local_index);
+      ++discovered_epoch_;  // the plans see the slot again
+    }
+  }
+  if (o_.stragglers == StragglerPolicy::kOff || !d_.membership) return;
+  if (generation_complete_ && stragglers_gen_ != generation_) {
+    std::vector<SlotKey> members;
+    for (auto& r : plan_.ranks) members.push_back(r.slot);
+    stragglers_.start_generation(generation_, members);
+    stragglers_gen_ = generation_;
+  }
+  for (auto& t : m.timings) stragglers_.add(t);
+  for (const Straggler& s : stragglers_.take_found()) handle_straggler(s);
+}
+
+void Driver::handle_straggler(const Straggler& s) {
+  if (s.generation != generation_) return;
+  const RankAssignment* a = plan_.find(s.slot);
+  if (!a) return;
+  std::string verdict;
+  bool evict = false;
+  if (o_.stragglers == StragglerPolicy::kReport) {
+    verdict = "reported only (--stragglers report)";
+  } else if (!in_place_possible()) {
+    verdict = "reported only (restart mode restarts every worker to leave one out)";
+  } else if (plan_.size() - 1 < std::max(o_.min_np, 1)) {
+    verdict = fmt::format("reported, not left out: the job would run below --min-np {}", o_.min_np);
+  } else if (s.gain() < kMinGain) {
+    verdict = fmt::format("reported, not left out: the job would run only {:.0f} % faster without it",
+                          100 * s.gain());
+  } else {
+    evict = true;
+  }
+  double rest_s = 0;
+  if (evict) {
+    Rest& rest = resting_[s.slot];
+    rest_s = std::min(o_.cooldown_min_s * std::pow(2.0, rest.times), o_.cooldown_max_s);
+    rest.times += 1;
+    rest.active = true;
+    rest.until = clock_.now() + from_seconds(rest_s);
+    verdict = fmt::format("it leaves the job at the next commit, and its slot sits out {:.0f} s", rest_s);
+    ++discovered_epoch_;  // the plans leave the slot out from now on
+  }
+  ERUN_LOG_WARN("{}: straggler: it computes {:.1f}x as long as the others in {} commit intervals in a row (an "
+                "interval takes {:.2f} s, about {:.2f} s without it); {}",
+                who(generation_, s.slot.host, a->rank), s.factor, o_.straggler_window, s.interval_s, s.without_s,
+                verdict);
+  if (d_.events) {
+    d_.events->write("straggler", {{"generation", json_number(generation_)},
+                                   {"host", json_string(s.slot.host)},
+                                   {"slot", json_number(long{s.slot.local_index})},
+                                   {"rank", json_number(long{a->rank})},
+                                   {"factor", json_number(s.factor)},
+                                   {"interval", json_number(s.interval_s)},
+                                   {"without", json_number(s.without_s)},
+                                   {"action", json_string(evict ? "evict" : "report")},
+                                   {"cooldown", json_number(rest_s)}});
+  }
+}
+
+bool Driver::resting(const SlotKey& slot) const {
+  auto it = resting_.find(slot);
+  return it != resting_.end() && it->second.active;
+}
+
+bool Driver::any_resting() const {
+  return std::any_of(resting_.begin(), resting_.end(), [](const auto& r) { return r.second.active; });
+}
+
+Plan Driver::without_resting(Plan p) const {
+  if (!any_resting()) return p;
+  std::vector<SlotKey> kept;
+  for (auto& r : p.ranks) {
+    if (!resting(r.slot)) kept.push_back(r.slot);
+  }
+  if (kept.size() == p.ranks.size()) return p;
+  return plan_over_slots(p.generation, kept);
+}
+
+}  // namespace erun

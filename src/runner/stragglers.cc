@@ -1,0 +1,79 @@
+#include "runner/stragglers.h"
+
+#include <algorithm>
+#include <utility>
+
+namespace erun {
+
+namespace {
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+}  // namespace
+
+void StragglerDetector::start_generation(long generation, const std::vector<SlotKey>& members) {
+  generation_ = generation;
+  members_ = std::set<SlotKey>(members.begin(), members.end());
+  pending_.clear();
+  streak_.clear();
+  reported_.clear();
+  judged_ = 0;
+}
+
+void StragglerDetector::add(const RankTiming& t) {
+  if (t.generation != generation_ || !members_.count(t.slot) || members_.size() < 2) return;
+  auto& reports = pending_[t.commit_id];
+  reports[t.slot] = Sample{t.interval_s, std::min(t.wait_s, t.interval_s)};
+  if (reports.size() < members_.size()) {
+    // Bounded: a member that stopped reporting leaves old intervals behind.
+    while (pending_.size() > 16) pending_.erase(pending_.begin());
+    return;
+  }
+  const uint64_t id = t.commit_id;
+  const std::map<SlotKey, Sample> complete = std::move(reports);
+  // Older intervals still open will never complete in order: drop them.
+  pending_.erase(pending_.begin(), pending_.upper_bound(id));
+  judge(id, complete);
+}
+
+void StragglerDetector::judge(uint64_t, const std::map<SlotKey, Sample>& by_slot) {
+  ++judged_;
+  std::vector<double> intervals;
+  for (auto& [slot, s] : by_slot) intervals.push_back(s.interval_s);
+  const double interval = median(intervals);
+  for (auto& [slot, s] : by_slot) {
+    const double compute = s.interval_s - s.wait_s;
+    std::vector<double> others;
+    double slowest_other = 0, least_wait = s.wait_s;
+    for (auto& [other, o] : by_slot) {
+      if (other == slot) continue;
+      others.push_back(o.interval_s - o.wait_s);
+      slowest_other = std::max(slowest_other, o.interval_s - o.wait_s);
+      least_wait = std::min(least_wait, o.wait_s);
+    }
+    const double typical = median(others);
+    const double ratio = typical > 0 ? compute / typical : 0;
+    if (typical <= 0 || ratio <= o_.factor) {
+      streak_.erase(slot);
+      reported_.erase(slot);
+      continue;
+    }
+    if (++streak_[slot] < o_.window || reported_.count(slot)) continue;
+    reported_.insert(slot);
+    // Without it the interval is the slowest other rank's compute plus the
+    // collectives' own time (the least any rank waited).
+    found_.push_back(Straggler{slot, generation_, ratio, interval, std::min(interval, slowest_other + least_wait)});
+  }
+}
+
+bool StragglerDetector::is_straggler(const SlotKey& slot) const {
+  auto it = streak_.find(slot);
+  return it != streak_.end() && it->second >= o_.window;
+}
+
+}  // namespace erun
