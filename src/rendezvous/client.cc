@@ -488,8 +488,8 @@ Result<RankAssignment> RendezvousClient::join(const JoinRequest& request, long* 
 KvStore& RendezvousClient::store() { return impl_->store; }
 bool RendezvousClient::hosts_updated() const { return impl_->hosts_updated.load(); }
 bool RendezvousClient::drain_pending() const { return impl_->drain_pending.load(); }
-void RendezvousClient::report_timing(uint64_t commit_id, uint64_t interval_us, uint64_t wait_us) {
-  impl_->report_timing(wire::Timing{commit_id, interval_us, std::min(wait_us, interval_us)});
+void RendezvousClient::report_timing(uint64_t commit_id, uint64_t commits, uint64_t interval_us, uint64_t wait_us) {
+  impl_->report_timing(wire::Timing{commit_id, std::max<uint64_t>(commits, 1), interval_us, std::min(wait_us, interval_us)});
 }
 long RendezvousClient::generation() const { return impl_->gen.load(); }
 long RendezvousClient::peers_lost_generation() const { return impl_->lost_gen.load(); }

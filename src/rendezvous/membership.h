@@ -90,16 +90,17 @@ class SharedList {
   std::shared_ptr<const std::vector<T>> p_;
 };
 
-// One rank's commit interval (TIMING, docs/protocol.md): from its previous
-// commit (or its join) to commit `commit_id`, how long it took and how much
-// of it the rank spent inside collectives. A straggler computes longest and
-// waits least (runner/stragglers.h).
+// One rank's commit intervals (TIMING, docs/protocol.md): the `commits`
+// intervals up to commit `commit_id`, how long they took together and how
+// much of it the rank spent inside collectives. A straggler computes longest
+// and waits least (runner/stragglers.h).
 struct RankTiming {
   SlotKey slot;
   long generation = -1;
   uint64_t commit_id = 0;
   double interval_s = 0;
   double wait_s = 0;
+  uint64_t commits = 1;
 };
 
 struct MembershipSnapshot {

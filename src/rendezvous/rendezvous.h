@@ -105,9 +105,10 @@ class RendezvousClient {
   bool hosts_updated() const;
   // The announced change is a host that drains (HOSTS_UPDATED's payload).
   bool drain_pending() const;
-  // Sends TIMING (no reply) for the current generation: a commit interval
-  // of `interval_us`, `wait_us` of it inside collectives. Training thread.
-  void report_timing(uint64_t commit_id, uint64_t interval_us, uint64_t wait_us);
+  // Sends TIMING (no reply) for the current generation: `commits` commit
+  // intervals up to `commit_id`, `interval_us` long, `wait_us` of it inside
+  // collectives. Training thread.
+  void report_timing(uint64_t commit_id, uint64_t commits, uint64_t interval_us, uint64_t wait_us);
   // The generation of the last successful join (-1 before).
   long generation() const;
   // The newest generation the driver reported lost ranks of (PEERS_LOST),

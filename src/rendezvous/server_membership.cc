@@ -218,7 +218,8 @@ void ServerMembership::timing(const Request& r, const wire::Timing& t) {
   if (it == workers_.end() || !it->second.joined || it->second.member_gen != gen_ || r.generation != gen_) return;
   if (timings_.size() >= kMaxRejoins) timings_.erase(timings_.begin(), timings_.begin() + kMaxRejoins / 2);
   timings_.push_back(RankTiming{it->second.join.slot, static_cast<long>(gen_), t.commit_id,
-                                static_cast<double>(t.interval_us) / 1e6, static_cast<double>(t.wait_us) / 1e6});
+                                static_cast<double>(t.interval_us) / 1e6, static_cast<double>(t.wait_us) / 1e6,
+                                t.commits});
 }
 
 MembershipSnapshot ServerMembership::snapshot() {

@@ -271,16 +271,17 @@ std::optional<bool> decode_check_result(std::string_view payload) {
 }
 
 std::string encode_timing(const Timing& t) {
-  return PayloadWriter().u64(t.commit_id).u64(t.interval_us).u64(t.wait_us).str();
+  return PayloadWriter().u64(t.commit_id).u64(t.commits).u64(t.interval_us).u64(t.wait_us).str();
 }
 
 std::optional<Timing> decode_timing(std::string_view payload) {
   PayloadReader r(payload);
   Timing t;
   t.commit_id = r.u64();
+  t.commits = r.u64();
   t.interval_us = r.u64();
   t.wait_us = r.u64();
-  if (!r.done() || t.wait_us > t.interval_us) return std::nullopt;
+  if (!r.done() || t.commits == 0 || t.wait_us > t.interval_us) return std::nullopt;
   return t;
 }
 

@@ -50,7 +50,7 @@ enum class Type : uint16_t {
   kPeersLost = 15,      // server -> client push: ranks of the header's generation that are gone
   kRelay = 16,          // either way, on an agent's relay connection: u32 stream + one whole inner frame
   kRelayClosed = 17,    // either way, on an agent's relay connection: u32 stream
-  kTiming = 18,         // client -> server, no reply: a commit interval (u64 commit id, interval us, wait us)
+  kTiming = 18,         // client -> server, no reply: commit intervals (u64 commit id, commits, interval us, wait us)
 };
 const char* type_name(uint16_t type);
 
@@ -97,10 +97,12 @@ std::string encode_check_result(bool all);
 std::string encode_peers_lost(const std::vector<int>& ranks);
 std::optional<std::vector<int>> decode_peers_lost(std::string_view payload);
 std::optional<bool> decode_check_result(std::string_view payload);
-// TIMING: the commit that ended the interval, its length and the time spent
-// in collectives, in microseconds (wait <= interval).
+// TIMING: the commit that ended the span, how many commit intervals it
+// covers (at least 1), its length and the time spent in collectives, in
+// microseconds (wait <= interval).
 struct Timing {
   uint64_t commit_id = 0;
+  uint64_t commits = 1;
   uint64_t interval_us = 0;
   uint64_t wait_us = 0;
 };

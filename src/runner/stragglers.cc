@@ -19,7 +19,7 @@ double median(std::vector<double> v) {
 void StragglerDetector::start_generation(long generation, const std::vector<SlotKey>& members) {
   generation_ = generation;
   members_ = std::set<SlotKey>(members.begin(), members.end());
-  pending_.clear();
+  latest_.clear();
   streak_.clear();
   reported_.clear();
   judged_ = 0;
@@ -27,21 +27,17 @@ void StragglerDetector::start_generation(long generation, const std::vector<Slot
 
 void StragglerDetector::add(const RankTiming& t) {
   if (t.generation != generation_ || !members_.count(t.slot) || members_.size() < 2) return;
-  auto& reports = pending_[t.commit_id];
-  reports[t.slot] = Sample{t.interval_s, std::min(t.wait_s, t.interval_s)};
-  if (reports.size() < members_.size()) {
-    // Bounded: a member that stopped reporting leaves old intervals behind.
-    while (pending_.size() > 16) pending_.erase(pending_.begin());
-    return;
+  const double n = static_cast<double>(std::max<uint64_t>(t.commits, 1));
+  latest_[t.slot] = Sample{t.interval_s / n, std::min(t.wait_s, t.interval_s) / n, true};
+  if (latest_.size() < members_.size()) return;
+  for (auto& [slot, s] : latest_) {
+    if (!s.fresh) return;
   }
-  const uint64_t id = t.commit_id;
-  const std::map<SlotKey, Sample> complete = std::move(reports);
-  // Older intervals still open will never complete in order: drop them.
-  pending_.erase(pending_.begin(), pending_.upper_bound(id));
-  judge(id, complete);
+  judge(latest_);
+  for (auto& [slot, s] : latest_) s.fresh = false;
 }
 
-void StragglerDetector::judge(uint64_t, const std::map<SlotKey, Sample>& by_slot) {
+void StragglerDetector::judge(const std::map<SlotKey, Sample>& by_slot) {
   ++judged_;
   std::vector<double> intervals;
   for (auto& [slot, s] : by_slot) intervals.push_back(s.interval_s);

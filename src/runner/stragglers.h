@@ -1,12 +1,15 @@
 // StragglerDetector: finds a rank that holds the job back (docs/design.md,
 // "Stragglers"). Pure logic over the ranks' commit-interval reports
-// (RankTiming: interval length, time inside collectives): a rank's compute
-// time is its interval less its waiting. In synchronous training every rank
-// waits for the slowest, so a straggler computes longest and waits least.
-// An interval is judged once every member of the generation reported it
-// (the same commit id): a rank whose compute time is above `factor` times
-// the median of the others' in `window` judged intervals in a row is a
-// straggler. A job that is slow everywhere alike has none.
+// (RankTiming: interval length, time inside collectives, per commit
+// interval): a rank's compute time is its interval less its waiting. In
+// synchronous training every rank waits for the slowest, so a straggler
+// computes longest and waits least. Ranks report at most every 100 ms, each
+// covering as many commits as passed, so the detector compares times per
+// commit: a round is judged once every member of the generation reported
+// since the last one, with each member's latest report, and a rank whose
+// compute time is above `factor` times the median of the others' in
+// `window` rounds in a row is a straggler. A job that is slow everywhere
+// alike has none.
 #pragma once
 
 #include <cstdint>
@@ -43,25 +46,26 @@ class StragglerDetector {
   // A new generation with these members: reports of older ones are dropped,
   // and every rank's streak starts again.
   void start_generation(long generation, const std::vector<SlotKey>& members);
-  // One report; judges each interval every member has reported.
+  // One report; judges a round once every member reported since the last.
   void add(const RankTiming& t);
   // Stragglers found since the last call, each once until its streak ends.
   std::vector<Straggler> take_found() { return std::exchange(found_, {}); }
   // Slots found and still slow in the latest judged interval.
   bool is_straggler(const SlotKey& slot) const;
-  // Judged intervals of the current generation (for tests and logs).
+  // Judged rounds of the current generation (for tests and logs).
   int judged() const { return judged_; }
 
  private:
   struct Sample {
-    double interval_s = 0, wait_s = 0;
+    double interval_s = 0, wait_s = 0;  // per commit interval
+    bool fresh = false;                 // reported since the last round
   };
-  void judge(uint64_t commit_id, const std::map<SlotKey, Sample>& by_slot);
+  void judge(const std::map<SlotKey, Sample>& by_slot);
 
   StragglerOptions o_;
   long generation_ = -1;
   std::set<SlotKey> members_;
-  std::map<uint64_t, std::map<SlotKey, Sample>> pending_;  // commit id -> reports so far
+  std::map<SlotKey, Sample> latest_;
   std::map<SlotKey, int> streak_;
   std::set<SlotKey> reported_;  // found in the current streak
   std::vector<Straggler> found_;

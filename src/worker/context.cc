@@ -143,19 +143,21 @@ class ElasticContext final : public Context {
   Communicator& comm() override { return *comm_; }
   bool host_update_pending() const override { return client_.hosts_updated(); }
   bool drain_pending() const override { return client_.drain_pending(); }
-  // The interval since the last commit (or the join) and its time in
-  // collectives, to the driver. Several States commit at the same steps:
-  // the first commit of a step (its id is new) ends the interval.
+  // The commit intervals since the last report (or the join) and their
+  // time in collectives, to the driver, at most every kTimingEvery: a
+  // program that commits every millisecond sends ten frames a second, not a
+  // thousand. Several States commit at the same steps: the first commit of
+  // a step (its id is new) ends an interval.
   void committed(uint64_t commit_id) override {
-    if (!o_.timing) return;
+    if (!o_.timing || commit_id == last_commit_seen_) return;
+    last_commit_seen_ = commit_id;
+    ++commits_since_report_;
     const auto now = std::chrono::steady_clock::now();
-    if (commit_id == last_commit_reported_) return;
-    last_commit_reported_ = commit_id;
+    if (now - interval_start_ < kTimingEvery) return;
     const int64_t wait_ns = wait_ns_.exchange(0, std::memory_order_relaxed);
     const int64_t interval_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(now - interval_start_).count();
     interval_start_ = now;
-    if (interval_ns <= 0) return;
-    client_.report_timing(commit_id, static_cast<uint64_t>(interval_ns / 1000),
+    client_.report_timing(commit_id, std::exchange(commits_since_report_, 0), static_cast<uint64_t>(interval_ns / 1000),
                           static_cast<uint64_t>(std::max<int64_t>(wait_ns, 0) / 1000));
   }
   bool elastic() const override { return true; }
@@ -334,6 +336,7 @@ class ElasticContext final : public Context {
     // A generation's first interval starts once it formed.
     wait_ns_.store(0, std::memory_order_relaxed);
     interval_start_ = std::chrono::steady_clock::now();
+    commits_since_report_ = 0;
     std::lock_guard<std::mutex> lock(comm_mu_);
     if (o_.timing) {
       comm_ = std::make_unique<worker::TimedCommunicator>(std::move(comm), &wait_ns_);
@@ -356,7 +359,9 @@ class ElasticContext final : public Context {
   // Stragglers: time inside comm_'s collectives since the interval began.
   std::atomic<int64_t> wait_ns_{0};
   std::chrono::steady_clock::time_point interval_start_ = std::chrono::steady_clock::now();
-  uint64_t last_commit_reported_ = 0;
+  uint64_t last_commit_seen_ = 0;
+  uint64_t commits_since_report_ = 0;
+  static constexpr std::chrono::milliseconds kTimingEvery{100};
   int comm_rank_ = -1;
   // Declared last: destroyed first, so its reader thread is gone before
   // the communicator it may abort.

@@ -13,6 +13,9 @@
 #include <poll.h>
 #include <unistd.h>
 
+#include <fmt/format.h>
+
+#include "agent/protocol.h"
 #include "support/erun_process.h"
 #include "support/process_utils.h"
 
@@ -103,8 +106,9 @@ TEST(ErunExitReport, AnAgentOfAnotherProtocolVersionFailsItsHostNamingBothVersio
   auto status = p.wait(60s);
   ASSERT_TRUE(status) << p.err();
   EXPECT_EQ(status->shell_code(), 255) << p.err();
-  EXPECT_NE(p.err().find("agent on localhost lost: it speaks agent protocol 1 and this erun speaks 5 (different erun "
-                         "versions): install the same erun on every host"),
+  EXPECT_NE(p.err().find(fmt::format("agent on localhost lost: it speaks agent protocol 1 and this erun speaks {} "
+                                     "(different erun versions): install the same erun on every host",
+                                     agent::kProtocolVersion)),
             std::string::npos)
       << p.err();
 }

@@ -313,3 +313,40 @@ TEST_F(MembershipTest, ASnapshotsListsStayAsTheyWereWhileTheIndexesChange) {
 
 }  // namespace
 }  // namespace erun::testing
+
+namespace erun::testing {
+namespace {
+
+// TIMING (commit intervals, for the straggler detector): a member's report
+// of the current generation reaches the next snapshot; a report of another
+// generation, or from a connection that holds no slot, does not. The codec
+// refuses a span of no commits and more waiting than the span.
+TEST_F(MembershipTest, TimingFromAMemberOfTheCurrentGenerationReachesTheSnapshot) {
+  join(1, 1, -1, slot_join("a", 0, 100));
+  m.publish(1, {rank_of("a", 0, 0, 1)});
+  out.take();
+  m.timing(Request{1, 0, 1}, wire::Timing{5, 2, 400000, 100000});
+  m.timing(Request{1, 0, 0}, wire::Timing{4, 1, 1, 0});  // an older generation's
+  m.timing(Request{2, 0, 1}, wire::Timing{5, 1, 1, 0});  // never joined
+  auto s = m.snapshot();
+  ASSERT_EQ(s.timings.size(), 1u);
+  EXPECT_EQ(s.timings[0].slot, (SlotKey{"a", 0}));
+  EXPECT_EQ(s.timings[0].generation, 1);
+  EXPECT_EQ(s.timings[0].commit_id, 5u);
+  EXPECT_EQ(s.timings[0].commits, 2u);
+  EXPECT_DOUBLE_EQ(s.timings[0].interval_s, 0.4);
+  EXPECT_DOUBLE_EQ(s.timings[0].wait_s, 0.1);
+  EXPECT_TRUE(m.snapshot().timings.empty()) << "reported twice";
+  EXPECT_TRUE(out.take().empty()) << "TIMING has no reply";
+
+  auto back = wire::decode_timing(wire::encode_timing(wire::Timing{7, 3, 9, 8}));
+  ASSERT_TRUE(back);
+  EXPECT_EQ(back->commit_id, 7u);
+  EXPECT_EQ(back->commits, 3u);
+  EXPECT_FALSE(wire::decode_timing(wire::encode_timing(wire::Timing{7, 0, 9, 8})));
+  EXPECT_FALSE(wire::decode_timing(wire::encode_timing(wire::Timing{7, 1, 8, 9})));
+  EXPECT_FALSE(wire::decode_timing(wire::encode_timing(wire::Timing{7, 1, 9, 8}).substr(1)));
+}
+
+}  // namespace
+}  // namespace erun::testing

@@ -54,7 +54,7 @@ TEST(Stragglers, AJobSlowEverywhereAlikeAndASlightlySlowRankHaveNone) {
   EXPECT_EQ(det.judged(), 12);
 }
 
-TEST(Stragglers, AnIntervalIsJudgedOnceEveryMemberReportedIt) {
+TEST(Stragglers, ARoundIsJudgedOnceEveryMemberReported) {
   StragglerDetector det(StragglerOptions{1.5, 1});
   det.start_generation(1, {a, b, c, d});
   det.add(RankTiming{d, 1, 1, 1.0, 0.0});
@@ -75,6 +75,23 @@ TEST(Stragglers, AnIntervalIsJudgedOnceEveryMemberReportedIt) {
   ASSERT_EQ(found.size(), 1u);
   EXPECT_EQ(found[0].slot, a);
   EXPECT_EQ(found[0].generation, 2);
+}
+
+// Ranks report every 100 ms, each covering the commits since: the times
+// are compared per commit interval.
+TEST(Stragglers, ReportsCoveringDifferentNumbersOfCommitsCompareByCommit) {
+  StragglerDetector det(StragglerOptions{1.5, 2});
+  det.start_generation(1, {a, b, c});
+  for (uint64_t round = 1; round <= 2; ++round) {
+    det.add(RankTiming{a, 1, 4 * round, 4.0, 3.2, 4});  // 0.2 s of compute per commit
+    det.add(RankTiming{b, 1, 2 * round, 2.0, 1.6, 2});
+    det.add(RankTiming{c, 1, round, 1.0, 0.0, 1});      // 1.0 s of compute per commit
+  }
+  auto found = det.take_found();
+  ASSERT_EQ(found.size(), 1u);
+  EXPECT_EQ(found[0].slot, c);
+  EXPECT_NEAR(found[0].factor, 5, 1e-9);
+  EXPECT_EQ(det.judged(), 2);
 }
 
 TEST(Stragglers, AWorldOfOneHasNone) {
