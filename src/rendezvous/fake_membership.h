@@ -50,9 +50,11 @@ class FakeMembership final : public Membership {
   }
 
   // A worker's JOIN. `left` is the generation it leaves (-1: its first join).
+  // `probe_us`: its pre-flight check's time (default: the first joins' 20 ms).
   void join(const SlotKey& slot, long left, JoinReason reason = JoinReason::kStart, int failed_rank = -1,
-            PeerState state = PeerState::kUnknown, uint64_t commit = 0) {
+            PeerState state = PeerState::kUnknown, uint64_t commit = 0, uint32_t probe_us = 20000) {
     JoinRequest j;
+    j.probe_us = probe_us;
     j.slot = slot;
     j.commit_id = commit;
     j.pid = 1000 + slot.local_index;
@@ -68,9 +70,9 @@ class FakeMembership final : public Membership {
       waiting_[slot] = j;
     }
   }
-  // Every slot of the last published generation joins it (first joins).
   // A member's commit interval (TIMING), in the next snapshot.
   void timing(const RankTiming& t) { timings_.push_back(t); }
+  // Every slot of the last published generation joins it (first joins).
   void join_all() {
     for (auto& r : ranks_) {
       if (!members_.count(r.slot)) join(r.slot, -1);

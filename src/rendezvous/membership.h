@@ -62,6 +62,10 @@ struct JoinRequest {
   long left_generation = -1;
   int failed_rank = -1;
   PeerState failed_state = PeerState::kUnknown;
+  // The worker's pre-flight compute check at its start, in microseconds (0:
+  // none): the driver holds a new host's worker back when it is far slower
+  // than the job's (docs/design.md, "Stragglers").
+  uint32_t probe_us = 0;
 };
 
 // A list that a snapshot shares with the rendezvous that made it: copying

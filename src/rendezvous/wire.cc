@@ -136,6 +136,7 @@ std::string encode_join(const JoinRequest& j) {
       .u8(static_cast<uint8_t>(j.reason))
       .i32(j.failed_rank)
       .u8(static_cast<uint8_t>(j.failed_state))
+      .u32(j.probe_us)
       .str();
 }
 
@@ -149,6 +150,8 @@ std::optional<JoinRequest> decode_join(std::string_view payload) {
   uint8_t reason = r.u8();
   j.failed_rank = r.i32();
   uint8_t state = r.u8();
+  // The pre-flight time came later: a JOIN without it is whole too.
+  if (!r.done() && !r.failed()) j.probe_us = r.u32();
   if (!r.done() || reason > static_cast<uint8_t>(JoinReason::kHostsUpdated) ||
       state > static_cast<uint8_t>(PeerState::kSilent) || j.failed_rank < -1 || j.pid <= 0 ||
       j.slot.local_index < 0) {

@@ -30,7 +30,7 @@ const std::map<std::string, int>& option_arity() {
       {"--collective-timeout", 1}, {"--driver-address", 1}, {"--checkpoint-dir", 1}, {"--persist-interval", 1},
       {"--commit-replicas", 1}, {"--ssh-option", 1}, {"--agent-path", 1}, {"--heartbeat-timeout", 1},
       {"--driver-grace", 1}, {"--job-name", 1}, {"--drain-timeout", 1}, {"--stragglers", 1},
-      {"--straggler-factor", 1}, {"--straggler-window", 1},
+      {"--straggler-factor", 1}, {"--straggler-window", 1}, {"--preflight", 1},
   };
   return arity;
 }
@@ -94,7 +94,7 @@ struct RawFlags {
   bool no_agent_relay = false;
   bool no_host_commits = false;
   std::vector<double> cooldown;
-  std::string launcher = "auto", mode = "auto", stragglers = "evict";
+  std::string launcher = "auto", mode = "auto", stragglers = "evict", preflight = "on";
   bool tag = false, no_tag = false;
 };
 
@@ -141,6 +141,7 @@ void add_elasticity_flags(po::options_description& desc, DriverOptions& o, RawFl
     ("stragglers", po::value<std::string>(&r.stragglers), "evict (default): a rank that computes --straggler-factor times longer than the others' median for --straggler-window commit intervals in a row leaves the job at the next commit, when the job stays at --min-np or above and would run at least 20 % faster, and its slot sits out a cooldown (--blacklist-cooldown-range, doubling); report: only log it and write the event; off: neither. Restart mode reports only")
     ("straggler-factor", po::value<double>(&o.straggler_factor), "how many times the others' median compute time makes a straggler (default 1.5)")
     ("straggler-window", po::value<int>(&o.straggler_window), "commit intervals in a row a straggler must be slow (default 3)")
+    ("preflight", po::value<std::string>(&r.preflight), "on (default): every worker times a fixed compute check (about 50 ms) before it first joins, and a worker on a host new to the job whose check took more than 3 times the job's workers' median is held back; its slot sits out a cooldown (--blacklist-cooldown-range) and is tried again; off: no check")
     ("crash-loop-limit", po::value<int>(&o.crash_loop_limit), "end the job when this many generations in a row fail with the same exit status on every host, each within 60 s and before any commit or finished worker (default 3; 0: never)");
 }
 
@@ -326,6 +327,10 @@ Check resolve_launcher(DriverOptions& o, const RawFlags& r) {
     return fail(fmt::format("--stragglers {}: expected evict, report or off", r.stragglers));
   }
   o.stragglers = policy->second;
+  if (r.preflight != "on" && r.preflight != "off") {
+    return fail(fmt::format("--preflight {}: expected on or off", r.preflight));
+  }
+  o.preflight = r.preflight == "on";
   if (!(o.straggler_factor > 1)) {
     return fail(fmt::format("--straggler-factor {}: must be more than 1 (1.5: half again as slow as the others)",
                             o.straggler_factor));

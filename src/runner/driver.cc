@@ -233,6 +233,7 @@ std::vector<std::pair<std::string, std::string>> Driver::worker_env(const RankAs
   put("ERUN_RENDEZVOUS_TIMEOUT", seconds(o_.rendezvous_timeout));
   put("ERUN_ELASTIC_TIMEOUT", seconds(o_.elastic_timeout));
   if (o_.driver_grace > Duration::zero()) put("ERUN_DRIVER_GRACE", seconds(o_.driver_grace));
+  if (!o_.preflight || o_.stragglers == StragglerPolicy::kOff) put("ERUN_PREFLIGHT", 0);
   if (d_.membership) {
     bool local;
     launcher_for(a.slot.host, &local);

@@ -164,6 +164,12 @@ class Driver {
   // A straggler's slot sits out its cooldown.
   bool resting(const SlotKey& slot) const;
   bool any_resting() const;
+  // The slot sits out its next cooldown (doubling per time); its seconds.
+  double rest_slot(const SlotKey& slot);
+  // A pending worker `w` on a host new to the job whose pre-flight check
+  // (its JOIN `j`) took more than 3 times the members' median is stopped
+  // and its slot rests: true then.
+  bool preflight_holds_back(Worker& w, const JoinRequest& j, const MembershipSnapshot& m);
   // `p` without the resting slots (planned again over the others).
   Plan without_resting(Plan p) const;
   // ---- phases (driver.cc): step() calls the handler of the current one ----

@@ -6,6 +6,7 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <map>
 #include <set>
 #include <utility>
 
@@ -527,13 +528,13 @@ void Driver::drop_fresh_workers() {
 }
 
 bool Driver::admit_replacements(const MembershipSnapshot& m) {
-  std::set<SlotKey> waiting;
-  for (auto& j : m.waiting) waiting.insert(j.slot);
+  std::map<SlotKey, const JoinRequest*> waiting;
+  for (auto& j : m.waiting) waiting[j.slot] = &j;
   int ready = 0, starting = 0;
   for (auto& w : workers_) {
     if (!w.pending() || !survivor(w)) continue;
-    if (waiting.count(w.assignment.slot)) {
-      ++ready;
+    if (auto it = waiting.find(w.assignment.slot); it != waiting.end()) {
+      if (!preflight_holds_back(w, *it->second, m)) ++ready;
       continue;
     }
     if (clock_.now() - w.started < o_.rendezvous_timeout) {

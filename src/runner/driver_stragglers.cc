@@ -17,7 +17,8 @@
 namespace erun {
 
 namespace {
-constexpr double kMinGain = 0.2;  // eviction must make the job at least this much faster
+constexpr double kMinGain = 0.2;          // eviction must make the job at least this much faster
+constexpr double kPreflightFactor = 3.0;  // a new host this much slower at the check is held back
 }
 
 void Driver::watch_stragglers(const MembershipSnapshot& m) {
@@ -60,13 +61,8 @@ void Driver::handle_straggler(const Straggler& s) {
   }
   double rest_s = 0;
   if (evict) {
-    Rest& rest = resting_[s.slot];
-    rest_s = std::min(o_.cooldown_min_s * std::pow(2.0, rest.times), o_.cooldown_max_s);
-    rest.times += 1;
-    rest.active = true;
-    rest.until = clock_.now() + from_seconds(rest_s);
+    rest_s = rest_slot(s.slot);
     verdict = fmt::format("it leaves the job at the next commit, and its slot sits out {:.0f} s", rest_s);
-    ++discovered_epoch_;  // the plans leave the slot out from now on
   }
   ERUN_LOG_WARN("{}: straggler: it computes {:.1f}x as long as the others in {} commit intervals in a row (an "
                 "interval takes {:.2f} s, about {:.2f} s without it); {}",
@@ -83,6 +79,49 @@ void Driver::handle_straggler(const Straggler& s) {
                                    {"action", json_string(evict ? "evict" : "report")},
                                    {"cooldown", json_number(rest_s)}});
   }
+}
+
+double Driver::rest_slot(const SlotKey& slot) {
+  Rest& rest = resting_[slot];
+  const double s = std::min(o_.cooldown_min_s * std::pow(2.0, rest.times), o_.cooldown_max_s);
+  rest.times += 1;
+  rest.active = true;
+  rest.until = clock_.now() + from_seconds(s);
+  ++discovered_epoch_;  // the plans leave the slot out from now on
+  return s;
+}
+
+bool Driver::preflight_holds_back(Worker& w, const JoinRequest& j, const MembershipSnapshot& m) {
+  if (!o_.preflight || o_.stragglers == StragglerPolicy::kOff || j.probe_us == 0) return false;
+  const std::string& host = w.assignment.slot.host;
+  for (auto& r : plan_.ranks) {
+    if (r.slot.host == host) return false;  // not new: its host runs members already
+  }
+  std::vector<uint32_t> probes;
+  for (auto& member : m.members) {
+    if (member.probe_us > 0) probes.push_back(member.probe_us);
+  }
+  if (probes.empty()) return false;
+  std::sort(probes.begin(), probes.end());
+  const double median = probes[probes.size() / 2];
+  if (j.probe_us <= kPreflightFactor * median) return false;
+  const double rest_s = rest_slot(w.assignment.slot);
+  ERUN_LOG_WARN("{}: held back: its pre-flight check took {:.0f} ms, {:.1f}x the job's workers' median {:.0f} ms; "
+                "its slot is tried again in {:.0f} s",
+                who(generation_, host, w.assignment.rank), j.probe_us / 1e3, j.probe_us / median, median / 1e3,
+                rest_s);
+  if (d_.events) {
+    d_.events->write("preflight_held_back", {{"generation", json_number(generation_)},
+                                             {"host", json_string(host)},
+                                             {"slot", json_number(long{w.assignment.slot.local_index})},
+                                             {"probe_ms", json_number(j.probe_us / 1e3)},
+                                             {"median_ms", json_number(median / 1e3)},
+                                             {"cooldown", json_number(rest_s)}});
+  }
+  w.handle->terminate();
+  set_state(w, WorkerState::kRetiring);  // stopped on purpose: no failure of its host
+  w.retire_by = TimePoint::max();
+  return true;
 }
 
 bool Driver::resting(const SlotKey& slot) const {

@@ -38,6 +38,9 @@ struct DriverOptions {
   StragglerPolicy stragglers = StragglerPolicy::kEvict;
   double straggler_factor = 1.5;
   int straggler_window = 3;
+  // --preflight on|off: a new host's worker is held back when its pre-flight
+  // compute check is far slower than the job's workers'.
+  bool preflight = true;
   double cooldown_min_s = 10;
   double cooldown_max_s = 300;
   int blacklist_after = 2;  // consecutive failures of a host before it is blacklisted

@@ -10,6 +10,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -51,6 +54,7 @@ struct WorkerOptions {
   std::string checkpoint_dir;
   std::string commit_dir;  // host-memory commits (ERUN_COMMIT_DIR)
   bool timing = true;      // commit intervals to the driver (ERUN_STEP_TIMING=0: off)
+  bool preflight = true;   // the compute check before the first join (ERUN_PREFLIGHT=0: off)
 };
 
 std::string env_or(const char* name, const std::string& fallback = "") {
@@ -94,11 +98,32 @@ WorkerOptions read_worker_options() {
   o.checkpoint_dir = env_or("ERUN_CHECKPOINT_DIR");
   o.commit_dir = env_or("ERUN_COMMIT_DIR");
   o.timing = env_or("ERUN_STEP_TIMING") != "0";
+  o.preflight = env_or("ERUN_PREFLIGHT") != "0";
   if (o.rdzv_port <= 0 || o.job_id.empty() || o.secret.empty()) {
     throw Error("erun: ERUN_RDZV_ADDR is set but ERUN_RDZV_PORT, ERUN_JOB_ID or the job secret is missing; "
                 "start workers through erun, not by hand");
   }
   return o;
+}
+
+// The pre-flight check (docs/design.md, "Stragglers"): a fixed amount of
+// arithmetic, three rounds of about 10-20 ms on a current core, timed with
+// the wall clock as a whole, so that a worker slowed in bursts (throttled,
+// stopped and continued, sharing its core) cannot hide in a lucky round.
+// The same work everywhere: the driver compares the times.
+uint32_t compute_probe_us() {
+  const auto t0 = std::chrono::steady_clock::now();
+  volatile double sink = 0;
+  for (int round = 0; round < 3; ++round) {
+    double x = 1.0 + round, y = 0.5;
+    for (int i = 0; i < 8'000'000; ++i) {
+      x = x * 1.0000001 + y;
+      y = y * 0.9999999 - 1e-9;
+    }
+    sink = sink + x + y;
+  }
+  const auto us = std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count();
+  return static_cast<uint32_t>(std::min<int64_t>(us, UINT32_MAX));
 }
 
 class StandaloneContext final : public Context {
@@ -132,6 +157,7 @@ class ElasticContext final : public Context {
     // State resumes from unless a survivor holds a newer one: the driver sees
     // progress across generations in which every worker died (CrashLoopDetector).
     const auto kept = claimed_commits(o_.commit_dir);
+    if (o_.preflight) probe_us_ = compute_probe_us();
     join(kept.empty() ? 0 : kept.front().id, JoinReason::kStart, -1, PeerState::kUnknown);
   }
   ~ElasticContext() override {
@@ -254,6 +280,7 @@ class ElasticContext final : public Context {
     req.reason = reason;
     req.failed_rank = failed_rank;
     req.failed_state = failed_state;
+    req.probe_us = probe_us_;
     while (true) {
       long gen = -1;
       auto t0 = std::chrono::steady_clock::now();
@@ -360,6 +387,7 @@ class ElasticContext final : public Context {
   std::atomic<int64_t> wait_ns_{0};
   std::chrono::steady_clock::time_point interval_start_ = std::chrono::steady_clock::now();
   uint64_t last_commit_seen_ = 0;
+  uint32_t probe_us_ = 0;  // the pre-flight check's time, in every JOIN
   uint64_t commits_since_report_ = 0;
   static constexpr std::chrono::milliseconds kTimingEvery{100};
   int comm_rank_ = -1;

@@ -171,5 +171,34 @@ TEST_F(ErunStragglers, AtMinNpAStragglerIsReportedNotLeftOut) {
   EXPECT_EQ(p.out().find("world size 2 -> 1"), std::string::npos) << p.out();
 }
 
+// Two hosts join a running job; one is slow from the start (its worker runs
+// under a SIGSTOP/SIGCONT loop of a wrapper script, 80 ms / 20 ms): held back
+// at its pre-flight check, while the healthy one joins.
+TEST_F(ErunStragglers, ANewHostSlowAtThePreflightCheckIsHeldBackAndAHealthyOneJoins) {
+  dir_.write("wrapper.sh",
+             "#!/bin/sh\n"
+             "if [ \"$ERUN_HOSTNAME\" = 127.0.0.5 ]; then\n"
+             "  \"$0.bin\" \"$@\" & pid=$!\n"
+             "  while kill -0 $pid 2>/dev/null; do kill -STOP $pid; sleep 0.08; kill -CONT $pid; sleep 0.02; done\n"
+             "  wait $pid; exit $?\n"
+             "fi\n"
+             "exec \"$0.bin\" \"$@\"\n",
+             true);
+  std::filesystem::rename(program_, program_ + ".bin");
+  std::filesystem::rename(dir_.file("wrapper.sh"), program_);
+  std::vector<std::string> a = args(2, {"--min-np", "1", "--max-np", "4", "--blacklist-cooldown-range", "600", "600"});
+  ErunProcess p(a);
+  ASSERT_TRUE(p.wait_output(":epoch 0 loss=", 120s)) << p.out() << p.err();
+  dir_.write("hosts", "127.0.0.2:1\n127.0.0.3:1\n127.0.0.4:1\n127.0.0.5:1\n");
+  ASSERT_TRUE(p.wait_output("127.0.0.5 rank 3: held back: its pre-flight check took", 60s)) << p.err();
+  ASSERT_TRUE(p.wait_output("world size 2 -> 3", 60s)) << p.out() << p.err();
+  ASSERT_NO_FATAL_FAILURE(expect_trained_exactly(p, uninterrupted_checksum()));
+  EXPECT_EQ(p.out().find("world size 3 -> 4"), std::string::npos) << p.out();
+  EXPECT_NE(events().find("\"event\":\"preflight_held_back\""), std::string::npos) << events();
+  EXPECT_EQ(events().find("\"reason\":\"worker failed\""), std::string::npos) << events();
+  std::vector<pid_t> left;
+  EXPECT_TRUE(wait_no_process(program_ + ".bin", 30s, &left)) << describe_pids(left);
+}
+
 }  // namespace
 }  // namespace erun::testing

@@ -154,7 +154,9 @@ TEST(ErunTransport, UnprivilegedAttackerOnTheWorkersPortsChangesNothing) {
   dir.write("discover.sh", "#!/bin/sh\ncat " + dir.file("hosts") + "\n", true);
   std::vector<std::string> args = {"--host-discovery-script", dir.file("discover.sh"), "--discovery-interval", "0.2",
                                    "--launcher", "local", "-np", "2", "--min-np", "1", "--max-np", "4",
-                                   "--event-log", dir.file("events.jsonl"), "--term-grace", "2", program};
+                                   "--event-log", dir.file("events.jsonl"), "--term-grace", "2",
+                                   // the newcomer runs in slices: no pre-flight check of its speed
+                                   "--preflight", "off", program};
   args.insert(args.end(), kTrainMlpArgs.begin(), kTrainMlpArgs.end());
   ErunProcess p(args);
   ASSERT_TRUE(p.started()) << p.start_error();
@@ -300,7 +302,7 @@ TEST(ErunTransport, PeerKilledWhileTheMeshFormsCostsNoConnectTimeout) {
   dir.write("discover.sh", "#!/bin/sh\ncat " + dir.file("hosts") + "\n", true);
   ErunProcess p({"--host-discovery-script", dir.file("discover.sh"), "--discovery-interval", "0.2", "--launcher",
                  "local", "-np", "2", "--min-np", "1", "--max-np", "3", "--collective-timeout", "30",
-                 "--term-grace", "1", program, "--step-ms", "20"});
+                 "--term-grace", "1", "--preflight", "off", program, "--step-ms", "20"});
   ASSERT_TRUE(p.started()) << p.start_error();
   ASSERT_TRUE(p.wait_output("step=5 ", 120s)) << p.out() << p.err();
   const std::vector<pid_t> survivors = workers(program);

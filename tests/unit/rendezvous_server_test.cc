@@ -547,7 +547,8 @@ TEST(RendezvousWire, EveryFailedStateRoundTripsAndAnUnknownOneIsRefused) {
     EXPECT_EQ(back->failed_rank, 3);
   }
   std::string bad = wire::encode_join(j);
-  bad.back() = static_cast<char>(static_cast<uint8_t>(PeerState::kSilent) + 1);  // failed_state is the last byte
+  // failed_state is the byte before the pre-flight time's four
+  bad[bad.size() - 5] = static_cast<char>(static_cast<uint8_t>(PeerState::kSilent) + 1);
   EXPECT_FALSE(wire::decode_join(bad));
 }
 

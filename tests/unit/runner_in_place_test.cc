@@ -463,6 +463,38 @@ TEST_F(InPlaceTest, AStragglerAtMinNpOrUnderReportIsOnlyReported) {
   }
 }
 
+// Two hosts join a running job; the one whose pre-flight check took more
+// than three times the members' is held back (stopped, its slot resting, no
+// failure), the other joins; with --preflight off both do.
+TEST_F(InPlaceTest, ANewHostSlowAtItsPreflightCheckIsHeldBackAndAHealthyOneJoins) {
+  for (bool preflight : {true, false}) {
+    membership = FakeMembership();
+    discovery.set(HostSet({{"a", 1}}));
+    DriverOptions o = elastic(1, 1, 3);
+    o.preflight = preflight;
+    o.cooldown_min_s = 600;
+    start_joined(o);
+    discovery.set(HostSet({{"a", 1}, {"b", 1}, {"c", 1}}));
+    clock.advance(std::chrono::seconds(1));
+    EXPECT_FALSE(steps(1));
+    Worker b_0 = worker_at(b0), c_0 = worker_at(c0);
+    ASSERT_TRUE(b_0 && c_0);
+    membership.join(b0, -1, JoinReason::kStart, -1, PeerState::kUnknown, 0, 25000);
+    membership.join(c0, -1, JoinReason::kStart, -1, PeerState::kUnknown, 0, 100000);  // 5x the member's 20 ms
+    EXPECT_FALSE(steps(2));
+    EXPECT_EQ(c_0->terminated, preflight) << preflight;
+    EXPECT_FALSE(b_0->terminated);
+    EXPECT_EQ(driver->plan().size(), preflight ? 2 : 3) << preflight;
+    EXPECT_EQ(driver->plan().contains(c0), !preflight);
+    EXPECT_FALSE(driver->host_manager().is_blacklisted("c"));
+    if (preflight) {
+      clock.advance(std::chrono::seconds(2));
+      EXPECT_FALSE(steps(10));
+      EXPECT_FALSE(worker_at(c0)) << "tried again before its cooldown";
+    }
+  }
+}
+
 TEST_F(InPlaceTest, AWorkerThatDoesNotJoinWithinTheRendezvousTimeoutIsKilled) {
   discovery.set(HostSet({{"a", 2}}));
   start_joined(elastic(2, 1, 2));
