@@ -660,9 +660,10 @@ void Driver::follow_membership() {
                      in_place ? blacklisted_with_survivors() : std::vector<std::string>{});
   const HostSet& usable = plan_cache_.usable();
   // The cached plan, unless a straggler's slot sits out (no copy per tick).
+  const bool resting_slots = any_resting();
   Plan filtered;
-  if (any_resting()) filtered = without_resting(plan_cache_.next());
-  const Plan& next = any_resting() ? filtered : plan_cache_.next();
+  if (resting_slots) filtered = without_resting(plan_cache_.next());
+  const Plan& next = resting_slots ? filtered : plan_cache_.next();
   if (replacements_cover(next)) return;  // they join first (admit_replacements())
   if (next.same_layout(plan_)) {
     below_min_logged_ = false;

@@ -67,9 +67,4 @@ void StragglerDetector::judge(const std::map<SlotKey, Sample>& by_slot) {
   }
 }
 
-bool StragglerDetector::is_straggler(const SlotKey& slot) const {
-  auto it = streak_.find(slot);
-  return it != streak_.end() && it->second >= o_.window;
-}
-
 }  // namespace erun

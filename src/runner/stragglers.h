@@ -50,8 +50,6 @@ class StragglerDetector {
   void add(const RankTiming& t);
   // Stragglers found since the last call, each once until its streak ends.
   std::vector<Straggler> take_found() { return std::exchange(found_, {}); }
-  // Slots found and still slow in the latest judged interval.
-  bool is_straggler(const SlotKey& slot) const;
   // Judged rounds of the current generation (for tests and logs).
   int judged() const { return judged_; }
 

@@ -57,25 +57,7 @@ class ErunDrain : public ::testing::Test {
     return {"--launcher", "local", "--host-discovery-script", dir_.file("discover.sh"), "--discovery-interval",
             "0.2"};
   }
-  // The workers of this test's program: pid -> its host (ERUN_HOSTNAME).
-  std::map<pid_t, std::string> workers() const {
-    std::map<pid_t, std::string> out;
-    for (pid_t pid : pids_with_cmdline(program_)) {
-      if (read_file("/proc/" + std::to_string(pid) + "/cmdline").rfind(program_ + std::string(1, '\0'), 0) != 0) {
-        continue;
-      }
-      const std::string env = environ_of(pid);  // "\nNAME=VALUE\n..."
-      const size_t at = env.find("\nERUN_HOSTNAME=");
-      out[pid] = at == std::string::npos ? "" : env.substr(at + 15, env.find('\n', at + 15) - at - 15);
-    }
-    return out;
-  }
-  pid_t worker_on(const std::string& host) const {
-    for (auto& [pid, h] : workers()) {
-      if (h == host) return pid;
-    }
-    return 0;
-  }
+  pid_t worker_on(const std::string& host) const { return worker_on_host(program_, host); }
   std::string events() const { return read_file(dir_.file("events.jsonl")); }
   // What every drained run must show: no failure, no rollback, the
   // survivor's process kept, and the model exact.

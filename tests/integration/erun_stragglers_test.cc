@@ -78,15 +78,7 @@ class ErunStragglers : public ::testing::Test {
     a.insert(a.end(), kTrainMlpArgs.begin(), kTrainMlpArgs.end());
     return a;
   }
-  pid_t worker_on(const std::string& host) const {
-    for (pid_t pid : pids_with_cmdline(program_)) {
-      if (read_file("/proc/" + std::to_string(pid) + "/cmdline").rfind(program_ + std::string(1, '\0'), 0) != 0) {
-        continue;
-      }
-      if (environ_of(pid).find("\nERUN_HOSTNAME=" + host + "\n") != std::string::npos) return pid;
-    }
-    return 0;
-  }
+  pid_t worker_on(const std::string& host) const { return worker_on_host(program_, host); }
   std::vector<pid_t> workers_on(int hosts) const {
     std::vector<pid_t> out;
     for (int i = 0; i < hosts; ++i) out.push_back(worker_on(fmt::format("127.0.0.{}", 2 + i)));

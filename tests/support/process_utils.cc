@@ -115,6 +115,14 @@ bool wait_file_lines(const std::string& path, size_t lines, Duration timeout) {
   }
 }
 
+pid_t worker_on_host(const std::string& program, const std::string& host) {
+  for (pid_t pid : pids_with_cmdline(program)) {
+    if (read_file("/proc/" + std::to_string(pid) + "/cmdline").rfind(program + std::string(1, '\0'), 0) != 0) continue;
+    if (environ_of(pid).find("\nERUN_HOSTNAME=" + host + "\n") != std::string::npos) return pid;
+  }
+  return 0;
+}
+
 pid_t parent_of(pid_t pid) {
   std::string stat = read_file("/proc/" + std::to_string(pid) + "/stat");
   size_t close = stat.rfind(')');

@@ -21,6 +21,9 @@ bool wait_no_process(const std::string& marker, Duration timeout, std::vector<pi
 bool pid_alive(pid_t pid);
 // Waits until pid is gone or a zombie; false on timeout.
 bool wait_pid_gone(pid_t pid, Duration timeout);
+// The process running `program` itself (argv[0] exactly) for `host` (its
+// ERUN_HOSTNAME, as erun gives every worker), or 0.
+pid_t worker_on_host(const std::string& program, const std::string& host);
 // The parent pid of a live process, or 0.
 pid_t parent_of(pid_t pid);
 // The live children of `parent` (zombies left out).
