@@ -12,12 +12,14 @@ packages=(
   build-essential cmake ninja-build pkg-config
   dpkg-dev   # dpkg-shlibdeps: the Depends of the Debian package (cpack -G DEB)
   libboost-dev libboost-program-options-dev libspdlog-dev libfmt-dev
+  nlohmann-json3-dev   # erun report reads event logs (src/runner/job_account.cc)
   libgtest-dev libgmock-dev googletest
   libgloo-dev libopenmpi-dev openmpi-bin
   libssl-dev openssh-client openssh-server
   procps psmisc iproute2 python3
   python3-dev python3-pybind11 pybind11-dev python3-torch python3-numpy python3-pytest   # the erun Python package (python/)
   python3-venv   # the PyPI venv of scripts/venv.sh
+  python3-matplotlib   # erun report -o job.svg|job.html (python/erun/report.py)
   slurmctld slurmd slurm-client munge   # the real two-node Slurm of tests/integration/slurm_test.cc
 )
 

@@ -35,6 +35,11 @@ class FakeClock final : public Clock {
   std::atomic<Duration::rep> ticks_{Duration(std::chrono::hours(1)).count()};
 };
 
+// The wall clock in seconds since the epoch (what the event log's "time" says).
+inline double realtime_seconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
 // Seconds as a double, for logs and the event log.
 inline double seconds(Duration d) { return std::chrono::duration<double>(d).count(); }
 inline Duration from_seconds(double s) {

@@ -1,20 +1,37 @@
 #include "common/log.h"
 
-#include <spdlog/sinks/stdout_sinks.h>
+#include <spdlog/sinks/base_sink.h>
 
 #include <mutex>
 
-namespace erun {
+#include "common/status_line.h"
 
-void init_logging(bool verbose) {
+namespace erun {
+namespace {
+
+// stderr, through the status line: a log line never lands inside it.
+class StderrSink final : public spdlog::sinks::base_sink<std::mutex> {
+ protected:
+  void sink_it_(const spdlog::details::log_msg& msg) override {
+    spdlog::memory_buf_t line;
+    formatter_->format(msg, line);
+    (void)StatusLine::get().write_above(2, std::string_view(line.data(), line.size()));
+  }
+  void flush_() override {}
+};
+
+}  // namespace
+
+void init_logging(bool verbose, bool quiet) {
   static std::once_flag once;
   std::call_once(once, [] {
-    auto logger = spdlog::stderr_logger_mt("erun");
+    auto logger = std::make_shared<spdlog::logger>("erun", std::make_shared<StderrSink>());
+    spdlog::register_logger(logger);
     logger->set_pattern("%Y-%m-%d %H:%M:%S.%e erun %l: %v");
     logger->flush_on(spdlog::level::trace);
     spdlog::set_default_logger(logger);
   });
-  spdlog::set_level(verbose ? spdlog::level::debug : spdlog::level::info);
+  spdlog::set_level(verbose ? spdlog::level::debug : quiet ? spdlog::level::warn : spdlog::level::info);
 }
 
 std::string who(long generation, std::string_view host, int rank) {

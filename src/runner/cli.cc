@@ -31,6 +31,7 @@ const std::map<std::string, int>& option_arity() {
       {"--commit-replicas", 1}, {"--ssh-option", 1}, {"--agent-path", 1}, {"--heartbeat-timeout", 1},
       {"--driver-grace", 1}, {"--job-name", 1}, {"--drain-timeout", 1}, {"--stragglers", 1},
       {"--straggler-factor", 1}, {"--straggler-window", 1}, {"--preflight", 1},
+      {"--metrics-port", 1}, {"--metrics-addr", 1},
   };
   return arity;
 }
@@ -166,7 +167,10 @@ void add_output_flags(po::options_description& desc, DriverOptions& o, RawFlags&
     ("output-filename", po::value<std::string>(&o.output_dir), "directory for per-rank stdout/stderr files (DIR/rank.N/)")
     ("tag-output", po::bool_switch(&r.tag), "prefix worker lines with [rank]<stdout>: (default)")
     ("no-tag-output", po::bool_switch(&r.no_tag), "forward worker lines without prefixes")
-    ("event-log", po::value<std::string>(&o.event_log), "append the job's events as JSON lines to this file");
+    ("event-log", po::value<std::string>(&o.event_log), "append the job's events as JSON lines to this file (erun report FILE: the job's summary and picture)")
+    ("no-status", po::bool_switch(&o.no_status), "no status line at the bottom of the terminal (there is none when stderr is not a terminal); erun's info lines, quiet under the status line, come back too")
+    ("metrics-port", po::value<int>(&o.metrics_port), "serve the job's Prometheus metrics at http://ADDR:PORT/metrics (world size, generation, resets, recoveries, goodput, commit age...; 0: any free port, logged)")
+    ("metrics-addr", po::value<std::string>(&o.metrics_addr), "the address --metrics-port listens on (default 127.0.0.1: this machine only; 0.0.0.0: every interface)");
 }
 
 void add_worker_flags(po::options_description& desc, DriverOptions& o, RawFlags& r) {
@@ -186,7 +190,7 @@ void add_worker_flags(po::options_description& desc, DriverOptions& o, RawFlags&
 void add_general_flags(po::options_description& desc, DriverOptions& o) {
   desc.add_options()
     ("dry-run", po::bool_switch(&o.dry_run), "print the plan, each host's agent command and each rank's program, environment and directory; launch nothing")
-    ("verbose,v", po::bool_switch(&o.verbose), "debug logging")
+    ("verbose,v", po::bool_switch(&o.verbose), "every info line (also under the status line) and the debug lines")
     ("version", "print the version")
     ("help,h", "print this help");
 }
@@ -228,6 +232,12 @@ Check apply_durations(DriverOptions& o, const RawFlags& r) {
 // Counts that must be at least 1 (or 0) when given.
 Check check_counts(const DriverOptions& o, const po::variables_map& vm) {
   if (o.crash_loop_limit < 0) return fail("--crash-loop-limit must be 0 (off) or more");
+  if (vm.count("metrics-port") && (o.metrics_port < 0 || o.metrics_port > 65535)) {
+    return fail(fmt::format("--metrics-port {}: not a port number (0 to 65535; 0: any free port)", o.metrics_port));
+  }
+  if (vm.count("metrics-addr") && !vm.count("metrics-port")) {
+    return fail("--metrics-addr needs --metrics-port: give the port to serve /metrics on");
+  }
   if (vm.count("np") && o.np < 1) return fail(fmt::format("-np {}: must be at least 1", o.np));
   if (vm.count("min-np") && o.min_np < 1) return fail(fmt::format("--min-np {}: must be at least 1", o.min_np));
   if (o.commit_replicas < 0) {

@@ -455,7 +455,8 @@ void Driver::finish_with_failure(const Failure& f) {
     if (d_.events) {
       d_.events->write("job_finished", {{"exit_code", json_number(long{code})},
                                         {"generation", json_number(generation_)},
-                                        {"resets", json_number(long{resets_})}});
+                                        {"resets", json_number(long{resets_})},
+                                        {"launched", json_number(launched_)}});
     }
     return code;
   });
@@ -475,7 +476,8 @@ int Driver::job_exit_code() {
   if (d_.events) {
     d_.events->write("job_finished", {{"exit_code", json_number(long{code})},
                                       {"generation", json_number(generation_)},
-                                      {"resets", json_number(long{resets_})}});
+                                      {"resets", json_number(long{resets_})},
+                                      {"launched", json_number(launched_)}});
   }
   return code;
 }

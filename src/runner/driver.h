@@ -20,6 +20,7 @@
 #include "runner/driver_states.h"
 #include "runner/event_log.h"
 #include "runner/host_manager.h"
+#include "runner/job_account.h"
 #include "runner/launcher.h"
 #include "runner/options.h"
 #include "runner/output.h"
@@ -40,6 +41,9 @@ struct DriverDeps {
   Clock* clock = nullptr;
   OutputForwarder* output = nullptr;    // may be null (tests)
   EventLog* events = nullptr;           // may be null
+  // Fed what only the driver sees (commit ids as ranks report them); reads
+  // the events through the log's observer. May be null.
+  JobAccount* account = nullptr;
   Membership* membership = nullptr;     // the started rendezvous; null: restart mode only
   int rendezvous_port = 0;              // where workers reach it
   // Runs discovery inside step() (every discovery_interval of `clock`) instead
@@ -220,6 +224,7 @@ class Driver {
   // generation, recovered in place); a rank reported silent (over the
   // network) only by the rule of exclude_silent().
   void handle_rejoins(const MembershipSnapshot& m);
+  void note_rolled_back(const JoinRequest& j);
   // Kills the worker that held the reported rank in the report's generation
   // and leaves it out; `why` is added to the log line.
   void exclude_reported(const JoinRequest& report, const std::string& why = "");
@@ -358,6 +363,8 @@ class Driver {
   bool kill_requested_ = false;  // a SIGKILL was requested: no grace
   long generation_ = 0;
   int resets_ = 0;
+  long launched_ = 0;              // worker processes started (the job summary's count)
+  long rolled_back_logged_ = -1;   // the generation whose rolled_back event was written
   int restarts_ = 0;  // generations started after the first (TORCHELASTIC_RESTART_COUNT)
   Plan plan_;
   // plan_'s hosts by index (torchrun's node numbers), for the plan of

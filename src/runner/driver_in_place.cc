@@ -117,6 +117,20 @@ void Driver::log_resumed_commit(const MembershipSnapshot& m) {
   }
 }
 
+// A survivor of a failure re-joins at the commit it restored: the work since
+// then, up to the failure, was thrown away (the job summary's rolled-back
+// steps). Once per generation: the survivors restore the same commit.
+void Driver::note_rolled_back(const JoinRequest& j) {
+  if (!d_.account || !d_.events || j.reason == JoinReason::kStart || j.commit_id == 0) return;
+  if (rolled_back_logged_ == j.left_generation) return;
+  auto lost = d_.account->rolled_back_to(j.commit_id);
+  if (!lost) return;
+  rolled_back_logged_ = j.left_generation;
+  d_.events->write("rolled_back", {{"generation", json_number(j.left_generation)},
+                                   {"commit", json_number(static_cast<long>(j.commit_id))},
+                                   {"seconds", json_number(*lost)}});
+}
+
 void Driver::handle_rejoins(const MembershipSnapshot& m) {
   for (auto& j : m.rejoined) {
     const Plan* left = plan_of(j.left_generation);
@@ -136,6 +150,7 @@ void Driver::handle_rejoins(const MembershipSnapshot& m) {
                                     {"commit", json_number(static_cast<long>(j.commit_id))}});
     }
     if (j.left_generation >= 0) leaving_[j.left_generation].left.insert(j.slot);
+    if (j.reason != JoinReason::kHostsUpdated) note_rolled_back(j);
     if (j.failed_rank < 0 || j.reason == JoinReason::kHostsUpdated) continue;
     if (j.failed_state == PeerState::kSilent) {
       leaving_[j.left_generation].silent.push_back(j);

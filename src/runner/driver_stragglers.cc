@@ -22,6 +22,10 @@ constexpr double kPreflightFactor = 3.0;  // a new host this much slower at the 
 }
 
 void Driver::watch_stragglers(const MembershipSnapshot& m) {
+  if (d_.account) {
+    const double now = realtime_seconds();
+    for (auto& t : m.timings) d_.account->commit_seen(t.commit_id, now);
+  }
   for (auto& [slot, rest] : resting_) {
     if (rest.active && clock_.now() >= rest.until) {
       rest.active = false;

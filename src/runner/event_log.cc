@@ -25,7 +25,7 @@ Status EventLog::open(const std::string& path) {
 }
 
 void EventLog::write(const std::string& event, const std::vector<Field>& fields) {
-  if (fd_ < 0) return;
+  if (fd_ < 0 && !observer_) return;
   timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
   tm utc;
@@ -36,7 +36,10 @@ void EventLog::write(const std::string& event, const std::vector<Field>& fields)
                                  static_cast<int>(ts.tv_nsec / 1000000),
                                  seconds(std::chrono::steady_clock::now() - start_), json_string(event));
   for (auto& [k, v] : fields) line += fmt::format(",{}:{}", json_string(k), v);
-  line += "}\n";
+  line += "}";
+  if (observer_) observer_(line);
+  if (fd_ < 0) return;
+  line += "\n";
   ssize_t n;
   do {
     n = ::write(fd_, line.data(), line.size());

@@ -1,10 +1,12 @@
 // EventLog: the job's history as JSON lines (--event-log FILE), one object per
 // event with an ISO timestamp, seconds since start, the event name and its
 // fields. Each line goes out in one append write, so a crash never leaves half
-// a line. A disabled log (no file) costs nothing. Driver thread only.
+// a line. A disabled log (no file, no observer) costs nothing. Driver thread only.
 #pragma once
 
+#include <functional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -24,10 +26,14 @@ class EventLog {
   EventLog& operator=(const EventLog&) = delete;
   Status open(const std::string& path);
   bool enabled() const { return fd_ >= 0; }
+  // Also hands every line (without its newline) to `observer`, file or not:
+  // the job's account (job_account.h) reads the same lines a report does.
+  void set_observer(std::function<void(std::string_view)> observer) { observer_ = std::move(observer); }
   void write(const std::string& event, const std::vector<Field>& fields);
 
  private:
   int fd_ = -1;
+  std::function<void(std::string_view)> observer_;
   TimePoint start_ = std::chrono::steady_clock::now();
 };
 

@@ -18,12 +18,15 @@
 
 #include "agent/agent.h"
 #include "common/log.h"
+#include "common/status_line.h"
 #include "common/strings.h"
 #include "discovery/discovery.h"
 #include "runner/cli.h"
 #include "runner/driver.h"
 #include "runner/event_log.h"
 #include "runner/job_record.h"
+#include "runner/job_view.h"
+#include "runner/metrics_server.h"
 #include "runner/launcher.h"
 #include "runner/launcher_srun.h"
 #include "runner/output.h"
@@ -406,6 +409,55 @@ class RecordKeeper {
   bool warned_ = false;
 };
 
+// The status line and /metrics, from the job's account, refreshed after the
+// driver's steps (a few times a second at most); the summary at the end.
+class JobView {
+ public:
+  JobView(const erun::DriverOptions& o, const erun::JobAccount& account) : o_(o), account_(account) {}
+
+  bool start() {
+    status_ = !o_.no_status && erun::StatusLine::get().enable();
+    // Under the status line the info lines it replaces are left out (-v: all).
+    if (status_) erun::init_logging(o_.verbose, /*quiet=*/true);
+    if (o_.metrics_port < 0) return true;
+    if (auto s = metrics_.start(o_.metrics_addr, o_.metrics_port); !s) {
+      std::fprintf(stderr, "erun: %s\n", s.message().c_str());
+      return false;
+    }
+    metrics_.publish(erun::prometheus_text(account_, erun::realtime_seconds()));
+    say(fmt::format("erun: metrics at {}\n", metrics_.url()));
+    return true;
+  }
+
+  void tick() {
+    const auto now = std::chrono::steady_clock::now();
+    if (status_ && now >= next_status_) {
+      erun::StatusLine::get().show(erun::status_text(account_, erun::realtime_seconds()));
+      next_status_ = now + std::chrono::milliseconds(250);
+    }
+    if (o_.metrics_port >= 0 && now >= next_metrics_) {
+      metrics_.publish(erun::prometheus_text(account_, erun::realtime_seconds()));
+      next_metrics_ = now + std::chrono::seconds(1);
+    }
+  }
+
+  // The summary (none when another erun took the job over: it is not over).
+  void finish(const std::optional<erun::JobSummary>& summary) {
+    if (o_.metrics_port >= 0) metrics_.publish(erun::prometheus_text(account_, erun::realtime_seconds()));
+    erun::StatusLine::get().close();
+    if (summary) say("erun: " + erun::format_summary(*summary) + "\n");
+  }
+
+ private:
+  static void say(const std::string& text) { (void)erun::StatusLine::get().write_above(2, text); }
+
+  const erun::DriverOptions& o_;
+  const erun::JobAccount& account_;
+  bool status_ = false;
+  erun::MetricsServer metrics_;
+  std::chrono::steady_clock::time_point next_status_{}, next_metrics_{};
+};
+
 // The driver and its parts (launchers, event log, output, rendezvous), then
 // the job or its dry run. `args`: erun's arguments, for the job's name and record.
 int run_driver(const erun::DriverOptions& options, erun::HostDiscovery& discovery,
@@ -512,6 +564,10 @@ int run_driver(const erun::DriverOptions& options, erun::HostDiscovery& discover
   deps.clock = &clock;
   deps.output = &output;
   deps.events = &events;
+  // What the job's time went to: the status line, /metrics and the summary at the end.
+  erun::JobAccount account;
+  events.set_observer([&account](std::string_view line) { account.observe_line(line); });
+  deps.account = &account;
   std::optional<RecordKeeper> keeper;
   if (store) {
     erun::JobRecord base;
@@ -533,9 +589,25 @@ int run_driver(const erun::DriverOptions& options, erun::HostDiscovery& discover
     }
     deps.after_step = [&keeper](const erun::Driver& d) { (*keeper)(d); };
   }
+  if (options.dry_run) {
+    erun::Driver driver(options, deps);
+    return dry_run(driver);
+  }
+  JobView view(options, account);
+  if (!view.start()) return 2;
+  deps.after_step = [&view, keep = std::move(deps.after_step)](const erun::Driver& d) {
+    if (keep) keep(d);
+    view.tick();
+  };
   erun::Driver driver(options, deps);
-  if (options.dry_run) return dry_run(driver);
   int code = run_with_signals(driver, options.driver_grace > erun::Duration::zero());
+  if (driver.superseded_by() == 0) {
+    erun::JobSummary summary = account.summary(erun::realtime_seconds());
+    events.write("job_summary", erun::summary_fields(summary));
+    view.finish(summary);
+  } else {
+    view.finish(std::nullopt);
+  }
   // The job is over (or another driver holds it): a later run starts anew.
   if (store && driver.superseded_by() == 0) store->remove();
   return code;
@@ -545,6 +617,8 @@ int run_driver(const erun::DriverOptions& options, erun::HostDiscovery& discover
 
 int main(int argc, char** argv) {
   if (argc >= 2 && std::string(argv[1]) == "--agent") return agent_main(argc, argv);
+  // `erun report EVENTS.jsonl [-o FILE]` (a program named report: erun ./report)
+  if (argc >= 2 && std::string(argv[1]) == "report") return erun::report_main(argc - 1, argv + 1);
   std::vector<std::string> args(argv + 1, argv + argc);
   std::string attach_name;
   if (argc == 3 && std::string(argv[1]) == "--attach") {

@@ -74,6 +74,9 @@ struct DriverOptions {
   std::string output_dir;
   bool tag_output = true;
   std::string event_log;
+  bool no_status = false;          // --no-status
+  int metrics_port = -1;           // --metrics-port (-1: no metrics)
+  std::string metrics_addr = "127.0.0.1";
   bool dry_run = false;
   bool verbose = false;
 

@@ -16,6 +16,7 @@
 #include "common/check.h"
 #include "common/subprocess.h"
 #include "common/log.h"
+#include "common/status_line.h"
 
 namespace erun {
 
@@ -25,25 +26,6 @@ namespace {
 constexpr size_t kMaxLine = 64 * 1024;
 constexpr size_t kReadSize = 64 * 1024;
 constexpr size_t kTailLineMax = 4096;
-
-// Blocking write of everything; false when the fd is gone (EPIPE, EBADF...).
-bool write_all(int fd, const char* data, size_t size) {
-  size_t done = 0;
-  while (done < size) {
-    ssize_t n = ::write(fd, data + done, size - done);
-    if (n > 0) {
-      done += static_cast<size_t>(n);
-    } else if (n < 0 && errno == EINTR) {
-      continue;
-    } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      pollfd p{fd, POLLOUT, 0};
-      ::poll(&p, 1, 1000);
-    } else {
-      return false;
-    }
-  }
-  return true;
-}
 
 }  // namespace
 
@@ -124,7 +106,8 @@ void OutputForwarder::Impl::consume(Worker& w, Stream& s, const char* data, size
     start = s.partial.size();
   }
   s.partial.erase(0, start);
-  if (!sink_batch.empty()) (void)write_all(options.sink_fd, sink_batch.data(), sink_batch.size());
+  // Through the status line (a plain write when it is off): it stays the bottom line.
+  if (!sink_batch.empty()) (void)StatusLine::get().write_above(options.sink_fd, sink_batch);
   if (!tail_batch.empty()) {
     std::lock_guard lock(mu);
     for (auto& line : tail_batch) {

@@ -130,5 +130,20 @@ TEST(Cli, HostCommitsAreOnUnlessTurnedOff) {
   EXPECT_EQ(o.command, (std::vector<std::string>{"./train", "--no-host-commits"}));
 }
 
+TEST(Cli, MetricsAndStatusFlags) {
+  auto o = ok({"-np", "2", "./train"});
+  EXPECT_EQ(o.metrics_port, -1);
+  EXPECT_EQ(o.metrics_addr, "127.0.0.1");  // this machine only unless told
+  EXPECT_FALSE(o.no_status);
+  o = ok({"-np", "2", "--metrics-port", "9400", "--metrics-addr", "0.0.0.0", "--no-status", "./train"});
+  EXPECT_EQ(o.metrics_port, 9400);
+  EXPECT_EQ(o.metrics_addr, "0.0.0.0");
+  EXPECT_TRUE(o.no_status);
+  EXPECT_NE(error({"-np", "2", "--metrics-port", "70000", "./train"}).find("--metrics-port 70000"), std::string::npos);
+  EXPECT_NE(error({"-np", "2", "--metrics-port", "-3", "./train"}).find("--metrics-port"), std::string::npos);
+  EXPECT_NE(error({"-np", "2", "--metrics-addr", "0.0.0.0", "./train"}).find("needs --metrics-port"),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace erun

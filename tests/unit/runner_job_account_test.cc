@@ -1,0 +1,203 @@
+#include "runner/job_account.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <numeric>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+namespace erun {
+namespace {
+
+// An event line as EventLog writes it: `at` seconds after 12:00:00 of a day,
+// from a driver that started `driver_start` seconds after it.
+std::string line(double at, const std::string& event, const std::string& fields = "", double driver_start = 0) {
+  const int ms = static_cast<int>(std::lround(at * 1000));
+  return fmt::format(R"({{"time":"2026-11-28T12:{:02d}:{:02d}.{:03d}Z","t":{:.3f},"event":"{}"{}{}}})",
+                     ms / 60000, (ms / 1000) % 60, ms % 1000, at - driver_start, event, fields.empty() ? "" : ",",
+                     fields);
+}
+
+double sum(const JobSummary& s) { return std::accumulate(s.spent.begin(), s.spent.end(), 0.0); }
+double spent(const JobSummary& s, Spent k) { return s.spent[static_cast<int>(k)]; }
+
+// A job like the demo's: start, a grow, a worker killed (its survivors roll
+// back 0.4 s of work), a shrink, the end.
+JobAccount demo_job() {
+  JobAccount a;
+  for (const std::string& l : {
+           line(0.0, "job_started", R"("job_id":"erun-1","hosts":"node-a:2","min_np":1,"max_np":4)"),
+           line(0.0, "generation_started", R"("generation":1,"size":2,"plan":"2 ranks")"),
+           line(1.0, "generation_joined", R"("generation":1,"seconds":1.0)"),
+           line(10.0, "hosts_changed", R"("hosts":"node-a:2,node-b:2")"),
+           line(11.0, "reset", R"("generation":1,"reason":"membership changed","resets":1)"),
+           line(11.0, "generation_started", R"("generation":2,"size":4,"plan":"4 ranks")"),
+           line(11.5, "generation_joined", R"("generation":2,"seconds":0.5)"),
+           line(20.0, "worker_exited",
+                R"("generation":2,"host":"node-b","rank":3,"exit_code":137,"stopped_by_erun":false)"),
+           line(20.0, "reset", R"("generation":2,"reason":"worker failed","resets":2)"),
+           line(20.0, "generation_started", R"("generation":3,"size":3,"plan":"3 ranks")"),
+           line(20.2, "generation_joined", R"("generation":3,"seconds":0.2)"),
+           line(20.2, "rolled_back", R"("generation":3,"commit":24,"seconds":0.4)"),
+           line(30.0, "hosts_changed", R"("hosts":"node-b:2")"),
+           line(30.0, "reset", R"("generation":3,"reason":"membership changed","resets":3)"),
+           line(30.0, "generation_started", R"("generation":4,"size":2,"plan":"2 ranks")"),
+           line(30.1, "generation_joined", R"("generation":4,"seconds":0.1)"),
+           line(30.2, "worker_exited",
+                R"("generation":4,"host":"node-a","rank":0,"exit_code":143,"stopped_by_erun":true)"),
+           line(40.0, "job_finished", R"("exit_code":0,"generation":4,"resets":3,"launched":6)"),
+       }) {
+    EXPECT_TRUE(a.observe_line(l)) << l;
+  }
+  return a;
+}
+
+TEST(JobAccount, ThePartsAddUpToTheWallTime) {
+  JobSummary s = demo_job().summary(1e12);
+  EXPECT_TRUE(s.finished);
+  EXPECT_EQ(s.exit_code, 0);
+  EXPECT_NEAR(s.wall_s, 40.0, 1e-6);
+  EXPECT_NEAR(sum(s), s.wall_s, 1e-6);
+  EXPECT_NEAR(spent(s, Spent::kStartup), 1.0, 1e-6);
+  // 1 to 11, 11.5 to 20, 20.2 to 30, 30.1 to 40, less 0.4 rolled back
+  EXPECT_NEAR(s.training_s(), 10 + 8.5 + 9.8 + 9.9 - 0.4, 1e-6);
+  EXPECT_NEAR(spent(s, Spent::kRecovery), 0.5 + 0.2 + 0.1, 1e-6);
+  EXPECT_NEAR(spent(s, Spent::kRolledBack), 0.4, 1e-6);
+  EXPECT_NEAR(s.goodput(), s.training_s() / 40.0, 1e-9);
+}
+
+TEST(JobAccount, CountsWhatHappened) {
+  JobSummary s = demo_job().summary(1e12);
+  EXPECT_EQ(s.job_id, "erun-1");
+  EXPECT_EQ(s.generations, 4);
+  EXPECT_EQ(s.resets_total(), 3);
+  EXPECT_EQ(s.resets["membership changed"], 2);
+  EXPECT_EQ(s.resets["worker failed"], 1);
+  EXPECT_EQ(s.hosts_seen, 2);
+  EXPECT_EQ(s.workers_failed, 1);  // the one erun stopped is no failure
+  EXPECT_EQ(s.workers_launched, 6);
+  EXPECT_NEAR(s.slowest_recovery_s, 0.5, 1e-6);
+  EXPECT_EQ(s.slowest_recovery_generation, 2);
+  EXPECT_EQ(s.slowest_recovery_reason, "membership changed");
+  const std::string text = format_summary(s);
+  EXPECT_NE(text.find("goodput 94.5 %"), std::string::npos) << text;
+  EXPECT_NE(text.find("1 worker failed"), std::string::npos) << text;
+  EXPECT_NE(text.find("slowest recovery: 0.50 s (generation 2"), std::string::npos) << text;
+}
+
+TEST(JobAccount, ARunningJobIsCountedUpToNow) {
+  JobAccount a;
+  a.observe_line(line(0, "job_started", R"("job_id":"j","hosts":"h:1")"));
+  a.observe_line(line(0, "generation_started", R"("generation":1,"size":1)"));
+  a.observe_line(line(2, "generation_joined", R"("generation":1)"));
+  const double start = a.start_time();
+  JobSummary s = a.summary(start + 10);
+  EXPECT_FALSE(s.finished);
+  EXPECT_NEAR(s.wall_s, 10, 1e-6);
+  EXPECT_NEAR(s.training_s(), 8, 1e-6);
+  EXPECT_EQ(a.world_size(), 1);
+  EXPECT_EQ(a.phase(), Spent::kTraining);
+}
+
+TEST(JobAccount, SurvivorsWaitingForMinNpIsItsOwnLoss) {
+  JobAccount a;
+  a.observe_line(line(0, "job_started", R"("job_id":"j","hosts":"h:2")"));
+  a.observe_line(line(0, "generation_started", R"("generation":1,"size":2)"));
+  a.observe_line(line(1, "generation_joined", R"("generation":1)"));
+  a.observe_line(line(5, "reset", R"("reason":"worker failed")"));
+  a.observe_line(line(5, "survivors_waiting", R"("generation":1,"usable_slots":1)"));
+  a.observe_line(line(9, "generation_started", R"("generation":2,"size":2)"));
+  a.observe_line(line(9.5, "generation_joined", R"("generation":2)"));
+  a.observe_line(line(12, "job_finished", R"("exit_code":0)"));
+  JobSummary s = a.summary(0);
+  EXPECT_NEAR(spent(s, Spent::kWaiting), 4, 1e-6);
+  EXPECT_NEAR(spent(s, Spent::kRecovery), 0.5, 1e-6);
+  EXPECT_NEAR(s.slowest_recovery_s, 4.5, 1e-6);  // reset to joined, waiting included
+  EXPECT_NEAR(sum(s), 12, 1e-6);
+}
+
+TEST(JobAccount, ANewDriverInTheSameLogIsADriverGapNotANewJob) {
+  JobAccount a;
+  a.observe_line(line(0, "job_started", R"("job_id":"j","hosts":"h:2")"));
+  a.observe_line(line(0, "generation_started", R"("generation":1,"size":2)"));
+  a.observe_line(line(1, "generation_joined", R"("generation":1)"));
+  // the first erun is SIGKILLed at about 10 s; a second starts at 30 s and
+  // attaches 0.5 s later: the workers trained through the gap
+  a.observe_line(line(30.5, "driver_attached", R"("term":2,"generation":1,"workers":2)", 30));
+  a.observe_line(line(40, "job_finished", R"("exit_code":0)", 30));
+  JobSummary s = a.summary(0);
+  EXPECT_NEAR(s.wall_s, 40, 1e-6);
+  EXPECT_NEAR(spent(s, Spent::kDriverGap), 0.5, 1e-6);
+  EXPECT_NEAR(s.training_s(), 29 + 9.5, 1e-6);
+  EXPECT_EQ(s.takeovers, 1);
+}
+
+TEST(JobAccount, RollbackIsDatedByTheCommitsSeen) {
+  JobAccount a;
+  a.observe_line(line(0, "job_started", R"("job_id":"j","hosts":"h:2")"));
+  const double t0 = a.start_time();
+  a.commit_seen(5, t0 + 3);
+  a.commit_seen(6, t0 + 4);
+  a.commit_seen(6, t0 + 4.5);  // the same commit from another rank: not newer
+  EXPECT_EQ(a.last_commit(), 6u);
+  EXPECT_NEAR(a.last_commit_time(), t0 + 4, 1e-9);
+  EXPECT_FALSE(a.rolled_back_to(6).has_value()) << "no fault yet";
+  a.observe_line(line(4.75, "reset", R"("reason":"worker failed")"));
+  ASSERT_TRUE(a.rolled_back_to(6).has_value());
+  EXPECT_NEAR(*a.rolled_back_to(6), 0.75, 1e-3);
+  EXPECT_NEAR(*a.rolled_back_to(5), 1.75, 1e-3);
+  EXPECT_NEAR(*a.rolled_back_to(7), 0.0, 1e-3) << "a commit after the last seen: at the pace of the others, "
+                                                  "never after the fault";
+  EXPECT_FALSE(a.rolled_back_to(4).has_value()) << "before every commit seen";
+}
+
+TEST(JobAccount, ACommitNeverReportedIsDatedBetweenTheOnesThatWere) {
+  JobAccount a;
+  a.observe_line(line(0, "job_started", R"("job_id":"j","hosts":"h:2")"));
+  const double t0 = a.start_time();
+  a.commit_seen(10, t0 + 1);
+  a.commit_seen(14, t0 + 2);  // 11 to 13 came faster than the reports
+  a.observe_line(line(3, "reset", R"("reason":"worker failed")"));
+  EXPECT_NEAR(*a.rolled_back_to(12), 1.5, 1e-3);
+  EXPECT_NEAR(*a.rolled_back_to(16), 0.5, 1e-3) << "two ids after 14 at a quarter second each";
+}
+
+TEST(JobAccount, LinesThatAreNotEventsChangeNothing) {
+  JobAccount a = demo_job();
+  const JobSummary before = a.summary(0);
+  for (std::string_view bad : {"", "{", "[1,2]", "{\"event\":\"reset\"}", "{\"time\":\"yesterday\",\"event\":\"x\"}",
+                               "{\"time\":\"2026-11-28T12:00:41.000Z\",\"t\":41,\"event\":\"reset\"",
+                               "not json at all"}) {
+    EXPECT_FALSE(a.observe_line(bad)) << bad;
+  }
+  EXPECT_EQ(a.summary(0).wall_s, before.wall_s);
+  EXPECT_EQ(a.summary(0).resets_total(), before.resets_total());
+}
+
+TEST(JobAccount, TheTimelineHasEveryGenerationPhaseAndFault) {
+  JobAccount a = demo_job();
+  const std::string j = a.timeline_json(0);
+  EXPECT_NE(j.find(R"("job_id":"erun-1")"), std::string::npos) << j;
+  EXPECT_NE(j.find(R"("label":"node-b rank 3 exited 137")"), std::string::npos) << j;
+  auto doc = nlohmann::json::parse(j);
+  bool failure_with_recovery = false;
+  for (auto& e : doc["events"]) {
+    if (e["kind"] == "failure" && e.contains("recovery_s")) {
+      EXPECT_NEAR(e["recovery_s"].get<double>(), 0.2, 1e-6);
+      failure_with_recovery = true;
+    }
+  }
+  EXPECT_TRUE(failure_with_recovery) << j;
+  double phases = 0;
+  for (auto& p : doc["phases"]) phases += p["end"].get<double>() - p["start"].get<double>();
+  EXPECT_NEAR(phases, 40.0, 1e-6) << "the phases cover the job";
+  EXPECT_NE(j.find(R"("label":"+node-b")"), std::string::npos) << j;
+  EXPECT_NE(j.find(R"("label":"-node-a")"), std::string::npos) << j;
+  EXPECT_NE(j.find(R"("generation":4)"), std::string::npos) << j;
+  EXPECT_NE(j.find(R"("kind":"recovery")"), std::string::npos) << j;
+}
+
+}  // namespace
+}  // namespace erun
