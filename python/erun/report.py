@@ -5,7 +5,9 @@ a timeline JSON document into ``python3 -m erun.report [--format svg|html] -o
 FILE``; this module only draws it, with matplotlib's Figure API (no pyplot, no
 display). The picture: the world size over time on the generations' bands,
 with the job's events as marked lines, over a strip of the job's phases whose
-legend adds up the time each kind took. SVG keeps its text as text and is the
+legend adds up the time each kind took (the document's ``spent`` totals where
+it has them: rolled-back steps have no interval of their own). The title's
+second line names the time lost, by kind. SVG keeps its text as text and is the
 same bytes for the same input; HTML is one self-contained file: the SVG inline
 and the launcher's text summary, nothing loaded from elsewhere.
 
@@ -25,7 +27,7 @@ import re
 import sys
 import tempfile
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Dict, List, Mapping, NoReturn, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, NoReturn, Optional, Sequence, Tuple
 
 if TYPE_CHECKING:
     # Debian 12's matplotlib (3.6) has no type information and the test venv
@@ -51,6 +53,24 @@ PHASE_COLORS = {
     "finishing": "#cfd8dc",
 }
 OTHER_PHASE_COLOR = "#9e9e9e"
+# Their names in the legend (a kind not here keeps the launcher's name), and
+# the kinds of lost time as the launcher's summary names them, in the title.
+PHASE_NAMES = {
+    "training": "training",
+    "startup": "start-up",
+    "recovery": "recovery",
+    "rolled_back": "rolled-back steps",
+    "waiting": "waiting",
+    "driver_gap": "driver gap",
+    "finishing": "finishing",
+}
+LOST_NAMES = {
+    "startup": "start-up",
+    "recovery": "recoveries",
+    "rolled_back": "rolled-back steps",
+    "waiting": "waiting for --min-np",
+    "driver_gap": "driver gap",
+}
 
 # Events: (colour, marker) by kind; unknown kinds get the last.
 EVENT_STYLES = {
@@ -68,20 +88,35 @@ OTHER_EVENT_STYLE = ("#9e9e9e", "o")
 # as marked lines.
 MANY_EVENTS = 25
 LABELLED_WHEN_MANY = ("failure", "drain", "takeover")
-# More generations than this: bands only, no "gN" labels.
+# More generations than this: bands only, no "gN" labels (a band too narrow
+# for its label has none either).
 MAX_GENERATION_LABELS = 40
 MAX_LABEL_CHARS = 60
 
 # The figure's layout, fixed so that the output depends only on the input:
-# inches, and fractions of the figure.
-FIG_W, FIG_H = 12.0, 6.5
+# widths in fractions of the figure, heights in inches from the top (the
+# figure is as tall as what it holds: the legends' rows vary).
+FIG_W = 12.0
 LEFT, RIGHT = 0.06, 0.985
-WORLD_BOTTOM, WORLD_TOP = 2.55 / FIG_H, 5.75 / FIG_H
-STRIP_BOTTOM, STRIP_HEIGHT = 2.1 / FIG_H, 0.32 / FIG_H
-PHASE_LEGEND_TOP = 1.45 / FIG_H   # and the events' legend at the bottom
+TOP_PAD = 0.1            # above the title
+TITLE_H = 0.3            # the title's line
+LOST_H = 0.2             # the lost-time line under it
+ABOVE_AXES = 0.2         # room for "N generations" and the top tick label
+WORLD_H = 3.2
+STRIP_GAP, STRIP_H = 0.13, 0.32
+XAXIS_H = 0.48           # the strip's tick labels and the axis label
+LEGEND_GAP, BOTTOM_PAD = 0.06, 0.08
+TITLE_FONT, LOST_FONT = 13.0, 9.5
+LEGEND_FONT = 8.0
+# A legend of that font (matplotlib's defaults: handle 2 em, its gap 0.8 em,
+# columns 2 em apart, 0.4 em around): inches per row and for the title and
+# padding; both legends share one row under the axis label while they fit.
+LEGEND_ROW_H, LEGEND_BASE_H = 0.16, 0.2
+LEGEND_GAP_BETWEEN = 0.3
 LABEL_FONT = 7.0
-MARKER_Y = 0.955                                  # event markers, in axes fractions
-LABEL_ROWS = (0.905, 0.845, 0.785, 0.725, 0.665)  # event label rows, the same
+BAND_LABEL_Y = 0.992                              # generation labels, in axes fractions
+MARKER_Y = 0.935                                  # event markers, the same
+LABEL_ROWS = (0.885, 0.825, 0.765, 0.705, 0.645)  # event label rows, the same
 SVG_SALT = "erun-report"
 
 
@@ -123,6 +158,9 @@ class Timeline:
     phases: List[Phase] = field(default_factory=list)
     events: List[Event] = field(default_factory=list)
     summary_text: str = ""
+    # Seconds by kind of time (training and each kind lost), as the launcher
+    # adds them up; empty when the document has none.
+    spent: Dict[str, float] = field(default_factory=dict)
 
 
 # --- reading the document -------------------------------------------------
@@ -215,10 +253,16 @@ def parse_timeline(doc: object) -> Timeline:
                             recovery_s=None if recovery is None else _number(recovery, where + "recovery_s")))
     events.sort(key=lambda e: e.t)
 
+    spent: Dict[str, float] = {}
+    spent_value = top.get("spent")
+    if spent_value is not None:
+        for kind, seconds in _object(spent_value, "spent").items():
+            spent[kind] = max(_number(seconds, f"spent.{kind}"), 0.0)
+
     summary = top.get("summary_text")
     return Timeline(job_id=job_id, wall_s=wall_s, goodput=goodput, world=world, generations=generations,
                     phases=phases, events=events,
-                    summary_text="" if summary is None else _text(summary, "summary_text"))
+                    summary_text="" if summary is None else _text(summary, "summary_text"), spent=spent)
 
 
 # --- words -----------------------------------------------------------------
@@ -243,6 +287,35 @@ def duration_text(seconds: float) -> str:
 def title_text(tl: Timeline) -> str:
     wall = f"{tl.wall_s:.1f} s" if tl.wall_s < 300 else duration_text(tl.wall_s)
     return f"erun job {tl.job_id} \u2014 goodput {tl.goodput * 100:.1f} % of {wall}"
+
+
+def phase_totals(tl: Timeline) -> Dict[str, float]:
+    """Seconds by kind of time: the document's ``spent`` where it has a kind
+    (rolled-back steps have no interval: they were training thrown away by
+    a failure), else the kind's phase intervals added up."""
+    totals: Dict[str, float] = {}
+    for p in tl.phases:
+        if p.kind not in tl.spent:
+            totals[p.kind] = totals.get(p.kind, 0.0) + max(p.end - p.start, 0.0)
+    totals.update(tl.spent)
+    return totals
+
+
+def _lost_total_text(seconds: float) -> str:
+    return f"{seconds:.2f} s" if 0.01 <= seconds < 10 else duration_text(seconds)
+
+
+def lost_text(tl: Timeline) -> str:
+    """The title's second line: the time lost and its non-zero kinds, in the
+    launcher's order; "" when the document says nothing about it."""
+    totals = phase_totals(tl)
+    lost = [(kind, totals[kind]) for kind in LOST_NAMES if kind in totals]
+    if not lost:
+        return ""
+    parts = [f"{LOST_NAMES[kind]} {duration_text(s)}" for kind, s in lost if s > 0]
+    if not parts:
+        return "no time lost"
+    return f"lost {_lost_total_text(sum(s for _, s in lost))}: " + ", ".join(parts)
 
 
 def time_unit(span_s: float) -> Tuple[str, float]:
@@ -282,6 +355,43 @@ def _text_width(text: str, axes_width_in: float, fontsize: float = LABEL_FONT) -
     return (len(text) + 1) * fontsize * 0.6 / 72 / axes_width_in
 
 
+def _legend_width(labels: Sequence[str], rows: int, title: str, measure: Callable[[str], float]) -> float:
+    """A legend's width in inches in that many rows (matplotlib fills its
+    columns top to bottom); ``measure`` gives a text's width in inches."""
+    em = LEGEND_FONT / 72
+    columns = [labels[i:i + rows] for i in range(0, len(labels), rows)]
+    width = sum(2.8 * em + max(measure(t) for t in c) for c in columns) + 2 * em * (len(columns) - 1)
+    return max(width, measure(title)) + 0.8 * em
+
+
+def legend_rows(phase_labels: Sequence[str], event_labels: Sequence[str], phase_title: str, event_title: str,
+                width_in: float, measure: Callable[[str], float]) -> int:
+    """The fewest rows in which both legends fit side by side in width_in."""
+    most = max(len(phase_labels), len(event_labels), 1)
+    for rows in range(1, most + 1):
+        width = LEGEND_GAP_BETWEEN if phase_labels and event_labels else 0.0
+        for labels, title in ((phase_labels, phase_title), (event_labels, event_title)):
+            if labels:
+                width += _legend_width(labels, rows, title, measure)
+        if width <= width_in:
+            return rows
+    return most
+
+
+def generation_bands(tl: Timeline, span: float) -> List[Tuple[Generation, float, float]]:
+    """Each generation's band (start, end) in seconds, kept inside the job: a
+    generation ends by the time the next starts, and one with an end past the
+    job's (or none that makes sense) ends with the job."""
+    bands = []
+    for i, g in enumerate(tl.generations):
+        end = g.end
+        if i + 1 < len(tl.generations):
+            end = min(end, tl.generations[i + 1].start)
+        start = min(max(g.start, 0.0), span)
+        bands.append((g, start, min(max(end, start), span)))
+    return bands
+
+
 def place_labels(xs: Sequence[float], widths: Sequence[float], priority: Sequence[bool],
                  rows: int) -> List[Optional[Tuple[int, bool]]]:
     """Rows for text labels at axes fractions ``xs`` of the given widths, so
@@ -309,75 +419,116 @@ def draw(tl: Timeline) -> "Figure":
     from matplotlib import (  # type: ignore[import-untyped, import-not-found, unused-ignore]
         collections as mcollections, lines as mlines, patches as mpatches, ticker as mticker)
     from matplotlib.figure import Figure  # type: ignore[import-untyped, import-not-found, unused-ignore]
+    from matplotlib.font_manager import FontProperties  # type: ignore[import-untyped, import-not-found, unused-ignore]
+    from matplotlib.textpath import TextToPath  # type: ignore[import-untyped, import-not-found, unused-ignore]
 
-    times = [t for t, _ in tl.world] + [g.end for g in tl.generations] + [p.end for p in tl.phases] + \
-            [e.t for e in tl.events]
+    times = [t for t, _ in tl.world] + [p.end for p in tl.phases] + [e.t for e in tl.events] + \
+            [g.start for g in tl.generations]
+    if tl.generations:
+        times.append(tl.generations[-1].end)
     span = tl.wall_s if tl.wall_s > 0 else max(times + [0.0])
     if span <= 0:
         span = 1.0
     unit, per = time_unit(span)
     xmax = span / per
 
-    fig = Figure(figsize=(FIG_W, FIG_H))
+    def at(e: Event) -> float:
+        # An event a little outside the job (a clock's rounding) is drawn at its edge.
+        return min(max(e.t, 0.0), span)
+
+    # The legends' entries first: their rows decide the figure's height.
+    totals = phase_totals(tl)
+    bars: Dict[str, List[Tuple[float, float]]] = {}
+    for p in tl.phases:
+        bars.setdefault(p.kind, []).append((p.start / per, max(p.end - p.start, 0.0) / per))
+    shown = [k for k in totals if totals[k] > 0 or k == "training"]
+    phase_kinds = [k for k in PHASE_COLORS if k in shown] + sorted(set(shown) - set(PHASE_COLORS))
+    phase_labels = []
+    for kind in phase_kinds:
+        share = f" ({totals[kind] / tl.wall_s * 100:.1f} %)" if tl.wall_s > 0 else ""
+        phase_labels.append(f"{PHASE_NAMES.get(kind, kind)} {duration_text(totals[kind])}{share}")
+    kinds = [k for k in EVENT_STYLES if any(e.kind == k for e in tl.events)]
+    kinds += sorted({e.kind for e in tl.events} - set(EVENT_STYLES))
+    event_counts = [sum(e.kind == k for e in tl.events) for k in kinds]
+    event_labels = [f"{kind} \u00d7{n}" for kind, n in zip(kinds, event_counts)]
+
     axes_w = FIG_W * (RIGHT - LEFT)
-    ax: Axes = fig.add_axes((LEFT, WORLD_BOTTOM, RIGHT - LEFT, WORLD_TOP - WORLD_BOTTOM))
-    strip: Axes = fig.add_axes((LEFT, STRIP_BOTTOM, RIGHT - LEFT, STRIP_HEIGHT), sharex=ax)
-    fig.suptitle(title_text(tl), x=LEFT, y=0.975, ha="left", fontsize=13)
+    candidates = [e for e in tl.events
+                  if len(tl.events) <= MANY_EVENTS or e.kind in LABELLED_WHEN_MANY]
+    texts = [event_label(e) for e in candidates]
+    places = place_labels([at(e) / span for e in candidates], [_text_width(t, axes_w) for t in texts],
+                          [e.kind in LABELLED_WHEN_MANY for e in candidates], len(LABEL_ROWS))
+    labelled = sum(p is not None for p in places)
+    phase_title = "time by phase"
+    event_title = "events" if labelled == len(tl.events) else f"events ({len(tl.events)}, {labelled} labelled)"
+    # The legends' text measured with their font (its metrics: no renderer
+    # is needed, the same wherever it is drawn).
+    to_path, legend_font = TextToPath(), FontProperties(size=LEGEND_FONT)
+
+    def measure(text: str) -> float:
+        return float(to_path.get_text_width_height_descent(text, legend_font, ismath=False)[0]) / 72
+
+    rows = legend_rows(phase_labels, event_labels, phase_title, event_title, axes_w, measure) \
+        if phase_labels or event_labels else 0
+
+    # Heights from the top, in inches, and the figure just as tall.
+    lost = lost_text(tl)
+    axes_top = TOP_PAD + TITLE_H + (LOST_H if lost else 0.0) + ABOVE_AXES
+    strip_top = axes_top + WORLD_H + STRIP_GAP
+    legend_top = strip_top + STRIP_H + XAXIS_H + LEGEND_GAP
+    height = legend_top + (LEGEND_BASE_H + LEGEND_ROW_H * rows if rows else 0.0) + BOTTOM_PAD
+
+    def y(inches_from_top: float) -> float:
+        return 1 - inches_from_top / height
+
+    fig = Figure(figsize=(FIG_W, height))
+    ax: Axes = fig.add_axes((LEFT, y(axes_top + WORLD_H), RIGHT - LEFT, WORLD_H / height))
+    strip: Axes = fig.add_axes((LEFT, y(strip_top + STRIP_H), RIGHT - LEFT, STRIP_H / height), sharex=ax)
+    fig.suptitle(title_text(tl), x=LEFT, y=y(TOP_PAD), ha="left", va="top", fontsize=TITLE_FONT)
+    if lost:
+        fig.text(LEFT, y(TOP_PAD + TITLE_H), lost, ha="left", va="top", fontsize=LOST_FONT, color="#455a64")
     ax.set_xlim(0, xmax)
     top = ax.get_xaxis_transform()  # x in data, y in axes fractions
 
     # Generations: alternating bands under everything (one collection per
-    # shade, so thousands of them stay two SVG groups), labelled while few.
+    # shade, so thousands of them stay two SVG groups), labelled at the top
+    # while few, each where its band has room for it.
+    bands = generation_bands(tl, span)
     shades: Tuple[List[List[Tuple[float, float]]], List[List[Tuple[float, float]]]] = ([], [])
-    for i, g in enumerate(tl.generations):
-        a, b = g.start / per, g.end / per
+    for i, (_, a_s, b_s) in enumerate(bands):
+        a, b = a_s / per, b_s / per
         shades[i % 2].append([(a, 0.0), (b, 0.0), (b, 1.0), (a, 1.0)])
     for verts, color in zip(shades, ("#e3ebf4", "#f1f1e8")):
         if verts:
             ax.add_collection(mcollections.PolyCollection(verts, facecolors=color, edgecolors="none",
                                                           transform=top, zorder=0))
     if 0 < len(tl.generations) <= MAX_GENERATION_LABELS:
-        last_hi = -1.0
-        for g in tl.generations:
+        for g, a_s, b_s in bands:
             text = f"g{g.number}"
-            mid = (g.start + g.end) / 2 / span
-            w = _text_width(text, axes_w)
-            if mid - w / 2 >= last_hi and 0 <= mid <= 1:
-                ax.text((g.start + g.end) / 2 / per, 1.005, text, transform=top, ha="center", va="bottom",
-                        fontsize=LABEL_FONT, color="#546e7a")
-                last_hi = mid + w / 2
+            if _text_width(text, axes_w) <= (b_s - a_s) / span:
+                ax.text((a_s + b_s) / 2 / per, BAND_LABEL_Y, text, transform=top, ha="center", va="top",
+                        fontsize=LABEL_FONT, color="#546e7a", zorder=1)
     elif tl.generations:
         ax.text(1.0, 1.005, f"{len(tl.generations)} generations", transform=ax.transAxes, ha="right",
                 va="bottom", fontsize=LABEL_FONT, color="#546e7a")
 
     # Events: a thin line each, one marker line per kind (its legend entry),
-    # labels in rows above the world line where there is room. One a little
-    # outside the job (a clock's rounding) is drawn at its edge.
-    def at(e: Event) -> float:
-        return min(max(e.t, 0.0), span)
-
+    # labels in rows above the world line where there is room.
     if tl.events:
         colors = [EVENT_STYLES.get(e.kind, OTHER_EVENT_STYLE)[0] for e in tl.events]
         segments = [[(at(e) / per, 0.0), (at(e) / per, MARKER_Y)] for e in tl.events]
         ax.add_collection(mcollections.LineCollection(segments, colors=colors, linewidths=0.6, transform=top,
                                                       alpha=0.55 if len(tl.events) <= 100 else 0.3, zorder=2,
                                                       gid="event-lines"))
-    kinds = [k for k in EVENT_STYLES if any(e.kind == k for e in tl.events)]
-    kinds += sorted({e.kind for e in tl.events} - set(EVENT_STYLES))
     event_handles = []
-    for kind in kinds:
+    for kind, label in zip(kinds, event_labels):
         color, marker = EVENT_STYLES.get(kind, OTHER_EVENT_STYLE)
         xs = [at(e) / per for e in tl.events if e.kind == kind]
-        (line,) = ax.plot(xs, [MARKER_Y] * len(xs), linestyle="none", marker=marker, markersize=6,
-                          color=color, markeredgecolor="white", markeredgewidth=0.5, transform=top,
-                          zorder=4, clip_on=False, gid=f"events-{_id_part(kind)}",
-                          label=f"{kind} \u00d7{len(xs)}")
-        event_handles.append(line)
-    candidates = [e for e in tl.events
-                  if len(tl.events) <= MANY_EVENTS or e.kind in LABELLED_WHEN_MANY]
-    texts = [event_label(e) for e in candidates]
-    places = place_labels([at(e) / span for e in candidates], [_text_width(t, axes_w) for t in texts],
-                          [e.kind in LABELLED_WHEN_MANY for e in candidates], len(LABEL_ROWS))
+        ax.plot(xs, [MARKER_Y] * len(xs), linestyle="none", marker=marker, markersize=6, color=color,
+                markeredgecolor="white", markeredgewidth=0.5, transform=top, zorder=4, clip_on=False,
+                gid=f"events-{_id_part(kind)}")
+        event_handles.append(mlines.Line2D([], [], linestyle="none", marker=marker, color=color, markersize=6,
+                                           label=label))
     rows_used = 0
     for e, text, place in zip(candidates, texts, places):
         if place is None:
@@ -389,7 +540,6 @@ def draw(tl: Timeline) -> "Figure":
                 va="center", fontsize=LABEL_FONT, color=EVENT_STYLES.get(e.kind, OTHER_EVENT_STYLE)[0],
                 zorder=5, clip_on=False,
                 bbox={"boxstyle": "square,pad=0.1", "facecolor": "white", "alpha": 0.8, "edgecolor": "none"})
-    labelled = sum(p is not None for p in places)
 
     # World size: a step line; its top is kept below the label rows in use.
     if tl.world:
@@ -408,20 +558,13 @@ def draw(tl: Timeline) -> "Figure":
     ax.tick_params(labelbottom=False)
     ax.spines[["top", "right"]].set_visible(False)
 
-    # Phases: one bar collection per kind; the legend adds up each kind's time.
-    totals: Dict[str, float] = {}
-    bars: Dict[str, List[Tuple[float, float]]] = {}
-    for p in tl.phases:
-        totals[p.kind] = totals.get(p.kind, 0.0) + max(p.end - p.start, 0.0)
-        bars.setdefault(p.kind, []).append((p.start / per, max(p.end - p.start, 0.0) / per))
-    phase_handles = []
+    # Phases: one bar collection per kind; the legend adds up each kind's time
+    # (a kind may have time and no interval: rolled-back steps).
     for kind in [k for k in PHASE_COLORS if k in bars] + sorted(set(bars) - set(PHASE_COLORS)):
-        color = PHASE_COLORS.get(kind, OTHER_PHASE_COLOR)
-        strip.broken_barh(bars[kind], (0, 1), facecolors=color, edgecolors="none",
-                          gid=f"phases-{_id_part(kind)}")
-        name = kind.replace("_", " ") if kind in PHASE_COLORS else kind  # others as the launcher named them
-        share = f" ({totals[kind] / tl.wall_s * 100:.1f} %)" if tl.wall_s > 0 else ""
-        phase_handles.append(mpatches.Patch(facecolor=color, label=f"{name} {duration_text(totals[kind])}{share}"))
+        strip.broken_barh(bars[kind], (0, 1), facecolors=PHASE_COLORS.get(kind, OTHER_PHASE_COLOR),
+                          edgecolors="none", gid=f"phases-{_id_part(kind)}")
+    phase_handles = [mpatches.Patch(facecolor=PHASE_COLORS.get(kind, OTHER_PHASE_COLOR), label=label)
+                     for kind, label in zip(phase_kinds, phase_labels)]
     if not tl.phases:
         strip.text(0.5, 0.5, "no phase data", transform=strip.transAxes, ha="center", va="center",
                    fontsize=LABEL_FONT, color="#757575")
@@ -431,15 +574,13 @@ def draw(tl: Timeline) -> "Figure":
     strip.set_xlabel(f"time since job start ({unit})")
     strip.set_xlim(0, xmax)
 
-    if phase_handles:
-        fig.legend(handles=phase_handles, loc="upper left", bbox_to_anchor=(LEFT, PHASE_LEGEND_TOP), ncol=4,
-                   fontsize=8, frameon=False, title="time by phase", title_fontsize=8)
-    if event_handles:
-        fig.legend(handles=[mlines.Line2D([], [], linestyle="none", marker=h.get_marker(), color=h.get_color(),
-                                          markersize=6, label=h.get_label()) for h in event_handles],
-                   loc="lower left", bbox_to_anchor=(LEFT, 0.005), ncol=8, fontsize=8, frameon=False,
-                   title="events" if labelled == len(tl.events) else
-                         f"events ({len(tl.events)}, {labelled} labelled)", title_fontsize=8)
+    # The legends in one band under the axis label: phases left, events right.
+    for handles, title, x, loc in ((phase_handles, phase_title, LEFT, "upper left"),
+                                   (event_handles, event_title, RIGHT, "upper right")):
+        if handles:
+            fig.legend(handles=handles, loc=loc, bbox_to_anchor=(x, y(legend_top)), ncol=-(-len(handles) // rows),
+                       fontsize=LEGEND_FONT, frameon=False, title=title, title_fontsize=LEGEND_FONT,
+                       borderaxespad=0)
     return fig
 
 

@@ -103,8 +103,9 @@ long JobSummary::resets_total() const {
 
 std::string format_summary(const JobSummary& s) {
   std::string out = fmt::format("job {} {} in {}: goodput {:.1f} %", s.job_id.empty() ? "?" : s.job_id,
-                                s.finished ? fmt::format("finished with exit code {}", s.exit_code)
-                                           : std::string("ran (no end recorded)"),
+                                s.finished      ? fmt::format("finished with exit code {}", s.exit_code)
+                                : s.stop_signal ? fmt::format("was stopped by signal {}", s.stop_signal)
+                                                : std::string("ran (no end recorded)"),
                                 seconds_text(s.wall_s), 100 * s.goodput());
   out += fmt::format("\n  training {}; lost {}:", seconds_text(s.training_s()), seconds_text(s.lost_s()));
   const char* sep = " ";
@@ -292,6 +293,8 @@ bool JobAccount::observe_line(std::string_view line) {
     const double lost = std::min(std::max(0.0, number(e, "seconds")), spent_[static_cast<int>(Spent::kTraining)]);
     spent_[static_cast<int>(Spent::kTraining)] -= lost;
     spent_[static_cast<int>(Spent::kRolledBack)] += lost;
+  } else if (event == "signal") {
+    counts_.stop_signal = static_cast<int>(number(e, "signal"));
   } else if (event == "job_finished") {
     counts_.finished = true;
     counts_.exit_code = static_cast<int>(number(e, "exit_code", -1));

@@ -36,6 +36,7 @@ struct JobSummary {
   std::string job_id;
   bool finished = false;  // a job_finished event was seen
   int exit_code = -1;     // -1: not finished
+  int stop_signal = 0;    // erun was stopped by this signal (a `signal` event)
   double wall_s = 0;
   std::array<double, kSpentKinds> spent{};  // seconds, by Spent
   long generations = 0;
