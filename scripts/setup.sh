@@ -20,6 +20,7 @@ packages=(
   python3-dev python3-pybind11 pybind11-dev python3-torch python3-numpy python3-pytest   # the erun Python package (python/)
   python3-venv   # the PyPI venv of scripts/venv.sh
   python3-matplotlib   # erun report -o job.svg|job.html (python/erun/report.py)
+  python3-prometheus-client chromium-headless-shell   # tests: /metrics parses, erun report's page opens
   slurmctld slurmd slurm-client munge   # the real two-node Slurm of tests/integration/slurm_test.cc
 )
 
