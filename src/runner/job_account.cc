@@ -213,7 +213,7 @@ bool JobAccount::observe_line(std::string_view line) {
     pending_size_ = static_cast<long>(number(e, "size"));
     counts_.generations = std::max(counts_.generations, generation_);
     if (phase_ == Spent::kWaiting) enter(Spent::kRecovery, t);  // enough slots again: forming
-    if (!bands_.empty() && bands_.back().end < 0) bands_.back().end = t;
+    if (!bands_.empty() && bands_.back().end < 0) bands_.back().end = t - start_;
     bands_.push_back(Band{generation_, t - start_, -1, pending_size_, text(e, "plan")});
   } else if (event == "generation_joined") {
     enter(Spent::kTraining, t);

@@ -191,6 +191,8 @@ def test_the_format_comes_from_the_suffix_or_format(tmp_path):
     (json.dumps(timeline(phases=[{"start": 0, "end": 1}])).encode(), "phases[0].kind"),
     (json.dumps(timeline(world=[[0, 1, 2]])).encode(), "world[0]"),
     (b'{"job_id": "j", "wall_s": NaN, "goodput": 1, "world": []}', "wall_s"),
+    (json.dumps(timeline(spent=[1.0])).encode(), "spent is not an object"),
+    (json.dumps(timeline(spent={"training": "long"})).encode(), "spent.training"),
 ])
 def test_a_bad_timeline_is_one_line_and_status_2(tmp_path, stdin, words):
     out = tmp_path / "job.svg"
@@ -290,6 +292,118 @@ def test_a_days_long_job_with_thousands_of_generations_and_events(tmp_path):
     labelled = [int(m.group(1)) for m in (re.search(r"node-\d+ event (\d+)", w) for w in words) if m]
     assert 0 < len(labelled) < 60 and f"events (1000, {len(labelled)} labelled)" in words
     assert {events[i]["kind"] for i in labelled} <= {"failure", "drain", "takeover"}  # when many, only these
+
+
+# The timeline of a real demo job (43 s, 5 generations, a failure, two host
+# changes), as the launcher wrote it: generations 1-4 end at a clock's time
+# rather than the job's (they are drawn ending by the next one's start), and
+# the 91 ms of rolled-back steps are in "spent" only, with no interval.
+DEMO = {
+    "job_id": "erun-7b640df0efff", "wall_s": 42.948999881744385, "goodput": 0.9919915074835101,
+    "events": [{"kind": "membership", "label": "+node-b", "t": 2.55899977684021},
+               {"kind": "failure", "label": "node-b rank 3 exited 137", "recovery_s": 0.012999773025512695,
+                "t": 4.819000005722046},
+               {"kind": "membership", "label": "-node-a", "t": 7.159999847412109}],
+    "generations": [
+        {"end": 1795877669.72, "generation": 1, "plan": "2 ranks: node-a[0-1]", "size": 2,
+         "start": 0.009999990463256836},
+        {"end": 1795877671.882, "generation": 2, "plan": "4 ranks: node-a[0-1] node-b[2-3]", "size": 4,
+         "start": 2.6589999198913574},
+        {"end": 1795877671.961, "generation": 3, "plan": "3 ranks: node-a[0-1] node-b[2]", "size": 3,
+         "start": 4.82099986076355},
+        {"end": 1795877674.221, "generation": 4, "plan": "4 ranks: node-a[0-1] node-b[2-3]", "size": 4,
+         "start": 4.8999998569488525},
+        {"end": 42.948999881744385, "generation": 5, "plan": "2 ranks: node-b[0-1]", "size": 2,
+         "start": 7.159999847412109}],
+    "phases": [{"end": 0.09099984169006348, "kind": "startup", "start": 0.0},
+               {"end": 2.6589999198913574, "kind": "training", "start": 0.09099984169006348},
+               {"end": 2.7229998111724854, "kind": "recovery", "start": 2.6589999198913574},
+               {"end": 4.819999933242798, "kind": "training", "start": 2.7229998111724854},
+               {"end": 4.831999778747559, "kind": "recovery", "start": 4.819999933242798},
+               {"end": 7.159999847412109, "kind": "training", "start": 4.831999778747559},
+               {"end": 7.245999813079834, "kind": "recovery", "start": 7.159999847412109},
+               {"end": 42.948999881744385, "kind": "training", "start": 7.245999813079834}],
+    "spent": {"driver_gap": 0.0, "recovery": 0.16199970245361328, "rolled_back": 0.0909572,
+              "startup": 0.09099984169006348, "training": 42.60504313760071, "waiting": 0.0},
+    "world": [[0.0, 0], [0.09099984169006348, 2], [2.6589999198913574, 0], [2.7229998111724854, 4],
+              [4.819999933242798, 0], [4.831999778747559, 3], [5.050999879837036, 4], [7.159999847412109, 0],
+              [7.245999813079834, 2], [42.948999881744385, 0]],
+}
+DEMO_LOST = "lost 0.34 s: start-up 91 ms, recoveries 162 ms, rolled-back steps 91 ms"
+
+
+def test_the_legend_and_title_count_the_time_spent_rolled_back_steps_included(tmp_path):
+    root, words = texts(draw(tmp_path, DEMO))
+    title = "erun job erun-7b640df0efff \u2014 goodput 99.2 % of 42.9 s"
+    assert title in words and root.find(SVG_NS + "title").text == title
+    assert DEMO_LOST in words
+    # The totals are "spent"'s: training without its rolled-back steps, and
+    # those steps though no interval has their kind; kinds of no time left out.
+    legend = [w for w in words if re.match(r"(training|start-up|recovery|rolled-back steps|waiting|driver gap) ", w)]
+    assert legend == ["training 42.6 s (99.2 %)", "start-up 91 ms (0.2 %)", "recovery 162 ms (0.4 %)",
+                      "rolled-back steps 91 ms (0.2 %)"], legend
+    ids = {g.get("id") for g in root.iter(SVG_NS + "g")}
+    assert "phases-training" in ids and "phases-rolled_back" not in ids
+    assert {"time by phase", "events", "failure \u00d71", "membership \u00d72"} <= set(words)
+
+
+def test_every_generation_band_wide_enough_has_its_label(tmp_path):
+    _, words = texts(draw(tmp_path, DEMO))
+    # Generation 3 lasted 79 ms of the 43 s: too narrow for its label.
+    assert {"g1", "g2", "g4", "g5"} <= set(words) and "g3" not in words
+    wide = dict(DEMO, generations=[dict(g, end=e) for g, e in
+                                   zip(DEMO["generations"], (2.66, 4.8, 12.0, 20.0, 42.9))])
+    wide["generations"][2]["start"], wide["generations"][3]["start"] = 4.82, 12.0
+    _, words = texts(draw(tmp_path, wide, "wide.svg"))
+    assert {"g1", "g2", "g3", "g4", "g5"} <= set(words)
+
+
+def test_without_spent_the_totals_add_up_the_phases():
+    tl = report.parse_timeline(timeline())
+    assert tl.spent == {}
+    totals = report.phase_totals(tl)
+    assert round(totals["recovery"], 3) == 0.091 and round(totals["rolled_back"], 3) == 0.4
+    assert round(totals["mystery_kind"], 3) == 0.2
+    assert report.lost_text(tl) == "lost 0.60 s: start-up 114 ms, recoveries 91 ms, rolled-back steps 400 ms"
+    # "spent" wins for its kinds; a kind only the phases know is still added up.
+    tl = report.parse_timeline(timeline(spent={"training": 40.0, "startup": 0.1, "recovery": 0.0,
+                                               "rolled_back": 2.0, "waiting": 0.0, "driver_gap": 0.0}))
+    totals = report.phase_totals(tl)
+    assert totals["recovery"] == 0.0 and totals["rolled_back"] == 2.0 and round(totals["finishing"], 3) == 0.5
+    assert report.lost_text(tl) == "lost 2.10 s: start-up 100 ms, rolled-back steps 2.00 s"
+    assert report.lost_text(report.parse_timeline(timeline(phases=[], spent={"training": 43.0, "startup": 0.0}))) \
+        == "no time lost"
+    assert report.lost_text(report.parse_timeline({"job_id": "j", "wall_s": 1, "goodput": 1, "world": []})) == ""
+    assert [b[1:] for b in report.generation_bands(report.parse_timeline(DEMO), DEMO["wall_s"])] == \
+        [(g["start"], e) for g, e in zip(DEMO["generations"], [2.6589999198913574, 4.82099986076355,
+                                                                4.8999998569488525, 7.159999847412109,
+                                                                42.948999881744385])]
+
+
+def test_the_legends_sit_in_one_row_under_the_axis_label():
+    """Laid out compactly: the legends side by side under the x axis's label,
+    inside the figure, not overlapping, and no tall blank below them."""
+    matplotlib = pytest.importorskip("matplotlib")
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    for doc, rows in ((DEMO, 1), (timeline(), 2)):
+        with matplotlib.rc_context({"font.size": 9}):
+            fig = report.draw(report.parse_timeline(doc))
+            canvas = FigureCanvasAgg(fig)
+            canvas.draw()
+            renderer = canvas.get_renderer()
+            phases, events = [leg.get_window_extent(renderer) for leg in fig.legends]
+            strip = fig.axes[1]
+            xlabel = strip.xaxis.label.get_window_extent(renderer)
+            figure = fig.bbox
+        per_row = report.LEGEND_ROW_H * fig.dpi
+        assert phases.x1 < events.x0 and phases.x0 < xlabel.x0 < events.x0  # phases left, events right
+        for leg in (phases, events):
+            assert figure.x0 <= leg.x0 and leg.x1 <= figure.x1 and leg.y0 >= figure.y0
+            assert xlabel.y0 - per_row < leg.y1 < xlabel.y0  # just under the axis label
+            assert leg.y0 - figure.y0 < 0.3 * fig.dpi  # no blank band below
+            assert abs(leg.height - (report.LEGEND_BASE_H + rows * report.LEGEND_ROW_H) * fig.dpi) < 0.5 * per_row
+        labels = [t for t in fig.axes[0].texts if re.fullmatch(r"g\d+", t.get_text())]
+        assert labels and all(t.get_window_extent(renderer).y1 <= fig.axes[0].bbox.y1 + 1 for t in labels)
 
 
 def test_time_units_and_durations():

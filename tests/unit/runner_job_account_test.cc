@@ -190,6 +190,13 @@ TEST(JobAccount, TheTimelineHasEveryGenerationPhaseAndFault) {
     }
   }
   EXPECT_TRUE(failure_with_recovery) << j;
+  double last_end = 0;
+  for (auto& g : doc["generations"]) {
+    EXPECT_GE(g["start"].get<double>(), last_end - 1e-9) << "generations follow each other: " << g.dump();
+    EXPECT_LE(g["end"].get<double>(), 40.0 + 1e-9) << "times are seconds since the job started: " << g.dump();
+    last_end = g["end"].get<double>();
+  }
+  EXPECT_NEAR(doc["generations"][1]["end"].get<double>(), 20.0, 1e-6);
   double phases = 0;
   for (auto& p : doc["phases"]) phases += p["end"].get<double>() - p["start"].get<double>();
   EXPECT_NEAR(phases, 40.0, 1e-6) << "the phases cover the job";
