@@ -70,6 +70,10 @@ status=0
 wait "$erun_pid" || status=$?
 say "erun exited with $status; generations:"
 grep -o '"event":"generation_started".*' "$work/events.jsonl" | sed 's/"event":"generation_started",/  /' >&2
+picture=/tmp/erun-demo-timeline.html
+if "$erun" report "$work/events.jsonl" -o "$picture" 2>/dev/null; then
+  say "the job's picture: $picture (erun report EVENTS.jsonl -o FILE.html|FILE.svg)"
+fi
 if pgrep -f "$pattern" >/dev/null; then
   say "ERROR: workers left behind"; exit 1
 fi
