@@ -31,7 +31,7 @@ const std::map<std::string, int>& option_arity() {
       {"--commit-replicas", 1}, {"--ssh-option", 1}, {"--agent-path", 1}, {"--heartbeat-timeout", 1},
       {"--driver-grace", 1}, {"--job-name", 1}, {"--drain-timeout", 1}, {"--stragglers", 1},
       {"--straggler-factor", 1}, {"--straggler-window", 1}, {"--preflight", 1},
-      {"--metrics-port", 1}, {"--metrics-addr", 1},
+      {"--metrics-port", 1}, {"--metrics-addr", 1}, {"--standby", 1},
   };
   return arity;
 }
@@ -142,6 +142,7 @@ void add_elasticity_flags(po::options_description& desc, DriverOptions& o, RawFl
     ("stragglers", po::value<std::string>(&r.stragglers), "evict (default): a rank that computes --straggler-factor times longer than the others' median for --straggler-window commit intervals in a row leaves the job at the next commit, when the job stays at --min-np or above and would run at least 20 % faster, and its slot sits out a cooldown (--blacklist-cooldown-range, doubling); report: only log it and write the event; off: neither. Restart mode reports only")
     ("straggler-factor", po::value<double>(&o.straggler_factor), "how many times the others' median compute time makes a straggler (default 1.5)")
     ("straggler-window", po::value<int>(&o.straggler_window), "commit intervals in a row a straggler must be slow (default 3)")
+    ("standby", po::value<int>(&o.standby), "standby workers kept on free slots (discovered beyond the plan): each runs the program up to its first join and waits there; a lost member's place goes to one at once, without the program's start-up (default 1 when a slot is free; 0: none; in place only)")
     ("preflight", po::value<std::string>(&r.preflight), "on (default): every worker times a fixed compute check (50-75 ms on a 2-core machine) before it first joins, and a worker on a host new to the job whose check took more than 3 times the job's workers' median is held back; its slot sits out a cooldown (--blacklist-cooldown-range) and is tried again; off: no check")
     ("crash-loop-limit", po::value<int>(&o.crash_loop_limit), "end the job when this many generations in a row fail with the same exit status on every host, each within 60 s and before any commit or finished worker (default 3; 0: never)");
 }
@@ -234,6 +235,9 @@ Check check_counts(const DriverOptions& o, const po::variables_map& vm) {
   if (o.crash_loop_limit < 0) return fail("--crash-loop-limit must be 0 (off) or more");
   if (vm.count("metrics-port") && (o.metrics_port < 0 || o.metrics_port > 65535)) {
     return fail(fmt::format("--metrics-port {}: not a port number (0 to 65535; 0: any free port)", o.metrics_port));
+  }
+  if (vm.count("standby") && o.standby < 0) {
+    return fail(fmt::format("--standby {}: must be 0 (none) or more", o.standby));
   }
   if (vm.count("metrics-addr") && !vm.count("metrics-port")) {
     return fail("--metrics-addr needs --metrics-port: give the port to serve /metrics on");

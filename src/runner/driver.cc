@@ -296,7 +296,12 @@ void Driver::reap() {
                                          {"host", json_string(a.slot.host)},
                                          {"rank", json_number(long{a.rank})},
                                          {"exit_code", json_number(long{s->shell_code()})},
-                                         {"stopped_by_erun", is_stopping(w.state) ? "true" : "false"}});
+                                         {"stopped_by_erun", is_stopping(w.state) ? "true" : "false"},
+                                         {"standby", w.standby ? "true" : "false"}});
+    }
+    if (w.standby) {
+      if (!is_stopping(w.state)) standby_lost(w, fmt::format("ended with {} after {:.1f} s", s->describe(), after));
+      continue;
     }
     if (w.pending()) {
       // Never part of a generation: its end fails its host, not the job's generation.
@@ -580,6 +585,7 @@ void Driver::supervise() {
     return;
   }
   follow_membership();
+  tend_standbys(m);
   tend_replicas();
 }
 

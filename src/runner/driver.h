@@ -111,6 +111,8 @@ class Driver {
     bool local = false;
     bool joined = false;     // it joined the rendezvous at least once (in-place capable)
     bool grows = false;      // kPending for new slots (not a failed one's): its admission is a reset
+    bool standby = false;    // kPending on a free slot, for no plan yet: promoted in a failed member's place
+    bool standby_ready = false;  // it waits in the rendezvous (standby_ready logged)
     bool fresh = false;      // launched into a running job, and not yet a member of a complete generation
     bool loss_told = false;  // its loss went to the survivors, or it is no member of the current generation
     long launched_generation = 0;
@@ -160,6 +162,21 @@ class Driver {
   bool on_draining_host(const Worker& w) const;
   // A live member of the running plan is on a draining host.
   bool draining_members() const;
+  // ---- standbys (driver_standby.cc) ----
+  // Starts standbys on free slots (up to --standby), each run of the
+  // program up to its first join, waiting there; logs those ready.
+  void tend_standbys(const MembershipSnapshot& m);
+  // `full` with each slot no member holds swapped for a ready standby's
+  // (same host first): the standby takes the failed rank's place at once.
+  Plan with_standbys(const Plan& full) const;
+  // A standby whose slot the next plan uses becomes a member-to-be.
+  void promote_standby(Worker& w, const char* why);
+  // A standby ended or never reached the rendezvous: a broken slot, not a
+  // failure; its slot waits (doubling) before the next standby.
+  void standby_lost(Worker& w, const std::string& why);
+  int wanted_standbys();
+  // A ready standby waits on this slot.
+  bool standby_ready_at(const SlotKey& slot) const;
   // ---- stragglers (driver_stragglers.cc) ----
   // Feeds the ranks' commit intervals to the detector, acts on what it
   // finds, and ends the cooldowns of slots left out.
@@ -212,7 +229,7 @@ class Driver {
   std::vector<std::string> stderr_tail(const Worker& w) const;
   bool start_generation(const HostSet& usable);
   bool launch_worker(const RankAssignment& a, const std::string& master_addr, int master_port,
-                     bool in_place = false, bool pending = false);
+                     bool in_place = false, bool pending = false, bool standby = false);
   // In place, a plan that only adds slots: launch their workers as pending
   // replacements (the survivors keep training until they joined).
   void grow_pending(const Plan& next);
@@ -344,6 +361,9 @@ class Driver {
     bool active = false;  // sitting out now
   };
   std::map<SlotKey, Rest> resting_;
+  std::map<SlotKey, Rest> standby_backoff_;  // slots whose standby died: wait before the next
+  std::pair<long, long> standby_scan_key_{-1, -1};  // (discovered_epoch_, generation_) of the last scan
+  bool standby_scan_found_ = false;                 // it found a free slot
   bool all_hosts_local_ = true;  // every discovered host launches locally
   long discovered_version_ = -1;
   long discovered_epoch_ = 0;  // bumps in set_discovered

@@ -415,15 +415,17 @@ void Driver::reconfigure(const char* reason, bool after_failure) {
   // ones are kept until reaped.
   workers_.erase(std::remove_if(workers_.begin(), workers_.end(), [](const Worker& w) { return w.exit.has_value(); }),
                  workers_.end());
-  const Plan full = without_resting(make_plan(generation_ + 1, usable, o_.max_np, &plan_));
+  // A slot no member holds goes to a ready standby (driver_standby.cc).
+  const Plan full = with_standbys(without_resting(make_plan(generation_ + 1, usable, o_.max_np, &plan_)));
   // After a failure, survivors that alone meet --min-np go on at once in a
-  // generation of their own; the free slots get pending replacements.
+  // generation of their own; the free slots get pending replacements. Ready
+  // standbys join with them: the job stays whole.
   Plan next = full;
   bool alone = false;
   if (after_failure) {
     std::vector<SlotKey> kept;
     for (auto& r : full.ranks) {
-      if (slot_held(r.slot, /*pending_too=*/false)) kept.push_back(r.slot);
+      if (slot_held(r.slot, /*pending_too=*/false) || standby_ready_at(r.slot)) kept.push_back(r.slot);
     }
     if (kept.size() < full.ranks.size() && static_cast<int>(kept.size()) >= std::max(o_.min_np, 1)) {
       next = plan_over_slots(generation_ + 1, kept);
@@ -483,8 +485,11 @@ int Driver::reassign_workers(const Plan& next, const Plan* full) {
       continue;
     }
     if (const RankAssignment* a = next.find(w.assignment.slot)) {
+      if (w.standby) promote_standby(w, "a member was lost");
       w.assignment = *a;
       set_state(w, WorkerState::kMember);
+    } else if (w.standby) {
+      continue;  // still a standby (tend_standbys() stops it if its host left)
     } else if (const RankAssignment* f = full && w.pending() ? full->find(w.assignment.slot) : nullptr) {
       w.assignment = *f;  // still pending: it joins with the next growth
     } else {
@@ -500,7 +505,7 @@ bool Driver::replacements_cover(const Plan& next) const {
   std::set<SlotKey> running, pending;
   for (auto& r : plan_.ranks) running.insert(r.slot);
   for (auto& w : workers_) {
-    if (w.pending() && survivor(w)) pending.insert(w.assignment.slot);
+    if (w.pending() && survivor(w) && !w.standby) pending.insert(w.assignment.slot);
   }
   if (pending.empty() || static_cast<size_t>(next.size()) != running.size() + pending.size()) return false;
   return std::all_of(next.ranks.begin(), next.ranks.end(),
@@ -518,6 +523,13 @@ void Driver::replacement_failed(Worker& w, const std::string& why) {
 
 void Driver::grow_pending(const Plan& next) {
   std::vector<std::string> names;
+  for (auto& w : workers_) {
+    // A standby on a slot the job grows into is the new worker, already waiting.
+    if (w.standby && survivor(w) && next.contains(w.assignment.slot)) {
+      promote_standby(w, "the job grows");
+      w.grows = true;
+    }
+  }
   for (auto& a : next.ranks) {
     if (slot_held(a.slot, /*pending_too=*/true)) continue;
     if (launch_worker(a, next.ranks.front().slot.host, 0, /*in_place=*/true, /*pending=*/true)) {
@@ -547,7 +559,7 @@ bool Driver::admit_replacements(const MembershipSnapshot& m) {
   for (auto& j : m.waiting) waiting[j.slot] = &j;
   int ready = 0, starting = 0;
   for (auto& w : workers_) {
-    if (!w.pending() || !survivor(w)) continue;
+    if (!w.pending() || !survivor(w) || w.standby) continue;
     if (auto it = waiting.find(w.assignment.slot); it != waiting.end()) {
       if (!preflight_holds_back(w, *it->second, m)) ++ready;
       continue;
@@ -565,7 +577,7 @@ bool Driver::admit_replacements(const MembershipSnapshot& m) {
   // one hears the announcement).
   if (ready == 0 || starting > 0 || !generation_complete_) return false;
   const bool grows = std::any_of(workers_.begin(), workers_.end(), [&](const Worker& w) {
-    return w.pending() && w.grows && survivor(w);
+    return w.pending() && w.grows && survivor(w) && !w.standby;
   });
   // New slots: a membership change, counted as one (a failure's replacement was counted with it).
   if (grows) count_reset("membership changed");

@@ -78,7 +78,7 @@ WorkerSpec Driver::make_spec(const RankAssignment& a, const std::string& master_
 }
 
 bool Driver::launch_worker(const RankAssignment& a, const std::string& master_addr, int master_port,
-                           bool in_place, bool pending) {
+                           bool in_place, bool pending, bool standby) {
   Worker w;
   w.key = next_key_++;
   w.assignment = a;
@@ -87,12 +87,20 @@ bool Driver::launch_worker(const RankAssignment& a, const std::string& master_ad
   w.fresh = in_place;
   w.launched_generation = generation_;
   w.started = clock_.now();
+  w.standby = standby;
   auto spec = make_spec(a, master_addr, master_port);
+  // A standby waits in its first join for as long as it takes (the driver stops it).
+  if (standby) spec.env.emplace_back("ERUN_STANDBY", "1");
   auto& launcher = launcher_for(a.slot.host, &w.local);
   auto h = launcher.launch(spec);
   if (!h) {
     ERUN_LOG_ERROR("{}: launch failed: {}", who(generation_, a.slot.host, a.rank), h.message());
     w.exit = ExitStatus{127, 0};
+    if (standby) {
+      standby_lost(w, "could not be launched: " + h.message());
+      workers_.push_back(std::move(w));
+      return false;
+    }
     if (pending) {  // the survivors' generation does not include it
       replacement_failed(w, "could not be launched");
       workers_.push_back(std::move(w));

@@ -122,9 +122,10 @@ std::string format_summary(const JobSummary& s) {
                      reasons.empty() ? "" : " (" + reasons + ")", s.hosts_seen, s.hosts_seen == 1 ? "" : "s",
                      s.workers_failed, s.workers_failed == 1 ? "" : "s", s.workers_launched, s.commits_restored,
                      s.commits_restored == 1 ? "" : "s");
-  if (s.drains || s.stragglers || s.takeovers) {
-    out += fmt::format("; {} drain{}, {} straggler{}, {} driver takeover{}", s.drains, s.drains == 1 ? "" : "s",
-                       s.stragglers, s.stragglers == 1 ? "" : "s", s.takeovers, s.takeovers == 1 ? "" : "s");
+  if (s.drains || s.stragglers || s.takeovers || s.standbys_promoted) {
+    out += fmt::format("; {} drain{}, {} straggler{}, {} driver takeover{}, {} standby promotion{}", s.drains,
+                       s.drains == 1 ? "" : "s", s.stragglers, s.stragglers == 1 ? "" : "s", s.takeovers,
+                       s.takeovers == 1 ? "" : "s", s.standbys_promoted, s.standbys_promoted == 1 ? "" : "s");
   }
   if (s.slowest_recovery_s >= 0) {
     out += fmt::format("\n  slowest recovery: {} (generation {}, {})", seconds_text(s.slowest_recovery_s),
@@ -150,6 +151,7 @@ std::vector<EventLog::Field> summary_fields(const JobSummary& s) {
                      {"drains", json_number(s.drains)},
                      {"stragglers", json_number(s.stragglers)},
                      {"takeovers", json_number(s.takeovers)},
+                     {"standbys_promoted", json_number(s.standbys_promoted)},
                      {"slowest_recovery_s", json_number(s.slowest_recovery_s)}});
   return f;
 }
@@ -243,7 +245,9 @@ bool JobAccount::observe_line(std::string_view line) {
   } else if (event == "worker_exited") {
     auto stopped = e.find("stopped_by_erun");
     const long code = static_cast<long>(number(e, "exit_code"));
-    if (code != 0 && !(stopped != e.end() && stopped->is_boolean() && stopped->get<bool>())) {
+    auto standby = e.find("standby");
+    const bool was_standby = standby != e.end() && standby->is_boolean() && standby->get<bool>();
+    if (code != 0 && !was_standby && !(stopped != e.end() && stopped->is_boolean() && stopped->get<bool>())) {
       ++counts_.workers_failed;
       last_fault_ = t;
       mark(t - start_, "failure",
@@ -281,6 +285,10 @@ bool JobAccount::observe_line(std::string_view line) {
     hosts_seen_.insert(now.begin(), now.end());
     current_hosts_ = std::move(now);
     if (!diff.empty()) mark(t - start_, "membership", diff, false);
+  } else if (event == "standby_promoted") {
+    ++counts_.standbys_promoted;
+    mark(t - start_, "standby",
+         fmt::format("standby {}[{}] promoted", text(e, "host"), static_cast<long>(number(e, "slot"))), false);
   } else if (event == "host_blacklisted") {
     blacklisted_.insert(text(e, "host"));
     mark(t - start_, "blacklist", "blacklisted " + text(e, "host"), false);

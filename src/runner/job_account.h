@@ -45,7 +45,7 @@ struct JobSummary {
   long workers_failed = 0;    // exited with an error, or excluded, without erun stopping them
   long workers_launched = 0;  // every worker process erun started
   long commits_restored = 0;  // generations that resumed from a commit kept in host memory
-  long drains = 0, stragglers = 0, takeovers = 0;
+  long drains = 0, stragglers = 0, takeovers = 0, standbys_promoted = 0;
   double slowest_recovery_s = -1;  // reset to the next generation joined; < 0: none
   long slowest_recovery_generation = 0;
   std::string slowest_recovery_reason;

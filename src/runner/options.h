@@ -41,6 +41,8 @@ struct DriverOptions {
   // --preflight on|off: a new host's worker is held back when its pre-flight
   // compute check is far slower than the job's workers'.
   bool preflight = true;
+  // --standby N: standby workers on free slots (-1: 1 when a slot is free; 0: none).
+  int standby = -1;
   double cooldown_min_s = 10;
   double cooldown_max_s = 300;
   int blacklist_after = 2;  // consecutive failures of a host before it is blacklisted

@@ -73,9 +73,28 @@ std::vector<Host> order_hosts(const HostSet& usable, const Plan* previous) {
 Plan make_plan(long generation, const HostSet& usable, int max_np, const Plan* previous) {
   auto hosts = order_hosts(usable, previous);
   int limit = max_np > 0 ? max_np : usable.total_slots();
+  // On each host the slots the previous plan used come first, in its order,
+  // then the lowest free ones: a plan that took a standby's slot in place of
+  // a failed one's keeps it (docs/design.md, "Standbys").
+  std::map<std::string, std::vector<int>> kept;
+  if (previous) {
+    for (auto& r : previous->ranks) kept[r.slot.host].push_back(r.slot.local_index);
+  }
   std::vector<SlotKey> slots;
   for (auto& h : hosts) {
-    for (int s = 0; s < h.slots && static_cast<int>(slots.size()) < limit; ++s) slots.push_back(SlotKey{h.name, s});
+    std::vector<int> order;
+    if (auto it = kept.find(h.name); it != kept.end()) {
+      for (int s : it->second) {
+        if (s < h.slots) order.push_back(s);
+      }
+    }
+    for (int s = 0; s < h.slots; ++s) {
+      if (std::find(order.begin(), order.end(), s) == order.end()) order.push_back(s);
+    }
+    for (int s : order) {
+      if (static_cast<int>(slots.size()) >= limit) break;
+      slots.push_back(SlotKey{h.name, s});
+    }
   }
   return plan_over_slots(generation, slots);
 }

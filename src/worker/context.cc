@@ -94,6 +94,9 @@ WorkerOptions read_worker_options() {
   o.collective_timeout = from_seconds(env_seconds("ERUN_COLLECTIVE_TIMEOUT", 30));
   o.rendezvous_timeout = from_seconds(env_seconds("ERUN_RENDEZVOUS_TIMEOUT", 60));
   o.join_timeout = o.rendezvous_timeout + from_seconds(env_seconds("ERUN_ELASTIC_TIMEOUT", 600));
+  // A standby (docs/design.md, "Standbys") waits in its first join until a
+  // plan takes it; erun stops it when the job ends.
+  if (env_or("ERUN_STANDBY") == "1") o.join_timeout = std::chrono::hours(24 * 365);
   o.driver_grace = from_seconds(env_seconds("ERUN_DRIVER_GRACE", 0));
   o.checkpoint_dir = env_or("ERUN_CHECKPOINT_DIR");
   o.commit_dir = env_or("ERUN_COMMIT_DIR");

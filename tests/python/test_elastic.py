@@ -231,3 +231,37 @@ def test_alone_under_mpirun_and_in_restart_mode(ws, reference):
                         ws.script("train_exact.py")] + ARGS)
         assert mpi.wait(300) == 0, mpi.out + mpi.err
         assert checksum(mpi.out) == reference, mpi.out
+
+
+def test_a_lost_worker_is_replaced_by_a_warm_standby(ws, reference):
+    """A script that spends 5 s before erun.init() (CUDA and data loading,
+    say): the free fourth slot runs it up to its first join as a standby, and
+    a SIGKILLed member's place goes to that process at once, without the 5 s."""
+    ws.hosts("node-a:2\nnode-b:2\n")
+    job = ws.erun(["-np", "3", "--min-np", "2", "--max-np", "3"], "train_exact.py",
+                  ARGS + ["--step-ms", "300", "--startup-s", "5"], discovery=True)
+    assert job.wait_events("standby_ready", 1, 120), job.err
+    standby = job.events("standby_ready")[0]
+    assert job.wait_output(r"epoch 0 ", 120), job.out + job.err
+    members = started_pids(job, 3)
+    assert len(members) == 3, job.out
+    on_b = [p for p in members if b"\0ERUN_HOSTNAME=node-b\0" in b"\0" + open(f"/proc/{p}/environ", "rb").read()]
+    assert on_b, "no member on node-b"
+    os.kill(on_b[0], signal.SIGKILL)
+    assert job.wait_events("standby_promoted", 1, 60), job.err
+    promoted = job.events("standby_promoted")[0]
+    assert (promoted["host"], promoted["slot"]) == (standby["host"], standby["slot"])
+    gen = promoted["generation"]
+    assert job.wait_events("generation_joined", 1, 60)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not any(e["generation"] == gen for e in job.events("generation_joined")):
+        time.sleep(0.05)
+    killed = next(e for e in job.events("worker_exited") if e["exit_code"] == 137)
+    back = next(e for e in job.events("generation_joined") if e["generation"] == gen)
+    size = next(e for e in job.events("generation_started") if e["generation"] == gen)["size"]
+    assert size == 3, job.events("generation_started")
+    took = back["t"] - killed["t"]
+    print(f"standby: back at 3 ranks {took:.3f} s after the SIGKILL (the script's start-up: 5 s)")
+    # A cold replacement pays the 5 s before erun.init(); the standby paid it before the kill.
+    assert took < 3.0, took
+    expect_trained_exactly(job, reference, ws)

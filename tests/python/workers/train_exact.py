@@ -13,7 +13,7 @@ collectives (NCCL in a world of one, the host-staged path for ranks sharing a
 GPU). Such a run ends at the checksum of an uninterrupted CUDA run (cuBLAS in
 its deterministic mode), not a CPU run's.
 
-    train_exact.py [--epochs 4] [--samples 1024] [--batch 16] [--step-ms 0] [--device cpu|cuda]
+    train_exact.py [--epochs 4] [--samples 1024] [--batch 16] [--step-ms 0] [--device cpu|cuda] [--startup-s 0]
 """
 import argparse
 import hashlib
@@ -51,8 +51,11 @@ def main():
     ap.add_argument("--step-ms", type=int, default=0)
     ap.add_argument("--fail-at-step", type=int, default=-1, help="raise ValueError at this step (a user error)")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--startup-s", type=float, default=0,
+                    help="seconds spent before erun.init(), as CUDA and data loading would")
     o = ap.parse_args()
     torch.set_num_threads(1)
+    time.sleep(o.startup_s)
     erun.init()
     device = torch.device("cpu")
     if o.device == "cuda":

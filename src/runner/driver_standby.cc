@@ -1,0 +1,157 @@
+// Standbys (docs/design.md, "Standbys"): on free slots (discovered beyond
+// the plan) erun runs the program up to its first join, where it waits as a
+// pending worker of no plan; when a member is lost, the next plan takes a
+// ready standby's slot in its place, so the job is back at full size as soon
+// as the survivors re-join, without paying the program's start-up.
+#include <algorithm>
+#include <set>
+
+#include <fmt/format.h>
+
+#include "common/log.h"
+#include "runner/driver.h"
+
+namespace erun {
+
+namespace {
+constexpr double kStandbyBackoffFirst = 1.0;  // seconds before a dead standby's slot gets another
+constexpr double kStandbyBackoffMax = 60.0;
+}  // namespace
+
+int Driver::wanted_standbys() {
+  if (o_.standby == 0 || !d_.membership || !in_place_possible()) return 0;
+  return o_.standby < 0 ? 1 : o_.standby;
+}
+
+void Driver::tend_standbys(const MembershipSnapshot& m) {
+  std::set<SlotKey> waiting;
+  for (auto& j : m.waiting) waiting.insert(j.slot);
+  // The plan cache's hosts (follow_membership() brought them up to date this tick).
+  const HostSet& usable = plan_cache_.usable();
+  auto usable_slot = [&](const SlotKey& s) { return s.local_index < usable.slots_of(s.host); };
+  int live = 0;
+  for (auto& w : workers_) {
+    if (!w.standby || !survivor(w)) continue;
+    if (!usable_slot(w.assignment.slot) || any_success_) {
+      // Its host left (discovery, a drain, the blacklist) or training is over.
+      ERUN_LOG_INFO("{}[{}]: standby stopped ({})", w.assignment.slot.host, w.assignment.slot.local_index,
+                    any_success_ ? "the job is finishing" : "its host left the job");
+      w.handle->terminate();
+      set_state(w, WorkerState::kStopping);
+      continue;
+    }
+    if (waiting.count(w.assignment.slot)) {
+      if (!w.standby_ready) {
+        w.standby_ready = true;
+        const double took = seconds(clock_.now() - w.started);
+        ERUN_LOG_INFO("{}[{}]: standby ready after {:.2f} s (started, waiting in the rendezvous)",
+                      w.assignment.slot.host, w.assignment.slot.local_index, took);
+        if (d_.events) {
+          d_.events->write("standby_ready", {{"host", json_string(w.assignment.slot.host)},
+                                             {"slot", json_number(long{w.assignment.slot.local_index})},
+                                             {"seconds", json_number(took)}});
+        }
+      }
+    } else if (!w.standby_ready && clock_.now() - w.started > o_.rendezvous_timeout) {
+      w.handle->kill();
+      standby_lost(w, fmt::format("did not reach the rendezvous within --rendezvous-timeout {:.0f} s; killed",
+                                  seconds(o_.rendezvous_timeout)));
+      continue;
+    }
+    ++live;
+  }
+  const int want = wanted_standbys();
+  if (live >= want || any_success_ || !generation_complete_ || phase() != JobPhase::kRunning) return;
+  // Free slots, hosts of the plan first (a standby beside the members it may
+  // replace): listed again only when the hosts or the plan changed.
+  const auto key = std::make_pair(discovered_epoch_, generation_);
+  if (standby_scan_key_ == key && !standby_scan_found_) return;
+  standby_scan_key_ = key;
+  standby_scan_found_ = false;
+  std::vector<const Host*> order;
+  std::set<std::string> ordered;
+  for (auto& name : plan_.hosts()) {
+    if (int i = usable.find(name); i >= 0 && ordered.insert(name).second) {
+      order.push_back(&usable.hosts()[static_cast<size_t>(i)]);
+    }
+  }
+  for (auto& h : usable.hosts()) {
+    if (ordered.insert(h.name).second) order.push_back(&h);
+  }
+  const auto now = clock_.now();
+  for (const Host* h : order) {
+    for (int i = 0; i < h->slots && live < want; ++i) {
+      const SlotKey slot{h->name, i};
+      if (plan_.contains(slot) || slot_held(slot, /*pending_too=*/true) || resting(slot)) continue;
+      standby_scan_found_ = true;
+      if (auto b = standby_backoff_.find(slot); b != standby_backoff_.end() && b->second.active) {
+        if (now < b->second.until) continue;
+        b->second.active = false;
+      }
+      RankAssignment a = plan_over_slots(generation_, {slot}).ranks.front();
+      a.rank = -1;  // none yet: its rank comes with the plan that promotes it
+      if (launch_worker(a, plan_.ranks.empty() ? h->name : plan_.ranks.front().slot.host, 0, /*in_place=*/true,
+                        /*pending=*/true, /*standby=*/true)) {
+        ERUN_LOG_INFO("{}[{}]: standby started (--standby {})", h->name, i, want);
+        ++live;
+      }
+    }
+    if (live >= want) break;
+  }
+}
+
+bool Driver::standby_ready_at(const SlotKey& slot) const {
+  return std::any_of(workers_.begin(), workers_.end(), [&](const Worker& w) {
+    return w.standby && w.standby_ready && survivor(w) && w.assignment.slot == slot;
+  });
+}
+
+Plan Driver::with_standbys(const Plan& full) const {
+  std::vector<const Worker*> ready;
+  for (auto& w : workers_) {
+    if (w.standby && w.standby_ready && survivor(w) && !full.contains(w.assignment.slot)) ready.push_back(&w);
+  }
+  if (ready.empty()) return full;
+  std::vector<SlotKey> slots;
+  bool swapped = false;
+  for (auto& r : full.ranks) {
+    if (slot_held(r.slot, /*pending_too=*/true) || ready.empty()) {
+      slots.push_back(r.slot);
+      continue;
+    }
+    // The nearest standby: on the same host, else the first.
+    auto it = std::find_if(ready.begin(), ready.end(),
+                           [&](const Worker* w) { return w->assignment.slot.host == r.slot.host; });
+    if (it == ready.end()) it = ready.begin();
+    slots.push_back((*it)->assignment.slot);
+    ready.erase(it);
+    swapped = true;
+  }
+  return swapped ? plan_over_slots(full.generation, slots) : full;
+}
+
+void Driver::promote_standby(Worker& w, const char* why) {
+  w.standby = false;
+  ERUN_LOG_INFO("{}: standby {}[{}] promoted ({}): it joins without starting again", who(generation_),
+                w.assignment.slot.host, w.assignment.slot.local_index, why);
+  if (d_.events) {
+    d_.events->write("standby_promoted", {{"generation", json_number(generation_)},
+                                          {"host", json_string(w.assignment.slot.host)},
+                                          {"slot", json_number(long{w.assignment.slot.local_index})},
+                                          {"reason", json_string(why)}});
+  }
+}
+
+void Driver::standby_lost(Worker& w, const std::string& why) {
+  Rest& b = standby_backoff_[w.assignment.slot];
+  const double wait = std::min(kStandbyBackoffMax, kStandbyBackoffFirst * (1 << std::min(b.times, 6)));
+  ++b.times;
+  b.until = clock_.now() + from_seconds(wait);
+  b.active = true;
+  ERUN_LOG_WARN("{}[{}]: standby {}; another is started there in {:.0f} s (the job is not affected)",
+                w.assignment.slot.host, w.assignment.slot.local_index, why, wait);
+  set_state(w, WorkerState::kExcluded);
+  standby_scan_key_ = {-1, -1};  // look for free slots again
+}
+
+}  // namespace erun

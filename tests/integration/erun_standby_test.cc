@@ -1,0 +1,173 @@
+// Standbys (--standby; docs/design.md, "Standbys"): examples/train_mlp (a
+// copy of its own, found by path) on two simulated hosts of two slots under
+// the real erun, -np 3 --max-np 3: the fourth slot runs a standby, started
+// and waiting in its first join. A member SIGKILLed is replaced by that very
+// process, in the generation the survivors re-join (no cold start, no
+// generation without it), and a new standby starts on the freed slot; the
+// job ends at the uninterrupted model. A standby killed while it waits is
+// replaced without touching the job. Nothing is left, also after SIGINT.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <regex>
+#include <thread>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "support/erun_process.h"
+#include "support/process_utils.h"
+
+namespace erun::testing {
+namespace {
+
+using namespace std::chrono_literals;
+
+class ErunStandby : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_FALSE(uninterrupted_checksum().empty());
+    program_ = dir_.file("train_mlp_standby");
+    std::filesystem::copy_file(build_path("examples/train_mlp"), program_);
+    ::chmod(program_.c_str(), 0755);
+    dir_.write("hosts", "127.0.0.2:2\n127.0.0.3:2\n");
+    dir_.write("discover.sh", "#!/bin/sh\ncat " + dir_.file("hosts") + "\n", true);
+  }
+  void TearDown() override {
+    std::vector<pid_t> left;
+    EXPECT_TRUE(wait_no_process(program_, 30s, &left)) << describe_pids(left);
+  }
+  std::vector<std::string> args(std::vector<std::string> extra = {}) {
+    std::vector<std::string> a = {"--launcher", "local", "--host-discovery-script", dir_.file("discover.sh"),
+                                  "--discovery-interval", "0.2", "-np", "3", "--min-np", "2", "--max-np", "3",
+                                  "--term-grace", "2", "--event-log", dir_.file("events.jsonl")};
+    a.insert(a.end(), extra.begin(), extra.end());
+    a.push_back(program_);
+    a.insert(a.end(), kTrainMlpArgs.begin(), kTrainMlpArgs.end());
+    return a;
+  }
+  std::vector<nlohmann::json> events(const std::string& name) const {
+    std::vector<nlohmann::json> out;
+    std::istringstream in(read_file(dir_.file("events.jsonl")));
+    std::string line;
+    while (std::getline(in, line)) {
+      auto e = nlohmann::json::parse(line, nullptr, false);
+      if (e.is_object() && e["event"] == name) out.push_back(e);
+    }
+    return out;
+  }
+  bool wait_events(const std::string& name, size_t n, Duration limit) const {
+    for (auto until = std::chrono::steady_clock::now() + limit; std::chrono::steady_clock::now() < until;) {
+      if (events(name).size() >= n) return true;
+      std::this_thread::sleep_for(50ms);
+    }
+    return events(name).size() >= n;
+  }
+  // The worker process on `host` slot `slot` (ERUN_LOCAL_INDEX), or 0.
+  pid_t worker_at(const std::string& host, int slot) const {
+    for (pid_t pid : pids_with_cmdline(program_)) {
+      const std::string env = environ_of(pid);
+      if (env.find("\nERUN_HOSTNAME=" + host + "\n") != std::string::npos &&
+          env.find(fmt::format("\nERUN_LOCAL_INDEX={}\n", slot)) != std::string::npos &&
+          read_file("/proc/" + std::to_string(pid) + "/cmdline").rfind(program_ + std::string(1, '\0'), 0) == 0) {
+        return pid;
+      }
+    }
+    return 0;
+  }
+  // The standby's slot from its standby_ready event.
+  static std::pair<std::string, int> slot_of(const nlohmann::json& e) {
+    return {e["host"].get<std::string>(), e["slot"].get<int>()};
+  }
+
+  TempDir dir_;
+  std::string program_;
+};
+
+TEST_F(ErunStandby, ALostMemberIsReplacedByTheWaitingStandbyProcess) {
+  ErunProcess p(args());
+  ASSERT_TRUE(p.started()) << p.start_error();
+  ASSERT_TRUE(wait_events("standby_ready", 1, 120s)) << p.err();
+  const auto [standby_host, standby_slot] = slot_of(events("standby_ready").front());
+  const pid_t standby = worker_at(standby_host, standby_slot);
+  ASSERT_GT(standby, 0) << "no standby process on " << standby_host << "[" << standby_slot << "]";
+  ASSERT_TRUE(p.wait_output("epoch 2 ", 120s)) << p.out() << p.err();
+  const size_t joined_before = events("generation_joined").size();
+
+  // A member on the other slot of the standby's host (the nearest standby).
+  const pid_t victim = worker_at(standby_host, 1 - standby_slot);
+  ASSERT_GT(victim, 0);
+  ASSERT_EQ(::kill(victim, SIGKILL), 0);
+  ASSERT_TRUE(wait_events("standby_promoted", 1, 30s)) << p.err();
+  ASSERT_TRUE(wait_events("generation_joined", joined_before + 1, 30s)) << p.err();
+
+  // The generation after the kill has three ranks, the standby's slot among
+  // them, and the standby's process is the one that joined: no cold start.
+  const auto started = events("generation_started");
+  const auto promoted = events("standby_promoted").front();
+  EXPECT_EQ(slot_of(promoted), std::make_pair(standby_host, standby_slot)) << promoted.dump();
+  const auto next = std::find_if(started.begin(), started.end(), [&](const nlohmann::json& e) {
+    return e["generation"] == promoted["generation"];
+  });
+  ASSERT_NE(next, started.end());
+  EXPECT_EQ((*next)["size"], 3) << next->dump() << "\n" << p.err();
+  EXPECT_TRUE(pid_alive(standby)) << "the standby's process is gone";
+  const auto exited = events("worker_exited");
+  const auto joined = events("generation_joined");
+  double killed_at = -1, back_at = -1;
+  for (auto& e : exited) {
+    if (e["exit_code"] == 137 && killed_at < 0) killed_at = e["t"].get<double>();
+  }
+  for (auto& e : joined) {
+    if (e["generation"] == promoted["generation"]) back_at = e["t"].get<double>();
+  }
+  ASSERT_GE(killed_at, 0);
+  ASSERT_GE(back_at, killed_at);
+  std::printf("standby: back at 3 ranks %.3f s after the SIGKILL (event log)\n", back_at - killed_at);
+
+  // A new standby on the freed slot, then the end at the exact model.
+  EXPECT_TRUE(wait_events("standby_ready", 2, 60s)) << p.err();
+  ASSERT_NO_FATAL_FAILURE(expect_trained_exactly(p, uninterrupted_checksum()));
+  // Its death was no host failure: nothing blacklisted, one reset.
+  EXPECT_TRUE(events("host_blacklisted").empty());
+}
+
+TEST_F(ErunStandby, AStandbyKilledWhileWaitingIsReplacedAndTheJobGoesOn) {
+  ErunProcess p(args());
+  ASSERT_TRUE(wait_events("standby_ready", 1, 120s)) << p.err();
+  const auto [host, slot] = slot_of(events("standby_ready").front());
+  const pid_t standby = worker_at(host, slot);
+  ASSERT_GT(standby, 0);
+  const size_t generations = events("generation_started").size();
+  ASSERT_EQ(::kill(standby, SIGKILL), 0);
+  ASSERT_TRUE(wait_events("standby_ready", 2, 60s)) << p.err();
+  EXPECT_NE(worker_at(host, slot), standby);
+  // The job did not notice: no reset, no new generation.
+  EXPECT_TRUE(events("reset").empty()) << read_file(dir_.file("events.jsonl"));
+  EXPECT_EQ(events("generation_started").size(), generations);
+  ASSERT_NO_FATAL_FAILURE(expect_trained_exactly(p, uninterrupted_checksum()));
+  EXPECT_TRUE(events("host_blacklisted").empty());
+}
+
+TEST_F(ErunStandby, NothingIsLeftAfterSigint) {
+  ErunProcess p(args());
+  ASSERT_TRUE(wait_events("standby_ready", 1, 120s)) << p.err();
+  p.signal(SIGINT);
+  auto s = p.wait(60s);
+  ASSERT_TRUE(s) << p.err();
+  // TearDown: no process of the program (members and standby) is left.
+}
+
+TEST_F(ErunStandby, NoneWithStandbyZero) {
+  ErunProcess p(args({"--standby", "0"}));
+  ASSERT_TRUE(p.wait_output("epoch 3 ", 120s)) << p.out() << p.err();
+  EXPECT_TRUE(events("standby_ready").empty());
+  EXPECT_EQ(worker_at("127.0.0.3", 1), 0) << "a worker on the free slot";
+  ASSERT_NO_FATAL_FAILURE(expect_trained_exactly(p, uninterrupted_checksum()));
+}
+
+}  // namespace
+}  // namespace erun::testing
