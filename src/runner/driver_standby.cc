@@ -62,8 +62,10 @@ void Driver::tend_standbys(const MembershipSnapshot& m) {
   }
   const int want = wanted_standbys();
   if (live >= want || any_success_ || !generation_complete_ || phase() != JobPhase::kRunning) return;
-  // Free slots, hosts of the plan first (a standby beside the members it may
-  // replace): listed again only when the hosts or the plan changed.
+  // Free slots of the hosts that run members (a standby beside the members
+  // it may replace): listed again only when the hosts or the plan changed.
+  // Hosts without a member stay spare: they keep commit replicas
+  // (--commit-replicas), which a worker of theirs would get in the way of.
   const auto key = std::make_pair(discovered_epoch_, generation_);
   if (standby_scan_key_ == key && !standby_scan_found_) return;
   standby_scan_key_ = key;
@@ -74,9 +76,6 @@ void Driver::tend_standbys(const MembershipSnapshot& m) {
     if (int i = usable.find(name); i >= 0 && ordered.insert(name).second) {
       order.push_back(&usable.hosts()[static_cast<size_t>(i)]);
     }
-  }
-  for (auto& h : usable.hosts()) {
-    if (ordered.insert(h.name).second) order.push_back(&h);
   }
   const auto now = clock_.now();
   for (const Host* h : order) {
