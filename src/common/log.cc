@@ -2,7 +2,9 @@
 
 #include <spdlog/sinks/base_sink.h>
 
+#include <cstdlib>
 #include <mutex>
+#include <string_view>
 
 #include "common/status_line.h"
 
@@ -23,6 +25,9 @@ class StderrSink final : public spdlog::sinks::base_sink<std::mutex> {
 }  // namespace
 
 void init_logging(bool verbose, bool quiet) {
+  // Agents and workers of an erun that keeps a status line (ERUN_QUIET=1,
+  // which they inherit) say only warnings and errors too.
+  if (const char* q = std::getenv("ERUN_QUIET"); q && std::string_view(q) == "1") quiet = true;
   static std::once_flag once;
   std::call_once(once, [] {
     auto logger = std::make_shared<spdlog::logger>("erun", std::make_shared<StderrSink>());

@@ -418,7 +418,10 @@ class JobView {
   bool start() {
     status_ = !o_.no_status && erun::StatusLine::get().enable();
     // Under the status line the info lines it replaces are left out (-v: all).
-    if (status_) erun::init_logging(o_.verbose, /*quiet=*/true);
+    if (status_ && !o_.verbose) {
+      erun::init_logging(false, /*quiet=*/true);
+      ::setenv("ERUN_QUIET", "1", 1);  // local agents inherit it; workers get it (worker_env)
+    }
     if (o_.metrics_port < 0) return true;
     if (auto s = metrics_.start(o_.metrics_addr, o_.metrics_port); !s) {
       std::fprintf(stderr, "erun: %s\n", s.message().c_str());
