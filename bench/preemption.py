@@ -33,7 +33,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from procs import checksum, children_of, parent_of, wait_for, worker_on  # noqa: E402
+from procs import checksum, children_of, discovery_script, parent_of, wait_for, worker_on  # noqa: E402
 
 
 def args_for(commit_every):
@@ -57,12 +57,7 @@ def wall(e):
 
 
 def one_run(erun, program, work, drain, target, commit_every, reference, delay):
-    with open(os.path.join(work, "hosts"), "w") as f:
-        f.write("127.0.0.2:1\n127.0.0.3:1\n")
-    disc = os.path.join(work, "discover.sh")
-    with open(disc, "w") as f:
-        f.write(f"#!/bin/sh\ncat {work}/hosts\n")
-    os.chmod(disc, 0o755)
+    disc = discovery_script(work, "127.0.0.2:1\n127.0.0.3:1\n")
     events = os.path.join(work, "events.jsonl")
     cmd = [erun, "--driver-grace", "0", "--launcher", "local", "--host-discovery-script", disc,
            "--discovery-interval", "0.2", "-np", "2", "--min-np", "1", "--term-grace", "2",

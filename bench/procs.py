@@ -1,5 +1,5 @@
 """Helpers the fault benchmarks share (bench/preemption.py, bench/stragglers.py):
-waiting for a line, the model checksum, finding a worker by its host, and
+waiting for a line, the discovery script, the model checksum, finding a worker by its host, and
 slowing a process down."""
 import os
 import re
@@ -16,6 +16,19 @@ def wait_for(path, text, limit):
             return True
         time.sleep(0.01)
     return False
+
+
+def discovery_script(work, hosts):
+    """Writes `hosts` (discovery lines) to WORK/hosts and a script that prints
+    that file, WORK/discover.sh: a benchmark changes the hosts by rewriting
+    the file. Returns the script's path."""
+    with open(os.path.join(work, "hosts"), "w") as f:
+        f.write(hosts)
+    disc = os.path.join(work, "discover.sh")
+    with open(disc, "w") as f:
+        f.write(f"#!/bin/sh\ncat {work}/hosts\n")
+    os.chmod(disc, 0o755)
+    return disc
 
 
 def checksum(text):

@@ -29,7 +29,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from procs import checksum, wait_for  # noqa: E402
+from procs import checksum, discovery_script, wait_for  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CPP_ARGS = ["--samples", "8000", "--epochs", "8", "--batch", "256", "--commit-every", "5", "--step-ms", "40"]
@@ -75,12 +75,7 @@ def member_on(marker, host):
 
 
 def one_run(erun, command, program, work, standby):
-    with open(os.path.join(work, "hosts"), "w") as f:
-        f.write("127.0.0.2:2\n127.0.0.3:2\n")
-    disc = os.path.join(work, "discover.sh")
-    with open(disc, "w") as f:
-        f.write(f"#!/bin/sh\ncat {work}/hosts\n")
-    os.chmod(disc, 0o755)
+    disc = discovery_script(work, "127.0.0.2:2\n127.0.0.3:2\n")
     ev = os.path.join(work, "events.jsonl")
     cmd = [erun, "--driver-grace", "0", "--launcher", "local", "--host-discovery-script", disc,
            "--discovery-interval", "0.2", "-np", "3", "--min-np", "2", "--max-np", "3", "--term-grace", "2",

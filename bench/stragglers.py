@@ -28,7 +28,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from procs import checksum, slow_down, wait_for, worker_on  # noqa: E402
+from procs import checksum, discovery_script, slow_down, wait_for, worker_on  # noqa: E402
 
 ARGS = ["--samples", "8000", "--epochs", "10", "--batch", "256", "--commit-every", "5", "--step-ms", "40"]
 
@@ -44,12 +44,7 @@ def epoch_run(erun, build, policy, slowed, reference):
     program = os.path.join(work, "train_mlp_straggler")
     shutil.copy(os.path.join(build, "examples/train_mlp"), program)
     try:
-        with open(os.path.join(work, "hosts"), "w") as f:
-            f.write("".join(f"127.0.0.{2 + i}:1\n" for i in range(4)))
-        disc = os.path.join(work, "discover.sh")
-        with open(disc, "w") as f:
-            f.write(f"#!/bin/sh\ncat {work}/hosts\n")
-        os.chmod(disc, 0o755)
+        disc = discovery_script(work, "".join(f"127.0.0.{2 + i}:1\n" for i in range(4)))
         cmd = [erun, "--driver-grace", "0", "--launcher", "local", "--host-discovery-script", disc,
                "--discovery-interval", "0.2", "-np", "4", "--min-np", "2", "--stragglers", policy,
                "--blacklist-cooldown-range", "600", "600", program] + ARGS

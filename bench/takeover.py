@@ -26,6 +26,9 @@ import tempfile
 import time
 from datetime import datetime, timezone
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from procs import discovery_script  # noqa: E402
+
 ARGS = ["--samples", "8000", "--epochs", "8", "--batch", "256", "--commit-every", "5", "--step-ms", "40"]
 
 
@@ -51,12 +54,7 @@ def checksum(text):
 
 
 def one_run(erun, program, work, hosts, slots, reference):
-    with open(os.path.join(work, "hosts"), "w") as f:
-        f.write("".join(f"127.0.0.{2 + i}:{slots}\n" for i in range(hosts)))
-    disc = os.path.join(work, "discover.sh")
-    with open(disc, "w") as f:
-        f.write(f"#!/bin/sh\ncat {work}/hosts\n")
-    os.chmod(disc, 0o755)
+    disc = discovery_script(work, "".join(f"127.0.0.{2 + i}:{slots}\n" for i in range(hosts)))
     np = hosts * slots
     cmd = [erun, "--driver-grace", "30", "--launcher", "local", "--host-discovery-script", disc,
            "--discovery-interval", "0.2", "-np", str(np), program] + ARGS

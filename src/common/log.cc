@@ -24,10 +24,11 @@ class StderrSink final : public spdlog::sinks::base_sink<std::mutex> {
 
 }  // namespace
 
-void init_logging(bool verbose, bool quiet) {
-  // Agents and workers of an erun that keeps a status line (ERUN_QUIET=1,
-  // which they inherit) say only warnings and errors too.
-  if (const char* q = std::getenv("ERUN_QUIET"); q && std::string_view(q) == "1") quiet = true;
+void init_logging(bool verbose) {
+  // Under erun's status line (ERUN_QUIET=1: erun itself, its agents and its
+  // workers, which inherit it) only warnings and errors are said.
+  const char* q = std::getenv("ERUN_QUIET");
+  const bool quiet = q && std::string_view(q) == "1";
   static std::once_flag once;
   std::call_once(once, [] {
     auto logger = std::make_shared<spdlog::logger>("erun", std::make_shared<StderrSink>());

@@ -11,9 +11,10 @@
 namespace erun {
 
 // Sets up the "erun" logger (stderr, timestamps, under the status line);
-// idempotent. verbose enables debug lines; quiet (a terminal with the status
-// line, which says what the info lines would) keeps warnings and errors only.
-void init_logging(bool verbose, bool quiet = false);
+// idempotent. verbose enables debug lines; ERUN_QUIET=1 in the environment (a
+// terminal with the status line, which says what the info lines would) keeps
+// warnings and errors only.
+void init_logging(bool verbose);
 
 // "gen 3 127.0.0.2 rank 1" (parts with a negative value or an empty host are left out).
 std::string who(long generation, std::string_view host = {}, int rank = -1);

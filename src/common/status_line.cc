@@ -1,34 +1,14 @@
 #include "common/status_line.h"
 
-#include <poll.h>
 #include <sys/ioctl.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 
+#include "common/subprocess.h"
+
 namespace erun {
-namespace {
-
-bool write_fully(int fd, std::string_view data) {
-  while (!data.empty()) {
-    ssize_t n = ::write(fd, data.data(), data.size());
-    if (n > 0) {
-      data.remove_prefix(static_cast<size_t>(n));
-    } else if (n < 0 && errno == EINTR) {
-      continue;
-    } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      pollfd p{fd, POLLOUT, 0};
-      ::poll(&p, 1, 1000);
-    } else {
-      return false;
-    }
-  }
-  return true;
-}
-
-}  // namespace
 
 StatusLine& StatusLine::get() {
   static StatusLine line;
@@ -39,11 +19,6 @@ bool StatusLine::enable() {
   std::lock_guard<std::mutex> lock(mu_);
   const char* term = std::getenv("TERM");
   enabled_ = ::isatty(2) == 1 && !(term && std::strcmp(term, "dumb") == 0);
-  return enabled_;
-}
-
-bool StatusLine::enabled() const {
-  std::lock_guard<std::mutex> lock(mu_);
   return enabled_;
 }
 
@@ -61,10 +36,10 @@ bool StatusLine::write_above(int fd, std::string_view data) {
     // Nothing to lift: no lock held while writing, so a stuck stdout (a
     // reader that stopped) never holds up erun's log on stderr.
     lock.unlock();
-    return write_fully(fd, data);
+    return write_all(fd, data);
   }
   erase_locked();
-  bool ok = write_fully(fd, data);
+  bool ok = write_all(fd, data);
   draw_locked();
   return ok;
 }
@@ -76,7 +51,7 @@ void StatusLine::close() {
 }
 
 void StatusLine::erase_locked() {
-  (void)write_fully(2, "\r\033[K");
+  (void)write_all(2, "\r\033[K");
   drawn_ = false;
 }
 
@@ -84,7 +59,7 @@ void StatusLine::draw_locked() {
   winsize ws{};
   size_t width = ::ioctl(2, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 1 ? ws.ws_col - 1 : 79;
   std::string line = "\r\033[K" + text_.substr(0, width);
-  drawn_ = write_fully(2, line);
+  drawn_ = write_all(2, line);
 }
 
 }  // namespace erun

@@ -20,7 +20,6 @@ class StatusLine {
   // Turns the line on when stderr is a terminal whose TERM is not "dumb";
   // returns whether it is on.
   bool enable();
-  bool enabled() const;
   // Replaces the line's text (cut to the terminal's width).
   void show(const std::string& text);
   // Writes all of `data` to `fd` (a blocking write, EINTR retried) with the
@@ -33,7 +32,7 @@ class StatusLine {
   void erase_locked();
   void draw_locked();
 
-  mutable std::mutex mu_;
+  std::mutex mu_;
   bool enabled_ = false;
   bool drawn_ = false;
   std::string text_;

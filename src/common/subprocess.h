@@ -121,4 +121,11 @@ class Subprocess {
 // false on timeout. The fd is made non-blocking.
 bool read_all_until(int fd, std::string& out, TimePoint deadline);
 
+// Writes all of `data` to fd (a pipe or a terminal: EINTR retried, a full
+// non-blocking fd waited for); false when the fd is gone (EPIPE, EBADF...).
+bool write_all(int fd, std::string_view data);
+
+// This program's own path (/proc/self/exe); "" when it cannot be read.
+std::string own_executable();
+
 }  // namespace erun

@@ -121,6 +121,8 @@ class Driver {
     TimePoint started{};
     bool alive() const { return !exit && handle; }
     bool pending() const { return state == WorkerState::kPending; }
+    // Pending for a plan: a failed rank's replacement or a growth's worker (not a standby).
+    bool replacement() const { return pending() && !standby; }
     // Out of the running plan for good: retiring or excluded.
     bool left_out() const { return state == WorkerState::kRetiring || state == WorkerState::kExcluded; }
   };

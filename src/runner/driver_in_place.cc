@@ -505,7 +505,7 @@ bool Driver::replacements_cover(const Plan& next) const {
   std::set<SlotKey> running, pending;
   for (auto& r : plan_.ranks) running.insert(r.slot);
   for (auto& w : workers_) {
-    if (w.pending() && survivor(w) && !w.standby) pending.insert(w.assignment.slot);
+    if (w.replacement() && survivor(w)) pending.insert(w.assignment.slot);
   }
   if (pending.empty() || static_cast<size_t>(next.size()) != running.size() + pending.size()) return false;
   return std::all_of(next.ranks.begin(), next.ranks.end(),
@@ -559,7 +559,7 @@ bool Driver::admit_replacements(const MembershipSnapshot& m) {
   for (auto& j : m.waiting) waiting[j.slot] = &j;
   int ready = 0, starting = 0;
   for (auto& w : workers_) {
-    if (!w.pending() || !survivor(w) || w.standby) continue;
+    if (!w.replacement() || !survivor(w)) continue;
     if (auto it = waiting.find(w.assignment.slot); it != waiting.end()) {
       if (!preflight_holds_back(w, *it->second, m)) ++ready;
       continue;
@@ -577,7 +577,7 @@ bool Driver::admit_replacements(const MembershipSnapshot& m) {
   // one hears the announcement).
   if (ready == 0 || starting > 0 || !generation_complete_) return false;
   const bool grows = std::any_of(workers_.begin(), workers_.end(), [&](const Worker& w) {
-    return w.pending() && w.grows && survivor(w) && !w.standby;
+    return w.replacement() && w.grows && survivor(w);
   });
   // New slots: a membership change, counted as one (a failure's replacement was counted with it).
   if (grows) count_reset("membership changed");

@@ -362,7 +362,6 @@ JobSummary JobAccount::summary(double now) const {
   s.spent = spent_;
   s.spent[static_cast<int>(phase_)] += std::max(0.0, end - phase_since_);
   s.wall_s = end - start_;
-  s.generations = counts_.generations;
   return s;
 }
 

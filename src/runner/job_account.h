@@ -124,7 +124,6 @@ class JobAccount {
   Spent phase_ = Spent::kStartup;
   double phase_since_ = 0;
   std::array<double, kSpentKinds> spent_{};
-  double training_since_commit_ = 0;  // training seconds since the current stretch began
 
   JobSummary counts_;
   long generation_ = 0, world_ = 0, pending_size_ = 0;

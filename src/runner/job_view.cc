@@ -44,14 +44,6 @@ std::string label(std::string_view v) {
 // hundredths, a restart in seconds, a wait for hosts in minutes.
 constexpr double kRecoveryBuckets[] = {0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300};
 
-std::string self_directory() {
-  char buf[4096];
-  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
-  if (n <= 0) return ".";
-  std::string p(buf, static_cast<size_t>(n));
-  return p.substr(0, p.rfind('/'));
-}
-
 // Runs erun/report.py as __main__: the file erun found beside itself, else
 // the one of this python's erun package, found without importing it (its
 // __init__ loads the compiled extension).
@@ -113,7 +105,8 @@ std::string report_file(const std::string& dir) {
 }
 
 int draw(const JobAccount& account, double now, const std::string& output, const std::string& format) {
-  const std::string dir = self_directory();
+  const std::string self = own_executable();
+  const std::string dir = self.empty() ? "." : self.substr(0, self.rfind('/'));
   std::vector<std::string> env;
   for (char** e = environ; *e; ++e) {
     if (std::strncmp(*e, "ERUN_REPORT_", 12) != 0) env.emplace_back(*e);
@@ -137,13 +130,7 @@ int draw(const JobAccount& account, double now, const std::string& output, const
                    candidates[i].c_str(), child.message().c_str());
       return 3;
     }
-    std::string_view rest(doc);
-    while (!rest.empty()) {
-      ssize_t n = ::write(child->stdin_fd(), rest.data(), rest.size());
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) break;  // it exited early: its status says why
-      rest.remove_prefix(static_cast<size_t>(n));
-    }
+    (void)write_all(child->stdin_fd(), doc);  // false: it exited early, and its status says why
     child->close_stdin();
     auto status = child->wait_for(std::chrono::hours(1));
     if (!status) return 1;

@@ -197,14 +197,6 @@ int agent_main(int argc, char** argv) {
   return erun::agent::run_agent(o);
 }
 
-// This program's own path, the default agent binary.
-std::string own_executable() {
-  char buf[4096];
-  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
-  if (n <= 0) return {};
-  return std::string(buf, static_cast<size_t>(n));
-}
-
 // The command line as DriverOptions, or the exit code when erun stops here
 // (--help and --version: 0 after printing; a wrong command line: 2).
 std::variant<erun::DriverOptions, int> parse_options(int argc, char** argv) {
@@ -246,7 +238,7 @@ struct Launchers {
 
 erun::Result<Launchers> make_launchers(const erun::DriverOptions& options) {
   erun::AgentLaunchOptions agent;
-  agent.agent_path = options.agent_path.empty() ? own_executable() : options.agent_path;
+  agent.agent_path = options.agent_path.empty() ? erun::own_executable() : options.agent_path;
   agent.heartbeat_timeout = options.heartbeat_timeout;
   agent.relay = options.agent_relay;
   agent.driver_grace = options.driver_grace;
@@ -419,8 +411,8 @@ class JobView {
     status_ = !o_.no_status && erun::StatusLine::get().enable();
     // Under the status line the info lines it replaces are left out (-v: all).
     if (status_ && !o_.verbose) {
-      erun::init_logging(false, /*quiet=*/true);
       ::setenv("ERUN_QUIET", "1", 1);  // local agents inherit it; workers get it (worker_env)
+      erun::init_logging(false);
     }
     if (o_.metrics_port < 0) return true;
     if (auto s = metrics_.start(o_.metrics_addr, o_.metrics_port); !s) {

@@ -268,18 +268,21 @@ TEST_F(ErunJobView, OnATerminalTheStatusLineStaysAtTheBottom) {
     // Nothing is written after it but its own erasure: never a worker's
     // line glued to it, never a newline that would leave it in the scrollback.
     const size_t end = out.find_first_of("\r\n", at + draw.size());
-    if (end != std::string::npos) EXPECT_EQ(out[end], '\r') << out.substr(at, end - at + 20);
+    if (end != std::string::npos) {
+      EXPECT_EQ(out[end], '\r') << out.substr(at, end - at + 20);
+    }
   }
   EXPECT_GT(draws, 0u) << out;
   EXPECT_NE(out.find("goodput"), std::string::npos);
   // The workers' lines come whole, each on its own line.
   EXPECT_NE(train_checksum(out), "") << out;
-  EXPECT_EQ(std::count_if(out.begin(), out.end(), [](char c) { return c == '\n'; }) >= 10, true);
+  EXPECT_GE(std::count(out.begin(), out.end(), '\n'), 10);
   // Quieter: the info lines the status line replaces are left out; the summary is not.
   EXPECT_EQ(out.find("ranks joined"), std::string::npos) << out;
   EXPECT_NE(out.find("erun: job "), std::string::npos) << out;
-  // Nothing of the status line is left at the end.
-  EXPECT_EQ(out.rfind(draw) < out.rfind("erun: job "), true);
+  // The line is taken away before the summary: no draw comes after it.
+  ASSERT_NE(out.rfind("erun: job "), std::string::npos);
+  EXPECT_LT(out.rfind(draw), out.rfind("erun: job ")) << out.substr(out.rfind("erun: job "));
 }
 
 TEST_F(ErunJobView, NoStatusKeepsTheInfoLines) {

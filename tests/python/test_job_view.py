@@ -4,6 +4,7 @@ SIGKILL and shrinks. Its /metrics page parses as Prometheus text and its
 counters move while it recovers; the summary at the end adds up to the wall
 time and its goodput is the one this test computes from the event log on its
 own; `erun report -o job.html` opens in a headless browser."""
+import calendar
 import json
 import os
 import re
@@ -44,7 +45,7 @@ def independent_goodput(events):
     training, since = 0.0, None
     end = None
     for e in events:
-        when = time.mktime(time.strptime(e["time"][:19], "%Y-%m-%dT%H:%M:%S")) + int(e["time"][20:23]) / 1000
+        when = calendar.timegm(time.strptime(e["time"][:19], "%Y-%m-%dT%H:%M:%S")) + int(e["time"][20:23]) / 1000
         if start is None:
             start = when - e["t"]
         if e["event"] == "generation_joined" and since is None:
