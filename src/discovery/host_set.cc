@@ -113,6 +113,26 @@ Result<Host> parse_host_spec(std::string_view tok, int default_slots, bool* had_
 // need them, and a shell metacharacter or a NUL that slipped through would
 // reach a remote shell or cut a C string short. Returns the "what is wrong"
 // part, or empty when the line is fine.
+// The blank-separated words of `line` (views into it).
+std::vector<std::string_view> split_words(std::string_view line) {
+  std::vector<std::string_view> out;
+  for (size_t i = 0; i < line.size();) {
+    while (i < line.size() && (line[i] == ' ' || line[i] == '\t')) ++i;
+    size_t j = i;
+    while (j < line.size() && line[j] != ' ' && line[j] != '\t') ++j;
+    if (j > i) out.push_back(line.substr(i, j - i));
+    i = j;
+  }
+  return out;
+}
+
+// A rack name: 1-64 letters, digits, '.', '_' or '-'.
+bool valid_rack(std::string_view name) {
+  return !name.empty() && name.size() <= 64 && std::all_of(name.begin(), name.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-';
+  });
+}
+
 std::string check_line_bytes(std::string_view line) {
   auto hash = line.find('#');
   for (size_t i = 0; i < line.size(); ++i) {
@@ -166,6 +186,7 @@ Status add_host(HostSet& set, std::unordered_map<std::string, Seen>& first_seen,
   }
   set.add_slots_at(it->second.index, h.slots);
   if (h.draining) set.mark_draining_at(it->second.index);
+  if (!h.rack.empty()) set.set_rack_at(it->second.index, std::move(h.rack));
   return Status::ok();
 }
 
@@ -263,6 +284,8 @@ void HostSet::add(Host h) {
 
 void HostSet::mark_draining_at(size_t index) { hosts_[index].draining = true; }
 
+void HostSet::set_rack_at(size_t index, std::string rack) { hosts_[index].rack = std::move(rack); }
+
 bool HostSet::any_draining() const {
   return std::any_of(hosts_.begin(), hosts_.end(), [](const Host& h) { return h.draining; });
 }
@@ -353,22 +376,35 @@ Result<HostSet> parse_discovery_output(std::string_view text, int default_slots,
     auto line = strip_comment(raw);
     if (line.empty()) continue;
     auto shown = escape_for_log(trim(raw));
-    // `host[:slots] draining`: the host leaves the job at its workers' next
-    // commit (a notice, not a failure). Old scripts never print a second
-    // word: it was an error before.
+    // Words after the host: `draining` (it leaves the job at its workers'
+    // next commit: a notice, not a failure) and `rack=NAME` (standbys are
+    // taken nearest: same host, then same rack). Old scripts never print a
+    // second word: it was an error before.
     bool draining = false;
-    if (auto blank = line.find_last_of(" \t"); blank != std::string_view::npos && line.substr(blank + 1) == "draining") {
-      line = trim(line.substr(0, blank));
-      draining = true;
+    std::string_view rack;
+    auto words = split_words(line);
+    size_t n = words.size();
+    for (; n > 1; --n) {  // known words, taken from the end
+      const std::string_view w = words[n - 1];
+      if (w == "draining" && !draining) {
+        draining = true;
+      } else if (starts_with(w, "rack=") && rack.empty() && valid_rack(w.substr(5))) {
+        rack = w.substr(5);
+      } else {
+        break;
+      }
     }
+    // What is left is the host (anything else there: parse_host_spec says what).
+    if (n >= 1) line = trim(line.substr(0, static_cast<size_t>(words[n - 1].data() + words[n - 1].size() - line.data())));
     auto h = parse_host_spec(line, default_slots);
     if (!h) {
       return Result<HostSet>::error(fmt::format(
           "discovery output line {} \"{}\": {} (expected host[:slots], or host[:slots] draining for a host that "
-          "leaves)",
+          "leaves; rack=NAME may follow)",
           no, shown, h.message()));
     }
     h->draining = draining;
+    h->rack = std::string(rack);
     if (auto st = add_host(set, first_seen, std::move(*h), no, dup, "line"); !st) {
       return Result<HostSet>::error(
           fmt::format("discovery output line {} \"{}\": {}", no, shown, st.message()));

@@ -20,6 +20,9 @@ struct Host {
   // Discovery listed it as `host[:slots] draining`: it leaves the job at its
   // workers' next commit (docs/discovery.md).
   bool draining = false;
+  // `rack=NAME` on its discovery line ("" when none): a standby is taken
+  // from the same host first, then from the same rack (docs/discovery.md).
+  std::string rack = {};
   bool operator==(const Host&) const = default;
 };
 
@@ -43,6 +46,7 @@ class HostSet {
   // Adds slots to the host at `index`.
   void add_slots_at(size_t index, int slots);
   void mark_draining_at(size_t index);
+  void set_rack_at(size_t index, std::string rack);
   bool any_draining() const;
   // One line, e.g. "a:4,b:2" (IPv6 in brackets).
   std::string to_string() const;

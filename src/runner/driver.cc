@@ -580,6 +580,7 @@ void Driver::supervise() {
       reconfigure(fmt::format("re-forming ({})", to_string(*why)).c_str(), *why != JoinReason::kHostsUpdated);
       return;
     }
+    standbys_overtake(m);
     if (admit_replacements(m)) return;
   }
   if (any_success_) {
@@ -666,7 +667,8 @@ void Driver::follow_membership() {
   // Recomputed only when the hosts, the blacklist, the plan or the
   // blacklisted hosts kept for their survivors changed.
   const bool in_place = in_place_possible();
-  plan_cache_.update(discovered_epoch_, discovered_, hosts_, generation_, plan_, o_.max_np,
+  Plan scratch;
+  plan_cache_.update(discovered_epoch_, discovered_, hosts_, generation_, plan_with_pending(scratch), o_.max_np,
                      in_place ? blacklisted_with_survivors() : std::vector<std::string>{});
   const HostSet& usable = plan_cache_.usable();
   // The cached plan, unless a straggler's slot sits out (no copy per tick).

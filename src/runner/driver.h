@@ -177,8 +177,14 @@ class Driver {
   // failure; its slot waits (doubling) before the next standby.
   void standby_lost(Worker& w, const std::string& why);
   int wanted_standbys();
+  // 0 for the same host, 1 for hosts of one rack (discovery's rack=NAME), else 2.
+  int distance(const std::string& a, const std::string& b) const;
   // A ready standby waits on this slot.
   bool standby_ready_at(const SlotKey& slot) const;
+  // A pending replacement still starting gives its place to a standby that
+  // waits in the rendezvous now (same host first): the job grows back to
+  // full size without the cold start; the replacement is stopped.
+  void standbys_overtake(const MembershipSnapshot& m);
   // ---- stragglers (driver_stragglers.cc) ----
   // Feeds the ranks' commit intervals to the detector, acts on what it
   // finds, and ends the cooldowns of slots left out.
@@ -277,9 +283,15 @@ class Driver {
   // (kWaitingWithSurvivors), or, with none, every worker stops.
   void wait_below_min_np(const HostSet& usable);
   // Moves each worker to its rank in `next`; with `full` (the survivors go on
-  // alone), a pending one keeps its rank there. The rest retire. Returns how
-  // many retire.
-  int reassign_workers(const Plan& next, const Plan* full);
+  // alone), a pending one keeps its rank there. The rest retire, stopped at
+  // once with `stop_retired` (their generation failed: nothing they do is
+  // needed), else when they re-join. Returns how many retire.
+  int reassign_workers(const Plan& next, const Plan* full, bool stop_retired);
+  // The running plan, plus the slots of live pending replacements after it:
+  // the previous plan the next one keeps first (make_plan()), so a worker
+  // starting on a slot is not passed over for another free one when it
+  // joins. `scratch` holds the copy when there are pending ones.
+  const Plan& plan_with_pending(Plan& scratch) const;
   // Pending replacements (launched after a failure while the survivors went
   // on alone, or for new slots): one that does not join within --rendezvous-timeout is killed;
   // once all wait in the rendezvous and the survivors formed their

@@ -416,7 +416,9 @@ void Driver::reconfigure(const char* reason, bool after_failure) {
   workers_.erase(std::remove_if(workers_.begin(), workers_.end(), [](const Worker& w) { return w.exit.has_value(); }),
                  workers_.end());
   // A slot no member holds goes to a ready standby (driver_standby.cc).
-  const Plan full = with_standbys(without_resting(make_plan(generation_ + 1, usable, o_.max_np, &plan_)));
+  Plan scratch;
+  const Plan full =
+      with_standbys(without_resting(make_plan(generation_ + 1, usable, o_.max_np, &plan_with_pending(scratch))));
   // After a failure, survivors that alone meet --min-np go on at once in a
   // generation of their own; the free slots get pending replacements. Ready
   // standbys join with them: the job stays whole.
@@ -434,7 +436,7 @@ void Driver::reconfigure(const char* reason, bool after_failure) {
   }
   ++generation_;
   set_phase(JobPhase::kRunning);
-  const int retired = reassign_workers(next, alone ? &full : nullptr);
+  const int retired = reassign_workers(next, alone ? &full : nullptr, /*stop_retired=*/after_failure);
   plan_ = next;
   crash_loop_.generation_started(generation_, plan_.hosts());
   publish();
@@ -477,13 +479,25 @@ void Driver::wait_below_min_np(const HostSet& usable) {
   set_phase(JobPhase::kWaitingWithSurvivors);
 }
 
-int Driver::reassign_workers(const Plan& next, const Plan* full) {
+int Driver::reassign_workers(const Plan& next, const Plan* full, bool stop_retired) {
+  // After a failure a retiring worker's generation is broken, and the next
+  // one restores the last commit without it: it stops now instead of
+  // training on until its next re-join.
+  auto stop_now = [&](Worker& w) {
+    if (!stop_retired || w.state != WorkerState::kRetiring || !w.alive() || w.retire_by == TimePoint::max()) return;
+    ERUN_LOG_INFO("{}: slot left the job; stopping its worker now (its generation failed)",
+                  who(generation_, w.assignment.slot.host, w.assignment.rank));
+    w.handle->terminate();
+    w.retire_by = TimePoint::max();
+  };
   int retired = 0;
   for (auto& w : workers_) {
     if (w.left_out()) {
       w.loss_told = true;  // no member of the next generation: nothing to tell about it
+      stop_now(w);
       continue;
     }
+    if (w.state == WorkerState::kStopping) continue;  // erun stops it (a standby or replacement given up)
     if (const RankAssignment* a = next.find(w.assignment.slot)) {
       if (w.standby) promote_standby(w, "a member was lost");
       w.assignment = *a;
@@ -496,9 +510,24 @@ int Driver::reassign_workers(const Plan& next, const Plan* full) {
       set_state(w, WorkerState::kRetiring);
       w.retire_by = clock_.now() + o_.rendezvous_timeout;
       ++retired;
+      stop_now(w);
     }
   }
   return retired;
+}
+
+const Plan& Driver::plan_with_pending(Plan& scratch) const {
+  std::vector<SlotKey> slots;
+  for (auto& w : workers_) {
+    if (w.replacement() && survivor(w) && !plan_.contains(w.assignment.slot)) slots.push_back(w.assignment.slot);
+  }
+  if (slots.empty()) return plan_;
+  std::vector<SlotKey> all;
+  all.reserve(plan_.ranks.size() + slots.size());
+  for (auto& r : plan_.ranks) all.push_back(r.slot);
+  all.insert(all.end(), slots.begin(), slots.end());
+  scratch = plan_over_slots(plan_.generation, all);
+  return scratch;
 }
 
 bool Driver::replacements_cover(const Plan& next) const {

@@ -2,7 +2,9 @@
 // the plan) erun runs the program up to its first join, where it waits as a
 // pending worker of no plan; when a member is lost, the next plan takes a
 // ready standby's slot in its place, so the job is back at full size as soon
-// as the survivors re-join, without paying the program's start-up.
+// as the survivors re-join, without paying the program's start-up. The
+// nearest standby goes first: on the same host, then in the same rack
+// (`rack=NAME` on the discovery line), then any.
 #include <algorithm>
 #include <set>
 
@@ -99,6 +101,8 @@ void Driver::tend_standbys(const MembershipSnapshot& m) {
   }
 }
 
+int Driver::distance(const std::string& a, const std::string& b) const { return host_distance(discovered_, a, b); }
+
 bool Driver::standby_ready_at(const SlotKey& slot) const {
   return std::any_of(workers_.begin(), workers_.end(), [&](const Worker& w) {
     return w.standby && w.standby_ready && survivor(w) && w.assignment.slot == slot;
@@ -118,15 +122,49 @@ Plan Driver::with_standbys(const Plan& full) const {
       slots.push_back(r.slot);
       continue;
     }
-    // The nearest standby: on the same host, else the first.
-    auto it = std::find_if(ready.begin(), ready.end(),
-                           [&](const Worker* w) { return w->assignment.slot.host == r.slot.host; });
-    if (it == ready.end()) it = ready.begin();
+    // The nearest standby: on the same host, else in the same rack, else the first.
+    auto it = std::min_element(ready.begin(), ready.end(), [&](const Worker* a, const Worker* b) {
+      return distance(a->assignment.slot.host, r.slot.host) < distance(b->assignment.slot.host, r.slot.host);
+    });
     slots.push_back((*it)->assignment.slot);
     ready.erase(it);
     swapped = true;
   }
   return swapped ? plan_over_slots(full.generation, slots) : full;
+}
+
+void Driver::standbys_overtake(const MembershipSnapshot& m) {
+  std::set<SlotKey> waiting;
+  for (auto& j : m.waiting) waiting.insert(j.slot);
+  auto ready = [&](const Worker& w) {
+    return w.standby && w.standby_ready && survivor(w) && waiting.count(w.assignment.slot) > 0;
+  };
+  if (std::none_of(workers_.begin(), workers_.end(), ready)) return;
+  for (auto& r : workers_) {
+    if (!r.replacement() || !survivor(r) || waiting.count(r.assignment.slot)) continue;
+    // The nearest ready standby: on the replacement's host, else in its rack, else the first.
+    Worker* s = nullptr;
+    int best = 3;
+    for (auto& w : workers_) {
+      if (!ready(w)) continue;
+      if (int d = distance(w.assignment.slot.host, r.assignment.slot.host); d < best) {
+        s = &w;
+        best = d;
+      }
+    }
+    if (!s) return;
+    ERUN_LOG_INFO("{}: standby {}[{}] is ready before the worker starting on {}[{}]: it takes that place, the other "
+                  "is stopped",
+                  who(generation_), s->assignment.slot.host, s->assignment.slot.local_index, r.assignment.slot.host,
+                  r.assignment.slot.local_index);
+    r.handle->terminate();
+    set_state(r, WorkerState::kStopping);
+    s->assignment.rank = r.assignment.rank;
+    s->grows = r.grows;
+    promote_standby(*s, r.grows ? "the job grows" : "the job grows back: a replacement was still starting");
+    // Its slot replaces the other's in the plan the job grows into.
+    plan_cache_.invalidate();
+  }
 }
 
 void Driver::promote_standby(Worker& w, const char* why) {

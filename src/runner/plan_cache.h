@@ -23,6 +23,9 @@ class PlanCache {
   // last commit run there).
   void update(long discovered_epoch, const HostSet& discovered, const HostManager& hosts,
               long generation, const Plan& running, int max_np, const std::vector<std::string>& keep = {});
+  // The next update() recomputes (the running plan changed in a way its
+  // generation and size do not tell: a pending worker's slot).
+  void invalidate() { valid_ = false; }
   const HostSet& usable() const { return usable_; }
   int usable_slots() const { return usable_slots_; }
   // make_plan(generation + 1, usable(), max_np, &running) (running may be empty).

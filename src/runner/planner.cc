@@ -72,29 +72,40 @@ std::vector<Host> order_hosts(const HostSet& usable, const Plan* previous) {
 
 Plan make_plan(long generation, const HostSet& usable, int max_np, const Plan* previous) {
   auto hosts = order_hosts(usable, previous);
-  int limit = max_np > 0 ? max_np : usable.total_slots();
-  // On each host the slots the previous plan used come first, in its order,
-  // then the lowest free ones: a plan that took a standby's slot in place of
-  // a failed one's keeps it (docs/design.md, "Standbys").
+  const size_t limit = static_cast<size_t>(max_np > 0 ? max_np : usable.total_slots());
+  // The slots the previous plan used come first, on every host, then the
+  // lowest free ones, host by host: a plan that took a standby's slot in
+  // place of a failed one's keeps it (docs/design.md, "Standbys"), also when
+  // --max-np leaves no room for a free slot of an earlier host.
   std::map<std::string, std::vector<int>> kept;
   if (previous) {
     for (auto& r : previous->ranks) kept[r.slot.host].push_back(r.slot.local_index);
   }
-  std::vector<SlotKey> slots;
-  for (auto& h : hosts) {
-    std::vector<int> order;
-    if (auto it = kept.find(h.name); it != kept.end()) {
+  std::vector<std::vector<int>> chosen(hosts.size());
+  size_t taken = 0;
+  for (size_t i = 0; i < hosts.size() && taken < limit; ++i) {
+    if (auto it = kept.find(hosts[i].name); it != kept.end()) {
       for (int s : it->second) {
-        if (s < h.slots) order.push_back(s);
+        if (taken < limit && s < hosts[i].slots &&
+            std::find(chosen[i].begin(), chosen[i].end(), s) == chosen[i].end()) {
+          chosen[i].push_back(s);
+          ++taken;
+        }
       }
     }
-    for (int s = 0; s < h.slots; ++s) {
-      if (std::find(order.begin(), order.end(), s) == order.end()) order.push_back(s);
+  }
+  for (size_t i = 0; i < hosts.size() && taken < limit; ++i) {
+    for (int s = 0; s < hosts[i].slots && taken < limit; ++s) {
+      if (std::find(chosen[i].begin(), chosen[i].end(), s) == chosen[i].end()) {
+        chosen[i].push_back(s);
+        ++taken;
+      }
     }
-    for (int s : order) {
-      if (static_cast<int>(slots.size()) >= limit) break;
-      slots.push_back(SlotKey{h.name, s});
-    }
+  }
+  std::vector<SlotKey> slots;
+  slots.reserve(taken);
+  for (size_t i = 0; i < hosts.size(); ++i) {
+    for (int s : chosen[i]) slots.push_back(SlotKey{hosts[i].name, s});
   }
   return plan_over_slots(generation, slots);
 }
@@ -121,6 +132,14 @@ Plan plan_over_slots(long generation, const std::vector<SlotKey>& slots) {
   // Horovod's cross ranks: among hosts with a slot at this local_rank.
   for (auto& r : plan.ranks) r.cross_size = hosts_with_local_rank[r.local_rank];
   return plan;
+}
+
+int host_distance(const HostSet& hosts, std::string_view a, std::string_view b) {
+  if (a == b) return 0;
+  const int i = hosts.find(a), j = hosts.find(b);
+  if (i < 0 || j < 0) return 2;
+  const std::string& rack = hosts.hosts()[static_cast<size_t>(i)].rack;
+  return !rack.empty() && rack == hosts.hosts()[static_cast<size_t>(j)].rack ? 1 : 2;
 }
 
 }  // namespace erun

@@ -5,12 +5,15 @@
 // process, in the generation the survivors re-join (no cold start, no
 // generation without it), and a new standby starts on the freed slot; the
 // job ends at the uninterrupted model. A standby killed while it waits is
-// replaced without touching the job. Nothing is left, also after SIGINT.
+// replaced without touching the job. A standby ready before a cold
+// replacement takes its place (growth through a standby). Nothing is left,
+// also after SIGINT.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <regex>
 #include <thread>
@@ -150,6 +153,65 @@ TEST_F(ErunStandby, AStandbyKilledWhileWaitingIsReplacedAndTheJobGoesOn) {
   EXPECT_EQ(events("generation_started").size(), generations);
   ASSERT_NO_FATAL_FAILURE(expect_trained_exactly(p, uninterrupted_checksum()));
   EXPECT_TRUE(events("host_blacklisted").empty());
+}
+
+// Growth through a standby: a second member lost while the new standby is
+// still starting (the program spends 4 s before erun::init()) has the
+// survivors go on alone at 2 ranks and a cold replacement start; the standby,
+// started earlier, is ready first, so the job grows back to 3 through it
+// and the cold worker is stopped, neither counted as a failure.
+TEST_F(ErunStandby, TheJobGrowsBackThroughAStandbyReadyBeforeTheColdReplacement) {
+  const std::string slow = dir_.file("slow_start.sh");
+  dir_.write("slow_start.sh", "#!/bin/sh\nsleep 4\nexec " + program_ + " \"$@\"\n", true);
+  std::vector<std::string> a = args();
+  std::replace(a.begin(), a.end(), program_, slow);
+  ErunProcess p(a);
+  ASSERT_TRUE(p.started()) << p.start_error();
+  ASSERT_TRUE(wait_events("standby_ready", 1, 120s)) << p.err();
+  const auto [standby_host, standby_slot] = slot_of(events("standby_ready").front());
+  ASSERT_TRUE(p.wait_output("epoch 2 ", 120s)) << p.out() << p.err();
+
+  // The first loss: the waiting standby takes the member's place, and a new
+  // standby starts on the member's slot.
+  const int first_slot = 1 - standby_slot;
+  const pid_t first = worker_at(standby_host, first_slot);
+  ASSERT_GT(first, 0);
+  ASSERT_EQ(::kill(first, SIGKILL), 0);
+  ASSERT_TRUE(wait_events("standby_promoted", 1, 30s)) << p.err();
+  for (auto until = std::chrono::steady_clock::now() + 30s;
+       p.count("standby started") < 2 && std::chrono::steady_clock::now() < until;) {
+    std::this_thread::sleep_for(20ms);
+  }
+  ASSERT_GE(p.count("standby started"), 2u) << p.err();
+  ASSERT_TRUE(events("standby_ready").size() == 1u) << "the new standby is ready already: " << p.err();
+
+  // The second loss, 2 s into the new standby's start-up, on the other host:
+  // no standby is ready, so a cold replacement starts there, 2 s behind.
+  std::this_thread::sleep_for(2s);
+  const std::string other_host = standby_host == "127.0.0.2" ? "127.0.0.3" : "127.0.0.2";
+  const pid_t second = worker_at(other_host, 0);
+  ASSERT_GT(second, 0);
+  ASSERT_EQ(::kill(second, SIGKILL), 0);
+  ASSERT_TRUE(wait_events("standby_promoted", 2, 60s)) << p.err();
+  const auto promoted = events("standby_promoted")[1];
+  EXPECT_EQ(slot_of(promoted), std::make_pair(standby_host, first_slot)) << promoted.dump() << "\n" << p.err();
+  EXPECT_NE(promoted["reason"].get<std::string>().find("grows back"), std::string::npos) << promoted.dump();
+  EXPECT_TRUE(p.wait_output("is ready before the worker starting on " + other_host + "[0]", 10s)) << p.err();
+  // The generation it joins is whole again.
+  const auto started = events("generation_started");
+  const auto next = std::find_if(started.begin(), started.end(), [&](const nlohmann::json& e) {
+    return e["generation"].get<long>() > promoted["generation"].get<long>() && e["size"] == 3;
+  });
+  EXPECT_NE(next, started.end()) << read_file(dir_.file("events.jsonl"));
+
+  ASSERT_NO_FATAL_FAILURE(expect_trained_exactly(p, uninterrupted_checksum()));
+  // The stopped cold worker was no failure: nothing blacklisted, and its
+  // slot's failures are the SIGKILLs alone.
+  EXPECT_TRUE(events("host_blacklisted").empty());
+  EXPECT_EQ(p.count("replacement ended"), 0u) << p.err();
+  // The promoted standby kept its place: the grown generation formed.
+  EXPECT_EQ(p.count("failed to form"), 0u) << p.err();
+  EXPECT_EQ(p.count("slot left the job"), 0u) << p.err();
 }
 
 TEST_F(ErunStandby, NothingIsLeftAfterSigint) {

@@ -7,6 +7,7 @@
 #include <signal.h>
 
 #include <map>
+#include <set>
 #include <iterator>
 #include <fstream>
 #include <filesystem>
@@ -311,6 +312,101 @@ TEST_F(InPlaceTest, SlotsThatLeaveAreRetiredOnceTheirWorkersReJoin) {
   EXPECT_FALSE(silent->terminated);
   EXPECT_FALSE(steps(60));
   EXPECT_TRUE(silent->terminated);
+}
+
+// After a failure a retiring worker (its host left discovery) is stopped at
+// once: its generation is broken and the next one restores the last commit
+// without it, so it does not train on until its next re-join.
+TEST_F(InPlaceTest, AfterAFailureAWorkerOfASlotThatLeftIsStoppedAtOnce) {
+  discovery.set(HostSet({{"a", 2}, {"b", 2}}));
+  start_joined(elastic(4, 1, 4));
+  discovery.set(HostSet({{"a", 2}}));
+  clock.advance(std::chrono::seconds(1));
+  EXPECT_FALSE(steps(1));
+  ASSERT_EQ(driver->generation(), 2);
+  Worker leaving0 = worker_at(b0), leaving1 = worker_at(SlotKey{"b", 1});
+  ASSERT_TRUE(leaving0 && leaving1);
+  EXPECT_FALSE(leaving0->terminated);
+  // a1 dies before the commit the others would re-join at.
+  launcher.finish(worker_at(a1), ExitStatus{0, SIGKILL});
+  survivors_rejoin({a0}, 1, 1, PeerState::kDead);
+  EXPECT_FALSE(steps(1));
+  EXPECT_TRUE(leaving0->terminated);
+  EXPECT_TRUE(leaving1->terminated);
+  EXPECT_FALSE(worker_at(a0)->terminated);
+}
+
+// A standby still starting when a member is lost: the survivor goes on
+// alone and a cold replacement starts. The standby, ready first, takes the
+// replacement's place (the job grows back through it) and the cold worker
+// is stopped, no failure.
+TEST_F(InPlaceTest, AStandbyReadyBeforeTheColdReplacementTakesItsPlace) {
+  discovery.set(HostSet({{"a", 3}}));
+  start_joined(elastic(2, 1, 2));
+  EXPECT_FALSE(steps(1));
+  Worker standby = worker_at(a2);
+  ASSERT_TRUE(standby) << "no standby on the free slot";
+  launcher.finish(worker_at(a0), ExitStatus{0, SIGKILL});
+  survivors_rejoin({a1}, 1, 0, PeerState::kDead);
+  EXPECT_FALSE(steps(1));
+  ASSERT_EQ(driver->generation(), 2);
+  ASSERT_EQ(membership.ranks().size(), 1u) << "the survivor goes on alone";
+  Worker cold = worker_at(a0);
+  ASSERT_TRUE(cold);
+  EXPECT_FALSE(steps(5));
+  EXPECT_EQ(driver->generation(), 2);
+  membership.join(a2, -1);  // the standby reaches its join first
+  EXPECT_FALSE(steps(3));
+  EXPECT_TRUE(cold->terminated);
+  EXPECT_FALSE(standby->terminated);
+  ASSERT_EQ(driver->generation(), 3);
+  ASSERT_EQ(membership.ranks().size(), 2u);
+  EXPECT_TRUE(membership.is_member(a2));
+  std::set<SlotKey> planned;
+  for (auto& r : membership.ranks()) planned.insert(r.slot);
+  EXPECT_EQ(planned, (std::set<SlotKey>{a1, a2}));
+  EXPECT_EQ(driver->resets(), 1);
+  EXPECT_FALSE(steps(5));
+  EXPECT_EQ(driver->generation(), 3) << "the stopped replacement is no failure";
+}
+
+// The plan a joined replacement enters keeps its slot, even where a lower
+// free slot holds a standby that is still starting.
+TEST_F(InPlaceTest, AJoinedReplacementKeepsItsSlotOverALowerOneOfAStartingStandby) {
+  discovery.set(HostSet({{"a", 3}}));
+  start_joined(elastic(2, 1, 2));
+  EXPECT_FALSE(steps(1));
+  ASSERT_TRUE(worker_at(a2));
+  membership.join(a2, -1);
+  EXPECT_FALSE(steps(1));  // the standby is ready
+  // a0 lost: the ready standby takes its place at once.
+  launcher.finish(worker_at(a0), ExitStatus{0, SIGKILL});
+  survivors_rejoin({a1}, 1, 0, PeerState::kDead);
+  EXPECT_FALSE(steps(1));
+  ASSERT_EQ(driver->generation(), 2);
+  ASSERT_EQ(membership.ranks().size(), 2u);
+  EXPECT_TRUE(membership.is_member(a2));
+  EXPECT_FALSE(steps(2));
+  Worker second_standby = worker_at(a0);
+  ASSERT_TRUE(second_standby) << "no new standby on the freed slot";
+  // a1 lost while that standby still starts: a cold replacement on a1.
+  int a1_rank = -1;
+  for (auto& r : membership.ranks()) {
+    if (r.slot == a1) a1_rank = r.rank;
+  }
+  launcher.finish(worker_at(a1), ExitStatus{0, SIGKILL});
+  survivors_rejoin({a2}, 2, a1_rank, PeerState::kDead);
+  EXPECT_FALSE(steps(1));
+  ASSERT_EQ(driver->generation(), 3);
+  Worker cold = worker_at(a1);
+  ASSERT_TRUE(cold);
+  membership.join(a1, -1);
+  EXPECT_FALSE(steps(2));
+  ASSERT_EQ(driver->generation(), 4);
+  EXPECT_TRUE(membership.is_member(a1));
+  EXPECT_FALSE(membership.is_member(a0));
+  EXPECT_FALSE(cold->terminated);
+  EXPECT_FALSE(second_standby->terminated) << "still the standby";
 }
 
 // A retired worker that takes its --term-grace to exit is told to stop once,

@@ -168,5 +168,34 @@ TEST(PlannerTest, PlanOverSlotsNumbersLocalRanksDenselyAroundAHole) {
   EXPECT_EQ(p.ranks[3].slot, (SlotKey{"b", 1}));
 }
 
+// Under --max-np the previous plan's slots on every host come before a
+// free slot of an earlier host: a rank moved to a standby's slot on b stays
+// there, instead of going back to a's free slot and leaving b's.
+TEST(PlannerTest, PreviousSlotsOfEveryHostComeBeforeFreeOnes) {
+  Plan prev = plan_over_slots(3, {{"a", 1}, {"b", 1}, {"b", 0}});
+  Plan p = make_plan(4, hosts({{"a", 2}, {"b", 2}}), 3, &prev);
+  std::vector<SlotKey> slots;
+  for (auto& r : p.ranks) slots.push_back(r.slot);
+  EXPECT_EQ(slots, (std::vector<SlotKey>{{"a", 1}, {"b", 1}, {"b", 0}}));
+  // Room for one more: a's free slot then comes after the kept ones of a.
+  Plan q = make_plan(4, hosts({{"a", 2}, {"b", 2}}), 4, &prev);
+  slots.clear();
+  for (auto& r : q.ranks) slots.push_back(r.slot);
+  EXPECT_EQ(slots, (std::vector<SlotKey>{{"a", 1}, {"a", 0}, {"b", 1}, {"b", 0}}));
+}
+
+// Standbys are taken nearest: the same host, then the same rack (both
+// named alike), then any; unknown hosts and unnamed racks are far.
+TEST(PlannerTest, HostDistanceIsHostThenRack) {
+  HostSet hosts({Host{"a", 2, false, "r1"}, Host{"b", 2, false, "r1"}, Host{"c", 2, false, "r2"}, Host{"d", 2},
+                 Host{"e", 2}});
+  EXPECT_EQ(host_distance(hosts, "a", "a"), 0);
+  EXPECT_EQ(host_distance(hosts, "a", "b"), 1);
+  EXPECT_EQ(host_distance(hosts, "b", "a"), 1);
+  EXPECT_EQ(host_distance(hosts, "a", "c"), 2);
+  EXPECT_EQ(host_distance(hosts, "d", "e"), 2) << "no rack named is no common rack";
+  EXPECT_EQ(host_distance(hosts, "a", "zz"), 2);
+}
+
 }  // namespace
 }  // namespace erun
