@@ -107,12 +107,6 @@ Result<Host> parse_host_spec(std::string_view tok, int default_slots, bool* had_
   return h;
 }
 
-// Checks one raw input line as bytes, before any parsing: a control byte (a
-// NUL included) anywhere, or a byte that is neither part of a host spec nor a
-// blank in the part before a '#' comment, rejects the line. Hostnames never
-// need them, and a shell metacharacter or a NUL that slipped through would
-// reach a remote shell or cut a C string short. Returns the "what is wrong"
-// part, or empty when the line is fine.
 // The blank-separated words of `line` (views into it).
 std::vector<std::string_view> split_words(std::string_view line) {
   std::vector<std::string_view> out;
@@ -133,6 +127,12 @@ bool valid_rack(std::string_view name) {
   });
 }
 
+// Checks one raw input line as bytes, before any parsing: a control byte (a
+// NUL included) anywhere, or a byte that is neither part of a host spec nor a
+// blank in the part before a '#' comment, rejects the line. Hostnames never
+// need them, and a shell metacharacter or a NUL that slipped through would
+// reach a remote shell or cut a C string short. Returns the "what is wrong"
+// part, or empty when the line is fine.
 std::string check_line_bytes(std::string_view line) {
   auto hash = line.find('#');
   for (size_t i = 0; i < line.size(); ++i) {
@@ -382,20 +382,23 @@ Result<HostSet> parse_discovery_output(std::string_view text, int default_slots,
     // second word: it was an error before.
     bool draining = false;
     std::string_view rack;
-    auto words = split_words(line);
-    size_t n = words.size();
-    for (; n > 1; --n) {  // known words, taken from the end
-      const std::string_view w = words[n - 1];
-      if (w == "draining" && !draining) {
-        draining = true;
-      } else if (starts_with(w, "rack=") && rack.empty() && valid_rack(w.substr(5))) {
-        rack = w.substr(5);
-      } else {
-        break;
+    if (line.find_first_of(" \t") != std::string_view::npos) {  // most lines are a host alone
+      auto words = split_words(line);
+      size_t n = words.size();
+      for (; n > 1; --n) {  // known words, taken from the end
+        const std::string_view w = words[n - 1];
+        if (w == "draining" && !draining) {
+          draining = true;
+        } else if (starts_with(w, "rack=") && rack.empty() && valid_rack(w.substr(5))) {
+          rack = w.substr(5);
+        } else {
+          break;
+        }
       }
+      // What is left is the host (anything else there: parse_host_spec says what).
+      const std::string_view last = words[n - 1];
+      line = line.substr(0, static_cast<size_t>(last.data() + last.size() - line.data()));
     }
-    // What is left is the host (anything else there: parse_host_spec says what).
-    if (n >= 1) line = trim(line.substr(0, static_cast<size_t>(words[n - 1].data() + words[n - 1].size() - line.data())));
     auto h = parse_host_spec(line, default_slots);
     if (!h) {
       return Result<HostSet>::error(fmt::format(
@@ -460,21 +463,16 @@ Result<HostSet> parse_hostfile(std::string_view text, int default_slots) {
     if (auto why = check_line_bytes(lines[i]); !why.empty()) return fail(why);
     auto line = strip_comment(lines[i]);
     if (line.empty()) continue;
-    std::vector<std::string> words;
-    for (auto& w : split(line, ' ')) {
-      for (auto& w2 : split(w, '\t')) {
-        if (!w2.empty()) words.push_back(w2);
-      }
-    }
+    const auto words = split_words(line);
     bool colon_slots = false;
     auto h = parse_host_spec(words[0], default_slots, &colon_slots);
     if (!h) return fail(h.message());
     bool seen_slots = false;
     for (size_t w = 1; w < words.size(); ++w) {
       auto eq = words[w].find('=');
-      if (eq == std::string::npos) return fail(fmt::format("unexpected \"{}\"", words[w]));
-      auto key = std::string_view(words[w]).substr(0, eq);
-      auto val = std::string_view(words[w]).substr(eq + 1);
+      if (eq == std::string_view::npos) return fail(fmt::format("unexpected \"{}\"", words[w]));
+      auto key = words[w].substr(0, eq);
+      auto val = words[w].substr(eq + 1);
       long n = 0;
       if (key == "slots") {
         if (colon_slots || seen_slots) return fail("slots given twice");

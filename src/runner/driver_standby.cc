@@ -134,12 +134,15 @@ Plan Driver::with_standbys(const Plan& full) const {
 }
 
 void Driver::standbys_overtake(const MembershipSnapshot& m) {
+  // Every tick: nothing to look at unless a standby is ready.
+  if (std::none_of(workers_.begin(), workers_.end(), [](const Worker& w) { return w.standby && w.standby_ready; })) {
+    return;
+  }
   std::set<SlotKey> waiting;
   for (auto& j : m.waiting) waiting.insert(j.slot);
   auto ready = [&](const Worker& w) {
     return w.standby && w.standby_ready && survivor(w) && waiting.count(w.assignment.slot) > 0;
   };
-  if (std::none_of(workers_.begin(), workers_.end(), ready)) return;
   for (auto& r : workers_) {
     if (!r.replacement() || !survivor(r) || waiting.count(r.assignment.slot)) continue;
     // The nearest ready standby: on the replacement's host, else in its rack, else the first.

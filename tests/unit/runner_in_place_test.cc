@@ -102,6 +102,17 @@ class InPlaceTest : public ::testing::Test {
     EXPECT_FALSE(steps(1));
   }
 
+  // a:2 and b:2 joined; then b leaves discovery: generation 2 is a's, and
+  // b's workers retire (they leave at the commit the others re-join at).
+  void b_leaves() {
+    discovery.set(HostSet({{"a", 2}, {"b", 2}}));
+    start_joined(elastic(4, 1, 4));
+    discovery.set(HostSet({{"a", 2}}));
+    clock.advance(std::chrono::seconds(1));
+    EXPECT_FALSE(steps(1));
+    ASSERT_EQ(driver->generation(), 2);
+  }
+
   FakeDiscovery discovery;
   FakeLauncher launcher;
   FakeClock clock;
@@ -292,12 +303,7 @@ TEST_F(InPlaceTest, WhenNoWorkerHoldsACommitTheJobRestartsFromScratch) {
 }
 
 TEST_F(InPlaceTest, SlotsThatLeaveAreRetiredOnceTheirWorkersReJoin) {
-  discovery.set(HostSet({{"a", 2}, {"b", 2}}));
-  start_joined(elastic(4, 1, 4));
-  discovery.set(HostSet({{"a", 2}}));
-  clock.advance(std::chrono::seconds(1));
-  EXPECT_FALSE(steps(1));
-  ASSERT_EQ(driver->generation(), 2);
+  ASSERT_NO_FATAL_FAILURE(b_leaves());
   EXPECT_EQ(membership.notified(), std::vector<long>{1});
   Worker leaving = worker_at(SlotKey{"b", 1});
   ASSERT_TRUE(leaving);
@@ -318,12 +324,7 @@ TEST_F(InPlaceTest, SlotsThatLeaveAreRetiredOnceTheirWorkersReJoin) {
 // once: its generation is broken and the next one restores the last commit
 // without it, so it does not train on until its next re-join.
 TEST_F(InPlaceTest, AfterAFailureAWorkerOfASlotThatLeftIsStoppedAtOnce) {
-  discovery.set(HostSet({{"a", 2}, {"b", 2}}));
-  start_joined(elastic(4, 1, 4));
-  discovery.set(HostSet({{"a", 2}}));
-  clock.advance(std::chrono::seconds(1));
-  EXPECT_FALSE(steps(1));
-  ASSERT_EQ(driver->generation(), 2);
+  ASSERT_NO_FATAL_FAILURE(b_leaves());
   Worker leaving0 = worker_at(b0), leaving1 = worker_at(SlotKey{"b", 1});
   ASSERT_TRUE(leaving0 && leaving1);
   EXPECT_FALSE(leaving0->terminated);
