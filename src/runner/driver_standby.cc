@@ -64,10 +64,11 @@ void Driver::tend_standbys(const MembershipSnapshot& m) {
   }
   const int want = wanted_standbys();
   if (live >= want || any_success_ || !generation_complete_ || phase() != JobPhase::kRunning) return;
-  // Free slots of the hosts that run members (a standby beside the members
-  // it may replace): listed again only when the hosts or the plan changed.
-  // Hosts without a member stay spare: they keep commit replicas
-  // (--commit-replicas), which a worker of theirs would get in the way of.
+  // Free slots: those of the hosts that run members first (a standby beside
+  // the members it may replace), then those of spare hosts (beyond
+  // --max-np), whose agent may keep a commit replica too (--commit-replicas):
+  // a standby promoted there after the members' hosts are lost whole adopts
+  // it at its first sync. Listed again only when the hosts or the plan changed.
   const auto key = std::make_pair(discovered_epoch_, generation_);
   if (standby_scan_key_ == key && !standby_scan_found_) return;
   standby_scan_key_ = key;
@@ -80,7 +81,7 @@ void Driver::tend_standbys(const MembershipSnapshot& m) {
     }
   }
   const auto now = clock_.now();
-  for (const Host* h : order) {
+  auto consider = [&](const Host* h) {
     for (int i = 0; i < h->slots && live < want; ++i) {
       const SlotKey slot{h->name, i};
       if (plan_.contains(slot) || slot_held(slot, /*pending_too=*/true) || resting(slot)) continue;
@@ -93,11 +94,17 @@ void Driver::tend_standbys(const MembershipSnapshot& m) {
       a.rank = -1;  // none yet: its rank comes with the plan that promotes it
       if (launch_worker(a, plan_.ranks.empty() ? h->name : plan_.ranks.front().slot.host, 0, /*in_place=*/true,
                         /*pending=*/true, /*standby=*/true)) {
-        ERUN_LOG_INFO("{}[{}]: standby started (--standby {})", h->name, i, want);
+        ERUN_LOG_INFO("{}[{}]: standby started (--standby {}{})", h->name, i, want,
+                      ordered.count(h->name) ? "" : "; a spare host");
         ++live;
       }
     }
+  };
+  for (const Host* h : order) consider(h);
+  // Then the spare hosts, in discovery's order (only as far as one is needed).
+  for (auto& h : usable.hosts()) {
     if (live >= want) break;
+    if (!ordered.count(h.name)) consider(&h);
   }
 }
 

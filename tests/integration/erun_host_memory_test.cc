@@ -277,18 +277,14 @@ pid_t agent_of_worker_on(const std::vector<pid_t>& workers, const std::string& h
   return worker > 0 ? parent_of(worker) : 0;
 }
 
-// The keeper of erun `driver`'s spare host: among the driver's agents
-// (--launcher local), the one that runs no `program` worker; its child that
-// listens on TCP. 0 when there is none.
+// The keeper of erun `driver`'s spare host: among the children of the
+// driver's agents (--launcher local), the one that is no `program` worker (a
+// member, or the spare's standby) and listens on TCP. 0 when there is none.
 pid_t keeper_process(pid_t driver, const std::string& program) {
   for (pid_t agent : children_of(driver)) {
     if (read_file("/proc/" + std::to_string(agent) + "/cmdline").find("--agent") == std::string::npos) continue;
-    bool runs_worker = false;
     for (pid_t c : children_of(agent)) {
-      runs_worker = runs_worker || read_file("/proc/" + std::to_string(c) + "/cmdline").rfind(program, 0) == 0;
-    }
-    if (runs_worker) continue;
-    for (pid_t c : children_of(agent)) {
+      if (read_file("/proc/" + std::to_string(c) + "/cmdline").rfind(program, 0) == 0) continue;
       if (!listening(socket_inodes({c})).empty()) return c;
     }
   }
@@ -299,8 +295,9 @@ pid_t keeper_process(pid_t driver, const std::string& program) {
 // idle): the spare's agent keeps a replica of the newest commit, pushed from
 // the worker's host. The worker's host is then lost whole (its agent is
 // SIGKILLed, so its watchdog stops the worker and frees its memory, and it
-// leaves discovery in the same moment): the job resumes on the spare from
-// the replica and ends at exactly the uninterrupted model. With
+// leaves discovery in the same moment): the spare's standby (it waits there
+// beside the replica) takes the member's place without starting again,
+// resumes from the replica and ends at exactly the uninterrupted model. With
 // --commit-replicas 0 the same loss starts training over.
 // Parameters: --commit-replicas, and whether the agents run over the test's sshd.
 class ErunReplicas : public ErunHostMemory, public ::testing::WithParamInterface<std::tuple<int, bool>> {};
@@ -321,7 +318,12 @@ TEST_P(ErunReplicas, TheOnlyHostLostWholeResumesOnTheSpareFromItsReplica) {
   dir_.write("hosts", "127.0.0.2:1\n127.0.0.3:1\n");
   ErunProcess p(erun_args(args, !over_ssh));
   ASSERT_TRUE(p.wait_output(fmt_epoch(2), 120s)) << p.out() << p.err();
-  const std::string dir_a = commit_dir();
+  // The spare runs a standby too (--standby's default): the program up to
+  // its first join, warm for the member's place.
+  ASSERT_TRUE(p.wait_output("127.0.0.3[0]: standby ready", 60s)) << p.err();
+  const pid_t standby = worker_on(workers(), "127.0.0.3");
+  ASSERT_GT(standby, 0) << "no standby process on the spare\n" << p.err();
+  const std::string dir_a = commit_dir_of(worker_on(workers(), "127.0.0.2"));
   ASSERT_FALSE(dir_a.empty());
   ASSERT_EQ(dir_a.substr(dir_a.size() - 9), "127.0.0.2") << dir_a;
   const std::string dir_b = dir_a.substr(0, dir_a.size() - 9) + "127.0.0.3";
@@ -334,7 +336,9 @@ TEST_P(ErunReplicas, TheOnlyHostLostWholeResumesOnTheSpareFromItsReplica) {
     std::this_thread::sleep_for(50ms);
   }
   if (replicas == 0) {
-    EXPECT_FALSE(exists(dir_b)) << "no replicas asked for, yet " << dir_b << " exists";
+    // (The directory is there: the standby's host keeps its own commits in it.)
+    EXPECT_FALSE(exists(replica + ".a") || exists(replica + ".b")) << "no replicas asked for, yet " << replica
+                                                                    << ".* exists";
   } else {
     ASSERT_GT(held_at_b(), 0u) << "no replica on the spare host after 10 s\n" << p.err();
     EXPECT_NE(p.err().find("commit replicas on spare hosts: 127.0.0.3 from 127.0.0.2"), std::string::npos)
@@ -345,6 +349,9 @@ TEST_P(ErunReplicas, TheOnlyHostLostWholeResumesOnTheSpareFromItsReplica) {
   ASSERT_GT(agent_a, 0);
   dir_.write("hosts", "127.0.0.3:1\n");
   ::kill(agent_a, SIGKILL);
+  // The standby takes the lost member's place: no new process starts.
+  ASSERT_TRUE(p.wait_output("standby 127.0.0.3[0] promoted", 60s)) << p.err();
+  EXPECT_EQ(worker_on(workers(), "127.0.0.3"), standby) << p.err();
   if (replicas == 0) {
     ASSERT_NO_FATAL_FAILURE(expect_trained_exactly(p, *reference_));
     const auto e = epochs(p.out());
@@ -378,7 +385,7 @@ TEST_F(ErunHostMemory, AKeeperThatDiesIsStartedAgainAndReplicasGoOn) {
   dir_.write("hosts", "127.0.0.2:1\n127.0.0.3:1\n");
   ErunProcess p(erun_args({"-np", "1", "--min-np", "1", "--max-np", "1", "--blacklist-after", "1"}));
   ASSERT_TRUE(p.wait_output(fmt_epoch(1), 120s)) << p.out() << p.err();
-  const std::string dir_a = commit_dir();
+  const std::string dir_a = commit_dir_of(worker_on(workers(), "127.0.0.2"));
   ASSERT_FALSE(dir_a.empty());
   const std::string dir_b = dir_a.substr(0, dir_a.size() - 9) + "127.0.0.3";
   auto replica_id = [&] { return newest_id(dir_b, true); };

@@ -410,6 +410,38 @@ TEST_F(InPlaceTest, AJoinedReplacementKeepsItsSlotOverALowerOneOfAStartingStandb
   EXPECT_FALSE(second_standby->terminated) << "still the standby";
 }
 
+// A standby goes to a free slot of a host that runs members first; only
+// when none has one, to a spare host (beyond --max-np), where a ready one
+// takes a lost member's place as well (the next test).
+TEST_F(InPlaceTest, AStandbyGoesToAMembersHostFirstThenToASpareHost) {
+  discovery.set(HostSet({{"a", 3}, {"b", 1}}));
+  start_joined(elastic(2, 1, 2));
+  EXPECT_FALSE(steps(1));
+  EXPECT_TRUE(worker_at(a2)) << "no standby on the members' host";
+  EXPECT_FALSE(worker_at(b0)) << "a standby on the spare host while the members' host had a free slot";
+  EXPECT_EQ(launcher.running().size(), 3u);
+}
+
+TEST_F(InPlaceTest, AReadyStandbyOnASpareHostTakesALostMembersPlace) {
+  discovery.set(HostSet({{"a", 2}, {"b", 1}, {"c", 1}}));
+  start_joined(elastic(2, 1, 2));
+  EXPECT_FALSE(steps(1));
+  Worker standby = worker_at(b0);
+  ASSERT_TRUE(standby) << "no standby on the first spare host";
+  EXPECT_FALSE(worker_at(c0)) << "more standbys than --standby's default of 1";
+  membership.join(b0, -1);
+  EXPECT_FALSE(steps(1));  // ready
+  launcher.finish(worker_at(a0), ExitStatus{0, SIGKILL});
+  survivors_rejoin({a1}, 1, 0, PeerState::kDead);
+  EXPECT_FALSE(steps(1));
+  ASSERT_EQ(driver->generation(), 2);
+  ASSERT_EQ(membership.ranks().size(), 2u) << "the spare's standby joins with the survivor";
+  EXPECT_TRUE(membership.is_member(b0));
+  EXPECT_FALSE(standby->terminated);
+  EXPECT_FALSE(steps(2));
+  EXPECT_TRUE(worker_at(c0) || worker_at(a0)) << "no new standby after the promotion";
+}
+
 // A retired worker that takes its --term-grace to exit is told to stop once,
 // not on every tick while it is still waiting in the rendezvous.
 TEST_F(InPlaceTest, ARetiredWorkerIsToldToStopOnce) {
