@@ -12,7 +12,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bundle=${1:-build-gpu-bundle}
-bash scripts/gpu_bundle.sh "$bundle" >/dev/null
+# Its own build directory, without optimisation: the check is of what the
+# scripts make and load, and a Release build of erun costs CI minutes.
+ERUN_GPU_BUILD_DIR=${ERUN_GPU_BUILD_DIR:-build-gpu-check} ERUN_GPU_BUILD_TYPE=${ERUN_GPU_BUILD_TYPE:-None} \
+  bash scripts/gpu_bundle.sh "$bundle" >/dev/null
 out=$(mktemp -d /tmp/erun-gpu-check-XXXXXX)
 trap 'rm -rf "$out"' EXIT
 GPU_TESTS_FORCE=1 GPU_TESTS_BUDGET=90 GPU_DEVICE_OUT="$out" GPU_TESTS_PYTHON=/usr/bin/python3 \

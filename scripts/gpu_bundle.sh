@@ -15,10 +15,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bundle=${1:-gpu-bundle}
 build=${ERUN_GPU_BUILD_DIR:-build-gpu}
+# Release for a GPU machine; scripts/check_gpu_bundle.sh, which only checks
+# the bundle's making and loading without a GPU, builds faster (None: -O0).
+build_type=${ERUN_GPU_BUILD_TYPE:-Release}
 case $bundle in /*) ;; *) bundle=$PWD/$bundle ;; esac
 
 if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then export PATH=/usr/local/cuda/bin:$PATH; fi
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DERUN_WITH_NCCL=ON -DERUN_WITH_MPI=OFF \
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE="$build_type" -DERUN_WITH_NCCL=ON -DERUN_WITH_MPI=OFF \
   -DERUN_WITH_PYTHON=OFF -DERUN_BUILD_TESTS=ON >/dev/null
 . scripts/gpu_programs.sh
 programs=("${gpu_programs[@]}" "${gpu_programs_nccl[@]}")

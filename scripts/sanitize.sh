@@ -2,11 +2,16 @@
 # The unit suites under AddressSanitizer + UndefinedBehaviorSanitizer (leaks
 # included): a separate Debug build in build-asan (or $ERUN_ASAN_DIR). Any
 # report fails the run. Run after scripts/setup.sh.
+# It is also the build without CUDA (ERUN_WITH_NCCL=OFF; scripts/test.sh
+# builds with CUDA where it is found): erun, the example and every unit test
+# must build without it, and state_gpu_test checks that the GPU API then
+# fails with a clear error. -g1: line numbers in the reports, less to compile.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=${ERUN_ASAN_DIR:-build-asan}
-cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Debug -DERUN_SANITIZE=address,undefined >/dev/null
-ninja -C "$dir" -j"$(nproc)" erun_unit_tests
+cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG=-g1 -DERUN_SANITIZE=address,undefined \
+  -DERUN_WITH_NCCL=OFF >/dev/null
+ninja -C "$dir" -j"$(nproc)" erun_unit_tests erun train_mlp
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0
 export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 ctest --test-dir "$dir" -L unit --output-on-failure --timeout 300 -j2 "$@"

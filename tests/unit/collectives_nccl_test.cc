@@ -4,6 +4,7 @@
 // paths and shrink (ncclCommShrink; 2 or more GPUs, NCCL 2.27+).
 #include <gtest/gtest.h>
 
+#if ERUN_HAVE_NCCL
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -284,3 +285,9 @@ TEST_F(NcclTest, AbortedCommunicatorIsNotHealthy) {
 
 }  // namespace
 }  // namespace erun
+
+#else
+
+TEST(NcclCollectives, NotBuilt) { GTEST_SKIP() << "erun was built without NCCL"; }
+
+#endif
