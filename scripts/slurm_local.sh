@@ -1,6 +1,7 @@
 #!/bin/bash
-# slurm_local.sh: a real two-node Slurm cluster on this one machine, for trying
-# `erun --slurm`, `srun` and `salloc` without a cluster (Debian's Slurm 22.05).
+# slurm_local.sh: a real three-node Slurm cluster on this one machine, for trying
+# `erun --slurm`, `srun`, `salloc` and `--slurm-grow` without a cluster
+# (Debian's Slurm 22.05).
 #
 #   scripts/slurm_local.sh start        install if needed, write the config, start the daemons
 #   scripts/slurm_local.sh env          print `export SLURM_CONF=...` for your shell
@@ -8,10 +9,14 @@
 #   scripts/slurm_local.sh demo [BUILD] start, run the example under erun --slurm (salloc),
 #                                       srun and mpirun-in-salloc, compare checksums, stop
 #
-# Two nodes, erun-n1 and erun-n2, both 127.0.0.1 with their own slurmd port and
-# 8 CPUs each (SlurmdParameters=config_overrides lets a small machine advertise
-# them). erun and Gloo use node names as addresses, so start adds
-# "127.0.0.1 erun-n1 erun-n2" to /etc/hosts when they do not resolve (stop takes
+# Three nodes, erun-n1, erun-n2 and erun-n3, all 127.0.0.1 with their own slurmd
+# port and 8 CPUs each (SlurmdParameters=config_overrides lets a small machine
+# advertise them). Partitions: debug (n1, n2; the default), spare (n3, the
+# lowest priority tier: its jobs are preempted and requeued, with 5 s of
+# GraceTime after their SIGTERM) and urgent (n3, a higher tier): what
+# `erun --slurm-grow spare` grows onto and an urgent job takes back.
+# erun and Gloo use node names as addresses, so start adds
+# "127.0.0.1 erun-n1 erun-n2 erun-n3" to /etc/hosts when they do not resolve (stop takes
 # the line out again; Slurm refuses two nodes with one hostname, and treats
 # NodeName=localhost specially). Everything else lives in ERUN_SLURM_DIR
 # (default /tmp/erun-slurm); munged runs as user munge. Needs root.
@@ -22,7 +27,8 @@ conf=$dir/slurm.conf
 self=$(hostname)
 node1=erun-n1
 node2=erun-n2
-hosts_line="127.0.0.1 $node1 $node2 # erun slurm_local.sh"
+node3=erun-n3
+hosts_line="127.0.0.1 $node1 $node2 $node3 # erun slurm_local.sh"
 
 log() { echo "slurm_local.sh: $*" >&2; }
 
@@ -40,7 +46,7 @@ install() {
 }
 
 write_config() {
-  mkdir -p "$dir/state" "$dir/spool-$node1" "$dir/spool-$node2"
+  mkdir -p "$dir/state" "$dir/spool-$node1" "$dir/spool-$node2" "$dir/spool-$node3"
   cat > "$conf" <<CONF
 ClusterName=erun
 SlurmctldHost=$self(127.0.0.1)
@@ -72,12 +78,17 @@ KillWait=5
 MinJobAge=5
 NodeName=$node1 NodeAddr=127.0.0.1 Port=17001 CPUs=8 State=UNKNOWN
 NodeName=$node2 NodeAddr=127.0.0.1 Port=17002 CPUs=8 State=UNKNOWN
-PartitionName=debug Nodes=$node1,$node2 Default=YES MaxTime=INFINITE State=UP
+NodeName=$node3 NodeAddr=127.0.0.1 Port=17003 CPUs=8 State=UNKNOWN
+PreemptType=preempt/partition_prio
+PreemptMode=REQUEUE
+PartitionName=debug Nodes=$node1,$node2 Default=YES MaxTime=INFINITE State=UP PriorityTier=10
+PartitionName=spare Nodes=$node3 MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=REQUEUE GraceTime=5
+PartitionName=urgent Nodes=$node3 MaxTime=INFINITE State=UP PriorityTier=10
 CONF
   # Two slurmstepds of one step on one machine would share PMIx's client
   # directory (/tmp/spmix_appdir_UID_JOB.STEP): each slurmd gets its own copy
   # of the config with an mpi.conf that points PMIx elsewhere.
-  for n in "$node1" "$node2"; do
+  for n in "$node1" "$node2" "$node3"; do
     mkdir -p "$dir/$n/pmix"
     cp "$conf" "$dir/$n/slurm.conf"
     echo "PMIxCliTmpDirBase=$dir/$n/pmix" > "$dir/$n/mpi.conf"
@@ -103,15 +114,16 @@ start() {
     su -s /bin/sh munge -c "/usr/sbin/munged" >&2
     echo started > "$dir/munged.started"
   fi
-  if ! getent hosts "$node1" >/dev/null || ! getent hosts "$node2" >/dev/null; then
+  if ! getent hosts "$node1" >/dev/null || ! getent hosts "$node2" >/dev/null || ! getent hosts "$node3" >/dev/null; then
     echo "$hosts_line" >> /etc/hosts
   fi
   spawn slurmctld slurmctld -D -i -f "$conf"
   spawn "slurmd-$node1" slurmd -D -N "$node1" -f "$dir/$node1/slurm.conf"
   spawn "slurmd-$node2" slurmd -D -N "$node2" -f "$dir/$node2/slurm.conf"
-  # Ready when both nodes are idle.
+  spawn "slurmd-$node3" slurmd -D -N "$node3" -f "$dir/$node3/slurm.conf"
+  # Ready when the three nodes are idle (sinfo -N lists erun-n3 once per partition).
   local deadline=$((SECONDS + ${ERUN_SLURM_START_TIMEOUT:-60}))
-  until [ "$(sinfo -h -N -o '%T' 2>/dev/null | grep -c '^idle')" = 2 ]; do
+  until [ "$(sinfo -h -N -o '%N %T' 2>/dev/null | sort -u | grep -c ' idle$')" = 3 ]; do
     if [ $SECONDS -ge $deadline ] || ! kill -0 "$(cat "$dir/slurmctld.daemon-pid")" 2>/dev/null; then
       log "the nodes did not become idle; sinfo says:"
       sinfo -N >&2 || true
@@ -121,7 +133,7 @@ start() {
     fi
     sleep 0.5
   done
-  log "ready: nodes $node1,$node2 with 8 CPUs each; export SLURM_CONF=$conf"
+  log "ready: nodes $node1,$node2 (partition debug) and $node3 (partitions spare and urgent) with 8 CPUs each; export SLURM_CONF=$conf"
 }
 
 stop() {

@@ -21,7 +21,7 @@ const std::map<std::string, int>& option_arity() {
   static const std::map<std::string, int> arity = {
       {"-np", 1}, {"--np", 1}, {"-n", 1}, {"--num-proc", 1}, {"--min-np", 1}, {"--max-np", 1},
       {"--host-discovery-script", 1}, {"--discovery-interval", 1}, {"--discovery-timeout", 1},
-      {"-H", 1}, {"--hosts", 1}, {"--hostfile", 1}, {"--slots-per-host", 1}, {"--slots", 1},
+      {"-H", 1}, {"--hosts", 1}, {"--hostfile", 1}, {"--slots-per-host", 1}, {"--slots", 1}, {"--slurm-grow", 1},
       {"--elastic-timeout", 1}, {"--reset-limit", 1}, {"--blacklist-cooldown-range", 2},
       {"--blacklist-after", 1}, {"--crash-loop-limit", 1}, {"--ssh-port", 1}, {"-p", 1}, {"--ssh-identity-file", 1},
       {"-i", 1}, {"--ssh-connect-timeout", 1}, {"-x", 1}, {"--env", 1},
@@ -130,7 +130,8 @@ void add_host_flags(po::options_description& desc, DriverOptions& o, RawFlags& r
     ("hosts,H", po::value<std::string>(&o.hosts), "hosts and slots, e.g. a:4,b:4")
     ("hostfile", po::value<std::string>(&o.hostfile), "file with one 'host:slots' or 'host slots=N' per line")
     ("slots-per-host", po::value<int>(&o.slots_per_host), "slots of a host given without a count (with --slurm: of every node)")
-    ("slurm", po::bool_switch(&o.slurm), "hosts and slots from the Slurm allocation (SLURM_JOB_NODELIST, SLURM_TASKS_PER_NODE); default when SLURM_JOB_ID is set and no hosts are given; with --host-discovery-script the script's output is used (e.g. to drop drained nodes)");
+    ("slurm", po::bool_switch(&o.slurm), "hosts and slots from the Slurm allocation (SLURM_JOB_NODELIST, SLURM_TASKS_PER_NODE); default when SLURM_JOB_ID is set and no hosts are given; with --host-discovery-script the script's output is used (e.g. to drop drained nodes)")
+    ("slurm-grow", po::value<std::string>(&o.slurm_grow), "PARTITION: with --slurm, keep placeholder jobs (one node each) pending in PARTITION, as many as --max-np leaves room for; a node Slurm starts one on joins the job, and one Slurm preempts (a job of a higher priority tier) drains in place; cancelled when erun ends");
 }
 
 void add_elasticity_flags(po::options_description& desc, DriverOptions& o, RawFlags& r) {
@@ -262,6 +263,10 @@ Check resolve_host_source(DriverOptions& o, const CliContext& context) {
     return fail("--slurm takes the hosts from the allocation: drop -H/--hosts/--hostfile, or drop --slurm");
   }
   if (context.in_slurm_allocation && sources == 0) o.slurm = true;
+  if (!o.slurm_grow.empty() && (!o.slurm || !context.in_slurm_allocation)) {
+    return fail("--slurm-grow " + o.slurm_grow +
+                " grows a job of a Slurm allocation: run erun --slurm inside salloc or sbatch");
+  }
   return std::nullopt;
 }
 
@@ -286,6 +291,9 @@ Check resolve_world_size(DriverOptions& o, const po::variables_map& vm) {
   }
   if (o.np > 0 && o.max_np < o.np) {
     return fail(fmt::format("--max-np {} is smaller than -np {}: raise --max-np or lower -np", o.max_np, o.np));
+  }
+  if (!o.slurm_grow.empty() && !vm.count("max-np")) {
+    return fail("--slurm-grow " + o.slurm_grow + ": give --max-np, the size the job may grow to");
   }
   return std::nullopt;
 }

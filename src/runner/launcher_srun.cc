@@ -21,6 +21,9 @@ std::unique_ptr<Launcher> make_srun_launcher(SrunOptions options, AgentLaunchOpt
                                      "--unbuffered",  // frames, not lines: no line buffering in srun
                                      "--quiet",
                                      "--job-name=erun-agent-" + host};
+    if (options.job_of) {
+      if (std::string job = options.job_of(host); !job.empty()) argv.push_back("--jobid=" + job);
+    }
     argv.insert(argv.end(), options.extra_options.begin(), options.extra_options.end());
     for (auto& a : agent_args) argv.push_back(a);
     return argv;

@@ -8,6 +8,7 @@
 //    job: no driver, no elasticity; mpirun owns the processes from then on).
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -21,6 +22,9 @@ namespace erun {
 struct SrunOptions {
   std::string srun = "srun";               // program, looked up in PATH
   std::vector<std::string> extra_options;  // more srun flags, before the command
+  // The job a node's step joins when it is not erun's allocation (a
+  // --slurm-grow placeholder's): "" for the allocation. Unset: always that.
+  std::function<std::string(const std::string& host)> job_of;
 };
 
 std::unique_ptr<Launcher> make_srun_launcher(SrunOptions options, AgentLaunchOptions agent);

@@ -29,6 +29,7 @@
 #include "runner/metrics_server.h"
 #include "runner/launcher.h"
 #include "runner/launcher_srun.h"
+#include "runner/slurm_grow.h"
 #include "runner/output.h"
 #include "rendezvous/rendezvous.h"
 
@@ -236,7 +237,8 @@ struct Launchers {
   std::unique_ptr<erun::Launcher> remote;
 };
 
-erun::Result<Launchers> make_launchers(const erun::DriverOptions& options) {
+erun::Result<Launchers> make_launchers(const erun::DriverOptions& options,
+                                      const std::shared_ptr<erun::SlurmGrow>& slurm_grow) {
   erun::AgentLaunchOptions agent;
   agent.agent_path = options.agent_path.empty() ? erun::own_executable() : options.agent_path;
   agent.heartbeat_timeout = options.heartbeat_timeout;
@@ -251,7 +253,12 @@ erun::Result<Launchers> make_launchers(const erun::DriverOptions& options) {
   l.local = erun::make_local_launcher(agent);
   if (options.launcher == erun::LauncherKind::kSrun ||
       (options.launcher == erun::LauncherKind::kAuto && options.slurm)) {
-    l.remote = erun::make_srun_launcher({}, agent);
+    erun::SrunOptions srun;
+    if (slurm_grow) {
+      // A node lent by a placeholder: its agent is a step of that job.
+      srun.job_of = [slurm_grow](const std::string& host) { return slurm_grow->job_of(host); };
+    }
+    l.remote = erun::make_srun_launcher(srun, agent);
   } else {
     erun::SshOptions ssh;
     ssh.port = options.ssh_port;
@@ -456,8 +463,8 @@ class JobView {
 // The driver and its parts (launchers, event log, output, rendezvous), then
 // the job or its dry run. `args`: erun's arguments, for the job's name and record.
 int run_driver(const erun::DriverOptions& options, erun::HostDiscovery& discovery,
-               const std::vector<std::string>& args) {
-  auto launchers = make_launchers(options);
+               const std::vector<std::string>& args, const std::shared_ptr<erun::SlurmGrow>& slurm_grow) {
+  auto launchers = make_launchers(options, slurm_grow);
   if (!launchers) {
     std::fprintf(stderr, "erun: %s\n", launchers.message().c_str());
     return 2;
@@ -649,6 +656,13 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (options.launcher == erun::LauncherKind::kMpirun) return exec_mpirun(options, **discovery);
+  std::shared_ptr<erun::SlurmGrow> slurm_grow;
+  if (!options.slurm_grow.empty()) {
+    const int slots = options.slots_per_host > 0 ? options.slots_per_host : 1;
+    slurm_grow = std::make_shared<erun::SlurmGrow>(
+        erun::SlurmGrow::Options{options.slurm_grow, env_or_empty("SLURM_JOB_ID"), slots}, erun::run_slurm_command);
+    *discovery = std::make_unique<erun::SlurmGrowDiscovery>(std::move(*discovery), slurm_grow, options.max_np, slots);
+  }
   ::signal(SIGPIPE, SIG_IGN);
-  return run_driver(options, **discovery, args);
+  return run_driver(options, **discovery, args, slurm_grow);
 }

@@ -31,6 +31,9 @@ struct DriverOptions {
   // Hosts from the Slurm allocation (--slurm, or SLURM_JOB_ID set and no other
   // host source); with a discovery script, the script stays the source.
   bool slurm = false;
+  // --slurm-grow PARTITION: placeholder jobs there lend the job idle nodes
+  // up to --max-np (runner/slurm_grow.h); "" none.
+  std::string slurm_grow;
 
   Duration elastic_timeout = std::chrono::seconds(600);
   int reset_limit = -1;  // -1: unlimited

@@ -130,6 +130,35 @@ TEST_F(SlurmTest, WithoutFlagsErunDetectsTheAllocationAndStartsWorkersAsSrunStep
   EXPECT_TRUE(std::regex_search(r.output, std::regex("rank=1 step=[0-9]+ node=erun-n2"))) << r.output;
 }
 
+// (e) of issue 34: --slurm-grow in the three-node Slurm. The job of two
+// nodes grows onto the idle third through a placeholder job; an urgent job
+// of a higher priority tier preempts the placeholder, whose SIGTERM drains
+// the node in place (no failure, nothing rolled back); the urgent job ends,
+// the requeued placeholder runs again at once and the job grows back. It
+// ends at the single process's model, with no placeholder left in squeue.
+TEST_F(SlurmTest, SlurmGrowGrowsOntoAnIdleNodeDrainsItForAnUrgentJobAndGrowsBack) {
+  // About a minute of training (150 ms steps); the reference without the sleep.
+  const std::string args = " --samples 4000 --epochs 24";
+  auto ref = run_shell(build_path("examples/train_mlp") + args, 180s);
+  ASSERT_TRUE(ref.status && ref.status->ok()) << ref.output;
+  const std::string want = checksum_line(ref.output);
+  ASSERT_FALSE(want.empty());
+  TempDir work;
+  auto r = run_shell(source_path("tests/integration/slurm_grow_scenario.sh") + " " + erun_binary() + " " +
+                         work.path() + " " + build_path("examples/train_mlp") + args + " --step-ms 150",
+                     280s);
+  ASSERT_TRUE(r.status) << "the scenario did not end in time:\n" << r.output;
+  for (const char* step : {"scenario: grew onto the idle node", "scenario: the lent node drains",
+                           "scenario: the placeholder was preempted", "scenario: grew back", "scenario: erun exit 0",
+                           "scenario: placeholders left: 0"}) {
+    EXPECT_NE(r.output.find(step), std::string::npos) << "no '" << step << "'\n" << r.output;
+  }
+  EXPECT_EQ(r.output.find("worker failed"), std::string::npos) << "the preemption counted as a failure\n" << r.output;
+  EXPECT_EQ(r.output.find("exactly-once=NO"), std::string::npos) << r.output;
+  EXPECT_EQ(checksum_line(r.output), want) << r.output;
+  EXPECT_NE(r.output.find("erun-n3"), std::string::npos) << r.output;
+}
+
 TEST_F(SlurmTest, SrunWithPmixBootstrapsFromMpiAndMatchesASingleProcess) {
   std::string want = single_run_checksum();
   ASSERT_FALSE(want.empty());

@@ -92,6 +92,30 @@ TEST(Cli, ContradictionsAreOneClearLine) {
             std::string::npos);
 }
 
+// --slurm-grow takes a partition (its value is no program) and needs an
+// allocation and --max-np.
+TEST(Cli, SlurmGrow) {
+  CliContext in_allocation;
+  in_allocation.in_slurm_allocation = true;
+  std::vector<std::string> words = {"erun", "--slurm-grow", "spare", "-np", "2", "--max-np", "4", "./train", "-x"};
+  std::vector<const char*> argv;
+  for (auto& w : words) argv.push_back(w.c_str());
+  auto r = parse_cli(static_cast<int>(argv.size()), argv.data(), in_allocation);
+  ASSERT_TRUE(std::holds_alternative<DriverOptions>(r)) << std::get<CliError>(r).message;
+  const auto& o = std::get<DriverOptions>(r);
+  EXPECT_EQ(o.slurm_grow, "spare");
+  EXPECT_TRUE(o.slurm);
+  EXPECT_EQ(o.command, (std::vector<std::string>{"./train", "-x"}));
+  EXPECT_NE(error({"--slurm-grow", "spare", "-np", "2", "--max-np", "4", "./train"}).find("inside salloc or sbatch"),
+            std::string::npos);
+  words = {"erun", "--slurm-grow", "spare", "-np", "2", "./train"};
+  argv.clear();
+  for (auto& w : words) argv.push_back(w.c_str());
+  r = parse_cli(static_cast<int>(argv.size()), argv.data(), in_allocation);
+  ASSERT_TRUE(std::holds_alternative<CliError>(r));
+  EXPECT_NE(std::get<CliError>(r).message.find("give --max-np"), std::string::npos) << std::get<CliError>(r).message;
+}
+
 TEST(Cli, CommitReplicas) {
   EXPECT_EQ(ok({"-np", "2", "x"}).commit_replicas, 1);
   EXPECT_EQ(ok({"-np", "2", "--commit-replicas", "0", "x"}).commit_replicas, 0);
