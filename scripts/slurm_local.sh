@@ -8,6 +8,11 @@
 #   scripts/slurm_local.sh stop         stop the daemons this script started
 #   scripts/slurm_local.sh demo [BUILD] start, run the example under erun --slurm (salloc),
 #                                       srun and mpirun-in-salloc, compare checksums, stop
+#   scripts/slurm_local.sh priorities [BUILD]
+#                                       start, an elastic job grows onto the idle erun-n3
+#                                       (--slurm-grow spare), an urgent job takes it back
+#                                       and the job shrinks in place, then grows again;
+#                                       compare with the uninterrupted model, stop
 #
 # Three nodes, erun-n1, erun-n2 and erun-n3, all 127.0.0.1 with their own slurmd
 # port and 8 CPUs each (SlurmdParameters=config_overrides lets a small machine
@@ -179,10 +184,42 @@ demo() {
   srun -N2 -n4 --mpi=pmix --immediate=30 $example | tail -1
 }
 
+# Priorities from Slurm, end to end (docs/mpi_slurm.md, "Growing onto idle
+# nodes"): a low-priority elastic job grows onto the idle erun-n3, an urgent
+# job takes that node and the elastic job shrinks in place, the urgent job
+# ends and the elastic job grows back; it ends at the uninterrupted run's model.
+priorities() {
+  local build=${1:-build}
+  local args="--samples 4000 --epochs 24"
+  start
+  trap stop EXIT
+  export SLURM_CONF=$conf
+  local want got work
+  want=$("$build/examples/train_mlp" $args | grep -o 'final accuracy=.*')
+  echo "== uninterrupted: $want"
+  work=$(mktemp -d)
+  echo "== salloc -N2 erun --slurm --slurm-grow spare -np 2 --max-np 3 (about a minute; an urgent job takes erun-n3 midway)"
+  bash "$(dirname "$0")/../tests/integration/slurm_grow_scenario.sh" "$build/src/runner/erun" "$work" \
+    "$build/examples/train_mlp" $args --step-ms 150 > "$work/log" 2>&1
+  grep '^scenario:' "$work/log"
+  grep -E 'slurm-grow: placeholder job .* (runs|leaves|ended)|host erun-n3 drain|membership grows' "$work/log" |
+    sed 's/^[0-9-]* //' | cut -c1-150
+  got=$(grep -o 'final accuracy=.*' "$work/log" | tail -1)
+  echo "== elastic: $got"
+  rm -rf "$work"
+  if [ -n "$want" ] && [ "$got" = "$want" ]; then
+    echo "== the same model"
+  else
+    echo "== the models differ"
+    return 1
+  fi
+}
+
 case "${1:-}" in
   start) start ;;
   stop) stop ;;
   env) echo "export SLURM_CONF=$conf" ;;
   demo) shift; demo "$@" ;;
-  *) echo "usage: $0 start|stop|env|demo [BUILD_DIR]" >&2; exit 2 ;;
+  priorities) shift; priorities "$@" ;;
+  *) echo "usage: $0 start|stop|env|demo [BUILD_DIR]|priorities [BUILD_DIR]" >&2; exit 2 ;;
 esac
