@@ -13,6 +13,7 @@ namespace erun {
 namespace {
 
 constexpr auto kCommandTimeout = std::chrono::seconds(30);
+constexpr auto kSubmitBackoff = std::chrono::seconds(30);
 
 // Placeholder states that hold (or wait for) a node: the others are ending or gone.
 bool live(const std::string& state) {
@@ -124,13 +125,15 @@ void SlurmGrow::tick(int wanted) {
   warned_ = false;
   int count = 0;
   for (auto& [id, p] : now) count += live(p.state) ? 1 : 0;
-  for (; count < wanted; ++count) {
+  const auto now_time = std::chrono::steady_clock::now();
+  for (; count < wanted && now_time >= next_submit_; ++count) {
     auto id = run_({"sbatch", "--parsable", "--partition=" + o_.partition, "--nodes=1", "--exclusive", "--requeue",
                     "--job-name=" + name_, "--output=/dev/null", "--wrap=" + script(o_.allocation)});
     if (!id) {
       ERUN_LOG_ERROR("--slurm-grow {}: cannot submit a placeholder job ({}); check the partition's name "
-                     "(sinfo) and that this user may submit to it",
-                     o_.partition, id.message());
+                     "(sinfo) and that this user may submit to it; trying again in {} s",
+                     o_.partition, id.message(), kSubmitBackoff.count());
+      next_submit_ = now_time + kSubmitBackoff;
       break;
     }
     const std::string job = trimmed(split(*id, ';').front());

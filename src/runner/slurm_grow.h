@@ -11,6 +11,7 @@
 // again. Every priority decision is Slurm's. The placeholders are cancelled
 // when erun ends; one whose allocation ended without erun ends by itself.
 #pragma once
+#include <chrono>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -68,7 +69,10 @@ class SlurmGrow {
   mutable std::mutex mu_;
   std::map<std::string, Placeholder> jobs_;  // by job id
   bool cancelled_ = false;
-  bool warned_ = false;  // a failed Slurm command was logged (once until one works)
+  bool warned_ = false;  // a failed squeue was logged (once until one works)
+  // After a failed sbatch (a wrong partition, a submit limit): no other
+  // before this, so that a tick a second does not repeat it.
+  std::chrono::steady_clock::time_point next_submit_{};
 };
 
 // Runs argv with a time limit: its stdout, or an error with its exit status

@@ -105,6 +105,8 @@ TEST_F(SlurmGrowTest, SlurmFailingKeepsTheJobsNodesAndSubmitsNothing) {
   sbatch_fails = true;
   g->tick(1);  // logs the partition's trouble; no throw, no loop
   EXPECT_EQ(count("sbatch"), 1);
+  g->tick(1);
+  EXPECT_EQ(count("sbatch"), 1) << "a failed submission is not repeated at the next tick";
 }
 
 TEST_F(SlurmGrowTest, DiscoveryWantsTheRoomMaxNpLeavesAndAddsRunningNodes) {
