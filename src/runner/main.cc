@@ -657,7 +657,7 @@ int main(int argc, char** argv) {
   }
   if (options.launcher == erun::LauncherKind::kMpirun) return exec_mpirun(options, **discovery);
   std::shared_ptr<erun::SlurmGrow> slurm_grow;
-  if (!options.slurm_grow.empty()) {
+  if (!options.slurm_grow.empty() && !options.dry_run) {  // a dry run submits nothing
     const int slots = options.slots_per_host > 0 ? options.slots_per_host : 1;
     slurm_grow = std::make_shared<erun::SlurmGrow>(
         erun::SlurmGrow::Options{options.slurm_grow, env_or_empty("SLURM_JOB_ID"), slots}, erun::run_slurm_command);
