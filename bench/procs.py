@@ -1,6 +1,7 @@
-"""Helpers the fault benchmarks share (bench/preemption.py, bench/stragglers.py):
-waiting for a line, the discovery script, the model checksum, finding a worker by its host, and
-slowing a process down."""
+"""Helpers the fault benchmarks share (bench/preemption.py, bench/stragglers.py, bench/standby.py,
+bench/removed_slots.py): waiting for a line, reading erun's event log, the discovery script, the model
+checksum, finding a worker by its host, and slowing a process down."""
+import json
 import os
 import re
 import signal
@@ -13,6 +14,30 @@ def wait_for(path, text, limit):
     end = time.time() + limit
     while time.time() < end:
         if os.path.exists(path) and text in open(path, errors="replace").read():
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def events(path, name):
+    """The events named `name` in erun's event log at `path` (--event-log), in order."""
+    out = []
+    if os.path.exists(path):
+        for line in open(path):
+            try:
+                e = json.loads(line)
+            except ValueError:
+                continue
+            if e.get("event") == name:
+                out.append(e)
+    return out
+
+
+def wait_events(path, name, n, limit):
+    """Waits up to `limit` seconds for `n` events named `name` in the log at `path`."""
+    end = time.time() + limit
+    while time.time() < end:
+        if len(events(path, name)) >= n:
             return True
         time.sleep(0.01)
     return False

@@ -19,7 +19,6 @@ Every run must end with exit 0 at the same model, every epoch once.
   python3 bench/removed_slots.py --build build [--runs 3]
 """
 import argparse
-import json
 import os
 import shutil
 import signal
@@ -27,34 +26,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from procs import checksum, discovery_script, wait_for, worker_on  # noqa: E402
+from procs import checksum, discovery_script, events, wait_events, wait_for, worker_on  # noqa: E402
 
 ARGS = ["--samples", "8000", "--epochs", "6", "--batch", "256", "--commit-every", "50", "--step-ms", "40"]
-
-
-def events(path, name):
-    out = []
-    if os.path.exists(path):
-        for line in open(path):
-            try:
-                e = json.loads(line)
-            except ValueError:
-                continue
-            if e.get("event") == name:
-                out.append(e)
-    return out
-
-
-def wait_events(path, name, n, limit, where=lambda e: True):
-    end = time.time() + limit
-    while time.time() < end:
-        if len([e for e in events(path, name) if where(e)]) >= n:
-            return True
-        time.sleep(0.005)
-    return False
 
 
 def one_run(erun, build, work, failure):

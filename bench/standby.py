@@ -18,7 +18,6 @@ torch`; 5: as a GPU job's CUDA and data loading would take).
   python3 bench/standby.py --build build [--runs 3] [--startup-s 0 5] [--programs cpp torch]
 """
 import argparse
-import json
 import os
 import shutil
 import signal
@@ -29,34 +28,11 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from procs import checksum, discovery_script, wait_for  # noqa: E402
+from procs import checksum, discovery_script, events, wait_events, wait_for  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CPP_ARGS = ["--samples", "8000", "--epochs", "8", "--batch", "256", "--commit-every", "5", "--step-ms", "40"]
 TORCH_ARGS = ["--epochs", "4", "--samples", "768", "--batch", "32", "--step-ms", "200"]
-
-
-def events(path, name):
-    if not os.path.exists(path):
-        return []
-    out = []
-    for line in open(path):
-        try:
-            e = json.loads(line)
-        except ValueError:
-            continue
-        if e.get("event") == name:
-            out.append(e)
-    return out
-
-
-def wait_events(path, name, n, limit):
-    end = time.time() + limit
-    while time.time() < end:
-        if len(events(path, name)) >= n:
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def member_on(marker, host):

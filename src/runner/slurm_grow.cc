@@ -22,13 +22,6 @@ bool live(const std::string& state) {
   return states.count(state) > 0;
 }
 
-std::string trimmed(std::string s) {
-  while (!s.empty() && (s.back() == '\n' || s.back() == ' ' || s.back() == '\r')) s.pop_back();
-  size_t i = 0;
-  while (i < s.size() && s[i] == ' ') ++i;
-  return s.substr(i);
-}
-
 }  // namespace
 
 Result<std::string> run_slurm_command(const std::vector<std::string>& argv) {
@@ -50,7 +43,7 @@ Result<std::string> run_slurm_command(const std::vector<std::string>& argv) {
   }
   if (!status->ok()) {
     return Result<std::string>::error(
-        fmt::format("`{}` failed with {}: {}", join(argv, " "), status->describe(), trimmed(err)));
+        fmt::format("`{}` failed with {}: {}", join(argv, " "), status->describe(), trim(err)));
   }
   return out;
 }
@@ -88,7 +81,7 @@ void SlurmGrow::tick(int wanted) {
   }
   std::map<std::string, Placeholder> now;
   for (const std::string& line : split(*listed, '\n')) {
-    auto f = split(trimmed(line), '|');
+    auto f = split(trim(line), '|');
     if (f.size() < 4 || f[0].empty()) continue;
     now[f[0]] = Placeholder{f[1], f[1] == "RUNNING" ? f[2] : "", f[3]};
   }
@@ -136,7 +129,7 @@ void SlurmGrow::tick(int wanted) {
       next_submit_ = now_time + kSubmitBackoff;
       break;
     }
-    const std::string job = trimmed(split(*id, ';').front());
+    const std::string job(trim(split(*id, ';').front()));
     ERUN_LOG_INFO("--slurm-grow: placeholder job {} waits in partition {} for an idle node", job, o_.partition);
     now[job] = Placeholder{"PENDING", "", ""};
   }

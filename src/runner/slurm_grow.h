@@ -54,7 +54,8 @@ class SlurmGrow {
   const std::string& name() const { return name_; }
 
   // The placeholder's batch script: it ignores SIGTERM (a preemption's
-  // notice is for the agent's step) and ends when the allocation has.
+  // notice is for the agent's step), ends the job itself once it is
+  // preempted and the agent's step is gone, and ends when the allocation has.
   static std::string script(const std::string& allocation);
 
  private:
