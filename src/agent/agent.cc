@@ -381,6 +381,17 @@ void Agent::ensure_watchdog() {
   if (relay_) (void)write_fully(watchdog_fd_, fmt::format("D {}\n", relay_->directory()));
   if (!attach_dir_.empty()) (void)write_fully(watchdog_fd_, fmt::format("T {}\n", attach_dir_));
   if (!commit_dir_.empty()) (void)write_fully(watchdog_fd_, fmt::format("C {}\n", commit_dir_));
+  tell_watchdog_grace();
+}
+
+void Agent::tell_watchdog_grace() {
+  if (watchdog_fd_ < 0) return;
+  long ms = 0;
+  if (holding() || silent_) {
+    ms = std::max<long>(
+        1, std::chrono::duration_cast<std::chrono::milliseconds>(grace_until_ - SteadyClock::now()).count());
+  }
+  (void)write_fully(watchdog_fd_, fmt::format("G {}\n", ms));
 }
 
 int Agent::run() {
@@ -450,6 +461,7 @@ void Agent::keep_in_touch(SteadyClock::time_point now) {
       if (!silent_) {
         silent_ = true;
         grace_until_ = now + o_.driver_grace;
+        tell_watchdog_grace();
         ERUN_LOG_WARN("{}: no word from the driver for {} ms: its workers go on for up to {:.0f} s (--driver-grace) "
                       "while it stays silent",
                       me_, silent_ms, std::chrono::duration<double>(o_.driver_grace).count());

@@ -75,6 +75,7 @@ void Agent::lose_driver(const std::string& why) {
   if (!attached_) return;
   close_channel();
   grace_until_ = SteadyClock::now() + o_.driver_grace;
+  tell_watchdog_grace();
   // The relay waits for the next driver's address instead of retrying this one.
   if (relay_) relay_->pause();
   size_t running = std::count_if(workers_.begin(), workers_.end(), [](auto& w) { return !w.second.reaped; });
@@ -189,6 +190,7 @@ void Agent::take_over_channel(Fd fd, const Attach& a, std::string_view rest) {
   in_fd_ = out_fd_ = fd.release();
   attached_ = driver_open_ = out_open_ = true;
   last_heard_ = SteadyClock::now();
+  tell_watchdog_grace();  // a driver holds the job again
   if (relay_) relay_->resume(a.rdzv_host, static_cast<int>(a.rdzv_port));
   size_t held = outbound_.size();
   outbound_ = encode(Hello{kProtocolVersion, o_.host, ::getpid(), attach_path_}) + encode(state_report()) + outbound_;
@@ -241,7 +243,10 @@ void Agent::on_driver_bytes() {
     return;
   }
   last_heard_ = SteadyClock::now();
-  if (std::exchange(silent_, false)) ERUN_LOG_WARN("{}: the driver speaks again", me_);
+  if (std::exchange(silent_, false)) {
+    ERUN_LOG_WARN("{}: the driver speaks again", me_);
+    tell_watchdog_grace();
+  }
   handle_frames(std::string_view(chunk, static_cast<size_t>(n)));
 }
 

@@ -161,6 +161,10 @@ class Agent {
   // the deadline.
   void tend_drain(SteadyClock::time_point now);
   void ensure_watchdog();
+  // Tells the watchdog how long the job's host memory must outlive this
+  // agent: until grace_until_ while no driver holds the job, else its
+  // default (a driver starts the host's agent again).
+  void tell_watchdog_grace();
   void relay_env(std::map<std::string, std::string>& env);
   Worker* find(uint64_t id);
   Worker* live(uint64_t id);  // a worker not reaped yet

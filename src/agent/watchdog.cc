@@ -44,6 +44,9 @@ void WatchdogState::apply(std::string_view line) {
     groups[static_cast<pid_t>(pgid)] = grace;
   } else if (words.size() == 2 && words[0] == "R" && parse_int(words[1], pgid)) {
     groups.erase(static_cast<pid_t>(pgid));
+  } else if (long ms = 0; words.size() == 2 && words[0] == "G" && parse_int(words[1], ms) && ms >= 0) {
+    keep_commits_until = ms == 0 ? std::chrono::steady_clock::time_point{}
+                                 : std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
   }
 }
 
@@ -111,7 +114,14 @@ void stop_groups(const std::map<pid_t, long>& groups) {
     ::unlink((state.attach_dir + "/attach").c_str());
     ::rmdir(state.attach_dir.c_str());
   }
-  if (!state.commit_dir.empty()) adopt_or_remove_commit_dir(state.commit_dir, kCommitAdoptGrace);
+  if (!state.commit_dir.empty()) {
+    // With a driver, it starts the host's agent again at once (or one that
+    // only holds the memory, when the host may not run workers now); without
+    // one, the memory waits for a new driver as the workers did.
+    auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(state.keep_commits_until -
+                                                                      SteadyClock::now());
+    adopt_or_remove_commit_dir(state.commit_dir, std::max<std::chrono::milliseconds>(wait, kCommitAdoptGrace));
+  }
   ::_exit(0);
 }
 

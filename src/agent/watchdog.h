@@ -1,7 +1,8 @@
 // The agent's watchdog, a forked process in its own session, reads the agent's
 // lines: "A <pgid> <grace_ms>", "R <pgid>", "D <relay dir>", "C <commit dir>",
 // "T <attach socket dir>",
-// "H" (alive). When the channel ends or the agent is silent for `silence_ms` (then
+// "G <ms>" (the driver is gone: keep the commit directory at least that long
+// should the agent die; "G 0": a driver is back), "H" (alive). When the channel ends or the agent is silent for `silence_ms` (then
 // SIGKILLed), it stops the groups it knows (SIGTERM, longest grace, SIGKILL),
 // removes the relay's and the attach socket's directories and hands the commit directory to
 // commit_dir.h. It never signals other groups, never removes anything else.
@@ -9,6 +10,7 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <map>
 #include <string>
 #include <string_view>
@@ -22,6 +24,9 @@ struct WatchdogState {
   std::string commit_dir;        // the job's host-memory commits (agent/commit_dir.h)
   std::string attach_dir;        // the agent's attach socket's private directory
   std::string partial;           // bytes after the last newline
+  // While no driver holds the job (within --driver-grace), a dead agent's
+  // commit directory waits until then, not only kCommitAdoptGrace.
+  std::chrono::steady_clock::time_point keep_commits_until{};
 
   // Applies every whole line in `bytes`; malformed lines and "H" change nothing.
   void feed(std::string_view bytes);

@@ -348,6 +348,11 @@ class Driver {
   // kRunning, after follow_membership() brought plan_cache_ up to date:
   // spare hosts keep replicas of the commits (--commit-replicas).
   void tend_replicas();
+  // Every discovered host that holds the job's host memory keeps a live
+  // agent: one whose agent was lost and that runs no worker now (it is
+  // blacklisted, or waits for a place) gets an agent that only holds the
+  // memory (KEEP), before the dead agent's watchdog gives it up.
+  void tend_host_memory();
   // Stops every worker, then ends the job with the failure's exit code.
   void finish_with_failure(const Failure& f);
   int job_exit_code();
@@ -427,6 +432,14 @@ class Driver {
   std::optional<Failure> generation_failure_;  // first failure of the current generation
   std::unique_ptr<CommitReplicas> replicas_;   // null: no host commits, or --commit-replicas 0
   long replicas_planned_at_ = -1;              // plan_cache_.recomputations() at the last replicas_->plan()
+  struct MemoryHold {
+    TimePoint missing_since{};  // its agent was first seen gone (zero: it has one)
+    TimePoint next_try{};
+    Duration backoff{};
+    bool kept = false;          // this driver started an agent there to hold the memory
+  };
+  std::map<std::string, MemoryHold> memory_hosts_;  // hosts that ran workers of the job (host commits on)
+  TimePoint next_memory_tend_{};
   std::optional<Failure> first_failure_;       // first failure of the job
   bool any_success_ = false;
   std::string first_finished_;     // who() of the first worker that finished successfully

@@ -127,6 +127,12 @@ class Launcher {
                          const std::string& keeper_dir) {
     (void)holder, (void)keeper, (void)port, (void)keeper_dir;
   }
+  // Whether `host` has a live agent; launchers without agents say true
+  // (there is nothing to start).
+  virtual bool agent_alive(const std::string& host) {
+    (void)host;
+    return true;
+  }
   // Asks `host`'s agent, when it has a live one, to keep no more: its keeper
   // ends; with `forget` the replicas it stored go at once (when no worker
   // runs there), otherwise once its workers hold a commit as new.

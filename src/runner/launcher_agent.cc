@@ -199,6 +199,11 @@ bool AgentLauncher::keep(const std::string& host, const std::string& commit_dir,
   return true;
 }
 
+bool AgentLauncher::agent_alive(const std::string& host) {
+  auto it = agents_.find(host);
+  return it != agents_.end() && !it->second->lost();
+}
+
 std::optional<int> AgentLauncher::keeper_port(const std::string& host) {
   auto it = agents_.find(host);
   if (it == agents_.end() || it->second->lost()) return 0;

@@ -55,6 +55,7 @@ class AgentLauncher final : public Launcher {
   }
   bool keep(const std::string& host, const std::string& commit_dir, const std::string& secret) override;
   std::optional<int> keeper_port(const std::string& host) override;
+  bool agent_alive(const std::string& host) override;
   void replicate(const std::string& holder, const std::string& keeper, int port,
                  const std::string& keeper_dir) override;
   void unkeep(const std::string& host, bool forget) override;

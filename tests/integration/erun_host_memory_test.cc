@@ -70,6 +70,8 @@ uint64_t newest_id(const std::string& dir, bool replica = false) {
   return c && (!replica || c->path.find("/replica.") != std::string::npos) ? c->id : 0;
 }
 
+pid_t agent_of_worker_on(const std::vector<pid_t>& workers, const std::string& host);
+
 class ErunHostMemory : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -194,6 +196,63 @@ TEST_F(ErunHostMemory, TheOnlyHostsAgentKilledResumesAtTheLastCommit) {
   ::kill(agent, SIGKILL);  // its watchdog stops both workers: nothing in memory holds the commit
   ASSERT_NO_FATAL_FAILURE(expect_resumed_exactly(p, 2));
   EXPECT_NE(p.err().find("agent on localhost lost"), std::string::npos) << p.err();
+}
+
+// Test (j) of issue 33: the agent of the only host holding the newest commit
+// is SIGKILLed while the other host sits out a blacklisting, and the host
+// runs workers again only later than the 10 s a dead agent's watchdog waits.
+// The driver starts an agent there at once to hold the host's memory, so the
+// job resumes at the last commit, not at the blacklisted host's older one.
+TEST_F(ErunHostMemory, TheUpToDateHostsAgentKilledWhileTheOtherIsBlacklistedResumesAtTheLastCommit) {
+  dir_.write("hosts", "127.0.0.2:1\n127.0.0.3:1\n");
+  // Every failure blacklists its host: 11 s the first time, 22 s the second.
+  std::vector<std::string> args = erun_args(
+      {"-np", "2", "--min-np", "1", "--blacklist-after", "1", "--blacklist-cooldown-range", "11", "120"});
+  // Slower steps (the model does not depend on them): the job trains on
+  // through the cooldowns below.
+  args.insert(args.end(), {"--step-ms", "100"});
+  ErunProcess p(args);
+  ASSERT_TRUE(p.wait_output(fmt_epoch(0), 120s)) << p.out() << p.err();
+  // b fails twice: its second blacklisting outlasts a's first.
+  for (const char* cooldown : {"11", "22"}) {
+    const pid_t on_b = worker_on(workers(), "127.0.0.3");
+    ASSERT_GT(on_b, 0) << p.err();
+    ::kill(on_b, SIGKILL);
+    ASSERT_TRUE(p.wait_output(fmt::format("127.0.0.3 blacklisted for {} s", cooldown), 30s)) << p.err();
+    if (std::string(cooldown) == "11") {
+      ASSERT_TRUE(p.wait_output("world size 1 -> 2", 60s)) << p.err();
+    }
+  }
+  std::vector<pid_t> ws = workers();
+  const pid_t on_a = worker_on(ws, "127.0.0.2");
+  ASSERT_GT(on_a, 0);
+  const std::string a_dir = commit_dir_of(on_a);
+  const std::string b_dir = a_dir.substr(0, a_dir.rfind("-127.0.0.2")) + "-127.0.0.3";
+  ASSERT_FALSE(a_dir.empty());
+  // a alone commits past what b's memory holds.
+  auto deadline = std::chrono::steady_clock::now() + 30s;
+  while (newest_id(a_dir) <= newest_id(b_dir) + 2 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(20ms);
+  }
+  const pid_t agent_a = agent_of_worker_on(ws, "127.0.0.2");
+  ASSERT_GT(agent_a, 0);
+  ::kill(on_a, SIGSTOP);  // its newest commit stays put
+  const uint64_t last_commit = newest_id(a_dir);
+  ASSERT_GT(last_commit, newest_id(b_dir) + 2) << a_dir << " " << b_dir;
+  const size_t epochs_then = epochs(p.out()).size();
+  ::kill(agent_a, SIGKILL);  // its watchdog stops a's worker
+  ASSERT_TRUE(p.wait_output("127.0.0.2 blacklisted for 11 s", 30s)) << p.err();
+  // Past the watchdog's 10 s, a's memory is still there, held by an agent.
+  std::this_thread::sleep_for(std::chrono::milliseconds(10500));
+  EXPECT_GE(newest_id(a_dir), last_commit) << a_dir << "\n" << p.err();
+  EXPECT_NE(p.err().find("127.0.0.2: its agent is gone and no worker runs there (it is blacklisted)"),
+            std::string::npos)
+      << p.err();
+  ASSERT_NO_FATAL_FAILURE(expect_resumed_exactly(p, static_cast<int>(epochs_then)));
+  const std::string said = p.err() + p.out();
+  EXPECT_NE(said.find("restored commit " + std::to_string(last_commit) + " from host memory on 127.0.0.2"),
+            std::string::npos)
+      << said;
 }
 
 TEST_F(ErunHostMemory, SigkilledErunLeavesNoHostMemoryBehind) {

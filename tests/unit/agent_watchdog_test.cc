@@ -47,5 +47,19 @@ TEST(AgentWatchdogTest, TakesAbsoluteDirectoriesOnly) {
   EXPECT_TRUE(s.groups.empty());
 }
 
+TEST(AgentWatchdogTest, KeepsCommitsThroughTheDriversGraceUntilADriverIsBack) {
+  WatchdogState s;
+  EXPECT_EQ(s.keep_commits_until, std::chrono::steady_clock::time_point{});
+  const auto before = std::chrono::steady_clock::now();
+  s.feed("G 60000\n");
+  EXPECT_GE(s.keep_commits_until, before + std::chrono::seconds(60));
+  EXPECT_LE(s.keep_commits_until, std::chrono::steady_clock::now() + std::chrono::seconds(60));
+  s.feed("G -5\nG x\nG\n");  // malformed: unchanged
+  EXPECT_GE(s.keep_commits_until, before + std::chrono::seconds(60));
+  s.feed("G 0\n");
+  EXPECT_EQ(s.keep_commits_until, std::chrono::steady_clock::time_point{});
+  EXPECT_TRUE(s.groups.empty());
+}
+
 }  // namespace
 }  // namespace erun::agent
