@@ -257,9 +257,45 @@ Result<std::unique_ptr<JobStore>> JobStore::lock(const std::string& jobs_dir, co
   return R(std::unique_ptr<JobStore>(new JobStore(dir, std::move(dir_fd), std::move(lock))));
 }
 
+Result<std::unique_ptr<JobStore>> JobStore::open_unlocked(const std::string& jobs_dir, const std::string& name) {
+  using R = Result<std::unique_ptr<JobStore>>;
+  const std::string dir = jobs_dir + "/" + name;
+  if (Status s = ensure_private_dir(dir, "job record directory", DirPolicy{.refuse_shared_write = true, .refuse_link = true});
+      !s) {
+    return R::error(s.message());
+  }
+  Fd dir_fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!dir_fd) return R::error(fmt::format("cannot open the job record directory {}: {}", dir, std::strerror(errno)));
+  return R(std::unique_ptr<JobStore>(new JobStore(dir, std::move(dir_fd), Fd())));
+}
+
+bool JobStore::try_lock() {
+  if (lock_) return true;
+  Fd lock(::openat(dir_fd_.get(), "lock", O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600));
+  if (!lock || ::flock(lock.get(), LOCK_EX | LOCK_NB) != 0) return false;
+  lock_ = std::move(lock);
+  return true;
+}
+
+void JobStore::touch() { (void)::utimensat(dir_fd_.get(), "record", nullptr, AT_SYMLINK_NOFOLLOW); }
+
+std::string record_stamp(const std::string& jobs_dir, const std::string& name) {
+  Fd fd(::open((jobs_dir + "/" + name + "/record").c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+  struct stat st {};
+  if (!fd || ::fstat(fd.get(), &st) != 0) return "";
+  return fmt::format("{}:{}:{}.{}", static_cast<unsigned long>(st.st_ino), static_cast<long>(st.st_size),
+                     static_cast<long>(st.st_mtim.tv_sec), st.st_mtim.tv_nsec);
+}
+
 std::optional<JobRecord> JobStore::read() const { return read_record_at(dir_fd_.get(), dir_); }
 
 Status JobStore::write(const JobRecord& r) {
+  // A driver that was frozen or cut off while a standby took the job over
+  // must not put its older view back (it learns from the agents that it was
+  // replaced, and exits).
+  if (auto now = read(); now && now->job_id == r.job_id && now->term > r.term) {
+    return Status::error(fmt::format("job {}: driver term {} holds it now", r.name, now->term));
+  }
   std::string tmp;
   auto fd = create_private_temp(dir_fd_.get(), dir_, ".record-", &tmp);
   if (!fd) return Status::error(fd.message());

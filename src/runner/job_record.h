@@ -65,9 +65,18 @@ class JobStore {
   // names that erun and says what to do, and *held (when given) is set.
   static Result<std::unique_ptr<JobStore>> lock(const std::string& jobs_dir, const std::string& name,
                                                 bool* held = nullptr);
+  // A standby driver's way in while the job's driver is alive but silent
+  // (frozen, or on a machine cut off): the job's directory without its lock,
+  // which try_lock() takes once that driver is gone.
+  static Result<std::unique_ptr<JobStore>> open_unlocked(const std::string& jobs_dir, const std::string& name);
+  bool holds_lock() const { return static_cast<bool>(lock_); }
+  bool try_lock();
+  // The driver's heartbeat: the record's modification time, set to now.
+  void touch();
   // The record, when one is there; a damaged one is reported and ignored.
   std::optional<JobRecord> read() const;
-  // Replaces the record atomically (a private temporary file, fsync, rename).
+  // Replaces the record atomically (a private temporary file, fsync, rename);
+  // refused when the record there names a newer driver term of the job.
   Status write(const JobRecord& r);
   // The job ended: its record goes (the lock stays until this store goes).
   void remove();
@@ -83,5 +92,10 @@ class JobStore {
 // Reads the record of job `name` under `jobs_dir` without taking its lock
 // (erun --attach NAME, before it locks).
 std::optional<JobRecord> peek_record(const std::string& jobs_dir, const std::string& name);
+
+// What changes whenever the job's driver beats (JobStore::touch()) or
+// rewrites the record: its inode, size and modification time, read through
+// a fresh open (so that NFS revalidates it); "" when there is no record.
+std::string record_stamp(const std::string& jobs_dir, const std::string& name);
 
 }  // namespace erun

@@ -1,7 +1,9 @@
 // erun's entry point: parse the command line, build the driver's parts, run
 // the job, turn the outcome into an exit code. The only place that reads the
 // environment and installs signal handlers.
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -9,9 +11,11 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
+#include <thread>
 #include <variant>
 
 #include <fmt/format.h>
@@ -373,6 +377,11 @@ class RecordKeeper {
                          (!last_.in_place && d.members_joined());
     if (!changed && now < next_) return;
     next_ = now + std::chrono::seconds(1);
+    // The heartbeat a standby driver watches (erun --standby --attach), and
+    // the lock once a replaced driver let it go (a standby that took the job
+    // from a silent one holds none at first).
+    store_.touch();
+    if (!store_.holds_lock()) (void)store_.try_lock();
     version_ = version;
     erun::JobRecord r = base_;
     r.generation = d.generation();
@@ -386,6 +395,7 @@ class RecordKeeper {
     }
     if (r == last_) return;
     if (auto s = store_.write(r); !s) {
+      if (auto now_there = store_.read(); now_there && now_there->term > base_.term) return;  // replaced
       if (!warned_) ERUN_LOG_WARN("{}: a new erun could not take this job over", s.message());
       warned_ = true;
       return;
@@ -460,10 +470,77 @@ class JobView {
   std::chrono::steady_clock::time_point next_status_{}, next_metrics_{};
 };
 
+// `erun --standby --attach NAME`: watches job NAME's driver through its
+// record and takes the job over by itself when that driver is gone (the
+// job's lock is free: it was killed, or its machine's lock went) or has
+// been silent for `silence` (its heartbeat, the record's modification time,
+// stands still: frozen, or its machine cut off). Returns the job's store to
+// drive it with, or the exit code when there is nothing to take over.
+std::variant<std::unique_ptr<erun::JobStore>, int> stand_by(const std::string& jobs_dir, const std::string& name,
+                                                            erun::Duration silence) {
+  using Clock = std::chrono::steady_clock;
+  // One standby per job.
+  const std::string marker = jobs_dir + "/" + name + "/standby";
+  static int standby_fd = -1;  // held for the process's life
+  standby_fd = ::open(marker.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (standby_fd < 0 || ::flock(standby_fd, LOCK_EX | LOCK_NB) != 0) {
+    std::fprintf(stderr, "erun --standby: job %s has a standby driver already (%s): one is enough\n", name.c_str(),
+                 marker.c_str());
+    return 2;
+  }
+  std::string stamp = erun::record_stamp(jobs_dir, name);
+  auto changed_at = Clock::now();
+  uint64_t term = 0;
+  while (true) {
+    bool held = false;
+    auto locked = erun::JobStore::lock(jobs_dir, name, &held);
+    if (locked) {
+      auto store = std::move(locked).value();
+      if (!store->read()) {
+        ERUN_LOG_INFO("job {}: it ended (its record is gone): the standby has nothing to take over", name);
+        return 0;
+      }
+      ERUN_LOG_WARN("job {}: its driver is gone: the standby takes the job over", name);
+      return store;
+    }
+    if (!held) {
+      std::fprintf(stderr, "erun --standby: %s\n", locked.message().c_str());
+      return 2;
+    }
+    const auto now = Clock::now();
+    if (std::string s = erun::record_stamp(jobs_dir, name); s != stamp) {
+      stamp = s;
+      changed_at = now;
+    }
+    auto record = erun::peek_record(jobs_dir, name);
+    if (record && record->term != term) {
+      term = record->term;
+      ERUN_LOG_INFO("job {}: standing by for its driver (erun pid {} on {}, term {}): taking the job over when it is "
+                    "gone or silent for {:.0f} s (--heartbeat-timeout)",
+                    name, record->driver_pid, record->driver_host, term, std::chrono::duration<double>(silence).count());
+    }
+    if (record && now - changed_at > silence) {
+      ERUN_LOG_WARN("job {}: its driver (erun pid {} on {}, term {}) has been silent for {:.1f} s: the standby takes "
+                    "the job over; should that erun come back, it finds itself replaced and leaves",
+                    name, record->driver_pid, record->driver_host, term,
+                    std::chrono::duration<double>(now - changed_at).count());
+      auto store = erun::JobStore::open_unlocked(jobs_dir, name);
+      if (!store) {
+        std::fprintf(stderr, "erun --standby: %s\n", store.message().c_str());
+        return 2;
+      }
+      return std::move(store).value();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+}
+
 // The driver and its parts (launchers, event log, output, rendezvous), then
-// the job or its dry run. `args`: erun's arguments, for the job's name and record.
+// the job or its dry run. `args`: erun's arguments, for the job's name and
+// record; `standby_store`: the job a standby driver takes over (stand_by()).
 int run_driver(const erun::DriverOptions& options, erun::HostDiscovery& discovery,
-               const std::vector<std::string>& args, const std::shared_ptr<erun::SlurmGrow>& slurm_grow) {
+               const std::vector<std::string>& args, const std::shared_ptr<erun::SlurmGrow>& slurm_grow,
+               std::unique_ptr<erun::JobStore> standby_store) {
   auto launchers = make_launchers(options, slurm_grow);
   if (!launchers) {
     std::fprintf(stderr, "erun: %s\n", launchers.message().c_str());
@@ -490,9 +567,11 @@ int run_driver(const erun::DriverOptions& options, erun::HostDiscovery& discover
   // from, and a lock: one driver at a time.
   const std::string cwd = current_directory();
   const std::string name = options.job_name.empty() ? erun::default_job_name(cwd, args) : options.job_name;
-  std::unique_ptr<erun::JobStore> store;
+  std::unique_ptr<erun::JobStore> store = std::move(standby_store);
   std::optional<erun::JobRecord> previous;
-  if (!options.dry_run && options.driver_grace > erun::Duration::zero()) {
+  if (store) {
+    previous = store->read();
+  } else if (!options.dry_run && options.driver_grace > erun::Duration::zero()) {
     bool held = false;
     auto locked = erun::JobStore::lock(erun::jobs_directory(), name, &held);
     if (!locked && held) {
@@ -617,15 +696,70 @@ int run_driver(const erun::DriverOptions& options, erun::HostDiscovery& discover
 
 }  // namespace
 
+namespace {
+
+// erun's arguments when they are only --attach NAME, --standby and
+// --job-record FILE (in any order, --attach or --job-record given): a
+// takeover, not a job's command line (where --standby N counts standby
+// workers). nullopt: a job's command line.
+struct TakeoverForm {
+  std::string name, jobs_dir, error;
+  bool standby = false;
+};
+std::optional<TakeoverForm> parse_takeover_form(const std::vector<std::string>& args) {
+  TakeoverForm f;
+  std::string record_file;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--standby") {
+      f.standby = true;
+    } else if ((args[i] == "--attach" || args[i] == "--job-record") && i + 1 < args.size()) {
+      (args[i] == "--attach" ? f.name : record_file) = args[i + 1];
+      ++i;
+    } else {
+      return std::nullopt;
+    }
+  }
+  if (f.name.empty() && record_file.empty()) return std::nullopt;
+  if (!record_file.empty()) {
+    // FILE is JOBS_DIR/NAME/record.
+    std::filesystem::path p = std::filesystem::absolute(record_file).lexically_normal();
+    const std::string name = p.parent_path().filename().string();
+    if (p.filename() != "record" || name.empty()) {
+      f.error = fmt::format("--job-record {}: not a job record (a job's record is JOBS_DIR/NAME/record, where the "
+                            "driver said it keeps it)",
+                            record_file);
+      return f;
+    }
+    if (!f.name.empty() && f.name != name) {
+      f.error = fmt::format("--job-record {} is job {}'s record, not {}'s", record_file, name, f.name);
+      return f;
+    }
+    f.name = name;
+    f.jobs_dir = p.parent_path().parent_path().string();
+  }
+  return f;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   if (argc >= 2 && std::string(argv[1]) == "--agent") return agent_main(argc, argv);
   // `erun report EVENTS.jsonl [-o FILE]` (a program named report: erun ./report)
   if (argc >= 2 && std::string(argv[1]) == "report") return erun::report_main(argc - 1, argv + 1);
   std::vector<std::string> args(argv + 1, argv + argc);
   std::string attach_name;
-  if (argc == 3 && std::string(argv[1]) == "--attach") {
-    // `erun --attach NAME`: the job's own command, from its own directory.
-    attach_name = argv[2];
+  bool standby = false;
+  if (auto takeover = parse_takeover_form(args)) {
+    // `erun --attach NAME` and `erun --standby --attach NAME`, the record
+    // found by its name or given (--job-record FILE): the job's own
+    // command, from its own directory.
+    if (!takeover->error.empty()) {
+      std::fprintf(stderr, "erun: %s\n", takeover->error.c_str());
+      return 2;
+    }
+    attach_name = takeover->name;
+    standby = takeover->standby;
+    if (!takeover->jobs_dir.empty()) ::setenv("ERUN_JOB_DIR", takeover->jobs_dir.c_str(), 1);
     auto record = erun::valid_job_name(attach_name) ? erun::peek_record(erun::jobs_directory(), attach_name)
                                                     : std::nullopt;
     if (!record) {
@@ -664,5 +798,11 @@ int main(int argc, char** argv) {
     *discovery = std::make_unique<erun::SlurmGrowDiscovery>(std::move(*discovery), slurm_grow, options.max_np, slots);
   }
   ::signal(SIGPIPE, SIG_IGN);
-  return run_driver(options, **discovery, args, slurm_grow);
+  std::unique_ptr<erun::JobStore> standby_store;
+  if (standby) {
+    auto watched = stand_by(erun::jobs_directory(), attach_name, options.heartbeat_timeout);
+    if (auto* code = std::get_if<int>(&watched)) return *code;
+    standby_store = std::move(std::get<std::unique_ptr<erun::JobStore>>(watched));
+  }
+  return run_driver(options, **discovery, args, slurm_grow, std::move(standby_store));
 }

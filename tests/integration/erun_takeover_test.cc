@@ -133,6 +133,38 @@ TEST_F(ErunTakeover, AWorkerKilledWithoutADriverIsRecoveredInPlaceByTheNext) {
   EXPECT_EQ(std::count(all.begin(), all.end(), 0), 1) << "epoch 0 ran again: not in place\n" << again.out();
 }
 
+// Host memory lives as long as the job: an agent SIGKILLed while no driver
+// is there (its watchdog stops its workers) leaves the host's commits in
+// place through the grace, not only the 10 s a driver would need to start
+// the host again, and the next erun resumes from them.
+TEST_F(ErunTakeover, AnAgentKilledWithoutADriverKeepsTheHostMemoryForTheNext) {
+  ErunProcess first(args({"-np", "2"}), env());
+  std::set<pid_t> before = start_and_kill(first, 1);
+  ASSERT_EQ(before.size(), 2u);
+  std::smatch m;
+  const std::string environ = environ_of(*before.begin());
+  ASSERT_TRUE(std::regex_search(environ, m, std::regex("\nERUN_COMMIT_DIR=([^\n]+)\n"))) << environ;
+  const std::string commit_dir = m[1].str();
+  const pid_t agent = parent_of(*before.begin());
+  ASSERT_GT(agent, 1);
+  ::kill(agent, SIGKILL);
+  std::vector<pid_t> left;
+  ASSERT_TRUE(wait_no_process(program_, 20s, &left)) << describe_pids(left);
+  std::this_thread::sleep_for(12s);  // past the 10 s that a driver would have to start the host again
+  ASSERT_TRUE(std::filesystem::exists(commit_dir)) << "the host memory went with its agent";
+
+  ErunProcess again(args({"-np", "2"}), env());
+  ASSERT_NO_FATAL_FAILURE(expect_trained_exactly(again, uninterrupted_checksum()));
+  EXPECT_NE(again.err().find("no worker of it is left"), std::string::npos) << again.err();
+  EXPECT_NE(again.err().find("training resumes at commit"), std::string::npos) << again.err();
+  EXPECT_NE(again.err().find("kept in host memory on localhost"), std::string::npos) << again.err();
+  // Epochs 0 and 1 ended before the kill: none runs again.
+  std::vector<int> all = epochs(first.out() + again.out());
+  EXPECT_EQ(std::count(all.begin(), all.end(), 0), 1) << first.out() << "\n---\n" << again.out();
+  EXPECT_EQ(std::count(all.begin(), all.end(), 1), 1) << first.out() << "\n---\n" << again.out();
+  EXPECT_FALSE(std::filesystem::exists(commit_dir)) << "the job ended: its host memory goes";
+}
+
 TEST_F(ErunTakeover, AHostThatLeftDiscoveryMeanwhileIsLeftOutInPlaceByTheNext) {
   // Two simulated hosts of this machine; the second leaves the hosts file
   // while no erun runs.
@@ -235,6 +267,70 @@ TEST_F(ErunTakeover, NobodyTakingOverLeavesNothingAfterTheGrace) {
   } while (!still.empty() && std::chrono::steady_clock::now() < deadline);
   for (auto& d : shm_before) EXPECT_FALSE(std::filesystem::exists(d)) << d;
   EXPECT_TRUE(pids_with_cmdline("--agent --attach").empty());
+}
+
+// Test (i): a standby driver (erun --standby --attach NAME) watches the job
+// and takes it over by itself when its erun is SIGKILLed: no command typed.
+TEST_F(ErunTakeover, AStandbyDriverTakesTheJobOverWhenItsErunIsKilled) {
+  ErunProcess first(args({"-np", "2"}), env());
+  ASSERT_TRUE(first.wait_output("erun --attach job-", 60s)) << first.err();
+  std::smatch m;
+  const std::string said = first.err();
+  ASSERT_TRUE(std::regex_search(said, m, std::regex("erun --attach (job-[0-9a-f]+)"))) << said;
+  const std::string name = m[1].str();
+  ErunProcess standby({"--standby", "--attach", name}, env());
+  ASSERT_TRUE(standby.wait_output("standing by for its driver", 30s)) << standby.err();
+  // One standby is enough.
+  ErunProcess second({"--standby", "--attach", name}, env());
+  auto refused = second.wait(30s);
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->shell_code(), 2) << second.err();
+  EXPECT_NE(second.err().find("has a standby driver already"), std::string::npos) << second.err();
+
+  std::set<pid_t> before = start_and_kill(first, 1);
+  ASSERT_EQ(before.size(), 2u);
+  ASSERT_TRUE(standby.wait_output("took the job over at generation", 30s)) << standby.err();
+  EXPECT_NE(standby.err().find("its driver is gone: the standby takes the job over"), std::string::npos)
+      << standby.err();
+  EXPECT_EQ(workers(), before) << "the standby did not keep the workers";
+  ASSERT_NO_FATAL_FAILURE(expect_trained_exactly(standby, uninterrupted_checksum()));
+  EXPECT_NE(standby.err().find("and 0 resets"), std::string::npos) << standby.err();
+  std::vector<int> all = epochs(first.out() + standby.out());
+  std::vector<int> want(10);
+  for (int i = 0; i < 10; ++i) want[static_cast<size_t>(i)] = i;
+  EXPECT_EQ(all, want) << first.out() << "\n---\n" << standby.out();
+}
+
+// A standby given the record's path (--job-record: shared storage) takes over
+// from a driver that is alive but silent (here stopped) past
+// --heartbeat-timeout. The old driver, continued, finds itself replaced and
+// leaves without touching the workers.
+TEST_F(ErunTakeover, AStandbyDriverTakesAFrozenDriversJobWhichThenLeaves) {
+  ErunProcess first(args({"--heartbeat-timeout", "2", "-np", "2"}), env());
+  ASSERT_TRUE(first.wait_output("erun --attach job-", 60s)) << first.err();
+  std::smatch m;
+  const std::string said = first.err();
+  ASSERT_TRUE(std::regex_search(said, m, std::regex("erun --attach (job-[0-9a-f]+)"))) << said;
+  const std::string record = dir_.file("jobs") + "/" + m[1].str() + "/record";
+  ErunProcess standby({"--standby", "--job-record", record}, env());
+  ASSERT_TRUE(standby.wait_output("standing by for its driver", 30s)) << standby.err();
+  ASSERT_TRUE(first.wait_output(":epoch 1 loss=", 120s)) << first.out() << first.err();
+  std::set<pid_t> before = workers();
+  ASSERT_EQ(before.size(), 2u);
+  first.signal(SIGSTOP);
+  ASSERT_TRUE(standby.wait_output("took the job over at generation", 30s)) << standby.err();
+  EXPECT_NE(standby.err().find("has been silent for"), std::string::npos) << standby.err();
+  EXPECT_EQ(workers(), before) << "the standby did not keep the workers";
+  first.signal(SIGCONT);
+  auto left = first.wait(30s);
+  ASSERT_TRUE(left) << first.err();
+  EXPECT_EQ(left->shell_code(), 3) << first.err();
+  EXPECT_NE(first.err().find("this erun leaves it to that one"), std::string::npos) << first.err();
+  ASSERT_NO_FATAL_FAILURE(expect_trained_exactly(standby, uninterrupted_checksum()));
+  EXPECT_NE(standby.err().find("and 0 resets"), std::string::npos) << standby.err();
+  std::vector<int> all = epochs(first.out() + standby.out());
+  ASSERT_FALSE(all.empty());
+  for (int i = 0; i < 10; ++i) EXPECT_EQ(std::count(all.begin(), all.end(), i), 1) << "epoch " << i;
 }
 
 TEST_F(ErunTakeover, TwoTakeoversRacingOneWins) {

@@ -116,7 +116,9 @@ ErunProcess::ErunProcess(std::vector<std::string> args, std::vector<std::string>
   o.argv = {erun_binary()};
   // A test that kills erun expects its workers gone with it, unless it asks
   // for a grace itself (a takeover test).
-  const bool driver = args.empty() || (args[0] != "--agent" && args[0] != "--attach" && args[0] != "--help" &&
+  const bool takeover = std::find(args.begin(), args.end(), "--attach") != args.end() ||
+                        std::find(args.begin(), args.end(), "--job-record") != args.end();
+  const bool driver = args.empty() || (args[0] != "--agent" && !takeover && args[0] != "--help" &&
                                        args[0] != "--version");
   if (driver && std::find(args.begin(), args.end(), "--driver-grace") == args.end()) {
     o.argv.insert(o.argv.end(), {"--driver-grace", "0"});

@@ -9,6 +9,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include "runner/job_record.h"
 #include "support/erun_process.h"
@@ -128,6 +129,42 @@ TEST(JobStore, ARecordOthersCouldChangeIsIgnored) {
   ::unlink(store.value()->record_path().c_str());
   ::symlink("/etc/passwd", store.value()->record_path().c_str());
   EXPECT_FALSE(store.value()->read());
+}
+
+// A standby driver takes a silent driver's job without the lock: the
+// heartbeat (touch) changes the stamp it watches, the driver it replaced
+// cannot put an older term back, and the lock comes once the old holder let
+// it go.
+TEST(JobStore, AStandbyWatchesTheHeartbeatAndAReplacedDriverCannotWriteBack) {
+  testing::TempDir dir;
+  auto old_driver = JobStore::lock(dir.file("jobs"), "j");
+  ASSERT_TRUE(old_driver.is_ok());
+  EXPECT_EQ(record_stamp(dir.file("jobs"), "j"), "");
+  JobRecord r = sample();
+  ASSERT_TRUE(old_driver.value()->write(r).is_ok());
+  const std::string stamp = record_stamp(dir.file("jobs"), "j");
+  EXPECT_NE(stamp, "");
+  EXPECT_EQ(record_stamp(dir.file("jobs"), "j"), stamp) << "nothing changed";
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  old_driver.value()->touch();
+  EXPECT_NE(record_stamp(dir.file("jobs"), "j"), stamp) << "the heartbeat changes the stamp";
+
+  auto standby = JobStore::open_unlocked(dir.file("jobs"), "j");
+  ASSERT_TRUE(standby.is_ok()) << standby.message();
+  EXPECT_FALSE(standby.value()->holds_lock());
+  EXPECT_FALSE(standby.value()->try_lock()) << "the old driver holds it";
+  JobRecord taken = r;
+  taken.term = r.term + 1;
+  ASSERT_TRUE(standby.value()->write(taken).is_ok());
+  r.generation += 1;
+  auto refused = old_driver.value()->write(r);
+  EXPECT_FALSE(refused.is_ok());
+  EXPECT_NE(refused.message().find("term 8 holds it"), std::string::npos) << refused.message();
+  EXPECT_EQ(peek_record(dir.file("jobs"), "j")->term, taken.term);
+  old_driver.value().reset();  // it leaves
+  EXPECT_TRUE(standby.value()->try_lock());
+  EXPECT_TRUE(standby.value()->holds_lock());
+  EXPECT_FALSE(JobStore::lock(dir.file("jobs"), "j").is_ok());
 }
 
 }  // namespace
