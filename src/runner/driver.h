@@ -67,6 +67,7 @@ struct DriverDeps {
     std::vector<SlotKey> plan;  // its slots in rank order
     bool in_place = false;      // its workers joined the rendezvous (not restart mode)
     std::vector<AdoptedWorker> workers;
+    std::vector<HostHistory> hosts;  // failures and blacklistings go on
   };
   Takeover* takeover = nullptr;
   // Called by run() after every step (main keeps the job record with it).
@@ -100,6 +101,9 @@ class Driver {
   // ended without touching the workers.
   uint64_t superseded_by() const { return superseded_by_; }
   const Plan& plan() const { return plan_; }
+  // The hosts' failures and blacklistings, for the job record.
+  std::vector<HostHistory> host_history() const { return hosts_.history(); }
+  long host_changes() const { return hosts_.changes(); }
   const HostManager& host_manager() const { return hosts_; }
 
  private:

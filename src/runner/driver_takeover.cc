@@ -6,11 +6,16 @@
 #include <fmt/format.h>
 
 #include "common/log.h"
+#include "common/strings.h"
 #include "runner/driver.h"
 
 namespace erun {
 
 void Driver::take_over(DriverDeps::Takeover& t) {
+  hosts_.restore(t.hosts);
+  if (auto bl = hosts_.blacklisted(); !bl.empty()) {
+    ERUN_LOG_WARN("job {}: still blacklisted, as the job record says: {}", d_.job_id, join(bl, ","));
+  }
   auto in_plan = [&](const AdoptedWorker& a) {
     return std::find(t.plan.begin(), t.plan.end(), SlotKey{a.host, a.slot}) != t.plan.end();
   };

@@ -6,6 +6,7 @@ namespace erun {
 
 bool HostManager::record_failure(const std::string& host) {
   auto& r = records_[host];
+  ++changes_;
   if (++r.failures_in_a_row < policy_.blacklist_after) return false;
   r.failures_in_a_row = 0;
   Duration cooldown = policy_.cooldown_min;
@@ -19,7 +20,10 @@ bool HostManager::record_failure(const std::string& host) {
 
 void HostManager::record_success(const std::string& host) {
   auto it = records_.find(host);
-  if (it != records_.end()) it->second.failures_in_a_row = 0;
+  if (it != records_.end() && it->second.failures_in_a_row != 0) {
+    it->second.failures_in_a_row = 0;
+    ++changes_;
+  }
 }
 
 bool HostManager::is_blacklisted(const std::string& host) const {
@@ -56,6 +60,29 @@ std::vector<std::string> HostManager::blacklisted() const {
     if (r.until > clock_.now()) out.push_back(host);
   }
   return out;
+}
+
+std::vector<HostHistory> HostManager::history() const {
+  std::vector<HostHistory> out;
+  const TimePoint now = clock_.now();
+  for (auto& [host, r] : records_) {
+    if (r.failures_in_a_row == 0 && r.times_blacklisted == 0) continue;
+    out.push_back(HostHistory{host, r.failures_in_a_row, r.times_blacklisted,
+                              r.until > now ? r.until - now : Duration::zero()});
+  }
+  return out;
+}
+
+void HostManager::restore(const std::vector<HostHistory>& h) {
+  const TimePoint now = clock_.now();
+  ++changes_;
+  for (auto& one : h) {
+    auto& r = records_[one.host];
+    r.failures_in_a_row = one.failures_in_a_row;
+    r.times_blacklisted = one.times_blacklisted;
+    r.until = one.blacklisted_for > Duration::zero() ? now + one.blacklisted_for : TimePoint{};
+    if (r.until > now) ++blacklistings_;
+  }
 }
 
 }  // namespace erun

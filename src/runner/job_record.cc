@@ -83,6 +83,9 @@ std::string encode_record(const JobRecord& r) {
   line("in_place", r.in_place ? "1" : "0");
   for (auto& s : r.plan) out += fmt::format("slot {} {}\n", escape(s.host), s.local_index);
   for (auto& a : r.agents) out += fmt::format("agent {} {}\n", escape(a.host), escape(a.attach_path));
+  for (auto& h : r.hosts) {
+    out += fmt::format("host {} {} {} {}\n", escape(h.host), h.failures_in_a_row, h.times_blacklisted, h.blacklisted_ms);
+  }
   out += "end\n";
   return out;
 }
@@ -128,6 +131,11 @@ Result<JobRecord> decode_record(std::string_view text) {
     if (key == "slot") {
       ok = values.size() == 2 && to_long(values[1], n) && n >= 0;
       if (ok) r.plan.push_back(SlotKey{values[0], static_cast<int>(n)});
+    } else if (key == "host") {
+      long fails = 0, times = 0, ms = 0;
+      ok = values.size() == 4 && to_long(values[1], fails) && to_long(values[2], times) && to_long(values[3], ms) &&
+           fails >= 0 && times >= 0 && ms >= 0 && fails < (1 << 30) && times < (1 << 30);
+      if (ok) r.hosts.push_back(JobRecord::Host{values[0], static_cast<int>(fails), static_cast<int>(times), ms});
     } else if (key == "agent") {
       ok = values.size() == 2;
       if (ok) r.agents.push_back(JobRecord::Agent{values[0], values[1]});

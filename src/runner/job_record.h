@@ -41,6 +41,16 @@ struct JobRecord {
     bool operator==(const Agent&) const = default;
   };
   std::vector<Agent> agents;
+  // The hosts' failures and blacklistings (HostManager::history()), each
+  // blacklisting's time left in milliseconds as of the write.
+  struct Host {
+    std::string host;
+    int failures_in_a_row = 0;
+    int times_blacklisted = 0;
+    long blacklisted_ms = 0;
+    bool operator==(const Host&) const = default;
+  };
+  std::vector<Host> hosts;
   bool operator==(const JobRecord&) const = default;
 };
 

@@ -337,6 +337,10 @@ void take_over(const erun::DriverOptions& o, Launchers& l, const erun::JobRecord
   t.restarts = record.restarts;
   t.plan = record.plan;
   t.in_place = record.in_place;
+  for (auto& h : record.hosts) {
+    t.hosts.push_back(erun::HostHistory{h.host, h.failures_in_a_row, h.times_blacklisted,
+                                        std::chrono::milliseconds(h.blacklisted_ms)});
+  }
   erun::AttachRequest req;
   req.secret = record.secret;
   req.term = t.term;
@@ -374,7 +378,7 @@ class RecordKeeper {
     }
     const bool changed = d.generation() != last_.generation || d.resets() != last_.resets ||
                          d.restarts() != last_.restarts || version != version_ ||
-                         (!last_.in_place && d.members_joined());
+                         (!last_.in_place && d.members_joined()) || d.host_changes() != host_changes_;
     if (!changed && now < next_) return;
     next_ = now + std::chrono::seconds(1);
     // The heartbeat a standby driver watches (erun --standby --attach), and
@@ -383,12 +387,20 @@ class RecordKeeper {
     store_.touch();
     if (!store_.holds_lock()) (void)store_.try_lock();
     version_ = version;
+    host_changes_ = d.host_changes();
     erun::JobRecord r = base_;
     r.generation = d.generation();
     r.resets = d.resets();
     r.restarts = d.restarts();
     r.in_place = d.members_joined();
     for (auto& a : d.plan().ranks) r.plan.push_back(a.slot);
+    // A blacklisting's time left changes every second: written once a
+    // second while one lasts.
+    for (auto& h : d.host_history()) {
+      r.hosts.push_back(erun::JobRecord::Host{
+          h.host, h.failures_in_a_row, h.times_blacklisted,
+          static_cast<long>(std::chrono::duration_cast<std::chrono::milliseconds>(h.blacklisted_for).count())});
+    }
     for (erun::Launcher* launcher : {l_.local.get(), l_.remote.get()}) {
       if (!launcher) continue;
       for (auto& [host, path] : launcher->attach_paths()) r.agents.push_back({host, path});
@@ -414,6 +426,7 @@ class RecordKeeper {
   Launchers& l_;
   erun::JobRecord last_;
   uint64_t version_ = 0;
+  long host_changes_ = 0;
   std::chrono::steady_clock::time_point next_{};
   bool warned_ = false;
 };

@@ -112,6 +112,25 @@ TEST_F(ErunTakeover, TheSameCommandAgainTakesTheJobOverInPlace) {
   }
 }
 
+// Workers that reach the rendezvous themselves (--no-agent-relay) follow
+// the job to the next erun too: it listens on the job's port again.
+TEST_F(ErunTakeover, WithoutTheAgentRelayTheWorkersReconnectToTheNextErun) {
+  ErunProcess first(args({"--no-agent-relay", "-np", "2"}), env());
+  std::set<pid_t> before = start_and_kill(first, 1);
+  ASSERT_EQ(before.size(), 2u);
+  std::this_thread::sleep_for(1s);
+  ErunProcess again(args({"--no-agent-relay", "-np", "2"}), env());
+  ASSERT_TRUE(again.wait_output("took the job over at generation", 30s)) << again.err();
+  EXPECT_EQ(workers(), before) << "the new erun did not keep the workers";
+  ASSERT_NO_FATAL_FAILURE(expect_trained_exactly(again, uninterrupted_checksum()));
+  EXPECT_EQ(again.err().find("cannot listen on the job's rendezvous port"), std::string::npos) << again.err();
+  EXPECT_NE(again.err().find("and 0 resets"), std::string::npos) << again.err();
+  std::vector<int> all = epochs(first.out() + again.out());
+  std::vector<int> want(10);
+  for (int i = 0; i < 10; ++i) want[static_cast<size_t>(i)] = i;
+  EXPECT_EQ(all, want) << first.out() << "\n---\n" << again.out();
+}
+
 TEST_F(ErunTakeover, AWorkerKilledWithoutADriverIsRecoveredInPlaceByTheNext) {
   ErunProcess first(args({"-np", "2", "--min-np", "1"}), env());
   std::set<pid_t> before = start_and_kill(first, 1);
@@ -331,6 +350,35 @@ TEST_F(ErunTakeover, AStandbyDriverTakesAFrozenDriversJobWhichThenLeaves) {
   std::vector<int> all = epochs(first.out() + standby.out());
   ASSERT_FALSE(all.empty());
   for (int i = 0; i < 10; ++i) EXPECT_EQ(std::count(all.begin(), all.end(), i), 1) << "epoch " << i;
+}
+
+// The job record carries the hosts' failures and blacklistings: a host
+// blacklisted before erun was killed stays out under the next erun for the
+// rest of its cooldown, instead of being used again at once.
+TEST_F(ErunTakeover, ABlacklistedHostStaysOutUnderTheNextErun) {
+  dir_.write("hosts", "127.0.0.2:1\n127.0.0.3:1\n");
+  dir_.write("discover.sh", "#!/bin/sh\ncat " + dir_.file("hosts") + "\n", true);
+  std::vector<std::string> extra = {"--launcher", "local", "--host-discovery-script", dir_.file("discover.sh"),
+                                    "--discovery-interval", "0.2", "-np", "2", "--min-np", "1",
+                                    "--blacklist-after", "1", "--blacklist-cooldown-range", "60", "300"};
+  ErunProcess first(args(extra), env());
+  ASSERT_TRUE(first.wait_output(":epoch 0 loss=", 120s)) << first.out() << first.err();
+  pid_t on_b = 0;
+  for (pid_t pid : workers()) {
+    if (environ_of(pid).find("\nERUN_HOSTNAME=127.0.0.3\n") != std::string::npos) on_b = pid;
+  }
+  ASSERT_GT(on_b, 0);
+  ::kill(on_b, SIGKILL);
+  ASSERT_TRUE(first.wait_output("127.0.0.3 blacklisted for 60 s", 30s)) << first.err();
+  ASSERT_TRUE(first.wait_output("world size 2 -> 1", 30s)) << first.out();
+  std::this_thread::sleep_for(1500ms);  // the record written (at most a second later)
+  first.signal(SIGKILL);
+  ASSERT_TRUE(first.wait(10s));
+
+  ErunProcess again(args(extra), env());
+  ASSERT_TRUE(again.wait_output("still blacklisted, as the job record says: 127.0.0.3", 30s)) << again.err();
+  ASSERT_NO_FATAL_FAILURE(expect_trained_exactly(again, uninterrupted_checksum()));
+  EXPECT_EQ(again.out().find("world size 1 -> 2"), std::string::npos) << "127.0.0.3 was used again\n" << again.out();
 }
 
 TEST_F(ErunTakeover, TwoTakeoversRacingOneWins) {

@@ -35,6 +35,7 @@ JobRecord sample() {
   r.in_place = true;
   r.plan = {{"node a", 0}, {"node a", 1}, {"b", 0}};
   r.agents = {{"node a", "/tmp/erun-agent-x/attach"}, {"b", ""}};
+  r.hosts = {{"node a", 1, 2, 29500}, {"c", 0, 1, 0}};
   return r;
 }
 
@@ -58,6 +59,12 @@ TEST(JobRecord, DamagedOrForeignTextIsRefused) {
   std::string bad_slot = good;
   bad_slot.replace(bad_slot.find("slot b 0"), 8, "slot b -1");
   EXPECT_FALSE(decode_record(bad_slot).is_ok());
+  std::string bad_host = good;
+  bad_host.replace(bad_host.find("host c 0 1 0"), 12, "host c 0 -1 0");
+  EXPECT_FALSE(decode_record(bad_host).is_ok());
+  std::string short_host = good;
+  short_host.replace(short_host.find("host c 0 1 0"), 12, "host c 0 1");
+  EXPECT_FALSE(decode_record(short_host).is_ok());
   std::string no_secret = good;
   no_secret.erase(no_secret.find("secret "), no_secret.find('\n', no_secret.find("secret ")) - no_secret.find("secret ") + 1);
   EXPECT_FALSE(decode_record(no_secret).is_ok());

@@ -89,6 +89,44 @@ TEST(HostManager, BlacklistsAfterConsecutiveFailuresWithDoublingCooldown) {
   EXPECT_TRUE(m.blacklisted().empty());
 }
 
+// A takeover carries the history over: the next driver (its own clock)
+// keeps a blacklisting for the time it had left, and the cooldowns go on
+// doubling from the counts.
+TEST(HostManager, HistoryCarriesBlacklistingsAndCountsToTheNextDriver) {
+  FakeClock clock;
+  const BlacklistPolicy policy{2, std::chrono::seconds(10), std::chrono::seconds(300)};
+  HostManager m(clock, policy);
+  EXPECT_TRUE(m.history().empty());
+  const long before = m.changes();
+  m.record_failure("a");
+  m.record_failure("a");  // blacklisted for 10 s
+  m.record_failure("b");
+  m.record_success("c");  // nothing to record
+  EXPECT_GT(m.changes(), before);
+  clock.advance(std::chrono::seconds(4));
+  auto h = m.history();
+  ASSERT_EQ(h.size(), 2u);
+  EXPECT_EQ(h[0], (HostHistory{"a", 0, 1, std::chrono::seconds(6)}));
+  EXPECT_EQ(h[1], (HostHistory{"b", 1, 0, Duration::zero()}));
+
+  FakeClock other;
+  other.advance(std::chrono::hours(5));
+  HostManager next(other, policy);
+  next.restore(h);
+  EXPECT_TRUE(next.is_blacklisted("a"));
+  EXPECT_EQ(next.usable(HostSet({{"a", 1}, {"b", 1}})).to_string(), "b:1");
+  EXPECT_EQ(next.history(), h);
+  other.advance(std::chrono::seconds(7));
+  EXPECT_FALSE(next.is_blacklisted("a"));
+  EXPECT_TRUE(next.record_failure("b")) << "b's first failure counted";
+  next.record_failure("a");
+  EXPECT_TRUE(next.record_failure("a"));  // a's second blacklisting: 20 s
+  other.advance(std::chrono::seconds(19));
+  EXPECT_TRUE(next.is_blacklisted("a"));
+  other.advance(std::chrono::seconds(2));
+  EXPECT_FALSE(next.is_blacklisted("a"));
+}
+
 }  // namespace
 }  // namespace erun
 
