@@ -11,8 +11,10 @@ erun's exec it measures:
             workers reconnected and re-joined: the job is driven again),
 and checks the training: every epoch printed once, the final checksum equal
 to an uninterrupted run's, and no worker rolled back ("resumed at commit").
+With --standby, a standby driver (erun --standby --attach NAME) watches the
+job instead, nobody runs anything again, and the times count from the kill.
 
-  python3 bench/takeover.py --build build [--runs 5] [--hosts 2] [--slots 2]
+  python3 bench/takeover.py --build build [--runs 5] [--hosts 2] [--slots 2] [--standby]
 """
 import argparse
 import os
@@ -53,7 +55,7 @@ def checksum(text):
     return m.group(1) if m else None
 
 
-def one_run(erun, program, work, hosts, slots, reference):
+def one_run(erun, program, work, hosts, slots, reference, standby=False):
     disc = discovery_script(work, "".join(f"127.0.0.{2 + i}:{slots}\n" for i in range(hosts)))
     np = hosts * slots
     cmd = [erun, "--driver-grace", "30", "--launcher", "local", "--host-discovery-script", disc,
@@ -62,17 +64,32 @@ def one_run(erun, program, work, hosts, slots, reference):
     out1, err1 = os.path.join(work, "out1"), os.path.join(work, "err1")
     with open(out1, "w") as o, open(err1, "w") as e:
         first = subprocess.Popen(cmd, stdout=o, stderr=e, env=env, cwd=work)
+    out2, err2 = os.path.join(work, "out2"), os.path.join(work, "err2")
+    if standby:
+        if not wait_for(err1, "erun --attach job-", 60):
+            first.kill()
+            raise RuntimeError("the first erun named no job")
+        name = re.search(r"erun --attach (job-[0-9a-f]+)", open(err1).read()).group(1)
+        with open(out2, "w") as o, open(err2, "w") as e:
+            again = subprocess.Popen([erun, "--standby", "--attach", name], stdout=o, stderr=e, env=env, cwd=work)
+        if not wait_for(err2, "standing by for its driver", 60):
+            raise RuntimeError("the standby did not start watching: " + open(err2).read()[-2000:])
     if not wait_for(out1, ":epoch 1 loss=", 120):
         first.kill()
         raise RuntimeError("the first erun did not reach epoch 1")
-    first.send_signal(signal.SIGKILL)
-    first.wait()
-    time.sleep(1.0)
-    out2, err2 = os.path.join(work, "out2"), os.path.join(work, "err2")
-    with open(out2, "w") as o, open(err2, "w") as e:
+    if standby:
         t0 = time.time()
-        again = subprocess.Popen(cmd, stdout=o, stderr=e, env=env, cwd=work)
+        first.send_signal(signal.SIGKILL)
+        first.wait()
         code = again.wait(timeout=300)
+    else:
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+        time.sleep(1.0)
+        with open(out2, "w") as o, open(err2, "w") as e:
+            t0 = time.time()
+            again = subprocess.Popen(cmd, stdout=o, stderr=e, env=env, cwd=work)
+            code = again.wait(timeout=300)
     err = open(err2, errors="replace").read()
     out = open(out1, errors="replace").read() + open(out2, errors="replace").read()
     attached = driven = None
@@ -101,6 +118,7 @@ def main():
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--hosts", type=int, default=2)
     ap.add_argument("--slots", type=int, default=2)
+    ap.add_argument("--standby", action="store_true", help="a standby driver takes over (no command typed)")
     a = ap.parse_args()
     build = os.path.abspath(a.build)
     erun = os.path.join(build, "src/runner/erun")
@@ -113,7 +131,7 @@ def main():
         program = os.path.join(work, "train_mlp_bench")
         shutil.copy(os.path.join(build, "examples/train_mlp"), program)
         try:
-            r = one_run(erun, program, work, a.hosts, a.slots, reference)
+            r = one_run(erun, program, work, a.hosts, a.slots, reference, a.standby)
         finally:
             subprocess.run(["pkill", "-9", "-f", program])
             shutil.rmtree(work, ignore_errors=True)
@@ -123,7 +141,8 @@ def main():
     ok = all(r["code"] == 0 and r["exact"] and r["epochs_once"] and not r["rolled_back"] for r in rows)
     att = statistics.median(r["attached"] for r in rows)
     drv = statistics.median(r["driven"] for r in rows)
-    print(f"takeover of {a.hosts} hosts x {a.slots} workers, {a.runs} runs: median attached {att:.3f} s, "
+    who = "standby takeover (from the kill)" if a.standby else "takeover (from the new erun's exec)"
+    print(f"{who} of {a.hosts} hosts x {a.slots} workers, {a.runs} runs: median attached {att:.3f} s, "
           f"driven again {drv:.3f} s (max {max(r['driven'] for r in rows):.3f} s); steps lost: "
           f"{'0 (every run exact, no rollback, every epoch once)' if ok else 'SOME RUN FAILED'}")
     return 0 if ok else 1

@@ -114,6 +114,7 @@ def main():
     ap.add_argument("--build", default="build")
     ap.add_argument("--agents", type=int, default=1000)
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--keep", action="store_true", help="keep each run's directory (its erun logs)")
     a = ap.parse_args()
     erun = os.path.join(os.path.abspath(a.build), "src/runner/erun")
     rows = []
@@ -123,7 +124,10 @@ def main():
             r = one_run(erun, work, a.agents)
         finally:
             subprocess.run(["pkill", "-9", "-f", os.path.join(work, "sleep_takeover_bench")])
-            shutil.rmtree(work, ignore_errors=True)
+            if a.keep:
+                print(f"logs kept in {work}")
+            else:
+                shutil.rmtree(work, ignore_errors=True)
         rows.append(r)
         att = f"{r['attached']:.3f} s" if r["attached"] is not None else "never"
         print(f"run {i + 1}: {a.agents} agents launched in {r['launched']:.1f} s; taken over in {att}, "

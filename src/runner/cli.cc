@@ -48,6 +48,10 @@ std::string usage_text(const po::options_description& desc) {
          "  erun --slurm -np 16 --min-np 8 ./train      (inside salloc/sbatch; automatic when\n"
          "                                               SLURM_JOB_ID is set and no hosts are given)\n"
          "  erun --launcher mpirun -np 8 -H a:4,b:4 ./train   (static: erun hands the job to mpirun)\n\n"
+         "A running job whose erun is gone (see --driver-grace):\n"
+         "  erun --attach NAME                          take it over (or run the same command again)\n"
+         "  erun --standby --attach NAME                watch it; take it over when its erun is gone\n"
+         "  erun --standby --job-record DIR/NAME/record    the same, the record on shared storage\n\n"
       << desc;
   return out.str();
 }

@@ -775,6 +775,11 @@ int main(int argc, char** argv) {
     if (!takeover->jobs_dir.empty()) ::setenv("ERUN_JOB_DIR", takeover->jobs_dir.c_str(), 1);
     auto record = erun::valid_job_name(attach_name) ? erun::peek_record(erun::jobs_directory(), attach_name)
                                                     : std::nullopt;
+    // A standby started with the job may come before its first record.
+    for (int i = 0; standby && !record && i < 150 && erun::valid_job_name(attach_name); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      record = erun::peek_record(erun::jobs_directory(), attach_name);
+    }
     if (!record) {
       std::fprintf(stderr, "erun --attach %s: no such job in %s (a job has a record only while it runs with "
                            "--driver-grace; its name is in erun's log)\n",

@@ -159,6 +159,35 @@ TEST_F(SlurmTest, SlurmGrowGrowsOntoAnIdleNodeDrainsItForAnUrgentJobAndGrowsBack
   EXPECT_NE(r.output.find("erun-n3"), std::string::npos) << r.output;
 }
 
+// Issue 33 over Slurm: the agents are steps of the allocation. erun is
+// SIGKILLed inside it (the allocation lives on: its script runs) and the
+// same command run again takes the job over through new steps: the same
+// workers, every epoch once, the single process's model.
+TEST_F(SlurmTest, AJobOfSrunStepsIsTakenOverByTheSameCommandAgain) {
+  const std::string args = " --samples 4000 --epochs 8";
+  auto ref = run_shell(build_path("examples/train_mlp") + args, 180s);
+  ASSERT_TRUE(ref.status && ref.status->ok()) << ref.output;
+  const std::string want = checksum_line(ref.output);
+  ASSERT_FALSE(want.empty());
+  TempDir work;
+  auto r = run_shell("salloc -N2 -p debug --immediate=60 " +
+                         source_path("tests/integration/slurm_takeover_scenario.sh") + " " + erun_binary() + " " +
+                         work.path() + " " + build_path("examples/train_mlp") + args + " --step-ms 100",
+                     240s);
+  ASSERT_TRUE(r.status) << "the scenario did not end in time:\n" << r.output;
+  for (const char* step : {"scenario: the workers trained on without erun", "scenario: took the job over",
+                           "scenario: the same workers after the takeover", "scenario: erun exit 0"}) {
+    EXPECT_NE(r.output.find(step), std::string::npos) << "no '" << step << "'\n" << r.output;
+  }
+  EXPECT_EQ(checksum_line(r.output), want) << r.output;
+  std::vector<std::string> epochs;
+  const std::regex re(":epoch ([0-9]+) loss=");
+  for (auto it = std::sregex_iterator(r.output.begin(), r.output.end(), re); it != std::sregex_iterator(); ++it) {
+    epochs.push_back((*it)[1].str());
+  }
+  EXPECT_EQ(epochs, (std::vector<std::string>{"0", "1", "2", "3", "4", "5", "6", "7"})) << r.output;
+}
+
 TEST_F(SlurmTest, SrunWithPmixBootstrapsFromMpiAndMatchesASingleProcess) {
   std::string want = single_run_checksum();
   ASSERT_FALSE(want.empty());
