@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <regex>
@@ -84,7 +85,11 @@ class ErunHostMemory : public ::testing::Test {
     reference_ = nullptr;
   }
   void SetUp() override {
-    program_ = build_path("examples/train_mlp");
+    // A copy of its own: its workers are found by this path while other
+    // tests' jobs run beside it (tests/CMakeLists.txt, _own_copy_tests).
+    program_ = dir_.file("train_mlp_host_memory");
+    std::filesystem::copy_file(build_path("examples/train_mlp"), program_);
+    ::chmod(program_.c_str(), 0755);
     dir_.write("discover.sh", "#!/bin/sh\ncat " + dir_.file("hosts") + "\n", true);
   }
   // With `local`, every host's agent is a child of erun (--launcher local);
