@@ -88,6 +88,14 @@ void Driver::tend_replicas() {
     for (auto& h : plan_cache_.usable().hosts()) {
       if (seen.insert(h.name).second) spares.push_back(h.name);
     }
+    // A blacklisted host still keeps, and is sent, replicas (after the
+    // usable spares): its workers failed, not its memory, which may hold
+    // the only other copy when the holders are lost.
+    if (hosts_.epoch().blacklisted_now > 0) {
+      for (auto& h : discovered_.hosts()) {
+        if (hosts_.is_blacklisted(h.name) && seen.insert(h.name).second) spares.push_back(h.name);
+      }
+    }
     replicas_->plan(holders, spares);
   }
   replicas_->tick();

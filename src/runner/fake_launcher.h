@@ -53,6 +53,14 @@ class FakeLauncher final : public Launcher {
   // The host's agent says DRAINING (take_drains() returns it once).
   void drain(const std::string& host, const std::string& reason) { drains_.emplace_back(host, reason); }
   std::vector<std::pair<std::string, std::string>> take_drains() override { return std::exchange(drains_, {}); }
+  // Commit replicas: how many times each host was asked to KEEP (it never
+  // answers: keeper_port() stays nullopt).
+  bool keep(const std::string& host, const std::string&, const std::string&) override {
+    ++kept_[host];
+    return true;
+  }
+  std::optional<int> keeper_port(const std::string&) override { return std::nullopt; }
+  const std::map<std::string, int>& kept() const { return kept_; }
 
  private:
   std::vector<std::shared_ptr<Worker>> workers_;
@@ -61,6 +69,7 @@ class FakeLauncher final : public Launcher {
   bool obey_terminate_ = true;
   bool obey_kill_ = true;
   int port_ = 4242;
+  std::map<std::string, int> kept_;
 };
 
 }  // namespace erun

@@ -211,8 +211,10 @@ TEST_F(ErunHostMemory, TheOnlyHostsAgentKilledResumesAtTheLastCommit) {
 TEST_F(ErunHostMemory, TheUpToDateHostsAgentKilledWhileTheOtherIsBlacklistedResumesAtTheLastCommit) {
   dir_.write("hosts", "127.0.0.2:1\n127.0.0.3:1\n");
   // Every failure blacklists its host: 11 s the first time, 22 s the second.
-  std::vector<std::string> args = erun_args(
-      {"-np", "2", "--min-np", "1", "--blacklist-after", "1", "--blacklist-cooldown-range", "11", "120"});
+  // --commit-replicas 0: the blacklisted b is sent no replica of a's commits
+  // (it would be, by default), so a's memory is the only copy of the newest.
+  std::vector<std::string> args = erun_args({"-np", "2", "--min-np", "1", "--blacklist-after", "1",
+                                             "--blacklist-cooldown-range", "11", "120", "--commit-replicas", "0"});
   // Slower steps (the model does not depend on them): the job trains on
   // through the cooldowns below.
   args.insert(args.end(), {"--step-ms", "100"});

@@ -442,6 +442,27 @@ TEST_F(InPlaceTest, AReadyStandbyOnASpareHostTakesALostMembersPlace) {
   EXPECT_TRUE(worker_at(c0) || worker_at(a0)) << "no new standby after the promotion";
 }
 
+// A blacklisted host still keeps, and is sent, replicas: with a alone
+// running workers after b's failure blacklisted b, b is the keeper that
+// --commit-replicas 1 asks for (there is no usable spare); without the
+// blacklisting it would run workers itself.
+TEST_F(InPlaceTest, ABlacklistedHostKeepsTheRunningHostsCommits) {
+  discovery.set(HostSet({{"a", 1}, {"b", 1}}));
+  DriverOptions o = elastic(2, 1, 2);
+  o.blacklist_after = 1;
+  start_joined(o);
+  EXPECT_FALSE(steps(1));
+  EXPECT_EQ(launcher.kept().count("b"), 0u) << "b runs a worker: no keeper";
+  launcher.finish(worker_at(b0), ExitStatus{1, 0});
+  survivors_rejoin({a0}, 1, 1, PeerState::kDead);
+  EXPECT_FALSE(steps(3));
+  ASSERT_EQ(driver->generation(), 2);
+  ASSERT_EQ(driver->plan().size(), 1);
+  EXPECT_FALSE(worker_at(b0)) << "b is blacklisted";
+  EXPECT_GE(launcher.kept().count("b") ? launcher.kept().at("b") : 0, 1) << "b keeps no replica of a's commits";
+  EXPECT_EQ(launcher.kept().count("a"), 0u);
+}
+
 // A retired worker that takes its --term-grace to exit is told to stop once,
 // not on every tick while it is still waiting in the rendezvous.
 TEST_F(InPlaceTest, ARetiredWorkerIsToldToStopOnce) {
