@@ -325,7 +325,7 @@ TEST_F(ErunTakeover, AStandbyDriverTakesTheJobOverWhenItsErunIsKilled) {
 // --heartbeat-timeout. The old driver, continued, finds itself replaced and
 // leaves without touching the workers.
 TEST_F(ErunTakeover, AStandbyDriverTakesAFrozenDriversJobWhichThenLeaves) {
-  ErunProcess first(args({"--heartbeat-timeout", "2", "-np", "2"}), env());
+  ErunProcess first(args({"--heartbeat-timeout", "3", "-np", "2"}), env());
   ASSERT_TRUE(first.wait_output("erun --attach job-", 60s)) << first.err();
   std::smatch m;
   const std::string said = first.err();
