@@ -84,7 +84,8 @@ std::string encode_record(const JobRecord& r) {
   for (auto& s : r.plan) out += fmt::format("slot {} {}\n", escape(s.host), s.local_index);
   for (auto& a : r.agents) out += fmt::format("agent {} {}\n", escape(a.host), escape(a.attach_path));
   for (auto& h : r.hosts) {
-    out += fmt::format("host {} {} {} {}\n", escape(h.host), h.failures_in_a_row, h.times_blacklisted, h.blacklisted_ms);
+    out += fmt::format("host {} {} {} {}\n", escape(h.host), h.failures_in_a_row, h.times_blacklisted,
+                       std::chrono::duration_cast<std::chrono::milliseconds>(h.blacklisted_for).count());
   }
   out += "end\n";
   return out;
@@ -135,7 +136,10 @@ Result<JobRecord> decode_record(std::string_view text) {
       long fails = 0, times = 0, ms = 0;
       ok = values.size() == 4 && to_long(values[1], fails) && to_long(values[2], times) && to_long(values[3], ms) &&
            fails >= 0 && times >= 0 && ms >= 0 && fails < (1 << 30) && times < (1 << 30);
-      if (ok) r.hosts.push_back(JobRecord::Host{values[0], static_cast<int>(fails), static_cast<int>(times), ms});
+      if (ok) {
+        r.hosts.push_back(HostHistory{values[0], static_cast<int>(fails), static_cast<int>(times),
+                                      std::chrono::milliseconds(ms)});
+      }
     } else if (key == "agent") {
       ok = values.size() == 2;
       if (ok) r.agents.push_back(JobRecord::Agent{values[0], values[1]});

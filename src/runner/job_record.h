@@ -16,6 +16,7 @@
 #include "common/fd.h"
 #include "common/status.h"
 #include "rendezvous/membership.h"
+#include "runner/host_manager.h"
 
 namespace erun {
 
@@ -42,15 +43,8 @@ struct JobRecord {
   };
   std::vector<Agent> agents;
   // The hosts' failures and blacklistings (HostManager::history()), each
-  // blacklisting's time left in milliseconds as of the write.
-  struct Host {
-    std::string host;
-    int failures_in_a_row = 0;
-    int times_blacklisted = 0;
-    long blacklisted_ms = 0;
-    bool operator==(const Host&) const = default;
-  };
-  std::vector<Host> hosts;
+  // blacklisting's time left as of the write (kept to the millisecond).
+  std::vector<HostHistory> hosts;
   bool operator==(const JobRecord&) const = default;
 };
 

@@ -33,7 +33,9 @@
 #include "runner/metrics_server.h"
 #include "runner/launcher.h"
 #include "runner/launcher_srun.h"
+#include "runner/record_keeper.h"
 #include "runner/slurm_grow.h"
+#include "runner/standby.h"
 #include "runner/output.h"
 #include "rendezvous/rendezvous.h"
 
@@ -239,6 +241,13 @@ bool resolve_forwarded_env(erun::DriverOptions& options) {
 struct Launchers {
   std::unique_ptr<erun::Launcher> local;
   std::unique_ptr<erun::Launcher> remote;
+  std::vector<erun::Launcher*> all() const {
+    std::vector<erun::Launcher*> out;
+    for (auto* l : {local.get(), remote.get()}) {
+      if (l) out.push_back(l);
+    }
+    return out;
+  }
 };
 
 erun::Result<Launchers> make_launchers(const erun::DriverOptions& options,
@@ -337,10 +346,7 @@ void take_over(const erun::DriverOptions& o, Launchers& l, const erun::JobRecord
   t.restarts = record.restarts;
   t.plan = record.plan;
   t.in_place = record.in_place;
-  for (auto& h : record.hosts) {
-    t.hosts.push_back(erun::HostHistory{h.host, h.failures_in_a_row, h.times_blacklisted,
-                                        std::chrono::milliseconds(h.blacklisted_ms)});
-  }
+  t.hosts = record.hosts;
   erun::AttachRequest req;
   req.secret = record.secret;
   req.term = t.term;
@@ -359,77 +365,6 @@ void take_over(const erun::DriverOptions& o, Launchers& l, const erun::JobRecord
     }
   }
 }
-
-// Keeps the job record up to date from the driver (at most once a second,
-// written only when it changed).
-class RecordKeeper {
- public:
-  RecordKeeper(erun::JobStore& store, erun::JobRecord base, Launchers& l)
-      : store_(store), base_(std::move(base)), l_(l) {}
-  // A new generation or a new agent's socket is written at once (a new
-  // erun must resume after it, and find every agent that runs workers);
-  // then each agent the record names is told RECORDED, and only then keeps
-  // its workers through the grace. The rest is looked at once a second.
-  void operator()(const erun::Driver& d) {
-    auto now = std::chrono::steady_clock::now();
-    uint64_t version = 0;
-    for (erun::Launcher* launcher : {l_.local.get(), l_.remote.get()}) {
-      if (launcher) version += launcher->attach_paths_version();
-    }
-    const bool changed = d.generation() != last_.generation || d.resets() != last_.resets ||
-                         d.restarts() != last_.restarts || version != version_ ||
-                         (!last_.in_place && d.members_joined()) || d.host_changes() != host_changes_;
-    if (!changed && now < next_) return;
-    next_ = now + std::chrono::seconds(1);
-    // The heartbeat a standby driver watches (erun --standby --attach), and
-    // the lock once a replaced driver let it go (a standby that took the job
-    // from a silent one holds none at first).
-    store_.touch();
-    if (!store_.holds_lock()) (void)store_.try_lock();
-    version_ = version;
-    host_changes_ = d.host_changes();
-    erun::JobRecord r = base_;
-    r.generation = d.generation();
-    r.resets = d.resets();
-    r.restarts = d.restarts();
-    r.in_place = d.members_joined();
-    for (auto& a : d.plan().ranks) r.plan.push_back(a.slot);
-    // A blacklisting's time left changes every second: written once a
-    // second while one lasts.
-    for (auto& h : d.host_history()) {
-      r.hosts.push_back(erun::JobRecord::Host{
-          h.host, h.failures_in_a_row, h.times_blacklisted,
-          static_cast<long>(std::chrono::duration_cast<std::chrono::milliseconds>(h.blacklisted_for).count())});
-    }
-    for (erun::Launcher* launcher : {l_.local.get(), l_.remote.get()}) {
-      if (!launcher) continue;
-      for (auto& [host, path] : launcher->attach_paths()) r.agents.push_back({host, path});
-    }
-    if (r == last_) return;
-    if (auto s = store_.write(r); !s) {
-      if (auto now_there = store_.read(); now_there && now_there->term > base_.term) return;  // replaced
-      if (!warned_) ERUN_LOG_WARN("{}: a new erun could not take this job over", s.message());
-      warned_ = true;
-      return;
-    }
-    std::vector<std::pair<std::string, std::string>> named;
-    for (auto& a : r.agents) named.emplace_back(a.host, a.attach_path);
-    for (erun::Launcher* launcher : {l_.local.get(), l_.remote.get()}) {
-      if (launcher) launcher->recorded(named);
-    }
-    last_ = std::move(r);
-  }
-
- private:
-  erun::JobStore& store_;
-  erun::JobRecord base_;
-  Launchers& l_;
-  erun::JobRecord last_;
-  uint64_t version_ = 0;
-  long host_changes_ = 0;
-  std::chrono::steady_clock::time_point next_{};
-  bool warned_ = false;
-};
 
 // The status line and /metrics, from the job's account, refreshed after the
 // driver's steps (a few times a second at most); the summary at the end.
@@ -482,71 +417,6 @@ class JobView {
   erun::MetricsServer metrics_;
   std::chrono::steady_clock::time_point next_status_{}, next_metrics_{};
 };
-
-// `erun --standby --attach NAME`: watches job NAME's driver through its
-// record and takes the job over by itself when that driver is gone (the
-// job's lock is free: it was killed, or its machine's lock went) or has
-// been silent for `silence` (its heartbeat, the record's modification time,
-// stands still: frozen, or its machine cut off). Returns the job's store to
-// drive it with, or the exit code when there is nothing to take over.
-std::variant<std::unique_ptr<erun::JobStore>, int> stand_by(const std::string& jobs_dir, const std::string& name,
-                                                            erun::Duration silence) {
-  using Clock = std::chrono::steady_clock;
-  // One standby per job.
-  const std::string marker = jobs_dir + "/" + name + "/standby";
-  static int standby_fd = -1;  // held for the process's life
-  standby_fd = ::open(marker.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
-  if (standby_fd < 0 || ::flock(standby_fd, LOCK_EX | LOCK_NB) != 0) {
-    std::fprintf(stderr, "erun --standby: job %s has a standby driver already (%s): one is enough\n", name.c_str(),
-                 marker.c_str());
-    return 2;
-  }
-  std::string stamp = erun::record_stamp(jobs_dir, name);
-  auto changed_at = Clock::now();
-  uint64_t term = 0;
-  while (true) {
-    bool held = false;
-    auto locked = erun::JobStore::lock(jobs_dir, name, &held);
-    if (locked) {
-      auto store = std::move(locked).value();
-      if (!store->read()) {
-        ERUN_LOG_INFO("job {}: it ended (its record is gone): the standby has nothing to take over", name);
-        return 0;
-      }
-      ERUN_LOG_WARN("job {}: its driver is gone: the standby takes the job over", name);
-      return store;
-    }
-    if (!held) {
-      std::fprintf(stderr, "erun --standby: %s\n", locked.message().c_str());
-      return 2;
-    }
-    const auto now = Clock::now();
-    if (std::string s = erun::record_stamp(jobs_dir, name); s != stamp) {
-      stamp = s;
-      changed_at = now;
-    }
-    auto record = erun::peek_record(jobs_dir, name);
-    if (record && record->term != term) {
-      term = record->term;
-      ERUN_LOG_INFO("job {}: standing by for its driver (erun pid {} on {}, term {}): taking the job over when it is "
-                    "gone or silent for {:.0f} s (--heartbeat-timeout)",
-                    name, record->driver_pid, record->driver_host, term, std::chrono::duration<double>(silence).count());
-    }
-    if (record && now - changed_at > silence) {
-      ERUN_LOG_WARN("job {}: its driver (erun pid {} on {}, term {}) has been silent for {:.1f} s: the standby takes "
-                    "the job over; should that erun come back, it finds itself replaced and leaves",
-                    name, record->driver_pid, record->driver_host, term,
-                    std::chrono::duration<double>(now - changed_at).count());
-      auto store = erun::JobStore::open_unlocked(jobs_dir, name);
-      if (!store) {
-        std::fprintf(stderr, "erun --standby: %s\n", store.message().c_str());
-        return 2;
-      }
-      return std::move(store).value();
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  }
-}
 
 // The driver and its parts (launchers, event log, output, rendezvous), then
 // the job or its dry run. `args`: erun's arguments, for the job's name and
@@ -662,7 +532,7 @@ int run_driver(const erun::DriverOptions& options, erun::HostDiscovery& discover
   erun::JobAccount account;
   events.set_observer([&account](std::string_view line) { account.observe_line(line); });
   deps.account = &account;
-  std::optional<RecordKeeper> keeper;
+  std::optional<erun::RecordKeeper> keeper;
   if (store) {
     erun::JobRecord base;
     base.name = name;
@@ -675,7 +545,7 @@ int run_driver(const erun::DriverOptions& options, erun::HostDiscovery& discover
     base.commit_dir = commit_dir == "-" ? "" : commit_dir;
     base.cwd = previous ? previous->cwd : cwd;
     base.args = previous && options.job_name.empty() ? previous->args : args;
-    keeper.emplace(*store, std::move(base), *launchers);
+    keeper.emplace(*store, std::move(base), launchers->all());
     if (!previous) {
       ERUN_LOG_INFO("job {}: should this erun die, its workers wait {:.0f} s (--driver-grace) for the same command "
                     "again, or erun --attach {}",
@@ -709,52 +579,6 @@ int run_driver(const erun::DriverOptions& options, erun::HostDiscovery& discover
 
 }  // namespace
 
-namespace {
-
-// erun's arguments when they are only --attach NAME, --standby and
-// --job-record FILE (in any order, --attach or --job-record given): a
-// takeover, not a job's command line (where --standby N counts standby
-// workers). nullopt: a job's command line.
-struct TakeoverForm {
-  std::string name, jobs_dir, error;
-  bool standby = false;
-};
-std::optional<TakeoverForm> parse_takeover_form(const std::vector<std::string>& args) {
-  TakeoverForm f;
-  std::string record_file;
-  for (size_t i = 0; i < args.size(); ++i) {
-    if (args[i] == "--standby") {
-      f.standby = true;
-    } else if ((args[i] == "--attach" || args[i] == "--job-record") && i + 1 < args.size()) {
-      (args[i] == "--attach" ? f.name : record_file) = args[i + 1];
-      ++i;
-    } else {
-      return std::nullopt;
-    }
-  }
-  if (f.name.empty() && record_file.empty()) return std::nullopt;
-  if (!record_file.empty()) {
-    // FILE is JOBS_DIR/NAME/record.
-    std::filesystem::path p = std::filesystem::absolute(record_file).lexically_normal();
-    const std::string name = p.parent_path().filename().string();
-    if (p.filename() != "record" || name.empty()) {
-      f.error = fmt::format("--job-record {}: not a job record (a job's record is JOBS_DIR/NAME/record, where the "
-                            "driver said it keeps it)",
-                            record_file);
-      return f;
-    }
-    if (!f.name.empty() && f.name != name) {
-      f.error = fmt::format("--job-record {} is job {}'s record, not {}'s", record_file, name, f.name);
-      return f;
-    }
-    f.name = name;
-    f.jobs_dir = p.parent_path().parent_path().string();
-  }
-  return f;
-}
-
-}  // namespace
-
 int main(int argc, char** argv) {
   if (argc >= 2 && std::string(argv[1]) == "--agent") return agent_main(argc, argv);
   // `erun report EVENTS.jsonl [-o FILE]` (a program named report: erun ./report)
@@ -762,7 +586,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
   std::string attach_name;
   bool standby = false;
-  if (auto takeover = parse_takeover_form(args)) {
+  if (auto takeover = erun::parse_takeover_form(args)) {
     // `erun --attach NAME` and `erun --standby --attach NAME`, the record
     // found by its name or given (--job-record FILE): the job's own
     // command, from its own directory.
@@ -818,7 +642,7 @@ int main(int argc, char** argv) {
   ::signal(SIGPIPE, SIG_IGN);
   std::unique_ptr<erun::JobStore> standby_store;
   if (standby) {
-    auto watched = stand_by(erun::jobs_directory(), attach_name, options.heartbeat_timeout);
+    auto watched = erun::stand_by(erun::jobs_directory(), attach_name, options.heartbeat_timeout);
     if (auto* code = std::get_if<int>(&watched)) return *code;
     standby_store = std::move(std::get<std::unique_ptr<erun::JobStore>>(watched));
   }

@@ -73,6 +73,13 @@ class ErunTakeover : public ::testing::Test {
     }
     return e;
   }
+  // The job's name, which erun logs at its start ("" when it has not yet).
+  static std::string job_name(ErunProcess& p) {
+    if (!p.wait_output("erun --attach job-", 60s)) return "";
+    std::smatch m;
+    const std::string said = p.err();
+    return std::regex_search(said, m, std::regex("erun --attach (job-[0-9a-f]+)")) ? m[1].str() : "";
+  }
   // Starts the job and SIGKILLs its erun right after rank 0's line for
   // `epoch` (not while a line is on its way); the workers' pids then.
   std::set<pid_t> start_and_kill(ErunProcess& p, int epoch) {
@@ -139,10 +146,9 @@ TEST_F(ErunTakeover, AWorkerKilledWithoutADriverIsRecoveredInPlaceByTheNext) {
   ::kill(victim, SIGKILL);
   std::this_thread::sleep_for(2s);  // the survivor rolls back and waits to re-join
   // This time by the job's name, which the first erun logged.
-  std::smatch m;
-  const std::string said = first.err();
-  ASSERT_TRUE(std::regex_search(said, m, std::regex("erun --attach (job-[0-9a-f]+)"))) << said;
-  ErunProcess again({"--attach", m[1].str()}, env());
+  const std::string name = job_name(first);
+  ASSERT_FALSE(name.empty()) << first.err();
+  ErunProcess again({"--attach", name}, env());
   ASSERT_NO_FATAL_FAILURE(expect_trained_exactly(again, uninterrupted_checksum()));
   EXPECT_NE(again.err().find("took the job over"), std::string::npos) << again.err();
   EXPECT_EQ(again.out().find("] epoch 0 "), std::string::npos) << "restarted from the start";
@@ -292,11 +298,8 @@ TEST_F(ErunTakeover, NobodyTakingOverLeavesNothingAfterTheGrace) {
 // and takes it over by itself when its erun is SIGKILLed: no command typed.
 TEST_F(ErunTakeover, AStandbyDriverTakesTheJobOverWhenItsErunIsKilled) {
   ErunProcess first(args({"-np", "2"}), env());
-  ASSERT_TRUE(first.wait_output("erun --attach job-", 60s)) << first.err();
-  std::smatch m;
-  const std::string said = first.err();
-  ASSERT_TRUE(std::regex_search(said, m, std::regex("erun --attach (job-[0-9a-f]+)"))) << said;
-  const std::string name = m[1].str();
+  const std::string name = job_name(first);
+  ASSERT_FALSE(name.empty()) << first.err();
   ErunProcess standby({"--standby", "--attach", name}, env());
   ASSERT_TRUE(standby.wait_output("standing by for its driver", 30s)) << standby.err();
   // One standby is enough.
@@ -326,11 +329,9 @@ TEST_F(ErunTakeover, AStandbyDriverTakesTheJobOverWhenItsErunIsKilled) {
 // leaves without touching the workers.
 TEST_F(ErunTakeover, AStandbyDriverTakesAFrozenDriversJobWhichThenLeaves) {
   ErunProcess first(args({"--heartbeat-timeout", "3", "-np", "2"}), env());
-  ASSERT_TRUE(first.wait_output("erun --attach job-", 60s)) << first.err();
-  std::smatch m;
-  const std::string said = first.err();
-  ASSERT_TRUE(std::regex_search(said, m, std::regex("erun --attach (job-[0-9a-f]+)"))) << said;
-  const std::string record = dir_.file("jobs") + "/" + m[1].str() + "/record";
+  const std::string name = job_name(first);
+  ASSERT_FALSE(name.empty()) << first.err();
+  const std::string record = dir_.file("jobs") + "/" + name + "/record";
   ErunProcess standby({"--standby", "--job-record", record}, env());
   ASSERT_TRUE(standby.wait_output("standing by for its driver", 30s)) << standby.err();
   ASSERT_TRUE(first.wait_output(":epoch 1 loss=", 120s)) << first.out() << first.err();

@@ -35,7 +35,7 @@ JobRecord sample() {
   r.in_place = true;
   r.plan = {{"node a", 0}, {"node a", 1}, {"b", 0}};
   r.agents = {{"node a", "/tmp/erun-agent-x/attach"}, {"b", ""}};
-  r.hosts = {{"node a", 1, 2, 29500}, {"c", 0, 1, 0}};
+  r.hosts = {{"node a", 1, 2, std::chrono::milliseconds(29500)}, {"c", 0, 1, Duration::zero()}};
   return r;
 }
 

@@ -1,0 +1,79 @@
+// Keeps a job's record (job_record.h) up to date from its driver, after
+// every step: what a new erun takes the job over from, and the heartbeat a
+// standby driver watches (standby.h).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <vector>
+
+#include "common/log.h"
+#include "runner/driver.h"
+#include "runner/job_record.h"
+#include "runner/launcher.h"
+
+namespace erun {
+
+// Keeps the job record up to date from the driver (at most once a second,
+// written only when it changed).
+class RecordKeeper {
+ public:
+  RecordKeeper(JobStore& store, JobRecord base, std::vector<Launcher*> launchers)
+      : store_(store), base_(std::move(base)), launchers_(std::move(launchers)) {}
+  // A new generation or a new agent's socket is written at once (a new
+  // erun must resume after it, and find every agent that runs workers);
+  // then each agent the record names is told RECORDED, and only then keeps
+  // its workers through the grace. The rest is looked at once a second.
+  void operator()(const Driver& d) {
+    auto now = std::chrono::steady_clock::now();
+    uint64_t version = 0;
+    for (Launcher* launcher : launchers_) version += launcher->attach_paths_version();
+    const bool changed = d.generation() != last_.generation || d.resets() != last_.resets ||
+                         d.restarts() != last_.restarts || version != version_ ||
+                         (!last_.in_place && d.members_joined()) || d.host_changes() != host_changes_;
+    if (!changed && now < next_) return;
+    next_ = now + std::chrono::seconds(1);
+    // The heartbeat a standby driver watches (erun --standby --attach), and
+    // the lock once a replaced driver let it go (a standby that took the job
+    // from a silent one holds none at first).
+    store_.touch();
+    if (!store_.holds_lock()) (void)store_.try_lock();
+    version_ = version;
+    host_changes_ = d.host_changes();
+    JobRecord r = base_;
+    r.generation = d.generation();
+    r.resets = d.resets();
+    r.restarts = d.restarts();
+    r.in_place = d.members_joined();
+    for (auto& a : d.plan().ranks) r.plan.push_back(a.slot);
+    // A blacklisting's time left changes every second: written once a
+    // second while one lasts.
+    r.hosts = d.host_history();
+    for (Launcher* launcher : launchers_) {
+      for (auto& [host, path] : launcher->attach_paths()) r.agents.push_back({host, path});
+    }
+    if (r == last_) return;
+    if (auto s = store_.write(r); !s) {
+      if (auto now_there = store_.read(); now_there && now_there->term > base_.term) return;  // replaced
+      if (!warned_) ERUN_LOG_WARN("{}: a new erun could not take this job over", s.message());
+      warned_ = true;
+      return;
+    }
+    std::vector<std::pair<std::string, std::string>> named;
+    for (auto& a : r.agents) named.emplace_back(a.host, a.attach_path);
+    for (Launcher* launcher : launchers_) launcher->recorded(named);
+    last_ = std::move(r);
+  }
+
+ private:
+  JobStore& store_;
+  JobRecord base_;
+  std::vector<Launcher*> launchers_;  // those that exist
+  JobRecord last_;
+  uint64_t version_ = 0;
+  long host_changes_ = 0;
+  std::chrono::steady_clock::time_point next_{};
+  bool warned_ = false;
+};
+
+}  // namespace erun
