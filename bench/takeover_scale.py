@@ -6,8 +6,8 @@ naming sim0000, sim0001, ...), one worker each: a copy of `sleep` (restart
 mode: the program needs no erun library, so a thousand of them fit on two
 cores). Once the job record names every agent, erun is SIGKILLed and the
 same command is run again. From the new erun's exec it measures the time
-to its log line "took the job over" (every agent attached through its own
-`erun --agent --attach` process, every worker adopted with its rank) and
+to its log line "took the job over" (every agent attached through its
+attach socket, every worker adopted with its rank) and
 checks that it adopted all N workers, their processes unchanged. The new
 erun is then stopped (SIGTERM) and nothing may be left running.
 

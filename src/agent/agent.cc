@@ -433,6 +433,7 @@ bool Agent::begin() {
     ERUN_LOG_ERROR("{}: signalfd: {}", me_, std::strerror(errno));
     return false;
   }
+  open_helper_stderr();
   in_fd_ = o_.in_fd;
   out_fd_ = o_.out_fd;
   if (!read_secret()) return false;
@@ -532,6 +533,8 @@ void Agent::poll_once(SteadyClock::time_point now) {
   }
   Relay* relay = relay_.get();  // the one whose descriptors are listed (a START may make one)
   size_t relay_first = relay ? relay->add_fds(fds) : fds.size();
+  const size_t helper_err = fds.size();
+  fds.push_back({helper_err_read_.get(), POLLIN, 0});
   const size_t attach_first = fds.size();
   fds.push_back({attach_listen_.get(), POLLIN, 0});
   for (auto& a : attachers_) fds.push_back({a.fd.get(), POLLIN, 0});
@@ -563,6 +566,34 @@ void Agent::poll_once(SteadyClock::time_point now) {
     if (i < attachers_.size() && fds[attach_first + 1 + i].revents) on_attacher(i);
   }
   if (fds[attach_first].revents) accept_attachers();
+  if (fds[helper_err].revents) pump_helper_stderr(false);
+}
+
+void Agent::open_helper_stderr() {
+  int ends[2];
+  if (::pipe2(ends, O_CLOEXEC | O_NONBLOCK) != 0) return;  // the helpers keep the agent's stderr
+  helper_err_read_.reset(ends[0]);
+  helper_err_write_.reset(ends[1]);  // non-blocking too: a helper drops a line rather than wait for the agent
+  route_helper_stderr(helper_err_write_.get());
+}
+
+// What the helpers wrote: whole lines to the agent's stderr (`all`: the
+// rest too), or everything once 64 KiB are waiting without an end of line.
+void Agent::pump_helper_stderr(bool all) {
+  if (!helper_err_read_) return;
+  char buf[4096];
+  while (true) {
+    const ssize_t n = ::read(helper_err_read_.get(), buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    helper_err_.append(buf, static_cast<size_t>(n));
+  }
+  const size_t end = helper_err_.rfind('\n');
+  size_t len = end == std::string::npos ? 0 : end + 1;
+  if (all || helper_err_.size() >= (64u << 10)) len = helper_err_.size();
+  if (len == 0) return;
+  (void)StatusLine::get().write_above(STDERR_FILENO, std::string_view(helper_err_.data(), len));
+  helper_err_.erase(0, len);
 }
 
 // 100 ms, or less up to the first reaped worker's output deadline.
@@ -589,6 +620,7 @@ void Agent::finish() {
   stop_helper(std::exchange(persister_fd_, -1), lost_ ? std::chrono::seconds(5) : std::chrono::seconds(60));
   stop_pushers();
   stop_helper(std::exchange(keeper_.channel, -1), kReplicaStopWait);  // it ends before the directory goes
+  pump_helper_stderr(true);  // their last lines (the persister may still write: it gives up in 5 s)
   if (!commit_dir_.empty()) release_commit_dir(commit_dir_, std::exchange(commit_lease_fd_, -1));
   attachers_.clear();
   attach_listen_.reset();

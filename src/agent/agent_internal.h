@@ -37,6 +37,7 @@
 #include "common/log.h"
 #include "common/net.h"
 #include "common/private_files.h"
+#include "common/status_line.h"
 #include "common/strings.h"
 #include "common/subprocess.h"
 
@@ -241,6 +242,13 @@ class Agent {
   int commit_lease_fd_ = -1;
   int persister_fd_ = -1;
   bool persister_tried_ = false;  // at the first START, once
+  // The helpers' stderr (route_helper_stderr()): a pipe whose lines go on,
+  // whole, to the agent's own stderr, so that only the agent holds the
+  // driver's (which it gives up when the driver is lost).
+  void open_helper_stderr();
+  void pump_helper_stderr(bool all);
+  Fd helper_err_read_, helper_err_write_;
+  std::string helper_err_;
   std::unique_ptr<Relay> relay_;  // made for the first worker that has a rendezvous to relay
   bool relay_failed_ = false;     // could not be made: workers connect directly
 };

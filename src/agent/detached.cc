@@ -12,6 +12,12 @@
 
 namespace erun::agent {
 
+namespace {
+int helper_stderr = -1;
+}  // namespace
+
+void route_helper_stderr(int fd) { helper_stderr = fd; }
+
 pid_t fork_detached(int child_end, bool keep_stderr) {
   pid_t pid = ::fork();
   if (pid != 0) return pid;
@@ -25,6 +31,7 @@ pid_t fork_detached(int child_end, bool keep_stderr) {
   for (int target : {0, 1, 2}) {
     if (target != 2 || !keep_stderr) ::dup2(null, target);
   }
+  if (keep_stderr && helper_stderr >= 0) ::dup2(helper_stderr, 2);
   if (child_end != 3) {
     ::dup2(child_end, 3);
   } else {

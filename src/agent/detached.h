@@ -24,6 +24,13 @@ pid_t fork_detached(int child_end, bool keep_stderr);
 // the agent's end (close-on-exec), or -1 with errno set.
 int spawn_helper(const std::function<void(int channel)>& body, bool keep_stderr = true);
 
+// Where the stderr of the helpers forked from now on goes when they keep it:
+// `fd` (the agent's pipe, which it copies to its own stderr while that is
+// the driver's), or the caller's own stderr when -1. A helper that held
+// erun's stderr itself would keep a pipe from erun (`erun ... | tee`) open
+// after erun is gone, through the whole --driver-grace.
+void route_helper_stderr(int fd);
+
 // Ends a helper started by spawn_helper(): EOF on its channel, then waits up
 // to `wait` for its end of the channel to close (it exited). Closes `fd`.
 void stop_helper(int fd, std::chrono::milliseconds wait);

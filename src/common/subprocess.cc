@@ -4,6 +4,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -217,6 +218,7 @@ Subprocess& Subprocess::operator=(Subprocess&& o) noexcept {
     this->~Subprocess();
     pid_ = o.pid_;
     own_group_ = o.own_group_;
+    channel_ = o.channel_;
     exit_ = o.exit_;
     in_ = o.in_;
     out_ = o.out_;
@@ -262,7 +264,18 @@ int Subprocess::release_stderr() {
   return fd;
 }
 
-void Subprocess::close_stdin() { close_fd(in_); }
+Subprocess Subprocess::channel(int in, int out) {
+  Subprocess s;
+  s.channel_ = true;
+  s.in_ = in;
+  s.out_ = out;
+  return s;
+}
+
+void Subprocess::close_stdin() {
+  if (channel_ && in_ >= 0) ::shutdown(in_, SHUT_WR);
+  close_fd(in_);
+}
 
 std::optional<ExitStatus> Subprocess::poll() {
   if (exit_ || pid_ <= 0) return exit_;

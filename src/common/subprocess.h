@@ -79,6 +79,13 @@ struct SpawnOptions {
 class Subprocess {
  public:
   static Result<Subprocess> spawn(const SpawnOptions& options);
+  // No process: the two ends of a connection (`in` written, `out` read; the
+  // same socket may be both, dup()ed) standing in for a child's stdin and
+  // stdout, so that what talks to a process's pipes can talk to a socket.
+  // It takes both descriptors; close_stdin() shuts the socket's writing side
+  // down, so the peer reads its end. pid() is -1 and poll() never reports
+  // an exit.
+  static Subprocess channel(int in, int out);
 
   Subprocess(Subprocess&& other) noexcept;
   Subprocess& operator=(Subprocess&& other) noexcept;
@@ -113,6 +120,7 @@ class Subprocess {
   void reset_fds();
   pid_t pid_ = -1;
   bool own_group_ = false;
+  bool channel_ = false;  // channel(): `in_` is a socket
   std::optional<ExitStatus> exit_;
   int in_ = -1, out_ = -1, err_ = -1;
 };

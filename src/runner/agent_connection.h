@@ -640,7 +640,10 @@ class AgentConnection {
       // Left to another driver: the agent goes on, nothing here is lost.
       if (abandoned_ || superseded_ > 0) return;
     }
-    auto status = process_.wait_for(eof ? std::chrono::seconds(3) : std::chrono::seconds(0));
+    // A channel without a process (an agent reached through its attach
+    // socket) has no exit to wait for.
+    std::optional<ExitStatus> status;
+    if (process_.pid() > 0) status = process_.wait_for(eof ? std::chrono::seconds(3) : std::chrono::seconds(0));
     if (!status && process_.pid() > 0) {
       ::kill(-process_.pid(), SIGKILL);
       status = process_.wait_for(std::chrono::seconds(2));

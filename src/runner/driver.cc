@@ -316,9 +316,7 @@ void Driver::reap() {
     }
     ERUN_LOG_WARN("{}: failed with {} after {:.1f} s", who(generation_, a.slot.host, a.rank), s->describe(),
                   after);
-    if (!generation_failure_) {
-      generation_failure_ = Failure{generation_, a.slot.host, a.rank, *s, stderr_tail(w), after};
-    }
+    fail_generation(Failure{generation_, a.slot.host, a.rank, *s, stderr_tail(w), after});
   }
 }
 
@@ -728,11 +726,10 @@ void Driver::finish() {
   ERUN_LOG_ERROR("{}: stopping {} worker{} still running ({}{}): {}", who(generation_), stragglers.size(),
                  stragglers.size() == 1 ? "" : "s", join(names, ", "), stragglers.size() > names.size() ? ", ..." : "",
                  finishing_because_);
-  if (!generation_failure_ && !stragglers.empty()) {
+  if (!stragglers.empty()) {
     const Worker& w = *stragglers.front();
-    generation_failure_ = Failure{generation_, w.assignment.slot.host, w.assignment.rank, ExitStatus{1, 0},
-                                  {"still running --finish-timeout after another rank finished"},
-                                  seconds(now - w.started)};
+    fail_generation(Failure{generation_, w.assignment.slot.host, w.assignment.rank, ExitStatus{1, 0},
+                            {"still running --finish-timeout after another rank finished"}, seconds(now - w.started)});
   }
   stop_then_end(SIGTERM, [this] { return job_exit_code(); });
 }

@@ -17,6 +17,7 @@
 #include "common/clock.h"
 #include "discovery/discovery.h"
 #include "runner/crash_loop.h"
+#include "runner/driver_record.h"
 #include "runner/driver_states.h"
 #include "runner/event_log.h"
 #include "runner/host_manager.h"
@@ -61,13 +62,8 @@ struct DriverDeps {
   // start() adopts their workers instead of starting a generation.
   struct Takeover {
     uint64_t term = 0;
-    long generation = 0;  // the last one published: the rendezvous goes on after it
-    int resets = 0;
-    int restarts = 0;
-    std::vector<SlotKey> plan;  // its slots in rank order
-    bool in_place = false;      // its workers joined the rendezvous (not restart mode)
+    DriverRecord record;  // the job's, as its last driver left it
     std::vector<AdoptedWorker> workers;
-    std::vector<HostHistory> hosts;  // failures and blacklistings go on
   };
   Takeover* takeover = nullptr;
   // Called by run() after every step (main keeps the job record with it).
@@ -101,8 +97,10 @@ class Driver {
   // ended without touching the workers.
   uint64_t superseded_by() const { return superseded_by_; }
   const Plan& plan() const { return plan_; }
-  // The hosts' failures and blacklistings, for the job record.
-  std::vector<HostHistory> host_history() const { return hosts_.history(); }
+  // The state a new driver would take the job over from (the job record's
+  // part), made from the parts that hold it.
+  DriverRecord record() const;
+  // Bumped whenever a host's failure count or blacklisting changes.
   long host_changes() const { return hosts_.changes(); }
   const HostManager& host_manager() const { return hosts_; }
 
@@ -357,6 +355,11 @@ class Driver {
   // blacklisted, or waits for a place) gets an agent that only holds the
   // memory (KEEP), before the dead agent's watchdog gives it up.
   void tend_host_memory();
+  // The current generation failed: the first failure noted stands (its
+  // report and exit code), later ones of the same generation add nothing.
+  void fail_generation(Failure f) {
+    if (!generation_failure_) generation_failure_ = std::move(f);
+  }
   // Stops every worker, then ends the job with the failure's exit code.
   void finish_with_failure(const Failure& f);
   int job_exit_code();

@@ -286,11 +286,9 @@ void Driver::exclude_worker(Worker& w, long generation, const RankAssignment& fa
   }
   w.handle->kill();
   set_state(w, WorkerState::kExcluded);  // its exit, when it comes, is this failure, not another
-  if (!generation_failure_) {
-    generation_failure_ = Failure{generation_, failed.slot.host, failed.rank, ExitStatus{0, SIGKILL},
-                                  {fmt::format("reported by a survivor as {}", to_string(state))},
-                                  seconds(clock_.now() - w.started)};
-  }
+  fail_generation(Failure{generation_, failed.slot.host, failed.rank, ExitStatus{0, SIGKILL},
+                          {fmt::format("reported by a survivor as {}", to_string(state))},
+                          seconds(clock_.now() - w.started)});
 }
 
 void Driver::tell_survivors_of_losses() {
@@ -372,11 +370,8 @@ void Driver::enforce_rejoin_deadline(const MembershipSnapshot& m) {
                   who(generation_, w.assignment.slot.host, w.assignment.rank), generation_, seconds(limit),
                   limit == o_.rendezvous_timeout ? "--rendezvous-timeout" : "--collective-timeout + 1 s after a failure");
     w.handle->kill();
-    if (!generation_failure_) {
-      generation_failure_ = Failure{generation_, w.assignment.slot.host, w.assignment.rank, ExitStatus{0, SIGKILL},
-                                    {"did not re-join within --rendezvous-timeout"},
-                                    seconds(clock_.now() - w.started)};
-    }
+    fail_generation(Failure{generation_, w.assignment.slot.host, w.assignment.rank, ExitStatus{0, SIGKILL},
+                            {"did not re-join within --rendezvous-timeout"}, seconds(clock_.now() - w.started)});
     set_state(w, WorkerState::kExcluded);  // killed: never planned again, even before it is reaped
   }
 }

@@ -108,9 +108,7 @@ bool Driver::launch_worker(const RankAssignment& a, const std::string& master_ad
       return false;
     }
     crash_loop_.worker_failed(a.slot.host, *w.exit);
-    if (!generation_failure_) {
-      generation_failure_ = Failure{generation_, a.slot.host, a.rank, *w.exit, {h.message()}, 0};
-    }
+    fail_generation(Failure{generation_, a.slot.host, a.rank, *w.exit, {h.message()}, 0});
     workers_.push_back(std::move(w));
     return false;
   }

@@ -11,13 +11,27 @@
 
 namespace erun {
 
+DriverRecord Driver::record() const {
+  DriverRecord r;
+  r.generation = generation_;
+  r.resets = resets_;
+  r.restarts = restarts_;
+  r.in_place = members_joined();
+  for (auto& a : plan_.ranks) r.plan.push_back(a.slot);
+  r.hosts = hosts_.history();
+  if (replicas_) r.keepers = replicas_->keepers();
+  return r;
+}
+
 void Driver::take_over(DriverDeps::Takeover& t) {
-  hosts_.restore(t.hosts);
+  const DriverRecord& r = t.record;
+  hosts_.restore(r.hosts);
+  if (replicas_) replicas_->restore(r.keepers);
   if (auto bl = hosts_.blacklisted(); !bl.empty()) {
     ERUN_LOG_WARN("job {}: still blacklisted, as the job record says: {}", d_.job_id, join(bl, ","));
   }
   auto in_plan = [&](const AdoptedWorker& a) {
-    return std::find(t.plan.begin(), t.plan.end(), SlotKey{a.host, a.slot}) != t.plan.end();
+    return std::find(r.plan.begin(), r.plan.end(), SlotKey{a.host, a.slot}) != r.plan.end();
   };
   if (std::any_of(t.workers.begin(), t.workers.end(), in_plan)) {
     adopt(t);
@@ -26,16 +40,17 @@ void Driver::take_over(DriverDeps::Takeover& t) {
   for (auto& a : t.workers) a.handle->kill();  // none holds a rank of the plan
   // Nothing left to adopt: the job starts anew, its generations going on
   // after the record's (the rendezvous resumed there).
-  generation_ = t.generation;
-  resets_ = t.resets;
-  restarts_ = t.restarts;
+  generation_ = r.generation;
+  resets_ = r.resets;
+  restarts_ = r.restarts;
 }
 
 void Driver::adopt(DriverDeps::Takeover& t) {
-  generation_ = t.generation;
-  resets_ = t.resets;
-  restarts_ = t.restarts;
-  plan_ = plan_over_slots(generation_, t.plan);
+  const DriverRecord& from = t.record;
+  generation_ = from.generation;
+  resets_ = from.resets;
+  restarts_ = from.restarts;
+  plan_ = plan_over_slots(generation_, from.plan);
   recent_plans_.push_back(plan_);
   int kept = 0, ended = 0, strays = 0;
   std::set<std::string> hosts;
@@ -59,7 +74,7 @@ void Driver::adopt(DriverDeps::Takeover& t) {
     } else {
       w.assignment = *r;
       w.state = WorkerState::kMember;
-      w.joined = t.in_place;  // it ran in place under the driver before
+      w.joined = from.in_place;  // it ran in place under the driver before
       ++kept;
       hosts.insert(a.host);
       if (w.handle->poll()) ++ended;
@@ -71,7 +86,7 @@ void Driver::adopt(DriverDeps::Takeover& t) {
   // Workers the record does not know to have joined (its driver died before
   // they did) are marked joined when they come to the rendezvous
   // (update_joined()), and then re-form in place.
-  generation_complete_ = t.in_place;
+  generation_complete_ = from.in_place;
   published_at_ = clock_.now();
   set_phase(JobPhase::kRunning);
   ERUN_LOG_WARN("job {}: driver term {} took the job over at generation {}: {} worker(s) on {} host(s) go on in place "

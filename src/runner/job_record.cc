@@ -87,6 +87,7 @@ std::string encode_record(const JobRecord& r) {
     out += fmt::format("host {} {} {} {}\n", escape(h.host), h.failures_in_a_row, h.times_blacklisted,
                        std::chrono::duration_cast<std::chrono::milliseconds>(h.blacklisted_for).count());
   }
+  for (auto& [keeper, holder] : r.keepers) out += fmt::format("keeper {} {}\n", escape(keeper), escape(holder));
   out += "end\n";
   return out;
 }
@@ -140,6 +141,8 @@ Result<JobRecord> decode_record(std::string_view text) {
         r.hosts.push_back(HostHistory{values[0], static_cast<int>(fails), static_cast<int>(times),
                                       std::chrono::milliseconds(ms)});
       }
+    } else if (key == "keeper") {
+      ok = values.size() == 2 && r.keepers.emplace(values[0], values[1]).second;
     } else if (key == "agent") {
       ok = values.size() == 2;
       if (ok) r.agents.push_back(JobRecord::Agent{values[0], values[1]});

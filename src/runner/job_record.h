@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -16,11 +17,13 @@
 #include "common/fd.h"
 #include "common/status.h"
 #include "rendezvous/membership.h"
+#include "runner/driver_record.h"
 #include "runner/host_manager.h"
 
 namespace erun {
 
-struct JobRecord {
+// The driver's part (DriverRecord) and how to reach the job.
+struct JobRecord : DriverRecord {
   std::string name;
   uint64_t term = 1;        // raised by every takeover; agents obey the highest they saw
   long driver_pid = 0;      // the driver that holds the job now
@@ -31,20 +34,12 @@ struct JobRecord {
   std::string commit_dir;   // the job's host-memory commit directories' prefix ("" : none)
   std::string cwd;          // the directory erun ran in
   std::vector<std::string> args;  // erun's arguments (argv[1..])
-  long generation = 0;      // the last published generation
-  int resets = 0;
-  int restarts = 0;
-  bool in_place = false;    // the workers joined the rendezvous (erun's library): they re-join in place
-  std::vector<SlotKey> plan;  // the running plan's slots, rank i at index i
   struct Agent {
     std::string host;
     std::string attach_path;  // the agent's attach socket on its host
     bool operator==(const Agent&) const = default;
   };
   std::vector<Agent> agents;
-  // The hosts' failures and blacklistings (HostManager::history()), each
-  // blacklisting's time left as of the write (kept to the millisecond).
-  std::vector<HostHistory> hosts;
   bool operator==(const JobRecord&) const = default;
 };
 

@@ -15,6 +15,7 @@
 
 #include "agent/protocol.h"
 #include "common/log.h"
+#include "common/net.h"
 #include "common/strings.h"
 #include "common/subprocess.h"
 
@@ -172,6 +173,27 @@ std::shared_ptr<AgentConnection> AgentLauncher::spawn_connection(const std::stri
                                            paths_version_);
 }
 
+std::shared_ptr<AgentConnection> AgentLauncher::connect_attach_socket(const std::string& host,
+                                                                     const std::string& path, std::string* error) {
+  net::Address a;
+  if (!net::unix_address(path, &a)) {
+    *error = fmt::format("{} is not a usable socket path", path);
+    return nullptr;
+  }
+  net::Socket s = net::connect_unix(a, SteadyClock::now() + std::chrono::seconds(10));
+  if (!s.ok()) {
+    *error = fmt::format("cannot reach the agent at {} ({}): it ended, or its host restarted", path, s.outcome.text());
+    return nullptr;
+  }
+  const int in = ::fcntl(s.fd.get(), F_DUPFD_CLOEXEC, 0);
+  if (in < 0) {
+    *error = fmt::format("cannot reach the agent at {}: {}", path, std::strerror(errno));
+    return nullptr;
+  }
+  return std::make_shared<AgentConnection>(host, Subprocess::channel(in, s.fd.release()), options_, via_,
+                                           StderrHint{}, paths_version_);
+}
+
 std::shared_ptr<AgentConnection> AgentLauncher::connection(const std::string& host, const std::string& secret,
                                                            std::string* error) {
   auto& c = agents_[host];
@@ -237,7 +259,11 @@ std::vector<AttachOutcome> AgentLauncher::attach(const std::vector<std::pair<std
       continue;
     }
     std::string error;
-    auto conn = spawn_connection(host, {options_.agent_path, "--agent", "--attach", path}, &error);
+    // A local agent's socket is on this machine: connected to straight
+    // away, without an `erun --agent --attach` process in between (a
+    // thousand of those cost seconds of CPU).
+    auto conn = via_ == "local" ? connect_attach_socket(host, path, &error)
+                                : spawn_connection(host, {options_.agent_path, "--agent", "--attach", path}, &error);
     if (!conn) {
       out.back().status = Status::error(error);
       continue;

@@ -77,6 +77,10 @@ class AgentLauncher final : public Launcher {
   // or `erun --agent --attach`); null with `error` set when it cannot start.
   std::shared_ptr<AgentConnection> spawn_connection(const std::string& host, const std::vector<std::string>& agent_args,
                                                     std::string* error);
+  // A connection straight to a local agent's attach socket `path`; null
+  // with `error` set when it cannot be reached.
+  std::shared_ptr<AgentConnection> connect_attach_socket(const std::string& host, const std::string& path,
+                                                         std::string* error);
   AgentCommand agent_command_;
   bool abandoned_ = false;
   // Bumped by a connection whose agent names its attach socket (HELLO).

@@ -341,12 +341,7 @@ erun::Launcher& launcher_of(const erun::DriverOptions& o, Launchers& l, const st
 void take_over(const erun::DriverOptions& o, Launchers& l, const erun::JobRecord& record, int rdzv_port,
                erun::DriverDeps::Takeover& t) {
   t.term = record.term + 1;
-  t.generation = record.generation;
-  t.resets = record.resets;
-  t.restarts = record.restarts;
-  t.plan = record.plan;
-  t.in_place = record.in_place;
-  t.hosts = record.hosts;
+  t.record = static_cast<const erun::DriverRecord&>(record);
   erun::AttachRequest req;
   req.secret = record.secret;
   req.term = t.term;

@@ -28,9 +28,13 @@ class RecordKeeper {
     auto now = std::chrono::steady_clock::now();
     uint64_t version = 0;
     for (Launcher* launcher : launchers_) version += launcher->attach_paths_version();
-    const bool changed = d.generation() != last_.generation || d.resets() != last_.resets ||
-                         d.restarts() != last_.restarts || version != version_ ||
-                         (!last_.in_place && d.members_joined()) || d.host_changes() != host_changes_;
+    DriverRecord now_kept = d.record();
+    // A new generation, plan, agent or keeper is written at once; the
+    // blacklistings' time left, which changes every moment, once a second.
+    const bool changed = now_kept.generation != last_.generation || now_kept.resets != last_.resets ||
+                         now_kept.restarts != last_.restarts || now_kept.plan != last_.plan ||
+                         now_kept.keepers != last_.keepers || version != version_ ||
+                         (!last_.in_place && now_kept.in_place) || d.host_changes() != host_changes_;
     if (!changed && now < next_) return;
     next_ = now + std::chrono::seconds(1);
     // The heartbeat a standby driver watches (erun --standby --attach), and
@@ -41,14 +45,7 @@ class RecordKeeper {
     version_ = version;
     host_changes_ = d.host_changes();
     JobRecord r = base_;
-    r.generation = d.generation();
-    r.resets = d.resets();
-    r.restarts = d.restarts();
-    r.in_place = d.members_joined();
-    for (auto& a : d.plan().ranks) r.plan.push_back(a.slot);
-    // A blacklisting's time left changes every second: written once a
-    // second while one lasts.
-    r.hosts = d.host_history();
+    static_cast<DriverRecord&>(r) = std::move(now_kept);
     for (Launcher* launcher : launchers_) {
       for (auto& [host, path] : launcher->attach_paths()) r.agents.push_back({host, path});
     }

@@ -145,6 +145,16 @@ void CommitReplicas::plan(const std::vector<std::string>& holders, const std::ve
   }
 }
 
+std::map<std::string, std::string> CommitReplicas::keepers() const {
+  std::map<std::string, std::string> out;
+  for (auto& [host, k] : keepers_) out[host] = k.holder;
+  return out;
+}
+
+void CommitReplicas::restore(const std::map<std::string, std::string>& keepers) {
+  for (auto& [host, holder] : keepers) keepers_[host].holder = holder;
+}
+
 void CommitReplicas::tick() {
   const TimePoint now = clock_.now();
   for (auto it = keepers_.begin(); it != keepers_.end();) {

@@ -58,6 +58,13 @@ class CommitReplicas {
 
   // host -> the holder it keeps for, once its keeper pushes reach it.
   std::map<std::string, std::string> serving() const;
+  // Every keeper (host -> its holder), retiring ones too: what the job
+  // record carries to the next driver.
+  std::map<std::string, std::string> keepers() const;
+  // A job taken over: the keepers its record names are this plan's own
+  // (their agents keep what they hold; KEEP is asked again and answered
+  // with the running keeper's port). Before the first plan().
+  void restore(const std::map<std::string, std::string>& keepers);
 
  private:
   struct Keeper {

@@ -361,11 +361,7 @@ TEST_F(ErunTakeover, ABlacklistedHostStaysOutUnderTheNextErun) {
   dir_.write("discover.sh", "#!/bin/sh\ncat " + dir_.file("hosts") + "\n", true);
   std::vector<std::string> extra = {"--launcher", "local", "--host-discovery-script", dir_.file("discover.sh"),
                                     "--discovery-interval", "0.2", "-np", "2", "--min-np", "1",
-                                    "--blacklist-after", "1", "--blacklist-cooldown-range", "60", "300",
-                                    // No replica pusher to the blacklisted host: a helper of the agent's keeps
-                                    // erun's stderr open through the grace (noted in issue 33), and
-                                    // first.wait() would wait for it past the grace.
-                                    "--commit-replicas", "0"};
+                                    "--blacklist-after", "1", "--blacklist-cooldown-range", "60", "300"};
   ErunProcess first(args(extra), env());
   ASSERT_TRUE(first.wait_output(":epoch 0 loss=", 120s)) << first.out() << first.err();
   pid_t on_b = 0;
@@ -377,8 +373,17 @@ TEST_F(ErunTakeover, ABlacklistedHostStaysOutUnderTheNextErun) {
   ASSERT_TRUE(first.wait_output("127.0.0.3 blacklisted for 60 s", 30s)) << first.err();
   ASSERT_TRUE(first.wait_output("world size 2 -> 1", 30s)) << first.out();
   std::this_thread::sleep_for(1500ms);  // the record written (at most a second later)
+  // Replicas are pushed to the blacklisted host meanwhile: the pusher's
+  // stderr is its agent's pipe, not erun's, so erun's output ends with erun
+  // (wait() reads it to its end), not with the grace.
+  ASSERT_TRUE(first.wait_output("replicated to 127.0.0.3, the first", 30s)) << first.err();
+  // The record names the keeper, which the next erun keeps as such.
+  const std::string record = dir_.file("jobs/" + job_name(first) + "/record");
+  EXPECT_NE(read_file(record).find("\nkeeper 127.0.0.3 127.0.0.2\n"), std::string::npos) << read_file(record);
+  const auto killed = std::chrono::steady_clock::now();
   first.signal(SIGKILL);
   ASSERT_TRUE(first.wait(10s));
+  EXPECT_LT(std::chrono::steady_clock::now() - killed, 10s) << "erun's stderr stayed open after erun was killed";
 
   ErunProcess again(args(extra), env());
   ASSERT_TRUE(again.wait_output("still blacklisted, as the job record says: 127.0.0.3", 30s)) << again.err();

@@ -205,7 +205,9 @@ class AgentAttach : public ::testing::Test {
     EXPECT_TRUE(S_ISSOCK(st.st_mode));
     ASSERT_EQ(::lstat(std::filesystem::path(attach_path_).parent_path().c_str(), &st), 0);
     EXPECT_EQ(st.st_mode & 0777, 0700u) << "the attach socket's directory is private";
-    if (recorded) ASSERT_TRUE(ch.send(Recorded{}));  // the driver's record names it
+    if (recorded) {
+      ASSERT_TRUE(ch.send(Recorded{}));  // the driver's record names it
+    }
     Start s;
     s.id = 41;
     s.generation = 3;

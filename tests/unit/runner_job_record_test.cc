@@ -36,6 +36,7 @@ JobRecord sample() {
   r.plan = {{"node a", 0}, {"node a", 1}, {"b", 0}};
   r.agents = {{"node a", "/tmp/erun-agent-x/attach"}, {"b", ""}};
   r.hosts = {{"node a", 1, 2, std::chrono::milliseconds(29500)}, {"c", 0, 1, Duration::zero()}};
+  r.keepers = {{"c", "node a"}, {"d", "b"}};
   return r;
 }
 
@@ -65,6 +66,10 @@ TEST(JobRecord, DamagedOrForeignTextIsRefused) {
   std::string short_host = good;
   short_host.replace(short_host.find("host c 0 1 0"), 12, "host c 0 1");
   EXPECT_FALSE(decode_record(short_host).is_ok());
+  EXPECT_FALSE(decode_record(good.substr(0, good.size() - 4) + "keeper c b\nend\n").is_ok()) << "c kept twice";
+  std::string short_keeper = good;
+  short_keeper.replace(short_keeper.find("keeper d b"), 10, "keeper d");
+  EXPECT_FALSE(decode_record(short_keeper).is_ok());
   std::string no_secret = good;
   no_secret.erase(no_secret.find("secret "), no_secret.find('\n', no_secret.find("secret ")) - no_secret.find("secret ") + 1);
   EXPECT_FALSE(decode_record(no_secret).is_ok());

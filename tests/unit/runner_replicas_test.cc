@@ -149,6 +149,25 @@ TEST_F(CommitReplicasTest, AKeeperThatBecomesAHolderIsDroppedAndItsPusherStopped
   EXPECT_TRUE(r.serving().empty());
 }
 
+// A job taken over: the keeper its record names (c, not the first spare b)
+// stays the keeper, with its holder; its agent is asked again (KEEP answers
+// with the running keeper's port) and its holder told again.
+TEST_F(CommitReplicasTest, ATakenOverJobKeepsTheKeepersItsRecordNames) {
+  CommitReplicas fresh = make(1);
+  tick(fresh, {"a"}, {"b", "c"});
+  ASSERT_EQ(fresh.keepers(), (std::map<std::string, std::string>{{"b", "a"}})) << "the first spare, untaken-over";
+  launcher_.asked.clear();
+  CommitReplicas r = make(1);
+  r.restore({{"c", "a"}});
+  EXPECT_EQ(r.keepers(), (std::map<std::string, std::string>{{"c", "a"}}));
+  launcher_.ports["c"] = 4100;
+  tick(r, {"a"}, {"b", "c"});
+  EXPECT_EQ(launcher_.asked, std::vector<std::string>{"c /dev/shm/c-c s3cret"});
+  EXPECT_EQ(launcher_.told, std::vector<std::string>{"a -> ip-of-c:4100 /dev/shm/c-c"});
+  EXPECT_EQ(r.keepers(), (std::map<std::string, std::string>{{"c", "a"}}));
+  EXPECT_TRUE(launcher_.unkept.empty());
+}
+
 TEST_F(CommitReplicasTest, ASpareNoLongerNeededForgetsItsReplicasAfterAMinuteUnlessWantedAgain) {
   CommitReplicas r = make(1);
   launcher_.ports = {{"b", 4000}};
