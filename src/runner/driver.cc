@@ -224,10 +224,11 @@ std::vector<std::pair<std::string, std::string>> Driver::worker_env(const RankAs
   return env;
 }
 
-void Driver::publish() {
-  published_at_ = clock_.now();
-  burst_failures_ = false;
-  generation_complete_ = false;
+void Driver::publish(bool fresh, bool after_failure) {
+  gen_ = GenerationFacts{};
+  gen_.published_at = clock_.now();
+  gen_.fresh = fresh;
+  gen_.after_failure = after_failure;
   recent_plans_.push_back(plan_);
   if (recent_plans_.size() > 4) recent_plans_.erase(recent_plans_.begin());
   if (d_.membership) d_.membership->publish(generation_, plan_.ranks);
@@ -242,7 +243,6 @@ bool Driver::start_generation(const HostSet& usable) {
   plan_ = without_resting(make_plan(generation_ + 1, usable, o_.max_np, plan_.empty() ? nullptr : &plan_));
   ++generation_;
   if (generation_ > 1) ++restarts_;
-  generation_failure_.reset();
   crash_loop_.generation_started(generation_, plan_.hosts());
   std::string master_addr = master_address();
   bool rank0_local;
@@ -251,8 +251,7 @@ bool Driver::start_generation(const HostSet& usable) {
   ERUN_LOG_INFO("{}: starting {} (MASTER_ADDR={} MASTER_PORT={})", who(generation_), plan_.to_string(),
                 master_addr, master_port);
   workers_.clear();
-  publish();
-  started_fresh_ = true;
+  publish(/*fresh=*/true, /*after_failure=*/false);
   for (auto& a : plan_.ranks) launch_worker(a, master_addr, master_port);
   set_phase(JobPhase::kRunning);
   return true;
@@ -296,9 +295,9 @@ void Driver::reap() {
       ERUN_LOG_INFO("{}: finished successfully after {:.1f} s", who(generation_, a.slot.host, a.rank), after);
       any_success_ = true;
       drop_fresh_workers();
-      if (first_finished_.empty()) {
-        first_finished_ = who(-1, a.slot.host, a.rank);
-        first_finished_at_ = clock_.now();
+      if (finishing_.first.empty()) {
+        finishing_.first = who(-1, a.slot.host, a.rank);
+        finishing_.first_at = clock_.now();
       }
       crash_loop_.progress();
       continue;
@@ -310,7 +309,7 @@ void Driver::reap() {
     const bool same_burst = w.launched_generation < generation_ && last_failure_at_ &&
                             clock_.now() - *last_failure_at_ < kFailureBurst;
     if (same_burst) {
-      burst_failures_ = true;
+      gen_.burst_losses = true;
     } else {
       crash_loop_.worker_failed(a.slot.host, *s);
     }
@@ -358,14 +357,14 @@ void Driver::done(int code) {
 }
 
 void Driver::stop_then_wait() {
-  after_stop_ = JobPhase::kWaitingForHosts;
-  stop_exit_code_ = nullptr;
+  stop_.then = JobPhase::kWaitingForHosts;
+  stop_.exit_code = nullptr;
   begin_stop(SIGTERM);
 }
 
 void Driver::stop_then_end(int signal, std::function<int()> exit_code) {
-  after_stop_ = JobPhase::kDone;
-  stop_exit_code_ = std::move(exit_code);
+  stop_.then = JobPhase::kDone;
+  stop_.exit_code = std::move(exit_code);
   begin_stop(signal);
 }
 
@@ -376,8 +375,8 @@ void Driver::begin_stop(int sig) {
     if (sig == SIGTERM || sig == 0) w.handle->terminate();
     else w.handle->signal(sig);
   }
-  stop_kill_at_ = clock_.now() + o_.term_grace + std::chrono::seconds(2);
-  stop_killed_ = false;
+  stop_.kill_at = clock_.now() + o_.term_grace + std::chrono::seconds(2);
+  stop_.killed = false;
   set_phase(JobPhase::kStopping);
   continue_stop();  // workers that are gone already end it at once
 }
@@ -386,8 +385,8 @@ void Driver::continue_stop() {
   reap();
   if (!all_exited()) {
     auto now = clock_.now();
-    if (!stop_killed_) {
-      if (now < stop_kill_at_ && !kill_requested_) return;
+    if (!stop_.killed) {
+      if (now < stop_.kill_at && !stop_.kill_requested) return;
       for (auto& w : workers_) {
         if (!w.alive()) continue;
         ERUN_LOG_WARN("{}: did not stop within {:.1f} s of SIGTERM, killing it (raise --term-grace if it "
@@ -395,11 +394,11 @@ void Driver::continue_stop() {
                       who(generation_, w.assignment.slot.host, w.assignment.rank), seconds(o_.term_grace));
         w.handle->kill();
       }
-      stop_killed_ = true;
-      stop_give_up_at_ = now + std::chrono::seconds(10);
+      stop_.killed = true;
+      stop_.give_up_at = now + std::chrono::seconds(10);
       return;
     }
-    if (now < stop_give_up_at_) return;
+    if (now < stop_.give_up_at) return;
     for (auto& w : workers_) {
       if (w.exit) continue;
       ERUN_LOG_ERROR("{}: still not gone 10 s after SIGKILL; it may be stuck in the kernel (D state) or its "
@@ -410,11 +409,11 @@ void Driver::continue_stop() {
   for (auto& w : workers_) {
     if (d_.output && w.handle) d_.output->drain(w.key, 200);
   }
-  if (after_stop_ == JobPhase::kWaitingForHosts) {
+  if (stop_.then == JobPhase::kWaitingForHosts) {
     set_phase(JobPhase::kWaitingForHosts);
     return;
   }
-  done(stop_exit_code_ ? stop_exit_code_() : 1);
+  done(stop_.exit_code ? stop_.exit_code() : 1);
 }
 
 void Driver::report_failure(const Failure& f) {
@@ -448,8 +447,8 @@ int Driver::give_up_code() {
 
 int Driver::job_exit_code() {
   // The final generation decides: earlier failures were recovered from.
-  int code = generation_failure_ ? std::max(1, generation_failure_->status.shell_code()) : 0;
-  if (generation_failure_) report_failure(*generation_failure_);
+  int code = gen_.failure ? std::max(1, gen_.failure->status.shell_code()) : 0;
+  if (gen_.failure) report_failure(*gen_.failure);
   ERUN_LOG_INFO("job {} finished with exit code {} after {} generation{} and {} reset{}", d_.job_id, code,
                 generation_, generation_ == 1 ? "" : "s", resets_, resets_ == 1 ? "" : "s");
   if (d_.events) {
@@ -496,7 +495,7 @@ void Driver::on_signal(int sig) {
   if (phase_ == JobPhase::kDone) return;
   ERUN_LOG_WARN("received signal {} ({}): stopping all workers", sig, strsignal(sig));
   if (d_.events) d_.events->write("signal", {{"signal", json_number(long{sig})}});
-  if (sig == SIGKILL) kill_requested_ = true;
+  if (sig == SIGKILL) stop_.kill_requested = true;
   const int forward = sig == SIGHUP ? SIGTERM : sig;
   if (phase_ != JobPhase::kStopping) {
     stop_then_end(forward, [sig] { return 128 + sig; });
@@ -507,9 +506,9 @@ void Driver::on_signal(int sig) {
   for (auto& w : workers_) {
     if (w.alive() && forward != SIGTERM) w.handle->signal(forward);
   }
-  if (after_stop_ == JobPhase::kWaitingForHosts) {
-    after_stop_ = JobPhase::kDone;
-    stop_exit_code_ = [sig] { return 128 + sig; };
+  if (stop_.then == JobPhase::kWaitingForHosts) {
+    stop_.then = JobPhase::kDone;
+    stop_.exit_code = [sig] { return 128 + sig; };
   }
   continue_stop();
 }
@@ -540,7 +539,7 @@ void Driver::supervise() {
   tend_drains(m);
   watch_stragglers(m);
   enforce_rejoin_deadline(m);
-  if (generation_failure_) {
+  if (gen_.failure) {
     handle_generation_failure();
     return;
   }
@@ -567,7 +566,7 @@ void Driver::supervise() {
 
 void Driver::handle_generation_failure() {
   if (in_place_possible()) tell_survivors_of_losses();
-  Failure f = *generation_failure_;
+  Failure f = *gen_.failure;
   if (!first_failure_) first_failure_ = f;
   const bool fatal_code = f.status.signal == 0 && f.status.code == kFatalExitCode;
   if (fatal_code || has_no_retry_mark(f.stderr_tail)) {
@@ -589,9 +588,9 @@ void Driver::handle_generation_failure() {
     return;
   }
   last_failure_at_ = clock_.now();
-  if (burst_failures_ && !crash_loop_.failures_seen()) {
+  if (gen_.burst_losses && !crash_loop_.failures_seen()) {
     // Only the rest of an earlier failure: no step of a crash loop.
-  } else if (auto loop = crash_loop_.generation_failed(clock_.now() - published_at_)) {
+  } else if (auto loop = crash_loop_.generation_failed(clock_.now() - gen_.published_at)) {
     ERUN_LOG_ERROR("{}: {}", who(generation_), *loop);
     if (d_.events) d_.events->write("crash_loop", {{"generations", json_number(long{crash_loop_.streak()})}});
     finish_with_failure(f);
@@ -626,13 +625,13 @@ void Driver::count_reset(const char* reason) {
 }
 
 void Driver::begin_finishing() {
-  finish_deadline_ = clock_.now() + o_.finish_timeout;
-  finishing_because_ = fmt::format(
+  finishing_.deadline = clock_.now() + o_.finish_timeout;
+  finishing_.because = fmt::format(
       "{} finished successfully {:.0f} s ago and the others did not finish within --finish-timeout {:.0f} s "
       "(raise --finish-timeout if ranks legitimately finish far apart)",
-      first_finished_, seconds(o_.finish_timeout), seconds(o_.finish_timeout));
+      finishing_.first, seconds(o_.finish_timeout), seconds(o_.finish_timeout));
   ERUN_LOG_INFO("{}: {} finished; waiting up to --finish-timeout {:.0f} s for the others", who(generation_),
-                first_finished_, seconds(o_.finish_timeout));
+                finishing_.first, seconds(o_.finish_timeout));
   set_phase(JobPhase::kFinishing);
 }
 
@@ -700,22 +699,22 @@ void Driver::follow_membership() {
 
 void Driver::finish() {
   auto now = clock_.now();
-  if (generation_failure_ && !failure_while_finishing_) {
+  if (gen_.failure && !finishing_.failed) {
     // A worker failed after another finished: no restart is possible.
-    const Failure& f = *generation_failure_;
-    failure_while_finishing_ = true;
-    finishing_because_ = fmt::format(
+    const Failure& f = *gen_.failure;
+    finishing_.failed = true;
+    finishing_.because = fmt::format(
         "{} finished successfully {:.1f} s ago and then {} failed with {}; a job cannot restart once "
         "a worker has finished, so erun ends it with the failure's exit code (see the root cause below)",
-        first_finished_, seconds(now - first_finished_at_), who(-1, f.host, f.rank), f.status.describe());
-    ERUN_LOG_ERROR("{}: {}", who(generation_), finishing_because_);
-    finish_deadline_ = now;
+        finishing_.first, seconds(now - finishing_.first_at), who(-1, f.host, f.rank), f.status.describe());
+    ERUN_LOG_ERROR("{}: {}", who(generation_), finishing_.because);
+    finishing_.deadline = now;
   }
   if (all_exited()) {
     done(job_exit_code());
     return;
   }
-  if (now < finish_deadline_) return;
+  if (now < finishing_.deadline) return;
   std::vector<const Worker*> stragglers;
   std::vector<std::string> names;
   for (auto& w : workers_) {
@@ -725,7 +724,7 @@ void Driver::finish() {
   }
   ERUN_LOG_ERROR("{}: stopping {} worker{} still running ({}{}): {}", who(generation_), stragglers.size(),
                  stragglers.size() == 1 ? "" : "s", join(names, ", "), stragglers.size() > names.size() ? ", ..." : "",
-                 finishing_because_);
+                 finishing_.because);
   if (!stragglers.empty()) {
     const Worker& w = *stragglers.front();
     fail_generation(Failure{generation_, w.assignment.slot.host, w.assignment.rank, ExitStatus{1, 0},

@@ -335,7 +335,9 @@ class Driver {
   void log_resumed_commit(const MembershipSnapshot& m);
   void enforce_rejoin_deadline(const MembershipSnapshot& m);
   void retire_workers(const MembershipSnapshot& m);
-  void publish();
+  // Publishes plan_ as generation_ (its facts start anew in gen_): `fresh`,
+  // every worker was launched for it; `after_failure`, it re-forms after one.
+  void publish(bool fresh, bool after_failure);
   // The plan of a recent generation (reports name ranks of the generation the
   // reporter left), or null.
   const Plan* plan_of(long generation) const;
@@ -358,7 +360,7 @@ class Driver {
   // The current generation failed: the first failure noted stands (its
   // report and exit code), later ones of the same generation add nothing.
   void fail_generation(Failure f) {
-    if (!generation_failure_) generation_failure_ = std::move(f);
+    if (!gen_.failure) gen_.failure = std::move(f);
   }
   // Stops every worker, then ends the job with the failure's exit code.
   void finish_with_failure(const Failure& f);
@@ -399,14 +401,37 @@ class Driver {
   std::string last_discovery_error_;
 
   JobPhase phase_ = JobPhase::kWaitingForHosts;
+  // The current generation, as the driver learns of it; publish() starts it
+  // anew (a takeover: adopt()).
+  struct GenerationFacts {
+    TimePoint published_at{};
+    bool after_failure = false;      // published after a failure: its re-join deadline is the collective timeout's
+    bool fresh = false;              // every worker of it was launched for it
+    bool complete = false;           // every rank of the plan joined it
+    bool burst_losses = false;       // it lost workers to the last failure's burst
+    std::optional<Failure> failure;  // its first failure (fail_generation())
+  };
+  GenerationFacts gen_;
+  // JobPhase::kStopping (begin_stop()).
+  struct Stopping {
+    JobPhase then = JobPhase::kDone;  // where the job goes once every worker is gone
+    std::function<int()> exit_code;   // with kDone
+    TimePoint kill_at{};              // SIGKILL to those still running
+    TimePoint give_up_at{};           // after the SIGKILL: report the ones still not gone
+    bool killed = false;              // the SIGKILL went out
+    bool kill_requested = false;      // a SIGKILL was asked for: no grace
+  };
+  Stopping stop_;
+  // JobPhase::kFinishing (begin_finishing()): a rank finished.
+  struct Finishing {
+    std::string first;       // who() of the first worker that finished successfully
+    TimePoint first_at{};
+    std::string because;     // why the job ends, for its log line
+    bool failed = false;     // a failure came while finishing: the job ends now
+    TimePoint deadline{};    // --finish-timeout after the first finished
+  };
+  Finishing finishing_;
   int exit_code_ = 0;  // in JobPhase::kDone
-  // JobPhase::kStopping: where the job goes once every worker is gone.
-  JobPhase after_stop_ = JobPhase::kDone;
-  std::function<int()> stop_exit_code_;
-  TimePoint stop_kill_at_{};     // SIGKILL to those still running
-  TimePoint stop_give_up_at_{};  // after the SIGKILL: report the ones still not gone
-  bool stop_killed_ = false;
-  bool kill_requested_ = false;  // a SIGKILL was requested: no grace
   long generation_ = 0;
   int resets_ = 0;
   long launched_ = 0;              // worker processes started (the job summary's count)
@@ -435,8 +460,6 @@ class Driver {
   long next_key_ = 1;
   TimePoint waiting_since_{};
   TimePoint last_wait_log_{};
-  TimePoint finish_deadline_{};
-  std::optional<Failure> generation_failure_;  // first failure of the current generation
   std::unique_ptr<CommitReplicas> replicas_;   // null: no host commits, or --commit-replicas 0
   long replicas_planned_at_ = -1;              // plan_cache_.recomputations() at the last replicas_->plan()
   struct MemoryHold {
@@ -449,17 +472,8 @@ class Driver {
   TimePoint next_memory_tend_{};
   std::optional<Failure> first_failure_;       // first failure of the job
   bool any_success_ = false;
-  std::string first_finished_;     // who() of the first worker that finished successfully
-  TimePoint first_finished_at_{};
-  std::string finishing_because_;  // why the job ends in Phase::kFinishing, for its log line
-  bool failure_while_finishing_ = false;
   bool below_min_logged_ = false;
-  TimePoint published_at_{};
-  bool generation_complete_ = false;  // every rank of the plan joined the current generation
-  bool failure_reform_ = false;       // the current generation was published after a failure
-  bool started_fresh_ = false;        // every worker of the current generation was launched for it
   std::optional<TimePoint> last_failure_at_;  // when the last generation failure was handled
-  bool burst_failures_ = false;  // the current generation lost workers to the last failure's burst
   static constexpr Duration kFailureBurst = std::chrono::seconds(1);
   std::atomic<int> stop_signal_{0};
   uint64_t superseded_by_ = 0;

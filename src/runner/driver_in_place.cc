@@ -67,7 +67,7 @@ std::vector<std::string> Driver::blacklisted_with_survivors() const {
 }
 
 void Driver::update_joined(const MembershipSnapshot& m) {
-  if (!d_.membership || generation_complete_) return;
+  if (!d_.membership || gen_.complete) return;
   std::set<SlotKey> members, waiting;
   for (auto& j : m.members) {
     members.insert(j.slot);
@@ -85,17 +85,17 @@ void Driver::update_joined(const MembershipSnapshot& m) {
     if (member && !w.left_out()) ++in_current;
   }
   if (in_current == static_cast<size_t>(plan_.size())) {
-    generation_complete_ = true;
+    gen_.complete = true;
     for (auto& w : workers_) {
       if (members.count(w.assignment.slot) && !w.exit) w.fresh = false;
     }
     ERUN_LOG_INFO("{}: all {} ranks joined in {:.3f} s", who(generation_), plan_.size(),
-                  seconds(clock_.now() - published_at_));
+                  seconds(clock_.now() - gen_.published_at));
     if (d_.events) {
       d_.events->write("generation_joined", {{"generation", json_number(generation_)},
-                                             {"seconds", json_number(seconds(clock_.now() - published_at_))}});
+                                             {"seconds", json_number(seconds(clock_.now() - gen_.published_at))}});
     }
-    if (started_fresh_) log_resumed_commit(m);
+    if (gen_.fresh) log_resumed_commit(m);
   }
 }
 
@@ -351,11 +351,11 @@ bool Driver::in_place_possible() {
 // for the rendezvous timeout. A worker waiting in the rendezvous is never
 // killed here: it asks for a newer generation (rejoin_requested()).
 void Driver::enforce_rejoin_deadline(const MembershipSnapshot& m) {
-  if (!d_.membership || generation_complete_) return;
+  if (!d_.membership || gen_.complete) return;
   const Duration survivor_limit =
-      failure_reform_ ? std::min<Duration>(o_.rendezvous_timeout, o_.collective_timeout + std::chrono::seconds(1))
+      gen_.after_failure ? std::min<Duration>(o_.rendezvous_timeout, o_.collective_timeout + std::chrono::seconds(1))
                       : o_.rendezvous_timeout;
-  const Duration waited = clock_.now() - published_at_;
+  const Duration waited = clock_.now() - gen_.published_at;
   if (waited < std::min(survivor_limit, o_.rendezvous_timeout)) return;
   std::set<SlotKey> joined;
   for (auto& j : m.members) joined.insert(j.slot);
@@ -401,7 +401,7 @@ void Driver::reconfigure(const char* reason, bool after_failure) {
   // re-join at their next check (their collectives fail anyway if a peer died).
   d_.membership->notify_hosts_updated(generation_, draining_members());
   HostSet usable = plannable_hosts();
-  generation_failure_.reset();
+  gen_.failure.reset();
   if (usable.total_slots() < std::max(o_.min_np, 1)) {
     wait_below_min_np(usable);
     return;
@@ -434,9 +434,7 @@ void Driver::reconfigure(const char* reason, bool after_failure) {
   const int retired = reassign_workers(next, alone ? &full : nullptr, /*stop_retired=*/after_failure);
   plan_ = next;
   crash_loop_.generation_started(generation_, plan_.hosts());
-  publish();
-  failure_reform_ = after_failure;
-  started_fresh_ = false;
+  publish(/*fresh=*/false, after_failure);
   int launched = 0, pending = 0;
   for (auto& a : full.ranks) {
     if (slot_held(a.slot, /*pending_too=*/true)) {
@@ -599,7 +597,7 @@ bool Driver::admit_replacements(const MembershipSnapshot& m) {
   }
   // Every replacement waits, and every survivor is in its generation (so each
   // one hears the announcement).
-  if (ready == 0 || starting > 0 || !generation_complete_) return false;
+  if (ready == 0 || starting > 0 || !gen_.complete) return false;
   const bool grows = std::any_of(workers_.begin(), workers_.end(), [&](const Worker& w) {
     return w.replacement() && w.grows && survivor(w);
   });
@@ -621,9 +619,9 @@ void Driver::wait_with_survivors() {
   const MembershipSnapshot m = take_snapshot();
   handle_rejoins(m);
   tend_drains(m);
-  if (generation_failure_) {
-    if (!first_failure_) first_failure_ = generation_failure_;
-    generation_failure_.reset();
+  if (gen_.failure) {
+    if (!first_failure_) first_failure_ = gen_.failure;
+    gen_.failure.reset();
   }
   HostSet usable = plannable_hosts();
   if (usable.total_slots() >= std::max(o_.min_np, 1)) {

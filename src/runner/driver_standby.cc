@@ -63,7 +63,7 @@ void Driver::tend_standbys(const MembershipSnapshot& m) {
     ++live;
   }
   const int want = wanted_standbys();
-  if (live >= want || any_success_ || !generation_complete_ || phase() != JobPhase::kRunning) return;
+  if (live >= want || any_success_ || !gen_.complete || phase() != JobPhase::kRunning) return;
   // Free slots: those of the hosts that run members first (a standby beside
   // the members it may replace), then those of spare hosts (beyond
   // --max-np), whose agent may keep a commit replica too (--commit-replicas):

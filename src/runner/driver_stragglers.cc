@@ -35,7 +35,7 @@ void Driver::watch_stragglers(const MembershipSnapshot& m) {
     }
   }
   if (o_.stragglers == StragglerPolicy::kOff || !d_.membership) return;
-  if (generation_complete_ && stragglers_gen_ != generation_) {
+  if (gen_.complete && stragglers_gen_ != generation_) {
     std::vector<SlotKey> members;
     for (auto& r : plan_.ranks) members.push_back(r.slot);
     stragglers_.start_generation(generation_, members);

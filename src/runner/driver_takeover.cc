@@ -86,8 +86,8 @@ void Driver::adopt(DriverDeps::Takeover& t) {
   // Workers the record does not know to have joined (its driver died before
   // they did) are marked joined when they come to the rendezvous
   // (update_joined()), and then re-form in place.
-  generation_complete_ = from.in_place;
-  published_at_ = clock_.now();
+  gen_.complete = from.in_place;
+  gen_.published_at = clock_.now();
   set_phase(JobPhase::kRunning);
   ERUN_LOG_WARN("job {}: driver term {} took the job over at generation {}: {} worker(s) on {} host(s) go on in place "
                 "(their processes and ranks kept; they re-join at their next commit){}",

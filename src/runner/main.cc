@@ -345,13 +345,29 @@ void take_over(const erun::DriverOptions& o, Launchers& l, const erun::JobRecord
   erun::AttachRequest req;
   req.secret = record.secret;
   req.term = t.term;
-  req.rdzv_port = rdzv_port == record.rendezvous_port ? 0 : rdzv_port;  // 0: the relays keep their address
-  req.timeout = std::max<erun::Duration>(o.heartbeat_timeout, std::chrono::seconds(10));
+  // The agents' relays reconnect to the address their workers were given
+  // (port 0: the same port too), unless this driver runs elsewhere than the
+  // record's: a standby on another machine (another host name, or an
+  // address of its own given) is reached by remote hosts at its own
+  // address. Local agents (this machine's) keep 127.0.0.1.
+  const int same_port = rdzv_port == record.rendezvous_port ? 0 : rdzv_port;
+  const bool moved = record.driver_host != this_host() || !o.driver_address.empty();
+  req.rdzv_port = same_port;
+  erun::AttachRequest remote_req = req;
+  if (moved) {
+    remote_req.rdzv_host = o.driver_address.empty() ? this_host() : o.driver_address;
+    remote_req.rdzv_port = rdzv_port;
+    if (record.driver_host != this_host()) {
+      ERUN_LOG_INFO("job {}: its last driver ran on {}: remote agents' relays reconnect to {}:{}", record.name,
+                    record.driver_host, remote_req.rdzv_host, rdzv_port);
+    }
+  }
+  req.timeout = remote_req.timeout = std::max<erun::Duration>(o.heartbeat_timeout, std::chrono::seconds(10));
   // Each launcher attaches to its agents all at once.
   std::map<erun::Launcher*, std::vector<std::pair<std::string, std::string>>> by_launcher;
   for (auto& a : record.agents) by_launcher[&launcher_of(o, l, a.host)].emplace_back(a.host, a.attach_path);
   for (auto& [launcher, agents] : by_launcher) {
-    for (auto& got : launcher->attach(agents, req)) {
+    for (auto& got : launcher->attach(agents, launcher == l.local.get() ? req : remote_req)) {
       if (!got.status) {
         ERUN_LOG_WARN("job {}: cannot take over the agent on {}: {}", record.name, got.host, got.status.message());
         continue;
@@ -579,7 +595,7 @@ int main(int argc, char** argv) {
   // `erun report EVENTS.jsonl [-o FILE]` (a program named report: erun ./report)
   if (argc >= 2 && std::string(argv[1]) == "report") return erun::report_main(argc - 1, argv + 1);
   std::vector<std::string> args(argv + 1, argv + argc);
-  std::string attach_name;
+  std::string attach_name, attach_address;
   bool standby = false;
   if (auto takeover = erun::parse_takeover_form(args)) {
     // `erun --attach NAME` and `erun --standby --attach NAME`, the record
@@ -590,6 +606,7 @@ int main(int argc, char** argv) {
       return 2;
     }
     attach_name = takeover->name;
+    attach_address = takeover->driver_address;
     standby = takeover->standby;
     if (!takeover->jobs_dir.empty()) ::setenv("ERUN_JOB_DIR", takeover->jobs_dir.c_str(), 1);
     auto record = erun::valid_job_name(attach_name) ? erun::peek_record(erun::jobs_directory(), attach_name)
@@ -618,6 +635,7 @@ int main(int argc, char** argv) {
   if (auto* code = std::get_if<int>(&parsed)) return *code;
   auto& options = std::get<erun::DriverOptions>(parsed);
   if (!attach_name.empty()) options.job_name = attach_name;
+  if (!attach_address.empty()) options.driver_address = attach_address;
   erun::init_logging(options.verbose);
   if (!resolve_forwarded_env(options)) return 2;
 

@@ -24,6 +24,8 @@ std::optional<TakeoverForm> parse_takeover_form(const std::vector<std::string>& 
     } else if ((args[i] == "--attach" || args[i] == "--job-record") && i + 1 < args.size()) {
       (args[i] == "--attach" ? f.name : record_file) = args[i + 1];
       ++i;
+    } else if (args[i] == "--driver-address" && i + 1 < args.size()) {
+      f.driver_address = args[++i];
     } else {
       return std::nullopt;
     }

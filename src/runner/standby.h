@@ -14,13 +14,15 @@
 
 namespace erun {
 
-// erun's arguments when they are only --attach NAME, --standby and
-// --job-record FILE (in any order, --attach or --job-record given): a
-// takeover, not a job's command line (where --standby N counts standby
-// workers). nullopt: a job's command line. `error` set: a malformed one;
-// `jobs_dir` set: the record's directory given by --job-record.
+// erun's arguments when they are only --attach NAME, --standby,
+// --job-record FILE and --driver-address ADDR (in any order, --attach or
+// --job-record given): a takeover, not a job's command line (where
+// --standby N counts standby workers). nullopt: a job's command line.
+// `error` set: a malformed one; `jobs_dir` set: the record's directory given
+// by --job-record; `driver_address`: where the hosts reach this erun, in
+// place of the job's own --driver-address (a standby on another machine).
 struct TakeoverForm {
-  std::string name, jobs_dir, error;
+  std::string name, jobs_dir, driver_address, error;
   bool standby = false;
 };
 std::optional<TakeoverForm> parse_takeover_form(const std::vector<std::string>& args);

@@ -26,6 +26,7 @@
 #include <fmt/format.h>
 
 #include "support/erun_process.h"
+#include "support/netns.h"
 #include "support/process_utils.h"
 #include "support/sshd.h"
 
@@ -316,6 +317,48 @@ TEST_F(ErunTakeover, AStandbyDriverTakesTheJobOverWhenItsErunIsKilled) {
       << standby.err();
   EXPECT_EQ(workers(), before) << "the standby did not keep the workers";
   ASSERT_NO_FATAL_FAILURE(expect_trained_exactly(standby, uninterrupted_checksum()));
+  EXPECT_NE(standby.err().find("and 0 resets"), std::string::npos) << standby.err();
+  std::vector<int> all = epochs(first.out() + standby.out());
+  std::vector<int> want(10);
+  for (int i = 0; i < 10; ++i) want[static_cast<size_t>(i)] = i;
+  EXPECT_EQ(all, want) << first.out() << "\n---\n" << standby.out();
+}
+
+// A standby on another machine: a network namespace of its own (its own
+// addresses, reaching this machine only through its link), sharing the
+// job record's directory as shared storage would. The job runs over ssh
+// on this machine's end of the link; erun and its ssh clients are SIGKILLed
+// together (the launching machine lost). The standby, started with
+// --job-record and its own --driver-address, reaches the agents over ssh
+// across the link and has their relays reconnect to it there: the workers
+// keep their processes and ranks, every epoch runs once, the exact model.
+TEST_F(ErunTakeover, AStandbyOnAnotherMachineTakesTheJobOverAcrossTheNetwork) {
+  auto ns = NetNamespace::create();
+  ERUN_REQUIRE_NETNS(ns);
+  auto server = SshServer::start({ns->outer_address()});
+  ERUN_REQUIRE_SSHD(server);
+  std::vector<std::string> extra = {"--launcher", "ssh", "-np", "2", "-H", ns->outer_address() + ":2",
+                                    "--driver-address", ns->outer_address()};
+  for (auto& a : server->erun_args()) extra.push_back(a);
+  ErunProcess first(args(extra), env());
+  const std::string name = job_name(first);
+  ASSERT_FALSE(name.empty()) << first.err();
+  ErunProcess standby({"--standby", "--job-record", dir_.file("jobs/" + name + "/record"), "--driver-address",
+                       ns->inner_address()},
+                      {}, {"ip", "netns", "exec", ns->name()});
+  ASSERT_TRUE(standby.wait_output("standing by for its driver", 30s)) << standby.err();
+  ASSERT_TRUE(first.wait_output(":epoch 1 loss=", 120s)) << first.out() << first.err();
+  std::set<pid_t> before = workers();
+  ASSERT_EQ(before.size(), 2u);
+  std::vector<pid_t> clients = children_of(static_cast<pid_t>(first.pid()));
+  first.signal(SIGKILL);
+  for (pid_t c : clients) ::kill(c, SIGKILL);
+  ASSERT_TRUE(first.wait(10s));
+
+  ASSERT_TRUE(standby.wait_output("took the job over at generation", 60s)) << standby.err();
+  EXPECT_EQ(workers(), before) << "the standby did not keep the workers";
+  ASSERT_NO_FATAL_FAILURE(expect_trained_exactly(standby, uninterrupted_checksum()));
+  EXPECT_NE(standby.err().find("2 worker(s) on 1 host(s)"), std::string::npos) << standby.err();
   EXPECT_NE(standby.err().find("and 0 resets"), std::string::npos) << standby.err();
   std::vector<int> all = epochs(first.out() + standby.out());
   std::vector<int> want(10);

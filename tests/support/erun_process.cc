@@ -111,9 +111,11 @@ void TempDir::write(const std::string& name, const std::string& text, bool execu
   std::filesystem::rename(tmp, file(name));  // atomic: a reader never sees half a file
 }
 
-ErunProcess::ErunProcess(std::vector<std::string> args, std::vector<std::string> extra_env) {
+ErunProcess::ErunProcess(std::vector<std::string> args, std::vector<std::string> extra_env,
+                         std::vector<std::string> wrapper) {
   SpawnOptions o;
-  o.argv = {erun_binary()};
+  o.argv = std::move(wrapper);
+  o.argv.push_back(erun_binary());
   // A test that kills erun expects its workers gone with it, unless it asks
   // for a grace itself (a takeover test).
   const bool takeover = std::find(args.begin(), args.end(), "--attach") != args.end() ||

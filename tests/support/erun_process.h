@@ -58,7 +58,10 @@ void expect_trained_exactly(ErunProcess& p, const std::string& reference);
 
 class ErunProcess {
  public:
-  explicit ErunProcess(std::vector<std::string> args, std::vector<std::string> extra_env = {});
+  // `wrapper`: the command that runs erun (e.g. {"ip", "netns", "exec",
+  // NAME}: erun on another "machine"); it must exec erun in its own process.
+  explicit ErunProcess(std::vector<std::string> args, std::vector<std::string> extra_env = {},
+                       std::vector<std::string> wrapper = {});
   ~ErunProcess();
   bool started() const { return started_; }
   const std::string& start_error() const { return start_error_; }
