@@ -198,7 +198,10 @@ void Segment::await_mapped() {
     }
     for (int r = 0; r < o.size; ++r) {
       pid_t pid = pid_of(r);
-      if (pid != 0 && watched(r) && process_dead(pid)) {
+      // A rank that mapped it, passed this wait and exited meanwhile did not
+      // die while connecting: look at the count again once it is gone.
+      if (pid != 0 && watched(r) && process_dead(pid) &&
+          header()->attached.load(std::memory_order_acquire) < static_cast<uint32_t>(o.size)) {
         fail_peer("connect", r, "died while connecting", PeerFate::kDead);
       }
     }
@@ -399,7 +402,10 @@ void Segment::check_peers(uint64_t e, int waiting_for, TimePoint now, const char
   for (int r = 0; r < size(); ++r) {
     if (ctl(r).epoch.load(std::memory_order_acquire) >= e) continue;
     pid_t pid = pid_of(r);
-    if (watched(r) && process_dead(pid)) {
+    // Its epoch is read again once it is gone: a rank may announce e, leave
+    // the barrier (every other rank had arrived) and exit between the load
+    // above and the look at its process, and then it did arrive.
+    if (watched(r) && process_dead(pid) && ctl(r).epoch.load(std::memory_order_acquire) < e) {
       fail_peer(what, r, "died (process " + std::to_string(pid) + " is gone)", PeerFate::kDead);
     }
   }
