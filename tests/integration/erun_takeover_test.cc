@@ -74,6 +74,14 @@ class ErunTakeover : public ::testing::Test {
     }
     return e;
   }
+  // Epochs 0-9 each printed once across the two eruns' output: none ran
+  // twice, none went missing, none of the lines printed between was lost.
+  static void expect_each_epoch_once(ErunProcess& first, ErunProcess& next) {
+    std::vector<int> want(10);
+    for (int i = 0; i < 10; ++i) want[static_cast<size_t>(i)] = i;
+    EXPECT_EQ(epochs(first.out() + next.out()), want)
+        << "an epoch ran twice or went missing\n" << first.out() << "\n---\n" << next.out();
+  }
   // The job's name, which erun logs at its start ("" when it has not yet).
   static std::string job_name(ErunProcess& p) {
     if (!p.wait_output("erun --attach job-", 60s)) return "";
@@ -110,10 +118,7 @@ TEST_F(ErunTakeover, TheSameCommandAgainTakesTheJobOverInPlace) {
   EXPECT_NE(again.err().find("and 0 resets"), std::string::npos) << "a takeover is no reset\n" << again.err();
   // Every epoch once: none ran twice, and the lines printed while no erun
   // was there reached the new one.
-  std::vector<int> all = epochs(first.out() + again.out());
-  std::vector<int> want(10);
-  for (int i = 0; i < 10; ++i) want[static_cast<size_t>(i)] = i;
-  EXPECT_EQ(all, want) << first.out() << "\n---\n" << again.out();
+  expect_each_epoch_once(first, again);
   // The job is over: its record is gone, so the command starts anew next time.
   for (auto& e : std::filesystem::directory_iterator(dir_.file("jobs"))) {
     EXPECT_FALSE(std::filesystem::exists(e.path() / "record")) << e.path();
@@ -133,10 +138,7 @@ TEST_F(ErunTakeover, WithoutTheAgentRelayTheWorkersReconnectToTheNextErun) {
   ASSERT_NO_FATAL_FAILURE(expect_trained_exactly(again, uninterrupted_checksum()));
   EXPECT_EQ(again.err().find("cannot listen on the job's rendezvous port"), std::string::npos) << again.err();
   EXPECT_NE(again.err().find("and 0 resets"), std::string::npos) << again.err();
-  std::vector<int> all = epochs(first.out() + again.out());
-  std::vector<int> want(10);
-  for (int i = 0; i < 10; ++i) want[static_cast<size_t>(i)] = i;
-  EXPECT_EQ(all, want) << first.out() << "\n---\n" << again.out();
+  expect_each_epoch_once(first, again);
 }
 
 TEST_F(ErunTakeover, AWorkerKilledWithoutADriverIsRecoveredInPlaceByTheNext) {
@@ -206,10 +208,7 @@ TEST_F(ErunTakeover, AHostThatLeftDiscoveryMeanwhileIsLeftOutInPlaceByTheNext) {
   ASSERT_NO_FATAL_FAILURE(expect_trained_exactly(again, uninterrupted_checksum()));
   EXPECT_NE(again.err().find("took the job over"), std::string::npos) << again.err();
   EXPECT_NE(again.out().find("world size 2 -> 1"), std::string::npos) << "no shrink\n" << again.out();
-  std::vector<int> all = epochs(first.out() + again.out());
-  std::vector<int> want(10);
-  for (int i = 0; i < 10; ++i) want[static_cast<size_t>(i)] = i;
-  EXPECT_EQ(all, want) << "an epoch ran twice or went missing\n" << first.out() << "\n---\n" << again.out();
+  expect_each_epoch_once(first, again);
 }
 
 TEST_F(ErunTakeover, OverSshTheLaunchingSideLostWholeIsTakenOverByTheSameCommand) {
@@ -237,10 +236,7 @@ TEST_F(ErunTakeover, OverSshTheLaunchingSideLostWholeIsTakenOverByTheSameCommand
   EXPECT_EQ(workers(), before) << "the new erun did not keep the workers";
   ASSERT_NO_FATAL_FAILURE(expect_trained_exactly(again, uninterrupted_checksum()));
   EXPECT_NE(again.err().find("2 worker(s) on 2 host(s)"), std::string::npos) << again.err();
-  std::vector<int> all = epochs(first.out() + again.out());
-  std::vector<int> want(10);
-  for (int i = 0; i < 10; ++i) want[static_cast<size_t>(i)] = i;
-  EXPECT_EQ(all, want) << first.out() << "\n---\n" << again.out();
+  expect_each_epoch_once(first, again);
 }
 
 TEST_F(ErunTakeover, AnErunStoppedPastItsHeartbeatTimeoutGoesOnWhenContinued) {
@@ -318,10 +314,7 @@ TEST_F(ErunTakeover, AStandbyDriverTakesTheJobOverWhenItsErunIsKilled) {
   EXPECT_EQ(workers(), before) << "the standby did not keep the workers";
   ASSERT_NO_FATAL_FAILURE(expect_trained_exactly(standby, uninterrupted_checksum()));
   EXPECT_NE(standby.err().find("and 0 resets"), std::string::npos) << standby.err();
-  std::vector<int> all = epochs(first.out() + standby.out());
-  std::vector<int> want(10);
-  for (int i = 0; i < 10; ++i) want[static_cast<size_t>(i)] = i;
-  EXPECT_EQ(all, want) << first.out() << "\n---\n" << standby.out();
+  expect_each_epoch_once(first, standby);
 }
 
 // A standby on another machine: a network namespace of its own (its own
@@ -360,10 +353,7 @@ TEST_F(ErunTakeover, AStandbyOnAnotherMachineTakesTheJobOverAcrossTheNetwork) {
   ASSERT_NO_FATAL_FAILURE(expect_trained_exactly(standby, uninterrupted_checksum()));
   EXPECT_NE(standby.err().find("2 worker(s) on 1 host(s)"), std::string::npos) << standby.err();
   EXPECT_NE(standby.err().find("and 0 resets"), std::string::npos) << standby.err();
-  std::vector<int> all = epochs(first.out() + standby.out());
-  std::vector<int> want(10);
-  for (int i = 0; i < 10; ++i) want[static_cast<size_t>(i)] = i;
-  EXPECT_EQ(all, want) << first.out() << "\n---\n" << standby.out();
+  expect_each_epoch_once(first, standby);
 }
 
 // A standby given the record's path (--job-record: shared storage) takes over
