@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <set>
 #include <utility>
 #include <vector>
@@ -50,11 +51,16 @@ class FakeMembership final : public Membership {
   }
 
   // A worker's JOIN. `left` is the generation it leaves (-1: its first join).
-  // `probe_us`: its pre-flight check's time (default: the first joins' 20 ms).
+  // `probe_us`: its pre-flight check's time (default: the first joins' 20 ms);
+  // `link_us`: its link probe's (default: `link_us`). Every worker says it
+  // answers link probes on `probe_port` (0: none).
   void join(const SlotKey& slot, long left, JoinReason reason = JoinReason::kStart, int failed_rank = -1,
-            PeerState state = PeerState::kUnknown, uint64_t commit = 0, uint32_t probe_us = 20000) {
+            PeerState state = PeerState::kUnknown, uint64_t commit = 0, uint32_t probe_us = 20000,
+            std::optional<uint32_t> link = std::nullopt) {
     JoinRequest j;
     j.probe_us = probe_us;
+    j.link_us = link.value_or(link_us);
+    j.probe_port = probe_port;
     j.slot = slot;
     j.commit_id = commit;
     j.pid = 1000 + slot.local_index;
@@ -70,6 +76,8 @@ class FakeMembership final : public Membership {
       waiting_[slot] = j;
     }
   }
+  uint32_t probe_port = 0;
+  uint32_t link_us = 0;  // 0: no link probe made
   // A member's commit interval (TIMING), in the next snapshot.
   void timing(const RankTiming& t) { timings_.push_back(t); }
   // Every slot of the last published generation joins it (first joins).

@@ -66,7 +66,15 @@ struct JoinRequest {
   // none): the driver holds a new host's worker back when it is far slower
   // than the job's (docs/design.md, "Stragglers").
   uint32_t probe_us = 0;
+  // Its pre-flight link probe (a round trip with a worker on another host,
+  // worker/link_probe.h), in microseconds (0: none made), and the port its
+  // own link probe responder listens on at its advertised address (0: none).
+  uint32_t link_us = 0;
+  uint32_t probe_port = 0;
 };
+// The link probe's bound: a worker whose round trip did not finish within
+// it reports at least this, and the driver holds its host back.
+inline constexpr uint32_t kLinkProbeBoundUs = 1'000'000;
 
 // A list that a snapshot shares with the rendezvous that made it: copying
 // one costs a reference count, not 100,000 elements. Reads like a

@@ -137,6 +137,8 @@ std::string encode_join(const JoinRequest& j) {
       .i32(j.failed_rank)
       .u8(static_cast<uint8_t>(j.failed_state))
       .u32(j.probe_us)
+      .u32(j.link_us)
+      .u32(j.probe_port)
       .str();
 }
 
@@ -152,9 +154,14 @@ std::optional<JoinRequest> decode_join(std::string_view payload) {
   uint8_t state = r.u8();
   // The pre-flight time came later: a JOIN without it is whole too.
   if (!r.done() && !r.failed()) j.probe_us = r.u32();
+  // So did the link probe's time and the responder's port.
+  if (!r.done() && !r.failed()) {
+    j.link_us = r.u32();
+    j.probe_port = r.u32();
+  }
   if (!r.done() || reason > static_cast<uint8_t>(JoinReason::kHostsUpdated) ||
       state > static_cast<uint8_t>(PeerState::kSilent) || j.failed_rank < -1 || j.pid <= 0 ||
-      j.slot.local_index < 0) {
+      j.slot.local_index < 0 || j.probe_port > 65535) {
     return std::nullopt;
   }
   j.reason = static_cast<JoinReason>(reason);

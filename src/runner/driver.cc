@@ -216,6 +216,7 @@ std::vector<std::pair<std::string, std::string>> Driver::worker_env(const RankAs
     put("ERUN_RDZV_ADDR", rendezvous_address(a.slot.host, local));
     put("ERUN_RDZV_PORT", d_.rendezvous_port);
     put("ERUN_ADVERTISE_ADDR", advertise_address(a.slot.host, local));
+    if (std::string peer = probe_peer_for(a.slot.host); !peer.empty()) put("ERUN_PROBE_PEER", peer);
   }
   for (auto& e : o_.env) {
     auto eq = e.find('=');

@@ -201,6 +201,13 @@ class Driver {
   // (its JOIN `j`) took more than 3 times the members' median is stopped
   // and its slot rests: true then.
   bool preflight_holds_back(Worker& w, const JoinRequest& j, const MembershipSnapshot& m);
+  // The members' link probe responders (a few, one per host), remembered
+  // from the snapshots, made again when the generation or its member count
+  // changes; and the one a worker launched on
+  // `host` times its link with ("" when the host is not new to the job, or
+  // no member on another host answers probes): ERUN_PROBE_PEER.
+  void note_probe_responders(const MembershipSnapshot& m);
+  std::string probe_peer_for(const std::string& host) const;
   // `p` without the resting slots (planned again over the others).
   Plan without_resting(Plan p) const;
   // ---- phases (driver.cc): step() calls the handler of the current one ----
@@ -383,6 +390,8 @@ class Driver {
   std::map<std::string, Drain> drains_;
   StragglerDetector stragglers_;
   long stragglers_gen_ = -1;  // the generation the detector watches
+  std::vector<std::pair<SlotKey, uint32_t>> probe_responders_;  // note_probe_responders()
+  std::pair<long, size_t> probe_responders_key_{-1, 0};  // (generation, members) it was made from
   struct Rest {
     TimePoint until{};
     int times = 0;        // cooldowns so far (each doubles)

@@ -21,7 +21,9 @@ namespace erun {
 
 MembershipSnapshot Driver::take_snapshot() {
   if (!d_.membership) return {};
-  return d_.membership->snapshot();
+  MembershipSnapshot m = d_.membership->snapshot();
+  note_probe_responders(m);
+  return m;
 }
 
 bool Driver::survivor(const Worker& w) const { return w.alive() && !w.left_out(); }

@@ -8,6 +8,7 @@
 // again. Otherwise, and in restart mode, it is only reported.
 #include <algorithm>
 #include <cmath>
+#include <set>
 
 #include <fmt/format.h>
 
@@ -95,37 +96,98 @@ double Driver::rest_slot(const SlotKey& slot) {
   return s;
 }
 
+namespace {
+double median_of(std::vector<uint32_t> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+}  // namespace
+
 bool Driver::preflight_holds_back(Worker& w, const JoinRequest& j, const MembershipSnapshot& m) {
-  if (!o_.preflight || o_.stragglers == StragglerPolicy::kOff || j.probe_us == 0) return false;
+  if (!o_.preflight || o_.stragglers == StragglerPolicy::kOff || (j.probe_us == 0 && j.link_us == 0)) return false;
   const std::string& host = w.assignment.slot.host;
   for (auto& r : plan_.ranks) {
     if (r.slot.host == host) return false;  // not new: its host runs members already
   }
-  std::vector<uint32_t> probes;
+  std::vector<uint32_t> probes, links;
   for (auto& member : m.members) {
     if (member.probe_us > 0) probes.push_back(member.probe_us);
+    if (member.link_us > 0) links.push_back(member.link_us);
   }
-  if (probes.empty()) return false;
-  std::sort(probes.begin(), probes.end());
-  const double median = probes[probes.size() / 2];
-  if (j.probe_us <= kPreflightFactor * median) return false;
+  // The compute check against the members' (their own at their start), then
+  // the link probe against the bound and the members' that made one.
+  std::string check, why;
+  double took_ms = 0, median_ms = 0;
+  if (j.probe_us > 0 && !probes.empty()) {
+    const double median = median_of(probes);
+    if (j.probe_us > kPreflightFactor * median) {
+      check = "compute";
+      took_ms = j.probe_us / 1e3;
+      median_ms = median / 1e3;
+      why = fmt::format("its pre-flight check took {:.0f} ms, {:.1f}x the job's workers' median {:.0f} ms", took_ms,
+                        j.probe_us / median, median_ms);
+    }
+  }
+  if (check.empty() && j.link_us > 0) {
+    took_ms = j.link_us / 1e3;
+    if (j.link_us >= kLinkProbeBoundUs) {
+      check = "link";
+      why = fmt::format("its link probe (1 MiB each way with a worker on another host) did not finish within {:.0f} ms",
+                        kLinkProbeBoundUs / 1e3);
+    } else if (!links.empty() && j.link_us > kPreflightFactor * median_of(links)) {
+      check = "link";
+      median_ms = median_of(links) / 1e3;
+      why = fmt::format("its link probe took {:.1f} ms, {:.1f}x the job's workers' median {:.1f} ms", took_ms,
+                        took_ms / median_ms, median_ms);
+    }
+  }
+  if (check.empty()) return false;
   const double rest_s = rest_slot(w.assignment.slot);
-  ERUN_LOG_WARN("{}: held back: its pre-flight check took {:.0f} ms, {:.1f}x the job's workers' median {:.0f} ms; "
-                "its slot is tried again in {:.0f} s",
-                who(generation_, host, w.assignment.rank), j.probe_us / 1e3, j.probe_us / median, median / 1e3,
-                rest_s);
+  ERUN_LOG_WARN("{}: held back: {}; its slot is tried again in {:.0f} s", who(generation_, host, w.assignment.rank),
+                why, rest_s);
   if (d_.events) {
     d_.events->write("preflight_held_back", {{"generation", json_number(generation_)},
                                              {"host", json_string(host)},
                                              {"slot", json_number(long{w.assignment.slot.local_index})},
-                                             {"probe_ms", json_number(j.probe_us / 1e3)},
-                                             {"median_ms", json_number(median / 1e3)},
+                                             {"check", json_string(check)},
+                                             {"probe_ms", json_number(took_ms)},
+                                             {"median_ms", json_number(median_ms)},
                                              {"cooldown", json_number(rest_s)}});
   }
   w.handle->terminate();
   set_state(w, WorkerState::kRetiring);  // stopped on purpose: no failure of its host
   w.retire_by = TimePoint::max();
   return true;
+}
+
+void Driver::note_probe_responders(const MembershipSnapshot& m) {
+  // Members join a generation one by one: its list is final once it stops growing.
+  const std::pair<long, size_t> key{m.generation, m.members.size()};
+  if (key == probe_responders_key_) return;
+  probe_responders_key_ = key;
+  probe_responders_.clear();
+  std::set<std::string> hosts;
+  for (auto& member : m.members) {
+    if (member.probe_port == 0 || !hosts.insert(member.slot.host).second) continue;
+    probe_responders_.emplace_back(member.slot, member.probe_port);
+    if (probe_responders_.size() >= 8) break;  // a few hosts to choose from are enough
+  }
+}
+
+std::string Driver::probe_peer_for(const std::string& host) const {
+  if (!o_.preflight || o_.stragglers == StragglerPolicy::kOff) return {};
+  for (auto& r : plan_.ranks) {
+    if (r.slot.host == host) return {};  // not new: no check
+  }
+  for (auto& [slot, port] : probe_responders_) {
+    if (slot.host == host) continue;
+    bool member = std::any_of(plan_.ranks.begin(), plan_.ranks.end(), [&](auto& r) { return r.slot == slot; });
+    if (!member) continue;
+    bool local = false;
+    launcher_for(slot.host, &local);
+    return fmt::format("{}:{}", advertise_address(slot.host, local), port);
+  }
+  return {};
 }
 
 bool Driver::resting(const SlotKey& slot) const {

@@ -268,7 +268,9 @@ bool JobAccount::observe_line(std::string_view line) {
                      number(e, "factor"), text(e, "action")),
          text(e, "action") == "evict");
   } else if (event == "preflight_held_back") {
-    mark(t - start_, "preflight", fmt::format("{} held back: slow probe", text(e, "host")), false);
+    const std::string check = text(e, "check");  // "" in logs from before the link probe: the compute check
+    mark(t - start_, "preflight",
+         fmt::format("{} held back: slow {}", text(e, "host"), check == "link" ? "link" : "compute check"), false);
   } else if (event == "commit_restored") {
     ++counts_.commits_restored;
     mark(t - start_, "restore",

@@ -30,6 +30,7 @@
 #include "store/memory_store.h"
 #include "store/prefix_store.h"
 #include "worker/drain_signal.h"
+#include "worker/link_probe.h"
 #include "worker/timed_communicator.h"
 #include "worker/mpi_context.h"
 #include "worker/worker_info.h"
@@ -55,6 +56,9 @@ struct WorkerOptions {
   std::string commit_dir;  // host-memory commits (ERUN_COMMIT_DIR)
   bool timing = true;      // commit intervals to the driver (ERUN_STEP_TIMING=0: off)
   bool preflight = true;   // the compute check before the first join (ERUN_PREFLIGHT=0: off)
+  // host:port of a worker on another host to time the link with before the
+  // first join (ERUN_PROBE_PEER: the driver names one for a host new to the job).
+  std::string probe_peer;
 };
 
 std::string env_or(const char* name, const std::string& fallback = "") {
@@ -102,6 +106,7 @@ WorkerOptions read_worker_options() {
   o.commit_dir = env_or("ERUN_COMMIT_DIR");
   o.timing = env_or("ERUN_STEP_TIMING") != "0";
   o.preflight = env_or("ERUN_PREFLIGHT") != "0";
+  o.probe_peer = env_or("ERUN_PROBE_PEER");
   if (o.rdzv_port <= 0 || o.job_id.empty() || o.secret.empty()) {
     throw Error("erun: ERUN_RDZV_ADDR is set but ERUN_RDZV_PORT, ERUN_JOB_ID or the job secret is missing; "
                 "start workers through erun, not by hand");
@@ -127,6 +132,42 @@ uint32_t compute_probe_us() {
   }
   const auto us = std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count();
   return static_cast<uint32_t>(std::min<int64_t>(us, UINT32_MAX));
+}
+
+// The pre-flight link probe's bound: a round trip of 1 MiB each way that
+// takes longer is a link that holds the job back (under 8 Mbit/s each way).
+constexpr auto kLinkProbeTimeout = std::chrono::microseconds(kLinkProbeBoundUs);
+
+// One round trip with the worker at `peer` (host:port), in microseconds: at
+// least the bound when it did not finish within it, 0 when it failed
+// otherwise (the peer gone, refused): no measurement, said in a warning.
+uint32_t link_probe_us(const WorkerOptions& o) {
+  const auto colon = o.probe_peer.rfind(':');
+  const int port = colon == std::string::npos ? 0 : std::atoi(o.probe_peer.c_str() + colon + 1);
+  if (port <= 0 || port > 65535) {
+    ERUN_LOG_WARN("erun: ERUN_PROBE_PEER={} is not host:port; no link probe", o.probe_peer);
+    return 0;
+  }
+  const std::string host = o.probe_peer.substr(0, colon);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = worker::probe_link(host, port, o.job_id, o.secret, worker::kLinkProbeBytes, kLinkProbeTimeout);
+  const auto took = std::chrono::steady_clock::now() - t0;
+  auto us = [](Duration d) {
+    return static_cast<uint32_t>(
+        std::clamp<int64_t>(std::chrono::duration_cast<std::chrono::microseconds>(d).count(), 1, UINT32_MAX));
+  };
+  if (r.is_ok()) {
+    ERUN_LOG_INFO("erun: {} slot {}: link probe with {}: {:.1f} ms", o.host, o.local_index, o.probe_peer,
+                  us(r.value()) / 1e3);
+    return us(r.value());
+  }
+  if (took >= kLinkProbeTimeout) {
+    ERUN_LOG_WARN("erun: {} slot {}: {} (bound {} ms)", o.host, o.local_index, r.status().message(),
+                  std::chrono::duration_cast<std::chrono::milliseconds>(kLinkProbeTimeout).count());
+    return us(took);
+  }
+  ERUN_LOG_WARN("erun: {} slot {}: {}; joining without a link probe", o.host, o.local_index, r.status().message());
+  return 0;
 }
 
 class StandaloneContext final : public Context {
@@ -160,7 +201,11 @@ class ElasticContext final : public Context {
     // State resumes from unless a survivor holds a newer one: the driver sees
     // progress across generations in which every worker died (CrashLoopDetector).
     const auto kept = claimed_commits(o_.commit_dir);
-    if (o_.preflight) probe_us_ = compute_probe_us();
+    if (o_.preflight) {
+      responder_ = std::make_unique<worker::LinkProbeResponder>(o_.advertise, o_.job_id, o_.secret);
+      probe_us_ = compute_probe_us();
+      if (!o_.probe_peer.empty()) link_us_ = link_probe_us(o_);
+    }
     join(kept.empty() ? 0 : kept.front().id, JoinReason::kStart, -1, PeerState::kUnknown);
   }
   ~ElasticContext() override {
@@ -284,6 +329,8 @@ class ElasticContext final : public Context {
     req.failed_rank = failed_rank;
     req.failed_state = failed_state;
     req.probe_us = probe_us_;
+    req.link_us = link_us_;
+    req.probe_port = responder_ ? static_cast<uint32_t>(responder_->port()) : 0;
     while (true) {
       long gen = -1;
       auto t0 = std::chrono::steady_clock::now();
@@ -391,6 +438,9 @@ class ElasticContext final : public Context {
   std::chrono::steady_clock::time_point interval_start_ = std::chrono::steady_clock::now();
   uint64_t last_commit_seen_ = 0;
   uint32_t probe_us_ = 0;  // the pre-flight check's time, in every JOIN
+  uint32_t link_us_ = 0;   // the pre-flight link probe's time, in every JOIN
+  // Answers other workers' link probes while this worker lives (preflight on).
+  std::unique_ptr<worker::LinkProbeResponder> responder_;
   uint64_t commits_since_report_ = 0;
   static constexpr std::chrono::milliseconds kTimingEvery{100};
   int comm_rank_ = -1;

@@ -64,23 +64,42 @@ std::vector<pid_t> wait_empty(List list, Duration timeout) {
   return left;
 }
 
+// The test's two hosts: this machine at the link's outer address and the
+// namespace, each with an sshd of the test's own on one port. Skips (the
+// caller checks IsSkipped()) without sshd.
+struct Hosts {
+  std::unique_ptr<SshServer> here, there;
+  // erun's arguments that reach both.
+  std::vector<std::string> ssh_args() const {
+    return {"--ssh-port", std::to_string(here->port()), "--ssh-identity-file", here->identity_file(),
+            // Host keys checked: each server's key for its own addresses.
+            "--ssh-option", "IdentitiesOnly=yes",
+            "--ssh-option", "UserKnownHostsFile=" + here->known_hosts_file() + " " + there->known_hosts_file()};
+  }
+};
+void start_hosts(const NetNamespace& ns, Hosts* hosts) {
+  SshServerOptions outer;
+  outer.addresses = {ns.outer_address()};
+  hosts->here = SshServer::start(outer);
+  ERUN_REQUIRE_SSHD(hosts->here);
+  SshServerOptions inner;
+  inner.addresses = {ns.inner_address()};
+  inner.netns = ns.name();
+  inner.port = hosts->here->port();  // erun uses one SSH port for every host
+  inner.keys_from = hosts->here.get();
+  hosts->there = SshServer::start(inner);
+  ERUN_REQUIRE_SSHD(hosts->there);
+}
+
 void lose_a_host_mid_training(Loss loss) {
   auto ns = NetNamespace::create();
   ERUN_REQUIRE_NETNS(ns);
   if (loss == Loss::kTrafficDropped) {
     if (std::string why = ns->drop_skip_reason(); !why.empty()) GTEST_SKIP() << why;
   }
-  SshServerOptions outer;
-  outer.addresses = {ns->outer_address()};
-  auto here = SshServer::start(outer);
-  ERUN_REQUIRE_SSHD(here);
-  SshServerOptions inner;
-  inner.addresses = {ns->inner_address()};
-  inner.netns = ns->name();
-  inner.port = here->port();  // erun uses one SSH port for every host
-  inner.keys_from = here.get();
-  auto there = SshServer::start(inner);
-  ERUN_REQUIRE_SSHD(there);
+  Hosts hosts;
+  ASSERT_NO_FATAL_FAILURE(start_hosts(*ns, &hosts));
+  if (::testing::Test::IsSkipped()) return;
 
   const std::string program = build_path("examples/train_mlp");
   const std::string reference = train_checksum(uninterrupted_training_output());
@@ -92,15 +111,12 @@ void lose_a_host_mid_training(Loss loss) {
   // computing again proves they were told, not timed out. --blacklist-after 1:
   // the lost host is not tried again during the run.
   constexpr int kHeartbeatTimeout = 3;
-  std::vector<std::string> args = {
-      "--ssh-port", std::to_string(here->port()), "--ssh-identity-file", here->identity_file(),
-      // Host keys checked: each server's key for its own addresses.
-      "--ssh-option", "IdentitiesOnly=yes",
-      "--ssh-option", "UserKnownHostsFile=" + here->known_hosts_file() + " " + there->known_hosts_file(),
+  std::vector<std::string> args = hosts.ssh_args();
+  args.insert(args.end(), {
       "--term-grace", "2", "-np", "3", "--min-np", "2",
       "-H", ns->outer_address() + ":2," + ns->inner_address() + ":1",
       "--driver-address", ns->outer_address(), "--collective-timeout", "60", "--blacklist-after", "1",
-      "--heartbeat-timeout", std::to_string(kHeartbeatTimeout), "--event-log", dir.file("events.jsonl"), program};
+      "--heartbeat-timeout", std::to_string(kHeartbeatTimeout), "--event-log", dir.file("events.jsonl"), program});
   args.insert(args.end(), kTrainMlpArgs.begin(), kTrainMlpArgs.end());
   ErunProcess p(args);
   ASSERT_TRUE(p.wait_output("epoch 2 ", 120s)) << p.out() << p.err();
@@ -141,6 +157,55 @@ TEST(ErunNetns, AHostCutOffMidTrainingLeavesTheOthersToFinishAtTheSameModel) {
 
 TEST(ErunNetns, AHostWhoseTrafficIsDroppedMidTrainingLeavesTheOthersToFinishAtTheSameModel) {
   lose_a_host_mid_training(Loss::kTrafficDropped);
+}
+
+}  // namespace
+}  // namespace erun::testing
+
+namespace erun::testing {
+namespace {
+
+// A host whose link is slow (a token bucket of 1 Mbit/s each way on its
+// namespace's link) joins a running job: its worker's pre-flight link probe
+// (1 MiB each way with a worker on this machine) does not finish within its
+// 1 s bound, so it is held back before it is admitted, with no failure and
+// no wait for the job. Its link restored, the slot is tried again after the
+// cooldown and joins; the job ends 0 at exactly the model of an undisturbed
+// run. Needs tc(8) with tbf besides what the tests above need.
+TEST(ErunNetns, ANewHostWithASlowLinkIsHeldBackAtItsPreflightProbeAndJoinsOnceItIsFast) {
+  auto ns = NetNamespace::create();
+  ERUN_REQUIRE_NETNS(ns);
+  if (std::string why = ns->drop_skip_reason(); !why.empty()) GTEST_SKIP() << why;
+  Hosts hosts;
+  ASSERT_NO_FATAL_FAILURE(start_hosts(*ns, &hosts));
+  if (::testing::Test::IsSkipped()) return;
+  const std::string reference = train_checksum(uninterrupted_training_output());
+  ASSERT_FALSE(reference.empty());
+
+  TempDir dir;
+  dir.write("hosts", ns->outer_address() + ":2\n");
+  dir.write("discover.sh", "#!/bin/sh\ncat " + dir.file("hosts") + "\n", true);
+  std::vector<std::string> args = hosts.ssh_args();
+  args.insert(args.end(), {
+      "--host-discovery-script", dir.file("discover.sh"), "--discovery-interval", "0.2",
+      "--term-grace", "2", "-np", "2", "--min-np", "2", "--max-np", "3", "--driver-address", ns->outer_address(),
+      "--blacklist-cooldown-range", "3", "3", "--event-log", dir.file("events.jsonl"),
+      build_path("examples/train_mlp")});
+  args.insert(args.end(), kTrainMlpArgs.begin(), kTrainMlpArgs.end());
+  args.insert(args.end(), {"--step-ms", "100"});  // a longer run; the model does not depend on it
+  ErunProcess p(args);
+  ASSERT_TRUE(p.wait_output("epoch 1 ", 120s)) << p.out() << p.err();
+  ASSERT_TRUE(ns->limit("1mbit").is_ok());
+  dir.write("hosts", ns->outer_address() + ":2\n" + ns->inner_address() + ":1\n");
+  ASSERT_TRUE(p.wait_output(ns->inner_address() + " rank 2: held back: its link probe", 60s)) << p.err();
+  EXPECT_EQ(p.out().find("world size 2 -> 3"), std::string::npos) << "admitted before the check ended";
+  ASSERT_TRUE(ns->restore().is_ok());
+  ASSERT_TRUE(p.wait_output("world size 2 -> 3", 90s)) << p.out() << p.err();
+  ASSERT_NO_FATAL_FAILURE(expect_trained_exactly(p, reference));
+  EXPECT_EQ(p.count("epoch 0 "), 1u) << p.out();
+  const std::string events = read_file(dir.file("events.jsonl"));
+  EXPECT_NE(events.find("\"check\":\"link\""), std::string::npos) << events;
+  EXPECT_EQ(events.find("\"reason\":\"worker failed\""), std::string::npos) << events;
 }
 
 }  // namespace

@@ -196,6 +196,20 @@ Status NetNamespace::drop() {
   return Status::ok();
 }
 
+Status NetNamespace::limit(const std::string& rate) {
+  const std::string tc = find_tc();
+  if (tc.empty()) return Status::error("tc(8) not found: install iproute2 to slow a host's link");
+  const std::vector<std::string> tbf = {"tbf", "rate", rate, "burst", "16kb", "latency", "2s"};
+  std::vector<std::string> inner = {find_ip(), "netns", "exec", name_, tc, "qdisc", "replace", "dev", inner_if_, "root"};
+  std::vector<std::string> outer = {tc, "qdisc", "replace", "dev", outer_if_, "root"};
+  for (auto* argv : {&inner, &outer}) {
+    argv->insert(argv->end(), tbf.begin(), tbf.end());
+    dropping_ = true;  // restore() removes it
+    if (auto r = run_tool(*argv); !r) return Status::error(r.message());
+  }
+  return Status::ok();
+}
+
 Status NetNamespace::restore() {
   const std::string ip = find_ip();
   if (dropping_) {

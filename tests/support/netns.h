@@ -49,7 +49,10 @@ class NetNamespace {
   std::string drop_skip_reason();
   // Every packet either way is dropped (the link stays up).
   Status drop();
-  // Undoes cut() and drop().
+  // Every packet either way waits in a token bucket of `rate` (tc's words,
+  // e.g. "1mbit"): a slow link, up and lossless (tbf).
+  Status limit(const std::string& rate);
+  // Undoes cut(), drop() and limit().
   Status restore();
   // Runs argv inside the namespace and waits (at most 30 s); its exit status
   // must be 0.

@@ -547,9 +547,35 @@ TEST(RendezvousWire, EveryFailedStateRoundTripsAndAnUnknownOneIsRefused) {
     EXPECT_EQ(back->failed_rank, 3);
   }
   std::string bad = wire::encode_join(j);
-  // failed_state is the byte before the pre-flight time's four
-  bad[bad.size() - 5] = static_cast<char>(static_cast<uint8_t>(PeerState::kSilent) + 1);
+  // failed_state is the byte before the pre-flight fields' twelve
+  bad[bad.size() - 13] = static_cast<char>(static_cast<uint8_t>(PeerState::kSilent) + 1);
   EXPECT_FALSE(wire::decode_join(bad));
+}
+
+// The pre-flight link probe's time and the responder's port travel in JOIN;
+// a JOIN from before them (without the last eight bytes) is whole, with
+// none; a port past 65535 is malformed.
+TEST(RendezvousWire, TheLinkProbeFieldsRoundTripAndAnOlderJoinHasNone) {
+  JoinRequest j;
+  j.slot = SlotKey{"h0", 1};
+  j.pid = 42;
+  j.probe_us = 61000;
+  j.link_us = 2345;
+  j.probe_port = 40001;
+  auto back = wire::decode_join(wire::encode_join(j));
+  ASSERT_TRUE(back);
+  EXPECT_EQ(back->probe_us, 61000u);
+  EXPECT_EQ(back->link_us, 2345u);
+  EXPECT_EQ(back->probe_port, 40001u);
+  std::string older = wire::encode_join(j);
+  older.resize(older.size() - 8);
+  back = wire::decode_join(older);
+  ASSERT_TRUE(back);
+  EXPECT_EQ(back->probe_us, 61000u);
+  EXPECT_EQ(back->link_us, 0u);
+  EXPECT_EQ(back->probe_port, 0u);
+  j.probe_port = 65536;
+  EXPECT_FALSE(wire::decode_join(wire::encode_join(j)));
 }
 
 TEST(RendezvousServer, ReJoinTellsTheSnapshotItsReasonAndTheRankThatFailedIt) {

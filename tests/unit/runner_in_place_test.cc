@@ -645,6 +645,50 @@ TEST_F(InPlaceTest, ANewHostSlowAtItsPreflightCheckIsHeldBackAndAHealthyOneJoins
   }
 }
 
+// A worker launched on a host new to the job is told a member on another
+// host to time its link with (ERUN_PROBE_PEER, that member's responder
+// port); one whose probe did not finish within the bound, or took more than
+// three times the members' probes, is held back as a slow compute check is;
+// a healthy one joins. A worker of the first generation is told none.
+TEST_F(InPlaceTest, ANewHostWithASlowLinkIsHeldBackAndOneWithAHealthyLinkJoins) {
+  auto peer_of = [](const Worker& w) {
+    for (auto& [k, v] : w->spec.env) {
+      if (k == "ERUN_PROBE_PEER") return v;
+    }
+    return std::string();
+  };
+  const SlotKey d0{"d", 0};
+  membership.probe_port = 4242;
+  membership.link_us = 2000;
+  discovery.set(HostSet({{"a", 2}}));
+  DriverOptions o = elastic(2, 1, 5);
+  o.cooldown_min_s = 600;
+  start_joined(o);
+  EXPECT_EQ(peer_of(worker_at(a0)), "") << "a first generation has nobody to probe";
+  discovery.set(HostSet({{"a", 2}, {"b", 1}, {"c", 1}, {"d", 1}}));
+  clock.advance(std::chrono::seconds(1));
+  EXPECT_FALSE(steps(1));
+  Worker b_0 = worker_at(b0), c_0 = worker_at(c0), d_0 = worker_at(d0);
+  ASSERT_TRUE(b_0 && c_0 && d_0);
+  for (auto* w : {&b_0, &c_0, &d_0}) {
+    const std::string peer = peer_of(*w);
+    EXPECT_TRUE(peer.size() > 5 && peer.substr(peer.size() - 5) == ":4242") << peer;
+  }
+  membership.join(b0, -1, JoinReason::kStart, -1, PeerState::kUnknown, 0, 20000, 2500);
+  membership.join(c0, -1, JoinReason::kStart, -1, PeerState::kUnknown, 0, 20000, kLinkProbeBoundUs);
+  // 10x the members' 2 ms (as if they had probed when they came), within the bound.
+  membership.join(d0, -1, JoinReason::kStart, -1, PeerState::kUnknown, 0, 20000, 20000);
+  EXPECT_FALSE(steps(2));
+  EXPECT_FALSE(b_0->terminated);
+  EXPECT_TRUE(c_0->terminated) << "past the bound";
+  EXPECT_TRUE(d_0->terminated) << "10x the members' link probe";
+  EXPECT_TRUE(driver->plan().contains(b0));
+  EXPECT_FALSE(driver->plan().contains(c0));
+  EXPECT_FALSE(driver->plan().contains(d0));
+  EXPECT_FALSE(driver->host_manager().is_blacklisted("c"));
+  EXPECT_FALSE(driver->host_manager().is_blacklisted("d"));
+}
+
 TEST_F(InPlaceTest, AWorkerThatDoesNotJoinWithinTheRendezvousTimeoutIsKilled) {
   discovery.set(HostSet({{"a", 2}}));
   start_joined(elastic(2, 1, 2));
