@@ -106,6 +106,7 @@ class ERUN_API Context {
 
  private:
   friend class State;
+  friend class GpuCommunicator;
   // The numbers of this worker's States (state.cc): each State has its own
   // host-memory commit files. Per number: 0 never used, 1 held by a live
   // State, 2 held before by a State since destroyed. Shared with the States,
@@ -115,6 +116,9 @@ class ERUN_API Context {
   // under erun the worker reports the commit interval's timing to the
   // driver, which finds stragglers with it (docs/design.md, "Stragglers").
   virtual void committed(uint64_t commit_id) { (void)commit_id; }
+  // Time spent inside a collective that does not go through comm() (the
+  // GPU communicator's NCCL path), for the straggler timing.
+  virtual void collective_waited(std::chrono::nanoseconds waited) noexcept { (void)waited; }
   std::unique_ptr<GpuCommunicator> gpu_;
   // gpu_, published for abort_gpu_collectives() on other threads once made.
   std::atomic<GpuCommunicator*> gpu_live_{nullptr};

@@ -234,6 +234,9 @@ class ElasticContext final : public Context {
     client_.report_timing(commit_id, std::exchange(commits_since_report_, 0), static_cast<uint64_t>(interval_ns / 1000),
                           static_cast<uint64_t>(std::max<int64_t>(wait_ns, 0) / 1000));
   }
+  void collective_waited(std::chrono::nanoseconds waited) noexcept override {
+    if (o_.timing) wait_ns_.fetch_add(waited.count(), std::memory_order_relaxed);
+  }
   bool elastic() const override { return true; }
   std::string checkpoint_dir() const override { return o_.checkpoint_dir; }
   std::string host_commit_stem() const override {

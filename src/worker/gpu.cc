@@ -326,12 +326,21 @@ GpuBackend GpuCommunicator::backend() {
 int GpuCommunicator::rank() const { return impl_->ctx.rank(); }
 int GpuCommunicator::size() const { return impl_->ctx.size(); }
 
+// An NCCL collective returns once its stream has finished it: its time goes
+// to the context's time in collectives (the straggler timing, docs/design.md
+// "Stragglers"), as comm()'s collectives' does. The host-staged path needs
+// nothing: its CPU collectives go through ctx.comm().
 void GpuCommunicator::allreduce(void* data, size_t count, DataType type, ReduceOp op, GpuStream stream) {
   impl_->ensure("allreduce");
 #if ERUN_HAVE_CUDA
   auto s = static_cast<cudaStream_t>(stream);
 #if ERUN_HAVE_NCCL
-  if (impl_->backend == GpuBackend::kNccl) return impl_->nccl->allreduce(data, count, type, op, s);
+  if (impl_->backend == GpuBackend::kNccl) {
+    const auto t0 = std::chrono::steady_clock::now();
+    impl_->nccl->allreduce(data, count, type, op, s);
+    impl_->ctx.collective_waited(std::chrono::steady_clock::now() - t0);
+    return;
+  }
 #endif
   impl_->staged->allreduce(data, count, type, op, s);
 #endif
@@ -345,7 +354,12 @@ void GpuCommunicator::broadcast(void* data, size_t bytes, int root, GpuStream st
 #if ERUN_HAVE_CUDA
   auto s = static_cast<cudaStream_t>(stream);
 #if ERUN_HAVE_NCCL
-  if (impl_->backend == GpuBackend::kNccl) return impl_->nccl->broadcast(data, bytes, root, s);
+  if (impl_->backend == GpuBackend::kNccl) {
+    const auto t0 = std::chrono::steady_clock::now();
+    impl_->nccl->broadcast(data, bytes, root, s);
+    impl_->ctx.collective_waited(std::chrono::steady_clock::now() - t0);
+    return;
+  }
 #endif
   impl_->staged->broadcast(data, bytes, root, s);
 #endif
@@ -356,7 +370,12 @@ void GpuCommunicator::allgather(const void* in, void* out, size_t bytes, GpuStre
 #if ERUN_HAVE_CUDA
   auto s = static_cast<cudaStream_t>(stream);
 #if ERUN_HAVE_NCCL
-  if (impl_->backend == GpuBackend::kNccl) return impl_->nccl->allgather(in, out, bytes, s);
+  if (impl_->backend == GpuBackend::kNccl) {
+    const auto t0 = std::chrono::steady_clock::now();
+    impl_->nccl->allgather(in, out, bytes, s);
+    impl_->ctx.collective_waited(std::chrono::steady_clock::now() - t0);
+    return;
+  }
 #endif
   impl_->staged->allgather(in, out, bytes, s);
 #endif

@@ -8,6 +8,7 @@
 
 #include <stdlib.h>
 
+#include <atomic>
 #include <cstring>
 #include <filesystem>
 #include <functional>
@@ -66,8 +67,12 @@ class ThreadContext final : public Context {
   void rejoin(uint64_t) override { throw Error("ThreadContext cannot re-join"); }
   bool elastic() const override { return false; }
   std::chrono::milliseconds collective_timeout() const override { return timeout_; }
+  // What the GPU communicator reported as time inside its collectives.
+  int64_t waited_ns() const { return waited_ns_.load(); }
 
  private:
+  void collective_waited(std::chrono::nanoseconds waited) noexcept override { waited_ns_ += waited.count(); }
+  std::atomic<int64_t> waited_ns_{0};
   WorkerInfo info_;
   std::string stem_;
   std::chrono::milliseconds timeout_;
@@ -247,6 +252,31 @@ TEST(GpuApi, NcclInAWorldOfOne) {
     EXPECT_EQ(ctx.gpu().backend(), GpuBackend::kNccl);
     check_collectives(ctx, nullptr);
   });
+}
+
+// The NCCL path's collectives count as time in collectives for the
+// straggler timing (Context::collective_waited); the staged path's are not
+// counted there, as they go through comm(), which a worker's context times
+// itself (counting them here would count them twice).
+TEST(GpuApi, NcclCollectivesCountAsTimeInCollectivesAndStagedOnesOnlyOnce) {
+  REQUIRE_GPU();
+  if (!built_with_nccl()) GTEST_SKIP() << "erun was built without NCCL";
+  for (GpuBackend backend : {GpuBackend::kNccl, GpuBackend::kStaged}) {
+    run_world(1, [backend](ThreadContext& ctx, KvStore&) {
+      ctx.gpu().set_backend(backend);
+      std::vector<float> v(size_t{1} << 20, 1.0f);
+      float* d = to_device(v);
+      ctx.gpu().allreduce(d, v.size(), DataType::kFloat32, ReduceOp::kSum, nullptr);
+      ctx.gpu().broadcast(d, v.size() * sizeof(float), 0, nullptr);
+      cudaFree(d);
+      EXPECT_EQ(ctx.gpu().backend(), backend);
+      if (backend == GpuBackend::kNccl) {
+        EXPECT_GT(ctx.waited_ns(), 0);
+      } else {
+        EXPECT_EQ(ctx.waited_ns(), 0);
+      }
+    });
+  }
 }
 
 TEST(GpuApi, RebuiltForEveryGeneration) {
