@@ -207,7 +207,7 @@ std::vector<std::pair<std::string, std::string>> Driver::worker_env(const RankAs
   put("ERUN_RENDEZVOUS_TIMEOUT", seconds(o_.rendezvous_timeout));
   put("ERUN_ELASTIC_TIMEOUT", seconds(o_.elastic_timeout));
   if (o_.driver_grace > Duration::zero()) put("ERUN_DRIVER_GRACE", seconds(o_.driver_grace));
-  if (!o_.preflight || o_.stragglers == StragglerPolicy::kOff) put("ERUN_PREFLIGHT", 0);
+  if (!preflight_on()) put("ERUN_PREFLIGHT", 0);
   // Under erun's status line the workers' library logs only warnings too.
   if (const char* q = std::getenv("ERUN_QUIET"); q && std::string_view(q) == "1") put("ERUN_QUIET", 1);
   if (d_.membership) {

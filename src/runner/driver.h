@@ -197,15 +197,20 @@ class Driver {
   bool any_resting() const;
   // The slot sits out its next cooldown (doubling per time); its seconds.
   double rest_slot(const SlotKey& slot);
-  // A pending worker `w` on a host new to the job whose pre-flight check
-  // (its JOIN `j`) took more than 3 times the members' median is stopped
-  // and its slot rests: true then.
+  // A pending worker `w` on a host new to the job whose link probe (its
+  // JOIN `j`) did not finish within its bound or took more than 3 times the
+  // members' median, or whose compute check took more than 3 times theirs,
+  // is stopped and its slot rests: true then.
   bool preflight_holds_back(Worker& w, const JoinRequest& j, const MembershipSnapshot& m);
-  // The members' link probe responders (a few, one per host), remembered
-  // from the snapshots, made again when the generation or its member count
-  // changes; and the one a worker launched on
-  // `host` times its link with ("" when the host is not new to the job, or
-  // no member on another host answers probes): ERUN_PROBE_PEER.
+  // --preflight on, and not --stragglers off.
+  bool preflight_on() const;
+  // No rank of the running plan is on `host`: its workers are checked before they join.
+  bool new_to_job(const std::string& host) const;
+  // The members' link probe responders (a few, one per host), noted from
+  // the snapshots again when the generation or its member count changes;
+  // and the one a worker launched on `host` times its link with
+  // (ERUN_PROBE_PEER; "" when the host is not new to the job, or no member
+  // on another host answers probes).
   void note_probe_responders(const MembershipSnapshot& m);
   std::string probe_peer_for(const std::string& host) const;
   // `p` without the resting slots (planned again over the others).

@@ -103,12 +103,15 @@ double median_of(std::vector<uint32_t> v) {
 }
 }  // namespace
 
+bool Driver::preflight_on() const { return o_.preflight && o_.stragglers != StragglerPolicy::kOff; }
+
+bool Driver::new_to_job(const std::string& host) const {
+  return std::none_of(plan_.ranks.begin(), plan_.ranks.end(), [&](auto& r) { return r.slot.host == host; });
+}
+
 bool Driver::preflight_holds_back(Worker& w, const JoinRequest& j, const MembershipSnapshot& m) {
-  if (!o_.preflight || o_.stragglers == StragglerPolicy::kOff || (j.probe_us == 0 && j.link_us == 0)) return false;
   const std::string& host = w.assignment.slot.host;
-  for (auto& r : plan_.ranks) {
-    if (r.slot.host == host) return false;  // not new: its host runs members already
-  }
+  if (!preflight_on() || (j.probe_us == 0 && j.link_us == 0) || !new_to_job(host)) return false;
   std::vector<uint32_t> probes, links;
   for (auto& member : m.members) {
     if (member.probe_us > 0) probes.push_back(member.probe_us);
@@ -120,29 +123,22 @@ bool Driver::preflight_holds_back(Worker& w, const JoinRequest& j, const Members
   // can slow a compute check several times over, docs/performance.md §14).
   std::string check, why;
   double took_ms = 0, median_ms = 0;
-  if (j.link_us > 0) {
-    if (j.link_us >= kLinkProbeBoundUs) {
-      check = "link";
-      took_ms = j.link_us / 1e3;
-      why = fmt::format("its link probe (1 MiB each way with a worker on another host) did not finish within {:.0f} ms",
-                        kLinkProbeBoundUs / 1e3);
-    } else if (!links.empty() && j.link_us > kPreflightFactor * median_of(links)) {
-      check = "link";
-      took_ms = j.link_us / 1e3;
-      median_ms = median_of(links) / 1e3;
-      why = fmt::format("its link probe took {:.1f} ms, {:.1f}x the job's workers' median {:.1f} ms", took_ms,
-                        took_ms / median_ms, median_ms);
-    }
-  }
-  if (check.empty() && j.probe_us > 0 && !probes.empty()) {
-    const double median = median_of(probes);
-    if (j.probe_us > kPreflightFactor * median) {
-      check = "compute";
-      took_ms = j.probe_us / 1e3;
-      median_ms = median / 1e3;
-      why = fmt::format("its pre-flight check took {:.0f} ms, {:.1f}x the job's workers' median {:.0f} ms", took_ms,
-                        j.probe_us / median, median_ms);
-    }
+  const bool past_bound = j.link_us >= kLinkProbeBoundUs;
+  if (j.link_us > 0 && (past_bound || (!links.empty() && j.link_us > kPreflightFactor * median_of(links)))) {
+    check = "link";
+    took_ms = j.link_us / 1e3;
+    median_ms = past_bound ? 0 : median_of(links) / 1e3;  // 0: the bound decided
+    why = past_bound ? fmt::format("its link probe (1 MiB each way with a worker on another host) did not finish "
+                                   "within {:.0f} ms",
+                                   kLinkProbeBoundUs / 1e3)
+                     : fmt::format("its link probe took {:.1f} ms, {:.1f}x the job's workers' median {:.1f} ms",
+                                   took_ms, took_ms / median_ms, median_ms);
+  } else if (j.probe_us > 0 && !probes.empty() && j.probe_us > kPreflightFactor * median_of(probes)) {
+    check = "compute";
+    took_ms = j.probe_us / 1e3;
+    median_ms = median_of(probes) / 1e3;
+    why = fmt::format("its pre-flight check took {:.0f} ms, {:.1f}x the job's workers' median {:.0f} ms", took_ms,
+                      took_ms / median_ms, median_ms);
   }
   if (check.empty()) return false;
   const double rest_s = rest_slot(w.assignment.slot);
@@ -178,14 +174,9 @@ void Driver::note_probe_responders(const MembershipSnapshot& m) {
 }
 
 std::string Driver::probe_peer_for(const std::string& host) const {
-  if (!o_.preflight || o_.stragglers == StragglerPolicy::kOff) return {};
-  for (auto& r : plan_.ranks) {
-    if (r.slot.host == host) return {};  // not new: no check
-  }
+  if (!preflight_on() || !new_to_job(host)) return {};
   for (auto& [slot, port] : probe_responders_) {
-    if (slot.host == host) continue;
-    bool member = std::any_of(plan_.ranks.begin(), plan_.ranks.end(), [&](auto& r) { return r.slot == slot; });
-    if (!member) continue;
+    if (slot.host == host || !plan_.contains(slot)) continue;
     bool local = false;
     launcher_for(slot.host, &local);
     return fmt::format("{}:{}", advertise_address(slot.host, local), port);

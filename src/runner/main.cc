@@ -350,9 +350,8 @@ void take_over(const erun::DriverOptions& o, Launchers& l, const erun::JobRecord
   // record's: a standby on another machine (another host name, or an
   // address of its own given) is reached by remote hosts at its own
   // address. Local agents (this machine's) keep 127.0.0.1.
-  const int same_port = rdzv_port == record.rendezvous_port ? 0 : rdzv_port;
   const bool moved = record.driver_host != this_host() || !o.driver_address.empty();
-  req.rdzv_port = same_port;
+  req.rdzv_port = rdzv_port == record.rendezvous_port ? 0 : rdzv_port;
   erun::AttachRequest remote_req = req;
   if (moved) {
     remote_req.rdzv_host = o.driver_address.empty() ? this_host() : o.driver_address;

@@ -157,7 +157,7 @@ uint32_t link_probe_us(const WorkerOptions& o) {
         std::clamp<int64_t>(std::chrono::duration_cast<std::chrono::microseconds>(d).count(), 1, UINT32_MAX));
   };
   if (r.is_ok()) {
-    ERUN_LOG_INFO("erun: {} slot {}: link probe with {}: {:.1f} ms", o.host, o.local_index, o.probe_peer,
+    ERUN_LOG_DEBUG("erun: {} slot {}: link probe with {}: {:.1f} ms", o.host, o.local_index, o.probe_peer,
                   us(r.value()) / 1e3);
     return us(r.value());
   }

@@ -98,6 +98,14 @@ void cuda_check(cudaError_t e, const char* what, int device) {
 struct GpuCommunicator::Impl {
   explicit Impl(Context& c) : ctx(c) {}
   Context& ctx;
+  // Runs one NCCL collective (it returns once its stream finished it) and
+  // adds its time to the context's time in collectives.
+  template <class Collective>
+  void timed(Collective&& collective) {
+    const auto t0 = std::chrono::steady_clock::now();
+    collective();
+    ctx.collective_waited(std::chrono::steady_clock::now() - t0);
+  }
   int device = -1;
   GpuBackend forced = GpuBackend::kAuto;
   GpuBackend backend = GpuBackend::kAuto;  // kAuto: none built for `generation`
@@ -336,10 +344,7 @@ void GpuCommunicator::allreduce(void* data, size_t count, DataType type, ReduceO
   auto s = static_cast<cudaStream_t>(stream);
 #if ERUN_HAVE_NCCL
   if (impl_->backend == GpuBackend::kNccl) {
-    const auto t0 = std::chrono::steady_clock::now();
-    impl_->nccl->allreduce(data, count, type, op, s);
-    impl_->ctx.collective_waited(std::chrono::steady_clock::now() - t0);
-    return;
+    return impl_->timed([&] { impl_->nccl->allreduce(data, count, type, op, s); });
   }
 #endif
   impl_->staged->allreduce(data, count, type, op, s);
@@ -354,12 +359,7 @@ void GpuCommunicator::broadcast(void* data, size_t bytes, int root, GpuStream st
 #if ERUN_HAVE_CUDA
   auto s = static_cast<cudaStream_t>(stream);
 #if ERUN_HAVE_NCCL
-  if (impl_->backend == GpuBackend::kNccl) {
-    const auto t0 = std::chrono::steady_clock::now();
-    impl_->nccl->broadcast(data, bytes, root, s);
-    impl_->ctx.collective_waited(std::chrono::steady_clock::now() - t0);
-    return;
-  }
+  if (impl_->backend == GpuBackend::kNccl) return impl_->timed([&] { impl_->nccl->broadcast(data, bytes, root, s); });
 #endif
   impl_->staged->broadcast(data, bytes, root, s);
 #endif
@@ -370,12 +370,7 @@ void GpuCommunicator::allgather(const void* in, void* out, size_t bytes, GpuStre
 #if ERUN_HAVE_CUDA
   auto s = static_cast<cudaStream_t>(stream);
 #if ERUN_HAVE_NCCL
-  if (impl_->backend == GpuBackend::kNccl) {
-    const auto t0 = std::chrono::steady_clock::now();
-    impl_->nccl->allgather(in, out, bytes, s);
-    impl_->ctx.collective_waited(std::chrono::steady_clock::now() - t0);
-    return;
-  }
+  if (impl_->backend == GpuBackend::kNccl) return impl_->timed([&] { impl_->nccl->allgather(in, out, bytes, s); });
 #endif
   impl_->staged->allgather(in, out, bytes, s);
 #endif

@@ -4,8 +4,8 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
-#include <vector>
 
 #include <fmt/format.h>
 
@@ -25,8 +25,8 @@ handshake::Proofs proofs(const std::string& job_id, const std::string& secret) {
   return handshake::Proofs(std::make_shared<handshake::Key>(secret), kScheme, job_id);
 }
 
-// Answers one prober on `fd` (non-blocking) before `deadline`; false and why
-// when it is not one of the job's or stalls.
+// Answers one prober on `fd` (non-blocking) before `deadline`; an error that
+// says why when it is not one of the job's or stalls.
 Status answer(int fd, const handshake::Proofs& p, TimePoint deadline, const net::Interrupt* stop) {
   char hello[sizeof(kMagic) + handshake::kNonceBytes];
   if (auto o = net::recv_exact(fd, hello, sizeof(hello), deadline, stop); !o.ok()) return Status::error(o.text());
@@ -125,15 +125,18 @@ Result<Duration> probe_link(const std::string& host, int port, const std::string
   if (!handshake::equal_ct(reply.substr(handshake::kNonceBytes), p.responder(mine, theirs))) {
     return fail("the responder failed the job secret's proof");
   }
+  constexpr char kFill = '\x5a';
   std::string out = p.initiator(mine, theirs);
   char len[4];
   put_le(len, bytes, 4);
   out.append(len, 4);
-  out.append(bytes, '\x5a');
+  out.append(bytes, kFill);
   if (auto o = net::send_all(fd, out, deadline); !o.ok()) return fail(o.text());
   std::string back(bytes, '\0');
   if (auto o = net::recv_exact(fd, back.data(), bytes, deadline); !o.ok()) return fail(o.text());
-  if (back != std::string(bytes, '\x5a')) return fail("the bytes came back changed");
+  if (std::any_of(back.begin(), back.end(), [](char c) { return c != kFill; })) {
+    return fail("the bytes came back changed");
+  }
   return Duration(std::chrono::steady_clock::now() - start);
 }
 

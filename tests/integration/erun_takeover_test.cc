@@ -91,10 +91,16 @@ class ErunTakeover : public ::testing::Test {
   }
   // Starts the job and SIGKILLs its erun right after rank 0's line for
   // `epoch` (not while a line is on its way); the workers' pids then.
-  std::set<pid_t> start_and_kill(ErunProcess& p, int epoch) {
+  // Waits for the epoch, SIGKILLs erun (with `launcher_lost`, every ssh
+  // client it started too: the launching machine dies) and returns the
+  // workers from before.
+  std::set<pid_t> start_and_kill(ErunProcess& p, int epoch, bool launcher_lost = false) {
     EXPECT_TRUE(p.wait_output(fmt::format(":epoch {} loss=", epoch), 120s)) << p.out() << p.err();
     std::set<pid_t> before = workers();
+    std::vector<pid_t> clients;
+    if (launcher_lost) clients = children_of(static_cast<pid_t>(p.pid()));
     p.signal(SIGKILL);
+    for (pid_t c : clients) ::kill(c, SIGKILL);
     EXPECT_TRUE(p.wait(10s));
     return before;
   }
@@ -221,13 +227,8 @@ TEST_F(ErunTakeover, OverSshTheLaunchingSideLostWholeIsTakenOverByTheSameCommand
   std::vector<std::string> extra = {"-np", "2", "-H", "127.0.0.2:1,127.0.0.3:1"};
   for (auto& a : server->erun_args()) extra.push_back(a);
   ErunProcess first(args(extra), env());
-  ASSERT_TRUE(first.wait_output(":epoch 1 loss=", 120s)) << first.out() << first.err();
-  std::set<pid_t> before = workers();
+  std::set<pid_t> before = start_and_kill(first, 1, /*launcher_lost=*/true);
   ASSERT_EQ(before.size(), 2u);
-  std::vector<pid_t> clients = children_of(static_cast<pid_t>(first.pid()));
-  first.signal(SIGKILL);
-  for (pid_t c : clients) ::kill(c, SIGKILL);
-  ASSERT_TRUE(first.wait(10s));
   std::this_thread::sleep_for(2s);
   EXPECT_EQ(workers(), before) << "a worker ended with the launching side";
 
@@ -340,13 +341,8 @@ TEST_F(ErunTakeover, AStandbyOnAnotherMachineTakesTheJobOverAcrossTheNetwork) {
                        ns->inner_address()},
                       {}, {"ip", "netns", "exec", ns->name()});
   ASSERT_TRUE(standby.wait_output("standing by for its driver", 30s)) << standby.err();
-  ASSERT_TRUE(first.wait_output(":epoch 1 loss=", 120s)) << first.out() << first.err();
-  std::set<pid_t> before = workers();
+  std::set<pid_t> before = start_and_kill(first, 1, /*launcher_lost=*/true);
   ASSERT_EQ(before.size(), 2u);
-  std::vector<pid_t> clients = children_of(static_cast<pid_t>(first.pid()));
-  first.signal(SIGKILL);
-  for (pid_t c : clients) ::kill(c, SIGKILL);
-  ASSERT_TRUE(first.wait(10s));
 
   ASSERT_TRUE(standby.wait_output("took the job over at generation", 60s)) << standby.err();
   EXPECT_EQ(workers(), before) << "the standby did not keep the workers";
