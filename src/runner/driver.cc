@@ -41,8 +41,10 @@ Driver::Driver(DriverOptions options, DriverDeps deps)
     : o_(std::move(options)),
       d_(std::move(deps)),
       clock_(*d_.clock),
-      hosts_(*d_.clock, BlacklistPolicy{o_.blacklist_after, from_seconds(o_.cooldown_min_s),
-                                        from_seconds(o_.cooldown_max_s)}),
+      rec_(d_.takeover ? d_.takeover->record : DriverRecord{}),
+      hosts_(*d_.clock,
+             BlacklistPolicy{o_.blacklist_after, from_seconds(o_.cooldown_min_s), from_seconds(o_.cooldown_max_s)},
+             rec_.hosts),
       stragglers_(StragglerOptions{o_.straggler_factor, o_.straggler_window}),
       crash_loop_(o_.crash_loop_limit, o_.crash_loop_progress) {
   ERUN_CHECK(d_.discovery && d_.local_launcher && d_.clock);
@@ -63,7 +65,9 @@ Driver::Driver(DriverOptions options, DriverDeps deps)
           bool local;
           return launcher_for(host, &local);
         },
-        clock_);
+        clock_, rec_.keepers);
+  } else {
+    rec_.keepers.clear();  // no replicas: no keeper to go on with
   }
 }
 
@@ -183,7 +187,7 @@ std::vector<std::pair<std::string, std::string>> Driver::worker_env(const RankAs
   std::vector<std::pair<std::string, std::string>> env;
   auto put = [&](const char* k, auto v) { env.emplace_back(k, fmt::format("{}", v)); };
   Topology t = a;
-  t.generation = generation_;
+  t.generation = rec_.generation;
   env = topology_env(t);
   torchrun_node_env(env, a);
   put("ERUN_HOSTNAME", a.slot.host);
@@ -191,7 +195,7 @@ std::vector<std::pair<std::string, std::string>> Driver::worker_env(const RankAs
   put("ERUN_JOB_ID", d_.job_id);
   put("MASTER_ADDR", master_addr);
   put("MASTER_PORT", master_port);
-  put("TORCHELASTIC_RESTART_COUNT", restarts_);
+  put("TORCHELASTIC_RESTART_COUNT", rec_.restarts);
   put("TORCHELASTIC_MAX_RESTARTS", o_.reset_limit < 0 ? 1000000000 : o_.reset_limit);
   put("TORCHELASTIC_RUN_ID", d_.job_id);
   if (!o_.checkpoint_dir.empty()) put("ERUN_CHECKPOINT_DIR", o_.checkpoint_dir);
@@ -232,24 +236,24 @@ void Driver::publish(bool fresh, bool after_failure) {
   gen_.after_failure = after_failure;
   recent_plans_.push_back(plan_);
   if (recent_plans_.size() > 4) recent_plans_.erase(recent_plans_.begin());
-  if (d_.membership) d_.membership->publish(generation_, plan_.ranks);
+  if (d_.membership) d_.membership->publish(rec_.generation, plan_.ranks);
   if (d_.events) {
-    d_.events->write("generation_started", {{"generation", json_number(generation_)},
+    d_.events->write("generation_started", {{"generation", json_number(rec_.generation)},
                                             {"size", json_number(long{plan_.size()})},
                                             {"plan", json_string(plan_.to_string())}});
   }
 }
 
 bool Driver::start_generation(const HostSet& usable) {
-  plan_ = without_resting(make_plan(generation_ + 1, usable, o_.max_np, plan_.empty() ? nullptr : &plan_));
-  ++generation_;
-  if (generation_ > 1) ++restarts_;
-  crash_loop_.generation_started(generation_, plan_.hosts());
+  ++rec_.generation;
+  set_plan(without_resting(make_plan(rec_.generation, usable, o_.max_np, plan_.empty() ? nullptr : &plan_)));
+  if (rec_.generation > 1) ++rec_.restarts;
+  crash_loop_.generation_started(rec_.generation, plan_.hosts());
   std::string master_addr = master_address();
   bool rank0_local;
   const std::string& rank0_host = plan_.ranks.front().slot.host;
   int master_port = launcher_for(rank0_host, &rank0_local).free_port(rank0_host, d_.secret, o_.ssh_connect_timeout);
-  ERUN_LOG_INFO("{}: starting {} (MASTER_ADDR={} MASTER_PORT={})", who(generation_), plan_.to_string(),
+  ERUN_LOG_INFO("{}: starting {} (MASTER_ADDR={} MASTER_PORT={})", who(rec_.generation), plan_.to_string(),
                 master_addr, master_port);
   workers_.clear();
   publish(/*fresh=*/true, /*after_failure=*/false);
@@ -268,7 +272,7 @@ void Driver::reap() {
     double after = seconds(clock_.now() - w.started);
     if (d_.output) d_.output->drain(w.key, 200);
     if (d_.events) {
-      d_.events->write("worker_exited", {{"generation", json_number(generation_)},
+      d_.events->write("worker_exited", {{"generation", json_number(rec_.generation)},
                                          {"host", json_string(a.slot.host)},
                                          {"rank", json_number(long{a.rank})},
                                          {"exit_code", json_number(long{s->shell_code()})},
@@ -288,12 +292,12 @@ void Driver::reap() {
       if (w.state == WorkerState::kExcluded && !s->ok()) {
         // Left out already on a survivor's report; say how it ended too.
         ERUN_LOG_WARN("{}: failed with {} after {:.1f} s (already left out of the job)",
-                      who(generation_, a.slot.host, a.rank), s->describe(), after);
+                      who(rec_.generation, a.slot.host, a.rank), s->describe(), after);
       }
       continue;
     }
     if (s->ok()) {
-      ERUN_LOG_INFO("{}: finished successfully after {:.1f} s", who(generation_, a.slot.host, a.rank), after);
+      ERUN_LOG_INFO("{}: finished successfully after {:.1f} s", who(rec_.generation, a.slot.host, a.rank), after);
       any_success_ = true;
       drop_fresh_workers();
       if (finishing_.first.empty()) {
@@ -307,16 +311,16 @@ void Driver::reap() {
     // the last failure is part of that failure (every worker killed at once
     // is reaped over several ticks, each re-forming the generation), not
     // another crash of the program.
-    const bool same_burst = w.launched_generation < generation_ && last_failure_at_ &&
+    const bool same_burst = w.launched_generation < rec_.generation && last_failure_at_ &&
                             clock_.now() - *last_failure_at_ < kFailureBurst;
     if (same_burst) {
       gen_.burst_losses = true;
     } else {
       crash_loop_.worker_failed(a.slot.host, *s);
     }
-    ERUN_LOG_WARN("{}: failed with {} after {:.1f} s", who(generation_, a.slot.host, a.rank), s->describe(),
+    ERUN_LOG_WARN("{}: failed with {} after {:.1f} s", who(rec_.generation, a.slot.host, a.rank), s->describe(),
                   after);
-    fail_generation(Failure{generation_, a.slot.host, a.rank, *s, stderr_tail(w), after});
+    fail_generation(Failure{rec_.generation, a.slot.host, a.rank, *s, stderr_tail(w), after});
   }
 }
 
@@ -392,7 +396,7 @@ void Driver::continue_stop() {
         if (!w.alive()) continue;
         ERUN_LOG_WARN("{}: did not stop within {:.1f} s of SIGTERM, killing it (raise --term-grace if it "
                       "needs longer to shut down)",
-                      who(generation_, w.assignment.slot.host, w.assignment.rank), seconds(o_.term_grace));
+                      who(rec_.generation, w.assignment.slot.host, w.assignment.rank), seconds(o_.term_grace));
         w.handle->kill();
       }
       stop_.killed = true;
@@ -404,7 +408,7 @@ void Driver::continue_stop() {
       if (w.exit) continue;
       ERUN_LOG_ERROR("{}: still not gone 10 s after SIGKILL; it may be stuck in the kernel (D state) or its "
                      "host unreachable: check the host",
-                     who(generation_, w.assignment.slot.host, w.assignment.rank));
+                     who(rec_.generation, w.assignment.slot.host, w.assignment.rank));
     }
   }
   for (auto& w : workers_) {
@@ -433,8 +437,8 @@ void Driver::finish_with_failure(const Failure& f) {
     if (code == 0) code = 1;
     if (d_.events) {
       d_.events->write("job_finished", {{"exit_code", json_number(long{code})},
-                                        {"generation", json_number(generation_)},
-                                        {"resets", json_number(long{resets_})},
+                                        {"generation", json_number(rec_.generation)},
+                                        {"resets", json_number(long{rec_.resets})},
                                         {"launched", json_number(launched_)}});
     }
     return code;
@@ -451,11 +455,11 @@ int Driver::job_exit_code() {
   int code = gen_.failure ? std::max(1, gen_.failure->status.shell_code()) : 0;
   if (gen_.failure) report_failure(*gen_.failure);
   ERUN_LOG_INFO("job {} finished with exit code {} after {} generation{} and {} reset{}", d_.job_id, code,
-                generation_, generation_ == 1 ? "" : "s", resets_, resets_ == 1 ? "" : "s");
+                rec_.generation, rec_.generation == 1 ? "" : "s", rec_.resets, rec_.resets == 1 ? "" : "s");
   if (d_.events) {
     d_.events->write("job_finished", {{"exit_code", json_number(long{code})},
-                                      {"generation", json_number(generation_)},
-                                      {"resets", json_number(long{resets_})},
+                                      {"generation", json_number(rec_.generation)},
+                                      {"resets", json_number(long{rec_.resets})},
                                       {"launched", json_number(launched_)}});
   }
   return code;
@@ -473,6 +477,18 @@ void Driver::log_waiting(const HostSet& usable) {
 }
 
 std::optional<int> Driver::step() {
+  auto code = turn();
+  rec_.in_place = members_joined();
+  return code;
+}
+
+void Driver::set_plan(const Plan& p) {
+  rec_.plan.clear();
+  for (auto& a : p.ranks) rec_.plan.push_back(a.slot);
+  plan_ = plan_over_slots(p.generation, rec_.plan);
+}
+
+std::optional<int> Driver::turn() {
   if (phase_ != JobPhase::kDone && check_superseded()) return exit_code_;
   if (int sig = stop_signal_.exchange(0)) on_signal(sig);
   if (phase_ == JobPhase::kDone) return exit_code_;
@@ -515,7 +531,7 @@ void Driver::on_signal(int sig) {
 }
 
 void Driver::wait_for_hosts() {
-  plan_cache_.update(discovered_epoch_, discovered_, hosts_, generation_, plan_, o_.max_np);
+  plan_cache_.update(discovered_epoch_, discovered_, hosts_, rec_.generation, plan_, o_.max_np);
   const HostSet& usable = plan_cache_.usable();
   if (usable.total_slots() >= std::max(o_.min_np, 1)) {
     start_generation(HostSet(usable));
@@ -573,7 +589,7 @@ void Driver::handle_generation_failure() {
   if (fatal_code || has_no_retry_mark(f.stderr_tail)) {
     ERUN_LOG_ERROR("{}: {} stopped for an error in the program that a restart would repeat ({}); "
                    "ending the job without a retry: fix the program and start the job again",
-                   who(generation_), who(-1, f.host, f.rank),
+                   who(rec_.generation), who(-1, f.host, f.rank),
                    fatal_code ? fmt::format("exit code {}", kFatalExitCode) : std::string("marked not retried"));
     finish_with_failure(f);
     return;
@@ -592,22 +608,22 @@ void Driver::handle_generation_failure() {
   if (gen_.burst_losses && !crash_loop_.failures_seen()) {
     // Only the rest of an earlier failure: no step of a crash loop.
   } else if (auto loop = crash_loop_.generation_failed(clock_.now() - gen_.published_at)) {
-    ERUN_LOG_ERROR("{}: {}", who(generation_), *loop);
+    ERUN_LOG_ERROR("{}: {}", who(rec_.generation), *loop);
     if (d_.events) d_.events->write("crash_loop", {{"generations", json_number(long{crash_loop_.streak()})}});
     finish_with_failure(f);
     return;
   }
-  if (o_.reset_limit >= 0 && resets_ >= o_.reset_limit) {
+  if (o_.reset_limit >= 0 && rec_.resets >= o_.reset_limit) {
     ERUN_LOG_ERROR("{}: --reset-limit {} reached, so this failure ends the job (raise --reset-limit to "
                    "allow more restarts)",
-                   who(generation_), o_.reset_limit);
+                   who(rec_.generation), o_.reset_limit);
     finish_with_failure(f);
     return;
   }
   count_reset("worker failed");
   const bool in_place = in_place_possible();
-  ERUN_LOG_WARN("{}: {} failed; {} (reset {}{})", who(generation_), who(-1, f.host, f.rank),
-                in_place ? "survivors re-join in place" : "restarting all workers", resets_,
+  ERUN_LOG_WARN("{}: {} failed; {} (reset {}{})", who(rec_.generation), who(-1, f.host, f.rank),
+                in_place ? "survivors re-join in place" : "restarting all workers", rec_.resets,
                 o_.reset_limit >= 0 ? fmt::format(" of {}", o_.reset_limit) : "");
   if (in_place) {
     reconfigure("recovering", /*after_failure=*/true);
@@ -617,11 +633,11 @@ void Driver::handle_generation_failure() {
 }
 
 void Driver::count_reset(const char* reason) {
-  ++resets_;
+  ++rec_.resets;
   if (d_.events) {
-    d_.events->write("reset", {{"generation", json_number(generation_)},
+    d_.events->write("reset", {{"generation", json_number(rec_.generation)},
                                {"reason", json_string(reason)},
-                               {"resets", json_number(long{resets_})}});
+                               {"resets", json_number(long{rec_.resets})}});
   }
 }
 
@@ -631,7 +647,7 @@ void Driver::begin_finishing() {
       "{} finished successfully {:.0f} s ago and the others did not finish within --finish-timeout {:.0f} s "
       "(raise --finish-timeout if ranks legitimately finish far apart)",
       finishing_.first, seconds(o_.finish_timeout), seconds(o_.finish_timeout));
-  ERUN_LOG_INFO("{}: {} finished; waiting up to --finish-timeout {:.0f} s for the others", who(generation_),
+  ERUN_LOG_INFO("{}: {} finished; waiting up to --finish-timeout {:.0f} s for the others", who(rec_.generation),
                 finishing_.first, seconds(o_.finish_timeout));
   set_phase(JobPhase::kFinishing);
 }
@@ -641,7 +657,7 @@ void Driver::follow_membership() {
   // blacklisted hosts kept for their survivors changed.
   const bool in_place = in_place_possible();
   Plan scratch;
-  plan_cache_.update(discovered_epoch_, discovered_, hosts_, generation_, plan_with_pending(scratch), o_.max_np,
+  plan_cache_.update(discovered_epoch_, discovered_, hosts_, rec_.generation, plan_with_pending(scratch), o_.max_np,
                      in_place ? blacklisted_with_survivors() : std::vector<std::string>{});
   const HostSet& usable = plan_cache_.usable();
   // The cached plan, unless a straggler's slot sits out (no copy per tick).
@@ -667,7 +683,7 @@ void Driver::follow_membership() {
     if (!below_min_logged_) {
       ERUN_LOG_WARN("{}: discovery offers {} usable slot{}, fewer than --min-np {}; keeping the {} running "
                     "workers until hosts return",
-                    who(generation_), usable.total_slots(), usable.total_slots() == 1 ? "" : "s", o_.min_np,
+                    who(rec_.generation), usable.total_slots(), usable.total_slots() == 1 ? "" : "s", o_.min_np,
                     plan_.size());
       below_min_logged_ = true;
     }
@@ -676,11 +692,11 @@ void Driver::follow_membership() {
   below_min_logged_ = false;
   const bool keeps_every_slot = std::all_of(plan_.ranks.begin(), plan_.ranks.end(),
                                             [&](const RankAssignment& r) { return next.contains(r.slot); });
-  if (o_.reset_limit >= 0 && resets_ >= o_.reset_limit) {
+  if (o_.reset_limit >= 0 && rec_.resets >= o_.reset_limit) {
     if (keeps_every_slot) return;  // could grow, but may not reset any more: keep running
     ERUN_LOG_ERROR("{}: hosts of the job were removed and --reset-limit {} is reached, so the job ends "
                    "(raise --reset-limit to let it resize)",
-                   who(generation_), o_.reset_limit);
+                   who(rec_.generation), o_.reset_limit);
     stop_then_end(SIGTERM, [] { return 1; });
     return;
   }
@@ -689,8 +705,8 @@ void Driver::follow_membership() {
     return;
   }
   count_reset("membership changed");
-  ERUN_LOG_INFO("{}: membership changes ({} -> {}); {} (reset {})", who(generation_), plan_.to_string(),
-                next.to_string(), in_place ? "notifying workers" : "restarting all workers", resets_);
+  ERUN_LOG_INFO("{}: membership changes ({} -> {}); {} (reset {})", who(rec_.generation), plan_.to_string(),
+                next.to_string(), in_place ? "notifying workers" : "restarting all workers", rec_.resets);
   if (in_place) {
     reconfigure("membership changes", /*after_failure=*/false);
   } else {
@@ -708,7 +724,7 @@ void Driver::finish() {
         "{} finished successfully {:.1f} s ago and then {} failed with {}; a job cannot restart once "
         "a worker has finished, so erun ends it with the failure's exit code (see the root cause below)",
         finishing_.first, seconds(now - finishing_.first_at), who(-1, f.host, f.rank), f.status.describe());
-    ERUN_LOG_ERROR("{}: {}", who(generation_), finishing_.because);
+    ERUN_LOG_ERROR("{}: {}", who(rec_.generation), finishing_.because);
     finishing_.deadline = now;
   }
   if (all_exited()) {
@@ -723,12 +739,12 @@ void Driver::finish() {
     stragglers.push_back(&w);
     if (names.size() < 8) names.push_back(fmt::format("rank {} on {}", w.assignment.rank, w.assignment.slot.host));
   }
-  ERUN_LOG_ERROR("{}: stopping {} worker{} still running ({}{}): {}", who(generation_), stragglers.size(),
+  ERUN_LOG_ERROR("{}: stopping {} worker{} still running ({}{}): {}", who(rec_.generation), stragglers.size(),
                  stragglers.size() == 1 ? "" : "s", join(names, ", "), stragglers.size() > names.size() ? ", ..." : "",
                  finishing_.because);
   if (!stragglers.empty()) {
     const Worker& w = *stragglers.front();
-    fail_generation(Failure{generation_, w.assignment.slot.host, w.assignment.rank, ExitStatus{1, 0},
+    fail_generation(Failure{rec_.generation, w.assignment.slot.host, w.assignment.rank, ExitStatus{1, 0},
                             {"still running --finish-timeout after another rank finished"}, seconds(now - w.started)});
   }
   stop_then_end(SIGTERM, [this] { return job_exit_code(); });

@@ -86,10 +86,10 @@ class Driver {
   void request_stop(int signal) { stop_signal_.store(signal); }
 
   // For tests and the event log.
-  long generation() const { return generation_; }
+  long generation() const { return rec_.generation; }
   JobPhase phase() const { return phase_; }
-  int resets() const { return resets_; }
-  int restarts() const { return restarts_; }
+  int resets() const { return rec_.resets; }
+  int restarts() const { return rec_.restarts; }
   // Some member of the running plan joined the rendezvous (the job's workers
   // use erun's library: a takeover keeps them in place).
   bool members_joined() const;
@@ -97,11 +97,9 @@ class Driver {
   // ended without touching the workers.
   uint64_t superseded_by() const { return superseded_by_; }
   const Plan& plan() const { return plan_; }
-  // The state a new driver would take the job over from (the job record's
-  // part), made from the parts that hold it.
-  DriverRecord record() const;
-  // Bumped whenever a host's failure count or blacklisting changes.
-  long host_changes() const { return hosts_.changes(); }
+  // The driver's state that a new driver would take the job over from (the
+  // job record's part): where this one keeps it.
+  const DriverRecord& record() const { return rec_; }
   const HostManager& host_manager() const { return hosts_; }
 
  private:
@@ -216,6 +214,8 @@ class Driver {
   // `p` without the resting slots (planned again over the others).
   Plan without_resting(Plan p) const;
   // ---- phases (driver.cc): step() calls the handler of the current one ----
+  // step() but for keeping the record's in_place.
+  std::optional<int> turn();
   // Checked against transition_allowed(); entering a waiting phase from
   // another phase restarts the --elastic-timeout clock.
   void set_phase(JobPhase next);
@@ -347,7 +347,10 @@ class Driver {
   void log_resumed_commit(const MembershipSnapshot& m);
   void enforce_rejoin_deadline(const MembershipSnapshot& m);
   void retire_workers(const MembershipSnapshot& m);
-  // Publishes plan_ as generation_ (its facts start anew in gen_): `fresh`,
+  // The running plan is `p`: its slots go in the record, and plan_ is
+  // planned from them (plan_over_slots()).
+  void set_plan(const Plan& p);
+  // Publishes plan_ as the generation (its facts start anew in gen_): `fresh`,
   // every worker was launched for it; `after_failure`, it re-forms after one.
   void publish(bool fresh, bool after_failure);
   // The plan of a recent generation (reports name ranks of the generation the
@@ -388,6 +391,10 @@ class Driver {
   DriverOptions o_;
   DriverDeps d_;
   Clock& clock_;
+  // What must outlive this driver, kept here (a job taken over: as its last
+  // driver left it): the generation, counts and plan, the hosts' histories
+  // (hosts_ keeps them there) and the keepers (replicas_).
+  DriverRecord rec_;
   HostManager hosts_;
   std::unique_ptr<DiscoveryLoop> loop_;
   HostSet listed_;      // the hosts as discovery lists them (draining marks included)
@@ -404,7 +411,7 @@ class Driver {
   };
   std::map<SlotKey, Rest> resting_;
   std::map<SlotKey, Rest> standby_backoff_;  // slots whose standby died: wait before the next
-  std::pair<long, long> standby_scan_key_{-1, -1};  // (discovered_epoch_, generation_) of the last scan
+  std::pair<long, long> standby_scan_key_{-1, -1};  // (discovered_epoch_, generation) of the last scan
   bool standby_scan_found_ = false;                 // it found a free slot
   bool all_hosts_local_ = true;  // every discovered host launches locally
   long discovered_version_ = -1;
@@ -446,12 +453,9 @@ class Driver {
   };
   Finishing finishing_;
   int exit_code_ = 0;  // in JobPhase::kDone
-  long generation_ = 0;
-  int resets_ = 0;
   long launched_ = 0;              // worker processes started (the job summary's count)
   long rolled_back_logged_ = -1;   // the generation whose rolled_back event was written
-  int restarts_ = 0;  // generations started after the first (TORCHELASTIC_RESTART_COUNT)
-  Plan plan_;
+  Plan plan_;  // rec_.plan's slots planned for rec_.generation (set_plan())
   // plan_'s hosts by index (torchrun's node numbers), for the plan of
   // generation node_index_gen_; made on first use per plan.
   mutable std::unordered_map<std::string, int> node_index_;

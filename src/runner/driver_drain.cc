@@ -47,10 +47,10 @@ void Driver::start_drain(const std::string& host, const std::string& reason, boo
   if (live == 0 && listed_.find(host) < 0) return;  // not the job's: nothing to drain
   ERUN_LOG_INFO("{}: host {} drains ({}): its {} worker{} leave{} the job at the next commit, with nothing rolled "
                 "back (--drain-timeout {:g} s)",
-                who(generation_), host, reason, live, live == 1 ? "" : "s", live == 1 ? "s" : "",
+                who(rec_.generation), host, reason, live, live == 1 ? "" : "s", live == 1 ? "s" : "",
                 seconds(o_.drain_timeout));
   if (d_.events) {
-    d_.events->write("host_draining", {{"generation", json_number(generation_)},
+    d_.events->write("host_draining", {{"generation", json_number(rec_.generation)},
                                        {"host", json_string(host)},
                                        {"reason", json_string(reason)},
                                        {"workers", json_number(long{live})}});
@@ -96,7 +96,7 @@ void Driver::tend_drains(const MembershipSnapshot& m) {
       // Not in a generation yet, or out of its generation at a commit and
       // asking for the next one: its part is done.
       if (w.pending() || waiting.count(w.assignment.slot)) {
-        ERUN_LOG_INFO("{}: host {} drains; stopping this worker", who(generation_, host, w.assignment.rank), host);
+        ERUN_LOG_INFO("{}: host {} drains; stopping this worker", who(rec_.generation, host, w.assignment.rank), host);
         w.handle->terminate();
         set_state(w, WorkerState::kRetiring);
         w.retire_by = TimePoint::max();
@@ -104,7 +104,7 @@ void Driver::tend_drains(const MembershipSnapshot& m) {
         ERUN_LOG_WARN("{}: host {} drains and this worker did not leave at a commit within --drain-timeout {:g} s; "
                       "it leaves as a failure (the survivors restore the last commit): commit more often than "
                       "the notice, or raise --drain-timeout",
-                      who(generation_, host, w.assignment.rank), host, seconds(o_.drain_timeout));
+                      who(rec_.generation, host, w.assignment.rank), host, seconds(o_.drain_timeout));
         // A member's end is the generation's failure, handled as any; a
         // retiring one's breaks the survivors' collectives, who restore:
         // a failure too, counted here.
@@ -116,9 +116,9 @@ void Driver::tend_drains(const MembershipSnapshot& m) {
     if (retired_killed) count_reset("worker failed");
     if (left == 0 && !d.drained) {
       d.drained = true;
-      ERUN_LOG_INFO("{}: host {} drained in {:.2f} s", who(generation_), host, seconds(clock_.now() - d.since));
+      ERUN_LOG_INFO("{}: host {} drained in {:.2f} s", who(rec_.generation), host, seconds(clock_.now() - d.since));
       if (d_.events) {
-        d_.events->write("host_drained", {{"generation", json_number(generation_)},
+        d_.events->write("host_drained", {{"generation", json_number(rec_.generation)},
                                           {"host", json_string(host)},
                                           {"seconds", json_number(seconds(clock_.now() - d.since))}});
       }

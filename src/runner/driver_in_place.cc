@@ -91,10 +91,10 @@ void Driver::update_joined(const MembershipSnapshot& m) {
     for (auto& w : workers_) {
       if (members.count(w.assignment.slot) && !w.exit) w.fresh = false;
     }
-    ERUN_LOG_INFO("{}: all {} ranks joined in {:.3f} s", who(generation_), plan_.size(),
+    ERUN_LOG_INFO("{}: all {} ranks joined in {:.3f} s", who(rec_.generation), plan_.size(),
                   seconds(clock_.now() - gen_.published_at));
     if (d_.events) {
-      d_.events->write("generation_joined", {{"generation", json_number(generation_)},
+      d_.events->write("generation_joined", {{"generation", json_number(rec_.generation)},
                                              {"seconds", json_number(seconds(clock_.now() - gen_.published_at))}});
     }
     if (gen_.fresh) log_resumed_commit(m);
@@ -111,9 +111,9 @@ void Driver::log_resumed_commit(const MembershipSnapshot& m) {
   if (!newest) return;
   ERUN_LOG_INFO("{}: no worker of the last generation survived; training resumes at commit {} kept in host "
                 "memory on {}",
-                who(generation_), newest->commit_id, newest->slot.host);
+                who(rec_.generation), newest->commit_id, newest->slot.host);
   if (d_.events) {
-    d_.events->write("commit_restored", {{"generation", json_number(generation_)},
+    d_.events->write("commit_restored", {{"generation", json_number(rec_.generation)},
                                          {"commit", json_number(static_cast<long>(newest->commit_id))},
                                          {"host", json_string(newest->slot.host)}});
   }
@@ -288,7 +288,7 @@ void Driver::exclude_worker(Worker& w, long generation, const RankAssignment& fa
   }
   w.handle->kill();
   set_state(w, WorkerState::kExcluded);  // its exit, when it comes, is this failure, not another
-  fail_generation(Failure{generation_, failed.slot.host, failed.rank, ExitStatus{0, SIGKILL},
+  fail_generation(Failure{rec_.generation, failed.slot.host, failed.rank, ExitStatus{0, SIGKILL},
                           {fmt::format("reported by a survivor as {}", to_string(state))},
                           seconds(clock_.now() - w.started)});
 }
@@ -297,7 +297,7 @@ void Driver::tell_survivors_of_losses() {
   if (!d_.membership) return;
   std::vector<int> ranks;
   for (auto& w : workers_) {
-    if (w.loss_told || w.state == WorkerState::kRetiring || w.launched_generation > generation_) continue;
+    if (w.loss_told || w.state == WorkerState::kRetiring || w.launched_generation > rec_.generation) continue;
     if (w.state != WorkerState::kExcluded && !(w.exit && !w.exit->ok())) continue;
     // Only a rank of the current plan: a replacement that failed before it
     // was admitted holds a rank of a plan the survivors never formed.
@@ -312,13 +312,13 @@ void Driver::tell_survivors_of_losses() {
   if (ranks.empty()) return;
   std::sort(ranks.begin(), ranks.end());
   ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
-  ERUN_LOG_INFO("{}: telling the survivors that rank{} {} {} gone", who(generation_), ranks.size() == 1 ? "" : "s",
+  ERUN_LOG_INFO("{}: telling the survivors that rank{} {} {} gone", who(rec_.generation), ranks.size() == 1 ? "" : "s",
                 fmt::join(ranks, ","), ranks.size() == 1 ? "is" : "are");
   if (d_.events) {
-    d_.events->write("peers_lost", {{"generation", json_number(generation_)},
+    d_.events->write("peers_lost", {{"generation", json_number(rec_.generation)},
                                     {"ranks", json_string(fmt::format("{}", fmt::join(ranks, ",")))}});
   }
-  d_.membership->notify_peers_lost(generation_, ranks);
+  d_.membership->notify_peers_lost(rec_.generation, ranks);
 }
 
 std::optional<JoinReason> Driver::rejoin_requested(const MembershipSnapshot& m) const {
@@ -365,14 +365,14 @@ void Driver::enforce_rejoin_deadline(const MembershipSnapshot& m) {
   for (auto& w : workers_) {
     if (!w.alive() || w.left_out() || w.pending() || joined.count(w.assignment.slot)) continue;
     if (!w.joined && o_.mode != WorkerMode::kElastic) continue;  // a restart-mode program never joins
-    bool fresh = w.launched_generation == generation_;
+    bool fresh = w.launched_generation == rec_.generation;
     Duration limit = fresh ? o_.rendezvous_timeout : survivor_limit;
     if (waited < limit) continue;
     ERUN_LOG_WARN("{}: did not join generation {} within {:.0f} s ({}); killing it",
-                  who(generation_, w.assignment.slot.host, w.assignment.rank), generation_, seconds(limit),
+                  who(rec_.generation, w.assignment.slot.host, w.assignment.rank), rec_.generation, seconds(limit),
                   limit == o_.rendezvous_timeout ? "--rendezvous-timeout" : "--collective-timeout + 1 s after a failure");
     w.handle->kill();
-    fail_generation(Failure{generation_, w.assignment.slot.host, w.assignment.rank, ExitStatus{0, SIGKILL},
+    fail_generation(Failure{rec_.generation, w.assignment.slot.host, w.assignment.rank, ExitStatus{0, SIGKILL},
                             {"did not re-join within --rendezvous-timeout"}, seconds(clock_.now() - w.started)});
     set_state(w, WorkerState::kExcluded);  // killed: never planned again, even before it is reaped
   }
@@ -388,7 +388,7 @@ void Driver::retire_workers(const MembershipSnapshot& m) {
     if (w.retire_by == TimePoint::max()) continue;  // already told to stop (it may take --term-grace)
     bool rejoined = waiting.count(w.assignment.slot) > 0;
     if (rejoined || clock_.now() >= w.retire_by) {
-      ERUN_LOG_INFO("{}: slot left the job; stopping its worker", who(generation_, w.assignment.slot.host,
+      ERUN_LOG_INFO("{}: slot left the job; stopping its worker", who(rec_.generation, w.assignment.slot.host,
                                                                       w.assignment.rank));
       w.handle->terminate();
       w.retire_by = TimePoint::max();
@@ -401,7 +401,7 @@ void Driver::reconfigure(const char* reason, bool after_failure) {
   // still forming it (waiting for a peer's pair connection that will never
   // come) give it up now instead of at their connect timeout, and the others
   // re-join at their next check (their collectives fail anyway if a peer died).
-  d_.membership->notify_hosts_updated(generation_, draining_members());
+  d_.membership->notify_hosts_updated(rec_.generation, draining_members());
   HostSet usable = plannable_hosts();
   gen_.failure.reset();
   if (usable.total_slots() < std::max(o_.min_np, 1)) {
@@ -415,7 +415,7 @@ void Driver::reconfigure(const char* reason, bool after_failure) {
   // A slot no member holds goes to a ready standby (driver_standby.cc).
   Plan scratch;
   const Plan full =
-      with_standbys(without_resting(make_plan(generation_ + 1, usable, o_.max_np, &plan_with_pending(scratch))));
+      with_standbys(without_resting(make_plan(rec_.generation + 1, usable, o_.max_np, &plan_with_pending(scratch))));
   // After a failure, survivors that alone meet --min-np go on at once in a
   // generation of their own; the free slots get pending replacements. Ready
   // standbys join with them: the job stays whole.
@@ -427,15 +427,15 @@ void Driver::reconfigure(const char* reason, bool after_failure) {
       if (slot_held(r.slot, /*pending_too=*/false) || standby_ready_at(r.slot)) kept.push_back(r.slot);
     }
     if (kept.size() < full.ranks.size() && static_cast<int>(kept.size()) >= std::max(o_.min_np, 1)) {
-      next = plan_over_slots(generation_ + 1, kept);
+      next = plan_over_slots(rec_.generation + 1, kept);
       alone = true;
     }
   }
-  ++generation_;
+  ++rec_.generation;
   set_phase(JobPhase::kRunning);
   const int retired = reassign_workers(next, alone ? &full : nullptr, /*stop_retired=*/after_failure);
-  plan_ = next;
-  crash_loop_.generation_started(generation_, plan_.hosts());
+  set_plan(next);
+  crash_loop_.generation_started(rec_.generation, plan_.hosts());
   publish(/*fresh=*/false, after_failure);
   int launched = 0, pending = 0;
   for (auto& a : full.ranks) {
@@ -448,7 +448,7 @@ void Driver::reconfigure(const char* reason, bool after_failure) {
     if (alone) ++pending;
   }
   const int survivors = plan_.size() - (alone ? 0 : launched);
-  ERUN_LOG_INFO("{}: {} in place: {} ({} survivor{}, {} new, {} leaving){}", who(generation_), reason,
+  ERUN_LOG_INFO("{}: {} in place: {} ({} survivor{}, {} new, {} leaving){}", who(rec_.generation), reason,
                 plan_.to_string(), survivors, survivors == 1 ? "" : "s", launched, retired,
                 alone ? fmt::format("; the survivors go on alone, {} replacement{} join{} them once started", pending,
                                     pending == 1 ? "" : "s", pending == 1 ? "s" : "")
@@ -458,17 +458,17 @@ void Driver::reconfigure(const char* reason, bool after_failure) {
 void Driver::wait_below_min_np(const HostSet& usable) {
   if (!have_survivors()) {
     ERUN_LOG_WARN("{}: {} usable slots are fewer than --min-np {} and no worker holds a commit: waiting for hosts",
-                  who(generation_), usable.total_slots(), o_.min_np);
+                  who(rec_.generation), usable.total_slots(), o_.min_np);
     stop_then_wait();
     return;
   }
   // The survivors hold the last commit: they wait in the rendezvous.
   ERUN_LOG_WARN("{}: {} usable slot{} fewer than --min-np {}: the survivors wait in the rendezvous with their "
                 "state for up to --elastic-timeout {:.0f} s",
-                who(generation_), usable.total_slots(), usable.total_slots() == 1 ? " is" : "s are", o_.min_np,
+                who(rec_.generation), usable.total_slots(), usable.total_slots() == 1 ? " is" : "s are", o_.min_np,
                 seconds(o_.elastic_timeout));
   if (d_.events) {
-    d_.events->write("survivors_waiting", {{"generation", json_number(generation_)},
+    d_.events->write("survivors_waiting", {{"generation", json_number(rec_.generation)},
                                            {"usable_slots", json_number(long{usable.total_slots()})}});
   }
   set_phase(JobPhase::kWaitingWithSurvivors);
@@ -481,7 +481,7 @@ int Driver::reassign_workers(const Plan& next, const Plan* full, bool stop_retir
   auto stop_now = [&](Worker& w) {
     if (!stop_retired || w.state != WorkerState::kRetiring || !w.alive() || w.retire_by == TimePoint::max()) return;
     ERUN_LOG_INFO("{}: slot left the job; stopping its worker now (its generation failed)",
-                  who(generation_, w.assignment.slot.host, w.assignment.rank));
+                  who(rec_.generation, w.assignment.slot.host, w.assignment.rank));
     w.handle->terminate();
     w.retire_by = TimePoint::max();
   };
@@ -539,7 +539,7 @@ bool Driver::replacements_cover(const Plan& next) const {
 void Driver::replacement_failed(Worker& w, const std::string& why) {
   const std::string& host = w.assignment.slot.host;
   ERUN_LOG_WARN("{}: replacement {} before it joined; the job goes on with {} rank{}",
-                who(generation_, host, w.assignment.rank), why, plan_.size(), plan_.size() == 1 ? "" : "s");
+                who(rec_.generation, host, w.assignment.rank), why, plan_.size(), plan_.size() == 1 ? "" : "s");
   if (w.exit) crash_loop_.worker_failed(host, *w.exit);
   record_host_failure(host);
   set_state(w, WorkerState::kExcluded);
@@ -563,7 +563,7 @@ void Driver::grow_pending(const Plan& next) {
   }
   ERUN_LOG_INFO("{}: membership grows ({} -> {}): launched {} new worker{} ({}); the {} running ones go on until "
                 "the new ones wait in the rendezvous",
-                who(generation_), plan_.to_string(), next.to_string(), names.size(), names.size() == 1 ? "" : "s",
+                who(rec_.generation), plan_.to_string(), next.to_string(), names.size(), names.size() == 1 ? "" : "s",
                 join(names, " "), plan_.size());
 }
 
@@ -572,7 +572,7 @@ void Driver::drop_fresh_workers() {
     if (!w.fresh || !w.alive() || is_stopping(w.state)) continue;
     ERUN_LOG_INFO("{}: training is over for a rank; stopping this worker, which joined after the others' last "
                   "generation",
-                  who(generation_, w.assignment.slot.host, w.assignment.rank));
+                  who(rec_.generation, w.assignment.slot.host, w.assignment.rank));
     w.handle->terminate();
     set_state(w, WorkerState::kExcluded);
   }
@@ -607,7 +607,7 @@ bool Driver::admit_replacements(const MembershipSnapshot& m) {
   if (grows) count_reset("membership changed");
   ERUN_LOG_INFO("{}: {} replacement{} joined the rendezvous; announcing a membership change: the survivors grow "
                 "at their next commit",
-                who(generation_), ready, ready == 1 ? "" : "s");
+                who(rec_.generation), ready, ready == 1 ? "" : "s");
   reconfigure("replacements joined; growing", /*after_failure=*/false);  // announces it
   return true;
 }

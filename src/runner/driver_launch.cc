@@ -60,7 +60,7 @@ std::string Driver::rendezvous_address(const std::string& host, bool local) cons
 
 WorkerSpec Driver::make_spec(const RankAssignment& a, const std::string& master_addr, int master_port) const {
   WorkerSpec s;
-  s.generation = generation_;
+  s.generation = rec_.generation;
   s.rank = a.rank;
   s.host = a.slot.host;
   s.local_index = a.slot.local_index;
@@ -85,7 +85,7 @@ bool Driver::launch_worker(const RankAssignment& a, const std::string& master_ad
   w.state = pending ? WorkerState::kPending : WorkerState::kMember;
   w.joined = in_place;  // launched into a running elastic job: it runs the same program
   w.fresh = in_place;
-  w.launched_generation = generation_;
+  w.launched_generation = rec_.generation;
   w.started = clock_.now();
   w.standby = standby;
   auto spec = make_spec(a, master_addr, master_port);
@@ -95,7 +95,7 @@ bool Driver::launch_worker(const RankAssignment& a, const std::string& master_ad
   if (!d_.commit_dir.empty()) memory_hosts_.try_emplace(a.slot.host);
   auto h = launcher.launch(spec);
   if (!h) {
-    ERUN_LOG_ERROR("{}: launch failed: {}", who(generation_, a.slot.host, a.rank), h.message());
+    ERUN_LOG_ERROR("{}: launch failed: {}", who(rec_.generation, a.slot.host, a.rank), h.message());
     w.exit = ExitStatus{127, 0};
     if (standby) {
       standby_lost(w, "could not be launched: " + h.message());
@@ -108,14 +108,14 @@ bool Driver::launch_worker(const RankAssignment& a, const std::string& master_ad
       return false;
     }
     crash_loop_.worker_failed(a.slot.host, *w.exit);
-    fail_generation(Failure{generation_, a.slot.host, a.rank, *w.exit, {h.message()}, 0});
+    fail_generation(Failure{rec_.generation, a.slot.host, a.rank, *w.exit, {h.message()}, 0});
     workers_.push_back(std::move(w));
     return false;
   }
   w.handle = std::move(h.value());
   ++launched_;
   if (d_.output) d_.output->add(w.key, a.rank, w.handle->take_stdout(), w.handle->take_stderr());
-  ERUN_LOG_DEBUG("{}: launched (pid {})", who(generation_, a.slot.host, a.rank), w.handle->pid());
+  ERUN_LOG_DEBUG("{}: launched (pid {})", who(rec_.generation, a.slot.host, a.rank), w.handle->pid());
   workers_.push_back(std::move(w));
   return true;
 }
@@ -127,8 +127,8 @@ int Driver::dry_run(std::FILE* out) {
                  usable.total_slots(), o_.min_np);
     return 1;
   }
-  plan_ = make_plan(1, usable, o_.max_np, nullptr);
-  generation_ = 1;
+  rec_.generation = 1;
+  set_plan(make_plan(1, usable, o_.max_np, nullptr));
   std::fprintf(out, "job %s, generation 1: %s\n", d_.job_id.c_str(), plan_.to_string().c_str());
   std::string master_addr = master_address();
   std::set<std::string> agents;

@@ -1,9 +1,10 @@
-// DriverRecord: the part of a driver's state that must outlive it, in one
-// value: what a new driver takes the job over from (the job record,
-// job_record.h, is this plus how to reach the job: its secret, agents and
-// command). Driver::record() makes it from the parts that own each field,
-// and a takeover gives it back to them (Driver::take_over()); nothing else
-// crosses from one driver to the next.
+// DriverRecord: the driver's state that must outlive it, in one value, and
+// the running driver's storage of it: the driver keeps its generation,
+// counts and plan here, HostManager the hosts' histories and CommitReplicas
+// its keepers, and what the driver holds beside (its Plan's ranks, the
+// blacklist now) is derived from it. A new driver starts from the record
+// its job record (job_record.h: this plus how to reach the job) carries
+// over, and goes on from there.
 #pragma once
 
 #include <map>
@@ -19,13 +20,14 @@ struct DriverRecord {
   long generation = 0;        // the last published generation: the next one goes on after it
   int resets = 0;             // --reset-limit counts on
   int restarts = 0;           // generations started after the first (TORCHELASTIC_RESTART_COUNT)
-  bool in_place = false;      // the workers joined the rendezvous (erun's library): they re-join in place
-  std::vector<SlotKey> plan;  // the running plan's slots, rank i at index i
-  // The hosts' failures and blacklistings (HostManager::history()), each
-  // blacklisting's time left as of the record (to the millisecond).
-  std::vector<HostHistory> hosts;
+  // A member of the running plan joined the rendezvous (the workers use
+  // erun's library: they re-join in place); of the workers, as of the
+  // driver's last step.
+  bool in_place = false;
+  std::vector<SlotKey> plan;  // the running plan's slots, rank i at index i (Driver::plan() derives from it)
+  HostHistories hosts;        // the hosts' failures and blacklistings (HostManager's)
   // The commit replicas' keepers (--commit-replicas): keeper host -> the
-  // holder host that pushes to it (CommitReplicas::keepers()).
+  // holder host that pushes to it (CommitReplicas's).
   std::map<std::string, std::string> keepers;
   bool operator==(const DriverRecord&) const = default;
 };

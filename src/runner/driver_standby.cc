@@ -69,7 +69,7 @@ void Driver::tend_standbys(const MembershipSnapshot& m) {
   // --max-np), whose agent may keep a commit replica too (--commit-replicas):
   // a standby promoted there after the members' hosts are lost whole adopts
   // it at its first sync. Listed again only when the hosts or the plan changed.
-  const auto key = std::make_pair(discovered_epoch_, generation_);
+  const auto key = std::make_pair(discovered_epoch_, rec_.generation);
   if (standby_scan_key_ == key && !standby_scan_found_) return;
   standby_scan_key_ = key;
   standby_scan_found_ = false;
@@ -90,7 +90,7 @@ void Driver::tend_standbys(const MembershipSnapshot& m) {
         if (now < b->second.until) continue;
         b->second.active = false;
       }
-      RankAssignment a = plan_over_slots(generation_, {slot}).ranks.front();
+      RankAssignment a = plan_over_slots(rec_.generation, {slot}).ranks.front();
       a.rank = -1;  // none yet: its rank comes with the plan that promotes it
       if (launch_worker(a, plan_.ranks.empty() ? h->name : plan_.ranks.front().slot.host, 0, /*in_place=*/true,
                         /*pending=*/true, /*standby=*/true)) {
@@ -165,7 +165,7 @@ void Driver::standbys_overtake(const MembershipSnapshot& m) {
     if (!s) return;
     ERUN_LOG_INFO("{}: standby {}[{}] is ready before the worker starting on {}[{}]: it takes that place, the other "
                   "is stopped",
-                  who(generation_), s->assignment.slot.host, s->assignment.slot.local_index, r.assignment.slot.host,
+                  who(rec_.generation), s->assignment.slot.host, s->assignment.slot.local_index, r.assignment.slot.host,
                   r.assignment.slot.local_index);
     r.handle->terminate();
     set_state(r, WorkerState::kStopping);
@@ -179,10 +179,10 @@ void Driver::standbys_overtake(const MembershipSnapshot& m) {
 
 void Driver::promote_standby(Worker& w, const char* why) {
   w.standby = false;
-  ERUN_LOG_INFO("{}: standby {}[{}] promoted ({}): it joins without starting again", who(generation_),
+  ERUN_LOG_INFO("{}: standby {}[{}] promoted ({}): it joins without starting again", who(rec_.generation),
                 w.assignment.slot.host, w.assignment.slot.local_index, why);
   if (d_.events) {
-    d_.events->write("standby_promoted", {{"generation", json_number(generation_)},
+    d_.events->write("standby_promoted", {{"generation", json_number(rec_.generation)},
                                           {"host", json_string(w.assignment.slot.host)},
                                           {"slot", json_number(long{w.assignment.slot.local_index})},
                                           {"reason", json_string(why)}});

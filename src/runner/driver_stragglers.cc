@@ -30,24 +30,24 @@ void Driver::watch_stragglers(const MembershipSnapshot& m) {
   for (auto& [slot, rest] : resting_) {
     if (rest.active && clock_.now() >= rest.until) {
       rest.active = false;
-      ERUN_LOG_INFO("{}: {}[{}]: its straggler cooldown ended; the slot may grow the job again", who(generation_),
+      ERUN_LOG_INFO("{}: {}[{}]: its straggler cooldown ended; the slot may grow the job again", who(rec_.generation),
                     slot.host, slot.local_index);
       ++discovered_epoch_;  // the plans see the slot again
     }
   }
   if (o_.stragglers == StragglerPolicy::kOff || !d_.membership) return;
-  if (gen_.complete && stragglers_gen_ != generation_) {
+  if (gen_.complete && stragglers_gen_ != rec_.generation) {
     std::vector<SlotKey> members;
     for (auto& r : plan_.ranks) members.push_back(r.slot);
-    stragglers_.start_generation(generation_, members);
-    stragglers_gen_ = generation_;
+    stragglers_.start_generation(rec_.generation, members);
+    stragglers_gen_ = rec_.generation;
   }
   for (auto& t : m.timings) stragglers_.add(t);
   for (const Straggler& s : stragglers_.take_found()) handle_straggler(s);
 }
 
 void Driver::handle_straggler(const Straggler& s) {
-  if (s.generation != generation_) return;
+  if (s.generation != rec_.generation) return;
   const RankAssignment* a = plan_.find(s.slot);
   if (!a) return;
   std::string verdict;
@@ -71,10 +71,10 @@ void Driver::handle_straggler(const Straggler& s) {
   }
   ERUN_LOG_WARN("{}: straggler: it computes {:.1f}x as long as the others in {} commit intervals in a row (an "
                 "interval takes {:.2f} s, about {:.2f} s without it); {}",
-                who(generation_, s.slot.host, a->rank), s.factor, o_.straggler_window, s.interval_s, s.without_s,
+                who(rec_.generation, s.slot.host, a->rank), s.factor, o_.straggler_window, s.interval_s, s.without_s,
                 verdict);
   if (d_.events) {
-    d_.events->write("straggler", {{"generation", json_number(generation_)},
+    d_.events->write("straggler", {{"generation", json_number(rec_.generation)},
                                    {"host", json_string(s.slot.host)},
                                    {"slot", json_number(long{s.slot.local_index})},
                                    {"rank", json_number(long{a->rank})},
@@ -142,10 +142,10 @@ bool Driver::preflight_holds_back(Worker& w, const JoinRequest& j, const Members
   }
   if (check.empty()) return false;
   const double rest_s = rest_slot(w.assignment.slot);
-  ERUN_LOG_WARN("{}: held back: {}; its slot is tried again in {:.0f} s", who(generation_, host, w.assignment.rank),
+  ERUN_LOG_WARN("{}: held back: {}; its slot is tried again in {:.0f} s", who(rec_.generation, host, w.assignment.rank),
                 why, rest_s);
   if (d_.events) {
-    d_.events->write("preflight_held_back", {{"generation", json_number(generation_)},
+    d_.events->write("preflight_held_back", {{"generation", json_number(rec_.generation)},
                                              {"host", json_string(host)},
                                              {"slot", json_number(long{w.assignment.slot.local_index})},
                                              {"check", json_string(check)},

@@ -11,27 +11,14 @@
 
 namespace erun {
 
-DriverRecord Driver::record() const {
-  DriverRecord r;
-  r.generation = generation_;
-  r.resets = resets_;
-  r.restarts = restarts_;
-  r.in_place = members_joined();
-  for (auto& a : plan_.ranks) r.plan.push_back(a.slot);
-  r.hosts = hosts_.history();
-  if (replicas_) r.keepers = replicas_->keepers();
-  return r;
-}
-
 void Driver::take_over(DriverDeps::Takeover& t) {
-  const DriverRecord& r = t.record;
-  hosts_.restore(r.hosts);
-  if (replicas_) replicas_->restore(r.keepers);
+  // rec_ is the record already (the constructor took it): the hosts'
+  // histories and the keepers go on from it.
   if (auto bl = hosts_.blacklisted(); !bl.empty()) {
     ERUN_LOG_WARN("job {}: still blacklisted, as the job record says: {}", d_.job_id, join(bl, ","));
   }
   auto in_plan = [&](const AdoptedWorker& a) {
-    return std::find(r.plan.begin(), r.plan.end(), SlotKey{a.host, a.slot}) != r.plan.end();
+    return std::find(rec_.plan.begin(), rec_.plan.end(), SlotKey{a.host, a.slot}) != rec_.plan.end();
   };
   if (std::any_of(t.workers.begin(), t.workers.end(), in_plan)) {
     adopt(t);
@@ -39,18 +26,14 @@ void Driver::take_over(DriverDeps::Takeover& t) {
   }
   for (auto& a : t.workers) a.handle->kill();  // none holds a rank of the plan
   // Nothing left to adopt: the job starts anew, its generations going on
-  // after the record's (the rendezvous resumed there).
-  generation_ = r.generation;
-  resets_ = r.resets;
-  restarts_ = r.restarts;
+  // after the record's (the rendezvous resumed there), with no plan running.
+  set_plan(Plan{});
+  rec_.in_place = false;
 }
 
 void Driver::adopt(DriverDeps::Takeover& t) {
-  const DriverRecord& from = t.record;
-  generation_ = from.generation;
-  resets_ = from.resets;
-  restarts_ = from.restarts;
-  plan_ = plan_over_slots(generation_, from.plan);
+  const bool in_place = rec_.in_place;  // as its last driver left it
+  set_plan(plan_over_slots(rec_.generation, rec_.plan));
   recent_plans_.push_back(plan_);
   int kept = 0, ended = 0, strays = 0;
   std::set<std::string> hosts;
@@ -74,7 +57,7 @@ void Driver::adopt(DriverDeps::Takeover& t) {
     } else {
       w.assignment = *r;
       w.state = WorkerState::kMember;
-      w.joined = from.in_place;  // it ran in place under the driver before
+      w.joined = in_place;  // it ran in place under the driver before
       ++kept;
       hosts.insert(a.host);
       if (w.handle->poll()) ++ended;
@@ -82,20 +65,20 @@ void Driver::adopt(DriverDeps::Takeover& t) {
     if (d_.output) d_.output->add(w.key, w.assignment.rank, w.handle->take_stdout(), w.handle->take_stderr());
     workers_.push_back(std::move(w));
   }
-  crash_loop_.generation_started(generation_, plan_.hosts());
+  crash_loop_.generation_started(rec_.generation, plan_.hosts());
   // Workers the record does not know to have joined (its driver died before
   // they did) are marked joined when they come to the rendezvous
   // (update_joined()), and then re-form in place.
-  gen_.complete = from.in_place;
+  gen_.complete = in_place;
   gen_.published_at = clock_.now();
   set_phase(JobPhase::kRunning);
   ERUN_LOG_WARN("job {}: driver term {} took the job over at generation {}: {} worker(s) on {} host(s) go on in place "
                 "(their processes and ranks kept; they re-join at their next commit){}",
-                d_.job_id, t.term, generation_, kept, hosts.size(),
+                d_.job_id, t.term, rec_.generation, kept, hosts.size(),
                 strays > 0 ? fmt::format("; {} worker(s) outside the plan stopped", strays) : "");
   if (d_.events) {
     d_.events->write("driver_attached", {{"term", json_number(static_cast<long>(t.term))},
-                                         {"generation", json_number(generation_)},
+                                         {"generation", json_number(rec_.generation)},
                                          {"workers", json_number(long{kept})},
                                          {"hosts", json_number(static_cast<long>(hosts.size()))}});
   }

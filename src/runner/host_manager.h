@@ -2,7 +2,8 @@
 // `blacklist_after` consecutive generations is blacklisted for a cooldown that
 // starts at cooldown_min and doubles with each blacklisting, up to
 // cooldown_max; after it the host is tried again. A generation in which the
-// host's workers ran without failing resets its count. Driver thread only.
+// host's workers ran without failing resets its count. The histories are
+// the driver's record's (DriverRecord::hosts). Driver thread only.
 #pragma once
 
 #include <map>
@@ -20,57 +21,49 @@ struct BlacklistPolicy {
   Duration cooldown_max = std::chrono::seconds(300);
 };
 
-// One host's failure history, as the job record carries it across a
-// takeover: the time left of a blacklisting rather than a time point (the
-// next driver's clock is another).
+// One host's failures and blacklistings: its part of the driver's record
+// (DriverRecord::hosts), where HostManager keeps it.
 struct HostHistory {
-  std::string host;
   int failures_in_a_row = 0;
   int times_blacklisted = 0;
-  Duration blacklisted_for{};  // what is left of its blacklisting (zero: none)
+  // When its last blacklisting ends, on the driver's clock (the job record's
+  // text holds it as a wall-clock time: the next driver's clock is another).
+  TimePoint blacklisted_until{};
   bool operator==(const HostHistory&) const = default;
 };
+// Host name -> its history; a host with no failure in a row and never
+// blacklisted has none.
+using HostHistories = std::map<std::string, HostHistory>;
 
 class HostManager {
  public:
-  HostManager(const Clock& clock, BlacklistPolicy policy) : clock_(clock), policy_(policy) {}
+  // The hosts' histories live in `history` (the driver's record): a job
+  // taken over goes on from the counts and blacklistings it holds.
+  HostManager(const Clock& clock, BlacklistPolicy policy, HostHistories& history)
+      : clock_(clock), policy_(policy), history_(history) {}
 
   // Returns true when this failure blacklisted the host.
   bool record_failure(const std::string& host);
   void record_success(const std::string& host);
-  // Bumped whenever a count or a blacklisting changes (the job record's cue).
-  long changes() const { return changes_; }
   bool is_blacklisted(const std::string& host) const;
   // When a blacklisted host may be used again.
   TimePoint blacklisted_until(const std::string& host) const;
   // The discovered hosts minus the blacklisted ones, order kept.
   HostSet usable(const HostSet& discovered) const;
   std::vector<std::string> blacklisted() const;
-  // Every host with a failure or a blacklisting behind it, by name.
-  std::vector<HostHistory> history() const;
-  // A taken-over job's history (history() of the driver before): the
-  // counts go on, and a blacklisting ends when it would have.
-  void restore(const std::vector<HostHistory>& h);
   // Changes whenever usable() may give a different answer for the same input:
   // a new blacklisting, or a cooldown that ended.
   struct Epoch {
-    long blacklistings = 0;
+    long blacklistings = 0;  // the hosts' blacklistings so far
     size_t blacklisted_now = 0;
     bool operator==(const Epoch&) const = default;
   };
   Epoch epoch() const;
 
  private:
-  struct Record {
-    int failures_in_a_row = 0;
-    int times_blacklisted = 0;
-    TimePoint until{};
-  };
   const Clock& clock_;
   BlacklistPolicy policy_;
-  std::map<std::string, Record> records_;
-  long blacklistings_ = 0;
-  long changes_ = 0;
+  HostHistories& history_;
 };
 
 }  // namespace erun

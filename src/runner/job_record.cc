@@ -62,7 +62,11 @@ bool to_long(std::string_view s, long& v) { return parse_int(std::string(s), v);
 
 }  // namespace
 
-std::string encode_record(const JobRecord& r) {
+RecordClock RecordClock::now() {
+  return RecordClock{std::chrono::steady_clock::now(), std::chrono::system_clock::now()};
+}
+
+std::string encode_record(const JobRecord& r, const RecordClock& clock) {
   std::string out = std::string(kMagic) + "\n";
   auto line = [&](std::string_view key, std::string_view value) {
     out += fmt::format("{} {}\n", key, escape(value));
@@ -83,16 +87,23 @@ std::string encode_record(const JobRecord& r) {
   line("in_place", r.in_place ? "1" : "0");
   for (auto& s : r.plan) out += fmt::format("slot {} {}\n", escape(s.host), s.local_index);
   for (auto& a : r.agents) out += fmt::format("agent {} {}\n", escape(a.host), escape(a.attach_path));
-  for (auto& h : r.hosts) {
-    out += fmt::format("host {} {} {} {}\n", escape(h.host), h.failures_in_a_row, h.times_blacklisted,
-                       std::chrono::duration_cast<std::chrono::milliseconds>(h.blacklisted_for).count());
+  using std::chrono::milliseconds;
+  for (auto& [host, h] : r.hosts) {
+    // When its blacklisting ends, in milliseconds of the wall clock since
+    // the epoch (0: never blacklisted).
+    long long until = 0;
+    if (h.blacklisted_until != TimePoint{}) {
+      until = std::chrono::duration_cast<milliseconds>((clock.wall + (h.blacklisted_until - clock.steady)).time_since_epoch())
+                  .count();
+    }
+    out += fmt::format("host {} {} {} {}\n", escape(host), h.failures_in_a_row, h.times_blacklisted, until);
   }
   for (auto& [keeper, holder] : r.keepers) out += fmt::format("keeper {} {}\n", escape(keeper), escape(holder));
   out += "end\n";
   return out;
 }
 
-Result<JobRecord> decode_record(std::string_view text) {
+Result<JobRecord> decode_record(std::string_view text, const RecordClock& clock) {
   using R = Result<JobRecord>;
   JobRecord r;
   size_t at = 0;
@@ -136,10 +147,17 @@ Result<JobRecord> decode_record(std::string_view text) {
     } else if (key == "host") {
       long fails = 0, times = 0, ms = 0;
       ok = values.size() == 4 && to_long(values[1], fails) && to_long(values[2], times) && to_long(values[3], ms) &&
-           fails >= 0 && times >= 0 && ms >= 0 && fails < (1 << 30) && times < (1 << 30);
+           fails >= 0 && times >= 0 && ms >= 0 && fails < (1 << 30) && times < (1 << 30) &&
+           ms < (1L << 50);
+      ok = ok && !r.hosts.count(values[0]);
       if (ok) {
-        r.hosts.push_back(HostHistory{values[0], static_cast<int>(fails), static_cast<int>(times),
-                                      std::chrono::milliseconds(ms)});
+        HostHistory& h = r.hosts[values[0]];
+        h.failures_in_a_row = static_cast<int>(fails);
+        h.times_blacklisted = static_cast<int>(times);
+        if (ms > 0) {
+          const std::chrono::system_clock::time_point until{std::chrono::milliseconds(ms)};
+          h.blacklisted_until = clock.steady + std::chrono::duration_cast<Duration>(until - clock.wall);
+        }
       }
     } else if (key == "keeper") {
       ok = values.size() == 2 && r.keepers.emplace(values[0], values[1]).second;

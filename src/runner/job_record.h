@@ -6,6 +6,7 @@
 // JobStore: one per driver, from its thread only.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -14,6 +15,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/clock.h"
 #include "common/fd.h"
 #include "common/status.h"
 #include "rendezvous/membership.h"
@@ -43,10 +45,20 @@ struct JobRecord : DriverRecord {
   bool operator==(const JobRecord&) const = default;
 };
 
+// One instant on the driver's clock (steady) and on the wall clock: the
+// record's time points are on the driver's clock, its text holds them as
+// wall-clock times, and a driver on another machine, or started later,
+// reads them back onto its own clock.
+struct RecordClock {
+  TimePoint steady;
+  std::chrono::system_clock::time_point wall;
+  static RecordClock now();
+};
+
 // Text, one field a line ("key value", bytes outside '!'..'~' and '%' as
 // %XX), the first line naming the format; decode refuses anything else.
-std::string encode_record(const JobRecord& r);
-Result<JobRecord> decode_record(std::string_view text);
+std::string encode_record(const JobRecord& r, const RecordClock& at = RecordClock::now());
+Result<JobRecord> decode_record(std::string_view text, const RecordClock& at = RecordClock::now());
 
 // The name of a job run without --job-name: "job-" and 12 hex digits of a
 // hash of the user, the directory and erun's arguments, so the same command

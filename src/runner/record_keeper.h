@@ -28,13 +28,13 @@ class RecordKeeper {
     auto now = std::chrono::steady_clock::now();
     uint64_t version = 0;
     for (Launcher* launcher : launchers_) version += launcher->attach_paths_version();
-    DriverRecord now_kept = d.record();
-    // A new generation, plan, agent or keeper is written at once; the
-    // blacklistings' time left, which changes every moment, once a second.
-    const bool changed = now_kept.generation != last_.generation || now_kept.resets != last_.resets ||
-                         now_kept.restarts != last_.restarts || now_kept.plan != last_.plan ||
-                         now_kept.keepers != last_.keepers || version != version_ ||
-                         (!last_.in_place && now_kept.in_place) || d.host_changes() != host_changes_;
+    const DriverRecord& now_kept = d.record();
+    // A change of the record (a generation, a plan, a count, a host's
+    // history, a keeper) or of the agents is written at once; the rest is the
+    // heartbeat, once a second. The record holds no time left to change by
+    // itself: a blacklisting's end is a time point (the text holds it as a
+    // wall-clock time).
+    const bool changed = version != version_ || now_kept != static_cast<const DriverRecord&>(last_);
     if (!changed && now < next_) return;
     next_ = now + std::chrono::seconds(1);
     // The heartbeat a standby driver watches (erun --standby --attach), and
@@ -43,9 +43,8 @@ class RecordKeeper {
     store_.touch();
     if (!store_.holds_lock()) (void)store_.try_lock();
     version_ = version;
-    host_changes_ = d.host_changes();
     JobRecord r = base_;
-    static_cast<DriverRecord&>(r) = std::move(now_kept);
+    static_cast<DriverRecord&>(r) = now_kept;
     for (Launcher* launcher : launchers_) {
       for (auto& [host, path] : launcher->attach_paths()) r.agents.push_back({host, path});
     }
@@ -68,7 +67,6 @@ class RecordKeeper {
   std::vector<Launcher*> launchers_;  // those that exist
   JobRecord last_;
   uint64_t version_ = 0;
-  long host_changes_ = 0;
   std::chrono::steady_clock::time_point next_{};
   bool warned_ = false;
 };

@@ -68,13 +68,18 @@ std::vector<std::pair<std::string, std::string>> plan_keepers(const std::vector<
 CommitReplicas::CommitReplicas(int replicas, std::string secret,
                                std::function<std::string(const std::string&)> commit_dir,
                                std::function<std::string(const std::string&)> address,
-                               std::function<Launcher&(const std::string&)> launcher_for, Clock& clock)
+                               std::function<Launcher&(const std::string&)> launcher_for, Clock& clock,
+                               std::map<std::string, std::string>& holders)
     : replicas_(replicas),
       secret_(std::move(secret)),
       commit_dir_(std::move(commit_dir)),
       address_(std::move(address)),
       launcher_for_(std::move(launcher_for)),
-      clock_(clock) {}
+      clock_(clock),
+      holders_(holders) {
+  // A job taken over: the keepers its record names are this plan's own.
+  for (auto& [host, holder] : holders_) keepers_[host];
+}
 
 void CommitReplicas::back_off(Keeper& k, TimePoint now) {
   k.backoff = k.backoff == Duration{} ? Duration(kRetry) : std::min<Duration>(k.backoff * 2, kMaxRetry);
@@ -89,9 +94,7 @@ void CommitReplicas::drop(const std::string& host, Keeper& k) {
 
 void CommitReplicas::plan(const std::vector<std::string>& holders, const std::vector<std::string>& spares) {
   if (holders.empty()) return;  // nothing to plan from: the keepers keep what they have
-  std::map<std::string, std::string> current;
-  for (auto& [host, k] : keepers_) current[host] = k.holder;
-  const auto plan = plan_keepers(holders, spares, replicas_, current);
+  const auto plan = plan_keepers(holders, spares, replicas_, holders_);
   std::vector<std::string> words;
   for (auto& [keeper, holder] : plan) words.push_back(fmt::format("{} from {}", keeper, holder));
   const int hosts = static_cast<int>(holders.size() + plan.size());
@@ -133,26 +136,18 @@ void CommitReplicas::plan(const std::vector<std::string>& holders, const std::ve
     // replicas stay, should it come back while they are the newest).
     ERUN_LOG_DEBUG("commit replicas: {} keeps no more", it->first);
     launcher_for_(it->first).unkeep(it->first, /*forget=*/false);
+    holders_.erase(it->first);
     it = keepers_.erase(it);
   }
   for (auto& [host, holder] : wanted) {
     Keeper& k = keepers_[host];
     k.retiring = false;
-    if (k.holder != holder) {
+    std::string& now_from = holders_[host];
+    if (now_from != holder) {
       drop(host, k);
-      k.holder = holder;
+      now_from = holder;
     }
   }
-}
-
-std::map<std::string, std::string> CommitReplicas::keepers() const {
-  std::map<std::string, std::string> out;
-  for (auto& [host, k] : keepers_) out[host] = k.holder;
-  return out;
-}
-
-void CommitReplicas::restore(const std::map<std::string, std::string>& keepers) {
-  for (auto& [host, holder] : keepers) keepers_[host].holder = holder;
 }
 
 void CommitReplicas::tick() {
@@ -165,6 +160,7 @@ void CommitReplicas::tick() {
     if (now >= it->second.retire_at) {
       ERUN_LOG_DEBUG("commit replicas: {} keeps no more, and its replicas go", it->first);
       launcher_for_(it->first).unkeep(it->first, /*forget=*/true);
+      holders_.erase(it->first);
       it = keepers_.erase(it);
     } else {
       ++it;
@@ -172,7 +168,7 @@ void CommitReplicas::tick() {
   }
   for (auto& [host, k] : keepers_) {
     if (k.retiring) continue;
-    const std::string& holder = k.holder;
+    const std::string& holder = holders_.at(host);
     Launcher& launcher = launcher_for_(host);
     if (!k.asked) {
       if (now < k.retry_at) continue;

@@ -36,10 +36,15 @@ class CommitReplicas {
   // `commit_dir(host)`: the host's ERUN_COMMIT_DIR; `address(host)`: where
   // the other hosts reach it (its name, or for an agent this machine runs,
   // the address its workers advertise); `launcher_for(host)`: the launcher
-  // of its agent.
+  // of its agent. `holders` (the driver's record's keepers) is where the
+  // keepers and their holders live (keeper host -> its holder): a job taken
+  // over starts with the keepers its record names (their agents keep what
+  // they hold; KEEP is asked again and answered with the running keeper's
+  // port).
   CommitReplicas(int replicas, std::string secret, std::function<std::string(const std::string&)> commit_dir,
                  std::function<std::string(const std::string&)> address,
-                 std::function<Launcher&(const std::string&)> launcher_for, Clock& clock);
+                 std::function<Launcher&(const std::string&)> launcher_for, Clock& clock,
+                 std::map<std::string, std::string>& holders);
 
   // Plans the keepers anew, for `holders` (the hosts of the running plan)
   // and `spares` (the usable hosts without a worker, in discovery order):
@@ -60,15 +65,11 @@ class CommitReplicas {
   std::map<std::string, std::string> serving() const;
   // Every keeper (host -> its holder), retiring ones too: what the job
   // record carries to the next driver.
-  std::map<std::string, std::string> keepers() const;
-  // A job taken over: the keepers its record names are this plan's own
-  // (their agents keep what they hold; KEEP is asked again and answered
-  // with the running keeper's port). Before the first plan().
-  void restore(const std::map<std::string, std::string>& keepers);
+  const std::map<std::string, std::string>& keepers() const { return holders_; }
 
  private:
+  // A keeper's state beside its holder (in holders_, under the same host).
   struct Keeper {
-    std::string holder;      // who should push to it
     bool asked = false;      // KEEP sent
     TimePoint kept_at{};     // when KEEP was last sent (repeated every kRetry)
     int port = 0;            // its answer
@@ -89,7 +90,8 @@ class CommitReplicas {
   std::function<std::string(const std::string&)> address_;
   std::function<Launcher&(const std::string&)> launcher_for_;
   Clock& clock_;
-  std::map<std::string, Keeper> keepers_;
+  std::map<std::string, std::string>& holders_;  // keeper -> its holder
+  std::map<std::string, Keeper> keepers_;         // the same hosts
   std::set<std::string> last_holders_;
   std::string last_said_;  // the last plan logged
 };

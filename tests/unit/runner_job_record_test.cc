@@ -11,11 +11,18 @@
 #include <fstream>
 #include <thread>
 
+#include "common/clock.h"
+#include "runner/host_manager.h"
 #include "runner/job_record.h"
 #include "support/erun_process.h"
 
 namespace erun {
 namespace {
+
+// An instant on a driver's clock and the wall clock, whole milliseconds
+// apart from the record's time points (the text's unit).
+const RecordClock kAt{TimePoint(std::chrono::hours(5)),
+                      std::chrono::system_clock::time_point(std::chrono::milliseconds(1'800'000'000'000))};
 
 JobRecord sample() {
   JobRecord r;
@@ -35,14 +42,14 @@ JobRecord sample() {
   r.in_place = true;
   r.plan = {{"node a", 0}, {"node a", 1}, {"b", 0}};
   r.agents = {{"node a", "/tmp/erun-agent-x/attach"}, {"b", ""}};
-  r.hosts = {{"node a", 1, 2, std::chrono::milliseconds(29500)}, {"c", 0, 1, Duration::zero()}};
+  r.hosts = {{"node a", {1, 2, kAt.steady + std::chrono::milliseconds(29500)}}, {"c", {0, 1, {}}}};
   r.keepers = {{"c", "node a"}, {"d", "b"}};
   return r;
 }
 
 TEST(JobRecord, EveryFieldSurvivesTheTextForm) {
   JobRecord r = sample();
-  auto back = decode_record(encode_record(r));
+  auto back = decode_record(encode_record(r, kAt), kAt);
   ASSERT_TRUE(back.is_ok()) << back.message();
   EXPECT_EQ(back.value(), r);
   EXPECT_EQ(encode_record(r).find('\0'), std::string::npos);
@@ -67,12 +74,51 @@ TEST(JobRecord, DamagedOrForeignTextIsRefused) {
   short_host.replace(short_host.find("host c 0 1 0"), 12, "host c 0 1");
   EXPECT_FALSE(decode_record(short_host).is_ok());
   EXPECT_FALSE(decode_record(good.substr(0, good.size() - 4) + "keeper c b\nend\n").is_ok()) << "c kept twice";
+  EXPECT_FALSE(decode_record(good.substr(0, good.size() - 4) + "host c 0 1 0\nend\n").is_ok()) << "c's history twice";
   std::string short_keeper = good;
   short_keeper.replace(short_keeper.find("keeper d b"), 10, "keeper d");
   EXPECT_FALSE(decode_record(short_keeper).is_ok());
   std::string no_secret = good;
   no_secret.erase(no_secret.find("secret "), no_secret.find('\n', no_secret.find("secret ")) - no_secret.find("secret ") + 1);
   EXPECT_FALSE(decode_record(no_secret).is_ok());
+}
+
+// A takeover carries the hosts' histories over: the next driver, on
+// another clock and some seconds later, keeps a blacklisting until it
+// would have ended, and the cooldowns go on doubling from the counts.
+TEST(JobRecord, HostHistoriesCarryBlacklistingsAndCountsToTheNextDriverAndItsClock) {
+  const BlacklistPolicy policy{2, std::chrono::seconds(10), std::chrono::seconds(300)};
+  FakeClock clock;
+  JobRecord r = sample();
+  r.hosts.clear();
+  HostManager m(clock, policy, r.hosts);
+  m.record_failure("a");
+  m.record_failure("a");  // blacklisted for 10 s
+  m.record_failure("b");
+  const RecordClock written{clock.now(), kAt.wall};
+  const std::string text = encode_record(r, written);
+  EXPECT_NE(text.find("host a 0 1 1800000010000\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("host b 1 0 0\n"), std::string::npos) << text;
+
+  FakeClock other;  // the next driver's: another origin
+  other.advance(std::chrono::hours(7));
+  auto back = decode_record(text, RecordClock{other.now(), kAt.wall + std::chrono::seconds(4)});  // read 4 s later
+  ASSERT_TRUE(back.is_ok()) << back.message();
+  JobRecord next_record = back.value();
+  HostManager next(other, policy, next_record.hosts);
+  EXPECT_TRUE(next.is_blacklisted("a"));
+  EXPECT_EQ(next.usable(HostSet({{"a", 1}, {"b", 1}})).to_string(), "b:1");
+  other.advance(std::chrono::milliseconds(5999));
+  EXPECT_TRUE(next.is_blacklisted("a"));
+  other.advance(std::chrono::milliseconds(2));
+  EXPECT_FALSE(next.is_blacklisted("a")) << "its 10 s are over";
+  EXPECT_TRUE(next.record_failure("b")) << "b's first failure counted";
+  next.record_failure("a");
+  EXPECT_TRUE(next.record_failure("a"));  // a's second blacklisting: 20 s
+  other.advance(std::chrono::seconds(19));
+  EXPECT_TRUE(next.is_blacklisted("a"));
+  other.advance(std::chrono::seconds(2));
+  EXPECT_FALSE(next.is_blacklisted("a"));
 }
 
 TEST(JobRecord, TheNameFollowsDirectoryAndCommand) {

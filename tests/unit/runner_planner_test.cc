@@ -61,7 +61,8 @@ TEST(Planner, SameLayoutIgnoresGeneration) {
 
 TEST(HostManager, BlacklistsAfterConsecutiveFailuresWithDoublingCooldown) {
   FakeClock clock;
-  HostManager m(clock, BlacklistPolicy{2, std::chrono::seconds(10), std::chrono::seconds(25)});
+  HostHistories record;
+  HostManager m(clock, BlacklistPolicy{2, std::chrono::seconds(10), std::chrono::seconds(25)}, record);
   EXPECT_FALSE(m.record_failure("a"));
   m.record_success("a");  // resets the streak
   EXPECT_FALSE(m.record_failure("a"));
@@ -89,42 +90,25 @@ TEST(HostManager, BlacklistsAfterConsecutiveFailuresWithDoublingCooldown) {
   EXPECT_TRUE(m.blacklisted().empty());
 }
 
-// A takeover carries the history over: the next driver (its own clock)
-// keeps a blacklisting for the time it had left, and the cooldowns go on
-// doubling from the counts.
-TEST(HostManager, HistoryCarriesBlacklistingsAndCountsToTheNextDriver) {
+// The histories live in the map the manager was given (the driver's
+// record): a host's failures and blacklistings, and nothing for a host with
+// neither.
+TEST(HostManager, KeepsTheHostsHistoriesInTheRecordItWasGiven) {
   FakeClock clock;
-  const BlacklistPolicy policy{2, std::chrono::seconds(10), std::chrono::seconds(300)};
-  HostManager m(clock, policy);
-  EXPECT_TRUE(m.history().empty());
-  const long before = m.changes();
+  HostHistories record;
+  HostManager m(clock, BlacklistPolicy{2, std::chrono::seconds(10), std::chrono::seconds(300)}, record);
   m.record_failure("a");
   m.record_failure("a");  // blacklisted for 10 s
   m.record_failure("b");
   m.record_success("c");  // nothing to record
-  EXPECT_GT(m.changes(), before);
-  clock.advance(std::chrono::seconds(4));
-  auto h = m.history();
-  ASSERT_EQ(h.size(), 2u);
-  EXPECT_EQ(h[0], (HostHistory{"a", 0, 1, std::chrono::seconds(6)}));
-  EXPECT_EQ(h[1], (HostHistory{"b", 1, 0, Duration::zero()}));
-
-  FakeClock other;
-  other.advance(std::chrono::hours(5));
-  HostManager next(other, policy);
-  next.restore(h);
-  EXPECT_TRUE(next.is_blacklisted("a"));
-  EXPECT_EQ(next.usable(HostSet({{"a", 1}, {"b", 1}})).to_string(), "b:1");
-  EXPECT_EQ(next.history(), h);
-  other.advance(std::chrono::seconds(7));
-  EXPECT_FALSE(next.is_blacklisted("a"));
-  EXPECT_TRUE(next.record_failure("b")) << "b's first failure counted";
-  next.record_failure("a");
-  EXPECT_TRUE(next.record_failure("a"));  // a's second blacklisting: 20 s
-  other.advance(std::chrono::seconds(19));
-  EXPECT_TRUE(next.is_blacklisted("a"));
-  other.advance(std::chrono::seconds(2));
-  EXPECT_FALSE(next.is_blacklisted("a"));
+  EXPECT_EQ(record, (HostHistories{{"a", {0, 1, clock.now() + std::chrono::seconds(10)}}, {"b", {1, 0, {}}}}));
+  m.record_success("b");
+  EXPECT_EQ(record.count("b"), 0u) << "b has nothing left to carry";
+  // A record as the last driver left it: its blacklisting and counts hold.
+  record["d"] = HostHistory{1, 1, clock.now() + std::chrono::seconds(3)};
+  EXPECT_EQ(m.blacklisted(), (std::vector<std::string>{"a", "d"}));
+  EXPECT_TRUE(m.record_failure("d")) << "d's second failure in a row";
+  EXPECT_EQ(m.blacklisted_until("d"), clock.now() + std::chrono::seconds(20)) << "its second blacklisting doubles";
 }
 
 }  // namespace
@@ -138,7 +122,8 @@ namespace {
 // The per-tick membership check: recomputed only when an input changed.
 TEST(PlanCache, RecomputesOnlyWhenHostsBlacklistOrPlanChange) {
   FakeClock clock;
-  HostManager m(clock, BlacklistPolicy{1, std::chrono::seconds(10), std::chrono::seconds(10)});
+  HostHistories record;
+  HostManager m(clock, BlacklistPolicy{1, std::chrono::seconds(10), std::chrono::seconds(10)}, record);
   HostSet discovered = hosts({{"a", 2}, {"b", 2}});
   Plan running;
   PlanCache c;

@@ -4,6 +4,7 @@
 // what it was asked.
 #include <gtest/gtest.h>
 
+#include <list>
 #include <map>
 #include <string>
 #include <vector>
@@ -72,12 +73,15 @@ class RecordingLauncher final : public Launcher {
 
 class CommitReplicasTest : public ::testing::Test {
  protected:
-  CommitReplicas make(int replicas) {
+  // `record`: the driver's record's keepers it starts from (a job taken
+  // over names some) and keeps.
+  CommitReplicas make(int replicas, std::map<std::string, std::string> record = {}) {
     // Keepers are reached at the address the driver gives (ip-of-HOST).
+    records_.push_back(std::move(record));
     return CommitReplicas(
         replicas, "s3cret", [](const std::string& h) { return "/dev/shm/c-" + h; },
         [](const std::string& h) { return "ip-of-" + h; },
-        [this](const std::string&) -> Launcher& { return launcher_; }, clock_);
+        [this](const std::string&) -> Launcher& { return launcher_; }, clock_, records_.back());
   }
   // What the driver does each tick (it plans again only when the hosts
   // changed; planning again with the same hosts changes nothing).
@@ -88,6 +92,7 @@ class CommitReplicasTest : public ::testing::Test {
   }
   RecordingLauncher launcher_;
   FakeClock clock_;
+  std::list<std::map<std::string, std::string>> records_;  // one per make(), in order
 };
 
 TEST_F(CommitReplicasTest, AKeeperIsAskedAndItsHolderToldOnceItAnsweredBothAgainNowAndThen) {
@@ -147,6 +152,7 @@ TEST_F(CommitReplicasTest, AKeeperThatBecomesAHolderIsDroppedAndItsPusherStopped
   EXPECT_EQ(launcher_.told.back(), "a stops ip-of-b");
   EXPECT_EQ(launcher_.unkept, std::vector<std::string>{"b keeps its replicas"});
   EXPECT_TRUE(r.serving().empty());
+  EXPECT_TRUE(records_.back().empty()) << "the driver's record names no keeper any more";
 }
 
 // A job taken over: the keeper its record names (c, not the first spare b)
@@ -155,16 +161,15 @@ TEST_F(CommitReplicasTest, AKeeperThatBecomesAHolderIsDroppedAndItsPusherStopped
 TEST_F(CommitReplicasTest, ATakenOverJobKeepsTheKeepersItsRecordNames) {
   CommitReplicas fresh = make(1);
   tick(fresh, {"a"}, {"b", "c"});
-  ASSERT_EQ(fresh.keepers(), (std::map<std::string, std::string>{{"b", "a"}})) << "the first spare, untaken-over";
+  ASSERT_EQ(records_.back(), (std::map<std::string, std::string>{{"b", "a"}})) << "the first spare, untaken-over";
   launcher_.asked.clear();
-  CommitReplicas r = make(1);
-  r.restore({{"c", "a"}});
+  CommitReplicas r = make(1, {{"c", "a"}});
   EXPECT_EQ(r.keepers(), (std::map<std::string, std::string>{{"c", "a"}}));
   launcher_.ports["c"] = 4100;
   tick(r, {"a"}, {"b", "c"});
   EXPECT_EQ(launcher_.asked, std::vector<std::string>{"c /dev/shm/c-c s3cret"});
   EXPECT_EQ(launcher_.told, std::vector<std::string>{"a -> ip-of-c:4100 /dev/shm/c-c"});
-  EXPECT_EQ(r.keepers(), (std::map<std::string, std::string>{{"c", "a"}}));
+  EXPECT_EQ(records_.back(), (std::map<std::string, std::string>{{"c", "a"}}));
   EXPECT_TRUE(launcher_.unkept.empty());
 }
 
