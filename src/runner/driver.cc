@@ -88,19 +88,19 @@ Status Driver::start() {
   }
   auto snap = loop_->snapshot();
   set_discovered(snap.hosts);
-  discovered_version_ = snap.version;
-  last_discovery_ = clock_.now();
+  discovery_.version = snap.version;
+  discovery_.last_at = clock_.now();
   ERUN_LOG_INFO("job {}: {} found {} host{} with {} slot{}: {}", d_.job_id, d_.discovery->describe(),
-                discovered_.size(), discovered_.size() == 1 ? "" : "s", discovered_.total_slots(),
-                discovered_.total_slots() == 1 ? "" : "s", discovered_.summary());
+                discovery_.hosts.size(), discovery_.hosts.size() == 1 ? "" : "s", discovery_.hosts.total_slots(),
+                discovery_.hosts.total_slots() == 1 ? "" : "s", discovery_.hosts.summary());
   if (d_.events) {
     d_.events->write("job_started", {{"job_id", json_string(d_.job_id)},
-                                     {"hosts", json_string(discovered_.to_string())},
+                                     {"hosts", json_string(discovery_.hosts.to_string())},
                                      {"min_np", json_number(long{o_.min_np})},
                                      {"max_np", json_number(long{o_.max_np})}});
   }
   if (!d_.synchronous_discovery && o_.elastic) loop_->start();
-  waiting_since_ = clock_.now();
+  waiting_.since = clock_.now();
   if (d_.takeover) take_over(*d_.takeover);
   return Status::ok();
 }
@@ -117,41 +117,41 @@ bool Driver::record_host_failure(const std::string& host) {
 void Driver::refresh_hosts() {
   if (!o_.elastic) return;  // a static host set never changes
   if (d_.synchronous_discovery) {
-    if (clock_.now() - last_discovery_ < o_.discovery_interval) return;
-    last_discovery_ = clock_.now();
+    if (clock_.now() - discovery_.last_at < o_.discovery_interval) return;
+    discovery_.last_at = clock_.now();
     auto r = d_.discovery->discover();
     if (!r) {
-      if (r.message() != last_discovery_error_) {
+      if (r.message() != discovery_.last_error) {
         ERUN_LOG_WARN("host discovery failed, keeping the previous {} host(s): {}; erun runs the script again every "
                       "{:.0f} s: fix the script or what it reads",
-                      listed_.size(), r.message(), seconds(o_.discovery_interval));
+                      discovery_.listed.size(), r.message(), seconds(o_.discovery_interval));
       }
-      last_discovery_error_ = r.message();
+      discovery_.last_error = r.message();
       return;
     }
-    last_discovery_error_.clear();
-    if (!(*r == listed_)) {
-      ERUN_LOG_INFO("hosts changed: {} (now {})", diff_hosts(listed_, *r).summary(), r->summary());
+    discovery_.last_error.clear();
+    if (!(*r == discovery_.listed)) {
+      ERUN_LOG_INFO("hosts changed: {} (now {})", diff_hosts(discovery_.listed, *r).summary(), r->summary());
       if (d_.events) d_.events->write("hosts_changed", {{"hosts", json_string(r->to_string())}});
       set_discovered(*r);
     }
     return;
   }
-  if (loop_->version() == discovered_version_) return;  // no copy of the host set per tick
+  if (loop_->version() == discovery_.version) return;  // no copy of the host set per tick
   auto snap = loop_->snapshot();
-  if (snap.version != discovered_version_) {
-    ERUN_LOG_INFO("hosts changed: {} (now {})", diff_hosts(listed_, snap.hosts).summary(),
+  if (snap.version != discovery_.version) {
+    ERUN_LOG_INFO("hosts changed: {} (now {})", diff_hosts(discovery_.listed, snap.hosts).summary(),
                   snap.hosts.summary());
     if (d_.events) d_.events->write("hosts_changed", {{"hosts", json_string(snap.hosts.to_string())}});
     set_discovered(snap.hosts);
-    discovered_version_ = snap.version;
+    discovery_.version = snap.version;
   }
 }
 
 void Driver::set_discovered(HostSet hosts) {
-  listed_ = std::move(hosts);
-  if (listed_.any_draining()) {
-    for (auto& h : listed_.hosts()) {
+  discovery_.listed = std::move(hosts);
+  if (discovery_.listed.any_draining()) {
+    for (auto& h : discovery_.listed.hosts()) {
       if (h.draining) start_drain(h.name, "discovery lists it draining", /*from_discovery=*/true);
     }
   }
@@ -298,7 +298,7 @@ void Driver::reap() {
     }
     if (s->ok()) {
       ERUN_LOG_INFO("{}: finished successfully after {:.1f} s", who(rec_.generation, a.slot.host, a.rank), after);
-      any_success_ = true;
+      outcome_.any_success = true;
       drop_fresh_workers();
       if (finishing_.first.empty()) {
         finishing_.first = who(-1, a.slot.host, a.rank);
@@ -344,8 +344,8 @@ void Driver::set_phase(JobPhase next) {
   const bool waiting = next == JobPhase::kWaitingForHosts || next == JobPhase::kWaitingWithSurvivors;
   const bool was_waiting = phase_ == JobPhase::kWaitingForHosts || phase_ == JobPhase::kWaitingWithSurvivors;
   if (waiting && !was_waiting) {
-    waiting_since_ = clock_.now();
-    last_wait_log_ = {};
+    waiting_.since = clock_.now();
+    waiting_.last_log = {};
   }
   ERUN_LOG_DEBUG("job phase: {} -> {}", to_string(phase_), to_string(next));
   phase_ = next;
@@ -357,7 +357,7 @@ void Driver::set_state(Worker& w, WorkerState next) {
 }
 
 void Driver::done(int code) {
-  exit_code_ = code;
+  outcome_.exit_code = code;
   set_phase(JobPhase::kDone);
 }
 
@@ -446,8 +446,8 @@ void Driver::finish_with_failure(const Failure& f) {
 }
 
 int Driver::give_up_code() {
-  if (first_failure_) report_failure(*first_failure_);
-  return first_failure_ ? std::max(1, first_failure_->status.shell_code()) : 1;
+  if (outcome_.first_failure) report_failure(*outcome_.first_failure);
+  return outcome_.first_failure ? std::max(1, outcome_.first_failure->status.shell_code()) : 1;
 }
 
 int Driver::job_exit_code() {
@@ -467,12 +467,12 @@ int Driver::job_exit_code() {
 
 void Driver::log_waiting(const HostSet& usable) {
   auto now = clock_.now();
-  if (now - last_wait_log_ < std::chrono::seconds(5)) return;
-  last_wait_log_ = now;
+  if (now - waiting_.last_log < std::chrono::seconds(5)) return;
+  waiting_.last_log = now;
   auto bl = hosts_.blacklisted();
   ERUN_LOG_INFO("waiting for hosts: {} usable slot{} of --min-np {} ({:.0f} s of --elastic-timeout {:.0f} s){}",
                 usable.total_slots(), usable.total_slots() == 1 ? "" : "s", o_.min_np,
-                seconds(now - waiting_since_), seconds(o_.elastic_timeout),
+                seconds(now - waiting_.since), seconds(o_.elastic_timeout),
                 bl.empty() ? "" : "; blacklisted: " + join(bl, ","));
 }
 
@@ -489,9 +489,9 @@ void Driver::set_plan(const Plan& p) {
 }
 
 std::optional<int> Driver::turn() {
-  if (phase_ != JobPhase::kDone && check_superseded()) return exit_code_;
+  if (phase_ != JobPhase::kDone && check_superseded()) return outcome_.exit_code;
   if (int sig = stop_signal_.exchange(0)) on_signal(sig);
-  if (phase_ == JobPhase::kDone) return exit_code_;
+  if (phase_ == JobPhase::kDone) return outcome_.exit_code;
   refresh_hosts();
   take_drains();
   reap();
@@ -504,7 +504,7 @@ std::optional<int> Driver::turn() {
     case JobPhase::kStopping: continue_stop(); break;
     case JobPhase::kDone: break;
   }
-  if (phase_ == JobPhase::kDone) return exit_code_;
+  if (phase_ == JobPhase::kDone) return outcome_.exit_code;
   return std::nullopt;
 }
 
@@ -531,13 +531,13 @@ void Driver::on_signal(int sig) {
 }
 
 void Driver::wait_for_hosts() {
-  plan_cache_.update(discovered_epoch_, discovered_, hosts_, rec_.generation, plan_, o_.max_np);
+  plan_cache_.update(discovery_.epoch, discovery_.hosts, hosts_, rec_.generation, plan_, o_.max_np);
   const HostSet& usable = plan_cache_.usable();
   if (usable.total_slots() >= std::max(o_.min_np, 1)) {
     start_generation(HostSet(usable));
     return;
   }
-  if (clock_.now() - waiting_since_ > o_.elastic_timeout) {
+  if (clock_.now() - waiting_.since > o_.elastic_timeout) {
     ERUN_LOG_ERROR("gave up after --elastic-timeout {:.0f} s: {} usable slot{}, --min-np is {}; add hosts "
                    "or lower --min-np",
                    seconds(o_.elastic_timeout), usable.total_slots(), usable.total_slots() == 1 ? "" : "s",
@@ -564,7 +564,7 @@ void Driver::supervise() {
     done(job_exit_code());
     return;
   }
-  if (!any_success_ && in_place_possible()) {
+  if (!outcome_.any_success && in_place_possible()) {
     if (auto why = rejoin_requested(m)) {
       reconfigure(fmt::format("re-forming ({})", to_string(*why)).c_str(), *why != JoinReason::kHostsUpdated);
       return;
@@ -572,7 +572,7 @@ void Driver::supervise() {
     standbys_overtake(m);
     if (admit_replacements(m)) return;
   }
-  if (any_success_) {
+  if (outcome_.any_success) {
     begin_finishing();
     return;
   }
@@ -584,7 +584,7 @@ void Driver::supervise() {
 void Driver::handle_generation_failure() {
   if (in_place_possible()) tell_survivors_of_losses();
   Failure f = *gen_.failure;
-  if (!first_failure_) first_failure_ = f;
+  if (!outcome_.first_failure) outcome_.first_failure = f;
   const bool fatal_code = f.status.signal == 0 && f.status.code == kFatalExitCode;
   if (fatal_code || has_no_retry_mark(f.stderr_tail)) {
     ERUN_LOG_ERROR("{}: {} stopped for an error in the program that a restart would repeat ({}); "
@@ -598,7 +598,7 @@ void Driver::handle_generation_failure() {
   for (auto& h : plan_.hosts()) {
     if (h != f.host) hosts_.record_success(h);
   }
-  if (any_success_) {
+  if (outcome_.any_success) {
     // Training is over for at least one rank: no restart; kFinishing explains
     // and stops the others.
     set_phase(JobPhase::kFinishing);
@@ -657,7 +657,7 @@ void Driver::follow_membership() {
   // blacklisted hosts kept for their survivors changed.
   const bool in_place = in_place_possible();
   Plan scratch;
-  plan_cache_.update(discovered_epoch_, discovered_, hosts_, rec_.generation, plan_with_pending(scratch), o_.max_np,
+  plan_cache_.update(discovery_.epoch, discovery_.hosts, hosts_, rec_.generation, plan_with_pending(scratch), o_.max_np,
                      in_place ? blacklisted_with_survivors() : std::vector<std::string>{});
   const HostSet& usable = plan_cache_.usable();
   // The cached plan, unless a straggler's slot sits out (no copy per tick).
@@ -667,7 +667,7 @@ void Driver::follow_membership() {
   const Plan& next = resting_slots ? filtered : plan_cache_.next();
   if (replacements_cover(next)) return;  // they join first (admit_replacements())
   if (next.same_layout(plan_)) {
-    below_min_logged_ = false;
+    waiting_.below_min_logged = false;
     return;
   }
   if (next.size() < std::max(o_.min_np, 1) && in_place && draining_members()) {
@@ -680,16 +680,16 @@ void Driver::follow_membership() {
   if (next.size() < std::max(o_.min_np, 1)) {
     // Fewer slots than --min-np: a shrink would stop the job. The running
     // workers go on (failures still count) until the hosts come back.
-    if (!below_min_logged_) {
+    if (!waiting_.below_min_logged) {
       ERUN_LOG_WARN("{}: discovery offers {} usable slot{}, fewer than --min-np {}; keeping the {} running "
                     "workers until hosts return",
                     who(rec_.generation), usable.total_slots(), usable.total_slots() == 1 ? "" : "s", o_.min_np,
                     plan_.size());
-      below_min_logged_ = true;
+      waiting_.below_min_logged = true;
     }
     return;
   }
-  below_min_logged_ = false;
+  waiting_.below_min_logged = false;
   const bool keeps_every_slot = std::all_of(plan_.ranks.begin(), plan_.ranks.end(),
                                             [&](const RankAssignment& r) { return next.contains(r.slot); });
   if (o_.reset_limit >= 0 && rec_.resets >= o_.reset_limit) {

@@ -145,7 +145,7 @@ class Driver {
   bool check_superseded();
   // ---- draining (driver_drain.cc) ----
   // A host that leaves on notice: its agent said DRAINING, or discovery
-  // lists it `draining`. It is held out of discovered_ while it drains.
+  // lists it `draining`. It is held out of discovery_.hosts while it drains.
   struct Drain {
     std::string reason;
     TimePoint since{};
@@ -156,7 +156,7 @@ class Driver {
   // DRAINING notices the launchers' agents sent since the last tick.
   void take_drains();
   void start_drain(const std::string& host, const std::string& reason, bool from_discovery);
-  // discovered_: listed_ less the draining hosts.
+  // discovery_.hosts: discovery_.listed less the draining hosts.
   void apply_drains();
   // Stops a draining host's workers once their part is done, the rest as a
   // failure past --drain-timeout; ends drains that discovery let go.
@@ -243,7 +243,7 @@ class Driver {
   bool all_exited() const;
 
   void refresh_hosts();
-  // Every change of the discovered hosts goes through here (keeps all_hosts_local_).
+  // Every change of the discovered hosts goes through here (keeps discovery_.all_local).
   void set_discovered(HostSet hosts);
   void reap();
   // A failed worker's last stderr lines for its Failure: its agent's exit
@@ -397,29 +397,41 @@ class Driver {
   DriverRecord rec_;
   HostManager hosts_;
   std::unique_ptr<DiscoveryLoop> loop_;
-  HostSet listed_;      // the hosts as discovery lists them (draining marks included)
-  HostSet discovered_;  // listed_ less the draining hosts: what the plans use
+  // The hosts as discovery gave them (refresh_hosts(); changed only
+  // through set_discovered()).
+  struct Discovered {
+    HostSet listed;           // as discovery lists them (draining marks included)
+    HostSet hosts;            // listed less the draining hosts: what the plans use
+    bool all_local = true;    // every discovered host launches locally
+    long version = -1;        // the discovery loop's snapshot they came from
+    long epoch = 0;           // bumps in set_discovered()
+    TimePoint last_at{};      // the last discovery run inside step() (synchronous_discovery)
+    std::string last_error;   // the last failure logged
+  };
+  Discovered discovery_;
   std::map<std::string, Drain> drains_;
   StragglerDetector stragglers_;
   long stragglers_gen_ = -1;  // the generation the detector watches
-  std::vector<std::pair<SlotKey, uint32_t>> probe_responders_;  // note_probe_responders()
-  std::pair<long, size_t> probe_responders_key_{-1, 0};  // (generation, members) it was made from
+  struct ProbeResponders {
+    std::vector<std::pair<SlotKey, uint32_t>> members;  // note_probe_responders()
+    std::pair<long, size_t> key{-1, 0};                 // (generation, members) they were noted at
+  };
+  ProbeResponders probe_responders_;
   struct Rest {
     TimePoint until{};
     int times = 0;        // cooldowns so far (each doubles)
     bool active = false;  // sitting out now
   };
   std::map<SlotKey, Rest> resting_;
-  std::map<SlotKey, Rest> standby_backoff_;  // slots whose standby died: wait before the next
-  std::pair<long, long> standby_scan_key_{-1, -1};  // (discovered_epoch_, generation) of the last scan
-  bool standby_scan_found_ = false;                 // it found a free slot
-  bool all_hosts_local_ = true;  // every discovered host launches locally
-  long discovered_version_ = -1;
-  long discovered_epoch_ = 0;  // bumps in set_discovered
+  // tend_standbys(): where it looks for free slots.
+  struct StandbyScan {
+    std::map<SlotKey, Rest> backoff;  // slots whose standby died: wait before the next
+    std::pair<long, long> key{-1, -1};  // (discovery_.epoch, generation) of the last scan
+    bool found = false;                 // it found a free slot
+  };
+  StandbyScan standby_scan_;
   PlanCache plan_cache_;
   CrashLoopDetector crash_loop_;
-  TimePoint last_discovery_{};
-  std::string last_discovery_error_;
 
   JobPhase phase_ = JobPhase::kWaitingForHosts;
   // The current generation, as the driver learns of it; publish() starts it
@@ -452,7 +464,13 @@ class Driver {
     TimePoint deadline{};    // --finish-timeout after the first finished
   };
   Finishing finishing_;
-  int exit_code_ = 0;  // in JobPhase::kDone
+  // How the job is doing, for its exit code.
+  struct Outcome {
+    int exit_code = 0;                    // in JobPhase::kDone
+    std::optional<Failure> first_failure;  // the job's first failure
+    bool any_success = false;             // a worker finished successfully
+  };
+  Outcome outcome_;
   long launched_ = 0;              // worker processes started (the job summary's count)
   long rolled_back_logged_ = -1;   // the generation whose rolled_back event was written
   Plan plan_;  // rec_.plan's slots planned for rec_.generation (set_plan())
@@ -476,8 +494,13 @@ class Driver {
   std::map<long, LeftGeneration> leaving_;
   std::vector<Worker> workers_;
   long next_key_ = 1;
-  TimePoint waiting_since_{};
-  TimePoint last_wait_log_{};
+  // A waiting phase (kWaitingForHosts, kWaitingWithSurvivors).
+  struct Waiting {
+    TimePoint since{};              // the --elastic-timeout clock (set_phase())
+    TimePoint last_log{};           // its last "waiting" line
+    bool below_min_logged = false;  // said once that the job is below --min-np
+  };
+  Waiting waiting_;
   std::unique_ptr<CommitReplicas> replicas_;   // null: no host commits, or --commit-replicas 0
   long replicas_planned_at_ = -1;              // plan_cache_.recomputations() at the last replicas_->plan()
   struct MemoryHold {
@@ -486,11 +509,12 @@ class Driver {
     Duration backoff{};
     bool kept = false;          // this driver started an agent there to hold the memory
   };
-  std::map<std::string, MemoryHold> memory_hosts_;  // hosts that ran workers of the job (host commits on)
-  TimePoint next_memory_tend_{};
-  std::optional<Failure> first_failure_;       // first failure of the job
-  bool any_success_ = false;
-  bool below_min_logged_ = false;
+  // The job's host memory (tend_host_memory()).
+  struct HostMemory {
+    std::map<std::string, MemoryHold> hosts;  // hosts that ran workers of the job (host commits on)
+    TimePoint next_tend{};
+  };
+  HostMemory memory_;
   std::optional<TimePoint> last_failure_at_;  // when the last generation failure was handled
   static constexpr Duration kFailureBurst = std::chrono::seconds(1);
   std::atomic<int> stop_signal_{0};

@@ -44,7 +44,7 @@ void Driver::start_drain(const std::string& host, const std::string& reason, boo
   for (auto& w : workers_) {
     if (survivor(w) && w.assignment.slot.host == host) ++live;
   }
-  if (live == 0 && listed_.find(host) < 0) return;  // not the job's: nothing to drain
+  if (live == 0 && discovery_.listed.find(host) < 0) return;  // not the job's: nothing to drain
   ERUN_LOG_INFO("{}: host {} drains ({}): its {} worker{} leave{} the job at the next commit, with nothing rolled "
                 "back (--drain-timeout {:g} s)",
                 who(rec_.generation), host, reason, live, live == 1 ? "" : "s", live == 1 ? "s" : "",
@@ -61,19 +61,19 @@ void Driver::start_drain(const std::string& host, const std::string& reason, boo
 
 void Driver::apply_drains() {
   std::vector<Host> usable;
-  for (const Host& h : listed_.hosts()) {
+  for (const Host& h : discovery_.listed.hosts()) {
     if (drains_.count(h.name)) continue;
     Host kept = h;
     kept.draining = false;
     usable.push_back(std::move(kept));
   }
-  discovered_ = HostSet(std::move(usable));
-  ++discovered_epoch_;
-  all_hosts_local_ = true;
-  for (auto& h : discovered_.hosts()) {
+  discovery_.hosts = HostSet(std::move(usable));
+  ++discovery_.epoch;
+  discovery_.all_local = true;
+  for (auto& h : discovery_.hosts.hosts()) {
     bool local;
     launcher_for(h.name, &local);
-    all_hosts_local_ = all_hosts_local_ && local;
+    discovery_.all_local = discovery_.all_local && local;
   }
 }
 
@@ -126,8 +126,8 @@ void Driver::tend_drains(const MembershipSnapshot& m) {
     // The drain ends once the host's workers are gone and discovery no
     // longer holds it out: a marked host listed without the mark, or a host
     // that left discovery (it may come back later and grow the job again).
-    const int at = listed_.find(host);
-    const bool ends = d.from_discovery ? (at < 0 || !listed_.hosts()[static_cast<size_t>(at)].draining) : at < 0;
+    const int at = discovery_.listed.find(host);
+    const bool ends = d.from_discovery ? (at < 0 || !discovery_.listed.hosts()[static_cast<size_t>(at)].draining) : at < 0;
     if (left == 0 && ends) {
       ERUN_LOG_INFO("host {}: no longer draining{}", host, at < 0 ? " (discovery dropped it)" : "");
       it = drains_.erase(it);

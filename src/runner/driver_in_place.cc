@@ -50,7 +50,7 @@ const Plan* Driver::plan_of(long generation) const {
 HostSet Driver::plannable_hosts() const {
   const std::vector<std::string> keep = blacklisted_with_survivors();
   std::vector<Host> out;
-  for (auto& h : discovered_.hosts()) {
+  for (auto& h : discovery_.hosts.hosts()) {
     if (!hosts_.is_blacklisted(h.name) || std::binary_search(keep.begin(), keep.end(), h.name)) out.push_back(h);
   }
   return HostSet(std::move(out));
@@ -622,7 +622,7 @@ void Driver::wait_with_survivors() {
   handle_rejoins(m);
   tend_drains(m);
   if (gen_.failure) {
-    if (!first_failure_) first_failure_ = gen_.failure;
+    if (!outcome_.first_failure) outcome_.first_failure = gen_.failure;
     gen_.failure.reset();
   }
   HostSet usable = plannable_hosts();
@@ -630,7 +630,7 @@ void Driver::wait_with_survivors() {
     reconfigure("hosts returned; re-forming", /*after_failure=*/false);
     return;
   }
-  if (clock_.now() - waiting_since_ > o_.elastic_timeout) {
+  if (clock_.now() - waiting_.since > o_.elastic_timeout) {
     ERUN_LOG_ERROR("gave up after --elastic-timeout {:.0f} s: {} usable slot{}, --min-np is {}; stopping the "
                    "survivors; add hosts or lower --min-np",
                    seconds(o_.elastic_timeout), usable.total_slots(), usable.total_slots() == 1 ? "" : "s", o_.min_np);

@@ -43,7 +43,7 @@ std::string Driver::advertise_address(const std::string& host, bool local) const
   // .3, ...) keeps it, so that its workers' cross-host traffic really uses
   // distinct addresses.
   if (starts_with(host, "127.")) return host;
-  if (all_hosts_local_) return "127.0.0.1";
+  if (discovery_.all_local) return "127.0.0.1";
   char name[256] = {};
   ::gethostname(name, sizeof name - 1);
   return name;
@@ -92,7 +92,7 @@ bool Driver::launch_worker(const RankAssignment& a, const std::string& master_ad
   // A standby waits in its first join for as long as it takes (the driver stops it).
   if (standby) spec.env.emplace_back("ERUN_STANDBY", "1");
   auto& launcher = launcher_for(a.slot.host, &w.local);
-  if (!d_.commit_dir.empty()) memory_hosts_.try_emplace(a.slot.host);
+  if (!d_.commit_dir.empty()) memory_.hosts.try_emplace(a.slot.host);
   auto h = launcher.launch(spec);
   if (!h) {
     ERUN_LOG_ERROR("{}: launch failed: {}", who(rec_.generation, a.slot.host, a.rank), h.message());
@@ -121,7 +121,7 @@ bool Driver::launch_worker(const RankAssignment& a, const std::string& master_ad
 }
 
 int Driver::dry_run(std::FILE* out) {
-  HostSet usable = hosts_.usable(discovered_);
+  HostSet usable = hosts_.usable(discovery_.hosts);
   if (usable.total_slots() < std::max(o_.min_np, 1)) {
     std::fprintf(out, "hosts offer %d slots, fewer than --min-np %d: erun would wait for more\n",
                  usable.total_slots(), o_.min_np);

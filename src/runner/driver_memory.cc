@@ -35,7 +35,7 @@ void Driver::tend_replicas() {
     // usable spares): its workers failed, not its memory, which may hold
     // the only other copy when the holders are lost.
     if (hosts_.epoch().blacklisted_now > 0) {
-      for (auto& h : discovered_.hosts()) {
+      for (auto& h : discovery_.hosts.hosts()) {
         if (hosts_.is_blacklisted(h.name) && seen.insert(h.name).second) spares.push_back(h.name);
       }
     }
@@ -45,16 +45,16 @@ void Driver::tend_replicas() {
 }
 
 void Driver::tend_host_memory() {
-  if (d_.commit_dir.empty() || memory_hosts_.empty()) return;
+  if (d_.commit_dir.empty() || memory_.hosts.empty()) return;
   if (phase_ == JobPhase::kStopping || phase_ == JobPhase::kFinishing || phase_ == JobPhase::kDone) return;
   const TimePoint now = clock_.now();
-  if (now < next_memory_tend_) return;
-  next_memory_tend_ = now + std::chrono::seconds(1);
+  if (now < memory_.next_tend) return;
+  memory_.next_tend = now + std::chrono::seconds(1);
   std::set<std::string> working;
   for (auto& w : workers_) {
     if (!w.exit) working.insert(w.assignment.slot.host);
   }
-  for (auto& [host, hold] : memory_hosts_) {
+  for (auto& [host, hold] : memory_.hosts) {
     bool local;
     Launcher& launcher = launcher_for(host, &local);
     if (working.count(host)) {
@@ -65,7 +65,7 @@ void Driver::tend_host_memory() {
     }
     // Out of discovery: nothing more is started there; its watchdog keeps
     // the memory for a while (docs/state.md, "Where a commit lives").
-    if (launcher.agent_alive(host) || discovered_.find(host) < 0) {
+    if (launcher.agent_alive(host) || discovery_.hosts.find(host) < 0) {
       hold.missing_since = TimePoint{};
       continue;
     }

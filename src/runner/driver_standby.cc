@@ -34,10 +34,10 @@ void Driver::tend_standbys(const MembershipSnapshot& m) {
   int live = 0;
   for (auto& w : workers_) {
     if (!w.standby || !survivor(w)) continue;
-    if (!usable_slot(w.assignment.slot) || any_success_) {
+    if (!usable_slot(w.assignment.slot) || outcome_.any_success) {
       // Its host left (discovery, a drain, the blacklist) or training is over.
       ERUN_LOG_INFO("{}[{}]: standby stopped ({})", w.assignment.slot.host, w.assignment.slot.local_index,
-                    any_success_ ? "the job is finishing" : "its host left the job");
+                    outcome_.any_success ? "the job is finishing" : "its host left the job");
       w.handle->terminate();
       set_state(w, WorkerState::kStopping);
       continue;
@@ -63,16 +63,16 @@ void Driver::tend_standbys(const MembershipSnapshot& m) {
     ++live;
   }
   const int want = wanted_standbys();
-  if (live >= want || any_success_ || !gen_.complete || phase() != JobPhase::kRunning) return;
+  if (live >= want || outcome_.any_success || !gen_.complete || phase() != JobPhase::kRunning) return;
   // Free slots: those of the hosts that run members first (a standby beside
   // the members it may replace), then those of spare hosts (beyond
   // --max-np), whose agent may keep a commit replica too (--commit-replicas):
   // a standby promoted there after the members' hosts are lost whole adopts
   // it at its first sync. Listed again only when the hosts or the plan changed.
-  const auto key = std::make_pair(discovered_epoch_, rec_.generation);
-  if (standby_scan_key_ == key && !standby_scan_found_) return;
-  standby_scan_key_ = key;
-  standby_scan_found_ = false;
+  const auto key = std::make_pair(discovery_.epoch, rec_.generation);
+  if (standby_scan_.key == key && !standby_scan_.found) return;
+  standby_scan_.key = key;
+  standby_scan_.found = false;
   std::vector<const Host*> order;
   std::set<std::string> ordered;
   for (auto& name : plan_.hosts()) {
@@ -85,8 +85,8 @@ void Driver::tend_standbys(const MembershipSnapshot& m) {
     for (int i = 0; i < h->slots && live < want; ++i) {
       const SlotKey slot{h->name, i};
       if (plan_.contains(slot) || slot_held(slot, /*pending_too=*/true) || resting(slot)) continue;
-      standby_scan_found_ = true;
-      if (auto b = standby_backoff_.find(slot); b != standby_backoff_.end() && b->second.active) {
+      standby_scan_.found = true;
+      if (auto b = standby_scan_.backoff.find(slot); b != standby_scan_.backoff.end() && b->second.active) {
         if (now < b->second.until) continue;
         b->second.active = false;
       }
@@ -108,7 +108,7 @@ void Driver::tend_standbys(const MembershipSnapshot& m) {
   }
 }
 
-int Driver::distance(const std::string& a, const std::string& b) const { return host_distance(discovered_, a, b); }
+int Driver::distance(const std::string& a, const std::string& b) const { return host_distance(discovery_.hosts, a, b); }
 
 bool Driver::standby_ready_at(const SlotKey& slot) const {
   return std::any_of(workers_.begin(), workers_.end(), [&](const Worker& w) {
@@ -190,7 +190,7 @@ void Driver::promote_standby(Worker& w, const char* why) {
 }
 
 void Driver::standby_lost(Worker& w, const std::string& why) {
-  Rest& b = standby_backoff_[w.assignment.slot];
+  Rest& b = standby_scan_.backoff[w.assignment.slot];
   const double wait = std::min(kStandbyBackoffMax, kStandbyBackoffFirst * (1 << std::min(b.times, 6)));
   ++b.times;
   b.until = clock_.now() + from_seconds(wait);
@@ -198,7 +198,7 @@ void Driver::standby_lost(Worker& w, const std::string& why) {
   ERUN_LOG_WARN("{}[{}]: standby {}; another is started there in {:.0f} s (the job is not affected)",
                 w.assignment.slot.host, w.assignment.slot.local_index, why, wait);
   set_state(w, WorkerState::kExcluded);
-  standby_scan_key_ = {-1, -1};  // look for free slots again
+  standby_scan_.key = {-1, -1};  // look for free slots again
 }
 
 }  // namespace erun

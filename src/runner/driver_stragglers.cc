@@ -32,7 +32,7 @@ void Driver::watch_stragglers(const MembershipSnapshot& m) {
       rest.active = false;
       ERUN_LOG_INFO("{}: {}[{}]: its straggler cooldown ended; the slot may grow the job again", who(rec_.generation),
                     slot.host, slot.local_index);
-      ++discovered_epoch_;  // the plans see the slot again
+      ++discovery_.epoch;  // the plans see the slot again
     }
   }
   if (o_.stragglers == StragglerPolicy::kOff || !d_.membership) return;
@@ -92,7 +92,7 @@ double Driver::rest_slot(const SlotKey& slot) {
   rest.times += 1;
   rest.active = true;
   rest.until = clock_.now() + from_seconds(s);
-  ++discovered_epoch_;  // the plans leave the slot out from now on
+  ++discovery_.epoch;  // the plans leave the slot out from now on
   return s;
 }
 
@@ -162,20 +162,20 @@ bool Driver::preflight_holds_back(Worker& w, const JoinRequest& j, const Members
 void Driver::note_probe_responders(const MembershipSnapshot& m) {
   // Members join a generation one by one: its list is final once it stops growing.
   const std::pair<long, size_t> key{m.generation, m.members.size()};
-  if (key == probe_responders_key_) return;
-  probe_responders_key_ = key;
-  probe_responders_.clear();
+  if (key == probe_responders_.key) return;
+  probe_responders_.key = key;
+  probe_responders_.members.clear();
   std::set<std::string> hosts;
   for (auto& member : m.members) {
     if (member.probe_port == 0 || !hosts.insert(member.slot.host).second) continue;
-    probe_responders_.emplace_back(member.slot, member.probe_port);
-    if (probe_responders_.size() >= 8) break;  // a few hosts to choose from are enough
+    probe_responders_.members.emplace_back(member.slot, member.probe_port);
+    if (probe_responders_.members.size() >= 8) break;  // a few hosts to choose from are enough
   }
 }
 
 std::string Driver::probe_peer_for(const std::string& host) const {
   if (!preflight_on() || !new_to_job(host)) return {};
-  for (auto& [slot, port] : probe_responders_) {
+  for (auto& [slot, port] : probe_responders_.members) {
     if (slot.host == host || !plan_.contains(slot)) continue;
     bool local = false;
     launcher_for(slot.host, &local);

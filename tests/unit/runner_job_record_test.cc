@@ -142,6 +142,8 @@ TEST(JobStore, WritesPrivatelyAndAtomicallyAndLocksOneHolder) {
   ASSERT_TRUE(store.is_ok()) << store.message();
   EXPECT_FALSE(store.value()->read());
   JobRecord r = sample();
+  // On the clocks of now (the store's): read back to the millisecond.
+  r.hosts["node a"].blacklisted_until = std::chrono::steady_clock::now() + std::chrono::milliseconds(29500);
   ASSERT_TRUE(store.value()->write(r).is_ok());
   struct stat st {};
   ASSERT_EQ(::stat(store.value()->record_path().c_str(), &st), 0);
@@ -150,6 +152,9 @@ TEST(JobStore, WritesPrivatelyAndAtomicallyAndLocksOneHolder) {
   EXPECT_EQ(st.st_mode & 0777, 0700u);
   auto back = store.value()->read();
   ASSERT_TRUE(back);
+  const Duration off = back->hosts["node a"].blacklisted_until - r.hosts["node a"].blacklisted_until;
+  EXPECT_LT(std::chrono::abs(off), std::chrono::milliseconds(50));
+  back->hosts["node a"].blacklisted_until = r.hosts["node a"].blacklisted_until;
   EXPECT_EQ(*back, r);
   r.generation = 13;
   ASSERT_TRUE(store.value()->write(r).is_ok());
