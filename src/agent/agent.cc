@@ -130,6 +130,14 @@ std::vector<std::string> Agent::worker_env(const Start& s) {
   }
   for (auto& [k, v] : s.env) merged[k] = v;
   if (o_.relay) relay_env(merged);
+  if (auto addr = merged.find("ERUN_RDZV_ADDR");
+      addr != merged.end() && !attach_dir_.empty() && addr->second.rfind("unix:", 0) != 0) {
+    // It reaches the driver itself: should a new driver take the job over
+    // elsewhere, this file says where (tell_direct_workers()).
+    if (!direct_workers_) direct_rdzv_host_ = addr->second;
+    direct_workers_ = true;
+    merged["ERUN_DRIVER_FILE"] = attach_dir_ + "/driver";
+  }
   hold_commit_dir(merged);
   // A worker from now on: a replica goes only once the workers' own
   // commits are as new (UNKEEP's forget no longer holds). This also finds
@@ -625,7 +633,10 @@ void Agent::finish() {
   attachers_.clear();
   attach_listen_.reset();
   if (!attach_path_.empty()) ::unlink(attach_path_.c_str());
-  if (!attach_dir_.empty()) ::rmdir(attach_dir_.c_str());
+  if (!attach_dir_.empty()) {
+    ::unlink((attach_dir_ + "/driver").c_str());
+    ::rmdir(attach_dir_.c_str());
+  }
   close_fd(watchdog_fd_);  // the watchdog finds no group left and exits
 }
 

@@ -192,6 +192,7 @@ void Agent::take_over_channel(Fd fd, const Attach& a, std::string_view rest) {
   last_heard_ = SteadyClock::now();
   tell_watchdog_grace();  // a driver holds the job again
   if (relay_) relay_->resume(a.rdzv_host, static_cast<int>(a.rdzv_port));
+  tell_direct_workers(a);
   size_t held = outbound_.size();
   outbound_ = encode(Hello{kProtocolVersion, o_.host, ::getpid(), attach_path_}) + encode(state_report()) + outbound_;
   ERUN_LOG_WARN("{}: driver term {} took the job over: {} worker(s) here, {} bytes held for it", me_, term_,
@@ -199,6 +200,32 @@ void Agent::take_over_channel(Fd fd, const Attach& a, std::string_view rest) {
   last_sent_ = SteadyClock::now();
   flush_outbound();
   if (!rest.empty()) handle_frames(rest);
+}
+
+void Agent::tell_direct_workers(const Attach& a) {
+  if (!direct_workers_ || a.rdzv_port == 0 || a.rdzv_port > 65535) return;
+  if (!a.rdzv_host.empty()) direct_rdzv_host_ = a.rdzv_host;
+  const std::string text = fmt::format("{} {}\n", direct_rdzv_host_, a.rdzv_port);
+  // A private temporary file renamed over the last: a worker reads all of
+  // it or the one before.
+  Fd dir(::open(attach_dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW));
+  std::string name;
+  auto made = dir ? create_private_temp(dir.get(), attach_dir_, ".driver-", &name)
+                  : Result<int>::error(fmt::format("{}: {}", attach_dir_, std::strerror(errno)));
+  if (!made) {
+    ERUN_LOG_WARN("{}: cannot tell the workers where the new driver is ({}): they keep trying the old one", me_,
+                  made.message());
+    return;
+  }
+  Fd file(made.value());
+  if (!write_fully(file.get(), text) || ::renameat(dir.get(), name.c_str(), dir.get(), "driver") != 0) {
+    ERUN_LOG_WARN("{}: cannot tell the workers where the new driver is ({}/driver: {}): they keep trying the old one",
+                  me_, attach_dir_, std::strerror(errno));
+    ::unlinkat(dir.get(), name.c_str(), 0);
+    return;
+  }
+  ERUN_LOG_INFO("{}: the workers that reach the driver themselves are pointed at {}:{}", me_, direct_rdzv_host_,
+                a.rdzv_port);
 }
 
 bool Agent::read_secret() {

@@ -135,6 +135,10 @@ class Agent {
   void accept_attachers();
   void on_attacher(size_t i);
   void take_over_channel(Fd fd, const Attach& a, std::string_view rest);
+  // A new driver elsewhere (ATTACH with a port): the workers that reach the
+  // driver themselves (no relay) read where it is from the attach
+  // directory's `driver` file ("HOST PORT"; ERUN_DRIVER_FILE), written here.
+  void tell_direct_workers(const Attach& a);
   State state_report() const;
   bool read_secret();
   void on_driver_bytes();
@@ -188,6 +192,11 @@ class Agent {
   // them from STATE.
   std::map<uint64_t, WorkerReport> departed_;
   std::string attach_dir_, attach_path_;
+  // The driver's rendezvous as the first worker that reaches it itself (no
+  // relay) was given it: where ERUN_DRIVER_FILE points them from when a new
+  // driver names only its port.
+  std::string direct_rdzv_host_;
+  bool direct_workers_ = false;
   Fd attach_listen_;
   struct Attacher {
     Fd fd;

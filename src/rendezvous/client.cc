@@ -2,6 +2,7 @@
 // after it a reader thread owns every read of the socket. Requests carry an id
 // in the frame header; the caller sends under a write mutex and waits on a
 // condition variable, with a deadline, for the reader to hand over the reply.
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -17,6 +18,7 @@
 #include "common/fd.h"
 #include "common/log.h"
 #include "common/net.h"
+#include "common/strings.h"
 #include "erun/errors.hpp"
 #include "rendezvous/rendezvous.h"
 #include "rendezvous/wire.h"
@@ -71,7 +73,9 @@ Result<Fd> connect_unix(const std::string& path, TimePoint deadline) {
 }  // namespace
 
 struct RendezvousClient::Impl {
-  explicit Impl(ClientOptions o) : opt(std::move(o)), job_hash(handshake::job_hash(opt.job_id)), store(this) {}
+  explicit Impl(ClientOptions o) : opt(std::move(o)), job_hash(handshake::job_hash(opt.job_id)), store(this) {
+    target = Target{opt.address, opt.port};
+  }
 
   struct Pending {
     bool done = false;
@@ -144,8 +148,50 @@ struct RendezvousClient::Impl {
     fail("the client was closed");
   }
 
+  // Where the driver is: opt's, until follow() moves it (the reader
+  // thread; the others read it for their messages).
+  struct Target {
+    std::string address;
+    int port = 0;
+  };
+  mutable std::mutex target_mu;  // a leaf: nothing else is taken under it
+  Target target;                 // guarded by target_mu
+  Target target_now() const {
+    std::lock_guard<std::mutex> lock(target_mu);
+    return target;
+  }
+
   std::string where() const {
-    return opt.address.rfind("unix:", 0) == 0 ? opt.address : fmt::format("{}:{}", opt.address, opt.port);
+    Target t = target_now();
+    return t.address.rfind("unix:", 0) == 0 ? t.address : fmt::format("{}:{}", t.address, t.port);
+  }
+
+  // A new driver took the job over elsewhere: opt.follow_file (written by
+  // this worker's agent) says where, as "HOST PORT". Anything else there,
+  // or no file, leaves the target as it is.
+  void follow() {
+    if (opt.follow_file.empty()) return;
+    Fd f(::open(opt.follow_file.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+    if (!f) return;
+    char buf[300];
+    ssize_t n = ::read(f.get(), buf, sizeof(buf));
+    if (n <= 0 || static_cast<size_t>(n) >= sizeof(buf) || buf[n - 1] != '\n') return;
+    std::string_view line(buf, static_cast<size_t>(n) - 1);
+    size_t sp = line.find(' ');
+    if (sp == 0 || sp == std::string_view::npos) return;
+    std::string host(line.substr(0, sp));
+    long port = 0;
+    if (host.find_first_of(" \t\r\n") != std::string::npos || host.rfind("unix:", 0) == 0 ||
+        !parse_int(line.substr(sp + 1), port) || port <= 0 || port > 65535) {
+      return;
+    }
+    {
+      std::lock_guard<std::mutex> lock(target_mu);
+      if (target.address == host && target.port == port) return;
+      target = Target{host, static_cast<int>(port)};
+    }
+    ERUN_LOG_WARN("rendezvous: a new driver took the job over at {}:{} (this worker's agent says so): trying it there",
+                  host, port);
   }
 
   void fail(const std::string& reason) {
@@ -161,8 +207,9 @@ struct RendezvousClient::Impl {
   // A connected and authenticated socket to the driver (or its relay).
   Result<Fd> open_connection(TimePoint deadline) {
     // "unix:PATH": this host's erun agent relays the connection (docs/protocol.md, "Relaying").
-    auto s = opt.address.rfind("unix:", 0) == 0 ? connect_unix(opt.address.substr(5), deadline)
-                                                : connect_tcp(opt.address, opt.port, deadline);
+    const Target t = target_now();
+    auto s = t.address.rfind("unix:", 0) == 0 ? connect_unix(t.address.substr(5), deadline)
+                                              : connect_tcp(t.address, t.port, deadline);
     if (!s) return s;
     if (auto h = authenticate(s->get(), deadline); !h) {
       return Result<Fd>::error(fmt::format("rendezvous: handshake with {} failed: {}", where(), h.message()));
@@ -198,6 +245,7 @@ struct RendezvousClient::Impl {
         fail(fmt::format("{}; no driver took the job over within {:.0f} s", why, seconds(opt.reconnect_within)));
         return false;
       }
+      follow();
       auto s = open_connection(std::min(until, SteadyClock::now() + std::chrono::seconds(2)));
       if (!s) continue;
       {

@@ -87,6 +87,11 @@ struct ClientOptions {
   // fails. Once connected again, hosts_updated() is true: the worker re-joins
   // at its next commit, with nothing rolled back. Zero: the client fails.
   Duration reconnect_within = Duration::zero();
+  // With reconnect_within, a file the worker's agent writes when a new
+  // driver took the job over elsewhere ("HOST PORT\n"; ERUN_DRIVER_FILE, for
+  // a worker that reaches the driver without the agent's relay): each try to
+  // connect again reads it first and goes where it says. Empty: none.
+  std::string follow_file;
 };
 
 class RendezvousClient {

@@ -52,6 +52,7 @@ struct WorkerOptions {
   // rendezvous while it waits for --min-np slots (--elastic-timeout).
   Duration join_timeout = std::chrono::seconds(660);
   Duration driver_grace = Duration::zero();  // ERUN_DRIVER_GRACE: reconnect for this long
+  std::string driver_file;  // ERUN_DRIVER_FILE: where its agent says a new driver is (ClientOptions::follow_file)
   std::string checkpoint_dir;
   std::string commit_dir;  // host-memory commits (ERUN_COMMIT_DIR)
   bool timing = true;      // commit intervals to the driver (ERUN_STEP_TIMING=0: off)
@@ -88,6 +89,7 @@ WorkerOptions read_worker_options() {
   WorkerOptions o;
   o.rdzv_address = env_or("ERUN_RDZV_ADDR");
   o.rdzv_port = static_cast<int>(env_int("ERUN_RDZV_PORT", 0));
+  o.driver_file = env_or("ERUN_DRIVER_FILE");
   o.job_id = env_or("ERUN_JOB_ID");
   o.secret = env_or("ERUN_SECRET");
   // The secret was only needed to get here: keep it out of children's environments.
@@ -287,6 +289,7 @@ class ElasticContext final : public Context {
     c.secret = o.secret;
     c.join_timeout = o.join_timeout;
     c.reconnect_within = o.driver_grace;
+    c.follow_file = o.driver_file;
     c.on_peers_lost = [self](long gen, const std::vector<int>& ranks) { self->on_peers_lost(gen, ranks); };
     return c;
   }

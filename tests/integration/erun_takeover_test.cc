@@ -21,6 +21,7 @@
 #include <map>
 #include <regex>
 #include <set>
+#include <sstream>
 #include <thread>
 
 #include <fmt/format.h>
@@ -89,6 +90,9 @@ class ErunTakeover : public ::testing::Test {
     const std::string said = p.err();
     return std::regex_search(said, m, std::regex("erun --attach (job-[0-9a-f]+)")) ? m[1].str() : "";
   }
+  // The tests of a standby on another machine (below); `relay`: the
+  // workers reach the driver through their agent's relay.
+  void standby_on_another_machine(bool relay);
   // Starts the job and SIGKILLs its erun right after rank 0's line for
   // `epoch` (not while a line is on its way); the workers' pids then.
   // Waits for the epoch, SIGKILLs erun (with `launcher_lost`, every ssh
@@ -326,13 +330,14 @@ TEST_F(ErunTakeover, AStandbyDriverTakesTheJobOverWhenItsErunIsKilled) {
 // --job-record and its own --driver-address, reaches the agents over ssh
 // across the link and has their relays reconnect to it there: the workers
 // keep their processes and ranks, every epoch runs once, the exact model.
-TEST_F(ErunTakeover, AStandbyOnAnotherMachineTakesTheJobOverAcrossTheNetwork) {
+void ErunTakeover::standby_on_another_machine(bool relay) {
   auto ns = NetNamespace::create();
   ERUN_REQUIRE_NETNS(ns);
   auto server = SshServer::start({ns->outer_address()});
   ERUN_REQUIRE_SSHD(server);
   std::vector<std::string> extra = {"--launcher", "ssh", "-np", "2", "-H", ns->outer_address() + ":2",
                                     "--driver-address", ns->outer_address()};
+  if (!relay) extra.push_back("--no-agent-relay");
   for (auto& a : server->erun_args()) extra.push_back(a);
   ErunProcess first(args(extra), env());
   const std::string name = job_name(first);
@@ -350,6 +355,28 @@ TEST_F(ErunTakeover, AStandbyOnAnotherMachineTakesTheJobOverAcrossTheNetwork) {
   EXPECT_NE(standby.err().find("2 worker(s) on 1 host(s)"), std::string::npos) << standby.err();
   EXPECT_NE(standby.err().find("and 0 resets"), std::string::npos) << standby.err();
   expect_each_epoch_once(first, standby);
+  if (!relay) {
+    // Each worker was told where the new driver is by its agent (their
+    // stderr comes out on erun's stdout, marked <stderr>).
+    const std::string told = "a new driver took the job over at " + ns->inner_address() + ":";
+    std::set<std::string> ranks_told;
+    std::istringstream lines(standby.out());
+    for (std::string line; std::getline(lines, line);) {
+      if (line.find(told) != std::string::npos) ranks_told.insert(line.substr(0, line.find('<')));
+    }
+    EXPECT_EQ(ranks_told, (std::set<std::string>{"[0]", "[1]"})) << standby.out();
+  }
+}
+
+TEST_F(ErunTakeover, AStandbyOnAnotherMachineTakesTheJobOverAcrossTheNetwork) {
+  standby_on_another_machine(/*relay=*/true);
+}
+
+// As above, the workers reaching the driver themselves (--no-agent-relay):
+// their agents write where the new driver is (ERUN_DRIVER_FILE), and the
+// workers connect there.
+TEST_F(ErunTakeover, AStandbyOnAnotherMachineIsFoundByWorkersWithoutTheAgentRelay) {
+  standby_on_another_machine(/*relay=*/false);
 }
 
 // A standby given the record's path (--job-record: shared storage) takes over

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "rendezvous_test_util.h"
+#include "support/erun_process.h"
 
 namespace erun::testing {
 namespace {
@@ -95,6 +96,40 @@ TEST(RendezvousReconnect, AJoinInFlightIsSentAgainToTheNextServer) {
   auto r = f.get();
   ASSERT_TRUE(r.is_ok()) << r.message();
   EXPECT_EQ(got, 2);
+}
+
+// A worker that reaches the driver without its agent's relay: the new
+// driver is elsewhere (here another port), and the worker's agent writes
+// where (ClientOptions::follow_file). The client ignores what is not
+// "HOST PORT", and reaches the new driver once the file names it.
+TEST(RendezvousReconnect, AClientFollowsTheDriverItsAgentNamesElsewhere) {
+  TempDir dir;
+  auto first = start_server();
+  ClientOptions o = graceful(first->port(), 20s);
+  o.follow_file = dir.file("driver");
+  RendezvousClient client(o);
+  ASSERT_TRUE(client.connect().is_ok());
+  ASSERT_TRUE(join_published(*first, client, 3, -1).is_ok());
+  const int old_port = first->port();
+  first.reset();
+  auto second = start_server([] {
+    ServerOptions so = server_options();
+    so.resume_generation = 3;
+    return so;
+  }());
+  ASSERT_NE(second->port(), old_port);
+  for (const std::string& bad : std::vector<std::string>{"127.0.0.1\n", "127.0.0.1 0\n", "127.0.0.1 70000\n", " 1234\n",
+                                "unix:/tmp/x " + std::to_string(second->port()) + "\n",
+                                "127.0.0.1 " + std::to_string(second->port())}) {  // the last: no newline
+    dir.write("driver", bad);
+    std::this_thread::sleep_for(700ms);  // a try or more
+    EXPECT_FALSE(client.hosts_updated()) << "followed '" << bad << "'";
+  }
+  dir.write("driver", "127.0.0.1 " + std::to_string(second->port()) + "\n");
+  ASSERT_TRUE(wait_for([&] { return client.hosts_updated(); }, 10s)) << "the client did not follow the file";
+  auto r = join_published(*second, client, 4, 3);
+  ASSERT_TRUE(r.is_ok()) << r.message();
+  EXPECT_EQ(client.generation(), 4);
 }
 
 TEST(RendezvousReconnect, WithoutAGraceOrPastItTheJoinFails) {
