@@ -136,7 +136,7 @@ std::vector<std::string> Agent::worker_env(const Start& s) {
     // elsewhere, this file says where (tell_direct_workers()).
     if (!direct_workers_) direct_rdzv_host_ = addr->second;
     direct_workers_ = true;
-    merged["ERUN_DRIVER_FILE"] = attach_dir_ + "/driver";
+    merged["ERUN_DRIVER_FILE"] = attach_dir_ + "/" + kDriverFile;
   }
   hold_commit_dir(merged);
   // A worker from now on: a replica goes only once the workers' own
@@ -634,7 +634,8 @@ void Agent::finish() {
   attach_listen_.reset();
   if (!attach_path_.empty()) ::unlink(attach_path_.c_str());
   if (!attach_dir_.empty()) {
-    ::unlink((attach_dir_ + "/driver").c_str());
+    ::unlink((attach_dir_ + "/" + kDriverFile).c_str());
+    ::unlink((attach_dir_ + "/" + kDriverFileTemp).c_str());
     ::rmdir(attach_dir_.c_str());
   }
   close_fd(watchdog_fd_);  // the watchdog finds no group left and exits

@@ -206,22 +206,17 @@ void Agent::tell_direct_workers(const Attach& a) {
   if (!direct_workers_ || a.rdzv_port == 0 || a.rdzv_port > 65535) return;
   if (!a.rdzv_host.empty()) direct_rdzv_host_ = a.rdzv_host;
   const std::string text = fmt::format("{} {}\n", direct_rdzv_host_, a.rdzv_port);
-  // A private temporary file renamed over the last: a worker reads all of
-  // it or the one before.
+  // A temporary file renamed over the last: a worker reads all of it or
+  // the one before. Fixed names (the watchdog removes both): the directory
+  // is this agent's own, 0700, so nobody else can plant a link there.
   Fd dir(::open(attach_dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW));
-  std::string name;
-  auto made = dir ? create_private_temp(dir.get(), attach_dir_, ".driver-", &name)
-                  : Result<int>::error(fmt::format("{}: {}", attach_dir_, std::strerror(errno)));
-  if (!made) {
-    ERUN_LOG_WARN("{}: cannot tell the workers where the new driver is ({}): they keep trying the old one", me_,
-                  made.message());
-    return;
-  }
-  Fd file(made.value());
-  if (!write_fully(file.get(), text) || ::renameat(dir.get(), name.c_str(), dir.get(), "driver") != 0) {
-    ERUN_LOG_WARN("{}: cannot tell the workers where the new driver is ({}/driver: {}): they keep trying the old one",
-                  me_, attach_dir_, std::strerror(errno));
-    ::unlinkat(dir.get(), name.c_str(), 0);
+  Fd file(dir ? ::openat(dir.get(), kDriverFileTemp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600)
+              : -1);
+  if (!file || !write_fully(file.get(), text) ||
+      ::renameat(dir.get(), kDriverFileTemp, dir.get(), kDriverFile) != 0) {
+    ERUN_LOG_WARN("{}: cannot tell the workers where the new driver is ({}/{}: {}): they keep trying the old one",
+                  me_, attach_dir_, kDriverFile, std::strerror(errno));
+    if (dir) ::unlinkat(dir.get(), kDriverFileTemp, 0);
     return;
   }
   ERUN_LOG_INFO("{}: the workers that reach the driver themselves are pointed at {}:{}", me_, direct_rdzv_host_,

@@ -112,7 +112,8 @@ void stop_groups(const std::map<pid_t, long>& groups) {
   }
   if (!state.attach_dir.empty()) {
     ::unlink((state.attach_dir + "/attach").c_str());
-    ::unlink((state.attach_dir + "/driver").c_str());
+    ::unlink((state.attach_dir + "/" + kDriverFile).c_str());
+    ::unlink((state.attach_dir + "/" + kDriverFileTemp).c_str());
     ::rmdir(state.attach_dir.c_str());
   }
   if (!state.commit_dir.empty()) {

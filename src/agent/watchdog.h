@@ -17,6 +17,12 @@
 
 namespace erun::agent {
 
+// The attach directory's files besides the socket ("attach"): where a new
+// driver is, for the workers that reach it without the relay
+// (ERUN_DRIVER_FILE), and that file being written. The watchdog removes all.
+constexpr const char* kDriverFile = "driver";
+constexpr const char* kDriverFileTemp = ".driver.tmp";
+
 // What the watchdog knows from the lines read so far.
 struct WatchdogState {
   std::map<pid_t, long> groups;  // pgid -> grace ms

@@ -12,6 +12,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <unordered_map>
 
@@ -166,32 +167,45 @@ struct RendezvousClient::Impl {
     return t.address.rfind("unix:", 0) == 0 ? t.address : fmt::format("{}:{}", t.address, t.port);
   }
 
-  // A new driver took the job over elsewhere: opt.follow_file (written by
-  // this worker's agent) says where, as "HOST PORT". Anything else there,
-  // or no file, leaves the target as it is.
-  void follow() {
-    if (opt.follow_file.empty()) return;
+  // Where opt.follow_file (written by this worker's agent when a new driver
+  // took the job over elsewhere) says the driver is, as "HOST PORT\n";
+  // nothing for no file, or anything else there.
+  std::optional<Target> followed() const {
+    if (opt.follow_file.empty() || opt.reconnect_within <= Duration::zero()) return std::nullopt;
     Fd f(::open(opt.follow_file.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
-    if (!f) return;
+    if (!f) return std::nullopt;
     char buf[300];
     ssize_t n = ::read(f.get(), buf, sizeof(buf));
-    if (n <= 0 || static_cast<size_t>(n) >= sizeof(buf) || buf[n - 1] != '\n') return;
+    if (n <= 0 || static_cast<size_t>(n) >= sizeof(buf) || buf[n - 1] != '\n') return std::nullopt;
     std::string_view line(buf, static_cast<size_t>(n) - 1);
     size_t sp = line.find(' ');
-    if (sp == 0 || sp == std::string_view::npos) return;
+    if (sp == 0 || sp == std::string_view::npos) return std::nullopt;
     std::string host(line.substr(0, sp));
     long port = 0;
     if (host.find_first_of(" \t\r\n") != std::string::npos || host.rfind("unix:", 0) == 0 ||
         !parse_int(line.substr(sp + 1), port) || port <= 0 || port > 65535) {
-      return;
+      return std::nullopt;
     }
+    return Target{std::move(host), static_cast<int>(port)};
+  }
+  // The followed file names another driver than the target.
+  bool driver_moved() const {
+    auto t = followed();
+    if (!t) return false;
+    Target now = target_now();
+    return t->address != now.address || t->port != now.port;
+  }
+  // Aims at the driver the followed file names.
+  void follow() {
+    auto t = followed();
+    if (!t) return;
     {
       std::lock_guard<std::mutex> lock(target_mu);
-      if (target.address == host && target.port == port) return;
-      target = Target{host, static_cast<int>(port)};
+      if (target.address == t->address && target.port == t->port) return;
+      target = *t;
     }
     ERUN_LOG_WARN("rendezvous: a new driver took the job over at {}:{} (this worker's agent says so): trying it there",
-                  host, port);
+                  t->address, t->port);
   }
 
   void fail(const std::string& reason) {
@@ -310,9 +324,13 @@ struct RendezvousClient::Impl {
     std::vector<char> buf;
     size_t len = 0;
     TimePoint frame_deadline = TimePoint::max();
+    // A driver still connected may be one a new driver replaced (frozen, or
+    // cut off): once a second, between frames, the followed file is looked
+    // at, and a worker it points elsewhere leaves this one.
+    const bool watch_file = !opt.follow_file.empty() && opt.reconnect_within > Duration::zero();
     while (!stop) {
       pollfd fds[2] = {{fd, POLLIN, 0}, {wake.get(), POLLIN, 0}};
-      int ms = -1;
+      int ms = watch_file ? 1000 : -1;
       if (len > 0) {
         auto left = frame_deadline - SteadyClock::now();
         ms = left <= Duration::zero() ? 0 : static_cast<int>(std::chrono::ceil<std::chrono::milliseconds>(left).count());
@@ -328,6 +346,15 @@ struct RendezvousClient::Impl {
           ::shutdown(fd, SHUT_RDWR);
           return fail(fmt::format("rendezvous: the driver at {} stalled mid-message for {:.1f} s", where(),
                                   seconds(opt.io_timeout)));
+        }
+        if (len == 0 && watch_file && driver_moved()) {
+          ::shutdown(fd, SHUT_RDWR);
+          if (!reconnect(fmt::format("rendezvous: the driver at {} was replaced by a new one elsewhere (this "
+                                     "worker's agent says so)",
+                                     where()))) {
+            return;
+          }
+          frame_deadline = TimePoint::max();
         }
         continue;
       }

@@ -397,15 +397,15 @@ class Driver {
   DriverRecord rec_;
   HostManager hosts_;
   std::unique_ptr<DiscoveryLoop> loop_;
-  // The hosts as discovery gave them (refresh_hosts(); changed only
-  // through set_discovered()).
+  // The hosts as discovery gave them (refresh_hosts()) and as the plans
+  // use them (apply_drains(), set_discovered()).
   struct Discovered {
     HostSet listed;           // as discovery lists them (draining marks included)
     HostSet hosts;            // listed less the draining hosts: what the plans use
     bool all_local = true;    // every discovered host launches locally
     long version = -1;        // the discovery loop's snapshot they came from
-    long epoch = 0;           // bumps in set_discovered()
-    TimePoint last_at{};      // the last discovery run inside step() (synchronous_discovery)
+    long epoch = 0;           // bumps whenever the usable slots may change (the plan cache and standbys look again)
+    TimePoint last_at{};      // the last discovery (start(); then in step() with synchronous_discovery)
     std::string last_error;   // the last failure logged
   };
   Discovered discovery_;
@@ -494,11 +494,12 @@ class Driver {
   std::map<long, LeftGeneration> leaving_;
   std::vector<Worker> workers_;
   long next_key_ = 1;
-  // A waiting phase (kWaitingForHosts, kWaitingWithSurvivors).
+  // Waiting for hosts: the phases that do (kWaitingForHosts,
+  // kWaitingWithSurvivors), and a running job below --min-np.
   struct Waiting {
     TimePoint since{};              // the --elastic-timeout clock (set_phase())
     TimePoint last_log{};           // its last "waiting" line
-    bool below_min_logged = false;  // said once that the job is below --min-np
+    bool below_min_logged = false;  // said once that the job is below --min-np (follow_membership())
   };
   Waiting waiting_;
   std::unique_ptr<CommitReplicas> replicas_;   // null: no host commits, or --commit-replicas 0

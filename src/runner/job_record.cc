@@ -60,6 +60,10 @@ std::optional<std::string> unescape(std::string_view s) {
 
 bool to_long(std::string_view s, long& v) { return parse_int(std::string(s), v); }
 
+// Milliseconds past which a time in the record is damage (the year 2262 in
+// nanoseconds; a steady clock's time points hold as much).
+constexpr long kMaxWallMs = 9'000'000'000'000L;
+
 }  // namespace
 
 RecordClock RecordClock::now() {
@@ -89,14 +93,19 @@ std::string encode_record(const JobRecord& r, const RecordClock& clock) {
   for (auto& a : r.agents) out += fmt::format("agent {} {}\n", escape(a.host), escape(a.attach_path));
   using std::chrono::milliseconds;
   for (auto& [host, h] : r.hosts) {
-    // When its blacklisting ends, in milliseconds of the wall clock since
-    // the epoch (0: never blacklisted).
-    long long until = 0;
+    // The blacklisting's time left as of now (what an erun before
+    // host_until reads), then when it ends in milliseconds of the wall
+    // clock since the epoch (a new driver reads that, not knowing when
+    // this was written).
+    const Duration left = std::max(h.blacklisted_until - clock.steady, Duration::zero());
+    out += fmt::format("host {} {} {} {}\n", escape(host), h.failures_in_a_row, h.times_blacklisted,
+                       std::chrono::duration_cast<milliseconds>(left).count());
     if (h.blacklisted_until != TimePoint{}) {
-      until = std::chrono::duration_cast<milliseconds>((clock.wall + (h.blacklisted_until - clock.steady)).time_since_epoch())
-                  .count();
+      const auto until = clock.wall + std::chrono::duration_cast<std::chrono::system_clock::duration>(
+                                          h.blacklisted_until - clock.steady);
+      out += fmt::format("host_until {} {}\n", escape(host),
+                         std::chrono::duration_cast<milliseconds>(until.time_since_epoch()).count());
     }
-    out += fmt::format("host {} {} {} {}\n", escape(host), h.failures_in_a_row, h.times_blacklisted, until);
   }
   for (auto& [keeper, holder] : r.keepers) out += fmt::format("keeper {} {}\n", escape(keeper), escape(holder));
   out += "end\n";
@@ -148,16 +157,25 @@ Result<JobRecord> decode_record(std::string_view text, const RecordClock& clock)
       long fails = 0, times = 0, ms = 0;
       ok = values.size() == 4 && to_long(values[1], fails) && to_long(values[2], times) && to_long(values[3], ms) &&
            fails >= 0 && times >= 0 && ms >= 0 && fails < (1 << 30) && times < (1 << 30) &&
-           ms < (1L << 50);
+           ms < kMaxWallMs;
       ok = ok && !r.hosts.count(values[0]);
       if (ok) {
         HostHistory& h = r.hosts[values[0]];
         h.failures_in_a_row = static_cast<int>(fails);
         h.times_blacklisted = static_cast<int>(times);
-        if (ms > 0) {
-          const std::chrono::system_clock::time_point until{std::chrono::milliseconds(ms)};
-          h.blacklisted_until = clock.steady + std::chrono::duration_cast<Duration>(until - clock.wall);
-        }
+        // Time left as of the writing (an erun before host_until wrote
+        // only this): from now, when nothing more exact follows.
+        if (ms > 0) h.blacklisted_until = clock.steady + std::chrono::milliseconds(ms);
+      }
+    } else if (key == "host_until") {
+      // When the blacklisting of a host named above ends, on the wall
+      // clock: onto this driver's clock (in the past, when it is over).
+      long ms = 0;
+      ok = values.size() == 2 && r.hosts.count(values[0]) && to_long(values[1], ms) && ms > 0 && ms < kMaxWallMs;
+      if (ok) {
+        const auto now_ms =
+            std::chrono::duration_cast<std::chrono::milliseconds>(clock.wall.time_since_epoch()).count();
+        r.hosts[values[0]].blacklisted_until = clock.steady + std::chrono::milliseconds(ms - now_ms);
       }
     } else if (key == "keeper") {
       ok = values.size() == 2 && r.keepers.emplace(values[0], values[1]).second;

@@ -349,11 +349,15 @@ void take_over(const erun::DriverOptions& o, Launchers& l, const erun::JobRecord
   // (port 0: the same port too), unless this driver runs elsewhere than the
   // record's: a standby on another machine (another host name, or an
   // address of its own given) is reached by remote hosts at its own
-  // address. Local agents (this machine's) keep 127.0.0.1.
+  // address. Local agents (this machine's) are sent 127.0.0.1 then: they
+  // may have followed a driver elsewhere before this one (X, then Y, then
+  // X again).
   const bool moved = record.driver_host != this_host() || !o.driver_address.empty();
   req.rdzv_port = rdzv_port == record.rendezvous_port ? 0 : rdzv_port;
   erun::AttachRequest remote_req = req;
   if (moved) {
+    req.rdzv_host = "127.0.0.1";
+    req.rdzv_port = rdzv_port;
     remote_req.rdzv_host = o.driver_address.empty() ? this_host() : o.driver_address;
     remote_req.rdzv_port = rdzv_port;
     if (record.driver_host != this_host()) {
@@ -492,8 +496,8 @@ int run_driver(const erun::DriverOptions& options, erun::HostDiscovery& discover
   if (!options.dry_run) {
     erun::Status s = rendezvous->start();
     if (!s && previous) {
-      ERUN_LOG_WARN("cannot listen on the job's rendezvous port {} again ({}): taking another; workers that "
-                    "connect to erun themselves (--no-agent-relay) cannot follow",
+      ERUN_LOG_WARN("cannot listen on the job's rendezvous port {} again ({}): taking another, which the agents "
+                    "tell their workers",
                     server_options.port, s.message());
       server_options.port = 0;
       rendezvous = std::make_unique<erun::RendezvousServer>(server_options);

@@ -14,16 +14,17 @@
 
 namespace erun {
 
-// Keeps the job record up to date from the driver (at most once a second,
-// written only when it changed).
+// Keeps the job record up to date from the driver: written whenever the
+// driver's record or the agents changed, and touched once a second.
 class RecordKeeper {
  public:
   RecordKeeper(JobStore& store, JobRecord base, std::vector<Launcher*> launchers)
       : store_(store), base_(std::move(base)), launchers_(std::move(launchers)) {}
-  // A new generation or a new agent's socket is written at once (a new
-  // erun must resume after it, and find every agent that runs workers);
-  // then each agent the record names is told RECORDED, and only then keeps
-  // its workers through the grace. The rest is looked at once a second.
+  // Any change is written at once (a new erun must resume after the last
+  // generation, and find every agent that runs workers); then each agent
+  // the record names is told RECORDED, and only then keeps its workers
+  // through the grace. Unchanged, the record is touched once a second (the
+  // heartbeat).
   void operator()(const Driver& d) {
     auto now = std::chrono::steady_clock::now();
     uint64_t version = 0;

@@ -132,6 +132,34 @@ TEST(RendezvousReconnect, AClientFollowsTheDriverItsAgentNamesElsewhere) {
   EXPECT_EQ(client.generation(), 4);
 }
 
+// The driver it is connected to lives on (frozen, or cut off from the
+// other hosts) but was replaced: the worker's agent names the new one, and
+// the client leaves the old one for it without waiting for the old
+// connection to fail.
+TEST(RendezvousReconnect, AClientLeavesADriverItsAgentSaysWasReplaced) {
+  TempDir dir;
+  auto old_driver = start_server();
+  ClientOptions o = graceful(old_driver->port(), 20s);
+  o.follow_file = dir.file("driver");
+  RendezvousClient client(o);
+  ASSERT_TRUE(client.connect().is_ok());
+  ASSERT_TRUE(join_published(*old_driver, client, 3, -1).is_ok());
+  // The file naming the driver it is connected to changes nothing.
+  dir.write("driver", "127.0.0.1 " + std::to_string(old_driver->port()) + "\n");
+  std::this_thread::sleep_for(1500ms);
+  EXPECT_FALSE(client.hosts_updated());
+  auto new_driver = start_server([] {
+    ServerOptions so = server_options();
+    so.resume_generation = 3;
+    return so;
+  }());
+  dir.write("driver", "127.0.0.1 " + std::to_string(new_driver->port()) + "\n");
+  ASSERT_TRUE(wait_for([&] { return client.hosts_updated(); }, 10s)) << "the client stayed with the old driver";
+  auto r = join_published(*new_driver, client, 4, 3);
+  ASSERT_TRUE(r.is_ok()) << r.message();
+  EXPECT_TRUE(old_driver->waiting().empty()) << "the join went to the old driver";
+}
+
 TEST(RendezvousReconnect, WithoutAGraceOrPastItTheJoinFails) {
   for (Duration grace : {Duration::zero(), Duration(1s)}) {
     auto first = start_server();

@@ -75,6 +75,9 @@ TEST(JobRecord, DamagedOrForeignTextIsRefused) {
   EXPECT_FALSE(decode_record(short_host).is_ok());
   EXPECT_FALSE(decode_record(good.substr(0, good.size() - 4) + "keeper c b\nend\n").is_ok()) << "c kept twice";
   EXPECT_FALSE(decode_record(good.substr(0, good.size() - 4) + "host c 0 1 0\nend\n").is_ok()) << "c's history twice";
+  EXPECT_FALSE(decode_record(good.substr(0, good.size() - 4) + "host_until zz 5\nend\n").is_ok()) << "no such host";
+  EXPECT_FALSE(decode_record(good.substr(0, good.size() - 4) + "host_until c 99999999999999999\nend\n").is_ok())
+      << "past what a clock holds";
   std::string short_keeper = good;
   short_keeper.replace(short_keeper.find("keeper d b"), 10, "keeper d");
   EXPECT_FALSE(decode_record(short_keeper).is_ok());
@@ -97,8 +100,9 @@ TEST(JobRecord, HostHistoriesCarryBlacklistingsAndCountsToTheNextDriverAndItsClo
   m.record_failure("b");
   const RecordClock written{clock.now(), kAt.wall};
   const std::string text = encode_record(r, written);
-  EXPECT_NE(text.find("host a 0 1 1800000010000\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("host a 0 1 10000\nhost_until a 1800000010000\n"), std::string::npos) << text;
   EXPECT_NE(text.find("host b 1 0 0\n"), std::string::npos) << text;
+  EXPECT_EQ(text.find("host_until b"), std::string::npos) << text;
 
   FakeClock other;  // the next driver's: another origin
   other.advance(std::chrono::hours(7));
@@ -119,6 +123,15 @@ TEST(JobRecord, HostHistoriesCarryBlacklistingsAndCountsToTheNextDriverAndItsClo
   EXPECT_TRUE(next.is_blacklisted("a"));
   other.advance(std::chrono::seconds(2));
   EXPECT_FALSE(next.is_blacklisted("a"));
+
+  // A record an erun before host_until wrote: the time left, from its reading.
+  std::string older = text;
+  older.erase(older.find("host_until a "), std::string("host_until a 1800000010000\n").size());
+  FakeClock third;
+  auto old_back = decode_record(older, RecordClock{third.now(), kAt.wall + std::chrono::seconds(4)});
+  ASSERT_TRUE(old_back.is_ok()) << old_back.message();
+  EXPECT_EQ(old_back->hosts.at("a").blacklisted_until, third.now() + std::chrono::seconds(10));
+  EXPECT_EQ(old_back->hosts.at("a").times_blacklisted, 1);
 }
 
 TEST(JobRecord, TheNameFollowsDirectoryAndCommand) {
