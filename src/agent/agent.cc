@@ -134,8 +134,7 @@ std::vector<std::string> Agent::worker_env(const Start& s) {
       addr != merged.end() && !attach_dir_.empty() && addr->second.rfind("unix:", 0) != 0) {
     // It reaches the driver itself: should a new driver take the job over
     // elsewhere, this file says where (tell_direct_workers()).
-    if (!direct_workers_) direct_rdzv_host_ = addr->second;
-    direct_workers_ = true;
+    if (direct_rdzv_host_.empty()) direct_rdzv_host_ = addr->second;
     merged["ERUN_DRIVER_FILE"] = attach_dir_ + "/" + kDriverFile;
   }
   hold_commit_dir(merged);

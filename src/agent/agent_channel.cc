@@ -203,7 +203,7 @@ void Agent::take_over_channel(Fd fd, const Attach& a, std::string_view rest) {
 }
 
 void Agent::tell_direct_workers(const Attach& a) {
-  if (!direct_workers_ || a.rdzv_port == 0 || a.rdzv_port > 65535) return;
+  if (direct_rdzv_host_.empty() || a.rdzv_port == 0 || a.rdzv_port > 65535) return;
   if (!a.rdzv_host.empty()) direct_rdzv_host_ = a.rdzv_host;
   const std::string text = fmt::format("{} {}\n", direct_rdzv_host_, a.rdzv_port);
   // A temporary file renamed over the last: a worker reads all of it or

@@ -193,10 +193,9 @@ class Agent {
   std::map<uint64_t, WorkerReport> departed_;
   std::string attach_dir_, attach_path_;
   // The driver's rendezvous as the first worker that reaches it itself (no
-  // relay) was given it: where ERUN_DRIVER_FILE points them from when a new
-  // driver names only its port.
+  // relay) was given it (empty: none does): where ERUN_DRIVER_FILE points
+  // them from when a new driver names only its port.
   std::string direct_rdzv_host_;
-  bool direct_workers_ = false;
   Fd attach_listen_;
   struct Attacher {
     Fd fd;

@@ -154,6 +154,7 @@ struct RendezvousClient::Impl {
   struct Target {
     std::string address;
     int port = 0;
+    bool operator==(const Target&) const = default;
   };
   mutable std::mutex target_mu;  // a leaf: nothing else is taken under it
   Target target;                 // guarded by target_mu
@@ -170,8 +171,9 @@ struct RendezvousClient::Impl {
   // Where opt.follow_file (written by this worker's agent when a new driver
   // took the job over elsewhere) says the driver is, as "HOST PORT\n";
   // nothing for no file, or anything else there.
+  bool follows() const { return !opt.follow_file.empty() && opt.reconnect_within > Duration::zero(); }
   std::optional<Target> followed() const {
-    if (opt.follow_file.empty() || opt.reconnect_within <= Duration::zero()) return std::nullopt;
+    if (!follows()) return std::nullopt;
     Fd f(::open(opt.follow_file.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
     if (!f) return std::nullopt;
     char buf[300];
@@ -191,9 +193,7 @@ struct RendezvousClient::Impl {
   // The followed file names another driver than the target.
   bool driver_moved() const {
     auto t = followed();
-    if (!t) return false;
-    Target now = target_now();
-    return t->address != now.address || t->port != now.port;
+    return t && *t != target_now();
   }
   // Aims at the driver the followed file names.
   void follow() {
@@ -201,7 +201,7 @@ struct RendezvousClient::Impl {
     if (!t) return;
     {
       std::lock_guard<std::mutex> lock(target_mu);
-      if (target.address == t->address && target.port == t->port) return;
+      if (target == *t) return;
       target = *t;
     }
     ERUN_LOG_WARN("rendezvous: a new driver took the job over at {}:{} (this worker's agent says so): trying it there",
@@ -327,7 +327,7 @@ struct RendezvousClient::Impl {
     // A driver still connected may be one a new driver replaced (frozen, or
     // cut off): once a second, between frames, the followed file is looked
     // at, and a worker it points elsewhere leaves this one.
-    const bool watch_file = !opt.follow_file.empty() && opt.reconnect_within > Duration::zero();
+    const bool watch_file = follows();
     while (!stop) {
       pollfd fds[2] = {{fd, POLLIN, 0}, {wake.get(), POLLIN, 0}};
       int ms = watch_file ? 1000 : -1;

@@ -482,10 +482,10 @@ std::optional<int> Driver::step() {
   return code;
 }
 
-void Driver::set_plan(const Plan& p) {
+void Driver::set_plan(Plan p) {
   rec_.plan.clear();
   for (auto& a : p.ranks) rec_.plan.push_back(a.slot);
-  plan_ = plan_over_slots(p.generation, rec_.plan);
+  plan_ = std::move(p);
 }
 
 std::optional<int> Driver::turn() {

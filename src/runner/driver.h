@@ -347,9 +347,9 @@ class Driver {
   void log_resumed_commit(const MembershipSnapshot& m);
   void enforce_rejoin_deadline(const MembershipSnapshot& m);
   void retire_workers(const MembershipSnapshot& m);
-  // The running plan is `p`: its slots go in the record, and plan_ is
-  // planned from them (plan_over_slots()).
-  void set_plan(const Plan& p);
+  // The running plan is `p`: its slots go in the record, the plan itself
+  // in plan_ (a takeover plans it from the record's slots: adopt()).
+  void set_plan(Plan p);
   // Publishes plan_ as the generation (its facts start anew in gen_): `fresh`,
   // every worker was launched for it; `after_failure`, it re-forms after one.
   void publish(bool fresh, bool after_failure);
@@ -473,7 +473,7 @@ class Driver {
   Outcome outcome_;
   long launched_ = 0;              // worker processes started (the job summary's count)
   long rolled_back_logged_ = -1;   // the generation whose rolled_back event was written
-  Plan plan_;  // rec_.plan's slots planned for rec_.generation (set_plan())
+  Plan plan_;  // the running plan, rec_.plan's slots with their ranks (set_plan())
   // plan_'s hosts by index (torchrun's node numbers), for the plan of
   // generation node_index_gen_; made on first use per plan.
   mutable std::unordered_map<std::string, int> node_index_;

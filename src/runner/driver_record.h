@@ -1,8 +1,8 @@
 // DriverRecord: the driver's state that must outlive it, in one value, and
 // the running driver's storage of it: the driver keeps its generation,
 // counts and plan here, HostManager the hosts' histories and CommitReplicas
-// its keepers, and what the driver holds beside (its Plan's ranks, the
-// blacklist now) is derived from it. A new driver starts from the record
+// its keepers; what they hold beside (the Plan's ranks, the blacklist now)
+// is changed with it or read off it. A new driver starts from the record
 // its job record (job_record.h: this plus how to reach the job) carries
 // over, and goes on from there.
 #pragma once
@@ -24,7 +24,7 @@ struct DriverRecord {
   // erun's library: they re-join in place); of the workers, as of the
   // driver's last step.
   bool in_place = false;
-  std::vector<SlotKey> plan;  // the running plan's slots, rank i at index i (Driver::plan() derives from it)
+  std::vector<SlotKey> plan;  // the running plan's slots, rank i at index i (Driver::plan() holds their ranks)
   HostHistories hosts;        // the hosts' failures and blacklistings (HostManager's)
   // The commit replicas' keepers (--commit-replicas): keeper host -> the
   // holder host that pushes to it (CommitReplicas's).

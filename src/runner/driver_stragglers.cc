@@ -124,19 +124,21 @@ bool Driver::preflight_holds_back(Worker& w, const JoinRequest& j, const Members
   std::string check, why;
   double took_ms = 0, median_ms = 0;
   const bool past_bound = j.link_us >= kLinkProbeBoundUs;
-  if (j.link_us > 0 && (past_bound || (!links.empty() && j.link_us > kPreflightFactor * median_of(links)))) {
+  const double links_median = links.empty() ? 0 : median_of(links);
+  const double probes_median = probes.empty() ? 0 : median_of(probes);
+  if (j.link_us > 0 && (past_bound || (!links.empty() && j.link_us > kPreflightFactor * links_median))) {
     check = "link";
     took_ms = j.link_us / 1e3;
-    median_ms = past_bound ? 0 : median_of(links) / 1e3;  // 0: the bound decided
+    median_ms = past_bound ? 0 : links_median / 1e3;  // 0: the bound decided
     why = past_bound ? fmt::format("its link probe (1 MiB each way with a worker on another host) did not finish "
                                    "within {:.0f} ms",
                                    kLinkProbeBoundUs / 1e3)
                      : fmt::format("its link probe took {:.1f} ms, {:.1f}x the job's workers' median {:.1f} ms",
                                    took_ms, took_ms / median_ms, median_ms);
-  } else if (j.probe_us > 0 && !probes.empty() && j.probe_us > kPreflightFactor * median_of(probes)) {
+  } else if (j.probe_us > 0 && !probes.empty() && j.probe_us > kPreflightFactor * probes_median) {
     check = "compute";
     took_ms = j.probe_us / 1e3;
-    median_ms = median_of(probes) / 1e3;
+    median_ms = probes_median / 1e3;
     why = fmt::format("its pre-flight check took {:.0f} ms, {:.1f}x the job's workers' median {:.0f} ms", took_ms,
                       took_ms / median_ms, median_ms);
   }

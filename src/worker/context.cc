@@ -145,14 +145,15 @@ constexpr auto kLinkProbeTimeout = std::chrono::microseconds(kLinkProbeBoundUs);
 // otherwise (the peer gone, refused): no measurement, said in a warning.
 uint32_t link_probe_us(const WorkerOptions& o) {
   const auto colon = o.probe_peer.rfind(':');
-  const int port = colon == std::string::npos ? 0 : std::atoi(o.probe_peer.c_str() + colon + 1);
-  if (port <= 0 || port > 65535) {
+  long port = 0;
+  if (colon == std::string::npos || !parse_int(std::string_view(o.probe_peer).substr(colon + 1), port) || port <= 0 ||
+      port > 65535) {
     ERUN_LOG_WARN("erun: ERUN_PROBE_PEER={} is not host:port; no link probe", o.probe_peer);
     return 0;
   }
   const std::string host = o.probe_peer.substr(0, colon);
   const auto t0 = std::chrono::steady_clock::now();
-  auto r = worker::probe_link(host, port, o.job_id, o.secret, worker::kLinkProbeBytes, kLinkProbeTimeout);
+  auto r = worker::probe_link(host, static_cast<int>(port), o.job_id, o.secret, worker::kLinkProbeBytes, kLinkProbeTimeout);
   const auto took = std::chrono::steady_clock::now() - t0;
   auto us = [](Duration d) {
     return static_cast<uint32_t>(

@@ -98,6 +98,20 @@ TEST(RendezvousReconnect, AJoinInFlightIsSentAgainToTheNextServer) {
   EXPECT_EQ(got, 2);
 }
 
+// A client that follows `file` (ClientOptions::follow_file, what the
+// worker's agent writes), joined to `server`'s generation 3; null after a
+// failure.
+std::unique_ptr<RendezvousClient> following_client(RendezvousServer& server, const std::string& file) {
+  ClientOptions o = graceful(server.port(), 20s);
+  o.follow_file = file;
+  auto client = std::make_unique<RendezvousClient>(o);
+  if (!client->connect().is_ok() || !join_published(server, *client, 3, -1).is_ok()) return nullptr;
+  return client;
+}
+
+// What the agent writes for a driver at 127.0.0.1:`port`.
+std::string driver_at(int port) { return "127.0.0.1 " + std::to_string(port) + "\n"; }
+
 // A worker that reaches the driver without its agent's relay: the new
 // driver is elsewhere (here another port), and the worker's agent writes
 // where (ClientOptions::follow_file). The client ignores what is not
@@ -105,31 +119,24 @@ TEST(RendezvousReconnect, AJoinInFlightIsSentAgainToTheNextServer) {
 TEST(RendezvousReconnect, AClientFollowsTheDriverItsAgentNamesElsewhere) {
   TempDir dir;
   auto first = start_server();
-  ClientOptions o = graceful(first->port(), 20s);
-  o.follow_file = dir.file("driver");
-  RendezvousClient client(o);
-  ASSERT_TRUE(client.connect().is_ok());
-  ASSERT_TRUE(join_published(*first, client, 3, -1).is_ok());
+  auto client = following_client(*first, dir.file("driver"));
+  ASSERT_TRUE(client);
   const int old_port = first->port();
   first.reset();
-  auto second = start_server([] {
-    ServerOptions so = server_options();
-    so.resume_generation = 3;
-    return so;
-  }());
+  auto second = start_on(0, 3);  // another port
   ASSERT_NE(second->port(), old_port);
-  for (const std::string& bad : std::vector<std::string>{"127.0.0.1\n", "127.0.0.1 0\n", "127.0.0.1 70000\n", " 1234\n",
-                                "unix:/tmp/x " + std::to_string(second->port()) + "\n",
-                                "127.0.0.1 " + std::to_string(second->port())}) {  // the last: no newline
+  const std::string line = driver_at(second->port());
+  for (const std::string& bad : std::vector<std::string>{"127.0.0.1\n", driver_at(0), driver_at(70000), " 1234\n",
+                                 "unix:/tmp/x" + line.substr(line.find(' ')), line.substr(0, line.size() - 1)}) {
     dir.write("driver", bad);
     std::this_thread::sleep_for(700ms);  // a try or more
-    EXPECT_FALSE(client.hosts_updated()) << "followed '" << bad << "'";
+    EXPECT_FALSE(client->hosts_updated()) << "followed '" << bad << "'";
   }
-  dir.write("driver", "127.0.0.1 " + std::to_string(second->port()) + "\n");
-  ASSERT_TRUE(wait_for([&] { return client.hosts_updated(); }, 10s)) << "the client did not follow the file";
-  auto r = join_published(*second, client, 4, 3);
+  dir.write("driver", line);
+  ASSERT_TRUE(wait_for([&] { return client->hosts_updated(); }, 10s)) << "the client did not follow the file";
+  auto r = join_published(*second, *client, 4, 3);
   ASSERT_TRUE(r.is_ok()) << r.message();
-  EXPECT_EQ(client.generation(), 4);
+  EXPECT_EQ(client->generation(), 4);
 }
 
 // The driver it is connected to lives on (frozen, or cut off from the
@@ -139,23 +146,16 @@ TEST(RendezvousReconnect, AClientFollowsTheDriverItsAgentNamesElsewhere) {
 TEST(RendezvousReconnect, AClientLeavesADriverItsAgentSaysWasReplaced) {
   TempDir dir;
   auto old_driver = start_server();
-  ClientOptions o = graceful(old_driver->port(), 20s);
-  o.follow_file = dir.file("driver");
-  RendezvousClient client(o);
-  ASSERT_TRUE(client.connect().is_ok());
-  ASSERT_TRUE(join_published(*old_driver, client, 3, -1).is_ok());
+  auto client = following_client(*old_driver, dir.file("driver"));
+  ASSERT_TRUE(client);
   // The file naming the driver it is connected to changes nothing.
-  dir.write("driver", "127.0.0.1 " + std::to_string(old_driver->port()) + "\n");
+  dir.write("driver", driver_at(old_driver->port()));
   std::this_thread::sleep_for(1500ms);
-  EXPECT_FALSE(client.hosts_updated());
-  auto new_driver = start_server([] {
-    ServerOptions so = server_options();
-    so.resume_generation = 3;
-    return so;
-  }());
-  dir.write("driver", "127.0.0.1 " + std::to_string(new_driver->port()) + "\n");
-  ASSERT_TRUE(wait_for([&] { return client.hosts_updated(); }, 10s)) << "the client stayed with the old driver";
-  auto r = join_published(*new_driver, client, 4, 3);
+  EXPECT_FALSE(client->hosts_updated());
+  auto new_driver = start_on(0, 3);
+  dir.write("driver", driver_at(new_driver->port()));
+  ASSERT_TRUE(wait_for([&] { return client->hosts_updated(); }, 10s)) << "the client stayed with the old driver";
+  auto r = join_published(*new_driver, *client, 4, 3);
   ASSERT_TRUE(r.is_ok()) << r.message();
   EXPECT_TRUE(old_driver->waiting().empty()) << "the join went to the old driver";
 }
