@@ -300,8 +300,12 @@ bool JobAccount::observe_line(std::string_view line) {
          false);
     enter(Spent::kTraining, t);
   } else if (event == "rolled_back") {
-    const double lost = std::min(std::max(0.0, number(e, "seconds")), spent_[static_cast<int>(Spent::kTraining)]);
-    spent_[static_cast<int>(Spent::kTraining)] -= lost;
+    // The survivors may re-join before the driver has reset the generation:
+    // the training they threw away is then still the phase in progress.
+    const double training = spent_[static_cast<int>(Spent::kTraining)] +
+                            (phase_ == Spent::kTraining ? std::max(0.0, t - phase_since_) : 0.0);
+    const double lost = std::min(std::max(0.0, number(e, "seconds")), training);
+    spent_[static_cast<int>(Spent::kTraining)] -= lost;  // below 0 only until the phase in progress is added
     spent_[static_cast<int>(Spent::kRolledBack)] += lost;
   } else if (event == "signal") {
     counts_.stop_signal = static_cast<int>(number(e, "signal"));

@@ -134,6 +134,46 @@ TEST(JobAccount, ANewDriverInTheSameLogIsADriverGapNotANewJob) {
   EXPECT_EQ(s.takeovers, 1);
 }
 
+// The survivors can re-join (and the driver write `rolled_back`) before the
+// driver has reaped the dead worker and reset the generation: the work thrown
+// away is then part of the training still in progress, and counts all the same.
+TEST(JobAccount, ARollbackBeforeTheResetIsCountedInFull) {
+  JobAccount a;
+  for (const std::string& l : {
+           line(0.0, "job_started", R"("job_id":"erun-1","hosts":"node-a:2","min_np":1,"max_np":2)"),
+           line(0.0, "generation_started", R"("generation":1,"size":2,"plan":"2 ranks")"),
+           line(1.0, "generation_joined", R"("generation":1,"seconds":1.0)"),
+           line(9.0, "worker_exited",
+                R"("generation":1,"host":"node-a","rank":1,"exit_code":137,"stopped_by_erun":false)"),
+           line(9.05, "rolled_back", R"("generation":1,"commit":12,"seconds":0.3)"),
+           line(9.1, "reset", R"("generation":1,"reason":"worker failed","resets":1)"),
+           line(9.1, "generation_started", R"("generation":2,"size":2,"plan":"2 ranks")"),
+           line(9.6, "generation_joined", R"("generation":2,"seconds":0.5)"),
+           line(20.0, "job_finished", R"("exit_code":0,"generation":2,"resets":1,"launched":3)"),
+       }) {
+    ASSERT_TRUE(a.observe_line(l)) << l;
+  }
+  JobSummary s = a.summary(1e12);
+  EXPECT_NEAR(spent(s, Spent::kRolledBack), 0.3, 1e-6);
+  EXPECT_NEAR(s.training_s(), (9.1 - 1.0) + (20.0 - 9.6) - 0.3, 1e-6);
+  EXPECT_NEAR(spent(s, Spent::kRecovery), 0.5, 1e-6);
+  EXPECT_NEAR(sum(s), s.wall_s, 1e-6);
+
+  // Counted up to a moment between the two events, nothing is negative.
+  JobAccount live;
+  for (const std::string& l : {
+           line(0.0, "job_started", R"("job_id":"erun-1","hosts":"node-a:2","min_np":1,"max_np":2)"),
+           line(1.0, "generation_joined", R"("generation":1,"seconds":1.0)"),
+           line(1.05, "rolled_back", R"("generation":1,"commit":1,"seconds":5)"),
+       }) {
+    ASSERT_TRUE(live.observe_line(l)) << l;
+  }
+  s = live.summary(0);
+  EXPECT_NEAR(spent(s, Spent::kRolledBack), 0.05, 1e-6) << "never more than was trained";
+  EXPECT_NEAR(s.training_s(), 0.0, 1e-6);
+  EXPECT_NEAR(sum(s), s.wall_s, 1e-6);
+}
+
 TEST(JobAccount, RollbackIsDatedByTheCommitsSeen) {
   JobAccount a;
   a.observe_line(line(0, "job_started", R"("job_id":"j","hosts":"h:2")"));
