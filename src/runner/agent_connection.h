@@ -215,7 +215,7 @@ class AgentConnection {
     std::lock_guard lock(mu_);
     abandoned_ = true;
     for (auto& [id, s] : workers_) {
-      if (!s.exit) s.exit = ExitStatus{255, 0};
+      if (!s.exit) set_exit(s, ExitStatus{255, 0});
       close_writers(s);
     }
     (void)process_.release();
@@ -276,6 +276,12 @@ class AgentConnection {
     return it == workers_.end() ? std::nullopt : it->second.exit;
   }
 
+  TimePoint exited_at_of(uint64_t id) {
+    std::lock_guard lock(mu_);
+    auto it = workers_.find(id);
+    return it == workers_.end() || !it->second.exit ? TimePoint::max() : it->second.exited_at;
+  }
+
   std::optional<std::vector<std::string>> exit_stderr_of(uint64_t id) {
     std::lock_guard lock(mu_);
     auto it = workers_.find(id);
@@ -330,8 +336,16 @@ class AgentConnection {
     long pid = 0;
     int out_w = -1, err_w = -1;
     std::optional<ExitStatus> exit;
+    TimePoint exited_at{};  // when `exit` was set
     std::optional<std::vector<std::string>> exit_stderr;  // EXITED's lines
   };
+
+  // Every end goes through here (mu_ held): its moment orders the ends the
+  // driver finds at one look.
+  static void set_exit(Slot& s, ExitStatus e) {
+    s.exit = e;
+    s.exited_at = SteadyClock::now();
+  }
 
   // A line of the transport's stderr that stderr_hint_ recognised, and its fix.
   struct TransportFailure {
@@ -342,7 +356,7 @@ class AgentConnection {
   // The worker ends with the lost host (255); a recognised transport failure
   // becomes its report, so the job's root cause says how to fix it.
   void fail_with_host_locked(Slot& s) {
-    s.exit = ExitStatus{255, 0};
+    set_exit(s, ExitStatus{255, 0});
     if (transport_failure_) s.exit_stderr = std::vector<std::string>{transport_failure_->line, transport_failure_->hint};
     close_writers(s);
   }
@@ -502,12 +516,12 @@ class AgentConnection {
       if (auto it = workers_.find(f->id); it != workers_.end()) {
         ERUN_LOG_ERROR("{}: the agent could not start the worker: {}",
                        who(it->second.generation, host_, it->second.rank), f->why);
-        it->second.exit = ExitStatus{127, 0};
+        set_exit(it->second, ExitStatus{127, 0});
         close_writers(it->second);
       }
     } else if (auto* e = std::get_if<agent::Exited>(&m)) {
       if (auto it = workers_.find(e->id); it != workers_.end()) {
-        it->second.exit = ExitStatus{e->code, e->signal};
+        set_exit(it->second, ExitStatus{e->code, e->signal});
         it->second.exit_stderr = std::move(e->stderr_tail);
         close_writers(it->second);
       }
@@ -666,7 +680,7 @@ class AgentConnection {
     if (closing) {
       std::lock_guard lock(mu_);
       for (auto& [id, s] : workers_) {
-        if (!s.exit) s.exit = ExitStatus{255, 0};
+        if (!s.exit) set_exit(s, ExitStatus{255, 0});
         close_writers(s);
       }
     } else {

@@ -263,11 +263,25 @@ bool Driver::start_generation(const HostSet& usable) {
 }
 
 void Driver::reap() {
-  for (auto& w : workers_) {
+  // The ends found at this look, in the order they happened: when a lost
+  // agent's workers and, moments later, their peers on another host all
+  // ended, the lost host's is the generation's failure, whatever the ranks.
+  struct Ended {
+    size_t index;
+    ExitStatus status;
+    TimePoint at;
+  };
+  std::vector<Ended> ended;
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    auto& w = workers_[i];
     if (w.exit || !w.handle) continue;
-    auto s = w.handle->poll();
-    if (!s) continue;
-    w.exit = *s;
+    if (auto s = w.handle->poll()) ended.push_back(Ended{i, *s, w.handle->exited_at()});
+  }
+  std::stable_sort(ended.begin(), ended.end(), [](const Ended& x, const Ended& y) { return x.at < y.at; });
+  for (const Ended& e : ended) {
+    auto& w = workers_[e.index];
+    const ExitStatus& s = e.status;
+    w.exit = s;
     const auto& a = w.assignment;
     double after = seconds(clock_.now() - w.started);
     if (d_.output) d_.output->drain(w.key, 200);
@@ -275,28 +289,28 @@ void Driver::reap() {
       d_.events->write("worker_exited", {{"generation", json_number(rec_.generation)},
                                          {"host", json_string(a.slot.host)},
                                          {"rank", json_number(long{a.rank})},
-                                         {"exit_code", json_number(long{s->shell_code()})},
+                                         {"exit_code", json_number(long{s.shell_code()})},
                                          {"stopped_by_erun", is_stopping(w.state) ? "true" : "false"},
                                          {"standby", w.standby ? "true" : "false"}});
     }
     if (w.standby) {
-      if (!is_stopping(w.state)) standby_lost(w, fmt::format("ended with {} after {:.1f} s", s->describe(), after));
+      if (!is_stopping(w.state)) standby_lost(w, fmt::format("ended with {} after {:.1f} s", s.describe(), after));
       continue;
     }
     if (w.pending()) {
       // Never part of a generation: its end fails its host, not the job's generation.
-      replacement_failed(w, fmt::format("ended with {} after {:.1f} s", s->describe(), after));
+      replacement_failed(w, fmt::format("ended with {} after {:.1f} s", s.describe(), after));
       continue;
     }
     if (is_stopping(w.state)) {
-      if (w.state == WorkerState::kExcluded && !s->ok()) {
+      if (w.state == WorkerState::kExcluded && !s.ok()) {
         // Left out already on a survivor's report; say how it ended too.
         ERUN_LOG_WARN("{}: failed with {} after {:.1f} s (already left out of the job)",
-                      who(rec_.generation, a.slot.host, a.rank), s->describe(), after);
+                      who(rec_.generation, a.slot.host, a.rank), s.describe(), after);
       }
       continue;
     }
-    if (s->ok()) {
+    if (s.ok()) {
       ERUN_LOG_INFO("{}: finished successfully after {:.1f} s", who(rec_.generation, a.slot.host, a.rank), after);
       outcome_.any_success = true;
       drop_fresh_workers();
@@ -316,11 +330,11 @@ void Driver::reap() {
     if (same_burst) {
       gen_.burst_losses = true;
     } else {
-      crash_loop_.worker_failed(a.slot.host, *s);
+      crash_loop_.worker_failed(a.slot.host, s);
     }
-    ERUN_LOG_WARN("{}: failed with {} after {:.1f} s", who(rec_.generation, a.slot.host, a.rank), s->describe(),
+    ERUN_LOG_WARN("{}: failed with {} after {:.1f} s", who(rec_.generation, a.slot.host, a.rank), s.describe(),
                   after);
-    fail_generation(Failure{rec_.generation, a.slot.host, a.rank, *s, stderr_tail(w), after});
+    fail_generation(Failure{rec_.generation, a.slot.host, a.rank, s, stderr_tail(w), after});
   }
 }
 

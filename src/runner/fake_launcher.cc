@@ -28,6 +28,7 @@ class FakeHandle final : public WorkerHandle {
   int take_stderr() override { return -1; }
   long pid() const override { return 0; }
   std::optional<std::vector<std::string>> exit_stderr() const override { return w_->exit_stderr; }
+  TimePoint exited_at() const override { return w_->exited_at; }
 
  private:
   std::shared_ptr<FakeLauncher::Worker> w_;

@@ -25,6 +25,7 @@ class FakeLauncher final : public Launcher {
     bool killed = false;      // kill() was called
     std::vector<int> signals;
     std::optional<std::vector<std::string>> exit_stderr;  // what its agent's EXITED would carry
+    TimePoint exited_at = TimePoint::max();  // when the launcher learned of `exit`: max, not known
   };
 
   Result<std::unique_ptr<WorkerHandle>> launch(const WorkerSpec& spec) override;
@@ -39,6 +40,11 @@ class FakeLauncher final : public Launcher {
   // The running worker of a rank in the newest generation that has it.
   std::shared_ptr<Worker> running_rank(int rank) const;
   void finish(const std::shared_ptr<Worker>& w, ExitStatus status) { w->exit = status; }
+  // Ends it, the launcher having learned of the end at `at`.
+  void finish(const std::shared_ptr<Worker>& w, ExitStatus status, TimePoint at) {
+    w->exit = status;
+    w->exited_at = at;
+  }
   // Ends it with the last stderr lines its agent reports.
   void finish(const std::shared_ptr<Worker>& w, ExitStatus status, std::vector<std::string> stderr_lines) {
     w->exit_stderr = std::move(stderr_lines);

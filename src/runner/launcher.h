@@ -62,6 +62,10 @@ class WorkerHandle {
   // whose agent was lost because its transport failed in a way the launcher
   // recognises (ssh refusing the host key) reports that line and its fix.
   virtual std::optional<std::vector<std::string>> exit_stderr() const { return std::nullopt; }
+  // When the launcher learned of the worker's end, once poll() has a status
+  // (max: not known). The driver takes the ends it finds at one look in this
+  // order, so the failure that happened first is the one it acts on.
+  virtual TimePoint exited_at() const { return TimePoint::max(); }
 };
 
 // A worker that a driver taking a job over found running (or ended while no

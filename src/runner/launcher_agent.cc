@@ -56,6 +56,7 @@ class AgentWorker final : public WorkerHandle {
   int take_stderr() override { return std::exchange(err_r_, -1); }
   long pid() const override { return c_->pid_of(id_); }
   std::optional<std::vector<std::string>> exit_stderr() const override { return c_->exit_stderr_of(id_); }
+  TimePoint exited_at() const override { return c_->exited_at_of(id_); }
 
  private:
   std::shared_ptr<AgentConnection> c_;

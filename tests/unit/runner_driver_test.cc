@@ -371,6 +371,33 @@ TEST_F(DriverTest, StopRequestForwardsAndExitsWith128PlusSignal) {
   EXPECT_TRUE(launcher.running().empty());
 }
 
+// A host's agent is lost (its worker ends with 255) and the workers on the
+// other host fail a few milliseconds later, all found at the same look: the
+// failure that came first is the generation's, so the lost host is the one
+// blacklisted, not the host of rank 0.
+TEST_F(DriverTest, TheFirstEndAmongThoseFoundTogetherIsTheFailure) {
+  discovery.set(HostSet({{"a", 2}, {"b", 1}}));
+  auto o = elastic(3, 1, 3);
+  o.blacklist_after = 1;
+  o.cooldown_min_s = 600;
+  make(o);
+  ASSERT_TRUE(driver->start());
+  steps(1);
+  ASSERT_EQ(launcher.running().size(), 3u);
+  const TimePoint t = clock.now();
+  auto lost = launcher.running_rank(2);
+  ASSERT_EQ(lost->spec.host, "b");
+  auto r0 = launcher.running_rank(0), r1 = launcher.running_rank(1);
+  launcher.finish(lost, ExitStatus{255, 0}, t);
+  launcher.finish(r1, ExitStatus{4, 0}, t + std::chrono::milliseconds(3));
+  launcher.finish(r0, ExitStatus{4, 0}, t + std::chrono::milliseconds(4));
+  steps(3);
+  EXPECT_TRUE(driver->host_manager().is_blacklisted("b"));
+  EXPECT_FALSE(driver->host_manager().is_blacklisted("a"));
+  EXPECT_EQ(driver->plan().to_string(), "2 ranks: a[0-1]");
+  EXPECT_EQ(launcher.running().size(), 2u);
+}
+
 TEST_F(DriverTest, LaunchFailureCountsAsAFailureOfThatHost) {
   discovery.set(HostSet({{"a", 1}, {"b", 1}}));
   auto o = elastic(2, 1, 2);
