@@ -336,15 +336,16 @@ class AgentConnection {
     long pid = 0;
     int out_w = -1, err_w = -1;
     std::optional<ExitStatus> exit;
-    TimePoint exited_at{};  // when `exit` was set
+    TimePoint exited_at{};  // when `exit` was first set
     std::optional<std::vector<std::string>> exit_stderr;  // EXITED's lines
   };
 
-  // Every end goes through here (mu_ held): its moment orders the ends the
-  // driver finds at one look.
+  // Every end goes through here (mu_ held): the moment the first one was
+  // learned orders the ends the driver finds at one look (a late EXITED
+  // after the host was lost changes the status, not the moment).
   static void set_exit(Slot& s, ExitStatus e) {
+    if (!s.exit) s.exited_at = SteadyClock::now();
     s.exit = e;
-    s.exited_at = SteadyClock::now();
   }
 
   // A line of the transport's stderr that stderr_hint_ recognised, and its fix.

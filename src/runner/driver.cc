@@ -263,9 +263,10 @@ bool Driver::start_generation(const HostSet& usable) {
 }
 
 void Driver::reap() {
-  // The ends found at this look, in the order they happened: when a lost
-  // agent's workers and, moments later, their peers on another host all
-  // ended, the lost host's is the generation's failure, whatever the ranks.
+  // The ends found at this look, in the order the launcher learned of them:
+  // when a lost agent's workers and, moments later, their peers on another
+  // host all ended, the lost host's is the generation's failure, whatever
+  // the ranks.
   struct Ended {
     size_t index;
     ExitStatus status;

@@ -125,7 +125,7 @@ void Driver::log_resumed_commit(const MembershipSnapshot& m) {
 void Driver::note_rolled_back(const JoinRequest& j) {
   if (!d_.account || !d_.events || j.reason == JoinReason::kStart || j.commit_id == 0) return;
   if (rolled_back_logged_ == j.left_generation) return;
-  auto lost = d_.account->rolled_back_to(j.commit_id);
+  auto lost = d_.account->rolled_back_to(j.commit_id, realtime_seconds());
   if (!lost) return;
   rolled_back_logged_ = j.left_generation;
   d_.events->write("rolled_back", {{"generation", json_number(j.left_generation)},

@@ -219,6 +219,7 @@ bool JobAccount::observe_line(std::string_view line) {
     bands_.push_back(Band{generation_, t - start_, -1, pending_size_, text(e, "plan")});
   } else if (event == "generation_joined") {
     enter(Spent::kTraining, t);
+    joined_at_ = t;
     set_world(t, pending_size_);
     if (reset_at_ >= 0) {
       const double took = t - reset_at_;
@@ -301,11 +302,11 @@ bool JobAccount::observe_line(std::string_view line) {
     enter(Spent::kTraining, t);
   } else if (event == "rolled_back") {
     // The survivors may re-join before the driver has reset the generation:
-    // the training they threw away is then still the phase in progress.
-    const double training = spent_[static_cast<int>(Spent::kTraining)] +
-                            (phase_ == Spent::kTraining ? std::max(0.0, t - phase_since_) : 0.0);
-    const double lost = std::min(std::max(0.0, number(e, "seconds")), training);
-    spent_[static_cast<int>(Spent::kTraining)] -= lost;  // below 0 only until the phase in progress is added
+    // the training they threw away is then still the phase in progress,
+    // counted up to now first.
+    if (phase_ == Spent::kTraining) enter(Spent::kTraining, t);
+    const double lost = std::min(std::max(0.0, number(e, "seconds")), spent_[static_cast<int>(Spent::kTraining)]);
+    spent_[static_cast<int>(Spent::kTraining)] -= lost;
     spent_[static_cast<int>(Spent::kRolledBack)] += lost;
   } else if (event == "signal") {
     counts_.stop_signal = static_cast<int>(number(e, "signal"));
@@ -330,9 +331,10 @@ void JobAccount::commit_seen(uint64_t id, double at) {
   if (commit_times_.size() > kMaxCommitHistory) commit_times_.pop_front();
 }
 
-std::optional<double> JobAccount::rolled_back_to(uint64_t commit) const {
-  if (reset_at_ < 0 && last_fault_ < 0) return std::nullopt;
-  const double fault = reset_at_ >= 0 ? reset_at_ : last_fault_;
+std::optional<double> JobAccount::rolled_back_to(uint64_t commit, double now) const {
+  // The reset; before it, this generation's fault; before the driver has
+  // seen that (the survivors can report it first), now.
+  const double fault = reset_at_ >= 0 ? reset_at_ : last_fault_ >= 0 && last_fault_ >= joined_at_ ? last_fault_ : now;
   // Ranks report at most every 100 ms, so an id may never have been seen:
   // it is dated between the ids seen around it, or after the last one at
   // the pace of the recent commits.

@@ -72,9 +72,10 @@ class JobAccount {
   // commit's age; their history dates the commit a failure rolls back to.
   void commit_seen(uint64_t id, double at);
   // The seconds of work a failure threw away when its survivors restore
-  // `commit`: from that commit (when first seen) to the last reset. Empty
-  // when the commit was not seen or no reset happened.
-  std::optional<double> rolled_back_to(uint64_t commit) const;
+  // `commit`: from that commit (when first seen) to the last reset, or to
+  // the failure when no reset followed it yet, or to `now` when the failure
+  // itself was not seen yet. Empty when no commit near it was seen.
+  std::optional<double> rolled_back_to(uint64_t commit, double now) const;
 
   // Everything up to `now` (seconds since the epoch; after the last event,
   // or the job's end when it ended).
@@ -129,6 +130,7 @@ class JobAccount {
   long generation_ = 0, world_ = 0, pending_size_ = 0;
   std::set<std::string> hosts_seen_, current_hosts_, blacklisted_;
   double last_fault_ = -1, reset_at_ = -1;
+  double joined_at_ = -1;  // the last generation_joined
   std::string reset_reason_;
   std::vector<size_t> awaiting_recovery_;  // marks_ indices
   std::vector<double> recoveries_;

@@ -64,7 +64,7 @@ class WorkerHandle {
   virtual std::optional<std::vector<std::string>> exit_stderr() const { return std::nullopt; }
   // When the launcher learned of the worker's end, once poll() has a status
   // (max: not known). The driver takes the ends it finds at one look in this
-  // order, so the failure that happened first is the one it acts on.
+  // order, so the failure it learned of first is the one it acts on.
   virtual TimePoint exited_at() const { return TimePoint::max(); }
 };
 

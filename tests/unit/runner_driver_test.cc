@@ -376,25 +376,25 @@ TEST_F(DriverTest, StopRequestForwardsAndExitsWith128PlusSignal) {
 // failure that came first is the generation's, so the lost host is the one
 // blacklisted, not the host of rank 0.
 TEST_F(DriverTest, TheFirstEndAmongThoseFoundTogetherIsTheFailure) {
-  discovery.set(HostSet({{"a", 2}, {"b", 1}}));
+  discovery.set(HostSet({{"a", 1}, {"b", 1}, {"c", 1}}));
   auto o = elastic(3, 1, 3);
   o.blacklist_after = 1;
-  o.cooldown_min_s = 600;
   make(o);
   ASSERT_TRUE(driver->start());
   steps(1);
   ASSERT_EQ(launcher.running().size(), 3u);
   const TimePoint t = clock.now();
-  auto lost = launcher.running_rank(2);
+  auto lost = launcher.running_rank(1);  // neither the lowest rank nor the highest
   ASSERT_EQ(lost->spec.host, "b");
-  auto r0 = launcher.running_rank(0), r1 = launcher.running_rank(1);
-  launcher.finish(lost, ExitStatus{255, 0}, t);
-  launcher.finish(r1, ExitStatus{4, 0}, t + std::chrono::milliseconds(3));
+  auto r0 = launcher.running_rank(0), r2 = launcher.running_rank(2);
+  launcher.finish(r2, ExitStatus{4, 0}, t + std::chrono::milliseconds(3));
   launcher.finish(r0, ExitStatus{4, 0}, t + std::chrono::milliseconds(4));
+  launcher.finish(lost, ExitStatus{255, 0}, t);
   steps(3);
   EXPECT_TRUE(driver->host_manager().is_blacklisted("b"));
   EXPECT_FALSE(driver->host_manager().is_blacklisted("a"));
-  EXPECT_EQ(driver->plan().to_string(), "2 ranks: a[0-1]");
+  EXPECT_FALSE(driver->host_manager().is_blacklisted("c"));
+  EXPECT_EQ(driver->plan().to_string(), "2 ranks: a[0] c[1]");
   EXPECT_EQ(launcher.running().size(), 2u);
 }
 

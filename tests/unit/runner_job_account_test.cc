@@ -135,8 +135,8 @@ TEST(JobAccount, ANewDriverInTheSameLogIsADriverGapNotANewJob) {
 }
 
 // The survivors can re-join (and the driver write `rolled_back`) before the
-// driver has reaped the dead worker and reset the generation: the work thrown
-// away is then part of the training still in progress, and counts all the same.
+// driver has reset the generation: the work thrown away is then part of the
+// training still in progress, and counts all the same.
 TEST(JobAccount, ARollbackBeforeTheResetIsCountedInFull) {
   JobAccount a;
   for (const std::string& l : {
@@ -183,14 +183,33 @@ TEST(JobAccount, RollbackIsDatedByTheCommitsSeen) {
   a.commit_seen(6, t0 + 4.5);  // the same commit from another rank: not newer
   EXPECT_EQ(a.last_commit(), 6u);
   EXPECT_NEAR(a.last_commit_time(), t0 + 4, 1e-9);
-  EXPECT_FALSE(a.rolled_back_to(6).has_value()) << "no fault yet";
+  EXPECT_NEAR(*a.rolled_back_to(6, t0 + 4.6), 0.6, 1e-3) << "no fault seen yet: up to now";
   a.observe_line(line(4.75, "reset", R"("reason":"worker failed")"));
-  ASSERT_TRUE(a.rolled_back_to(6).has_value());
-  EXPECT_NEAR(*a.rolled_back_to(6), 0.75, 1e-3);
-  EXPECT_NEAR(*a.rolled_back_to(5), 1.75, 1e-3);
-  EXPECT_NEAR(*a.rolled_back_to(7), 0.0, 1e-3) << "a commit after the last seen: at the pace of the others, "
-                                                  "never after the fault";
-  EXPECT_FALSE(a.rolled_back_to(4).has_value()) << "before every commit seen";
+  const double later = t0 + 9;  // the reset dates it, not the moment of asking
+  ASSERT_TRUE(a.rolled_back_to(6, later).has_value());
+  EXPECT_NEAR(*a.rolled_back_to(6, later), 0.75, 1e-3);
+  EXPECT_NEAR(*a.rolled_back_to(5, later), 1.75, 1e-3);
+  EXPECT_NEAR(*a.rolled_back_to(7, later), 0.0, 1e-3) << "a commit after the last seen: at the pace of the others, "
+                                                        "never after the fault";
+  EXPECT_FALSE(a.rolled_back_to(4, later).has_value()) << "before every commit seen";
+}
+
+// Before the reset, the failure dates it; before the driver has seen the
+// failure (its survivors can report it first), the moment of asking does,
+// not a failure of an earlier generation.
+TEST(JobAccount, ARollbackBeforeItsResetIsDatedByThisGenerationsFailure) {
+  JobAccount a;
+  a.observe_line(line(0, "job_started", R"("job_id":"j","hosts":"h:2")"));
+  a.observe_line(line(1, "generation_joined", R"("generation":1)"));
+  const double t0 = a.start_time();
+  a.commit_seen(5, t0 + 3);
+  a.commit_seen(6, t0 + 4);
+  a.observe_line(line(4.5, "worker_exited", R"("generation":1,"host":"h","rank":1,"exit_code":9)"));
+  EXPECT_NEAR(*a.rolled_back_to(6, t0 + 4.6), 0.5, 1e-3);
+  a.observe_line(line(4.6, "reset", R"("reason":"worker failed")"));
+  a.observe_line(line(5, "generation_joined", R"("generation":2)"));
+  a.commit_seen(8, t0 + 6);
+  EXPECT_NEAR(*a.rolled_back_to(8, t0 + 6.5), 0.5, 1e-3) << "the failure at 4.5 belongs to generation 1";
 }
 
 TEST(JobAccount, ACommitNeverReportedIsDatedBetweenTheOnesThatWere) {
@@ -200,8 +219,8 @@ TEST(JobAccount, ACommitNeverReportedIsDatedBetweenTheOnesThatWere) {
   a.commit_seen(10, t0 + 1);
   a.commit_seen(14, t0 + 2);  // 11 to 13 came faster than the reports
   a.observe_line(line(3, "reset", R"("reason":"worker failed")"));
-  EXPECT_NEAR(*a.rolled_back_to(12), 1.5, 1e-3);
-  EXPECT_NEAR(*a.rolled_back_to(16), 0.5, 1e-3) << "two ids after 14 at a quarter second each";
+  EXPECT_NEAR(*a.rolled_back_to(12, t0 + 9), 1.5, 1e-3);
+  EXPECT_NEAR(*a.rolled_back_to(16, t0 + 9), 0.5, 1e-3) << "two ids after 14 at a quarter second each";
 }
 
 TEST(JobAccount, LinesThatAreNotEventsChangeNothing) {
