@@ -49,6 +49,15 @@ def parent_of(pid):
         return None
 
 
+def is_agent(pid):
+    """Whether `pid` is a live erun agent (a worker's parent while its host is in the job)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"\0--agent\0" in f.read()
+    except (OSError, TypeError):
+        return False
+
+
 def children_of(pid):
     """The live children of `pid`."""
     out = []
@@ -218,7 +227,10 @@ class Soak:
         # for the one running the workers).
         if kind == "add_host" and (not self.spare or (total + 2 > self.a.max_np and len(self.hosts) >= 2)):
             kind = "kill"
-        ws = [w for w in self.workers() if w[1] > 1.5]  # members, not fresh replacements
+        # Members, not fresh replacements, and not the workers of an agent
+        # already lost: its watchdog is stopping them (SIGTERM, then up to
+        # --term-grace), and erun counted them failed when the agent went.
+        ws = [w for w in self.workers() if w[1] > 1.5 and is_agent(parent_of(w[0]))]
         if kind in ("kill", "stop") and not ws:
             kind = "discovery_junk"
         # A frozen worker is seen by the peers that wait for it in a
