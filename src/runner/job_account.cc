@@ -332,9 +332,15 @@ void JobAccount::commit_seen(uint64_t id, double at) {
 }
 
 std::optional<double> JobAccount::rolled_back_to(uint64_t commit, double now) const {
-  // The reset; before it, this generation's fault; before the driver has
-  // seen that (the survivors can report it first), now.
-  const double fault = reset_at_ >= 0 ? reset_at_ : last_fault_ >= 0 && last_fault_ >= joined_at_ ? last_fault_ : now;
+  // The failure is dated by its reset; before that, by this generation's
+  // fault; before the driver has seen that (the survivors can report it
+  // first), by now.
+  double fault = now;
+  if (reset_at_ >= 0) {
+    fault = reset_at_;
+  } else if (last_fault_ >= 0 && last_fault_ >= joined_at_) {
+    fault = last_fault_;
+  }
   // Ranks report at most every 100 ms, so an id may never have been seen:
   // it is dated between the ids seen around it, or after the last one at
   // the pace of the recent commits.

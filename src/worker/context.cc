@@ -153,7 +153,8 @@ uint32_t link_probe_us(const WorkerOptions& o) {
   }
   const std::string host = o.probe_peer.substr(0, colon);
   const auto t0 = std::chrono::steady_clock::now();
-  auto r = worker::probe_link(host, static_cast<int>(port), o.job_id, o.secret, worker::kLinkProbeBytes, kLinkProbeTimeout);
+  auto r = worker::probe_link(host, static_cast<int>(port), o.job_id, o.secret, worker::kLinkProbeBytes,
+                              kLinkProbeTimeout);
   const auto took = std::chrono::steady_clock::now() - t0;
   auto us = [](Duration d) {
     return static_cast<uint32_t>(
