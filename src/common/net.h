@@ -100,4 +100,9 @@ Address local_address(int fd);
 Status set_nonblocking(int fd);
 void set_nodelay(int fd);
 
+// A write to a peer that is gone must be an error (EPIPE), not the end of
+// the process: ignores SIGPIPE unless the program handles or ignores it
+// already. For what writes without MSG_NOSIGNAL (Gloo's TCP transport).
+void ignore_sigpipe_unless_handled();
+
 }  // namespace erun::net

@@ -24,6 +24,7 @@
 #include "collectives/tcp/tcp_communicator.h"
 #include "commits/commit_files.h"
 #include "common/log.h"
+#include "common/net.h"
 #include "common/strings.h"
 #include "erun/erun.hpp"
 #include "rendezvous/rendezvous.h"
@@ -469,8 +470,7 @@ Context& init() {
   // A peer that dies mid-write must surface as a CommError, not kill this
   // process: Gloo's TCP transport (selectable between hosts) writes without
   // MSG_NOSIGNAL.
-  struct sigaction old {};
-  if (::sigaction(SIGPIPE, nullptr, &old) == 0 && old.sa_handler == SIG_DFL) ::signal(SIGPIPE, SIG_IGN);
+  net::ignore_sigpipe_unless_handled();
   if (!env_or("ERUN_RDZV_ADDR").empty()) {
     // Before the first join, which may wait: a notice then drains as well.
     worker::install_drain_on_sigterm();

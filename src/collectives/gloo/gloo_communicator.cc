@@ -22,6 +22,7 @@
 
 #include "collectives/reduce_kernels.h"
 #include "common/check.h"
+#include "common/net.h"
 
 namespace erun {
 namespace {
@@ -266,6 +267,9 @@ class GlooCommunicator final : public Communicator {
 }  // namespace
 
 std::unique_ptr<Communicator> make_gloo_communicator(KvStore& store, const GlooOptions& options) {
+  // Gloo writes with writev(): a peer that shut its sockets (aborted, or
+  // gone) raises SIGPIPE, which must be a CommError, not this process's end.
+  net::ignore_sigpipe_unless_handled();
   return std::make_unique<GlooCommunicator>(store, options);
 }
 
