@@ -267,6 +267,15 @@ void Driver::exclude_reported(const JoinRequest& report, const std::string& why)
   // the same slot is not the one reported.
   Worker* w = worker_of(report.left_generation, failed.slot);
   if (!w || !w->alive() || w->state == WorkerState::kExcluded) return;
+  // Nor one that re-joined from that generation itself: it left the
+  // collective the reporter waited in (blocked on another rank), so it is
+  // neither stopped nor hung.
+  if (auto g = leaving_.find(report.left_generation); g != leaving_.end() && g->second.left.count(failed.slot)) {
+    ERUN_LOG_INFO("{}: reported by {} as {}, but it re-joined itself; it stays",
+                  who(report.left_generation, failed.slot.host, failed.rank), reporter(report),
+                  to_string(report.failed_state));
+    return;
+  }
   ERUN_LOG_WARN("{}: reported by {} as {}{}; killing it and going on without it",
                 who(report.left_generation, failed.slot.host, failed.rank), reporter(report),
                 to_string(report.failed_state), why);

@@ -22,6 +22,7 @@
 #include <mutex>
 #include <random>
 #include <set>
+#include <stdexcept>
 #include <thread>
 
 #include "support/collective_checks.h"
@@ -474,6 +475,38 @@ TEST(ShmCommunicator, APeerMarkedOutsideIsNotBlamedAtTheTimeoutAndAnUnmarkedOneI
     gave_up = true;
     peer.join();
   }
+}
+
+// A host leader whose cross-host step fails leaves its mark by an exception:
+// its peers must learn at once that it gave up, never blame it as alive but
+// not arriving (CI saw a follower whose deadline passed between the mark's
+// clearing and the leader's abort name the healthy leader, which was killed).
+TEST(ShmCommunicator, APeerWhoseOutsideWorkFailsIsNotBlamed) {
+  MemoryKvStore store;
+  std::atomic<bool> gave_up{false};
+  std::thread peer([&] {
+    auto comm = make_shm_communicator(store, options(1, 2, 5s));
+    try {
+      OutsideMark mark(*comm);
+      std::this_thread::sleep_for(100ms);
+      throw std::runtime_error("the cross-host step timed out");
+    } catch (const std::runtime_error&) {
+    }
+    while (!gave_up) std::this_thread::sleep_for(5ms);
+  });
+  auto comm = make_shm_communicator(store, options(0, 2, 5s));
+  std::vector<float> v(1000, 1.0f);
+  try {
+    comm->allreduce(v, ReduceOp::kSum);
+    ADD_FAILURE() << "no CommError";
+  } catch (const CommError& e) {
+    const std::string msg = e.what();
+    EXPECT_EQ(e.failed_rank(), -1) << msg;
+    EXPECT_EQ(e.fate(), PeerFate::kUnknown) << msg;
+    EXPECT_NE(msg.find("rank 1 aborted the communicator"), std::string::npos) << msg;
+  }
+  gave_up = true;
+  peer.join();
 }
 
 TEST(ShmCommunicator, OperationTimesOutAndNamesOpAndRank) {

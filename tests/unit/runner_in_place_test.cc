@@ -154,6 +154,26 @@ TEST_F(InPlaceTest, FrozenWorkerReportedBySurvivorsIsKilledAndLeftOutAtOnce) {
   EXPECT_EQ(steps(3), 0);  // the frozen worker's kill is not the job's failure
 }
 
+// a:2, b:1 and b0 frozen: a0 (the host leader) times out on it over the
+// network and re-joins; a1, waiting on a0 in shared memory, names a0 alive
+// but not arriving. a0 re-joined, so it is not stopped: it stays, and b0
+// alone is left out.
+TEST_F(InPlaceTest, ARankNamedAliveThatReJoinedItselfStays) {
+  discovery.set(HostSet({{"a", 2}, {"b", 1}}));
+  start_joined(elastic(3, 2, 3));
+  Worker leader = worker_at(a0);
+  Worker frozen = worker_at(b0);
+  ASSERT_TRUE(leader && frozen);
+  membership.join(a0, 1, JoinReason::kPeerLost, 2, PeerState::kSilent, 7);
+  membership.join(a1, 1, JoinReason::kPeerLost, 0, PeerState::kAlive, 7);
+  EXPECT_FALSE(steps(1));
+  EXPECT_FALSE(leader->killed);
+  EXPECT_TRUE(frozen->killed);
+  EXPECT_EQ(driver->generation(), 2);
+  EXPECT_TRUE(membership.is_member(a0));
+  EXPECT_TRUE(membership.is_member(a1));
+}
+
 TEST_F(InPlaceTest, AReportAboutAnOlderGenerationDoesNotKillTheReplacement) {
   discovery.set(HostSet({{"a", 4}}));
   start_joined(elastic(4, 2, 4));

@@ -328,7 +328,7 @@ void Segment::abort() {
 }
 
 void Segment::set_outside(bool outside) {
-  if (base()) ctl(rank()).outside.store(outside ? 1 : 0, std::memory_order_relaxed);
+  if (base()) ctl(rank()).outside.store(outside ? 1 : 0, std::memory_order_release);
 }
 
 void Segment::begin(const char* what, const CallSignature& call) {
@@ -410,7 +410,7 @@ void Segment::check_peers(uint64_t e, int waiting_for, TimePoint now, const char
     }
   }
   if (now <= deadline_) return;
-  if (ctl(waiting_for).outside.load(std::memory_order_relaxed) != 0) {
+  if (ctl(waiting_for).outside.load(std::memory_order_acquire) != 0) {
     // Busy elsewhere on purpose: whatever holds it up is not this
     // rank, and it reports that itself; blame nobody.
     fail(what,
@@ -418,6 +418,10 @@ void Segment::check_peers(uint64_t e, int waiting_for, TimePoint now, const char
              options_.outside_work,
          true, -1, PeerFate::kUnknown);
   }
+  // A rank whose outside work failed aborts before it clears its mark (see
+  // OutsideMark): seeing the mark cleared, look for that abort again, since
+  // it may have come after the look at the top of the wait loop.
+  check_aborted(what);
   fail_peer(what, waiting_for,
             "did not arrive within the timeout (process " + std::to_string(pid_of(waiting_for)) +
                 " is alive but stopped, hung or slow)",

@@ -17,6 +17,7 @@
 // reports that instead of blaming it as hung (no failed rank, PeerFate::kUnknown).
 #pragma once
 
+#include <exception>
 #include <memory>
 #include <functional>
 #include <string>
@@ -54,21 +55,31 @@ struct ShmOptions {
 class ShmCommunicator : public Communicator {
  public:
   // Marks this rank as busy outside the communicator (true) or back (false):
-  // one relaxed store into its control slot, visible to the peers' timeout
-  // check. Called by the thread that runs this rank's operations.
+  // one release store into its control slot, visible to the peers' timeout
+  // check (with whatever this rank published before it, e.g. an abort). Called by the thread that runs this rank's operations.
   virtual void set_outside(bool outside) = 0;
 };
 
-// Marks `comm`'s rank busy outside for the scope's duration.
+// Marks `comm`'s rank busy outside for the scope's duration. Left by an
+// exception, the outside work failed and this rank will not arrive: it
+// aborts `comm` before clearing the mark, so a peer whose deadline passes
+// meanwhile learns that this rank gave up instead of blaming it as alive but
+// not arriving.
 class OutsideMark {
  public:
-  explicit OutsideMark(ShmCommunicator& comm) : comm_(comm) { comm_.set_outside(true); }
-  ~OutsideMark() { comm_.set_outside(false); }
+  explicit OutsideMark(ShmCommunicator& comm) : comm_(comm), exceptions_(std::uncaught_exceptions()) {
+    comm_.set_outside(true);
+  }
+  ~OutsideMark() {
+    if (std::uncaught_exceptions() > exceptions_) comm_.abort();
+    comm_.set_outside(false);
+  }
   OutsideMark(const OutsideMark&) = delete;
   OutsideMark& operator=(const OutsideMark&) = delete;
 
  private:
   ShmCommunicator& comm_;
+  const int exceptions_;  // in flight when the scope began
 };
 
 // Reductions as make_gloo_communicator: integer kSum/kProduct wrap, integer
