@@ -134,6 +134,12 @@ void Driver::note_rolled_back(const JoinRequest& j) {
 }
 
 void Driver::handle_rejoins(const MembershipSnapshot& m) {
+  // Every re-join is counted before any report is acted on, so that a report
+  // naming a rank that re-joined in the same snapshot finds it re-joined
+  // (exclude_reported()).
+  for (auto& j : m.rejoined) {
+    if (j.left_generation >= 0) leaving_[j.left_generation].left.insert(j.slot);
+  }
   for (auto& j : m.rejoined) {
     const Plan* left = plan_of(j.left_generation);
     const RankAssignment* a = left ? left->find(j.slot) : nullptr;
@@ -151,7 +157,6 @@ void Driver::handle_rejoins(const MembershipSnapshot& m) {
                                     {"failed_state", json_string(to_string(j.failed_state))},
                                     {"commit", json_number(static_cast<long>(j.commit_id))}});
     }
-    if (j.left_generation >= 0) leaving_[j.left_generation].left.insert(j.slot);
     if (j.reason != JoinReason::kHostsUpdated) note_rolled_back(j);
     if (j.failed_rank < 0 || j.reason == JoinReason::kHostsUpdated) continue;
     if (j.failed_state == PeerState::kSilent) {
@@ -269,7 +274,9 @@ void Driver::exclude_reported(const JoinRequest& report, const std::string& why)
   if (!w || !w->alive() || w->state == WorkerState::kExcluded) return;
   // Nor one that re-joined from that generation itself: it left the
   // collective the reporter waited in (blocked on another rank), so it is
-  // neither stopped nor hung.
+  // neither stopped nor hung. A report that reaches the driver a tick before
+  // that re-join still kills it; a host leader's followers do not make such
+  // reports (OutsideMark aborts their segment before the leader leaves).
   if (auto g = leaving_.find(report.left_generation); g != leaving_.end() && g->second.left.count(failed.slot)) {
     ERUN_LOG_INFO("{}: reported by {} as {}, but it re-joined itself; it stays",
                   who(report.left_generation, failed.slot.host, failed.rank), reporter(report),

@@ -483,9 +483,10 @@ TEST(ShmCommunicator, APeerMarkedOutsideIsNotBlamedAtTheTimeoutAndAnUnmarkedOneI
 // clearing and the leader's abort name the healthy leader, which was killed).
 TEST(ShmCommunicator, APeerWhoseOutsideWorkFailsIsNotBlamed) {
   MemoryKvStore store;
-  std::atomic<bool> gave_up{false};
+  std::atomic<bool> made{false}, gave_up{false};
   std::thread peer([&] {
     auto comm = make_shm_communicator(store, options(1, 2, 5s));
+    while (!made) std::this_thread::sleep_for(1ms);  // rank 0 is past making its own
     try {
       OutsideMark mark(*comm);
       std::this_thread::sleep_for(100ms);
@@ -495,6 +496,7 @@ TEST(ShmCommunicator, APeerWhoseOutsideWorkFailsIsNotBlamed) {
     while (!gave_up) std::this_thread::sleep_for(5ms);
   });
   auto comm = make_shm_communicator(store, options(0, 2, 5s));
+  made = true;
   std::vector<float> v(1000, 1.0f);
   try {
     comm->allreduce(v, ReduceOp::kSum);

@@ -56,7 +56,8 @@ class ShmCommunicator : public Communicator {
  public:
   // Marks this rank as busy outside the communicator (true) or back (false):
   // one release store into its control slot, visible to the peers' timeout
-  // check (with whatever this rank published before it, e.g. an abort). Called by the thread that runs this rank's operations.
+  // check (with whatever this rank published before it, e.g. an abort).
+  // Called by the thread that runs this rank's operations.
   virtual void set_outside(bool outside) = 0;
 };
 
