@@ -437,6 +437,24 @@ TEST(ShmCommunicator, ConstructionGivesUpWhenCancelled) {
   EXPECT_TRUE(our_segments().empty());
 }
 
+// What an allreduce that must fail threw: its message, and whom it blamed.
+struct Blame {
+  std::string msg;
+  int rank = -2;  // never a CommError's
+  PeerFate fate = PeerFate::kUnknown;
+};
+
+Blame failed_allreduce(Communicator& comm) {
+  std::vector<float> v(1000, 1.0f);
+  try {
+    comm.allreduce(v, ReduceOp::kSum);
+  } catch (const CommError& e) {
+    return {e.what(), e.failed_rank(), e.fate()};
+  }
+  ADD_FAILURE() << "no CommError";
+  return {};
+}
+
 TEST(ShmCommunicator, APeerMarkedOutsideIsNotBlamedAtTheTimeoutAndAnUnmarkedOneIs) {
   for (bool marked : {true, false}) {
     SCOPED_TRACE(marked ? "marked outside" : "mark cleared");
@@ -455,22 +473,16 @@ TEST(ShmCommunicator, APeerMarkedOutsideIsNotBlamedAtTheTimeoutAndAnUnmarkedOneI
     ShmOptions o = options(0, 2, 500ms);
     o.outside_work = "the test's other step";
     auto comm = make_shm_communicator(store, o);
-    std::vector<float> v(1000, 1.0f);
-    try {
-      comm->allreduce(v, ReduceOp::kSum);
-      ADD_FAILURE() << "no CommError";
-    } catch (const CommError& e) {
-      const std::string msg = e.what();
-      if (marked) {
-        EXPECT_EQ(e.failed_rank(), -1) << msg;
-        EXPECT_EQ(e.fate(), PeerFate::kUnknown) << msg;
-        EXPECT_NE(msg.find("rank 1 did not arrive within the timeout: it is busy in the test's other step"),
-                  std::string::npos)
-            << msg;
-      } else {
-        EXPECT_EQ(e.failed_rank(), 1) << msg;
-        EXPECT_EQ(e.fate(), PeerFate::kAlive) << msg;
-      }
+    const Blame b = failed_allreduce(*comm);
+    if (marked) {
+      EXPECT_EQ(b.rank, -1) << b.msg;
+      EXPECT_EQ(b.fate, PeerFate::kUnknown) << b.msg;
+      EXPECT_NE(b.msg.find("rank 1 did not arrive within the timeout: it is busy in the test's other step"),
+                std::string::npos)
+          << b.msg;
+    } else {
+      EXPECT_EQ(b.rank, 1) << b.msg;
+      EXPECT_EQ(b.fate, PeerFate::kAlive) << b.msg;
     }
     gave_up = true;
     peer.join();
@@ -497,16 +509,10 @@ TEST(ShmCommunicator, APeerWhoseOutsideWorkFailsIsNotBlamed) {
   });
   auto comm = make_shm_communicator(store, options(0, 2, 5s));
   made = true;
-  std::vector<float> v(1000, 1.0f);
-  try {
-    comm->allreduce(v, ReduceOp::kSum);
-    ADD_FAILURE() << "no CommError";
-  } catch (const CommError& e) {
-    const std::string msg = e.what();
-    EXPECT_EQ(e.failed_rank(), -1) << msg;
-    EXPECT_EQ(e.fate(), PeerFate::kUnknown) << msg;
-    EXPECT_NE(msg.find("rank 1 aborted the communicator"), std::string::npos) << msg;
-  }
+  const Blame b = failed_allreduce(*comm);
+  EXPECT_EQ(b.rank, -1) << b.msg;
+  EXPECT_EQ(b.fate, PeerFate::kUnknown) << b.msg;
+  EXPECT_NE(b.msg.find("rank 1 aborted the communicator"), std::string::npos) << b.msg;
   gave_up = true;
   peer.join();
 }

@@ -157,8 +157,8 @@ TEST_F(InPlaceTest, FrozenWorkerReportedBySurvivorsIsKilledAndLeftOutAtOnce) {
 // a:2, b:1 and b0 frozen: a0 (the host leader) times out on it over the
 // network and re-joins; a1, waiting on a0 in shared memory, names a0 alive
 // but not arriving. a0 re-joined, so it is not stopped: it stays, and b0
-// alone is left out.
-// Whichever of the two re-joins comes first in the driver's look.
+// alone is left out, whichever of the two re-joins the driver's look has
+// first.
 TEST_F(InPlaceTest, ARankNamedAliveThatReJoinedItselfStays) {
   for (bool leader_first : {true, false}) {
     SCOPED_TRACE(leader_first ? "the leader's re-join first" : "the follower's report first");
