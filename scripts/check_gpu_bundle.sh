@@ -13,7 +13,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bundle=${1:-build-gpu-bundle}
 # Its own build directory, without optimisation: the check is of what the
-# scripts make and load, and a Release build of erun costs CI minutes.
+# scripts make and load, and a Release build of erun costs CI minutes. With
+# ERUN_GPU_REUSE_BUILD=1 and ERUN_GPU_BUILD_DIR naming a build made already
+# (scripts/test.sh: its own, with CUDA), that one, with no build of its own.
 ERUN_GPU_BUILD_DIR=${ERUN_GPU_BUILD_DIR:-build-gpu-check} ERUN_GPU_BUILD_TYPE=${ERUN_GPU_BUILD_TYPE:-None} \
   bash scripts/gpu_bundle.sh "$bundle" >/dev/null
 out=$(mktemp -d /tmp/erun-gpu-check-XXXXXX)

@@ -21,8 +21,18 @@ build_type=${ERUN_GPU_BUILD_TYPE:-Release}
 case $bundle in /*) ;; *) bundle=$PWD/$bundle ;; esac
 
 if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then export PATH=/usr/local/cuda/bin:$PATH; fi
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE="$build_type" -DERUN_WITH_NCCL=ON -DERUN_WITH_MPI=OFF \
-  -DERUN_WITH_PYTHON=OFF -DERUN_BUILD_TESTS=ON >/dev/null
+# ERUN_GPU_REUSE_BUILD=1: $build is a build made already (with NCCL), used
+# as it is configured (scripts/check_gpu_bundle.sh in CI: the main build, so
+# no third build of erun; a bundle for a GPU machine is made fresh).
+if [ -n "${ERUN_GPU_REUSE_BUILD:-}" ]; then
+  if [ ! -f "$build/build.ninja" ]; then
+    echo "gpu_bundle: ERUN_GPU_REUSE_BUILD: no build in $build to reuse" >&2
+    exit 1
+  fi
+else
+  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE="$build_type" -DERUN_WITH_NCCL=ON -DERUN_WITH_MPI=OFF \
+    -DERUN_WITH_PYTHON=OFF -DERUN_BUILD_TESTS=ON >/dev/null
+fi
 . scripts/gpu_programs.sh
 programs=("${gpu_programs[@]}" "${gpu_programs_nccl[@]}")
 targets=(erun_shared)

@@ -35,6 +35,7 @@ fi
 # without a GPU, that it loads, builds its Python module and passes the GPU
 # unit tests.
 if [ -z "${ERUN_SKIP_GPU_BUNDLE:-}" ] && [ -x /usr/local/cuda/bin/nvcc ]; then
-  bash scripts/check_gpu_bundle.sh
+  # From the build above (made with CUDA here): no third build of erun.
+  ERUN_GPU_BUILD_DIR=$build ERUN_GPU_REUSE_BUILD=1 bash scripts/check_gpu_bundle.sh
   took "the GPU bundle check"
 fi

@@ -44,8 +44,8 @@ void Agent::handle(Message m) {
     // last_heard_ is set for every frame
   } else if (std::holds_alternative<Recorded>(m)) {
     recorded_ = true;
-  } else if (std::holds_alternative<Attach>(m)) {
-    // Only an attach connection starts with ATTACH; on a channel it changes nothing.
+  } else if (std::holds_alternative<Attach>(m) || std::holds_alternative<Retire>(m)) {
+    // Only an attach connection starts with ATTACH or RETIRE; on a channel they change nothing.
   } else {
     lose_driver(fmt::format("agent protocol: the driver sent {}, a message only agents send", message_name(m)));
   }

@@ -148,8 +148,14 @@ void Agent::on_attacher(size_t i) {
   if (a.in.size() - nl - 1 < size) return;
   if (!handshake::equal_ct(std::string_view(a.in.data(), nl), secret_)) return drop("wrong job secret");
   auto m = decode(std::string_view(a.in).substr(nl + 1 + 4, size - 4));
+  if (const Retire* r = m ? std::get_if<Retire>(&m.value()) : nullptr) {
+    Fd fd = std::move(a.fd);
+    Retire retire = *r;
+    attachers_.erase(attachers_.begin() + static_cast<long>(i));
+    return retire_on_request(fd.get(), retire);
+  }
   const Attach* at = m ? std::get_if<Attach>(&m.value()) : nullptr;
-  if (!at) return drop("its first frame is not ATTACH");
+  if (!at) return drop("its first frame is neither ATTACH nor RETIRE");
   if (at->term <= term_) {
     std::string no = encode(Superseded{term_});
     (void)!::send(a.fd.get(), no.data(), no.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
@@ -160,6 +166,35 @@ void Agent::on_attacher(size_t i) {
   std::string rest = a.in.substr(nl + 1 + size);
   attachers_.erase(attachers_.begin() + static_cast<long>(i));
   take_over_channel(std::move(fd), attach, rest);
+}
+
+// A driver failed this host while it could not reach it (a partition, a
+// stopped host): the job went on without these workers, so they stop now
+// instead of at the end of --driver-grace, and the job's host memory goes
+// with the agent (unless another agent of the job holds it). A RETIRE from
+// a driver older than the one this agent obeys changes nothing.
+void Agent::retire_on_request(int fd, const Retire& r) {
+  if (r.term < term_) {
+    std::string no = encode(Superseded{term_});
+    (void)!::send(fd, no.data(), no.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+    ERUN_LOG_WARN("{}: refused to retire: the request is driver term {}'s, and this agent obeys term {}", me_, r.term,
+                  term_);
+    return;
+  }
+  const auto running =
+      static_cast<uint32_t>(std::count_if(workers_.begin(), workers_.end(), [](auto& w) { return !w.second.reaped; }));
+  std::string yes = encode(Retired{running});
+  (void)!::send(fd, yes.data(), yes.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+  if (stopping_) return;
+  // Its driver's channel, should it still look open, leads nowhere: nothing
+  // more is held for it.
+  if (attached_) close_channel();
+  outbound_.clear();
+  head_sent_ = 0;
+  stop_all(fmt::format("driver term {} retired this agent ({}): the job went on without this host", r.term,
+                       escape_for_log(r.reason, 300)),
+           true);
+  tell_watchdog_grace();  // nothing to keep for a new driver any more
 }
 
 State Agent::state_report() const {

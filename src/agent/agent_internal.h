@@ -135,6 +135,9 @@ class Agent {
   void accept_attachers();
   void on_attacher(size_t i);
   void take_over_channel(Fd fd, const Attach& a, std::string_view rest);
+  // RETIRE on an attach connection `fd`: answers it, and stops every worker
+  // and the agent when its term is this agent's or newer.
+  void retire_on_request(int fd, const Retire& r);
   // A new driver elsewhere (ATTACH with a port): the workers that reach the
   // driver themselves (no relay) read where it is from the attach
   // directory's `driver` file ("HOST PORT"; ERUN_DRIVER_FILE), written here.

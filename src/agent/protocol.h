@@ -21,7 +21,8 @@ namespace erun::agent {
 // 4: UNKEEP.
 // 5: HELLO names the attach socket; ATTACH, STATE, SUPERSEDED and RECORDED (a driver that takes over).
 // 6: DRAINING (a host that leaves on notice).
-inline constexpr uint32_t kProtocolVersion = 6;
+// 7: RETIRE and RETIRED (an agent its driver lost is told that the job moved on).
+inline constexpr uint32_t kProtocolVersion = 7;
 inline constexpr size_t kMaxFrame = 4u << 20;   // whole frame, header included
 inline constexpr size_t kMaxSecret = 4096;      // the secret line
 // Bounds of EXITED's stderr lines: at most this many lines, each at most
@@ -231,9 +232,31 @@ struct Draining {
   auto fields() { return std::tie(reason); }
 };
 
+// An agent its driver lost (silent past --heartbeat-timeout: a partition, a
+// stopped host) keeps its workers through --driver-grace, but the job moved
+// on without them (docs/protocol.md, "Retiring a lost agent"). driver ->
+// agent, the first frame on an attach connection (after the secret line):
+// the driver of `term` (the agent's own, or a newer one) failed this host;
+// stop every worker now and exit, releasing the job's host memory.
+struct Retire {
+  static constexpr uint8_t kType = 26;
+  static constexpr const char* kName = "RETIRE";
+  uint64_t term = 0;
+  std::string reason;
+  auto fields() { return std::tie(term, reason); }
+};
+// agent -> driver, the answer to RETIRE: it stops `workers` workers and exits
+// (a RETIRE whose term is below the agent's gets SUPERSEDED instead).
+struct Retired {
+  static constexpr uint8_t kType = 11;
+  static constexpr const char* kName = "RETIRED";
+  uint32_t workers = 0;
+  auto fields() { return std::tie(workers); }
+};
+
 using Message = std::variant<Hello, Started, StartFailed, Output, Exited, Heartbeat, Start, Signal, Terminate,
                              Kill, Shutdown, Keeping, Keep, Replicate, Unkeep, Attach, State, Superseded, Recorded,
-                             Draining>;
+                             Draining, Retire, Retired>;
 
 // The frame for one message, header included.
 std::string encode(const Message& message);

@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <condition_variable>
 #include <cstring>
+#include <functional>
 #include <thread>
 #include <fmt/format.h>
 #include "agent/protocol.h"
@@ -143,6 +144,18 @@ class AgentConnection {
   // a transport already gone fails that worker with the host.
   void start_reader() {
     if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
+  }
+
+  // Called (on whichever thread finds it) once the agent is lost, with its
+  // host, its attach socket and why; set before start_reader().
+  using OnLost = std::function<void(const std::string& host, const std::string& attach_path, const std::string& why)>;
+  void on_lost(OnLost f) { on_lost_ = std::move(f); }
+
+  // Lost before it ever answered (no HELLO) because its transport could not
+  // reach the host (ssh's exit 255) or no HELLO came within the start timeout.
+  bool unreachable() {
+    std::lock_guard lock(mu_);
+    return lost_ && unreachable_;
   }
 
   const std::string& host() const { return host_; }
@@ -446,8 +459,21 @@ class AgentConnection {
   }
 
   void mark_lost(const std::string& why) {
-    std::lock_guard lock(mu_);
-    if (lost_ || stop_.load() || abandoned_ || superseded_ > 0) return;
+    std::string retire_path;
+    {
+      std::lock_guard lock(mu_);
+      if (!mark_lost_locked(why)) return;
+      retire_path = attach_path_;
+    }
+    // An agent that may keep its workers for a new driver (it has an attach
+    // socket) is told that the job went on without them (AgentRetirer).
+    if (on_lost_ && !retire_path.empty()) on_lost_(host_, retire_path, why);
+  }
+
+  // mark_lost() with mu_ held: false when the connection was lost (or left)
+  // already, or the agent ended as it was told (drained, or closing).
+  bool mark_lost_locked(const std::string& why) {
+    if (lost_ || stop_.load() || abandoned_ || superseded_ > 0) return false;
     lost_ = why;
     int failed = 0;
     for (auto& [id, s] : workers_) {
@@ -469,9 +495,11 @@ class AgentConnection {
                                         : "check the host and its connection (ssh, network) if this repeats");
     }
     // A silent agent (stopped, partitioned) is ended from here; its watchdog
-    // (or, remotely, the agent itself once it runs again) stops the workers.
+    // (or, remotely, the agent itself once it runs again, or the retirer)
+    // stops the workers.
     if (process_.pid() > 0) ::kill(-process_.pid(), SIGKILL);
     cv_.notify_all();
+    return !(draining_ && failed == 0) && !closing_;
   }
 
   void handle(agent::Message m) {
@@ -638,6 +666,10 @@ class AgentConnection {
     if (closing) return;
     Duration limit = hello ? options_.heartbeat_timeout : options_.start_timeout;
     if (now - last_heard_ > limit) {
+      if (!hello) {
+        std::lock_guard lock(mu_);
+        unreachable_ = true;
+      }
       mark_lost(hello ? fmt::format("silent for {} ms (--heartbeat-timeout {} s)", to_ms(now - last_heard_),
                                     to_ms(options_.heartbeat_timeout) / 1000.0)
                       : fmt::format("no HELLO within {} s of starting it ({})", to_ms(options_.start_timeout) / 1000,
@@ -676,6 +708,10 @@ class AgentConnection {
       why += fmt::format(" before it started: {} is not there (install the same erun on that host, or pass "
                          "--agent-path with the path it has there)",
                          options_.agent_path);
+    }
+    if (status && status->code == 255 && !hello_seen()) {
+      std::lock_guard lock(mu_);
+      unreachable_ = true;  // ssh's "could not reach or log in to the host"
     }
     if (!closing) (void)transport_failure(std::chrono::seconds(1));  // its last words, for mark_lost()
     if (closing) {
@@ -724,6 +760,8 @@ class AgentConnection {
   bool reader_done_ = false;
   std::optional<int> keeper_port_;  // KEEPING's port; unset until it came
   bool had_worker_ = false;         // START was sent through it (a spare's agent had none)
+  bool unreachable_ = false;        // see unreachable()
+  OnLost on_lost_;
 };
 
 

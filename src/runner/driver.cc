@@ -81,13 +81,27 @@ Driver::~Driver() {
 Status Driver::start() {
   loop_ = std::make_unique<DiscoveryLoop>(*d_.discovery, o_.discovery_interval);
   Status s = loop_->first();
-  if (!s) {
+  // A job taken over runs on the hosts its record names: a discovery that
+  // fails now (an inventory service down for a moment) keeps them, as a
+  // running driver keeps its last hosts, instead of leaving the workers
+  // without a driver.
+  HostSet kept = s || !d_.takeover ? HostSet() : hosts_of_plan(d_.takeover->record.plan);
+  if (!s && kept.empty()) {
     return Status::error(fmt::format("host discovery ({}) failed at start: {}; nothing was launched: run the script by hand "
                                      "and fix it until it prints one host[:slots] per line",
                                      d_.discovery->describe(), s.message()));
   }
   auto snap = loop_->snapshot();
-  set_discovered(snap.hosts);
+  if (s) {
+    set_discovered(snap.hosts);
+  } else {
+    ERUN_LOG_WARN("job {}: host discovery ({}) failed: {}; the job goes on with the {} host(s) of its record ({}) and "
+                  "runs the script again every {:.0f} s",
+                  d_.job_id, d_.discovery->describe(), s.message(), kept.size(), kept.summary(),
+                  seconds(o_.discovery_interval));
+    discovery_.last_error = s.message();
+    set_discovered(kept);
+  }
   discovery_.version = snap.version;
   discovery_.last_at = clock_.now();
   ERUN_LOG_INFO("job {}: {} found {} host{} with {} slot{}: {}", d_.job_id, d_.discovery->describe(),
@@ -105,11 +119,18 @@ Status Driver::start() {
   return Status::ok();
 }
 
-bool Driver::record_host_failure(const std::string& host) {
-  if (!hosts_.record_failure(host)) return false;
-  ERUN_LOG_WARN("{} blacklisted for {:.0f} s after {} failure(s) in a row: the job goes on without it, then tries "
-                "it again (see --blacklist-after and --blacklist-cooldown-range)",
-                host, seconds(hosts_.blacklisted_until(host) - clock_.now()), o_.blacklist_after);
+bool Driver::record_host_failure(const std::string& host, bool unreachable) {
+  const HostManager::Blacklisting b = hosts_.record_failure(host, unreachable);
+  if (!b) return false;
+  if (b.again) {
+    ERUN_LOG_WARN("{} still cannot be reached: it sits out another {:.0f} s (the same cooldown: an outage is not the "
+                  "host's fault), then is tried again",
+                  host, seconds(hosts_.blacklisted_until(host) - clock_.now()));
+  } else {
+    ERUN_LOG_WARN("{} blacklisted for {:.0f} s after {} failure(s) in a row: the job goes on without it, then tries "
+                  "it again (see --blacklist-after and --blacklist-cooldown-range)",
+                  host, seconds(hosts_.blacklisted_until(host) - clock_.now()), o_.blacklist_after);
+  }
   if (d_.events) d_.events->write("host_blacklisted", {{"host", json_string(host)}});
   return true;
 }
@@ -335,7 +356,7 @@ void Driver::reap() {
     }
     ERUN_LOG_WARN("{}: failed with {} after {:.1f} s", who(rec_.generation, a.slot.host, a.rank), s.describe(),
                   after);
-    fail_generation(Failure{rec_.generation, a.slot.host, a.rank, s, stderr_tail(w), after});
+    fail_generation(Failure{rec_.generation, a.slot.host, a.rank, s, stderr_tail(w), after, w.handle->host_unreachable()});
   }
 }
 
@@ -609,7 +630,7 @@ void Driver::handle_generation_failure() {
     finish_with_failure(f);
     return;
   }
-  record_host_failure(f.host);
+  record_host_failure(f.host, f.unreachable);
   for (auto& h : plan_.hosts()) {
     if (h != f.host) hosts_.record_success(h);
   }

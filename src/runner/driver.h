@@ -133,6 +133,7 @@ class Driver {
     ExitStatus status;
     std::vector<std::string> stderr_tail;
     double after_s = 0;
+    bool unreachable = false;  // its host could not be reached at all (WorkerHandle::host_unreachable())
   };
 
   // ---- taking over (driver_takeover.cc) ----
@@ -318,9 +319,10 @@ class Driver {
   // A pending replacement ended, or is killed, before it joined: a failure of
   // its host, not of the survivors' generation.
   void replacement_failed(Worker& w, const std::string& why);
-  // Counts a failure against the host; logs and records it when that
-  // blacklists the host. Returns whether it did.
-  bool record_host_failure(const std::string& host);
+  // Counts a failure against the host (`unreachable`: it could not be
+  // reached at all); logs and records it when that blacklists the host.
+  // Returns whether it did.
+  bool record_host_failure(const std::string& host, bool unreachable);
   // Training is over for a rank: stops the workers launched into the running
   // job that were never a member of a complete generation (pending ones,
   // and ones assigned to a generation the finished ranks never joined): they

@@ -557,7 +557,7 @@ void Driver::replacement_failed(Worker& w, const std::string& why) {
   ERUN_LOG_WARN("{}: replacement {} before it joined; the job goes on with {} rank{}",
                 who(rec_.generation, host, w.assignment.rank), why, plan_.size(), plan_.size() == 1 ? "" : "s");
   if (w.exit) crash_loop_.worker_failed(host, *w.exit);
-  record_host_failure(host);
+  record_host_failure(host, w.handle && w.exit && w.handle->host_unreachable());
   set_state(w, WorkerState::kExcluded);
 }
 

@@ -29,6 +29,7 @@ class FakeHandle final : public WorkerHandle {
   long pid() const override { return 0; }
   std::optional<std::vector<std::string>> exit_stderr() const override { return w_->exit_stderr; }
   TimePoint exited_at() const override { return w_->exited_at; }
+  bool host_unreachable() const override { return w_->host_unreachable; }
 
  private:
   std::shared_ptr<FakeLauncher::Worker> w_;

@@ -26,6 +26,7 @@ class FakeLauncher final : public Launcher {
     std::vector<int> signals;
     std::optional<std::vector<std::string>> exit_stderr;  // what its agent's EXITED would carry
     TimePoint exited_at = TimePoint::max();  // when the launcher learned of `exit`: max, not known
+    bool host_unreachable = false;  // with `exit`: its host could not be reached at all
   };
 
   Result<std::unique_ptr<WorkerHandle>> launch(const WorkerSpec& spec) override;

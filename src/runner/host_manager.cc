@@ -4,16 +4,24 @@
 
 namespace erun {
 
-bool HostManager::record_failure(const std::string& host) {
+HostManager::Blacklisting HostManager::record_failure(const std::string& host, bool unreachable) {
   auto& r = history_[host];
-  if (++r.failures_in_a_row < policy_.blacklist_after) return false;
+  if (unreachable && r.blacklisted_until > clock_.now()) return {};
+  if (++r.failures_in_a_row < policy_.blacklist_after) return {};
   r.failures_in_a_row = 0;
-  Duration cooldown = policy_.cooldown_min;
-  for (int i = 0; i < r.times_blacklisted && cooldown < policy_.cooldown_max; ++i) cooldown *= 2;
-  cooldown = std::min(cooldown, policy_.cooldown_max);
+  // The cooldown of blacklisting number `n` (from 0).
+  auto cooldown_of = [&](int n) {
+    Duration cooldown = policy_.cooldown_min;
+    for (int i = 0; i < n && cooldown < policy_.cooldown_max; ++i) cooldown *= 2;
+    return std::min(cooldown, policy_.cooldown_max);
+  };
+  if (unreachable && r.times_blacklisted > 0) {
+    r.blacklisted_until = clock_.now() + cooldown_of(r.times_blacklisted - 1);
+    return {true, true};
+  }
+  r.blacklisted_until = clock_.now() + cooldown_of(r.times_blacklisted);
   r.times_blacklisted++;
-  r.blacklisted_until = clock_.now() + cooldown;
-  return true;
+  return {true, false};
 }
 
 void HostManager::record_success(const std::string& host) {

@@ -2,8 +2,13 @@
 // `blacklist_after` consecutive generations is blacklisted for a cooldown that
 // starts at cooldown_min and doubles with each blacklisting, up to
 // cooldown_max; after it the host is tried again. A generation in which the
-// host's workers ran without failing resets its count. The histories are
-// the driver's record's (DriverRecord::hosts). Driver thread only.
+// host's workers ran without failing resets its count. A host that could not
+// be reached at all (ssh's 255, no HELLO) is an outage, not a fault of the
+// host: a blacklisting for that sits out the last cooldown again (the
+// shortest when it has none) instead of a doubled one, so however often a
+// cut-off host is tried, it rejoins within one cooldown of coming back. The
+// histories are the driver's record's (DriverRecord::hosts). Driver thread
+// only.
 #pragma once
 
 #include <map>
@@ -42,8 +47,17 @@ class HostManager {
   HostManager(const Clock& clock, BlacklistPolicy policy, HostHistories& history)
       : clock_(clock), policy_(policy), history_(history) {}
 
-  // Returns true when this failure blacklisted the host.
-  bool record_failure(const std::string& host);
+  // What a failure did: nothing more than count, or blacklisted the host
+  // (true), for the last cooldown again (`again`: not doubled).
+  struct Blacklisting {
+    bool blacklisted = false;
+    bool again = false;
+    explicit operator bool() const { return blacklisted; }
+  };
+  // `unreachable`: the host could not be reached at all (its agent never
+  // answered), rather than a failure on it; such failures of a host that
+  // sits out already (the try's other workers) count nothing.
+  Blacklisting record_failure(const std::string& host, bool unreachable = false);
   void record_success(const std::string& host);
   bool is_blacklisted(const std::string& host) const;
   // When a blacklisted host may be used again.

@@ -66,6 +66,11 @@ class WorkerHandle {
   // (max: not known). The driver takes the ends it finds at one look in this
   // order, so the failure it learned of first is the one it acts on.
   virtual TimePoint exited_at() const { return TimePoint::max(); }
+  // Once poll() has a status: the worker never started because its host
+  // could not be reached at all (its agent never answered: ssh's exit 255,
+  // or nothing within the start timeout), rather than a failure on the
+  // host. The driver does not double a blacklisting for it (HostManager).
+  virtual bool host_unreachable() const { return false; }
 };
 
 // A worker that a driver taking a job over found running (or ended while no

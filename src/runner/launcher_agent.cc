@@ -20,6 +20,7 @@
 #include "common/subprocess.h"
 
 #include "runner/agent_connection.h"
+#include "runner/agent_retirer.h"
 
 namespace erun {
 
@@ -57,6 +58,7 @@ class AgentWorker final : public WorkerHandle {
   long pid() const override { return c_->pid_of(id_); }
   std::optional<std::vector<std::string>> exit_stderr() const override { return c_->exit_stderr_of(id_); }
   TimePoint exited_at() const override { return c_->exited_at_of(id_); }
+  bool host_unreachable() const override { return c_->unreachable(); }
 
  private:
   std::shared_ptr<AgentConnection> c_;
@@ -110,9 +112,14 @@ AgentLauncher::AgentLauncher(AgentCommand agent_command,
 AgentLauncher::~AgentLauncher() {
   if (abandoned_) return;  // the connections went without a word
   for (auto& [host, c] : agents_) c->begin_shutdown();
+  // The job is over: the agents lost on the way that hold workers still get
+  // their tries meanwhile, for about as long as one more try takes.
+  if (retirer_) retirer_->finish(std::max<Duration>(options_.heartbeat_timeout / 2, 1s) + 1s);
   // Workers still running get their grace from the agents; wait a little longer.
   for (auto& [host, c] : agents_) c->finish_shutdown(8s);
 }
+
+size_t AgentLauncher::agents_to_retire() const { return retirer_ ? retirer_->left() : 0; }
 
 Result<std::unique_ptr<WorkerHandle>> AgentLauncher::launch(const WorkerSpec& spec) {
   using R = Result<std::unique_ptr<WorkerHandle>>;
@@ -170,8 +177,47 @@ std::shared_ptr<AgentConnection> AgentLauncher::spawn_connection(const std::stri
     *error = process.message();
     return nullptr;
   }
-  return std::make_shared<AgentConnection>(host, std::move(process).value(), options_, via_, stderr_hint_,
-                                           paths_version_);
+  auto conn = std::make_shared<AgentConnection>(host, std::move(process).value(), options_, via_, stderr_hint_,
+                                                paths_version_);
+  watch_loss(*conn);
+  return conn;
+}
+
+void AgentLauncher::watch_loss(AgentConnection& conn) {
+  if (options_.driver_grace <= Duration::zero()) return;  // no agent holds its workers without a driver
+  if (!retirer_) {
+    // Each try: the transport's own process (`erun --agent --attach PATH`
+    // over ssh or srun) or, here, the socket. Limited to half the heartbeat
+    // timeout: a host that comes back is reached within about one.
+    AgentRetirer::Options ro;
+    ro.try_limit = std::max<Duration>(options_.heartbeat_timeout / 2, 1s);
+    auto open = [command = agent_command_, local = via_ == "local",
+                 agent_path = options_.agent_path](const std::string& host, const std::string& path) -> Result<Subprocess> {
+      using R = Result<Subprocess>;
+      if (local) {
+        net::Address a;
+        if (!net::unix_address(path, &a)) return R::error(fmt::format("{} is not a usable socket path", path));
+        net::Socket sock = net::connect_unix(a, SteadyClock::now() + 2s);
+        if (!sock.ok()) return R::error(fmt::format("cannot connect to {}: {}", path, sock.outcome.text()));
+        const int in = ::fcntl(sock.fd.get(), F_DUPFD_CLOEXEC, 0);
+        if (in < 0) return R::error(fmt::format("cannot connect to {}: {}", path, std::strerror(errno)));
+        return R(Subprocess::channel(in, sock.fd.release()));
+      }
+      SpawnOptions o;
+      o.argv = command(host, {agent_path, "--agent", "--attach", path});
+      o.pipe_stdin = true;
+      o.pipe_stdout = true;
+      o.pipe_stderr = true;  // ssh's reasons: the retirer logs the last line
+      o.new_process_group = true;
+      return Subprocess::spawn(o);
+    };
+    retirer_ = std::make_shared<AgentRetirer>(open, ro);
+  }
+  // The connection may outlive this launcher (a worker handle holds it): the
+  // callback holds the retirer, never the launcher.
+  conn.on_lost([retirer = retirer_](const std::string& host, const std::string& path, const std::string& why) {
+    retirer->add(host, path, fmt::format("its driver lost it: {}", why));
+  });
 }
 
 std::shared_ptr<AgentConnection> AgentLauncher::connect_attach_socket(const std::string& host,
@@ -191,8 +237,10 @@ std::shared_ptr<AgentConnection> AgentLauncher::connect_attach_socket(const std:
     *error = fmt::format("cannot reach the agent at {}: {}", path, std::strerror(errno));
     return nullptr;
   }
-  return std::make_shared<AgentConnection>(host, Subprocess::channel(in, s.fd.release()), options_, via_,
-                                           StderrHint{}, paths_version_);
+  auto conn = std::make_shared<AgentConnection>(host, Subprocess::channel(in, s.fd.release()), options_, via_,
+                                                StderrHint{}, paths_version_);
+  watch_loss(*conn);
+  return conn;
 }
 
 std::shared_ptr<AgentConnection> AgentLauncher::connection(const std::string& host, const std::string& secret,
@@ -205,6 +253,7 @@ std::shared_ptr<AgentConnection> AgentLauncher::connection(const std::string& ho
     return nullptr;
   }
   conn->send_secret(secret);
+  if (retirer_) retirer_->set_driver(secret, term_);
   ERUN_LOG_DEBUG("agent on {}: started ({}, pid {})", host, via_, conn->process_pid());
   c = std::move(conn);
   return c;
@@ -270,6 +319,8 @@ std::vector<AttachOutcome> AgentLauncher::attach(const std::vector<std::pair<std
       continue;
     }
     conn->send_secret(request.secret);
+    term_ = std::max(term_, request.term);
+    if (retirer_) retirer_->set_driver(request.secret, term_);
     conn->send(agent::Attach{request.term, request.rdzv_host, static_cast<uint32_t>(std::max(request.rdzv_port, 0))});
     conns.back() = std::move(conn);
   }
@@ -340,6 +391,7 @@ std::vector<std::pair<std::string, std::string>> AgentLauncher::take_drains() {
 
 void AgentLauncher::abandon() {
   abandoned_ = true;
+  if (retirer_) retirer_->abandon();  // the agents are the new driver's to tend
   for (auto& [host, c] : agents_) c->abandon();
 }
 

@@ -23,6 +23,7 @@
 namespace erun {
 
 class AgentConnection;
+class AgentRetirer;
 
 // What a launcher makes of one line that its transport (ssh) wrote to stderr
 // for `host`: how to fix a failure it recognises, or nullopt.
@@ -67,6 +68,9 @@ class AgentLauncher final : public Launcher {
   uint64_t superseded() override;
   std::vector<std::pair<std::string, std::string>> take_drains() override;
   void abandon() override;
+  // Agents lost with their workers possibly held for a new driver, not yet
+  // told that the job went on without them (AgentRetirer).
+  size_t agents_to_retire() const;
 
  private:
   // `host`'s live connection, started (and sent `secret`) when it has none;
@@ -81,6 +85,11 @@ class AgentLauncher final : public Launcher {
   // with `error` set when it cannot be reached.
   std::shared_ptr<AgentConnection> connect_attach_socket(const std::string& host, const std::string& path,
                                                          std::string* error);
+  // With --driver-grace, a lost agent may keep its workers for a new
+  // driver: `conn`'s loss hands it to the retirer (made on first use).
+  void watch_loss(AgentConnection& conn);
+  std::shared_ptr<AgentRetirer> retirer_;
+  uint64_t term_ = 1;  // this driver's: 1 for the first, a takeover's ATTACH term
   AgentCommand agent_command_;
   bool abandoned_ = false;
   // Bumped by a connection whose agent names its attach socket (HELLO).

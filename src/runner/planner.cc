@@ -110,6 +110,19 @@ Plan make_plan(long generation, const HostSet& usable, int max_np, const Plan* p
   return plan_over_slots(generation, slots);
 }
 
+HostSet hosts_of_plan(const std::vector<SlotKey>& slots) {
+  HostSet out;
+  for (auto& s : slots) {
+    int i = out.find(s.host);
+    if (i < 0) {
+      out.append_new(Host{s.host, s.local_index + 1});
+    } else if (int have = out.slots_of(s.host); s.local_index + 1 > have) {
+      out.add_slots_at(static_cast<size_t>(i), s.local_index + 1 - have);
+    }
+  }
+  return out;
+}
+
 Plan plan_over_slots(long generation, const std::vector<SlotKey>& slots) {
   Plan plan;
   plan.generation = generation;

@@ -43,6 +43,10 @@ Plan make_plan(long generation, const HostSet& usable, int max_np, const Plan* p
 // for its slots 0 and 2 (local_rank < local_size always holds).
 Plan plan_over_slots(long generation, const std::vector<SlotKey>& slots);
 
+// The hosts that `slots` use, in their order, each with as many slots as its
+// highest slot index + 1 (a job record's plan as discovery would list it).
+HostSet hosts_of_plan(const std::vector<SlotKey>& slots);
+
 // How near host `b` is to host `a` in `hosts`: 0 the same host, 1 hosts of
 // one rack (both listed with the same rack=NAME), 2 otherwise (or unknown).
 // Standbys are taken nearest first (docs/design.md, "Standbys").

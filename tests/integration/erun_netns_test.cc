@@ -15,6 +15,9 @@
 // without them.
 #include <gtest/gtest.h>
 
+#include <signal.h>
+
+#include <filesystem>
 #include <fstream>
 #include <thread>
 
@@ -207,6 +210,137 @@ TEST(ErunNetns, ANewHostWithASlowLinkIsHeldBackAtItsPreflightProbeAndJoinsOnceIt
   EXPECT_NE(events.find("\"check\":\"link\""), std::string::npos) << events;
   EXPECT_EQ(events.find("\"reason\":\"worker failed\""), std::string::npos) << events;
 }
+
+}  // namespace
+}  // namespace erun::testing
+
+namespace erun::testing {
+namespace {
+
+// A partition that heals, as a fault injector does it, with erun's default
+// --driver-grace (60 s): two hosts of 2 slots, -np 4 --min-np 2. Mid-training
+// the namespace host goes silent (its link cut, or every process in it
+// SIGSTOPped, sshd included); the job goes on at 2 ranks. Its agent, cut off
+// from the driver, keeps its workers for a new erun (it cannot tell a
+// partition from an erun that died). Once the host is back, nothing of
+// before the cut may stay: the driver reaches the agent again and retires it
+// within one heartbeat timeout of the return (it is not left for the grace);
+// the host, tried again while unreachable, sits out the same cooldown each
+// time (not 4, 8, 16 s) and rejoins within one cooldown of its return; the
+// job ends at exactly the uninterrupted model, and 5 s after erun exits
+// nothing of the job is left in the namespace or in /dev/shm.
+enum class Silence { kLinkCut, kStopped };
+
+std::vector<std::string> shm_entries_naming(const std::string& a, const std::string& b) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (auto& e : std::filesystem::directory_iterator("/dev/shm", ec)) {
+    std::string name = e.path().filename().string();
+    if (name.find(a) != std::string::npos || name.find(b) != std::string::npos) out.push_back(name);
+  }
+  return out;
+}
+
+void partition_heals(Silence how) {
+  auto ns = NetNamespace::create();
+  ERUN_REQUIRE_NETNS(ns);
+  Hosts hosts;
+  ASSERT_NO_FATAL_FAILURE(start_hosts(*ns, &hosts));
+  if (::testing::Test::IsSkipped()) return;
+  const std::string reference = train_checksum(uninterrupted_training_output());
+  ASSERT_FALSE(reference.empty());
+  const std::string inner = ns->inner_address(), outer = ns->outer_address();
+
+  TempDir dir;
+  dir.write("hosts", outer + ":2\n" + inner + ":2\n");
+  dir.write("discover.sh", "#!/bin/sh\ncat " + dir.file("hosts") + "\n", true);
+  constexpr int kHeartbeatTimeout = 5;  // erun's default
+  constexpr int kCooldown = 4;
+  std::vector<std::string> args = hosts.ssh_args();
+  args.insert(args.end(), {
+      "--driver-grace", "60", "--host-discovery-script", dir.file("discover.sh"), "--discovery-interval", "0.5",
+      "-np", "4", "--min-np", "2", "--driver-address", outer, "--term-grace", "2",
+      // Shorter than the defaults (10 s, 10 s) only to keep the test short.
+      "--blacklist-cooldown-range", std::to_string(kCooldown), "60", "--ssh-connect-timeout", "3",
+      "--event-log", dir.file("events.jsonl"), build_path("examples/train_mlp")});
+  args.insert(args.end(), kTrainMlpArgs.begin(), kTrainMlpArgs.end());
+  args.insert(args.end(), {"--step-ms", "150"});  // a longer run; the model does not depend on it
+  ErunProcess p(args);
+  ASSERT_TRUE(p.wait_output("epoch 2 ", 120s)) << p.out() << p.err();
+  const std::vector<pid_t> before = erun_processes(*ns);
+  ASSERT_GE(before.size(), 3u) << "agent, watchdog and workers expected in the namespace:\n" << describe_pids(before);
+
+  std::vector<pid_t> stopped;
+  if (how == Silence::kLinkCut) {
+    ASSERT_TRUE(ns->cut().is_ok());
+  } else {
+    stopped = ns->pids();
+    for (pid_t pid : stopped) ::kill(pid, SIGSTOP);
+  }
+  ASSERT_TRUE(p.wait_output("agent on " + inner + " lost: silent for", 30s)) << p.err();
+  // Out long enough for tries to relaunch it to fail while it is unreachable.
+  ASSERT_TRUE(p.wait_output(inner + " still cannot be reached: it sits out another " + std::to_string(kCooldown) +
+                                " s",
+                            40s))
+      << p.err();
+  for (pid_t pid : before) EXPECT_TRUE(pid_alive(pid)) << "gone while cut off: " << pid;
+
+  if (how == Silence::kLinkCut) {
+    ASSERT_TRUE(ns->restore().is_ok());
+  } else {
+    for (pid_t pid : stopped) ::kill(pid, SIGCONT);
+  }
+  const auto back_at = std::chrono::steady_clock::now();
+  const std::string rejoin_mark = "world size 2 -> 4";
+  ASSERT_EQ(p.count(rejoin_mark), 0u) << p.out();
+  std::vector<pid_t> left = wait_empty(
+      [&] {
+        std::vector<pid_t> alive;
+        for (pid_t pid : before) {
+          if (pid_alive(pid)) alive.push_back(pid);
+        }
+        return alive;
+      },
+      std::chrono::seconds(kHeartbeatTimeout));
+  const auto gone_after = std::chrono::steady_clock::now() - back_at;
+  ::testing::Test::RecordProperty(
+      "stale_gone_after_ms", static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(gone_after).count()));
+  EXPECT_TRUE(left.empty()) << "still running " << kHeartbeatTimeout << " s after the host came back:\n"
+                            << describe_pids(left) << p.err();
+  // Retired by the driver; a host stopped long enough may also have its
+  // agent taken for frozen by the agent's own watchdog once it runs again
+  // (then the retirer finds it gone).
+  bool retired = false, gone = false;
+  for (int i = 0; i < kHeartbeatTimeout * 10 && !retired && !gone; ++i) {
+    retired = p.err().find("agent on " + inner + ": reached again") != std::string::npos;
+    gone = p.err().find("agent on " + inner + ": ended already") != std::string::npos;
+    if (!retired && !gone) std::this_thread::sleep_for(100ms);
+  }
+  EXPECT_TRUE(retired || (how == Silence::kStopped && gone)) << p.err();
+
+  // Rejoins: relaunched at the end of its cooldown (the new worker's start
+  // and admission take a few seconds more).
+  const Duration rejoin_limit = std::chrono::seconds(kCooldown) + 25s - (std::chrono::steady_clock::now() - back_at);
+  EXPECT_TRUE(p.wait_output(rejoin_mark, rejoin_limit)) << "the host did not rejoin:\n" << p.out() << p.err();
+  ::testing::Test::RecordProperty(
+      "rejoined_after_ms",
+      static_cast<int>(
+          std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - back_at).count()));
+  // It never sat out more than the shortest cooldown for the outage.
+  EXPECT_EQ(p.err().find("blacklisted for " + std::to_string(2 * kCooldown) + " s"), std::string::npos) << p.err();
+
+  ASSERT_NO_FATAL_FAILURE(expect_trained_exactly(p, reference));
+  EXPECT_EQ(p.count("epoch 0 "), 1u) << p.out();  // never restarted from scratch
+  std::this_thread::sleep_for(5s);
+  std::vector<pid_t> after = job_processes(*ns);
+  EXPECT_TRUE(after.empty()) << "left in the namespace 5 s after erun exited:\n" << describe_pids(after);
+  std::vector<std::string> shm = shm_entries_naming(inner, outer);
+  EXPECT_TRUE(shm.empty()) << "left in /dev/shm: " << shm.front();
+}
+
+TEST(ErunNetns, AHealedPartitionLeavesNothingOfTheCutHostBehindAndItRejoins) { partition_heals(Silence::kLinkCut); }
+
+TEST(ErunNetns, AHostStoppedAndResumedLeavesNothingBehindAndItRejoins) { partition_heals(Silence::kStopped); }
 
 }  // namespace
 }  // namespace erun::testing

@@ -221,6 +221,34 @@ TEST_F(ErunTakeover, AHostThatLeftDiscoveryMeanwhileIsLeftOutInPlaceByTheNext) {
   expect_each_epoch_once(first, again);
 }
 
+// erun SIGKILLed while the discovery script fails (an inventory service
+// down for a few seconds, exit 3), and run again at once: its first
+// discovery fails too. It takes the job over with the hosts of the job
+// record instead of giving up ("nothing was launched", the workers left
+// without a driver), and goes on once the script works again.
+TEST_F(ErunTakeover, ATakeoverWhileDiscoveryFailsGoesOnWithTheRecordsHosts) {
+  dir_.write("hosts", "127.0.0.2:1\n127.0.0.3:1\n");
+  dir_.write("discover.sh", "#!/bin/sh\n[ -e " + dir_.file("down") + " ] && exit 3\ncat " + dir_.file("hosts") + "\n",
+             true);
+  const std::vector<std::string> extra = {"--launcher", "local", "--host-discovery-script", dir_.file("discover.sh"),
+                                          "--discovery-interval", "0.2", "-np", "2", "--min-np", "1"};
+  ErunProcess first(args(extra), env());
+  ASSERT_TRUE(first.wait_output(":epoch 0 loss=", 120s)) << first.err();
+  dir_.write("down", "");  // the inventory service goes down
+  std::this_thread::sleep_for(500ms);
+  std::set<pid_t> before = start_and_kill(first, 1);
+  ASSERT_EQ(before.size(), 2u);
+  ErunProcess again(args(extra), env());
+  ASSERT_TRUE(again.wait_output("took the job over at generation", 30s)) << again.err();
+  EXPECT_NE(again.err().find("the job goes on with the 2 host(s) of its record"), std::string::npos) << again.err();
+  std::this_thread::sleep_for(2s);
+  EXPECT_EQ(workers(), before) << "a worker was lost while discovery failed";
+  std::filesystem::remove(dir_.file("down"));  // back
+  ASSERT_NO_FATAL_FAILURE(expect_trained_exactly(again, uninterrupted_checksum()));
+  EXPECT_EQ(again.out().find("world size 2 -> 1"), std::string::npos) << "a host was dropped\n" << again.out();
+  expect_each_epoch_once(first, again);
+}
+
 TEST_F(ErunTakeover, OverSshTheLaunchingSideLostWholeIsTakenOverByTheSameCommand) {
   // Two hosts of the test's sshd; erun and every ssh client it started are
   // SIGKILLed together, as when the launching machine dies: the remote

@@ -30,155 +30,19 @@
 #include "agent/agent.h"
 #include "agent/protocol.h"
 #include "common/subprocess.h"
+#include "support/agent_child.h"
 
 namespace erun::agent {
 namespace {
 
 using namespace std::chrono_literals;
 using SteadyClock = std::chrono::steady_clock;
+using testing::alive;
+using testing::Channel;
+using testing::Child;
+using testing::wait_gone;
 
 constexpr const char* kSecret = "attach-test-secret";
-
-bool alive(pid_t pid) { return pid > 0 && ::kill(pid, 0) == 0; }
-
-bool wait_gone(pid_t pid, Duration limit) {
-  auto deadline = SteadyClock::now() + limit;
-  while (alive(pid)) {
-    if (SteadyClock::now() > deadline) return false;
-    std::this_thread::sleep_for(20ms);
-  }
-  return true;
-}
-
-// One end of a driver channel: frames written to `in`, read from `out`.
-class Channel {
- public:
-  Channel(int in, int out) : in_(in), out_(out) {}
-  ~Channel() { close(); }
-  Channel(const Channel&) = delete;
-  Channel& operator=(const Channel&) = delete;
-
-  void close() {
-    close_fd(in_);
-    close_fd(out_);
-  }
-  bool write_all(std::string_view data) {
-    while (!data.empty()) {
-      ssize_t n = ::write(in_, data.data(), data.size());
-      if (n <= 0) return false;
-      data.remove_prefix(static_cast<size_t>(n));
-    }
-    return true;
-  }
-  bool send(const Message& m) { return write_all(encode(m)); }
-
-  // Reads until a frame of type T (matching `pred`) arrives; nullopt at EOF
-  // or after `limit`. Every frame read is kept.
-  template <typename T, typename Pred>
-  std::optional<T> wait_match(Pred pred, Duration limit = 10s) {
-    auto deadline = SteadyClock::now() + limit;
-    while (true) {
-      for (; checked_ < seen_.size(); ++checked_) {
-        if (auto* m = std::get_if<T>(&seen_[checked_]); m && pred(*m)) return *m;
-      }
-      if (eof_) return std::nullopt;
-      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - SteadyClock::now()).count();
-      if (left <= 0) return std::nullopt;
-      pollfd p{out_, POLLIN, 0};
-      if (::poll(&p, 1, static_cast<int>(left)) <= 0) continue;
-      char chunk[65536];
-      ssize_t n = ::read(out_, chunk, sizeof chunk);
-      if (n <= 0) {
-        eof_ = true;
-        continue;
-      }
-      reader_.feed(std::string_view(chunk, static_cast<size_t>(n)));
-      while (true) {
-        auto m = reader_.next();
-        EXPECT_TRUE(m.is_ok()) << m.message();
-        if (!m.is_ok() || !m->has_value()) break;
-        seen_.push_back(std::move(**m));
-      }
-    }
-  }
-  template <typename T>
-  std::optional<T> wait_for(Duration limit = 10s) {
-    return wait_match<T>([](const T&) { return true; }, limit);
-  }
-  // True once the other side closed (within `limit`).
-  bool wait_eof(Duration limit) {
-    wait_match<Shutdown>([](const Shutdown&) { return false; }, limit);
-    return eof_;
-  }
-  std::string output(uint64_t id) const {
-    std::string all;
-    for (auto& m : seen_) {
-      if (auto* o = std::get_if<Output>(&m); o && o->id == id) all += o->data;
-    }
-    return all;
-  }
-  const std::vector<Message>& seen() const { return seen_; }
-
- private:
-  int in_, out_;
-  FrameReader reader_;
-  std::vector<Message> seen_;
-  size_t checked_ = 0;
-  bool eof_ = false;
-};
-
-// A child process running `body(in_fd, out_fd)` on two pipes; the test holds
-// the other ends as a Channel.
-struct Child {
-  pid_t pid = -1;
-  std::unique_ptr<Channel> channel;
-
-  Child() = default;
-  Child(Child&& o) noexcept : pid(std::exchange(o.pid, -1)), channel(std::move(o.channel)) {}
-  Child& operator=(Child&& o) noexcept {
-    std::swap(pid, o.pid);
-    std::swap(channel, o.channel);
-    return *this;
-  }
-
-  template <typename Body>
-  static Child fork_with_pipes(Body body) {
-    int to[2], from[2];
-    EXPECT_EQ(::pipe2(to, O_CLOEXEC), 0);
-    EXPECT_EQ(::pipe2(from, O_CLOEXEC), 0);
-    Child c;
-    c.pid = ::fork();
-    if (c.pid == 0) {
-      ::close(to[1]);
-      ::close(from[0]);
-      ::_exit(body(to[0], from[1]));
-    }
-    ::close(to[0]);
-    ::close(from[1]);
-    c.channel = std::make_unique<Channel>(to[1], from[0]);
-    return c;
-  }
-  // The exit code once it ended within `limit`, else -1.
-  int wait(Duration limit) {
-    auto deadline = SteadyClock::now() + limit;
-    while (SteadyClock::now() < deadline) {
-      int status = 0;
-      if (::waitpid(pid, &status, WNOHANG) == pid) {
-        pid = -1;
-        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      }
-      std::this_thread::sleep_for(20ms);
-    }
-    return -1;
-  }
-  ~Child() {
-    if (channel) channel->close();
-    if (pid > 0) {
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, nullptr, 0);
-    }
-  }
-};
 
 class AgentAttach : public ::testing::Test {
  protected:
@@ -223,14 +87,19 @@ class AgentAttach : public ::testing::Test {
     ASSERT_TRUE(ch.wait_match<Output>([](const Output& o) { return o.data.find("before") != std::string::npos; }));
   }
 
-  // A new driver: `erun --agent --attach` forked, sent `secret` and ATTACH.
-  Child attach(const std::string& secret, uint64_t term) {
+  // A driver reaching the agent's socket: `erun --agent --attach` forked,
+  // sent `secret` and `first`.
+  Child reach(const std::string& secret, const Message& first) {
     std::string path = attach_path_;
     Child c = Child::fork_with_pipes([path](int in, int out) { return run_attach_pump(path, in, out); });
     EXPECT_TRUE(c.channel->write_all(secret + "\n"));
-    EXPECT_TRUE(c.channel->send(Attach{term, "", 0}));
+    EXPECT_TRUE(c.channel->send(first));
     return c;
   }
+  // A new driver: ATTACH.
+  Child attach(const std::string& secret, uint64_t term) { return reach(secret, Attach{term, "", 0}); }
+  // A driver that lost this agent and went on without it: RETIRE.
+  Child retire(const std::string& secret, uint64_t term) { return reach(secret, Retire{term, "silent for 5001 ms"}); }
 
   Child agent_;
   std::string attach_path_;
@@ -349,6 +218,66 @@ TEST_F(AgentAttach, WithoutAGraceTheWorkersStopWithTheDriver) {
   agent_.channel->close();
   EXPECT_TRUE(wait_gone(static_cast<pid_t>(started->pid), 10s));
   EXPECT_EQ(agent_.wait(15s), 1);
+}
+
+}  // namespace
+}  // namespace erun::agent
+
+namespace erun::agent {
+namespace {
+
+// Its driver lost it (a partition) and went on without its workers, which it
+// holds for --driver-grace. Reached again, it is told RETIRE by that driver
+// (its own term): it answers, stops its worker at once (not after the grace)
+// and ends, its attach socket's directory gone.
+TEST_F(AgentAttach, ARetiredAgentStopsItsHeldWorkersAtOnceAndEnds) {
+  ASSERT_NO_FATAL_FAILURE(start(60s, "0"));
+  agent_.channel->close();  // the channel breaks (the driver killed its ssh)
+  std::this_thread::sleep_for(300ms);
+  ASSERT_TRUE(alive(worker_)) << "held for the grace";
+  Child r = retire(kSecret, 1);
+  auto yes = r.channel->wait_for<Retired>();
+  ASSERT_TRUE(yes) << "no RETIRED";
+  EXPECT_EQ(yes->workers, 1u);
+  EXPECT_TRUE(wait_gone(worker_, 5s)) << "the worker outlived its retirement";
+  EXPECT_EQ(agent_.wait(10s), 1);
+  EXPECT_FALSE(std::filesystem::exists(std::filesystem::path(attach_path_).parent_path()));
+}
+
+// The agent never saw its channel break (its driver only fell silent to it):
+// a RETIRE still ends it.
+TEST_F(AgentAttach, AnAgentStillAttachedIsRetiredToo) {
+  ASSERT_NO_FATAL_FAILURE(start(60s, "0"));
+  Child r = retire(kSecret, 1);
+  ASSERT_TRUE(r.channel->wait_for<Retired>());
+  EXPECT_TRUE(wait_gone(worker_, 5s));
+  EXPECT_EQ(agent_.wait(10s), 1);
+}
+
+// A RETIRE with a wrong secret, or from a driver older than the one the
+// agent obeys now (a newer one took the job over), changes nothing.
+TEST_F(AgentAttach, ARetireWithAWrongSecretOrAnOldTermIsRefused) {
+  ASSERT_NO_FATAL_FAILURE(start(60s, "0"));
+  agent_.channel->close();
+  {
+    Child bad = retire("not-the-secret", 1);
+    EXPECT_TRUE(bad.channel->wait_eof(10s));
+    EXPECT_FALSE(bad.channel->wait_for<Retired>(100ms));
+  }
+  Child next = attach(kSecret, 3);
+  ASSERT_TRUE(next.channel->wait_for<State>());
+  {
+    Child old = retire(kSecret, 2);
+    auto no = old.channel->wait_for<Superseded>();
+    ASSERT_TRUE(no) << "an older driver's RETIRE was not refused";
+    EXPECT_EQ(no->term, 3u);
+    EXPECT_FALSE(old.channel->wait_for<Retired>(100ms));
+  }
+  EXPECT_TRUE(alive(worker_));
+  // The driver that holds it now may retire it.
+  Child same = retire(kSecret, 3);
+  ASSERT_TRUE(same.channel->wait_for<Retired>());
+  EXPECT_TRUE(wait_gone(worker_, 5s));
 }
 
 }  // namespace

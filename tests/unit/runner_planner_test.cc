@@ -59,6 +59,53 @@ TEST(Planner, SameLayoutIgnoresGeneration) {
   EXPECT_FALSE(c.contains(SlotKey{"a", 1}));
 }
 
+// A host cut off (a partition): every try to relaunch it fails before its
+// agent answers. An outage sits out the same cooldown again and again, not
+// 10, 20, 40 s: the host rejoins within one cooldown of coming back.
+TEST(HostManager, AnUnreachableHostSitsOutTheSameCooldownAgain) {
+  FakeClock clock;
+  HostHistories record;
+  HostManager m(clock, BlacklistPolicy{2, std::chrono::seconds(10), std::chrono::seconds(300)}, record);
+  // Lost mid-run (silent): two workers, a failure each: the first blacklisting.
+  EXPECT_FALSE(m.record_failure("a"));
+  auto first = m.record_failure("a");
+  EXPECT_TRUE(first);
+  EXPECT_FALSE(first.again);
+  EXPECT_EQ(m.blacklisted_until("a"), clock.now() + std::chrono::seconds(10));
+  for (int i = 0; i < 4; ++i) {
+    clock.advance(std::chrono::seconds(11));
+    EXPECT_FALSE(m.is_blacklisted("a"));
+    // Relaunched, unreachable: both workers of the try, one blacklisting.
+    EXPECT_FALSE(m.record_failure("a", true));
+    auto again = m.record_failure("a", true);
+    EXPECT_TRUE(again) << i;
+    EXPECT_TRUE(again.again) << i;
+    EXPECT_EQ(m.blacklisted_until("a"), clock.now() + std::chrono::seconds(10)) << "not doubled, try " << i;
+    EXPECT_FALSE(m.record_failure("a", true)) << "a worker of the same try, while it sits out";
+  }
+  EXPECT_EQ(record["a"].times_blacklisted, 1);
+  // Reached again, and its workers fail there: the cooldown doubles.
+  clock.advance(std::chrono::seconds(11));
+  m.record_failure("a");
+  auto reached = m.record_failure("a");
+  EXPECT_FALSE(reached.again);
+  EXPECT_EQ(m.blacklisted_until("a"), clock.now() + std::chrono::seconds(20));
+}
+
+// A host never reached at all sits out the shortest cooldown each time.
+TEST(HostManager, AHostNeverReachedSitsOutTheShortestCooldown) {
+  FakeClock clock;
+  HostHistories record;
+  HostManager m(clock, BlacklistPolicy{1, std::chrono::seconds(10), std::chrono::seconds(300)}, record);
+  EXPECT_FALSE(m.record_failure("a", true).again);
+  EXPECT_EQ(m.blacklisted_until("a"), clock.now() + std::chrono::seconds(10));
+  for (int i = 0; i < 3; ++i) {
+    clock.advance(std::chrono::seconds(11));
+    EXPECT_TRUE(m.record_failure("a", true).again);
+    EXPECT_EQ(m.blacklisted_until("a"), clock.now() + std::chrono::seconds(10));
+  }
+}
+
 TEST(HostManager, BlacklistsAfterConsecutiveFailuresWithDoublingCooldown) {
   FakeClock clock;
   HostHistories record;
@@ -167,6 +214,13 @@ TEST(Planner, OrderHostsIsLinearInHosts) {
   ASSERT_EQ(order.size(), 20000u);
   EXPECT_EQ(order[0].name, "h19990");
   EXPECT_EQ(order[10].name, "h0");
+}
+
+// A job record's plan as hosts (a takeover whose discovery fails goes on
+// with them): each host's highest slot decides its slot count.
+TEST(PlannerTest, HostsOfAPlanCoverEverySlot) {
+  EXPECT_EQ(hosts_of_plan({{"a", 0}, {"a", 2}, {"b", 1}, {"a", 1}}).to_string(), "a:3,b:2");
+  EXPECT_TRUE(hosts_of_plan({}).empty());
 }
 
 TEST(PlannerTest, PlanOverSlotsNumbersLocalRanksDenselyAroundAHole) {
