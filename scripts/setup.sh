@@ -17,6 +17,7 @@ packages=(
   libgloo-dev libopenmpi-dev openmpi-bin
   libssl-dev openssh-client openssh-server
   procps psmisc iproute2 python3
+  faketime   # libfaketime: tests/integration/erun_clock_jump_test.cc steps the wall clock of erun's processes
   python3-dev python3-pybind11 pybind11-dev python3-torch python3-numpy python3-pytest   # the erun Python package (python/)
   python3-venv   # the PyPI venv of scripts/venv.sh
   python3-matplotlib   # erun report -o job.svg|job.html (python/erun/report.py)

@@ -35,9 +35,17 @@ class FakeClock final : public Clock {
   std::atomic<Duration::rep> ticks_{Duration(std::chrono::hours(1)).count()};
 };
 
-// The wall clock in seconds since the epoch (what the event log's "time" says).
+// The wall clock in seconds since the epoch, as read at this process's first
+// call and advanced by the monotonic clock since (what the event log's "time"
+// says, and what the job's account, its summary and /metrics are computed
+// from). A step of the system clock while erun runs (NTP, an operator: an
+// hour either way) does not move it, so the difference of two stamps is the
+// time that passed; the log lines' own timestamps show the system clock.
 inline double realtime_seconds() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  using namespace std::chrono;
+  static const double wall_at_start = duration<double>(system_clock::now().time_since_epoch()).count();
+  static const steady_clock::time_point steady_at_start = steady_clock::now();
+  return wall_at_start + duration<double>(steady_clock::now() - steady_at_start).count();
 }
 
 // Seconds as a double, for logs and the event log.

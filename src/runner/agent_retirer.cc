@@ -232,8 +232,8 @@ bool AgentRetirer::check_try(Entry& e, TimePoint now) {
   if (!t.out_open) {
     // No answer and the channel closed: the process's exit says why.
     std::optional<ExitStatus> st;
-    if (t.channel.pid() > 0) st = t.channel.wait_for(now >= t.deadline ? 0ms : 200ms);
-    if (t.channel.pid() > 0 && !st && now < t.deadline) return false;  // its exit comes next tick
+    if (t.channel.pid() > 0) st = t.channel.poll();
+    if (t.channel.pid() > 0 && !st && now < t.deadline) return false;  // its exit comes at a later look
     std::string why(trim(t.err_tail));
     if (size_t nl = why.rfind('\n'); nl != std::string::npos) why = why.substr(nl + 1);
     why = escape_for_log(why, 300);

@@ -1,5 +1,7 @@
 #include "runner/event_log.h"
 
+#include <cmath>
+
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -26,14 +28,16 @@ Status EventLog::open(const std::string& path) {
 
 void EventLog::write(const std::string& event, const std::vector<Field>& fields) {
   if (fd_ < 0 && !observer_) return;
-  timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
+  // erun's wall clock (realtime_seconds()): a step of the system clock
+  // does not break the job's account, which is read from these stamps.
+  const long ms_since_epoch = std::lround(realtime_seconds() * 1000);
+  const time_t sec = static_cast<time_t>(ms_since_epoch / 1000);
   tm utc;
-  gmtime_r(&ts.tv_sec, &utc);
+  gmtime_r(&sec, &utc);
   char when[32];
   strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%S", &utc);
   std::string line = fmt::format("{{\"time\":\"{}.{:03d}Z\",\"t\":{:.3f},\"event\":{}", when,
-                                 static_cast<int>(ts.tv_nsec / 1000000),
+                                 static_cast<int>(ms_since_epoch % 1000),
                                  seconds(std::chrono::steady_clock::now() - start_), json_string(event));
   for (auto& [k, v] : fields) line += fmt::format(",{}:{}", json_string(k), v);
   line += "}";

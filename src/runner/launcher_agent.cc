@@ -119,7 +119,6 @@ AgentLauncher::~AgentLauncher() {
   for (auto& [host, c] : agents_) c->finish_shutdown(8s);
 }
 
-size_t AgentLauncher::agents_to_retire() const { return retirer_ ? retirer_->left() : 0; }
 
 Result<std::unique_ptr<WorkerHandle>> AgentLauncher::launch(const WorkerSpec& spec) {
   using R = Result<std::unique_ptr<WorkerHandle>>;

@@ -68,9 +68,6 @@ class AgentLauncher final : public Launcher {
   uint64_t superseded() override;
   std::vector<std::pair<std::string, std::string>> take_drains() override;
   void abandon() override;
-  // Agents lost with their workers possibly held for a new driver, not yet
-  // told that the job went on without them (AgentRetirer).
-  size_t agents_to_retire() const;
 
  private:
   // `host`'s live connection, started (and sent `secret`) when it has none;
