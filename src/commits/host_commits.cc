@@ -402,14 +402,20 @@ std::optional<std::string> HostCommits::write(uint64_t commit_id, const std::vec
   ERUN_CHECK(later == 0 || (placed != nullptr && completion != nullptr));
   const Layout l = layout_of(entries);
   if (int err = map(i, l.total); err != 0) {
-    return fmt::format(
-        "erun: host-memory commit {} was not written to {}: {}; the previous commit stays in {}{}", commit_id, path,
-        std::strerror(err), stem_ + kSuffix[1 - i],
-        err == ENOSPC
-            ? fmt::format(". {} needs room for 2 copies of the state ({} bytes each) per worker of this host: "
-                          "enlarge it (e.g. docker run --shm-size) or free space there",
-                          dir_of(stem_), l.total)
-            : "");
+    std::string room;
+    if (err == ENOSPC) {
+      struct statvfs fs {};
+      const std::string dir = dir_of(dir_of(stem_));  // the file system the job's directory is on
+      const double free_mib = ::statvfs(dir.c_str(), &fs) == 0
+                                  ? static_cast<double>(fs.f_bavail) * static_cast<double>(fs.f_frsize) / (1 << 20)
+                                  : -1;
+      room = fmt::format(". {} has {} MiB free and needs room for 2 copies of the state ({} bytes each) per worker "
+                         "of this host: the commit is kept in worker memory only; enlarge it (e.g. docker run "
+                         "--shm-size) or free space there",
+                         dir, free_mib < 0 ? std::string("?") : fmt::format("{:.1f}", free_mib), l.total);
+    }
+    return fmt::format("erun: host-memory commit {} was not written to {}: {}; the previous commit stays in {}{}",
+                       commit_id, path, std::strerror(err), stem_ + kSuffix[1 - i], room);
   }
   held_[i] = 0;
   char* m = map_[i];

@@ -168,6 +168,64 @@ TEST_F(ErunHostMemory, EveryWorkerOfTwoHostsKilledAtOnceResumesAtTheLastCommit) 
   EXPECT_FALSE(exists(dir)) << dir << " left behind";
 }
 
+// /dev/shm full at a commit. erun runs in a mount namespace of its own whose
+// /dev/shm is a 4 MiB tmpfs (as a container's --shm-size), so the machine's
+// is never filled. Mid-run the test fills it and the job grows by a worker
+// on a new slot of the host: that worker's first host-memory commit finds no
+// room (a slot's files, once allocated, are reused: only a new slot or a
+// bigger state needs more). That commit fails cleanly (the worker says so
+// once, with the free space, and keeps the commit in its own memory), and
+// training goes on at the new size. With room again its commits land in
+// host memory again; then every worker is SIGKILLed at once and the next ones
+// resume from host memory: only whole commits are ever restored, and the job
+// ends at exactly the uninterrupted model. Needs root and unshare(1) and
+// nsenter(1) (util-linux); skips without them.
+//
+// DISABLED: it found a bug not fixed yet (issue 47, point 4). With /dev/shm
+// full, the grown generation's shared-memory communicator cannot reserve its
+// segment ("cannot reserve 3280896 bytes of shared memory ... No space left
+// on device"), every rank re-joins at once, and the driver publishes the
+// next generation at once: thousands of generations a second, no training,
+// until room comes back. The fix needs every rank of the job to agree on a
+// communicator without the segment (TCP among the host's ranks) and a
+// bounded pace for generations that fail to form. Run it with
+// --gtest_also_run_disabled_tests.
+TEST_F(ErunHostMemory, DISABLED_AFullDevShmFailsACommitCleanlyAndTheJobGoesOn) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root for a mount namespace";
+  if (::access("/usr/bin/unshare", X_OK) != 0 || ::access("/usr/bin/nsenter", X_OK) != 0) {
+    GTEST_SKIP() << "needs unshare and nsenter (util-linux)";
+  }
+  dir_.write("hosts", "localhost:1\n");
+  const std::vector<std::string> in_own_shm = {
+      "/usr/bin/unshare", "--mount", "--propagation", "private", "--", "/bin/sh", "-c",
+      "mount -t tmpfs -o size=4m,mode=1777 erun-test-shm /dev/shm && exec \"$0\" \"$@\""};
+  ErunProcess p(erun_args({"-np", "1", "--min-np", "1", "--max-np", "2", "--blacklist-after", "5"}), {}, in_own_shm);
+  ASSERT_TRUE(p.wait_output(fmt_epoch(1), 120s)) << p.out() << p.err();
+  const std::string ns = std::to_string(p.pid());
+  auto in_ns = [&](const std::string& script) {
+    return std::system(("/usr/bin/nsenter -t " + ns + " -m -- /bin/sh -c '" + script + "' 2>/dev/null").c_str());
+  };
+  ASSERT_EQ(in_ns("grep -q \"erun-test-shm /dev/shm tmpfs\" /proc/mounts"), 0) << "no private /dev/shm";
+  (void)in_ns("cat /dev/zero > /dev/shm/filler");  // ends with ENOSPC: full
+  ASSERT_EQ(in_ns("[ $(stat -f -c %a /dev/shm) -lt 8 ]"), 0) << "/dev/shm not full";
+  dir_.write("hosts", "localhost:2\n");
+  ASSERT_TRUE(p.wait_output("was not written to", 60s)) << p.out() << p.err();
+  const std::string said = p.out() + p.err();
+  EXPECT_NE(said.find("No space left on device"), std::string::npos) << said;
+  EXPECT_NE(said.find("MiB free"), std::string::npos) << "the free space is not said\n" << said;
+  EXPECT_EQ(p.count("was not written to"), 1u) << "said more than once\n" << said;
+  const int at_full = epochs(p.out()).back();
+  ASSERT_TRUE(p.wait_output(fmt_epoch(at_full + 1), 60s)) << "training stopped\n" << p.out() << p.err();
+  ASSERT_EQ(in_ns("rm -f /dev/shm/filler"), 0);
+  ASSERT_TRUE(p.wait_output("again", 30s)) << "its commits did not land in host memory again\n" << p.err();
+  const int last = epochs(p.out()).back();
+  ASSERT_TRUE(p.wait_output(fmt_epoch(last + 1), 60s)) << p.out();
+  auto victims = workers();
+  ASSERT_EQ(victims.size(), 2u);
+  for (pid_t pid : victims) ::kill(pid, SIGKILL);
+  ASSERT_NO_FATAL_FAILURE(expect_resumed_exactly(p, last + 1));
+}
+
 // Three total losses in a row, each after the new workers committed: every
 // generation made progress (their first joins report the commit their host
 // kept), so it is no crash loop, and the job ends at the exact model.
