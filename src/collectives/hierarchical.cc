@@ -452,6 +452,10 @@ class HierCommunicator final : public Communicator {
 }  // namespace
 
 std::unique_ptr<Communicator> make_hierarchical_communicator(KvStore& store, const HierOptions& o) {
+  if (o.flat) {
+    PrefixStore flat_scope(store, "flat");
+    return make_cross(flat_scope, o, o.rank, o.size);
+  }
   if (o.local_size == o.size) {
     ShmOptions so;
     so.rank = o.rank;

@@ -15,9 +15,18 @@
 #include "common/clock.h"
 #include "common/topology.h"
 #include "erun/communicator.hpp"
+#include "erun/errors.hpp"
 #include "store/kv_store.h"
 
 namespace erun {
+
+// The CommError of a host's shared-memory segment that cannot be reserved:
+// its /dev/shm has no room (ENOSPC). Not a peer's failure: the worker asks
+// for generations without shared memory (HierOptions::flat) for a while.
+class ShmNoRoom : public CommError {
+ public:
+  using CommError::CommError;
+};
 
 // What carries the traffic between hosts.
 enum class CrossTransport {
@@ -58,6 +67,11 @@ struct HierOptions : Topology {
   size_t pipeline_bytes = size_t{1} << 20;
   // Goes into shm segment names.
   std::string segment_tag = "coll";
+  // No shared memory: every rank takes part in the TCP layer as a host of its
+  // own (a host's /dev/shm had no room for the segment: ShmNoRoom). Must be
+  // the same on every rank; the worker agrees on it at the generation's
+  // barrier.
+  bool flat = false;
 };
 
 // One host (local_size == size): a plain shm communicator. One rank on every

@@ -351,14 +351,23 @@ class ElasticContext final : public Context {
       topo.generation = gen;
       info_ = worker_info(topo, o_.host);
       try {
-        generation_barrier(topo, std::min(deadline, t0 + o_.rendezvous_timeout));
-        connect_generation(topo);
+        const bool flat = generation_barrier(topo, std::min(deadline, t0 + o_.rendezvous_timeout));
+        connect_generation(topo, flat);
         ERUN_LOG_DEBUG("{}: joined with size {} in {:.3f} s", who(gen, o_.host, r->rank), r->size,
                        seconds(std::chrono::steady_clock::now() - t0));
         return;
       } catch (const CommError& e) {
-        ERUN_LOG_WARN("{}: could not connect generation {}: {}; waiting for the next", who(gen, o_.host, r->rank),
-                      gen, e.what());
+        if (dynamic_cast<const ShmNoRoom*>(&e) != nullptr) {
+          // This host's /dev/shm is full: the next generations go without
+          // shared memory (every rank agrees at the barrier), for a while.
+          shm_off_until_ = std::chrono::steady_clock::now() + kShmOffFor;
+          ERUN_LOG_WARN("{}: {}; the job's next generations use erun's TCP transport among all ranks instead of "
+                        "shared memory, for at least {} s",
+                        who(gen, o_.host, r->rank), e.what(), kShmOffFor.count());
+        } else {
+          ERUN_LOG_WARN("{}: could not connect generation {}: {}; waiting for the next", who(gen, o_.host, r->rank),
+                        gen, e.what());
+        }
         if (std::chrono::steady_clock::now() > deadline) throw;
         req.reason = JoinReason::kFormFailed;
         req.failed_rank = e.failed_rank();
@@ -374,32 +383,38 @@ class ElasticContext final : public Context {
   // `barrier_end` (at most --rendezvous-timeout: the driver stops a worker
   // that does not join in that time). Rank 0 names a rank that never
   // arrived, so that the driver leaves it out of the next one.
-  void generation_barrier(const Topology& topo, TimePoint barrier_end) {
+  // It also settles whether the generation goes without shared memory: a
+  // rank whose host's /dev/shm had no room for a segment lately says so in
+  // its arrival ('f'), rank 0 puts it in "go", and every rank reads it there:
+  // true then (HierOptions::flat).
+  bool generation_barrier(const Topology& topo, TimePoint barrier_end) {
     KvStore& store = client_.store();
     auto remaining = [&] {
       return std::max<Duration>(barrier_end - std::chrono::steady_clock::now(), std::chrono::seconds(1));
     };
+    const std::vector<char> flat_word = {'f'};
+    const bool mine = std::chrono::steady_clock::now() < shm_off_until_;
     PrefixStore ready(store, "ready");
-    ready.set(std::to_string(topo.rank), {});
-    if (topo.rank != 0) {
-      store.get("go", remaining());
-      return;
-    }
+    ready.set(std::to_string(topo.rank), mine ? flat_word : std::vector<char>{});
+    if (topo.rank != 0) return store.get("go", remaining()) == flat_word;
+    bool flat = mine;
     for (int k = 1; k < topo.size; ++k) {
       try {
-        ready.get(std::to_string(k), remaining());
+        flat = (ready.get(std::to_string(k), remaining()) == flat_word) || flat;
       } catch (const CommError& e) {
         if (std::chrono::steady_clock::now() < barrier_end) throw;  // not a timeout: a newer generation
         throw CommError(fmt::format("rank {} did not reach the generation barrier: {}", k, e.what()), k,
                         PeerFate::kUnknown);
       }
     }
-    store.set("go", {});
+    store.set("go", flat ? flat_word : std::vector<char>{});
+    return flat;
   }
 
   // Shared memory among the ranks of a host, erun's TCP transport among the
-  // hosts, its pairs authenticated with the job secret.
-  void connect_generation(const Topology& topo) {
+  // hosts, its pairs authenticated with the job secret (`flat`: TCP among
+  // every rank, no shared memory).
+  void connect_generation(const Topology& topo, bool flat) {
     const long gen = topo.generation;
     HierOptions h;
     static_cast<Topology&>(h) = topo;
@@ -415,6 +430,7 @@ class ElasticContext final : public Context {
     h.hostname = o_.host;
     h.address = o_.advertise;
     h.segment_tag = fmt::format("{}-g{}", o_.job_id, gen);
+    h.flat = flat;
     PrefixStore coll(client_.store(), "coll");
     auto comm = make_hierarchical_communicator(coll, h);
     // A PEERS_LOST for this generation that arrived while it formed found no
@@ -453,6 +469,10 @@ class ElasticContext final : public Context {
   uint64_t commits_since_report_ = 0;
   static constexpr std::chrono::milliseconds kTimingEvery{100};
   int comm_rank_ = -1;
+  // Until then this rank asks for generations without shared memory: its
+  // host's /dev/shm had no room for a segment (ShmNoRoom).
+  std::chrono::steady_clock::time_point shm_off_until_{};
+  static constexpr std::chrono::seconds kShmOffFor{60};
   // Declared last: destroyed first, so its reader thread is gone before
   // the communicator it may abort.
   RendezvousClient client_;

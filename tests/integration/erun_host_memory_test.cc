@@ -168,29 +168,22 @@ TEST_F(ErunHostMemory, EveryWorkerOfTwoHostsKilledAtOnceResumesAtTheLastCommit) 
   EXPECT_FALSE(exists(dir)) << dir << " left behind";
 }
 
-// /dev/shm full at a commit. erun runs in a mount namespace of its own whose
-// /dev/shm is a 4 MiB tmpfs (as a container's --shm-size), so the machine's
-// is never filled. Mid-run the test fills it and the job grows by a worker
-// on a new slot of the host: that worker's first host-memory commit finds no
-// room (a slot's files, once allocated, are reused: only a new slot or a
-// bigger state needs more). That commit fails cleanly (the worker says so
-// once, with the free space, and keeps the commit in its own memory), and
-// training goes on at the new size. With room again its commits land in
-// host memory again; then every worker is SIGKILLed at once and the next ones
-// resume from host memory: only whole commits are ever restored, and the job
-// ends at exactly the uninterrupted model. Needs root and unshare(1) and
-// nsenter(1) (util-linux); skips without them.
-//
-// DISABLED: it found a bug not fixed yet (issue 47, point 4). With /dev/shm
-// full, the grown generation's shared-memory communicator cannot reserve its
-// segment ("cannot reserve 3280896 bytes of shared memory ... No space left
-// on device"), every rank re-joins at once, and the driver publishes the
-// next generation at once: thousands of generations a second, no training,
-// until room comes back. The fix needs every rank of the job to agree on a
-// communicator without the segment (TCP among the host's ranks) and a
-// bounded pace for generations that fail to form. Run it with
-// --gtest_also_run_disabled_tests.
-TEST_F(ErunHostMemory, DISABLED_AFullDevShmFailsACommitCleanlyAndTheJobGoesOn) {
+// /dev/shm full while the job grows. erun runs in a mount namespace of its
+// own whose /dev/shm is a 4 MiB tmpfs (as a container's --shm-size), so the
+// machine's is never filled. Mid-run the test fills it and the job grows by
+// a worker on a new slot of the host. The grown generation's shared-memory
+// segment cannot be reserved: the host's ranks agree on a generation over
+// erun's TCP transport instead (before, the driver published generation
+// after generation, thousands a second, with no training). The new worker's
+// first host-memory commit finds no room either (a slot's files, once
+// allocated, are reused: only a new slot or a bigger state needs more): it
+// fails cleanly (said once, with the free space; the commit stays in worker
+// memory), and training goes on at the new size. With room again its
+// commits land in host memory again; then every worker is SIGKILLed at once
+// and the next ones resume from host memory (only whole commits are ever
+// restored), ending at exactly the uninterrupted model. Needs root,
+// unshare(1) and nsenter(1) (util-linux); skips without them.
+TEST_F(ErunHostMemory, AFullDevShmFailsACommitCleanlyAndTheJobGoesOn) {
   if (::geteuid() != 0) GTEST_SKIP() << "needs root for a mount namespace";
   if (::access("/usr/bin/unshare", X_OK) != 0 || ::access("/usr/bin/nsenter", X_OK) != 0) {
     GTEST_SKIP() << "needs unshare and nsenter (util-linux)";
@@ -209,6 +202,10 @@ TEST_F(ErunHostMemory, DISABLED_AFullDevShmFailsACommitCleanlyAndTheJobGoesOn) {
   (void)in_ns("cat /dev/zero > /dev/shm/filler");  // ends with ENOSPC: full
   ASSERT_EQ(in_ns("[ $(stat -f -c %a /dev/shm) -lt 8 ]"), 0) << "/dev/shm not full";
   dir_.write("hosts", "localhost:2\n");
+  ASSERT_TRUE(p.wait_output("world size 1 -> 2", 60s)) << "the job did not grow\n" << p.out() << p.err();
+  // The worker's line comes through its agent, after the rank's stdout.
+  EXPECT_TRUE(p.wait_output("use erun's TCP transport among all ranks instead of shared memory", 10s)) << p.err();
+  EXPECT_LT(p.count("could not connect generation"), 5u) << "generations churned\n" << p.err();
   ASSERT_TRUE(p.wait_output("was not written to", 60s)) << p.out() << p.err();
   const std::string said = p.out() + p.err();
   EXPECT_NE(said.find("No space left on device"), std::string::npos) << said;

@@ -1,4 +1,5 @@
 #include "collectives/shm/segment.h"
+#include "collectives/hierarchical.h"
 
 #include <fcntl.h>
 #include <sched.h>
@@ -232,10 +233,16 @@ void Segment::create(KvStore& store, UnlinkGuard& guard) {
   // Reserve the pages now: a /dev/shm that is too small is an error here,
   // not a SIGBUS in the middle of a collective.
   if (int err = ::posix_fallocate(fd.get(), 0, static_cast<off_t>(layout_.total)); err != 0) {
-    fail("connect",
-         "cannot reserve " + std::to_string(layout_.total) + " bytes of shared memory for " + name_ + ": " +
-             errno_text(err) + "; enlarge /dev/shm (e.g. docker --shm-size) or lower the staging sizes",
-         false);
+    const std::string cause = "cannot reserve " + std::to_string(layout_.total) + " bytes of shared memory for " +
+                              name_ + ": " + errno_text(err) +
+                              "; enlarge /dev/shm (e.g. docker --shm-size) or lower the staging sizes";
+    if (err == ENOSPC) {
+      broken_ = true;
+      broken_reason_ = cause;
+      throw ShmNoRoom("shm connect failed on rank " + std::to_string(rank()) + " of " + std::to_string(size()) +
+                      ": " + cause);
+    }
+    fail("connect", cause, false);
   }
   map(fd.get(), layout_.total);
   auto* h = new (base()) Header{};
