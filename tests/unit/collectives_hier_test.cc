@@ -7,6 +7,8 @@
 // a rank that times out while its leader waits for a silent remote host does
 // not blame its leader.
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/resource.h>
 
 #include <atomic>
 #include <chrono>
@@ -93,6 +95,31 @@ TEST(Hierarchical, UnevenHostsIncludingAHostWithOneRank) {
 TEST(Hierarchical, OneHostIsPureSharedMemory) {
   auto opts = layout({{0, 0}, {0, 1}, {0, 2}});
   EXPECT_EQ(run_ranks(opts, check_everything), "");
+}
+
+// A host whose /dev/shm had no room (HierOptions::flat): every rank, on
+// hosts of several ranks too, is a TCP peer of every other, and no segment
+// is made: with files limited to 4 KiB (RLIMIT_FSIZE) any segment fails to
+// be reserved, and the same ranks without flat fail.
+TEST(Hierarchical, FlatIsTcpAmongEveryRankWithoutASegment) {
+  auto opts = layout({{0, 0}, {1, 0}, {0, 1}, {1, 1}, {0, 2}});
+  struct rlimit old {};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
+  auto old_handler = ::signal(SIGXFSZ, SIG_IGN);
+  struct rlimit small = old;
+  small.rlim_cur = 4096;
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
+  for (auto& o : opts) o.flat = true;
+  const std::string flat = run_ranks(opts, check_everything);
+  for (auto& o : opts) {
+    o.flat = false;
+    o.timeout = 3s;  // the host's other ranks wait this long for the segment that fails
+  }
+  const std::string shm = run_ranks(opts, [](int, Communicator&) { return std::string(); });
+  ::setrlimit(RLIMIT_FSIZE, &old);
+  ::signal(SIGXFSZ, old_handler);
+  EXPECT_EQ(flat, "");
+  EXPECT_NE(shm, "") << "a segment could be reserved: the check proves nothing";
 }
 
 TEST(Hierarchical, OneRankPerHostIsPureTcp) {
