@@ -259,7 +259,7 @@ void AgentRetirer::end_try(Entry& e, Outcome outcome, const std::string& detail,
   e.last_detail = detail;
   if (outcome == Outcome::kUnreachable || outcome == Outcome::kTimedOut) {
     e.next_try = now + e.gap;
-    e.gap = std::min<Duration>(e.gap * 2, options_.try_limit);
+    e.gap = std::min<Duration>(e.gap * 2, options_.max_gap);
     ERUN_LOG_DEBUG("agent on {}: try {} to retire it: {}{}", e.host, e.tries, to_string(outcome),
                    detail.empty() ? "" : ": " + detail);
     return;

@@ -13,8 +13,8 @@
 // ends with RETIRED (done), SUPERSEDED (a newer driver holds the agent: not
 // this one's to retire), the agent found gone (done), the host unreachable
 // (ssh's 255: tried again) or past its time limit (killed, tried again).
-// Tries are spaced from 0.5 s, doubling up to the try's limit, so a host that
-// comes back is reached within about two limits.
+// Tries are spaced from 0.5 s, doubling up to 1 s, so a host that comes
+// back is reached within about a try's limit and a second.
 //
 // Its own thread does the work; add() and the rest are for any thread.
 #pragma once
@@ -42,7 +42,8 @@ class AgentRetirer {
   using Open = std::function<Result<Subprocess>(const std::string& host, const std::string& path)>;
   struct Options {
     Duration try_limit = std::chrono::milliseconds(2500);  // one try: reach, ask, hear the answer
-    Duration first_gap = std::chrono::milliseconds(500);   // between tries, doubling up to try_limit
+    Duration first_gap = std::chrono::milliseconds(500);   // between tries, doubling up to max_gap
+    Duration max_gap = std::chrono::seconds(1);
     Duration tick = std::chrono::milliseconds(100);
   };
   // What a try ended with (for tests and the logs).
