@@ -45,6 +45,21 @@ std::string dir_of(const std::string& stem) {
 
 size_t aligned(size_t n) { return (n + kAlign - 1) & ~(kAlign - 1); }
 
+// What a commit of `bytes` that found no room in the directory of `stem`
+// adds to its error: how much the file system has free, and what to do.
+std::string no_room_advice(const std::string& stem, size_t bytes) {
+  struct statvfs fs {};
+  const std::string dir = dir_of(dir_of(stem));  // the file system the job's directory is on
+  const std::string free_mib =
+      ::statvfs(dir.c_str(), &fs) == 0
+          ? fmt::format("{:.1f}", static_cast<double>(fs.f_bavail) * static_cast<double>(fs.f_frsize) / (1 << 20))
+          : std::string("?");
+  return fmt::format(". {} has {} MiB free and needs room for 2 copies of the state ({} bytes each) per worker of "
+                     "this host: the commit is kept in worker memory only; enlarge it (e.g. docker run --shm-size) "
+                     "or free space there",
+                     dir, free_mib, bytes);
+}
+
 void put_u32(char* p, uint32_t v) { std::memcpy(p, &v, sizeof v); }
 void put_u64(char* p, uint64_t v) { std::memcpy(p, &v, sizeof v); }
 uint32_t get_u32(const char* p) {
@@ -402,20 +417,9 @@ std::optional<std::string> HostCommits::write(uint64_t commit_id, const std::vec
   ERUN_CHECK(later == 0 || (placed != nullptr && completion != nullptr));
   const Layout l = layout_of(entries);
   if (int err = map(i, l.total); err != 0) {
-    std::string room;
-    if (err == ENOSPC) {
-      struct statvfs fs {};
-      const std::string dir = dir_of(dir_of(stem_));  // the file system the job's directory is on
-      const double free_mib = ::statvfs(dir.c_str(), &fs) == 0
-                                  ? static_cast<double>(fs.f_bavail) * static_cast<double>(fs.f_frsize) / (1 << 20)
-                                  : -1;
-      room = fmt::format(". {} has {} MiB free and needs room for 2 copies of the state ({} bytes each) per worker "
-                         "of this host: the commit is kept in worker memory only; enlarge it (e.g. docker run "
-                         "--shm-size) or free space there",
-                         dir, free_mib < 0 ? std::string("?") : fmt::format("{:.1f}", free_mib), l.total);
-    }
     return fmt::format("erun: host-memory commit {} was not written to {}: {}; the previous commit stays in {}{}",
-                       commit_id, path, std::strerror(err), stem_ + kSuffix[1 - i], room);
+                       commit_id, path, std::strerror(err), stem_ + kSuffix[1 - i],
+                       err == ENOSPC ? no_room_advice(stem_, l.total) : "");
   }
   held_[i] = 0;
   char* m = map_[i];

@@ -138,14 +138,13 @@ void AgentRetirer::abandon() {
 void AgentRetirer::run() {
   std::unique_lock lock(mu_);
   while (!stop_) {
-    tend(lock);
+    tend();
     cv_.wait_for(lock, options_.tick, [&] { return stop_; });
   }
   for (auto& e : entries_) e->current.reset();  // kills what is in flight
 }
 
-void AgentRetirer::tend(std::unique_lock<std::mutex>& lock) {
-  (void)lock;
+void AgentRetirer::tend() {
   const TimePoint now = SteadyClock::now();
   bool any_done = false;
   for (auto& ep : entries_) {
@@ -197,6 +196,18 @@ bool AgentRetirer::check_try(Entry& e, TimePoint now) {
       if (t.err_tail.size() > 1024) t.err_tail.erase(0, t.err_tail.size() - 1024);
     }
   }
+  if (read_answer(e, now)) return true;
+  if (!t.out_open) return channel_closed(e, now);
+  if (now >= t.deadline) {
+    end_try(e, Outcome::kTimedOut, "", now);
+    return true;
+  }
+  return false;
+}
+
+bool AgentRetirer::read_answer(Entry& e, TimePoint now) {
+  Try& t = *e.current;
+  char buf[4096];
   while (t.out_open) {
     ssize_t n = ::read(t.channel.stdout_fd(), buf, sizeof buf);
     if (n < 0 && errno == EINTR) continue;
@@ -229,28 +240,26 @@ bool AgentRetirer::check_try(Entry& e, TimePoint now) {
       // Anything else (an agent of another version): not this try's answer.
     }
   }
-  if (!t.out_open) {
-    // No answer and the channel closed: the process's exit says why.
-    std::optional<ExitStatus> st;
-    if (t.channel.pid() > 0) st = t.channel.poll();
-    if (t.channel.pid() > 0 && !st && now < t.deadline) return false;  // its exit comes at a later look
-    std::string why(trim(t.err_tail));
-    if (size_t nl = why.rfind('\n'); nl != std::string::npos) why = why.substr(nl + 1);
-    why = escape_for_log(why, 300);
-    // ssh's 255: the host could not be reached (or refused us): again later.
-    // Anything else: `erun --agent --attach` found no agent there.
-    if (st && st->code == 255) {
-      end_try(e, Outcome::kUnreachable, why, now);
-    } else {
-      end_try(e, Outcome::kGone, why.empty() && st ? st->describe() : why, now);
-    }
-    return true;
-  }
-  if (now >= t.deadline) {
-    end_try(e, Outcome::kTimedOut, "", now);
-    return true;
-  }
   return false;
+}
+
+bool AgentRetirer::channel_closed(Entry& e, TimePoint now) {
+  Try& t = *e.current;
+  // No answer and the channel closed: the process's exit says why.
+  std::optional<ExitStatus> st;
+  if (t.channel.pid() > 0) st = t.channel.poll();
+  if (t.channel.pid() > 0 && !st && now < t.deadline) return false;  // its exit comes at a later look
+  std::string why(trim(t.err_tail));
+  if (size_t nl = why.rfind('\n'); nl != std::string::npos) why = why.substr(nl + 1);
+  why = escape_for_log(why, 300);
+  // ssh's 255: the host could not be reached (or refused us): again later.
+  // Anything else: `erun --agent --attach` found no agent there.
+  if (st && st->code == 255) {
+    end_try(e, Outcome::kUnreachable, why, now);
+  } else {
+    end_try(e, Outcome::kGone, why.empty() && st ? st->describe() : why, now);
+  }
+  return true;
 }
 
 void AgentRetirer::end_try(Entry& e, Outcome outcome, const std::string& detail, TimePoint now) {

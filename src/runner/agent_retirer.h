@@ -75,11 +75,15 @@ class AgentRetirer {
   struct Try;
   struct Entry;
   void run();
-  // One round over the entries (mutex held on entry and exit).
-  void tend(std::unique_lock<std::mutex>& lock);
+  // One round over the entries (mu_ held).
+  void tend();
   void start_try(Entry& e);
   // Looks at a try in flight: its answer, its end, its time limit. True when it ended.
   bool check_try(Entry& e, TimePoint now);
+  // The frames the agent sent: true when one ended the try (RETIRED, SUPERSEDED, a malformed one).
+  bool read_answer(Entry& e, TimePoint now);
+  // The try's channel closed without an answer: its process's exit says why. True when the try ended.
+  bool channel_closed(Entry& e, TimePoint now);
   void end_try(Entry& e, Outcome outcome, const std::string& detail, TimePoint now);
 
   Open open_;

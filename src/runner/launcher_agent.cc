@@ -160,6 +160,26 @@ Result<std::unique_ptr<WorkerHandle>> AgentLauncher::launch(const WorkerSpec& sp
   return std::unique_ptr<WorkerHandle>(new AgentWorker(c, start.id, out[0], err[0]));
 }
 
+namespace {
+
+// A connection to a local agent's attach socket, as a channel a connection
+// or a retirer's try can talk through; `limit` bounds the connect.
+Result<Subprocess> connect_agent_socket(const std::string& path, Duration limit) {
+  using R = Result<Subprocess>;
+  net::Address a;
+  if (!net::unix_address(path, &a)) return R::error(fmt::format("{} is not a usable socket path", path));
+  net::Socket s = net::connect_unix(a, SteadyClock::now() + limit);
+  if (!s.ok()) {
+    return R::error(fmt::format("cannot reach the agent at {} ({}): it ended, or its host restarted", path,
+                                s.outcome.text()));
+  }
+  const int in = ::fcntl(s.fd.get(), F_DUPFD_CLOEXEC, 0);
+  if (in < 0) return R::error(fmt::format("cannot reach the agent at {}: {}", path, std::strerror(errno)));
+  return R(Subprocess::channel(in, s.fd.release()));
+}
+
+}  // namespace
+
 std::shared_ptr<AgentConnection> AgentLauncher::spawn_connection(const std::string& host,
                                                                  const std::vector<std::string>& agent_args,
                                                                  std::string* error) {
@@ -192,16 +212,7 @@ void AgentLauncher::watch_loss(AgentConnection& conn) {
     ro.try_limit = std::max<Duration>(options_.heartbeat_timeout / 2, 1s);
     auto open = [command = agent_command_, local = via_ == "local",
                  agent_path = options_.agent_path](const std::string& host, const std::string& path) -> Result<Subprocess> {
-      using R = Result<Subprocess>;
-      if (local) {
-        net::Address a;
-        if (!net::unix_address(path, &a)) return R::error(fmt::format("{} is not a usable socket path", path));
-        net::Socket sock = net::connect_unix(a, SteadyClock::now() + 2s);
-        if (!sock.ok()) return R::error(fmt::format("cannot connect to {}: {}", path, sock.outcome.text()));
-        const int in = ::fcntl(sock.fd.get(), F_DUPFD_CLOEXEC, 0);
-        if (in < 0) return R::error(fmt::format("cannot connect to {}: {}", path, std::strerror(errno)));
-        return R(Subprocess::channel(in, sock.fd.release()));
-      }
+      if (local) return connect_agent_socket(path, 2s);
       SpawnOptions o;
       o.argv = command(host, {agent_path, "--agent", "--attach", path});
       o.pipe_stdin = true;
@@ -221,23 +232,13 @@ void AgentLauncher::watch_loss(AgentConnection& conn) {
 
 std::shared_ptr<AgentConnection> AgentLauncher::connect_attach_socket(const std::string& host,
                                                                      const std::string& path, std::string* error) {
-  net::Address a;
-  if (!net::unix_address(path, &a)) {
-    *error = fmt::format("{} is not a usable socket path", path);
+  auto channel = connect_agent_socket(path, std::chrono::seconds(10));
+  if (!channel) {
+    *error = channel.message();
     return nullptr;
   }
-  net::Socket s = net::connect_unix(a, SteadyClock::now() + std::chrono::seconds(10));
-  if (!s.ok()) {
-    *error = fmt::format("cannot reach the agent at {} ({}): it ended, or its host restarted", path, s.outcome.text());
-    return nullptr;
-  }
-  const int in = ::fcntl(s.fd.get(), F_DUPFD_CLOEXEC, 0);
-  if (in < 0) {
-    *error = fmt::format("cannot reach the agent at {}: {}", path, std::strerror(errno));
-    return nullptr;
-  }
-  auto conn = std::make_shared<AgentConnection>(host, Subprocess::channel(in, s.fd.release()), options_, via_,
-                                                StderrHint{}, paths_version_);
+  auto conn = std::make_shared<AgentConnection>(host, std::move(channel).value(), options_, via_, StderrHint{},
+                                                paths_version_);
   watch_loss(*conn);
   return conn;
 }
