@@ -184,6 +184,7 @@ void Agent::add_worker(const Start& s, Subprocess& p) {
   w.err.fd = p.release_stderr();
   const pid_t pid = p.release();  // reaped with waitpid(-1) in on_sigchld()
   w.pid = pid;
+  w.oom = OomWatch::of(pid);
   set_nonblocking(w.out.fd);
   set_nonblocking(w.err.fd);
   w.grace = std::chrono::milliseconds(s.term_grace_ms);
@@ -274,6 +275,7 @@ void Agent::on_sigchld() {
     for (auto& [id, w] : workers_) {
       if (w.pid != pid || w.reaped) continue;
       w.reaped = ExitStatus::from_wait_status(status);
+      w.reaped->oom_killed = w.reaped->signal == SIGKILL && w.oom.fired();
       // Strays of the worker's session go with it, so that none keeps the
       // pipes open; EXITED follows their EOF (report_exits).
       ::kill(-w.pid, SIGKILL);
@@ -298,7 +300,7 @@ void Agent::report_exits(SteadyClock::time_point now) {
     pump(w, w.err, 2, true);
     ERUN_LOG_DEBUG("{}: {}: pid {} ended with {}{}", me_, who(w.generation, o_.host, w.rank), w.pid,
                    w.reaped->describe(), ended ? "" : " (its output pipes were still open: closed)");
-    send(Exited{w.id, w.reaped->code, w.reaped->signal, w.err_tail.lines()});
+    send(Exited{w.id, w.reaped->code, w.reaped->signal, w.err_tail.lines(), w.reaped->oom_killed ? uint8_t{1} : uint8_t{0}});
     if (!outbound_.empty()) departed_[w.id] = WorkerReport{w.id, w.generation, w.rank, w.slot, w.pid, true};
     close_fd(w.out.file_fd);
     close_fd(w.err.file_fd);

@@ -36,6 +36,7 @@
 #include "common/fd.h"
 #include "common/log.h"
 #include "common/net.h"
+#include "common/oom.h"
 #include "common/private_files.h"
 #include "common/status_line.h"
 #include "common/strings.h"
@@ -101,6 +102,7 @@ struct Worker {
   // signal goes to its pid any more.
   std::optional<ExitStatus> reaped;
   SteadyClock::time_point output_deadline{};
+  OomWatch oom;  // taken at its start: was its SIGKILL the OOM killer's?
 };
 
 class Agent {

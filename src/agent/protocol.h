@@ -22,7 +22,8 @@ namespace erun::agent {
 // 5: HELLO names the attach socket; ATTACH, STATE, SUPERSEDED and RECORDED (a driver that takes over).
 // 6: DRAINING (a host that leaves on notice).
 // 7: RETIRE and RETIRED (an agent its driver lost is told that the job moved on).
-inline constexpr uint32_t kProtocolVersion = 7;
+// 8: EXITED says whether the kernel's OOM killer ended the worker.
+inline constexpr uint32_t kProtocolVersion = 8;
 inline constexpr size_t kMaxFrame = 4u << 20;   // whole frame, header included
 inline constexpr size_t kMaxSecret = 4096;      // the secret line
 // Bounds of EXITED's stderr lines: at most this many lines, each at most
@@ -79,7 +80,8 @@ struct Exited {
   // The worker's last stderr lines, oldest first, without their newlines (a
   // partial last line counts); within the kExitTail* bounds.
   std::vector<std::string> stderr_tail;
-  auto fields() { return std::tie(id, code, signal, stderr_tail); }
+  uint8_t oom_killed = 0;  // 1: the SIGKILL was the OOM killer's (common/oom.h)
+  auto fields() { return std::tie(id, code, signal, stderr_tail, oom_killed); }
 };
 struct Heartbeat {
   static constexpr uint8_t kType = 6;

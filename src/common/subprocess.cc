@@ -21,6 +21,7 @@ extern char** environ;
 namespace erun {
 
 std::string ExitStatus::describe() const {
+  if (signal && oom_killed) return fmt::format("signal {} (killed by the OOM killer)", signal);
   if (signal) return fmt::format("signal {} ({})", signal, strsignal(signal));
   return fmt::format("exit code {}", code);
 }

@@ -27,10 +27,13 @@ void close_from(int lowest);
 struct ExitStatus {
   int code = 0;    // exit code when signal == 0
   int signal = 0;  // terminating signal, or 0
+  // A SIGKILL that the kernel's OOM killer sent (common/oom.h): said so by
+  // describe().
+  bool oom_killed = false;
   bool ok() const { return signal == 0 && code == 0; }
   // The shell's convention: the exit code, or 128 + signal.
   int shell_code() const { return signal ? 128 + signal : code; }
-  std::string describe() const;  // "exit code 3" / "signal 9 (Killed)"
+  std::string describe() const;  // "exit code 3" / "signal 9 (Killed)" / "signal 9 (killed by the OOM killer)"
   static ExitStatus from_wait_status(int status);
 };
 

@@ -17,6 +17,7 @@
 #include <fmt/format.h>
 #include "agent/protocol.h"
 #include "common/log.h"
+#include "common/oom.h"
 #include "common/strings.h"
 #include "common/subprocess.h"
 #include <map>
@@ -110,6 +111,7 @@ class AgentConnection {
       : paths_version_(std::move(paths_version)),
         host_(std::move(host)),
         process_(std::move(process)),
+        process_oom_(process_.pid() > 0 ? OomWatch::of(process_.pid()) : OomWatch()),
         options_(std::move(options)),
         via_(std::move(via)),
         stderr_hint_(std::move(stderr_hint)) {
@@ -470,6 +472,16 @@ class AgentConnection {
     if (on_lost_ && !retire_path.empty()) on_lost_(host_, retire_path, why);
   }
 
+  // What to do about a lost agent, with mu_ held.
+  std::string lost_hint(const char* if_repeats) const {
+    if (agent_oom_killed_) {
+      return "the memory of the host (or of the cgroup erun runs in there) ran out: lower the job's memory use "
+             "or raise the limit";
+    }
+    if (transport_failure_) return transport_failure_->hint;
+    return fmt::format("check the host and its connection (ssh, network){}", if_repeats);
+  }
+
   // mark_lost() with mu_ held: false when the connection was lost (or left)
   // already, or the agent ended as it was told (drained, or closing).
   bool mark_lost_locked(const std::string& why) {
@@ -486,13 +498,10 @@ class AgentConnection {
       ERUN_LOG_DEBUG("agent on {}: ended after draining ({})", host_, why);
     } else if (!closing_ && !had_worker_) {
       // A spare host's agent (commit replicas): no worker, no failure of the host.
-      ERUN_LOG_WARN("agent on {} lost: {}; it ran no worker: {}", host_, why,
-                    transport_failure_ ? transport_failure_->hint : "check the host and its connection (ssh, network)");
+      ERUN_LOG_WARN("agent on {} lost: {}; it ran no worker: {}", host_, why, lost_hint(""));
     } else if (!closing_) {
       ERUN_LOG_ERROR("agent on {} lost: {}; {} worker(s) there failed (exit code 255) and the host counts as failed: {}",
-                     host_, why, failed,
-                     transport_failure_ ? transport_failure_->hint
-                                        : "check the host and its connection (ssh, network) if this repeats");
+                     host_, why, failed, lost_hint(" if this repeats"));
     }
     // A silent agent (stopped, partitioned) is ended from here; its watchdog
     // (or, remotely, the agent itself once it runs again, or the retirer)
@@ -550,7 +559,7 @@ class AgentConnection {
       }
     } else if (auto* e = std::get_if<agent::Exited>(&m)) {
       if (auto it = workers_.find(e->id); it != workers_.end()) {
-        set_exit(it->second, ExitStatus{e->code, e->signal});
+        set_exit(it->second, ExitStatus{e->code, e->signal, e->oom_killed != 0});
         it->second.exit_stderr = std::move(e->stderr_tail);
         close_writers(it->second);
       }
@@ -695,6 +704,11 @@ class AgentConnection {
       ::kill(-process_.pid(), SIGKILL);
       status = process_.wait_for(std::chrono::seconds(2));
     }
+    if (status && status->signal == SIGKILL && process_oom_.fired()) {
+      status->oom_killed = true;
+      std::lock_guard lock(mu_);
+      agent_oom_killed_ = true;
+    }
     bool closing;
     {
       std::lock_guard wlock(write_mu_);
@@ -728,6 +742,8 @@ class AgentConnection {
   std::shared_ptr<std::atomic<uint64_t>> paths_version_;
   std::string host_;
   Subprocess process_;
+  OomWatch process_oom_;  // taken at its start: was its SIGKILL the OOM killer's?
+  bool agent_oom_killed_ = false;  // it was (mu_)
   AgentLaunchOptions options_;
   std::string via_;
   StderrHint stderr_hint_;

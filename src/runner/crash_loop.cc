@@ -12,6 +12,7 @@ namespace {
 bool same(const ExitStatus& a, const ExitStatus& b) { return a.code == b.code && a.signal == b.signal; }
 
 std::string hint_for(const ExitStatus& s) {
+  if (s.oom_killed) return " (out of memory: lower the program's memory use, e.g. its batch size, or raise the limit)";
   if (s.signal) return "";
   if (s.code == 127) return " (127: command not found: check the program's path and PATH on the hosts)";
   if (s.code == 126) return " (126: not executable: check chmod +x and its #! line)";

@@ -312,6 +312,7 @@ void Driver::reap() {
                                          {"host", json_string(a.slot.host)},
                                          {"rank", json_number(long{a.rank})},
                                          {"exit_code", json_number(long{s.shell_code()})},
+                                         {"oom_killed", s.oom_killed ? "true" : "false"},
                                          {"stopped_by_erun", is_stopping(w.state) ? "true" : "false"},
                                          {"standby", w.standby ? "true" : "false"}});
     }
