@@ -4,11 +4,14 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include "agent/detached.h"
 #include "commits/persist.h"
@@ -17,6 +20,13 @@
 
 namespace erun::agent {
 namespace {
+
+// "12.5 MiB" free to this user on the file system of `dir`, or "? MiB".
+std::string free_space(const std::string& dir) {
+  struct statvfs fs {};
+  if (::statvfs(dir.c_str(), &fs) != 0) return "? MiB";
+  return fmt::format("{:.1f} MiB", static_cast<double>(fs.f_bavail) * static_cast<double>(fs.f_frsize) / (1 << 20));
+}
 
 using SteadyClock = std::chrono::steady_clock;
 namespace si = erun::state_internal;
@@ -63,13 +73,23 @@ class Persister {
       if (p.id != 0) {
         written_ = p.id;
         last_write_ = started;
+        if (!failing_.empty()) {
+          ERUN_LOG_INFO("{}: background persistence works again: commit {} is in {}", o_.me, p.id,
+                        o_.checkpoint_dir);
+        }
         failing_.clear();
         ERUN_LOG_DEBUG("{}: persisted commit {} from {} to {}", o_.me, p.id, p.from, o_.checkpoint_dir);
       }
       return p.raced;
     } catch (const Error& e) {
-      // Said once per distinct failure; the next interval tries again.
-      if (e.what() != failing_) ERUN_LOG_ERROR("{}: background persistence: {}", o_.me, e.what());
+      // Said once per distinct failure; the next interval tries again. The
+      // file on disk is the last commit written whole (written atomically).
+      if (e.what() != failing_) {
+        ERUN_LOG_ERROR("{}: background persistence: {} ({} free there); {} keeps {} whole, and erun tries again "
+                       "every --persist-interval",
+                       o_.me, e.what(), free_space(o_.checkpoint_dir), o_.checkpoint_dir,
+                       written_ ? fmt::format("commit {}", written_) : std::string("what it held"));
+      }
       failing_ = e.what();
       last_write_ = started;
       return false;

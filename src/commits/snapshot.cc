@@ -266,7 +266,9 @@ void write_file_atomically(const std::string& dir, const std::string& name, uint
                             "writable", created.message()));
   }
   Fd fd(created.value());
-  const std::string tmp = dir + "/" + tmp_name;
+  // Errors name the file the write was for (its temporary copy, which has a
+  // new name at every try, is removed), so a failure that repeats reads the same.
+  const std::string tmp = target + " (its temporary copy)";
   try {
     FdSink sink(fd.get(), tmp);
     encode(commit_id, entries, sink);
@@ -282,8 +284,7 @@ void write_file_atomically(const std::string& dir, const std::string& name, uint
     // rename(2) replaces whatever is at the target, a symbolic link
     // included, and never follows it.
     if (::renameat(dfd.get(), tmp_name.c_str(), dfd.get(), name.c_str()) != 0) {
-      throw Error(fmt::format("erun: cannot rename {} to {}: {}", tmp, target,
-                              errno_text(errno)));
+      throw Error(fmt::format("erun: cannot rename {} into place: {}", tmp, errno_text(errno)));
     }
   } catch (...) {
     ::unlinkat(dfd.get(), tmp_name.c_str(), 0);

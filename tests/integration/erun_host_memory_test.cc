@@ -8,6 +8,7 @@
 // the agents write the newest commit to disk in the background, at most once
 // per --persist-interval, and a cold restart resumes from it.
 #include <gtest/gtest.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -24,6 +25,7 @@
 #include <fmt/format.h>
 
 #include "commits/host_commits.h"
+#include "commits/snapshot.h"
 #include "support/erun_process.h"
 #include "support/process_utils.h"
 #include "support/sshd.h"
@@ -596,6 +598,84 @@ TEST_F(ErunHostMemory, BackgroundPersistenceTrailsByTheIntervalAndAColdRestartRe
   ASSERT_NO_FATAL_FAILURE(expect_trained_exactly(again, *reference_));
   const std::string said = again.err() + again.out();
   EXPECT_NE(said.find(fmt::format("resumed from commit {} in {}", kept, durable)), std::string::npos) << said;
+  std::vector<pid_t> left;
+  EXPECT_TRUE(wait_no_process(program_, 20s, &left)) << describe_pids(left);
+}
+
+// Issue 47, point 4: --checkpoint-dir fills up under the background writes.
+// The directory is a 1 MiB tmpfs in a mount namespace of the test's own (held
+// by a sleeper; erun runs in it through nsenter), filled to the last byte.
+// The next write fails: said once, with the free space, and training goes on;
+// the file keeps the last commit written whole, with no temporary copy left
+// beside it. erun SIGKILLed then, a cold restart resumes from that commit,
+// and once there is room again the writes work again and the job ends exact.
+TEST_F(ErunHostMemory, AFullCheckpointDirFailsTheBackgroundWriteAndKeepsTheLastDurableCommit) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root for a mount namespace";
+  if (::access("/usr/bin/unshare", X_OK) != 0 || ::access("/usr/bin/nsenter", X_OK) != 0) {
+    GTEST_SKIP() << "needs unshare and nsenter (util-linux)";
+  }
+  dir_.write("hosts", "localhost:2\n");
+  const std::string ckpt = dir_.file("ckpt");
+  ASSERT_EQ(::mkdir(ckpt.c_str(), 0700), 0);
+  SpawnOptions so;
+  so.argv = {"/usr/bin/unshare", "--mount", "--propagation", "private", "--", "/bin/sh", "-c",
+             "mount -t tmpfs -o size=1m,mode=0700 erun-test-ckpt \"$0\" && exec sleep 600", ckpt};
+  so.pipe_stdout = so.pipe_stderr = false;
+  auto holder = Subprocess::spawn(so);
+  ASSERT_TRUE(holder) << holder.message();
+  const std::string ns = std::to_string(holder.value().pid());
+  bool mounted = false;
+  for (int i = 0; i < 100 && !mounted; ++i, std::this_thread::sleep_for(50ms)) {
+    mounted = read_file("/proc/" + ns + "/mounts").find("erun-test-ckpt " + ckpt + " tmpfs") != std::string::npos;
+  }
+  ASSERT_TRUE(mounted) << "no private tmpfs on " << ckpt;
+  const std::vector<std::string> in_ns = {"/usr/bin/nsenter", "-t", ns, "-m", "--"};
+  const std::string seen = "/proc/" + ns + "/root" + ckpt;  // the directory as the namespace sees it
+  const std::string durable = ckpt + "/erun-state.bin";
+  const std::vector<std::string> args = {"-np", "2", "--checkpoint-dir", ckpt, "--persist-interval", "0.5"};
+  uint64_t kept = 0;
+  {
+    ErunProcess p(erun_args(args), {}, in_ns);
+    ASSERT_TRUE(p.wait_output(fmt_epoch(1), 120s)) << p.out() << p.err();
+    for (int i = 0; i < 100 && claimed_id(seen + "/erun-state.bin") == 0; ++i) std::this_thread::sleep_for(50ms);
+    ASSERT_GT(claimed_id(seen + "/erun-state.bin"), 0u) << "nothing persisted\n" << p.err();
+    {
+      int fd = ::open((seen + "/filler").c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+      ASSERT_GE(fd, 0);
+      std::vector<char> block(4096, 'x');
+      while (::write(fd, block.data(), block.size()) > 0) {
+      }
+      EXPECT_EQ(errno, ENOSPC);
+      ::close(fd);
+    }
+    ASSERT_TRUE(p.wait_output("background persistence:", 20s)) << "no write failed\n" << p.err();
+    kept = claimed_id(seen + "/erun-state.bin");
+    const int at_full = epochs(p.out()).back();
+    ASSERT_TRUE(p.wait_output(fmt_epoch(at_full + 1), 60s)) << "training stopped\n" << p.out() << p.err();
+    const std::string said = p.err();
+    EXPECT_NE(said.find("No space left on device"), std::string::npos) << said;
+    EXPECT_NE(said.find("MiB free there"), std::string::npos) << "the free space is not said\n" << said;
+    EXPECT_EQ(p.count("background persistence:"), 1u) << "said more than once\n" << said;
+    EXPECT_EQ(claimed_id(seen + "/erun-state.bin"), kept);
+    std::vector<char> bytes;
+    ASSERT_TRUE(state_internal::read_file(seen + "/erun-state.bin", &bytes));
+    EXPECT_NO_THROW(state_internal::decode(bytes.data(), bytes.size(), durable));
+    std::set<std::string> files;
+    for (const auto& e : std::filesystem::directory_iterator(seen)) files.insert(e.path().filename().string());
+    EXPECT_EQ(files, (std::set<std::string>{"erun-state.bin", "filler"})) << "a temporary copy was left";
+    p.signal(SIGKILL);
+    std::vector<pid_t> left;
+    ASSERT_TRUE(wait_no_process(program_, 20s, &left)) << describe_pids(left);
+  }
+  ASSERT_EQ(claimed_id(seen + "/erun-state.bin"), kept);
+  ErunProcess again(erun_args(args), {}, in_ns);
+  ASSERT_TRUE(again.wait_output(fmt::format("resumed from commit {} in {}", kept, durable), 60s))
+      << again.out() << again.err();
+  ASSERT_TRUE(again.wait_output("background persistence:", 20s)) << "the disk is still full\n" << again.err();
+  ASSERT_EQ(::unlink((seen + "/filler").c_str()), 0);
+  ASSERT_TRUE(again.wait_output("background persistence works again", 30s)) << again.err();
+  ASSERT_NO_FATAL_FAILURE(expect_trained_exactly(again, *reference_));
+  EXPECT_GT(claimed_id(seen + "/erun-state.bin"), kept);
   std::vector<pid_t> left;
   EXPECT_TRUE(wait_no_process(program_, 20s, &left)) << describe_pids(left);
 }
