@@ -59,7 +59,7 @@
 #include "discovery/host_set.h"
 #include "rendezvous/rendezvous.h"
 #include "rendezvous/wire.h"
-#include "runner/planner.h"
+#include "runner/hosts/planner.h"
 
 using namespace erun;
 

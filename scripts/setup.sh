@@ -12,7 +12,7 @@ packages=(
   build-essential cmake ninja-build pkg-config
   dpkg-dev   # dpkg-shlibdeps: the Depends of the Debian package (cpack -G DEB)
   libboost-dev libboost-program-options-dev libspdlog-dev libfmt-dev
-  nlohmann-json3-dev   # erun report reads event logs (src/runner/job_account.cc)
+  nlohmann-json3-dev   # erun report reads event logs (src/runner/observe/job_account.cc)
   libgtest-dev libgmock-dev googletest
   libgloo-dev libopenmpi-dev openmpi-bin
   libssl-dev openssh-client openssh-server

@@ -105,7 +105,7 @@ class SharedList {
 // One rank's commit intervals (TIMING, docs/protocol.md): the `commits`
 // intervals up to commit `commit_id`, how long they took together and how
 // much of it the rank spent inside collectives. A straggler computes longest
-// and waits least (runner/stragglers.h).
+// and waits least (runner/policies/stragglers.h).
 struct RankTiming {
   SlotKey slot;
   long generation = -1;

@@ -1,5 +1,5 @@
 #include "runner/cli.h"
-#include "runner/job_record.h"
+#include "runner/takeover/job_record.h"
 
 #include <boost/program_options.hpp>
 #include <fmt/format.h>

@@ -16,19 +16,19 @@
 
 #include "common/clock.h"
 #include "discovery/discovery.h"
-#include "runner/crash_loop.h"
+#include "runner/policies/crash_loop.h"
 #include "runner/driver_record.h"
 #include "runner/driver_states.h"
-#include "runner/event_log.h"
-#include "runner/host_manager.h"
-#include "runner/job_account.h"
-#include "runner/launcher.h"
+#include "runner/observe/event_log.h"
+#include "runner/hosts/host_manager.h"
+#include "runner/observe/job_account.h"
+#include "runner/launch/launcher.h"
 #include "runner/options.h"
-#include "runner/output.h"
-#include "runner/plan_cache.h"
-#include "runner/planner.h"
-#include "runner/replicas.h"
-#include "runner/stragglers.h"
+#include "runner/launch/output.h"
+#include "runner/hosts/plan_cache.h"
+#include "runner/hosts/planner.h"
+#include "runner/policies/replicas.h"
+#include "runner/policies/stragglers.h"
 #include "rendezvous/membership.h"
 
 namespace erun {
@@ -165,7 +165,7 @@ class Driver {
   bool on_draining_host(const Worker& w) const;
   // A live member of the running plan is on a draining host.
   bool draining_members() const;
-  // ---- standbys (driver_standby.cc) ----
+  // ---- standbys (driver_standby_workers.cc) ----
   // Starts standbys on free slots (up to --standby), each run of the
   // program up to its first join, waiting there; logs those ready.
   void tend_standbys(const MembershipSnapshot& m);

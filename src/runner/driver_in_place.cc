@@ -428,7 +428,7 @@ void Driver::reconfigure(const char* reason, bool after_failure) {
   // ones are kept until reaped.
   workers_.erase(std::remove_if(workers_.begin(), workers_.end(), [](const Worker& w) { return w.exit.has_value(); }),
                  workers_.end());
-  // A slot no member holds goes to a ready standby (driver_standby.cc).
+  // A slot no member holds goes to a ready standby (driver_standby_workers.cc).
   Plan scratch;
   const Plan full =
       with_standbys(without_resting(make_plan(rec_.generation + 1, usable, o_.max_np, &plan_with_pending(scratch))));

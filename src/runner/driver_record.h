@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "rendezvous/membership.h"
-#include "runner/host_manager.h"
+#include "runner/hosts/host_manager.h"
 
 namespace erun {
 

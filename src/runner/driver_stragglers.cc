@@ -1,6 +1,6 @@
 // Stragglers (docs/design.md, "Stragglers"): the ranks report each commit
 // interval (TIMING: its length, its time in collectives); the detector
-// (runner/stragglers.h) finds a rank that computes much longer than the
+// (runner/policies/stragglers.h) finds a rank that computes much longer than the
 // others, again and again. With --stragglers evict its slot leaves the job
 // at the next commit, as a drain does, when the job stays at --min-np or
 // above and would run at least 20 % faster; the slot sits out a cooldown

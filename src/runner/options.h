@@ -32,12 +32,12 @@ struct DriverOptions {
   // host source); with a discovery script, the script stays the source.
   bool slurm = false;
   // --slurm-grow PARTITION: placeholder jobs there lend the job idle nodes
-  // up to --max-np (runner/slurm_grow.h); "" none.
+  // up to --max-np (runner/hosts/slurm_grow.h); "" none.
   std::string slurm_grow;
 
   Duration elastic_timeout = std::chrono::seconds(600);
   int reset_limit = -1;  // -1: unlimited
-  // --stragglers, --straggler-factor, --straggler-window (runner/stragglers.h).
+  // --stragglers, --straggler-factor, --straggler-window (runner/policies/stragglers.h).
   StragglerPolicy stragglers = StragglerPolicy::kEvict;
   double straggler_factor = 1.5;
   int straggler_window = 3;
@@ -50,7 +50,7 @@ struct DriverOptions {
   double cooldown_max_s = 300;
   int blacklist_after = 2;  // consecutive failures of a host before it is blacklisted
   // Generations in a row failing the same way everywhere before the job ends
-  // (see runner/crash_loop.h); 0: never. A failure after crash_loop_progress
+  // (see runner/policies/crash_loop.h); 0: never. A failure after crash_loop_progress
   // of running counts as progress.
   int crash_loop_limit = 3;
   Duration crash_loop_progress = std::chrono::seconds(60);

@@ -15,7 +15,7 @@
 #include <gtest/gtest.h>
 
 #include "common/strings.h"
-#include "runner/launcher.h"
+#include "runner/launch/launcher.h"
 #include "support/erun_process.h"
 #include "support/process_utils.h"
 

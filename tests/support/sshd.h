@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "common/subprocess.h"
-#include "runner/launcher.h"
+#include "runner/launch/launcher.h"
 
 namespace erun::testing {
 

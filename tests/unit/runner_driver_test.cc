@@ -10,7 +10,7 @@
 #include "discovery/discovery.h"
 #include "erun/errors.hpp"
 #include "runner/driver.h"
-#include "runner/fake_launcher.h"
+#include "runner/launch/fake_launcher.h"
 
 namespace erun {
 namespace {
@@ -419,7 +419,7 @@ TEST_F(DriverTest, LaunchFailureCountsAsAFailureOfThatHost) {
 
 #include <sstream>
 
-#include "runner/crash_loop.h"
+#include "runner/policies/crash_loop.h"
 
 namespace erun {
 namespace {

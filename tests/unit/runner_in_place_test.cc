@@ -15,8 +15,8 @@
 #include "discovery/discovery.h"
 #include "rendezvous/fake_membership.h"
 #include "runner/driver.h"
-#include "runner/event_log.h"
-#include "runner/fake_launcher.h"
+#include "runner/observe/event_log.h"
+#include "runner/launch/fake_launcher.h"
 
 namespace erun {
 namespace {

@@ -1,4 +1,4 @@
-#include "runner/job_account.h"
+#include "runner/observe/job_account.h"
 
 #include <gtest/gtest.h>
 

@@ -12,8 +12,8 @@
 #include <thread>
 
 #include "common/clock.h"
-#include "runner/host_manager.h"
-#include "runner/job_record.h"
+#include "runner/hosts/host_manager.h"
+#include "runner/takeover/job_record.h"
 #include "support/erun_process.h"
 
 namespace erun {

@@ -1,7 +1,7 @@
-// The driver's Prometheus endpoint (runner/metrics_server.h) over real sockets
+// The driver's Prometheus endpoint (runner/observe/metrics_server.h) over real sockets
 // on loopback: what a scraper gets, and that no scraper, silent, flooding or
 // not reading, holds up publish(), the other scrapers or the destructor.
-#include "runner/metrics_server.h"
+#include "runner/observe/metrics_server.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>

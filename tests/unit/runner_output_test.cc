@@ -1,7 +1,7 @@
 // OutputForwarder over real pipes: tagging, whole lines under concurrent
 // writers, partial and over-long lines, stderr tail (per-rank files: the agent,
 // agent_workers_test.cc).
-#include "runner/output.h"
+#include "runner/launch/output.h"
 
 #include <fcntl.h>
 #include <signal.h>

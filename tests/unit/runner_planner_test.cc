@@ -1,8 +1,8 @@
 #include <gtest/gtest.h>
 
 #include "common/clock.h"
-#include "runner/host_manager.h"
-#include "runner/planner.h"
+#include "runner/hosts/host_manager.h"
+#include "runner/hosts/planner.h"
 
 namespace erun {
 namespace {
@@ -161,7 +161,7 @@ TEST(HostManager, KeepsTheHostsHistoriesInTheRecordItWasGiven) {
 }  // namespace
 }  // namespace erun
 
-#include "runner/plan_cache.h"
+#include "runner/hosts/plan_cache.h"
 
 namespace erun {
 namespace {

@@ -13,7 +13,7 @@
 #include <fstream>
 #include <iterator>
 
-#include "runner/event_log.h"
+#include "runner/observe/event_log.h"
 
 namespace erun {
 namespace {

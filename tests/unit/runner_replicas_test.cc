@@ -1,4 +1,4 @@
-// The driver's side of commit replicas (runner/replicas.h): which spare
+// The driver's side of commit replicas (runner/policies/replicas.h): which spare
 // hosts keep replicas and who pushes to each, and how the agents are moved
 // toward that plan as their answers come, through a launcher that records
 // what it was asked.
@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "runner/replicas.h"
+#include "runner/policies/replicas.h"
 
 namespace erun {
 namespace {

@@ -14,7 +14,7 @@
 #include "agent/agent.h"
 #include "agent/protocol.h"
 #include "common/net.h"
-#include "runner/agent_retirer.h"
+#include "runner/launch/agent_retirer.h"
 #include "support/agent_child.h"
 #include "support/erun_process.h"
 

@@ -7,7 +7,7 @@
 #include <algorithm>
 
 #include "common/strings.h"
-#include "runner/slurm_grow.h"
+#include "runner/hosts/slurm_grow.h"
 
 namespace erun {
 namespace {

@@ -5,7 +5,7 @@
 #include <algorithm>
 
 #include "runner/cli.h"
-#include "runner/launcher_srun.h"
+#include "runner/launch/launcher_srun.h"
 
 namespace erun {
 namespace {

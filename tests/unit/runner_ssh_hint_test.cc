@@ -4,7 +4,7 @@
 
 #include <string>
 
-#include "runner/launcher.h"
+#include "runner/launch/launcher.h"
 
 namespace erun {
 namespace {

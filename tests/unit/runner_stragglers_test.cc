@@ -1,8 +1,8 @@
 // StragglerDetector: which rank holds the job back, from the commit
-// intervals the ranks report (runner/stragglers.h).
+// intervals the ranks report (runner/policies/stragglers.h).
 #include <gtest/gtest.h>
 
-#include "runner/stragglers.h"
+#include "runner/policies/stragglers.h"
 
 namespace erun {
 namespace {

@@ -1,0 +1,383 @@
+#include "runner/takeover/job_record.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "common/handshake.h"
+#include "common/log.h"
+#include "common/private_files.h"
+#include "common/strings.h"
+
+namespace erun {
+
+namespace {
+
+constexpr std::string_view kMagic = "erun-job-record 1";
+constexpr size_t kMaxRecord = 64u << 20;
+
+std::string escape(std::string_view s) {
+  std::string out;
+  for (unsigned char c : s) {
+    if (c > ' ' && c <= '~' && c != '%') {
+      out.push_back(static_cast<char>(c));
+    } else {
+      out += fmt::format("%{:02X}", c);
+    }
+  }
+  return out;
+}
+
+int hex_digit(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  return -1;
+}
+
+std::optional<std::string> unescape(std::string_view s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] != '%') {
+      out.push_back(s[i]);
+      continue;
+    }
+    if (s.size() - i < 3) return std::nullopt;
+    int hi = hex_digit(s[i + 1]), lo = hex_digit(s[i + 2]);
+    if (hi < 0 || lo < 0) return std::nullopt;
+    out.push_back(static_cast<char>(hi * 16 + lo));
+    i += 2;
+  }
+  return out;
+}
+
+bool to_long(std::string_view s, long& v) { return parse_int(std::string(s), v); }
+
+// Milliseconds past which a time in the record is damage (the year 2262 in
+// nanoseconds; a steady clock's time points hold as much).
+constexpr long kMaxWallMs = 9'000'000'000'000L;
+
+}  // namespace
+
+RecordClock RecordClock::now() {
+  return RecordClock{std::chrono::steady_clock::now(), std::chrono::system_clock::now()};
+}
+
+std::string encode_record(const JobRecord& r, const RecordClock& clock) {
+  std::string out = std::string(kMagic) + "\n";
+  auto line = [&](std::string_view key, std::string_view value) {
+    out += fmt::format("{} {}\n", key, escape(value));
+  };
+  line("name", r.name);
+  line("term", std::to_string(r.term));
+  line("driver_pid", std::to_string(r.driver_pid));
+  line("driver_host", r.driver_host);
+  line("job_id", r.job_id);
+  line("secret", r.secret);
+  line("rendezvous_port", std::to_string(r.rendezvous_port));
+  line("commit_dir", r.commit_dir);
+  line("cwd", r.cwd);
+  for (auto& a : r.args) line("arg", a);
+  line("generation", std::to_string(r.generation));
+  line("resets", std::to_string(r.resets));
+  line("restarts", std::to_string(r.restarts));
+  line("in_place", r.in_place ? "1" : "0");
+  for (auto& s : r.plan) out += fmt::format("slot {} {}\n", escape(s.host), s.local_index);
+  for (auto& a : r.agents) out += fmt::format("agent {} {}\n", escape(a.host), escape(a.attach_path));
+  using std::chrono::milliseconds;
+  for (auto& [host, h] : r.hosts) {
+    // The blacklisting's time left as of now (what an erun before
+    // host_until reads), then when it ends in milliseconds of the wall
+    // clock since the epoch (a new driver reads that, not knowing when
+    // this was written).
+    const Duration left = std::max(h.blacklisted_until - clock.steady, Duration::zero());
+    out += fmt::format("host {} {} {} {}\n", escape(host), h.failures_in_a_row, h.times_blacklisted,
+                       std::chrono::duration_cast<milliseconds>(left).count());
+    if (h.blacklisted_until != TimePoint{}) {
+      const auto until = clock.wall + std::chrono::duration_cast<std::chrono::system_clock::duration>(
+                                          h.blacklisted_until - clock.steady);
+      out += fmt::format("host_until {} {}\n", escape(host),
+                         std::chrono::duration_cast<milliseconds>(until.time_since_epoch()).count());
+    }
+  }
+  for (auto& [keeper, holder] : r.keepers) out += fmt::format("keeper {} {}\n", escape(keeper), escape(holder));
+  out += "end\n";
+  return out;
+}
+
+Result<JobRecord> decode_record(std::string_view text, const RecordClock& clock) {
+  using R = Result<JobRecord>;
+  JobRecord r;
+  size_t at = 0;
+  int line_no = 0;
+  bool ended = false;
+  while (at < text.size()) {
+    size_t nl = text.find('\n', at);
+    if (nl == std::string_view::npos) return R::error("the last line is cut short");
+    std::string_view line = text.substr(at, nl - at);
+    at = nl + 1;
+    ++line_no;
+    if (line_no == 1) {
+      if (line != kMagic) return R::error("not an erun job record (first line)");
+      continue;
+    }
+    if (ended) return R::error("lines after its end");
+    if (line == "end") {
+      ended = true;
+      continue;
+    }
+    auto words = split(std::string(line), ' ');
+    auto bad = [&] { return R::error(fmt::format("line {} is malformed", line_no)); };
+    if (words.size() < 2) return bad();
+    const std::string& key = words[0];
+    std::vector<std::string> values;
+    for (size_t i = 1; i < words.size(); ++i) {
+      auto v = unescape(words[i]);
+      if (!v) return bad();
+      values.push_back(std::move(*v));
+    }
+    long n = 0;
+    auto number = [&](auto& field) {
+      if (values.size() != 1 || !to_long(values[0], n) || n < 0) return false;
+      field = static_cast<std::remove_reference_t<decltype(field)>>(n);
+      return true;
+    };
+    bool ok = true;
+    if (key == "slot") {
+      ok = values.size() == 2 && to_long(values[1], n) && n >= 0;
+      if (ok) r.plan.push_back(SlotKey{values[0], static_cast<int>(n)});
+    } else if (key == "host") {
+      long fails = 0, times = 0, ms = 0;
+      ok = values.size() == 4 && to_long(values[1], fails) && to_long(values[2], times) && to_long(values[3], ms) &&
+           fails >= 0 && times >= 0 && ms >= 0 && fails < (1 << 30) && times < (1 << 30) &&
+           ms < kMaxWallMs;
+      ok = ok && !r.hosts.count(values[0]);
+      if (ok) {
+        HostHistory& h = r.hosts[values[0]];
+        h.failures_in_a_row = static_cast<int>(fails);
+        h.times_blacklisted = static_cast<int>(times);
+        // Time left as of the writing (an erun before host_until wrote
+        // only this): from now, when nothing more exact follows.
+        if (ms > 0) h.blacklisted_until = clock.steady + std::chrono::milliseconds(ms);
+      }
+    } else if (key == "host_until") {
+      // When the blacklisting of a host named above ends, on the wall
+      // clock: onto this driver's clock (in the past, when it is over).
+      long ms = 0;
+      ok = values.size() == 2 && r.hosts.count(values[0]) && to_long(values[1], ms) && ms > 0 && ms < kMaxWallMs;
+      if (ok) {
+        const auto now_ms =
+            std::chrono::duration_cast<std::chrono::milliseconds>(clock.wall.time_since_epoch()).count();
+        r.hosts[values[0]].blacklisted_until = clock.steady + std::chrono::milliseconds(ms - now_ms);
+      }
+    } else if (key == "keeper") {
+      ok = values.size() == 2 && r.keepers.emplace(values[0], values[1]).second;
+    } else if (key == "agent") {
+      ok = values.size() == 2;
+      if (ok) r.agents.push_back(JobRecord::Agent{values[0], values[1]});
+    } else if (values.size() != 1) {
+      ok = false;
+    } else if (key == "name") {
+      r.name = values[0];
+    } else if (key == "driver_host") {
+      r.driver_host = values[0];
+    } else if (key == "job_id") {
+      r.job_id = values[0];
+    } else if (key == "secret") {
+      r.secret = values[0];
+    } else if (key == "commit_dir") {
+      r.commit_dir = values[0];
+    } else if (key == "cwd") {
+      r.cwd = values[0];
+    } else if (key == "arg") {
+      r.args.push_back(values[0]);
+    } else if (key == "term") {
+      ok = number(r.term);
+    } else if (key == "driver_pid") {
+      ok = number(r.driver_pid);
+    } else if (key == "rendezvous_port") {
+      ok = number(r.rendezvous_port);
+    } else if (key == "generation") {
+      ok = number(r.generation);
+    } else if (key == "resets") {
+      ok = number(r.resets);
+    } else if (key == "restarts") {
+      ok = number(r.restarts);
+    } else if (key == "in_place") {
+      ok = values[0] == "0" || values[0] == "1";
+      r.in_place = values[0] == "1";
+    }  // an unknown key from a newer erun is left alone
+    if (!ok) return bad();
+  }
+  if (!ended) return R::error("it is cut short (no end line)");
+  if (r.job_id.empty() || r.secret.empty()) return R::error("it names no job id or secret");
+  return r;
+}
+
+std::string default_job_name(const std::string& cwd, const std::vector<std::string>& args) {
+  std::string key = fmt::format("{}", ::getuid());
+  key.push_back('\0');
+  key += cwd;
+  for (auto& a : args) {
+    key.push_back('\0');
+    key += a;
+  }
+  std::string digest = handshake::sha256(key);
+  std::string hex;
+  for (size_t i = 0; i < 6 && i < digest.size(); ++i) hex += fmt::format("{:02x}", static_cast<unsigned char>(digest[i]));
+  return "job-" + hex;
+}
+
+std::string jobs_directory() {
+  if (const char* d = std::getenv("ERUN_JOB_DIR"); d && d[0] == '/') return d;
+  const char* home = std::getenv("HOME");
+  return std::string(home && home[0] == '/' ? home : "/tmp") + "/.erun/jobs";
+}
+
+bool valid_job_name(const std::string& name) {
+  if (name.empty() || name.size() > 128 || name[0] == '.') return false;
+  for (char c : name) {
+    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
+              c == '-';
+    if (!ok) return false;
+  }
+  return true;
+}
+
+namespace {
+
+std::optional<JobRecord> read_record_at(int dir_fd, const std::string& dir) {
+  int fd = ::openat(dir_fd, "record", O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return std::nullopt;
+  Fd owner(fd);
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != ::geteuid() || (st.st_mode & 077) != 0 ||
+      static_cast<size_t>(st.st_size) > kMaxRecord) {
+    ERUN_LOG_WARN("job record {}/record is not a private regular file of this user: ignored", dir);
+    return std::nullopt;
+  }
+  std::string text(static_cast<size_t>(st.st_size), '\0');
+  size_t got = 0;
+  while (got < text.size()) {
+    ssize_t n = ::read(fd, text.data() + got, text.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    got += static_cast<size_t>(n);
+  }
+  text.resize(got);
+  auto r = decode_record(text);
+  if (!r) {
+    ERUN_LOG_WARN("job record {}/record is damaged ({}): ignored", dir, r.message());
+    return std::nullopt;
+  }
+  return std::move(r).value();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<JobStore>> JobStore::lock(const std::string& jobs_dir, const std::string& name, bool* held_out) {
+  using R = Result<std::unique_ptr<JobStore>>;
+  if (held_out) *held_out = false;
+  const std::string dir = jobs_dir + "/" + name;
+  if (Status s = ensure_private_dir(dir, "job record directory", DirPolicy{.refuse_shared_write = true, .refuse_link = true});
+      !s) {
+    return R::error(s.message() + " (set ERUN_JOB_DIR to a directory of your own)");
+  }
+  Fd dir_fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!dir_fd) return R::error(fmt::format("cannot open the job record directory {}: {}", dir, std::strerror(errno)));
+  Fd lock(::openat(dir_fd.get(), "lock", O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600));
+  if (!lock) return R::error(fmt::format("cannot open the job lock {}/lock: {}", dir, std::strerror(errno)));
+  if (::flock(lock.get(), LOCK_EX | LOCK_NB) != 0) {
+    if (held_out) *held_out = errno == EWOULDBLOCK;
+    auto held = read_record_at(dir_fd.get(), dir);
+    std::string who = held ? fmt::format("erun pid {} on {}", held->driver_pid, held->driver_host) : "another erun";
+    std::string where = held && !held->cwd.empty() ? fmt::format(" (run from {})", held->cwd) : "";
+    return R::error(fmt::format(
+        "job {} is already driven by {}{}: to run a separate job beside it, give this one --job-name OTHER; to take "
+        "this one over, end that erun first (its workers train on for --driver-grace) and run the same command "
+        "again, or erun --attach {}",
+        name, who, where, name));
+  }
+  return R(std::unique_ptr<JobStore>(new JobStore(dir, std::move(dir_fd), std::move(lock))));
+}
+
+Result<std::unique_ptr<JobStore>> JobStore::open_unlocked(const std::string& jobs_dir, const std::string& name) {
+  using R = Result<std::unique_ptr<JobStore>>;
+  const std::string dir = jobs_dir + "/" + name;
+  if (Status s = ensure_private_dir(dir, "job record directory", DirPolicy{.refuse_shared_write = true, .refuse_link = true});
+      !s) {
+    return R::error(s.message());
+  }
+  Fd dir_fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!dir_fd) return R::error(fmt::format("cannot open the job record directory {}: {}", dir, std::strerror(errno)));
+  return R(std::unique_ptr<JobStore>(new JobStore(dir, std::move(dir_fd), Fd())));
+}
+
+bool JobStore::try_lock() {
+  if (lock_) return true;
+  Fd lock(::openat(dir_fd_.get(), "lock", O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600));
+  if (!lock || ::flock(lock.get(), LOCK_EX | LOCK_NB) != 0) return false;
+  lock_ = std::move(lock);
+  return true;
+}
+
+void JobStore::touch() { (void)::utimensat(dir_fd_.get(), "record", nullptr, AT_SYMLINK_NOFOLLOW); }
+
+std::string record_stamp(const std::string& jobs_dir, const std::string& name) {
+  Fd fd(::open((jobs_dir + "/" + name + "/record").c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+  struct stat st {};
+  if (!fd || ::fstat(fd.get(), &st) != 0) return "";
+  return fmt::format("{}:{}:{}.{}", static_cast<unsigned long>(st.st_ino), static_cast<long>(st.st_size),
+                     static_cast<long>(st.st_mtim.tv_sec), st.st_mtim.tv_nsec);
+}
+
+std::optional<JobRecord> JobStore::read() const { return read_record_at(dir_fd_.get(), dir_); }
+
+Status JobStore::write(const JobRecord& r) {
+  // A driver that was frozen or cut off while a standby took the job over
+  // must not put its older view back (it learns from the agents that it was
+  // replaced, and exits).
+  if (auto now = read(); now && now->job_id == r.job_id && now->term > r.term) {
+    return Status::error(fmt::format("job {}: driver term {} holds it now", r.name, now->term));
+  }
+  std::string tmp;
+  auto fd = create_private_temp(dir_fd_.get(), dir_, ".record-", &tmp);
+  if (!fd) return Status::error(fd.message());
+  Fd owner(fd.value());
+  std::string text = encode_record(r);
+  std::string_view left = text;
+  while (!left.empty()) {
+    ssize_t n = ::write(owner.get(), left.data(), left.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      int e = errno;
+      ::unlinkat(dir_fd_.get(), tmp.c_str(), 0);
+      return Status::error(fmt::format("cannot write the job record in {}: {}", dir_, std::strerror(e)));
+    }
+    left.remove_prefix(static_cast<size_t>(n));
+  }
+  if (::fsync(owner.get()) != 0 || ::renameat(dir_fd_.get(), tmp.c_str(), dir_fd_.get(), "record") != 0) {
+    int e = errno;
+    ::unlinkat(dir_fd_.get(), tmp.c_str(), 0);
+    return Status::error(fmt::format("cannot replace the job record {}/record: {}", dir_, std::strerror(e)));
+  }
+  return Status::ok();
+}
+
+void JobStore::remove() { ::unlinkat(dir_fd_.get(), "record", 0); }
+
+std::optional<JobRecord> peek_record(const std::string& jobs_dir, const std::string& name) {
+  const std::string dir = jobs_dir + "/" + name;
+  Fd dir_fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!dir_fd) return std::nullopt;
+  return read_record_at(dir_fd.get(), dir);
+}
+
+}  // namespace erun

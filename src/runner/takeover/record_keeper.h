@@ -1,0 +1,75 @@
+// Keeps a job's record (job_record.h) up to date from its driver, after
+// every step: what a new erun takes the job over from, and the heartbeat a
+// standby driver watches (standby_driver.h).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <vector>
+
+#include "common/log.h"
+#include "runner/driver.h"
+#include "runner/takeover/job_record.h"
+#include "runner/launch/launcher.h"
+
+namespace erun {
+
+// Keeps the job record up to date from the driver: written whenever the
+// driver's record or the agents changed, and touched once a second.
+class RecordKeeper {
+ public:
+  RecordKeeper(JobStore& store, JobRecord base, std::vector<Launcher*> launchers)
+      : store_(store), base_(std::move(base)), launchers_(std::move(launchers)) {}
+  // Any change is written at once (a new erun must resume after the last
+  // generation, and find every agent that runs workers); then each agent
+  // the record names is told RECORDED, and only then keeps its workers
+  // through the grace. Unchanged, the record is touched once a second (the
+  // heartbeat).
+  void operator()(const Driver& d) {
+    auto now = std::chrono::steady_clock::now();
+    uint64_t version = 0;
+    for (Launcher* launcher : launchers_) version += launcher->attach_paths_version();
+    const DriverRecord& now_kept = d.record();
+    // A change of the record (a generation, a plan, a count, a host's
+    // history, a keeper) or of the agents is written at once; the rest is the
+    // heartbeat, once a second. The record holds no time left to change by
+    // itself: a blacklisting's end is a time point (the text holds it as a
+    // wall-clock time).
+    const bool changed = version != version_ || now_kept != static_cast<const DriverRecord&>(last_);
+    if (!changed && now < next_) return;
+    next_ = now + std::chrono::seconds(1);
+    // The heartbeat a standby driver watches (erun --standby --attach), and
+    // the lock once a replaced driver let it go (a standby that took the job
+    // from a silent one holds none at first).
+    store_.touch();
+    if (!store_.holds_lock()) (void)store_.try_lock();
+    version_ = version;
+    JobRecord r = base_;
+    static_cast<DriverRecord&>(r) = now_kept;
+    for (Launcher* launcher : launchers_) {
+      for (auto& [host, path] : launcher->attach_paths()) r.agents.push_back({host, path});
+    }
+    if (r == last_) return;
+    if (auto s = store_.write(r); !s) {
+      if (auto now_there = store_.read(); now_there && now_there->term > base_.term) return;  // replaced
+      if (!warned_) ERUN_LOG_WARN("{}: a new erun could not take this job over", s.message());
+      warned_ = true;
+      return;
+    }
+    std::vector<std::pair<std::string, std::string>> named;
+    for (auto& a : r.agents) named.emplace_back(a.host, a.attach_path);
+    for (Launcher* launcher : launchers_) launcher->recorded(named);
+    last_ = std::move(r);
+  }
+
+ private:
+  JobStore& store_;
+  JobRecord base_;
+  std::vector<Launcher*> launchers_;  // those that exist
+  JobRecord last_;
+  uint64_t version_ = 0;
+  std::chrono::steady_clock::time_point next_{};
+  bool warned_ = false;
+};
+
+}  // namespace erun

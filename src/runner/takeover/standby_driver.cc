@@ -1,0 +1,113 @@
+#include "runner/takeover/standby_driver.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "common/log.h"
+
+namespace erun {
+
+std::optional<TakeoverForm> parse_takeover_form(const std::vector<std::string>& args) {
+  TakeoverForm f;
+  std::string record_file;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--standby") {
+      f.standby = true;
+    } else if ((args[i] == "--attach" || args[i] == "--job-record") && i + 1 < args.size()) {
+      (args[i] == "--attach" ? f.name : record_file) = args[i + 1];
+      ++i;
+    } else if (args[i] == "--driver-address" && i + 1 < args.size()) {
+      f.driver_address = args[++i];
+    } else {
+      return std::nullopt;
+    }
+  }
+  if (f.name.empty() && record_file.empty()) return std::nullopt;
+  if (!record_file.empty()) {
+    // FILE is JOBS_DIR/NAME/record.
+    std::filesystem::path p = std::filesystem::absolute(record_file).lexically_normal();
+    const std::string name = p.parent_path().filename().string();
+    if (p.filename() != "record" || name.empty()) {
+      f.error = fmt::format("--job-record {}: not a job record (a job's record is JOBS_DIR/NAME/record, where the "
+                            "driver said it keeps it)",
+                            record_file);
+      return f;
+    }
+    if (!f.name.empty() && f.name != name) {
+      f.error = fmt::format("--job-record {} is job {}'s record, not {}'s", record_file, name, f.name);
+      return f;
+    }
+    f.name = name;
+    f.jobs_dir = p.parent_path().parent_path().string();
+  }
+  return f;
+}
+
+std::variant<std::unique_ptr<JobStore>, int> stand_by(const std::string& jobs_dir, const std::string& name,
+                                                      Duration silence) {
+  using Steady = std::chrono::steady_clock;
+  // One standby per job.
+  const std::string marker = jobs_dir + "/" + name + "/standby";
+  static int standby_fd = -1;  // held for the process's life
+  standby_fd = ::open(marker.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (standby_fd < 0 || ::flock(standby_fd, LOCK_EX | LOCK_NB) != 0) {
+    std::fprintf(stderr, "erun --standby: job %s has a standby driver already (%s): one is enough\n", name.c_str(),
+                 marker.c_str());
+    return 2;
+  }
+  std::string stamp = record_stamp(jobs_dir, name);
+  auto changed_at = Steady::now();
+  uint64_t term = 0;
+  while (true) {
+    bool held = false;
+    auto locked = JobStore::lock(jobs_dir, name, &held);
+    if (locked) {
+      auto store = std::move(locked).value();
+      if (!store->read()) {
+        ERUN_LOG_INFO("job {}: it ended (its record is gone): the standby has nothing to take over", name);
+        return 0;
+      }
+      ERUN_LOG_WARN("job {}: its driver is gone: the standby takes the job over", name);
+      return store;
+    }
+    if (!held) {
+      std::fprintf(stderr, "erun --standby: %s\n", locked.message().c_str());
+      return 2;
+    }
+    const auto now = Steady::now();
+    if (std::string s = record_stamp(jobs_dir, name); s != stamp) {
+      stamp = s;
+      changed_at = now;
+    }
+    auto record = peek_record(jobs_dir, name);
+    if (record && record->term != term) {
+      term = record->term;
+      ERUN_LOG_INFO("job {}: standing by for its driver (erun pid {} on {}, term {}): taking the job over when it is "
+                    "gone or silent for {:.0f} s (--heartbeat-timeout)",
+                    name, record->driver_pid, record->driver_host, term, std::chrono::duration<double>(silence).count());
+    }
+    if (record && now - changed_at > silence) {
+      ERUN_LOG_WARN("job {}: its driver (erun pid {} on {}, term {}) has been silent for {:.1f} s: the standby takes "
+                    "the job over; should that erun come back, it finds itself replaced and leaves",
+                    name, record->driver_pid, record->driver_host, term,
+                    std::chrono::duration<double>(now - changed_at).count());
+      auto store = JobStore::open_unlocked(jobs_dir, name);
+      if (!store) {
+        std::fprintf(stderr, "erun --standby: %s\n", store.message().c_str());
+        return 2;
+      }
+      return std::move(store).value();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+}
+
+}  // namespace erun
