@@ -422,7 +422,8 @@ class Soak:
         return self.finish(ref, ok)
 
     def start_erun(self, mode):
-        env = dict(os.environ, ERUN_JOB_DIR=os.path.join(self.dir, "jobs"))
+        # ERUN_LOG_LEVEL=info: the soak reads erun's info lines (its default says warnings only).
+        env = dict(os.environ, ERUN_JOB_DIR=os.path.join(self.dir, "jobs"), ERUN_LOG_LEVEL="info")
         with open(self.out_path, mode) as out, open(self.err_path, mode) as err:
             self.proc = subprocess.Popen(self.cmd, stdout=out, stderr=err, env=env)
 

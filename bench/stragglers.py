@@ -52,7 +52,7 @@ def epoch_run(erun, build, policy, slowed, reference):
         stop = threading.Event()
         thread = None
         with open(out, "w") as o, open(err, "w") as e:
-            job = subprocess.Popen(cmd, stdout=o, stderr=e, cwd=work)
+            job = subprocess.Popen(cmd, stdout=o, stderr=e, cwd=work, env=dict(os.environ, ERUN_LOG_LEVEL="info"))
             if not wait_for(out, ":epoch 0 loss=", 120):
                 job.kill()
                 raise RuntimeError("no epoch 0")
@@ -78,7 +78,7 @@ def epoch_run(erun, build, policy, slowed, reference):
 
 
 def overhead_run(erun, build, timing, steps):
-    env = dict(os.environ, ERUN_STEP_TIMING="1" if timing else "0")
+    env = dict(os.environ, ERUN_STEP_TIMING="1" if timing else "0", ERUN_LOG_LEVEL="info")
     cmd = [erun, "--driver-grace", "0", "-np", "2", "-x", "ERUN_STEP_TIMING", os.path.join(build, "bench/step_worker"),
            "--steps", str(steps), "--step-ms", "0", "--commit-every", "1", "--floats", "1024"]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)

@@ -24,11 +24,34 @@ class StderrSink final : public spdlog::sinks::base_sink<std::mutex> {
 
 }  // namespace
 
-void init_logging(bool verbose) {
-  // Under erun's status line (ERUN_QUIET=1: erun itself, its agents and its
-  // workers, which inherit it) only warnings and errors are said.
-  const char* q = std::getenv("ERUN_QUIET");
-  const bool quiet = q && std::string_view(q) == "1";
+std::optional<LogLevel> parse_log_level(std::string_view text) {
+  if (text == "error") return LogLevel::kError;
+  if (text == "warn" || text == "warning") return LogLevel::kWarn;
+  if (text == "info") return LogLevel::kInfo;
+  if (text == "debug") return LogLevel::kDebug;
+  return std::nullopt;
+}
+
+const char* log_level_name(LogLevel level) {
+  switch (level) {
+    case LogLevel::kError:
+      return "error";
+    case LogLevel::kWarn:
+      return "warn";
+    case LogLevel::kInfo:
+      return "info";
+    case LogLevel::kDebug:
+      return "debug";
+  }
+  return "info";
+}
+
+LogLevel log_level_from_env(LogLevel otherwise) {
+  const char* v = std::getenv("ERUN_LOG_LEVEL");
+  return v ? parse_log_level(v).value_or(otherwise) : otherwise;
+}
+
+void init_logging(LogLevel level) {
   static std::once_flag once;
   std::call_once(once, [] {
     auto logger = std::make_shared<spdlog::logger>("erun", std::make_shared<StderrSink>());
@@ -37,7 +60,10 @@ void init_logging(bool verbose) {
     logger->flush_on(spdlog::level::trace);
     spdlog::set_default_logger(logger);
   });
-  spdlog::set_level(verbose ? spdlog::level::debug : quiet ? spdlog::level::warn : spdlog::level::info);
+  spdlog::set_level(level == LogLevel::kDebug  ? spdlog::level::debug
+                    : level == LogLevel::kInfo ? spdlog::level::info
+                    : level == LogLevel::kWarn ? spdlog::level::warn
+                                               : spdlog::level::err);
 }
 
 std::string who(long generation, std::string_view host, int rank) {

@@ -31,7 +31,7 @@ const std::map<std::string, int>& option_arity() {
       {"--commit-replicas", 1}, {"--ssh-option", 1}, {"--agent-path", 1}, {"--heartbeat-timeout", 1},
       {"--driver-grace", 1}, {"--job-name", 1}, {"--drain-timeout", 1}, {"--stragglers", 1},
       {"--straggler-factor", 1}, {"--straggler-window", 1}, {"--preflight", 1},
-      {"--metrics-port", 1}, {"--metrics-addr", 1}, {"--standby", 1},
+      {"--metrics-port", 1}, {"--metrics-addr", 1}, {"--standby", 1}, {"--log-level", 1},
   };
   return arity;
 }
@@ -101,6 +101,7 @@ struct RawFlags {
   std::vector<double> cooldown;
   std::string launcher = "auto", mode = "auto", stragglers = "evict", preflight = "on";
   bool tag = false, no_tag = false;
+  std::string log_level;  // "": ERUN_LOG_LEVEL, else warn
 };
 
 // Every duration flag: its seconds and the option it sets. All must be
@@ -174,7 +175,7 @@ void add_output_flags(po::options_description& desc, DriverOptions& o, RawFlags&
     ("tag-output", po::bool_switch(&r.tag), "prefix worker lines with [rank]<stdout>: (default)")
     ("no-tag-output", po::bool_switch(&r.no_tag), "forward worker lines without prefixes")
     ("event-log", po::value<std::string>(&o.event_log), "append the job's events as JSON lines to this file (erun report FILE: the job's summary and picture)")
-    ("no-status", po::bool_switch(&o.no_status), "no status line at the bottom of the terminal (there is none when stderr is not a terminal); erun's info lines, quiet under the status line, come back too")
+    ("no-status", po::bool_switch(&o.no_status), "no status line at the bottom of the terminal (there is none when stderr is not a terminal)")
     ("metrics-port", po::value<int>(&o.metrics_port), "serve the job's Prometheus metrics at http://ADDR:PORT/metrics (world size, generation, resets, recoveries, goodput, commit age...; 0: any free port, logged)")
     ("metrics-addr", po::value<std::string>(&o.metrics_addr), "the address --metrics-port listens on (default 127.0.0.1: this machine only; 0.0.0.0: every interface)");
 }
@@ -193,10 +194,11 @@ void add_worker_flags(po::options_description& desc, DriverOptions& o, RawFlags&
     ("no-agent-relay", po::bool_switch(&r.no_agent_relay), "workers connect to the driver's rendezvous themselves, one TCP connection each, instead of through their host's agent (one connection per host)");
 }
 
-void add_general_flags(po::options_description& desc, DriverOptions& o) {
+void add_general_flags(po::options_description& desc, DriverOptions& o, RawFlags& r) {
   desc.add_options()
     ("dry-run", po::bool_switch(&o.dry_run), "print the plan, each host's agent command and each rank's program, environment and directory; launch nothing")
-    ("verbose,v", po::bool_switch(&o.verbose), "every info line (also under the status line) and the debug lines")
+    ("log-level", po::value<std::string>(&r.log_level), "what erun, its agents and its workers' library say on stderr: error, warn, info or debug (default: $ERUN_LOG_LEVEL, else warn: warnings, errors and the job's summary; info: every step of the job)")
+    ("verbose,v", po::bool_switch(&o.verbose), "--log-level debug: every info line and the debug lines")
     ("version", "print the version")
     ("help,h", "print this help");
 }
@@ -317,9 +319,18 @@ Check resolve_failure_policy(DriverOptions& o, const RawFlags& r, const po::vari
   return std::nullopt;
 }
 
-Check resolve_tags(DriverOptions& o, const RawFlags& r) {
+// --tag-output and the log level.
+Check resolve_output(DriverOptions& o, const RawFlags& r) {
   if (r.tag && r.no_tag) return fail("--tag-output and --no-tag-output contradict each other: give one");
   o.tag_output = !r.no_tag;
+  if (r.log_level.empty()) {
+    o.log_level = log_level_from_env(LogLevel::kWarn);
+  } else if (auto level = parse_log_level(r.log_level)) {
+    o.log_level = *level;
+  } else {
+    return fail("--log-level " + r.log_level + ": expected error, warn, info or debug");
+  }
+  if (o.verbose) o.log_level = LogLevel::kDebug;
   return std::nullopt;
 }
 
@@ -394,7 +405,7 @@ std::variant<DriverOptions, CliError, CliInfo> parse_cli(int argc, const char* c
   add_launcher_flags(desc, o, raw);
   add_output_flags(desc, o, raw);
   add_worker_flags(desc, o, raw);
-  add_general_flags(desc, o);
+  add_general_flags(desc, o, raw);
 
   po::variables_map vm;
   try {
@@ -421,7 +432,7 @@ std::variant<DriverOptions, CliError, CliInfo> parse_cli(int argc, const char* c
   if (Check c = resolve_host_source(o, context)) return *c;
   if (Check c = resolve_world_size(o, vm)) return *c;
   if (Check c = resolve_failure_policy(o, raw, vm)) return *c;
-  if (Check c = resolve_tags(o, raw)) return *c;
+  if (Check c = resolve_output(o, raw)) return *c;
   if (Check c = resolve_launcher(o, raw)) return *c;
   if (Check c = check_ssh_and_env(o, vm)) return *c;
   return o;

@@ -167,7 +167,7 @@ int exec_mpirun(const erun::DriverOptions& o, erun::HostDiscovery& discovery) {
 // the per-host agent (src/agent/agent.h), started by a driver; not for users.
 // `erun --agent --attach PATH`: a new driver's way to a running agent.
 int agent_main(int argc, char** argv) {
-  erun::init_logging(false);
+  erun::init_logging(erun::log_level_from_env(erun::LogLevel::kInfo));
   erun::agent::AgentOptions o;
   char name[256] = {};
   ::gethostname(name, sizeof name - 1);
@@ -178,6 +178,10 @@ int agent_main(int argc, char** argv) {
     std::string flag = argv[i];
     if (flag == "--relay") {
       o.relay = true;
+      continue;
+    }
+    if (flag == "--log-level" && i + 1 < argc && erun::parse_log_level(argv[i + 1])) {
+      erun::init_logging(*erun::parse_log_level(argv[++i]));
       continue;
     }
     double v = 0;
@@ -258,6 +262,7 @@ erun::Result<Launchers> make_launchers(const erun::DriverOptions& options,
   agent.relay = options.agent_relay;
   agent.driver_grace = options.driver_grace;
   agent.drain_timeout = options.drain_timeout;
+  agent.log_level = options.log_level;
   if (agent.agent_path.empty()) {
     return erun::Result<Launchers>::error(
         "cannot find erun's own executable (/proc/self/exe): pass --agent-path PATH");
@@ -388,11 +393,6 @@ class JobView {
 
   bool start() {
     status_ = !o_.no_status && erun::StatusLine::get().enable();
-    // Under the status line the info lines it replaces are left out (-v: all).
-    if (status_ && !o_.verbose) {
-      ::setenv("ERUN_QUIET", "1", 1);  // local agents inherit it; workers get it (worker_env)
-      erun::init_logging(false);
-    }
     if (o_.metrics_port < 0) return true;
     if (auto s = metrics_.start(o_.metrics_addr, o_.metrics_port); !s) {
       std::fprintf(stderr, "erun: %s\n", s.message().c_str());
@@ -639,7 +639,11 @@ int main(int argc, char** argv) {
   auto& options = std::get<erun::DriverOptions>(parsed);
   if (!attach_name.empty()) options.job_name = attach_name;
   if (!attach_address.empty()) options.driver_address = attach_address;
-  erun::init_logging(options.verbose);
+  // Warnings and errors by default; erun's agents and workers say the same
+  // (local agents and mpirun's ranks inherit the variable, the driver gives
+  // it to every worker, a remote agent gets --log-level).
+  erun::init_logging(options.log_level);
+  ::setenv("ERUN_LOG_LEVEL", erun::log_level_name(options.log_level), 1);
   if (!resolve_forwarded_env(options)) return 2;
 
   auto discovery = make_discovery(options);

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "common/clock.h"
+#include "common/log.h"
 
 namespace erun {
 
@@ -83,7 +84,8 @@ struct DriverOptions {
   int metrics_port = -1;           // --metrics-port (-1: no metrics)
   std::string metrics_addr = "127.0.0.1";
   bool dry_run = false;
-  bool verbose = false;
+  bool verbose = false;             // -v: log_level debug
+  LogLevel log_level = LogLevel::kWarn;  // --log-level, else $ERUN_LOG_LEVEL, else warn
 
   Duration term_grace = std::chrono::seconds(5);       // SIGTERM -> SIGKILL
   Duration finish_timeout = std::chrono::seconds(60);  // after the first worker succeeded

@@ -486,7 +486,9 @@ std::unique_ptr<Context> g_context;
 Context& init() {
   std::lock_guard<std::mutex> lock(g_mu);
   if (g_context) return *g_context;
-  init_logging(!env_or("ERUN_VERBOSE").empty());
+  // erun hands its level down (ERUN_LOG_LEVEL); a worker outside erun says
+  // its info lines.
+  init_logging(!env_or("ERUN_VERBOSE").empty() ? LogLevel::kDebug : log_level_from_env(LogLevel::kInfo));
   // A peer that dies mid-write must surface as a CommError, not kill this
   // process: Gloo's TCP transport (selectable between hosts) writes without
   // MSG_NOSIGNAL.

@@ -127,8 +127,15 @@ ErunProcess::ErunProcess(std::vector<std::string> args, std::vector<std::string>
   }
   o.argv.insert(o.argv.end(), args.begin(), args.end());
   if (!extra_env.empty()) {
+    // An extra NAME=VALUE replaces the inherited NAME (getenv finds the first).
+    auto name_of = [](const std::string& kv) { return kv.substr(0, kv.find('=')); };
     std::vector<std::string> env;
-    for (char** e = environ; *e; ++e) env.emplace_back(*e);
+    for (char** e = environ; *e; ++e) {
+      const std::string kv = *e;
+      bool replaced = std::any_of(extra_env.begin(), extra_env.end(),
+                                  [&](const std::string& x) { return name_of(x) == name_of(kv); });
+      if (!replaced) env.push_back(kv);
+    }
     env.insert(env.end(), extra_env.begin(), extra_env.end());
     o.env = env;
   }

@@ -1,4 +1,5 @@
 #include <gtest/gtest.h>
+#include <stdlib.h>
 
 #include <string>
 #include <vector>
@@ -37,6 +38,25 @@ TEST(Cli, MpirunStyleNpAndCommandArgumentsStayTheCommands) {
   EXPECT_FALSE(o.verbose);  // -v after the program belongs to the program
   EXPECT_EQ(o.command, (std::vector<std::string>{"./train", "--epochs", "5", "-v"}));
   EXPECT_EQ(o.reset_limit, 0);
+}
+
+TEST(Cli, TheLogLevelIsWarnUnlessTheFlagsOrTheEnvironmentSayOtherwise) {
+  const char* was = std::getenv("ERUN_LOG_LEVEL");
+  const std::string saved = was ? was : "";
+  ::unsetenv("ERUN_LOG_LEVEL");
+  EXPECT_EQ(ok({"-np", "2", "./train"}).log_level, LogLevel::kWarn);
+  EXPECT_EQ(ok({"--log-level", "info", "-np", "2", "./train", "--log-level", "x"}).log_level, LogLevel::kInfo);
+  EXPECT_EQ(ok({"-np", "2", "--log-level", "error", "./train"}).log_level, LogLevel::kError);
+  EXPECT_EQ(ok({"-v", "-np", "2", "./train"}).log_level, LogLevel::kDebug);
+  ::setenv("ERUN_LOG_LEVEL", "info", 1);
+  EXPECT_EQ(ok({"-np", "2", "./train"}).log_level, LogLevel::kInfo);
+  EXPECT_EQ(ok({"--log-level", "warning", "-np", "2", "./train"}).log_level, LogLevel::kWarn);
+  ::setenv("ERUN_LOG_LEVEL", "chatty", 1);  // not a level: the default
+  EXPECT_EQ(ok({"-np", "2", "./train"}).log_level, LogLevel::kWarn);
+  EXPECT_EQ(error({"--log-level", "chatty", "-np", "2", "./train"}),
+            "--log-level chatty: expected error, warn, info or debug");
+  if (was) ::setenv("ERUN_LOG_LEVEL", saved.c_str(), 1);
+  else ::unsetenv("ERUN_LOG_LEVEL");
 }
 
 TEST(Cli, ElasticDefaults) {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/clock.h"
+#include "common/log.h"
 #include "common/status.h"
 #include "common/subprocess.h"
 
@@ -199,6 +200,8 @@ struct AgentLaunchOptions {
   // the host: its workers get this long to leave at a commit (0: SIGTERM
   // stops them at once, as a failure).
   Duration drain_timeout = Duration::zero();
+  // `--log-level` of the agent: what it says on erun's stderr.
+  LogLevel log_level = LogLevel::kInfo;
 };
 
 struct SshOptions {

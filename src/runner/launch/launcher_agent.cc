@@ -82,6 +82,8 @@ std::vector<std::string> agent_argv(const AgentLaunchOptions& agent) {
     argv.push_back(seconds(agent.drain_timeout));
   }
   if (agent.relay) argv.push_back("--relay");
+  argv.push_back("--log-level");
+  argv.push_back(log_level_name(agent.log_level));
   return argv;
 }
 
