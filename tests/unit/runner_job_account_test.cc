@@ -137,6 +137,25 @@ TEST(JobAccount, ANewDriverInTheSameLogIsADriverGapNotANewJob) {
 // The survivors can re-join (and the driver write `rolled_back`) before the
 // driver has reset the generation: the work thrown away is then part of the
 // training still in progress, and counts all the same.
+// Restart mode with a program that does not use erun's library: no
+// generation ever joins, so erun cannot tell start-up from training, and the
+// summary says so instead of "goodput 0.0 %".
+TEST(JobAccount, AJobWhoseGenerationsNeverJoinedHasNoGoodputToSay) {
+  JobAccount a;
+  for (const std::string& l : {
+           line(0.0, "job_started", R"("job_id":"erun-1","hosts":"node-a:2","min_np":2,"max_np":2)"),
+           line(0.0, "generation_started", R"("generation":1,"size":2,"plan":"2 ranks")"),
+           line(30.0, "job_finished", R"("exit_code":0,"generation":1,"resets":0,"launched":2)"),
+       }) {
+    ASSERT_TRUE(a.observe_line(l)) << l;
+  }
+  JobSummary s = a.summary(1e12);
+  EXPECT_EQ(s.joined, 0);
+  const std::string text = format_summary(s);
+  EXPECT_NE(text.find("in 30.00 s: goodput n/a (no generation joined"), std::string::npos) << text;
+  EXPECT_EQ(demo_job().summary(1e12).goodput_text().find("n/a"), std::string::npos);
+}
+
 TEST(JobAccount, ARollbackBeforeTheResetIsCountedInFull) {
   JobAccount a;
   for (const std::string& l : {

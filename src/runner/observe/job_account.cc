@@ -101,12 +101,19 @@ long JobSummary::resets_total() const {
   return n;
 }
 
+std::string JobSummary::goodput_text() const {
+  if (joined == 0) {
+    return "n/a (no generation joined erun's rendezvous: erun cannot tell the program's start-up from its training)";
+  }
+  return fmt::format("{:.1f} %", 100 * goodput());
+}
+
 std::string format_summary(const JobSummary& s) {
-  std::string out = fmt::format("job {} {} in {}: goodput {:.1f} %", s.job_id.empty() ? "?" : s.job_id,
+  std::string out = fmt::format("job {} {} in {}: goodput {}", s.job_id.empty() ? "?" : s.job_id,
                                 s.finished      ? fmt::format("finished with exit code {}", s.exit_code)
                                 : s.stop_signal ? fmt::format("was stopped by signal {}", s.stop_signal)
                                                 : std::string("ran (no end recorded)"),
-                                seconds_text(s.wall_s), 100 * s.goodput());
+                                seconds_text(s.wall_s), s.goodput_text());
   out += fmt::format("\n  training {}; lost {}:", seconds_text(s.training_s()), seconds_text(s.lost_s()));
   const char* sep = " ";
   for (int k = 0; k < kSpentKinds; ++k) {
@@ -218,6 +225,7 @@ bool JobAccount::observe_line(std::string_view line) {
     if (!bands_.empty() && bands_.back().end < 0) bands_.back().end = t - start_;
     bands_.push_back(Band{generation_, t - start_, -1, pending_size_, text(e, "plan")});
   } else if (event == "generation_joined") {
+    ++counts_.joined;
     enter(Spent::kTraining, t);
     joined_at_ = t;
     set_world(t, pending_size_);
@@ -297,6 +305,7 @@ bool JobAccount::observe_line(std::string_view line) {
     mark(t - start_, "blacklist", "blacklisted " + text(e, "host"), false);
   } else if (event == "driver_attached") {
     ++counts_.takeovers;
+    ++counts_.joined;  // it adopted a running generation: training goes on
     mark(t - start_, "takeover", fmt::format("driver term {} took over", static_cast<long>(number(e, "term"))),
          false);
     enter(Spent::kTraining, t);

@@ -40,6 +40,10 @@ struct JobSummary {
   double wall_s = 0;
   std::array<double, kSpentKinds> spent{};  // seconds, by Spent
   long generations = 0;
+  // Generations whose ranks all joined erun's rendezvous. None: a program
+  // without erun's library (restart mode) or one that failed first, whose
+  // start-up erun cannot tell from its training: no goodput to say.
+  long joined = 0;
   std::map<std::string, long> resets;  // by reason
   long hosts_seen = 0;
   long workers_failed = 0;    // exited with an error, or excluded, without erun stopping them
@@ -53,6 +57,8 @@ struct JobSummary {
   double training_s() const { return spent[static_cast<int>(Spent::kTraining)]; }
   double lost_s() const { return wall_s - training_s(); }
   double goodput() const { return wall_s > 0 ? training_s() / wall_s : 0; }
+  // "93.1 %", or "n/a" with the reason when no generation joined.
+  std::string goodput_text() const;
   long resets_total() const;
 };
 

@@ -169,7 +169,7 @@ std::string status_text(const JobAccount& a, double now) {
   if (a.last_commit_time() >= 0) {
     out += fmt::format(" | commit {}, {} ago", a.last_commit(), age_text(now - a.last_commit_time()));
   }
-  out += fmt::format(" | goodput {:.1f} %", 100 * s.goodput());
+  out += s.joined ? fmt::format(" | goodput {:.1f} %", 100 * s.goodput()) : std::string(" | goodput n/a");
   return out;
 }
 
