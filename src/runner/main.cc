@@ -453,8 +453,13 @@ int run_driver(const erun::DriverOptions& options, erun::HostDiscovery& discover
   erun::OutputForwarder output(erun::OutputOptions{options.tag_output, 1, 20});
   erun::SystemClock clock;
 
+  // The job's one name, in every line, the summary, the event log and the
+  // workers' ERUN_JOB_ID: --job-name, or the same for the same command in the
+  // same directory (what `erun --attach NAME` and a takeover find it by).
+  const std::string cwd = current_directory();
+  const std::string name = options.job_name.empty() ? erun::default_job_name(cwd, args) : options.job_name;
   erun::ServerOptions server_options;
-  server_options.job_id = "erun-" + random_hex(6);
+  server_options.job_id = erun::valid_job_name(name) ? name : "erun-" + random_hex(6);
   server_options.secret = random_hex(32);
   std::string commit_dir = options.host_commits ? "/dev/shm/erun-commits-" + random_hex(12) : "-";
   // Only this machine's workers will connect: nothing else needs to reach the port.
@@ -462,8 +467,6 @@ int run_driver(const erun::DriverOptions& options, erun::HostDiscovery& discover
 
   // With --driver-grace the job has a record that a new erun takes it over
   // from, and a lock: one driver at a time.
-  const std::string cwd = current_directory();
-  const std::string name = options.job_name.empty() ? erun::default_job_name(cwd, args) : options.job_name;
   std::unique_ptr<erun::JobStore> store = std::move(standby_store);
   std::optional<erun::JobRecord> previous;
   if (store) {
