@@ -33,6 +33,9 @@
 # for python_gpu.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+# The checks read erun's and the workers' info lines ("restored commit N from host memory"):
+# erun says warnings only by default.
+export ERUN_LOG_LEVEL=info
 root=$(pwd)
 build=${1:-build-gpu}
 case $build in /*) ;; *) build=$root/$build ;; esac
