@@ -31,6 +31,9 @@ from datetime import datetime, timezone
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from procs import discovery_script  # noqa: E402
 
+# It reads erun's info lines ("took the job over"): erun says warnings only by default.
+os.environ.setdefault("ERUN_LOG_LEVEL", "info")
+
 ARGS = ["--samples", "8000", "--epochs", "8", "--batch", "256", "--commit-every", "5", "--step-ms", "40"]
 
 

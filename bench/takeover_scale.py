@@ -28,6 +28,9 @@ from datetime import datetime, timezone
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from procs import discovery_script  # noqa: E402
 
+# It reads erun's info lines ("took the job over"): erun says warnings only by default.
+os.environ.setdefault("ERUN_LOG_LEVEL", "info")
+
 
 def log_time(line):
     m = re.match(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3}) erun", line)
