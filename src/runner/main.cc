@@ -432,45 +432,19 @@ class JobView {
   std::chrono::steady_clock::time_point next_status_{}, next_metrics_{};
 };
 
-// The driver and its parts (launchers, event log, output, rendezvous), then
-// the job or its dry run. `args`: erun's arguments, for the job's name and
-// record; `standby_store`: the job a standby driver takes over (stand_by()).
-int run_driver(const erun::DriverOptions& options, erun::HostDiscovery& discovery,
-               const std::vector<std::string>& args, const std::shared_ptr<erun::SlurmGrow>& slurm_grow,
-               std::unique_ptr<erun::JobStore> standby_store) {
-  auto launchers = make_launchers(options, slurm_grow);
-  if (!launchers) {
-    std::fprintf(stderr, "erun: %s\n", launchers.message().c_str());
-    return 2;
-  }
-  erun::EventLog events;
-  if (!options.event_log.empty()) {
-    if (auto s = events.open(options.event_log); !s) {
-      std::fprintf(stderr, "erun: %s\n", s.message().c_str());
-      return 2;
-    }
-  }
-  erun::OutputForwarder output(erun::OutputOptions{options.tag_output, 1, 20});
-  erun::SystemClock clock;
-
-  // The job's one name, in every line, the summary, the event log and the
-  // workers' ERUN_JOB_ID: --job-name, or the same for the same command in the
-  // same directory (what `erun --attach NAME` and a takeover find it by).
-  const std::string cwd = current_directory();
-  const std::string name = options.job_name.empty() ? erun::default_job_name(cwd, args) : options.job_name;
-  erun::ServerOptions server_options;
-  server_options.job_id = erun::valid_job_name(name) ? name : "erun-" + random_hex(6);
-  server_options.secret = random_hex(32);
-  std::string commit_dir = options.host_commits ? "/dev/shm/erun-commits-" + random_hex(12) : "-";
-  // Only this machine's workers will connect: nothing else needs to reach the port.
-  if (loopback_only(options, discovery)) server_options.bind_address = "127.0.0.1";
-
-  // With --driver-grace the job has a record that a new erun takes it over
-  // from, and a lock: one driver at a time.
-  std::unique_ptr<erun::JobStore> store = std::move(standby_store);
+// The job's record and lock (with --driver-grace, or a standby's job): the
+// store (null: no record) and what it held (a job to take over); or the exit
+// code when another erun holds the job.
+struct JobClaim {
+  std::unique_ptr<erun::JobStore> store;
   std::optional<erun::JobRecord> previous;
-  if (store) {
-    previous = store->read();
+};
+std::variant<JobClaim, int> claim_job(const erun::DriverOptions& options, const std::string& name,
+                                      std::unique_ptr<erun::JobStore> standby_store) {
+  JobClaim c;
+  c.store = std::move(standby_store);
+  if (c.store) {
+    c.previous = c.store->read();
   } else if (!options.dry_run && options.driver_grace > erun::Duration::zero()) {
     bool held = false;
     auto locked = erun::JobStore::lock(erun::jobs_directory(), name, &held);
@@ -479,101 +453,121 @@ int run_driver(const erun::DriverOptions& options, erun::HostDiscovery& discover
       return 2;
     }
     if (locked) {
-      store = std::move(locked).value();
-      previous = store->read();
+      c.store = std::move(locked).value();
+      c.previous = c.store->read();
     } else {
       ERUN_LOG_WARN("{}: this job runs without a record, so no new erun can take it over should this one die",
                     locked.message());
     }
   }
-  if (previous) {
-    server_options.job_id = previous->job_id;
-    server_options.secret = previous->secret;
-    server_options.port = previous->rendezvous_port;  // the workers' relays reconnect to it
-    server_options.resume_generation = previous->generation;
-    commit_dir = previous->commit_dir.empty() ? "-" : previous->commit_dir;
-  }
+  return c;
+}
+
+// The rendezvous server, started (not in a dry run); on the port of the job
+// taken over where it is free. Null (and logged) when it cannot listen.
+std::unique_ptr<erun::RendezvousServer> start_rendezvous(const erun::DriverOptions& options,
+                                                         erun::ServerOptions& server_options, bool taking_over) {
   auto rendezvous = std::make_unique<erun::RendezvousServer>(server_options);
   // The rendezvous runs in restart mode too: a program using the worker
   // library still needs it to form each generation's world.
-  if (!options.dry_run) {
-    erun::Status s = rendezvous->start();
-    if (!s && previous) {
-      ERUN_LOG_WARN("cannot listen on the job's rendezvous port {} again ({}): taking another, which the agents "
-                    "tell their workers",
-                    server_options.port, s.message());
-      server_options.port = 0;
-      rendezvous = std::make_unique<erun::RendezvousServer>(server_options);
-      s = rendezvous->start();
-    }
-    if (!s) {
-      ERUN_LOG_ERROR("cannot start the rendezvous server: {}; nothing was launched (check the address erun binds, "
-                     "and the open-file limit `ulimit -n`)",
-                     s.message());
-      return 1;
-    }
+  if (options.dry_run) return rendezvous;
+  erun::Status s = rendezvous->start();
+  if (!s && taking_over) {
+    ERUN_LOG_WARN("cannot listen on the job's rendezvous port {} again ({}): taking another, which the agents "
+                  "tell their workers",
+                  server_options.port, s.message());
+    server_options.port = 0;
+    rendezvous = std::make_unique<erun::RendezvousServer>(server_options);
+    s = rendezvous->start();
   }
+  if (!s) {
+    ERUN_LOG_ERROR("cannot start the rendezvous server: {}; nothing was launched (check the address erun binds, "
+                   "and the open-file limit `ulimit -n`)",
+                   s.message());
+    return nullptr;
+  }
+  return rendezvous;
+}
 
-  erun::DriverDeps deps;
-  deps.job_id = server_options.job_id;
-  deps.secret = server_options.secret;
-  deps.commit_dir = commit_dir;
-  erun::DriverDeps::Takeover takeover;
-  if (previous) {
-    ERUN_LOG_WARN("job {}: its driver (erun pid {} on {}) is gone: taking the job over", name, previous->driver_pid,
-                  previous->driver_host);
-    erun::JobRecord claimed = *previous;
-    claimed.term = previous->term + 1;  // before any agent hears of it
-    claimed.driver_pid = ::getpid();
-    claimed.driver_host = this_host();
-    (void)store->write(claimed);
-    take_over(options, *launchers, *previous, rendezvous->port(), takeover);
-    if (takeover.workers.empty()) {
-      ERUN_LOG_WARN("job {}: no worker of it is left (its agents ended, or their --driver-grace ran out): starting it "
-                    "anew; it resumes from what host memory or --checkpoint-dir still hold",
-                    name);
-    }
-    deps.takeover = &takeover;
+// Claims a job whose driver is gone: a newer term in its record (before any
+// agent hears of it), then its agents and their workers.
+void claim_takeover(const erun::DriverOptions& options, Launchers& launchers, erun::JobStore& store,
+                    const erun::JobRecord& previous, const std::string& name, int rdzv_port,
+                    erun::DriverDeps::Takeover& takeover) {
+  ERUN_LOG_WARN("job {}: its driver (erun pid {} on {}) is gone: taking the job over", name, previous.driver_pid,
+                previous.driver_host);
+  erun::JobRecord claimed = previous;
+  claimed.term = previous.term + 1;
+  claimed.driver_pid = ::getpid();
+  claimed.driver_host = this_host();
+  (void)store.write(claimed);
+  take_over(options, launchers, previous, rdzv_port, takeover);
+  if (takeover.workers.empty()) {
+    ERUN_LOG_WARN("job {}: no worker of it is left (its agents ended, or their --driver-grace ran out): starting it "
+                  "anew; it resumes from what host memory or --checkpoint-dir still hold",
+                  name);
   }
-  if (!options.dry_run) {
-    deps.membership = rendezvous.get();
-    deps.rendezvous_port = rendezvous->port();
-  }
-  deps.discovery = &discovery;
-  deps.local_launcher = launchers->local.get();
-  deps.remote_launcher = launchers->remote.get();
-  deps.clock = &clock;
-  deps.output = &output;
-  deps.events = &events;
-  // What the job's time went to: the status line, /metrics and the summary at the end.
-  erun::JobAccount account;
-  events.set_observer([&account](std::string_view line) { account.observe_line(line); });
-  deps.account = &account;
-  std::optional<erun::RecordKeeper> keeper;
-  if (store) {
-    erun::JobRecord base;
-    base.name = name;
-    base.term = previous ? previous->term + 1 : 1;
-    base.driver_pid = ::getpid();
-    base.driver_host = this_host();
-    base.job_id = server_options.job_id;
-    base.secret = server_options.secret;
-    base.rendezvous_port = rendezvous->port();
-    base.commit_dir = commit_dir == "-" ? "" : commit_dir;
-    base.cwd = previous ? previous->cwd : cwd;
-    base.args = previous && options.job_name.empty() ? previous->args : args;
-    keeper.emplace(*store, std::move(base), launchers->all());
-    if (!previous) {
-      ERUN_LOG_INFO("job {}: should this erun die, its workers wait {:.0f} s (--driver-grace) for the same command "
-                    "again, or erun --attach {}",
-                    name, std::chrono::duration<double>(options.driver_grace).count(), name);
-    }
-    deps.after_step = [&keeper](const erun::Driver& d) { (*keeper)(d); };
-  }
-  if (options.dry_run) {
-    erun::Driver driver(options, deps);
-    return dry_run(driver);
-  }
+}
+
+// Who the job is: its one name (in every line, the summary, the event log and
+// the workers' ERUN_JOB_ID: --job-name, or the same for the same command in
+// the same directory, what `erun --attach NAME` and a takeover find it by),
+// the rendezvous's id, secret and address, and its host-memory directory.
+struct JobIdentity {
+  std::string cwd, name, commit_dir;
+  erun::ServerOptions server;
+};
+JobIdentity job_identity(const erun::DriverOptions& options, erun::HostDiscovery& discovery,
+                         const std::vector<std::string>& args) {
+  JobIdentity id;
+  id.cwd = current_directory();
+  id.name = options.job_name.empty() ? erun::default_job_name(id.cwd, args) : options.job_name;
+  id.server.job_id = erun::valid_job_name(id.name) ? id.name : "erun-" + random_hex(6);
+  id.server.secret = random_hex(32);
+  id.commit_dir = options.host_commits ? "/dev/shm/erun-commits-" + random_hex(12) : "-";
+  // Only this machine's workers will connect: nothing else needs to reach the port.
+  if (loopback_only(options, discovery)) id.server.bind_address = "127.0.0.1";
+  return id;
+}
+
+// A job taken over keeps its id, secret, port, generation and host memory.
+void keep_identity(JobIdentity& id, const erun::JobRecord& previous) {
+  id.server.job_id = previous.job_id;
+  id.server.secret = previous.secret;
+  id.server.port = previous.rendezvous_port;  // the workers' relays reconnect to it
+  id.server.resume_generation = previous.generation;
+  id.commit_dir = previous.commit_dir.empty() ? "-" : previous.commit_dir;
+}
+
+// A job with a record: how it outlives this erun.
+void say_how_to_take_over(const erun::DriverOptions& options, const std::string& name) {
+  ERUN_LOG_INFO("job {}: should this erun die, its workers wait {:.0f} s (--driver-grace) for the same command "
+                "again, or erun --attach {}",
+                name, std::chrono::duration<double>(options.driver_grace).count(), name);
+}
+
+// What the record keeper starts from: this driver's part of the job record.
+erun::JobRecord record_base(const erun::DriverOptions& options, const JobIdentity& id,
+                            const std::optional<erun::JobRecord>& previous, int rdzv_port,
+                            const std::vector<std::string>& args) {
+  erun::JobRecord base;
+  base.name = id.name;
+  base.term = previous ? previous->term + 1 : 1;
+  base.driver_pid = ::getpid();
+  base.driver_host = this_host();
+  base.job_id = id.server.job_id;
+  base.secret = id.server.secret;
+  base.rendezvous_port = rdzv_port;
+  base.commit_dir = id.commit_dir == "-" ? "" : id.commit_dir;
+  base.cwd = previous ? previous->cwd : id.cwd;
+  base.args = previous && options.job_name.empty() ? previous->args : args;
+  return base;
+}
+
+// Runs the job to its end under the status line and /metrics, then says its
+// summary: the job's exit code.
+int run_job(const erun::DriverOptions& options, erun::DriverDeps& deps, erun::EventLog& events,
+            const erun::JobAccount& account, erun::JobStore* store) {
   JobView view(options, account);
   if (!view.start()) return 2;
   deps.after_step = [&view, keep = std::move(deps.after_step)](const erun::Driver& d) {
@@ -592,6 +586,69 @@ int run_driver(const erun::DriverOptions& options, erun::HostDiscovery& discover
   // The job is over (or another driver holds it): a later run starts anew.
   if (store && driver.superseded_by() == 0) store->remove();
   return code;
+}
+
+// The driver and its parts (launchers, event log, output, rendezvous), then
+// the job or its dry run. `args`: erun's arguments, for the job's name and
+// record; `standby_store`: the job a standby driver takes over (stand_by()).
+int run_driver(const erun::DriverOptions& options, erun::HostDiscovery& discovery,
+               const std::vector<std::string>& args, const std::shared_ptr<erun::SlurmGrow>& slurm_grow,
+               std::unique_ptr<erun::JobStore> standby_store) {
+  auto launchers = make_launchers(options, slurm_grow);
+  if (!launchers) {
+    std::fprintf(stderr, "erun: %s\n", launchers.message().c_str());
+    return 2;
+  }
+  erun::EventLog events;
+  if (auto s = options.event_log.empty() ? erun::Status::ok() : events.open(options.event_log); !s) {
+    std::fprintf(stderr, "erun: %s\n", s.message().c_str());
+    return 2;
+  }
+  erun::OutputForwarder output(erun::OutputOptions{options.tag_output, 1, 20});
+  erun::SystemClock clock;
+  JobIdentity id = job_identity(options, discovery, args);
+  // With --driver-grace the job has a record that a new erun takes it over
+  // from, and a lock: one driver at a time.
+  auto claimed = claim_job(options, id.name, std::move(standby_store));
+  if (auto* code = std::get_if<int>(&claimed)) return *code;
+  auto& [store, previous] = std::get<JobClaim>(claimed);
+  if (previous) keep_identity(id, *previous);
+  auto rendezvous = start_rendezvous(options, id.server, previous.has_value());
+  if (!rendezvous) return 1;
+  erun::DriverDeps deps;
+  deps.discovery = &discovery;
+  deps.local_launcher = launchers->local.get();
+  deps.remote_launcher = launchers->remote.get();
+  deps.clock = &clock;
+  deps.output = &output;
+  deps.events = &events;
+  deps.job_id = id.server.job_id;
+  deps.secret = id.server.secret;
+  deps.commit_dir = id.commit_dir;
+  erun::DriverDeps::Takeover takeover;
+  if (previous) {
+    claim_takeover(options, *launchers, *store, *previous, id.name, rendezvous->port(), takeover);
+    deps.takeover = &takeover;
+  }
+  if (!options.dry_run) {
+    deps.membership = rendezvous.get();
+    deps.rendezvous_port = rendezvous->port();
+  }
+  // What the job's time went to: the status line, /metrics and the summary at the end.
+  erun::JobAccount account;
+  events.set_observer([&account](std::string_view line) { account.observe_line(line); });
+  deps.account = &account;
+  std::optional<erun::RecordKeeper> keeper;
+  if (store) {
+    keeper.emplace(*store, record_base(options, id, previous, rendezvous->port(), args), launchers->all());
+    if (!previous) say_how_to_take_over(options, id.name);
+    deps.after_step = [&keeper](const erun::Driver& d) { (*keeper)(d); };
+  }
+  if (options.dry_run) {
+    erun::Driver driver(options, deps);
+    return dry_run(driver);
+  }
+  return run_job(options, deps, events, account, store.get());
 }
 
 }  // namespace
