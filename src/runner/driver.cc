@@ -276,6 +276,9 @@ bool Driver::start_generation(const HostSet& usable) {
   int master_port = launcher_for(rank0_host, &rank0_local).free_port(rank0_host, d_.secret, o_.ssh_connect_timeout);
   ERUN_LOG_INFO("{}: starting {} (MASTER_ADDR={} MASTER_PORT={})", who(rec_.generation), plan_.to_string(),
                 master_addr, master_port);
+  for (const Worker& w : workers_) {
+    if (d_.output) d_.output->forget(w.key);  // its pipes and stderr lines go with it
+  }
   workers_.clear();
   publish(/*fresh=*/true, /*after_failure=*/false);
   for (auto& a : plan_.ranks) launch_worker(a, master_addr, master_port);

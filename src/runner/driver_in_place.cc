@@ -424,8 +424,12 @@ void Driver::reconfigure(const char* reason, bool after_failure) {
     wait_below_min_np(usable);
     return;
   }
-  // Forget workers that are gone; survivors keep their processes, excluded
-  // ones are kept until reaped.
+  // Forget workers that are gone (their output's pipes and stderr lines
+  // too: bench/long_run.py found them held for the job's life); survivors
+  // keep their processes, excluded ones are kept until reaped.
+  for (const Worker& w : workers_) {
+    if (w.exit && d_.output) d_.output->forget(w.key);
+  }
   workers_.erase(std::remove_if(workers_.begin(), workers_.end(), [](const Worker& w) { return w.exit.has_value(); }),
                  workers_.end());
   // A slot no member holds goes to a ready standby (driver_standby_workers.cc).
