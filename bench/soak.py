@@ -402,7 +402,7 @@ class Soak:
         self.job_id = None
         while self.job_id is None and time.time() < deadline:
             with open(self.err_path, errors="replace") as f:
-                m = re.search(r"job (erun-[0-9a-f]+)", f.read())
+                m = re.search(r"job ([A-Za-z0-9][A-Za-z0-9._-]*): ", f.read())  # the job's name is its id
             self.job_id = m.group(1) if m else None
             time.sleep(0.05)
         while "epoch 0 " not in self.out():

@@ -284,7 +284,7 @@ TEST_F(SshLauncherTest, CommandLineCarriesOptionsAndOneRemoteWord) {
   EXPECT_EQ(line.find("UserKnownHostsFile"), std::string::npos);
   EXPECT_NE(line.find("-p 2200 -i /k -l bob -o Compression=no -F /dev/null -- node7 "), std::string::npos) << line;
   // Relaying is on unless --no-agent-relay turned it off.
-  EXPECT_EQ(argv.back(), "exec " + testing::erun_binary() + " --agent --heartbeat-interval 1 --heartbeat-timeout 3 --relay");
+  EXPECT_EQ(argv.back(), "exec " + testing::erun_binary() + " --agent --heartbeat-interval 1 --heartbeat-timeout 3 --relay --log-level info");
   EXPECT_EQ(line.find("ssh-s3cr3t"), std::string::npos);
   EXPECT_EQ(line.find(marker_), std::string::npos);
 }
