@@ -624,6 +624,14 @@ void AgentConnection::channel_ended(bool eof) {
       close_writers(s);
     }
   } else {
+    // Lost already (a write to it failed first): how it ended is still the
+    // root cause to say.
+    std::string said_then;
+    {
+      std::lock_guard lock(mu_);
+      if (lost_ && *lost_ != why && status) said_then = *lost_ + "; " + why + ": " + lost_hint("");
+    }
+    if (!said_then.empty()) ERUN_LOG_ERROR("agent on {} lost: {}", host_, said_then);
     mark_lost(why);
   }
 }
