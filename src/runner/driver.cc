@@ -233,8 +233,8 @@ std::vector<std::pair<std::string, std::string>> Driver::worker_env(const RankAs
   put("ERUN_ELASTIC_TIMEOUT", seconds(o_.elastic_timeout));
   if (o_.driver_grace > Duration::zero()) put("ERUN_DRIVER_GRACE", seconds(o_.driver_grace));
   if (!preflight_on()) put("ERUN_PREFLIGHT", 0);
-  // The workers' library says what erun says (main.cc sets it from --log-level).
-  if (const char* level = std::getenv("ERUN_LOG_LEVEL")) put("ERUN_LOG_LEVEL", std::string(level));
+  // The workers' library says what erun says (--log-level).
+  put("ERUN_LOG_LEVEL", log_level_name(o_.log_level));
   if (d_.membership) {
     bool local;
     launcher_for(a.slot.host, &local);

@@ -149,15 +149,6 @@ class MemoryCgroup {
 
 class ErunOom : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
-    const std::string out = uninterrupted_training_output();
-    reference_ = new std::string(train_checksum(out));
-    ASSERT_FALSE(reference_->empty()) << out;
-  }
-  static void TearDownTestSuite() {
-    delete reference_;
-    reference_ = nullptr;
-  }
   void SetUp() override {
     if (::geteuid() != 0) GTEST_SKIP() << "needs root for a memory cgroup";
     if (cgroup_.dir().empty()) GTEST_SKIP() << "no memory cgroup could be made (cgroup v1 memory or v2)";
@@ -185,19 +176,18 @@ class ErunOom : public ::testing::Test {
     return out;
   }
   void expect_exact_and_nothing_left(ErunProcess& p) {
-    ASSERT_NO_FATAL_FAILURE(expect_trained_exactly(p, *reference_));
+    ASSERT_FALSE(uninterrupted_checksum().empty());
+    ASSERT_NO_FATAL_FAILURE(expect_trained_exactly(p, uninterrupted_checksum()));
     EXPECT_EQ(p.count("epoch 0 "), 1u) << "training started over\n" << p.out();
     std::vector<pid_t> left;
     EXPECT_TRUE(wait_no_process(program_, 20s, &left)) << describe_pids(left);
     EXPECT_EQ(read_file(cgroup_.dir() + "/cgroup.procs"), "") << "processes left in the job's cgroup";
   }
 
-  static std::string* reference_;
   MemoryCgroup cgroup_;
   TempDir dir_;
   std::string program_;
 };
-std::string* ErunOom::reference_ = nullptr;
 
 TEST_F(ErunOom, AWorkerTheOomKillerEndsIsRecoveredInPlaceAndNamedSo) {
   auto p = start();
