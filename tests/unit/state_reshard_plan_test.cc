@@ -1,0 +1,181 @@
+// The reshard plan (state/reshard_plan.h): layout rules, and which rows a
+// rank of the new generation reads from where, with no world.
+#include <gtest/gtest.h>
+
+#include "state/reshard_plan.h"
+
+namespace erun::state_internal {
+namespace {
+
+std::vector<RowRange> layout(uint64_t rows, SplitRule rule, int size) {
+  std::vector<RowRange> out;
+  for (int r = 0; r < size; ++r) out.push_back(split_rows(rows, rule, r, size));
+  return out;
+}
+
+// Every rank's rows, from files of the old layout: rank r's piece on host
+// hosts[r], served by rank r of the new generation when it is on that host.
+std::vector<RowSource> files_of(const std::vector<RowRange>& old, const std::vector<int>& hosts) {
+  std::vector<RowSource> s;
+  for (size_t r = 0; r < old.size(); ++r) {
+    RowSource src;
+    src.rows = old[r];
+    src.host = hosts[r];
+    src.server = static_cast<int>(r);
+    src.file = static_cast<int>(r);
+    s.push_back(src);
+  }
+  return s;
+}
+
+// The plan covers exactly `need`, in order, from sources that hold each row.
+void expect_covers(const RowPlan& p, RowRange need, const std::vector<RowSource>& sources) {
+  uint64_t at = need.begin;
+  for (const RowTransfer& t : p.transfers) {
+    EXPECT_EQ(t.rows.begin, at);
+    EXPECT_LT(t.rows.begin, t.rows.end);
+    EXPECT_LE(sources[t.source].rows.begin, t.rows.begin);
+    EXPECT_GE(sources[t.source].rows.end, t.rows.end);
+    at = t.rows.end;
+  }
+  EXPECT_EQ(at, need.end);
+  EXPECT_TRUE(p.missing.empty());
+}
+
+TEST(ReshardPlan, ChunkRuleIsTorchChunkWithShortAndEmptyTails) {
+  // torch.chunk(10 rows, 4) -> 3, 3, 3, 1; (5 rows, 4) -> 2, 2, 1, 0.
+  EXPECT_EQ(layout(10, SplitRule::kChunk, 4),
+            (std::vector<RowRange>{{0, 3}, {3, 6}, {6, 9}, {9, 10}}));
+  EXPECT_EQ(layout(5, SplitRule::kChunk, 4), (std::vector<RowRange>{{0, 2}, {2, 4}, {4, 5}, {5, 5}}));
+  // 2 rows over 4 ranks: the last two hold nothing.
+  EXPECT_EQ(layout(2, SplitRule::kChunk, 4), (std::vector<RowRange>{{0, 1}, {1, 2}, {2, 2}, {2, 2}}));
+  EXPECT_EQ(layout(0, SplitRule::kChunk, 3), (std::vector<RowRange>{{0, 0}, {0, 0}, {0, 0}}));
+}
+
+TEST(ReshardPlan, EvenRuleGivesTheFirstRanksOneMore) {
+  EXPECT_EQ(layout(10, SplitRule::kEven, 4), (std::vector<RowRange>{{0, 3}, {3, 6}, {6, 8}, {8, 10}}));
+  EXPECT_EQ(layout(3, SplitRule::kEven, 5), (std::vector<RowRange>{{0, 1}, {1, 2}, {2, 3}, {3, 3}, {3, 3}}));
+  EXPECT_EQ(split_rows(10, SplitRule::kEven, 4, 4), RowRange{});  // no such rank
+}
+
+TEST(ReshardPlan, UnchangedLayoutReadsOnlyItsOwnMemory) {
+  const auto old = layout(1000, SplitRule::kChunk, 4);
+  auto sources = files_of(old, {0, 0, 1, 1});
+  for (int r = 0; r < 4; ++r) {
+    RowSource mem;
+    mem.rows = old[static_cast<size_t>(r)];
+    mem.host = r / 2;
+    mem.server = r;
+    mem.memory = true;
+    sources.push_back(mem);
+  }
+  for (int r = 0; r < 4; ++r) {
+    const RowPlan p = plan_rows(old[static_cast<size_t>(r)], r, r / 2, sources);
+    expect_covers(p, old[static_cast<size_t>(r)], sources);
+    ASSERT_EQ(p.transfers.size(), 1u);
+    EXPECT_TRUE(sources[p.transfers[0].source].memory);
+    EXPECT_EQ(sources[p.transfers[0].source].server, r);
+  }
+}
+
+TEST(ReshardPlan, FourToThreeUnevenReadsOwnHostFirstAndMovesOnlyWhatChangesHost) {
+  // 10 rows: 3,3,3,1 on hosts 0,0,1,1 -> 4,4,2 over ranks on hosts 0,0,1.
+  const auto old = layout(10, SplitRule::kChunk, 4);
+  const auto sources = files_of(old, {0, 0, 1, 1});
+  const auto now = layout(10, SplitRule::kChunk, 3);
+  const int hosts[3] = {0, 0, 1};
+  uint64_t over_network = 0;
+  for (int r = 0; r < 3; ++r) {
+    const RowPlan p = plan_rows(now[static_cast<size_t>(r)], r, hosts[r], sources);
+    expect_covers(p, now[static_cast<size_t>(r)], sources);
+    over_network += remote_rows(p, hosts[r], sources);
+  }
+  // Rank 1 (host 0) needs rows 4..8: 4,5 from host 0, 6,7 from host 1.
+  // Rank 2 (host 1) needs rows 8..10, all on host 1. Rank 0 needs 0..4: row 3 on host 0.
+  EXPECT_EQ(over_network, 2u);
+}
+
+TEST(ReshardPlan, OneToManyAndManyToOne) {
+  const auto one = layout(7, SplitRule::kChunk, 1);
+  const auto from_one = files_of(one, {0});
+  for (int r = 0; r < 5; ++r) {
+    RowRange need = split_rows(7, SplitRule::kChunk, r, 5);
+    const RowPlan p = plan_rows(need, r, r, from_one);
+    expect_covers(p, need, from_one);
+    EXPECT_EQ(remote_rows(p, r, from_one), r == 0 ? 0u : need.size());
+  }
+  const auto five = layout(7, SplitRule::kChunk, 5);  // 2,2,2,1,0
+  const auto from_five = files_of(five, {0, 1, 2, 3, 4});
+  const RowPlan p = plan_rows({0, 7}, 0, 0, from_five);
+  expect_covers(p, {0, 7}, from_five);
+  EXPECT_EQ(p.transfers.size(), 4u);  // rank 4 holds nothing: no transfer from it
+  EXPECT_EQ(remote_rows(p, 0, from_five), 5u);
+}
+
+TEST(ReshardPlan, ARankThatHoldsNothingNeedsNoTransfer) {
+  const auto sources = files_of(layout(2, SplitRule::kChunk, 2), {0, 1});
+  const RowPlan p = plan_rows(split_rows(2, SplitRule::kChunk, 3, 4), 3, 1, sources);
+  EXPECT_TRUE(p.transfers.empty());
+  EXPECT_TRUE(p.missing.empty());
+}
+
+TEST(ReshardPlan, ABuddyCopyOnAnotherHostFillsALostHostsRows) {
+  // Host 1 (ranks 2, 3) is gone; its rows are on host 0 as a buddy copy.
+  const auto old = layout(12, SplitRule::kEven, 4);
+  auto sources = files_of({old[0], old[1]}, {0, 0});
+  RowSource buddy;
+  buddy.rows = {old[2].begin, old[3].end};
+  buddy.host = 0;
+  buddy.server = 0;
+  buddy.file = 7;
+  sources.push_back(buddy);
+  const auto now = layout(12, SplitRule::kEven, 2);
+  for (int r = 0; r < 2; ++r) {
+    const RowPlan p = plan_rows(now[static_cast<size_t>(r)], r, 0, sources);
+    expect_covers(p, now[static_cast<size_t>(r)], sources);
+    EXPECT_EQ(remote_rows(p, 0, sources), 0u);
+  }
+}
+
+TEST(ReshardPlan, RowsNoSourceHoldsAreNamedAsMissing) {
+  const auto old = layout(12, SplitRule::kEven, 4);  // 3 each
+  const auto sources = files_of({old[0], old[3]}, {0, 1});  // ranks 1 and 2 lost with no copy
+  const RowPlan p = plan_rows({0, 12}, 0, 0, sources);
+  ASSERT_EQ(p.missing.size(), 1u);
+  EXPECT_EQ(p.missing[0], (RowRange{3, 9}));
+  ASSERT_EQ(p.transfers.size(), 2u);
+  EXPECT_EQ(p.transfers[0].rows, (RowRange{0, 3}));
+  EXPECT_EQ(p.transfers[1].rows, (RowRange{9, 12}));
+}
+
+TEST(ReshardPlan, AnotherRanksMemoryIsNeverASource) {
+  RowSource mem;
+  mem.rows = {0, 4};
+  mem.server = 1;
+  mem.memory = true;
+  const RowPlan p = plan_rows({0, 4}, 0, 0, {mem});
+  EXPECT_TRUE(p.transfers.empty());
+  ASSERT_EQ(p.missing.size(), 1u);
+  EXPECT_EQ(p.missing[0], (RowRange{0, 4}));
+}
+
+TEST(ReshardPlan, ACheaperSourceTakesOverWhereItBegins) {
+  // A remote file holds 0..10, a file on this host 4..6: rows 4, 5 stay on the host.
+  RowSource far;
+  far.rows = {0, 10};
+  far.host = 1;
+  far.server = 1;
+  RowSource near;
+  near.rows = {4, 6};
+  near.host = 0;
+  near.server = 0;
+  const std::vector<RowSource> sources{far, near};
+  const RowPlan p = plan_rows({0, 10}, 0, 0, sources);
+  expect_covers(p, {0, 10}, sources);
+  ASSERT_EQ(p.transfers.size(), 3u);
+  EXPECT_EQ(p.transfers[1].source, 1u);
+  EXPECT_EQ(remote_rows(p, 0, sources), 8u);
+}
+
+}  // namespace
+}  // namespace erun::state_internal
