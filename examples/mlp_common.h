@@ -34,6 +34,7 @@ struct Options {
   int fail_at_step = 0;  // > 0: the training function throws at this step (tests a crash loop)
   std::string checkpoint_dir;
   bool async_commit = false;  // train_mlp_gpu: commit device state on a side stream
+  bool zero = false;          // train_mlp: each rank keeps 1/N of the momentum (ZeRO-1, a sharded State entry)
 };
 
 [[noreturn]] inline void usage_error(const std::string& msg) {
@@ -76,6 +77,7 @@ inline Options parse_options(int argc, char** argv) {
     else if (flag == "--fail-at-step") o.fail_at_step = parse_int(flag, value(), 1, 1 << 30);
     else if (flag == "--checkpoint-dir") o.checkpoint_dir = value();
     else if (flag == "--async-commit") o.async_commit = true;
+    else if (flag == "--zero") o.zero = true;
     else if (flag == "-h" || flag == "--help") {
       std::printf(
           "usage: train_mlp[_gpu] [--epochs N=10] [--batch B=256] [--lr X=0.02] [--momentum M=0.9]\n"
@@ -83,6 +85,7 @@ inline Options parse_options(int argc, char** argv) {
           "                 [--commit-every K=10] [--step-ms MS=0] [--checkpoint-dir DIR]\n"
           "                 [--fail-at-step N (throw there, to try erun's crash-loop check)]\n"
           "                 [--async-commit (train_mlp_gpu)]\n"
+          "                 [--zero (train_mlp: shard the momentum over the ranks, ZeRO-1)]\n"
           "B is the global batch: the result does not depend on the number of workers.\n");
       std::exit(0);
     } else {

@@ -12,6 +12,13 @@
 // that shrinks and grows mid-epoch, ends at bit-identical parameters and prints
 // the same `checksum=`. Parameters, momentum, epoch, step and sampler position
 // live in an erun::State; a failure rolls back to the last commit.
+//
+// With --zero each rank keeps only its rows of the momentum (ZeRO stage 1:
+// a sharded State entry, State::register_shard) and updates only its rows
+// of the parameters, which the ranks then allgather: the same arithmetic
+// element by element, so the same checksum. When the world changes, erun
+// reshards the momentum from the pieces its hosts hold (docs/state.md,
+// "Sharded entries").
 #include <unistd.h>
 
 #include <algorithm>
@@ -20,6 +27,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <stdexcept>
 #include <string>
@@ -159,7 +167,15 @@ int train(const Options& o) {
 
   erun::State state(ctx);
   state.register_vector("params", &params);
-  state.register_vector("velocity", &velocity);
+  // --zero: this rank's rows of the momentum, one element per row.
+  const erun::State::ShardSpec zero_spec{layout.total, 1, erun::State::ShardSplit::kEven};
+  if (o.zero) {
+    auto [b, e] = erun::State::shard_rows(zero_spec, ctx.rank(), ctx.size());
+    velocity.assign(static_cast<size_t>(e - b), 0.0f);
+    state.register_shard("velocity", &velocity, zero_spec);
+  } else {
+    state.register_vector("velocity", &velocity);
+  }
   state.register_value("epoch", &epoch);
   state.register_value("step", &step);
   state.register_value("epoch_samples", &epoch_samples);
@@ -177,9 +193,9 @@ int train(const Options& o) {
 
   if (ctx.rank() == 0)
     std::printf("train_mlp: samples=%d features=%d classes=%d params=%zu batch=%d steps/epoch=%d epochs=%d "
-                "lr=%g momentum=%g world=%d%s\n",
+                "lr=%g momentum=%g world=%d%s%s\n",
                 ds.n, ds.d, kClasses, layout.total, o.batch, (ds.n + o.batch - 1) / o.batch, o.epochs, o.lr,
-                o.momentum, ctx.size(), ctx.elastic() ? " (elastic)" : "");
+                o.momentum, ctx.size(), ctx.elastic() ? " (elastic)" : "", o.zero ? " zero=1" : "");
 
   bool first_call = true;
   Metrics final_metrics = erun::run(state, [&](erun::State& s) {
@@ -218,9 +234,25 @@ int train(const Options& o) {
         epoch_samples += seen[0];
         epoch_fingerprint += static_cast<uint64_t>(seen[1]);
         const double scale = 1.0 / (kFixedScale * static_cast<double>(global));
-        for (size_t k = 0; k < params.size(); ++k) {
-          velocity[k] = static_cast<float>(o.momentum * velocity[k] + static_cast<double>(grad.acc[k]) * scale);
-          params[k] -= static_cast<float>(o.lr) * velocity[k];
+        if (o.zero) {
+          // This rank's rows, then everyone's: the parameters stay whole.
+          auto [b, e] = erun::State::shard_rows(zero_spec, c.rank(), c.size());
+          for (size_t k = b; k < e; ++k) {
+            float& v = velocity[k - b];
+            v = static_cast<float>(o.momentum * v + static_cast<double>(grad.acc[k]) * scale);
+            params[k] -= static_cast<float>(o.lr) * v;
+          }
+          auto parts = c.comm().allgatherv(params.data() + b, (e - b) * sizeof(float));
+          size_t at = 0;
+          for (const auto& part : parts) {
+            std::memcpy(params.data() + at, part.data(), part.size());
+            at += part.size() / sizeof(float);
+          }
+        } else {
+          for (size_t k = 0; k < params.size(); ++k) {
+            velocity[k] = static_cast<float>(o.momentum * velocity[k] + static_cast<double>(grad.acc[k]) * scale);
+            params[k] -= static_cast<float>(o.lr) * velocity[k];
+          }
         }
         sampler.record_batch(global);
         ++step;

@@ -53,6 +53,15 @@ class ERUN_API CollectiveMismatch : public Error {
   using Error::Error;
 };
 
+// Committed state that no living host holds any more: rows of a sharded
+// entry whose every copy was lost (docs/state.md, "Sharded entries").
+// Re-joining cannot bring them back, so erun::run() lets it through, as it
+// does a CollectiveMismatch; the message names the entries and rows.
+class ERUN_API StateLost : public Error {
+ public:
+  using Error::Error;
+};
+
 class ERUN_API HostsUpdated : public Error {
  public:
   HostsUpdated() : Error("erun: hosts updated; re-joining the next generation") {}

@@ -97,6 +97,17 @@ class ERUN_API Context {
   virtual bool drain_pending() const { return false; }
 
  protected:
+  // Where this worker's States serve its host's commit files to the job's
+  // other workers while they reshard sharded entries (docs/state.md,
+  // "Sharded entries"), and the credentials that guard them; an empty
+  // address outside erun.
+  struct PeerLink {
+    std::string address;
+    std::string job_id;
+    std::string secret;
+  };
+  virtual PeerLink peer_link() const { return {}; }
+
   // Implementations call this when they leave a generation (rejoin): the GPU
   // communicator is aborted, never destroyed while a peer may hang.
   void abort_gpu() noexcept;

@@ -38,6 +38,9 @@ auto run(State& state, Fn&& fn) -> decltype(fn(state)) {
     } catch (const CollectiveMismatch& e) {
       detail::no_retry(state, e.what());
       throw;
+    } catch (const StateLost& e) {
+      detail::no_retry(state, e.what());
+      throw;
     }
   }
 }

@@ -117,6 +117,67 @@ class ERUN_API State {
   void register_pieces(const std::string& name, std::function<Pieces()> save,
                        std::function<void(const char* data, size_t size)> load);
 
+  // Sharded entries (docs/state.md, "Sharded entries"): this rank's piece of
+  // a global array of `rows` rows (dimension 0) of `row_elems` elements,
+  // split over the ranks by `split`: kChunk as torch.chunk and FSDP2's
+  // Shard(0) split (ceil(rows / size) rows each, so the last pieces may be
+  // short or empty), kEven as even as can be (the first rows % size ranks
+  // one more row). A commit keeps each rank's piece (in its host's memory
+  // under erun); when the world changes, sync() gives each rank of the new
+  // generation exactly its new rows, read from the pieces its host holds
+  // and, over erun's authenticated TCP, from the other hosts', the pieces of
+  // workers that died included, so no rank ever holds the whole array. The
+  // vector's size must be its rows times row_elems whenever the State
+  // commits; sync() resizes it. Rows that no living host holds are an
+  // erun::Error naming them.
+  enum class ShardSplit { kChunk, kEven };
+  struct ShardSpec {
+    uint64_t rows = 0;
+    uint64_t row_elems = 1;
+    ShardSplit split = ShardSplit::kChunk;
+  };
+  // The rows [first, second) that rank `rank` of `size` holds under `spec`.
+  static std::pair<uint64_t, uint64_t> shard_rows(const ShardSpec& spec, int rank, int size);
+  template <typename T>
+  void register_shard(const std::string& name, std::vector<T>* local, ShardSpec spec) {
+    static_assert(std::is_trivially_copyable_v<T>);
+    auto next = std::make_shared<std::vector<T>>();
+    const uint64_t row_elems = spec.row_elems;
+    ShardStorage s;
+    s.save = [local] {
+      Pieces p;
+      p.ranges.emplace_back(local->data(), local->size() * sizeof(T));
+      return p;
+    };
+    s.load = [local, name](const char* data, size_t bytes) {
+      check_multiple(name, bytes, sizeof(T));
+      local->resize(bytes / sizeof(T));
+      if (bytes != 0) std::memcpy(local->data(), data, bytes);
+    };
+    s.prepare = [next, row_elems](uint64_t rows) -> void* {
+      next->resize(static_cast<size_t>(rows * row_elems));
+      return next->data();
+    };
+    s.install = [local, next] {
+      local->swap(*next);
+      std::vector<T>().swap(*next);
+    };
+    register_shard_bytes(name, ShardSpec{spec.rows, row_elems * sizeof(T), spec.split}, std::move(s));
+  }
+  // For bindings: a sharded entry kept in the caller's storage. save() names
+  // the bytes of this rank's piece (as register_pieces' does); load() puts a
+  // committed piece of the current layout back; a reshard calls prepare(rows)
+  // for new storage of that many rows, fills it, then install() makes it the
+  // piece (the old one stays readable until then). `spec.row_elems` counts
+  // bytes here.
+  struct ShardStorage {
+    std::function<Pieces()> save;
+    std::function<void(const char* data, size_t size)> load;
+    std::function<void*(uint64_t rows)> prepare;
+    std::function<void()> install;
+  };
+  void register_shard_bytes(const std::string& name, ShardSpec spec_in_bytes, ShardStorage storage);
+
   void commit();
   void restore();
   void sync();
@@ -166,6 +227,10 @@ class ERUN_API State {
   // At the first sync(): opens this worker's host-memory commit files and
   // loads the newest commit its host holds when that is newer than its own.
   void adopt_host_commits();
+  // sync() of a State with sharded entries (state_shards.cc): the ranks
+  // agree on the newest commit that the job holds whole, every rank takes
+  // its whole entries, and each gets its rows of the sharded ones.
+  void sync_sharded(int rejoined_from);
 
   Context& ctx_;
   struct Impl;

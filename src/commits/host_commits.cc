@@ -326,6 +326,7 @@ bool HostCommits::set_pinner(std::shared_ptr<MappingPinner> pinner) {
 void HostCommits::settle() {
   if (pending_ != nullptr && pending_->complete()) {
     held_[pending_->file_] = pending_->id_;
+    last_ = pending_->file_;
     pending_.reset();
   }
 }
@@ -405,7 +406,10 @@ std::optional<std::string> HostCommits::write(uint64_t commit_id, const std::vec
                                               std::shared_ptr<Completion>* completion) {
   if (!opened_) open_files();
   settle();
-  const int i = held_[0] <= held_[1] ? 0 : 1;
+  // The file that does not hold the newest commit; when both hold the same
+  // one (a State that resharded writes its commit again in its new
+  // layout), the one not written last, whose bytes its State may still read.
+  const int i = held_[0] != held_[1] ? (held_[0] < held_[1] ? 0 : 1) : 1 - last_;
   const std::string path = stem_ + kSuffix[i];
   if (pending_ != nullptr) {
     return fmt::format("erun: host-memory commit {} was not written to {}: commit {} is still being copied into {}",
@@ -450,6 +454,7 @@ std::optional<std::string> HostCommits::write(uint64_t commit_id, const std::vec
   put_u64(m + l.trailer, commit_id);  // complete
   in_order();
   held_[i] = commit_id;
+  last_ = i;
   return std::nullopt;
 }
 
@@ -521,6 +526,15 @@ std::optional<Snapshot> HostCommits::read(const std::string& path) {
   auto snap = parse(bytes.data(), bytes.size());
   if (!snap || snap->commit_id != *id || !held(fd.get(), *id)) return std::nullopt;
   return snap;
+}
+
+std::optional<Snapshot> HostCommits::read_held(uint64_t id) {
+  if (!opened_) open_files();
+  settle();
+  for (int i = 0; i < 2; ++i) {
+    if (id != 0 && held_[i] == id) return read(stem_ + kSuffix[i]);
+  }
+  return std::nullopt;
 }
 
 std::optional<HostCommits::Found> HostCommits::newest(const std::string& dir, int ordinal) {

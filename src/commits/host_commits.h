@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "commits/snapshot.h"
@@ -93,6 +94,15 @@ class HostCommits {
   // already mapped at once); null stops. Whether every mapped file is pinned.
   bool set_pinner(std::shared_ptr<MappingPinner> pinner);
 
+  // Commit `id` as one of the files holds it whole; nullopt when neither
+  // does (or it cannot be read).
+  std::optional<Snapshot> read_held(uint64_t id);
+  // The commits the two files hold whole (0: none), opening them first.
+  std::pair<uint64_t, uint64_t> held_ids() {
+    if (!opened_) open_files();
+    settle();
+    return {held_[0], held_[1]};
+  }
   // Whether one of the files holds commit `id` whole (opens them first).
   bool holds(uint64_t id) {
     if (!opened_) open_files();
@@ -161,6 +171,7 @@ class HostCommits {
   std::string stem_;
   int fd_[2] = {-1, -1};
   uint64_t held_[2] = {0, 0};      // the commit id each file holds whole (0: none)
+  int last_ = 1;                   // the file written last (with equal ids, the other one is written next)
   size_t reserved_[2] = {0, 0};    // bytes of each file known to be allocated
   char* map_[2] = {nullptr, nullptr};
   size_t map_len_[2] = {0, 0};

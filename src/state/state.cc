@@ -117,6 +117,14 @@ void State::commit() {
       throw;
     }
   }
+  impl_->check_shard_sizes(gathered, ctx_.rank(), ctx_.size());
+  for (size_t i = 0; i < impl_->entries.size(); ++i) {
+    Impl::Entry& e = impl_->entries[i];
+    if (e.shard) {
+      e.shard->held = si::split_rows(e.shard->rows, e.shard->rule, ctx_.rank(), ctx_.size());
+      e.shard->commit = std::max(impl_->commit_id + 1, impl_->next_id);
+    }
+  }
   for (size_t i = 0; i < impl_->entries.size(); ++i) {
     Impl::Entry& e = impl_->entries[i];
     if (e.gather) {
@@ -137,7 +145,7 @@ void State::commit() {
     }
     e.has_committed = true;
   }
-  impl_->commit_id += 1;
+  impl_->commit_id = std::max(impl_->commit_id + 1, impl_->next_id);
   impl_->has_snapshot = true;
   impl_->snapshot_size = ctx_.size();
   const bool in_host_memory = impl_->write_host_commit(ctx_.info(), direct, &gathered, /*devices_later=*/true);

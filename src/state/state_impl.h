@@ -22,6 +22,8 @@
 #include "common/private_files.h"
 #include "erun/erun.hpp"
 #include "state/device_state.h"
+#include "state/reshard_plan.h"
+#include "state/shard_exchange.h"
 #include "commits/host_commits.h"
 #include "commits/snapshot.h"
 
@@ -55,10 +57,32 @@ struct State::Impl {
     const char* held = nullptr;
     size_t held_bytes = 0;
     bool direct() const { return raw != nullptr || gather != nullptr; }
+    // A sharded entry (register_shard_bytes): a pieces entry whose bytes are
+    // this rank's rows of a global array. Its commits go to host memory, and
+    // sync() reshards them (state_shards.cc), never to the broadcast blob
+    // or the durable file.
+    struct Shard {
+      uint64_t rows = 0;
+      uint64_t row_bytes = 0;
+      si::SplitRule rule = si::SplitRule::kChunk;
+      si::RowRange held;    // the rows of the piece committed last (and of the storage since a reshard)
+      uint64_t commit = 0;  // that commit's id (0: none)
+      std::function<void*(uint64_t rows)> prepare;
+      std::function<void()> install;
+    };
+    std::shared_ptr<Shard> shard;
+    // The table of the sharded pieces (si::kShardTable), written with them.
+    bool shard_table = false;
+    // Whether the entry travels in sync()'s blob and the durable file.
+    bool whole() const { return shard == nullptr && !shard_table; }
   };
   std::vector<Entry> entries;
   std::unordered_map<std::string, size_t> by_name;
   uint64_t commit_id = 0;
+  // With sharded entries: the next commit's id at least. A sync that goes
+  // back to an older commit than some rank wrote skips the ids written
+  // since, so that one id never names two commits (state_shards.cc).
+  uint64_t next_id = 0;
   bool has_snapshot = false;  // a commit, a synced baseline, or a loaded checkpoint
   bool committing = false;    // commit() runs its check_host_updates()
   std::string checkpoint_dir;
@@ -100,19 +124,26 @@ struct State::Impl {
   static si::EntryRef ref(const Entry& e) {
     return e.held != nullptr ? si::EntryRef{&e.name, e.held, e.held_bytes} : si::EntryRef::of(e.name, e.committed);
   }
+  // The committed whole entries (sync()'s blob, the durable file).
   std::vector<si::EntryRef> refs() const {
     std::vector<si::EntryRef> r;
     r.reserve(entries.size());
     for (const Entry& e : entries) {
-      if (e.has_committed) r.push_back(ref(e));
+      if (e.has_committed && e.whole()) r.push_back(ref(e));
     }
     return r;
+  }
+  // commit(): each sharded entry's pieces (`gathered`, per entry) are its
+  // rows for rank `rank` of `size`; throws erun::Error naming it otherwise.
+  void check_shard_sizes(const std::vector<std::vector<si::Piece>>& gathered, int rank, int size);
+  bool has_shards() const {
+    return std::any_of(entries.begin(), entries.end(), [](const Entry& e) { return e.shard != nullptr; });
   }
 
   // Entries registered after the last snapshot join it with their current value.
   void fill_uncommitted() {
     for (Entry& e : entries) {
-      if (!e.has_committed) {
+      if (!e.has_committed && e.whole()) {
         e.save(e.committed);
         e.held = nullptr;
         e.has_committed = true;
@@ -127,6 +158,13 @@ struct State::Impl {
   void apply(si::Snapshot&& snap, const std::string& source, bool allow_missing, bool devices_done = false) {
     std::vector<Entry*> targets;
     targets.reserve(snap.entries.size());
+    // Sharded pieces in a file's snapshot are resharded, not loaded (state_shards.cc).
+    snap.entries.erase(std::remove_if(snap.entries.begin(), snap.entries.end(),
+                                      [&](const auto& entry) {
+                                        auto it = by_name.find(entry.first);
+                                        return it != by_name.end() && !entries[it->second].whole();
+                                      }),
+                       snap.entries.end());
     for (auto& [name, bytes] : snap.entries) {
       auto it = by_name.find(name);
       if (it == by_name.end()) {
@@ -140,7 +178,7 @@ struct State::Impl {
       std::vector<bool> present(entries.size(), false);
       for (Entry* t : targets) present[static_cast<size_t>(t - entries.data())] = true;
       for (size_t i = 0; i < entries.size(); ++i) {
-        if (present[i]) continue;
+        if (present[i] || !entries[i].whole()) continue;
         if (!allow_missing) {
           throw Error(fmt::format("erun: {} lacks state entry '{}' that this worker registered; "
                                   "every worker must register the same entries",
@@ -194,6 +232,7 @@ struct State::Impl {
   std::vector<char> root_blob(uint64_t newest, bool devices_over_nccl, bool loaded) {
     if (newest == 0) {
       for (Entry& e : entries) {
+        if (!e.whole()) continue;  // each rank keeps the piece it made
         e.save(e.committed);
         e.held = nullptr;
         e.has_committed = true;
@@ -309,14 +348,50 @@ struct State::Impl {
   // (or to this host) so keeps the commit it received before it commits
   // itself: its host holds a copy of the newest commit from the moment it
   // joined, should every other host be lost.
-  void keep_in_host_memory(const WorkerInfo& info) {
-    if (!host || commit_id == 0) return;
-    try {
-      if (host->holds(commit_id)) return;
-    } catch (const Error&) {
-      return;  // said again at the first commit, which keeps to worker memory
+  void keep_in_host_memory(const WorkerInfo& info, bool resharded = false) {
+    if (!host || commit_id == 0) {
+      if (resharded) keep_shards_in_worker_memory();
+      return;
     }
-    write_host_commit(info, /*direct=*/true);
+    if (!resharded) {
+      try {
+        if (host->holds(commit_id)) return;
+      } catch (const Error&) {
+        return;  // said again at the first commit, which keeps to worker memory
+      }
+    }
+    // Pieces entries' bytes: a sharded entry's from its storage (its new
+    // rows), any other's from its commit.
+    std::vector<std::vector<si::Piece>> gathered(entries.size());
+    std::vector<std::shared_ptr<void>> keep;
+    for (size_t i = 0; i < entries.size(); ++i) {
+      Entry& e = entries[i];
+      if (e.shard_table && e.has_committed) {
+        e.save(e.committed);
+        e.held = nullptr;
+      }
+      if (!e.gather || !e.has_committed) continue;
+      if (e.shard) {
+        Pieces p = e.gather();
+        gathered[i] = std::move(p.ranges);
+        keep.push_back(std::move(p.keep));
+      } else {
+        const si::EntryRef r = ref(e);
+        gathered[i] = {{r.data, r.size}};
+      }
+    }
+    write_host_commit(info, /*direct=*/true, &gathered);
+  }
+  // A reshard without host memory: the new pieces are the commit.
+  void keep_shards_in_worker_memory() {
+    for (Entry& e : entries) {
+      if (e.shard && e.has_committed) {
+        e.save(e.committed);
+        e.held = nullptr;
+      } else if (e.shard_table && e.has_committed) {
+        e.save(e.committed);
+      }
+    }
   }
 
   // A commit's device entries: copied straight into their places in the

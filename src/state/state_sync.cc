@@ -56,6 +56,10 @@ void State::sync() {
   const int rank = comm.rank();
   const int rejoined_from = std::exchange(impl_->rejoined_from, 0);
   impl_->pending_reset.reset();
+  if (impl_->has_shards()) {
+    sync_sharded(rejoined_from);
+    return;
+  }
   if (size == 1) {
     const bool loaded = impl_->adopt(ctx_.info());
     impl_->fill_uncommitted();
@@ -150,6 +154,12 @@ void State::commit_ids_disagree() {
 
 
 void State::set_checkpoint_dir(const std::string& dir) {
+  if (impl_->has_shards()) {
+    throw Error(fmt::format("erun: checkpoint directory {}: sharded entries (register_shard) are not written to "
+                            "durable checkpoints yet; run without --checkpoint-dir (host memory keeps them, "
+                            "docs/state.md \"Sharded entries\")",
+                            dir));
+  }
   if (Status ok = ensure_private_dir(dir, "checkpoint directory"); !ok) throw Error("erun: " + ok.message());
   impl_->checkpoint_dir = dir;
   if (ctx_.rank() == 0) si::remove_stale_temp_files(dir, si::kStateFile);

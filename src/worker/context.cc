@@ -244,6 +244,7 @@ class ElasticContext final : public Context {
   }
   bool elastic() const override { return true; }
   std::string checkpoint_dir() const override { return o_.checkpoint_dir; }
+  PeerLink peer_link() const override { return {o_.advertise, o_.job_id, o_.secret}; }
   std::string host_commit_stem() const override {
     if (o_.commit_dir.empty()) return {};
     // Simulated hosts (--launcher local with 127.0.0.2, ...) share this

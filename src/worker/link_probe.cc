@@ -1,8 +1,5 @@
 #include "worker/link_probe.h"
 
-#include <poll.h>
-#include <sys/eventfd.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
@@ -51,56 +48,18 @@ Status answer(int fd, const handshake::Proofs& p, TimePoint deadline, const net:
 
 }  // namespace
 
-struct LinkProbeResponder::Impl {
-  net::Socket listener;
-  Fd stop_fd;
-  net::Interrupt stop;
-  handshake::Proofs proofs;
-  Duration io_timeout;
-  Impl(const std::string& job_id, const std::string& secret, Duration t) : proofs(worker::proofs(job_id, secret)),
-                                                                          io_timeout(t) {}
-};
-
 LinkProbeResponder::LinkProbeResponder(const std::string& address, const std::string& job_id,
-                                       const std::string& secret, Duration io_timeout)
-    : impl_(std::make_unique<Impl>(job_id, secret, io_timeout)) {
-  auto addrs = net::resolve(address, "0", /*passive=*/false);
-  if (!addrs.is_ok() || addrs.value().empty()) {
-    ERUN_LOG_WARN("erun: no link probe responder: cannot resolve {}", address);
-    return;
-  }
-  impl_->listener = net::listen(addrs.value().front(), 8);
-  impl_->stop_fd.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-  if (!impl_->listener.ok() || !impl_->stop_fd) {
-    ERUN_LOG_WARN("erun: no link probe responder on {}: {}", address, impl_->listener.outcome.text());
-    return;
-  }
-  impl_->stop.fd = impl_->stop_fd.get();
-  port_ = net::local_address(impl_->listener.fd.get()).port();
-  thread_ = std::thread([this] { run(); });
+                                       const std::string& secret, Duration io_timeout) {
+  auto p = std::make_shared<const handshake::Proofs>(proofs(job_id, secret));
+  server_ = std::make_unique<net::SerialServer>(
+      address, 8, [p, io_timeout](int fd, const net::Address& peer, const net::Interrupt& stop) {
+        Status s = answer(fd, *p, std::chrono::steady_clock::now() + io_timeout, &stop);
+        if (!s.is_ok()) ERUN_LOG_DEBUG("erun: link probe from {} refused: {}", peer.name(), s.message());
+      });
+  if (server_->port() == 0) ERUN_LOG_WARN("erun: no link probe responder: {}", server_->error());
 }
 
-LinkProbeResponder::~LinkProbeResponder() {
-  if (thread_.joinable()) {
-    uint64_t one = 1;
-    (void)!::write(impl_->stop_fd.get(), &one, sizeof(one));
-    thread_.join();
-  }
-}
-
-void LinkProbeResponder::run() {
-  for (;;) {
-    pollfd p[2] = {{impl_->listener.fd.get(), POLLIN, 0}, {impl_->stop_fd.get(), POLLIN, 0}};
-    if (::poll(p, 2, -1) < 0 && errno != EINTR) return;
-    if (p[1].revents != 0) return;
-    if (p[0].revents == 0) continue;
-    net::Address peer;
-    Fd conn = net::accept(impl_->listener.fd.get(), &peer);
-    if (!conn) continue;
-    Status s = answer(conn.get(), impl_->proofs, std::chrono::steady_clock::now() + impl_->io_timeout, &impl_->stop);
-    if (!s.is_ok()) ERUN_LOG_DEBUG("erun: link probe from {} refused: {}", peer.name(), s.message());
-  }
-}
+LinkProbeResponder::~LinkProbeResponder() = default;
 
 Result<Duration> probe_link(const std::string& host, int port, const std::string& job_id, const std::string& secret,
                             uint32_t bytes, Duration timeout) {

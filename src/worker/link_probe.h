@@ -17,10 +17,10 @@
 #include <cstdint>
 #include <memory>
 #include <string>
-#include <thread>
 
 #include "common/clock.h"
 #include "common/fd.h"
+#include "common/serial_server.h"
 #include "common/status.h"
 
 namespace erun::worker {
@@ -39,14 +39,10 @@ class LinkProbeResponder {
   LinkProbeResponder& operator=(const LinkProbeResponder&) = delete;
   // The port it listens on; 0 when it could not listen (the worker then
   // answers no probe: nobody is held back for it).
-  int port() const { return port_; }
+  int port() const { return server_->port(); }
 
  private:
-  void run();
-  struct Impl;
-  std::unique_ptr<Impl> impl_;
-  int port_ = 0;
-  std::thread thread_;
+  std::unique_ptr<net::SerialServer> server_;
 };
 
 // One round trip of `bytes` (at most kLinkProbeBytes) with the responder at

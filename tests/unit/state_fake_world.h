@@ -71,6 +71,8 @@ class FakeHub {
     alive_[static_cast<size_t>(slot)] = false;
     broken_ = true;
     cv_.notify_all();
+    // The others may be waiting for it to re-join.
+    if (!joining_.empty()) form_if_all_joined_locked();
   }
   void break_generation() {
     std::lock_guard<std::mutex> lk(mu_);
@@ -140,28 +142,31 @@ class FakeHub {
     ++rejoins_[static_cast<size_t>(slot)];
     joining_.insert(slot);
     const long gen = gen_;
-    std::set<int> live;
-    for (size_t s = 0; s < alive_.size(); ++s) {
-      if (alive_[s]) live.insert(static_cast<int>(s));
-    }
-    if (joining_ == live) {
-      members_.assign(live.begin(), live.end());
-      ++gen_;
-      broken_ = false;
-      std::fill(ops_.begin(), ops_.end(), 0);
-      rounds_.clear();
-      joining_.clear();
-      std::fill(host_update_.begin(), host_update_.end(), false);
-      std::fill(drain_.begin(), drain_.end(), false);
-      cv_.notify_all();
-      return;
-    }
+    if (form_if_all_joined_locked()) return;
     if (!cv_.wait_for(lk, kFakeDeadline, [&] { return gen_ != gen; })) {
       throw Error("fake: re-join timed out");
     }
   }
 
  private:
+  // The next generation, once every live slot called rejoin.
+  bool form_if_all_joined_locked() {
+    std::set<int> live;
+    for (size_t s = 0; s < alive_.size(); ++s) {
+      if (alive_[s]) live.insert(static_cast<int>(s));
+    }
+    if (joining_ != live) return false;
+    members_.assign(live.begin(), live.end());
+    ++gen_;
+    broken_ = false;
+    std::fill(ops_.begin(), ops_.end(), 0);
+    rounds_.clear();
+    joining_.clear();
+    std::fill(host_update_.begin(), host_update_.end(), false);
+    std::fill(drain_.begin(), drain_.end(), false);
+    cv_.notify_all();
+    return true;
+  }
   struct Round {
     std::vector<std::vector<char>> data;
     int arrived = 0;
@@ -292,6 +297,13 @@ class FakeContext : public Context {
   std::string host_commit_stem() const override { return host_commit_stem_; }
   // Host-memory commits at STEM.a / STEM.b (empty: none, the default).
   void set_host_commit_stem(std::string stem) { host_commit_stem_ = std::move(stem); }
+  // The host this worker is on ("fake" unless set), and where its States
+  // serve sharded pieces to other hosts (127.0.0.1, under `secret`).
+  void set_host(std::string host) {
+    host_ = std::move(host);
+    refresh();
+  }
+  PeerLink peer_link() const override { return {"127.0.0.1", "fake-job", "fake-secret"}; }
   int slot() const { return slot_; }
 
  private:
@@ -299,13 +311,14 @@ class FakeContext : public Context {
     info_.rank = hub_->rank_of(slot_);
     info_.size = hub_->size();
     info_.generation = hub_->generation();
-    info_.host = "fake";
+    info_.host = host_;
   }
   FakeHub* hub_;
   int slot_;
   FakeComm comm_;
   WorkerInfo info_;
   std::string host_commit_stem_;
+  std::string host_ = "fake";
 };
 
 // Runs fn(i) on n threads and rethrows the first exception any of them threw.

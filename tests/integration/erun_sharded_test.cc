@@ -1,0 +1,100 @@
+// Sharded state end to end: examples/train_mlp --zero (each rank keeps its
+// rows of the momentum, a sharded State entry) under the real erun binary
+// on simulated hosts, each with its own host-memory commit directory. A
+// worker is SIGKILLed and replaced, a host is added, a host's slots shrink:
+// at each new world erun reshards the momentum from the pieces the hosts
+// hold (the dead worker's file included), and the run ends at the model of
+// an uninterrupted run without --zero, bit for bit, with every sample of
+// every epoch processed once and nothing written to disk.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <filesystem>
+#include <regex>
+#include <thread>
+
+#include "support/erun_process.h"
+#include "support/process_utils.h"
+
+namespace erun::testing {
+namespace {
+
+using namespace std::chrono_literals;
+
+class ErunSharded : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    program_ = build_path("examples/train_mlp");
+    dir_.write("discover.sh", "#!/bin/sh\ncat " + dir_.file("hosts") + "\n", true);
+  }
+  std::vector<std::string> erun_args(std::vector<std::string> extra) {
+    std::vector<std::string> a = {"--host-discovery-script", dir_.file("discover.sh"), "--discovery-interval", "0.2",
+                                  "--event-log", dir_.file("events.jsonl"), "--term-grace", "2"};
+    a.insert(a.end(), extra.begin(), extra.end());
+    a.push_back(program_);
+    a.insert(a.end(), kTrainMlpArgs.begin(), kTrainMlpArgs.end());
+    a.push_back("--zero");
+    return a;
+  }
+  static bool wait_count(const ErunProcess& p, const std::string& text, size_t n, Duration timeout) {
+    auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (p.count(text) >= n) return true;
+      std::this_thread::sleep_for(20ms);
+    }
+    return false;
+  }
+  std::vector<pid_t> workers(const std::string& host) {
+    std::vector<pid_t> out;
+    for (pid_t pid : pids_with_cmdline(program_)) {
+      if (read_file("/proc/" + std::to_string(pid) + "/cmdline").rfind(program_ + std::string(1, '\0'), 0) != 0) {
+        continue;
+      }
+      if (environ_of(pid).find("\nERUN_HOSTNAME=" + host + "\n") != std::string::npos) out.push_back(pid);
+    }
+    return out;
+  }
+  std::string program_;
+  TempDir dir_;
+};
+
+TEST_F(ErunSharded, ZeroMomentumIsReshardedThroughAKillAGrowAndAShrinkAndEndsExact) {
+  const std::string reference = uninterrupted_checksum();
+  ASSERT_FALSE(reference.empty());
+  dir_.write("hosts", "node-a:2\nnode-b:2\n");
+  ErunProcess p(erun_args({"-np", "4", "--min-np", "2", "--max-np", "5", "--launcher", "local"}));
+  ASSERT_TRUE(p.wait_output("epoch 0 ", 60s)) << p.out() << p.err();
+
+  // A worker of node-b dies: its rows of the momentum are read from its
+  // host-memory file, on node-b, by the ranks of the next world.
+  auto victims = workers("node-b");
+  ASSERT_EQ(victims.size(), 2u);
+  const size_t resharded = p.count("resharded commit");
+  ::kill(victims.front(), SIGKILL);
+  ASSERT_TRUE(wait_count(p, "resharded commit", resharded + 1, 60s)) << p.out() << p.err();
+  ASSERT_TRUE(wait_count(p, "-> 4 (generation", 4, 60s)) << p.out() << p.err();  // the replacement is in
+
+  dir_.write("hosts", "node-a:2\nnode-b:2\nnode-c:1\n");  // a host joins: 5 ranks
+  ASSERT_TRUE(p.wait_output("world size 4 -> 5", 60s)) << p.out() << p.err();
+
+  dir_.write("hosts", "node-a:2\nnode-b:1\nnode-c:1\n");  // node-b's slots shrink: 4 ranks
+  ASSERT_TRUE(p.wait_output("world size 5 -> 4", 60s)) << p.out() << p.err();
+
+  ASSERT_NO_FATAL_FAILURE(expect_trained_exactly(p, reference));
+  EXPECT_EQ(p.count("exactly-once=yes"), 10u) << p.out();
+  EXPECT_NE(p.out().find("zero=1"), std::string::npos) << p.out();
+  // Rows moved between hosts over the shard servers at least once.
+  const std::string all = p.out() + p.err();
+  EXPECT_TRUE(std::regex_search(all, std::regex("resharded commit [0-9]+ for [0-9]+ ranks \\([1-9][0-9]* bytes from other hosts\\)")))
+      << all;
+  EXPECT_EQ(all.find("cannot be put back together"), std::string::npos) << all;
+  std::vector<pid_t> left;
+  EXPECT_TRUE(wait_no_process(program_, 20s, &left)) << describe_pids(left);
+  // Nothing on disk: the test's directory holds what it held.
+  size_t files = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir_.path())) files += e.is_regular_file();
+  EXPECT_EQ(files, 3u);  // discover.sh, hosts, events.jsonl
+}
+
+}  // namespace
+}  // namespace erun::testing

@@ -1,0 +1,392 @@
+// Sharded entries over a fake world of threads with real host-memory files
+// (one directory per fake host) and the real ShardServer on 127.0.0.1: a
+// rank dies and the job shrinks, a rank joins and it grows, a host's every
+// copy is lost. The rows of the global array a rank holds must always be
+// those of the uninterrupted run.
+#include <gtest/gtest.h>
+
+#include <stdlib.h>
+
+#include <atomic>
+#include <functional>
+#include <filesystem>
+#include <mutex>
+#include <thread>
+
+#include "commits/host_commits.h"
+#include "common/net.h"
+#include "erun/erun.hpp"
+#include "state/shard_exchange.h"
+#include "state_fake_world.h"
+
+namespace erun {
+namespace {
+
+using testing::FakeContext;
+using testing::FakeHub;
+using testing::run_threads;
+
+constexpr uint64_t kRows = 37;  // uneven over 2, 3 and 4 ranks
+constexpr uint64_t kCols = 5;
+
+// The value of element (row, col) after `steps` steps, by any layout.
+double expected(uint64_t row, uint64_t col, int64_t steps) {
+  double v = static_cast<double>(row * kCols + col);
+  for (int64_t s = 0; s < steps; ++s) v = v * 0.5 + static_cast<double>(s) + 0.25 * static_cast<double>(row);
+  return v;
+}
+
+std::vector<double> initial_piece(const State::ShardSpec& spec, int rank, int size) {
+  auto [b, e] = State::shard_rows(spec, rank, size);
+  std::vector<double> p;
+  for (uint64_t r = b; r < e; ++r) {
+    for (uint64_t c = 0; c < kCols; ++c) p.push_back(expected(r, c, 0));
+  }
+  return p;
+}
+
+// One step of this rank's rows, as expected() computes it.
+void take_step(std::vector<double>& piece, const State::ShardSpec& spec, Context& c, int64_t step) {
+  auto [b, e] = State::shard_rows(spec, c.rank(), c.size());
+  ASSERT_EQ(piece.size(), (e - b) * kCols);
+  for (uint64_t r = b; r < e; ++r) {
+    for (uint64_t k = 0; k < kCols; ++k) {
+      double& v = piece[(r - b) * kCols + k];
+      v = v * 0.5 + static_cast<double>(step) + 0.25 * static_cast<double>(r);
+    }
+  }
+}
+
+struct Died {};
+
+struct Outcome {
+  int rank = -1;
+  int size = 0;
+  int64_t step = 0;
+  uint64_t id = 0;
+  std::vector<double> piece;
+  std::vector<std::pair<int, int>> resets;
+};
+
+class ShardTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/erun-shard-test-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  // A worker on `host`, with that host's commit directory.
+  void place(FakeContext& ctx, const std::string& host, int slot) {
+    ctx.set_host(host);
+    std::filesystem::create_directories(dir_ + "/" + host);
+    ctx.set_host_commit_stem(dir_ + "/" + host + "/slot-" + std::to_string(slot));
+  }
+  // Runs `slot` as a worker of `hub` on host A (slots 0, 1) or B, training
+  // its rows for 10 steps in erun::run(); `newcomer`: it joins the next
+  // generation first. `before(c, step)` runs before each step, `after(c,
+  // step)` after it, before its commit; either throws Died to die. What it
+  // ends with goes to `o` (nothing when it died).
+  using Hook = std::function<void(Context&, int64_t)>;
+  void train(FakeHub& hub, int slot, bool newcomer, const State::ShardSpec& spec, Outcome& o, const Hook& before,
+             const Hook& after) {
+    FakeContext ctx(hub, slot);
+    place(ctx, slot < 2 ? "A" : "B", slot);
+    if (newcomer) ctx.rejoin(0);
+    State st(ctx);
+    int64_t step = 0;
+    std::vector<double> piece = initial_piece(spec, ctx.rank(), ctx.size());
+    st.register_value("step", &step);
+    st.register_shard("w", &piece, spec);
+    st.on_reset([&](int a, int b) { o.resets.emplace_back(a, b); });
+    try {
+      erun::run(st, [&](State& s) {
+        Context& c = s.context();
+        while (step < 10) {
+          if (before) before(c, step);
+          ASSERT_NO_FATAL_FAILURE(take_step(piece, spec, c, step));
+          c.comm().allreduce_value<int64_t>(1, ReduceOp::kSum);
+          ++step;
+          if (after) after(c, step);
+          s.commit();
+        }
+      });
+    } catch (const Died&) {
+      return;
+    }
+    o.rank = ctx.rank();
+    o.size = ctx.size();
+    o.step = step;
+    o.piece = piece;
+    o.id = st.commit_id();
+  }
+  std::string dir_;
+};
+
+
+// Each rank's rows must be exactly the uninterrupted run's at `steps`.
+void expect_exact(const Outcome& o, const State::ShardSpec& spec, int64_t steps) {
+  ASSERT_EQ(o.step, steps);
+  auto [b, e] = State::shard_rows(spec, o.rank, o.size);
+  ASSERT_EQ(o.piece.size(), (e - b) * kCols) << "rank " << o.rank;
+  for (uint64_t r = b; r < e; ++r) {
+    for (uint64_t c = 0; c < kCols; ++c) {
+      ASSERT_EQ(o.piece[(r - b) * kCols + c], expected(r, c, steps)) << "rank " << o.rank << " row " << r;
+    }
+  }
+}
+
+// 4 ranks on hosts A, A, B, B; slot 3 dies at step 3 (3 ranks go on, slot
+// 3's rows read from its file on host B); slot 4 joins host B at step 6.
+TEST_F(ShardTest, ShrinkAfterADeathAndGrowAfterAJoinKeepEveryRowExact) {
+  const State::ShardSpec spec{kRows, kCols, State::ShardSplit::kChunk};
+  FakeHub hub(4);
+  const int newcomer = 4;
+  std::atomic<bool> at_five{false};
+  std::atomic<bool> added{false};
+  std::vector<Outcome> out(5);
+  run_threads(5, [&](int slot) {
+    if (slot == newcomer) {
+      // Joins once the job runs at 3: the next generation takes it.
+      while (!at_five.load()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      ASSERT_EQ(hub.add_slot(), newcomer);
+      added = true;
+    }
+    train(hub, slot, slot == newcomer, spec, out[static_cast<size_t>(slot)], [&](Context& c, int64_t step) {
+      if (slot == 3 && step == 3) {
+        hub.kill(3);
+        throw Died{};
+      }
+      if (slot == 0 && step == 5) at_five = true;
+      if (slot == 0 && step == 6 && c.size() == 3) {
+        while (!added.load()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        hub.set_host_update(0);
+      }
+    }, {});
+  });
+  std::vector<bool> ranks(4, false);
+  for (int slot : {0, 1, 2, 4}) {
+    const Outcome& o = out[static_cast<size_t>(slot)];
+    ASSERT_EQ(o.size, 4) << "slot " << slot;
+    ranks[static_cast<size_t>(o.rank)] = true;
+    expect_exact(o, spec, 10);
+  }
+  EXPECT_EQ(ranks, std::vector<bool>(4, true));
+  EXPECT_EQ(out[0].resets, (std::vector<std::pair<int, int>>{{4, 3}, {3, 4}}));
+}
+
+// Slot 3 dies after the step's collectives and before its commit 4, which
+// the others make: commit 4 is not whole anywhere, so the job goes on from
+// commit 3 (whole entries from the survivors' files) and redoes step 3. A
+// replacement on host B starts at once and offers the newest commit its
+// host's files claim (4, a survivor's): it is passed over too.
+TEST_F(ShardTest, AWorkerThatDiesBeforeItsCommitSendsTheJobBackOneCommitExactly) {
+  const State::ShardSpec spec{kRows, kCols, State::ShardSplit::kChunk};
+  FakeHub hub(4);
+  const int newcomer = 4;
+  std::atomic<bool> added{false};
+  std::vector<Outcome> out(5);
+  run_threads(5, [&](int slot) {
+    if (slot == newcomer) {
+      while (!added.load()) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    train(hub, slot, slot == newcomer, spec, out[static_cast<size_t>(slot)], {}, [&](Context&, int64_t step) {
+      if (slot == 3 && step == 4) {
+        ASSERT_EQ(hub.add_slot(), newcomer);  // its replacement, on host B
+        added = true;
+        hub.kill(3);
+        throw Died{};
+      }
+    });
+  });
+  for (int slot : {0, 1, 2, 4}) {
+    const Outcome& o = out[static_cast<size_t>(slot)];
+    ASSERT_EQ(o.size, 4) << "slot " << slot;
+    expect_exact(o, spec, 10);
+    // Commit 4 of the lost attempt is never named again: 3, then 5 onward.
+    EXPECT_EQ(o.id, 11u) << "slot " << slot;
+  }
+  EXPECT_EQ(out[0].resets, (std::vector<std::pair<int, int>>{{4, 4}}));
+}
+
+// Both workers of host B die at once, with no other copy of their rows:
+// the survivors name the lost rows and neither trains on a hole.
+TEST_F(ShardTest, RowsWhoseEveryCopyIsLostAreNamedAndNotTrainedOn) {
+  const State::ShardSpec spec{kRows, kCols, State::ShardSplit::kEven};
+  FakeHub hub(4);
+  std::vector<std::string> errors(4);
+  std::vector<int64_t> steps(4, -1);
+  run_threads(4, [&](int slot) {
+    FakeContext ctx(hub, slot);
+    place(ctx, slot < 2 ? "A" : "B", slot);
+    State st(ctx);
+    int64_t step = 0;
+    std::vector<double> piece = initial_piece(spec, ctx.rank(), ctx.size());
+    st.register_value("step", &step);
+    st.register_shard("w", &piece, spec);
+    try {
+      erun::run(st, [&](State& s) {
+        while (step < 6) {
+          if (slot >= 2 && step == 2) {
+            hub.kill(slot);
+            throw Died{};
+          }
+          s.context().comm().allreduce_value<int64_t>(1, ReduceOp::kSum);
+          ++step;
+          s.commit();
+        }
+      });
+    } catch (const Died&) {
+      return;
+    } catch (const StateLost& e) {
+      errors[static_cast<size_t>(slot)] = e.what();
+    }
+    steps[static_cast<size_t>(slot)] = step;
+  });
+  // Ranks 2 and 3 of 4 held rows 19..27 and 28..36 (kEven over 37: 10, 9, 9, 9).
+  for (int slot : {0, 1}) {
+    const std::string& e = errors[static_cast<size_t>(slot)];
+    EXPECT_NE(e.find("'w' rows 19..36 of 37"), std::string::npos) << e;
+    EXPECT_NE(e.find("commit 2"), std::string::npos) << e;
+    EXPECT_EQ(steps[static_cast<size_t>(slot)], 2);
+  }
+}
+
+// A piece of the wrong size is refused at commit, naming the entry and
+// its rows, and the previous commit stays.
+TEST_F(ShardTest, APieceOfTheWrongSizeIsRefusedAtCommit) {
+  FakeHub hub(1);
+  FakeContext ctx(hub, 0);
+  place(ctx, "A", 0);
+  State st(ctx);
+  std::vector<float> piece(10 * 3);
+  st.register_shard("w", &piece, State::ShardSpec{10, 3, State::ShardSplit::kChunk});
+  st.sync();
+  st.commit();
+  piece.push_back(1.0f);
+  try {
+    st.commit();
+    FAIL() << "a piece of 31 floats was committed as 10 rows of 3";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("sharded entry 'w' holds 124 bytes on rank 0 of 1"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(st.commit_id(), 1u);
+  st.restore();
+  EXPECT_EQ(piece.size(), 30u);
+}
+
+TEST_F(ShardTest, ACheckpointDirectoryIsRefusedWithShardsForNow) {
+  FakeHub hub(1);
+  FakeContext ctx(hub, 0);
+  State st(ctx);
+  std::vector<double> piece(4);
+  st.register_shard("w", &piece, State::ShardSpec{4, 1, State::ShardSplit::kChunk});
+  try {
+    st.set_checkpoint_dir(dir_ + "/ckpt");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("not written to durable checkpoints yet"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace erun
+
+namespace erun::state_internal {
+namespace {
+
+// A commit directory with one worker's file pair holding commit 3, whose
+// entry "w" is 1 MiB + 3 bytes of a known pattern.
+class ShardServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/erun-shard-server-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    bytes_.resize((1u << 20) + 3);
+    for (size_t i = 0; i < bytes_.size(); ++i) bytes_[i] = static_cast<char>(i * 7 + 1);
+    commits_ = std::make_unique<HostCommits>(dir_ + "/slot-a-0");
+    const std::string name = "w";
+    std::vector<const char*> placed;
+    ASSERT_FALSE(commits_->write(3, {EntryRef::of(name, bytes_)}, &placed).has_value());
+    auto fd = HostCommits::open_own(dir_ + "/slot-a-0.a");
+    auto l = HostCommits::list(fd.get());
+    ASSERT_TRUE(l.has_value());
+    offset_ = l->offsets[0];
+  }
+  void TearDown() override {
+    commits_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+  std::string dir_;
+  std::vector<char> bytes_;
+  std::unique_ptr<HostCommits> commits_;
+  uint64_t offset_ = 0;
+};
+
+TEST_F(ShardServerTest, ARangeIsReadOverTcpAndStrangersAndBadRequestsGetNothing) {
+  ShardServer server("127.0.0.1", dir_, "job", "secret", std::chrono::seconds(5));
+  ASSERT_NE(server.port(), 0) << server.error();
+  std::vector<char> a(5), b(1u << 20);
+  const std::vector<ByteRange> ranges{{offset_ + 2, 5, a.data()}, {offset_ + 3, b.size(), b.data()}};
+  Status ok = fetch_ranges("127.0.0.1", server.port(), "job", "secret", "slot-a-0.a", 3, ranges, std::chrono::seconds(5));
+  ASSERT_TRUE(ok.is_ok()) << ok.message();
+  EXPECT_TRUE(std::equal(a.begin(), a.end(), bytes_.begin() + 2));
+  EXPECT_TRUE(std::equal(b.begin(), b.end(), bytes_.begin() + 3));
+
+  auto refused = [&](const std::string& secret, const std::string& file, uint64_t id, uint64_t off, uint64_t n) {
+    std::vector<char> out(static_cast<size_t>(std::min<uint64_t>(n, 1u << 20)));
+    return fetch_ranges("127.0.0.1", server.port(), "job", secret, file, id, {{off, n, out.data()}},
+                        std::chrono::seconds(5));
+  };
+  Status s = refused("another secret", "slot-a-0.a", 3, offset_, 4);
+  EXPECT_NE(s.message().find("failed the job secret's proof"), std::string::npos) << s.message();
+  s = refused("secret", "../slot-a-0.a", 3, offset_, 4);
+  EXPECT_NE(s.message().find("not a file of the commit directory"), std::string::npos) << s.message();
+  s = refused("secret", "slot-a-0.a", 4, offset_, 4);
+  EXPECT_NE(s.message().find("does not hold commit 4"), std::string::npos) << s.message();
+  s = refused("secret", "slot-a-0.a", 3, offset_ + bytes_.size() + 1000000, 4);
+  EXPECT_NE(s.message().find("outside"), std::string::npos) << s.message();
+  s = refused("secret", "nope.a", 3, 0, 4);
+  EXPECT_NE(s.message().find("no file nope.a here"), std::string::npos) << s.message();
+  // The server still serves after all that.
+  ok = fetch_ranges("127.0.0.1", server.port(), "job", "secret", "slot-a-0.a", 3, ranges, std::chrono::seconds(5));
+  EXPECT_TRUE(ok.is_ok()) << ok.message();
+}
+
+TEST_F(ShardServerTest, AStrangerThatSaysNothingHoldsTheServerOnlyForTheHandshakeTime) {
+  ShardServer server("127.0.0.1", dir_, "job", "secret", std::chrono::seconds(30));
+  ASSERT_NE(server.port(), 0) << server.error();
+  auto addrs = net::resolve("127.0.0.1", std::to_string(server.port()));
+  ASSERT_TRUE(addrs.is_ok());
+  net::Socket silent = net::connect(addrs.value().front(), std::chrono::steady_clock::now() + std::chrono::seconds(5));
+  ASSERT_TRUE(silent.ok());
+  std::vector<char> a(5);
+  const auto t0 = std::chrono::steady_clock::now();
+  Status ok = fetch_ranges("127.0.0.1", server.port(), "job", "secret", "slot-a-0.a", 3, {{offset_, 5, a.data()}},
+                           std::chrono::seconds(20));
+  EXPECT_TRUE(ok.is_ok()) << ok.message();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(15));
+}
+
+TEST(ShardTable, ATableRoundTripsAndGarbageIsAnErrorNamingTheSource) {
+  std::vector<ShardPiece> t{{"a", 10, 8, {0, 4}}, {"b.c", 7, 1, {7, 7}}};
+  const std::string bytes = encode_shard_table(t);
+  auto back = decode_shard_table(bytes.data(), bytes.size(), "here");
+  ASSERT_EQ(back.size(), 2u);
+  EXPECT_EQ(back[1].name, "b.c");
+  EXPECT_EQ(back[0].held, (RowRange{0, 4}));
+  EXPECT_THROW(decode_shard_table(bytes.data(), bytes.size() - 1, "here"), Error);
+  std::vector<ShardPiece> bad{{"a", 3, 8, {2, 5}}};  // rows beyond the array
+  const std::string b2 = encode_shard_table(bad);
+  try {
+    decode_shard_table(b2.data(), b2.size(), "file X");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("file X"), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace erun::state_internal
