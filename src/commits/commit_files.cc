@@ -24,16 +24,17 @@ uint64_t claimed_id(int dirfd, const char* name) {
 
 }  // namespace
 
-bool commit_file_name(const std::string& name) {
-  return name.size() >= 3 && name[name.size() - 2] == '.' && (name.back() == 'a' || name.back() == 'b');
+bool commit_file_name(const std::string& name, bool buddies) {
+  return name.size() >= 3 && name[name.size() - 2] == '.' && (name.back() == 'a' || name.back() == 'b') &&
+         (buddies || name.rfind(kBuddyPrefix, 0) != 0);
 }
 
-std::vector<ClaimedCommit> claimed_commits(const std::string& dir) {
+std::vector<ClaimedCommit> claimed_commits(const std::string& dir, bool buddies) {
   std::vector<ClaimedCommit> out;
   DIR* d = ::opendir(dir.c_str());
   if (d == nullptr) return out;
   while (dirent* e = ::readdir(d)) {
-    if (!commit_file_name(e->d_name)) continue;
+    if (!commit_file_name(e->d_name, buddies)) continue;
     if (uint64_t id = claimed_id(::dirfd(d), e->d_name); id > 0) out.push_back({id, e->d_name});
   }
   ::closedir(d);

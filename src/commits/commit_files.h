@@ -17,12 +17,18 @@ struct ClaimedCommit {
   std::string name;  // within the directory
 };
 
-// Whether `name` is one of a commit file pair's names (STEM.a, STEM.b).
-bool commit_file_name(const std::string& name);
+// The prefix of buddy files: another host's workers' sharded pieces, kept
+// here in case that host is lost (docs/state.md, "Sharded entries"). They
+// hold pieces only, never a whole commit, so they are not commit files.
+inline constexpr const char* kBuddyPrefix = "buddy-";
+
+// Whether `name` is one of a commit file pair's names (STEM.a, STEM.b); a
+// buddy file is not, unless `buddies`.
+bool commit_file_name(const std::string& name, bool buddies = false);
 
 // The *.a and *.b files of `dir` whose header claims a commit, newest first
 // (ties by name); empty when there is none or no such directory. Links are
-// not followed.
-std::vector<ClaimedCommit> claimed_commits(const std::string& dir);
+// not followed. `buddies`: the buddy files too.
+std::vector<ClaimedCommit> claimed_commits(const std::string& dir, bool buddies = false);
 
 }  // namespace erun

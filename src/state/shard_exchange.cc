@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -22,12 +24,74 @@ namespace {
 
 constexpr char kShardMagic[8] = {'E', 'R', 'U', 'N', 'S', 'H', 'R', 'D'};
 constexpr handshake::Scheme kScheme{"erun-shard-reader", "erun-shard-server", handshake::Scheme::Layout::kNoncesLast};
+constexpr char kBuddyMagic[8] = {'E', 'R', 'U', 'N', 'B', 'U', 'D', 'Y'};
+constexpr handshake::Scheme kBuddyScheme{"erun-buddy-pusher", "erun-buddy-keeper",
+                                         handshake::Scheme::Layout::kNoncesLast};
+constexpr uint32_t kMaxEntries = 1u << 16;
 constexpr uint32_t kMaxRanges = 1u << 20;
 constexpr size_t kChunk = 4u << 20;  // bytes per send or receive, each within the I/O bound
 constexpr Duration kHandshakeTime = std::chrono::seconds(5);
 
-handshake::Proofs proofs(const std::string& job_id, const std::string& secret) {
-  return handshake::Proofs(std::make_shared<handshake::Key>(secret), kScheme, job_id);
+handshake::Proofs proofs(const std::string& job_id, const std::string& secret,
+                         const handshake::Scheme& scheme = kScheme) {
+  return handshake::Proofs(std::make_shared<handshake::Key>(secret), scheme, job_id);
+}
+
+// The initiator's half of the handshake on a connected socket: sends the
+// magic and a nonce, checks the responder's proof, sends its own.
+Status initiate(int fd, const char (&magic)[8], const handshake::Proofs& p, Duration timeout) {
+  auto step = [&] { return std::chrono::steady_clock::now() + timeout; };
+  const std::string mine = handshake::random_bytes(handshake::kNonceBytes);
+  if (auto o = net::send_all(fd, std::string(magic, sizeof(magic)) + mine, step()); !o.ok()) {
+    return Status::error(o.text());
+  }
+  std::string reply(handshake::kNonceBytes + handshake::kMacBytes, '\0');
+  if (auto o = net::recv_exact(fd, reply.data(), reply.size(), step()); !o.ok()) return Status::error(o.text());
+  const std::string theirs = reply.substr(0, handshake::kNonceBytes);
+  if (!handshake::equal_ct(reply.substr(handshake::kNonceBytes), p.responder(mine, theirs))) {
+    return Status::error("the other side failed the job secret's proof");
+  }
+  if (auto o = net::send_all(fd, p.initiator(mine, theirs), step()); !o.ok()) return Status::error(o.text());
+  return Status::ok();
+}
+
+// The responder's half, within `shake`.
+Status respond(int fd, const char (&magic)[8], const handshake::Proofs& p, TimePoint shake,
+               const net::Interrupt* stop) {
+  char hello[8 + handshake::kNonceBytes];
+  if (auto o = net::recv_exact(fd, hello, sizeof(hello), shake, stop); !o.ok()) return Status::error(o.text());
+  if (std::memcmp(hello, magic, 8) != 0) return Status::error("not erun's protocol here");
+  const std::string theirs(hello + 8, handshake::kNonceBytes);
+  const std::string mine = handshake::random_bytes(handshake::kNonceBytes);
+  if (auto o = net::send_all(fd, mine + p.responder(theirs, mine), shake, stop); !o.ok()) {
+    return Status::error(o.text());
+  }
+  std::string proof(handshake::kMacBytes, '\0');
+  if (auto o = net::recv_exact(fd, proof.data(), proof.size(), shake, stop); !o.ok()) return Status::error(o.text());
+  if (!handshake::equal_ct(proof, p.initiator(theirs, mine))) return Status::error("failed the job secret's proof");
+  return Status::ok();
+}
+
+// Sends the refusal `why` (u8 0, u32 length, why) and returns it as the error.
+Status refuse(int fd, const std::string& why, TimePoint deadline, const net::Interrupt* stop) {
+  char len[4];
+  put_le(len, why.size(), 4);
+  (void)net::send_all(fd, std::string(1, '\0') + std::string(len, 4) + why, deadline, stop);
+  return Status::error(why);
+}
+
+// Reads a verdict (u8 1, or u8 0 and why); the refusal as an error.
+Status verdict(int fd, TimePoint deadline) {
+  char ok = 0;
+  if (auto o = net::recv_exact(fd, &ok, 1, deadline); !o.ok()) return Status::error(o.text());
+  if (ok == 1) return Status::ok();
+  char len[4];
+  std::string why = "refused";
+  if (net::recv_exact(fd, len, 4, deadline).ok()) {
+    why.assign(std::min<uint64_t>(get_le(len, 4), 4096), '\0');
+    if (!net::recv_exact(fd, why.data(), why.size(), deadline).ok()) why = "refused";
+  }
+  return Status::error(why);
 }
 
 // A name of the directory itself: no path, no dot files.
@@ -68,7 +132,7 @@ std::vector<ShardPiece> decode_shard_table(const char* data, size_t size, const 
 
 std::vector<FilePiece> list_pieces(const std::string& dir, int ordinal) {
   std::vector<FilePiece> out;
-  for (const ClaimedCommit& c : claimed_commits(dir)) {
+  for (const ClaimedCommit& c : claimed_commits(dir, /*buddies=*/true)) {
     if (HostCommits::ordinal_of(c.name) != ordinal) continue;
     const uint64_t id = c.id;
     const std::string path = dir + "/" + c.name;
@@ -125,30 +189,12 @@ Status fetch_ranges(const std::string& host, int port, const std::string& job_id
   net::Socket s = net::connect(addrs.value().front(), step());
   if (!s.ok()) return fail(s.outcome.text());
   const int fd = s.fd.get();
-  const auto p = proofs(job_id, secret);
-  const std::string mine = handshake::random_bytes(handshake::kNonceBytes);
-  if (auto o = net::send_all(fd, std::string(kShardMagic, sizeof(kShardMagic)) + mine, step()); !o.ok()) return fail(o.text());
-  std::string reply(handshake::kNonceBytes + handshake::kMacBytes, '\0');
-  if (auto o = net::recv_exact(fd, reply.data(), reply.size(), step()); !o.ok()) return fail(o.text());
-  const std::string theirs = reply.substr(0, handshake::kNonceBytes);
-  if (!handshake::equal_ct(reply.substr(handshake::kNonceBytes), p.responder(mine, theirs))) {
-    return fail("the server failed the job secret's proof");
-  }
+  if (Status st = initiate(fd, kShardMagic, proofs(job_id, secret), timeout); !st.is_ok()) return fail(st.message());
   PayloadWriter w;
-  w.fixed(p.initiator(mine, theirs)).bytes(file).u64(id).u32(static_cast<uint32_t>(ranges.size()));
+  w.bytes(file).u64(id).u32(static_cast<uint32_t>(ranges.size()));
   for (const ByteRange& r : ranges) w.u64(r.offset).u64(r.bytes);
   if (auto o = net::send_all(fd, w.str(), step()); !o.ok()) return fail(o.text());
-  char ok = 0;
-  if (auto o = net::recv_exact(fd, &ok, 1, step()); !o.ok()) return fail(o.text());
-  if (ok != 1) {
-    char len[4];
-    std::string why = "refused";
-    if (net::recv_exact(fd, len, 4, step()).ok()) {
-      why.assign(std::min<uint64_t>(get_le(len, 4), 4096), '\0');
-      if (!net::recv_exact(fd, why.data(), why.size(), step()).ok()) why = "refused";
-    }
-    return fail(why);
-  }
+  if (Status st = verdict(fd, step()); !st.is_ok()) return fail(st.message());
   for (const ByteRange& r : ranges) {
     for (uint64_t at = 0; at < r.bytes;) {
       const auto n = static_cast<size_t>(std::min<uint64_t>(kChunk, r.bytes - at));
@@ -156,10 +202,133 @@ Status fetch_ranges(const std::string& host, int port, const std::string& job_id
       at += n;
     }
   }
+  char ok = 0;
   if (auto o = net::recv_exact(fd, &ok, 1, step()); !o.ok()) return fail(o.text());
   if (ok != 1) return fail(fmt::format("the file was overwritten while read (commit {})", id));
   return Status::ok();
 }
+
+Status push_to_buddy(const std::string& host, int port, const std::string& job_id, const std::string& secret,
+                     const std::string& name, uint64_t id, const std::vector<EntryRef>& entries, Duration timeout) {
+  auto fail = [&](const std::string& what) {
+    return Status::error(fmt::format("keeping commit {} on {}:{}: {}", id, host, port, what));
+  };
+  auto step = [&] { return std::chrono::steady_clock::now() + timeout; };
+  auto addrs = net::resolve(host, std::to_string(port));
+  if (!addrs.is_ok() || addrs.value().empty()) return fail("cannot resolve the host");
+  net::Socket s = net::connect(addrs.value().front(), step());
+  if (!s.ok()) return fail(s.outcome.text());
+  const int fd = s.fd.get();
+  if (Status st = initiate(fd, kBuddyMagic, proofs(job_id, secret, kBuddyScheme), timeout); !st.is_ok()) {
+    return fail(st.message());
+  }
+  PayloadWriter w;
+  w.bytes(name).u64(id).u32(static_cast<uint32_t>(entries.size()));
+  for (const EntryRef& e : entries) w.bytes(*e.name).u64(e.size);
+  if (auto o = net::send_all(fd, w.str(), step()); !o.ok()) return fail(o.text());
+  for (const EntryRef& e : entries) {
+    Status sent = Status::ok();
+    e.each_range([&](const char* p, size_t n) {
+      for (size_t at = 0; at < n && sent.is_ok();) {
+        const size_t k = std::min(kChunk, n - at);
+        if (auto o = net::send_all(fd, std::string_view(p + at, k), step()); !o.ok()) sent = Status::error(o.text());
+        at += k;
+      }
+    });
+    if (!sent.is_ok()) return fail(sent.message());
+  }
+  if (Status st = verdict(fd, step()); !st.is_ok()) return fail(st.message());
+  return Status::ok();
+}
+
+struct BuddyKeeper::Impl {
+  std::string dir;
+  handshake::Proofs proofs;
+  Duration io_timeout;
+  std::map<std::string, std::unique_ptr<HostCommits>> pairs;  // by name
+  Impl(std::string d, const std::string& job_id, const std::string& secret, Duration t)
+      : dir(std::move(d)), proofs(state_internal::proofs(job_id, secret, kBuddyScheme)), io_timeout(t) {}
+  TimePoint step() const { return std::chrono::steady_clock::now() + io_timeout; }
+
+  Status keep(int fd, const net::Interrupt& interrupt) {
+    const net::Interrupt* const stop = &interrupt;
+    const TimePoint shake = std::chrono::steady_clock::now() + std::min<Duration>(io_timeout, kHandshakeTime);
+    if (Status st = respond(fd, kBuddyMagic, proofs, shake, stop); !st.is_ok()) return st;
+    auto read_u32 = [&](uint32_t* v) {
+      char b[4];
+      if (auto o = net::recv_exact(fd, b, 4, step(), stop); !o.ok()) return false;
+      *v = static_cast<uint32_t>(get_le(b, 4));
+      return true;
+    };
+    auto read_string = [&](std::string* out, uint32_t max) {
+      uint32_t n = 0;
+      if (!read_u32(&n) || n > max) return false;
+      out->assign(n, '\0');
+      return net::recv_exact(fd, out->data(), n, step(), stop).ok();
+    };
+    std::string name;
+    if (!read_string(&name, 255)) return Status::error("a malformed header");
+    char head[12];
+    if (auto o = net::recv_exact(fd, head, sizeof head, step(), stop); !o.ok()) return Status::error(o.text());
+    const uint64_t id = get_le(head, 8);
+    const auto count = static_cast<uint32_t>(get_le(head + 8, 4));
+    if (count > kMaxEntries) return refuse(fd, fmt::format("{} entries, more than {}", count, kMaxEntries), step(), stop);
+    std::vector<std::string> names(count);
+    std::vector<EntryRef> entries;
+    uint64_t total = 0;
+    for (uint32_t i = 0; i < count; ++i) {
+      char size[8];
+      if (!read_string(&names[i], 4096) || !net::recv_exact(fd, size, 8, step(), stop).ok()) {
+        return Status::error("a malformed entry table");
+      }
+      const uint64_t n = get_le(size, 8);
+      if (n > (uint64_t{1} << 48) || total + n > (uint64_t{1} << 48)) return refuse(fd, "more than 2^48 bytes", step(), stop);
+      total += n;
+      entries.push_back(EntryRef::filled_later(names[i], static_cast<size_t>(n)));
+    }
+    if (id == 0 || !plain_name(name) || name.rfind(kBuddyPrefix, 0) != 0 || HostCommits::ordinal_of(name + ".a") < 0) {
+      return refuse(fd, fmt::format("'{}' is not a buddy file name", name), step(), stop);
+    }
+    auto& pair = pairs[name];
+    if (!pair) pair = std::make_unique<HostCommits>(dir + "/" + name);
+    std::vector<const char*> placed;
+    std::shared_ptr<Completion> landed;
+    std::optional<std::string> err;
+    try {
+      err = pair->write(id, entries, &placed, 0, &landed);
+    } catch (const Error& e) {
+      err = e.what();
+    }
+    if (err) return refuse(fd, *err, step(), stop);
+    // The bytes straight into the file; a commit cut short stays torn.
+    for (size_t k = 0; k < entries.size(); ++k) {
+      char* to = const_cast<char*>(placed[k]);
+      for (uint64_t at = 0; at < entries[k].size;) {
+        const auto n = static_cast<size_t>(std::min<uint64_t>(kChunk, entries[k].size - at));
+        if (auto o = net::recv_exact(fd, to + at, n, step(), stop); !o.ok()) {
+          pair->abandon();
+          return Status::error(o.text());
+        }
+        at += n;
+      }
+      landed->done();
+    }
+    if (auto o = net::send_all(fd, std::string(1, '\1'), step(), stop); !o.ok()) return Status::error(o.text());
+    return Status::ok();
+  }
+};
+
+BuddyKeeper::BuddyKeeper(const std::string& address, std::string dir, const std::string& job_id,
+                         const std::string& secret, Duration io_timeout)
+    : impl_(std::make_unique<Impl>(std::move(dir), job_id, secret, io_timeout)) {
+  server_ = std::make_unique<net::SerialServer>(
+      address, 64, [this](int fd, const net::Address& peer, const net::Interrupt& stop) {
+        Status s = impl_->keep(fd, stop);
+        if (!s.is_ok()) ERUN_LOG_WARN("erun: buddy copy from {} not kept: {}", peer.name(), s.message());
+      });
+}
+
+BuddyKeeper::~BuddyKeeper() = default;
 
 struct ShardServer::Impl {
   std::string dir;
@@ -177,19 +346,7 @@ struct ShardServer::Impl {
     // The handshake within kHandshakeTime: a stranger that connects and
     // says nothing holds the server that long, not an I/O bound.
     const TimePoint shake = std::chrono::steady_clock::now() + std::min<Duration>(io_timeout, kHandshakeTime);
-    char hello[sizeof(kShardMagic) + handshake::kNonceBytes];
-    if (auto o = net::recv_exact(fd, hello, sizeof(hello), shake, stop); !o.ok()) return Status::error(o.text());
-    if (std::memcmp(hello, kShardMagic, sizeof(kShardMagic)) != 0) return Status::error("not a shard reader");
-    const std::string theirs(hello + sizeof(kShardMagic), handshake::kNonceBytes);
-    const std::string mine = handshake::random_bytes(handshake::kNonceBytes);
-    if (auto o = net::send_all(fd, mine + proofs.responder(theirs, mine), shake, stop); !o.ok()) {
-      return Status::error(o.text());
-    }
-    std::string proof(handshake::kMacBytes, '\0');
-    if (auto o = net::recv_exact(fd, proof.data(), proof.size(), shake, stop); !o.ok()) {
-      return Status::error(o.text());
-    }
-    if (!handshake::equal_ct(proof, proofs.initiator(theirs, mine))) return Status::error("failed the job secret's proof");
+    if (Status st = respond(fd, kShardMagic, proofs, shake, stop); !st.is_ok()) return st;
     char head[4];
     if (auto o = net::recv_exact(fd, head, 4, step(), stop); !o.ok()) return Status::error(o.text());
     const auto name_len = static_cast<uint32_t>(get_le(head, 4));
@@ -201,21 +358,25 @@ struct ShardServer::Impl {
     const std::string name = request.substr(0, name_len);
     const uint64_t id = get_le(request.data() + name_len, 8);
     const auto count = static_cast<uint32_t>(get_le(request.data() + name_len + 8, 4));
-    if (count > kMaxRanges) return refuse(fd, fmt::format("{} ranges, more than {}", count, kMaxRanges), stop);
+    if (count > kMaxRanges) return refuse(fd, fmt::format("{} ranges, more than {}", count, kMaxRanges), step(), stop);
     std::string table(size_t{count} * 16, '\0');
     if (auto o = net::recv_exact(fd, table.data(), table.size(), step(), stop); !o.ok()) {
       return Status::error(o.text());
     }
-    if (!plain_name(name)) return refuse(fd, "not a file of the commit directory", stop);
+    if (!plain_name(name)) return refuse(fd, "not a file of the commit directory", step(), stop);
     Fd file = HostCommits::open_own(dir + "/" + name);
     struct stat st {};
-    if (!file || ::fstat(file.get(), &st) != 0) return refuse(fd, fmt::format("no file {} here", name), stop);
-    if (!HostCommits::held(file.get(), id)) return refuse(fd, fmt::format("{} does not hold commit {}", name, id), stop);
+    if (!file || ::fstat(file.get(), &st) != 0) return refuse(fd, fmt::format("no file {} here", name), step(), stop);
+    if (!HostCommits::held(file.get(), id)) {
+      return refuse(fd, fmt::format("{} does not hold commit {}", name, id), step(), stop);
+    }
     const auto size = static_cast<uint64_t>(st.st_size);
     for (uint32_t i = 0; i < count; ++i) {
       const uint64_t off = get_le(table.data() + i * 16, 8);
       const uint64_t n = get_le(table.data() + i * 16 + 8, 8);
-      if (off > size || n > size - off) return refuse(fd, fmt::format("bytes {}..{} lie outside {}", off, off + n, name), stop);
+      if (off > size || n > size - off) {
+        return refuse(fd, fmt::format("bytes {}..{} lie outside {}", off, off + n, name), step(), stop);
+      }
     }
     if (auto o = net::send_all(fd, std::string(1, '\1'), step(), stop); !o.ok()) return Status::error(o.text());
     buffer.resize(kChunk);
@@ -234,13 +395,6 @@ struct ShardServer::Impl {
     const char whole = HostCommits::held(file.get(), id) ? '\1' : '\0';
     if (auto o = net::send_all(fd, std::string_view(&whole, 1), step(), stop); !o.ok()) return Status::error(o.text());
     return Status::ok();
-  }
-
-  Status refuse(int fd, const std::string& why, const net::Interrupt* stop) {
-    char len[4];
-    put_le(len, why.size(), 4);
-    (void)net::send_all(fd, std::string(1, '\0') + std::string(len, 4) + why, step(), stop);
-    return Status::error(why);
   }
 };
 

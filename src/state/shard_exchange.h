@@ -15,6 +15,15 @@
 //   server: the ranges' bytes in order, then u8 1 (the file still held the
 //     commit whole after the copy) or 0 (its writer began to overwrite it)
 // One request per connection.
+//
+// Buddy copies: after each commit, a rank pushes its pieces (and the table)
+// to a BuddyKeeper on another host, which writes them into a file pair of
+// its host's commit directory named kBuddyPrefix + the pusher's stem name:
+//   pusher: "ERUNBUDY" nonce(32)        keeper: nonce(32) proof(32)
+//   pusher: proof(32), u32 name length, name, u64 commit id, u32 entries,
+//     per entry u32 name length, name, u64 size; then the entries' bytes
+//   keeper: u8 1 (the pair holds the commit whole), or u8 0, u32 length, why
+// One commit per connection.
 #pragma once
 
 #include <cstdint>
@@ -25,6 +34,7 @@
 #include "common/clock.h"
 #include "common/serial_server.h"
 #include "common/status.h"
+#include "commits/snapshot.h"
 #include "state/reshard_plan.h"
 
 namespace erun::state_internal {
@@ -74,6 +84,32 @@ Status fetch_ranges(const std::string& host, int port, const std::string& job_id
 // written within `io_timeout` per chunk. A connection that fails the
 // handshake, or asks for a file outside the directory, a link, or bytes
 // outside the file, is refused and changes nothing.
+// Sends commit `id` of `entries` to the BuddyKeeper at host:port, to be
+// kept under `name` (kBuddyPrefix + the pusher's stem name); OK once the
+// keeper has it whole.
+Status push_to_buddy(const std::string& host, int port, const std::string& job_id, const std::string& secret,
+                     const std::string& name, uint64_t id, const std::vector<EntryRef>& entries, Duration timeout);
+
+// Keeps other hosts' pieces in `dir` (see above) from a thread of its own,
+// one push at a time. A push that fails the handshake, names a file that is
+// not a buddy file of the directory, or ends early changes no commit: the
+// pair keeps its newest whole one.
+class BuddyKeeper {
+ public:
+  BuddyKeeper(const std::string& address, std::string dir, const std::string& job_id, const std::string& secret,
+              Duration io_timeout);
+  ~BuddyKeeper();
+  BuddyKeeper(const BuddyKeeper&) = delete;
+  BuddyKeeper& operator=(const BuddyKeeper&) = delete;
+  int port() const { return server_->port(); }
+  const std::string& error() const { return server_->error(); }
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  std::unique_ptr<net::SerialServer> server_;  // after impl_: stopped first
+};
+
 class ShardServer {
  public:
   ShardServer(const std::string& address, std::string dir, const std::string& job_id, const std::string& secret,

@@ -151,6 +151,7 @@ void State::commit() {
   const bool in_host_memory = impl_->write_host_commit(ctx_.info(), direct, &gathered, /*devices_later=*/true);
   gathered.clear();
   keep.clear();  // the ranges were copied
+  if (in_host_memory && impl_->buddy) impl_->push_to_buddy(ctx_);
   if (!impl_->checkpoint_dir.empty() && ctx_.rank() == 0 && !(impl_->host_persists && in_host_memory)) {
     impl_->mirror_device();
     si::write_file_atomically(impl_->checkpoint_dir, si::kStateFile, impl_->commit_id,

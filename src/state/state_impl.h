@@ -101,6 +101,22 @@ struct State::Impl {
   // writes one itself only when its host-memory commit failed.
   bool host_persists = false;
   bool host_room_checked = false;
+  // Sharded entries: this worker keeps other hosts' pieces (its buddies')
+  // in its host's commit directory, and pushes its own after each commit to
+  // `buddy`, a worker of another host chosen at each sync (state_shards.cc).
+  struct Buddy {
+    std::string host;     // its host's name, for messages
+    std::string address;  // its keeper
+    int port = 0;
+    std::string name;     // the file pair it keeps this worker's pieces in
+    std::string job_id;   // the credentials of the push
+    std::string secret;
+  };
+  std::unique_ptr<si::BuddyKeeper> keeper;
+  std::optional<Buddy> buddy;
+  bool buddy_failing = false;  // the last push failed (logged once per streak)
+  // After a commit written to host memory: its pieces to the buddy.
+  void push_to_buddy(const Context& ctx);
   std::vector<std::function<void(int, int)>> reset_callbacks;
   // World size before this worker's last re-join, until the next sync (0: none).
   int rejoined_from = 0;

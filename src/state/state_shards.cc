@@ -8,6 +8,7 @@
 #include <map>
 #include <set>
 
+#include "commits/commit_files.h"
 #include "common/codec.h"
 
 namespace erun {
@@ -23,6 +24,7 @@ struct Offer {
   std::string host;
   std::string address;
   int port = 0;                        // its shard server (0: none)
+  int buddy_port = 0;                  // its BuddyKeeper (0: none)
   uint64_t memory_id = 0;              // the commit in its memory (0: none)
   uint64_t snapshot_size = 0;          // the world size that commit was made at (0: unknown)
   uint64_t rejoined_from = 0;          // the world size it re-joined from since the last sync (0: none)
@@ -33,7 +35,7 @@ struct Offer {
 
 std::string encode_offer(const Offer& o) {
   PayloadWriter w;
-  w.bytes(o.host).bytes(o.address).u32(static_cast<uint32_t>(o.port));
+  w.bytes(o.host).bytes(o.address).u32(static_cast<uint32_t>(o.port)).u32(static_cast<uint32_t>(o.buddy_port));
   w.u64(o.memory_id).u64(o.snapshot_size).u64(o.rejoined_from);
   w.u32(static_cast<uint32_t>(o.whole.size()));
   for (uint64_t id : o.whole) w.u64(id);
@@ -52,6 +54,7 @@ Offer decode_offer(const std::vector<char>& bytes, int rank) {
   o.host = r.bytes();
   o.address = r.bytes();
   o.port = static_cast<int>(r.u32());
+  o.buddy_port = static_cast<int>(r.u32());
   o.memory_id = r.u64();
   o.snapshot_size = r.u64();
   o.rejoined_from = r.u64();
@@ -224,6 +227,47 @@ void State::Impl::check_shard_sizes(const std::vector<std::vector<si::Piece>>& g
   }
 }
 
+namespace {
+
+// This rank's buddy for the generation: a worker of the next host (in rank
+// order, around) that keeps copies, the one at this rank's place among its
+// host's ranks (modulo their number). -1: none (one host).
+int choose_buddy(const Holdings& held, int rank) {
+  const int hosts = 1 + *std::max_element(held.host_of.begin(), held.host_of.end());
+  const int mine = held.host_of[static_cast<size_t>(rank)];
+  int place = 0;
+  for (int r = 0; r < rank; ++r) place += held.host_of[static_cast<size_t>(r)] == mine;
+  for (int step = 1; step < hosts; ++step) {
+    const int next = (mine + step) % hosts;
+    std::vector<int> keepers;
+    for (size_t r = 0; r < held.offers.size(); ++r) {
+      if (held.host_of[r] == next && held.offers[r].buddy_port != 0) keepers.push_back(static_cast<int>(r));
+    }
+    if (!keepers.empty()) return keepers[static_cast<size_t>(place) % keepers.size()];
+  }
+  return -1;
+}
+
+}  // namespace
+
+void State::Impl::push_to_buddy(const Context& ctx) {
+  std::vector<si::EntryRef> out;
+  for (const Entry& e : entries) {
+    if ((e.shard || e.shard_table) && e.has_committed) out.push_back(ref(e));
+  }
+  Status s = si::push_to_buddy(buddy->address, buddy->port, buddy->job_id, buddy->secret, buddy->name, commit_id, out,
+                               ctx.collective_timeout());
+  const WorkerInfo& info = ctx.info();
+  if (!s.is_ok() && !buddy_failing) {
+    ERUN_LOG_WARN("{}: commit {} has no copy on another host ({}): {}; should {} be lost before a commit reaches "
+                  "a buddy, the job goes back to the newest commit whose pieces it holds",
+                  who(info.generation, info.host, info.rank), commit_id, buddy->host, s.message(), info.host);
+  } else if (s.is_ok() && buddy_failing) {
+    ERUN_LOG_INFO("{}: commit {} is on {} again", who(info.generation, info.host, info.rank), commit_id, buddy->host);
+  }
+  buddy_failing = !s.is_ok();
+}
+
 void State::sync_sharded(int rejoined_from) {
   Impl& im = *impl_;
   Communicator& comm = ctx_.comm();
@@ -266,6 +310,12 @@ void State::sync_sharded(int rejoined_from) {
       // no host-memory files: the first commit says why
     }
     if (im.adoptable) mine.whole.push_back(im.adoptable->id);
+    if (!im.keeper && !link.address.empty()) {
+      im.keeper = std::make_unique<si::BuddyKeeper>(link.address, dir, link.job_id, link.secret,
+                                                    ctx_.collective_timeout());
+      if (im.keeper->port() == 0) ERUN_LOG_WARN("erun: rank {} keeps no buddy copies: {}", rank, im.keeper->error());
+    }
+    if (im.keeper) mine.buddy_port = im.keeper->port();
     mine.files = si::list_pieces(dir, im.ordinal);
     if (!mine.files.empty() && !link.address.empty() && size > 1) {
       server = std::make_unique<si::ShardServer>(link.address, dir, link.job_id, link.secret,
@@ -280,6 +330,13 @@ void State::sync_sharded(int rejoined_from) {
     offers.push_back(decode_offer(bytes, static_cast<int>(offers.size())));
   }
   const Holdings held(std::move(offers));
+  im.buddy.reset();
+  if (const int b = choose_buddy(held, rank); b >= 0 && im.host != nullptr) {
+    const Offer& k = held.offers[static_cast<size_t>(b)];
+    const std::string own = si::HostCommits::stem_of(stem, im.ordinal);
+    im.buddy = Impl::Buddy{k.host,          k.address,  k.buddy_port, kBuddyPrefix + own.substr(own.rfind('/') + 1),
+                           link.job_id,     link.secret};
+  }
 
   // 2. The commit: the newest that some rank can give whole and whose
   // sharded rows the job holds in full. Ids written since are skipped from

@@ -96,5 +96,42 @@ TEST_F(ErunSharded, ZeroMomentumIsReshardedThroughAKillAGrowAndAShrinkAndEndsExa
   EXPECT_EQ(files, 3u);  // discover.sh, hosts, events.jsonl
 }
 
+// Hosts node-a:2, node-b:1, node-c:1, each buddy to the next, around.
+// node-c leaves discovery (its worker commits and leaves; its rows are on
+// node-a, its buddy), then node-b is lost whole (its agent and its worker
+// SIGKILLed: its memory goes with them; its rows are on node-a too). The
+// job goes on in place at 3, then 2 ranks, and ends exact.
+TEST_F(ErunSharded, AHostThatLeavesAndAHostLostWholeComeBackFromBuddyCopies) {
+  const std::string reference = uninterrupted_checksum();
+  ASSERT_FALSE(reference.empty());
+  dir_.write("hosts", "node-a:2\nnode-b:1\nnode-c:1\n");
+  ErunProcess p(erun_args({"-np", "4", "--min-np", "2", "--launcher", "local", "--blacklist-after", "1",
+                           "--blacklist-cooldown-range", "600", "600"}));
+  ASSERT_TRUE(p.wait_output("epoch 0 ", 60s)) << p.out() << p.err();
+  dir_.write("hosts", "node-a:2\nnode-b:1\n");
+  ASSERT_TRUE(p.wait_output("world size 4 -> 3", 60s)) << p.out() << p.err();
+  ASSERT_TRUE(p.wait_output("epoch 3 ", 60s)) << p.out() << p.err();
+
+  auto on_b = workers("node-b");
+  ASSERT_EQ(on_b.size(), 1u);
+  const pid_t agent = parent_of(on_b.front());
+  ASSERT_GT(agent, 0);
+  dir_.write("hosts", "node-a:2\n");
+  ::kill(agent, SIGKILL);
+  ::kill(on_b.front(), SIGKILL);
+  ASSERT_TRUE(p.wait_output("-> 2 (generation", 60s)) << p.out() << p.err();
+
+  ASSERT_NO_FATAL_FAILURE(expect_trained_exactly(p, reference));
+  EXPECT_EQ(p.count("exactly-once=yes"), 10u) << p.out();
+  const std::string all = p.out() + p.err();
+  EXPECT_EQ(all.find("cannot be put back together"), std::string::npos) << all;
+  // At 2 ranks every living rank is on node-a: node-b's rows came from the
+  // buddy files there, read locally.
+  EXPECT_TRUE(std::regex_search(all, std::regex("resharded commit [0-9]+ for 2 ranks \\(0 bytes from other hosts\\)")))
+      << all;
+  std::vector<pid_t> left;
+  EXPECT_TRUE(wait_no_process(program_, 20s, &left)) << describe_pids(left);
+}
+
 }  // namespace
 }  // namespace erun::testing

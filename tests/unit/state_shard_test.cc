@@ -209,16 +209,45 @@ TEST_F(ShardTest, AWorkerThatDiesBeforeItsCommitSendsTheJobBackOneCommitExactly)
   EXPECT_EQ(out[0].resets, (std::vector<std::pair<int, int>>{{4, 4}}));
 }
 
-// Both workers of host B die at once, with no other copy of their rows:
-// the survivors name the lost rows and neither trains on a hole.
-TEST_F(ShardTest, RowsWhoseEveryCopyIsLostAreNamedAndNotTrainedOn) {
+// Both workers of host B die at once: their rows come back from the buddy
+// copies they pushed to host A at each commit, and the job goes on in place
+// at 2 ranks, exactly.
+TEST_F(ShardTest, AHostLostWholeComesBackFromItsBuddyCopies) {
   const State::ShardSpec spec{kRows, kCols, State::ShardSplit::kEven};
   FakeHub hub(4);
-  std::vector<std::string> errors(4);
-  std::vector<int64_t> steps(4, -1);
+  std::vector<Outcome> out(4);
   run_threads(4, [&](int slot) {
+    train(hub, slot, false, spec, out[static_cast<size_t>(slot)], [&](Context&, int64_t step) {
+      if (slot >= 2 && step == 3) {
+        hub.kill(slot);
+        throw Died{};
+      }
+    }, {});
+  });
+  for (int slot : {0, 1}) {
+    const Outcome& o = out[static_cast<size_t>(slot)];
+    ASSERT_EQ(o.size, 2) << "slot " << slot;
+    expect_exact(o, spec, 10);
+  }
+  // Host A's directory holds B's workers' buddy files.
+  size_t buddies = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir_ + "/A")) {
+    buddies += e.path().filename().string().rfind("buddy-slot-", 0) == 0;
+  }
+  EXPECT_GE(buddies, 2u);
+}
+
+// Hosts A, B, C (each buddy to the next, around): B and C are lost at once.
+// B's rows had their copies on C only, so they are named and not trained
+// on; C's rows were on A.
+TEST_F(ShardTest, RowsWhoseEveryCopyIsLostAreNamedAndNotTrainedOn) {
+  const State::ShardSpec spec{kRows, kCols, State::ShardSplit::kEven};
+  FakeHub hub(6);
+  std::vector<std::string> errors(6);
+  std::vector<int64_t> steps(6, -1);
+  run_threads(6, [&](int slot) {
     FakeContext ctx(hub, slot);
-    place(ctx, slot < 2 ? "A" : "B", slot);
+    place(ctx, std::string(1, static_cast<char>('A' + slot / 2)), slot);
     State st(ctx);
     int64_t step = 0;
     std::vector<double> piece = initial_piece(spec, ctx.rank(), ctx.size());
@@ -243,11 +272,10 @@ TEST_F(ShardTest, RowsWhoseEveryCopyIsLostAreNamedAndNotTrainedOn) {
     }
     steps[static_cast<size_t>(slot)] = step;
   });
-  // Ranks 2 and 3 of 4 held rows 19..27 and 28..36 (kEven over 37: 10, 9, 9, 9).
+  // kEven over 37 rows and 6 ranks: 7, 6, 6, 6, 6, 6; B's ranks 2, 3 held rows 13..24.
   for (int slot : {0, 1}) {
     const std::string& e = errors[static_cast<size_t>(slot)];
-    EXPECT_NE(e.find("'w' rows 19..36 of 37"), std::string::npos) << e;
-    EXPECT_NE(e.find("commit 2"), std::string::npos) << e;
+    EXPECT_NE(e.find("no living host holds 'w' rows 13..24 of 37"), std::string::npos) << e;
     EXPECT_EQ(steps[static_cast<size_t>(slot)], 2);
   }
 }
