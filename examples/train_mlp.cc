@@ -201,6 +201,9 @@ int train(const Options& o) {
   Metrics final_metrics = erun::run(state, [&](erun::State& s) {
     erun::Context& c = s.context();
     sampler.reset(c.rank(), c.size());
+    // A sharded entry has no copy outside its rank until the first commit
+    // (docs/state.md, "Sharded entries"): make one at once.
+    if (o.zero && s.commit_id() == 0) s.commit();
     if (std::exchange(first_call, false) && s.commit_id() > 0 && c.rank() == 0) {
       // A worker that starts at a commit made before it existed: restored
       // from host memory, a durable file, or the survivors.

@@ -16,6 +16,8 @@ import os
 import pickle
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar, Union
 
+import numpy as np
+
 from . import _core, _erun
 from ._erun import CommError, Error, HostsUpdated
 
@@ -94,6 +96,53 @@ class State:
         b = _core.Buffer(x, "State.register_buffer", writable=True)
         self._buffers.append((name, x, b.ptr, b.nbytes))
         self._c.register_buffer(name, b.ptr, b.nbytes)
+
+    def register_shard(self, name: str, rows: int, get: Callable[[], Any], set: Callable[[Any], None],
+                       split: str = "chunk") -> None:
+        """A sharded entry: this rank's rows of a global tensor of ``rows``
+        rows (its first dimension), split over the ranks as ``shard_rows``
+        says (``split="chunk"``: as torch.chunk and FSDP2's Shard(0);
+        ``"even"``: the first rows % size ranks one more row). ``get()``
+        returns this rank's piece (a contiguous CPU tensor or numpy array of
+        its rows); when the world changes, sync() gives each rank its new
+        rows from the pieces the hosts hold, in a new tensor of the same
+        dtype and trailing shape that it hands to ``set(new)``. See
+        docs/state.md, "Sharded entries"."""
+        if split not in ("chunk", "even"):
+            raise Error(f"erun: State.register_shard('{name}'): split must be 'chunk' or 'even', not {split!r}")
+        first = get()
+        _core.Buffer(first, "State.register_shard", writable=True)
+        trailing = tuple(first.shape[1:])
+        dtype = first.dtype
+        row_bytes = _row_bytes(first)
+        fresh: List[Any] = []
+
+        def piece() -> Any:
+            x = get()
+            if x.dtype != dtype or tuple(x.shape[1:]) != trailing:
+                raise Error(f"erun: sharded entry '{name}' changed its dtype or row shape (now {x.dtype}, "
+                            f"{tuple(x.shape[1:])}; registered {dtype}, {trailing})")
+            return x
+
+        def save() -> List[Tuple[int, int]]:
+            b = _core.Buffer(piece(), "State.commit", writable=False)
+            return [(b.ptr, b.nbytes)]
+
+        def load(view: memoryview) -> None:
+            x = piece()
+            if len(view) != x.shape[0] * row_bytes:
+                x = _empty_like_rows(x, len(view) // row_bytes)
+                set(x)
+            _copy_bytes_into(x, view)
+
+        def prepare(n: int) -> int:
+            fresh[:] = [_empty_like_rows(first, n)]
+            return _core.Buffer(fresh[0], "State.sync", writable=True).ptr
+
+        def install() -> None:
+            set(fresh.pop())
+
+        self._c.register_shard(name, rows, row_bytes, split == "even", save, load, prepare, install)
 
     def _check_buffers(self) -> None:
         for name, x, ptr, nbytes in self._buffers:
@@ -201,6 +250,40 @@ def _loop(fn: Callable[..., Any], state: State, args: Tuple[Any, ...], kwargs: D
             if isinstance(e, Error) or not state._lost_peer(e):
                 raise
             state._rejoin(True, f"{type(e).__name__}: {e}")
+
+
+def shard_rows(rows: int, rank: int, size: int, split: str = "chunk") -> Tuple[int, int]:
+    """The rows [begin, end) that rank ``rank`` of ``size`` holds of a
+    sharded entry of ``rows`` rows (State.register_shard)."""
+    if split not in ("chunk", "even"):
+        raise Error(f"erun.shard_rows: split must be 'chunk' or 'even', not {split!r}")
+    return _erun.shard_rows(rows, rank, size, split == "even")
+
+
+def _row_bytes(x: Any) -> int:
+    n = x.dtype.itemsize if hasattr(x.dtype, "itemsize") else x.element_size()
+    for d in x.shape[1:]:
+        n *= int(d)
+    return int(n)
+
+
+def _empty_like_rows(x: Any, rows: int) -> Any:
+    """A new contiguous tensor or array like x with `rows` rows."""
+    shape = (rows,) + tuple(x.shape[1:])
+    if isinstance(x, np.ndarray):
+        return np.empty(shape, dtype=x.dtype)
+    import torch
+    return torch.empty(shape, dtype=x.dtype)
+
+
+def _copy_bytes_into(x: Any, view: memoryview) -> None:
+    if len(view) == 0:
+        return
+    if isinstance(x, np.ndarray):
+        x.reshape(-1).view(np.uint8)[:] = np.frombuffer(view, dtype=np.uint8)
+    else:
+        import torch
+        x.reshape(-1).view(torch.uint8).copy_(torch.frombuffer(view, dtype=torch.uint8))
 
 
 def run(arg: Union[Callable[..., Any], State]) -> Callable[..., Any]:

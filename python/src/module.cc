@@ -223,6 +223,42 @@ class PyState {
     state_->register_pieces(name, std::move(save_fn), std::move(load_fn));
   }
 
+  // A sharded entry (State::register_shard_bytes): save() returns the
+  // piece as [(address, nbytes)], load(view) copies a committed piece of the
+  // current layout back, prepare(rows) returns the address of new storage of
+  // that many rows, install() makes it the piece.
+  void register_shard(const std::string& name, uint64_t rows, uint64_t row_bytes, bool even, py::function save,
+                      py::function load, py::function prepare, py::function install) {
+    shards_.push_back(std::make_unique<ShardCallbacks>(
+        ShardCallbacks{std::move(save), std::move(load), std::move(prepare), std::move(install)}));
+    ShardCallbacks* cb = shards_.back().get();
+    State::ShardStorage s;
+    s.save = [cb] {
+      py::gil_scoped_acquire gil;
+      State::Pieces out;
+      for (py::handle piece : cb->save()) {
+        auto t = piece.cast<std::pair<uintptr_t, size_t>>();
+        out.ranges.emplace_back(address(t.first), t.second);
+      }
+      return out;
+    };
+    s.load = [cb](const char* data, size_t size) {
+      py::gil_scoped_acquire gil;
+      cb->load(py::memoryview::from_memory(const_cast<char*>(data), static_cast<ssize_t>(size)));
+    };
+    s.prepare = [cb](uint64_t n) {
+      py::gil_scoped_acquire gil;
+      return address(cb->prepare(n).cast<uintptr_t>());
+    };
+    s.install = [cb] {
+      py::gil_scoped_acquire gil;
+      cb->install();
+    };
+    state_->register_shard_bytes(name, State::ShardSpec{rows, row_bytes, even ? State::ShardSplit::kEven
+                                                                              : State::ShardSplit::kChunk},
+                                 std::move(s));
+  }
+
   void commit() {
     blocking(ctx().comm(), [&] { state_->commit(); });
   }
@@ -260,6 +296,13 @@ class PyState {
     py::function load;
   };
   std::vector<std::unique_ptr<Callbacks>> callbacks_;
+  struct ShardCallbacks {
+    py::function save;
+    py::function load;
+    py::function prepare;
+    py::function install;
+  };
+  std::vector<std::unique_ptr<ShardCallbacks>> shards_;
   std::unique_ptr<State> state_;
   std::optional<std::pair<int, int>> pending_reset_;
 };
@@ -274,12 +317,15 @@ PYBIND11_MODULE(_erun, m) {
   static py::exception<Error> error(m, "Error", PyExc_RuntimeError);
   static py::exception<CommError> comm_error(m, "CommError", error.ptr());
   static py::exception<HostsUpdated> hosts_updated(m, "HostsUpdated", error.ptr());
+  static py::exception<StateLost> state_lost(m, "StateLost", error.ptr());
   // Most derived first: pybind11 tries translators newest first.
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const HostsUpdated& e) {
       PyErr_SetString(hosts_updated.ptr(), e.what());
+    } catch (const StateLost& e) {
+      PyErr_SetString(state_lost.ptr(), e.what());
     } catch (const CommError& e) {
       PyErr_SetString(comm_error.ptr(), e.what());
     } catch (const Error& e) {
@@ -328,6 +374,13 @@ PYBIND11_MODULE(_erun, m) {
     install_interrupts();
   });
   m.def("initialized", [] { return g_ctx != nullptr; });
+  m.def(
+      "shard_rows",
+      [](uint64_t rows, int rank, int size, bool even) {
+        return State::shard_rows(State::ShardSpec{rows, 1, even ? State::ShardSplit::kEven : State::ShardSplit::kChunk},
+                                 rank, size);
+      },
+      py::arg("rows"), py::arg("rank"), py::arg("size"), py::arg("even"));
   m.def("shutdown", [] {
     g_ctx = nullptr;
     py::gil_scoped_release nogil;
@@ -407,6 +460,8 @@ PYBIND11_MODULE(_erun, m) {
       .def(py::init<>())
       .def("register_buffer", &PyState::register_buffer, py::arg("name"), py::arg("data"), py::arg("nbytes"))
       .def("register_callbacks", &PyState::register_callbacks, py::arg("name"), py::arg("save"), py::arg("load"))
+      .def("register_shard", &PyState::register_shard, py::arg("name"), py::arg("rows"), py::arg("row_bytes"),
+           py::arg("even"), py::arg("save"), py::arg("load"), py::arg("prepare"), py::arg("install"))
       .def("commit", &PyState::commit)
       .def("restore", &PyState::restore)
       .def("sync", &PyState::sync)

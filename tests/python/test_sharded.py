@@ -1,0 +1,78 @@
+"""Sharded State entries from Python (State.register_shard) end to end:
+tests/python/workers/sharded.py under erun on simulated hosts, through a
+SIGKILL, a host added and a host lost whole (agent and worker), ends at the
+bytes of the same run alone; and the API's errors."""
+import os
+import re
+import signal
+import time
+
+import numpy as np
+import pytest
+
+import erun
+from conftest import PYTHON
+
+
+def checksum(text):
+    m = re.search(r"final checksum=([0-9a-f]+)", text)
+    return m.group(1) if m else None
+
+
+def wait_for(job, pattern, n=1, timeout=120):
+    deadline = time.monotonic() + timeout
+    while len(re.findall(pattern, job.out)) < n and time.monotonic() < deadline and job.proc.poll() is None:
+        time.sleep(0.05)
+    return len(re.findall(pattern, job.out)) >= n
+
+
+def host_of(pid):
+    env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+    return next((e.split(b"=", 1)[1].decode() for e in env if e.startswith(b"ERUN_HOSTNAME=")), None)
+
+
+def test_shards_are_resharded_through_a_kill_a_grow_and_a_lost_host(ws):
+    alone = ws.python("sharded.py", ["--step-ms", "0"])
+    assert alone.wait(120) == 0, alone.out + alone.err
+    reference = checksum(alone.out)
+    assert reference, alone.out
+
+    ws.hosts("node-a:2\nnode-b:1\n")
+    job = ws.erun(["-np", "3", "--min-np", "2", "--max-np", "4", "--blacklist-after", "1",
+                   "--blacklist-cooldown-range", "600", "600"], "sharded.py", discovery=True)
+    # Past the first commits: a worker lost before the job's first whole
+    # commit ends it (docs/state.md, "Sharded entries").
+    assert wait_for(job, r"rank \d committed step 10", 3), job.out + job.err
+    victims = [p for p in ws.workers("sharded.py") if host_of(p) == "node-a"]
+    assert len(victims) == 2, victims
+    os.kill(victims[0], signal.SIGKILL)  # its rows come back from its file on node-a
+    assert wait_for(job, r"reset 3 -> [23]"), job.out + job.err
+    ws.hosts("node-a:2\nnode-b:1\nnode-c:1\n")  # grow
+    assert wait_for(job, r"reset \d -> 4"), job.out + job.err
+    on_c = [p for p in ws.workers("sharded.py") if host_of(p) == "node-c"]
+    assert len(on_c) == 1, on_c
+    agent = int(open(f"/proc/{on_c[0]}/stat").read().rsplit(")", 1)[1].split()[1])
+    ws.hosts("node-a:2\nnode-b:1\n")
+    os.kill(agent, signal.SIGKILL)  # node-c lost whole: its rows are on its buddy, node-a
+    os.kill(on_c[0], signal.SIGKILL)
+    assert wait_for(job, r"reset 4 -> 3"), job.out + job.err
+
+    assert job.wait(300) == 0, job.out + job.err
+    assert checksum(job.out) == reference, job.out
+    assert "cannot be put back together" not in job.err, job.err
+    assert ws.wait_no_workers("sharded.py"), ws.workers("sharded.py")
+
+
+def test_shard_rows_and_register_shard_errors():
+    assert erun.shard_rows(10, 3, 4) == (9, 10)
+    assert erun.shard_rows(5, 3, 4) == (5, 5)
+    assert erun.shard_rows(10, 3, 4, split="even") == (8, 10)
+    with pytest.raises(erun.Error, match="split must be 'chunk' or 'even'"):
+        erun.shard_rows(10, 0, 1, split="rows")
+    state = erun.State()
+    x = np.zeros((4, 2))
+    with pytest.raises(erun.Error, match="split must be"):
+        state.register_shard("x", 4, lambda: x, lambda y: None, split="zero")
+    with pytest.raises(erun.Error, match="not C-contiguous"):
+        state.register_shard("t", 4, lambda: np.zeros((2, 4)).T, lambda y: None)
+    assert issubclass(erun.StateLost, erun.Error)
