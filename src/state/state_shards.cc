@@ -269,6 +269,7 @@ void State::Impl::push_to_buddy(const Context& ctx) {
 }
 
 void State::sync_sharded(int rejoined_from) {
+  const auto started = std::chrono::steady_clock::now();
   Impl& im = *impl_;
   Communicator& comm = ctx_.comm();
   const int rank = comm.rank();
@@ -529,8 +530,9 @@ void State::sync_sharded(int rejoined_from) {
     m.entry->shard->commit = target;
     m.entry->has_committed = true;
   }
-  ERUN_LOG_INFO("{}: resharded commit {} for {} ranks ({} bytes from other hosts)",
-                who(info.generation, info.host, rank), target, size, moved);
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
+  ERUN_LOG_INFO("{}: resharded commit {} for {} ranks ({} bytes from other hosts, {:.1f} ms)",
+                who(info.generation, info.host, rank), target, size, moved, ms);
   im.keep_in_host_memory(info, /*resharded=*/true);
 }
 

@@ -85,7 +85,7 @@ TEST_F(ErunSharded, ZeroMomentumIsReshardedThroughAKillAGrowAndAShrinkAndEndsExa
   EXPECT_NE(p.out().find("zero=1"), std::string::npos) << p.out();
   // Rows moved between hosts over the shard servers at least once.
   const std::string all = p.out() + p.err();
-  EXPECT_TRUE(std::regex_search(all, std::regex("resharded commit [0-9]+ for [0-9]+ ranks \\([1-9][0-9]* bytes from other hosts\\)")))
+  EXPECT_TRUE(std::regex_search(all, std::regex("resharded commit [0-9]+ for [0-9]+ ranks \\([1-9][0-9]* bytes from other hosts, ")))
       << all;
   EXPECT_EQ(all.find("cannot be put back together"), std::string::npos) << all;
   std::vector<pid_t> left;
@@ -127,7 +127,7 @@ TEST_F(ErunSharded, AHostThatLeavesAndAHostLostWholeComeBackFromBuddyCopies) {
   EXPECT_EQ(all.find("cannot be put back together"), std::string::npos) << all;
   // At 2 ranks every living rank is on node-a: node-b's rows came from the
   // buddy files there, read locally.
-  EXPECT_TRUE(std::regex_search(all, std::regex("resharded commit [0-9]+ for 2 ranks \\(0 bytes from other hosts\\)")))
+  EXPECT_TRUE(std::regex_search(all, std::regex("resharded commit [0-9]+ for 2 ranks \\(0 bytes from other hosts, ")))
       << all;
   std::vector<pid_t> left;
   EXPECT_TRUE(wait_no_process(program_, 20s, &left)) << describe_pids(left);

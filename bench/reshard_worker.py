@@ -1,0 +1,93 @@
+"""bench/reshard.py's programs. `erun` mode: one sharded float32 entry of
+--mib MiB in all (rows of 4 KiB, torch.chunk's split), registered with
+erun.State.register_shard and committed every --commit-every steps of
+--step-ms; each rank prints the wall time at which it trains again after a
+reset. `dcp-save` / `dcp-load` modes (under torchrun, gloo on the CPU): the
+same rows as a DTensor sharded Shard(0) over the world, written with
+torch.distributed.checkpoint.save to --dir, and read back with resharding
+into the world of the load (as torchtitan resumes), each timed between
+barriers."""
+import argparse
+import os
+import time
+
+import numpy as np
+
+ROW = 1024  # float32 per row: 4 KiB
+
+
+def erun_mode(o):
+    import erun
+    erun.init()
+    rows = o.mib * 1024 * 1024 // (ROW * 4)
+    b, e = erun.shard_rows(rows, erun.rank(), erun.size())
+    held = {"w": np.full((e - b, ROW), float(erun.rank()), dtype=np.float32)}
+    state = erun.State(step=0)
+    state.register_shard("w", rows, lambda: held["w"], lambda x: held.__setitem__("w", x))
+
+    @state.on_reset
+    def reset(old, new):
+        print(f"rank {erun.rank()}: reset {old} -> {new} at={time.time():.6f}", flush=True)
+
+    @erun.run
+    def train(state):
+        if state.commit_id == 0:
+            state.commit()
+            print(f"rank {erun.rank()} ready", flush=True)
+        while state.step < o.steps:
+            time.sleep(o.step_ms / 1000)
+            erun.barrier()
+            state.step += 1
+            if state.step % o.commit_every == 0:
+                state.commit()
+
+    train(state)
+
+
+def dcp_mode(o, load):
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard
+    start = time.time()
+    dist.init_process_group("gloo")
+    rank, size = dist.get_rank(), dist.get_world_size()
+    mesh = init_device_mesh("cpu", (size,))
+    rows = o.mib * 1024 * 1024 // (ROW * 4)
+    each = (rows + size - 1) // size
+    b, e = min(rows, rank * each), min(rows, (rank + 1) * each)
+    local = torch.full((e - b, ROW), float(rank), dtype=torch.float32)
+    dt = DTensor.from_local(local, mesh, [Shard(0)], run_check=False, shape=torch.Size([rows, ROW]),
+                            stride=(ROW, 1))
+    dist.barrier()
+    t0 = time.time()
+    if load:
+        dcp.load({"w": dt}, checkpoint_id=o.dir)
+    else:
+        dcp.save({"w": dt}, checkpoint_id=o.dir)
+    dist.barrier()
+    t1 = time.time()
+    if rank == 0:
+        print(f"dcp {'load' if load else 'save'} {size} ranks: {t1 - t0:.3f} s; started at {start:.6f} "
+              f"done at {t1:.6f}", flush=True)
+    dist.destroy_process_group()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("mode", choices=["erun", "dcp-save", "dcp-load"])
+    ap.add_argument("--mib", type=int, default=256)
+    ap.add_argument("--steps", type=int, default=100000)
+    ap.add_argument("--step-ms", type=int, default=50)
+    ap.add_argument("--commit-every", type=int, default=10)
+    ap.add_argument("--dir", default="")
+    o = ap.parse_args()
+    if o.mode == "erun":
+        erun_mode(o)
+    else:
+        dcp_mode(o, o.mode == "dcp-load")
+
+
+if __name__ == "__main__":
+    main()
