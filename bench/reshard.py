@@ -16,7 +16,9 @@ the same rows as a DTensor Shard(0) over 4 ranks written with
 torch.distributed.checkpoint.save, then read with resharding into 3 ranks
 by dcp.load (torchtitan's way to change the data-parallel degree), to
 /dev/shm and to disk; and the wall time of torchrun's restart of 3
-processes up to the end of that load.
+processes up to the end of that load. Each rank also samples its RssAnon
+every 2 ms: the peak around each reset, against its old piece plus its new
+one (the host-memory files are shared memory, not counted there).
 
   python3 bench/reshard.py --build build [--mib 256 2048] [--venv .venv]
 """
@@ -76,8 +78,13 @@ def phase(out, err, change, pattern, n):
     time.sleep(0.5)  # the ranks' "resharded" lines come through the agents, on erun's stdout
     found = re.findall(r"resharded commit \d+ for \d+ ranks \((\d+) bytes from other hosts, ([0-9.]+) ms\)",
                        text_since(out, o0))
+    peaks = re.findall(pattern + r" at=[0-9.]+ peak anon above the start ([0-9.]+) MiB; old piece ([0-9.]+) MiB, "
+                       r"new piece ([0-9.]+) MiB", text_since(out, o0))
     return {"s": max(times) - t0, "net": sum(int(b) for b, _ in found),
-            "ms": max((float(ms) for _, ms in found), default=float("nan"))}
+            "ms": max((float(ms) for _, ms in found), default=float("nan")),
+            # The most a rank's anonymous memory rose above its old piece + its new piece.
+            "over": max((float(p) - float(a) - float(b) for p, a, b in peaks), default=float("nan")),
+            "peak": max((float(p) for p, _, _ in peaks), default=float("nan"))}
 
 
 def write_hosts(work, text):
@@ -166,7 +173,8 @@ def main():
                            ("grow", "3 -> 4, a slot comes back")):
             r = e[name]
             print(f"  erun {what}: training again after {r['s']:.3f} s; reshard {r['ms']:.1f} ms (longest rank); "
-                  f"{r['net'] / 2**20:.1f} MiB over the network")
+                  f"{r['net'] / 2**20:.1f} MiB over the network; peak anonymous memory {r['peak']:.0f} MiB above "
+                  f"the start, {r['over']:+.1f} MiB beyond old + new piece (worst rank)")
         for name, d in (("/dev/shm", shm), ("disk", disk)):
             total = d["save"] + d["load"]
             print(f"  DCP to {name}: save (4 ranks) {d['save']:.3f} s + load resharded (3 ranks) {d['load']:.3f} s = "

@@ -9,6 +9,7 @@ into the world of the load (as torchtitan resumes), each timed between
 barriers."""
 import argparse
 import os
+import threading
 import time
 
 import numpy as np
@@ -16,18 +17,56 @@ import numpy as np
 ROW = 1024  # float32 per row: 4 KiB
 
 
+def rss_kib():
+    """(RssAnon, RssShmem) of this process, KiB."""
+    fields = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            k, _, v = line.partition(":")
+            fields[k] = v
+    return int(fields["RssAnon"].split()[0]), int(fields.get("RssShmem", "0 kB").split()[0])
+
+
+class PeakRss:
+    """The highest RssAnon seen since the last take(), sampled every 2 ms."""
+
+    def __init__(self):
+        self.peak = 0
+        self.lock = threading.Lock()
+        threading.Thread(target=self.run, daemon=True).start()
+
+    def run(self):
+        while True:
+            anon, _ = rss_kib()
+            with self.lock:
+                self.peak = max(self.peak, anon)
+            time.sleep(0.002)
+
+    def take(self):
+        with self.lock:
+            p, self.peak = self.peak, rss_kib()[0]
+        return p
+
+
 def erun_mode(o):
     import erun
     erun.init()
     rows = o.mib * 1024 * 1024 // (ROW * 4)
     b, e = erun.shard_rows(rows, erun.rank(), erun.size())
+    base = rss_kib()[0]  # before the piece
+    peak = PeakRss()
     held = {"w": np.full((e - b, ROW), float(erun.rank()), dtype=np.float32)}
     state = erun.State(step=0)
     state.register_shard("w", rows, lambda: held["w"], lambda x: held.__setitem__("w", x))
+    before = {"kib": held["w"].nbytes // 1024}
 
     @state.on_reset
     def reset(old, new):
-        print(f"rank {erun.rank()}: reset {old} -> {new} at={time.time():.6f}", flush=True)
+        now = held["w"].nbytes // 1024
+        print(f"rank {erun.rank()}: reset {old} -> {new} at={time.time():.6f} peak anon above the start "
+              f"{(peak.take() - base) / 1024:.1f} MiB; old piece {before['kib'] / 1024:.1f} MiB, new piece "
+              f"{now / 1024:.1f} MiB", flush=True)
+        before["kib"] = now
 
     @erun.run
     def train(state):

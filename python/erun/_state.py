@@ -115,6 +115,8 @@ class State:
         trailing = tuple(first.shape[1:])
         dtype = first.dtype
         row_bytes = _row_bytes(first)
+        is_array = isinstance(first, np.ndarray)
+        del first  # a reshard frees the old piece: keep no reference to it
         fresh: List[Any] = []
 
         def piece() -> Any:
@@ -131,12 +133,12 @@ class State:
         def load(view: memoryview) -> None:
             x = piece()
             if len(view) != x.shape[0] * row_bytes:
-                x = _empty_like_rows(x, len(view) // row_bytes)
+                x = _empty_rows(is_array, dtype, trailing, len(view) // row_bytes)
                 set(x)
             _copy_bytes_into(x, view)
 
         def prepare(n: int) -> int:
-            fresh[:] = [_empty_like_rows(first, n)]
+            fresh[:] = [_empty_rows(is_array, dtype, trailing, n)]
             return _core.Buffer(fresh[0], "State.sync", writable=True).ptr
 
         def install() -> None:
@@ -267,13 +269,13 @@ def _row_bytes(x: Any) -> int:
     return int(n)
 
 
-def _empty_like_rows(x: Any, rows: int) -> Any:
-    """A new contiguous tensor or array like x with `rows` rows."""
-    shape = (rows,) + tuple(x.shape[1:])
-    if isinstance(x, np.ndarray):
-        return np.empty(shape, dtype=x.dtype)
+def _empty_rows(is_array: bool, dtype: Any, trailing: Tuple[int, ...], rows: int) -> Any:
+    """A new contiguous numpy array (or torch tensor) of `rows` rows."""
+    shape = (rows,) + trailing
+    if is_array:
+        return np.empty(shape, dtype=dtype)
     import torch
-    return torch.empty(shape, dtype=x.dtype)
+    return torch.empty(shape, dtype=dtype)
 
 
 def _copy_bytes_into(x: Any, view: memoryview) -> None:

@@ -528,20 +528,38 @@ std::optional<Snapshot> HostCommits::read(const std::string& path) {
   return snap;
 }
 
-std::optional<Snapshot> HostCommits::read_held(uint64_t id) {
+std::optional<Snapshot> HostCommits::read_held(uint64_t id, const Keep& keep) {
   if (!opened_) open_files();
   settle();
   for (int i = 0; i < 2; ++i) {
-    if (id != 0 && held_[i] == id) return read(stem_ + kSuffix[i]);
+    if (id != 0 && held_[i] == id) return keep ? read(stem_ + kSuffix[i], keep) : read(stem_ + kSuffix[i]);
   }
   return std::nullopt;
 }
 
-std::optional<HostCommits::Found> HostCommits::newest(const std::string& dir, int ordinal) {
+std::optional<Snapshot> HostCommits::read(const std::string& path, const Keep& keep) {
+  Fd fd = open_own(path);
+  if (!fd) return std::nullopt;
+  auto l = read_listing(fd.get());
+  if (!l) return std::nullopt;
+  Snapshot snap;
+  snap.commit_id = l->id;
+  for (size_t k = 0; k < l->names.size(); ++k) {
+    if (!keep(l->names[k])) continue;
+    std::vector<char> bytes(static_cast<size_t>(l->sizes[k]));
+    if (!pread_all(fd.get(), bytes.data(), bytes.size(), l->offsets[k])) return std::nullopt;
+    snap.entries.emplace_back(l->names[k], std::move(bytes));
+  }
+  if (!held(fd.get(), l->id)) return std::nullopt;  // overwritten while read
+  return snap;
+}
+
+std::optional<HostCommits::Found> HostCommits::newest(const std::string& dir, int ordinal, const Keep& keep) {
   for (const ClaimedCommit& c : claimed_commits(dir)) {
     if (ordinal_of(c.name) != ordinal) continue;
     const std::string path = dir + "/" + c.name;
-    if (auto snap = read(path)) return Found{std::move(*snap), path};  // else torn by a killed worker, or not ours
+    // Else torn by a killed worker, or not ours.
+    if (auto snap = keep ? read(path, keep) : read(path)) return Found{std::move(*snap), path};
   }
   return std::nullopt;
 }

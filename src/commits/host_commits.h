@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -58,6 +59,8 @@ class Completion {
 
 class HostCommits {
  public:
+  // Which entries a reader wants (empty: all).
+  using Keep = std::function<bool(const std::string& name)>;
   // `stem`: DIR/NAME; DIR is created (0700) when missing. `discard`: what the
   // files hold is not this writer's to keep (an earlier State of the same
   // worker had them): they are emptied when opened.
@@ -96,7 +99,7 @@ class HostCommits {
 
   // Commit `id` as one of the files holds it whole; nullopt when neither
   // does (or it cannot be read).
-  std::optional<Snapshot> read_held(uint64_t id);
+  std::optional<Snapshot> read_held(uint64_t id, const Keep& keep = {});
   // The commits the two files hold whole (0: none), opening them first.
   std::pair<uint64_t, uint64_t> held_ids() {
     if (!opened_) open_files();
@@ -124,7 +127,7 @@ class HostCommits {
   // holds whole (its two ids equal, its table intact); torn, foreign or
   // unreadable files are skipped. nullopt when there is none or no such
   // directory.
-  static std::optional<Found> newest(const std::string& dir, int ordinal = 0);
+  static std::optional<Found> newest(const std::string& dir, int ordinal = 0, const Keep& keep = {});
   // The same choice, made from each file's header, table and trailer only
   // (its data unread): which commit, and where.
   struct Claim {
@@ -141,6 +144,9 @@ class HostCommits {
   static int ordinal_of(const std::string& file_name);
   // The commit one file holds whole; nullopt when torn, foreign or unreadable.
   static std::optional<Snapshot> read(const std::string& path);
+  // The same with only the entries `keep` accepts read (the others' bytes
+  // stay in the file): a State's whole entries without its sharded pieces.
+  static std::optional<Snapshot> read(const std::string& path, const Keep& keep);
 
   // What one file holds whole, its bytes left in the file: for a reader in
   // another process that copies them piecewise while the writer may begin

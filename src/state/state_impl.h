@@ -152,6 +152,15 @@ struct State::Impl {
   // commit(): each sharded entry's pieces (`gathered`, per entry) are its
   // rows for rank `rank` of `size`; throws erun::Error naming it otherwise.
   void check_shard_sizes(const std::vector<std::vector<si::Piece>>& gathered, int rank, int size);
+  // A reader's filter that leaves sharded pieces in the file (they are
+  // resharded, never loaded whole); empty without sharded entries.
+  si::HostCommits::Keep whole_only() const {
+    if (!has_shards()) return {};
+    return [this](const std::string& name) {
+      auto it = by_name.find(name);
+      return it == by_name.end() || entries[it->second].whole();
+    };
+  }
   bool has_shards() const {
     return std::any_of(entries.begin(), entries.end(), [](const Entry& e) { return e.shard != nullptr; });
   }
@@ -344,7 +353,7 @@ struct State::Impl {
   bool adopt(const WorkerInfo& info) {
     auto claim = std::exchange(adoptable, std::nullopt);
     if (!claim) return false;
-    auto found = si::HostCommits::newest(claim->path.substr(0, claim->path.rfind('/')), ordinal);
+    auto found = si::HostCommits::newest(claim->path.substr(0, claim->path.rfind('/')), ordinal, whole_only());
     if (!found || found->snapshot.commit_id <= commit_id) {
       ERUN_LOG_WARN("{}: host-memory commit {} in {} was overwritten before it was read; the job goes on from "
                     "commit {}",

@@ -399,7 +399,7 @@ void State::sync_sharded(int rejoined_from) {
     if (target != 0 && !(im.has_snapshot && im.commit_id == target)) {
       if (im.adoptable && im.adoptable->id == target) {
         loaded = im.adopt(info);
-      } else if (auto snap = im.host ? im.host->read_held(target) : std::nullopt) {
+      } else if (auto snap = im.host ? im.host->read_held(target, im.whole_only()) : std::nullopt) {
         im.apply(std::move(*snap), fmt::format("host-memory commit {} of {}", target, im.host->stem()),
                  /*allow_missing=*/true);
         im.snapshot_size = 0;

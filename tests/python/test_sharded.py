@@ -76,3 +76,20 @@ def test_shard_rows_and_register_shard_errors():
     with pytest.raises(erun.Error, match="not C-contiguous"):
         state.register_shard("t", 4, lambda: np.zeros((2, 4)).T, lambda y: None)
     assert issubclass(erun.StateLost, erun.Error)
+
+
+def test_register_shard_keeps_no_reference_to_a_piece():
+    """A reshard frees the old piece: the entry holds only what get() returns."""
+    import gc
+    import weakref
+    state = erun.State()
+    held = {"w": np.ones((6, 3))}
+    state.register_shard("w", 6, lambda: held["w"], lambda x: held.__setitem__("w", x))
+    old = weakref.ref(held["w"])
+    held["w"] = np.zeros((6, 3))  # what set(new) does after a reshard
+    gc.collect()
+    assert old() is None
+    state.sync()
+    state.commit()
+    state.restore()
+    assert held["w"].shape == (6, 3) and not held["w"].any()
