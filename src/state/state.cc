@@ -6,6 +6,8 @@ namespace erun {
 
 State::State(Context& ctx) : ctx_(ctx), impl_(std::make_unique<Impl>()) {}
 State::~State() {
+  // A push to the buddy reads this worker's files: it ends first.
+  impl_->finish_push(/*cancel=*/true);
   // A device copy in flight lands in a host-memory commit file: the device
   // slots wait for their copies before the files are unmapped.
   impl_->entries.clear();
@@ -148,6 +150,9 @@ void State::commit() {
   impl_->commit_id = std::max(impl_->commit_id + 1, impl_->next_id);
   impl_->has_snapshot = true;
   impl_->snapshot_size = ctx_.size();
+  // The buddy has the previous commit (or its push failed) before this one
+  // is written: it is never more than one commit behind.
+  impl_->finish_push(/*cancel=*/false);
   const bool in_host_memory = impl_->write_host_commit(ctx_.info(), direct, &gathered, /*devices_later=*/true);
   gathered.clear();
   keep.clear();  // the ranges were copied

@@ -15,6 +15,7 @@
 #include <array>
 #include <cstring>
 #include <optional>
+#include <thread>
 #include <unordered_map>
 
 #include "common/log.h"
@@ -115,8 +116,24 @@ struct State::Impl {
   std::unique_ptr<si::BuddyKeeper> keeper;
   std::optional<Buddy> buddy;
   bool buddy_failing = false;  // the last push failed (logged once per streak)
-  // After a commit written to host memory: its pieces to the buddy.
+  // After a commit written to host memory: its pieces to the buddy, from a
+  // thread of their own while training goes on. The push reads the commit
+  // where it lies in this worker's own file, which the next write leaves
+  // alone (it goes to the pair's other file) and which nothing rewrites
+  // before finish_push() has joined the push: the next commit, a sync, the
+  // State's end. So the buddy is at most one commit behind.
   void push_to_buddy(const Context& ctx);
+  // Joins the push in flight (`cancel`: ends it early; a sync does, since
+  // the generation it pushed for is over) and says how it ended.
+  void finish_push(bool cancel);
+  struct Push {
+    std::thread thread;
+    std::atomic<bool> cancel{false};
+    Status result = Status::ok();
+    uint64_t id = 0;
+    std::string who;  // the pusher, for messages
+  };
+  std::unique_ptr<Push> push;
   std::vector<std::function<void(int, int)>> reset_callbacks;
   // World size before this worker's last re-join, until the next sync (0: none).
   int rejoined_from = 0;

@@ -251,26 +251,44 @@ int choose_buddy(const Holdings& held, int rank) {
 }  // namespace
 
 void State::Impl::push_to_buddy(const Context& ctx) {
+  finish_push(/*cancel=*/false);
   std::vector<si::EntryRef> out;
   for (const Entry& e : entries) {
     if ((e.shard || e.shard_table) && e.has_committed) out.push_back(ref(e));
   }
-  Status s = si::push_to_buddy(buddy->address, buddy->port, buddy->job_id, buddy->secret, buddy->name, commit_id, out,
-                               ctx.collective_timeout());
   const WorkerInfo& info = ctx.info();
-  if (!s.is_ok() && !buddy_failing) {
-    ERUN_LOG_WARN("{}: commit {} has no copy on another host ({}): {}; should {} be lost before a commit reaches "
-                  "a buddy, the job goes back to the newest commit whose pieces it holds",
-                  who(info.generation, info.host, info.rank), commit_id, buddy->host, s.message(), info.host);
-  } else if (s.is_ok() && buddy_failing) {
-    ERUN_LOG_INFO("{}: commit {} is on {} again", who(info.generation, info.host, info.rank), commit_id, buddy->host);
+  push = std::make_unique<Push>();
+  push->id = commit_id;
+  push->who = who(info.generation, info.host, info.rank);
+  Push* p = push.get();
+  p->thread = std::thread([p, b = *buddy, out = std::move(out), timeout = ctx.collective_timeout()] {
+    p->result = si::push_to_buddy(b.address, b.port, b.job_id, b.secret, b.name, p->id, out, timeout, &p->cancel);
+  });
+}
+
+void State::Impl::finish_push(bool cancel) {
+  if (!push) return;
+  if (cancel) push->cancel = true;
+  push->thread.join();
+  const bool failed = !push->result.is_ok() && !push->cancel;
+  if (failed && !buddy_failing) {
+    ERUN_LOG_WARN("{}: commit {} has no copy on another host ({}): {}; should this host be lost before a commit "
+                  "reaches a buddy, the job goes back to the newest commit whose pieces it holds",
+                  push->who, push->id, buddy ? buddy->host : "none", push->result.message());
+  } else if (!failed && !push->cancel && buddy_failing) {
+    ERUN_LOG_INFO("{}: commit {} is on another host again", push->who, push->id);
   }
-  buddy_failing = !s.is_ok();
+  if (!push->cancel) buddy_failing = failed;
+  push.reset();
 }
 
 void State::sync_sharded(int rejoined_from) {
   const auto started = std::chrono::steady_clock::now();
   Impl& im = *impl_;
+  // The push of the last commit is for a generation that is over; what it
+  // sent so far stays torn on the buddy's side (its pair keeps the older
+  // commit), and the files it read may be rewritten from here on.
+  im.finish_push(/*cancel=*/true);
   Communicator& comm = ctx_.comm();
   const int rank = comm.rank();
   const int size = comm.size();
