@@ -210,11 +210,8 @@ Status fetch_ranges(const std::string& host, int port, const std::string& job_id
 }
 
 Status push_to_buddy(const std::string& host, int port, const std::string& job_id, const std::string& secret,
-                     const std::string& name, uint64_t id, const std::vector<EntryRef>& entries, Duration timeout,
-                     const std::atomic<bool>* cancel) {
-  net::Interrupt interrupt;
-  interrupt.flag = cancel;
-  const net::Interrupt* stop = cancel != nullptr ? &interrupt : nullptr;
+                     const std::string& name, uint64_t id, const std::vector<EntryRef>& entries, Duration timeout) {
+  const net::Interrupt* stop = nullptr;
   auto fail = [&](const std::string& what) {
     return Status::error(fmt::format("keeping commit {} on {}:{}: {}", id, host, port, what));
   };

@@ -26,7 +26,6 @@
 // One commit per connection.
 #pragma once
 
-#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -87,10 +86,9 @@ Status fetch_ranges(const std::string& host, int port, const std::string& job_id
 // outside the file, is refused and changes nothing.
 // Sends commit `id` of `entries` to the BuddyKeeper at host:port, to be
 // kept under `name` (kBuddyPrefix + the pusher's stem name); OK once the
-// keeper has it whole. `*cancel` set (from any thread) ends it early.
+// keeper has it whole.
 Status push_to_buddy(const std::string& host, int port, const std::string& job_id, const std::string& secret,
-                     const std::string& name, uint64_t id, const std::vector<EntryRef>& entries, Duration timeout,
-                     const std::atomic<bool>* cancel = nullptr);
+                     const std::string& name, uint64_t id, const std::vector<EntryRef>& entries, Duration timeout);
 
 // Keeps other hosts' pieces in `dir` (see above) from a thread of its own,
 // one push at a time. A push that fails the handshake, names a file that is

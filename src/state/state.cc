@@ -6,8 +6,9 @@ namespace erun {
 
 State::State(Context& ctx) : ctx_(ctx), impl_(std::make_unique<Impl>()) {}
 State::~State() {
-  // A push to the buddy reads this worker's files: it ends first.
-  impl_->finish_push(/*cancel=*/true);
+  // A push to the buddy reads this worker's files: it ends first (a worker
+  // that leaves so leaves its last commit on the next host).
+  impl_->finish_push();
   // A device copy in flight lands in a host-memory commit file: the device
   // slots wait for their copies before the files are unmapped.
   impl_->entries.clear();
@@ -152,7 +153,7 @@ void State::commit() {
   impl_->snapshot_size = ctx_.size();
   // The buddy has the previous commit (or its push failed) before this one
   // is written: it is never more than one commit behind.
-  impl_->finish_push(/*cancel=*/false);
+  impl_->finish_push();
   const bool in_host_memory = impl_->write_host_commit(ctx_.info(), direct, &gathered, /*devices_later=*/true);
   gathered.clear();
   keep.clear();  // the ranges were copied

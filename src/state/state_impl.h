@@ -118,17 +118,16 @@ struct State::Impl {
   bool buddy_failing = false;  // the last push failed (logged once per streak)
   // After a commit written to host memory: its pieces to the buddy, from a
   // thread of their own while training goes on. The push reads the commit
-  // where it lies in this worker's own file, which the next write leaves
-  // alone (it goes to the pair's other file) and which nothing rewrites
-  // before finish_push() has joined the push: the next commit, a sync, the
-  // State's end. So the buddy is at most one commit behind.
+  // where it lies in this worker's own file, which nothing rewrites before
+  // finish_push() has joined the push: the next commit, a sync and the
+  // State's end wait for it first. So the buddy is at most one commit
+  // behind, and a worker that leaves (a drain) leaves its last commit on
+  // the next host.
   void push_to_buddy(const Context& ctx);
-  // Joins the push in flight (`cancel`: ends it early; a sync does, since
-  // the generation it pushed for is over) and says how it ended.
-  void finish_push(bool cancel);
+  // Joins the push in flight and says how it ended (a failure once a streak).
+  void finish_push();
   struct Push {
     std::thread thread;
-    std::atomic<bool> cancel{false};
     Status result = Status::ok();
     uint64_t id = 0;
     std::string who;  // the pusher, for messages

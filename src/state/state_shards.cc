@@ -251,7 +251,7 @@ int choose_buddy(const Holdings& held, int rank) {
 }  // namespace
 
 void State::Impl::push_to_buddy(const Context& ctx) {
-  finish_push(/*cancel=*/false);
+  finish_push();
   std::vector<si::EntryRef> out;
   for (const Entry& e : entries) {
     if ((e.shard || e.shard_table) && e.has_committed) out.push_back(ref(e));
@@ -262,33 +262,31 @@ void State::Impl::push_to_buddy(const Context& ctx) {
   push->who = who(info.generation, info.host, info.rank);
   Push* p = push.get();
   p->thread = std::thread([p, b = *buddy, out = std::move(out), timeout = ctx.collective_timeout()] {
-    p->result = si::push_to_buddy(b.address, b.port, b.job_id, b.secret, b.name, p->id, out, timeout, &p->cancel);
+    p->result = si::push_to_buddy(b.address, b.port, b.job_id, b.secret, b.name, p->id, out, timeout);
   });
 }
 
-void State::Impl::finish_push(bool cancel) {
+void State::Impl::finish_push() {
   if (!push) return;
-  if (cancel) push->cancel = true;
   push->thread.join();
-  const bool failed = !push->result.is_ok() && !push->cancel;
+  const bool failed = !push->result.is_ok();
   if (failed && !buddy_failing) {
     ERUN_LOG_WARN("{}: commit {} has no copy on another host ({}): {}; should this host be lost before a commit "
                   "reaches a buddy, the job goes back to the newest commit whose pieces it holds",
                   push->who, push->id, buddy ? buddy->host : "none", push->result.message());
-  } else if (!failed && !push->cancel && buddy_failing) {
+  } else if (!failed && buddy_failing) {
     ERUN_LOG_INFO("{}: commit {} is on another host again", push->who, push->id);
   }
-  if (!push->cancel) buddy_failing = failed;
+  buddy_failing = failed;
   push.reset();
 }
 
 void State::sync_sharded(int rejoined_from) {
   const auto started = std::chrono::steady_clock::now();
   Impl& im = *impl_;
-  // The push of the last commit is for a generation that is over; what it
-  // sent so far stays torn on the buddy's side (its pair keeps the older
-  // commit), and the files it read may be rewritten from here on.
-  im.finish_push(/*cancel=*/true);
+  // The push of the last commit ends first: the buddy then holds it (or
+  // the push failed and says so), whatever this sync rewrites.
+  im.finish_push();
   Communicator& comm = ctx_.comm();
   const int rank = comm.rank();
   const int size = comm.size();
