@@ -39,20 +39,19 @@ handshake::Proofs proofs(const std::string& job_id, const std::string& secret,
 
 // The initiator's half of the handshake on a connected socket: sends the
 // magic and a nonce, checks the responder's proof, sends its own.
-Status initiate(int fd, const char (&magic)[8], const handshake::Proofs& p, Duration timeout,
-                const net::Interrupt* stop = nullptr) {
+Status initiate(int fd, const char (&magic)[8], const handshake::Proofs& p, Duration timeout) {
   auto step = [&] { return std::chrono::steady_clock::now() + timeout; };
   const std::string mine = handshake::random_bytes(handshake::kNonceBytes);
-  if (auto o = net::send_all(fd, std::string(magic, sizeof(magic)) + mine, step(), stop); !o.ok()) {
+  if (auto o = net::send_all(fd, std::string(magic, sizeof(magic)) + mine, step()); !o.ok()) {
     return Status::error(o.text());
   }
   std::string reply(handshake::kNonceBytes + handshake::kMacBytes, '\0');
-  if (auto o = net::recv_exact(fd, reply.data(), reply.size(), step(), stop); !o.ok()) return Status::error(o.text());
+  if (auto o = net::recv_exact(fd, reply.data(), reply.size(), step()); !o.ok()) return Status::error(o.text());
   const std::string theirs = reply.substr(0, handshake::kNonceBytes);
   if (!handshake::equal_ct(reply.substr(handshake::kNonceBytes), p.responder(mine, theirs))) {
     return Status::error("the other side failed the job secret's proof");
   }
-  if (auto o = net::send_all(fd, p.initiator(mine, theirs), step(), stop); !o.ok()) return Status::error(o.text());
+  if (auto o = net::send_all(fd, p.initiator(mine, theirs), step()); !o.ok()) return Status::error(o.text());
   return Status::ok();
 }
 
@@ -82,9 +81,9 @@ Status refuse(int fd, const std::string& why, TimePoint deadline, const net::Int
 }
 
 // Reads a verdict (u8 1, or u8 0 and why); the refusal as an error.
-Status verdict(int fd, TimePoint deadline, const net::Interrupt* stop = nullptr) {
+Status verdict(int fd, TimePoint deadline) {
   char ok = 0;
-  if (auto o = net::recv_exact(fd, &ok, 1, deadline, stop); !o.ok()) return Status::error(o.text());
+  if (auto o = net::recv_exact(fd, &ok, 1, deadline); !o.ok()) return Status::error(o.text());
   if (ok == 1) return Status::ok();
   char len[4];
   std::string why = "refused";
@@ -211,29 +210,28 @@ Status fetch_ranges(const std::string& host, int port, const std::string& job_id
 
 Status push_to_buddy(const std::string& host, int port, const std::string& job_id, const std::string& secret,
                      const std::string& name, uint64_t id, const std::vector<EntryRef>& entries, Duration timeout) {
-  const net::Interrupt* stop = nullptr;
   auto fail = [&](const std::string& what) {
     return Status::error(fmt::format("keeping commit {} on {}:{}: {}", id, host, port, what));
   };
   auto step = [&] { return std::chrono::steady_clock::now() + timeout; };
   auto addrs = net::resolve(host, std::to_string(port));
   if (!addrs.is_ok() || addrs.value().empty()) return fail("cannot resolve the host");
-  net::Socket s = net::connect(addrs.value().front(), step(), stop);
+  net::Socket s = net::connect(addrs.value().front(), step());
   if (!s.ok()) return fail(s.outcome.text());
   const int fd = s.fd.get();
-  if (Status st = initiate(fd, kBuddyMagic, proofs(job_id, secret, kBuddyScheme), timeout, stop); !st.is_ok()) {
+  if (Status st = initiate(fd, kBuddyMagic, proofs(job_id, secret, kBuddyScheme), timeout); !st.is_ok()) {
     return fail(st.message());
   }
   PayloadWriter w;
   w.bytes(name).u64(id).u32(static_cast<uint32_t>(entries.size()));
   for (const EntryRef& e : entries) w.bytes(*e.name).u64(e.size);
-  if (auto o = net::send_all(fd, w.str(), step(), stop); !o.ok()) return fail(o.text());
+  if (auto o = net::send_all(fd, w.str(), step()); !o.ok()) return fail(o.text());
   for (const EntryRef& e : entries) {
     Status sent = Status::ok();
     e.each_range([&](const char* p, size_t n) {
       for (size_t at = 0; at < n && sent.is_ok();) {
         const size_t k = std::min(kChunk, n - at);
-        if (auto o = net::send_all(fd, std::string_view(p + at, k), step(), stop); !o.ok()) {
+        if (auto o = net::send_all(fd, std::string_view(p + at, k), step()); !o.ok()) {
           sent = Status::error(o.text());
         }
         at += k;
@@ -241,7 +239,7 @@ Status push_to_buddy(const std::string& host, int port, const std::string& job_i
     });
     if (!sent.is_ok()) return fail(sent.message());
   }
-  if (Status st = verdict(fd, step(), stop); !st.is_ok()) return fail(st.message());
+  if (Status st = verdict(fd, step()); !st.is_ok()) return fail(st.message());
   return Status::ok();
 }
 

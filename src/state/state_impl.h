@@ -25,6 +25,7 @@
 #include "state/device_state.h"
 #include "state/reshard_plan.h"
 #include "state/shard_exchange.h"
+#include "state/shard_sync.h"
 #include "commits/host_commits.h"
 #include "commits/snapshot.h"
 
@@ -133,6 +134,42 @@ struct State::Impl {
     std::string who;  // the pusher, for messages
   };
   std::unique_ptr<Push> push;
+
+  // A sharded State's sync() in steps (state_shards.cc, state/shard_sync.h).
+  // Where this worker serves its host's files and pushes, and the job's credentials.
+  struct Link {
+    std::string address;
+    std::string job_id;
+    std::string secret;
+  };
+  // What this rank holds, with the server of its host's files started in
+  // `server` when other ranks may read them.
+  si::Offer offer(const WorkerInfo& info, const Link& link, const std::string& dir, int rejoined_from, int size,
+                  Duration timeout, std::unique_ptr<si::ShardServer>* server);
+  // Chooses this rank's buddy for the generation.
+  void pair_buddy(const si::Holdings& held, int rank, const std::string& stem, const Link& link);
+  // The sharded entries' shapes (their rows held: this rank's last).
+  std::vector<si::ShardPiece> shard_shapes() const;
+  // Every rank takes commit `target`'s whole entries from one root.
+  void take_whole(Communicator& comm, const WorkerInfo& info, const si::Holdings& held, uint64_t target);
+  // Whether this rank holds exactly its rows of `target` for the world.
+  bool holds_its_rows(const si::Holdings& held, uint64_t target, int rank, int size) const;
+  // One sharded entry's new rows and where each comes from.
+  struct RowsPlan {
+    Entry* entry;
+    std::vector<si::RowSource> sources;
+    std::vector<std::string> files;  // per source, its file (empty: memory)
+    si::RowPlan plan;
+    si::RowRange want;
+  };
+  std::vector<RowsPlan> plan_reshard(const si::Holdings& held, uint64_t target, int rank, int size, uint64_t* moved);
+  // Reads an entry's new rows into new storage (the old one left as it is).
+  void read_rows(RowsPlan& m, const si::Holdings& held, uint64_t target, int my_host, const std::string& dir,
+                 const Link& link, Duration timeout);
+  // Gives every rank its rows of `target` (collective); whether this one's
+  // pieces changed. `moved` adds the bytes read from other hosts.
+  bool reshard(Communicator& comm, const si::Holdings& held, uint64_t target, const std::string& dir,
+               const Link& link, Duration timeout, std::unique_ptr<si::ShardServer> server, uint64_t* moved);
   std::vector<std::function<void(int, int)>> reset_callbacks;
   // World size before this worker's last re-join, until the next sync (0: none).
   int rejoined_from = 0;

@@ -9,7 +9,7 @@
 #include <set>
 
 #include "commits/commit_files.h"
-#include "common/codec.h"
+#include "state/shard_sync.h"
 
 namespace erun {
 
@@ -17,153 +17,6 @@ namespace {
 
 si::SplitRule rule_of(State::ShardSplit s) {
   return s == State::ShardSplit::kChunk ? si::SplitRule::kChunk : si::SplitRule::kEven;
-}
-
-// What one rank tells the others at a sharded State's sync().
-struct Offer {
-  std::string host;
-  std::string address;
-  int port = 0;                        // its shard server (0: none)
-  int buddy_port = 0;                  // its BuddyKeeper (0: none)
-  uint64_t memory_id = 0;              // the commit in its memory (0: none)
-  uint64_t snapshot_size = 0;          // the world size that commit was made at (0: unknown)
-  uint64_t rejoined_from = 0;          // the world size it re-joined from since the last sync (0: none)
-  std::vector<uint64_t> whole;         // commits whose whole entries it can give (its memory, its files)
-  std::vector<si::ShardPiece> memory;  // the pieces of its memory commit
-  std::vector<si::FilePiece> files;    // the pieces its host's files hold
-};
-
-std::string encode_offer(const Offer& o) {
-  PayloadWriter w;
-  w.bytes(o.host).bytes(o.address).u32(static_cast<uint32_t>(o.port)).u32(static_cast<uint32_t>(o.buddy_port));
-  w.u64(o.memory_id).u64(o.snapshot_size).u64(o.rejoined_from);
-  w.u32(static_cast<uint32_t>(o.whole.size()));
-  for (uint64_t id : o.whole) w.u64(id);
-  w.bytes(si::encode_shard_table(o.memory));
-  w.u32(static_cast<uint32_t>(o.files.size()));
-  for (const si::FilePiece& f : o.files) {
-    w.bytes(f.file).u64(f.id).u64(f.offset).bytes(si::encode_shard_table({f.piece}));
-  }
-  return w.str();
-}
-
-Offer decode_offer(const std::vector<char>& bytes, int rank) {
-  const std::string source = fmt::format("rank {}'s offer of sharded pieces", rank);
-  PayloadReader r(std::string_view(bytes.data(), bytes.size()));
-  Offer o;
-  o.host = r.bytes();
-  o.address = r.bytes();
-  o.port = static_cast<int>(r.u32());
-  o.buddy_port = static_cast<int>(r.u32());
-  o.memory_id = r.u64();
-  o.snapshot_size = r.u64();
-  o.rejoined_from = r.u64();
-  const uint32_t ids = r.u32();
-  for (uint32_t i = 0; i < ids && !r.failed() && i < (1u << 16); ++i) o.whole.push_back(r.u64());
-  const std::string memory = r.bytes();
-  o.memory = si::decode_shard_table(memory.data(), memory.size(), source);
-  const uint32_t n = r.u32();
-  for (uint32_t i = 0; i < n && !r.failed(); ++i) {
-    si::FilePiece f;
-    f.file = r.bytes();
-    f.id = r.u64();
-    f.offset = r.u64();
-    const std::string table = r.bytes();
-    auto pieces = si::decode_shard_table(table.data(), table.size(), source);
-    if (pieces.size() != 1) break;
-    f.piece = std::move(pieces.front());
-    o.files.push_back(std::move(f));
-  }
-  if (!r.done() || o.files.size() != n || o.whole.size() != ids) {
-    throw Error(fmt::format("erun: {} is malformed", source));
-  }
-  return o;
-}
-
-// Every rank's offer, and where each row of each commit can be read.
-struct Holdings {
-  std::vector<Offer> offers;
-  std::vector<int> host_of;     // per rank, its host's number (hosts numbered in rank order)
-  std::vector<bool> publishes;  // per rank: it serves its host's files (the host's lowest rank that found some)
-
-  explicit Holdings(std::vector<Offer> all) : offers(std::move(all)) {
-    std::map<std::string, int> index;
-    std::vector<bool> published;
-    for (const Offer& o : offers) {
-      auto [it, fresh] = index.emplace(o.host, static_cast<int>(index.size()));
-      if (fresh) published.push_back(false);
-      const auto h = static_cast<size_t>(it->second);
-      host_of.push_back(it->second);
-      publishes.push_back(!published[h] && !o.files.empty());
-      if (publishes.back()) published[h] = true;
-    }
-  }
-
-  // The copies of entry `name`'s rows at commit `id`, and per copy its file
-  // (empty: a rank's memory).
-  void sources(const std::string& name, uint64_t rows, uint64_t row_bytes, uint64_t id,
-               std::vector<si::RowSource>* out, std::vector<std::string>* files) const {
-    auto check = [&](const si::ShardPiece& p, const std::string& where) {
-      if (p.rows == rows && p.row_bytes == row_bytes) return;
-      throw Error(fmt::format("erun: sharded entry '{}' has {} rows of {} bytes here, but {} holds a piece of {} "
-                              "rows of {} bytes; register it with the same shape on every worker",
-                              name, rows, row_bytes, where, p.rows, p.row_bytes));
-    };
-    for (size_t r = 0; r < offers.size(); ++r) {
-      const Offer& o = offers[r];
-      if (o.memory_id == id) {
-        for (const si::ShardPiece& p : o.memory) {
-          if (p.name != name) continue;
-          check(p, fmt::format("rank {}'s commit {}", r, id));
-          si::RowSource s;
-          s.rows = p.held;
-          s.host = host_of[r];
-          s.server = static_cast<int>(r);
-          s.memory = true;
-          out->push_back(s);
-          files->emplace_back();
-        }
-      }
-      if (!publishes[r]) continue;
-      for (const si::FilePiece& f : o.files) {
-        if (f.id != id || f.piece.name != name) continue;
-        check(f.piece, fmt::format("file {} of host {}", f.file, o.host));
-        si::RowSource s;
-        s.rows = f.piece.held;
-        s.host = host_of[r];
-        s.server = static_cast<int>(r);
-        s.offset = f.offset;
-        out->push_back(s);
-        files->push_back(f.file);
-      }
-    }
-  }
-
-  // The rows of [0, rows) that no copy of commit `id` holds.
-  std::vector<si::RowRange> holes(const std::string& name, uint64_t rows, uint64_t row_bytes, uint64_t id) const {
-    std::vector<si::RowSource> s;
-    std::vector<std::string> files;
-    sources(name, rows, row_bytes, id, &s, &files);
-    std::sort(s.begin(), s.end(), [](const auto& a, const auto& b) { return a.rows.begin < b.rows.begin; });
-    std::vector<si::RowRange> out;
-    uint64_t at = 0;
-    for (const si::RowSource& c : s) {
-      if (c.rows.size() == 0) continue;
-      if (c.rows.begin > at) out.push_back({at, c.rows.begin});
-      at = std::max(at, c.rows.end);
-    }
-    if (at < rows) out.push_back({at, rows});
-    return out;
-  }
-};
-
-std::string rows_text(const std::vector<si::RowRange>& ranges) {
-  std::string out;
-  for (const si::RowRange& r : ranges) {
-    out += fmt::format("{}{}", out.empty() ? "" : ", ",
-                       r.size() == 1 ? fmt::format("row {}", r.begin) : fmt::format("rows {}..{}", r.begin, r.end - 1));
-  }
-  return out;
 }
 
 }  // namespace
@@ -227,29 +80,6 @@ void State::Impl::check_shard_sizes(const std::vector<std::vector<si::Piece>>& g
   }
 }
 
-namespace {
-
-// This rank's buddy for the generation: a worker of the next host (in rank
-// order, around) that keeps copies, the one at this rank's place among its
-// host's ranks (modulo their number). -1: none (one host).
-int choose_buddy(const Holdings& held, int rank) {
-  const int hosts = 1 + *std::max_element(held.host_of.begin(), held.host_of.end());
-  const int mine = held.host_of[static_cast<size_t>(rank)];
-  int place = 0;
-  for (int r = 0; r < rank; ++r) place += held.host_of[static_cast<size_t>(r)] == mine;
-  for (int step = 1; step < hosts; ++step) {
-    const int next = (mine + step) % hosts;
-    std::vector<int> keepers;
-    for (size_t r = 0; r < held.offers.size(); ++r) {
-      if (held.host_of[r] == next && held.offers[r].buddy_port != 0) keepers.push_back(static_cast<int>(r));
-    }
-    if (!keepers.empty()) return keepers[static_cast<size_t>(place) % keepers.size()];
-  }
-  return -1;
-}
-
-}  // namespace
-
 void State::Impl::push_to_buddy(const Context& ctx) {
   finish_push();
   std::vector<si::EntryRef> out;
@@ -281,6 +111,217 @@ void State::Impl::finish_push() {
   push.reset();
 }
 
+si::Offer State::Impl::offer(const WorkerInfo& info, const Link& link, const std::string& dir, int rejoined_from,
+                             int size, Duration timeout, std::unique_ptr<si::ShardServer>* server) {
+  si::Offer mine;
+  mine.host = info.host;
+  mine.address = link.address;
+  mine.rejoined_from = static_cast<uint64_t>(rejoined_from);
+  if (has_snapshot && commit_id > 0) {
+    mine.memory_id = commit_id;
+    mine.snapshot_size = static_cast<uint64_t>(snapshot_size);
+    mine.whole.push_back(commit_id);
+    for (const Entry& e : entries) {
+      if (e.shard && e.has_committed && e.shard->commit == commit_id) {
+        mine.memory.push_back({e.name, e.shard->rows, e.shard->row_bytes, e.shard->held});
+      }
+    }
+  }
+  if (host == nullptr) return mine;
+  try {
+    auto [a, b] = host->held_ids();
+    for (uint64_t id : {a, b}) {
+      if (id != 0) mine.whole.push_back(id);
+    }
+  } catch (const Error&) {
+    // no host-memory files: the first commit says why
+  }
+  if (adoptable) mine.whole.push_back(adoptable->id);
+  if (!keeper && !link.address.empty()) {
+    keeper = std::make_unique<si::BuddyKeeper>(link.address, dir, link.job_id, link.secret, timeout);
+    if (keeper->port() == 0) ERUN_LOG_WARN("erun: rank {} keeps no buddy copies: {}", info.rank, keeper->error());
+  }
+  if (keeper) mine.buddy_port = keeper->port();
+  mine.files = si::list_pieces(dir, ordinal);
+  if (!mine.files.empty() && !link.address.empty() && size > 1) {
+    *server = std::make_unique<si::ShardServer>(link.address, dir, link.job_id, link.secret, timeout);
+    if ((*server)->port() == 0) {
+      ERUN_LOG_WARN("erun: rank {} serves no sharded pieces: {}", info.rank, (*server)->error());
+    }
+    mine.port = (*server)->port();
+  }
+  return mine;
+}
+
+void State::Impl::pair_buddy(const si::Holdings& held, int rank, const std::string& stem, const Link& link) {
+  buddy.reset();
+  const int b = si::choose_buddy(held, rank);
+  if (b < 0 || host == nullptr) return;
+  const si::Offer& k = held.offers[static_cast<size_t>(b)];
+  const std::string own = si::HostCommits::stem_of(stem, ordinal);
+  buddy = Buddy{k.host, k.address, k.buddy_port, kBuddyPrefix + own.substr(own.rfind('/') + 1), link.job_id,
+                link.secret};
+}
+
+std::vector<si::ShardPiece> State::Impl::shard_shapes() const {
+  std::vector<si::ShardPiece> out;
+  for (const Entry& e : entries) {
+    if (e.shard) out.push_back({e.name, e.shard->rows, e.shard->row_bytes, e.shard->held});
+  }
+  return out;
+}
+
+void State::Impl::take_whole(Communicator& comm, const WorkerInfo& info, const si::Holdings& held, uint64_t target) {
+  // From the lowest rank that holds the commit in memory, else from the
+  // lowest that has it in a file; nobody committed (0): rank 0's values.
+  int root = -1;
+  for (size_t r = 0; target != 0 && r < held.offers.size() && root < 0; ++r) {
+    if (held.offers[r].memory_id == target) root = static_cast<int>(r);
+  }
+  for (size_t r = 0; target != 0 && r < held.offers.size() && root < 0; ++r) {
+    const auto& w = held.offers[r].whole;
+    if (std::find(w.begin(), w.end(), target) != w.end()) root = static_cast<int>(r);
+  }
+  if (root < 0) root = 0;
+  const int rank = comm.rank();
+  std::vector<char> blob;
+  if (rank == root) {
+    bool loaded = false;
+    if (target != 0 && !(has_snapshot && commit_id == target)) {
+      if (adoptable && adoptable->id == target) {
+        loaded = adopt(info);
+      } else if (auto snap = host ? host->read_held(target, whole_only()) : std::nullopt) {
+        apply(std::move(*snap), fmt::format("host-memory commit {} of {}", target, host->stem()),
+              /*allow_missing=*/true);
+        snapshot_size = 0;
+        loaded = true;
+      }
+      if (!loaded) throw CommError(fmt::format("erun: rank {} could not read commit {} it offered", rank, target));
+    }
+    adoptable.reset();
+    blob = root_blob(target, /*devices_over_nccl=*/false, loaded);
+  } else {
+    adoptable.reset();
+  }
+  const int size = comm.size();
+  if (size > 1) {
+    int64_t bytes = static_cast<int64_t>(blob.size());
+    comm.broadcast(&bytes, sizeof(bytes), root);
+    if (rank != root) blob.resize(static_cast<size_t>(bytes));
+    comm.broadcast(blob.data(), blob.size(), root);
+    if (rank != root) {
+      std::string source = fmt::format("the state broadcast by rank {}", root);
+      si::Snapshot snap = si::decode(blob.data(), blob.size(), source);
+      blob = {};
+      apply(std::move(snap), source, /*allow_missing=*/false);
+    }
+  }
+  const si::Offer& from = held.offers[static_cast<size_t>(root)];
+  snapshot_size = target == 0 ? size : from.memory_id == target ? static_cast<int>(from.snapshot_size) : 0;
+}
+
+bool State::Impl::holds_its_rows(const si::Holdings& held, uint64_t target, int rank, int size) const {
+  if (held.offers[static_cast<size_t>(rank)].memory_id != target) return false;
+  for (const Entry& e : entries) {
+    if (e.shard && !(e.has_committed && e.shard->commit == target &&
+                     e.shard->held == si::split_rows(e.shard->rows, e.shard->rule, rank, size))) {
+      return false;
+    }
+  }
+  return true;
+}
+
+std::vector<State::Impl::RowsPlan> State::Impl::plan_reshard(const si::Holdings& held, uint64_t target, int rank,
+                                                            int size, uint64_t* moved) {
+  std::vector<RowsPlan> plans;
+  const int my_host = held.host_of[static_cast<size_t>(rank)];
+  for (Entry& e : entries) {
+    if (!e.shard) continue;
+    RowsPlan m{&e, {}, {}, {}, si::split_rows(e.shard->rows, e.shard->rule, rank, size)};
+    held.sources({e.name, e.shard->rows, e.shard->row_bytes, {}}, target, &m.sources, &m.files);
+    m.plan = si::plan_rows(m.want, rank, my_host, m.sources);
+    *moved += si::remote_rows(m.plan, my_host, m.sources) * e.shard->row_bytes;
+    plans.push_back(std::move(m));
+  }
+  return plans;
+}
+
+void State::Impl::read_rows(RowsPlan& m, const si::Holdings& held, uint64_t target, int my_host,
+                            const std::string& dir, const Link& link, Duration timeout) {
+  const uint64_t row = m.entry->shard->row_bytes;
+  char* fresh = static_cast<char*>(m.entry->shard->prepare(m.want.size()));
+  std::map<size_t, std::vector<si::ByteRange>> by_source;  // the file reads, per source
+  for (const si::RowTransfer& t : m.plan.transfers) {
+    const si::RowSource& s = m.sources[t.source];
+    char* out = fresh + (t.rows.begin - m.want.begin) * row;
+    const uint64_t bytes = t.rows.size() * row;
+    if (s.memory) {
+      std::memcpy(out, ref(*m.entry).data + (t.rows.begin - s.rows.begin) * row, bytes);
+    } else {
+      by_source[t.source].push_back({s.offset + (t.rows.begin - s.rows.begin) * row, bytes, out});
+    }
+  }
+  for (auto& [k, ranges] : by_source) {
+    const si::RowSource& s = m.sources[k];
+    const si::Offer& o = held.offers[static_cast<size_t>(s.server)];
+    Status st = s.host == my_host ? si::read_ranges(dir + "/" + m.files[k], target, ranges)
+                                  : si::fetch_ranges(o.address, o.port, link.job_id, link.secret, m.files[k], target,
+                                                     ranges, timeout);
+    if (!st.is_ok()) throw Error(st.message());
+  }
+}
+
+bool State::Impl::reshard(Communicator& comm, const si::Holdings& held, uint64_t target, const std::string& dir,
+                          const Link& link, Duration timeout, std::unique_ptr<si::ShardServer> server,
+                          uint64_t* moved) {
+  const int rank = comm.rank();
+  const int size = comm.size();
+  if (comm.allreduce_value<int64_t>(holds_its_rows(held, target, rank, size) ? 0 : 1, ReduceOp::kMax) == 0) {
+    // Every rank holds its rows of this commit: back to them (a plain host
+    // update leaves the steps since the commit in the storage).
+    for (const Entry& e : entries) {
+      if (e.shard) e.load_range(ref(e).data, ref(e).size);
+    }
+    return false;
+  }
+  std::vector<RowsPlan> plans = plan_reshard(held, target, rank, size, moved);
+  // Rows that only another rank's memory holds (no host-memory files)
+  // cannot reach this rank.
+  std::string failure;
+  int64_t code = 0;  // 1: a read failed (try again); 2: rows cannot reach a rank
+  for (const RowsPlan& m : plans) {
+    if (m.plan.missing.empty()) continue;
+    failure = fmt::format("'{}' {} of commit {} lie only in another rank's memory: sharded entries move between ranks "
+                          "through host-memory commit files (ERUN_COMMIT_DIR), which this worker has not",
+                          m.entry->name, si::rows_text(m.plan.missing), target);
+    code = 2;
+  }
+  // The bytes: into new storage, the old one (and the commit) left as they are.
+  try {
+    for (RowsPlan& m : plans) {
+      if (code == 0) read_rows(m, held, target, held.host_of[static_cast<size_t>(rank)], dir, link, timeout);
+    }
+  } catch (const Error& e) {
+    failure = e.what();
+    code = 1;
+  }
+  // Nobody installs until every rank has read what it needs: the servers
+  // and the files stay as they are until then.
+  const int64_t failed = comm.allreduce_value<int64_t>(code, ReduceOp::kMax);
+  server.reset();
+  const std::string what =
+      fmt::format("erun: resharding commit {} failed{}", target, failure.empty() ? " on another rank" : ": " + failure);
+  if (failed == 2) throw StateLost(what);
+  if (failed != 0) throw CommError(what);
+  for (RowsPlan& m : plans) {
+    m.entry->shard->install();
+    m.entry->shard->held = m.want;
+    m.entry->shard->commit = target;
+    m.entry->has_committed = true;
+  }
+  return true;
+}
+
 void State::sync_sharded(int rejoined_from) {
   const auto started = std::chrono::steady_clock::now();
   Impl& im = *impl_;
@@ -293,263 +334,60 @@ void State::sync_sharded(int rejoined_from) {
   const WorkerInfo& info = ctx_.info();
   const std::string stem = ctx_.host_commit_stem();
   const std::string dir = stem.empty() ? std::string() : stem.substr(0, stem.rfind('/'));
-  const Context::PeerLink link = ctx_.peer_link();
-  std::vector<Impl::Entry*> shards;
-  for (Impl::Entry& e : im.entries) {
-    if (e.shard) shards.push_back(&e);
-  }
-  auto want_of = [&](const Impl::Entry& e, int r) { return si::split_rows(e.shard->rows, e.shard->rule, r, size); };
+  const Context::PeerLink peer = ctx_.peer_link();
+  const Impl::Link link{peer.address, peer.job_id, peer.secret};
+  const Duration timeout = ctx_.collective_timeout();
 
   // 1. What each rank holds: its memory's commit, its files' commits, the
-  // pieces its host's files hold (a dead worker's too).
-  Offer mine;
-  mine.host = info.host;
-  mine.address = link.address;
-  mine.rejoined_from = static_cast<uint64_t>(rejoined_from);
-  if (im.has_snapshot && im.commit_id > 0) {
-    mine.memory_id = im.commit_id;
-    mine.snapshot_size = static_cast<uint64_t>(im.snapshot_size);
-    mine.whole.push_back(im.commit_id);
-    for (Impl::Entry* e : shards) {
-      if (e->has_committed && e->shard->commit == im.commit_id) {
-        mine.memory.push_back({e->name, e->shard->rows, e->shard->row_bytes, e->shard->held});
-      }
-    }
-  }
+  // pieces its host's files hold (a dead worker's and buddy copies too).
   std::unique_ptr<si::ShardServer> server;
-  if (im.host != nullptr) {
-    try {
-      auto [a, b] = im.host->held_ids();
-      for (uint64_t id : {a, b}) {
-        if (id != 0) mine.whole.push_back(id);
-      }
-    } catch (const Error&) {
-      // no host-memory files: the first commit says why
-    }
-    if (im.adoptable) mine.whole.push_back(im.adoptable->id);
-    if (!im.keeper && !link.address.empty()) {
-      im.keeper = std::make_unique<si::BuddyKeeper>(link.address, dir, link.job_id, link.secret,
-                                                    ctx_.collective_timeout());
-      if (im.keeper->port() == 0) ERUN_LOG_WARN("erun: rank {} keeps no buddy copies: {}", rank, im.keeper->error());
-    }
-    if (im.keeper) mine.buddy_port = im.keeper->port();
-    mine.files = si::list_pieces(dir, im.ordinal);
-    if (!mine.files.empty() && !link.address.empty() && size > 1) {
-      server = std::make_unique<si::ShardServer>(link.address, dir, link.job_id, link.secret,
-                                                 ctx_.collective_timeout());
-      if (server->port() == 0) ERUN_LOG_WARN("erun: rank {} serves no sharded pieces: {}", rank, server->error());
-      mine.port = server->port();
-    }
-  }
-  const std::string offer = encode_offer(mine);
-  std::vector<Offer> offers;
+  const std::string offer = si::encode_offer(im.offer(info, link, dir, rejoined_from, size, timeout, &server));
+  std::vector<si::Offer> offers;
   for (const auto& bytes : comm.allgatherv(offer.data(), offer.size())) {
-    offers.push_back(decode_offer(bytes, static_cast<int>(offers.size())));
+    offers.push_back(si::decode_offer(bytes, static_cast<int>(offers.size())));
   }
-  const Holdings held(std::move(offers));
-  im.buddy.reset();
-  if (const int b = choose_buddy(held, rank); b >= 0 && im.host != nullptr) {
-    const Offer& k = held.offers[static_cast<size_t>(b)];
-    const std::string own = si::HostCommits::stem_of(stem, im.ordinal);
-    im.buddy = Impl::Buddy{k.host,          k.address,  k.buddy_port, kBuddyPrefix + own.substr(own.rfind('/') + 1),
-                           link.job_id,     link.secret};
-  }
+  const si::Holdings held(std::move(offers));
+  im.pair_buddy(held, rank, stem, link);
 
-  // 2. The commit: the newest that some rank can give whole and whose
-  // sharded rows the job holds in full. Ids written since are skipped from
-  // now on: an id never names two commits.
-  std::set<uint64_t, std::greater<>> ids;
-  uint64_t seen = 0;
-  uint64_t any_rejoin = 0;
-  for (const Offer& o : held.offers) {
-    ids.insert(o.whole.begin(), o.whole.end());
-    for (const si::FilePiece& f : o.files) seen = std::max(seen, f.id);
-    any_rejoin = std::max(any_rejoin, o.rejoined_from);
-  }
-  if (!ids.empty()) seen = std::max(seen, *ids.begin());
-  auto lost_at = [&](uint64_t id) {
-    std::vector<std::string> lost;
-    for (Impl::Entry* e : shards) {
-      auto holes = held.holes(e->name, e->shard->rows, e->shard->row_bytes, id);
-      if (!holes.empty()) lost.push_back(fmt::format("'{}' {} of {}", e->name, rows_text(holes), e->shard->rows));
-    }
-    return lost;
-  };
-  uint64_t target = 0;
-  for (uint64_t id : ids) {
-    if (lost_at(id).empty()) {
-      target = id;
-      break;
-    }
-  }
-  if (!ids.empty() && target == 0) {
+  // 2. The commit: the newest whole one. Ids written since are skipped
+  // from now on: an id never names two commits.
+  const si::CommitChoice choice = si::choose_commit(held, im.shard_shapes());
+  if (choice.newest != 0 && choice.target == 0) {
     throw StateLost(fmt::format(
         "erun: commit {} of the sharded entries cannot be put back together: no living host holds {}; every copy "
         "of those rows was lost (their workers' hosts failed), and no older commit is whole either. Restart from a "
         "durable checkpoint",
-        *ids.begin(), fmt::join(lost_at(*ids.begin()), "; ")));
+        choice.newest, choice.lost));
   }
-  if (!ids.empty() && target < *ids.begin() && rank == 0) {
+  if (choice.target < choice.newest && rank == 0) {
     ERUN_LOG_WARN("erun: commit {} of the sharded entries is not whole ({} missing: a worker died before it "
                   "committed); the job goes on from commit {}",
-                  *ids.begin(), fmt::join(lost_at(*ids.begin()), "; "), target);
+                  choice.newest, choice.lost, choice.target);
   }
-  im.next_id = std::max(im.next_id, seen + 1);
+  im.next_id = std::max(im.next_id, choice.seen + 1);
 
-  // 3. The whole entries, from the lowest rank that holds the commit in
-  // memory, else from the lowest that has it in a file.
-  int root = 0;
-  if (target != 0) {
-    root = -1;
-    for (size_t r = 0; r < held.offers.size() && root < 0; ++r) {
-      if (held.offers[r].memory_id == target) root = static_cast<int>(r);
-    }
-    for (size_t r = 0; r < held.offers.size() && root < 0; ++r) {
-      const auto& w = held.offers[r].whole;
-      if (std::find(w.begin(), w.end(), target) != w.end()) root = static_cast<int>(r);
-    }
-  }
-  std::vector<char> blob;
-  if (rank == root) {
-    bool loaded = false;
-    if (target != 0 && !(im.has_snapshot && im.commit_id == target)) {
-      if (im.adoptable && im.adoptable->id == target) {
-        loaded = im.adopt(info);
-      } else if (auto snap = im.host ? im.host->read_held(target, im.whole_only()) : std::nullopt) {
-        im.apply(std::move(*snap), fmt::format("host-memory commit {} of {}", target, im.host->stem()),
-                 /*allow_missing=*/true);
-        im.snapshot_size = 0;
-        loaded = true;
-      }
-      if (!loaded) throw CommError(fmt::format("erun: rank {} could not read commit {} it offered", rank, target));
-    }
-    im.adoptable.reset();
-    blob = im.root_blob(target, /*devices_over_nccl=*/false, loaded);
-  } else {
-    im.adoptable.reset();
-  }
-  if (size > 1) {
-    int64_t bytes = static_cast<int64_t>(blob.size());
-    comm.broadcast(&bytes, sizeof(bytes), root);
-    if (rank != root) blob.resize(static_cast<size_t>(bytes));
-    comm.broadcast(blob.data(), blob.size(), root);
-    if (rank != root) {
-      std::string source = fmt::format("the state broadcast by rank {}", root);
-      si::Snapshot snap = si::decode(blob.data(), blob.size(), source);
-      blob = {};
-      im.apply(std::move(snap), source, /*allow_missing=*/false);
-    }
-  }
-  const Offer& from = held.offers[static_cast<size_t>(root)];
-  im.snapshot_size = target == 0 ? size : from.memory_id == target ? static_cast<int>(from.snapshot_size) : 0;
-  if (any_rejoin > 0) {
-    im.pending_reset.emplace(im.snapshot_size > 0 ? im.snapshot_size : static_cast<int>(any_rejoin), size);
+  // 3. The whole entries, and the reset due.
+  im.take_whole(comm, info, held, choice.target);
+  if (choice.any_rejoin > 0) {
+    im.pending_reset.emplace(im.snapshot_size > 0 ? im.snapshot_size : static_cast<int>(choice.any_rejoin), size);
   }
 
   // 4. The sharded entries.
-  if (target == 0) {
+  if (choice.target == 0) {
     // Nobody committed: each rank keeps the piece it made for this world.
-    for (Impl::Entry* e : shards) e->shard->held = want_of(*e, rank);
-    return;
-  }
-  bool mine_ok = true;
-  for (Impl::Entry* e : shards) {
-    mine_ok = mine_ok && e->has_committed && e->shard->commit == target && held.offers[static_cast<size_t>(rank)].memory_id == target &&
-              e->shard->held == want_of(*e, rank);
-  }
-  if (comm.allreduce_value<int64_t>(mine_ok ? 0 : 1, ReduceOp::kMax) == 0) {
-    // Every rank holds its rows of this commit: back to them (a plain host
-    // update leaves the steps since the commit in the storage).
-    for (Impl::Entry* e : shards) {
-      const si::EntryRef r = Impl::ref(*e);
-      e->load_range(r.data, r.size);
+    for (Impl::Entry& e : im.entries) {
+      if (e.shard) e.shard->held = si::split_rows(e.shard->rows, e.shard->rule, rank, size);
     }
-    im.keep_in_host_memory(info);
     return;
   }
-  struct EntryPlan {
-    Impl::Entry* entry;
-    std::vector<si::RowSource> sources;
-    std::vector<std::string> files;  // per source, its file (empty: memory)
-    si::RowPlan plan;
-    si::RowRange want;
-  };
-  std::vector<EntryPlan> plans;
-  const int my_host = held.host_of[static_cast<size_t>(rank)];
   uint64_t moved = 0;
-  for (Impl::Entry* e : shards) {
-    EntryPlan m{e, {}, {}, {}, want_of(*e, rank)};
-    held.sources(e->name, e->shard->rows, e->shard->row_bytes, target, &m.sources, &m.files);
-    m.plan = si::plan_rows(m.want, rank, my_host, m.sources);
-    moved += si::remote_rows(m.plan, my_host, m.sources) * e->shard->row_bytes;
-    plans.push_back(std::move(m));
+  const bool resharded = im.reshard(comm, held, choice.target, dir, link, timeout, std::move(server), &moved);
+  if (resharded) {
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
+    ERUN_LOG_INFO("{}: resharded commit {} for {} ranks ({} bytes from other hosts, {:.1f} ms)",
+                  who(info.generation, info.host, rank), choice.target, size, moved, ms);
   }
-  // Rows that only another rank's memory holds (no host-memory files)
-  // cannot reach this rank.
-  std::string failure;
-  int64_t code = 0;  // 1: a read failed (try again); 2: rows cannot reach a rank
-  for (const EntryPlan& m : plans) {
-    if (!m.plan.missing.empty()) {
-      failure = fmt::format("'{}' {} of commit {} lie only in another rank's memory: sharded entries move between "
-                            "ranks through host-memory commit files (ERUN_COMMIT_DIR), which this worker has not",
-                            m.entry->name, rows_text(m.plan.missing), target);
-      code = 2;
-    }
-  }
-
-  // 5. The bytes: into new storage, the old one (and the commit) left as they are.
-  try {
-    for (EntryPlan& m : plans) {
-      if (code != 0) break;
-      const uint64_t row = m.entry->shard->row_bytes;
-      char* fresh = static_cast<char*>(m.entry->shard->prepare(m.want.size()));
-      std::map<size_t, std::vector<si::ByteRange>> by_source;
-      for (const si::RowTransfer& t : m.plan.transfers) {
-        const si::RowSource& s = m.sources[t.source];
-        char* out = fresh + (t.rows.begin - m.want.begin) * row;
-        const uint64_t bytes = t.rows.size() * row;
-        if (s.memory) {
-          const si::EntryRef r = Impl::ref(*m.entry);
-          std::memcpy(out, r.data + (t.rows.begin - s.rows.begin) * row, bytes);
-        } else {
-          by_source[t.source].push_back({s.offset + (t.rows.begin - s.rows.begin) * row, bytes, out});
-        }
-      }
-      for (auto& [k, ranges] : by_source) {
-        const si::RowSource& s = m.sources[k];
-        const Offer& o = held.offers[static_cast<size_t>(s.server)];
-        Status st = s.host == my_host ? si::read_ranges(dir + "/" + m.files[k], target, ranges)
-                                      : si::fetch_ranges(o.address, o.port, link.job_id, link.secret, m.files[k],
-                                                         target, ranges, ctx_.collective_timeout());
-        if (!st.is_ok()) throw Error(st.message());
-      }
-    }
-  } catch (const Error& e) {
-    failure = e.what();
-    code = 1;
-  }
-  // Nobody installs until every rank has read what it needs: the servers
-  // and the files stay as they are until then.
-  const int64_t failed = comm.allreduce_value<int64_t>(code, ReduceOp::kMax);
-  server.reset();
-  if (failed == 2) {
-    throw StateLost(fmt::format("erun: resharding commit {} failed{}", target,
-                                failure.empty() ? " on another rank" : ": " + failure));
-  }
-  if (failed != 0) {
-    throw CommError(fmt::format("erun: resharding commit {} failed{}", target,
-                                failure.empty() ? " on another rank" : ": " + failure));
-  }
-  for (EntryPlan& m : plans) {
-    m.entry->shard->install();
-    m.entry->shard->held = m.want;
-    m.entry->shard->commit = target;
-    m.entry->has_committed = true;
-  }
-  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
-  ERUN_LOG_INFO("{}: resharded commit {} for {} ranks ({} bytes from other hosts, {:.1f} ms)",
-                who(info.generation, info.host, rank), target, size, moved, ms);
-  im.keep_in_host_memory(info, /*resharded=*/true);
+  im.keep_in_host_memory(info, resharded);
 }
 
 }  // namespace erun

@@ -1,8 +1,11 @@
 // The reshard plan (state/reshard_plan.h): layout rules, and which rows a
-// rank of the new generation reads from where, with no world.
+// rank of the new generation reads from where; and the commit a sharded
+// sync goes on from (state/shard_sync.h). With no world.
 #include <gtest/gtest.h>
 
+#include "erun/errors.hpp"
 #include "state/reshard_plan.h"
+#include "state/shard_sync.h"
 
 namespace erun::state_internal {
 namespace {
@@ -175,6 +178,54 @@ TEST(ReshardPlan, ACheaperSourceTakesOverWhereItBegins) {
   ASSERT_EQ(p.transfers.size(), 3u);
   EXPECT_EQ(p.transfers[1].source, 1u);
   EXPECT_EQ(remote_rows(p, 0, sources), 8u);
+}
+
+}  // namespace
+}  // namespace erun::state_internal
+
+namespace erun::state_internal {
+namespace {
+
+// Rank r of `pieces` offers commit `id` in memory holding `pieces[r]` of 'w' (12 rows of 8 bytes).
+Holdings offering(uint64_t id, const std::vector<RowRange>& pieces, std::vector<uint64_t> also_whole = {}) {
+  std::vector<Offer> offers;
+  for (size_t r = 0; r < pieces.size(); ++r) {
+    Offer o;
+    o.host = "h" + std::to_string(r);
+    o.memory_id = id;
+    o.whole = {id};
+    o.whole.insert(o.whole.end(), also_whole.begin(), also_whole.end());
+    o.memory.push_back({"w", 12, 8, pieces[r]});
+    offers.push_back(o);
+  }
+  return Holdings(std::move(offers));
+}
+
+TEST(CommitChoice, TheNewestWholeCommitIsChosenAndTheHighestIdIsSeen) {
+  const ShardPiece w{"w", 12, 8, {}};
+  Holdings whole = offering(5, {{0, 6}, {6, 12}});
+  CommitChoice c = choose_commit(whole, {w});
+  EXPECT_EQ(c.target, 5u);
+  EXPECT_EQ(c.seen, 5u);
+  EXPECT_TRUE(c.lost.empty());
+  // Commit 6 lacks rows 6..11; 5 is on a file of rank 0's host (and whole there).
+  Holdings partial = offering(6, {{0, 6}}, {5});
+  partial.offers[0].files.push_back({"slot-a.b", 5, {"w", 12, 8, {0, 12}}, 64});
+  partial.publishes[0] = true;
+  c = choose_commit(partial, {w});
+  EXPECT_EQ(c.newest, 6u);
+  EXPECT_EQ(c.target, 5u);
+  EXPECT_EQ(c.seen, 6u);
+  EXPECT_EQ(c.lost, "'w' rows 6..11 of 12");
+}
+
+TEST(CommitChoice, NothingWholeLeavesNoTargetAndSaysWhatTheNewestLacks) {
+  Holdings h = offering(3, {{0, 4}, {8, 12}});
+  const CommitChoice c = choose_commit(h, {{"w", 12, 8, {}}});
+  EXPECT_EQ(c.target, 0u);
+  EXPECT_EQ(c.newest, 3u);
+  EXPECT_EQ(c.lost, "'w' rows 4..7 of 12");
+  EXPECT_THROW(choose_commit(h, {{"w", 13, 8, {}}}), Error);  // another shape than the pieces'
 }
 
 }  // namespace

@@ -1,0 +1,185 @@
+#include "state/shard_sync.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "common/codec.h"
+#include "erun/errors.hpp"
+
+namespace erun::state_internal {
+
+
+std::string encode_offer(const Offer& o) {
+  PayloadWriter w;
+  w.bytes(o.host).bytes(o.address).u32(static_cast<uint32_t>(o.port)).u32(static_cast<uint32_t>(o.buddy_port));
+  w.u64(o.memory_id).u64(o.snapshot_size).u64(o.rejoined_from);
+  w.u32(static_cast<uint32_t>(o.whole.size()));
+  for (uint64_t id : o.whole) w.u64(id);
+  w.bytes(encode_shard_table(o.memory));
+  w.u32(static_cast<uint32_t>(o.files.size()));
+  for (const FilePiece& f : o.files) {
+    w.bytes(f.file).u64(f.id).u64(f.offset).bytes(encode_shard_table({f.piece}));
+  }
+  return w.str();
+}
+
+Offer decode_offer(const std::vector<char>& bytes, int rank) {
+  const std::string source = fmt::format("rank {}'s offer of sharded pieces", rank);
+  PayloadReader r(std::string_view(bytes.data(), bytes.size()));
+  Offer o;
+  o.host = r.bytes();
+  o.address = r.bytes();
+  o.port = static_cast<int>(r.u32());
+  o.buddy_port = static_cast<int>(r.u32());
+  o.memory_id = r.u64();
+  o.snapshot_size = r.u64();
+  o.rejoined_from = r.u64();
+  const uint32_t ids = r.u32();
+  for (uint32_t i = 0; i < ids && !r.failed() && i < (1u << 16); ++i) o.whole.push_back(r.u64());
+  const std::string memory = r.bytes();
+  o.memory = decode_shard_table(memory.data(), memory.size(), source);
+  const uint32_t n = r.u32();
+  for (uint32_t i = 0; i < n && !r.failed(); ++i) {
+    FilePiece f;
+    f.file = r.bytes();
+    f.id = r.u64();
+    f.offset = r.u64();
+    const std::string table = r.bytes();
+    auto pieces = decode_shard_table(table.data(), table.size(), source);
+    if (pieces.size() != 1) break;
+    f.piece = std::move(pieces.front());
+    o.files.push_back(std::move(f));
+  }
+  if (!r.done() || o.files.size() != n || o.whole.size() != ids) {
+    throw Error(fmt::format("erun: {} is malformed", source));
+  }
+  return o;
+}
+
+Holdings::Holdings(std::vector<Offer> all) : offers(std::move(all)) {
+  std::map<std::string, int> index;
+  std::vector<bool> published;
+  for (const Offer& o : offers) {
+    auto [it, fresh] = index.emplace(o.host, static_cast<int>(index.size()));
+    if (fresh) published.push_back(false);
+    const auto h = static_cast<size_t>(it->second);
+    host_of.push_back(it->second);
+    publishes.push_back(!published[h] && !o.files.empty());
+    if (publishes.back()) published[h] = true;
+  }
+}
+
+void Holdings::sources(const ShardPiece& e, uint64_t id, std::vector<RowSource>* out,
+                       std::vector<std::string>* files) const {
+  // A copy of `p`'s rows on rank r (its memory when `file` is empty).
+  auto add = [&](size_t r, const ShardPiece& p, const std::string& where, const std::string& file, uint64_t offset) {
+    if (p.rows != e.rows || p.row_bytes != e.row_bytes) {
+      throw Error(fmt::format("erun: sharded entry '{}' has {} rows of {} bytes here, but {} holds a piece of {} "
+                              "rows of {} bytes; register it with the same shape on every worker",
+                              e.name, e.rows, e.row_bytes, where, p.rows, p.row_bytes));
+    }
+    RowSource s;
+    s.rows = p.held;
+    s.host = host_of[r];
+    s.server = static_cast<int>(r);
+    s.memory = file.empty();
+    s.offset = offset;
+    out->push_back(s);
+    files->push_back(file);
+  };
+  for (size_t r = 0; r < offers.size(); ++r) {
+    const Offer& o = offers[r];
+    for (const ShardPiece& p : o.memory) {
+      if (o.memory_id == id && p.name == e.name) add(r, p, fmt::format("rank {}'s commit {}", r, id), "", 0);
+    }
+    if (!publishes[r]) continue;
+    for (const FilePiece& f : o.files) {
+      if (f.id == id && f.piece.name == e.name) {
+        add(r, f.piece, fmt::format("file {} of host {}", f.file, o.host), f.file, f.offset);
+      }
+    }
+  }
+}
+
+std::vector<RowRange> Holdings::holes(const ShardPiece& e, uint64_t id) const {
+  std::vector<RowSource> s;
+  std::vector<std::string> files;
+  sources(e, id, &s, &files);
+  std::sort(s.begin(), s.end(), [](const auto& a, const auto& b) { return a.rows.begin < b.rows.begin; });
+  std::vector<RowRange> out;
+  uint64_t at = 0;
+  for (const RowSource& c : s) {
+    if (c.rows.size() == 0) continue;
+    if (c.rows.begin > at) out.push_back({at, c.rows.begin});
+    at = std::max(at, c.rows.end);
+  }
+  if (at < e.rows) out.push_back({at, e.rows});
+  return out;
+}
+std::string rows_text(const std::vector<RowRange>& ranges) {
+  std::string out;
+  for (const RowRange& r : ranges) {
+    out += fmt::format("{}{}", out.empty() ? "" : ", ",
+                       r.size() == 1 ? fmt::format("row {}", r.begin) : fmt::format("rows {}..{}", r.begin, r.end - 1));
+  }
+  return out;
+}
+
+// This rank's buddy for the generation: a worker of the next host (in rank
+// order, around) that keeps copies, the one at this rank's place among its
+// host's ranks (modulo their number). -1: none (one host).
+int choose_buddy(const Holdings& held, int rank) {
+  const int hosts = 1 + *std::max_element(held.host_of.begin(), held.host_of.end());
+  const int mine = held.host_of[static_cast<size_t>(rank)];
+  int place = 0;
+  for (int r = 0; r < rank; ++r) place += held.host_of[static_cast<size_t>(r)] == mine;
+  for (int step = 1; step < hosts; ++step) {
+    const int next = (mine + step) % hosts;
+    std::vector<int> keepers;
+    for (size_t r = 0; r < held.offers.size(); ++r) {
+      if (held.host_of[r] == next && held.offers[r].buddy_port != 0) keepers.push_back(static_cast<int>(r));
+    }
+    if (!keepers.empty()) return keepers[static_cast<size_t>(place) % keepers.size()];
+  }
+  return -1;
+}
+
+
+CommitChoice choose_commit(const Holdings& held, const std::vector<ShardPiece>& entries) {
+  CommitChoice c;
+  std::set<uint64_t, std::greater<>> ids;
+  for (const Offer& o : held.offers) {
+    ids.insert(o.whole.begin(), o.whole.end());
+    for (const FilePiece& f : o.files) c.seen = std::max(c.seen, f.id);
+    c.any_rejoin = std::max(c.any_rejoin, o.rejoined_from);
+  }
+  if (ids.empty()) return c;
+  c.newest = *ids.begin();
+  c.seen = std::max(c.seen, c.newest);
+  auto lost_at = [&](uint64_t id) {
+    std::vector<std::string> lost;
+    for (const ShardPiece& e : entries) {
+      auto holes = held.holes(e, id);
+      if (!holes.empty()) lost.push_back(fmt::format("'{}' {} of {}", e.name, rows_text(holes), e.rows));
+    }
+    return fmt::format("{}", fmt::join(lost, "; "));
+  };
+  c.lost = lost_at(c.newest);
+  if (c.lost.empty()) {
+    c.target = c.newest;
+    return c;
+  }
+  for (auto it = std::next(ids.begin()); it != ids.end(); ++it) {
+    if (lost_at(*it).empty()) {
+      c.target = *it;
+      break;
+    }
+  }
+  return c;
+}
+
+}  // namespace erun::state_internal
