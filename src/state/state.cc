@@ -91,53 +91,45 @@ void State::register_pieces(const std::string& name, std::function<Pieces()> sav
   impl_->entries.back().load_range = std::move(load);
 }
 
-void State::commit() {
-  // With host-memory commits, registered buffers and pieces are copied once,
-  // straight into the host file (write_host_commit).
-  const bool direct = impl_->host != nullptr;
-  // The last commit's device copies landed (a stuck GPU throws here, before
-  // anything changed).
-  if (direct) impl_->fence_devices();
-  // User serializers may throw: run them before touching the snapshot.
-  // Their side buffers reuse the allocation of the commit before the last.
-  std::vector<std::vector<char>> staged(impl_->entries.size());
-  std::vector<std::vector<si::Piece>> gathered(impl_->entries.size());
-  std::vector<std::shared_ptr<void>> keep;
-  for (size_t i = 0; i < impl_->entries.size(); ++i) {
-    Impl::Entry& e = impl_->entries[i];
+State::Impl::Staged State::Impl::stage() {
+  Staged st;
+  st.bytes.resize(entries.size());
+  st.pieces.resize(entries.size());
+  for (size_t i = 0; i < entries.size(); ++i) {
+    Entry& e = entries[i];
     if (e.gather) {
       Pieces p = e.gather();
-      gathered[i] = std::move(p.ranges);
-      keep.push_back(std::move(p.keep));
+      st.pieces[i] = std::move(p.ranges);
+      st.keep.push_back(std::move(p.keep));
       continue;
     }
     if (!e.may_throw) continue;
-    staged[i].swap(e.spare);
+    st.bytes[i].swap(e.spare);
     try {
-      e.save(staged[i]);
+      e.save(st.bytes[i]);
     } catch (...) {
-      e.spare.swap(staged[i]);
+      e.spare.swap(st.bytes[i]);
       throw;
     }
   }
-  impl_->check_shard_sizes(gathered, ctx_.rank(), ctx_.size());
-  for (size_t i = 0; i < impl_->entries.size(); ++i) {
-    Impl::Entry& e = impl_->entries[i];
+  return st;
+}
+
+void State::Impl::take_staged(Staged& st, bool direct, uint64_t id, int rank, int size) {
+  for (size_t i = 0; i < entries.size(); ++i) {
+    Entry& e = entries[i];
     if (e.shard) {
-      e.shard->held = si::split_rows(e.shard->rows, e.shard->rule, ctx_.rank(), ctx_.size());
-      e.shard->commit = std::max(impl_->commit_id + 1, impl_->next_id);
+      e.shard->held = si::split_rows(e.shard->rows, e.shard->rule, rank, size);
+      e.shard->commit = id;
     }
-  }
-  for (size_t i = 0; i < impl_->entries.size(); ++i) {
-    Impl::Entry& e = impl_->entries[i];
     if (e.gather) {
       if (!direct) {
-        Impl::concat(gathered[i], e.committed);
+        concat(st.pieces[i], e.committed);
         e.held = nullptr;
       }  // else copied by write_host_commit
     } else if (e.may_throw) {
-      e.committed.swap(staged[i]);
-      if (e.keep_spare) e.spare.swap(staged[i]);
+      e.committed.swap(st.bytes[i]);
+      if (e.keep_spare) e.spare.swap(st.bytes[i]);
     } else if (e.device) {
       if (!direct) e.device->commit();  // else straight into the host file (write_host_commit)
     } else if (e.raw != nullptr && direct) {
@@ -148,20 +140,32 @@ void State::commit() {
     }
     e.has_committed = true;
   }
-  impl_->commit_id = std::max(impl_->commit_id + 1, impl_->next_id);
-  impl_->has_snapshot = true;
-  impl_->snapshot_size = ctx_.size();
+  commit_id = id;
+  has_snapshot = true;
+  snapshot_size = size;
+}
+
+void State::commit() {
+  // With host-memory commits, registered buffers and pieces are copied once,
+  // straight into the host file (write_host_commit).
+  const bool direct = impl_->host != nullptr;
+  // The last commit's device copies landed (a stuck GPU throws here, before
+  // anything changed).
+  if (direct) impl_->fence_devices();
+  // User serializers may throw, and a sharded piece may have the wrong
+  // size: both before anything changed.
+  Impl::Staged staged = impl_->stage();
+  impl_->check_shard_sizes(staged.pieces, ctx_.rank(), ctx_.size());
+  impl_->take_staged(staged, direct, std::max(impl_->commit_id + 1, impl_->next_id), ctx_.rank(), ctx_.size());
   // The buddy has the previous commit (or its push failed) before this one
   // is written: it is never more than one commit behind.
   impl_->finish_push();
-  const bool in_host_memory = impl_->write_host_commit(ctx_.info(), direct, &gathered, /*devices_later=*/true);
-  gathered.clear();
-  keep.clear();  // the ranges were copied
+  const bool in_host_memory = impl_->write_host_commit(ctx_.info(), direct, &staged.pieces, /*devices_later=*/true);
+  staged = {};  // the ranges were copied
   if (in_host_memory && impl_->buddy) impl_->push_to_buddy(ctx_);
   if (!impl_->checkpoint_dir.empty() && ctx_.rank() == 0 && !(impl_->host_persists && in_host_memory)) {
     impl_->mirror_device();
-    si::write_file_atomically(impl_->checkpoint_dir, si::kStateFile, impl_->commit_id,
-                              impl_->refs());
+    si::write_file_atomically(impl_->checkpoint_dir, si::kStateFile, impl_->commit_id, impl_->refs());
     impl_->drop_device_mirrors();
   }
   ctx_.committed(impl_->commit_id);

@@ -33,6 +33,17 @@ namespace erun {
 
 namespace si = state_internal;
 
+namespace state_internal {
+// Collective: `blob` from `root` to every rank (its size first), resized
+// on the others.
+inline void broadcast_blob(Communicator& comm, std::vector<char>& blob, int root) {
+  int64_t bytes = static_cast<int64_t>(blob.size());
+  comm.broadcast(&bytes, sizeof(bytes), root);
+  if (comm.rank() != root) blob.resize(static_cast<size_t>(bytes));
+  comm.broadcast(blob.data(), blob.size(), root);
+}
+}  // namespace state_internal
+
 struct State::Impl {
   struct Entry {
     std::string name;
@@ -177,6 +188,22 @@ struct State::Impl {
   int snapshot_size = 0;
   // Set by sync() when some rank re-joined since the last sync: (old size, new size).
   std::optional<std::pair<int, int>> pending_reset;
+
+  // sync() in a world of one: the newest commit this worker or its host holds.
+  void sync_alone(const WorkerInfo& info, int rejoined_from);
+
+  // commit() in two steps. stage(): what may throw, before anything changes:
+  // user serializers into side buffers (`bytes`, which reuse the commit
+  // before the last's allocation) and pieces entries' ranges (`pieces`,
+  // alive through `keep`). take_staged(): commit `id` of the world
+  // (rank, size) made of them.
+  struct Staged {
+    std::vector<std::vector<char>> bytes;
+    std::vector<std::vector<si::Piece>> pieces;
+    std::vector<std::shared_ptr<void>> keep;
+  };
+  Staged stage();
+  void take_staged(Staged& st, bool direct, uint64_t id, int rank, int size);
 
   // The ranges, one after another, into `out` (keeping its allocation).
   static void concat(const std::vector<si::Piece>& ranges, std::vector<char>& out);

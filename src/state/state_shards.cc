@@ -205,10 +205,7 @@ void State::Impl::take_whole(Communicator& comm, const WorkerInfo& info, const s
   }
   const int size = comm.size();
   if (size > 1) {
-    int64_t bytes = static_cast<int64_t>(blob.size());
-    comm.broadcast(&bytes, sizeof(bytes), root);
-    if (rank != root) blob.resize(static_cast<size_t>(bytes));
-    comm.broadcast(blob.data(), blob.size(), root);
+    si::broadcast_blob(comm, blob, root);
     if (rank != root) {
       std::string source = fmt::format("the state broadcast by rank {}", root);
       si::Snapshot snap = si::decode(blob.data(), blob.size(), source);

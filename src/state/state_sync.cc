@@ -61,15 +61,7 @@ void State::sync() {
     return;
   }
   if (size == 1) {
-    const bool loaded = impl_->adopt(ctx_.info());
-    impl_->fill_uncommitted();
-    if (impl_->commit_id > 0 && !loaded) impl_->load_values();
-    impl_->has_snapshot = true;
-    impl_->keep_in_host_memory(ctx_.info());
-    if (impl_->snapshot_size == 0 && impl_->commit_id == 0) impl_->snapshot_size = 1;
-    if (rejoined_from > 0) {
-      impl_->pending_reset.emplace(impl_->snapshot_size > 0 ? impl_->snapshot_size : rejoined_from, size);
-    }
+    impl_->sync_alone(ctx_.info(), rejoined_from);
     return;
   }
   const auto& adoptable = impl_->adoptable;
@@ -86,10 +78,7 @@ void State::sync() {
   } else {
     impl_->adoptable.reset();  // a newer or equal commit comes from the root
   }
-  int64_t bytes = static_cast<int64_t>(blob.size());
-  comm.broadcast(&bytes, sizeof(bytes), root);
-  if (rank != root) blob.resize(static_cast<size_t>(bytes));
-  comm.broadcast(blob.data(), blob.size(), root);
+  si::broadcast_blob(comm, blob, root);
   if (rank == root) {
     if (devices_over_nccl) impl_->send_devices(ctx_.gpu(), root);
   } else {
@@ -105,6 +94,16 @@ void State::sync() {
   if (a.any_rejoin > 0) {
     impl_->pending_reset.emplace(a.snapshot_size > 0 ? a.snapshot_size : static_cast<int>(a.any_rejoin), size);
   }
+}
+
+void State::Impl::sync_alone(const WorkerInfo& info, int rejoined_from) {
+  const bool loaded = adopt(info);
+  fill_uncommitted();
+  if (commit_id > 0 && !loaded) load_values();
+  has_snapshot = true;
+  keep_in_host_memory(info);
+  if (snapshot_size == 0 && commit_id == 0) snapshot_size = 1;
+  if (rejoined_from > 0) pending_reset.emplace(snapshot_size > 0 ? snapshot_size : rejoined_from, 1);
 }
 
 void State::check_host_updates() {
