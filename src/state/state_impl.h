@@ -161,6 +161,10 @@ struct State::Impl {
   void pair_buddy(const si::Holdings& held, int rank, const std::string& stem, const Link& link);
   // The sharded entries' shapes (their rows held: this rank's last).
   std::vector<si::ShardPiece> shard_shapes() const;
+  // The sync goes on from `choice`: StateLost when nothing is whole (on
+  // every rank); ids written since are skipped from now on, so that an id
+  // never names two commits.
+  void go_on_from(const si::CommitChoice& choice, int rank);
   // Every rank takes commit `target`'s whole entries from one root.
   void take_whole(Communicator& comm, const WorkerInfo& info, const si::Holdings& held, uint64_t target);
   // Whether this rank holds exactly its rows of `target` for the world.

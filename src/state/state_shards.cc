@@ -319,6 +319,22 @@ bool State::Impl::reshard(Communicator& comm, const si::Holdings& held, uint64_t
   return true;
 }
 
+void State::Impl::go_on_from(const si::CommitChoice& choice, int rank) {
+  if (choice.newest != 0 && choice.target == 0) {
+    throw StateLost(fmt::format(
+        "erun: commit {} of the sharded entries cannot be put back together: no living host holds {}; every copy "
+        "of those rows was lost (their workers' hosts failed), and no older commit is whole either. Restart from a "
+        "durable checkpoint",
+        choice.newest, choice.lost));
+  }
+  if (choice.target < choice.newest && rank == 0) {
+    ERUN_LOG_WARN("erun: commit {} of the sharded entries is not whole ({} missing: a worker died before it "
+                  "committed); the job goes on from commit {}",
+                  choice.newest, choice.lost, choice.target);
+  }
+  next_id = std::max(next_id, choice.seen + 1);
+}
+
 void State::sync_sharded(int rejoined_from) {
   const auto started = std::chrono::steady_clock::now();
   Impl& im = *impl_;
@@ -349,19 +365,7 @@ void State::sync_sharded(int rejoined_from) {
   // 2. The commit: the newest whole one. Ids written since are skipped
   // from now on: an id never names two commits.
   const si::CommitChoice choice = si::choose_commit(held, im.shard_shapes());
-  if (choice.newest != 0 && choice.target == 0) {
-    throw StateLost(fmt::format(
-        "erun: commit {} of the sharded entries cannot be put back together: no living host holds {}; every copy "
-        "of those rows was lost (their workers' hosts failed), and no older commit is whole either. Restart from a "
-        "durable checkpoint",
-        choice.newest, choice.lost));
-  }
-  if (choice.target < choice.newest && rank == 0) {
-    ERUN_LOG_WARN("erun: commit {} of the sharded entries is not whole ({} missing: a worker died before it "
-                  "committed); the job goes on from commit {}",
-                  choice.newest, choice.lost, choice.target);
-  }
-  im.next_id = std::max(im.next_id, choice.seen + 1);
+  im.go_on_from(choice, rank);
 
   // 3. The whole entries, and the reset due.
   im.take_whole(comm, info, held, choice.target);
