@@ -5,6 +5,10 @@
   optimizer's state (lazily created momentum/Adam buffers included: it is
   serialized as it is at each commit, its tensors as raw bytes), an
   ElasticSampler's position and picklable values.
+- ``FSDPState(build, optimizer, sampler=, **values)``: the same for an FSDP2
+  (``fully_shard``) model: each rank commits only its pieces, which are
+  resharded in memory when the world changes, and the model and optimizer are
+  rebuilt over the new mesh (erun/_fsdp.py, docs/python.md "FSDP2").
 - ``ElasticSampler``: a torch Sampler over this rank's share of an epoch; every
   sample of an epoch is processed exactly once across resizes and failures.
 - ``DistributedOptimizer(opt)`` / ``allreduce_gradients(params)``: gradient
@@ -41,7 +45,7 @@ if TYPE_CHECKING:
     import torch.distributed
     import torch.utils.hooks
 
-__all__ = ["TorchState", "ElasticSampler", "DistributedOptimizer", "GradientHooks", "allreduce_gradients",
+__all__ = ["TorchState", "FSDPState", "ElasticSampler", "DistributedOptimizer", "GradientHooks", "allreduce_gradients",
            "ProcessGroup", "process_group", "destroy_process_group"]
 
 
@@ -684,3 +688,8 @@ def process_group(backend: str = "gloo", timeout: timedelta = timedelta(seconds=
 def destroy_process_group() -> None:
     """Destroys the process group process_group() made (done before every re-join)."""
     _default_group.destroy()
+
+
+# FSDP2 (fully_shard) state, resharded in memory: erun/_fsdp.py. Imported last:
+# it uses this module's ProcessGroup and ElasticSampler.
+from ._fsdp import FSDPState  # noqa: E402

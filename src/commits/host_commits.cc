@@ -327,6 +327,7 @@ void HostCommits::settle() {
   if (pending_ != nullptr && pending_->complete()) {
     held_[pending_->file_] = pending_->id_;
     last_ = pending_->file_;
+    wrote_ = true;
     pending_.reset();
   }
 }
@@ -406,10 +407,13 @@ std::optional<std::string> HostCommits::write(uint64_t commit_id, const std::vec
                                               std::shared_ptr<Completion>* completion) {
   if (!opened_) open_files();
   settle();
-  // The file that does not hold the newest commit; when both hold the same
-  // one (a State that resharded writes its commit again in its new
-  // layout), the one not written last, whose bytes its State may still read.
-  const int i = held_[0] != held_[1] ? (held_[0] < held_[1] ? 0 : 1) : 1 - last_;
+  // Once this writer has written, the file not written last: its State's
+  // entries may read their bytes in the one written last, which holds the
+  // State's commit even where the other holds a higher id (a sharded State
+  // that went back to an older commit, the newer one not whole across the
+  // job, wrote that one again in its new layout). A new writer keeps its
+  // predecessor's newest commit: it writes the file of the older one.
+  const int i = wrote_ ? 1 - last_ : held_[0] != held_[1] ? (held_[0] < held_[1] ? 0 : 1) : 1 - last_;
   const std::string path = stem_ + kSuffix[i];
   if (pending_ != nullptr) {
     return fmt::format("erun: host-memory commit {} was not written to {}: commit {} is still being copied into {}",
@@ -455,6 +459,7 @@ std::optional<std::string> HostCommits::write(uint64_t commit_id, const std::vec
   in_order();
   held_[i] = commit_id;
   last_ = i;
+  wrote_ = true;
   return std::nullopt;
 }
 

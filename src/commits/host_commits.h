@@ -178,6 +178,7 @@ class HostCommits {
   int fd_[2] = {-1, -1};
   uint64_t held_[2] = {0, 0};      // the commit id each file holds whole (0: none)
   int last_ = 1;                   // the file written last (with equal ids, the other one is written next)
+  bool wrote_ = false;             // this writer wrote a whole commit: the next one goes to 1 - last_
   size_t reserved_[2] = {0, 0};    // bytes of each file known to be allocated
   char* map_[2] = {nullptr, nullptr};
   size_t map_len_[2] = {0, 0};

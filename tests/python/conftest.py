@@ -40,6 +40,20 @@ def pids_running(needle):
     return out
 
 
+def host_of(pid):
+    """The host a worker runs for (its ERUN_HOSTNAME: simulated hosts under --launcher local)."""
+    env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+    return next((e.split(b"=", 1)[1].decode() for e in env if e.startswith(b"ERUN_HOSTNAME=")), None)
+
+
+def wait_for(job, pattern, n=1, timeout=120):
+    """True once `pattern` occurs n times in the job's stdout; False at the timeout or when it ends first."""
+    deadline = time.monotonic() + timeout
+    while len(re.findall(pattern, job.out)) < n and time.monotonic() < deadline and job.proc.poll() is None:
+        time.sleep(0.05)
+    return len(re.findall(pattern, job.out)) >= n
+
+
 class Job:
     """An erun (or any launcher) process whose output goes to files."""
 

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from conftest import PYTHON
+from conftest import PYTHON, host_of
 
 ARGS = ["--epochs", "6", "--samples", "768", "--batch", "32"]
 EPOCHS = 6
@@ -131,12 +131,6 @@ def every_worker_killed_at_once(ws, reference, args):
     assert re.search(r"restored commit [1-9][0-9]* from host memory", logs), logs
     assert job.out.count("epoch 0 ") == 1, job.out  # epoch 0 never ran again
     assert job.out.count("epoch 1 ") == 1, job.out
-
-
-def host_of(pid):
-    """The host a worker runs for (its ERUN_HOSTNAME)."""
-    env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
-    return next((e.split(b"=", 1)[1].decode() for e in env if e.startswith(b"ERUN_HOSTNAME=")), None)
 
 
 def test_a_sigterm_to_a_worker_drains_its_host_in_place(ws, reference):

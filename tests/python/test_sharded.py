@@ -5,30 +5,17 @@ bytes of the same run alone; and the API's errors."""
 import os
 import re
 import signal
-import time
 
 import numpy as np
 import pytest
 
 import erun
-from conftest import PYTHON
+from conftest import PYTHON, host_of, wait_for
 
 
 def checksum(text):
     m = re.search(r"final checksum=([0-9a-f]+)", text)
     return m.group(1) if m else None
-
-
-def wait_for(job, pattern, n=1, timeout=120):
-    deadline = time.monotonic() + timeout
-    while len(re.findall(pattern, job.out)) < n and time.monotonic() < deadline and job.proc.poll() is None:
-        time.sleep(0.05)
-    return len(re.findall(pattern, job.out)) >= n
-
-
-def host_of(pid):
-    env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
-    return next((e.split(b"=", 1)[1].decode() for e in env if e.startswith(b"ERUN_HOSTNAME=")), None)
 
 
 def test_shards_are_resharded_through_a_kill_a_grow_and_a_lost_host(ws):

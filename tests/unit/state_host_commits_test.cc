@@ -142,6 +142,37 @@ TEST_F(HostCommitsTest, ANewWriterKeepsItsPredecessorsNewestCommit) {
   EXPECT_EQ(newest_id(), 7u);
 }
 
+// A sharded State that goes back to an older commit (a newer one was not
+// whole across the job) writes that commit again in its new layout, then
+// goes on to newer ones. The file its entries now point into is the one
+// written last, though the other holds a higher id (the abandoned commit):
+// the next write must go over the abandoned one. (Writing over the file
+// written last, and growing its mapping, crashed a survivor mid-copy.)
+TEST_F(HostCommitsTest, AfterGoingBackToAnOlderCommitTheFileWrittenLastIsKept) {
+  si::HostCommits hc(dir_ + "/slot-0");
+  std::vector<char> six(64, 6), seven(64, 7);
+  ASSERT_FALSE(hc.write(6, entries(name_, six)));
+  ASSERT_FALSE(hc.write(7, entries(name_, seven)));
+  std::vector<char> six_again(4096, 16);  // commit 6 in a new layout, larger
+  std::vector<const char*> placed;
+  ASSERT_FALSE(hc.write(6, entries(name_, six_again), &placed));
+  ASSERT_EQ(placed.size(), 1u);
+  const std::vector<char> seen(placed[0], placed[0] + six_again.size());
+  EXPECT_EQ(seen, six_again);
+  std::vector<char> eight(1 << 20, 8);  // larger again: a file that grows is mapped anew
+  ASSERT_FALSE(hc.write(8, entries(name_, eight)));
+  // The bytes of the commit written again are where the State reads them.
+  EXPECT_EQ(std::vector<char>(placed[0], placed[0] + six_again.size()), six_again);
+  auto f = si::HostCommits::newest(dir_);
+  ASSERT_TRUE(f);
+  EXPECT_EQ(f->snapshot.commit_id, 8u);
+  tear(f->path);
+  f = si::HostCommits::newest(dir_);
+  ASSERT_TRUE(f);
+  EXPECT_EQ(f->snapshot.commit_id, 6u);
+  EXPECT_EQ(f->snapshot.entries[0].second, six_again);
+}
+
 TEST_F(HostCommitsTest, TheNewestOfEveryWorkersFilesWinsAndForeignFilesAreSkipped) {
   si::HostCommits a(dir_ + "/slot-h-0"), b(dir_ + "/slot-h-1");
   std::vector<char> d(16, 1);
