@@ -14,8 +14,9 @@
 // live in an erun::State; a failure rolls back to the last commit.
 //
 // With --zero each rank keeps only its rows of the momentum (ZeRO stage 1:
-// a sharded State entry, State::register_shard) and updates only its rows
-// of the parameters, which the ranks then allgather: the same arithmetic
+// a sharded State entry, State::register_shard), receives only its rows of
+// the summed gradient (reduce_scatter) and updates only its rows of the
+// parameters, which the ranks then allgather: the same arithmetic
 // element by element, so the same checksum. When the world changes, erun
 // reshards the momentum from the pieces its hosts hold (docs/state.md,
 // "Sharded entries").
@@ -232,7 +233,20 @@ int train(const Options& o) {
           seen[0] += 1;
           seen[1] = static_cast<int64_t>(static_cast<uint64_t>(seen[1]) + sample_mix(i));
         }
-        c.comm().allreduce(grad.acc, erun::ReduceOp::kSum);
+        // --zero: each rank needs the sum of its own rows of the gradient only.
+        std::vector<int64_t> my_grad;
+        if (o.zero) {
+          std::vector<size_t> counts(static_cast<size_t>(c.size()));
+          for (int r = 0; r < c.size(); ++r) {
+            auto [rb, re] = erun::State::shard_rows(zero_spec, r, c.size());
+            counts[static_cast<size_t>(r)] = re - rb;
+          }
+          my_grad.resize(counts[static_cast<size_t>(c.rank())]);
+          c.comm().reduce_scatter(grad.acc.data(), my_grad.data(), counts, erun::DataType::kInt64,
+                                  erun::ReduceOp::kSum);
+        } else {
+          c.comm().allreduce(grad.acc, erun::ReduceOp::kSum);
+        }
         c.comm().allreduce(seen, erun::ReduceOp::kSum);
         epoch_samples += seen[0];
         epoch_fingerprint += static_cast<uint64_t>(seen[1]);
@@ -242,7 +256,7 @@ int train(const Options& o) {
           auto [b, e] = erun::State::shard_rows(zero_spec, c.rank(), c.size());
           for (size_t k = b; k < e; ++k) {
             float& v = velocity[k - b];
-            v = static_cast<float>(o.momentum * v + static_cast<double>(grad.acc[k]) * scale);
+            v = static_cast<float>(o.momentum * v + static_cast<double>(my_grad[k - b]) * scale);
             params[k] -= static_cast<float>(o.lr) * v;
           }
           auto parts = c.comm().allgatherv(params.data() + b, (e - b) * sizeof(float));

@@ -49,6 +49,15 @@ class ERUN_API Communicator {
   virtual void allgather(const void* in, void* out, size_t bytes) = 0;
   // Every rank gives any number of bytes; returns all ranks' contributions by rank.
   virtual std::vector<std::vector<char>> allgatherv(const void* in, size_t bytes) = 0;
+  // Elementwise reduction of `in` (counts[0] + ... + counts[size()-1]
+  // elements; the same counts on every rank) across ranks, scattered: rank r
+  // receives in `out` the counts[r] elements that start at counts[0] + ... +
+  // counts[r-1] (ZeRO's and FSDP's gradient step: each rank gets the sum of
+  // its own rows only). Integer average truncates, as allreduce's. This
+  // implementation is an allreduce of a copy, kept where a backend has
+  // nothing better; shared memory and MPI reduce only each rank's part.
+  virtual void reduce_scatter(const void* in, void* out, const std::vector<size_t>& counts, DataType type,
+                              ReduceOp op);
   virtual void barrier() = 0;
   virtual void abort() = 0;
 

@@ -15,6 +15,7 @@ const char* kind_name(CollectiveKind k) {
     case CollectiveKind::kAllgather: return "allgather";
     case CollectiveKind::kAllgatherv: return "allgatherv";
     case CollectiveKind::kBarrier: return "barrier";
+    case CollectiveKind::kReduceScatter: return "reduce_scatter";
   }
   return "an unknown collective";
 }
@@ -37,6 +38,12 @@ CallSignature CallSignature::allreduce(size_t count, DataType type, ReduceOp op)
   s.type = type;
   s.op = op;
   s.count = count;
+  return s;
+}
+
+CallSignature CallSignature::reduce_scatter(size_t total, DataType type, ReduceOp op) {
+  CallSignature s = allreduce(total, type, op);
+  s.kind = CollectiveKind::kReduceScatter;
   return s;
 }
 
@@ -86,6 +93,8 @@ std::string describe(const CallSignature& s) {
   switch (s.kind) {
     case CollectiveKind::kAllreduce:
       return fmt::format("allreduce({} x {}, {})", to_string(s.type), s.count, to_string(s.op));
+    case CollectiveKind::kReduceScatter:
+      return fmt::format("reduce_scatter({} x {} in all, {})", to_string(s.type), s.count, to_string(s.op));
     case CollectiveKind::kBroadcast: return fmt::format("broadcast({} bytes, root {})", s.count, s.root);
     case CollectiveKind::kAllgather: return fmt::format("allgather({} bytes per rank)", s.count);
     default: return kind_name(s.kind);

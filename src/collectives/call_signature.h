@@ -18,16 +18,25 @@
 
 namespace erun {
 
-enum class CollectiveKind : uint8_t { kNone = 0, kAllreduce, kBroadcast, kAllgather, kAllgatherv, kBarrier };
+enum class CollectiveKind : uint8_t {
+  kNone = 0,
+  kAllreduce,
+  kBroadcast,
+  kAllgather,
+  kAllgatherv,
+  kBarrier,
+  kReduceScatter
+};
 
 struct CallSignature {
   CollectiveKind kind = CollectiveKind::kNone;
-  DataType type = DataType::kUInt8;  // allreduce only
-  ReduceOp op = ReduceOp::kSum;      // allreduce only
+  DataType type = DataType::kUInt8;  // allreduce and reduce_scatter only
+  ReduceOp op = ReduceOp::kSum;      // allreduce and reduce_scatter only
   int32_t root = 0;                  // broadcast only
-  uint64_t count = 0;                // allreduce: elements; broadcast, allgather: bytes (per rank)
+  uint64_t count = 0;                // allreduce, reduce_scatter: elements (in all); broadcast, allgather: bytes
 
   static CallSignature allreduce(size_t count, DataType type, ReduceOp op);
+  static CallSignature reduce_scatter(size_t total, DataType type, ReduceOp op);
   static CallSignature broadcast(size_t bytes, int root);
   static CallSignature allgather(size_t bytes);
   // Sizes differ between ranks by design: only the kind is compared.

@@ -27,6 +27,11 @@ class TimedCommunicator final : public Communicator {
     Timed t(wait_ns_);
     inner_->allreduce(data, count, type, op);
   }
+  void reduce_scatter(const void* in, void* out, const std::vector<size_t>& counts, DataType type,
+                      ReduceOp op) override {
+    Timed t(wait_ns_);
+    inner_->reduce_scatter(in, out, counts, type, op);
+  }
   void broadcast(void* data, size_t bytes, int root) override {
     Timed t(wait_ns_);
     inner_->broadcast(data, bytes, root);

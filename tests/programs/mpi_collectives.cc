@@ -95,6 +95,30 @@ void check_allreduce(erun::Communicator& comm, size_t count) {
   }
 }
 
+// MPI_Reduce_scatter: rank r gets its block of counts (rank r: r * per + 1
+// elements), the reference of those elements of the whole vector.
+template <typename T>
+void check_reduce_scatter(erun::Communicator& comm, size_t per) {
+  std::vector<size_t> counts;
+  size_t total = 0, begin = 0;
+  for (int r = 0; r < comm.size(); ++r) {
+    counts.push_back(static_cast<size_t>(r) * per + 1);
+    if (r < comm.rank()) begin += counts.back();
+    total += counts.back();
+  }
+  for (auto op : {erun::ReduceOp::kSum, erun::ReduceOp::kAverage, erun::ReduceOp::kMin, erun::ReduceOp::kMax,
+                  erun::ReduceOp::kProduct}) {
+    std::vector<T> in(total), out(counts[static_cast<size_t>(comm.rank())]);
+    for (size_t i = 0; i < total; ++i)
+      in[i] = op == erun::ReduceOp::kProduct ? product_input<T>(comm.rank(), i) : input<T>(comm.rank(), i);
+    comm.reduce_scatter(in.data(), out.data(), counts, erun::data_type_of<T>(), op);
+    size_t bad = 0;
+    for (size_t i = 0; i < out.size(); ++i) bad += out[i] != reference<T>(op, comm.size(), begin + i);
+    EXPECT(bad == 0, "reduce_scatter %s %s per %zu: %zu wrong", erun::to_string(erun::data_type_of<T>()),
+           erun::to_string(op), per, bad);
+  }
+}
+
 int run(int die_rank) {
   erun::Context& ctx = erun::init();
   g_rank = ctx.rank();
@@ -125,6 +149,11 @@ int run(int die_rank) {
     check_allreduce<int32_t>(comm, count);
     check_allreduce<int64_t>(comm, count);
     check_allreduce<uint8_t>(comm, count);
+  }
+  for (size_t per : {size_t{0}, size_t{5}, size_t{100003}}) {
+    check_reduce_scatter<float>(comm, per);
+    check_reduce_scatter<int64_t>(comm, per);
+    check_reduce_scatter<uint8_t>(comm, per);
   }
   for (auto t : {erun::DataType::kFloat16, erun::DataType::kBFloat16}) {
     uint16_t h[4] = {};

@@ -13,6 +13,7 @@
 #include <stdexcept>
 #include <thread>
 #include <initializer_list>
+#include <algorithm>
 #include <vector>
 
 #include "erun/communicator.hpp"
@@ -57,6 +58,43 @@ inline void check_allreduce_every_cpu_type(int rank, Communicator& comm, std::in
   check_allreduce<int32_t>(rank, comm, counts, max_bytes);
   check_allreduce<int64_t>(rank, comm, counts, max_bytes);
   check_allreduce<uint8_t>(rank, comm, counts, max_bytes);
+}
+
+// Reduce-scatter of `total` elements split over the ranks by `split`
+// (even: total / size each, the first total % size one more; chunk: as
+// torch.chunk, the last blocks short or empty; first: all on rank 0):
+// rank r gets the reference of the elements of its block, every op.
+template <typename T>
+void check_reduce_scatter(int rank, Communicator& comm, std::initializer_list<size_t> totals) {
+  const size_t n = static_cast<size_t>(comm.size());
+  for (const char* split : {"even", "chunk", "first"}) {
+    for (size_t total : totals) {
+      std::vector<size_t> counts(n, 0);
+      const size_t chunk = (total + n - 1) / n;
+      for (size_t r = 0; r < n; ++r) {
+        if (split[0] == 'e') counts[r] = total / n + (r < total % n ? 1 : 0);
+        if (split[0] == 'c') counts[r] = std::min(chunk, total - std::min(total, r * chunk));
+      }
+      if (split[0] == 'f') counts[0] = total;
+      size_t begin = 0;
+      for (int r = 0; r < rank; ++r) begin += counts[static_cast<size_t>(r)];
+      for (ReduceOp op : kAllOps) {
+        std::vector<T> in(total), out(counts[static_cast<size_t>(rank)] + 1, T{7});
+        for (size_t i = 0; i < total; ++i) in[i] = input<T>(rank, i);
+        const std::vector<T> given = in;
+        comm.reduce_scatter(in.data(), out.data(), counts, data_type_of<T>(), op);
+        size_t bad = 0, first_bad = 0;
+        for (size_t i = 0; i < counts[static_cast<size_t>(rank)]; ++i) {
+          if (out[i] != reference<T>(comm.size(), begin + i, op) && bad++ == 0) first_bad = i;
+        }
+        EXPECT_EQ(bad, 0u) << "reduce_scatter " << to_string(data_type_of<T>()) << " " << to_string(op) << " "
+                           << split << " total " << total << " rank " << rank << ": first mismatch at "
+                           << begin + first_bad;
+        EXPECT_EQ(out.back(), T{7}) << "reduce_scatter wrote past rank " << rank << "'s block";
+        EXPECT_EQ(in, given) << "reduce_scatter changed its input on rank " << rank;
+      }
+    }
+  }
 }
 
 // Broadcasts of each length from every root.

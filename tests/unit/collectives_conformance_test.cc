@@ -5,7 +5,7 @@
 // support/collective_reference.h. Allreduce at 0, 1, an odd count, a medium
 // count and one past the backends' direct/one-step thresholds; broadcast from
 // every root; allgather; allgatherv with uneven and empty contributions;
-// barrier. Integer sum/product wrap and integer average truncates toward zero
+// reduce_scatter over even, torch.chunk and one-rank splits; barrier. Integer sum/product wrap and integer average truncates toward zero
 // (as every CPU backend defines them); float16/bfloat16 are std::invalid_argument
 // on the CPU backends and leave the communicator usable.
 #include <gtest/gtest.h>
@@ -135,6 +135,29 @@ TEST_P(Conformance, LargeFloatSumIsBitwiseEqualOnEveryRank) {
     bad += std::abs(results[0][i] - static_cast<float>(i % 1024) * 0.1f * s * (s + 1) / 2) > 1e-2f * (i % 1024 + 1);
   }
   EXPECT_EQ(bad, 0u);
+}
+
+// Every split (even, torch.chunk, all on one rank) at every op, past the
+// shm step and the direct thresholds; the input stays as it was.
+TEST_P(Conformance, ReduceScatterGivesEachRankItsBlock) {
+  run([&](int rank, Communicator& comm) {
+    testing::check_reduce_scatter<float>(rank, comm, {0, 1, 7, 1001, 300007});
+    testing::check_reduce_scatter<int64_t>(rank, comm, {5, 300007});
+    testing::check_reduce_scatter<uint8_t>(rank, comm, {1001});
+  });
+}
+
+TEST_P(Conformance, ReduceScatterWithWrongCountsIsRefusedByName) {
+  run([&](int, Communicator& comm) {
+    std::vector<float> in(4), out(4);
+    try {
+      comm.reduce_scatter(in.data(), out.data(), {4}, DataType::kFloat32, ReduceOp::kSum);
+      ADD_FAILURE() << "one count for a world of " << comm.size() << " was taken";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("reduce_scatter got 1 counts"), std::string::npos) << e.what();
+    }
+    comm.barrier();  // still usable
+  });
 }
 
 TEST_P(Conformance, BroadcastFromEveryRoot) {

@@ -112,6 +112,25 @@ class MpiCommunicator final : public Communicator {
     if (op == ReduceOp::kAverage) divide(type, data, count, size_);
   }
 
+  // MPI_Reduce_scatter where the counts fit its ints, else the allreduce of a copy.
+  void reduce_scatter(const void* in, void* out, const std::vector<size_t>& counts, DataType type,
+                      ReduceOp op) override {
+    size_t total = 0;
+    for (size_t c : counts) total += c;
+    if (counts.size() != static_cast<size_t>(size_) || total > kMaxChunk) {
+      return Communicator::reduce_scatter(in, out, counts, type, op);
+    }
+    MPI_Datatype t = mpi_type(type);
+    usable("reduce_scatter");
+    MPI_Op o = mpi_op(op);
+    if (type == DataType::kUInt8 && o == MPI_SUM) o = uint8_sum_;
+    std::vector<int> n(counts.begin(), counts.end());
+    // MPI reads the whole input and writes counts[rank] elements; an empty
+    // world-wide call still synchronises, as the other backends do.
+    check("reduce_scatter", MPI_Reduce_scatter(total ? in : nullptr, out, n.data(), t, o, comm_));
+    if (op == ReduceOp::kAverage) divide(type, out, counts[static_cast<size_t>(rank_)], size_);
+  }
+
   void broadcast(void* data, size_t bytes, int root) override {
     ERUN_CHECK(root >= 0 && root < size_);
     usable("broadcast");

@@ -39,6 +39,12 @@ struct Workspace {
 // types without a CPU reduction.
 void allreduce(Workspace& w, void* data, size_t count, DataType type, ReduceOp op);
 
+// reduce_scatter.cc: piece by piece through the slots, each rank reducing
+// the part of its own block (Communicator::reduce_scatter); `counts` has one
+// entry per rank.
+void reduce_scatter(Workspace& w, const void* in, void* out, const std::vector<size_t>& counts, DataType type,
+                    ReduceOp op);
+
 // broadcast.cc: through the root's small buffer, or piece by piece through
 // two alternating halves of the staging area.
 void broadcast(Workspace& w, char* data, size_t bytes, int root);

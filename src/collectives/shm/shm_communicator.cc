@@ -21,6 +21,15 @@ class SegmentCommunicator final : public ShmCommunicator {
     shm::allreduce(w_, data, count, type, op);
   }
 
+  void reduce_scatter(const void* in, void* out, const std::vector<size_t>& counts, DataType type,
+                      ReduceOp op) override {
+    if (counts.size() != static_cast<size_t>(size())) return Communicator::reduce_scatter(in, out, counts, type, op);
+    size_t total = 0;
+    for (size_t c : counts) total += c;
+    segment_.begin("reduce_scatter", CallSignature::reduce_scatter(total, type, op));
+    shm::reduce_scatter(w_, in, out, counts, type, op);
+  }
+
   void broadcast(void* data, size_t bytes, int root) override {
     ERUN_CHECK(root >= 0 && root < size());
     segment_.begin("broadcast", CallSignature::broadcast(bytes, root));
