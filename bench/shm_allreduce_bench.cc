@@ -1,7 +1,10 @@
 // Allreduce (float32, sum) of erun's CPU communicators among N local
 // processes bootstrapped over a FileKvStore in a temp dir:
-//   shm_allreduce_bench [shm|gloo|hier] [--step B] [--small B] NP [BYTES...]
-// (backend default: shm; --step/--small set ShmOptions' staging sizes)
+//   shm_allreduce_bench [shm|gloo|hier] [--step B] [--small B] [--reduce-scatter] NP [BYTES...]
+// (backend default: shm; --step/--small set ShmOptions' staging sizes;
+// --reduce-scatter also times Communicator::reduce_scatter of the same
+// BYTES in all, split evenly, right after the allreduce of each size:
+// busbw = algbw * (n-1)/n for it, as nccl-tests define it)
 // (default sizes 4 KiB, 64 KiB, 1 MiB, 16 MiB, 64 MiB, 256 MiB). "hier" is the
 // hierarchical factory with every rank on one host (what erun::init() builds).
 // Per size: warm-up, then 5 repetitions; prints the median time per op (and
@@ -29,6 +32,7 @@ using namespace erun;
 namespace {
 
 size_t g_step = 0, g_small = 0;
+bool g_reduce_scatter = false;
 
 std::unique_ptr<Communicator> make(const std::string& backend, KvStore& store, int rank, int np) {
   const auto timeout = std::chrono::seconds(120);
@@ -64,26 +68,41 @@ int rank_main(const std::string& backend, const std::string& dir, int rank, int 
   constexpr int kReps = 5;
   for (size_t bytes : sizes) {
     std::vector<float> v(bytes / sizeof(float), 1.0f);
-    // About 0.2 s of work per repetition at 1 GB/s, at least 3 ops.
-    const int iters = static_cast<int>(std::clamp<size_t>((size_t{200} << 20) / std::max<size_t>(bytes, 1), 3, 2000));
-    for (int i = 0; i < std::max(3, iters / 10); ++i) comm->allreduce(v, ReduceOp::kSum);
-    std::vector<double> times;
-    for (int rep = 0; rep < kReps; ++rep) {
-      comm->barrier();
-      auto start = std::chrono::steady_clock::now();
-      for (int i = 0; i < iters; ++i) comm->allreduce(v, ReduceOp::kSum);
-      double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / iters;
-      times.push_back(comm->allreduce_value(t, ReduceOp::kMax));
-    }
-    std::sort(times.begin(), times.end());
-    if (rank == 0) {
-      const double t = times[kReps / 2];
-      const double algbw = static_cast<double>(bytes) / t / 1e9;
-      const double busbw = algbw * 2.0 * (np - 1) / np;
-      std::printf("np=%d bytes=%zu iters=%d time=%.2f us min=%.2f us max=%.2f us algbw=%.3f GB/s busbw=%.3f GB/s "
-                  "backend=%s\n",
-                  np, bytes, iters, t * 1e6, times.front() * 1e6, times.back() * 1e6, algbw, busbw, backend.c_str());
-      std::fflush(stdout);
+    std::vector<size_t> counts(static_cast<size_t>(np));
+    for (size_t r = 0; r < counts.size(); ++r) counts[r] = v.size() / np + (r < v.size() % np ? 1 : 0);
+    std::vector<float> mine(counts[static_cast<size_t>(rank)]);
+    for (bool scatter : {false, true}) {
+      if (scatter && !g_reduce_scatter) break;
+      auto op = [&] {
+        if (scatter) {
+          comm->reduce_scatter(v.data(), mine.data(), counts, DataType::kFloat32, ReduceOp::kSum);
+        } else {
+          comm->allreduce(v, ReduceOp::kSum);
+        }
+      };
+      // About 0.2 s of work per repetition at 1 GB/s, at least 3 ops.
+      const int iters =
+          static_cast<int>(std::clamp<size_t>((size_t{200} << 20) / std::max<size_t>(bytes, 1), 3, 2000));
+      for (int i = 0; i < std::max(3, iters / 10); ++i) op();
+      std::vector<double> times;
+      for (int rep = 0; rep < kReps; ++rep) {
+        comm->barrier();
+        auto start = std::chrono::steady_clock::now();
+        for (int i = 0; i < iters; ++i) op();
+        double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / iters;
+        times.push_back(comm->allreduce_value(t, ReduceOp::kMax));
+      }
+      std::sort(times.begin(), times.end());
+      if (rank == 0) {
+        const double t = times[kReps / 2];
+        const double algbw = static_cast<double>(bytes) / t / 1e9;
+        const double busbw = algbw * (scatter ? 1.0 : 2.0) * (np - 1) / np;
+        std::printf("np=%d bytes=%zu iters=%d time=%.2f us min=%.2f us max=%.2f us algbw=%.3f GB/s busbw=%.3f GB/s "
+                    "backend=%s op=%s\n",
+                    np, bytes, iters, t * 1e6, times.front() * 1e6, times.back() * 1e6, algbw, busbw,
+                    backend.c_str(), scatter ? "reduce_scatter" : "allreduce");
+        std::fflush(stdout);
+      }
     }
   }
   return 0;
@@ -97,7 +116,14 @@ int main(int argc, char** argv) {
   if (arg < argc && (!std::strcmp(argv[arg], "shm") || !std::strcmp(argv[arg], "gloo") || !std::strcmp(argv[arg], "hier"))) {
     backend = argv[arg++];
   }
-  while (arg + 1 < argc && (!std::strcmp(argv[arg], "--step") || !std::strcmp(argv[arg], "--small"))) {
+  while (arg < argc && (!std::strcmp(argv[arg], "--step") || !std::strcmp(argv[arg], "--small") ||
+                        !std::strcmp(argv[arg], "--reduce-scatter"))) {
+    if (!std::strcmp(argv[arg], "--reduce-scatter")) {
+      g_reduce_scatter = true;
+      ++arg;
+      continue;
+    }
+    if (arg + 1 >= argc) break;
     (argv[arg][2] == 's' && argv[arg][3] == 't' ? g_step : g_small) = std::strtoull(argv[arg + 1], nullptr, 10);
     arg += 2;
   }

@@ -1,10 +1,10 @@
-// Reduce-scatter through the staging slots: piece by piece of the whole
-// vector, every rank stages the piece, then each rank reduces, from every
-// rank's slot, the part of the piece that falls in its own block, straight
-// into its output. Nobody reduces rows another rank gets, so the work and
-// the reads are 1/size of an allreduce's reduction and there is no
-// allgather. Every element is reduced in rank order, with the kernels the
-// allreduce uses.
+// Reduce-scatter through the staging slots, in rounds: a rank's slot holds
+// one part per rank, and in round j every rank stages into part r the j-th
+// piece of rank r's block, then each rank reduces its own j-th piece from
+// part `rank` of every slot (its own input read in place), straight into
+// its output. All ranks reduce at once (a round covers a piece of every
+// block), nobody reduces rows another rank gets, and there is no allgather.
+// Every element is reduced in rank order, with the allreduce's kernels.
 #include <algorithm>
 #include <cstring>
 #include <numeric>
@@ -28,30 +28,33 @@ void reduce_scatter_op(Workspace& w, const T* in, T* out, const std::vector<size
   const size_t rank = static_cast<size_t>(s.rank());
   const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
   const size_t my_lo = std::accumulate(counts.begin(), counts.begin() + static_cast<long>(rank), size_t{0});
-  const size_t my_hi = my_lo + counts[rank];
   if (total == 0) return;
   if (n_ranks == 1) {
     std::memcpy(out, in, total * sizeof(T));
     return;
   }
   std::vector<const T*> inputs(n_ranks);
-  const size_t step = s.step_bytes() / sizeof(T);
+  std::vector<size_t> begin(n_ranks, 0);
+  for (size_t r = 1; r < n_ranks; ++r) begin[r] = begin[r - 1] + counts[r - 1];
+  const size_t line = kLine / sizeof(T);
+  const size_t per = s.step_bytes() / sizeof(T) / n_ranks;
+  const size_t part = per >= line ? per / line * line : std::max<size_t>(per, 1);  // a part per rank
+  const size_t longest = *std::max_element(counts.begin(), counts.end());
   T* mine = reinterpret_cast<T*>(s.slot(s.rank()));
   w.fence(kWhat);
-  for (size_t off = 0; off < total; off += step) {
-    const size_t n = std::min(step, total - off);
-    // The own block is read from `in`: stage the rest of the piece only.
-    const size_t lo = std::clamp(my_lo, off, off + n) - off, hi = std::clamp(my_hi, off, off + n) - off;
-    std::memcpy(mine, in + off, lo * sizeof(T));
-    std::memcpy(mine + hi, in + off + hi, (n - hi) * sizeof(T));
+  for (size_t j = 0; j < longest; j += part) {
+    for (size_t r = 0; r < n_ranks; ++r) {
+      const size_t n = counts[r] > j ? std::min(part, counts[r] - j) : 0;
+      if (r != rank && n > 0) std::memcpy(mine + r * part, in + begin[r] + j, n * sizeof(T));
+    }
     s.sync(kWhat);
-    if (hi > lo) {
+    const size_t n = counts[rank] > j ? std::min(part, counts[rank] - j) : 0;
+    if (n > 0) {
       for (size_t r = 0; r < n_ranks; ++r) {
-        inputs[r] = r == rank ? in + off + lo : reinterpret_cast<const T*>(s.slot(static_cast<int>(r))) + lo;
+        inputs[r] = r == rank ? in + my_lo + j : reinterpret_cast<const T*>(s.slot(static_cast<int>(r))) + rank * part;
       }
-      T* to = out + (off + lo - my_lo);
-      kernels::reduce_all<T, OP>(to, inputs.data(), n_ranks, hi - lo);
-      if constexpr (OP == ReduceOp::kAverage) kernels::divide(to, hi - lo, s.size());
+      kernels::reduce_all<T, OP>(out + j, inputs.data(), n_ranks, n);
+      if constexpr (OP == ReduceOp::kAverage) kernels::divide(out + j, n, s.size());
     }
     // Every rank is done reading the slots before anyone stages again
     // (here, or a direct allreduce next, which does not fence).
