@@ -177,7 +177,9 @@ class FSDPState(State):
     def sync(self) -> None:
         """Builds this generation's process group (collective), the model the
         first time, syncs the entries (resharding the pieces), rebuilds the
-        model and optimizer for a new world, then runs the sync callbacks."""
+        model and optimizer for a new world, commits if nothing was ever
+        committed (so that every piece has a copy on its host and its buddy
+        from the start), then runs the sync callbacks."""
         from torch.distributed.device_mesh import DeviceMesh
         group = self._group.build()
         if self._model is None:
@@ -186,6 +188,10 @@ class FSDPState(State):
         if self._built_generation != _core.generation() or self._pending:
             self._rebuild(DeviceMesh.from_group(group, self._device.type))
         self._built_generation = _core.generation()
+        if self.commit_id == 0:
+            # Until the first commit a piece has no copy outside its rank
+            # (docs/state.md, "Sharded entries"): make one at once.
+            self.commit()
         for callback in self._sync_callbacks:
             callback()
 

@@ -80,3 +80,29 @@ def test_register_shard_keeps_no_reference_to_a_piece():
     state.commit()
     state.restore()
     assert held["w"].shape == (6, 3) and not held["w"].any()
+
+
+def test_a_piece_whose_host_and_buddy_are_both_lost_ends_the_job_naming_it(ws):
+    """Done means (d), without --checkpoint-dir: three hosts of one slot, the buddy of
+    each the next host (node-b's is node-c). node-b and node-c are lost whole at once, so
+    node-b's rows have no copy left: the survivor does not train on (no hole, no zeros),
+    the job ends with a non-zero status and an error that names the rows."""
+    ws.hosts("node-a:1\nnode-b:1\nnode-c:1\n")
+    job = ws.erun(["-np", "3", "--min-np", "1", "--max-np", "3"], "sharded.py", ["--steps", "2000"],
+                  discovery=True)
+    assert wait_for(job, r"rank \d committed step 10", 3), job.out + job.err
+    on = {host_of(p): p for p in ws.workers("sharded.py") if host_of(p)}
+    assert sorted(on) == ["node-a", "node-b", "node-c"], on
+    ws.hosts("node-a:1\n")
+    for host in ("node-b", "node-c"):
+        agent = int(open(f"/proc/{on[host]}/stat").read().rsplit(")", 1)[1].split()[1])
+        os.kill(agent, signal.SIGKILL)
+        os.kill(on[host], signal.SIGKILL)
+    code = job.wait(120)
+    assert code not in (0, None), (code, job.out, job.err)
+    logs = job.out + job.err
+    assert "cannot be put back together" in logs, logs
+    assert re.search(r"no living host holds 'w' rows \d+\.\.\d+ of 37", logs), logs
+    assert "'m' rows" in logs, logs
+    assert "done:" not in job.out, job.out
+    assert ws.wait_no_workers("sharded.py")
