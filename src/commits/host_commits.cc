@@ -296,6 +296,11 @@ HostCommits::~HostCommits() {
   }
 }
 
+bool HostCommits::flush() {
+  if (!wrote_ || map_[last_] == nullptr) return false;
+  return ::msync(map_[last_], map_len_[last_], MS_SYNC) == 0;
+}
+
 void HostCommits::unmap(int i) {
   if (map_[i] == nullptr) return;
   if (pinned_[i]) pinner_->unpin(map_[i]);

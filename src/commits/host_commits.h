@@ -93,6 +93,9 @@ class HostCommits {
   // The commit whose fillers will not all finish stays torn; the next write
   // may reuse its file. Call only when no filler writes into it any more.
   void abandon();
+  // The commit written last, on its way to the storage under the file (msync):
+  // for files on a disk (a durable copy), not for /dev/shm. False on an error.
+  bool flush();
   // Registers each file's mapping through `pinner` from now on (the ones
   // already mapped at once); null stops. Whether every mapped file is pinned.
   bool set_pinner(std::shared_ptr<MappingPinner> pinner);

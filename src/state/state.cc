@@ -163,7 +163,16 @@ void State::commit() {
   const bool in_host_memory = impl_->write_host_commit(ctx_.info(), direct, &staged.pieces, /*devices_later=*/true);
   staged = {};  // the ranges were copied
   if (in_host_memory && impl_->buddy) impl_->push_to_buddy(ctx_);
-  if (!impl_->checkpoint_dir.empty() && ctx_.rank() == 0 && !(impl_->host_persists && in_host_memory)) {
+  // Sharded entries: every rank's pieces on disk first; the whole entries
+  // then name a commit whose pieces are all there.
+  const bool sharded_durable = !impl_->checkpoint_dir.empty() && impl_->has_shards();
+  bool pieces_durable = false;
+  if (sharded_durable) {
+    const bool mine = impl_->write_durable_pieces(ctx_.rank());
+    pieces_durable = ctx_.comm().allreduce_value<int64_t>(mine ? 1 : 0, ReduceOp::kMin) == 1;
+  }
+  if (!impl_->checkpoint_dir.empty() && ctx_.rank() == 0 &&
+      (sharded_durable ? pieces_durable : !(impl_->host_persists && in_host_memory))) {
     impl_->mirror_device();
     si::write_file_atomically(impl_->checkpoint_dir, si::kStateFile, impl_->commit_id, impl_->refs());
     impl_->drop_device_mirrors();

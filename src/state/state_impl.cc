@@ -168,7 +168,11 @@ bool State::Impl::write_host_commit(const WorkerInfo& info, bool direct, const s
   std::vector<const char*> placed;
   std::shared_ptr<si::Completion> landed;
   try {
-    err = host->write(commit_id, out, &placed, info.rank == 0 ? si::kRankZeroCommit : 0, &landed);
+    // The host side persists rank 0's commits of a State without sharded
+    // entries; with them, every rank writes its pieces and rank 0 the rest
+    // (State::commit).
+    const uint32_t flags = info.rank == 0 && !has_shards() ? si::kRankZeroCommit : 0;
+    err = host->write(commit_id, out, &placed, flags, &landed);
   } catch (const Error& e) {
     err = e.what();
   }

@@ -136,6 +136,25 @@ struct State::Impl {
   // behind, and a worker that leaves (a drain) leaves its last commit on
   // the next host.
   void push_to_buddy(const Context& ctx);
+  // Sharded entries with a checkpoint directory: each rank writes its
+  // pieces of every commit (with their table) to a file pair of
+  // CHECKPOINT_DIR/erun-shards named after its rank, and rank 0 writes the
+  // whole entries to CHECKPOINT_DIR/erun-state.bin once every rank's pieces
+  // are there. A sync that finds no whole commit in the hosts' memory newer
+  // than that file's goes on from it (take_durable, state_shards.cc).
+  std::unique_ptr<si::HostCommits> durable;
+  int durable_rank = -1;  // the rank `durable`'s files are named after
+  bool durable_failing = false;
+  std::string durable_dir() const { return checkpoint_dir + "/erun-shards"; }
+  // This rank's pieces of the commit just made; false when they were not
+  // written (said once a streak).
+  bool write_durable_pieces(int rank);
+  // The commit erun-state.bin holds (0: none, or unreadable), read by rank 0
+  // and agreed on by every rank.
+  uint64_t durable_id(Communicator& comm) const;
+  // Every rank's rows of commit `id` from the durable files, the whole
+  // entries from erun-state.bin. Throws StateLost naming rows no file holds.
+  void take_durable(Communicator& comm, uint64_t id);
   // Joins the push in flight and says how it ended (a failure once a streak).
   void finish_push();
   struct Push {

@@ -5,6 +5,9 @@
 // state/shard_exchange.h for the bytes).
 #include "state/state_impl.h"
 
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <map>
 #include <set>
 
@@ -34,8 +37,8 @@ void State::register_shard_bytes(const std::string& name, ShardSpec spec, ShardS
     throw Error(fmt::format("erun: sharded entry '{}' lacks a save, load, prepare or install function", name));
   }
   if (!impl_->checkpoint_dir.empty()) {
-    throw Error(fmt::format("erun: sharded entry '{}': sharded entries are not written to durable checkpoints "
-                            "yet, and this State has the checkpoint directory {}",
+    throw Error(fmt::format("erun: sharded entry '{}' registered after the checkpoint directory {} was set; "
+                            "register every entry first, then call set_checkpoint_dir()",
                             name, impl_->checkpoint_dir));
   }
   if (!impl_->has_shards()) {
@@ -109,6 +112,135 @@ void State::Impl::finish_push() {
   }
   buddy_failing = failed;
   push.reset();
+}
+
+bool State::Impl::write_durable_pieces(int rank) {
+  std::string err;
+  try {
+    if (!durable || durable_rank != rank) {
+      durable.reset();
+      const std::string stem = fmt::format("{}/rank-{}", durable_dir(), rank);
+      durable = std::make_unique<si::HostCommits>(si::HostCommits::stem_of(stem, std::max(ordinal, 0)));
+      durable_rank = rank;
+    }
+    std::vector<si::EntryRef> out;
+    for (const Entry& e : entries) {
+      if ((e.shard || e.shard_table) && e.has_committed) out.push_back(ref(e));
+    }
+    if (auto failed = durable->write(commit_id, out)) {
+      err = *failed;
+    } else if (!durable->flush()) {
+      err = fmt::format("erun: commit {} could not be flushed to {}: {}", commit_id, durable->stem(),
+                        std::strerror(errno));
+    }
+  } catch (const Error& e) {
+    err = e.what();
+  }
+  if (!err.empty() && !durable_failing) {
+    ERUN_LOG_ERROR("{}; {} keeps the job's last durable commit until every rank writes its pieces again", err,
+                   checkpoint_dir);
+  }
+  if (err.empty() && durable_failing) ERUN_LOG_INFO("rank {}: sharded pieces written to {} again", rank, durable_dir());
+  durable_failing = !err.empty();
+  return err.empty();
+}
+
+uint64_t State::Impl::durable_id(Communicator& comm) const {
+  int64_t id = 0;
+  if (comm.rank() == 0) {
+    std::vector<char> bytes;
+    const std::string path = checkpoint_dir + "/" + si::kStateFile;
+    if (si::read_file(path, &bytes)) {
+      try {
+        id = static_cast<int64_t>(si::decode(bytes.data(), bytes.size(), path).commit_id);
+      } catch (const Error& e) {
+        ERUN_LOG_WARN("{}; the job does not go on from it", e.what());
+      }
+    }
+  }
+  return static_cast<uint64_t>(comm.allreduce_value<int64_t>(id, ReduceOp::kMax));
+}
+
+void State::Impl::take_durable(Communicator& comm, uint64_t id) {
+  const int rank = comm.rank();
+  const int size = comm.size();
+  const std::string path = checkpoint_dir + "/" + si::kStateFile;
+  // The whole entries: rank 0's read of the file, to every rank.
+  std::vector<char> blob;
+  if (rank == 0 && !si::read_file(path, &blob)) blob.clear();
+  si::broadcast_blob(comm, blob, 0);
+  si::Snapshot snap = si::decode(blob.data(), blob.size(), path);
+  blob = {};
+  if (snap.commit_id != id) {
+    throw CommError(fmt::format("erun: {} changed while the job read it (commit {}, then {})", path, id,
+                                snap.commit_id));
+  }
+  // Every rank's rows, from the pieces files of that commit.
+  const std::string dir = durable_dir();
+  std::vector<si::FilePiece> files = si::list_pieces(dir, std::max(ordinal, 0));
+  int64_t code = 0;  // 1: a read failed; 2: rows no file holds
+  std::string failure, lost;
+  std::vector<std::pair<Entry*, si::RowRange>> installs;
+  for (Entry& e : entries) {
+    if (!e.shard) continue;
+    const si::RowRange want = si::split_rows(e.shard->rows, e.shard->rule, rank, size);
+    const uint64_t row = e.shard->row_bytes;
+    char* fresh = static_cast<char*>(e.shard->prepare(want.size()));
+    installs.emplace_back(&e, want);
+    std::map<std::string, std::vector<si::ByteRange>> by_file;
+    uint64_t next = want.begin;  // rows below are covered
+    while (next < want.end && code == 0) {
+      const si::FilePiece* best = nullptr;
+      for (const si::FilePiece& f : files) {
+        if (f.id != id || f.piece.name != e.name || f.piece.rows != e.shard->rows || f.piece.row_bytes != row) continue;
+        if (f.piece.held.begin <= next && f.piece.held.end > next &&
+            (best == nullptr || f.piece.held.end > best->piece.held.end)) {
+          best = &f;
+        }
+      }
+      if (best == nullptr) {
+        uint64_t until = want.end;  // up to the next piece that begins, for the message
+        for (const si::FilePiece& f : files) {
+          if (f.id == id && f.piece.name == e.name && f.piece.held.begin > next) until = std::min(until, f.piece.held.begin);
+        }
+        lost += fmt::format("{}'{}' rows {}..{} of {}", lost.empty() ? "" : "; ", e.name, next, until - 1,
+                            e.shard->rows);
+        code = 2;
+        break;
+      }
+      const uint64_t end = std::min(want.end, best->piece.held.end);
+      by_file[best->file].push_back({best->offset + (next - best->piece.held.begin) * row, (end - next) * row,
+                                     fresh + (next - want.begin) * row});
+      next = end;
+    }
+    for (const auto& [file, ranges] : by_file) {
+      if (code != 0) break;
+      if (Status st = si::read_ranges(dir + "/" + file, id, ranges); !st.is_ok()) {
+        failure = st.message();
+        code = 1;
+      }
+    }
+  }
+  const int64_t failed = comm.allreduce_value<int64_t>(code, ReduceOp::kMax);
+  if (failed == 2) {
+    throw StateLost(fmt::format("erun: durable commit {} in {} cannot be put back together: {}{}", id,
+                                checkpoint_dir, lost.empty() ? "another rank lacks rows" : "no file holds " + lost,
+                                "; its pieces files were removed or overwritten"));
+  }
+  if (failed != 0) {
+    throw CommError(fmt::format("erun: reading durable commit {} failed{}", id,
+                                failure.empty() ? " on another rank" : ": " + failure));
+  }
+  apply(std::move(snap), path, /*allow_missing=*/true);
+  for (auto& [e, want] : installs) {
+    e->shard->install();
+    e->shard->held = want;
+    e->shard->commit = id;
+    e->has_committed = true;
+  }
+  commit_id = id;
+  has_snapshot = true;
+  snapshot_size = 0;  // the file does not say
 }
 
 si::Offer State::Impl::offer(const WorkerInfo& info, const Link& link, const std::string& dir, int rejoined_from,
@@ -363,8 +495,26 @@ void State::sync_sharded(int rejoined_from) {
   im.pair_buddy(held, rank, stem, link);
 
   // 2. The commit: the newest whole one. Ids written since are skipped
-  // from now on: an id never names two commits.
+  // from now on: an id never names two commits. A durable commit newer
+  // than it (every copy in memory lost, or a job started again) wins.
   const si::CommitChoice choice = si::choose_commit(held, im.shard_shapes());
+  const uint64_t durable = im.checkpoint_dir.empty() ? 0 : im.durable_id(comm);
+  if (durable > choice.target) {
+    im.next_id = std::max(im.next_id, choice.seen + 1);
+    if (rank == 0) {
+      ERUN_LOG_WARN("erun: {}; the job goes on from durable commit {} in {}",
+                    choice.newest == 0  ? "no commit in the hosts' memory"
+                    : choice.target == 0 ? fmt::format("commit {} of the sharded entries is lost ({} missing)",
+                                                       choice.newest, choice.lost)
+                                         : fmt::format("the newest whole commit in the hosts' memory is {}",
+                                                       choice.target),
+                    durable, im.checkpoint_dir);
+    }
+    im.take_durable(comm, durable);
+    if (choice.any_rejoin > 0) im.pending_reset.emplace(static_cast<int>(choice.any_rejoin), size);
+    im.keep_in_host_memory(info, /*resharded=*/true);
+    return;
+  }
   im.go_on_from(choice, rank);
 
   // 3. The whole entries, and the reset due.

@@ -49,7 +49,7 @@ void State::sync() {
     const bool launcher_dir = impl_->checkpoint_dir.empty() && !ctx_.checkpoint_dir().empty();
     if (launcher_dir) set_checkpoint_dir(ctx_.checkpoint_dir());
     adopt_host_commits();
-    impl_->host_persists = launcher_dir && impl_->host && impl_->ordinal == 0;
+    impl_->host_persists = launcher_dir && impl_->host && impl_->ordinal == 0 && !impl_->has_shards();
   }
   Communicator& comm = ctx_.comm();
   const int size = comm.size();
@@ -153,15 +153,12 @@ void State::commit_ids_disagree() {
 
 
 void State::set_checkpoint_dir(const std::string& dir) {
-  if (impl_->has_shards()) {
-    throw Error(fmt::format("erun: checkpoint directory {}: sharded entries (register_shard) are not written to "
-                            "durable checkpoints yet; run without --checkpoint-dir (host memory keeps them, "
-                            "docs/state.md \"Sharded entries\")",
-                            dir));
-  }
   if (Status ok = ensure_private_dir(dir, "checkpoint directory"); !ok) throw Error("erun: " + ok.message());
   impl_->checkpoint_dir = dir;
   if (ctx_.rank() == 0) si::remove_stale_temp_files(dir, si::kStateFile);
+  // With sharded entries the next sync() decides, with every rank, whether
+  // the file's commit is newer than what the hosts' memory holds whole.
+  if (impl_->has_shards()) return;
   std::string path = dir + "/" + si::kStateFile;
   std::vector<char> bytes;
   if (!si::read_file(path, &bytes)) return;

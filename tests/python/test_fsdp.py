@@ -74,6 +74,29 @@ def test_fsdp2_is_resharded_in_place_through_a_grow_a_lost_host_and_a_kill(ws):
     assert ws.wait_no_workers("elastic_fsdp.py")
 
 
+@pytest.mark.skipif(not has_fsdp2(), reason="this torch has no FSDP2 (fully_shard)")
+def test_an_fsdp2_job_started_again_resumes_from_its_checkpoint_dir_in_another_world(ws):
+    """Every rank's pieces of the model and of Adam's state, and the whole entries, in
+    --checkpoint-dir: a job of 2 ranks that ran 2 epochs, started again for 3 epochs with
+    3 ranks, goes on at epoch 2 and ends within 1e-9 of 3 epochs alone."""
+    shutil.copy(EXAMPLE, ws.path / "elastic_fsdp.py")
+    alone = ws.python("elastic_fsdp.py", ["--epochs", "3", "--out", str(ws.path / "alone.npz")])
+    assert alone.wait(180) == 0, alone.out + alone.err
+    ckpt = ws.path / "ckpt"
+    first = ws.erun(["-np", "2", "--checkpoint-dir", str(ckpt)], "elastic_fsdp.py", ["--epochs", "2"])
+    assert first.wait(180) == 0, first.out + first.err
+    again = ws.erun(["-np", "3", "--checkpoint-dir", str(ckpt)], "elastic_fsdp.py",
+                    ["--epochs", "3", "--out", str(ws.path / "again.npz")])
+    assert again.wait(180) == 0, again.out + again.err
+    logs = again.out + again.err
+    assert re.search(r"goes on from durable commit \d+", logs), logs
+    assert "epoch 0 " not in again.out and "epoch 1 " not in again.out, again.out
+    assert "epoch 2 world=3 exactly-once=yes" in again.out, again.out
+    want, got = np.load(ws.path / "alone.npz"), np.load(ws.path / "again.npz")
+    for name in want.files:
+        assert np.max(np.abs(want[name] - got[name])) < 1e-9, name
+
+
 @pytest.mark.skipif(has_fsdp2(), reason="this torch has FSDP2: the test above runs")
 def test_without_fsdp2_fsdp_state_says_what_it_needs(ws):
     script = ws.path / "needs_fsdp2.py"

@@ -106,3 +106,48 @@ def test_a_piece_whose_host_and_buddy_are_both_lost_ends_the_job_naming_it(ws):
     assert "'m' rows" in logs, logs
     assert "done:" not in job.out, job.out
     assert ws.wait_no_workers("sharded.py")
+
+
+def test_with_a_checkpoint_dir_a_piece_lost_with_its_buddy_comes_back_from_disk(ws):
+    """Done means (d), with --checkpoint-dir: the same double loss as above, but every rank
+    also wrote its pieces of each commit there (rank 0 the whole entries once all had): the
+    survivor goes on from that durable commit, alone, and ends at the bytes of the run alone."""
+    alone = ws.python("sharded.py", ["--step-ms", "0"])
+    assert alone.wait(120) == 0, alone.out + alone.err
+    reference = checksum(alone.out)
+    ckpt = ws.path / "ckpt"
+    ws.hosts("node-a:1\nnode-b:1\nnode-c:1\n")
+    job = ws.erun(["-np", "3", "--min-np", "1", "--max-np", "3", "--checkpoint-dir", str(ckpt)], "sharded.py",
+                  discovery=True)
+    assert wait_for(job, r"rank \d committed step 10", 3), job.out + job.err
+    on = {host_of(p): p for p in ws.workers("sharded.py") if host_of(p)}
+    ws.hosts("node-a:1\n")
+    for host in ("node-b", "node-c"):
+        agent = int(open(f"/proc/{on[host]}/stat").read().rsplit(")", 1)[1].split()[1])
+        os.kill(agent, signal.SIGKILL)
+        os.kill(on[host], signal.SIGKILL)
+    assert job.wait(180) == 0, job.out + job.err
+    logs = job.out + job.err
+    assert re.search(r"goes on from durable commit \d+", logs), logs
+    assert checksum(job.out) == reference, logs
+    files = sorted(p.name for p in (ckpt / "erun-shards").iterdir())
+    assert any(f.startswith("rank-0.") for f in files), files
+    assert all(oct(os.stat(ckpt / "erun-shards" / f).st_mode & 0o777) == "0o600" for f in files), files
+
+
+def test_a_sharded_job_started_again_goes_on_from_its_durable_commit(ws):
+    """A job that ended leaves its last commit in --checkpoint-dir (each rank's pieces and
+    the whole entries); the same job started again with more steps and another world size
+    resumes there, resharded from the files, and ends at the bytes of one run alone."""
+    alone = ws.python("sharded.py", ["--step-ms", "0", "--steps", "160"])
+    assert alone.wait(120) == 0, alone.out + alone.err
+    ckpt = ws.path / "ckpt"
+    first = ws.erun(["-np", "3", "--checkpoint-dir", str(ckpt)], "sharded.py", ["--step-ms", "0", "--steps", "100"])
+    assert first.wait(120) == 0, first.out + first.err
+    assert "done: 100 steps world 3" in first.out, first.out
+    again = ws.erun(["-np", "2", "--checkpoint-dir", str(ckpt)], "sharded.py", ["--step-ms", "0", "--steps", "160"])
+    assert again.wait(120) == 0, again.out + again.err
+    logs = again.out + again.err
+    assert re.search(r"no commit in the hosts' memory; the job goes on from durable commit \d+", logs), logs
+    assert "committed step 10" not in again.out, again.out  # it did not start from scratch
+    assert checksum(again.out) == checksum(alone.out), logs

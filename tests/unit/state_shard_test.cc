@@ -310,17 +310,64 @@ TEST_F(ShardTest, APieceOfTheWrongSizeIsRefusedAtCommit) {
   EXPECT_EQ(piece.size(), 30u);
 }
 
-TEST_F(ShardTest, ACheckpointDirectoryIsRefusedWithShardsForNow) {
+TEST_F(ShardTest, AShardRegisteredAfterTheCheckpointDirectoryIsRefusedByName) {
   FakeHub hub(1);
   FakeContext ctx(hub, 0);
   State st(ctx);
+  st.set_checkpoint_dir(dir_ + "/ckpt");
   std::vector<double> piece(4);
-  st.register_shard("w", &piece, State::ShardSpec{4, 1, State::ShardSplit::kChunk});
   try {
-    st.set_checkpoint_dir(dir_ + "/ckpt");
+    st.register_shard("w", &piece, State::ShardSpec{4, 1, State::ShardSplit::kChunk});
     FAIL();
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("not written to durable checkpoints yet"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("sharded entry 'w' registered after the checkpoint directory"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// With a checkpoint directory every rank writes its pieces of each commit
+// there (rank 0 the whole entries once all have); a job of another size
+// started from that directory alone (no host memory) resumes at the last
+// commit, each rank with exactly its new rows.
+TEST_F(ShardTest, ACheckpointDirectoryKeepsEveryPieceAndAnotherWorldResumesFromIt) {
+  const State::ShardSpec spec{kRows, kCols, State::ShardSplit::kChunk};
+  const std::string ckpt = dir_ + "/ckpt";
+  // A worker of `hub` on `host` with the job's checkpoint directory,
+  // synced; `steps` steps, each committed.
+  auto work = [&](FakeHub& hub, int slot, const std::string& host, int64_t steps, Outcome* o) {
+    FakeContext ctx(hub, slot);
+    place(ctx, host, slot);
+    State st(ctx);
+    int64_t step = 0;
+    std::vector<double> piece = initial_piece(spec, ctx.rank(), ctx.size());
+    st.register_value("step", &step);
+    st.register_shard("w", &piece, spec);
+    st.set_checkpoint_dir(ckpt);
+    st.sync();
+    while (step < steps) {
+      take_step(piece, spec, ctx, step);
+      ++step;
+      st.commit();
+    }
+    if (o != nullptr) *o = Outcome{ctx.rank(), ctx.size(), step, st.commit_id(), piece, {}};
+  };
+  {
+    FakeHub hub(3);
+    run_threads(3, [&](int slot) { work(hub, slot, "A", 4, nullptr); });
+  }
+  EXPECT_TRUE(std::filesystem::exists(ckpt + "/erun-state.bin"));
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_TRUE(std::filesystem::exists(ckpt + "/erun-shards/rank-" + std::to_string(r) + ".a")) << r;
+  }
+  std::vector<Outcome> out(2);
+  FakeHub hub(2);
+  // On another host: its memory holds nothing of the job. No step: the
+  // pieces are as the sync resumed them.
+  run_threads(2, [&](int slot) { work(hub, slot, "B", 0, &out[static_cast<size_t>(slot)]); });
+  for (const Outcome& o : out) {
+    EXPECT_EQ(o.id, 4u);
+    expect_exact(o, spec, 4);  // the step too: a whole entry of the file
   }
 }
 
