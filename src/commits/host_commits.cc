@@ -418,7 +418,8 @@ std::optional<std::string> HostCommits::write(uint64_t commit_id, const std::vec
   // that went back to an older commit, the newer one not whole across the
   // job, wrote that one again in its new layout). A new writer keeps its
   // predecessor's newest commit: it writes the file of the older one.
-  const int i = wrote_ ? 1 - last_ : held_[0] != held_[1] ? (held_[0] < held_[1] ? 0 : 1) : 1 - last_;
+  int i = wrote_ ? 1 - last_ : held_[0] != held_[1] ? (held_[0] < held_[1] ? 0 : 1) : 1 - last_;
+  if (keep_ != 0 && held_[i] == keep_ && held_[1 - i] != keep_) i = 1 - i;
   const std::string path = stem_ + kSuffix[i];
   if (pending_ != nullptr) {
     return fmt::format("erun: host-memory commit {} was not written to {}: commit {} is still being copied into {}",

@@ -93,6 +93,12 @@ class HostCommits {
   // The commit whose fillers will not all finish stays torn; the next write
   // may reuse its file. Call only when no filler writes into it any more.
   void abandon();
+  // A commit that write() must not write over while a file holds it (0:
+  // none): a durable copy keeps the commit its job's erun-state.bin names,
+  // though a newer one (not agreed on by every rank) is in the other file or
+  // the files were another writer's. Not for files whose bytes a State reads
+  // in place (host memory): they alternate as write() says.
+  void keep_commit(uint64_t id) { keep_ = id; }
   // The commit written last, on its way to the storage under the file (msync):
   // for files on a disk (a durable copy), not for /dev/shm. False on an error.
   bool flush();
@@ -182,6 +188,7 @@ class HostCommits {
   uint64_t held_[2] = {0, 0};      // the commit id each file holds whole (0: none)
   int last_ = 1;                   // the file written last (with equal ids, the other one is written next)
   bool wrote_ = false;             // this writer wrote a whole commit: the next one goes to 1 - last_
+  uint64_t keep_ = 0;              // keep_commit()
   size_t reserved_[2] = {0, 0};    // bytes of each file known to be allocated
   char* map_[2] = {nullptr, nullptr};
   size_t map_len_[2] = {0, 0};

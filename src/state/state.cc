@@ -158,8 +158,12 @@ void State::commit() {
   impl_->check_shard_sizes(staged.pieces, ctx_.rank(), ctx_.size());
   impl_->take_staged(staged, direct, std::max(impl_->commit_id + 1, impl_->next_id), ctx_.rank(), ctx_.size());
   // The buddy has the previous commit (or its push failed) before this one
-  // is written: it is never more than one commit behind.
+  // is written: it is never more than one commit behind. And no rank writes
+  // over the commit before the previous one until every rank's buddy holds
+  // the previous one: otherwise a host lost with its push in flight would
+  // leave its rows at the commit before, which the others no longer keep.
   impl_->finish_push();
+  if (impl_->many_hosts && impl_->has_shards()) ctx_.comm().barrier();
   const bool in_host_memory = impl_->write_host_commit(ctx_.info(), direct, &staged.pieces, /*devices_later=*/true);
   staged = {};  // the ranges were copied
   if (in_host_memory && impl_->buddy) impl_->push_to_buddy(ctx_);
@@ -170,6 +174,7 @@ void State::commit() {
   if (sharded_durable) {
     const bool mine = impl_->write_durable_pieces(ctx_.rank());
     pieces_durable = ctx_.comm().allreduce_value<int64_t>(mine ? 1 : 0, ReduceOp::kMin) == 1;
+    if (pieces_durable) impl_->durable_agreed = impl_->commit_id;
   }
   if (!impl_->checkpoint_dir.empty() && ctx_.rank() == 0 &&
       (sharded_durable ? pieces_durable : !(impl_->host_persists && in_host_memory))) {

@@ -127,6 +127,10 @@ struct State::Impl {
   };
   std::unique_ptr<si::BuddyKeeper> keeper;
   std::optional<Buddy> buddy;
+  // The generation spans several hosts (known alike on every rank after a
+  // sharded sync): a commit then waits, with every rank, for every rank's
+  // push of the commit before (State::commit).
+  bool many_hosts = false;
   bool buddy_failing = false;  // the last push failed (logged once per streak)
   // After a commit written to host memory: its pieces to the buddy, from a
   // thread of their own while training goes on. The push reads the commit
@@ -144,6 +148,9 @@ struct State::Impl {
   // than that file's goes on from it (take_durable, state_shards.cc).
   std::unique_ptr<si::HostCommits> durable;
   int durable_rank = -1;  // the rank `durable`'s files are named after
+  // The commit erun-state.bin names (read at each sharded sync, then each
+  // commit every rank wrote the pieces of): no rank writes over its pieces.
+  uint64_t durable_agreed = 0;
   bool durable_failing = false;
   std::string durable_dir() const { return checkpoint_dir + "/erun-shards"; }
   // This rank's pieces of the commit just made; false when they were not
@@ -155,6 +162,9 @@ struct State::Impl {
   // Every rank's rows of commit `id` from the durable files, the whole
   // entries from erun-state.bin. Throws StateLost naming rows no file holds.
   void take_durable(Communicator& comm, uint64_t id);
+  // After a sync that rewrote the commit in a new layout (a reshard): that
+  // commit to the buddy, as after a commit.
+  void push_rewritten(const Context& ctx);
   // Joins the push in flight and says how it ended (a failure once a streak).
   void finish_push();
   struct Push {

@@ -99,6 +99,16 @@ void State::Impl::push_to_buddy(const Context& ctx) {
   });
 }
 
+void State::Impl::push_rewritten(const Context& ctx) {
+  // The commit in its new layout, to the buddy too: until the next commit
+  // has reached it, the old layout's copies may be all the others keep.
+  try {
+    if (buddy && host && commit_id != 0 && host->holds(commit_id)) push_to_buddy(ctx);
+  } catch (const Error&) {
+    // no host-memory files: the commit stays in worker memory, unpushed
+  }
+}
+
 void State::Impl::finish_push() {
   if (!push) return;
   push->thread.join();
@@ -127,6 +137,7 @@ bool State::Impl::write_durable_pieces(int rank) {
     for (const Entry& e : entries) {
       if ((e.shard || e.shard_table) && e.has_committed) out.push_back(ref(e));
     }
+    durable->keep_commit(durable_agreed);
     if (auto failed = durable->write(commit_id, out)) {
       err = *failed;
     } else if (!durable->flush()) {
@@ -493,12 +504,14 @@ void State::sync_sharded(int rejoined_from) {
   }
   const si::Holdings held(std::move(offers));
   im.pair_buddy(held, rank, stem, link);
+  im.many_hosts = !held.host_of.empty() && *std::max_element(held.host_of.begin(), held.host_of.end()) > 0;
 
   // 2. The commit: the newest whole one. Ids written since are skipped
   // from now on: an id never names two commits. A durable commit newer
   // than it (every copy in memory lost, or a job started again) wins.
   const si::CommitChoice choice = si::choose_commit(held, im.shard_shapes());
   const uint64_t durable = im.checkpoint_dir.empty() ? 0 : im.durable_id(comm);
+  im.durable_agreed = durable;
   if (durable > choice.target) {
     im.next_id = std::max(im.next_id, choice.seen + 1);
     if (rank == 0) {
@@ -513,6 +526,7 @@ void State::sync_sharded(int rejoined_from) {
     im.take_durable(comm, durable);
     if (choice.any_rejoin > 0) im.pending_reset.emplace(static_cast<int>(choice.any_rejoin), size);
     im.keep_in_host_memory(info, /*resharded=*/true);
+    im.push_rewritten(ctx_);
     return;
   }
   im.go_on_from(choice, rank);
@@ -539,6 +553,7 @@ void State::sync_sharded(int rejoined_from) {
                   who(info.generation, info.host, rank), choice.target, size, moved, ms);
   }
   im.keep_in_host_memory(info, resharded);
+  if (resharded) im.push_rewritten(ctx_);
 }
 
 }  // namespace erun

@@ -82,6 +82,19 @@ def test_register_shard_keeps_no_reference_to_a_piece():
     assert held["w"].shape == (6, 3) and not held["w"].any()
 
 
+def lose_hosts_at_once(*workers):
+    """Each worker's host lost whole (its agent and it SIGKILLed), all at the same time: every
+    one is stopped first, so that none of them takes part in a recovery from another's loss
+    (which would copy the lost host's rows onward) before it dies too."""
+    procs = []
+    for pid in workers:
+        procs += [int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1]), pid]
+    for pid in procs:
+        os.kill(pid, signal.SIGSTOP)
+    for pid in procs:
+        os.kill(pid, signal.SIGKILL)
+
+
 def test_a_piece_whose_host_and_buddy_are_both_lost_ends_the_job_naming_it(ws):
     """Done means (d), without --checkpoint-dir: three hosts of one slot, the buddy of
     each the next host (node-b's is node-c). node-b and node-c are lost whole at once, so
@@ -94,10 +107,7 @@ def test_a_piece_whose_host_and_buddy_are_both_lost_ends_the_job_naming_it(ws):
     on = {host_of(p): p for p in ws.workers("sharded.py") if host_of(p)}
     assert sorted(on) == ["node-a", "node-b", "node-c"], on
     ws.hosts("node-a:1\n")
-    for host in ("node-b", "node-c"):
-        agent = int(open(f"/proc/{on[host]}/stat").read().rsplit(")", 1)[1].split()[1])
-        os.kill(agent, signal.SIGKILL)
-        os.kill(on[host], signal.SIGKILL)
+    lose_hosts_at_once(on["node-b"], on["node-c"])
     code = job.wait(120)
     assert code not in (0, None), (code, job.out, job.err)
     logs = job.out + job.err
@@ -122,10 +132,7 @@ def test_with_a_checkpoint_dir_a_piece_lost_with_its_buddy_comes_back_from_disk(
     assert wait_for(job, r"rank \d committed step 10", 3), job.out + job.err
     on = {host_of(p): p for p in ws.workers("sharded.py") if host_of(p)}
     ws.hosts("node-a:1\n")
-    for host in ("node-b", "node-c"):
-        agent = int(open(f"/proc/{on[host]}/stat").read().rsplit(")", 1)[1].split()[1])
-        os.kill(agent, signal.SIGKILL)
-        os.kill(on[host], signal.SIGKILL)
+    lose_hosts_at_once(on["node-b"], on["node-c"])
     assert job.wait(180) == 0, job.out + job.err
     logs = job.out + job.err
     assert re.search(r"goes on from durable commit \d+", logs), logs

@@ -173,6 +173,31 @@ TEST_F(HostCommitsTest, AfterGoingBackToAnOlderCommitTheFileWrittenLastIsKept) {
   EXPECT_EQ(f->snapshot.entries[0].second, six_again);
 }
 
+// A durable copy keeps the commit its job's erun-state.bin names, whoever
+// wrote it and whatever was written since: a new writer of the pair, and a
+// writer whose newer commit was not agreed on, write over the other file.
+TEST_F(HostCommitsTest, AKeptCommitIsNeverWrittenOver) {
+  {
+    si::HostCommits old(dir_ + "/rank-1");
+    std::vector<char> d(64, 6);
+    ASSERT_FALSE(old.write(6, entries(name_, d)));
+    ASSERT_FALSE(old.write(7, entries(name_, d)));
+  }
+  si::HostCommits next(dir_ + "/rank-1");
+  next.keep_commit(6);  // 7 was not agreed on
+  std::vector<char> d9(64, 9);
+  ASSERT_FALSE(next.write(9, entries(name_, d9)));  // over 7, though 6 is older
+  ASSERT_FALSE(next.write(10, entries(name_, d9)));  // over 9, not over 6
+  auto [a, b] = next.held_ids();
+  EXPECT_EQ(std::min(a, b), 6u);
+  EXPECT_EQ(std::max(a, b), 10u);
+  next.keep_commit(10);
+  ASSERT_FALSE(next.write(11, entries(name_, d9)));  // 6 may go now
+  std::tie(a, b) = next.held_ids();
+  EXPECT_EQ(std::min(a, b), 10u);
+  EXPECT_EQ(std::max(a, b), 11u);
+}
+
 TEST_F(HostCommitsTest, TheNewestOfEveryWorkersFilesWinsAndForeignFilesAreSkipped) {
   si::HostCommits a(dir_ + "/slot-h-0"), b(dir_ + "/slot-h-1");
   std::vector<char> d(16, 1);
