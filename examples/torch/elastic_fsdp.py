@@ -120,7 +120,7 @@ def main():
         print(f"done: {state.step} steps world {erun.size()} checksum={h.hexdigest()[:16]}", flush=True)
         if o.out:
             np.savez(o.out, **full)
-    erun.torch.destroy_process_group()
+    state.close()  # erun: the model, optimizer and mesh, then the process group
 
 
 if __name__ == "__main__":

@@ -195,6 +195,19 @@ class FSDPState(State):
         for callback in self._sync_callbacks:
             callback()
 
+    def close(self) -> None:
+        """At the end of training: drops this state's model, optimizer and
+        mesh (whose DTensors and FSDP2 hooks hold the process group), then
+        destroys the process group, so that nothing of torch.distributed is
+        left for the interpreter's exit to tear down in its own order. Take
+        what you keep (e.g. ``full_tensor()`` of the parameters) before."""
+        self._model = self._optimizer = self._mesh = None
+        self._params = {}
+        self._pending.clear()
+        self._staged.clear()
+        gc.collect()
+        self._group.destroy()
+
     def restore(self) -> None:
         super().restore()
         if self._pending:  # a commit of another layout than the model's
