@@ -26,7 +26,7 @@ import torch
 from . import _core
 from . import _erun
 from ._erun import Error
-from ._state import State
+from ._state import State, _row_bytes
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -59,13 +59,6 @@ def _local(t: Any) -> torch.Tensor:
         local: torch.Tensor = t._local_tensor  # the piece itself: to_local() makes an autograd view
         return local.detach()
     return t.detach() if isinstance(t, torch.Tensor) else t
-
-
-def _row_bytes(t: torch.Tensor) -> int:
-    n = t.element_size()
-    for d in t.shape[1:]:
-        n *= int(d)
-    return n
 
 
 def _set_module_tensor(model: torch.nn.Module, name: str, value: torch.Tensor) -> None:
@@ -108,7 +101,6 @@ class FSDPState(State):
     _built_generation: Optional[int]
     _pending: Dict[str, torch.Tensor]   # entry name -> its new rows (CPU) from a sync, until the rebuild
     _staged: Dict[str, torch.Tensor]    # entry name -> a host copy of a device piece, for a commit
-    _rows: Dict[str, int]               # sharded entry name -> the global tensor's rows
     # The model's parameters by name, as the model was built: the sharded
     # DTensors the optimizer steps. While FSDP2 runs a forward or backward
     # the module holds unsharded tensors under those names instead, and an
@@ -136,7 +128,6 @@ class FSDPState(State):
         object.__setattr__(self, "_built_generation", None)
         object.__setattr__(self, "_pending", {})
         object.__setattr__(self, "_staged", {})
-        object.__setattr__(self, "_rows", {})
         object.__setattr__(self, "_params", {})
         object.__setattr__(self, "sampler", sampler)
         if sampler is not None:
@@ -264,7 +255,6 @@ class FSDPState(State):
                         f"{_core.rank()} of {_core.size()}; erun expects torch.chunk's split (FSDP2's Shard(0)): "
                         f"{end - begin}")
         dtype, trailing, row_bytes = local.dtype, tuple(local.shape[1:]), _row_bytes(local)
-        self._rows[name] = rows
         fresh: List[torch.Tensor] = []
 
         def piece() -> torch.Tensor:

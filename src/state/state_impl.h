@@ -162,6 +162,17 @@ struct State::Impl {
   // Every rank's rows of commit `id` from the durable files, the whole
   // entries from erun-state.bin. Throws StateLost naming rows no file holds.
   void take_durable(Communicator& comm, uint64_t id);
+  // When erun-state.bin names a newer commit than `choice` (the newest the
+  // hosts' memory holds whole), the sync goes on from it: taken, kept in host
+  // memory in the new layout and pushed to the buddy. False otherwise.
+  bool go_on_from_durable(const Context& ctx, Communicator& comm, const si::CommitChoice& choice);
+  // take_durable()'s steps: the whole entries, read by rank 0 and broadcast
+  // (checked to be commit `id`); one entry's rows `want` of commit `id` from
+  // the pieces `files`, into its new storage: 0, or 2 with the rows no file
+  // holds added to `lost`, or 1 with why a read failed in `failure`.
+  si::Snapshot read_durable_whole(Communicator& comm, uint64_t id) const;
+  int64_t read_durable_rows(Entry& e, si::RowRange want, uint64_t id, const std::vector<si::FilePiece>& files,
+                            std::string* lost, std::string* failure);
   // After a sync that rewrote the commit in a new layout (a reshard): that
   // commit to the buddy, as after a commit.
   void push_rewritten(const Context& ctx);

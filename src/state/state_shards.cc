@@ -157,80 +157,74 @@ bool State::Impl::write_durable_pieces(int rank) {
 }
 
 uint64_t State::Impl::durable_id(Communicator& comm) const {
-  int64_t id = 0;
-  if (comm.rank() == 0) {
-    std::vector<char> bytes;
-    const std::string path = checkpoint_dir + "/" + si::kStateFile;
-    if (si::read_file(path, &bytes)) {
-      try {
-        id = static_cast<int64_t>(si::decode(bytes.data(), bytes.size(), path).commit_id);
-      } catch (const Error& e) {
-        ERUN_LOG_WARN("{}; the job does not go on from it", e.what());
-      }
-    }
-  }
+  // The header's claim only: take_durable() reads and checks the whole file.
+  const int64_t id =
+      comm.rank() == 0 ? static_cast<int64_t>(si::file_commit_id(checkpoint_dir + "/" + si::kStateFile)) : 0;
   return static_cast<uint64_t>(comm.allreduce_value<int64_t>(id, ReduceOp::kMax));
 }
 
-void State::Impl::take_durable(Communicator& comm, uint64_t id) {
-  const int rank = comm.rank();
-  const int size = comm.size();
+si::Snapshot State::Impl::read_durable_whole(Communicator& comm, uint64_t id) const {
   const std::string path = checkpoint_dir + "/" + si::kStateFile;
-  // The whole entries: rank 0's read of the file, to every rank.
   std::vector<char> blob;
-  if (rank == 0 && !si::read_file(path, &blob)) blob.clear();
+  if (comm.rank() == 0 && !si::read_file(path, &blob)) blob.clear();
   si::broadcast_blob(comm, blob, 0);
   si::Snapshot snap = si::decode(blob.data(), blob.size(), path);
-  blob = {};
   if (snap.commit_id != id) {
     throw CommError(fmt::format("erun: {} changed while the job read it (commit {}, then {})", path, id,
                                 snap.commit_id));
   }
-  // Every rank's rows, from the pieces files of that commit.
-  const std::string dir = durable_dir();
-  std::vector<si::FilePiece> files = si::list_pieces(dir, std::max(ordinal, 0));
+  return snap;
+}
+
+int64_t State::Impl::read_durable_rows(Entry& e, si::RowRange want, uint64_t id,
+                                       const std::vector<si::FilePiece>& files, std::string* lost,
+                                       std::string* failure) {
+  // The pieces files as copies on this rank's host: the plan reads each row
+  // once, from the piece that covers the longest run.
+  std::vector<si::RowSource> sources;
+  std::vector<const si::FilePiece*> of_source;
+  for (const si::FilePiece& f : files) {
+    if (f.id != id || f.piece.name != e.name || f.piece.rows != e.shard->rows ||
+        f.piece.row_bytes != e.shard->row_bytes) {
+      continue;
+    }
+    sources.push_back({f.piece.held, 0, 0, false, f.offset, static_cast<int>(sources.size())});
+    of_source.push_back(&f);
+  }
+  const si::RowPlan plan = si::plan_rows(want, /*me=*/-1, /*host=*/0, sources);
+  if (!plan.missing.empty()) {
+    *lost += fmt::format("{}'{}' {} of {}", lost->empty() ? "" : "; ", e.name, si::rows_text(plan.missing),
+                         e.shard->rows);
+    return 2;
+  }
+  const uint64_t row = e.shard->row_bytes;
+  char* fresh = static_cast<char*>(e.shard->prepare(want.size()));
+  std::map<std::string, std::vector<si::ByteRange>> by_file;
+  for (const si::RowTransfer& t : plan.transfers) {
+    const si::RowSource& s = sources[t.source];
+    by_file[of_source[t.source]->file].push_back(
+        {s.offset + (t.rows.begin - s.rows.begin) * row, t.rows.size() * row, fresh + (t.rows.begin - want.begin) * row});
+  }
+  for (const auto& [file, ranges] : by_file) {
+    if (Status st = si::read_ranges(durable_dir() + "/" + file, id, ranges); !st.is_ok()) {
+      *failure = st.message();
+      return 1;
+    }
+  }
+  return 0;
+}
+
+void State::Impl::take_durable(Communicator& comm, uint64_t id) {
+  si::Snapshot whole = read_durable_whole(comm, id);
+  const std::vector<si::FilePiece> files = si::list_pieces(durable_dir(), std::max(ordinal, 0));
   int64_t code = 0;  // 1: a read failed; 2: rows no file holds
   std::string failure, lost;
   std::vector<std::pair<Entry*, si::RowRange>> installs;
   for (Entry& e : entries) {
     if (!e.shard) continue;
-    const si::RowRange want = si::split_rows(e.shard->rows, e.shard->rule, rank, size);
-    const uint64_t row = e.shard->row_bytes;
-    char* fresh = static_cast<char*>(e.shard->prepare(want.size()));
+    const si::RowRange want = si::split_rows(e.shard->rows, e.shard->rule, comm.rank(), comm.size());
     installs.emplace_back(&e, want);
-    std::map<std::string, std::vector<si::ByteRange>> by_file;
-    uint64_t next = want.begin;  // rows below are covered
-    while (next < want.end && code == 0) {
-      const si::FilePiece* best = nullptr;
-      for (const si::FilePiece& f : files) {
-        if (f.id != id || f.piece.name != e.name || f.piece.rows != e.shard->rows || f.piece.row_bytes != row) continue;
-        if (f.piece.held.begin <= next && f.piece.held.end > next &&
-            (best == nullptr || f.piece.held.end > best->piece.held.end)) {
-          best = &f;
-        }
-      }
-      if (best == nullptr) {
-        uint64_t until = want.end;  // up to the next piece that begins, for the message
-        for (const si::FilePiece& f : files) {
-          if (f.id == id && f.piece.name == e.name && f.piece.held.begin > next) until = std::min(until, f.piece.held.begin);
-        }
-        lost += fmt::format("{}'{}' rows {}..{} of {}", lost.empty() ? "" : "; ", e.name, next, until - 1,
-                            e.shard->rows);
-        code = 2;
-        break;
-      }
-      const uint64_t end = std::min(want.end, best->piece.held.end);
-      by_file[best->file].push_back({best->offset + (next - best->piece.held.begin) * row, (end - next) * row,
-                                     fresh + (next - want.begin) * row});
-      next = end;
-    }
-    for (const auto& [file, ranges] : by_file) {
-      if (code != 0) break;
-      if (Status st = si::read_ranges(dir + "/" + file, id, ranges); !st.is_ok()) {
-        failure = st.message();
-        code = 1;
-      }
-    }
+    code = std::max(code, read_durable_rows(e, want, id, files, &lost, &failure));
   }
   const int64_t failed = comm.allreduce_value<int64_t>(code, ReduceOp::kMax);
   if (failed == 2) {
@@ -242,7 +236,7 @@ void State::Impl::take_durable(Communicator& comm, uint64_t id) {
     throw CommError(fmt::format("erun: reading durable commit {} failed{}", id,
                                 failure.empty() ? " on another rank" : ": " + failure));
   }
-  apply(std::move(snap), path, /*allow_missing=*/true);
+  apply(std::move(whole), checkpoint_dir + "/" + si::kStateFile, /*allow_missing=*/true);
   for (auto& [e, want] : installs) {
     e->shard->install();
     e->shard->held = want;
@@ -478,6 +472,27 @@ void State::Impl::go_on_from(const si::CommitChoice& choice, int rank) {
   next_id = std::max(next_id, choice.seen + 1);
 }
 
+bool State::Impl::go_on_from_durable(const Context& ctx, Communicator& comm, const si::CommitChoice& choice) {
+  const uint64_t durable = checkpoint_dir.empty() ? 0 : durable_id(comm);
+  durable_agreed = durable;
+  if (durable <= choice.target) return false;
+  next_id = std::max(next_id, choice.seen + 1);
+  if (comm.rank() == 0) {
+    ERUN_LOG_WARN("erun: {}; the job goes on from durable commit {} in {}",
+                  choice.newest == 0  ? "no commit in the hosts' memory"
+                  : choice.target == 0 ? fmt::format("commit {} of the sharded entries is lost ({} missing)",
+                                                     choice.newest, choice.lost)
+                                       : fmt::format("the newest whole commit in the hosts' memory is {}",
+                                                     choice.target),
+                  durable, checkpoint_dir);
+  }
+  take_durable(comm, durable);
+  if (choice.any_rejoin > 0) pending_reset.emplace(static_cast<int>(choice.any_rejoin), comm.size());
+  keep_in_host_memory(ctx.info(), /*resharded=*/true);
+  push_rewritten(ctx);
+  return true;
+}
+
 void State::sync_sharded(int rejoined_from) {
   const auto started = std::chrono::steady_clock::now();
   Impl& im = *impl_;
@@ -510,25 +525,7 @@ void State::sync_sharded(int rejoined_from) {
   // from now on: an id never names two commits. A durable commit newer
   // than it (every copy in memory lost, or a job started again) wins.
   const si::CommitChoice choice = si::choose_commit(held, im.shard_shapes());
-  const uint64_t durable = im.checkpoint_dir.empty() ? 0 : im.durable_id(comm);
-  im.durable_agreed = durable;
-  if (durable > choice.target) {
-    im.next_id = std::max(im.next_id, choice.seen + 1);
-    if (rank == 0) {
-      ERUN_LOG_WARN("erun: {}; the job goes on from durable commit {} in {}",
-                    choice.newest == 0  ? "no commit in the hosts' memory"
-                    : choice.target == 0 ? fmt::format("commit {} of the sharded entries is lost ({} missing)",
-                                                       choice.newest, choice.lost)
-                                         : fmt::format("the newest whole commit in the hosts' memory is {}",
-                                                       choice.target),
-                    durable, im.checkpoint_dir);
-    }
-    im.take_durable(comm, durable);
-    if (choice.any_rejoin > 0) im.pending_reset.emplace(static_cast<int>(choice.any_rejoin), size);
-    im.keep_in_host_memory(info, /*resharded=*/true);
-    im.push_rewritten(ctx_);
-    return;
-  }
+  if (im.go_on_from_durable(ctx_, comm, choice)) return;
   im.go_on_from(choice, rank);
 
   // 3. The whole entries, and the reset due.

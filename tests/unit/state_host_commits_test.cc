@@ -83,6 +83,15 @@ class HostCommitsTest : public ::testing::Test {
     ::signal(SIGXFSZ, old_handler);
   }
 
+  // What a writer of DIR/name that came before (and is gone) left: commits
+  // 6 and 7.
+  void predecessor_wrote_6_and_7(const std::string& name) {
+    si::HostCommits old(dir_ + "/" + name);
+    std::vector<char> d(64, 7);
+    ASSERT_FALSE(old.write(6, entries(name_, d)));
+    ASSERT_FALSE(old.write(7, entries(name_, d)));
+  }
+
   std::string root_, dir_;
   const std::string name_ = "w";
 };
@@ -126,12 +135,7 @@ TEST_F(HostCommitsTest, ACommitTornByADeathLeavesThePreviousOneWhole) {
 // A replacement worker in the same slot overwrites the older of the files
 // its predecessor left, never the newest.
 TEST_F(HostCommitsTest, ANewWriterKeepsItsPredecessorsNewestCommit) {
-  {
-    si::HostCommits old(dir_ + "/slot-0");
-    std::vector<char> d(64, 7);
-    ASSERT_FALSE(old.write(6, entries(name_, d)));
-    ASSERT_FALSE(old.write(7, entries(name_, d)));
-  }
+  ASSERT_NO_FATAL_FAILURE(predecessor_wrote_6_and_7("slot-0"));
   si::HostCommits next(dir_ + "/slot-0");
   std::vector<char> d8(64, 8);
   ASSERT_FALSE(next.write(8, entries(name_, d8)));
@@ -177,12 +181,7 @@ TEST_F(HostCommitsTest, AfterGoingBackToAnOlderCommitTheFileWrittenLastIsKept) {
 // wrote it and whatever was written since: a new writer of the pair, and a
 // writer whose newer commit was not agreed on, write over the other file.
 TEST_F(HostCommitsTest, AKeptCommitIsNeverWrittenOver) {
-  {
-    si::HostCommits old(dir_ + "/rank-1");
-    std::vector<char> d(64, 6);
-    ASSERT_FALSE(old.write(6, entries(name_, d)));
-    ASSERT_FALSE(old.write(7, entries(name_, d)));
-  }
+  ASSERT_NO_FATAL_FAILURE(predecessor_wrote_6_and_7("rank-1"));
   si::HostCommits next(dir_ + "/rank-1");
   next.keep_commit(6);  // 7 was not agreed on
   std::vector<char> d9(64, 9);
