@@ -479,31 +479,45 @@ class GradientHooks:
 
     def _launch_ready(self) -> None:
         while self._next < len(self._buckets) and len(self._seen[self._next]) == len(self._buckets[self._next]):
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="erun-gradients", daemon=True)
-                self._thread.start()
-            self._queue.put(self._next)
+            self._submit(self._next)
             self._next += 1
+
+    def _submit(self, i: int) -> None:
+        """Hands bucket i to the communication thread (started on first use).
+        Called with the lock held, in index order. A subclass may run the
+        buckets elsewhere (erun.horovod.torch runs them on its own thread,
+        among the program's other collectives): it calls _run_bucket(i)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="erun-gradients", daemon=True)
+            self._thread.start()
+        self._queue.put(i)
 
     def _run(self) -> None:
         while True:
             i = self._queue.get()
             if i is None:
                 return
-            error: Optional[BaseException] = None
-            try:
-                if self._error is None:  # after a failure the rest would fail too
-                    grads = [_grad_of(p) for p in self._buckets[i]]
-                    if grads[0].is_cuda:  # the current device is per thread
-                        torch.cuda.set_device(grads[0].device)
-                    _reduce_bucket(grads, self.op)
-            except BaseException as e:  # handed to wait()
-                error = e
-            with self._lock:
-                if error is not None and self._error is None:
-                    self._error = error
-                self._finished += 1
-                self._done.notify_all()
+            self._run_bucket(i)
+
+    def _reduce(self, grads: List[torch.Tensor]) -> None:
+        """Reduces one bucket's gradients in place (a subclass may compress or scale them)."""
+        _reduce_bucket(grads, self.op)
+
+    def _run_bucket(self, i: int) -> None:
+        error: Optional[BaseException] = None
+        try:
+            if self._error is None:  # after a failure the rest would fail too
+                grads = [_grad_of(p) for p in self._buckets[i]]
+                if grads[0].is_cuda:  # the current device is per thread
+                    torch.cuda.set_device(grads[0].device)
+                self._reduce(grads)
+        except BaseException as e:  # handed to wait()
+            error = e
+        with self._lock:
+            if error is not None and self._error is None:
+                self._error = error
+            self._finished += 1
+            self._done.notify_all()
 
     def wait(self) -> None:
         """Returns when every bucket is reduced; raises the first error."""

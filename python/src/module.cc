@@ -434,11 +434,18 @@ PYBIND11_MODULE(_erun, m) {
     Communicator& c = ctx().comm();
     blocking(c, [&] { c.barrier(); });
   });
-  // CUDA tensors: (address, ..., stream, device); each call returns when the
-  // result is in the tensor (the work is enqueued on `stream` and waited for).
+  m.def("built_with_mpi", [] {
+#if ERUN_HAVE_MPI
+    return true;
+#else
+    return false;
+#endif
+  });
   m.def("built_with_cuda", &built_with_cuda);
   m.def("built_with_nccl", &built_with_nccl);
   m.def("gpu_device_count", &gpu_device_count);
+  // CUDA tensors: (address, ..., stream, device); each call returns when the
+  // result is in the tensor (the work is enqueued on `stream` and waited for).
   m.def("gpu_allreduce", [](uintptr_t data, size_t count, DataType type, ReduceOp op, uintptr_t stream, int device) {
     DataType t = checked(type);
     ReduceOp o = checked(op);

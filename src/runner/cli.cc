@@ -32,6 +32,13 @@ const std::map<std::string, int>& option_arity() {
       {"--driver-grace", 1}, {"--job-name", 1}, {"--drain-timeout", 1}, {"--stragglers", 1},
       {"--straggler-factor", 1}, {"--straggler-window", 1}, {"--preflight", 1},
       {"--metrics-port", 1}, {"--metrics-addr", 1}, {"--standby", 1}, {"--log-level", 1},
+      // horovodrun's flags that take a value (add_horovodrun_flags)
+      {"--min-num-proc", 1}, {"--max-num-proc", 1}, {"--start-timeout", 1}, {"--gloo-timeout-seconds", 1},
+      {"--network-interface", 1}, {"--network-interfaces", 1}, {"--fusion-threshold-mb", 1},
+      {"--cycle-time-ms", 1}, {"--cache-capacity", 1}, {"--autotune-log-file", 1}, {"--timeline-filename", 1},
+      {"--stall-check-warning-time-seconds", 1}, {"--stall-check-shutdown-time-seconds", 1},
+      {"--num-nccl-streams", 1}, {"--thread-affinity", 1}, {"--config-file", 1}, {"--mpi-args", 1},
+      {"--binding-args", 1},
   };
   return arity;
 }
@@ -82,9 +89,14 @@ Words split_words(int argc, const char* const argv[]) {
     for (int j = i; j < argc; ++j) w.command.emplace_back(argv[j]);
     break;
   }
+  // mpirun's -np and horovodrun's spellings of erun's flags.
+  static const std::map<std::string, std::string> aliases = {
+      {"-np", "--np"}, {"--num-proc", "--np"}, {"--min-num-proc", "--min-np"}, {"--max-num-proc", "--max-np"},
+      {"-cb", "--check-build"}};
   for (auto& word : w.own) {
-    if (word == "-np") word = "--np";
-    else if (starts_with(word, "-np=")) word = "--np=" + word.substr(4);
+    auto eq = word.find('=');
+    auto alias = aliases.find(word.substr(0, eq));
+    if (alias != aliases.end()) word = alias->second + (eq == std::string::npos ? "" : word.substr(eq));
   }
   return w;
 }
@@ -102,6 +114,9 @@ struct RawFlags {
   std::string launcher = "auto", mode = "auto", stragglers = "evict", preflight = "on";
   bool tag = false, no_tag = false;
   std::string log_level;  // "": ERUN_LOG_LEVEL, else warn
+  // horovodrun's flags (add_horovodrun_flags)
+  double start_timeout = 0, gloo_timeout = 0;
+  bool mpi = false;
 };
 
 // Every duration flag: its seconds and the option it sets. All must be
@@ -207,6 +222,114 @@ void add_general_flags(po::options_description& desc, DriverOptions& o, RawFlags
 using Check = std::optional<CliError>;
 
 Check fail(std::string message) { return CliError{std::move(message)}; }
+
+// horovodrun's flags with no meaning under erun: accepted, each with a one-line
+// note that says why (never dropped silently).
+struct IgnoredFlag {
+  const char* name;
+  bool takes_value;
+  const char* why;
+};
+constexpr const char* kNoFusion = "erun reduces gradients in buckets of its own (erun.torch's bucket_bytes)";
+constexpr const char* kNoHierarchy =
+    "erun reduces through shared memory within a host and TCP between hosts by itself";
+constexpr const char* kNoTimeline = "erun writes no Horovod timeline: --event-log FILE and `erun report FILE` show the job";
+constexpr const char* kNoStallCheck = "a blocked collective fails after --collective-timeout (default 30 s)";
+constexpr const char* kNoInterface =
+    "workers reach each other at each host's address as -H, --hostfile or the discovery script names it: "
+    "name the hosts by their address on the network to use";
+constexpr IgnoredFlag kIgnoredHorovodFlags[] = {
+    {"fusion-threshold-mb", true, kNoFusion},
+    {"cycle-time-ms", true, "erun has no background cycle: a collective runs when it is called"},
+    {"cache-capacity", true, "erun keeps no response cache"},
+    {"disable-cache", false, "erun keeps no response cache"},
+    {"hierarchical-allreduce", false, kNoHierarchy},
+    {"no-hierarchical-allreduce", false, kNoHierarchy},
+    {"hierarchical-allgather", false, kNoHierarchy},
+    {"no-hierarchical-allgather", false, kNoHierarchy},
+    {"autotune", false, "erun has no autotuner"},
+    {"autotune-log-file", true, "erun has no autotuner"},
+    {"timeline-filename", true, kNoTimeline},
+    {"timeline-mark-cycles", false, kNoTimeline},
+    {"no-stall-check", false, kNoStallCheck},
+    {"stall-check-warning-time-seconds", true, kNoStallCheck},
+    {"stall-check-shutdown-time-seconds", true, kNoStallCheck},
+    {"mpi-threads-disable", false, "erun starts MPI with MPI_THREAD_SERIALIZED"},
+    {"num-nccl-streams", true, "erun runs NCCL on the stream of the caller's tensor"},
+    {"thread-affinity", true, "erun does not pin its threads"},
+    {"tcp", false, "erun picks its transports itself (shared memory within a host, TCP between hosts)"},
+    {"gloo", false, "erun's driver and transports are its controller, in the role of Horovod's Gloo"},
+    {"network-interface", true, kNoInterface},
+    {"network-interfaces", true, kNoInterface},
+    {"prefix-output-with-timestamp", false, "erun prefixes worker lines with their rank only"},
+};
+
+// horovodrun's flags: those erun maps onto its own, those it ignores (with a
+// note) and those it refuses (with the reason). -np, -H, --hostfile, -p, -x,
+// --min-np, --max-np, --slots-per-host, --host-discovery-script, --reset-limit,
+// --blacklist-cooldown-range, --elastic-timeout, --output-filename,
+// --verbose and --log-level are erun's own flags already.
+void add_horovodrun_flags(po::options_description& desc, RawFlags& r) {
+  desc.add_options()
+    ("start-timeout", po::value<double>(&r.start_timeout), "horovodrun's: as --rendezvous-timeout")
+    ("gloo-timeout-seconds", po::value<double>(&r.gloo_timeout), "horovodrun's: as --collective-timeout")
+    ("mpi", po::bool_switch(&r.mpi), "horovodrun's: as --launcher mpirun (a static job)")
+    ("check-build", "horovodrun's -cb: print what this erun runs, and exit")
+    ("config-file", po::value<std::string>(), "horovodrun's: refused (erun does not read Horovod's YAML)")
+    ("mpi-args", po::value<std::string>(), "horovodrun's: refused (erun passes nothing to mpirun this way)")
+    ("binding-args", po::value<std::string>(), "horovodrun's: refused (as --mpi-args)");
+  for (const auto& f : kIgnoredHorovodFlags) {
+    const po::value_semantic* v = f.takes_value ? static_cast<const po::value_semantic*>(po::value<std::string>())
+                                                : po::bool_switch();
+    desc.add_options()(f.name, v, "horovodrun's: accepted and ignored (a note says why)");
+  }
+}
+
+std::string check_build_text() {
+  return fmt::format(
+      "erun {} (horovodrun --check-build)\n\n"
+      "Available Frameworks:\n"
+      "    [X] PyTorch      import erun.horovod.torch as hvd\n"
+      "    [ ] TensorFlow\n"
+      "    [ ] MXNet\n\n"
+      "Available Controllers:\n"
+      "    [X] erun         elastic: discovery, in-place recovery (Horovod's Gloo role)\n"
+      "    [X] MPI          --mpi / --launcher mpirun (static), with an erun built with MPI\n\n"
+      "Available Tensor Operations:\n"
+      "    [X] erun         shared memory within a host, TCP between hosts (CPU)\n"
+      "    [X] NCCL         when erun was built with CUDA (python -c 'import erun.horovod.torch as hvd; "
+      "print(hvd.nccl_built())')\n",
+      ERUN_VERSION);
+}
+
+// What horovodrun's flags become: erun's own settings, notes for the ignored
+// ones, an error for the refused ones.
+Check resolve_horovodrun_flags(DriverOptions& o, RawFlags& r, const po::variables_map& vm) {
+  if (vm.count("config-file")) {
+    return fail("--config-file " + vm["config-file"].as<std::string>() +
+                ": erun does not read Horovod's YAML config; give its settings as flags (erun --help)");
+  }
+  for (const char* f : {"mpi-args", "binding-args"}) {
+    if (vm.count(f)) {
+      return fail(fmt::format("--{}: erun passes no arguments to mpirun this way; run mpirun yourself "
+                              "(erun.horovod programs run under it) or drop the flag", f));
+    }
+  }
+  if (vm.count("start-timeout") && !vm.count("rendezvous-timeout")) r.rendezvous_timeout = r.start_timeout;
+  if (vm.count("gloo-timeout-seconds") && !vm.count("collective-timeout")) r.collective_timeout = r.gloo_timeout;
+  if (r.mpi) {
+    if (vm.count("launcher") && r.launcher != "mpirun") {
+      return fail("--mpi and --launcher " + r.launcher + " contradict each other: give one");
+    }
+    r.launcher = "mpirun";
+  }
+  for (const auto& f : kIgnoredHorovodFlags) {
+    const auto& v = vm[f.name];
+    bool given = f.takes_value ? !v.empty() : (!v.empty() && v.as<bool>());
+    if (given) o.notes.push_back(fmt::format("--{} is ignored: {}", f.name, f.why));
+  }
+  return std::nullopt;
+}
 
 // The timeouts: each positive (--term-grace: 0 or more), the heartbeat at least 2 s.
 Check apply_durations(DriverOptions& o, const RawFlags& r) {
@@ -319,16 +442,26 @@ Check resolve_failure_policy(DriverOptions& o, const RawFlags& r, const po::vari
   return std::nullopt;
 }
 
+// horovodrun's log level names (any case) as erun's: TRACE is debug, FATAL error.
+std::string horovod_log_level(const std::string& name) {
+  std::string lower;
+  for (char c : name) lower += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (lower == "trace") return "debug";
+  if (lower == "fatal") return "error";
+  return lower;
+}
+
 // --tag-output and the log level.
 Check resolve_output(DriverOptions& o, const RawFlags& r) {
   if (r.tag && r.no_tag) return fail("--tag-output and --no-tag-output contradict each other: give one");
   o.tag_output = !r.no_tag;
   if (r.log_level.empty()) {
     o.log_level = log_level_from_env(LogLevel::kWarn);
-  } else if (auto level = parse_log_level(r.log_level)) {
+  } else if (auto level = parse_log_level(horovod_log_level(r.log_level))) {
     o.log_level = *level;
   } else {
-    return fail("--log-level " + r.log_level + ": expected error, warn, info or debug");
+    return fail("--log-level " + r.log_level + ": expected error, warn, info or debug (or horovodrun's "
+                "TRACE, DEBUG, INFO, WARNING, ERROR, FATAL)");
   }
   if (o.verbose) o.log_level = LogLevel::kDebug;
   return std::nullopt;
@@ -406,6 +539,9 @@ std::variant<DriverOptions, CliError, CliInfo> parse_cli(int argc, const char* c
   add_output_flags(desc, o, raw);
   add_worker_flags(desc, o, raw);
   add_general_flags(desc, o, raw);
+  po::options_description horovodrun("horovodrun's flags (for horovodrun command lines; see docs/horovod.md)");
+  add_horovodrun_flags(horovodrun, raw);
+  desc.add(horovodrun);
 
   po::variables_map vm;
   try {
@@ -422,11 +558,13 @@ std::variant<DriverOptions, CliError, CliInfo> parse_cli(int argc, const char* c
   }
   if (vm.count("help")) return CliInfo{usage_text(desc)};
   if (vm.count("version")) return CliInfo{fmt::format("erun {}\n", ERUN_VERSION)};
+  if (vm.count("check-build")) return CliInfo{check_build_text()};
   if (words.command.empty()) {
     return CliError{"no command to run: give the program after the options, e.g. erun -np 4 ./train"};
   }
   o.command = words.command;
 
+  if (Check c = resolve_horovodrun_flags(o, raw, vm)) return *c;
   if (Check c = apply_durations(o, raw)) return *c;
   if (Check c = check_counts(o, vm)) return *c;
   if (Check c = resolve_host_source(o, context)) return *c;

@@ -222,7 +222,9 @@ std::variant<erun::DriverOptions, int> parse_options(int argc, char** argv) {
     std::fprintf(stderr, "erun: %s\n", err->message.c_str());
     return 2;
   }
-  return std::get<erun::DriverOptions>(std::move(parsed));
+  auto& options = std::get<erun::DriverOptions>(parsed);
+  for (const auto& note : options.notes) std::fprintf(stderr, "erun: note: %s\n", note.c_str());
+  return std::move(options);
 }
 
 // -x NAME forwards erun's own value of NAME; false (after saying so) when it has none.

@@ -85,6 +85,9 @@ struct DriverOptions {
   std::string metrics_addr = "127.0.0.1";
   bool dry_run = false;
   bool verbose = false;             // -v: log_level debug
+  // One line each about flags accepted without effect (horovodrun's tuning
+  // flags); main prints them as notes.
+  std::vector<std::string> notes;
   LogLevel log_level = LogLevel::kWarn;  // --log-level, else $ERUN_LOG_LEVEL, else warn
 
   Duration term_grace = std::chrono::seconds(5);       // SIGTERM -> SIGKILL
