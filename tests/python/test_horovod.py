@@ -125,6 +125,16 @@ def test_a_non_elastic_horovod_program_gives_what_erun_torch_gives(ws):
     assert ref["async"] == pytest.approx([3 * 2 * x for x in ref["losses"]], rel=1e-12)
 
 
+def test_horovods_documented_semantics(ws):
+    """Async handles in issue order, names, ops, scaling, autograd, alltoall,
+    the DistributedOptimizer's options and refusals, ObjectState: each
+    asserted in tests/python/workers/horovod_checks.py, in a world of 3."""
+    job = ws.erun(["-np", "3"], "horovod_checks.py")
+    assert job.wait(180) == 0, job.out + job.err
+    assert "all checks passed" in job.out, job.out
+    assert len(re.findall(r"check \w+ ok", job.out)) == 4, job.out
+
+
 def test_a_horovodrun_command_line_from_horovods_elastic_docs(ws):
     """`-np 8 --min-np 4 --max-np 12 --host-discovery-script ... --slots-per-host 2`,
     hosts discovered without slot counts, plus some of horovodrun's tuning

@@ -59,13 +59,20 @@ class Handle:
 
 
 class _CommThread:
-    """The process's queue of collectives and the thread that runs them."""
+    """The process's queue of collectives and the thread that runs them.
+
+    One lock (``_exec``) is held while any collective runs, queued or not.
+    The thread takes the queue's head only while it holds ``_exec``; a
+    synchronous call waits until the queue is empty, then takes ``_exec``:
+    so operations run in the order they were issued, and a synchronous call
+    with nothing queued costs one uncontended lock."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._changed = threading.Condition(self._lock)
+        self._lock = threading.Lock()  # guards _queue and _pending_names
+        self._queued = threading.Condition(self._lock)
+        self._emptied = threading.Condition(self._lock)
+        self._exec = threading.Lock()
         self._queue: Deque[Tuple[Callable[[], Any], Handle]] = collections.deque()
-        self._busy = False
         self._thread: Optional[threading.Thread] = None
         self._pending_names: Dict[str, Handle] = {}
 
@@ -81,21 +88,17 @@ class _CommThread:
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="erun-horovod", daemon=True)
                 self._thread.start()
-            self._changed.notify_all()
+            self._queued.notify()
         return handle
 
     def call(self, fn: Callable[[], Any]) -> Any:
         """Runs fn on this thread once every queued operation has run."""
-        with self._lock:
-            while self._queue or self._busy:
-                self._changed.wait()
-            self._busy = True
-        try:
-            return fn()
-        finally:
+        if self._queue:
             with self._lock:
-                self._busy = False
-                self._changed.notify_all()
+                while self._queue:
+                    self._emptied.wait()
+        with self._exec:
+            return fn()
 
     def drain(self) -> None:
         """Returns when every queued operation has run (their errors stay in their handles)."""
@@ -104,21 +107,22 @@ class _CommThread:
     def _run(self) -> None:
         while True:
             with self._lock:
-                while not self._queue or self._busy:
-                    self._changed.wait()
-                fn, handle = self._queue.popleft()
-                self._busy = True
-            result: Any = None
-            error: Optional[BaseException] = None
-            try:
-                result = fn()
-            except BaseException as e:  # handed to synchronize()
-                error = e
-            with self._lock:
-                if handle.name is not None:
-                    self._pending_names.pop(handle.name, None)
-                self._busy = False
-                self._changed.notify_all()
+                while not self._queue:
+                    self._queued.wait()
+            with self._exec:
+                with self._lock:
+                    fn, handle = self._queue.popleft()
+                result: Any = None
+                error: Optional[BaseException] = None
+                try:
+                    result = fn()
+                except BaseException as e:  # handed to synchronize()
+                    error = e
+                with self._lock:
+                    if handle.name is not None:
+                        self._pending_names.pop(handle.name, None)
+                    if not self._queue:
+                        self._emptied.notify_all()
             handle._finish(result, error)
 
 
@@ -327,7 +331,9 @@ def _named(what: str, name: Optional[str]) -> str:
 
 def _scaled_reduce_(t: torch.Tensor, op: ReduceOp, prescale: float, postscale: float) -> torch.Tensor:
     """Reduces t in place, multiplied by prescale before and postscale after."""
-    if (prescale != 1.0 or postscale != 1.0) and not (t.is_floating_point() or t.is_complex()):
+    if prescale == 1.0 and postscale == 1.0:
+        return _core.allreduce_(t, op)
+    if not (t.is_floating_point() or t.is_complex()):
         raise ValueError(f"erun.horovod: prescale_factor/postscale_factor need a floating-point tensor, "
                          f"not {t.dtype}")
     if prescale != 1.0:
@@ -339,7 +345,7 @@ def _scaled_reduce_(t: torch.Tensor, op: ReduceOp, prescale: float, postscale: f
 
 
 def _contiguous_copy(t: torch.Tensor) -> torch.Tensor:
-    return t.detach().clone(memory_format=torch.contiguous_format)
+    return (t.detach() if t.requires_grad else t).clone(memory_format=torch.contiguous_format)
 
 
 def _reduce_into_(t: torch.Tensor, op: ReduceOp, prescale: float, postscale: float) -> torch.Tensor:
@@ -378,9 +384,12 @@ def allreduce(tensor: torch.Tensor, average: Optional[bool] = None, device_dense
         out = _sync(lambda: _scaled_reduce_(_contiguous_copy(compressed), rop, prescale_factor, postscale_factor),
                     name)
         return compression.decompress(out, ctx)  # type: ignore[no-any-return]
-    out = _sync(lambda: _Allreduce.apply(tensor, rop, float(prescale_factor),  # type: ignore[no-untyped-call]
-                                         float(postscale_factor)), name)
-    return out  # type: ignore[no-any-return]
+    if tensor.requires_grad and torch.is_grad_enabled():
+        out = _sync(lambda: _Allreduce.apply(tensor, rop, float(prescale_factor),  # type: ignore[no-untyped-call]
+                                             float(postscale_factor)), name)
+        return out  # type: ignore[no-any-return]
+    return _sync(lambda: _scaled_reduce_(_contiguous_copy(tensor), rop, prescale_factor,  # type: ignore[no-any-return]
+                                         postscale_factor), name)
 
 
 def allreduce_(tensor: torch.Tensor, average: Optional[bool] = None, name: Optional[str] = None, op: Any = None,
