@@ -48,6 +48,7 @@ Driver::Driver(DriverOptions options, DriverDeps deps)
       stragglers_(StragglerOptions{o_.straggler_factor, o_.straggler_window}),
       crash_loop_(o_.crash_loop_limit, o_.crash_loop_progress) {
   ERUN_CHECK(d_.discovery && d_.local_launcher && d_.clock);
+  if (!d_.events) d_.events = &no_events();
   if (d_.job_id.empty()) d_.job_id = "erun-" + random_hex(6);
   if (d_.secret.empty()) d_.secret = random_hex(32);
   if (!o_.host_commits) d_.commit_dir = "-";
@@ -107,12 +108,8 @@ Status Driver::start() {
   ERUN_LOG_INFO("job {}: {} found {} host{} with {} slot{}: {}", d_.job_id, d_.discovery->describe(),
                 discovery_.hosts.size(), discovery_.hosts.size() == 1 ? "" : "s", discovery_.hosts.total_slots(),
                 discovery_.hosts.total_slots() == 1 ? "" : "s", discovery_.hosts.summary());
-  if (d_.events) {
-    d_.events->write("job_started", {{"job_id", json_string(d_.job_id)},
-                                     {"hosts", json_string(discovery_.hosts.to_string())},
-                                     {"min_np", json_number(long{o_.min_np})},
-                                     {"max_np", json_number(long{o_.max_np})}});
-  }
+  d_.events->emit(ev::JobStarted{
+      .job_id = d_.job_id, .hosts = discovery_.hosts.to_string(), .min_np = o_.min_np, .max_np = o_.max_np});
   if (!d_.synchronous_discovery && o_.elastic) loop_->start();
   waiting_.since = clock_.now();
   if (d_.takeover) take_over(*d_.takeover);
@@ -131,7 +128,7 @@ bool Driver::record_host_failure(const std::string& host, bool unreachable) {
                   "it again (see --blacklist-after and --blacklist-cooldown-range)",
                   host, seconds(hosts_.blacklisted_until(host) - clock_.now()), o_.blacklist_after);
   }
-  if (d_.events) d_.events->write("host_blacklisted", {{"host", json_string(host)}});
+  d_.events->emit(ev::HostBlacklisted{.host = host});
   return true;
 }
 
@@ -153,7 +150,7 @@ void Driver::refresh_hosts() {
     discovery_.last_error.clear();
     if (!(*r == discovery_.listed)) {
       ERUN_LOG_INFO("hosts changed: {} (now {})", diff_hosts(discovery_.listed, *r).summary(), r->summary());
-      if (d_.events) d_.events->write("hosts_changed", {{"hosts", json_string(r->to_string())}});
+      d_.events->emit(ev::HostsChanged{.hosts = r->to_string()});
       set_discovered(*r);
     }
     return;
@@ -163,7 +160,7 @@ void Driver::refresh_hosts() {
   if (snap.version != discovery_.version) {
     ERUN_LOG_INFO("hosts changed: {} (now {})", diff_hosts(discovery_.listed, snap.hosts).summary(),
                   snap.hosts.summary());
-    if (d_.events) d_.events->write("hosts_changed", {{"hosts", json_string(snap.hosts.to_string())}});
+    d_.events->emit(ev::HostsChanged{.hosts = snap.hosts.to_string()});
     set_discovered(snap.hosts);
     discovery_.version = snap.version;
   }
@@ -258,11 +255,8 @@ void Driver::publish(bool fresh, bool after_failure) {
   recent_plans_.push_back(plan_);
   if (recent_plans_.size() > 4) recent_plans_.erase(recent_plans_.begin());
   if (d_.membership) d_.membership->publish(rec_.generation, plan_.ranks);
-  if (d_.events) {
-    d_.events->write("generation_started", {{"generation", json_number(rec_.generation)},
-                                            {"size", json_number(long{plan_.size()})},
-                                            {"plan", json_string(plan_.to_string())}});
-  }
+  d_.events->emit(
+      ev::GenerationStarted{.generation = rec_.generation, .size = plan_.size(), .plan = plan_.to_string()});
 }
 
 bool Driver::start_generation(const HostSet& usable) {
@@ -310,15 +304,13 @@ void Driver::reap() {
     const auto& a = w.assignment;
     double after = seconds(clock_.now() - w.started);
     if (d_.output) d_.output->drain(w.key, 200);
-    if (d_.events) {
-      d_.events->write("worker_exited", {{"generation", json_number(rec_.generation)},
-                                         {"host", json_string(a.slot.host)},
-                                         {"rank", json_number(long{a.rank})},
-                                         {"exit_code", json_number(long{s.shell_code()})},
-                                         {"oom_killed", s.oom_killed ? "true" : "false"},
-                                         {"stopped_by_erun", is_stopping(w.state) ? "true" : "false"},
-                                         {"standby", w.standby ? "true" : "false"}});
-    }
+    d_.events->emit(ev::WorkerExited{.generation = rec_.generation,
+                                     .host = a.slot.host,
+                                     .rank = a.rank,
+                                     .exit_code = s.shell_code(),
+                                     .oom_killed = s.oom_killed,
+                                     .stopped_by_erun = is_stopping(w.state),
+                                     .standby = w.standby});
     if (w.standby) {
       if (!is_stopping(w.state)) standby_lost(w, fmt::format("ended with {} after {:.1f} s", s.describe(), after));
       continue;
@@ -475,12 +467,8 @@ void Driver::finish_with_failure(const Failure& f) {
     report_failure(f);
     int code = f.status.shell_code();
     if (code == 0) code = 1;
-    if (d_.events) {
-      d_.events->write("job_finished", {{"exit_code", json_number(long{code})},
-                                        {"generation", json_number(rec_.generation)},
-                                        {"resets", json_number(long{rec_.resets})},
-                                        {"launched", json_number(launched_)}});
-    }
+    d_.events->emit(ev::JobFinished{
+        .exit_code = code, .generation = rec_.generation, .resets = rec_.resets, .launched = launched_});
     return code;
   });
 }
@@ -496,12 +484,8 @@ int Driver::job_exit_code() {
   if (gen_.failure) report_failure(*gen_.failure);
   ERUN_LOG_INFO("job {} finished with exit code {} after {} generation{} and {} reset{}", d_.job_id, code,
                 rec_.generation, rec_.generation == 1 ? "" : "s", rec_.resets, rec_.resets == 1 ? "" : "s");
-  if (d_.events) {
-    d_.events->write("job_finished", {{"exit_code", json_number(long{code})},
-                                      {"generation", json_number(rec_.generation)},
-                                      {"resets", json_number(long{rec_.resets})},
-                                      {"launched", json_number(launched_)}});
-  }
+  d_.events->emit(
+      ev::JobFinished{.exit_code = code, .generation = rec_.generation, .resets = rec_.resets, .launched = launched_});
   return code;
 }
 
@@ -551,7 +535,7 @@ std::optional<int> Driver::turn() {
 void Driver::on_signal(int sig) {
   if (phase_ == JobPhase::kDone) return;
   ERUN_LOG_WARN("received signal {} ({}): stopping all workers", sig, strsignal(sig));
-  if (d_.events) d_.events->write("signal", {{"signal", json_number(long{sig})}});
+  d_.events->emit(ev::Signal{.signal = sig});
   if (sig == SIGKILL) stop_.kill_requested = true;
   const int forward = sig == SIGHUP ? SIGTERM : sig;
   if (phase_ != JobPhase::kStopping) {
@@ -649,7 +633,7 @@ void Driver::handle_generation_failure() {
     // Only the rest of an earlier failure: no step of a crash loop.
   } else if (auto loop = crash_loop_.generation_failed(clock_.now() - gen_.published_at)) {
     ERUN_LOG_ERROR("{}: {}", who(rec_.generation), *loop);
-    if (d_.events) d_.events->write("crash_loop", {{"generations", json_number(long{crash_loop_.streak()})}});
+    d_.events->emit(ev::CrashLoop{.generations = crash_loop_.streak()});
     finish_with_failure(f);
     return;
   }
@@ -674,11 +658,7 @@ void Driver::handle_generation_failure() {
 
 void Driver::count_reset(const char* reason) {
   ++rec_.resets;
-  if (d_.events) {
-    d_.events->write("reset", {{"generation", json_number(rec_.generation)},
-                               {"reason", json_string(reason)},
-                               {"resets", json_number(long{rec_.resets})}});
-  }
+  d_.events->emit(ev::Reset{.generation = rec_.generation, .reason = reason, .resets = rec_.resets});
 }
 
 void Driver::begin_finishing() {

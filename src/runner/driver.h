@@ -41,9 +41,10 @@ struct DriverDeps {
   Launcher* remote_launcher = nullptr;  // may be null when every host is local
   Clock* clock = nullptr;
   OutputForwarder* output = nullptr;    // may be null (tests)
-  EventLog* events = nullptr;           // may be null
-  // Fed what only the driver sees (commit ids as ranks report them); reads
-  // the events through the log's observer. May be null.
+  // Where the job's events go; by default (or null) nowhere.
+  EventSink* events = &no_events();
+  // Fed what only the driver sees (commit ids as ranks report them); the
+  // events reach it through the log's observer. May be null.
   JobAccount* account = nullptr;
   Membership* membership = nullptr;     // the started rendezvous; null: restart mode only
   int rendezvous_port = 0;              // where workers reach it

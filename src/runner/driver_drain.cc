@@ -49,12 +49,7 @@ void Driver::start_drain(const std::string& host, const std::string& reason, boo
                 "back (--drain-timeout {:g} s)",
                 who(rec_.generation), host, reason, live, live == 1 ? "" : "s", live == 1 ? "s" : "",
                 seconds(o_.drain_timeout));
-  if (d_.events) {
-    d_.events->write("host_draining", {{"generation", json_number(rec_.generation)},
-                                       {"host", json_string(host)},
-                                       {"reason", json_string(reason)},
-                                       {"workers", json_number(long{live})}});
-  }
+  d_.events->emit(ev::HostDraining{.generation = rec_.generation, .host = host, .reason = reason, .workers = live});
   drains_[host] = Drain{reason, clock_.now(), from_discovery};
   apply_drains();
 }
@@ -117,11 +112,8 @@ void Driver::tend_drains(const MembershipSnapshot& m) {
     if (left == 0 && !d.drained) {
       d.drained = true;
       ERUN_LOG_INFO("{}: host {} drained in {:.2f} s", who(rec_.generation), host, seconds(clock_.now() - d.since));
-      if (d_.events) {
-        d_.events->write("host_drained", {{"generation", json_number(rec_.generation)},
-                                          {"host", json_string(host)},
-                                          {"seconds", json_number(seconds(clock_.now() - d.since))}});
-      }
+      d_.events->emit(
+          ev::HostDrained{.generation = rec_.generation, .host = host, .seconds = seconds(clock_.now() - d.since)});
     }
     // The drain ends once the host's workers are gone and discovery no
     // longer holds it out: a marked host listed without the mark, or a host

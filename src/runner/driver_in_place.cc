@@ -93,10 +93,8 @@ void Driver::update_joined(const MembershipSnapshot& m) {
     }
     ERUN_LOG_INFO("{}: all {} ranks joined in {:.3f} s", who(rec_.generation), plan_.size(),
                   seconds(clock_.now() - gen_.published_at));
-    if (d_.events) {
-      d_.events->write("generation_joined", {{"generation", json_number(rec_.generation)},
-                                             {"seconds", json_number(seconds(clock_.now() - gen_.published_at))}});
-    }
+    d_.events->emit(
+        ev::GenerationJoined{.generation = rec_.generation, .seconds = seconds(clock_.now() - gen_.published_at)});
     if (gen_.fresh) log_resumed_commit(m);
   }
 }
@@ -112,25 +110,21 @@ void Driver::log_resumed_commit(const MembershipSnapshot& m) {
   ERUN_LOG_INFO("{}: no worker of the last generation survived; training resumes at commit {} kept in host "
                 "memory on {}",
                 who(rec_.generation), newest->commit_id, newest->slot.host);
-  if (d_.events) {
-    d_.events->write("commit_restored", {{"generation", json_number(rec_.generation)},
-                                         {"commit", json_number(static_cast<long>(newest->commit_id))},
-                                         {"host", json_string(newest->slot.host)}});
-  }
+  d_.events->emit(ev::CommitRestored{
+      .generation = rec_.generation, .commit = static_cast<long>(newest->commit_id), .host = newest->slot.host});
 }
 
 // A survivor of a failure re-joins at the commit it restored: the work since
 // then, up to the failure, was thrown away (the job summary's rolled-back
 // steps). Once per generation: the survivors restore the same commit.
 void Driver::note_rolled_back(const JoinRequest& j) {
-  if (!d_.account || !d_.events || j.reason == JoinReason::kStart || j.commit_id == 0) return;
+  if (!d_.account || j.reason == JoinReason::kStart || j.commit_id == 0) return;
   if (rolled_back_logged_ == j.left_generation) return;
   auto lost = d_.account->rolled_back_to(j.commit_id, realtime_seconds());
   if (!lost) return;
   rolled_back_logged_ = j.left_generation;
-  d_.events->write("rolled_back", {{"generation", json_number(j.left_generation)},
-                                   {"commit", json_number(static_cast<long>(j.commit_id))},
-                                   {"seconds", json_number(*lost)}});
+  d_.events->emit(
+      ev::RolledBack{.generation = j.left_generation, .commit = static_cast<long>(j.commit_id), .seconds = *lost});
 }
 
 void Driver::handle_rejoins(const MembershipSnapshot& m) {
@@ -148,15 +142,13 @@ void Driver::handle_rejoins(const MembershipSnapshot& m) {
                                             : "";
     ERUN_LOG_INFO("{}: re-joins at commit {}: {}{}", who(j.left_generation, j.slot.host, a ? a->rank : -1),
                   j.commit_id, to_string(j.reason), report);
-    if (d_.events) {
-      d_.events->write("rejoined", {{"generation", json_number(j.left_generation)},
-                                    {"host", json_string(j.slot.host)},
-                                    {"slot", json_number(long{j.slot.local_index})},
-                                    {"reason", json_string(to_string(j.reason))},
-                                    {"failed_rank", json_number(long{j.failed_rank})},
-                                    {"failed_state", json_string(to_string(j.failed_state))},
-                                    {"commit", json_number(static_cast<long>(j.commit_id))}});
-    }
+    d_.events->emit(ev::Rejoined{.generation = j.left_generation,
+                                 .host = j.slot.host,
+                                 .slot = j.slot.local_index,
+                                 .reason = to_string(j.reason),
+                                 .failed_rank = j.failed_rank,
+                                 .failed_state = to_string(j.failed_state),
+                                 .commit = static_cast<long>(j.commit_id)});
     if (j.reason != JoinReason::kHostsUpdated) note_rolled_back(j);
     if (j.failed_rank < 0 || j.reason == JoinReason::kHostsUpdated) continue;
     if (j.failed_state == PeerState::kSilent) {
@@ -296,12 +288,8 @@ std::string Driver::reporter(const JoinRequest& report) const {
 }
 
 void Driver::exclude_worker(Worker& w, long generation, const RankAssignment& failed, PeerState state) {
-  if (d_.events) {
-    d_.events->write("worker_excluded", {{"generation", json_number(generation)},
-                                         {"host", json_string(failed.slot.host)},
-                                         {"rank", json_number(long{failed.rank})},
-                                         {"state", json_string(to_string(state))}});
-  }
+  d_.events->emit(ev::WorkerExcluded{
+      .generation = generation, .host = failed.slot.host, .rank = failed.rank, .state = to_string(state)});
   w.handle->kill();
   set_state(w, WorkerState::kExcluded);  // its exit, when it comes, is this failure, not another
   fail_generation(Failure{rec_.generation, failed.slot.host, failed.rank, ExitStatus{0, SIGKILL},
@@ -330,10 +318,7 @@ void Driver::tell_survivors_of_losses() {
   ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
   ERUN_LOG_INFO("{}: telling the survivors that rank{} {} {} gone", who(rec_.generation), ranks.size() == 1 ? "" : "s",
                 fmt::join(ranks, ","), ranks.size() == 1 ? "is" : "are");
-  if (d_.events) {
-    d_.events->write("peers_lost", {{"generation", json_number(rec_.generation)},
-                                    {"ranks", json_string(fmt::format("{}", fmt::join(ranks, ",")))}});
-  }
+  d_.events->emit(ev::PeersLost{.generation = rec_.generation, .ranks = fmt::format("{}", fmt::join(ranks, ","))});
   d_.membership->notify_peers_lost(rec_.generation, ranks);
 }
 
@@ -487,10 +472,7 @@ void Driver::wait_below_min_np(const HostSet& usable) {
                 "state for up to --elastic-timeout {:.0f} s",
                 who(rec_.generation), usable.total_slots(), usable.total_slots() == 1 ? " is" : "s are", o_.min_np,
                 seconds(o_.elastic_timeout));
-  if (d_.events) {
-    d_.events->write("survivors_waiting", {{"generation", json_number(rec_.generation)},
-                                           {"usable_slots", json_number(long{usable.total_slots()})}});
-  }
+  d_.events->emit(ev::SurvivorsWaiting{.generation = rec_.generation, .usable_slots = usable.total_slots()});
   set_phase(JobPhase::kWaitingWithSurvivors);
 }
 

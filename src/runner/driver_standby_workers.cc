@@ -48,11 +48,8 @@ void Driver::tend_standbys(const MembershipSnapshot& m) {
         const double took = seconds(clock_.now() - w.started);
         ERUN_LOG_INFO("{}[{}]: standby ready after {:.2f} s (started, waiting in the rendezvous)",
                       w.assignment.slot.host, w.assignment.slot.local_index, took);
-        if (d_.events) {
-          d_.events->write("standby_ready", {{"host", json_string(w.assignment.slot.host)},
-                                             {"slot", json_number(long{w.assignment.slot.local_index})},
-                                             {"seconds", json_number(took)}});
-        }
+        d_.events->emit(
+            ev::StandbyReady{.host = w.assignment.slot.host, .slot = w.assignment.slot.local_index, .seconds = took});
       }
     } else if (!w.standby_ready && clock_.now() - w.started > o_.rendezvous_timeout) {
       w.handle->kill();
@@ -181,12 +178,10 @@ void Driver::promote_standby(Worker& w, const char* why) {
   w.standby = false;
   ERUN_LOG_INFO("{}: standby {}[{}] promoted ({}): it joins without starting again", who(rec_.generation),
                 w.assignment.slot.host, w.assignment.slot.local_index, why);
-  if (d_.events) {
-    d_.events->write("standby_promoted", {{"generation", json_number(rec_.generation)},
-                                          {"host", json_string(w.assignment.slot.host)},
-                                          {"slot", json_number(long{w.assignment.slot.local_index})},
-                                          {"reason", json_string(why)}});
-  }
+  d_.events->emit(ev::StandbyPromoted{.generation = rec_.generation,
+                                      .host = w.assignment.slot.host,
+                                      .slot = w.assignment.slot.local_index,
+                                      .reason = why});
 }
 
 void Driver::standby_lost(Worker& w, const std::string& why) {

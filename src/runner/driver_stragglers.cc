@@ -73,17 +73,15 @@ void Driver::handle_straggler(const Straggler& s) {
                 "interval takes {:.2f} s, about {:.2f} s without it); {}",
                 who(rec_.generation, s.slot.host, a->rank), s.factor, o_.straggler_window, s.interval_s, s.without_s,
                 verdict);
-  if (d_.events) {
-    d_.events->write("straggler", {{"generation", json_number(rec_.generation)},
-                                   {"host", json_string(s.slot.host)},
-                                   {"slot", json_number(long{s.slot.local_index})},
-                                   {"rank", json_number(long{a->rank})},
-                                   {"factor", json_number(s.factor)},
-                                   {"interval", json_number(s.interval_s)},
-                                   {"without", json_number(s.without_s)},
-                                   {"action", json_string(evict ? "evict" : "report")},
-                                   {"cooldown", json_number(rest_s)}});
-  }
+  d_.events->emit(ev::Straggler{.generation = rec_.generation,
+                                .host = s.slot.host,
+                                .slot = s.slot.local_index,
+                                .rank = a->rank,
+                                .factor = s.factor,
+                                .interval = s.interval_s,
+                                .without = s.without_s,
+                                .action = evict ? "evict" : "report",
+                                .cooldown = rest_s});
 }
 
 double Driver::rest_slot(const SlotKey& slot) {
@@ -146,15 +144,13 @@ bool Driver::preflight_holds_back(Worker& w, const JoinRequest& j, const Members
   const double rest_s = rest_slot(w.assignment.slot);
   ERUN_LOG_WARN("{}: held back: {}; its slot is tried again in {:.0f} s", who(rec_.generation, host, w.assignment.rank),
                 why, rest_s);
-  if (d_.events) {
-    d_.events->write("preflight_held_back", {{"generation", json_number(rec_.generation)},
-                                             {"host", json_string(host)},
-                                             {"slot", json_number(long{w.assignment.slot.local_index})},
-                                             {"check", json_string(check)},
-                                             {"probe_ms", json_number(took_ms)},
-                                             {"median_ms", json_number(median_ms)},
-                                             {"cooldown", json_number(rest_s)}});
-  }
+  d_.events->emit(ev::PreflightHeldBack{.generation = rec_.generation,
+                                        .host = host,
+                                        .slot = w.assignment.slot.local_index,
+                                        .check = check,
+                                        .probe_ms = took_ms,
+                                        .median_ms = median_ms,
+                                        .cooldown = rest_s});
   w.handle->terminate();
   set_state(w, WorkerState::kRetiring);  // stopped on purpose: no failure of its host
   w.retire_by = TimePoint::max();

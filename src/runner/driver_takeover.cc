@@ -76,12 +76,10 @@ void Driver::adopt(DriverDeps::Takeover& t) {
                 "(their processes and ranks kept; they re-join at their next commit){}",
                 d_.job_id, t.term, rec_.generation, kept, hosts.size(),
                 strays > 0 ? fmt::format("; {} worker(s) outside the plan stopped", strays) : "");
-  if (d_.events) {
-    d_.events->write("driver_attached", {{"term", json_number(static_cast<long>(t.term))},
-                                         {"generation", json_number(rec_.generation)},
-                                         {"workers", json_number(long{kept})},
-                                         {"hosts", json_number(static_cast<long>(hosts.size()))}});
-  }
+  d_.events->emit(ev::DriverAttached{.term = static_cast<long>(t.term),
+                                     .generation = rec_.generation,
+                                     .workers = kept,
+                                     .hosts = static_cast<long>(hosts.size())});
   (void)ended;
 }
 

@@ -580,7 +580,7 @@ int run_job(const erun::DriverOptions& options, erun::DriverDeps& deps, erun::Ev
   int code = run_with_signals(driver, options.driver_grace > erun::Duration::zero());
   if (driver.superseded_by() == 0) {
     erun::JobSummary summary = account.summary(erun::realtime_seconds());
-    events.write("job_summary", erun::summary_fields(summary));
+    events.emit(erun::summary_event(summary));
     view.finish(summary);
   } else {
     view.finish(std::nullopt);
@@ -638,7 +638,7 @@ int run_driver(const erun::DriverOptions& options, erun::HostDiscovery& discover
   }
   // What the job's time went to: the status line, /metrics and the summary at the end.
   erun::JobAccount account;
-  events.set_observer([&account](std::string_view line) { account.observe_line(line); });
+  events.set_observer([&account](const erun::Stamp& at, const erun::Event& e) { account.observe(at, e); });
   deps.account = &account;
   std::optional<erun::RecordKeeper> keeper;
   if (store) {

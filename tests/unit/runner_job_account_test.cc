@@ -242,6 +242,35 @@ TEST(JobAccount, ACommitNeverReportedIsDatedBetweenTheOnesThatWere) {
   EXPECT_NEAR(*a.rolled_back_to(16, t0 + 9), 0.5, 1e-3) << "two ids after 14 at a quarter second each";
 }
 
+// The driver hands the account its events as they are; a report reads them
+// back from the file: both readings give the same account.
+TEST(JobAccount, EventsFedLiveAndTheirLogLinesAgree) {
+  const std::vector<std::string> lines = {
+      line(0.0, "job_started", R"("job_id":"erun-1","hosts":"node-a:2","min_np":1,"max_np":4)"),
+      line(0.0, "generation_started", R"("generation":1,"size":2,"plan":"2 ranks")"),
+      line(1.0, "generation_joined", R"("generation":1,"seconds":1.0)"),
+      line(20.0, "worker_exited", R"("generation":1,"host":"node-b","rank":1,"exit_code":137,"stopped_by_erun":false)"),
+      line(20.0, "reset", R"("generation":1,"reason":"worker failed","resets":1)"),
+      line(20.0, "generation_started", R"("generation":2,"size":2,"plan":"2 ranks")"),
+      line(20.2, "generation_joined", R"("generation":2,"seconds":0.2)"),
+      line(20.2, "rolled_back", R"("generation":2,"commit":24,"seconds":0.4)"),
+      line(30.5, "driver_attached", R"("term":2,"generation":2,"workers":2)", 30),
+      line(40.0, "job_finished", R"("exit_code":0,"generation":2,"resets":1,"launched":3)", 30),
+  };
+  JobAccount from_file, live;
+  for (const std::string& l : lines) {
+    ASSERT_TRUE(from_file.observe_line(l)) << l;
+    std::optional<LoggedEvent> e = parse_event_line(l);
+    ASSERT_TRUE(e && e->event) << l;
+    live.observe(e->stamp, *e->event);
+  }
+  EXPECT_EQ(live.timeline_json(0), from_file.timeline_json(0));
+  EXPECT_EQ(format_summary(live.summary(0)), format_summary(from_file.summary(0)));
+  EXPECT_EQ(live.summary(0).takeovers, 1);
+  EXPECT_EQ(live.summary(0).workers_failed, 1);
+  EXPECT_EQ(live.summary(0).workers_launched, 3);
+}
+
 TEST(JobAccount, LinesThatAreNotEventsChangeNothing) {
   JobAccount a = demo_job();
   const JobSummary before = a.summary(0);

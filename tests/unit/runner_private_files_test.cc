@@ -104,7 +104,7 @@ TEST_F(PrivateFiles, EventLogRefusesALinkAndWritesA0600File) {
   EXPECT_EQ(slurp(victim_), "precious");
   EventLog good;
   ASSERT_TRUE(good.open(dir_ + "/events2.jsonl"));
-  good.write("job_started", {});
+  good.emit(ev::JobStarted{});
   EXPECT_EQ(mode_of(dir_ + "/events2.jsonl"), 0600u);
   EXPECT_NE(slurp(dir_ + "/events2.jsonl").find("job_started"), std::string::npos);
 }

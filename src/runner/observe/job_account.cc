@@ -2,8 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
-#include <ctime>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -12,32 +10,6 @@ namespace erun {
 namespace {
 
 using json = nlohmann::json;
-
-// "2026-11-28T14:38:24.994Z" (EventLog's "time") as seconds since the epoch.
-std::optional<double> parse_time(const std::string& s) {
-  int y, mo, d, h, mi, sec, ms = 0;
-  if (std::sscanf(s.c_str(), "%4d-%2d-%2dT%2d:%2d:%2d.%3dZ", &y, &mo, &d, &h, &mi, &sec, &ms) < 6) {
-    return std::nullopt;
-  }
-  tm t{};
-  t.tm_year = y - 1900;
-  t.tm_mon = mo - 1;
-  t.tm_mday = d;
-  t.tm_hour = h;
-  t.tm_min = mi;
-  t.tm_sec = sec;
-  return static_cast<double>(timegm(&t)) + ms / 1000.0;
-}
-
-std::string text(const json& e, const char* key) {
-  auto it = e.find(key);
-  return it != e.end() && it->is_string() ? it->get<std::string>() : std::string();
-}
-
-double number(const json& e, const char* key, double otherwise = 0) {
-  auto it = e.find(key);
-  return it != e.end() && it->is_number() ? it->get<double>() : otherwise;
-}
 
 // The host names of a host list as the event log writes it ("a:2,b:2").
 std::set<std::string> host_names(const std::string& list) {
@@ -141,26 +113,25 @@ std::string format_summary(const JobSummary& s) {
   return out;
 }
 
-std::vector<EventLog::Field> summary_fields(const JobSummary& s) {
-  std::vector<EventLog::Field> f = {{"wall_s", json_number(s.wall_s)}};
-  for (int k = 0; k < kSpentKinds; ++k) {
-    f.emplace_back(fmt::format("{}_s", to_string(static_cast<Spent>(k))), json_number(s.spent[k]));
-  }
-  json resets = json::object();
-  for (auto& [reason, count] : s.resets) resets[reason] = count;
-  f.insert(f.end(), {{"goodput", json_number(s.goodput())},
-                     {"generations", json_number(s.generations)},
-                     {"resets", resets.dump()},
-                     {"hosts_seen", json_number(s.hosts_seen)},
-                     {"workers_failed", json_number(s.workers_failed)},
-                     {"workers_launched", json_number(s.workers_launched)},
-                     {"commits_restored", json_number(s.commits_restored)},
-                     {"drains", json_number(s.drains)},
-                     {"stragglers", json_number(s.stragglers)},
-                     {"takeovers", json_number(s.takeovers)},
-                     {"standbys_promoted", json_number(s.standbys_promoted)},
-                     {"slowest_recovery_s", json_number(s.slowest_recovery_s)}});
-  return f;
+ev::JobSummary summary_event(const JobSummary& s) {
+  ev::JobSummary e;
+  e.wall_s = s.wall_s;
+  double* spent[kSpentKinds] = {&e.startup_s, &e.training_s, &e.recovery_s,
+                                &e.rolled_back_s, &e.waiting_s, &e.driver_gap_s};
+  for (int k = 0; k < kSpentKinds; ++k) *spent[k] = s.spent[k];
+  e.goodput = s.goodput();
+  e.generations = s.generations;
+  e.resets = s.resets;
+  e.hosts_seen = s.hosts_seen;
+  e.workers_failed = s.workers_failed;
+  e.workers_launched = s.workers_launched;
+  e.commits_restored = s.commits_restored;
+  e.drains = s.drains;
+  e.stragglers = s.stragglers;
+  e.takeovers = s.takeovers;
+  e.standbys_promoted = s.standbys_promoted;
+  e.slowest_recovery_s = s.slowest_recovery_s;
+  return e;
 }
 
 void JobAccount::enter(Spent next, double t) {
@@ -193,13 +164,23 @@ void JobAccount::set_world(double t, long size) {
 }
 
 bool JobAccount::observe_line(std::string_view line) {
-  json e = json::parse(line, nullptr, /*allow_exceptions=*/false);
-  if (!e.is_object()) return false;
-  const std::string event = text(e, "event");
-  std::optional<double> when = parse_time(text(e, "time"));
-  if (event.empty() || !when) return false;
-  double t = *when;
-  const double driver_start = t - number(e, "t", 0);
+  std::optional<LoggedEvent> e = parse_event_line(line);
+  if (!e) return false;
+  const double t = advance(e->stamp);
+  if (e->event) std::visit([this, t](const auto& event) { on(event, t); }, *e->event);
+  counts_.hosts_seen = static_cast<long>(hosts_seen_.size());
+  return true;
+}
+
+void JobAccount::observe(const Stamp& stamp, const Event& event) {
+  const double t = advance(stamp);
+  std::visit([this, t](const auto& e) { on(e, t); }, event);
+  counts_.hosts_seen = static_cast<long>(hosts_seen_.size());
+}
+
+double JobAccount::advance(const Stamp& stamp) {
+  double t = stamp.time;
+  const double driver_start = t - stamp.t;
   if (start_ < 0) {
     start_ = driver_start_ = std::min(driver_start, t);
     phase_since_ = start_;
@@ -212,124 +193,143 @@ bool JobAccount::observe_line(std::string_view line) {
   }
   t = std::max(t, last_event_);  // a clock step back never makes time negative
   last_event_ = t;
+  return t;
+}
 
-  if (event == "job_started") {
-    counts_.job_id = text(e, "job_id");
-    current_hosts_ = host_names(text(e, "hosts"));
-    hosts_seen_.insert(current_hosts_.begin(), current_hosts_.end());
-  } else if (event == "generation_started") {
-    generation_ = static_cast<long>(number(e, "generation"));
-    pending_size_ = static_cast<long>(number(e, "size"));
-    counts_.generations = std::max(counts_.generations, generation_);
-    if (phase_ == Spent::kWaiting) enter(Spent::kRecovery, t);  // enough slots again: forming
-    if (!bands_.empty() && bands_.back().end < 0) bands_.back().end = t - start_;
-    bands_.push_back(Band{generation_, t - start_, -1, pending_size_, text(e, "plan")});
-  } else if (event == "generation_joined") {
-    ++counts_.joined;
-    enter(Spent::kTraining, t);
-    joined_at_ = t;
-    set_world(t, pending_size_);
-    if (reset_at_ >= 0) {
-      const double took = t - reset_at_;
-      recoveries_.push_back(took);
-      if (took > counts_.slowest_recovery_s) {
-        counts_.slowest_recovery_s = took;
-        counts_.slowest_recovery_generation = static_cast<long>(number(e, "generation"));
-        counts_.slowest_recovery_reason = reset_reason_;
-      }
-      for (size_t i : awaiting_recovery_) marks_[i].recovery_s = t - marks_[i].t - start_;
-      reset_at_ = -1;
+void JobAccount::on(const ev::JobStarted& e, double) {
+  counts_.job_id = e.job_id;
+  current_hosts_ = host_names(e.hosts);
+  hosts_seen_.insert(current_hosts_.begin(), current_hosts_.end());
+}
+
+void JobAccount::on(const ev::GenerationStarted& e, double t) {
+  generation_ = e.generation;
+  pending_size_ = e.size;
+  counts_.generations = std::max(counts_.generations, generation_);
+  if (phase_ == Spent::kWaiting) enter(Spent::kRecovery, t);  // enough slots again: forming
+  if (!bands_.empty() && bands_.back().end < 0) bands_.back().end = t - start_;
+  bands_.push_back(Band{generation_, t - start_, -1, pending_size_, e.plan});
+}
+
+void JobAccount::on(const ev::GenerationJoined& e, double t) {
+  ++counts_.joined;
+  enter(Spent::kTraining, t);
+  joined_at_ = t;
+  set_world(t, pending_size_);
+  if (reset_at_ >= 0) {
+    const double took = t - reset_at_;
+    recoveries_.push_back(took);
+    if (took > counts_.slowest_recovery_s) {
+      counts_.slowest_recovery_s = took;
+      counts_.slowest_recovery_generation = e.generation;
+      counts_.slowest_recovery_reason = reset_reason_;
     }
-    awaiting_recovery_.clear();
-  } else if (event == "reset") {
-    reset_reason_ = text(e, "reason");
-    ++counts_.resets[reset_reason_];
-    if (reset_at_ < 0) reset_at_ = t;  // a second reset before the job is back is the same recovery
-    if (reset_reason_ != "membership changed") last_fault_ = t;
-    enter(Spent::kRecovery, t);
-    set_world(t, 0);
-  } else if (event == "survivors_waiting") {
-    enter(Spent::kWaiting, t);
-    set_world(t, 0);
-  } else if (event == "worker_exited") {
-    auto stopped = e.find("stopped_by_erun");
-    const long code = static_cast<long>(number(e, "exit_code"));
-    auto standby = e.find("standby");
-    const bool was_standby = standby != e.end() && standby->is_boolean() && standby->get<bool>();
-    if (code != 0 && !was_standby && !(stopped != e.end() && stopped->is_boolean() && stopped->get<bool>())) {
-      ++counts_.workers_failed;
-      last_fault_ = t;
-      mark(t - start_, "failure",
-           fmt::format("{} rank {} exited {}", text(e, "host"), static_cast<long>(number(e, "rank")), code), true);
-    }
-  } else if (event == "worker_excluded") {
-    ++counts_.workers_failed;
-    last_fault_ = t;
-    mark(t - start_, "failure",
-         fmt::format("{} rank {} {}", text(e, "host"), static_cast<long>(number(e, "rank")), text(e, "state")), true);
-  } else if (event == "host_draining") {
-    ++counts_.drains;
-    mark(t - start_, "drain", fmt::format("drain {} ({})", text(e, "host"), text(e, "reason")), true);
-  } else if (event == "straggler") {
-    ++counts_.stragglers;
-    mark(t - start_, "straggler",
-         fmt::format("straggler {} rank {} {:.1f}x ({})", text(e, "host"), static_cast<long>(number(e, "rank")),
-                     number(e, "factor"), text(e, "action")),
-         text(e, "action") == "evict");
-  } else if (event == "preflight_held_back") {
-    const std::string check = text(e, "check");  // "" in logs from before the link probe: the compute check
-    mark(t - start_, "preflight",
-         fmt::format("{} held back: slow {}", text(e, "host"), check == "link" ? "link" : "compute check"), false);
-  } else if (event == "commit_restored") {
-    ++counts_.commits_restored;
-    mark(t - start_, "restore",
-         fmt::format("commit {} restored from {}", static_cast<long>(number(e, "commit")), text(e, "host")), false);
-  } else if (event == "hosts_changed") {
-    std::set<std::string> now = host_names(text(e, "hosts"));
-    std::string diff;
-    for (auto& h : now) {
-      if (!current_hosts_.count(h)) diff += (diff.empty() ? "+" : " +") + h;
-    }
-    for (auto& h : current_hosts_) {
-      if (!now.count(h)) diff += (diff.empty() ? "-" : " -") + h;
-    }
-    hosts_seen_.insert(now.begin(), now.end());
-    current_hosts_ = std::move(now);
-    if (!diff.empty()) mark(t - start_, "membership", diff, false);
-  } else if (event == "standby_promoted") {
-    ++counts_.standbys_promoted;
-    mark(t - start_, "standby",
-         fmt::format("standby {}[{}] promoted", text(e, "host"), static_cast<long>(number(e, "slot"))), false);
-  } else if (event == "host_blacklisted") {
-    blacklisted_.insert(text(e, "host"));
-    mark(t - start_, "blacklist", "blacklisted " + text(e, "host"), false);
-  } else if (event == "driver_attached") {
-    ++counts_.takeovers;
-    ++counts_.joined;  // it adopted a running generation: training goes on
-    mark(t - start_, "takeover", fmt::format("driver term {} took over", static_cast<long>(number(e, "term"))),
-         false);
-    enter(Spent::kTraining, t);
-  } else if (event == "rolled_back") {
-    // The survivors may re-join before the driver has reset the generation:
-    // the training they threw away is then still the phase in progress,
-    // counted up to now first.
-    if (phase_ == Spent::kTraining) enter(Spent::kTraining, t);
-    const double lost = std::min(std::max(0.0, number(e, "seconds")), spent_[static_cast<int>(Spent::kTraining)]);
-    spent_[static_cast<int>(Spent::kTraining)] -= lost;
-    spent_[static_cast<int>(Spent::kRolledBack)] += lost;
-  } else if (event == "signal") {
-    counts_.stop_signal = static_cast<int>(number(e, "signal"));
-  } else if (event == "job_finished") {
-    counts_.finished = true;
-    counts_.exit_code = static_cast<int>(number(e, "exit_code", -1));
-    counts_.workers_launched = static_cast<long>(number(e, "launched", static_cast<double>(counts_.workers_launched)));
-    enter(phase_, t);
-    set_world(t, 0);
-    if (!bands_.empty() && bands_.back().end < 0) bands_.back().end = t - start_;
-    end_ = t;
+    for (size_t i : awaiting_recovery_) marks_[i].recovery_s = t - marks_[i].t - start_;
+    reset_at_ = -1;
   }
-  counts_.hosts_seen = static_cast<long>(hosts_seen_.size());
-  return true;
+  awaiting_recovery_.clear();
+}
+
+void JobAccount::on(const ev::Reset& e, double t) {
+  reset_reason_ = e.reason;
+  ++counts_.resets[reset_reason_];
+  if (reset_at_ < 0) reset_at_ = t;  // a second reset before the job is back is the same recovery
+  if (reset_reason_ != "membership changed") last_fault_ = t;
+  enter(Spent::kRecovery, t);
+  set_world(t, 0);
+}
+
+void JobAccount::on(const ev::SurvivorsWaiting&, double t) {
+  enter(Spent::kWaiting, t);
+  set_world(t, 0);
+}
+
+void JobAccount::on(const ev::WorkerExited& e, double t) {
+  if (e.exit_code == 0 || e.standby || e.stopped_by_erun) return;
+  ++counts_.workers_failed;
+  last_fault_ = t;
+  mark(t - start_, "failure", fmt::format("{} rank {} exited {}", e.host, e.rank, e.exit_code), true);
+}
+
+void JobAccount::on(const ev::WorkerExcluded& e, double t) {
+  ++counts_.workers_failed;
+  last_fault_ = t;
+  mark(t - start_, "failure", fmt::format("{} rank {} {}", e.host, e.rank, e.state), true);
+}
+
+void JobAccount::on(const ev::HostDraining& e, double t) {
+  ++counts_.drains;
+  mark(t - start_, "drain", fmt::format("drain {} ({})", e.host, e.reason), true);
+}
+
+void JobAccount::on(const ev::Straggler& e, double t) {
+  ++counts_.stragglers;
+  mark(t - start_, "straggler",
+       fmt::format("straggler {} rank {} {:.1f}x ({})", e.host, e.rank, e.factor, e.action), e.action == "evict");
+}
+
+void JobAccount::on(const ev::PreflightHeldBack& e, double t) {
+  // check "" in logs from before the link probe: the compute check
+  mark(t - start_, "preflight",
+       fmt::format("{} held back: slow {}", e.host, e.check == "link" ? "link" : "compute check"), false);
+}
+
+void JobAccount::on(const ev::CommitRestored& e, double t) {
+  ++counts_.commits_restored;
+  mark(t - start_, "restore", fmt::format("commit {} restored from {}", e.commit, e.host), false);
+}
+
+void JobAccount::on(const ev::HostsChanged& e, double t) {
+  std::set<std::string> now = host_names(e.hosts);
+  std::string diff;
+  for (auto& h : now) {
+    if (!current_hosts_.count(h)) diff += (diff.empty() ? "+" : " +") + h;
+  }
+  for (auto& h : current_hosts_) {
+    if (!now.count(h)) diff += (diff.empty() ? "-" : " -") + h;
+  }
+  hosts_seen_.insert(now.begin(), now.end());
+  current_hosts_ = std::move(now);
+  if (!diff.empty()) mark(t - start_, "membership", diff, false);
+}
+
+void JobAccount::on(const ev::StandbyPromoted& e, double t) {
+  ++counts_.standbys_promoted;
+  mark(t - start_, "standby", fmt::format("standby {}[{}] promoted", e.host, e.slot), false);
+}
+
+void JobAccount::on(const ev::HostBlacklisted& e, double t) {
+  blacklisted_.insert(e.host);
+  mark(t - start_, "blacklist", "blacklisted " + e.host, false);
+}
+
+void JobAccount::on(const ev::DriverAttached& e, double t) {
+  ++counts_.takeovers;
+  ++counts_.joined;  // it adopted a running generation: training goes on
+  mark(t - start_, "takeover", fmt::format("driver term {} took over", e.term), false);
+  enter(Spent::kTraining, t);
+}
+
+void JobAccount::on(const ev::RolledBack& e, double t) {
+  // The survivors may re-join before the driver has reset the generation:
+  // the training they threw away is then still the phase in progress,
+  // counted up to now first.
+  if (phase_ == Spent::kTraining) enter(Spent::kTraining, t);
+  const double lost = std::min(std::max(0.0, e.seconds), spent_[static_cast<int>(Spent::kTraining)]);
+  spent_[static_cast<int>(Spent::kTraining)] -= lost;
+  spent_[static_cast<int>(Spent::kRolledBack)] += lost;
+}
+
+void JobAccount::on(const ev::Signal& e, double) { counts_.stop_signal = static_cast<int>(e.signal); }
+
+void JobAccount::on(const ev::JobFinished& e, double t) {
+  counts_.finished = true;
+  counts_.exit_code = static_cast<int>(e.exit_code);
+  if (e.launched >= 0) counts_.workers_launched = e.launched;
+  enter(phase_, t);
+  set_world(t, 0);
+  if (!bands_.empty() && bands_.back().end < 0) bands_.back().end = t - start_;
+  end_ = t;
 }
 
 void JobAccount::commit_seen(uint64_t id, double at) {

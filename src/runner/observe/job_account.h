@@ -1,7 +1,8 @@
 // JobAccount: what a job's wall time went to, read from its events. The
-// driver feeds it every event it writes (the live status line, /metrics and
-// the summary at the end); `erun report` feeds it a past job's event log. One
-// reading of the events serves both, so the numbers always agree.
+// driver's event log hands it every event as it is written (the live status
+// line, /metrics and the summary at the end); `erun report` feeds it a past
+// job's event log, each line read back into the same event. One reading of
+// the events serves both, so the numbers always agree.
 //
 // The job is always in one phase: starting up (until the first generation has
 // joined), training, recovering (a reset until the next generation has
@@ -21,7 +22,7 @@
 #include <string_view>
 #include <vector>
 
-#include "runner/observe/event_log.h"
+#include "runner/observe/events.h"
 
 namespace erun {
 
@@ -64,13 +65,16 @@ struct JobSummary {
 
 // The summary as erun prints it when a job ends (several lines, no trailing newline).
 std::string format_summary(const JobSummary& s);
-// The fields of the `job_summary` event.
-std::vector<EventLog::Field> summary_fields(const JobSummary& s);
+// The `job_summary` event.
+ev::JobSummary summary_event(const JobSummary& s);
 
 class JobAccount {
  public:
-  // One event log line. Lines that are not an event object are ignored
-  // (false): a log cut short by a crash ends in nothing worse.
+  // One event, as the driver's event log stamped it.
+  void observe(const Stamp& stamp, const Event& event);
+  // One line of an event log file. Lines that are not an event object are
+  // ignored (false): a log cut short by a crash ends in nothing worse. An
+  // event of a type this erun does not know only moves the clock on.
   bool observe_line(std::string_view line);
 
   // Live only (the driver): a commit id some rank reported at `at` (seconds
@@ -119,6 +123,35 @@ class JobAccount {
     long size;
     std::string plan;
   };
+
+  // The event's time, the job's clock moved on to it (a new driver's start is a driver gap).
+  double advance(const Stamp& stamp);
+  // Each event at its time `t`.
+  void on(const ev::JobStarted& e, double t);
+  void on(const ev::GenerationStarted& e, double t);
+  void on(const ev::GenerationJoined& e, double t);
+  void on(const ev::Reset& e, double t);
+  void on(const ev::SurvivorsWaiting& e, double t);
+  void on(const ev::WorkerExited& e, double t);
+  void on(const ev::WorkerExcluded& e, double t);
+  void on(const ev::HostDraining& e, double t);
+  void on(const ev::Straggler& e, double t);
+  void on(const ev::PreflightHeldBack& e, double t);
+  void on(const ev::CommitRestored& e, double t);
+  void on(const ev::HostsChanged& e, double t);
+  void on(const ev::StandbyPromoted& e, double t);
+  void on(const ev::HostBlacklisted& e, double t);
+  void on(const ev::DriverAttached& e, double t);
+  void on(const ev::RolledBack& e, double t);
+  void on(const ev::Signal& e, double t);
+  void on(const ev::JobFinished& e, double t);
+  // Events that change nothing in the account but its clock.
+  void on(const ev::PeersLost&, double) {}
+  void on(const ev::Rejoined&, double) {}
+  void on(const ev::CrashLoop&, double) {}
+  void on(const ev::HostDrained&, double) {}
+  void on(const ev::StandbyReady&, double) {}
+  void on(const ev::JobSummary&, double) {}
 
   void enter(Spent next, double t);
   void mark(double t, std::string kind, std::string label, bool awaits_recovery);
