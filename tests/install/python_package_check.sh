@@ -16,6 +16,8 @@ py=/usr/bin/python3
 fail() { echo "python_package_check: FAIL: $*" >&2; exit 1; }
 
 [ -f "$pydir/erun/__init__.py" ] || fail "no $pydir/erun/__init__.py"
+# Subpackages too (erun.horovod.torch.elastic, three levels down).
+[ -f "$pydir/erun/horovod/torch/elastic/state.py" ] || fail "no $pydir/erun/horovod/torch/elastic/state.py"
 compgen -G "$pydir/erun/_erun*.so" >/dev/null || fail "no compiled module $pydir/erun/_erun*.so"
 "$py" -c "import sys; sys.exit(0 if '$searched' in sys.path else 1)" ||
   fail "$py does not search $searched (its sys.path: $("$py" -c 'import sys; print(sys.path)'))"

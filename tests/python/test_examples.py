@@ -1,6 +1,7 @@
 """The examples in examples/torch run under erun with two ranks (small sizes):
-the ToyModel DDP script and the MNIST-sized CNN, whose epoch ends with a step
-in which one rank has no sample (ElasticSampler.batches yields None there)."""
+the ToyModel DDP script, the MNIST-sized CNN, whose epoch ends with a step
+in which one rank has no sample (ElasticSampler.batches yields None there),
+and the Horovod elastic program (erun.horovod.torch)."""
 import re
 
 from conftest import ERUN, PYTHON, SOURCE
@@ -23,3 +24,13 @@ def test_mnist_example_with_dataloader_workers_and_an_uneven_last_step(ws):
     assert all(int(e[2]) == 8 for e in epochs), job.out
     assert float(epochs[-1][1]) > 0.3, job.out  # well above chance (0.1)
 
+
+
+def test_horovod_elastic_example(ws):
+    job = ws.start([str(ERUN), "-np", "2", PYTHON, str(SOURCE / "examples/torch/horovod_elastic.py"),
+                    "--epochs", "2", "--samples", "1024"])
+    assert job.wait(240) == 0, job.out + job.err
+    accuracy = re.findall(r"epoch (\d): world 2 train accuracy ([0-9.]+)", job.out)
+    assert [a[0] for a in accuracy] == ["0", "1"], job.out
+    assert float(accuracy[-1][1]) > 0.4, job.out  # learning (chance: 0.25)
+    assert "done: 2 epochs" in job.out

@@ -176,9 +176,15 @@ def test_horovodrun_flags_erun_cannot_honour_are_refused_with_the_reason(ws, fla
     assert reason in r.stderr, r.stderr
 
 
-def test_horovodrun_check_build_and_log_level_names(ws):
+def test_horovodrun_check_build_log_level_names_and_the_horovodrun_name(ws):
     r = subprocess.run([str(ERUN), "-cb"], capture_output=True, text=True, timeout=30)
     assert r.returncode == 0 and "[X] PyTorch" in r.stdout and "erun.horovod.torch" in r.stdout, r.stdout
+    link = ws.path / "horovodrun"  # the opt-in name (docs/horovod.md): a link to erun
+    link.symlink_to(ERUN)
+    r = subprocess.run([str(link), "-np", "2", "sh", "-c", "echo rank $ERUN_RANK of $ERUN_SIZE"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert sorted(re.findall(r"rank (\d) of 2", r.stdout)) == ["0", "1"], r.stdout
     for level in ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL"):
         r = subprocess.run([str(ERUN), "--dry-run", "-np", "1", "--log-level", level, "/bin/true"],
                            capture_output=True, text=True, timeout=30)
