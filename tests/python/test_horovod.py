@@ -81,6 +81,8 @@ def test_elastic_horovod_program_grows_loses_a_worker_and_shrinks_to_the_replaye
     for pid in first:  # the survivors kept their process through every reset
         assert len(re.findall(rf"pid {pid}: reset: world size", job.out)) >= 3, job.out
     assert "restoring commit" in job.out + job.err  # the SIGKILL: HorovodInternalError, restore, re-join
+    # The program's own `except hvd.HorovodInternalError` / `except hvd.HostsUpdatedInterrupt` saw them.
+    assert "caught HorovodInternalError" in job.out and "caught HostsUpdatedInterrupt" in job.out, job.out
     assert ws.wait_no_workers("horovod_elastic.py")
 
 

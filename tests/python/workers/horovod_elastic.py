@@ -116,6 +116,21 @@ def main():
     state.register_reset_callbacks([on_state_reset])
     print(f"pid {os.getpid()} rank {hvd.rank()} started", flush=True)
 
+    def train_batch(state, batch_idx, x, y, idx):
+        optimizer.zero_grad()
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
+        optimizer.step()
+        mine = torch.tensor([float(len(idx)), float(sum(mix(int(i)) for i in idx))], dtype=torch.float64)
+        total = hvd.allreduce(mine, op=hvd.Sum, name="samples")
+        state.seen += int(total[0])
+        state.fingerprint += int(total[1])
+        state.schedule.append(hvd.size())
+        state.train_sampler.record_batch(batch_idx, o.batch)
+        if o.step_ms:
+            time.sleep(o.step_ms / 1000)
+        state.commit()
+
     @hvd.elastic.run
     def train(state):
         for state.epoch in range(state.epoch, o.epochs):
@@ -123,19 +138,14 @@ def main():
             if state.train_sampler.processed == 0:
                 state.seen, state.fingerprint = 0, 0
             for batch_idx, (x, y, idx) in enumerate(train_loader):
-                optimizer.zero_grad()
-                loss = F.mse_loss(model(x), y)
-                loss.backward()
-                optimizer.step()
-                mine = torch.tensor([float(len(idx)), float(sum(mix(int(i)) for i in idx))], dtype=torch.float64)
-                total = hvd.allreduce(mine, op=hvd.Sum, name="samples")
-                state.seen += int(total[0])
-                state.fingerprint += int(total[1])
-                state.schedule.append(hvd.size())
-                state.train_sampler.record_batch(batch_idx, o.batch)
-                if o.step_ms:
-                    time.sleep(o.step_ms / 1000)
-                state.commit()
+                try:
+                    train_batch(state, batch_idx, x, y, idx)
+                except hvd.HorovodInternalError as e:  # user code that catches Horovod's exceptions still works
+                    print(f"pid {os.getpid()}: caught HorovodInternalError ({type(e).__name__})", flush=True)
+                    raise
+                except hvd.HostsUpdatedInterrupt:
+                    print(f"pid {os.getpid()}: caught HostsUpdatedInterrupt", flush=True)
+                    raise
             if hvd.rank() == 0:
                 ok = state.seen == o.samples and state.fingerprint == sum(mix(i) for i in range(o.samples))
                 print(f"epoch {state.epoch} world={hvd.size()} samples={state.seen} "
