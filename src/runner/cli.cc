@@ -269,7 +269,7 @@ constexpr IgnoredFlag kIgnoredHorovodFlags[] = {
 // --min-np, --max-np, --slots-per-host, --host-discovery-script, --reset-limit,
 // --blacklist-cooldown-range, --elastic-timeout, --output-filename,
 // --verbose and --log-level are erun's own flags already.
-void add_horovodrun_flags(po::options_description& desc, RawFlags& r) {
+void add_horovodrun_flags(po::options_description& desc, po::options_description& ignored, RawFlags& r) {
   desc.add_options()
     ("start-timeout", po::value<double>(&r.start_timeout), "horovodrun's: as --rendezvous-timeout")
     ("gloo-timeout-seconds", po::value<double>(&r.gloo_timeout), "horovodrun's: as --collective-timeout")
@@ -281,8 +281,25 @@ void add_horovodrun_flags(po::options_description& desc, RawFlags& r) {
   for (const auto& f : kIgnoredHorovodFlags) {
     const po::value_semantic* v = f.takes_value ? static_cast<const po::value_semantic*>(po::value<std::string>())
                                                 : po::bool_switch();
-    desc.add_options()(f.name, v, "horovodrun's: accepted and ignored (a note says why)");
+    ignored.add_options()(f.name, v, "");
   }
+}
+
+// --help's line about the ignored flags (they are left out of the table).
+std::string ignored_flags_text() {
+  std::string text = "\nAlso accepted from horovodrun command lines, each with a one-line note that it has no\n"
+                     "effect here (docs/horovod.md):\n ";
+  size_t line = 1;
+  for (const auto& f : kIgnoredHorovodFlags) {
+    std::string word = fmt::format(" --{}", f.name);
+    if (line + word.size() > 78) {
+      text += "\n ";
+      line = 1;
+    }
+    text += word;
+    line += word.size();
+  }
+  return text + "\n";
 }
 
 std::string check_build_text() {
@@ -540,15 +557,18 @@ std::variant<DriverOptions, CliError, CliInfo> parse_cli(int argc, const char* c
   add_worker_flags(desc, o, raw);
   add_general_flags(desc, o, raw);
   po::options_description horovodrun("horovodrun's flags (for horovodrun command lines; see docs/horovod.md)");
-  add_horovodrun_flags(horovodrun, raw);
+  po::options_description ignored;  // parsed, left out of --help's table
+  add_horovodrun_flags(horovodrun, ignored, raw);
   desc.add(horovodrun);
+  po::options_description parsed;
+  parsed.add(desc).add(ignored);
 
   po::variables_map vm;
   try {
     std::vector<const char*> args = {"erun"};
     for (auto& w : words.own) args.push_back(w.c_str());
     po::store(po::command_line_parser(static_cast<int>(args.size()), args.data())
-                  .options(desc)
+                  .options(parsed)
                   .style(po::command_line_style::unix_style)
                   .run(),
               vm);
@@ -556,7 +576,7 @@ std::variant<DriverOptions, CliError, CliInfo> parse_cli(int argc, const char* c
   } catch (const po::error& e) {
     return CliError{fmt::format("{} (see erun --help)", e.what())};
   }
-  if (vm.count("help")) return CliInfo{usage_text(desc)};
+  if (vm.count("help")) return CliInfo{usage_text(desc) + ignored_flags_text()};
   if (vm.count("version")) return CliInfo{fmt::format("erun {}\n", ERUN_VERSION)};
   if (vm.count("check-build")) return CliInfo{check_build_text()};
   if (words.command.empty()) {

@@ -54,9 +54,58 @@ TEST(Cli, TheLogLevelIsWarnUnlessTheFlagsOrTheEnvironmentSayOtherwise) {
   ::setenv("ERUN_LOG_LEVEL", "chatty", 1);  // not a level: the default
   EXPECT_EQ(ok({"-np", "2", "./train"}).log_level, LogLevel::kWarn);
   EXPECT_EQ(error({"--log-level", "chatty", "-np", "2", "./train"}),
-            "--log-level chatty: expected error, warn, info or debug");
+            "--log-level chatty: expected error, warn, info or debug (or horovodrun's TRACE, DEBUG, INFO, WARNING, "
+            "ERROR, FATAL)");
+  // horovodrun's names, any case.
+  EXPECT_EQ(ok({"--log-level", "TRACE", "-np", "2", "./train"}).log_level, LogLevel::kDebug);
+  EXPECT_EQ(ok({"--log-level", "WARNING", "-np", "2", "./train"}).log_level, LogLevel::kWarn);
+  EXPECT_EQ(ok({"--log-level", "Fatal", "-np", "2", "./train"}).log_level, LogLevel::kError);
   if (was) ::setenv("ERUN_LOG_LEVEL", saved.c_str(), 1);
   else ::unsetenv("ERUN_LOG_LEVEL");
+}
+
+TEST(Cli, HorovodrunFlagsAreMappedNotedOrRefused) {
+  // Its spellings of -np, --min-np and --max-np; values of ignored flags are not the command.
+  auto o = ok({"--num-proc", "8", "--min-num-proc", "4", "--max-num-proc=12", "--host-discovery-script", "./d.sh",
+               "--fusion-threshold-mb", "32", "--gloo", "--network-interface", "eth0", "python", "train.py"});
+  EXPECT_EQ(o.np, 8);
+  EXPECT_EQ(o.min_np, 4);
+  EXPECT_EQ(o.max_np, 12);
+  EXPECT_EQ(o.command, (std::vector<std::string>{"python", "train.py"}));
+  ASSERT_EQ(o.notes.size(), 3u);
+  EXPECT_EQ(o.notes[0].rfind("--fusion-threshold-mb is ignored: ", 0), 0u) << o.notes[0];
+  EXPECT_EQ(o.notes[1].rfind("--gloo is ignored: ", 0), 0u) << o.notes[1];
+  EXPECT_EQ(o.notes[2].rfind("--network-interface is ignored: ", 0), 0u) << o.notes[2];
+  EXPECT_TRUE(ok({"-np", "2", "./train"}).notes.empty());
+
+  // Mapped onto erun's own flags, which win when both are given.
+  o = ok({"-np", "2", "--start-timeout", "90", "--gloo-timeout-seconds", "45", "./train"});
+  EXPECT_EQ(o.rendezvous_timeout, std::chrono::seconds(90));
+  EXPECT_EQ(o.collective_timeout, std::chrono::seconds(45));
+  o = ok({"-np", "2", "--start-timeout", "90", "--rendezvous-timeout", "20", "./train"});
+  EXPECT_EQ(o.rendezvous_timeout, std::chrono::seconds(20));
+  EXPECT_EQ(ok({"-np", "2", "--mpi", "./train"}).launcher, LauncherKind::kMpirun);
+  EXPECT_EQ(error({"-np", "2", "--mpi", "--launcher", "ssh", "./train"}),
+            "--mpi and --launcher ssh contradict each other: give one");
+  EXPECT_NE(error({"-np", "2", "--mpi", "--min-np", "1", "./train"}).find("--launcher mpirun runs a static job"),
+            std::string::npos);
+
+  // Refused, with the reason.
+  EXPECT_NE(error({"-np", "2", "--config-file", "h.yaml", "./train"}).find("does not read Horovod's YAML"),
+            std::string::npos);
+  EXPECT_NE(error({"-np", "2", "--mpi-args", "-x A", "./train"}).find("--mpi-args: erun passes no arguments"),
+            std::string::npos);
+
+  // -cb prints what this erun runs; --help lists the ignored flags in one paragraph.
+  auto cb = parse({"-cb"});
+  ASSERT_TRUE(std::holds_alternative<CliInfo>(cb));
+  EXPECT_NE(std::get<CliInfo>(cb).text.find("[X] PyTorch"), std::string::npos);
+  auto help = parse({"--help"});
+  ASSERT_TRUE(std::holds_alternative<CliInfo>(help));
+  const std::string& text = std::get<CliInfo>(help).text;
+  EXPECT_NE(text.find("--start-timeout"), std::string::npos);
+  EXPECT_NE(text.find("each with a one-line note"), std::string::npos);
+  EXPECT_NE(text.find("--prefix-output-with-timestamp"), std::string::npos);
 }
 
 TEST(Cli, ElasticDefaults) {
