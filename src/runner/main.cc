@@ -566,6 +566,14 @@ erun::JobRecord record_base(const erun::DriverOptions& options, const JobIdentit
   return base;
 }
 
+// A job taken over: its account from its start, read back from its event
+// log (none without --event-log: the account starts with this erun).
+void restore_account(const std::string& event_log, const std::string& job_id, erun::JobAccount& account) {
+  if (event_log.empty()) return;
+  std::ifstream log(event_log);
+  account.restore(log, job_id);
+}
+
 // Runs the job to its end under the status line and /metrics, then says its
 // summary: the job's exit code.
 int run_job(const erun::DriverOptions& options, erun::DriverDeps& deps, erun::EventLog& events,
@@ -638,6 +646,7 @@ int run_driver(const erun::DriverOptions& options, erun::HostDiscovery& discover
   }
   // What the job's time went to: the status line, /metrics and the summary at the end.
   erun::JobAccount account;
+  if (previous) restore_account(options.event_log, id.server.job_id, account);
   events.set_observer([&account](const erun::Stamp& at, const erun::Event& e) { account.observe(at, e); });
   deps.account = &account;
   std::optional<erun::RecordKeeper> keeper;

@@ -8,7 +8,8 @@
 // driver is there is recovered in place by the next one. Nobody running it
 // again: after the grace every process and the host memory are gone. A
 // host that left discovery meanwhile is left out in place. `erun --attach
-// NAME` takes the job over by the name the first erun logged. Two
+// NAME` takes the job over by the name the first erun logged. The summary
+// after a takeover is the whole job's (read back from its event log). Two
 // takeovers racing: one wins. Another user reaches neither the record nor
 // the agents.
 #include <gtest/gtest.h>
@@ -25,6 +26,7 @@
 #include <thread>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "support/erun_process.h"
 #include "support/netns.h"
@@ -169,6 +171,60 @@ TEST_F(ErunTakeover, AWorkerKilledWithoutADriverIsRecoveredInPlaceByTheNext) {
   ASSERT_FALSE(all.empty());
   EXPECT_EQ(all.back(), 9);
   EXPECT_EQ(std::count(all.begin(), all.end(), 0), 1) << "epoch 0 ran again: not in place\n" << again.out();
+}
+
+// The account spans the whole job: the erun that takes the job over reads
+// the job's event log back, so its summary (and status line and /metrics)
+// counts the failure, the reset and the time of the erun before it, and says
+// what `erun report` says of the whole log.
+TEST_F(ErunTakeover, TheSummaryAfterATakeoverIsTheWholeJobs) {
+  const std::string log = dir_.file("events.jsonl");
+  const auto began = std::chrono::steady_clock::now();
+  ErunProcess first(args({"-np", "2", "--min-np", "1", "--event-log", log}), env());
+  ASSERT_TRUE(first.wait_output(":epoch 1 loss=", 120s)) << first.out() << first.err();
+  std::set<pid_t> before = workers();
+  ASSERT_EQ(before.size(), 2u);
+  ASSERT_EQ(::kill(*before.rbegin(), SIGKILL), 0);
+  // Recovered in place (a reset, the next generation joined), then erun dies.
+  auto recovered = [&log] {
+    const std::string text = read_file(log);
+    const size_t reset = text.find("\"event\":\"reset\"");
+    return reset != std::string::npos && text.find("\"event\":\"generation_joined\"", reset) != std::string::npos;
+  };
+  for (int i = 0; i < 600 && !recovered(); ++i) std::this_thread::sleep_for(100ms);
+  ASSERT_TRUE(recovered()) << read_file(log) << first.err();
+  first.signal(SIGKILL);
+  ASSERT_TRUE(first.wait(10s));
+  const double first_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
+
+  ErunProcess again(args({"-np", "2", "--min-np", "1", "--event-log", log}), env());
+  ASSERT_NO_FATAL_FAILURE(expect_trained_exactly(again, uninterrupted_checksum()));
+  const double whole_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
+  EXPECT_NE(again.err().find("took the job over"), std::string::npos) << again.err();
+  nlohmann::json summary;
+  std::istringstream lines(read_file(log));
+  for (std::string line; std::getline(lines, line);) {
+    auto e = nlohmann::json::parse(line);
+    if (e["event"] == "job_summary") summary = e;
+  }
+  ASSERT_TRUE(summary.is_object()) << read_file(log);
+  EXPECT_EQ(summary["resets"]["worker failed"], 1) << summary.dump();
+  EXPECT_EQ(summary["workers_failed"], 1) << summary.dump();
+  EXPECT_EQ(summary["takeovers"], 1) << summary.dump();
+  EXPECT_GT(summary["driver_gap_s"].get<double>(), 0) << summary.dump();
+  const double wall_s = summary["wall_s"].get<double>();
+  // More than the second erun's own time by the first one's (its start,
+  // two epochs, the recovery: seconds); not more than the test's.
+  EXPECT_GT(wall_s, whole_s - first_s + 0.5)
+      << "the first erun's time is the job's too: " << first_s << " s of " << whole_s << " s; " << summary.dump();
+  EXPECT_LE(wall_s, whole_s) << summary.dump();
+  // What it printed is what `erun report` says of the whole log.
+  const std::string printed = again.err();
+  const size_t at = printed.find("erun: job ");
+  ASSERT_NE(at, std::string::npos) << printed;
+  Result<std::string> report = run_tool({erun_binary(), "report", log});
+  ASSERT_TRUE(report) << report.message();
+  EXPECT_EQ(printed.substr(at + 6, report->size()), *report) << "erun printed:\n" << printed << "\nreport:\n" << *report;
 }
 
 // Host memory lives as long as the job: an agent SIGKILLed while no driver

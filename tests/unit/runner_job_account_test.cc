@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <numeric>
+#include <sstream>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -269,6 +270,51 @@ TEST(JobAccount, EventsFedLiveAndTheirLogLinesAgree) {
   EXPECT_EQ(live.summary(0).takeovers, 1);
   EXPECT_EQ(live.summary(0).workers_failed, 1);
   EXPECT_EQ(live.summary(0).workers_launched, 3);
+}
+
+// A new erun that takes a job over reads the job's event log back first:
+// its account counts the job from its start, not the runs before it there.
+TEST(JobAccount, ATakenOverJobIsRestoredFromItsLastRunInTheLog) {
+  std::stringstream log;
+  for (const std::string& l : {
+           // the same command's run before, which ended
+           line(0, "job_started", R"("job_id":"j","hosts":"h:2")"),
+           line(1, "reset", R"("reason":"worker failed")"),
+           line(2, "job_finished", R"("exit_code":0)"),
+           line(2, "job_summary", R"("wall_s":2)"),
+           // another job's run
+           line(3, "job_started", R"("job_id":"other","hosts":"x:1")"),
+           line(4, "reset", R"("reason":"worker failed")"),
+           // this run, whose erun was killed after a failure
+           line(10, "job_started", R"("job_id":"j","hosts":"h:2")", 10),
+           line(10, "generation_started", R"("generation":1,"size":2)", 10),
+           line(11, "generation_joined", R"("generation":1)", 10),
+           line(15, "worker_exited", R"("generation":1,"host":"h","rank":1,"exit_code":137)", 10),
+           line(15, "reset", R"("generation":1,"reason":"worker failed","resets":1)", 10),
+           line(15, "generation_started", R"("generation":2,"size":2)", 10),
+           line(16, "generation_joined", R"("generation":2)", 10),
+           std::string("not an event"),
+       }) {
+    log << l << "\n";
+  }
+  JobAccount a;
+  a.restore(log, "j");
+  // The new erun's own events follow, live.
+  for (const std::string& l : {line(30, "job_started", R"("job_id":"j","hosts":"h:2")", 29.9),
+                               line(30.5, "driver_attached", R"("term":2,"generation":2,"workers":2)", 29.9),
+                               line(40, "job_finished", R"("exit_code":0,"launched":0)", 29.9)}) {
+    std::optional<LoggedEvent> e = parse_event_line(l);
+    ASSERT_TRUE(e && e->event) << l;
+    a.observe(e->stamp, *e->event);
+  }
+  JobSummary s = a.summary(1e12);
+  EXPECT_NEAR(s.wall_s, 30, 1e-3) << "from this run's start";
+  EXPECT_EQ(s.resets_total(), 1);
+  EXPECT_EQ(s.workers_failed, 1);
+  EXPECT_EQ(s.takeovers, 1);
+  EXPECT_EQ(s.generations, 2);
+  EXPECT_NEAR(spent(s, Spent::kDriverGap), 0.6, 1e-3) << "the new erun's start to its attaching";
+  EXPECT_NEAR(sum(s), s.wall_s, 1e-6);
 }
 
 TEST(JobAccount, LinesThatAreNotEventsChangeNothing) {

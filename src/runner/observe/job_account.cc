@@ -166,10 +166,34 @@ void JobAccount::set_world(double t, long size) {
 bool JobAccount::observe_line(std::string_view line) {
   std::optional<LoggedEvent> e = parse_event_line(line);
   if (!e) return false;
-  const double t = advance(e->stamp);
-  if (e->event) std::visit([this, t](const auto& event) { on(event, t); }, *e->event);
-  counts_.hosts_seen = static_cast<long>(hosts_seen_.size());
+  observe(*e);
   return true;
+}
+
+void JobAccount::observe(const LoggedEvent& e) {
+  if (e.event) return observe(e.stamp, *e.event);
+  advance(e.stamp);  // a newer erun's event: the job's clock goes on
+}
+
+void JobAccount::restore(std::istream& log, const std::string& job_id) {
+  bool ours = false;  // the lines are this job's, since it last started
+  std::string line;
+  while (std::getline(log, line)) {
+    std::optional<LoggedEvent> e = parse_event_line(line);
+    if (!e) continue;
+    if (auto* started = e->event ? std::get_if<ev::JobStarted>(&*e->event) : nullptr) {
+      if (started->job_id != job_id) {
+        ours = false;
+        continue;
+      }
+      if (!ours) *this = JobAccount();  // this job starts (again): what came before was another run
+      ours = true;
+    } else if (e->event && std::holds_alternative<ev::JobSummary>(*e->event)) {
+      ours = false;  // that run ended
+      continue;
+    }
+    if (ours) observe(*e);
+  }
 }
 
 void JobAccount::observe(const Stamp& stamp, const Event& event) {

@@ -15,6 +15,7 @@
 #include <array>
 #include <cstdint>
 #include <deque>
+#include <istream>
 #include <map>
 #include <optional>
 #include <set>
@@ -76,6 +77,12 @@ class JobAccount {
   // ignored (false): a log cut short by a crash ends in nothing worse. An
   // event of a type this erun does not know only moves the clock on.
   bool observe_line(std::string_view line);
+  // A job taken over by a new erun: its account so far, read back from the
+  // event log this erun goes on appending to, before its own first event.
+  // The lines of job `job_id` since it last started there: a log may hold
+  // other jobs before it, and this job's earlier runs, each ended by its
+  // job_summary.
+  void restore(std::istream& log, const std::string& job_id);
 
   // Live only (the driver): a commit id some rank reported at `at` (seconds
   // since the epoch). The newest id and when it was first seen give the
@@ -124,6 +131,7 @@ class JobAccount {
     std::string plan;
   };
 
+  void observe(const LoggedEvent& e);
   // The event's time, the job's clock moved on to it (a new driver's start is a driver gap).
   double advance(const Stamp& stamp);
   // Each event at its time `t`.
