@@ -55,7 +55,7 @@ def test_elastic_horovod_program_grows_loses_a_worker_and_shrinks_to_the_replaye
     out = ws.path / "final.json"
     ws.hosts("node-a:2\n")
     job = ws.erun(["-np", "2", "--min-np", "2", "--max-np", "3"], "horovod_elastic.py",
-                  ARGS + ["--step-ms", "250", "--out", str(out)], discovery=True)
+                  ARGS + ["--step-ms", "400", "--out", str(out)], discovery=True)
     first = started(job, 2)
     assert len(first) == 2, job.out + job.err
     assert wait_for(job, r"epoch 0 world=2", 1, 120), job.out + job.err
