@@ -25,7 +25,7 @@ void State::register_entry(const std::string& name, SaveFn save, LoadFn load, bo
   e.name = name;
   e.save = std::move(save);
   e.load = std::move(load);
-  e.may_throw = may_throw;
+  if (may_throw) e.kind = si::ObjectKind{};
   impl_->entries.push_back(std::move(e));
 }
 
@@ -60,8 +60,8 @@ void State::register_buffer(const std::string& name, void* data, size_t bytes) {
     check_size(name, b.size(), bytes);
     if (bytes != 0) std::memcpy(data, b.data(), bytes);
   });
-  impl_->entries.back().raw = static_cast<char*>(data);
-  impl_->entries.back().raw_bytes = bytes;
+  // A null buffer (of 0 bytes) stays a plain value, as it always was.
+  if (data != nullptr) impl_->entries.back().kind = si::BufferKind{static_cast<char*>(data), bytes, {}};
 }
 
 void State::register_device_buffer(const std::string& name, void* device_ptr, size_t bytes,
@@ -73,22 +73,31 @@ void State::register_device_buffer(const std::string& name, void* device_ptr, si
                                                ctx_.collective_timeout());
   register_entry(name, [slot](std::vector<char>& b) { slot->save_to(b); },
                  [slot](const std::vector<char>& b) { slot->load_from(b); });
-  impl_->entries.back().device = std::move(slot);
+  impl_->entries.back().kind = si::DeviceKind{std::move(slot)};
   impl_->pin_for_devices();
 }
 
 void State::register_bytes(const std::string& name, std::function<void(std::vector<char>&)> save,
                            std::function<void(const std::vector<char>&)> load) {
   register_entry(name, std::move(save), std::move(load), /*may_throw=*/true);
-  impl_->entries.back().keep_spare = true;
+  impl_->entries.back().kind = si::BytesKind{};
 }
 
 void State::register_pieces(const std::string& name, std::function<Pieces()> save,
                             std::function<void(const char*, size_t)> load) {
   register_entry(name, [save](std::vector<char>& out) { Impl::concat(save().ranges, out); },
                  [load](const std::vector<char>& b) { load(b.data(), b.size()); }, /*may_throw=*/true);
-  impl_->entries.back().gather = std::move(save);
-  impl_->entries.back().load_range = std::move(load);
+  impl_->entries.back().kind = si::PiecesKind{std::move(save), std::move(load), {}};
+}
+
+void State::Impl::save_staged(Entry& e, std::vector<char>& out, std::vector<char>* spare) {
+  if (spare != nullptr) out.swap(*spare);
+  try {
+    e.save(out);
+  } catch (...) {
+    if (spare != nullptr) spare->swap(out);
+    throw;
+  }
 }
 
 State::Impl::Staged State::Impl::stage() {
@@ -97,19 +106,14 @@ State::Impl::Staged State::Impl::stage() {
   st.pieces.resize(entries.size());
   for (size_t i = 0; i < entries.size(); ++i) {
     Entry& e = entries[i];
-    if (e.gather) {
-      Pieces p = e.gather();
-      st.pieces[i] = std::move(p.ranges);
-      st.keep.push_back(std::move(p.keep));
-      continue;
-    }
-    if (!e.may_throw) continue;
-    st.bytes[i].swap(e.spare);
-    try {
-      e.save(st.bytes[i]);
-    } catch (...) {
-      e.spare.swap(st.bytes[i]);
-      throw;
+    if (si::PiecesKind* p = e.pieces()) {
+      Pieces got = p->gather();
+      st.pieces[i] = std::move(got.ranges);
+      st.keep.push_back(std::move(got.keep));
+    } else if (auto* b = e.as<si::BytesKind>()) {
+      save_staged(e, st.bytes[i], &b->spare);
+    } else if (e.is<si::ObjectKind>()) {
+      save_staged(e, st.bytes[i], nullptr);
     }
   }
   return st;
@@ -118,26 +122,34 @@ State::Impl::Staged State::Impl::stage() {
 void State::Impl::take_staged(Staged& st, bool direct, uint64_t id, int rank, int size) {
   for (size_t i = 0; i < entries.size(); ++i) {
     Entry& e = entries[i];
-    if (e.shard) {
-      e.shard->held = si::split_rows(e.shard->rows, e.shard->rule, rank, size);
-      e.shard->commit = id;
-    }
-    if (e.gather) {
-      if (!direct) {
-        concat(st.pieces[i], e.committed);
-        e.held = nullptr;
-      }  // else copied by write_host_commit
-    } else if (e.may_throw) {
-      e.committed.swap(st.bytes[i]);
-      if (e.keep_spare) e.spare.swap(st.bytes[i]);
-    } else if (e.device) {
-      if (!direct) e.device->commit();  // else straight into the host file (write_host_commit)
-    } else if (e.raw != nullptr && direct) {
-      // copied by write_host_commit, from its own memory into host memory
-    } else {
-      e.save(e.committed);
-      e.held = nullptr;
-    }
+    std::vector<char>& bytes = st.bytes[i];
+    auto take_pieces = [&](si::PiecesKind& p) {
+      if (direct) return;  // copied by write_host_commit
+      concat(st.pieces[i], e.committed);
+      p.held = {};
+    };
+    std::visit(si::Overloaded{
+                   [&](si::ShardKind& s) {
+                     s.held = si::split_rows(s.rows, s.rule, rank, size);
+                     s.commit = id;
+                     take_pieces(s.pieces);
+                   },
+                   take_pieces,
+                   [&](si::ObjectKind&) { e.committed.swap(bytes); },
+                   [&](si::BytesKind& b) {
+                     e.committed.swap(bytes);
+                     b.spare.swap(bytes);
+                   },
+                   [&](si::DeviceKind& d) {
+                     if (!direct) d.slot->commit();  // else straight into the host file (write_host_commit)
+                   },
+                   [&](si::BufferKind&) {
+                     // With host memory, copied by write_host_commit from its own memory.
+                     if (!direct) e.save_committed();
+                   },
+                   [&](auto&) { e.save_committed(); },  // values, the shard table
+               },
+               e.kind);
     e.has_committed = true;
   }
   commit_id = id;

@@ -16,7 +16,9 @@ void State::Impl::concat(const std::vector<si::Piece>& ranges, std::vector<char>
 }
 
 si::EntryRef State::Impl::ref(const Entry& e) {
-  return e.held != nullptr ? si::EntryRef{&e.name, e.held, e.held_bytes} : si::EntryRef::of(e.name, e.committed);
+  const si::HostCopy* h = e.host_copy();
+  return h != nullptr && h->in_file() ? si::EntryRef{&e.name, h->data, h->bytes}
+                                      : si::EntryRef::of(e.name, e.committed);
 }
 
 std::vector<si::EntryRef> State::Impl::refs() const {
@@ -37,16 +39,15 @@ si::HostCommits::Keep State::Impl::whole_only() const {
 }
 
 bool State::Impl::has_shards() const {
-  return std::any_of(entries.begin(), entries.end(), [](const Entry& e) { return e.shard != nullptr; });
+  return std::any_of(entries.begin(), entries.end(), [](const Entry& e) { return e.is<si::ShardKind>(); });
 }
 
 void State::Impl::fill_uncommitted() {
   for (Entry& e : entries) {
     if (!e.has_committed && e.whole()) {
-      e.save(e.committed);
-      e.held = nullptr;
+      e.save_committed();
       e.has_committed = true;
-      if (e.device) std::vector<char>().swap(e.committed);  // the commit is in pinned memory
+      if (e.is<si::DeviceKind>()) std::vector<char>().swap(e.committed);  // the commit is in pinned memory
     }
   }
 }
@@ -86,7 +87,7 @@ void State::Impl::apply(si::Snapshot&& snap, const std::string& source, bool all
   }
   for (size_t i = 0; i < targets.size(); ++i) {
     std::vector<char>& bytes = snap.entries[i].second;
-    if (devices_done && targets[i]->device) {
+    if (devices_done && targets[i]->is<si::DeviceKind>()) {
       targets[i]->has_committed = true;
       continue;
     }
@@ -96,7 +97,7 @@ void State::Impl::apply(si::Snapshot&& snap, const std::string& source, bool all
       throw Error(fmt::format("{} (loading {})", e.what(), source));
     }
     targets[i]->committed = std::move(bytes);
-    targets[i]->held = nullptr;
+    targets[i]->drop_host_copy();
     targets[i]->has_committed = true;
   }
   drop_device_mirrors();
@@ -107,15 +108,27 @@ void State::Impl::apply(si::Snapshot&& snap, const std::string& source, bool all
 void State::Impl::load_values() {
   for (Entry& e : entries) {
     if (!e.has_committed) continue;
-    if (e.device) {
-      e.device->restore();
-    } else if (e.held != nullptr && e.raw != nullptr) {
-      if (e.raw_bytes != 0) std::memcpy(e.raw, e.held, e.raw_bytes);
-    } else if (e.held != nullptr) {
-      e.load_range(e.held, e.held_bytes);
-    } else {
-      e.load(e.committed);
-    }
+    auto load_pieces = [&](si::PiecesKind& p) {
+      if (p.held.in_file()) {
+        p.load_range(p.held.data, p.held.bytes);
+      } else {
+        e.load(e.committed);
+      }
+    };
+    std::visit(si::Overloaded{
+                   [](si::DeviceKind& d) { d.slot->restore(); },
+                   [&](si::BufferKind& b) {
+                     if (!b.held.in_file()) {
+                       e.load(e.committed);
+                     } else if (b.bytes != 0) {
+                       std::memcpy(b.data, b.held.data, b.bytes);
+                     }
+                   },
+                   load_pieces,
+                   [&](si::ShardKind& s) { load_pieces(s.pieces); },
+                   [&](auto&) { e.load(e.committed); },
+               },
+               e.kind);
   }
 }
 
@@ -123,8 +136,7 @@ std::vector<char> State::Impl::root_blob(uint64_t newest, bool devices_over_nccl
   if (newest == 0) {
     for (Entry& e : entries) {
       if (!e.whole()) continue;  // each rank keeps the piece it made
-      e.save(e.committed);
-      e.held = nullptr;
+      e.save_committed();
       e.has_committed = true;
     }
     has_snapshot = true;
@@ -142,6 +154,37 @@ std::vector<char> State::Impl::root_blob(uint64_t newest, bool devices_over_nccl
   return blob;
 }
 
+si::EntryRef State::Impl::host_ref(size_t i, bool direct, const std::vector<std::vector<si::Piece>>* gathered,
+                                   bool devices_later) const {
+  const Entry& e = entries[i];
+  if (const auto* d = e.as<si::DeviceKind>(); d != nullptr && devices_later) {
+    return si::EntryRef::filled_later(e.name, d->slot->bytes());
+  }
+  if (const auto* b = e.as<si::BufferKind>(); b != nullptr && direct) return si::EntryRef{&e.name, b->data, b->bytes};
+  if (e.gathers() && gathered != nullptr) return si::EntryRef::of(e.name, (*gathered)[i]);
+  return ref(e);
+}
+
+void State::Impl::settle_host_copies(bool written, const std::vector<const char*>& placed,
+                                     const std::vector<si::EntryRef>& out, bool direct,
+                                     const std::vector<std::vector<si::Piece>>* gathered) {
+  size_t k = 0;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    Entry& e = entries[i];
+    if (!e.has_committed) continue;
+    if (si::HostCopy* h = e.host_copy(); h != nullptr && written) {
+      *h = {placed[k], out[k].size};
+      std::vector<char>().swap(e.committed);
+    } else if (!written && direct && e.is<si::BufferKind>()) {
+      e.save_committed();
+    } else if (!written && gathered != nullptr && e.gathers()) {
+      concat((*gathered)[i], e.committed);
+      e.drop_host_copy();
+    }
+    ++k;
+  }
+}
+
 bool State::Impl::write_host_commit(const WorkerInfo& info, bool direct, const std::vector<std::vector<si::Piece>>* gathered,
                          bool devices_later) {
   if (!host) return false;
@@ -149,17 +192,7 @@ bool State::Impl::write_host_commit(const WorkerInfo& info, bool direct, const s
   std::vector<si::EntryRef> out;
   out.reserve(entries.size());
   for (size_t i = 0; i < entries.size(); ++i) {
-    const Entry& e = entries[i];
-    if (!e.has_committed) continue;
-    if (devices_later && e.device) {
-      out.push_back(si::EntryRef::filled_later(e.name, e.device->bytes()));
-    } else if (direct && e.raw != nullptr) {
-      out.push_back(si::EntryRef{&e.name, e.raw, e.raw_bytes});
-    } else if (gathered != nullptr && e.gather) {
-      out.push_back(si::EntryRef::of(e.name, (*gathered)[i]));
-    } else {
-      out.push_back(ref(e));
-    }
+    if (entries[i].has_committed) out.push_back(host_ref(i, direct, gathered, devices_later));
   }
   if (!std::exchange(host_room_checked, true) && info.local_rank == 0) {
     if (auto warning = host->room_warning(out, info.local_size)) ERUN_LOG_WARN("{}", *warning);
@@ -177,25 +210,7 @@ bool State::Impl::write_host_commit(const WorkerInfo& info, bool direct, const s
     err = e.what();
   }
   if (devices_later) land_devices(err ? nullptr : &placed, landed);
-  size_t k = 0;
-  for (size_t i = 0; i < entries.size(); ++i) {
-    Entry& e = entries[i];
-    if (!e.has_committed) continue;
-    const bool copied_here = (direct && e.raw != nullptr) || (gathered != nullptr && e.gather);
-    if (!err && e.direct()) {
-      e.held = placed[k];
-      e.held_bytes = out[k].size;
-      std::vector<char>().swap(e.committed);
-    } else if (err && copied_here) {
-      if (e.raw != nullptr) {
-        e.save(e.committed);
-      } else {
-        concat((*gathered)[i], e.committed);
-      }
-      e.held = nullptr;
-    }
-    ++k;
-  }
+  settle_host_copies(!err, placed, out, direct, gathered);
   drop_device_mirrors();
   if (err && !host_failing) ERUN_LOG_ERROR("{}", *err);
   if (!err && host_failing) ERUN_LOG_INFO("host-memory commit {} written to {} again", commit_id, host->stem());
@@ -239,31 +254,28 @@ void State::Impl::keep_in_host_memory(const WorkerInfo& info, bool resharded) {
   std::vector<std::shared_ptr<void>> keep;
   for (size_t i = 0; i < entries.size(); ++i) {
     Entry& e = entries[i];
-    if (e.shard_table && e.has_committed) {
-      e.save(e.committed);
-      e.held = nullptr;
-    }
-    if (!e.gather || !e.has_committed) continue;
-    if (e.shard) {
-      Pieces p = e.gather();
-      gathered[i] = std::move(p.ranges);
-      keep.push_back(std::move(p.keep));
-    } else {
-      const si::EntryRef r = ref(e);
-      gathered[i] = {{r.data, r.size}};
-    }
+    if (!e.has_committed) continue;
+    std::visit(si::Overloaded{
+                   [&](si::ShardTableKind&) { e.save_committed(); },
+                   [&](si::ShardKind& s) {
+                     Pieces p = s.pieces.gather();
+                     gathered[i] = std::move(p.ranges);
+                     keep.push_back(std::move(p.keep));
+                   },
+                   [&](si::PiecesKind&) {
+                     const si::EntryRef r = ref(e);
+                     gathered[i] = {{r.data, r.size}};
+                   },
+                   [](auto&) {},
+               },
+               e.kind);
   }
   write_host_commit(info, /*direct=*/true, &gathered);
 }
 
 void State::Impl::keep_shards_in_worker_memory() {
   for (Entry& e : entries) {
-    if (e.shard && e.has_committed) {
-      e.save(e.committed);
-      e.held = nullptr;
-    } else if (e.shard_table && e.has_committed) {
-      e.save(e.committed);
-    }
+    if (e.has_committed && !e.whole()) e.save_committed();  // the pieces and their table
   }
 }
 
@@ -272,11 +284,11 @@ void State::Impl::land_devices(const std::vector<const char*>* placed, const std
   try {
     for (Entry& e : entries) {
       if (!e.has_committed) continue;
-      if (e.device && placed != nullptr) {
+      if (auto* d = e.as<si::DeviceKind>(); d != nullptr && placed != nullptr) {
         // The file's bytes for this entry, writable in its mapping.
-        e.device->commit_into(const_cast<char*>((*placed)[k]), [landed] { landed->done(); });
-      } else if (e.device) {
-        e.device->commit();
+        d->slot->commit_into(const_cast<char*>((*placed)[k]), [landed] { landed->done(); });
+      } else if (d != nullptr) {
+        d->slot->commit();
       }
       ++k;
     }
@@ -290,7 +302,7 @@ void State::Impl::land_devices(const std::vector<const char*>* placed, const std
 
 void State::Impl::fence_devices() {
   for (Entry& e : entries) {
-    if (e.device) e.device->fence();
+    if (auto* d = e.as<si::DeviceKind>()) d->slot->fence();
   }
 }
 
@@ -298,7 +310,7 @@ bool State::Impl::fence_devices_quietly() noexcept {
   bool all = true;
   for (Entry& e : entries) {
     try {
-      if (e.device) e.device->fence();
+      if (auto* d = e.as<si::DeviceKind>()) d->slot->fence();
     } catch (const Error&) {
       all = false;
     }
@@ -312,20 +324,22 @@ void State::Impl::pin_for_devices() {
 
 void State::Impl::mirror_device() {
   for (Entry& e : entries) {
-    if (e.device && e.has_committed) e.device->mirror(e.committed);
+    auto* d = e.as<si::DeviceKind>();
+    if (d != nullptr && e.has_committed) d->slot->mirror(e.committed);
   }
 }
 
 void State::Impl::drop_device_mirrors() {
   for (Entry& e : entries) {
-    if (e.device) std::vector<char>().swap(e.committed);
+    if (e.is<si::DeviceKind>()) std::vector<char>().swap(e.committed);
   }
 }
 
 void State::Impl::mark_device_sizes() {
   for (Entry& e : entries) {
-    if (!e.device) continue;
-    const uint64_t n = e.device->bytes();
+    auto* d = e.as<si::DeviceKind>();
+    if (d == nullptr) continue;
+    const uint64_t n = d->slot->bytes();
     e.committed.resize(sizeof(n));
     std::memcpy(e.committed.data(), &n, sizeof(n));
   }
@@ -333,16 +347,16 @@ void State::Impl::mark_device_sizes() {
 
 void State::Impl::send_devices(GpuCommunicator& gpu, int root) {
   for (Entry& e : entries) {
-    if (e.device) gpu.broadcast(e.device->buffer(), e.device->bytes(), root, e.device->stream());
+    if (auto* d = e.as<si::DeviceKind>()) gpu.broadcast(d->slot->buffer(), d->slot->bytes(), root, d->slot->stream());
   }
 }
 
 void State::Impl::receive_devices(const si::Snapshot& snap, const std::string& source, GpuCommunicator& gpu, int root) {
-  std::vector<Entry*> order;
+  std::vector<si::DeviceSlot*> order;
   for (const auto& [name, mark] : snap.entries) {
     auto it = by_name.find(name);
-    if (it == by_name.end() || !entries[it->second].device) continue;  // apply() names a stray entry
-    Entry& e = entries[it->second];
+    if (it == by_name.end() || !entries[it->second].is<si::DeviceKind>()) continue;  // apply() names a stray entry
+    si::DeviceSlot& slot = *entries[it->second].as<si::DeviceKind>()->slot;
     uint64_t n = 0;
     if (mark.size() != sizeof(n)) {
       throw Error(fmt::format("erun: {} holds host bytes for '{}', a device buffer here; register it the same "
@@ -350,15 +364,15 @@ void State::Impl::receive_devices(const si::Snapshot& snap, const std::string& s
                               source, name));
     }
     std::memcpy(&n, mark.data(), sizeof(n));
-    e.device->expect_bytes(static_cast<size_t>(n));
-    order.push_back(&e);
+    slot.expect_bytes(static_cast<size_t>(n));
+    order.push_back(&slot);
   }
-  for (Entry* e : order) gpu.broadcast(e->device->buffer(), e->device->bytes(), root, e->device->stream());
-  for (Entry* e : order) e->device->take();
+  for (si::DeviceSlot* d : order) gpu.broadcast(d->buffer(), d->bytes(), root, d->stream());
+  for (si::DeviceSlot* d : order) d->take();
 }
 
 bool State::Impl::has_device_entries() const {
-  return std::any_of(entries.begin(), entries.end(), [](const Entry& e) { return e.device != nullptr; });
+  return std::any_of(entries.begin(), entries.end(), [](const Entry& e) { return e.is<si::DeviceKind>(); });
 }
 
 }  // namespace erun

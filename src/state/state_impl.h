@@ -23,6 +23,7 @@
 #include "common/private_files.h"
 #include "erun/erun.hpp"
 #include "state/device_state.h"
+#include "state/entry_kinds.h"
 #include "state/reshard_plan.h"
 #include "state/shard_exchange.h"
 #include "state/shard_sync.h"
@@ -45,49 +46,59 @@ inline void broadcast_blob(Communicator& comm, std::vector<char>& blob, int root
 }  // namespace state_internal
 
 struct State::Impl {
+  // One registered entry: what every kind has here, the rest in `kind`
+  // (state/entry_kinds.h).
   struct Entry {
     std::string name;
     SaveFn save;
     LoadFn load;
-    bool may_throw = false;
     std::vector<char> committed;  // owned deep copy; its allocation is reused between commits
-    std::vector<char> spare;      // register_bytes entries: the previous commit's allocation, staged into
-                                  // by the next commit (costs one more copy of memory, saves page faults)
-    bool keep_spare = false;
     bool has_committed = false;
-    // A device buffer: its commit lives in the slot's pinned memory and
-    // `committed` is a copy made only when the bytes are encoded.
-    std::shared_ptr<si::DeviceSlot> device;
-    // A registered buffer (register_buffer): its own memory. With host-memory
-    // commits, a commit copies it straight into the host file, and `held`
-    // points at the copy there instead of `committed` (one copy per commit).
-    char* raw = nullptr;
-    size_t raw_bytes = 0;
-    // register_pieces: the ranges of its bytes, named anew at each commit,
-    // which copies them straight into the host file too.
-    std::function<Pieces()> gather;
-    std::function<void(const char*, size_t)> load_range;
-    const char* held = nullptr;
-    size_t held_bytes = 0;
-    bool direct() const { return raw != nullptr || gather != nullptr; }
-    // A sharded entry (register_shard_bytes): a pieces entry whose bytes are
-    // this rank's rows of a global array. Its commits go to host memory, and
-    // sync() reshards them (state_shards.cc), never to the broadcast blob
-    // or the durable file.
-    struct Shard {
-      uint64_t rows = 0;
-      uint64_t row_bytes = 0;
-      si::SplitRule rule = si::SplitRule::kChunk;
-      si::RowRange held;    // the rows of the piece committed last (and of the storage since a reshard)
-      uint64_t commit = 0;  // that commit's id (0: none)
-      std::function<void*(uint64_t rows)> prepare;
-      std::function<void()> install;
-    };
-    std::shared_ptr<Shard> shard;
-    // The table of the sharded pieces (si::kShardTable), written with them.
-    bool shard_table = false;
-    // Whether the entry travels in sync()'s blob and the durable file.
-    bool whole() const { return shard == nullptr && !shard_table; }
+    si::EntryKind kind = si::ValueKind{};
+
+    template <class K>
+    bool is() const {
+      return std::holds_alternative<K>(kind);
+    }
+    template <class K>
+    K* as() {
+      return std::get_if<K>(&kind);
+    }
+    template <class K>
+    const K* as() const {
+      return std::get_if<K>(&kind);
+    }
+    // A sharded entry's shard (erun knows it is one).
+    si::ShardKind& shard() { return std::get<si::ShardKind>(kind); }
+    // A pieces entry's ranges, a sharded one's included (null for other kinds).
+    si::PiecesKind* pieces() {
+      if (auto* s = as<si::ShardKind>()) return &s->pieces;
+      return as<si::PiecesKind>();
+    }
+    // register_pieces entries, sharded ones included: their bytes are
+    // ranges gathered anew at each commit.
+    bool gathers() const { return is<si::PiecesKind>() || is<si::ShardKind>(); }
+    // A direct entry's copy in the host file: buffers and pieces (sharded
+    // ones too), which commits copy straight there from their own memory
+    // (null for the other kinds).
+    si::HostCopy* host_copy() {
+      if (auto* b = as<si::BufferKind>()) return &b->held;
+      si::PiecesKind* p = pieces();
+      return p != nullptr ? &p->held : nullptr;
+    }
+    const si::HostCopy* host_copy() const { return const_cast<Entry*>(this)->host_copy(); }
+    // Whether the entry travels in sync()'s blob and the durable file (not
+    // a sharded piece, nor their table).
+    bool whole() const { return !is<si::ShardKind>() && !is<si::ShardTableKind>(); }
+    // Its commit now worker memory only (not the host file's copy).
+    void drop_host_copy() {
+      if (si::HostCopy* h = host_copy()) *h = {};
+    }
+    // save() into `committed`, which becomes the commit.
+    void save_committed() {
+      save(committed);
+      drop_host_copy();
+    }
   };
   std::vector<Entry> entries;
   std::unordered_map<std::string, size_t> by_name;
@@ -201,6 +212,11 @@ struct State::Impl {
   void pair_buddy(const si::Holdings& held, int rank, const std::string& stem, const Link& link);
   // The sharded entries' shapes (their rows held: this rank's last).
   std::vector<si::ShardPiece> shard_shapes() const;
+  // The committed sharded pieces and their table (the buddy's push, the
+  // durable pieces files).
+  std::vector<si::EntryRef> shard_refs() const;
+  // A sharded entry's new storage, read for rows `want` of commit `id`, installed as its commit.
+  static void install_rows(Entry& e, si::RowRange want, uint64_t id);
   // The sync goes on from `choice`: StateLost when nothing is whole (on
   // every rank); ids written since are skipped from now on, so that an id
   // never names two commits.
@@ -247,6 +263,9 @@ struct State::Impl {
     std::vector<std::shared_ptr<void>> keep;
   };
   Staged stage();
+  // A serializer that may throw, into `out`: staged in `spare` (the commit
+  // before the last's allocation) when given, given back should it throw.
+  static void save_staged(Entry& e, std::vector<char>& out, std::vector<char>* spare);
   void take_staged(Staged& st, bool direct, uint64_t id, int rank, int size);
 
   // The ranges, one after another, into `out` (keeping its allocation).
@@ -296,6 +315,14 @@ struct State::Impl {
   // (land_devices), not from their last commit.
   bool write_host_commit(const WorkerInfo& info, bool direct, const std::vector<std::vector<si::Piece>>* gathered = nullptr,
                          bool devices_later = false);
+  // write_host_commit()'s steps: what it writes of entry `i` (a committed
+  // one); then, each committed entry in turn (`out`, `placed`: theirs), the
+  // direct ones' commits as the file's copies (`written`) or, where the
+  // write was to copy them, into worker memory (it failed).
+  si::EntryRef host_ref(size_t i, bool direct, const std::vector<std::vector<si::Piece>>* gathered,
+                        bool devices_later) const;
+  void settle_host_copies(bool written, const std::vector<const char*>& placed, const std::vector<si::EntryRef>& out,
+                          bool direct, const std::vector<std::vector<si::Piece>>* gathered);
 
   // In sync(), on the rank whose commit every rank takes: loads the newest
   // whole commit of the directory where adopt_host_commits() found one (the

@@ -45,50 +45,61 @@ void State::register_shard_bytes(const std::string& name, ShardSpec spec, ShardS
     // The table of this State's pieces, written with them to host memory.
     Impl* impl = impl_.get();
     register_entry(si::kShardTable, [impl](std::vector<char>& out) {
-      std::vector<si::ShardPiece> pieces;
-      for (const Impl::Entry& e : impl->entries) {
-        if (e.shard) pieces.push_back({e.name, e.shard->rows, e.shard->row_bytes, e.shard->held});
-      }
-      const std::string table = si::encode_shard_table(pieces);
+      const std::string table = si::encode_shard_table(impl->shard_shapes());
       out.assign(table.begin(), table.end());
     }, [](const std::vector<char>&) {});
-    impl_->entries.back().shard_table = true;
+    impl_->entries.back().kind = si::ShardTableKind{};
   }
   auto save = storage.save;
   auto load = storage.load;
   register_pieces(name, std::move(save), std::move(load));
-  auto shard = std::make_shared<Impl::Entry::Shard>();
-  shard->rows = spec.rows;
-  shard->row_bytes = spec.row_elems;
-  shard->rule = rule_of(spec.split);
-  shard->held = si::split_rows(spec.rows, shard->rule, ctx_.rank(), ctx_.size());
-  shard->prepare = std::move(storage.prepare);
-  shard->install = std::move(storage.install);
-  impl_->entries.back().shard = std::move(shard);
+  Impl::Entry& e = impl_->entries.back();
+  si::ShardKind shard;
+  shard.pieces = std::get<si::PiecesKind>(std::move(e.kind));
+  shard.rows = spec.rows;
+  shard.row_bytes = spec.row_elems;
+  shard.rule = rule_of(spec.split);
+  shard.held = si::split_rows(spec.rows, shard.rule, ctx_.rank(), ctx_.size());
+  shard.prepare = std::move(storage.prepare);
+  shard.install = std::move(storage.install);
+  e.kind = std::move(shard);
 }
 
 void State::Impl::check_shard_sizes(const std::vector<std::vector<si::Piece>>& gathered, int rank, int size) {
   for (size_t i = 0; i < entries.size(); ++i) {
-    const Entry& e = entries[i];
-    if (!e.shard) continue;
-    const si::RowRange want = si::split_rows(e.shard->rows, e.shard->rule, rank, size);
+    const auto* s = entries[i].as<si::ShardKind>();
+    if (s == nullptr) continue;
+    const si::RowRange want = si::split_rows(s->rows, s->rule, rank, size);
     size_t bytes = 0;
     for (const si::Piece& p : gathered[i]) bytes += p.second;
-    if (bytes != want.size() * e.shard->row_bytes) {
+    if (bytes != want.size() * s->row_bytes) {
       throw Error(fmt::format("erun: sharded entry '{}' holds {} bytes on rank {} of {}, but its rows {}..{} of {} "
                               "are {} bytes; keep each rank's piece at the rows State::shard_rows() gives",
-                              e.name, bytes, rank, size, want.begin, want.end, e.shard->rows,
-                              want.size() * e.shard->row_bytes));
+                              entries[i].name, bytes, rank, size, want.begin, want.end, s->rows,
+                              want.size() * s->row_bytes));
     }
   }
 }
 
-void State::Impl::push_to_buddy(const Context& ctx) {
-  finish_push();
+std::vector<si::EntryRef> State::Impl::shard_refs() const {
   std::vector<si::EntryRef> out;
   for (const Entry& e : entries) {
-    if ((e.shard || e.shard_table) && e.has_committed) out.push_back(ref(e));
+    if (!e.whole() && e.has_committed) out.push_back(ref(e));
   }
+  return out;
+}
+
+void State::Impl::install_rows(Entry& e, si::RowRange want, uint64_t id) {
+  si::ShardKind& s = e.shard();
+  s.install();
+  s.held = want;
+  s.commit = id;
+  e.has_committed = true;
+}
+
+void State::Impl::push_to_buddy(const Context& ctx) {
+  finish_push();
+  std::vector<si::EntryRef> out = shard_refs();
   const WorkerInfo& info = ctx.info();
   push = std::make_unique<Push>();
   push->id = commit_id;
@@ -133,10 +144,7 @@ bool State::Impl::write_durable_pieces(int rank) {
       durable = std::make_unique<si::HostCommits>(si::HostCommits::stem_of(stem, std::max(ordinal, 0)));
       durable_rank = rank;
     }
-    std::vector<si::EntryRef> out;
-    for (const Entry& e : entries) {
-      if ((e.shard || e.shard_table) && e.has_committed) out.push_back(ref(e));
-    }
+    const std::vector<si::EntryRef> out = shard_refs();
     durable->keep_commit(durable_agreed);
     if (auto failed = durable->write(commit_id, out)) {
       err = *failed;
@@ -181,11 +189,11 @@ int64_t State::Impl::read_durable_rows(Entry& e, si::RowRange want, uint64_t id,
                                        std::string* failure) {
   // The pieces files as copies on this rank's host: the plan reads each row
   // once, from the piece that covers the longest run.
+  const si::ShardKind& shard = e.shard();
   std::vector<si::RowSource> sources;
   std::vector<const si::FilePiece*> of_source;
   for (const si::FilePiece& f : files) {
-    if (f.id != id || f.piece.name != e.name || f.piece.rows != e.shard->rows ||
-        f.piece.row_bytes != e.shard->row_bytes) {
+    if (f.id != id || f.piece.name != e.name || f.piece.rows != shard.rows || f.piece.row_bytes != shard.row_bytes) {
       continue;
     }
     sources.push_back({f.piece.held, 0, 0, false, f.offset, static_cast<int>(sources.size())});
@@ -194,11 +202,11 @@ int64_t State::Impl::read_durable_rows(Entry& e, si::RowRange want, uint64_t id,
   const si::RowPlan plan = si::plan_rows(want, /*me=*/-1, /*host=*/0, sources);
   if (!plan.missing.empty()) {
     *lost += fmt::format("{}'{}' {} of {}", lost->empty() ? "" : "; ", e.name, si::rows_text(plan.missing),
-                         e.shard->rows);
+                         shard.rows);
     return 2;
   }
-  const uint64_t row = e.shard->row_bytes;
-  char* fresh = static_cast<char*>(e.shard->prepare(want.size()));
+  const uint64_t row = shard.row_bytes;
+  char* fresh = static_cast<char*>(shard.prepare(want.size()));
   std::map<std::string, std::vector<si::ByteRange>> by_file;
   for (const si::RowTransfer& t : plan.transfers) {
     const si::RowSource& s = sources[t.source];
@@ -221,8 +229,9 @@ void State::Impl::take_durable(Communicator& comm, uint64_t id) {
   std::string failure, lost;
   std::vector<std::pair<Entry*, si::RowRange>> installs;
   for (Entry& e : entries) {
-    if (!e.shard) continue;
-    const si::RowRange want = si::split_rows(e.shard->rows, e.shard->rule, comm.rank(), comm.size());
+    const auto* s = e.as<si::ShardKind>();
+    if (s == nullptr) continue;
+    const si::RowRange want = si::split_rows(s->rows, s->rule, comm.rank(), comm.size());
     installs.emplace_back(&e, want);
     code = std::max(code, read_durable_rows(e, want, id, files, &lost, &failure));
   }
@@ -237,12 +246,7 @@ void State::Impl::take_durable(Communicator& comm, uint64_t id) {
                                 failure.empty() ? " on another rank" : ": " + failure));
   }
   apply(std::move(whole), checkpoint_dir + "/" + si::kStateFile, /*allow_missing=*/true);
-  for (auto& [e, want] : installs) {
-    e->shard->install();
-    e->shard->held = want;
-    e->shard->commit = id;
-    e->has_committed = true;
-  }
+  for (auto& [e, want] : installs) install_rows(*e, want, id);
   commit_id = id;
   has_snapshot = true;
   snapshot_size = 0;  // the file does not say
@@ -259,8 +263,9 @@ si::Offer State::Impl::offer(const WorkerInfo& info, const Link& link, const std
     mine.snapshot_size = static_cast<uint64_t>(snapshot_size);
     mine.whole.push_back(commit_id);
     for (const Entry& e : entries) {
-      if (e.shard && e.has_committed && e.shard->commit == commit_id) {
-        mine.memory.push_back({e.name, e.shard->rows, e.shard->row_bytes, e.shard->held});
+      const auto* s = e.as<si::ShardKind>();
+      if (s != nullptr && e.has_committed && s->commit == commit_id) {
+        mine.memory.push_back({e.name, s->rows, s->row_bytes, s->held});
       }
     }
   }
@@ -303,7 +308,7 @@ void State::Impl::pair_buddy(const si::Holdings& held, int rank, const std::stri
 std::vector<si::ShardPiece> State::Impl::shard_shapes() const {
   std::vector<si::ShardPiece> out;
   for (const Entry& e : entries) {
-    if (e.shard) out.push_back({e.name, e.shard->rows, e.shard->row_bytes, e.shard->held});
+    if (const auto* s = e.as<si::ShardKind>()) out.push_back({e.name, s->rows, s->row_bytes, s->held});
   }
   return out;
 }
@@ -357,8 +362,9 @@ void State::Impl::take_whole(Communicator& comm, const WorkerInfo& info, const s
 bool State::Impl::holds_its_rows(const si::Holdings& held, uint64_t target, int rank, int size) const {
   if (held.offers[static_cast<size_t>(rank)].memory_id != target) return false;
   for (const Entry& e : entries) {
-    if (e.shard && !(e.has_committed && e.shard->commit == target &&
-                     e.shard->held == si::split_rows(e.shard->rows, e.shard->rule, rank, size))) {
+    const auto* s = e.as<si::ShardKind>();
+    if (s != nullptr &&
+        !(e.has_committed && s->commit == target && s->held == si::split_rows(s->rows, s->rule, rank, size))) {
       return false;
     }
   }
@@ -370,11 +376,12 @@ std::vector<State::Impl::RowsPlan> State::Impl::plan_reshard(const si::Holdings&
   std::vector<RowsPlan> plans;
   const int my_host = held.host_of[static_cast<size_t>(rank)];
   for (Entry& e : entries) {
-    if (!e.shard) continue;
-    RowsPlan m{&e, {}, {}, {}, si::split_rows(e.shard->rows, e.shard->rule, rank, size)};
-    held.sources({e.name, e.shard->rows, e.shard->row_bytes, {}}, target, &m.sources, &m.files);
+    const auto* s = e.as<si::ShardKind>();
+    if (s == nullptr) continue;
+    RowsPlan m{&e, {}, {}, {}, si::split_rows(s->rows, s->rule, rank, size)};
+    held.sources({e.name, s->rows, s->row_bytes, {}}, target, &m.sources, &m.files);
     m.plan = si::plan_rows(m.want, rank, my_host, m.sources);
-    *moved += si::remote_rows(m.plan, my_host, m.sources) * e.shard->row_bytes;
+    *moved += si::remote_rows(m.plan, my_host, m.sources) * s->row_bytes;
     plans.push_back(std::move(m));
   }
   return plans;
@@ -382,8 +389,9 @@ std::vector<State::Impl::RowsPlan> State::Impl::plan_reshard(const si::Holdings&
 
 void State::Impl::read_rows(RowsPlan& m, const si::Holdings& held, uint64_t target, int my_host,
                             const std::string& dir, const Link& link, Duration timeout) {
-  const uint64_t row = m.entry->shard->row_bytes;
-  char* fresh = static_cast<char*>(m.entry->shard->prepare(m.want.size()));
+  si::ShardKind& shard = m.entry->shard();
+  const uint64_t row = shard.row_bytes;
+  char* fresh = static_cast<char*>(shard.prepare(m.want.size()));
   std::map<size_t, std::vector<si::ByteRange>> by_source;  // the file reads, per source
   for (const si::RowTransfer& t : m.plan.transfers) {
     const si::RowSource& s = m.sources[t.source];
@@ -413,8 +421,8 @@ bool State::Impl::reshard(Communicator& comm, const si::Holdings& held, uint64_t
   if (comm.allreduce_value<int64_t>(holds_its_rows(held, target, rank, size) ? 0 : 1, ReduceOp::kMax) == 0) {
     // Every rank holds its rows of this commit: back to them (a plain host
     // update leaves the steps since the commit in the storage).
-    for (const Entry& e : entries) {
-      if (e.shard) e.load_range(ref(e).data, ref(e).size);
+    for (Entry& e : entries) {
+      if (auto* s = e.as<si::ShardKind>()) s->pieces.load_range(ref(e).data, ref(e).size);
     }
     return false;
   }
@@ -447,12 +455,7 @@ bool State::Impl::reshard(Communicator& comm, const si::Holdings& held, uint64_t
       fmt::format("erun: resharding commit {} failed{}", target, failure.empty() ? " on another rank" : ": " + failure);
   if (failed == 2) throw StateLost(what);
   if (failed != 0) throw CommError(what);
-  for (RowsPlan& m : plans) {
-    m.entry->shard->install();
-    m.entry->shard->held = m.want;
-    m.entry->shard->commit = target;
-    m.entry->has_committed = true;
-  }
+  for (RowsPlan& m : plans) install_rows(*m.entry, m.want, target);
   return true;
 }
 
@@ -538,7 +541,7 @@ void State::sync_sharded(int rejoined_from) {
   if (choice.target == 0) {
     // Nobody committed: each rank keeps the piece it made for this world.
     for (Impl::Entry& e : im.entries) {
-      if (e.shard) e.shard->held = si::split_rows(e.shard->rows, e.shard->rule, rank, size);
+      if (auto* s = e.as<si::ShardKind>()) s->held = si::split_rows(s->rows, s->rule, rank, size);
     }
     return;
   }

@@ -145,6 +145,19 @@ TEST_F(StateCommit, EmptyValuesRoundTrip) {
   EXPECT_TRUE(empty_str.empty());
 }
 
+TEST_F(StateCommit, ANullBufferOfNoBytesCommitsAndRestoresAsAnEmptyEntry) {
+  int x = 1;
+  state.register_buffer("none", nullptr, 0);
+  state.register_value("x", &x);
+  state.commit();
+  x = 2;
+  state.commit();
+  x = 3;
+  state.restore();
+  EXPECT_EQ(x, 2);
+  EXPECT_EQ(state.commit_id(), 2u);
+}
+
 TEST_F(StateCommit, ThrowingSerializerKeepsThePreviousCommit) {
   int x = 1;
   bool fail = false;
