@@ -37,13 +37,14 @@ _load_cuda()  # before _erun: see erun/_preload.py
 from ._erun import CommError, DataType, Error, HostsUpdated, ReduceOp, StateLost
 from ._core import (Average, Max, Min, Product, Sum, allgather, allgather_object, allreduce, allreduce_,
                     barrier, broadcast_, broadcast_object, cross_rank, cross_size, data_type, elastic,
-                    generation, host, init, initialized, local_rank, local_size, rank, shutdown, size)
+                    generation, host, init, initialized, local_rank, local_size, rank, reduce_scatter, shutdown,
+                    size)
 from ._state import State, run, shard_rows
 
 __all__ = [
     "Error", "CommError", "HostsUpdated", "StateLost", "init", "initialized", "shutdown", "rank", "size", "local_rank",
     "local_size", "cross_rank", "cross_size", "generation", "host", "elastic", "allreduce", "allreduce_",
-    "broadcast_", "allgather", "barrier", "broadcast_object", "allgather_object", "ReduceOp", "DataType",
+    "broadcast_", "allgather", "reduce_scatter", "barrier", "broadcast_object", "allgather_object", "ReduceOp", "DataType",
     "data_type", "Sum", "Average", "Min", "Max", "Product", "State", "run", "shard_rows",
 ]
 __version__ = "0.1.0"

@@ -305,6 +305,39 @@ def allreduce(x: T, op: Op = Average) -> T:
     return allreduce_(_copy(x), op)
 
 
+def reduce_scatter(x: T, op: Op = Average, split: str = "chunk") -> T:
+    """Reduces x (the same shape on every rank) across ranks and returns
+    this rank's rows of the result, a new tensor/array: the rows [begin,
+    end) of x's first dimension that erun.shard_rows(rows, rank, size,
+    split) names ("chunk": as torch.chunk and FSDP2's Shard(0); "even": the
+    first rows % size ranks one more row). Each rank receives only its rows
+    (shared memory and MPI reduce only those). CPU tensors and arrays;
+    float16/bfloat16 go through a float32 copy, as allreduce_'s."""
+    if split not in ("chunk", "even"):
+        raise Error(f"erun.reduce_scatter: split must be 'chunk' or 'even', not {split!r}")
+    b = Buffer(x, "reduce_scatter", writable=False)
+    v: Any = x
+    if len(v.shape) == 0:
+        raise Error("erun.reduce_scatter: needs a tensor or array with a first dimension to split, not a scalar")
+    rop = _reduce_op(op)
+    if b.dtype in _HALF:
+        wide = v.float() if _is_tensor(v) else v.astype(np.float32)
+        part = reduce_scatter(wide, rop, split)
+        return cast(T, part.to(v.dtype) if _is_tensor(v) else part.astype(v.dtype))
+    rows, n, me = int(v.shape[0]), size(), rank()
+    per_row = b.count // rows if rows else 0
+    spans = [_erun.shard_rows(rows, r, n, split == "even") for r in range(n)]
+    counts = [(end - begin) * per_row for begin, end in spans]
+    shape = (spans[me][1] - spans[me][0],) + tuple(v.shape[1:])
+    if _is_tensor(v):
+        import torch
+        out: Any = torch.empty(shape, dtype=v.dtype)
+    else:
+        out = np.empty(shape, dtype=v.dtype)
+    _erun.reduce_scatter(b.ptr, Buffer(out, "reduce_scatter", writable=True).ptr, counts, b.dtype, rop)
+    return cast(T, out)
+
+
 def broadcast_(x: T, root: int = 0) -> T:
     """Overwrites x on every rank with root's x (in place) and returns x."""
     b = Buffer(x, "broadcast_", writable=True, cuda=True)

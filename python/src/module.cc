@@ -430,6 +430,16 @@ PYBIND11_MODULE(_erun, m) {
     for (auto& p : parts) out.append(py::bytes(p.data(), p.size()));
     return out;
   }, py::arg("data"));
+  m.def("reduce_scatter", [](uintptr_t in, uintptr_t out, std::vector<size_t> counts, DataType type, ReduceOp op) {
+    DataType t = checked(type);
+    ReduceOp o = checked(op);
+    Communicator& c = ctx().comm();
+    if (counts.size() != static_cast<size_t>(c.size())) {
+      throw Error("erun: reduce_scatter needs one count per rank: " + std::to_string(counts.size()) +
+                  " counts for a world of " + std::to_string(c.size()));
+    }
+    blocking(c, [&] { c.reduce_scatter(address(in), address(out), counts, t, o); });
+  }, py::arg("data"), py::arg("out"), py::arg("counts"), py::arg("type"), py::arg("op"));
   m.def("barrier", [] {
     Communicator& c = ctx().comm();
     blocking(c, [&] { c.barrier(); });

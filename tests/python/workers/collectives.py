@@ -226,6 +226,13 @@ def main():
                 assert y is x and (x.data_ptr() if lib == "torch" else x.ctypes.data) == ptr
                 check(x, want, f"{lib} {name} allreduce_ {opname}")
                 checks += 2
+                if device == "cpu":  # reduce_scatter: this rank's rows of the same reduction
+                    for split in ("chunk", "even"):
+                        begin, end = erun.shard_rows(N, rank, size, split)
+                        part = erun.reduce_scatter(make(inputs(rank, name)), op=op, split=split)
+                        assert tuple(part.shape) == (end - begin,), (part.shape, begin, end)
+                        check(part, want[begin:end], f"{lib} {name} reduce_scatter {opname} {split}")
+                        checks += 1
             # broadcast_ from every root, in place
             for root in range(size):
                 x = make(inputs(rank, name))
