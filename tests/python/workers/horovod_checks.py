@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import erun.horovod.torch as hvd
+from erun.horovod.torch.mpi_ops import comm_thread
 
 
 def say(name):
@@ -34,8 +35,9 @@ def check_async_in_order_with_names():
         assert hvd.synchronize(handle).item() == sum(float(q + k) for q in range(n))
     assert hvd.synchronize(h) is inplace and inplace.item() == sum(1.0 + q for q in range(n)) / n
     assert hvd.poll(h)
-    pending = hvd.allreduce_async(torch.ones(1), name="same")
-    raises(ValueError, lambda: hvd.allreduce_async(torch.ones(1), name="same"), "already pending")
+    with comm_thread()._exec:  # no collective runs while it is held: the first "same" stays pending
+        pending = hvd.allreduce_async(torch.ones(1), name="same")
+        raises(ValueError, lambda: hvd.allreduce_async(torch.ones(1), name="same"), "already pending")
     hvd.synchronize(pending)
     g = hvd.grouped_allreduce_async([torch.tensor([float(r)]), torch.tensor([1.0, 2.0])], op=hvd.Max)
     out = hvd.synchronize(g)
@@ -67,6 +69,12 @@ def check_ops_and_scaling():
     assert received.tolist() == [r + 1] * n
     begin = sum(splits[:r])
     assert got.tolist() == [float(100 * q + begin + k) for q in range(n) for k in range(r + 1)]
+    rows = torch.arange(2 * n + 1, dtype=torch.float64).unsqueeze(1) * (r + 1)
+    mine = hvd.reducescatter(rows, op=hvd.Sum)  # 2n+1 rows: rank 0 gets 3, the others 2
+    begin = 0 if r == 0 else 3 + 2 * (r - 1)
+    full = torch.arange(2 * n + 1, dtype=torch.float64).unsqueeze(1) * sum(range(1, n + 1))
+    assert torch.equal(mine, full[begin:begin + (3 if r == 0 else 2)]), (mine, begin)
+    assert torch.equal(hvd.synchronize(hvd.reducescatter_async(rows, op=hvd.Average)), mine / n)
     b = torch.full((2,), float(r))
     assert hvd.broadcast(b, root_rank=n - 1).tolist() == [float(n - 1)] * 2 and b[0].item() == r
     hvd.broadcast_(b, root_rank=0)

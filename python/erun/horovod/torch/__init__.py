@@ -17,7 +17,8 @@ from .mpi_ops import (Adasum, Average, Handle, Max, Min, Product, Sum, allgather
                       ddl_built, global_process_set, gloo_built, gloo_enabled, grouped_allgather, grouped_allreduce,
                       grouped_allreduce_, grouped_allreduce_async, grouped_allreduce_async_, init, is_initialized,
                       join, local_rank, local_size, mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, poll,
-                      rank, rocm_built, shutdown, size, start_timeline, stop_timeline, synchronize)
+                      rank, reducescatter, reducescatter_async, rocm_built, shutdown, size, start_timeline,
+                      stop_timeline, synchronize)
 from .optimizer import DistributedOptimizer
 
 __all__ = [
@@ -28,7 +29,7 @@ __all__ = [
     "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "grouped_allreduce", "grouped_allreduce_",
     "grouped_allreduce_async", "grouped_allreduce_async_", "allgather", "allgather_async", "grouped_allgather",
     "broadcast", "broadcast_", "broadcast_async", "broadcast_async_", "alltoall", "alltoall_async",
-    "synchronize", "poll", "join", "barrier",
+    "reducescatter", "reducescatter_async", "synchronize", "poll", "join", "barrier",
     "broadcast_parameters", "broadcast_optimizer_state", "broadcast_object", "allgather_object",
     "DistributedOptimizer", "elastic", "HorovodInternalError", "HostsUpdatedInterrupt",
 ]
@@ -41,7 +42,6 @@ def __getattr__(name: str) -> object:
         "ProcessSet": "process sets are not supported; every collective spans the whole job",
         "add_process_set": "process sets are not supported; every collective spans the whole job",
         "remove_process_set": "process sets are not supported; every collective spans the whole job",
-        "reducescatter": "hvd.reducescatter is not supported yet; use hvd.allreduce and take your rows",
         "grouped_reducescatter": "hvd.grouped_reducescatter is not supported yet",
         "sparse_allreduce_async": "sparse allreduce is not supported; pass sparse_as_dense=True",
     }

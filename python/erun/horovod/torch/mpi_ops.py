@@ -639,6 +639,39 @@ def alltoall_async(tensor: torch.Tensor, splits: Optional[Any] = None, name: Opt
     return _comm.submit(lambda: _alltoall(work, splits) if splits is not None else _alltoall(work, None)[0], name)
 
 
+# --- reducescatter -------------------------------------------------------------------
+
+def _reducescatter(t: torch.Tensor, op: ReduceOp, prescale: float, postscale: float) -> torch.Tensor:
+    work = _contiguous_copy(t)
+    if prescale != 1.0:
+        work.mul_(prescale)
+    out = _core.reduce_scatter(work.cpu(), op, split="even").to(t.device)
+    if postscale != 1.0:
+        out.mul_(postscale)
+    return out
+
+
+def reducescatter(tensor: torch.Tensor, op: Any = Average, name: Optional[str] = None,
+                  process_set: Any = global_process_set, prescale_factor: float = 1.0,
+                  postscale_factor: float = 1.0) -> torch.Tensor:
+    """Reduces tensor over all ranks and returns this rank's rows of the
+    result: the first dimension split as evenly as it goes, the first
+    (rows % size) ranks one row more. tensor is unchanged."""
+    rop = _op_of(op, None)
+    _check_process_set(process_set)
+    return _sync(lambda: _reducescatter(tensor, rop, prescale_factor, postscale_factor),  # type: ignore[no-any-return]
+                 name)
+
+
+def reducescatter_async(tensor: torch.Tensor, op: Any = Average, name: Optional[str] = None,
+                        process_set: Any = global_process_set, prescale_factor: float = 1.0,
+                        postscale_factor: float = 1.0) -> Handle:
+    rop = _op_of(op, None)
+    _check_process_set(process_set)
+    work = _contiguous_copy(tensor)
+    return _comm.submit(lambda: _reducescatter(work, rop, prescale_factor, postscale_factor), name)
+
+
 # --- barrier and join -------------------------------------------------------------
 
 def barrier(process_set: Any = global_process_set) -> None:
