@@ -297,63 +297,62 @@ void Driver::reap() {
     if (auto s = w.handle->poll()) ended.push_back(Ended{i, *s, w.handle->exited_at()});
   }
   std::stable_sort(ended.begin(), ended.end(), [](const Ended& x, const Ended& y) { return x.at < y.at; });
-  for (const Ended& e : ended) {
-    auto& w = workers_[e.index];
-    const ExitStatus& s = e.status;
-    w.exit = s;
-    const auto& a = w.assignment;
-    double after = seconds(clock_.now() - w.started);
-    if (d_.output) d_.output->drain(w.key, 200);
-    d_.events->emit(ev::WorkerExited{.generation = rec_.generation,
-                                     .host = a.slot.host,
-                                     .rank = a.rank,
-                                     .exit_code = s.shell_code(),
-                                     .oom_killed = s.oom_killed,
-                                     .stopped_by_erun = is_stopping(w.state),
-                                     .standby = w.standby});
-    if (w.standby) {
-      if (!is_stopping(w.state)) standby_lost(w, fmt::format("ended with {} after {:.1f} s", s.describe(), after));
-      continue;
-    }
-    if (w.pending()) {
-      // Never part of a generation: its end fails its host, not the job's generation.
-      replacement_failed(w, fmt::format("ended with {} after {:.1f} s", s.describe(), after));
-      continue;
-    }
-    if (is_stopping(w.state)) {
-      if (w.state == WorkerState::kExcluded && !s.ok()) {
-        // Left out already on a survivor's report; say how it ended too.
-        ERUN_LOG_WARN("{}: failed with {} after {:.1f} s (already left out of the job)",
-                      who(rec_.generation, a.slot.host, a.rank), s.describe(), after);
-      }
-      continue;
-    }
-    if (s.ok()) {
-      ERUN_LOG_INFO("{}: finished successfully after {:.1f} s", who(rec_.generation, a.slot.host, a.rank), after);
-      outcome_.any_success = true;
-      drop_fresh_workers();
-      if (finishing_.first.empty()) {
-        finishing_.first = who(-1, a.slot.host, a.rank);
-        finishing_.first_at = clock_.now();
-      }
-      crash_loop_.progress();
-      continue;
-    }
-    // A worker that outlived earlier generations and dies within a moment of
-    // the last failure is part of that failure (every worker killed at once
-    // is reaped over several ticks, each re-forming the generation), not
-    // another crash of the program.
-    const bool same_burst = w.launched_generation < rec_.generation && last_failure_at_ &&
-                            clock_.now() - *last_failure_at_ < kFailureBurst;
-    if (same_burst) {
-      gen_.burst_losses = true;
-    } else {
-      crash_loop_.worker_failed(a.slot.host, s);
-    }
-    ERUN_LOG_WARN("{}: failed with {} after {:.1f} s", who(rec_.generation, a.slot.host, a.rank), s.describe(),
-                  after);
-    fail_generation(Failure{rec_.generation, a.slot.host, a.rank, s, stderr_tail(w), after, w.handle->host_unreachable()});
+  for (const Ended& e : ended) worker_ended(workers_[e.index], e.status);
+}
+
+void Driver::worker_ended(Worker& w, const ExitStatus& s) {
+  w.exit = s;
+  const auto& a = w.assignment;
+  double after = seconds(clock_.now() - w.started);
+  if (d_.output) d_.output->drain(w.key, 200);
+  d_.events->emit(ev::WorkerExited{.generation = rec_.generation,
+                                   .host = a.slot.host,
+                                   .rank = a.rank,
+                                   .exit_code = s.shell_code(),
+                                   .oom_killed = s.oom_killed,
+                                   .stopped_by_erun = is_stopping(w.state),
+                                   .standby = w.standby()});
+  if (w.standby()) {
+    if (!is_stopping(w.state)) standby_lost(w, fmt::format("ended with {} after {:.1f} s", s.describe(), after));
+    return;
   }
+  if (w.pending()) {
+    // Never part of a generation: its end fails its host, not the job's generation.
+    replacement_failed(w, fmt::format("ended with {} after {:.1f} s", s.describe(), after));
+    return;
+  }
+  if (is_stopping(w.state)) {
+    if (w.state == WorkerState::kExcluded && !s.ok()) {
+      // Left out already on a survivor's report; say how it ended too.
+      ERUN_LOG_WARN("{}: failed with {} after {:.1f} s (already left out of the job)",
+                    who(rec_.generation, a.slot.host, a.rank), s.describe(), after);
+    }
+    return;
+  }
+  if (s.ok()) {
+    ERUN_LOG_INFO("{}: finished successfully after {:.1f} s", who(rec_.generation, a.slot.host, a.rank), after);
+    outcome_.any_success = true;
+    drop_fresh_workers();
+    if (finishing_.first.empty()) {
+      finishing_.first = who(-1, a.slot.host, a.rank);
+      finishing_.first_at = clock_.now();
+    }
+    crash_loop_.progress();
+    return;
+  }
+  // A worker that outlived earlier generations and dies within a moment of
+  // the last failure is part of that failure (every worker killed at once
+  // is reaped over several ticks, each re-forming the generation), not
+  // another crash of the program.
+  const bool same_burst = w.launched_generation < rec_.generation && last_failure_at_ &&
+                          clock_.now() - *last_failure_at_ < kFailureBurst;
+  if (same_burst) {
+    gen_.burst_losses = true;
+  } else {
+    crash_loop_.worker_failed(a.slot.host, s);
+  }
+  ERUN_LOG_WARN("{}: failed with {} after {:.1f} s", who(rec_.generation, a.slot.host, a.rank), s.describe(), after);
+  fail_generation(Failure{rec_.generation, a.slot.host, a.rank, s, stderr_tail(w), after, w.handle->host_unreachable()});
 }
 
 std::vector<std::string> Driver::stderr_tail(const Worker& w) const {
@@ -383,9 +382,15 @@ void Driver::set_phase(JobPhase next) {
   phase_ = next;
 }
 
-void Driver::set_state(Worker& w, WorkerState next) {
-  ERUN_CHECK(transition_allowed(w.state, next));
-  w.state = next;
+void Driver::Worker::set_state(WorkerState next) {
+  ERUN_CHECK(transition_allowed(state, next));
+  if (state == WorkerState::kPending && next == WorkerState::kMember) set_stage(WorkerStage::kFresh);  // admitted
+  state = next;
+}
+
+void Driver::Worker::set_stage(WorkerStage next) {
+  ERUN_CHECK(transition_allowed(stage, next));
+  stage = next;
 }
 
 void Driver::done(int code) {
@@ -408,7 +413,7 @@ void Driver::stop_then_end(int signal, std::function<int()> exit_code) {
 void Driver::begin_stop(int sig) {
   for (auto& w : workers_) {
     if (!w.alive()) continue;
-    if (w.state == WorkerState::kPending || w.state == WorkerState::kMember) set_state(w, WorkerState::kStopping);
+    if (w.state == WorkerState::kPending || w.state == WorkerState::kMember) w.set_state(WorkerState::kStopping);
     if (sig == SIGTERM || sig == 0) w.handle->terminate();
     else w.handle->signal(sig);
   }

@@ -108,24 +108,37 @@ class Driver {
     long key = 0;
     RankAssignment assignment;
     std::unique_ptr<WorkerHandle> handle;
-    WorkerState state = WorkerState::kMember;  // changed only through set_state()
+    // Its lifecycle: two checked tables (driver_states.h), changed only
+    // through set_state() and set_stage().
+    WorkerState state = WorkerState::kMember;
+    WorkerStage stage = WorkerStage::kSettled;
+    // Facts, not stages: where it runs, what it did, what was sent about it.
     bool local = false;
     bool joined = false;     // it joined the rendezvous at least once (in-place capable)
-    bool grows = false;      // kPending for new slots (not a failed one's): its admission is a reset
-    bool standby = false;    // kPending on a free slot, for no plan yet: promoted in a failed member's place
-    bool standby_ready = false;  // it waits in the rendezvous (standby_ready logged)
-    bool fresh = false;      // launched into a running job, and not yet a member of a complete generation
     bool loss_told = false;  // its loss went to the survivors, or it is no member of the current generation
     long launched_generation = 0;
-    TimePoint retire_by{};
+    TimePoint retire_by{};  // kRetiring: stopped at this deadline unless it re-joins first
     std::optional<ExitStatus> exit;
     TimePoint started{};
+    // Checked against transition_allowed(); a pending worker admitted as a
+    // member leaves its pending stage for kFresh.
+    void set_state(WorkerState next);
+    void set_stage(WorkerStage next);
     bool alive() const { return !exit && handle; }
     bool pending() const { return state == WorkerState::kPending; }
+    // A standby not promoted (also once stopped: its end is no failure).
+    bool standby() const { return is_standby(stage); }
+    bool standby_ready() const { return stage == WorkerStage::kStandbyReady; }
     // Pending for a plan: a failed rank's replacement or a growth's worker (not a standby).
-    bool replacement() const { return pending() && !standby; }
-    // Out of the running plan for good: retiring or excluded.
-    bool left_out() const { return state == WorkerState::kRetiring || state == WorkerState::kExcluded; }
+    bool replacement() const {
+      return pending() && (stage == WorkerStage::kReplacement || stage == WorkerStage::kGrowth);
+    }
+    // Launched into a running job and not yet a member of a complete generation.
+    bool fresh() const { return stage != WorkerStage::kSettled; }
+    // Out of the running plan for good: retiring, dismissed or excluded.
+    bool left_out() const {
+      return state == WorkerState::kRetiring || state == WorkerState::kDismissed || state == WorkerState::kExcluded;
+    }
   };
   struct Failure {
     long generation = 0;
@@ -170,11 +183,16 @@ class Driver {
   // Starts standbys on free slots (up to --standby), each run of the
   // program up to its first join, waiting there; logs those ready.
   void tend_standbys(const MembershipSnapshot& m);
+  // tend_standbys()'s first part: stops the standbys whose slot is not
+  // `usable` (or all, training over), logs those now ready, gives up those
+  // past --rendezvous-timeout; returns how many live on.
+  int tend_live_standbys(const MembershipSnapshot& m, const HostSet& usable);
   // `full` with each slot no member holds swapped for a ready standby's
   // (same host first): the standby takes the failed rank's place at once.
   Plan with_standbys(const Plan& full) const;
-  // A standby whose slot the next plan uses becomes a member-to-be.
-  void promote_standby(Worker& w, const char* why);
+  // A standby whose slot the next plan uses becomes a member-to-be (`to`:
+  // kReplacement or kGrowth).
+  void promote_standby(Worker& w, const char* why, WorkerStage to);
   // A standby ended or never reached the rendezvous: a broken slot, not a
   // failure; its slot waits (doubling) before the next standby.
   void standby_lost(Worker& w, const std::string& why);
@@ -221,7 +239,6 @@ class Driver {
   // Checked against transition_allowed(); entering a waiting phase from
   // another phase restarts the --elastic-timeout clock.
   void set_phase(JobPhase next);
-  void set_state(Worker& w, WorkerState next);
   void on_signal(int sig);
   void wait_for_hosts();             // kWaitingForHosts
   void supervise();                  // kRunning
@@ -248,12 +265,18 @@ class Driver {
   // Every change of the discovered hosts goes through here (keeps discovery_.all_local).
   void set_discovered(HostSet hosts);
   void reap();
+  // reap() found `w` ended with `s`: logs and records it, and decides what
+  // the end is (a standby's or a replacement's loss, erun's own stop, a
+  // success, or the generation's failure).
+  void worker_ended(Worker& w, const ExitStatus& s);
   // A failed worker's last stderr lines for its Failure: its agent's exit
   // report, else (no report) the lines forwarded through d_.output.
   std::vector<std::string> stderr_tail(const Worker& w) const;
   bool start_generation(const HostSet& usable);
+  // `stage`: kSettled for a generation's own worker; any other launches it
+  // into the running job (in place), and a pending stage as kPending.
   bool launch_worker(const RankAssignment& a, const std::string& master_addr, int master_port,
-                     bool in_place = false, bool pending = false, bool standby = false);
+                     WorkerStage stage = WorkerStage::kSettled);
   // In place, a plan that only adds slots: launch their workers as pending
   // replacements (the survivors keep training until they joined).
   void grow_pending(const Plan& next);

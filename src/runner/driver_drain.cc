@@ -87,14 +87,13 @@ void Driver::tend_drains(const MembershipSnapshot& m) {
       if (!w.alive() || w.assignment.slot.host != host) continue;
       ++left;
       if (w.state == WorkerState::kExcluded || w.state == WorkerState::kStopping) continue;
-      if (w.state == WorkerState::kRetiring && w.retire_by == TimePoint::max()) continue;  // told to stop
+      if (w.state == WorkerState::kDismissed) continue;  // told to stop
       // Not in a generation yet, or out of its generation at a commit and
       // asking for the next one: its part is done.
       if (w.pending() || waiting.count(w.assignment.slot)) {
         ERUN_LOG_INFO("{}: host {} drains; stopping this worker", who(rec_.generation, host, w.assignment.rank), host);
         w.handle->terminate();
-        set_state(w, WorkerState::kRetiring);
-        w.retire_by = TimePoint::max();
+        w.set_state(WorkerState::kDismissed);
       } else if (overdue && !d.overdue) {
         ERUN_LOG_WARN("{}: host {} drains and this worker did not leave at a commit within --drain-timeout {:g} s; "
                       "it leaves as a failure (the survivors restore the last commit): commit more often than "

@@ -89,7 +89,10 @@ void Driver::update_joined(const MembershipSnapshot& m) {
   if (in_current == static_cast<size_t>(plan_.size())) {
     gen_.complete = true;
     for (auto& w : workers_) {
-      if (members.count(w.assignment.slot) && !w.exit) w.fresh = false;
+      // A pending worker's slot is in no published plan: only members settle.
+      if (members.count(w.assignment.slot) && !w.exit && w.stage == WorkerStage::kFresh) {
+        w.set_stage(WorkerStage::kSettled);
+      }
     }
     ERUN_LOG_INFO("{}: all {} ranks joined in {:.3f} s", who(rec_.generation), plan_.size(),
                   seconds(clock_.now() - gen_.published_at));
@@ -291,7 +294,7 @@ void Driver::exclude_worker(Worker& w, long generation, const RankAssignment& fa
   d_.events->emit(ev::WorkerExcluded{
       .generation = generation, .host = failed.slot.host, .rank = failed.rank, .state = to_string(state)});
   w.handle->kill();
-  set_state(w, WorkerState::kExcluded);  // its exit, when it comes, is this failure, not another
+  w.set_state(WorkerState::kExcluded);  // its exit, when it comes, is this failure, not another
   fail_generation(Failure{rec_.generation, failed.slot.host, failed.rank, ExitStatus{0, SIGKILL},
                           {fmt::format("reported by a survivor as {}", to_string(state))},
                           seconds(clock_.now() - w.started)});
@@ -301,7 +304,10 @@ void Driver::tell_survivors_of_losses() {
   if (!d_.membership) return;
   std::vector<int> ranks;
   for (auto& w : workers_) {
-    if (w.loss_told || w.state == WorkerState::kRetiring || w.launched_generation > rec_.generation) continue;
+    if (w.loss_told || w.state == WorkerState::kRetiring || w.state == WorkerState::kDismissed ||
+        w.launched_generation > rec_.generation) {
+      continue;
+    }
     if (w.state != WorkerState::kExcluded && !(w.exit && !w.exit->ok())) continue;
     // Only a rank of the current plan: a replacement that failed before it
     // was admitted holds a rank of a plan the survivors never formed.
@@ -375,7 +381,7 @@ void Driver::enforce_rejoin_deadline(const MembershipSnapshot& m) {
     w.handle->kill();
     fail_generation(Failure{rec_.generation, w.assignment.slot.host, w.assignment.rank, ExitStatus{0, SIGKILL},
                             {"did not re-join within --rendezvous-timeout"}, seconds(clock_.now() - w.started)});
-    set_state(w, WorkerState::kExcluded);  // killed: never planned again, even before it is reaped
+    w.set_state(WorkerState::kExcluded);  // killed: never planned again, even before it is reaped
   }
 }
 
@@ -385,14 +391,13 @@ void Driver::retire_workers(const MembershipSnapshot& m) {
   std::set<SlotKey> waiting;
   for (auto& j : m.waiting) waiting.insert(j.slot);
   for (auto& w : workers_) {
-    if (w.state != WorkerState::kRetiring || !w.alive()) continue;
-    if (w.retire_by == TimePoint::max()) continue;  // already told to stop (it may take --term-grace)
+    if (w.state != WorkerState::kRetiring || !w.alive()) continue;  // a dismissed one may take --term-grace
     bool rejoined = waiting.count(w.assignment.slot) > 0;
     if (rejoined || clock_.now() >= w.retire_by) {
       ERUN_LOG_INFO("{}: slot left the job; stopping its worker", who(rec_.generation, w.assignment.slot.host,
                                                                       w.assignment.rank));
       w.handle->terminate();
-      w.retire_by = TimePoint::max();
+      w.set_state(WorkerState::kDismissed);
     }
   }
 }
@@ -448,7 +453,7 @@ void Driver::reconfigure(const char* reason, bool after_failure) {
       if (alone && !plan_.contains(a.slot)) ++pending;
       continue;
     }
-    launch_worker(a, next.ranks.front().slot.host, 0, /*in_place=*/true, /*pending=*/alone);
+    launch_worker(a, next.ranks.front().slot.host, 0, alone ? WorkerStage::kReplacement : WorkerStage::kFresh);
     ++launched;
     if (alone) ++pending;
   }
@@ -481,11 +486,11 @@ int Driver::reassign_workers(const Plan& next, const Plan* full, bool stop_retir
   // one restores the last commit without it: it stops now instead of
   // training on until its next re-join.
   auto stop_now = [&](Worker& w) {
-    if (!stop_retired || w.state != WorkerState::kRetiring || !w.alive() || w.retire_by == TimePoint::max()) return;
+    if (!stop_retired || w.state != WorkerState::kRetiring || !w.alive()) return;
     ERUN_LOG_INFO("{}: slot left the job; stopping its worker now (its generation failed)",
                   who(rec_.generation, w.assignment.slot.host, w.assignment.rank));
     w.handle->terminate();
-    w.retire_by = TimePoint::max();
+    w.set_state(WorkerState::kDismissed);
   };
   int retired = 0;
   for (auto& w : workers_) {
@@ -496,15 +501,15 @@ int Driver::reassign_workers(const Plan& next, const Plan* full, bool stop_retir
     }
     if (w.state == WorkerState::kStopping) continue;  // erun stops it (a standby or replacement given up)
     if (const RankAssignment* a = next.find(w.assignment.slot)) {
-      if (w.standby) promote_standby(w, "a member was lost");
+      if (w.standby()) promote_standby(w, "a member was lost", WorkerStage::kReplacement);
       w.assignment = *a;
-      set_state(w, WorkerState::kMember);
-    } else if (w.standby) {
+      w.set_state(WorkerState::kMember);
+    } else if (w.standby()) {
       continue;  // still a standby (tend_standbys() stops it if its host left)
     } else if (const RankAssignment* f = full && w.pending() ? full->find(w.assignment.slot) : nullptr) {
       w.assignment = *f;  // still pending: it joins with the next growth
     } else {
-      set_state(w, WorkerState::kRetiring);
+      w.set_state(WorkerState::kRetiring);
       w.retire_by = clock_.now() + o_.rendezvous_timeout;
       ++retired;
       stop_now(w);
@@ -544,23 +549,20 @@ void Driver::replacement_failed(Worker& w, const std::string& why) {
                 who(rec_.generation, host, w.assignment.rank), why, plan_.size(), plan_.size() == 1 ? "" : "s");
   if (w.exit) crash_loop_.worker_failed(host, *w.exit);
   record_host_failure(host, w.handle && w.exit && w.handle->host_unreachable());
-  set_state(w, WorkerState::kExcluded);
+  w.set_state(WorkerState::kExcluded);
 }
 
 void Driver::grow_pending(const Plan& next) {
   std::vector<std::string> names;
   for (auto& w : workers_) {
     // A standby on a slot the job grows into is the new worker, already waiting.
-    if (w.standby && survivor(w) && next.contains(w.assignment.slot)) {
-      promote_standby(w, "the job grows");
-      w.grows = true;
+    if (w.standby() && survivor(w) && next.contains(w.assignment.slot)) {
+      promote_standby(w, "the job grows", WorkerStage::kGrowth);
     }
   }
   for (auto& a : next.ranks) {
     if (slot_held(a.slot, /*pending_too=*/true)) continue;
-    if (launch_worker(a, next.ranks.front().slot.host, 0, /*in_place=*/true, /*pending=*/true)) {
-      workers_.back().grows = true;
-    }
+    launch_worker(a, next.ranks.front().slot.host, 0, WorkerStage::kGrowth);
     names.push_back(fmt::format("{}[{}]", a.slot.host, a.slot.local_index));
   }
   ERUN_LOG_INFO("{}: membership grows ({} -> {}): launched {} new worker{} ({}); the {} running ones go on until "
@@ -571,12 +573,12 @@ void Driver::grow_pending(const Plan& next) {
 
 void Driver::drop_fresh_workers() {
   for (auto& w : workers_) {
-    if (!w.fresh || !w.alive() || is_stopping(w.state)) continue;
+    if (!w.fresh() || !w.alive() || is_stopping(w.state)) continue;
     ERUN_LOG_INFO("{}: training is over for a rank; stopping this worker, which joined after the others' last "
                   "generation",
                   who(rec_.generation, w.assignment.slot.host, w.assignment.rank));
     w.handle->terminate();
-    set_state(w, WorkerState::kExcluded);
+    w.set_state(WorkerState::kExcluded);
   }
 }
 
@@ -595,7 +597,7 @@ bool Driver::admit_replacements(const MembershipSnapshot& m) {
       continue;
     }
     w.handle->kill();
-    set_state(w, WorkerState::kExcluded);
+    w.set_state(WorkerState::kExcluded);
     replacement_failed(w, fmt::format("did not join within --rendezvous-timeout {:.0f} s; killed",
                                       seconds(o_.rendezvous_timeout)));
   }
@@ -603,7 +605,7 @@ bool Driver::admit_replacements(const MembershipSnapshot& m) {
   // one hears the announcement).
   if (ready == 0 || starting > 0 || !gen_.complete) return false;
   const bool grows = std::any_of(workers_.begin(), workers_.end(), [&](const Worker& w) {
-    return w.replacement() && w.grows && survivor(w);
+    return w.replacement() && w.stage == WorkerStage::kGrowth && survivor(w);
   });
   // New slots: a membership change, counted as one (a failure's replacement was counted with it).
   if (grows) count_reset("membership changed");

@@ -78,16 +78,17 @@ WorkerSpec Driver::make_spec(const RankAssignment& a, const std::string& master_
 }
 
 bool Driver::launch_worker(const RankAssignment& a, const std::string& master_addr, int master_port,
-                           bool in_place, bool pending, bool standby) {
+                           WorkerStage stage) {
+  const bool pending = is_pending_stage(stage);
+  const bool standby = is_standby(stage);
   Worker w;
   w.key = next_key_++;
   w.assignment = a;
   w.state = pending ? WorkerState::kPending : WorkerState::kMember;
-  w.joined = in_place;  // launched into a running elastic job: it runs the same program
-  w.fresh = in_place;
+  w.stage = stage;
+  w.joined = stage != WorkerStage::kSettled;  // launched into a running elastic job: it runs the same program
   w.launched_generation = rec_.generation;
   w.started = clock_.now();
-  w.standby = standby;
   auto spec = make_spec(a, master_addr, master_port);
   // A standby waits in its first join for as long as it takes (the driver stops it).
   if (standby) spec.env.emplace_back("ERUN_STANDBY", "1");

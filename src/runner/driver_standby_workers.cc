@@ -25,33 +25,31 @@ int Driver::wanted_standbys() {
   return o_.standby < 0 ? 1 : o_.standby;
 }
 
-void Driver::tend_standbys(const MembershipSnapshot& m) {
+int Driver::tend_live_standbys(const MembershipSnapshot& m, const HostSet& usable) {
   std::set<SlotKey> waiting;
   for (auto& j : m.waiting) waiting.insert(j.slot);
-  // The plan cache's hosts (follow_membership() brought them up to date this tick).
-  const HostSet& usable = plan_cache_.usable();
   auto usable_slot = [&](const SlotKey& s) { return s.local_index < usable.slots_of(s.host); };
   int live = 0;
   for (auto& w : workers_) {
-    if (!w.standby || !survivor(w)) continue;
+    if (!w.standby() || !survivor(w)) continue;
     if (!usable_slot(w.assignment.slot) || outcome_.any_success) {
       // Its host left (discovery, a drain, the blacklist) or training is over.
       ERUN_LOG_INFO("{}[{}]: standby stopped ({})", w.assignment.slot.host, w.assignment.slot.local_index,
                     outcome_.any_success ? "the job is finishing" : "its host left the job");
       w.handle->terminate();
-      set_state(w, WorkerState::kStopping);
+      w.set_state(WorkerState::kStopping);
       continue;
     }
     if (waiting.count(w.assignment.slot)) {
-      if (!w.standby_ready) {
-        w.standby_ready = true;
+      if (!w.standby_ready()) {
+        w.set_stage(WorkerStage::kStandbyReady);
         const double took = seconds(clock_.now() - w.started);
         ERUN_LOG_INFO("{}[{}]: standby ready after {:.2f} s (started, waiting in the rendezvous)",
                       w.assignment.slot.host, w.assignment.slot.local_index, took);
         d_.events->emit(
             ev::StandbyReady{.host = w.assignment.slot.host, .slot = w.assignment.slot.local_index, .seconds = took});
       }
-    } else if (!w.standby_ready && clock_.now() - w.started > o_.rendezvous_timeout) {
+    } else if (!w.standby_ready() && clock_.now() - w.started > o_.rendezvous_timeout) {
       w.handle->kill();
       standby_lost(w, fmt::format("did not reach the rendezvous within --rendezvous-timeout {:.0f} s; killed",
                                   seconds(o_.rendezvous_timeout)));
@@ -59,6 +57,13 @@ void Driver::tend_standbys(const MembershipSnapshot& m) {
     }
     ++live;
   }
+  return live;
+}
+
+void Driver::tend_standbys(const MembershipSnapshot& m) {
+  // The plan cache's hosts (follow_membership() brought them up to date this tick).
+  const HostSet& usable = plan_cache_.usable();
+  int live = tend_live_standbys(m, usable);
   const int want = wanted_standbys();
   if (live >= want || outcome_.any_success || !gen_.complete || phase() != JobPhase::kRunning) return;
   // Free slots: those of the hosts that run members first (a standby beside
@@ -89,8 +94,7 @@ void Driver::tend_standbys(const MembershipSnapshot& m) {
       }
       RankAssignment a = plan_over_slots(rec_.generation, {slot}).ranks.front();
       a.rank = -1;  // none yet: its rank comes with the plan that promotes it
-      if (launch_worker(a, plan_.ranks.empty() ? h->name : plan_.ranks.front().slot.host, 0, /*in_place=*/true,
-                        /*pending=*/true, /*standby=*/true)) {
+      if (launch_worker(a, plan_.ranks.empty() ? h->name : plan_.ranks.front().slot.host, 0, WorkerStage::kStandby)) {
         ERUN_LOG_INFO("{}[{}]: standby started (--standby {}{})", h->name, i, want,
                       ordered.count(h->name) ? "" : "; a spare host");
         ++live;
@@ -109,14 +113,14 @@ int Driver::distance(const std::string& a, const std::string& b) const { return 
 
 bool Driver::standby_ready_at(const SlotKey& slot) const {
   return std::any_of(workers_.begin(), workers_.end(), [&](const Worker& w) {
-    return w.standby && w.standby_ready && survivor(w) && w.assignment.slot == slot;
+    return w.standby_ready() && survivor(w) && w.assignment.slot == slot;
   });
 }
 
 Plan Driver::with_standbys(const Plan& full) const {
   std::vector<const Worker*> ready;
   for (auto& w : workers_) {
-    if (w.standby && w.standby_ready && survivor(w) && !full.contains(w.assignment.slot)) ready.push_back(&w);
+    if (w.standby_ready() && survivor(w) && !full.contains(w.assignment.slot)) ready.push_back(&w);
   }
   if (ready.empty()) return full;
   std::vector<SlotKey> slots;
@@ -139,13 +143,13 @@ Plan Driver::with_standbys(const Plan& full) const {
 
 void Driver::standbys_overtake(const MembershipSnapshot& m) {
   // Every tick: nothing to look at unless a standby is ready.
-  if (std::none_of(workers_.begin(), workers_.end(), [](const Worker& w) { return w.standby && w.standby_ready; })) {
+  if (std::none_of(workers_.begin(), workers_.end(), [](const Worker& w) { return w.standby_ready(); })) {
     return;
   }
   std::set<SlotKey> waiting;
   for (auto& j : m.waiting) waiting.insert(j.slot);
   auto ready = [&](const Worker& w) {
-    return w.standby && w.standby_ready && survivor(w) && waiting.count(w.assignment.slot) > 0;
+    return w.standby_ready() && survivor(w) && waiting.count(w.assignment.slot) > 0;
   };
   for (auto& r : workers_) {
     if (!r.replacement() || !survivor(r) || waiting.count(r.assignment.slot)) continue;
@@ -165,17 +169,17 @@ void Driver::standbys_overtake(const MembershipSnapshot& m) {
                   who(rec_.generation), s->assignment.slot.host, s->assignment.slot.local_index, r.assignment.slot.host,
                   r.assignment.slot.local_index);
     r.handle->terminate();
-    set_state(r, WorkerState::kStopping);
+    r.set_state(WorkerState::kStopping);
     s->assignment.rank = r.assignment.rank;
-    s->grows = r.grows;
-    promote_standby(*s, r.grows ? "the job grows" : "the job grows back: a replacement was still starting");
+    const bool grows = r.stage == WorkerStage::kGrowth;
+    promote_standby(*s, grows ? "the job grows" : "the job grows back: a replacement was still starting", r.stage);
     // Its slot replaces the other's in the plan the job grows into.
     plan_cache_.invalidate();
   }
 }
 
-void Driver::promote_standby(Worker& w, const char* why) {
-  w.standby = false;
+void Driver::promote_standby(Worker& w, const char* why, WorkerStage to) {
+  w.set_stage(to);
   ERUN_LOG_INFO("{}: standby {}[{}] promoted ({}): it joins without starting again", who(rec_.generation),
                 w.assignment.slot.host, w.assignment.slot.local_index, why);
   d_.events->emit(ev::StandbyPromoted{.generation = rec_.generation,
@@ -192,7 +196,7 @@ void Driver::standby_lost(Worker& w, const std::string& why) {
   b.active = true;
   ERUN_LOG_WARN("{}[{}]: standby {}; another is started there in {:.0f} s (the job is not affected)",
                 w.assignment.slot.host, w.assignment.slot.local_index, why, wait);
-  set_state(w, WorkerState::kExcluded);
+  w.set_state(WorkerState::kExcluded);
   standby_scan_.key = {-1, -1};  // look for free slots again
 }
 

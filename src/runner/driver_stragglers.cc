@@ -152,8 +152,7 @@ bool Driver::preflight_holds_back(Worker& w, const JoinRequest& j, const Members
                                         .median_ms = median_ms,
                                         .cooldown = rest_s});
   w.handle->terminate();
-  set_state(w, WorkerState::kRetiring);  // stopped on purpose: no failure of its host
-  w.retire_by = TimePoint::max();
+  w.set_state(WorkerState::kDismissed);  // stopped on purpose: no failure of its host
   return true;
 }
 

@@ -597,15 +597,32 @@ TEST(DriverStates, OnlyTheseTransitionsAreAllowed) {
     }
   }
   using W = WorkerState;
-  const std::vector<W> states{W::kPending, W::kMember, W::kRetiring, W::kExcluded, W::kStopping};
+  const std::vector<W> states{W::kPending, W::kMember, W::kRetiring, W::kDismissed, W::kExcluded, W::kStopping};
   const std::set<std::pair<W, W>> allowed_w{
-      {W::kPending, W::kMember},   {W::kPending, W::kRetiring}, {W::kPending, W::kExcluded},
-      {W::kPending, W::kStopping}, {W::kMember, W::kRetiring},  {W::kMember, W::kExcluded},
-      {W::kMember, W::kStopping},  {W::kRetiring, W::kExcluded}, {W::kStopping, W::kExcluded},
+      {W::kPending, W::kMember},    {W::kPending, W::kRetiring},  {W::kPending, W::kDismissed},
+      {W::kPending, W::kExcluded},  {W::kPending, W::kStopping},  {W::kMember, W::kRetiring},
+      {W::kMember, W::kDismissed},  {W::kMember, W::kExcluded},   {W::kMember, W::kStopping},
+      {W::kRetiring, W::kDismissed}, {W::kRetiring, W::kExcluded}, {W::kDismissed, W::kExcluded},
+      {W::kStopping, W::kExcluded},
   };
   for (W from : states) {
     for (W to : states) {
       EXPECT_EQ(transition_allowed(from, to), from == to || allowed_w.count({from, to}) > 0)
+          << to_string(from) << " -> " << to_string(to);
+    }
+  }
+  // A worker's stage: a standby gets ready and is promoted; a pending one,
+  // admitted, is fresh until a member of a complete generation.
+  using S = WorkerStage;
+  const std::vector<S> stages{S::kStandby, S::kStandbyReady, S::kReplacement, S::kGrowth, S::kFresh, S::kSettled};
+  const std::set<std::pair<S, S>> allowed_s{
+      {S::kStandby, S::kStandbyReady},     {S::kStandby, S::kReplacement}, {S::kStandby, S::kGrowth},
+      {S::kStandbyReady, S::kReplacement}, {S::kStandbyReady, S::kGrowth}, {S::kReplacement, S::kFresh},
+      {S::kGrowth, S::kFresh},             {S::kFresh, S::kSettled},
+  };
+  for (S from : stages) {
+    for (S to : stages) {
+      EXPECT_EQ(transition_allowed(from, to), from == to || allowed_s.count({from, to}) > 0)
           << to_string(from) << " -> " << to_string(to);
     }
   }
