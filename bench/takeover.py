@@ -74,7 +74,7 @@ def one_run(erun, program, work, hosts, slots, reference, standby=False):
             raise RuntimeError("the first erun named no job")
         name = re.search(r"erun --attach (job-[0-9a-f]+)", open(err1).read()).group(1)
         with open(out2, "w") as o, open(err2, "w") as e:
-            again = subprocess.Popen([erun, "--standby", "--attach", name], stdout=o, stderr=e, env=env, cwd=work)
+            again = subprocess.Popen([erun, "--watch", "--attach", name], stdout=o, stderr=e, env=env, cwd=work)
         if not wait_for(err2, "standing by for its driver", 60):
             raise RuntimeError("the standby did not start watching: " + open(err2).read()[-2000:])
     if not wait_for(out1, ":epoch 1 loss=", 120):

@@ -57,8 +57,8 @@ std::string usage_text(const po::options_description& desc) {
          "  erun --launcher mpirun -np 8 -H a:4,b:4 ./train   (static: erun hands the job to mpirun)\n\n"
          "A running job whose erun is gone (see --driver-grace):\n"
          "  erun --attach NAME                          take it over (or run the same command again)\n"
-         "  erun --standby --attach NAME                watch it; take it over when its erun is gone\n"
-         "  erun --standby --job-record DIR/NAME/record    the same, the record on shared storage\n\n"
+         "  erun --watch --attach NAME                watch it; take it over when its erun is gone\n"
+         "  erun --watch --job-record DIR/NAME/record    the same, the record on shared storage\n\n"
       << desc;
   return out.str();
 }
@@ -163,7 +163,7 @@ void add_elasticity_flags(po::options_description& desc, DriverOptions& o, RawFl
     ("stragglers", po::value<std::string>(&r.stragglers), "evict (default): a rank that computes --straggler-factor times longer than the others' median for --straggler-window commit intervals in a row leaves the job at the next commit, when the job stays at --min-np or above and would run at least 20 % faster, and its slot sits out a cooldown (--blacklist-cooldown-range, doubling); report: only log it and write the event; off: neither. Restart mode reports only")
     ("straggler-factor", po::value<double>(&o.straggler_factor), "how many times the others' median compute time makes a straggler (default 1.5)")
     ("straggler-window", po::value<int>(&o.straggler_window), "commit intervals in a row a straggler must be slow (default 3)")
-    ("standby", po::value<int>(&o.standby), "standby workers kept on free slots (discovered beyond the plan): each runs the program up to its first join and waits there; a lost member's place goes to one at once, without the program's start-up (default 1 when a slot is free; 0: none; in place only)")
+    ("standby", po::value<int>(&o.standby), "standby workers (not the standby driver, erun --watch) kept on free slots (discovered beyond the plan): each runs the program up to its first join and waits there; a lost member's place goes to one at once, without the program's start-up (default 1 when a slot is free; 0: none; in place only)")
     ("preflight", po::value<std::string>(&r.preflight), "on (default): every worker times a fixed compute check (50-75 ms on a 2-core machine) before it first joins, and one on a host new to the job a round trip of 1 MiB each way with a worker on another host (at most 1 s); a new host whose check took more than 3 times the job's workers' median, or whose link probe took more than 3 times theirs or did not finish, is held back; its slot sits out a cooldown (--blacklist-cooldown-range) and is tried again; off: no check")
     ("crash-loop-limit", po::value<int>(&o.crash_loop_limit), "end the job when this many generations in a row fail with the same exit status on every host, each within 60 s and before any commit or finished worker (default 3; 0: never)");
 }
@@ -180,7 +180,7 @@ void add_launcher_flags(po::options_description& desc, DriverOptions& o, RawFlag
     ("heartbeat-timeout", po::value<double>(&r.heartbeat_timeout), "seconds a host's agent (or the driver, seen from the agent) may be silent before it is declared lost (default 5; heartbeats every 1 s)")
     ("drain-timeout", po::value<double>(&r.drain_timeout), "seconds a host that leaves on notice (SIGTERM to its agent or its workers, as Slurm and Kubernetes deliver a preemption; a `host:slots draining` discovery line) has for its workers to leave the job at their next commit, with nothing rolled back and no failure counted; workers still there after it are stopped as a failure (default 20; 0: a SIGTERM stops a host's workers at once, as a failure)")
     ("job-name", po::value<std::string>(&o.job_name), "the job's name for a takeover (with --driver-grace): the same command run again from the same directory finds the job without it; two jobs of the same command beside each other need different names")
-    ("driver-grace", po::value<double>(&r.driver_grace), "seconds each host's agent keeps its workers training once erun is gone without a stop order (SIGKILL, a dropped connection, SIGHUP) and holds their output, waiting for a new erun to take the job over: the same command again, or erun --attach NAME; erun --standby --attach NAME (or --standby --job-record DIR/NAME/record) watches the job and takes it over by itself when its erun is gone or silent for --heartbeat-timeout (default 60; 0: they stop with erun)");
+    ("driver-grace", po::value<double>(&r.driver_grace), "seconds each host's agent keeps its workers training once erun is gone without a stop order (SIGKILL, a dropped connection, SIGHUP) and holds their output, waiting for a new erun to take the job over: the same command again, or erun --attach NAME; erun --watch --attach NAME (or --watch --job-record DIR/NAME/record) watches the job and takes it over by itself when its erun is gone or silent for --heartbeat-timeout (default 60; 0: they stop with erun)");
 }
 
 void add_output_flags(po::options_description& desc, DriverOptions& o, RawFlags& r) {

@@ -672,7 +672,7 @@ int main(int argc, char** argv) {
   std::string attach_name, attach_address;
   bool standby = false;
   if (auto takeover = erun::parse_takeover_form(args)) {
-    // `erun --attach NAME` and `erun --standby --attach NAME`, the record
+    // `erun --attach NAME` and `erun --watch --attach NAME`, the record
     // found by its name or given (--job-record FILE): the job's own
     // command, from its own directory.
     if (!takeover->error.empty()) {

@@ -386,7 +386,7 @@ TEST_F(ErunTakeover, AStandbyDriverTakesTheJobOverWhenItsErunIsKilled) {
   ErunProcess first(args({"-np", "2"}), env());
   const std::string name = job_name(first);
   ASSERT_FALSE(name.empty()) << first.err();
-  ErunProcess standby({"--standby", "--attach", name}, env());
+  ErunProcess standby({"--watch", "--attach", name}, env());
   ASSERT_TRUE(standby.wait_output("standing by for its driver", 30s)) << standby.err();
   // One standby is enough.
   ErunProcess second({"--standby", "--attach", name}, env());
@@ -472,7 +472,7 @@ TEST_F(ErunTakeover, AStandbyDriverTakesAFrozenDriversJobWhichThenLeaves) {
   const std::string name = job_name(first);
   ASSERT_FALSE(name.empty()) << first.err();
   const std::string record = dir_.file("jobs") + "/" + name + "/record";
-  ErunProcess standby({"--standby", "--job-record", record}, env());
+  ErunProcess standby({"--watch", "--job-record", record}, env());
   ASSERT_TRUE(standby.wait_output("standing by for its driver", 30s)) << standby.err();
   ASSERT_TRUE(first.wait_output(":epoch 1 loss=", 120s)) << first.out() << first.err();
   std::set<pid_t> before = workers();

@@ -38,7 +38,7 @@ class RecordKeeper {
     const bool changed = version != version_ || now_kept != static_cast<const DriverRecord&>(last_);
     if (!changed && now < next_) return;
     next_ = now + std::chrono::seconds(1);
-    // The heartbeat a standby driver watches (erun --standby --attach), and
+    // The heartbeat a standby driver watches (erun --watch --attach), and
     // the lock once a replaced driver let it go (a standby that took the job
     // from a silent one holds none at first).
     store_.touch();

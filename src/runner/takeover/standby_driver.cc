@@ -19,7 +19,7 @@ std::optional<TakeoverForm> parse_takeover_form(const std::vector<std::string>& 
   TakeoverForm f;
   std::string record_file;
   for (size_t i = 0; i < args.size(); ++i) {
-    if (args[i] == "--standby") {
+    if (args[i] == "--watch" || args[i] == "--standby") {  // --standby: the older name (--standby N is workers)
       f.standby = true;
     } else if ((args[i] == "--attach" || args[i] == "--job-record") && i + 1 < args.size()) {
       (args[i] == "--attach" ? f.name : record_file) = args[i + 1];

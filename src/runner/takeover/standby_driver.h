@@ -1,5 +1,5 @@
 // The takeover forms of erun's command line (`erun --attach NAME`,
-// `erun --standby --attach NAME`, `--job-record FILE`) and the standby
+// `erun --watch --attach NAME`, `--job-record FILE`) and the standby
 // driver's watch over a job's driver (docs/protocol.md, "Taking a job over").
 #pragma once
 
@@ -27,7 +27,7 @@ struct TakeoverForm {
 };
 std::optional<TakeoverForm> parse_takeover_form(const std::vector<std::string>& args);
 
-// `erun --standby --attach NAME`: watches job NAME's driver through its
+// `erun --watch --attach NAME`: watches job NAME's driver through its
 // record and takes the job over by itself when that driver is gone (the
 // job's lock is free) or has been silent for `silence` (its heartbeat, the
 // record's modification time, stands still: frozen, or its machine cut
