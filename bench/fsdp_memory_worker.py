@@ -12,7 +12,6 @@ the peak being the highest RssAnon sampled between the two.
 """
 import argparse
 import os
-import threading
 import time
 
 import torch
@@ -21,38 +20,11 @@ from torch.distributed.fsdp import fully_shard
 
 import erun
 import erun.torch
+from reshard_worker import PeakRss, rss_kib  # bench/: this script's directory
 
 
 def rss_anon_kb():
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("RssAnon:"):
-                return int(line.split()[1])
-    return 0
-
-
-class Sampler:
-    """The highest RssAnon since mark(), sampled every 2 ms."""
-
-    def __init__(self):
-        self.peak = 0
-        self.lock = threading.Lock()
-        threading.Thread(target=self.run, daemon=True).start()
-
-    def run(self):
-        while True:
-            v = rss_anon_kb()
-            with self.lock:
-                self.peak = max(self.peak, v)
-            time.sleep(0.002)
-
-    def mark(self):
-        with self.lock:
-            self.peak = rss_anon_kb()
-
-    def take(self):
-        with self.lock:
-            return max(self.peak, rss_anon_kb())
+    return rss_kib()[0]
 
 
 def piece_kb(state):
@@ -88,19 +60,19 @@ def main():
         return model
 
     erun.init()
-    sampler = Sampler()
+    peak = PeakRss()
     state = erun.torch.FSDPState(build, lambda m: torch.optim.Adam(m.parameters(), lr=1e-4), step=0)
     before = {}
 
     @state.on_rejoin
     def note():
         before.update(size=erun.size(), rss=rss_anon_kb(), pieces=piece_kb(state))
-        sampler.mark()
+        peak.take()  # from here on
 
     @state.on_reset
     def report(old, new):
-        peak = sampler.take()
-        print(f"MEM pid {os.getpid()} world {old}->{new} before_kb {before.get('rss', 0)} peak_kb {peak} "
+        high = max(peak.take(), rss_anon_kb())
+        print(f"MEM pid {os.getpid()} world {old}->{new} before_kb {before.get('rss', 0)} peak_kb {high} "
               f"after_kb {rss_anon_kb()} old_kb {before.get('pieces', 0)} new_kb {piece_kb(state)}", flush=True)
 
     print(f"pid {os.getpid()} rank {erun.rank()} started width {width}", flush=True)

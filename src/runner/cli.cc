@@ -311,10 +311,10 @@ std::string check_build_text() {
       "    [ ] MXNet\n\n"
       "Available Controllers:\n"
       "    [X] erun         elastic: discovery, in-place recovery (Horovod's Gloo role)\n"
-      "    [X] MPI          --mpi / --launcher mpirun (static), with an erun built with MPI\n\n"
+      "    [?] MPI          --mpi / --launcher mpirun (static), when erun was built with MPI\n\n"
       "Available Tensor Operations:\n"
       "    [X] erun         shared memory within a host, TCP between hosts (CPU)\n"
-      "    [X] NCCL         when erun was built with CUDA (python -c 'import erun.horovod.torch as hvd; "
+      "    [?] NCCL         when erun was built with CUDA (python -c 'import erun.horovod.torch as hvd; "
       "print(hvd.nccl_built())')\n",
       ERUN_VERSION);
 }

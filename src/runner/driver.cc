@@ -270,14 +270,19 @@ bool Driver::start_generation(const HostSet& usable) {
   int master_port = launcher_for(rank0_host, &rank0_local).free_port(rank0_host, d_.secret, o_.ssh_connect_timeout);
   ERUN_LOG_INFO("{}: starting {} (MASTER_ADDR={} MASTER_PORT={})", who(rec_.generation), plan_.to_string(),
                 master_addr, master_port);
-  for (const Worker& w : workers_) {
-    if (d_.output) d_.output->forget(w.key);  // its pipes and stderr lines go with it
-  }
-  workers_.clear();
+  drop_workers(/*ended_only=*/false);
   publish(/*fresh=*/true, /*after_failure=*/false);
   for (auto& a : plan_.ranks) launch_worker(a, master_addr, master_port);
   set_phase(JobPhase::kRunning);
   return true;
+}
+
+void Driver::drop_workers(bool ended_only) {
+  auto dropped = [ended_only](const Worker& w) { return !ended_only || w.exit.has_value(); };
+  for (const Worker& w : workers_) {
+    if (dropped(w) && d_.output) d_.output->forget(w.key);
+  }
+  workers_.erase(std::remove_if(workers_.begin(), workers_.end(), dropped), workers_.end());
 }
 
 void Driver::reap() {
@@ -380,6 +385,32 @@ void Driver::set_phase(JobPhase next) {
   }
   ERUN_LOG_DEBUG("job phase: {} -> {}", to_string(phase_), to_string(next));
   phase_ = next;
+}
+
+void Driver::request_stop(int signal) { stop_signal_.store(signal); }
+long Driver::generation() const { return rec_.generation; }
+JobPhase Driver::phase() const { return phase_; }
+int Driver::resets() const { return rec_.resets; }
+int Driver::restarts() const { return rec_.restarts; }
+uint64_t Driver::superseded_by() const { return superseded_by_; }
+const Plan& Driver::plan() const { return plan_; }
+const DriverRecord& Driver::record() const { return rec_; }
+const HostManager& Driver::host_manager() const { return hosts_; }
+
+void Driver::fail_generation(Failure f) {
+  if (!gen_.failure) gen_.failure = std::move(f);
+}
+
+bool Driver::Worker::alive() const { return !exit && handle; }
+bool Driver::Worker::pending() const { return state == WorkerState::kPending; }
+bool Driver::Worker::standby() const { return is_standby(stage); }
+bool Driver::Worker::standby_ready() const { return stage == WorkerStage::kStandbyReady; }
+bool Driver::Worker::replacement() const {
+  return pending() && (stage == WorkerStage::kReplacement || stage == WorkerStage::kGrowth);
+}
+bool Driver::Worker::fresh() const { return stage != WorkerStage::kSettled; }
+bool Driver::Worker::left_out() const {
+  return state == WorkerState::kRetiring || state == WorkerState::kDismissed || state == WorkerState::kExcluded;
 }
 
 void Driver::Worker::set_state(WorkerState next) {
@@ -677,6 +708,30 @@ void Driver::begin_finishing() {
   set_phase(JobPhase::kFinishing);
 }
 
+bool Driver::held_below_min_np(const Plan& next, const HostSet& usable, bool in_place) {
+  if (next.size() >= std::max(o_.min_np, 1)) {
+    waiting_.below_min_logged = false;
+    return false;
+  }
+  if (in_place && draining_members()) {
+    // A host leaves on notice whatever the plan: its workers leave at the
+    // commit, and the survivors wait in the rendezvous for --min-np.
+    count_reset("membership changed");
+    reconfigure("a host drains", /*after_failure=*/false);
+    return true;
+  }
+  // Fewer slots than --min-np: a shrink would stop the job. The running
+  // workers go on (failures still count) until the hosts come back.
+  if (!waiting_.below_min_logged) {
+    ERUN_LOG_WARN("{}: discovery offers {} usable slot{}, fewer than --min-np {}; keeping the {} running "
+                  "workers until hosts return",
+                  who(rec_.generation), usable.total_slots(), usable.total_slots() == 1 ? "" : "s", o_.min_np,
+                  plan_.size());
+    waiting_.below_min_logged = true;
+  }
+  return true;
+}
+
 void Driver::follow_membership() {
   // Recomputed only when the hosts, the blacklist, the plan or the
   // blacklisted hosts kept for their survivors changed.
@@ -695,26 +750,7 @@ void Driver::follow_membership() {
     waiting_.below_min_logged = false;
     return;
   }
-  if (next.size() < std::max(o_.min_np, 1) && in_place && draining_members()) {
-    // A host leaves on notice whatever the plan: its workers leave at the
-    // commit, and the survivors wait in the rendezvous for --min-np.
-    count_reset("membership changed");
-    reconfigure("a host drains", /*after_failure=*/false);
-    return;
-  }
-  if (next.size() < std::max(o_.min_np, 1)) {
-    // Fewer slots than --min-np: a shrink would stop the job. The running
-    // workers go on (failures still count) until the hosts come back.
-    if (!waiting_.below_min_logged) {
-      ERUN_LOG_WARN("{}: discovery offers {} usable slot{}, fewer than --min-np {}; keeping the {} running "
-                    "workers until hosts return",
-                    who(rec_.generation), usable.total_slots(), usable.total_slots() == 1 ? "" : "s", o_.min_np,
-                    plan_.size());
-      waiting_.below_min_logged = true;
-    }
-    return;
-  }
-  waiting_.below_min_logged = false;
+  if (held_below_min_np(next, usable, in_place)) return;
   const bool keeps_every_slot = std::all_of(plan_.ranks.begin(), plan_.ranks.end(),
                                             [&](const RankAssignment& r) { return next.contains(r.slot); });
   if (o_.reset_limit >= 0 && rec_.resets >= o_.reset_limit) {

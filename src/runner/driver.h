@@ -84,24 +84,24 @@ class Driver {
   std::optional<int> step();
   // Prints the plan and the exact launch commands (after start()); launches nothing.
   int dry_run(std::FILE* out);
-  void request_stop(int signal) { stop_signal_.store(signal); }
+  void request_stop(int signal);
 
   // For tests and the event log.
-  long generation() const { return rec_.generation; }
-  JobPhase phase() const { return phase_; }
-  int resets() const { return rec_.resets; }
-  int restarts() const { return rec_.restarts; }
+  long generation() const;
+  JobPhase phase() const;
+  int resets() const;
+  int restarts() const;
   // Some member of the running plan joined the rendezvous (the job's workers
   // use erun's library: a takeover keeps them in place).
   bool members_joined() const;
   // Another driver took the job over (an agent said SUPERSEDED): this one
   // ended without touching the workers.
-  uint64_t superseded_by() const { return superseded_by_; }
-  const Plan& plan() const { return plan_; }
+  uint64_t superseded_by() const;
+  const Plan& plan() const;
   // The driver's state that a new driver would take the job over from (the
   // job record's part): where this one keeps it.
-  const DriverRecord& record() const { return rec_; }
-  const HostManager& host_manager() const { return hosts_; }
+  const DriverRecord& record() const;
+  const HostManager& host_manager() const;
 
  private:
   struct Worker {
@@ -124,21 +124,17 @@ class Driver {
     // member leaves its pending stage for kFresh.
     void set_state(WorkerState next);
     void set_stage(WorkerStage next);
-    bool alive() const { return !exit && handle; }
-    bool pending() const { return state == WorkerState::kPending; }
+    bool alive() const;
+    bool pending() const;
     // A standby not promoted (also once stopped: its end is no failure).
-    bool standby() const { return is_standby(stage); }
-    bool standby_ready() const { return stage == WorkerStage::kStandbyReady; }
+    bool standby() const;
+    bool standby_ready() const;
     // Pending for a plan: a failed rank's replacement or a growth's worker (not a standby).
-    bool replacement() const {
-      return pending() && (stage == WorkerStage::kReplacement || stage == WorkerStage::kGrowth);
-    }
+    bool replacement() const;
     // Launched into a running job and not yet a member of a complete generation.
-    bool fresh() const { return stage != WorkerStage::kSettled; }
+    bool fresh() const;
     // Out of the running plan for good: retiring, dismissed or excluded.
-    bool left_out() const {
-      return state == WorkerState::kRetiring || state == WorkerState::kDismissed || state == WorkerState::kExcluded;
-    }
+    bool left_out() const;
   };
   struct Failure {
     long generation = 0;
@@ -248,6 +244,9 @@ class Driver {
   void handle_generation_failure();
   // kRunning: would a fresh plan differ from the running one? Resize if so.
   void follow_membership();
+  // follow_membership()'s plan `next` has fewer slots than --min-np: the
+  // running workers stay (a draining host still leaves). True when it did.
+  bool held_below_min_np(const Plan& next, const HostSet& usable, bool in_place);
   // One more reset (--reset-limit counts them), with its event-log line.
   void count_reset(const char* reason);
   // kRunning -> kFinishing once a rank finished.
@@ -265,6 +264,10 @@ class Driver {
   // Every change of the discovered hosts goes through here (keeps discovery_.all_local).
   void set_discovered(HostSet hosts);
   void reap();
+  // Forgets the workers (ended_only: those whose exit is known), their
+  // output's pipes and stderr lines with them (bench/long_run.py found them
+  // held for the job's life otherwise).
+  void drop_workers(bool ended_only);
   // reap() found `w` ended with `s`: logs and records it, and decides what
   // the end is (a standby's or a replacement's loss, erun's own stop, a
   // success, or the generation's failure).
@@ -295,6 +298,13 @@ class Driver {
   // Excludes members named silent once the other members of their generation
   // re-joined or ended (see the comment in driver_in_place.cc).
   void exclude_silent();
+  struct LeftGeneration;
+  // exclude_silent() for one left generation that has silent reports.
+  void exclude_silent_of(long generation, const Plan& left, LeftGeneration& g);
+  // Kills the open members of `generation` that neither re-joined nor ended
+  // (more than one, or one beside an ended member), naming who reported each.
+  void exclude_open_members(long generation, const std::vector<const RankAssignment*>& open,
+                            const JoinRequest& report, const std::vector<JoinRequest>& reports);
   // Kills `w`, which held `failed` in `generation`, and leaves it out: the
   // generation's failure unless it already has one.
   void exclude_worker(Worker& w, long generation, const RankAssignment& failed, PeerState state);
@@ -318,6 +328,10 @@ class Driver {
   // admitted later by admit_replacements(): survivors never wait for a new
   // worker's start-up (a Python worker spends seconds importing torch).
   void reconfigure(const char* reason, bool after_failure);
+  // After a failure, survivors that alone meet --min-np go on at once in a
+  // generation of their own (`next`, over their slots and ready standbys'),
+  // and the free slots of `full` get pending replacements: true then.
+  bool survivors_alone(const Plan& full, Plan& next);
   // reconfigure() below --min-np: the survivors wait in the rendezvous
   // (kWaitingWithSurvivors), or, with none, every worker stops.
   void wait_below_min_np(const HostSet& usable);
@@ -400,9 +414,7 @@ class Driver {
   void tend_host_memory();
   // The current generation failed: the first failure noted stands (its
   // report and exit code), later ones of the same generation add nothing.
-  void fail_generation(Failure f) {
-    if (!gen_.failure) gen_.failure = std::move(f);
-  }
+  void fail_generation(Failure f);
   // Stops every worker, then ends the job with the failure's exit code.
   void finish_with_failure(const Failure& f);
   int job_exit_code();

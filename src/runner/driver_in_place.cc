@@ -194,56 +194,64 @@ void Driver::exclude_silent() {
     const long generation = it->first;
     LeftGeneration& g = it->second;
     ++it;
-    if (g.silent.empty()) continue;
-    std::vector<const RankAssignment*> open;
-    size_t ended = 0;
-    for (auto& r : left->ranks) {
-      if (g.left.count(r.slot)) continue;
-      const Worker* w = worker_of(generation, r.slot);
-      if (w && w->alive() && !w->left_out()) {
-        open.push_back(&r);
-      } else {
-        ++ended;
-      }
+    if (!g.silent.empty()) exclude_silent_of(generation, *left, g);
+  }
+}
+
+void Driver::exclude_silent_of(long generation, const Plan& left, LeftGeneration& g) {
+  std::vector<const RankAssignment*> open;
+  size_t ended = 0;
+  for (auto& r : left.ranks) {
+    if (g.left.count(r.slot)) continue;
+    const Worker* w = worker_of(generation, r.slot);
+    if (w && w->alive() && !w->left_out()) {
+      open.push_back(&r);
+    } else {
+      ++ended;
     }
-    const size_t settled = g.left.size() + ended;
-    if (settled != g.settled) {
-      g.settled = settled;
-      g.changed_at = clock_.now();
-    }
-    if (open.empty()) {
-      g.silent.clear();  // nobody left to exclude
-      continue;
-    }
-    auto names_open = [&](const JoinRequest& j) {
-      return std::any_of(open.begin(), open.end(), [&](const RankAssignment* r) { return j.failed_rank == r->rank; });
-    };
-    auto named = std::find_if(g.silent.begin(), g.silent.end(), names_open);
-    if (named == g.silent.end()) continue;
-    const bool alone = open.size() == 1 && ended == 0;
-    if (!alone && clock_.now() - g.changed_at < kSilentSettle) continue;
-    const JoinRequest report = *named;
-    const std::vector<JoinRequest> g_reports = std::exchange(g.silent, {});  // decided: later reports change nothing
-    if (alone) {
-      exclude_reported(report, fmt::format(", and every other member of generation {} re-joined", generation));
-      continue;
-    }
-    std::vector<int> ranks;
-    for (auto* r : open) ranks.push_back(r->rank);
-    for (auto* r : open) {
-      Worker* w = worker_of(generation, r->slot);
-      auto by = std::find_if(g_reports.begin(), g_reports.end(),
-                             [&](const JoinRequest& j) { return j.failed_rank == r->rank; });
-      ERUN_LOG_WARN("{}: {}; rank{} {} of generation {} neither re-joined nor ended within {:.1f} s of the other "
-                    "members; killing {} and going on without {}",
-                    who(generation, r->slot.host, r->rank),
-                    by != g_reports.end() ? fmt::format("named silent by {}", reporter(*by))
-                                          : fmt::format("not named by anyone (rank {} was named silent)",
-                                                        report.failed_rank),
-                    ranks.size() == 1 ? "" : "s", fmt::join(ranks, ","), generation, seconds(kSilentSettle),
-                    ranks.size() == 1 ? "it" : "them", ranks.size() == 1 ? "it" : "them");
-      exclude_worker(*w, generation, *r, PeerState::kSilent);
-    }
+  }
+  const size_t settled = g.left.size() + ended;
+  if (settled != g.settled) {
+    g.settled = settled;
+    g.changed_at = clock_.now();
+  }
+  if (open.empty()) {
+    g.silent.clear();  // nobody left to exclude
+    return;
+  }
+  auto names_open = [&](const JoinRequest& j) {
+    return std::any_of(open.begin(), open.end(), [&](const RankAssignment* r) { return j.failed_rank == r->rank; });
+  };
+  auto named = std::find_if(g.silent.begin(), g.silent.end(), names_open);
+  if (named == g.silent.end()) return;
+  const bool alone = open.size() == 1 && ended == 0;
+  if (!alone && clock_.now() - g.changed_at < kSilentSettle) return;
+  const JoinRequest report = *named;
+  const std::vector<JoinRequest> reports = std::exchange(g.silent, {});  // decided: later reports change nothing
+  if (alone) {
+    exclude_reported(report, fmt::format(", and every other member of generation {} re-joined", generation));
+    return;
+  }
+  exclude_open_members(generation, open, report, reports);
+}
+
+void Driver::exclude_open_members(long generation, const std::vector<const RankAssignment*>& open,
+                                  const JoinRequest& report, const std::vector<JoinRequest>& reports) {
+  std::vector<int> ranks;
+  for (auto* r : open) ranks.push_back(r->rank);
+  for (auto* r : open) {
+    Worker* w = worker_of(generation, r->slot);
+    auto by = std::find_if(reports.begin(), reports.end(),
+                           [&](const JoinRequest& j) { return j.failed_rank == r->rank; });
+    ERUN_LOG_WARN("{}: {}; rank{} {} of generation {} neither re-joined nor ended within {:.1f} s of the other "
+                  "members; killing {} and going on without {}",
+                  who(generation, r->slot.host, r->rank),
+                  by != reports.end() ? fmt::format("named silent by {}", reporter(*by))
+                                      : fmt::format("not named by anyone (rank {} was named silent)",
+                                                    report.failed_rank),
+                  ranks.size() == 1 ? "" : "s", fmt::join(ranks, ","), generation, seconds(kSilentSettle),
+                  ranks.size() == 1 ? "it" : "them", ranks.size() == 1 ? "it" : "them");
+    exclude_worker(*w, generation, *r, PeerState::kSilent);
   }
 }
 
@@ -414,33 +422,14 @@ void Driver::reconfigure(const char* reason, bool after_failure) {
     wait_below_min_np(usable);
     return;
   }
-  // Forget workers that are gone (their output's pipes and stderr lines
-  // too: bench/long_run.py found them held for the job's life); survivors
-  // keep their processes, excluded ones are kept until reaped.
-  for (const Worker& w : workers_) {
-    if (w.exit && d_.output) d_.output->forget(w.key);
-  }
-  workers_.erase(std::remove_if(workers_.begin(), workers_.end(), [](const Worker& w) { return w.exit.has_value(); }),
-                 workers_.end());
+  // Survivors keep their processes, excluded ones are kept until reaped.
+  drop_workers(/*ended_only=*/true);
   // A slot no member holds goes to a ready standby (driver_standby_workers.cc).
   Plan scratch;
   const Plan full =
       with_standbys(without_resting(make_plan(rec_.generation + 1, usable, o_.max_np, &plan_with_pending(scratch))));
-  // After a failure, survivors that alone meet --min-np go on at once in a
-  // generation of their own; the free slots get pending replacements. Ready
-  // standbys join with them: the job stays whole.
   Plan next = full;
-  bool alone = false;
-  if (after_failure) {
-    std::vector<SlotKey> kept;
-    for (auto& r : full.ranks) {
-      if (slot_held(r.slot, /*pending_too=*/false) || standby_ready_at(r.slot)) kept.push_back(r.slot);
-    }
-    if (kept.size() < full.ranks.size() && static_cast<int>(kept.size()) >= std::max(o_.min_np, 1)) {
-      next = plan_over_slots(rec_.generation + 1, kept);
-      alone = true;
-    }
-  }
+  const bool alone = after_failure && survivors_alone(full, next);
   ++rec_.generation;
   set_phase(JobPhase::kRunning);
   const int retired = reassign_workers(next, alone ? &full : nullptr, /*stop_retired=*/after_failure);
@@ -463,6 +452,16 @@ void Driver::reconfigure(const char* reason, bool after_failure) {
                 alone ? fmt::format("; the survivors go on alone, {} replacement{} join{} them once started", pending,
                                     pending == 1 ? "" : "s", pending == 1 ? "s" : "")
                       : "");
+}
+
+bool Driver::survivors_alone(const Plan& full, Plan& next) {
+  std::vector<SlotKey> kept;
+  for (auto& r : full.ranks) {
+    if (slot_held(r.slot, /*pending_too=*/false) || standby_ready_at(r.slot)) kept.push_back(r.slot);
+  }
+  if (kept.size() == full.ranks.size() || static_cast<int>(kept.size()) < std::max(o_.min_np, 1)) return false;
+  next = plan_over_slots(rec_.generation + 1, kept);
+  return true;
 }
 
 void Driver::wait_below_min_np(const HostSet& usable) {

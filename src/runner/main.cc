@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <thread>
 #include <variant>
@@ -664,52 +665,61 @@ int run_driver(const erun::DriverOptions& options, erun::HostDiscovery& discover
 
 }  // namespace
 
+// `erun --attach NAME` or `erun --watch --attach NAME` (--job-record FILE):
+// the job taken over, by its name.
+struct Attach {
+  std::string name, address;
+  bool standby = false;
+};
+
+// For the takeover forms: fills `attach`, enters the job's directory and
+// puts the job's own command line into `args`. An exit code when erun
+// stops here (a wrong form, no such job).
+std::optional<int> resolve_takeover(std::vector<std::string>& args, Attach& attach) {
+  auto takeover = erun::parse_takeover_form(args);
+  if (!takeover) return std::nullopt;
+  if (!takeover->error.empty()) {
+    std::fprintf(stderr, "erun: %s\n", takeover->error.c_str());
+    return 2;
+  }
+  attach = Attach{takeover->name, takeover->driver_address, takeover->standby};
+  if (!takeover->jobs_dir.empty()) ::setenv("ERUN_JOB_DIR", takeover->jobs_dir.c_str(), 1);
+  const bool valid = erun::valid_job_name(attach.name);
+  auto record = valid ? erun::peek_record(erun::jobs_directory(), attach.name) : std::nullopt;
+  // A standby started with the job may come before its first record.
+  for (int i = 0; attach.standby && !record && i < 150 && valid; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    record = erun::peek_record(erun::jobs_directory(), attach.name);
+  }
+  if (!record) {
+    std::fprintf(stderr, "erun --attach %s: no such job in %s (a job has a record only while it runs with "
+                         "--driver-grace; its name is in erun's log)\n",
+                 attach.name.c_str(), erun::jobs_directory().c_str());
+    return 2;
+  }
+  if (!record->cwd.empty() && ::chdir(record->cwd.c_str()) != 0) {
+    std::fprintf(stderr, "erun --attach %s: cannot enter the job's directory %s: %s\n", attach.name.c_str(),
+                 record->cwd.c_str(), std::strerror(errno));
+    return 2;
+  }
+  args = record->args;
+  return std::nullopt;
+}
+
 int main(int argc, char** argv) {
   if (argc >= 2 && std::string(argv[1]) == "--agent") return agent_main(argc, argv);
   // `erun report EVENTS.jsonl [-o FILE]` (a program named report: erun ./report)
   if (argc >= 2 && std::string(argv[1]) == "report") return erun::report_main(argc - 1, argv + 1);
   std::vector<std::string> args(argv + 1, argv + argc);
-  std::string attach_name, attach_address;
-  bool standby = false;
-  if (auto takeover = erun::parse_takeover_form(args)) {
-    // `erun --attach NAME` and `erun --watch --attach NAME`, the record
-    // found by its name or given (--job-record FILE): the job's own
-    // command, from its own directory.
-    if (!takeover->error.empty()) {
-      std::fprintf(stderr, "erun: %s\n", takeover->error.c_str());
-      return 2;
-    }
-    attach_name = takeover->name;
-    attach_address = takeover->driver_address;
-    standby = takeover->standby;
-    if (!takeover->jobs_dir.empty()) ::setenv("ERUN_JOB_DIR", takeover->jobs_dir.c_str(), 1);
-    auto record = erun::valid_job_name(attach_name) ? erun::peek_record(erun::jobs_directory(), attach_name)
-                                                    : std::nullopt;
-    // A standby started with the job may come before its first record.
-    for (int i = 0; standby && !record && i < 150 && erun::valid_job_name(attach_name); ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(200));
-      record = erun::peek_record(erun::jobs_directory(), attach_name);
-    }
-    if (!record) {
-      std::fprintf(stderr, "erun --attach %s: no such job in %s (a job has a record only while it runs with "
-                           "--driver-grace; its name is in erun's log)\n",
-                   attach_name.c_str(), erun::jobs_directory().c_str());
-      return 2;
-    }
-    if (!record->cwd.empty() && ::chdir(record->cwd.c_str()) != 0) {
-      std::fprintf(stderr, "erun --attach %s: cannot enter the job's directory %s: %s\n", attach_name.c_str(),
-                   record->cwd.c_str(), std::strerror(errno));
-      return 2;
-    }
-    args = record->args;
-  }
+  Attach attach;
+  if (auto code = resolve_takeover(args, attach)) return *code;
   std::vector<char*> cargs = {argv[0]};
   for (auto& a : args) cargs.push_back(a.data());
   auto parsed = parse_options(static_cast<int>(cargs.size()), cargs.data());
   if (auto* code = std::get_if<int>(&parsed)) return *code;
   auto& options = std::get<erun::DriverOptions>(parsed);
-  if (!attach_name.empty()) options.job_name = attach_name;
-  if (!attach_address.empty()) options.driver_address = attach_address;
+  if (!attach.name.empty()) options.job_name = attach.name;
+  if (!attach.address.empty()) options.driver_address = attach.address;
   // Warnings and errors by default; erun's agents and workers say the same
   // (local agents and mpirun's ranks inherit the variable, the driver gives
   // it to every worker, a remote agent gets --log-level).
@@ -732,8 +742,8 @@ int main(int argc, char** argv) {
   }
   ::signal(SIGPIPE, SIG_IGN);
   std::unique_ptr<erun::JobStore> standby_store;
-  if (standby) {
-    auto watched = erun::stand_by(erun::jobs_directory(), attach_name, options.heartbeat_timeout);
+  if (attach.standby) {
+    auto watched = erun::stand_by(erun::jobs_directory(), attach.name, options.heartbeat_timeout);
     if (auto* code = std::get_if<int>(&watched)) return *code;
     standby_store = std::move(std::get<std::unique_ptr<erun::JobStore>>(watched));
   }

@@ -22,7 +22,7 @@ import torch
 
 from erun import _core, _erun
 from erun._erun import ReduceOp
-from ..common.exceptions import translated
+from ..common.exceptions import HostsUpdatedInterrupt, translated
 
 # Reduction operators, as Horovod names them. Adasum has no erun kernel: it is
 # refused by name wherever an op is taken.
@@ -154,11 +154,8 @@ def poll(handle: Handle) -> bool:
 def _with_name(exc: BaseException, name: Optional[str]) -> BaseException:
     """erun's error, translated to Horovod's, naming the operation when it has a name."""
     t = translated(exc)
-    if name and isinstance(t, _erun.Error) and type(t).__init__ is type(exc).__init__:
-        try:
-            t = type(t)(f"{t} (the operation named '{name}')")
-        except TypeError:
-            pass
+    if name and isinstance(t, _erun.Error) and not isinstance(t, HostsUpdatedInterrupt):
+        t = type(t)(f"{t} (the operation named '{name}')")  # erun's errors take their message alone
     return t
 
 
@@ -220,6 +217,8 @@ def cross_rank() -> int:
 
 
 def _launched_by_mpi() -> bool:
+    # The rule of launched_by_mpi() in src/worker/mpi_context.cc, which erun.init() follows; liberun's
+    # public API has no accessor for it.
     env = os.environ
     if env.get("ERUN_RDZV_ADDR"):
         return False
@@ -323,10 +322,6 @@ class _GlobalProcessSet:
 
 
 global_process_set = _GlobalProcessSet()
-
-
-def _named(what: str, name: Optional[str]) -> str:
-    return f"{what} '{name}'" if name else what
 
 
 def _scaled_reduce_(t: torch.Tensor, op: ReduceOp, prescale: float, postscale: float) -> torch.Tensor:
@@ -628,15 +623,20 @@ def alltoall(tensor: torch.Tensor, splits: Optional[Any] = None, name: Optional[
     the gathered tensor, and with splits also the rows received from each
     rank (as Horovod)."""
     _check_process_set(process_set)
-    out, received = _sync(lambda: _alltoall(tensor, splits), name)
-    return (out, received) if splits is not None else out
+    return _sync(lambda: _alltoall_result(tensor, splits), name)
 
 
 def alltoall_async(tensor: torch.Tensor, splits: Optional[Any] = None, name: Optional[str] = None,
                    process_set: Any = global_process_set) -> Handle:
     _check_process_set(process_set)
     work = _contiguous_copy(tensor)
-    return _comm.submit(lambda: _alltoall(work, splits) if splits is not None else _alltoall(work, None)[0], name)
+    return _comm.submit(lambda: _alltoall_result(work, splits), name)
+
+
+def _alltoall_result(tensor: torch.Tensor, splits: Optional[Any]) -> Any:
+    """Horovod's result: the gathered tensor, and with splits the rows received from each rank too."""
+    out, received = _alltoall(tensor, splits)
+    return (out, received) if splits is not None else out
 
 
 # --- reducescatter -------------------------------------------------------------------

@@ -64,9 +64,8 @@ class _HorovodHooks(GradientHooks):
 
     def _reset(self) -> None:
         super()._reset()
-        if hasattr(self, "_count_lock"):
-            with self._count_lock:
-                self._counts = {}
+        with self._count_lock:  # set before GradientHooks.__init__ first calls this
+            self._counts = {}
 
     def _submit(self, i: int) -> None:
         # _run_bucket keeps its error for wait(): the handle itself is not needed.
@@ -149,10 +148,10 @@ class _DistributedOptimizer:
         self._erun_synchronized = False
 
 
-def _named(named_parameters: Optional[Sequence[Tuple[str, torch.Tensor]]],
-           params: List[torch.Tensor]) -> Dict[int, str]:
+def _check_named(named_parameters: Optional[Sequence[Tuple[str, torch.Tensor]]], params: List[torch.Tensor]) -> None:
+    """Refuses what Horovod refuses: entries that are not (name, parameter), duplicate names, unnamed parameters."""
     if named_parameters is None:
-        return {id(p): f"allreduce.noname.{i}" for i, p in enumerate(params)}
+        return
     named = list(named_parameters)
     if not all(isinstance(x, tuple) and len(x) == 2 for x in named):
         raise ValueError("erun.horovod: named_parameters should be a sequence of (name, parameter) tuples, "
@@ -162,12 +161,11 @@ def _named(named_parameters: Optional[Sequence[Tuple[str, torch.Tensor]]],
     if dups:
         raise ValueError(f"erun.horovod: parameter names in named_parameters must be unique; found duplicates: "
                          f"{', '.join(dups)}")
-    by_id = {id(p): n for n, p in named}
-    missing = [i for i, p in enumerate(params) if id(p) not in by_id]
+    named_ids = {id(p) for _, p in named}
+    missing = [i for i, p in enumerate(params) if id(p) not in named_ids]
     if missing:
         raise ValueError(f"erun.horovod: named_parameters was given, but {len(missing)} of the optimizer's "
                          f"parameters are not named (positions {missing[:8]} in its param_groups)")
-    return by_id
 
 
 def _groups(groups: Any, num_groups: int, params: List[torch.Tensor]) -> Optional[List[List[torch.Tensor]]]:
@@ -197,7 +195,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
         raise ValueError(f"erun.horovod: backward_passes_per_step must be at least 1, not {backward_passes_per_step}")
     _check_process_set(process_set)
     params = [p for group in optimizer.param_groups for p in group["params"]]
-    _named(named_parameters, params)
+    _check_named(named_parameters, params)
     base = optimizer.__class__
     namespace = {k: v for k, v in _DistributedOptimizer.__dict__.items()
                  if k not in ("__dict__", "__weakref__", "__annotations__")}
