@@ -360,6 +360,16 @@ TEST_F(ErunTakeover, NobodyTakingOverLeavesNothingAfterTheGrace) {
   }
   ASSERT_FALSE(shm_before.empty());
   for (auto& d : shm_before) ASSERT_TRUE(std::filesystem::exists(d)) << d;
+  // This job's agents, told apart from other tests' by the job directory
+  // in their environment.
+  auto job_agents = [job_dir = "\nERUN_JOB_DIR=" + dir_.file("jobs") + "\n"] {
+    std::vector<pid_t> out;
+    for (pid_t pid : pids_with_cmdline("--agent")) {
+      if (environ_of(pid).find(job_dir) != std::string::npos) out.push_back(pid);
+    }
+    return out;
+  };
+  ASSERT_FALSE(job_agents().empty()) << "the job's agent was not found";
   std::set<pid_t> before = start_and_kill(first, 0);
   ASSERT_EQ(before.size(), 2u);
   std::this_thread::sleep_for(1s);
@@ -377,7 +387,13 @@ TEST_F(ErunTakeover, NobodyTakingOverLeavesNothingAfterTheGrace) {
     if (!still.empty()) std::this_thread::sleep_for(100ms);
   } while (!still.empty() && std::chrono::steady_clock::now() < deadline);
   for (auto& d : shm_before) EXPECT_FALSE(std::filesystem::exists(d)) << d;
-  EXPECT_TRUE(pids_with_cmdline("--agent --attach").empty());
+  // No agent of this job is left.
+  std::vector<pid_t> agents;
+  deadline = std::chrono::steady_clock::now() + 10s;
+  while (!(agents = job_agents()).empty() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(100ms);
+  }
+  EXPECT_TRUE(agents.empty()) << describe_pids(agents);
 }
 
 // Test (i): a standby driver (erun --standby --attach NAME) watches the job
