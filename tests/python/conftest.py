@@ -22,6 +22,9 @@ WORKERS = pathlib.Path(__file__).resolve().parent / "workers"
 # The workers' interpreter: Debian's python3, or ERUN_TEST_PYTHON (scripts/gpu_tests.sh
 # passes the one whose torch has CUDA).
 PYTHON = os.environ.get("ERUN_TEST_PYTHON", "/usr/bin/python3")
+# Tests of erun's driver and command line, not of torch: once, in the Debian
+# pass (not again in the pass with PyPI's torch and the pip-installed erun).
+once = pytest.mark.skipif(bool(os.environ.get("ERUN_TEST_INSTALLED")), reason="runs once, in the Debian pass")
 
 
 def pids_running(needle):

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from conftest import PYTHON, host_of
+from conftest import PYTHON, host_of, once
 
 ARGS = ["--epochs", "6", "--samples", "768", "--batch", "32"]
 EPOCHS = 6
@@ -133,6 +133,7 @@ def every_worker_killed_at_once(ws, reference, args):
     assert job.out.count("epoch 1 ") == 1, job.out
 
 
+@once
 def test_a_sigterm_to_a_worker_drains_its_host_in_place(ws, reference):
     """A preemption as Slurm and Kubernetes deliver it, a SIGTERM to one host's
     worker: erun's library takes it as a notice (docs/python.md), so that host
@@ -172,6 +173,7 @@ def slow_down(pid, stop):
         pass
 
 
+@once
 def test_a_slowed_worker_is_left_out_at_a_commit_and_the_model_is_exact(ws, reference):
     """A straggler (docs/design.md, "Stragglers"): one of three torch workers
     slowed to a fifth of its speed is found from the commit intervals the
@@ -200,6 +202,7 @@ def test_a_slowed_worker_is_left_out_at_a_commit_and_the_model_is_exact(ws, refe
     assert all(r["reason"] != "peer lost" for r in job.events("rejoined")), job.events("rejoined")
 
 
+@once
 def test_a_user_error_ends_the_job_with_the_error_shown(ws):
     ws.hosts("node-a:2\n")
     job = ws.erun(["-np", "2", "--min-np", "1", "--max-np", "4"], "train_exact.py",
@@ -227,6 +230,7 @@ def test_alone_under_mpirun_and_in_restart_mode(ws, reference):
         assert checksum(mpi.out) == reference, mpi.out
 
 
+@once
 def test_a_lost_worker_is_replaced_by_a_warm_standby(ws, reference):
     """A script that spends 5 s before erun.init() (CUDA and data loading,
     say): the free fourth slot runs it up to its first join as a standby, and

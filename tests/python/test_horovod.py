@@ -15,11 +15,9 @@ import time
 
 import pytest
 
-from conftest import ERUN, PYTHON, host_of, wait_for
+from conftest import ERUN, PYTHON, host_of, once, wait_for
 
 EPOCHS = 5
-# erun's command line, no torch: once, in the Debian pass (not again with PyPI's torch and the pip-installed erun).
-once = pytest.mark.skipif(bool(os.environ.get("ERUN_TEST_INSTALLED")), reason="runs once, in the Debian pass")
 ARGS = ["--epochs", str(EPOCHS), "--samples", "144", "--batch", "6"]
 
 
