@@ -45,7 +45,8 @@ Driver::Driver(DriverOptions options, DriverDeps deps)
       hosts_(*d_.clock,
              BlacklistPolicy{o_.blacklist_after, from_seconds(o_.cooldown_min_s), from_seconds(o_.cooldown_max_s)},
              rec_.hosts),
-      stragglers_(StragglerOptions{o_.straggler_factor, o_.straggler_window}),
+      drains_(o_.drain_timeout),
+      stragglers_(o_),
       crash_loop_(o_.crash_loop_limit, o_.crash_loop_progress) {
   ERUN_CHECK(d_.discovery && d_.local_launcher && d_.clock);
   if (!d_.events) d_.events = &no_events();
@@ -170,10 +171,10 @@ void Driver::set_discovered(HostSet hosts) {
   discovery_.listed = std::move(hosts);
   if (discovery_.listed.any_draining()) {
     for (auto& h : discovery_.listed.hosts()) {
-      if (h.draining) start_drain(h.name, "discovery lists it draining", /*from_discovery=*/true);
+      if (h.draining) apply(drains_.start(snapshot(), h.name, "discovery lists it draining", /*from_discovery=*/true));
     }
   }
-  apply_drains();
+  derive_usable_hosts();
 }
 
 // What torchrun sets beyond the topology: node numbers and thread count.
@@ -229,7 +230,7 @@ std::vector<std::pair<std::string, std::string>> Driver::worker_env(const RankAs
   put("ERUN_RENDEZVOUS_TIMEOUT", seconds(o_.rendezvous_timeout));
   put("ERUN_ELASTIC_TIMEOUT", seconds(o_.elastic_timeout));
   if (o_.driver_grace > Duration::zero()) put("ERUN_DRIVER_GRACE", seconds(o_.driver_grace));
-  if (!preflight_on()) put("ERUN_PREFLIGHT", 0);
+  if (!stragglers_.preflight_on()) put("ERUN_PREFLIGHT", 0);
   // The workers' library says what erun says (--log-level).
   put("ERUN_LOG_LEVEL", log_level_name(o_.log_level));
   if (d_.membership) {
@@ -238,7 +239,11 @@ std::vector<std::pair<std::string, std::string>> Driver::worker_env(const RankAs
     put("ERUN_RDZV_ADDR", rendezvous_address(a.slot.host, local));
     put("ERUN_RDZV_PORT", d_.rendezvous_port);
     put("ERUN_ADVERTISE_ADDR", advertise_address(a.slot.host, local));
-    if (std::string peer = probe_peer_for(a.slot.host); !peer.empty()) put("ERUN_PROBE_PEER", peer);
+    if (auto peer = stragglers_.probe_peer_for(a.slot.host, plan_)) {
+      bool peer_local = false;
+      launcher_for(peer->first.host, &peer_local);
+      put("ERUN_PROBE_PEER", fmt::format("{}:{}", advertise_address(peer->first.host, peer_local), peer->second));
+    }
   }
   for (auto& e : o_.env) {
     auto eq = e.find('=');
@@ -261,7 +266,7 @@ void Driver::publish(bool fresh, bool after_failure) {
 
 bool Driver::start_generation(const HostSet& usable) {
   ++rec_.generation;
-  set_plan(without_resting(make_plan(rec_.generation, usable, o_.max_np, plan_.empty() ? nullptr : &plan_)));
+  set_plan(stragglers_.without_resting(make_plan(rec_.generation, usable, o_.max_np, plan_.empty() ? nullptr : &plan_)));
   if (rec_.generation > 1) ++rec_.restarts;
   crash_loop_.generation_started(rec_.generation, plan_.hosts());
   std::string master_addr = master_address();
@@ -412,6 +417,7 @@ bool Driver::Worker::fresh() const { return stage != WorkerStage::kSettled; }
 bool Driver::Worker::left_out() const {
   return state == WorkerState::kRetiring || state == WorkerState::kDismissed || state == WorkerState::kExcluded;
 }
+WorkerView Driver::Worker::view() const { return WorkerView{key, assignment, state, stage, alive()}; }
 
 void Driver::Worker::set_state(WorkerState next) {
   ERUN_CHECK(transition_allowed(state, next));
@@ -555,7 +561,12 @@ std::optional<int> Driver::turn() {
   refresh_hosts();
   take_drains();
   reap();
-  tend_host_memory();
+  if (memory_.due(clock_.now()) && phase_ != JobPhase::kStopping && phase_ != JobPhase::kFinishing &&
+      phase_ != JobPhase::kDone) {
+    apply(memory_.tend(
+        snapshot(), [&](const std::string& host) { bool local; return launcher_for(host, &local).agent_alive(host); },
+        [&](const std::string& host) { return hosts_.is_blacklisted(host); }));
+  }
   switch (phase_) {
     case JobPhase::kWaitingForHosts: wait_for_hosts(); break;
     case JobPhase::kWaitingWithSurvivors: wait_with_survivors(); break;
@@ -613,8 +624,12 @@ void Driver::supervise() {
   update_joined(m);
   handle_rejoins(m);
   retire_workers(m);
-  tend_drains(m);
-  watch_stragglers(m);
+  if (drains_.any()) apply(drains_.tend(snapshot(&m)));
+  if (d_.account) {
+    const double now = realtime_seconds();
+    for (auto& t : m.timings) d_.account->commit_seen(t.commit_id, now);
+  }
+  if (stragglers_.watching(m.timings)) apply(stragglers_.watch(snapshot(), gen_.complete && d_.membership, m.timings));
   enforce_rejoin_deadline(m);
   if (gen_.failure) {
     handle_generation_failure();
@@ -741,9 +756,9 @@ void Driver::follow_membership() {
                      in_place ? blacklisted_with_survivors() : std::vector<std::string>{});
   const HostSet& usable = plan_cache_.usable();
   // The cached plan, unless a straggler's slot sits out (no copy per tick).
-  const bool resting_slots = any_resting();
+  const bool resting_slots = stragglers_.any_resting();
   Plan filtered;
-  if (resting_slots) filtered = without_resting(plan_cache_.next());
+  if (resting_slots) filtered = stragglers_.without_resting(plan_cache_.next());
   const Plan& next = resting_slots ? filtered : plan_cache_.next();
   if (replacements_cover(next)) return;  // they join first (admit_replacements())
   if (next.same_layout(plan_)) {

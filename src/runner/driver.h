@@ -17,6 +17,10 @@
 #include "common/clock.h"
 #include "discovery/discovery.h"
 #include "runner/policies/crash_loop.h"
+#include "runner/policies/drain.h"
+#include "runner/policies/host_memory.h"
+#include "runner/policies/policy.h"
+#include "runner/policies/straggler_watch.h"
 #include "runner/driver_record.h"
 #include "runner/driver_states.h"
 #include "runner/observe/event_log.h"
@@ -28,7 +32,6 @@
 #include "runner/hosts/plan_cache.h"
 #include "runner/hosts/planner.h"
 #include "runner/policies/replicas.h"
-#include "runner/policies/stragglers.h"
 #include "rendezvous/membership.h"
 
 namespace erun {
@@ -135,6 +138,8 @@ class Driver {
     bool fresh() const;
     // Out of the running plan for good: retiring, dismissed or excluded.
     bool left_out() const;
+    // What the policies see of it.
+    WorkerView view() const;
   };
   struct Failure {
     long generation = 0;
@@ -154,26 +159,18 @@ class Driver {
   void adopt(DriverDeps::Takeover& t);
   // An agent obeys a newer driver: leave the job to it.
   bool check_superseded();
-  // ---- draining (driver_drain.cc) ----
-  // A host that leaves on notice: its agent said DRAINING, or discovery
-  // lists it `draining`. It is held out of discovery_.hosts while it drains.
-  struct Drain {
-    std::string reason;
-    TimePoint since{};
-    bool from_discovery = false;
-    bool overdue = false;  // --drain-timeout passed
-    bool drained = false;  // its workers are gone (logged)
-  };
+  // ---- policies (driver_policies.cc): each reads a snapshot, returns actions ----
+  // The job now, as the policies see it (`m`: the membership's waiting slots too).
+  JobSnapshot snapshot(const MembershipSnapshot* m = nullptr) const;
+  // Applies what a policy returned, in order: the one place its actions
+  // touch workers, the event log and the hosts.
+  void apply(const Actions& actions);
   // DRAINING notices the launchers' agents sent since the last tick.
   void take_drains();
-  void start_drain(const std::string& host, const std::string& reason, bool from_discovery);
   // discovery_.hosts: discovery_.listed less the draining hosts.
-  void apply_drains();
-  // Stops a draining host's workers once their part is done, the rest as a
-  // failure past --drain-timeout; ends drains that discovery let go.
-  void tend_drains(const MembershipSnapshot& m);
-  bool on_draining_host(const Worker& w) const;
-  // A live member of the running plan is on a draining host.
+  void derive_usable_hosts();
+  // A live member of the running plan is on a draining host, or on a slot
+  // that rests (a straggler's): it leaves at the next commit.
   bool draining_members() const;
   // ---- standbys (driver_standby_workers.cc) ----
   // Starts standbys on free slots (up to --standby), each run of the
@@ -201,34 +198,6 @@ class Driver {
   // waits in the rendezvous now (same host first): the job grows back to
   // full size without the cold start; the replacement is stopped.
   void standbys_overtake(const MembershipSnapshot& m);
-  // ---- stragglers (driver_stragglers.cc) ----
-  // Feeds the ranks' commit intervals to the detector, acts on what it
-  // finds, and ends the cooldowns of slots left out.
-  void watch_stragglers(const MembershipSnapshot& m);
-  void handle_straggler(const Straggler& s);
-  // A straggler's slot sits out its cooldown.
-  bool resting(const SlotKey& slot) const;
-  bool any_resting() const;
-  // The slot sits out its next cooldown (doubling per time); its seconds.
-  double rest_slot(const SlotKey& slot);
-  // A pending worker `w` on a host new to the job whose link probe (its
-  // JOIN `j`) did not finish within its bound or took more than 3 times the
-  // members' median, or whose compute check took more than 3 times theirs,
-  // is stopped and its slot rests: true then.
-  bool preflight_holds_back(Worker& w, const JoinRequest& j, const MembershipSnapshot& m);
-  // --preflight on, and not --stragglers off.
-  bool preflight_on() const;
-  // No rank of the running plan is on `host`: its workers are checked before they join.
-  bool new_to_job(const std::string& host) const;
-  // The members' link probe responders (a few, one per host), noted from
-  // the snapshots again when the generation or its member count changes;
-  // and the one a worker launched on `host` times its link with
-  // (ERUN_PROBE_PEER; "" when the host is not new to the job, or no member
-  // on another host answers probes).
-  void note_probe_responders(const MembershipSnapshot& m);
-  std::string probe_peer_for(const std::string& host) const;
-  // `p` without the resting slots (planned again over the others).
-  Plan without_resting(Plan p) const;
   // ---- phases (driver.cc): step() calls the handler of the current one ----
   // step() but for keeping the record's in_place.
   std::optional<int> turn();
@@ -379,7 +348,7 @@ class Driver {
   // kWaitingWithSurvivors (the survivors wait in the rendezvous): re-form
   // once --min-np slots are back, give up after --elastic-timeout.
   void wait_with_survivors();
-  bool in_place_possible();
+  bool in_place_possible() const;
   void update_joined(const MembershipSnapshot& m);
   // A generation of workers that all started in it joined: logs the commit
   // its members' hosts kept, where training resumes (the event log's
@@ -407,11 +376,6 @@ class Driver {
   // kRunning, after follow_membership() brought plan_cache_ up to date:
   // spare hosts keep replicas of the commits (--commit-replicas).
   void tend_replicas();
-  // Every discovered host that holds the job's host memory keeps a live
-  // agent: one whose agent was lost and that runs no worker now (it is
-  // blacklisted, or waits for a place) gets an agent that only holds the
-  // memory (KEEP), before the dead agent's watchdog gives it up.
-  void tend_host_memory();
   // The current generation failed: the first failure noted stands (its
   // report and exit code), later ones of the same generation add nothing.
   void fail_generation(Failure f);
@@ -447,20 +411,14 @@ class Driver {
     std::string last_error;   // the last failure logged
   };
   Discovered discovery_;
-  std::map<std::string, Drain> drains_;
-  StragglerDetector stragglers_;
-  long stragglers_gen_ = -1;  // the generation the detector watches
-  struct ProbeResponders {
-    std::vector<std::pair<SlotKey, uint32_t>> members;  // note_probe_responders()
-    std::pair<long, size_t> key{-1, 0};                 // (generation, members) they were noted at
-  };
-  ProbeResponders probe_responders_;
+  DrainPolicy drains_;
+  StragglerWatch stragglers_;
+  HostMemoryKeeper memory_;
   struct Rest {
     TimePoint until{};
-    int times = 0;        // cooldowns so far (each doubles)
-    bool active = false;  // sitting out now
+    int times = 0;        // waits so far (each doubles)
+    bool active = false;  // waiting now
   };
-  std::map<SlotKey, Rest> resting_;
   // tend_standbys(): where it looks for free slots.
   struct StandbyScan {
     std::map<SlotKey, Rest> backoff;  // slots whose standby died: wait before the next
@@ -542,18 +500,6 @@ class Driver {
   Waiting waiting_;
   std::unique_ptr<CommitReplicas> replicas_;   // null: no host commits, or --commit-replicas 0
   long replicas_planned_at_ = -1;              // plan_cache_.recomputations() at the last replicas_->plan()
-  struct MemoryHold {
-    TimePoint missing_since{};  // its agent was first seen gone (zero: it has one)
-    TimePoint next_try{};
-    Duration backoff{};
-    bool kept = false;          // this driver started an agent there to hold the memory
-  };
-  // The job's host memory (tend_host_memory()).
-  struct HostMemory {
-    std::map<std::string, MemoryHold> hosts;  // hosts that ran workers of the job (host commits on)
-    TimePoint next_tend{};
-  };
-  HostMemory memory_;
   std::optional<TimePoint> last_failure_at_;  // when the last generation failure was handled
   static constexpr Duration kFailureBurst = std::chrono::seconds(1);
   std::atomic<int> stop_signal_{0};

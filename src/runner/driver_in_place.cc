@@ -22,7 +22,7 @@ namespace erun {
 MembershipSnapshot Driver::take_snapshot() {
   if (!d_.membership) return {};
   MembershipSnapshot m = d_.membership->snapshot();
-  note_probe_responders(m);
+  stragglers_.note_probe_responders(m);
   return m;
 }
 
@@ -347,7 +347,7 @@ std::optional<JoinReason> Driver::rejoin_requested(const MembershipSnapshot& m) 
   return std::nullopt;
 }
 
-bool Driver::in_place_possible() {
+bool Driver::in_place_possible() const {
   if (!d_.membership || o_.mode == WorkerMode::kRestart) return false;
   if (o_.mode == WorkerMode::kElastic) return true;
   bool any = false;
@@ -427,7 +427,7 @@ void Driver::reconfigure(const char* reason, bool after_failure) {
   // A slot no member holds goes to a ready standby (driver_standby_workers.cc).
   Plan scratch;
   const Plan full =
-      with_standbys(without_resting(make_plan(rec_.generation + 1, usable, o_.max_np, &plan_with_pending(scratch))));
+      with_standbys(stragglers_.without_resting(make_plan(rec_.generation + 1, usable, o_.max_np, &plan_with_pending(scratch))));
   Plan next = full;
   const bool alone = after_failure && survivors_alone(full, next);
   ++rec_.generation;
@@ -585,10 +585,15 @@ bool Driver::admit_replacements(const MembershipSnapshot& m) {
   std::map<SlotKey, const JoinRequest*> waiting;
   for (auto& j : m.waiting) waiting[j.slot] = &j;
   int ready = 0, starting = 0;
+  std::optional<JobSnapshot> now;  // for the pre-flight checks, made once
   for (auto& w : workers_) {
     if (!w.replacement() || !survivor(w)) continue;
     if (auto it = waiting.find(w.assignment.slot); it != waiting.end()) {
-      if (!preflight_holds_back(w, *it->second, m)) ++ready;
+      if (!now) now = snapshot();
+      // Held back (its slot rests, it is stopped), or ready to be admitted.
+      Actions held = stragglers_.preflight(*now, w.view(), *it->second, m);
+      if (held.empty()) ++ready;
+      apply(held);
       continue;
     }
     if (clock_.now() - w.started < o_.rendezvous_timeout) {
@@ -623,7 +628,7 @@ void Driver::wait_with_survivors() {
   }
   const MembershipSnapshot m = take_snapshot();
   handle_rejoins(m);
-  tend_drains(m);
+  if (drains_.any()) apply(drains_.tend(snapshot(&m)));
   if (gen_.failure) {
     if (!outcome_.first_failure) outcome_.first_failure = gen_.failure;
     gen_.failure.reset();

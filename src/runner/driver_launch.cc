@@ -93,7 +93,7 @@ bool Driver::launch_worker(const RankAssignment& a, const std::string& master_ad
   // A standby waits in its first join for as long as it takes (the driver stops it).
   if (standby) spec.env.emplace_back("ERUN_STANDBY", "1");
   auto& launcher = launcher_for(a.slot.host, &w.local);
-  if (!d_.commit_dir.empty()) memory_.hosts.try_emplace(a.slot.host);
+  if (!d_.commit_dir.empty()) memory_.holds(a.slot.host);
   auto h = launcher.launch(spec);
   if (!h) {
     ERUN_LOG_ERROR("{}: launch failed: {}", who(rec_.generation, a.slot.host, a.rank), h.message());

@@ -86,7 +86,7 @@ void Driver::tend_standbys(const MembershipSnapshot& m) {
   auto consider = [&](const Host* h) {
     for (int i = 0; i < h->slots && live < want; ++i) {
       const SlotKey slot{h->name, i};
-      if (plan_.contains(slot) || slot_held(slot, /*pending_too=*/true) || resting(slot)) continue;
+      if (plan_.contains(slot) || slot_held(slot, /*pending_too=*/true) || stragglers_.resting(slot)) continue;
       standby_scan_.found = true;
       if (auto b = standby_scan_.backoff.find(slot); b != standby_scan_.backoff.end() && b->second.active) {
         if (now < b->second.until) continue;

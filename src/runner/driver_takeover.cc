@@ -44,7 +44,7 @@ void Driver::adopt(DriverDeps::Takeover& t) {
     w.launched_generation = a.generation;
     w.started = clock_.now();
     launcher_for(a.host, &w.local);
-    if (!d_.commit_dir.empty()) memory_.hosts.try_emplace(a.host);
+    if (!d_.commit_dir.empty()) memory_.holds(a.host);
     const RankAssignment* r = plan_.find(SlotKey{a.host, a.slot});
     if (!r) {
       // Not of the running plan (a replacement that was never admitted): it

@@ -1,0 +1,101 @@
+// What the driver's policies see and what they ask for (docs/design.md,
+// "Policies"). Each turn of its loop the driver builds a JobSnapshot, an
+// immutable view of the job (the clock, the generation, the running plan,
+// the workers, the hosts as discovery lists them); a policy (draining,
+// stragglers, host memory, ...) reads it and returns Actions: stop this
+// worker, kill that one, count a reset, write this event, look at the
+// slots again. The driver applies them in one place (Driver::apply). A
+// policy keeps its own state (its drains, its rests) but never touches a
+// worker, a launcher or the event log, so a unit test builds a snapshot by
+// hand and checks what comes back, with no driver.
+#pragma once
+
+#include <functional>
+#include <set>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "common/clock.h"
+#include "discovery/discovery.h"
+#include "rendezvous/membership.h"
+#include "runner/driver_states.h"
+#include "runner/hosts/planner.h"
+#include "runner/observe/events.h"
+
+namespace erun {
+
+// One worker as the driver tracks it, at the snapshot's time.
+struct WorkerView {
+  long key = 0;  // the driver's name for it (actions name workers by it)
+  RankAssignment assignment;
+  WorkerState state = WorkerState::kMember;
+  WorkerStage stage = WorkerStage::kSettled;
+  bool alive = false;  // running: its exit is not seen yet
+
+  bool pending() const { return state == WorkerState::kPending; }
+  // Out of the running plan for good: retiring, dismissed or excluded.
+  bool left_out() const {
+    return state == WorkerState::kRetiring || state == WorkerState::kDismissed || state == WorkerState::kExcluded;
+  }
+  // Alive and still part of the job's plan (a pending one included).
+  bool survivor() const { return alive && !left_out(); }
+};
+
+struct JobSnapshot {
+  TimePoint now{};
+  long generation = 0;
+  const Plan* plan = nullptr;          // the running plan (never null in a snapshot the driver built)
+  std::vector<WorkerView> workers;     // every worker not yet forgotten
+  const HostSet* listed = nullptr;     // the hosts as discovery lists them (draining marks included)
+  const HostSet* hosts = nullptr;      // `listed` less the draining hosts: what the plans use
+  std::set<SlotKey> waiting;           // slots whose worker waits in the rendezvous for a newer generation
+  bool in_place = false;               // the job recovers in place (else it restarts every worker)
+  int min_np = 1;                      // --min-np
+
+  const Plan& running() const { return *plan; }
+  // Discovery lists `host` (draining or not).
+  bool discovered(const std::string& host) const { return listed && listed->find(host) >= 0; }
+  // The plans may use `host`: discovery lists it and it does not drain.
+  bool usable(const std::string& host) const { return hosts && hosts->find(host) >= 0; }
+};
+
+namespace act {
+// SIGTERM to the worker, which is stopped on purpose (WorkerState::kDismissed):
+// its end is no failure.
+struct Dismiss {
+  long worker = 0;
+};
+// SIGKILL to the worker: its end is a failure, handled as any.
+struct Kill {
+  long worker = 0;
+};
+// One more reset (--reset-limit counts them).
+struct CountReset {
+  std::string reason;
+};
+// A line for the event log.
+struct Emit {
+  Event event;
+};
+// The usable slots may have changed (a slot rests, a rest ended): the plans
+// look at them again.
+struct SlotsChanged {};
+// The usable hosts changed (a drain started or ended): the driver derives
+// them from discovery's list again.
+struct HostsChanged {};
+// Start an agent on the host that only holds the job's host memory.
+struct KeepMemory {
+  std::string host;
+};
+// The agent started by KeepMemory goes: the host's workers' agent holds the memory now.
+struct UnkeepMemory {
+  std::string host;
+};
+}  // namespace act
+
+using Action = std::variant<act::Dismiss, act::Kill, act::CountReset, act::Emit, act::SlotsChanged,
+                            act::HostsChanged, act::KeepMemory, act::UnkeepMemory>;
+using Actions = std::vector<Action>;
+
+}  // namespace erun

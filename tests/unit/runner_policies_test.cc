@@ -1,0 +1,352 @@
+// The driver's policies on snapshots built by hand, with no driver
+// (runner/policies/policy.h): draining, stragglers and pre-flight, and the
+// agents kept for the job's host memory.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "runner/policies/drain.h"
+#include "runner/policies/host_memory.h"
+#include "runner/policies/straggler_watch.h"
+
+namespace erun {
+namespace {
+
+using std::chrono::seconds;
+
+// A job of `plan`'s ranks, one member worker per rank (keys 1, 2, ...),
+// over the hosts `listed` (each with 2 slots; "name!" marks it draining).
+struct Job {
+  Plan plan;
+  HostSet listed, hosts;
+  JobSnapshot s;
+
+  Job(const std::vector<SlotKey>& slots, const std::vector<std::string>& names,
+      TimePoint now = TimePoint{} + std::chrono::seconds(1000)) {
+    plan = plan_over_slots(3, slots);
+    std::vector<Host> all, usable;
+    for (std::string n : names) {
+      Host h;
+      h.draining = !n.empty() && n.back() == '!';
+      if (h.draining) n.pop_back();
+      h.name = n;
+      h.slots = 2;
+      all.push_back(h);
+      if (!h.draining) usable.push_back(h);
+    }
+    listed = HostSet(all);
+    hosts = HostSet(usable);
+    s.now = now;
+    s.generation = 3;
+    s.plan = &plan;
+    s.listed = &listed;
+    s.hosts = &hosts;
+    s.in_place = true;
+    s.min_np = 1;
+    long key = 1;
+    for (auto& r : plan.ranks) s.workers.push_back(WorkerView{key++, r, WorkerState::kMember, WorkerStage::kSettled, true});
+  }
+  WorkerView& worker(long key) { return s.workers.at(static_cast<size_t>(key - 1)); }
+};
+
+template <class A>
+std::vector<A> all_of(const Actions& actions) {
+  std::vector<A> out;
+  for (auto& a : actions) {
+    if (auto* x = std::get_if<A>(&a)) out.push_back(*x);
+  }
+  return out;
+}
+
+template <class E>
+std::vector<E> events_of(const Actions& actions) {
+  std::vector<E> out;
+  for (auto& e : all_of<act::Emit>(actions)) {
+    if (auto* x = std::get_if<E>(&e.event)) out.push_back(*x);
+  }
+  return out;
+}
+
+std::vector<long> keys(const std::vector<act::Dismiss>& v) {
+  std::vector<long> out;
+  for (auto& d : v) out.push_back(d.worker);
+  return out;
+}
+
+// ---- DrainPolicy ----
+
+TEST(DrainPolicy, ANoticeStartsOneDrainThatTheUsableHostsLeaveOut) {
+  Job job({{"a", 0}, {"a", 1}, {"b", 0}}, {"a", "b"});
+  DrainPolicy drains(seconds(30));
+  Actions out = drains.start(job.s, "a", "SIGTERM to its agent", false);
+  auto started = events_of<ev::HostDraining>(out);
+  ASSERT_EQ(started.size(), 1u);
+  EXPECT_EQ(started[0].host, "a");
+  EXPECT_EQ(started[0].workers, 2);
+  EXPECT_EQ(all_of<act::HostsChanged>(out).size(), 1u);
+  EXPECT_TRUE(drains.draining("a"));
+  EXPECT_EQ(drains.usable(job.listed).to_string(), HostSet({Host{"b", 2}}).to_string());
+  EXPECT_TRUE(drains.start(job.s, "a", "again", false).empty()) << "a host drains once";
+  // A host of no worker that discovery does not list is not the job's.
+  EXPECT_TRUE(drains.start(job.s, "z", "a stray notice", false).empty());
+  EXPECT_FALSE(drains.draining("z"));
+}
+
+TEST(DrainPolicy, UsableHostsCarryNoDrainingMark) {
+  Job job({{"a", 0}}, {"a", "b!"});
+  DrainPolicy drains(seconds(30));
+  EXPECT_FALSE(drains.usable(job.listed).hosts()[1].draining);
+  drains.start(job.s, "b", "discovery lists it draining", true);
+  EXPECT_EQ(drains.usable(job.listed).size(), 1u);
+}
+
+TEST(DrainPolicy, WorkersLeaveWhenTheirPartIsDoneAndAreKilledOnceAfterTheTimeout) {
+  Job job({{"a", 0}, {"a", 1}, {"b", 0}}, {"a", "b"});
+  job.s.workers.push_back(WorkerView{4, {}, WorkerState::kPending, WorkerStage::kReplacement, true});
+  job.s.workers.back().assignment.slot = {"a", 1};
+  DrainPolicy drains(seconds(30));
+  drains.start(job.s, "a", "notice", false);
+  // The pending worker and the member waiting at a commit leave; the other member trains on.
+  job.s.waiting = {{"a", 0}};
+  Actions out = drains.tend(job.s);
+  EXPECT_EQ(keys(all_of<act::Dismiss>(out)), (std::vector<long>{1, 4}));
+  EXPECT_TRUE(all_of<act::Kill>(out).empty());
+  job.worker(1).state = WorkerState::kDismissed;
+  job.s.workers.back().state = WorkerState::kDismissed;
+  job.s.waiting.clear();
+  EXPECT_TRUE(all_of<act::Dismiss>(drains.tend(job.s)).empty()) << "told once";
+  // Past --drain-timeout: the member still training is killed, once.
+  job.s.now += seconds(31);
+  out = drains.tend(job.s);
+  ASSERT_EQ(all_of<act::Kill>(out).size(), 1u);
+  EXPECT_EQ(all_of<act::Kill>(out)[0].worker, 2);
+  EXPECT_TRUE(all_of<act::CountReset>(out).empty()) << "a member's end is the generation's failure";
+  EXPECT_TRUE(all_of<act::Kill>(drains.tend(job.s)).empty());
+}
+
+TEST(DrainPolicy, ARetiringWorkerKilledAtTheTimeoutCountsAReset) {
+  Job job({{"a", 0}, {"b", 0}}, {"a", "b"});
+  job.worker(1).state = WorkerState::kRetiring;
+  DrainPolicy drains(seconds(5));
+  drains.start(job.s, "a", "notice", false);
+  job.s.now += seconds(6);
+  Actions out = drains.tend(job.s);
+  ASSERT_EQ(all_of<act::CountReset>(out).size(), 1u);
+  EXPECT_EQ(all_of<act::CountReset>(out)[0].reason, "worker failed");
+}
+
+TEST(DrainPolicy, ADrainIsDrainedOnceEmptyAndEndsWhenDiscoveryLetsTheHostGo) {
+  Job job({{"a", 0}, {"b", 0}}, {"a!", "b"});
+  DrainPolicy drains(seconds(30));
+  drains.start(job.s, "a", "discovery lists it draining", /*from_discovery=*/true);
+  job.worker(1).alive = false;
+  job.s.now += seconds(2);
+  Actions out = drains.tend(job.s);
+  auto drained = events_of<ev::HostDrained>(out);
+  ASSERT_EQ(drained.size(), 1u);
+  EXPECT_DOUBLE_EQ(drained[0].seconds, 2.0);
+  EXPECT_TRUE(drains.draining("a")) << "discovery still marks it";
+  EXPECT_TRUE(events_of<ev::HostDrained>(drains.tend(job.s)).empty()) << "drained once";
+  // Listed without the mark: the drain ends and the host is usable again.
+  Job unmarked({{"b", 0}}, {"a", "b"});
+  job.listed = unmarked.listed;
+  out = drains.tend(job.s);
+  EXPECT_EQ(all_of<act::HostsChanged>(out).size(), 1u);
+  EXPECT_FALSE(drains.draining("a"));
+  EXPECT_FALSE(drains.any());
+}
+
+TEST(DrainPolicy, ANoticeDrainEndsOnlyWhenTheHostLeavesDiscovery) {
+  Job job({{"a", 0}, {"b", 0}}, {"a", "b"});
+  DrainPolicy drains(seconds(30));
+  drains.start(job.s, "a", "SIGTERM to its agent", false);
+  job.worker(1).alive = false;
+  drains.tend(job.s);
+  EXPECT_TRUE(drains.draining("a")) << "still listed: the agent's notice holds it out";
+  Job without_a({{"b", 0}}, {"b"});
+  job.listed = without_a.listed;
+  drains.tend(job.s);
+  EXPECT_FALSE(drains.draining("a"));
+}
+
+// ---- StragglerWatch ----
+
+DriverOptions straggler_options(StragglerPolicy mode = StragglerPolicy::kEvict) {
+  DriverOptions o;
+  o.stragglers = mode;
+  o.straggler_factor = 1.5;
+  o.straggler_window = 1;
+  o.cooldown_min_s = 10;
+  o.cooldown_max_s = 25;
+  return o;
+}
+
+// One round of commit intervals of the plan's ranks, `slow` computing 5 times as long.
+std::vector<RankTiming> round_with(const Job& job, const SlotKey& slow, uint64_t id) {
+  std::vector<RankTiming> out;
+  for (auto& r : job.plan.ranks) {
+    const double mine = r.slot == slow ? 1.0 : 0.2;
+    out.push_back(RankTiming{r.slot, job.s.generation, id, 1.01, 1.01 - mine});
+  }
+  return out;
+}
+
+TEST(StragglerWatch, AStragglerIsEvictedItsSlotRestsAndComesBackAfterTheCooldown) {
+  Job job({{"a", 0}, {"b", 0}, {"c", 0}}, {"a", "b", "c"});
+  StragglerWatch watch(straggler_options());
+  EXPECT_TRUE(watch.watch(job.s, /*complete=*/false, round_with(job, {"c", 0}, 1)).empty())
+      << "a generation is watched once complete";
+  Actions out = watch.watch(job.s, true, round_with(job, {"c", 0}, 2));
+  auto found = events_of<ev::Straggler>(out);
+  ASSERT_EQ(found.size(), 1u);
+  EXPECT_EQ(found[0].host, "c");
+  EXPECT_EQ(found[0].rank, 2);
+  EXPECT_EQ(found[0].action, "evict");
+  EXPECT_DOUBLE_EQ(found[0].cooldown, 10);
+  EXPECT_EQ(all_of<act::SlotsChanged>(out).size(), 1u);
+  EXPECT_TRUE(watch.resting({"c", 0}));
+  EXPECT_EQ(watch.without_resting(job.plan).size(), 2);
+  EXPECT_FALSE(watch.without_resting(job.plan).contains({"c", 0}));
+  job.s.now += seconds(9);
+  EXPECT_TRUE(watch.watch(job.s, true, {}).empty());
+  job.s.now += seconds(2);
+  out = watch.watch(job.s, true, {});
+  EXPECT_EQ(all_of<act::SlotsChanged>(out).size(), 1u);
+  EXPECT_FALSE(watch.resting({"c", 0}));
+  EXPECT_FALSE(watch.any_resting());
+}
+
+TEST(StragglerWatch, AStragglerIsOnlyReportedWhereLeavingWouldHurt) {
+  struct Case {
+    const char* why;
+    StragglerPolicy mode;
+    bool in_place;
+    int min_np;
+  };
+  for (const Case& c : {Case{"--stragglers report", StragglerPolicy::kReport, true, 1},
+                        Case{"restart mode", StragglerPolicy::kEvict, false, 1},
+                        Case{"below --min-np", StragglerPolicy::kEvict, true, 3}}) {
+    Job job({{"a", 0}, {"b", 0}, {"c", 0}}, {"a", "b", "c"});
+    job.s.in_place = c.in_place;
+    job.s.min_np = c.min_np;
+    StragglerWatch watch(straggler_options(c.mode));
+    Actions out = watch.watch(job.s, true, round_with(job, {"c", 0}, 1));
+    auto found = events_of<ev::Straggler>(out);
+    ASSERT_EQ(found.size(), 1u) << c.why;
+    EXPECT_EQ(found[0].action, "report") << c.why;
+    EXPECT_TRUE(all_of<act::SlotsChanged>(out).empty()) << c.why;
+    EXPECT_FALSE(watch.any_resting()) << c.why;
+  }
+  Job job({{"a", 0}, {"b", 0}, {"c", 0}}, {"a", "b", "c"});
+  StragglerWatch off(straggler_options(StragglerPolicy::kOff));
+  EXPECT_TRUE(off.watch(job.s, true, round_with(job, {"c", 0}, 1)).empty());
+}
+
+JoinRequest join_of(const SlotKey& slot, uint32_t probe_us, uint32_t link_us, uint32_t probe_port = 0) {
+  JoinRequest j;
+  j.slot = slot;
+  j.probe_us = probe_us;
+  j.link_us = link_us;
+  j.probe_port = probe_port;
+  return j;
+}
+
+TEST(StragglerWatch, PreflightHoldsBackANewHostsSlowWorkerAndItsRestsDouble) {
+  Job job({{"a", 0}, {"b", 0}}, {"a", "b", "n"});
+  MembershipSnapshot m;
+  m.generation = 3;
+  m.members = std::vector<JoinRequest>{join_of({"a", 0}, 1000, 2000), join_of({"b", 0}, 1200, 2200)};
+  WorkerView fresh{7, {}, WorkerState::kPending, WorkerStage::kGrowth, true};
+  fresh.assignment.slot = {"n", 0};
+  StragglerWatch watch(straggler_options());
+  // Within 3 times the members' medians: it joins.
+  EXPECT_TRUE(watch.preflight(job.s, fresh, join_of({"n", 0}, 3000, 6000), m).empty());
+  // Its link 4 times theirs: held back, stopped, and its slot rests 10 s.
+  Actions out = watch.preflight(job.s, fresh, join_of({"n", 0}, 1000, 9000), m);
+  auto held = events_of<ev::PreflightHeldBack>(out);
+  ASSERT_EQ(held.size(), 1u);
+  EXPECT_EQ(held[0].check, "link");
+  EXPECT_DOUBLE_EQ(held[0].cooldown, 10);
+  EXPECT_EQ(keys(all_of<act::Dismiss>(out)), std::vector<long>{7});
+  EXPECT_TRUE(watch.resting({"n", 0}));
+  // The compute check, next time, rests twice as long; the cap holds after.
+  out = watch.preflight(job.s, fresh, join_of({"n", 0}, 5000, 0), m);
+  ASSERT_EQ(events_of<ev::PreflightHeldBack>(out).size(), 1u);
+  EXPECT_EQ(events_of<ev::PreflightHeldBack>(out)[0].check, "compute");
+  EXPECT_DOUBLE_EQ(events_of<ev::PreflightHeldBack>(out)[0].cooldown, 20);
+  out = watch.preflight(job.s, fresh, join_of({"n", 0}, 0, kLinkProbeBoundUs), m);
+  EXPECT_DOUBLE_EQ(events_of<ev::PreflightHeldBack>(out)[0].cooldown, 25) << "--blacklist-cooldown-range's max";
+  // A host the plan already uses is not checked; nor any with --stragglers off.
+  WorkerView known = fresh;
+  known.assignment.slot = {"a", 1};
+  EXPECT_TRUE(watch.preflight(job.s, known, join_of({"a", 1}, 0, 99000), m).empty());
+  StragglerWatch off(straggler_options(StragglerPolicy::kOff));
+  EXPECT_FALSE(off.preflight_on());
+  EXPECT_TRUE(off.preflight(job.s, fresh, join_of({"n", 0}, 0, 99000), m).empty());
+}
+
+TEST(StragglerWatch, ANewHostTimesItsLinkWithAMemberOnAnotherHost) {
+  Job job({{"a", 0}, {"a", 1}, {"b", 0}}, {"a", "b", "n"});
+  MembershipSnapshot m;
+  m.generation = 3;
+  m.members = std::vector<JoinRequest>{join_of({"a", 0}, 0, 0, 4000), join_of({"a", 1}, 0, 0, 4001),
+                                       join_of({"b", 0}, 0, 0, 0)};
+  StragglerWatch watch(straggler_options());
+  watch.note_probe_responders(m);
+  auto peer = watch.probe_peer_for("n", job.plan);
+  ASSERT_TRUE(peer);
+  EXPECT_EQ(peer->first, (SlotKey{"a", 0})) << "one responder per host, b answers none";
+  EXPECT_EQ(peer->second, 4000u);
+  EXPECT_FALSE(watch.probe_peer_for("a", job.plan)) << "a host of the plan is not new";
+}
+
+// ---- HostMemoryKeeper ----
+
+TEST(HostMemoryKeeper, AHostWithoutAgentOrWorkerGetsAKeeperWithBackoffUntilItsWorkersReturn) {
+  Job job({{"a", 0}, {"b", 0}}, {"a", "b"});
+  HostMemoryKeeper keeper;
+  EXPECT_FALSE(keeper.due(job.s.now)) << "no host holds the job's memory yet";
+  keeper.holds("a");
+  keeper.holds("b");
+  job.worker(2).alive = false;  // b: no worker, and its agent is gone
+  auto alive = [](const std::string& host) { return host != "b"; };
+  auto blacklisted = [](const std::string&) { return false; };
+  ASSERT_TRUE(keeper.due(job.s.now));
+  EXPECT_TRUE(keeper.tend(job.s, alive, blacklisted).empty()) << "a moment for the plan to use it again";
+  EXPECT_FALSE(keeper.due(job.s.now + seconds(1) / 2)) << "once a second";
+  job.s.now += seconds(3);
+  Actions out = keeper.tend(job.s, alive, blacklisted);
+  ASSERT_EQ(all_of<act::KeepMemory>(out).size(), 1u);
+  EXPECT_EQ(all_of<act::KeepMemory>(out)[0].host, "b");
+  keeper.kept("b", false);  // the start failed
+  job.s.now += seconds(2);
+  EXPECT_TRUE(keeper.tend(job.s, alive, blacklisted).empty()) << "tried again after 5 s";
+  job.s.now += seconds(4);
+  out = keeper.tend(job.s, alive, blacklisted);
+  ASSERT_EQ(all_of<act::KeepMemory>(out).size(), 1u);
+  keeper.kept("b", true);
+  // Workers run on b again: their agent holds the memory, the keeper goes.
+  job.worker(2).alive = true;
+  job.s.now += seconds(1);
+  out = keeper.tend(job.s, alive, blacklisted);
+  ASSERT_EQ(all_of<act::UnkeepMemory>(out).size(), 1u);
+  EXPECT_EQ(all_of<act::UnkeepMemory>(out)[0].host, "b");
+}
+
+TEST(HostMemoryKeeper, AHostOutOfDiscoveryOrDrainingGetsNoKeeper) {
+  Job job({{"a", 0}}, {"a", "b!"});
+  HostMemoryKeeper keeper;
+  keeper.holds("b");
+  keeper.holds("gone");
+  auto dead = [](const std::string&) { return false; };
+  auto blacklisted = [](const std::string&) { return false; };
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_TRUE(keeper.tend(job.s, dead, blacklisted).empty());
+    job.s.now += seconds(3);
+  }
+}
+
+}  // namespace
+}  // namespace erun
