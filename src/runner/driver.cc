@@ -35,11 +35,26 @@ std::string random_hex(size_t bytes) {
   return out;
 }
 
+// `d` with what it leaves unset filled in: no events, a random job id and
+// secret, a host commit directory unless --host-commits off ("" then).
+DriverDeps with_defaults(DriverDeps d, const DriverOptions& o) {
+  ERUN_CHECK(d.discovery && d.local_launcher && d.clock);
+  if (!d.events) d.events = &no_events();
+  if (d.job_id.empty()) d.job_id = "erun-" + random_hex(6);
+  if (d.secret.empty()) d.secret = random_hex(32);
+  if (!o.host_commits) d.commit_dir = "-";
+  if (d.commit_dir.empty()) d.commit_dir = "/dev/shm/erun-commits-" + random_hex(12);
+  if (d.commit_dir == "-") d.commit_dir.clear();
+  return d;
+}
+
 }  // namespace
 
 Driver::Driver(DriverOptions options, DriverDeps deps)
     : o_(std::move(options)),
-      d_(std::move(deps)),
+      d_(with_defaults(std::move(deps), o_)),
+      specs_(o_, WorkerSpecs::Site{d_.local_launcher, d_.remote_launcher, d_.job_id, d_.secret, d_.commit_dir,
+                                   d_.membership != nullptr, d_.rendezvous_port}),
       clock_(*d_.clock),
       rec_(d_.takeover ? d_.takeover->record : DriverRecord{}),
       hosts_(*d_.clock,
@@ -47,25 +62,19 @@ Driver::Driver(DriverOptions options, DriverDeps deps)
              rec_.hosts),
       drains_(o_.drain_timeout),
       stragglers_(o_),
+      standbys_(o_),
       crash_loop_(o_.crash_loop_limit, o_.crash_loop_progress) {
-  ERUN_CHECK(d_.discovery && d_.local_launcher && d_.clock);
-  if (!d_.events) d_.events = &no_events();
-  if (d_.job_id.empty()) d_.job_id = "erun-" + random_hex(6);
-  if (d_.secret.empty()) d_.secret = random_hex(32);
-  if (!o_.host_commits) d_.commit_dir = "-";
-  if (d_.commit_dir.empty()) d_.commit_dir = "/dev/shm/erun-commits-" + random_hex(12);
-  if (d_.commit_dir == "-") d_.commit_dir.clear();
   if (!d_.commit_dir.empty() && d_.membership && o_.commit_replicas > 0) {
     replicas_ = std::make_unique<CommitReplicas>(
-        o_.commit_replicas, d_.secret, [this](const std::string& host) { return host_commit_dir(host); },
+        o_.commit_replicas, d_.secret, [this](const std::string& host) { return specs_.host_commit_dir(host); },
         [this](const std::string& host) {
           bool local;
-          launcher_for(host, &local);
-          return advertise_address(host, local);
+          specs_.launcher_for(host, &local);
+          return specs_.advertise_address(host, local, discovery_.all_local);
         },
         [this](const std::string& host) -> Launcher& {
           bool local;
-          return launcher_for(host, &local);
+          return specs_.launcher_for(host, &local);
         },
         clock_, rec_.keepers);
   } else {
@@ -177,81 +186,6 @@ void Driver::set_discovered(HostSet hosts) {
   derive_usable_hosts();
 }
 
-// What torchrun sets beyond the topology: node numbers and thread count.
-// GROUP_RANK is the host's index among the plan's hosts and GROUP_WORLD_SIZE
-// their number (not the cross rank, which differs from the host's index
-// where hosts have unequal slots: on a:2,b:4, b's local ranks 2 and 3 are
-// cross rank 0). OMP_NUM_THREADS=1 where a host runs several workers and
-// neither erun's environment nor -x sets it, as torchrun does, so that each
-// torch worker does not start one thread per core.
-void Driver::torchrun_node_env(std::vector<std::pair<std::string, std::string>>& env,
-                               const RankAssignment& a) const {
-  if (node_index_gen_ != plan_.generation) {  // once per plan: this runs for every rank
-    node_index_.clear();
-    for (const std::string& h : plan_.hosts()) node_index_.emplace(h, static_cast<int>(node_index_.size()));
-    node_index_gen_ = plan_.generation;
-  }
-  auto at = node_index_.find(a.slot.host);
-  env.emplace_back("GROUP_RANK", std::to_string(at != node_index_.end() ? at->second : a.cross_rank));
-  env.emplace_back("GROUP_WORLD_SIZE", std::to_string(node_index_.empty() ? a.cross_size : node_index_.size()));
-  env.emplace_back("ROLE_NAME", "default");
-  bool user_set = std::getenv("OMP_NUM_THREADS") != nullptr;
-  for (auto& e : o_.env) user_set = user_set || e.rfind("OMP_NUM_THREADS=", 0) == 0;
-  if (a.local_size > 1 && !user_set) env.emplace_back("OMP_NUM_THREADS", "1");
-}
-
-std::vector<std::pair<std::string, std::string>> Driver::worker_env(const RankAssignment& a,
-                                                                    const std::string& master_addr,
-                                                                    int master_port) const {
-  std::vector<std::pair<std::string, std::string>> env;
-  auto put = [&](const char* k, auto v) { env.emplace_back(k, fmt::format("{}", v)); };
-  Topology t = a;
-  t.generation = rec_.generation;
-  env = topology_env(t);
-  torchrun_node_env(env, a);
-  put("ERUN_HOSTNAME", a.slot.host);
-  put("ERUN_LOCAL_INDEX", a.slot.local_index);
-  put("ERUN_JOB_ID", d_.job_id);
-  put("MASTER_ADDR", master_addr);
-  put("MASTER_PORT", master_port);
-  put("TORCHELASTIC_RESTART_COUNT", rec_.restarts);
-  put("TORCHELASTIC_MAX_RESTARTS", o_.reset_limit < 0 ? 1000000000 : o_.reset_limit);
-  put("TORCHELASTIC_RUN_ID", d_.job_id);
-  if (!o_.checkpoint_dir.empty()) put("ERUN_CHECKPOINT_DIR", o_.checkpoint_dir);
-  if (!d_.commit_dir.empty() && d_.membership) {
-    put("ERUN_COMMIT_DIR", host_commit_dir(a.slot.host));
-    // Read by the agent, which then writes the durable files; a worker given
-    // both ERUN_CHECKPOINT_DIR and ERUN_COMMIT_DIR leaves them to it.
-    if (!o_.checkpoint_dir.empty()) {
-      put("ERUN_PERSIST_INTERVAL_MS", std::chrono::duration_cast<std::chrono::milliseconds>(o_.persist_interval).count());
-    }
-  }
-  put("ERUN_COLLECTIVE_TIMEOUT", seconds(o_.collective_timeout));
-  put("ERUN_RENDEZVOUS_TIMEOUT", seconds(o_.rendezvous_timeout));
-  put("ERUN_ELASTIC_TIMEOUT", seconds(o_.elastic_timeout));
-  if (o_.driver_grace > Duration::zero()) put("ERUN_DRIVER_GRACE", seconds(o_.driver_grace));
-  if (!stragglers_.preflight_on()) put("ERUN_PREFLIGHT", 0);
-  // The workers' library says what erun says (--log-level).
-  put("ERUN_LOG_LEVEL", log_level_name(o_.log_level));
-  if (d_.membership) {
-    bool local;
-    launcher_for(a.slot.host, &local);
-    put("ERUN_RDZV_ADDR", rendezvous_address(a.slot.host, local));
-    put("ERUN_RDZV_PORT", d_.rendezvous_port);
-    put("ERUN_ADVERTISE_ADDR", advertise_address(a.slot.host, local));
-    if (auto peer = stragglers_.probe_peer_for(a.slot.host, plan_)) {
-      bool peer_local = false;
-      launcher_for(peer->first.host, &peer_local);
-      put("ERUN_PROBE_PEER", fmt::format("{}:{}", advertise_address(peer->first.host, peer_local), peer->second));
-    }
-  }
-  for (auto& e : o_.env) {
-    auto eq = e.find('=');
-    if (eq != std::string::npos) env.emplace_back(e.substr(0, eq), e.substr(eq + 1));
-  }
-  return env;
-}
-
 void Driver::publish(bool fresh, bool after_failure) {
   gen_ = GenerationFacts{};
   gen_.published_at = clock_.now();
@@ -269,10 +203,10 @@ bool Driver::start_generation(const HostSet& usable) {
   set_plan(stragglers_.without_resting(make_plan(rec_.generation, usable, o_.max_np, plan_.empty() ? nullptr : &plan_)));
   if (rec_.generation > 1) ++rec_.restarts;
   crash_loop_.generation_started(rec_.generation, plan_.hosts());
-  std::string master_addr = master_address();
+  std::string master_addr = specs_.master_address(plan_);
   bool rank0_local;
   const std::string& rank0_host = plan_.ranks.front().slot.host;
-  int master_port = launcher_for(rank0_host, &rank0_local).free_port(rank0_host, d_.secret, o_.ssh_connect_timeout);
+  int master_port = specs_.launcher_for(rank0_host, &rank0_local).free_port(rank0_host, d_.secret, o_.ssh_connect_timeout);
   ERUN_LOG_INFO("{}: starting {} (MASTER_ADDR={} MASTER_PORT={})", who(rec_.generation), plan_.to_string(),
                 master_addr, master_port);
   drop_workers(/*ended_only=*/false);
@@ -323,7 +257,10 @@ void Driver::worker_ended(Worker& w, const ExitStatus& s) {
                                    .stopped_by_erun = is_stopping(w.state),
                                    .standby = w.standby()});
   if (w.standby()) {
-    if (!is_stopping(w.state)) standby_lost(w, fmt::format("ended with {} after {:.1f} s", s.describe(), after));
+    if (!is_stopping(w.state)) {
+      standbys_.lost(w.assignment.slot, clock_.now(), fmt::format("ended with {} after {:.1f} s", s.describe(), after));
+      w.set_state(WorkerState::kExcluded);
+    }
     return;
   }
   if (w.pending()) {
@@ -417,7 +354,7 @@ bool Driver::Worker::fresh() const { return stage != WorkerStage::kSettled; }
 bool Driver::Worker::left_out() const {
   return state == WorkerState::kRetiring || state == WorkerState::kDismissed || state == WorkerState::kExcluded;
 }
-WorkerView Driver::Worker::view() const { return WorkerView{key, assignment, state, stage, alive()}; }
+WorkerView Driver::Worker::view() const { return WorkerView{key, assignment, state, stage, alive(), started}; }
 
 void Driver::Worker::set_state(WorkerState next) {
   ERUN_CHECK(transition_allowed(state, next));
@@ -564,7 +501,7 @@ std::optional<int> Driver::turn() {
   if (memory_.due(clock_.now()) && phase_ != JobPhase::kStopping && phase_ != JobPhase::kFinishing &&
       phase_ != JobPhase::kDone) {
     apply(memory_.tend(
-        snapshot(), [&](const std::string& host) { bool local; return launcher_for(host, &local).agent_alive(host); },
+        snapshot(), [&](const std::string& host) { bool local; return specs_.launcher_for(host, &local).agent_alive(host); },
         [&](const std::string& host) { return hosts_.is_blacklisted(host); }));
   }
   switch (phase_) {
@@ -644,7 +581,9 @@ void Driver::supervise() {
       reconfigure(fmt::format("re-forming ({})", to_string(*why)).c_str(), *why != JoinReason::kHostsUpdated);
       return;
     }
-    standbys_overtake(m);
+    if (std::any_of(workers_.begin(), workers_.end(), [](const Worker& w) { return w.standby_ready(); })) {
+      apply(standbys_.overtake(snapshot(&m)));
+    }
     if (admit_replacements(m)) return;
   }
   if (outcome_.any_success) {
@@ -652,7 +591,14 @@ void Driver::supervise() {
     return;
   }
   follow_membership();
-  tend_standbys(m);
+  // The plan cache's hosts (follow_membership() brought them up to date this turn).
+  StandbyPolicy::Turn turn;
+  turn.usable = &plan_cache_.usable();
+  turn.hosts_epoch = discovery_.epoch;
+  turn.starts = gen_.complete && phase_ == JobPhase::kRunning;
+  turn.finishing = outcome_.any_success;
+  turn.resting = [&](const SlotKey& slot) { return stragglers_.resting(slot); };
+  apply(standbys_.tend(snapshot(&m), turn));
   tend_replicas();
 }
 

@@ -29,9 +29,11 @@
 #include "runner/launch/launcher.h"
 #include "runner/options.h"
 #include "runner/launch/output.h"
+#include "runner/launch/worker_specs.h"
 #include "runner/hosts/plan_cache.h"
 #include "runner/hosts/planner.h"
 #include "runner/policies/replicas.h"
+#include "runner/policies/standbys.h"
 #include "rendezvous/membership.h"
 
 namespace erun {
@@ -165,6 +167,8 @@ class Driver {
   // Applies what a policy returned, in order: the one place its actions
   // touch workers, the event log and the hosts.
   void apply(const Actions& actions);
+  // apply() of an action that names the worker `w`.
+  void apply_to(Worker& w, const Action& action);
   // DRAINING notices the launchers' agents sent since the last tick.
   void take_drains();
   // discovery_.hosts: discovery_.listed less the draining hosts.
@@ -172,32 +176,6 @@ class Driver {
   // A live member of the running plan is on a draining host, or on a slot
   // that rests (a straggler's): it leaves at the next commit.
   bool draining_members() const;
-  // ---- standbys (driver_standby_workers.cc) ----
-  // Starts standbys on free slots (up to --standby), each run of the
-  // program up to its first join, waiting there; logs those ready.
-  void tend_standbys(const MembershipSnapshot& m);
-  // tend_standbys()'s first part: stops the standbys whose slot is not
-  // `usable` (or all, training over), logs those now ready, gives up those
-  // past --rendezvous-timeout; returns how many live on.
-  int tend_live_standbys(const MembershipSnapshot& m, const HostSet& usable);
-  // `full` with each slot no member holds swapped for a ready standby's
-  // (same host first): the standby takes the failed rank's place at once.
-  Plan with_standbys(const Plan& full) const;
-  // A standby whose slot the next plan uses becomes a member-to-be (`to`:
-  // kReplacement or kGrowth).
-  void promote_standby(Worker& w, const char* why, WorkerStage to);
-  // A standby ended or never reached the rendezvous: a broken slot, not a
-  // failure; its slot waits (doubling) before the next standby.
-  void standby_lost(Worker& w, const std::string& why);
-  int wanted_standbys();
-  // 0 for the same host, 1 for hosts of one rack (discovery's rack=NAME), else 2.
-  int distance(const std::string& a, const std::string& b) const;
-  // A ready standby waits on this slot.
-  bool standby_ready_at(const SlotKey& slot) const;
-  // A pending replacement still starting gives its place to a standby that
-  // waits in the rendezvous now (same host first): the job grows back to
-  // full size without the cold start; the replacement is stopped.
-  void standbys_overtake(const MembershipSnapshot& m);
   // ---- phases (driver.cc): step() calls the handler of the current one ----
   // step() but for keeping the record's in_place.
   std::optional<int> turn();
@@ -365,14 +343,7 @@ class Driver {
   // The plan of a recent generation (reports name ranks of the generation the
   // reporter left), or null.
   const Plan* plan_of(long generation) const;
-  void torchrun_node_env(std::vector<std::pair<std::string, std::string>>& env, const RankAssignment& a) const;
-  std::vector<std::pair<std::string, std::string>> worker_env(const RankAssignment& a,
-                                                               const std::string& master_addr,
-                                                               int master_port) const;
   WorkerSpec make_spec(const RankAssignment& a, const std::string& master_addr, int master_port) const;
-  Launcher& launcher_for(const std::string& host, bool* local) const;
-  // The host's ERUN_COMMIT_DIR.
-  std::string host_commit_dir(const std::string& host) const;
   // kRunning, after follow_membership() brought plan_cache_ up to date:
   // spare hosts keep replicas of the commits (--commit-replicas).
   void tend_replicas();
@@ -385,13 +356,11 @@ class Driver {
   // The exit code when the job gives up waiting (after --elastic-timeout).
   int give_up_code();
   void report_failure(const Failure& f);
-  std::string master_address() const;
-  std::string advertise_address(const std::string& host, bool local) const;
-  std::string rendezvous_address(const std::string& host, bool local) const;
   void log_waiting(const HostSet& usable);
 
   DriverOptions o_;
   DriverDeps d_;
+  WorkerSpecs specs_;  // what each worker is given, where it runs
   Clock& clock_;
   // What must outlive this driver, kept here (a job taken over: as its last
   // driver left it): the generation, counts and plan, the hosts' histories
@@ -414,18 +383,7 @@ class Driver {
   DrainPolicy drains_;
   StragglerWatch stragglers_;
   HostMemoryKeeper memory_;
-  struct Rest {
-    TimePoint until{};
-    int times = 0;        // waits so far (each doubles)
-    bool active = false;  // waiting now
-  };
-  // tend_standbys(): where it looks for free slots.
-  struct StandbyScan {
-    std::map<SlotKey, Rest> backoff;  // slots whose standby died: wait before the next
-    std::pair<long, long> key{-1, -1};  // (discovery_.epoch, generation) of the last scan
-    bool found = false;                 // it found a free slot
-  };
-  StandbyScan standby_scan_;
+  StandbyPolicy standbys_;
   PlanCache plan_cache_;
   CrashLoopDetector crash_loop_;
 
@@ -470,10 +428,6 @@ class Driver {
   long launched_ = 0;              // worker processes started (the job summary's count)
   long rolled_back_logged_ = -1;   // the generation whose rolled_back event was written
   Plan plan_;  // the running plan, rec_.plan's slots with their ranks (set_plan())
-  // plan_'s hosts by index (torchrun's node numbers), for the plan of
-  // generation node_index_gen_; made on first use per plan.
-  mutable std::unordered_map<std::string, int> node_index_;
-  mutable long node_index_gen_ = -1;
   std::vector<Plan> recent_plans_;  // the last few published plans, oldest first
   // Per left generation (one of recent_plans_): the slots that re-joined
   // from it, and the reports naming one of its ranks silent.

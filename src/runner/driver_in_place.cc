@@ -427,7 +427,8 @@ void Driver::reconfigure(const char* reason, bool after_failure) {
   // A slot no member holds goes to a ready standby (driver_standby_workers.cc).
   Plan scratch;
   const Plan full =
-      with_standbys(stragglers_.without_resting(make_plan(rec_.generation + 1, usable, o_.max_np, &plan_with_pending(scratch))));
+      standbys_.with_standbys(snapshot(), stragglers_.without_resting(make_plan(rec_.generation + 1, usable, o_.max_np,
+                                                                               &plan_with_pending(scratch))));
   Plan next = full;
   const bool alone = after_failure && survivors_alone(full, next);
   ++rec_.generation;
@@ -455,9 +456,10 @@ void Driver::reconfigure(const char* reason, bool after_failure) {
 }
 
 bool Driver::survivors_alone(const Plan& full, Plan& next) {
+  const JobSnapshot s = snapshot();
   std::vector<SlotKey> kept;
   for (auto& r : full.ranks) {
-    if (slot_held(r.slot, /*pending_too=*/false) || standby_ready_at(r.slot)) kept.push_back(r.slot);
+    if (slot_held(r.slot, /*pending_too=*/false) || standby_ready_at(s, r.slot)) kept.push_back(r.slot);
   }
   if (kept.size() == full.ranks.size() || static_cast<int>(kept.size()) < std::max(o_.min_np, 1)) return false;
   next = plan_over_slots(rec_.generation + 1, kept);
@@ -500,11 +502,11 @@ int Driver::reassign_workers(const Plan& next, const Plan* full, bool stop_retir
     }
     if (w.state == WorkerState::kStopping) continue;  // erun stops it (a standby or replacement given up)
     if (const RankAssignment* a = next.find(w.assignment.slot)) {
-      if (w.standby()) promote_standby(w, "a member was lost", WorkerStage::kReplacement);
+      if (w.standby()) apply({act::Promote{w.key, -1, WorkerStage::kReplacement, "a member was lost"}});
       w.assignment = *a;
       w.set_state(WorkerState::kMember);
     } else if (w.standby()) {
-      continue;  // still a standby (tend_standbys() stops it if its host left)
+      continue;  // still a standby (StandbyPolicy::tend() stops it if its host left)
     } else if (const RankAssignment* f = full && w.pending() ? full->find(w.assignment.slot) : nullptr) {
       w.assignment = *f;  // still pending: it joins with the next growth
     } else {
@@ -556,7 +558,7 @@ void Driver::grow_pending(const Plan& next) {
   for (auto& w : workers_) {
     // A standby on a slot the job grows into is the new worker, already waiting.
     if (w.standby() && survivor(w) && next.contains(w.assignment.slot)) {
-      promote_standby(w, "the job grows", WorkerStage::kGrowth);
+      apply({act::Promote{w.key, -1, WorkerStage::kGrowth, "the job grows"}});
     }
   }
   for (auto& a : next.ranks) {

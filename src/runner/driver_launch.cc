@@ -1,8 +1,6 @@
-// The driver's launch side: where each rank's worker runs and what it is
-// given (environment, spec, addresses), and --dry-run, which prints all of it
-// without launching anything.
-#include <unistd.h>
-
+// The driver's launch side: launching a rank's worker (what it is given and
+// where it runs: launch/worker_specs.h), and --dry-run, which prints all of
+// it without launching anything.
 #include <set>
 
 #include <fmt/format.h>
@@ -13,68 +11,15 @@
 
 namespace erun {
 
-Launcher& Driver::launcher_for(const std::string& host, bool* local) const {
-  bool is_local = o_.launcher == LauncherKind::kLocal ||
-                  (o_.launcher == LauncherKind::kAuto && is_local_host(host)) || !d_.remote_launcher;
-  *local = is_local;
-  return is_local ? *d_.local_launcher : *d_.remote_launcher;
-}
-
-std::string Driver::master_address() const {
-  const std::string& host = plan_.ranks.front().slot.host;
-  bool all_local = true;
-  for (auto& r : plan_.ranks) {
-    bool local;
-    launcher_for(r.slot.host, &local);
-    all_local = all_local && local;
-  }
-  if (all_local) return "127.0.0.1";
-  if (is_local_host(host)) {
-    char name[256] = {};
-    ::gethostname(name, sizeof name - 1);
-    return name;
-  }
-  return host;
-}
-
-std::string Driver::advertise_address(const std::string& host, bool local) const {
-  if (!local) return host;
-  // A "host" named by a loopback address (--launcher local with 127.0.0.2,
-  // .3, ...) keeps it, so that its workers' cross-host traffic really uses
-  // distinct addresses.
-  if (starts_with(host, "127.")) return host;
-  if (discovery_.all_local) return "127.0.0.1";
-  char name[256] = {};
-  ::gethostname(name, sizeof name - 1);
-  return name;
-}
-
-std::string Driver::rendezvous_address(const std::string& host, bool local) const {
-  if (local) return "127.0.0.1";
-  if (!o_.driver_address.empty()) return o_.driver_address;
-  if (starts_with(host, "127.")) return "127.0.0.1";
-  char name[256] = {};
-  ::gethostname(name, sizeof name - 1);
-  return name;
-}
-
 WorkerSpec Driver::make_spec(const RankAssignment& a, const std::string& master_addr, int master_port) const {
-  WorkerSpec s;
-  s.generation = rec_.generation;
-  s.rank = a.rank;
-  s.host = a.slot.host;
-  s.local_index = a.slot.local_index;
-  s.command = o_.command;
-  s.env = worker_env(a, master_addr, master_port);
-  char cwd[4096];
-  if (::getcwd(cwd, sizeof cwd)) s.cwd = cwd;
-  if (!o_.output_dir.empty()) {
-    // Relative to erun's directory, as the workers' own directory is.
-    s.output_dir = o_.output_dir[0] == '/' || s.cwd.empty() ? o_.output_dir : s.cwd + "/" + o_.output_dir;
-  }
-  s.secret = d_.secret;
-  s.term_grace = o_.term_grace;
-  return s;
+  WorkerSpecs::Now now;
+  now.generation = rec_.generation;
+  now.restarts = rec_.restarts;
+  now.plan = &plan_;
+  now.all_local = discovery_.all_local;
+  now.preflight = stragglers_.preflight_on();
+  now.probe_peer = [this](const std::string& host) { return stragglers_.probe_peer_for(host, plan_); };
+  return specs_.make(a, master_addr, master_port, now);
 }
 
 bool Driver::launch_worker(const RankAssignment& a, const std::string& master_addr, int master_port,
@@ -92,14 +37,15 @@ bool Driver::launch_worker(const RankAssignment& a, const std::string& master_ad
   auto spec = make_spec(a, master_addr, master_port);
   // A standby waits in its first join for as long as it takes (the driver stops it).
   if (standby) spec.env.emplace_back("ERUN_STANDBY", "1");
-  auto& launcher = launcher_for(a.slot.host, &w.local);
+  auto& launcher = specs_.launcher_for(a.slot.host, &w.local);
   if (!d_.commit_dir.empty()) memory_.holds(a.slot.host);
   auto h = launcher.launch(spec);
   if (!h) {
     ERUN_LOG_ERROR("{}: launch failed: {}", who(rec_.generation, a.slot.host, a.rank), h.message());
     w.exit = ExitStatus{127, 0};
     if (standby) {
-      standby_lost(w, "could not be launched: " + h.message());
+      standbys_.lost(a.slot, clock_.now(), "could not be launched: " + h.message());
+      w.set_state(WorkerState::kExcluded);
       workers_.push_back(std::move(w));
       return false;
     }
@@ -131,11 +77,11 @@ int Driver::dry_run(std::FILE* out) {
   rec_.generation = 1;
   set_plan(make_plan(1, usable, o_.max_np, nullptr));
   std::fprintf(out, "job %s, generation 1: %s\n", d_.job_id.c_str(), plan_.to_string().c_str());
-  std::string master_addr = master_address();
+  std::string master_addr = specs_.master_address(plan_);
   std::set<std::string> agents;
   for (auto& a : plan_.ranks) {
     bool local;
-    auto& launcher = launcher_for(a.slot.host, &local);
+    auto& launcher = specs_.launcher_for(a.slot.host, &local);
     auto spec = make_spec(a, master_addr, 0);
     if (agents.insert(a.slot.host).second) {
       std::vector<std::string> quoted;

@@ -10,13 +10,6 @@
 
 namespace erun {
 
-std::string Driver::host_commit_dir(const std::string& host) const {
-  // One directory per host, named after it: simulated hosts of one machine
-  // (--launcher local, the tests' sshd on 127.0.0.N) keep apart what
-  // separate machines would.
-  return d_.commit_dir + "-" + host_file_name(host);
-}
-
 void Driver::tend_replicas() {
   if (!replicas_) return;
   // Planned again only when the plan cache was (the hosts, the blacklist or

@@ -25,22 +25,40 @@ JobSnapshot Driver::snapshot(const MembershipSnapshot* m) const {
   return s;
 }
 
+namespace {
+// The worker an action is about (its key), or 0 for an action about the job.
+long target_of(const Action& action) {
+  return std::visit(
+      [](const auto& a) -> long {
+        if constexpr (requires { a.worker; }) {
+          return a.worker;
+        } else {
+          return 0;
+        }
+      },
+      action);
+}
+}  // namespace
+
 void Driver::apply(const Actions& actions) {
-  auto worker = [&](long key) -> Worker* {
-    auto it = std::find_if(workers_.begin(), workers_.end(), [&](const Worker& w) { return w.key == key; });
-    return it != workers_.end() && it->alive() ? &*it : nullptr;
-  };
   for (const Action& action : actions) {
+    if (const long key = target_of(action)) {
+      auto it = std::find_if(workers_.begin(), workers_.end(), [&](const Worker& w) { return w.key == key; });
+      if (it != workers_.end()) apply_to(*it, action);  // else forgotten meanwhile
+      continue;
+    }
     std::visit(
         [&](const auto& a) {
           using A = std::decay_t<decltype(a)>;
-          if constexpr (std::is_same_v<A, act::Dismiss>) {
-            if (Worker* w = worker(a.worker)) {
-              w->handle->terminate();
-              w->set_state(WorkerState::kDismissed);
+          if constexpr (requires { a.worker; }) {
+            // apply_to()'s
+          } else if constexpr (std::is_same_v<A, act::LaunchStandby>) {
+            if (launch_worker(a.assignment, a.master_host, 0, WorkerStage::kStandby)) {
+              ERUN_LOG_INFO("{}[{}]: standby started (--standby {}{})", a.assignment.slot.host,
+                            a.assignment.slot.local_index, a.wanted, a.spare ? "; a spare host" : "");
             }
-          } else if constexpr (std::is_same_v<A, act::Kill>) {
-            if (Worker* w = worker(a.worker)) w->handle->kill();
+          } else if constexpr (std::is_same_v<A, act::Replan>) {
+            plan_cache_.invalidate();
           } else if constexpr (std::is_same_v<A, act::CountReset>) {
             count_reset(a.reason.c_str());
           } else if constexpr (std::is_same_v<A, act::Emit>) {
@@ -51,10 +69,11 @@ void Driver::apply(const Actions& actions) {
             derive_usable_hosts();
           } else if constexpr (std::is_same_v<A, act::KeepMemory>) {
             bool local;
-            memory_.kept(a.host, launcher_for(a.host, &local).keep(a.host, host_commit_dir(a.host), d_.secret));
+            Launcher& launcher = specs_.launcher_for(a.host, &local);
+            memory_.kept(a.host, launcher.keep(a.host, specs_.host_commit_dir(a.host), d_.secret));
           } else if constexpr (std::is_same_v<A, act::UnkeepMemory>) {
             bool local;
-            launcher_for(a.host, &local).unkeep(a.host, /*forget=*/false);
+            specs_.launcher_for(a.host, &local).unkeep(a.host, /*forget=*/false);
             memory_.kept(a.host, false);
           } else {
             static_assert(sizeof(A) == 0, "an action the driver does not apply");
@@ -62,6 +81,36 @@ void Driver::apply(const Actions& actions) {
         },
         action);
   }
+}
+
+void Driver::apply_to(Worker& w, const Action& action) {
+  std::visit(
+      [&](const auto& a) {
+        using A = std::decay_t<decltype(a)>;
+        const bool runs = w.alive();  // a signal goes only to a worker that still runs
+        if constexpr (std::is_same_v<A, act::Dismiss> || std::is_same_v<A, act::Stop>) {
+          if (!runs) return;
+          w.handle->terminate();
+          w.set_state(std::is_same_v<A, act::Dismiss> ? WorkerState::kDismissed : WorkerState::kStopping);
+        } else if constexpr (std::is_same_v<A, act::Kill> || std::is_same_v<A, act::Exclude>) {
+          if (!runs) return;
+          w.handle->kill();
+          if (std::is_same_v<A, act::Exclude>) w.set_state(WorkerState::kExcluded);
+        } else if constexpr (std::is_same_v<A, act::SetStage>) {
+          w.set_stage(a.stage);
+        } else if constexpr (std::is_same_v<A, act::Promote>) {
+          if (a.rank >= 0) w.assignment.rank = a.rank;
+          w.set_stage(a.stage);
+          const SlotKey& slot = w.assignment.slot;
+          ERUN_LOG_INFO("{}: standby {}[{}] promoted ({}): it joins without starting again", who(rec_.generation),
+                        slot.host, slot.local_index, a.reason);
+          d_.events->emit(ev::StandbyPromoted{
+              .generation = rec_.generation, .host = slot.host, .slot = slot.local_index, .reason = a.reason});
+        } else if constexpr (requires { a.worker; }) {
+          static_assert(sizeof(A) == 0, "an action on a worker the driver does not apply");
+        }
+      },
+      action);
 }
 
 void Driver::take_drains() {
@@ -78,7 +127,7 @@ void Driver::derive_usable_hosts() {
   discovery_.all_local = true;
   for (auto& h : discovery_.hosts.hosts()) {
     bool local;
-    launcher_for(h.name, &local);
+    specs_.launcher_for(h.name, &local);
     discovery_.all_local = discovery_.all_local && local;
   }
 }

@@ -43,7 +43,7 @@ void Driver::adopt(DriverDeps::Takeover& t) {
     w.handle = std::move(a.handle);
     w.launched_generation = a.generation;
     w.started = clock_.now();
-    launcher_for(a.host, &w.local);
+    specs_.launcher_for(a.host, &w.local);
     if (!d_.commit_dir.empty()) memory_.holds(a.host);
     const RankAssignment* r = plan_.find(SlotKey{a.host, a.slot});
     if (!r) {

@@ -9,6 +9,7 @@
 
 #include "runner/policies/drain.h"
 #include "runner/policies/host_memory.h"
+#include "runner/policies/standbys.h"
 #include "runner/policies/straggler_watch.h"
 
 namespace erun {
@@ -346,6 +347,140 @@ TEST(HostMemoryKeeper, AHostOutOfDiscoveryOrDrainingGetsNoKeeper) {
     EXPECT_TRUE(keeper.tend(job.s, dead, blacklisted).empty());
     job.s.now += seconds(3);
   }
+}
+
+// ---- StandbyPolicy ----
+
+DriverOptions standby_options(int standby) {
+  DriverOptions o;
+  o.standby = standby;
+  o.rendezvous_timeout = seconds(60);
+  return o;
+}
+
+WorkerView standby_on(long key, const SlotKey& slot, WorkerStage stage, TimePoint started) {
+  WorkerView w{key, {}, WorkerState::kPending, stage, true, started};
+  w.assignment.slot = slot;
+  w.assignment.rank = -1;
+  return w;
+}
+
+TEST(StandbyPolicy, StandbysStartBesideTheMembersFirstThenOnSpareHostsUpToTheWanted) {
+  // a:2 runs ranks 0 and 1, b:2 runs rank 2: b[1] is the members' free slot; c is spare.
+  Job job({{"a", 0}, {"a", 1}, {"b", 0}}, {"a", "b", "c"});
+  StandbyPolicy standbys(standby_options(2));
+  StandbyPolicy::Turn turn;
+  turn.usable = &job.hosts;
+  turn.starts = true;
+  Actions out = standbys.tend(job.s, turn);
+  auto launched = all_of<act::LaunchStandby>(out);
+  ASSERT_EQ(launched.size(), 2u);
+  EXPECT_EQ(launched[0].assignment.slot, (SlotKey{"b", 1}));
+  EXPECT_FALSE(launched[0].spare);
+  EXPECT_EQ(launched[1].assignment.slot, (SlotKey{"c", 0}));
+  EXPECT_TRUE(launched[1].spare);
+  EXPECT_EQ(launched[0].assignment.rank, -1) << "a standby has no rank until promoted";
+  EXPECT_EQ(launched[0].master_host, "a");
+  // Restart mode keeps none; a generation not yet complete starts none.
+  job.s.in_place = false;
+  EXPECT_EQ(standbys.wanted(job.s), 0);
+  job.s.in_place = true;
+  turn.starts = false;
+  StandbyPolicy later(standby_options(-1));
+  EXPECT_TRUE(later.tend(job.s, turn).empty());
+  EXPECT_EQ(later.wanted(job.s), 1) << "one by default";
+}
+
+TEST(StandbyPolicy, AStandbyIsReadyOnceItWaitsIsGivenUpPastTheTimeoutAndItsSlotWaitsDoubling) {
+  Job job({{"a", 0}}, {"a"});
+  const TimePoint t0 = job.s.now;
+  job.s.workers.push_back(standby_on(2, {"a", 1}, WorkerStage::kStandby, t0));
+  StandbyPolicy standbys(standby_options(1));
+  StandbyPolicy::Turn turn;
+  turn.usable = &job.hosts;
+  turn.starts = true;
+  job.s.now = t0 + seconds(3);
+  job.s.waiting = {{"a", 1}};
+  Actions out = standbys.tend(job.s, turn);
+  ASSERT_EQ(all_of<act::SetStage>(out).size(), 1u);
+  EXPECT_EQ(all_of<act::SetStage>(out)[0].stage, WorkerStage::kStandbyReady);
+  ASSERT_EQ(events_of<ev::StandbyReady>(out).size(), 1u);
+  EXPECT_DOUBLE_EQ(events_of<ev::StandbyReady>(out)[0].seconds, 3.0);
+  EXPECT_TRUE(all_of<act::LaunchStandby>(out).empty()) << "one is wanted and one lives";
+  // Another that never reaches the rendezvous is killed at --rendezvous-timeout.
+  job.s.workers.back() = standby_on(3, {"a", 1}, WorkerStage::kStandby, t0);
+  job.s.waiting.clear();
+  job.s.now = t0 + seconds(61);
+  out = standbys.tend(job.s, turn);
+  ASSERT_EQ(all_of<act::Exclude>(out).size(), 1u);
+  EXPECT_EQ(all_of<act::Exclude>(out)[0].worker, 3);
+  EXPECT_TRUE(all_of<act::LaunchStandby>(out).empty()) << "its slot waits 1 s first";
+  job.s.workers.back().alive = false;
+  job.s.now += seconds(2);
+  EXPECT_EQ(all_of<act::LaunchStandby>(standbys.tend(job.s, turn)).size(), 1u);
+  standbys.lost({"a", 1}, job.s.now, "ended with exit code 1");
+  job.s.now += seconds(1);
+  EXPECT_TRUE(all_of<act::LaunchStandby>(standbys.tend(job.s, turn)).empty()) << "the second wait is 2 s";
+  job.s.now += seconds(2);
+  EXPECT_EQ(all_of<act::LaunchStandby>(standbys.tend(job.s, turn)).size(), 1u);
+}
+
+TEST(StandbyPolicy, StandbysStopWhenTheirHostLeavesOrTheJobFinishes) {
+  Job job({{"a", 0}}, {"a"});
+  job.s.workers.push_back(standby_on(2, {"a", 1}, WorkerStage::kStandbyReady, job.s.now));
+  job.s.workers.push_back(standby_on(3, {"gone", 0}, WorkerStage::kStandby, job.s.now));
+  StandbyPolicy standbys(standby_options(2));
+  StandbyPolicy::Turn turn;
+  turn.usable = &job.hosts;
+  Actions out = standbys.tend(job.s, turn);
+  ASSERT_EQ(all_of<act::Stop>(out).size(), 1u);
+  EXPECT_EQ(all_of<act::Stop>(out)[0].worker, 3);
+  turn.finishing = true;
+  EXPECT_EQ(all_of<act::Stop>(standbys.tend(job.s, turn)).size(), 2u);
+}
+
+TEST(StandbyPolicy, ALostMembersSlotGoesToTheNearestReadyStandby) {
+  // Racks: a and b in r1, c in r2. Rank 1 (on b) was lost.
+  Job job({{"a", 0}, {"b", 0}}, {"a", "b", "c"});
+  std::vector<Host> racked = job.hosts.hosts();
+  racked[0].rack = racked[1].rack = "r1";
+  racked[2].rack = "r2";
+  job.hosts = HostSet(racked);
+  job.worker(2).alive = false;
+  job.s.workers.push_back(standby_on(3, {"c", 0}, WorkerStage::kStandbyReady, job.s.now));
+  job.s.workers.push_back(standby_on(4, {"a", 1}, WorkerStage::kStandbyReady, job.s.now));
+  job.s.workers.push_back(standby_on(5, {"c", 1}, WorkerStage::kStandby, job.s.now));  // not ready
+  StandbyPolicy standbys(standby_options(2));
+  Plan next = standbys.with_standbys(job.s, plan_over_slots(4, {{"a", 0}, {"b", 0}}));
+  ASSERT_EQ(next.size(), 2);
+  EXPECT_EQ(next.ranks[0].slot, (SlotKey{"a", 0})) << "a survivor keeps its slot";
+  EXPECT_EQ(next.ranks[1].slot, (SlotKey{"a", 1})) << "the standby in b's rack, not c's";
+  EXPECT_TRUE(standby_ready_at(job.s, {"c", 0}));
+  EXPECT_FALSE(standby_ready_at(job.s, {"c", 1}));
+}
+
+TEST(StandbyPolicy, AReadyStandbyOvertakesAReplacementStillStarting) {
+  Job job({{"a", 0}, {"b", 0}}, {"a", "b"});
+  WorkerView slow = standby_on(3, {"b", 0}, WorkerStage::kReplacement, job.s.now);
+  slow.assignment.rank = 1;
+  job.worker(2).alive = false;
+  job.s.workers.push_back(slow);
+  job.s.workers.push_back(standby_on(4, {"b", 1}, WorkerStage::kStandbyReady, job.s.now));
+  StandbyPolicy standbys(standby_options(1));
+  EXPECT_TRUE(standbys.overtake(job.s).empty()) << "the standby does not wait in the rendezvous";
+  job.s.waiting = {{"b", 1}};
+  Actions out = standbys.overtake(job.s);
+  ASSERT_EQ(all_of<act::Stop>(out).size(), 1u);
+  EXPECT_EQ(all_of<act::Stop>(out)[0].worker, 3);
+  auto promoted = all_of<act::Promote>(out);
+  ASSERT_EQ(promoted.size(), 1u);
+  EXPECT_EQ(promoted[0].worker, 4);
+  EXPECT_EQ(promoted[0].rank, 1);
+  EXPECT_EQ(promoted[0].stage, WorkerStage::kReplacement);
+  EXPECT_EQ(all_of<act::Replan>(out).size(), 1u);
+  // A replacement already waiting keeps its place.
+  job.s.waiting.insert({"b", 0});
+  EXPECT_TRUE(standbys.overtake(job.s).empty());
 }
 
 }  // namespace

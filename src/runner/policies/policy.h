@@ -32,6 +32,7 @@ struct WorkerView {
   WorkerState state = WorkerState::kMember;
   WorkerStage stage = WorkerStage::kSettled;
   bool alive = false;  // running: its exit is not seen yet
+  TimePoint started{};  // when it was launched
 
   bool pending() const { return state == WorkerState::kPending; }
   // Out of the running plan for good: retiring, dismissed or excluded.
@@ -66,10 +67,44 @@ namespace act {
 struct Dismiss {
   long worker = 0;
 };
+// SIGTERM to the worker, which erun stops (WorkerState::kStopping): a
+// standby or a replacement given up, its end no failure.
+struct Stop {
+  long worker = 0;
+};
 // SIGKILL to the worker: its end is a failure, handled as any.
 struct Kill {
   long worker = 0;
 };
+// SIGKILL to the worker, left out for good (WorkerState::kExcluded): a
+// pending worker given up.
+struct Exclude {
+  long worker = 0;
+};
+// The worker reached `stage` (WorkerStage's checked table).
+struct SetStage {
+  long worker = 0;
+  WorkerStage stage = WorkerStage::kSettled;
+};
+// Launch a standby on `assignment`'s slot (its rank -1: none yet), which
+// times its link against `master_host`; `spare`: a host beyond the plan's.
+struct LaunchStandby {
+  RankAssignment assignment;
+  std::string master_host;
+  int wanted = 1;
+  bool spare = false;
+};
+// The standby takes a place in the job: the rank (-1: the plan's, given
+// later) and stage (kReplacement or kGrowth) of that place; `reason` for
+// the log and the event.
+struct Promote {
+  long worker = 0;
+  int rank = -1;
+  WorkerStage stage = WorkerStage::kReplacement;
+  std::string reason;
+};
+// The next plan must be made again (its slots changed hands).
+struct Replan {};
 // One more reset (--reset-limit counts them).
 struct CountReset {
   std::string reason;
@@ -94,8 +129,9 @@ struct UnkeepMemory {
 };
 }  // namespace act
 
-using Action = std::variant<act::Dismiss, act::Kill, act::CountReset, act::Emit, act::SlotsChanged,
-                            act::HostsChanged, act::KeepMemory, act::UnkeepMemory>;
+using Action = std::variant<act::Dismiss, act::Stop, act::Kill, act::Exclude, act::SetStage, act::CountReset,
+                            act::Emit, act::SlotsChanged, act::HostsChanged, act::KeepMemory, act::UnkeepMemory,
+                            act::LaunchStandby, act::Promote, act::Replan>;
 using Actions = std::vector<Action>;
 
 }  // namespace erun
