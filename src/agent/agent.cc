@@ -22,16 +22,16 @@ void Agent::handle(Message m) {
       if (sig->sig == SIGTERM) {
         terminate(*w);  // erun forwards a SIGTERM it got: a stop, not a notice
       } else {
-        ::kill(-w->pid, sig->sig);
+        env_.kill(-w->pid, sig->sig);
       }
     }
   } else if (auto* t = std::get_if<Terminate>(&m)) {
     if (Worker* w = live(t->id); w && !w->kill_at) {
       terminate(*w);
-      w->kill_at = SteadyClock::now() + w->grace;
+      w->kill_at = env_.now() + w->grace;
     }
   } else if (auto* k = std::get_if<Kill>(&m)) {
-    if (Worker* w = live(k->id)) ::kill(-w->pid, SIGKILL);
+    if (Worker* w = live(k->id)) env_.kill(-w->pid, SIGKILL);
   } else if (std::holds_alternative<Shutdown>(m)) {
     stop_all("the driver said SHUTDOWN", false);
   } else if (auto* k = std::get_if<Keep>(&m)) {
@@ -61,33 +61,39 @@ void Agent::start(const Start& s) {
   }
   // The worker's control socket: its library takes a SIGTERM as a notice to
   // leave (and says 'D'), unless this agent said 'S' first.
-  Fd ctl, child_ctl;
+  int ctl = -1, child_ctl = -1;
   if (o_.drain_timeout > Duration::zero()) {
     int pair[2];
-    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, pair) == 0) {
-      ctl.reset(pair[0]);
-      child_ctl.reset(pair[1]);
+    if (env_.socketpair(pair)) {
+      ctl = pair[0];
+      child_ctl = pair[1];
     } else {
       ERUN_LOG_WARN("{}: socketpair: {}: this worker cannot drain on SIGTERM", me_, std::strerror(errno));
     }
   }
-  auto spawned = Subprocess::spawn(spawn_options(s, child_ctl.get()));
+  auto spawned = env_.spawn(spawn_options(s, child_ctl));
+  close_fd(child_ctl);  // the worker's own
   if (!spawned) {
+    close_fd(ctl);
     send(StartFailed{s.id, spawned.message()});
     return;
   }
   add_worker(s, spawned.value());
-  if (Worker* w = find(s.id)) w->ctl = ctl.release();
+  if (Worker* w = find(s.id)) {
+    w->ctl = ctl;
+  } else {
+    close_fd(ctl);
+  }
 }
 
 void Agent::terminate(Worker& w) {
-  if (w.ctl >= 0) (void)!::send(w.ctl, "S", 1, MSG_DONTWAIT | MSG_NOSIGNAL);
-  ::kill(-w.pid, SIGTERM);
+  if (w.ctl >= 0) (void)env_.send(w.ctl, "S", MSG_DONTWAIT | MSG_NOSIGNAL);
+  env_.kill(-w.pid, SIGTERM);
 }
 
 void Agent::on_worker_ctl(Worker& w) {
   char buf[16];
-  ssize_t n = ::recv(w.ctl, buf, sizeof buf, MSG_DONTWAIT);
+  ssize_t n = env_.recv(w.ctl, buf, sizeof buf, MSG_DONTWAIT);
   if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
   if (n <= 0) {  // the worker (and whatever inherited the socket) closed it
     close_fd(w.ctl);
@@ -101,7 +107,7 @@ void Agent::on_worker_ctl(Worker& w) {
 void Agent::begin_drain(const std::string& why) {
   if (draining_ || stopping_) return;
   draining_ = true;
-  drain_deadline_ = SteadyClock::now() + o_.drain_timeout + 10s;
+  drain_deadline_ = env_.now() + o_.drain_timeout + 10s;
   ERUN_LOG_INFO("{}: {}: the host drains: its workers leave the job at their next commit (--drain-timeout {:g} s)",
                 me_, why, std::chrono::duration<double>(o_.drain_timeout).count());
   send(Draining{why});
@@ -174,19 +180,19 @@ SpawnOptions Agent::spawn_options(const Start& s, int ctl) {
 }
 
 // Spawned: the worker leads its session, so a signal to its group reaches it.
-void Agent::add_worker(const Start& s, Subprocess& p) {
+void Agent::add_worker(const Start& s, const Spawned& p) {
   Worker w;
   w.id = s.id;
   w.generation = s.generation;
   w.rank = s.rank;
   w.slot = s.slot;
-  w.out.fd = p.release_stdout();
-  w.err.fd = p.release_stderr();
-  const pid_t pid = p.release();  // reaped with waitpid(-1) in on_sigchld()
+  w.out.fd = p.out_fd;
+  w.err.fd = p.err_fd;
+  const pid_t pid = p.pid;  // reaped in on_sigchld()
   w.pid = pid;
-  w.oom = OomWatch::of(pid);
-  set_nonblocking(w.out.fd);
-  set_nonblocking(w.err.fd);
+  w.oom = env_.oom_watch(pid);
+  env_.set_nonblocking(w.out.fd);
+  env_.set_nonblocking(w.err.fd);
   w.grace = std::chrono::milliseconds(s.term_grace_ms);
   if (!s.output_dir.empty()) open_output_files(w, s);
   workers_.emplace(s.id, std::move(w));
@@ -201,14 +207,14 @@ void Agent::open_output_files(Worker& w, const Start& s) {
   // The driver made it absolute from its own directory (make_spec).
   std::filesystem::path dir = std::filesystem::path(s.output_dir) / fmt::format("rank.{}", s.rank);
   auto who_s = who(s.generation, o_.host, s.rank);
-  Status made = ensure_private_dir(dir.string(), "--output-filename directory",
-                                   DirPolicy{.refuse_shared_write = false, .refuse_link = true});
+  Status made = env_.ensure_private_dir(dir.string(), "--output-filename directory",
+                                        DirPolicy{.refuse_shared_write = false, .refuse_link = true});
   if (!made) {
     ERUN_LOG_WARN("{}: {}: {}; its output goes to erun only", me_, who_s, made.message());
     return;
   }
   for (auto [stream, name] : {std::pair{&w.out, "stdout"}, std::pair{&w.err, "stderr"}}) {
-    Result<int> fd = open_private_append((dir / name).string(), "--output-filename file");
+    Result<int> fd = env_.open_private_append((dir / name).string(), "--output-filename file");
     if (fd) {
       stream->file_fd = fd.value();
     } else {
@@ -223,7 +229,7 @@ void Agent::pump(Worker& w, Stream& s, uint8_t stream, bool final) {
   char chunk[kReadChunk];
   int reads = 0;
   while (s.fd >= 0) {
-    ssize_t n = ::read(s.fd, chunk, sizeof chunk);
+    ssize_t n = env_.read(s.fd, chunk, sizeof chunk);
     if (n > 0) {
       if (s.file_fd >= 0 && !write_fully(s.file_fd, std::string_view(chunk, static_cast<size_t>(n)))) {
         ERUN_LOG_WARN("{}: {}: cannot write its {} file under --output-filename: {}; it goes to erun only from "
@@ -254,37 +260,34 @@ void Agent::pump(Worker& w, Stream& s, uint8_t stream, bool final) {
 }
 
 void Agent::on_sigchld() {
-  signalfd_siginfo info;
-  while (::read(sig_fd_, &info, sizeof info) == sizeof info) {
-    if (info.ssi_signo == SIGHUP && o_.driver_grace > Duration::zero()) {
+  while (const int signo = env_.next_signal(sig_fd_)) {
+    if (signo == SIGHUP && o_.driver_grace > Duration::zero()) {
       // The terminal that ran erun is gone: erun's loss, not a stop order.
       ERUN_LOG_DEBUG("{}: SIGHUP ignored (--driver-grace)", me_);
-    } else if (info.ssi_signo == SIGTERM && !std::exchange(sigterm_seen_, true) &&
-               o_.drain_timeout > Duration::zero() && attached_ && !stopping_ && !workers_.empty()) {
+    } else if (signo == SIGTERM && !std::exchange(sigterm_seen_, true) && o_.drain_timeout > Duration::zero() &&
+               attached_ && !stopping_ && !workers_.empty()) {
       // A notice (Slurm's preemption, a pod's eviction, an operator): the
       // host leaves at its workers' next commit; a second SIGTERM stops now.
       begin_drain("SIGTERM to the agent");
-    } else if (info.ssi_signo == SIGTERM || info.ssi_signo == SIGHUP || info.ssi_signo == SIGINT) {
-      stop_all(fmt::format("signal {} ({})", info.ssi_signo, strsignal(static_cast<int>(info.ssi_signo))), true);
+    } else if (signo == SIGTERM || signo == SIGHUP || signo == SIGINT) {
+      stop_all(fmt::format("signal {} ({})", signo, strsignal(signo)), true);
     }
   }
-  while (true) {
-    int status = 0;
-    pid_t pid = ::waitpid(-1, &status, WNOHANG);
-    if (pid <= 0) break;
+  while (const auto ended = env_.reap()) {
+    const auto [pid, status] = *ended;
     for (auto& [id, w] : workers_) {
       if (w.pid != pid || w.reaped) continue;
       w.reaped = ExitStatus::from_wait_status(status);
       w.reaped->oom_killed = w.reaped->signal == SIGKILL && w.oom.fired();
       // Strays of the worker's session go with it, so that none keeps the
       // pipes open; EXITED follows their EOF (report_exits).
-      ::kill(-w.pid, SIGKILL);
+      env_.kill(-w.pid, SIGKILL);
       if (watchdog_fd_ >= 0) (void)write_fully(watchdog_fd_, fmt::format("R {}\n", w.pid));
-      w.output_deadline = SteadyClock::now() + kExitOutputWait;
+      w.output_deadline = env_.now() + kExitOutputWait;
       break;
     }
   }
-  report_exits(SteadyClock::now());
+  report_exits(env_.now());
 }
 
 void Agent::report_exits(SteadyClock::time_point now) {
@@ -322,10 +325,10 @@ void Agent::stop_all(const std::string& why, bool lost) {
   for (auto& [id, w] : workers_) {
     if (w.reaped) continue;
     terminate(w);
-    if (!w.kill_at) w.kill_at = SteadyClock::now() + w.grace;
+    if (!w.kill_at) w.kill_at = env_.now() + w.grace;
     longest = std::max(longest, w.grace);
   }
-  stop_deadline_ = SteadyClock::now() + longest + 2s;
+  stop_deadline_ = env_.now() + longest + 2s;
 }
 
 // Points the worker's rendezvous address at this agent's relay, which is made
@@ -371,13 +374,13 @@ void Agent::relay_env(std::map<std::string, std::string>& env) {
 void Agent::ensure_watchdog() {
   if (watchdog_fd_ >= 0) {
     pollfd p{watchdog_fd_, 0, 0};
-    if (::poll(&p, 1, 0) == 0) return;
+    if (env_.poll(&p, 1, 0) == 0) return;
     ERUN_LOG_WARN("{}: the watchdog ended: starting another", me_);
     close_fd(watchdog_fd_);
   }
-  watchdog_fd_ = spawn_watchdog(
+  watchdog_fd_ = env_.spawn_watchdog(
       std::chrono::duration_cast<std::chrono::milliseconds>(o_.heartbeat_timeout + kWatchdogSlack).count());
-  last_watchdog_word_ = SteadyClock::now();
+  last_watchdog_word_ = env_.now();
   if (watchdog_fd_ < 0) {
     ERUN_LOG_ERROR("{}: cannot start the watchdog: {}", me_, std::strerror(errno));
     return;
@@ -398,46 +401,46 @@ void Agent::tell_watchdog_grace() {
   long ms = 0;
   if (holding() || silent_) {
     ms = std::max<long>(
-        1, std::chrono::duration_cast<std::chrono::milliseconds>(grace_until_ - SteadyClock::now()).count());
+        1, std::chrono::duration_cast<std::chrono::milliseconds>(grace_until_ - env_.now()).count());
   }
   (void)write_fully(watchdog_fd_, fmt::format("G {}\n", ms));
 }
 
 int Agent::run() {
-  log_prefix_init();
   if (!begin()) return 1;
-  while (true) {
-    auto now = SteadyClock::now();
-    if (relay_) {
-      relay_->tick(now);
-      // The upstream dropped while the driver's channel stayed up: the same
-      // driver again, once its channel has had a moment to show it is gone.
-      if (relay_->paused() && attached_ && now - relay_->paused_since() > 1s) relay_->resume("", 0);
-    }
-    keep_in_touch(now);
-    sweep_replicas(now);
-    report_exits(now);
-    kill_overdue(now);
-    tend_drain(now);
-    if (stopping_ && stopped(now)) break;
-    ensure_watchdog();
-    poll_once(now);
+  while (step()) {
   }
   finish();
-  return lost_ ? 1 : 0;
+  return exit_code();
+}
+
+bool Agent::step() {
+  auto now = env_.now();
+  if (relay_) {
+    relay_->tick(now);
+    // The upstream dropped while the driver's channel stayed up: the same
+    // driver again, once its channel has had a moment to show it is gone.
+    if (relay_->paused() && attached_ && now - relay_->paused_since() > 1s) relay_->resume("", 0);
+  }
+  keep_in_touch(now);
+  sweep_replicas(now);
+  report_exits(now);
+  kill_overdue(now);
+  tend_drain(now);
+  if (stopping_ && stopped(now)) return false;
+  ensure_watchdog();
+  poll_once(now);
+  return true;
 }
 
 // Signals, the job secret, the watchdog, HELLO, and the frames that came
 // with the secret.
 bool Agent::begin() {
-  // Signals the agent handles arrive through a signalfd; SIGPIPE is an error
-  // return from write, not a death.
-  ::signal(SIGPIPE, SIG_IGN);
-  sigset_t handled;
-  sigemptyset(&handled);
-  for (int s : {SIGCHLD, SIGTERM, SIGHUP, SIGINT}) sigaddset(&handled, s);
-  ::sigprocmask(SIG_BLOCK, &handled, nullptr);
-  sig_fd_ = ::signalfd(-1, &handled, SFD_NONBLOCK | SFD_CLOEXEC);
+  log_prefix_init();
+  // Signals the agent handles arrive through a descriptor (a signalfd);
+  // SIGPIPE is an error return from write, not a death.
+  env_.ignore_sigpipe();
+  sig_fd_ = env_.take_signals();
   if (sig_fd_ < 0) {
     ERUN_LOG_ERROR("{}: signalfd: {}", me_, std::strerror(errno));
     return false;
@@ -446,12 +449,12 @@ bool Agent::begin() {
   in_fd_ = o_.in_fd;
   out_fd_ = o_.out_fd;
   if (!read_secret()) return false;
-  set_nonblocking(in_fd_);
-  set_nonblocking(out_fd_);
+  env_.set_nonblocking(in_fd_);
+  env_.set_nonblocking(out_fd_);
   if (o_.driver_grace > Duration::zero()) listen_for_attach();
   ensure_watchdog();
-  last_heard_ = SteadyClock::now();
-  send(Hello{kProtocolVersion, o_.host, ::getpid(), attach_path_});
+  last_heard_ = env_.now();
+  send(Hello{kProtocolVersion, o_.host, env_.pid(), attach_path_});
   if (!inbound_.empty()) {
     handle_frames(inbound_);
     inbound_.clear();
@@ -488,7 +491,7 @@ void Agent::keep_in_touch(SteadyClock::time_point now) {
              true);
   }
   for (size_t i = attachers_.size(); i-- > 0;) {
-    if (now >= attachers_[i].deadline) attachers_.erase(attachers_.begin() + static_cast<long>(i));
+    if (now >= attachers_[i].deadline) drop_attacher(i);
   }
   if (out_open_ && now - last_sent_ >= o_.heartbeat_interval) send(Heartbeat{});
   if (watchdog_fd_ >= 0 && now - last_watchdog_word_ >= o_.heartbeat_interval) {
@@ -501,7 +504,7 @@ void Agent::keep_in_touch(SteadyClock::time_point now) {
 void Agent::kill_overdue(SteadyClock::time_point now) {
   for (auto& [id, w] : workers_) {
     if (w.kill_at && !w.reaped && now >= *w.kill_at) {
-      ::kill(-w.pid, SIGKILL);
+      env_.kill(-w.pid, SIGKILL);
       w.kill_at = now + 1s;  // again later if something is left
     }
   }
@@ -513,7 +516,7 @@ bool Agent::stopped(SteadyClock::time_point now) {
   if (workers_.empty() && (outbound_.empty() || !out_open_)) return true;
   if (now < stop_deadline_) return false;
   for (auto& [id, w] : workers_) {
-    if (!w.reaped) ::kill(-w.pid, SIGKILL);
+    if (!w.reaped) env_.kill(-w.pid, SIGKILL);
   }
   return workers_.empty() || now >= stop_deadline_ + 2s;
 }
@@ -543,12 +546,12 @@ void Agent::poll_once(SteadyClock::time_point now) {
   Relay* relay = relay_.get();  // the one whose descriptors are listed (a START may make one)
   size_t relay_first = relay ? relay->add_fds(fds) : fds.size();
   const size_t helper_err = fds.size();
-  fds.push_back({helper_err_read_.get(), POLLIN, 0});
+  fds.push_back({helper_err_read_, POLLIN, 0});
   const size_t attach_first = fds.size();
-  fds.push_back({attach_listen_.get(), POLLIN, 0});
-  for (auto& a : attachers_) fds.push_back({a.fd.get(), POLLIN, 0});
+  fds.push_back({attach_listen_, POLLIN, 0});
+  for (auto& a : attachers_) fds.push_back({a.fd, POLLIN, 0});
   const size_t attachers_listed = attachers_.size();
-  int n = ::poll(fds.data(), fds.size(), poll_timeout_ms(now));
+  int n = env_.poll(fds.data(), fds.size(), poll_timeout_ms(now));
   if (n < 0 && errno != EINTR) {
     ERUN_LOG_ERROR("{}: poll: {}", me_, std::strerror(errno));
     stop_all("poll failed", true);
@@ -580,19 +583,18 @@ void Agent::poll_once(SteadyClock::time_point now) {
 
 void Agent::open_helper_stderr() {
   int ends[2];
-  if (::pipe2(ends, O_CLOEXEC | O_NONBLOCK) != 0) return;  // the helpers keep the agent's stderr
-  helper_err_read_.reset(ends[0]);
-  helper_err_write_.reset(ends[1]);  // non-blocking too: a helper drops a line rather than wait for the agent
-  route_helper_stderr(helper_err_write_.get());
+  if (!env_.route_helper_stderr(ends)) return;  // the helpers keep the agent's stderr
+  helper_err_read_ = ends[0];
+  helper_err_write_ = ends[1];  // non-blocking too: a helper drops a line rather than wait for the agent
 }
 
 // What the helpers wrote: whole lines to the agent's stderr (`all`: the
 // rest too), or everything once 64 KiB are waiting without an end of line.
 void Agent::pump_helper_stderr(bool all) {
-  if (!helper_err_read_) return;
+  if (helper_err_read_ < 0) return;
   char buf[4096];
   while (true) {
-    const ssize_t n = ::read(helper_err_read_.get(), buf, sizeof buf);
+    const ssize_t n = env_.read(helper_err_read_, buf, sizeof buf);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;
     helper_err_.append(buf, static_cast<size_t>(n));
@@ -601,7 +603,7 @@ void Agent::pump_helper_stderr(bool all) {
   size_t len = end == std::string::npos ? 0 : end + 1;
   if (all || helper_err_.size() >= (64u << 10)) len = helper_err_.size();
   if (len == 0) return;
-  (void)StatusLine::get().write_above(STDERR_FILENO, std::string_view(helper_err_.data(), len));
+  env_.write_stderr(std::string_view(helper_err_.data(), len));
   helper_err_.erase(0, len);
 }
 
@@ -626,25 +628,30 @@ void Agent::finish() {
   // commits go too, unless another agent of the job still runs here.
   // The persister writes the newest commit first: up to a minute when the
   // job ended, a few seconds when the driver is gone.
-  stop_helper(std::exchange(persister_fd_, -1), lost_ ? std::chrono::seconds(5) : std::chrono::seconds(60));
+  env_.stop_helper(std::exchange(persister_fd_, -1), lost_ ? std::chrono::seconds(5) : std::chrono::seconds(60));
   stop_pushers();
-  stop_helper(std::exchange(keeper_.channel, -1), kReplicaStopWait);  // it ends before the directory goes
+  env_.stop_helper(std::exchange(keeper_.channel, -1), kReplicaStopWait);  // it ends before the directory goes
   pump_helper_stderr(true);  // their last lines (the persister may still write: it gives up in 5 s)
-  if (!commit_dir_.empty()) release_commit_dir(commit_dir_, std::exchange(commit_lease_fd_, -1));
-  attachers_.clear();
-  attach_listen_.reset();
-  if (!attach_path_.empty()) ::unlink(attach_path_.c_str());
+  if (!commit_dir_.empty()) env_.release_commit_dir(commit_dir_, std::exchange(commit_lease_fd_, -1));
+  while (!attachers_.empty()) drop_attacher(attachers_.size() - 1);
+  close_fd(attach_listen_);
+  if (!attach_path_.empty()) env_.unlink(attach_path_);
   if (!attach_dir_.empty()) {
-    ::unlink((attach_dir_ + "/" + kDriverFile).c_str());
-    ::unlink((attach_dir_ + "/" + kDriverFileTemp).c_str());
-    ::rmdir(attach_dir_.c_str());
+    env_.unlink(attach_dir_ + "/" + kDriverFile);
+    env_.unlink(attach_dir_ + "/" + kDriverFileTemp);
+    env_.rmdir(attach_dir_);
   }
   close_fd(watchdog_fd_);  // the watchdog finds no group left and exits
+  close_fd(helper_err_read_);
+  close_fd(helper_err_write_);
+  close_fd(sig_fd_);
 }
 
 
 }  // namespace internal
 
-int run_agent(const AgentOptions& options) { return internal::Agent(options).run(); }
+int run_agent(const AgentOptions& options, Env& env) { return internal::Agent(options, env).run(); }
+
+int run_agent(const AgentOptions& options) { return run_agent(options, Env::real()); }
 
 }  // namespace erun::agent

@@ -13,7 +13,7 @@ bool Agent::hold_commit_dir(const std::string& dir) {
   if (dir.empty() || dir[0] != '/') return false;
   commit_dir_ = dir;
   std::string error;
-  commit_lease_fd_ = agent::hold_commit_dir(commit_dir_, &error);
+  commit_lease_fd_ = env_.hold_commit_dir(commit_dir_, &error);
   if (commit_lease_fd_ < 0) {
     ERUN_LOG_WARN("{}: cannot hold the host-memory commit directory: {}", me_, error);
   }
@@ -22,17 +22,17 @@ bool Agent::hold_commit_dir(const std::string& dir) {
 }
 
 // Whether a forked helper's channel hung up: the helper ended.
-bool helper_ended(int channel) {
+bool helper_ended(Env& env, int channel) {
   pollfd p{channel, POLLIN, 0};
-  return channel < 0 || ::poll(&p, 1, 0) != 0;
+  return channel < 0 || env.poll(&p, 1, 0) != 0;
 }
 
 void Agent::keep(const Keep& k) {
   // The driver repeats KEEP: a keeper that ended (its channel hung up) is
   // started again, on a new port that the answer says.
-  if (keeper_.channel >= 0 && helper_ended(keeper_.channel)) {
+  if (keeper_.channel >= 0 && helper_ended(env_, keeper_.channel)) {
     ERUN_LOG_WARN("{}: the commit replica keeper ended: starting another", me_);
-    stop_helper(std::exchange(keeper_.channel, -1), kReplicaStopWait);
+    env_.stop_helper(std::exchange(keeper_.channel, -1), kReplicaStopWait);
   }
   if (keeper_.channel < 0) {
     if (stopping_) {
@@ -46,7 +46,7 @@ void Agent::keep(const Keep& k) {
     }
     ensure_watchdog();  // it removes the directory should this agent die
     std::string error;
-    keeper_ = spawn_keeper(commit_dir_, secret_, me_, &error);
+    keeper_ = env_.spawn_keeper(commit_dir_, secret_, me_, &error);
     if (keeper_.channel < 0) {
       send(Keeping{0, error});
       return;
@@ -58,12 +58,12 @@ void Agent::keep(const Keep& k) {
 
 void Agent::unkeep(const Unkeep& u) {
   if (keeper_.channel >= 0) {
-    stop_helper(std::exchange(keeper_.channel, -1), kReplicaStopWait);
+    env_.stop_helper(std::exchange(keeper_.channel, -1), kReplicaStopWait);
     keeper_.port = 0;
     ERUN_LOG_DEBUG("{}: keeps commit replicas no more", me_);
   }
   arm_sweep(u.forget);
-  sweep_replicas(SteadyClock::now());
+  sweep_replicas(env_.now());
 }
 
 void Agent::arm_sweep(bool all) {
@@ -85,7 +85,7 @@ void Agent::sweep_replicas(SteadyClock::time_point now) {
   const bool working = std::any_of(workers_.begin(), workers_.end(), [](auto& w) { return !w.second.reaped; });
   const bool all = sweep_all_ && !working;
   si::RemovedReplicas r;
-  if (all || working) r = si::remove_replicas(commit_dir_, all);
+  if (all || working) r = env_.remove_replicas(commit_dir_, all);
   if (!r.names.empty()) {
     ERUN_LOG_INFO("{}: removed the commit replicas {} ({:.1f} MiB): {}", me_, join(r.names, ", "),
                   static_cast<double>(r.bytes) / (1 << 20),
@@ -99,7 +99,7 @@ void Agent::sweep_replicas(SteadyClock::time_point now) {
 }
 
 void Agent::stop_pushers() {
-  for (auto& [dir, p] : pushers_) stop_helper(p.channel, kReplicaStopWait);
+  for (auto& [dir, p] : pushers_) env_.stop_helper(p.channel, kReplicaStopWait);
   pushers_.clear();
 }
 
@@ -113,8 +113,8 @@ void Agent::replicate(const Replicate& r) {
   if (auto it = pushers_.find(r.keeper_dir); it != pushers_.end()) {
     // The driver repeats REPLICATE: a pusher that still runs to the same
     // address goes on; one that ended, or whose keeper moved, starts again.
-    if (wanted && it->second.to == to && !helper_ended(it->second.channel)) return;
-    stop_helper(it->second.channel, kReplicaStopWait);
+    if (wanted && it->second.to == to && !helper_ended(env_, it->second.channel)) return;
+    env_.stop_helper(it->second.channel, kReplicaStopWait);
     pushers_.erase(it);
   }
   if (!wanted || stopping_) return;
@@ -122,7 +122,7 @@ void Agent::replicate(const Replicate& r) {
     ERUN_LOG_WARN("{}: cannot replicate commits to {}: this host keeps no commits", me_, to);
     return;
   }
-  int fd = spawn_pusher(commit_dir_, secret_, r.host, static_cast<int>(r.port), r.keeper_dir, me_);
+  int fd = env_.spawn_pusher(commit_dir_, secret_, r.host, static_cast<int>(r.port), r.keeper_dir, me_);
   if (fd < 0) {
     ERUN_LOG_ERROR("{}: cannot start pushing commit replicas to {}: {}", me_, to, std::strerror(errno));
     return;
@@ -142,7 +142,7 @@ void Agent::start_persister(const std::map<std::string, std::string>& env, const
   po.checkpoint_dir = dir->second[0] == '/' || cwd.empty() ? dir->second : cwd + "/" + dir->second;
   po.interval = std::chrono::milliseconds(std::max(ms, 0L));
   po.me = me_;
-  persister_fd_ = spawn_persister(po);
+  persister_fd_ = env_.spawn_persister(po);
   if (persister_fd_ < 0) ERUN_LOG_ERROR("{}: cannot start the persister: {}", me_, std::strerror(errno));
 }
 

@@ -8,14 +8,8 @@
 
 #include "agent/agent.h"
 
-#include <fcntl.h>
-#include <poll.h>
 #include <signal.h>
-#include <sys/signalfd.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
-#include <unistd.h>
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
@@ -27,13 +21,12 @@
 #include <fmt/format.h>
 #include "agent/protocol.h"
 #include "agent/commit_dir.h"
-#include "agent/detached.h"
+#include "agent/env.h"
 #include "agent/replicas.h"
 #include "agent/persister.h"
 #include "agent/relay.h"
 #include "agent/watchdog.h"
 #include "commits/replica.h"
-#include "common/fd.h"
 #include "common/log.h"
 #include "common/net.h"
 #include "common/oom.h"
@@ -61,19 +54,6 @@ constexpr Duration kExitOutputWait = 200ms;
 // timeout plus this for frozen or hung (the driver has declared the host
 // lost by then), kills it and stops its workers.
 constexpr Duration kWatchdogSlack = 2s;
-
-inline void set_nonblocking(int fd) { ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK); }
-
-// write(2) of everything, retrying EINTR; for the watchdog's lines and the output files.
-inline bool write_fully(int fd, std::string_view data) {
-  while (!data.empty()) {
-    ssize_t n = ::write(fd, data.data(), data.size());
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    data.remove_prefix(static_cast<size_t>(n));
-  }
-  return true;
-}
 
 // ---- the agent ------------------------------------------------------------
 
@@ -107,21 +87,32 @@ struct Worker {
 
 class Agent {
  public:
-  explicit Agent(const AgentOptions& o) : o_(o) {}
+  // Every side effect goes through `env` (Env::real() in production).
+  Agent(const AgentOptions& o, Env& env) : o_(o), env_(env) {}
 
+  // begin(), step() until it returns false, finish(); the exit code.
   int run();
+  // The steps of run(), public for tests that drive the agent on a fake Env.
+  // Signals, the job secret, the watchdog, HELLO; false: the agent cannot start.
+  bool begin();
+  // One round of the loop: the timers, then one poll and what it found;
+  // false once the agent is done.
+  bool step();
+  // Flushes to the driver, stops the helpers, releases the job's host
+  // memory and the attach socket.
+  void finish();
+  int exit_code() const { return lost_ ? 1 : 0; }
 
  private:
-  // The steps of run().
-  bool begin();
   void keep_in_touch(SteadyClock::time_point now);
   void kill_overdue(SteadyClock::time_point now);
   bool stopped(SteadyClock::time_point now);
   void poll_once(SteadyClock::time_point now);
   int poll_timeout_ms(SteadyClock::time_point now) const;
-  void finish();
 
-  void log_prefix_init() { me_ = fmt::format("agent on {} (pid {})", o_.host, ::getpid()); }
+  void log_prefix_init() { me_ = fmt::format("agent on {} (pid {})", o_.host, env_.pid()); }
+  bool write_fully(int fd, std::string_view data) { return env_.write_fully(fd, data); }
+  void close_fd(int& fd) { env_.close_fd(fd); }
   bool holding() const { return !attached_ && o_.driver_grace > Duration::zero() && !stopping_; }
   void send(const Message& m);
   void flush_outbound();
@@ -136,7 +127,9 @@ class Agent {
   bool listen_for_attach();
   void accept_attachers();
   void on_attacher(size_t i);
-  void take_over_channel(Fd fd, const Attach& a, std::string_view rest);
+  // Forgets attacher i; `close`: closes its connection too.
+  void drop_attacher(size_t i, bool close = true);
+  void take_over_channel(int fd, const Attach& a, std::string_view rest);
   // RETIRE on an attach connection `fd`: answers it, and stops every worker
   // and the agent when its term is this agent's or newer.
   void retire_on_request(int fd, const Retire& r);
@@ -153,7 +146,7 @@ class Agent {
   void start(const Start& s);
   std::vector<std::string> worker_env(const Start& s);
   SpawnOptions spawn_options(const Start& s, int ctl);
-  void add_worker(const Start& s, Subprocess& p);
+  void add_worker(const Start& s, const Spawned& p);
   void open_output_files(Worker& w, const Start& s);
   void on_sigchld();
   void pump(Worker& w, Stream& s, uint8_t stream, bool final);
@@ -180,6 +173,7 @@ class Agent {
   Worker* live(uint64_t id);  // a worker not reaped yet
 
   AgentOptions o_;
+  Env& env_;
   std::string me_;
   std::string secret_;
   std::string inbound_;  // bytes read after the secret line
@@ -201,9 +195,9 @@ class Agent {
   // relay) was given it (empty: none does): where ERUN_DRIVER_FILE points
   // them from when a new driver names only its port.
   std::string direct_rdzv_host_;
-  Fd attach_listen_;
+  int attach_listen_ = -1;
   struct Attacher {
-    Fd fd;
+    int fd = -1;
     std::string in;
     SteadyClock::time_point deadline;
   };
@@ -260,7 +254,7 @@ class Agent {
   // driver's (which it gives up when the driver is lost).
   void open_helper_stderr();
   void pump_helper_stderr(bool all);
-  Fd helper_err_read_, helper_err_write_;
+  int helper_err_read_ = -1, helper_err_write_ = -1;
   std::string helper_err_;
   std::unique_ptr<Relay> relay_;  // made for the first worker that has a rendezvous to relay
   bool relay_failed_ = false;     // could not be made: workers connect directly
@@ -270,6 +264,6 @@ class Agent {
 // The length of the frame that starts at `p` (its header included).
 size_t frame_size(const char* p);
 // Whether a forked helper's channel hung up: the helper ended.
-bool helper_ended(int channel);
+bool helper_ended(Env& env, int channel);
 
 }  // namespace erun::agent::internal

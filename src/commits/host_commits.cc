@@ -407,19 +407,25 @@ int HostCommits::map(int i, size_t size) {
   return 0;
 }
 
+// The file the next commit goes to. Once this writer has written, the file
+// not written last: its State's entries may read their bytes in the one
+// written last, which holds the State's commit even where the other holds a
+// higher id (a sharded State that went back to an older commit, the newer
+// one not whole across the job, wrote that one again in its new layout). A
+// new writer keeps its predecessor's newest commit: it writes the file of the
+// older one. Either way, never over the commit keep_commit() names.
+int HostCommits::file_to_write() const {
+  int i = wrote_ ? 1 - last_ : held_[0] != held_[1] ? (held_[0] < held_[1] ? 0 : 1) : 1 - last_;
+  if (keep_ != 0 && held_[i] == keep_ && held_[1 - i] != keep_) i = 1 - i;
+  return i;
+}
+
 std::optional<std::string> HostCommits::write(uint64_t commit_id, const std::vector<EntryRef>& entries,
                                               std::vector<const char*>* placed, uint32_t flags,
                                               std::shared_ptr<Completion>* completion) {
   if (!opened_) open_files();
   settle();
-  // Once this writer has written, the file not written last: its State's
-  // entries may read their bytes in the one written last, which holds the
-  // State's commit even where the other holds a higher id (a sharded State
-  // that went back to an older commit, the newer one not whole across the
-  // job, wrote that one again in its new layout). A new writer keeps its
-  // predecessor's newest commit: it writes the file of the older one.
-  int i = wrote_ ? 1 - last_ : held_[0] != held_[1] ? (held_[0] < held_[1] ? 0 : 1) : 1 - last_;
-  if (keep_ != 0 && held_[i] == keep_ && held_[1 - i] != keep_) i = 1 - i;
+  const int i = file_to_write();
   const std::string path = stem_ + kSuffix[i];
   if (pending_ != nullptr) {
     return fmt::format("erun: host-memory commit {} was not written to {}: commit {} is still being copied into {}",

@@ -182,6 +182,7 @@ class HostCommits {
   int map(int i, size_t size);  // 0 or an errno
   void unmap(int i);
   void settle();  // a completed commit's file is held from now on
+  int file_to_write() const;  // 0 or 1
 
   std::string stem_;
   int fd_[2] = {-1, -1};

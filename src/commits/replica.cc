@@ -234,11 +234,14 @@ HostCommits& ReplicaStore::files(int ordinal) {
   return *f;
 }
 
-int ReplicaStore::serve(int sock, const std::string& peer, Duration io_timeout) {
-  // The handshake: nothing the peer sends is believed before its proof, and
-  // a peer that says nothing holds the keeper (which serves one connection
-  // at a time) for kHelloTimeout at most.
-  Wire hs_wire(sock, peer, std::min<Duration>(io_timeout, kHelloTimeout), interrupt_, /*whole=*/true);
+namespace {
+
+// The keeper's side of the handshake: nothing the peer sends is believed
+// before its proof, and a peer that says nothing holds the keeper (which
+// serves one connection at a time) for kHelloTimeout at most.
+void answer_pusher(int sock, const std::string& peer, Duration io_timeout, const net::Interrupt* interrupt,
+                   const handshake::Proofs& proofs) {
+  Wire hs_wire(sock, peer, std::min<Duration>(io_timeout, kHelloTimeout), interrupt, /*whole=*/true);
   std::string hello = hs_wire.recv(8 + 4 + handshake::kNonceBytes, "the hello");
   if (hello.compare(0, 8, kReplicaMagic, 8) != 0) hs_wire.fail("not a commit replica hello (is something else connecting?)");
   if (le32(hello.data() + 8) != kReplicaVersion) {
@@ -248,56 +251,65 @@ int ReplicaStore::serve(int sock, const std::string& peer, Duration io_timeout) 
   handshake::Responder hs;
   if (!hs.hello(std::string_view(hello).substr(12))) hs_wire.fail("a malformed nonce");
   hs_wire.send(hs.challenge(), "the nonce");
-  const handshake::Proofs proofs = replica_proofs(key_, commit_dir_);
   if (!hs.verify(proofs, hs_wire.recv(handshake::kMacBytes, "the proof"))) {
     hs_wire.fail("the peer could not prove the job secret; nothing was stored");
   }
   hs_wire.send(hs.proof(proofs), "the proof");
-  Wire wire(sock, peer, io_timeout, interrupt_);
+}
 
+// One pushed commit, its header read, laid into `f`: the file is laid out
+// first and each entry received straight into its place. Whether it is
+// stored whole (a torn one is abandoned: the previous commit stays the
+// keeper's newest); a refusal is sent to the pusher and thrown.
+bool receive_commit(Wire& wire, const Header& h, HostCommits& f) {
+  const size_t count = h.names.size();
+  std::vector<EntryRef> entries;
+  for (size_t k = 0; k < count; ++k) entries.push_back(EntryRef::filled_later(h.names[k], h.sizes[k]));
+  std::vector<const char*> placed;
+  std::shared_ptr<Completion> completion;
+  std::optional<std::string> refused;
+  try {
+    refused = f.write(h.id, entries, &placed, h.flags, &completion);
+  } catch (const Error& e) {
+    refused = e.what();
+  }
+  if (refused) {
+    PayloadWriter no;
+    no.u8(0).bytes(*refused);
+    wire.send(no.str(), "a refusal");
+    wire.fail("refused commit " + std::to_string(h.id) + ": " + *refused);
+  }
+  bool whole = false;
+  try {
+    wire.send(std::string_view("\1", 1), "the answer");
+    for (size_t k = 0; k < count; ++k) {
+      if (h.sizes[k] > 0) wire.recv_chunked(const_cast<char*>(placed[k]), h.sizes[k], "a commit's bytes");
+    }
+    whole = wire.u8("the verdict") == 1;
+  } catch (...) {
+    f.abandon();
+    throw;
+  }
+  if (!whole) {
+    f.abandon();
+  } else if (completion) {  // none for a commit without entries: whole when written
+    for (size_t k = 0; k < count; ++k) completion->done();
+  }
+  return whole;
+}
+
+}  // namespace
+
+int ReplicaStore::serve(int sock, const std::string& peer, Duration io_timeout) {
+  answer_pusher(sock, peer, io_timeout, interrupt_, replica_proofs(key_, commit_dir_));
+  Wire wire(sock, peer, io_timeout, interrupt_);
   int stored = 0;
   while (true) {
     char fixed[4 + 4 + 8 + 4 + 8];
     if (wire.closed_before(fixed, sizeof fixed, "a commit's header")) return stored;
     const Header h = read_header(wire, fixed);
-    const size_t count = h.names.size();
-    // Laid out in the file, each entry then received straight into its place.
-    std::vector<EntryRef> entries;
-    for (size_t k = 0; k < count; ++k) entries.push_back(EntryRef::filled_later(h.names[k], h.sizes[k]));
-    HostCommits& f = files(static_cast<int>(h.ordinal));
-    std::vector<const char*> placed;
-    std::shared_ptr<Completion> completion;
-    std::optional<std::string> refused;
-    try {
-      refused = f.write(h.id, entries, &placed, h.flags, &completion);
-    } catch (const Error& e) {
-      refused = e.what();
-    }
-    if (refused) {
-      PayloadWriter no;
-      no.u8(0).bytes(*refused);
-      wire.send(no.str(), "a refusal");
-      wire.fail("refused commit " + std::to_string(h.id) + ": " + *refused);
-    }
-    bool whole = false;
-    try {
-      wire.send(std::string_view("\1", 1), "the answer");
-      for (size_t k = 0; k < count; ++k) {
-        if (h.sizes[k] > 0) wire.recv_chunked(const_cast<char*>(placed[k]), h.sizes[k], "a commit's bytes");
-      }
-      whole = wire.u8("the verdict") == 1;
-    } catch (...) {
-      f.abandon();  // torn: the previous commit stays this keeper's newest
-      throw;
-    }
-    if (!whole) {
-      f.abandon();
-    } else {
-      if (completion) {  // none for a commit without entries: whole when written
-        for (size_t k = 0; k < count; ++k) completion->done();
-      }
-      ++stored;
-    }
+    const bool whole = receive_commit(wire, h, files(static_cast<int>(h.ordinal)));
+    if (whole) ++stored;
     wire.send(std::string_view(whole ? "\1" : "\0", 1), "the receipt");
   }
 }

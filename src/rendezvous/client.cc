@@ -320,6 +320,8 @@ struct RendezvousClient::Impl {
     return Status::ok();
   }
 
+  // The reader thread: frames from the driver to dispatch(), until stop, a
+  // failure, or a lost connection that cannot be made again.
   void read_loop() {
     std::vector<char> buf;
     size_t len = 0;
@@ -330,32 +332,14 @@ struct RendezvousClient::Impl {
     const bool watch_file = follows();
     while (!stop) {
       pollfd fds[2] = {{fd, POLLIN, 0}, {wake.get(), POLLIN, 0}};
-      int ms = watch_file ? 1000 : -1;
-      if (len > 0) {
-        auto left = frame_deadline - SteadyClock::now();
-        ms = left <= Duration::zero() ? 0 : static_cast<int>(std::chrono::ceil<std::chrono::milliseconds>(left).count());
-      }
-      int n = ::poll(fds, 2, ms);
+      int n = ::poll(fds, 2, read_wait_ms(len, frame_deadline, watch_file));
       if (n < 0) {
         if (errno == EINTR) continue;
         return fail(fmt::format("rendezvous: poll failed: {}", std::strerror(errno)));
       }
       if (stop || fds[1].revents) return;
       if (n == 0) {
-        if (len > 0 && SteadyClock::now() >= frame_deadline) {
-          ::shutdown(fd, SHUT_RDWR);
-          return fail(fmt::format("rendezvous: the driver at {} stalled mid-message for {:.1f} s", where(),
-                                  seconds(opt.io_timeout)));
-        }
-        if (len == 0 && watch_file && driver_moved()) {
-          ::shutdown(fd, SHUT_RDWR);
-          if (!reconnect(fmt::format("rendezvous: the driver at {} was replaced by a new one elsewhere (this "
-                                     "worker's agent says so)",
-                                     where()))) {
-            return;
-          }
-          frame_deadline = TimePoint::max();
-        }
+        if (!on_read_timeout(len, frame_deadline, watch_file)) return;
         continue;
       }
       if (buf.size() - len < 65536) buf.resize(len + 65536);
@@ -373,30 +357,69 @@ struct RendezvousClient::Impl {
         continue;
       }
       len += static_cast<size_t>(r);
-      size_t off = 0;
-      while (len - off >= wire::kHeaderBytes) {
-        wire::Header h = wire::decode_header(buf.data() + off);
-        if (auto why = wire::check_header(h, job_hash, opt.max_frame_bytes)) {
-          ::shutdown(fd, SHUT_RDWR);
-          return fail(fmt::format("rendezvous: the driver at {} sent a bad frame: {}", where(), *why));
-        }
-        size_t total = wire::kHeaderBytes + h.length;
-        if (len - off < total) {
-          if (buf.size() < off + total) buf.resize(off + total);
-          break;
-        }
-        wire::Frame f{h, std::string(buf.data() + off + wire::kHeaderBytes, h.length)};
-        off += total;
-        dispatch(std::move(f));
-      }
-      std::memmove(buf.data(), buf.data() + off, len - off);
-      len -= off;
-      if (len == 0) {
-        frame_deadline = TimePoint::max();
-      } else if (off > 0 || frame_deadline == TimePoint::max()) {
-        frame_deadline = SteadyClock::now() + opt.io_timeout;
-      }
+      if (!dispatch_frames(buf, len, frame_deadline)) return;
     }
+  }
+
+  // How long the reader's poll waits: until a partial frame's deadline, else
+  // a second while the followed file is watched, else until something comes.
+  static int read_wait_ms(size_t len, TimePoint frame_deadline, bool watch_file) {
+    if (len == 0) return watch_file ? 1000 : -1;
+    auto left = frame_deadline - SteadyClock::now();
+    return left <= Duration::zero() ? 0 : static_cast<int>(std::chrono::ceil<std::chrono::milliseconds>(left).count());
+  }
+
+  // A poll that found nothing: a partial frame past its deadline fails the
+  // connection; between frames, a driver the followed file says was replaced
+  // is left for the new one. False when the reader ends.
+  bool on_read_timeout(size_t len, TimePoint& frame_deadline, bool watch_file) {
+    if (len > 0 && SteadyClock::now() >= frame_deadline) {
+      ::shutdown(fd, SHUT_RDWR);
+      fail(fmt::format("rendezvous: the driver at {} stalled mid-message for {:.1f} s", where(),
+                       seconds(opt.io_timeout)));
+      return false;
+    }
+    if (len == 0 && watch_file && driver_moved()) {
+      ::shutdown(fd, SHUT_RDWR);
+      if (!reconnect(fmt::format("rendezvous: the driver at {} was replaced by a new one elsewhere (this "
+                                 "worker's agent says so)",
+                                 where()))) {
+        return false;
+      }
+      frame_deadline = TimePoint::max();
+    }
+    return true;
+  }
+
+  // Dispatches every whole frame at the start of buf[0, len) and moves the
+  // rest of a partial one to the start; its deadline runs from the last
+  // progress. False (failed) on a bad frame.
+  bool dispatch_frames(std::vector<char>& buf, size_t& len, TimePoint& frame_deadline) {
+    size_t off = 0;
+    while (len - off >= wire::kHeaderBytes) {
+      wire::Header h = wire::decode_header(buf.data() + off);
+      if (auto why = wire::check_header(h, job_hash, opt.max_frame_bytes)) {
+        ::shutdown(fd, SHUT_RDWR);
+        fail(fmt::format("rendezvous: the driver at {} sent a bad frame: {}", where(), *why));
+        return false;
+      }
+      size_t total = wire::kHeaderBytes + h.length;
+      if (len - off < total) {
+        if (buf.size() < off + total) buf.resize(off + total);
+        break;
+      }
+      wire::Frame f{h, std::string(buf.data() + off + wire::kHeaderBytes, h.length)};
+      off += total;
+      dispatch(std::move(f));
+    }
+    std::memmove(buf.data(), buf.data() + off, len - off);
+    len -= off;
+    if (len == 0) {
+      frame_deadline = TimePoint::max();
+    } else if (off > 0 || frame_deadline == TimePoint::max()) {
+      frame_deadline = SteadyClock::now() + opt.io_timeout;
+    }
+    return true;
   }
 
   void dispatch(wire::Frame f) {

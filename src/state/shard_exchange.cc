@@ -252,61 +252,77 @@ struct BuddyKeeper::Impl {
       : dir(std::move(d)), proofs(state_internal::proofs(job_id, secret, kBuddyScheme)), io_timeout(t) {}
   TimePoint step() const { return std::chrono::steady_clock::now() + io_timeout; }
 
-  Status keep(int fd, const net::Interrupt& interrupt) {
-    const net::Interrupt* const stop = &interrupt;
-    const TimePoint shake = std::chrono::steady_clock::now() + std::min<Duration>(io_timeout, kHandshakeTime);
-    if (Status st = respond(fd, kBuddyMagic, proofs, shake, stop); !st.is_ok()) return st;
-    auto read_u32 = [&](uint32_t* v) {
-      char b[4];
-      if (auto o = net::recv_exact(fd, b, 4, step(), stop); !o.ok()) return false;
-      *v = static_cast<uint32_t>(get_le(b, 4));
-      return true;
-    };
-    auto read_string = [&](std::string* out, uint32_t max) {
-      uint32_t n = 0;
-      if (!read_u32(&n) || n > max) return false;
-      out->assign(n, '\0');
-      return net::recv_exact(fd, out->data(), n, step(), stop).ok();
-    };
+  // A pushed commit's header: the buddy file's name, the commit's id and its
+  // entry table (`entries` name the strings of `names`).
+  struct Offer {
     std::string name;
-    if (!read_string(&name, 255)) return Status::error("a malformed header");
+    uint64_t id = 0;
+    std::vector<std::string> names;
+    std::vector<EntryRef> entries;
+  };
+
+  bool read_u32(int fd, const net::Interrupt* stop, uint32_t* v) const {
+    char b[4];
+    if (auto o = net::recv_exact(fd, b, 4, step(), stop); !o.ok()) return false;
+    *v = static_cast<uint32_t>(get_le(b, 4));
+    return true;
+  }
+
+  // A u32 length, then that many bytes (at most `max`).
+  bool read_string(int fd, const net::Interrupt* stop, std::string* out, uint32_t max) const {
+    uint32_t n = 0;
+    if (!read_u32(fd, stop, &n) || n > max) return false;
+    out->assign(n, '\0');
+    return net::recv_exact(fd, out->data(), n, step(), stop).ok();
+  }
+
+  // Reads the offer that follows the handshake; one this keeper does not take
+  // (too large, not a buddy file's name) is refused to the pusher.
+  Status read_offer(int fd, const net::Interrupt* stop, Offer& offer) const {
+    if (!read_string(fd, stop, &offer.name, 255)) return Status::error("a malformed header");
     char head[12];
     if (auto o = net::recv_exact(fd, head, sizeof head, step(), stop); !o.ok()) return Status::error(o.text());
-    const uint64_t id = get_le(head, 8);
+    offer.id = get_le(head, 8);
     const auto count = static_cast<uint32_t>(get_le(head + 8, 4));
     if (count > kMaxEntries) return refuse(fd, fmt::format("{} entries, more than {}", count, kMaxEntries), step(), stop);
-    std::vector<std::string> names(count);
-    std::vector<EntryRef> entries;
+    offer.names.resize(count);
     uint64_t total = 0;
     for (uint32_t i = 0; i < count; ++i) {
       char size[8];
-      if (!read_string(&names[i], 4096) || !net::recv_exact(fd, size, 8, step(), stop).ok()) {
+      if (!read_string(fd, stop, &offer.names[i], 4096) || !net::recv_exact(fd, size, 8, step(), stop).ok()) {
         return Status::error("a malformed entry table");
       }
       const uint64_t n = get_le(size, 8);
       if (n > (uint64_t{1} << 48) || total + n > (uint64_t{1} << 48)) return refuse(fd, "more than 2^48 bytes", step(), stop);
       total += n;
-      entries.push_back(EntryRef::filled_later(names[i], static_cast<size_t>(n)));
+      offer.entries.push_back(EntryRef::filled_later(offer.names[i], static_cast<size_t>(n)));
     }
-    if (id == 0 || !plain_name(name) || name.rfind(kBuddyPrefix, 0) != 0 || HostCommits::ordinal_of(name + ".a") < 0) {
+    const std::string& name = offer.name;
+    if (offer.id == 0 || !plain_name(name) || name.rfind(kBuddyPrefix, 0) != 0 ||
+        HostCommits::ordinal_of(name + ".a") < 0) {
       return refuse(fd, fmt::format("'{}' is not a buddy file name", name), step(), stop);
     }
-    auto& pair = pairs[name];
-    if (!pair) pair = std::make_unique<HostCommits>(dir + "/" + name);
+    return Status::ok();
+  }
+
+  // Lays the offered commit out in its buddy file and receives its bytes
+  // straight into it; a commit cut short stays torn.
+  Status receive(int fd, const net::Interrupt* stop, const Offer& offer) {
+    auto& pair = pairs[offer.name];
+    if (!pair) pair = std::make_unique<HostCommits>(dir + "/" + offer.name);
     std::vector<const char*> placed;
     std::shared_ptr<Completion> landed;
     std::optional<std::string> err;
     try {
-      err = pair->write(id, entries, &placed, 0, &landed);
+      err = pair->write(offer.id, offer.entries, &placed, 0, &landed);
     } catch (const Error& e) {
       err = e.what();
     }
     if (err) return refuse(fd, *err, step(), stop);
-    // The bytes straight into the file; a commit cut short stays torn.
-    for (size_t k = 0; k < entries.size(); ++k) {
+    for (size_t k = 0; k < offer.entries.size(); ++k) {
       char* to = const_cast<char*>(placed[k]);
-      for (uint64_t at = 0; at < entries[k].size;) {
-        const auto n = static_cast<size_t>(std::min<uint64_t>(kChunk, entries[k].size - at));
+      for (uint64_t at = 0; at < offer.entries[k].size;) {
+        const auto n = static_cast<size_t>(std::min<uint64_t>(kChunk, offer.entries[k].size - at));
         if (auto o = net::recv_exact(fd, to + at, n, step(), stop); !o.ok()) {
           pair->abandon();
           return Status::error(o.text());
@@ -315,6 +331,17 @@ struct BuddyKeeper::Impl {
       }
       landed->done();
     }
+    return Status::ok();
+  }
+
+  // One buddy copy pushed to this keeper: the handshake, the offer, the bytes, the receipt.
+  Status keep(int fd, const net::Interrupt& interrupt) {
+    const net::Interrupt* const stop = &interrupt;
+    const TimePoint shake = std::chrono::steady_clock::now() + std::min<Duration>(io_timeout, kHandshakeTime);
+    if (Status st = respond(fd, kBuddyMagic, proofs, shake, stop); !st.is_ok()) return st;
+    Offer offer;
+    if (Status st = read_offer(fd, stop, offer); !st.is_ok()) return st;
+    if (Status st = receive(fd, stop, offer); !st.is_ok()) return st;
     if (auto o = net::send_all(fd, std::string(1, '\1'), step(), stop); !o.ok()) return Status::error(o.text());
     return Status::ok();
   }

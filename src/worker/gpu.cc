@@ -172,7 +172,8 @@ struct GpuCommunicator::Impl {
 #endif
   }
 
-  // The backend of the current generation, built on its first use.
+  // The backend of the current generation, built on its first use: the
+  // ranks swap their identities and agree on it (gpu_plan::choose_backend).
   void ensure(const char* what) {
 #if ERUN_HAVE_CUDA
     const long gen = ctx.info().generation;
@@ -182,10 +183,33 @@ struct GpuCommunicator::Impl {
     }
     drop(/*keep=*/true);
     const int dev = select_device();
-    gpu_plan::Identity me;
-    me.host = this_host();
     cudaDeviceProp prop{};
     cuda_check(cudaGetDeviceProperties(&prop, dev), "cudaGetDeviceProperties", dev);
+    std::vector<char> mine = gpu_plan::encode(identity(prop));
+    std::vector<std::vector<char>> all = ctx.comm().allgatherv(mine.data(), mine.size());
+    std::vector<gpu_plan::Identity> ids;
+    for (size_t r = 0; r < all.size(); ++r) ids.push_back(gpu_plan::decode(all[r], static_cast<int>(r)));
+    gpu_plan::Choice choice = gpu_plan::choose_backend(ids, built_with_nccl(), forced);
+    const std::string tag = who(gen, ctx.info().host, ctx.rank());
+    if (ctx.rank() == 0) {
+      ERUN_LOG_INFO("{}: GPU collectives of generation {} use {}: {}", tag, gen, to_string(choice.backend),
+                    choice.reason);
+    }
+    ERUN_LOG_DEBUG("{}: GPU device {} ({})", tag, dev, prop.name);
+    build(choice.backend, dev, ids, tag);
+    backend = choice.backend;
+    generation = gen;
+#else
+    no_cuda(what);
+#endif
+  }
+
+#if ERUN_HAVE_CUDA
+  // What this rank tells the others for the choice of backend: its host, its
+  // device's UUID, and the NCCL communicator it keeps for a shrink.
+  gpu_plan::Identity identity(const cudaDeviceProp& prop) {
+    gpu_plan::Identity me;
+    me.host = this_host();
     std::memcpy(me.uuid.data(), prop.uuid.bytes, me.uuid.size());
     me.has_device = true;
 #if ERUN_HAVE_NCCL
@@ -196,20 +220,17 @@ struct GpuCommunicator::Impl {
       me.kept_size = kept->size();
     }
 #endif
+    return me;
+  }
+
+  // Builds the chosen backend on device `dev`: NCCL (the kept communicator
+  // shrunk when the ranks' identities allow it, else a new one), or
+  // host-staged collectives over the CPU communicator.
+  void build(GpuBackend chosen, int dev, [[maybe_unused]] const std::vector<gpu_plan::Identity>& ids,
+             [[maybe_unused]] const std::string& tag) {
     Communicator& cpu = ctx.comm();
-    std::vector<char> mine = gpu_plan::encode(me);
-    std::vector<std::vector<char>> all = cpu.allgatherv(mine.data(), mine.size());
-    std::vector<gpu_plan::Identity> ids;
-    for (size_t r = 0; r < all.size(); ++r) ids.push_back(gpu_plan::decode(all[r], static_cast<int>(r)));
-    gpu_plan::Choice choice = gpu_plan::choose_backend(ids, built_with_nccl(), forced);
-    const std::string tag = who(gen, ctx.info().host, ctx.rank());
-    if (ctx.rank() == 0) {
-      ERUN_LOG_INFO("{}: GPU collectives of generation {} use {}: {}", tag, gen, to_string(choice.backend),
-                    choice.reason);
-    }
-    ERUN_LOG_DEBUG("{}: GPU device {} ({})", tag, dev, prop.name);
     const auto timeout = ctx.collective_timeout();
-    if (choice.backend == GpuBackend::kNccl) {
+    if (chosen == GpuBackend::kNccl) {
 #if ERUN_HAVE_NCCL
       NcclOptions o;
       o.rank = ctx.rank();
@@ -221,26 +242,22 @@ struct GpuCommunicator::Impl {
       std::lock_guard<std::mutex> lock(mu);
       nccl = std::move(comm);
 #endif
-    } else {
-#if ERUN_HAVE_NCCL
-      {
-        std::lock_guard<std::mutex> lock(mu);
-        discard_kept();
-      }
-#endif
-      StagedOptions o;
-      o.device = dev;
-      o.timeout = timeout;
-      auto comm = std::make_unique<StagedGpuCommunicator>(cpu, o);
-      std::lock_guard<std::mutex> lock(mu);
-      staged = std::move(comm);
+      return;
     }
-    backend = choice.backend;
-    generation = gen;
-#else
-    no_cuda(what);
+#if ERUN_HAVE_NCCL
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      discard_kept();
+    }
 #endif
+    StagedOptions o;
+    o.device = dev;
+    o.timeout = timeout;
+    auto comm = std::make_unique<StagedGpuCommunicator>(cpu, o);
+    std::lock_guard<std::mutex> lock(mu);
+    staged = std::move(comm);
   }
+#endif
 
 #if ERUN_HAVE_NCCL
   // The kept communicator shrunk into this generation's when `plan` says so

@@ -1,5 +1,6 @@
 #include "runner/hosts/slurm_grow.h"
 
+#include <optional>
 #include <set>
 
 #include <fmt/format.h>
@@ -71,28 +72,29 @@ SlurmGrow::SlurmGrow(Options options, Runner runner)
 
 SlurmGrow::~SlurmGrow() { cancel_all(); }
 
-void SlurmGrow::tick(int wanted) {
+// The placeholders squeue lists now, by job id; none when squeue fails (said
+// once, until it works again).
+std::optional<SlurmGrow::Placeholders> SlurmGrow::list() {
   auto listed = run_({"squeue", "-h", "--name=" + name_, "-o", "%i|%T|%N|%r"});
   if (!listed) {
     if (!std::exchange(warned_, true)) {
       ERUN_LOG_WARN("--slurm-grow: cannot list the placeholder jobs ({}); the job keeps its nodes", listed.message());
     }
-    return;
+    return std::nullopt;
   }
-  std::map<std::string, Placeholder> now;
+  Placeholders now;
   for (const std::string& line : split(*listed, '\n')) {
     auto f = split(trim(line), '|');
     if (f.size() < 4 || f[0].empty()) continue;
     now[f[0]] = Placeholder{f[1], f[1] == "RUNNING" ? f[2] : "", f[3]};
   }
-  // Slurm's commands run without the lock: job_of() (the driver's thread,
-  // launching an agent) never waits for them.
-  std::map<std::string, Placeholder> before;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (cancelled_) return;
-    before = jobs_;
-  }
+  warned_ = false;
+  return now;
+}
+
+// Says which nodes joined and left since the last tick, and makes a
+// placeholder requeued after a preemption eligible at once.
+void SlurmGrow::follow(const Placeholders& before, const Placeholders& now) {
   for (auto& [id, p] : now) {
     auto was = before.find(id);
     const bool ran = was != before.end() && was->second.state == "RUNNING";
@@ -115,7 +117,11 @@ void SlurmGrow::tick(int wanted) {
       ERUN_LOG_INFO("--slurm-grow: placeholder job {} on {} ended: the node leaves the job", id, p.node);
     }
   }
-  warned_ = false;
+}
+
+// Submits placeholders until `wanted` live (none for a while after a failed
+// sbatch), then cancels pending ones beyond `wanted`; `now` follows.
+void SlurmGrow::resize(int wanted, Placeholders& now) {
   int count = 0;
   for (auto& [id, p] : now) count += live(p.state) ? 1 : 0;
   const auto now_time = std::chrono::steady_clock::now();
@@ -143,13 +149,28 @@ void SlurmGrow::tick(int wanted) {
       ++it;
     }
   }
+}
+
+void SlurmGrow::tick(int wanted) {
+  std::optional<Placeholders> now = list();
+  if (!now) return;
+  // Slurm's commands run without the lock: job_of() (the driver's thread,
+  // launching an agent) never waits for them.
+  Placeholders before;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (cancelled_) return;
+    before = jobs_;
+  }
+  follow(before, *now);
+  resize(wanted, *now);
   std::lock_guard<std::mutex> lock(mu_);
   if (cancelled_) {
     // cancel_all() ran meanwhile: what this tick submitted goes too.
-    for (auto& [id, p] : now) (void)run_({"scancel", id});
+    for (auto& [id, p] : *now) (void)run_({"scancel", id});
     return;
   }
-  jobs_ = std::move(now);
+  jobs_ = std::move(*now);
 }
 
 HostSet SlurmGrow::hosts() const {

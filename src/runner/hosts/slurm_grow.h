@@ -15,6 +15,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -64,11 +65,16 @@ class SlurmGrow {
     std::string node;    // when RUNNING
     std::string reason;  // squeue's %r
   };
+  using Placeholders = std::map<std::string, Placeholder>;  // by job id
+  std::optional<Placeholders> list();
+  void follow(const Placeholders& before, const Placeholders& now);
+  void resize(int wanted, Placeholders& now);
+
   Options o_;
   Runner run_;
   std::string name_;
   mutable std::mutex mu_;
-  std::map<std::string, Placeholder> jobs_;  // by job id
+  Placeholders jobs_;
   bool cancelled_ = false;
   bool warned_ = false;  // a failed squeue was logged (once until one works)
   // After a failed sbatch (a wrong partition, a submit limit): no other

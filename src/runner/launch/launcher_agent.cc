@@ -297,6 +297,52 @@ void AgentLauncher::unkeep(const std::string& host, bool forget) {
   it->second->unkeep(forget);
 }
 
+std::shared_ptr<AgentConnection> AgentLauncher::send_attach(const std::string& host, const std::string& path,
+                                                             const AttachRequest& request, Status& status) {
+  if (abandoned_) {
+    status = Status::error("this driver left the job");
+    return nullptr;
+  }
+  std::string error;
+  // A local agent's socket is on this machine: connected to straight away,
+  // without an `erun --agent --attach` process in between (a thousand of
+  // those cost seconds of CPU).
+  auto conn = via_ == "local" ? connect_attach_socket(host, path, &error)
+                              : spawn_connection(host, {options_.agent_path, "--agent", "--attach", path}, &error);
+  if (!conn) {
+    status = Status::error(error);
+    return nullptr;
+  }
+  conn->send_secret(request.secret);
+  term_ = std::max(term_, request.term);
+  if (retirer_) retirer_->set_driver(request.secret, term_);
+  conn->send(agent::Attach{request.term, request.rdzv_host, static_cast<uint32_t>(std::max(request.rdzv_port, 0))});
+  return conn;
+}
+
+void AgentLauncher::adopt_agent(const std::shared_ptr<AgentConnection>& conn, TimePoint deadline, AttachOutcome& out) {
+  auto adopted = conn->wait_state(std::max<Duration>(deadline - SteadyClock::now(), Duration::zero()));
+  if (!adopted) {
+    conn->abandon();  // never a SHUTDOWN to an agent this driver does not hold
+    out.status = Status::error(adopted.message());
+    return;
+  }
+  for (auto& a : adopted.value()) {
+    // The agent refuses a START whose id it runs: new ids go above these.
+    next_id_ = std::max<uint64_t>(next_id_, a.report.id + 1);
+    AdoptedWorker w;
+    w.host = out.host;
+    w.generation = a.report.generation;
+    w.rank = a.report.rank;
+    w.slot = a.report.slot;
+    w.pid = a.report.pid;
+    w.handle.reset(new AgentWorker(conn, a.report.id, a.out_r, a.err_r));
+    out.workers.push_back(std::move(w));
+  }
+  if (auto old = agents_.find(out.host); old != agents_.end()) old->second->abandon();
+  agents_[out.host] = conn;
+}
+
 std::vector<AttachOutcome> AgentLauncher::attach(const std::vector<std::pair<std::string, std::string>>& agents,
                                                  const AttachRequest& request) {
   std::vector<AttachOutcome> out;
@@ -305,26 +351,7 @@ std::vector<AttachOutcome> AgentLauncher::attach(const std::vector<std::pair<std
   // take about as long as the slowest, not as their sum.
   for (auto& [host, path] : agents) {
     out.push_back(AttachOutcome{host, Status::ok(), {}});
-    conns.emplace_back();
-    if (abandoned_) {
-      out.back().status = Status::error("this driver left the job");
-      continue;
-    }
-    std::string error;
-    // A local agent's socket is on this machine: connected to straight
-    // away, without an `erun --agent --attach` process in between (a
-    // thousand of those cost seconds of CPU).
-    auto conn = via_ == "local" ? connect_attach_socket(host, path, &error)
-                                : spawn_connection(host, {options_.agent_path, "--agent", "--attach", path}, &error);
-    if (!conn) {
-      out.back().status = Status::error(error);
-      continue;
-    }
-    conn->send_secret(request.secret);
-    term_ = std::max(term_, request.term);
-    if (retirer_) retirer_->set_driver(request.secret, term_);
-    conn->send(agent::Attach{request.term, request.rdzv_host, static_cast<uint32_t>(std::max(request.rdzv_port, 0))});
-    conns.back() = std::move(conn);
+    conns.push_back(send_attach(host, path, request, out.back().status));
   }
   // The reader threads only now: every fork above copies this process's
   // mappings, and a thread's stack is one (with them, 1,000 attach processes
@@ -334,28 +361,7 @@ std::vector<AttachOutcome> AgentLauncher::attach(const std::vector<std::pair<std
   }
   const auto deadline = SteadyClock::now() + request.timeout;
   for (size_t i = 0; i < conns.size(); ++i) {
-    auto& conn = conns[i];
-    if (!conn) continue;
-    auto adopted = conn->wait_state(std::max<Duration>(deadline - SteadyClock::now(), Duration::zero()));
-    if (!adopted) {
-      conn->abandon();  // never a SHUTDOWN to an agent this driver does not hold
-      out[i].status = Status::error(adopted.message());
-      continue;
-    }
-    for (auto& a : adopted.value()) {
-      // The agent refuses a START whose id it runs: new ids go above these.
-      next_id_ = std::max<uint64_t>(next_id_, a.report.id + 1);
-      AdoptedWorker w;
-      w.host = out[i].host;
-      w.generation = a.report.generation;
-      w.rank = a.report.rank;
-      w.slot = a.report.slot;
-      w.pid = a.report.pid;
-      w.handle.reset(new AgentWorker(conn, a.report.id, a.out_r, a.err_r));
-      out[i].workers.push_back(std::move(w));
-    }
-    if (auto old = agents_.find(out[i].host); old != agents_.end()) old->second->abandon();
-    agents_[out[i].host] = conn;
+    if (conns[i]) adopt_agent(conns[i], deadline, out[i]);
   }
   return out;
 }

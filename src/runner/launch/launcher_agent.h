@@ -82,6 +82,15 @@ class AgentLauncher final : public Launcher {
   // with `error` set when it cannot be reached.
   std::shared_ptr<AgentConnection> connect_attach_socket(const std::string& host, const std::string& path,
                                                          std::string* error);
+  // attach()'s first step for one agent: its connection (straight to a
+  // local agent's socket, else through `erun --agent --attach PATH`), sent
+  // the secret and ATTACH; null with `status` set when it cannot be reached.
+  std::shared_ptr<AgentConnection> send_attach(const std::string& host, const std::string& path,
+                                               const AttachRequest& request, Status& status);
+  // attach()'s last step for one agent: waits (until `deadline`) for its
+  // STATE, then its workers go into `out` and the connection becomes its
+  // host's (abandoning an older one); an agent that does not answer is left.
+  void adopt_agent(const std::shared_ptr<AgentConnection>& conn, TimePoint deadline, AttachOutcome& out);
   // With --driver-grace, a lost agent may keep its workers for a new
   // driver: `conn`'s loss hands it to the retirer (made on first use).
   void watch_loss(AgentConnection& conn);

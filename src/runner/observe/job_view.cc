@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <string_view>
 
 #include <fmt/format.h>
@@ -218,40 +219,52 @@ std::string prometheus_text(const JobAccount& a, double now) {
   return o;
 }
 
-int report_main(int argc, char** argv) {
-  ::signal(SIGPIPE, SIG_IGN);  // a python that exits early is a status, not a death
+namespace {
+
+// What `erun report` was asked: the event log ("-": stdin) and how to show it.
+struct ReportArgs {
   std::string events, output, format;
   bool json = false;
+};
+
+// Reads `erun report`'s command line; an exit status when it ends there
+// (--help: 0, a mistake: 2, said on stderr).
+std::optional<int> parse_report_args(int argc, char** argv, ReportArgs& r) {
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if ((a == "-o" || a == "--output" || a == "--format") && i + 1 < argc) {
-      (a == "--format" ? format : output) = argv[++i];
+      (a == "--format" ? r.format : r.output) = argv[++i];
     } else if (a == "--json") {
-      json = true;
+      r.json = true;
     } else if (a == "-h" || a == "--help") {
       std::fputs(kReportUsage, stdout);
       return 0;
-    } else if (events.empty() && (a.empty() || a[0] != '-' || a == "-")) {
-      events = a;
+    } else if (r.events.empty() && (a.empty() || a[0] != '-' || a == "-")) {
+      r.events = a;
     } else {
       std::fprintf(stderr, "erun report: unexpected argument '%s'\n%s", a.c_str(), kReportUsage);
       return 2;
     }
   }
-  if (events.empty()) {
+  if (r.events.empty()) {
     std::fprintf(stderr, "erun report: which event log? (erun --event-log FILE writes one)\n%s", kReportUsage);
     return 2;
   }
-  if (!format.empty() && format != "svg" && format != "html") {
-    std::fprintf(stderr, "erun report: --format %s: use svg or html\n", format.c_str());
+  if (!r.format.empty() && r.format != "svg" && r.format != "html") {
+    std::fprintf(stderr, "erun report: --format %s: use svg or html\n", r.format.c_str());
     return 2;
   }
+  return std::nullopt;
+}
+
+// Feeds the event log's lines to the account; false (said on stderr) when it
+// cannot be read or holds no event.
+bool read_event_log(const std::string& events, JobAccount& account) {
   std::ifstream in(events == "-" ? "/dev/stdin" : events);
   if (!in) {
     std::fprintf(stderr, "erun report: cannot read %s: %s\n", events.c_str(), std::strerror(errno));
-    return 2;
+    return false;
   }
-  JobAccount account;
   std::string line;
   long lines = 0, read = 0;
   while (std::getline(in, line)) {
@@ -262,23 +275,34 @@ int report_main(int argc, char** argv) {
   if (read == 0) {
     std::fprintf(stderr, "erun report: %s holds no erun events (%ld line%s): is it an erun --event-log file?\n",
                  events.c_str(), lines, lines == 1 ? "" : "s");
-    return 2;
+    return false;
   }
   if (lines > read) {
     std::fprintf(stderr, "erun report: %s: skipped %ld line%s that are not events\n", events.c_str(), lines - read,
                  lines - read == 1 ? "" : "s");
   }
+  return true;
+}
+
+}  // namespace
+
+int report_main(int argc, char** argv) {
+  ::signal(SIGPIPE, SIG_IGN);  // a python that exits early is a status, not a death
+  ReportArgs args;
+  if (std::optional<int> done = parse_report_args(argc, argv, args)) return *done;
+  JobAccount account;
+  if (!read_event_log(args.events, account)) return 2;
   // A job still running (or whose erun was killed) is counted up to its last event.
   const double now = 0;
-  if (json) {
+  if (args.json) {
     std::printf("%s\n", account.timeline_json(now).c_str());
     return 0;
   }
-  if (output.empty()) {
+  if (args.output.empty()) {
     std::printf("%s\n", format_summary(account.summary(now)).c_str());
     return 0;
   }
-  return draw(account, now, output, format);
+  return draw(account, now, args.output, args.format);
 }
 
 }  // namespace erun

@@ -196,33 +196,76 @@ std::shared_ptr<const std::string> MetricsServer::page() const {
   return page_;
 }
 
-void MetricsServer::loop() {
+// One connection's turn when its socket is ready: read its request head,
+// then answer with the latest page; false once it is done with.
+bool MetricsServer::serve(Conn& c) const {
   static const Body kNothingYet = make_body("# erun: no metrics published yet\n");
+  if (!c.replying) {
+    switch (c.read_head(opt_.max_request_head)) {
+      case Conn::Read::kMore: return true;
+      case Conn::Read::kGone: return false;
+      case Conn::Read::kTooLarge:
+        c.out = reply("431 Request Header Fields Too Large", kText, make_body("request head too large\n"));
+        break;
+      case Conn::Read::kHead: {
+        Body latest = page();
+        c.out = answer(c.in, latest ? latest : kNothingYet);
+        break;
+      }
+    }
+    c.replying = true;
+    c.in = std::string();
+  }
+  return c.write_some();
+}
+
+// Accepts every connection waiting on the listener, dropping the oldest past
+// max_connections; on a shortage of descriptors or memory, rests the listener
+// until `accept_paused_until`.
+void MetricsServer::accept_waiting(std::vector<Conn>& conns, TimePoint& accept_paused_until) const {
+  while (true) {
+    Fd fd = net::accept(listen_fd_.get());  // non-blocking, close-on-exec
+    if (!fd) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+      // Out of descriptors or memory: the listener stays readable, so rest
+      // it a while instead of spinning on it.
+      ERUN_LOG_WARN("metrics: cannot accept a scraper's connection: {}", std::strerror(errno));
+      accept_paused_until = SteadyClock::now() + 1s;
+      break;
+    }
+    if (conns.size() >= opt_.max_connections) {
+      // Dropping the oldest, not refusing the newest: stuck clients cannot
+      // lock a real scraper out for a whole deadline.
+      ERUN_LOG_DEBUG("metrics: {} scraper connections open: dropping the oldest", conns.size());
+      conns.erase(conns.begin());
+    }
+    conns.emplace_back(std::move(fd), SteadyClock::now() + opt_.connection_deadline);
+  }
+}
+
+// Fills `fds` for one poll (the wake fd, the listener unless resting, then
+// each connection in order) and returns the poll's timeout in milliseconds:
+// until the nearest deadline or the end of the listener's rest.
+int MetricsServer::poll_set(const std::vector<Conn>& conns, bool accepting, TimePoint accept_paused_until,
+                            std::vector<pollfd>& fds) const {
+  TimePoint next = accepting ? TimePoint::max() : accept_paused_until;
+  fds.clear();
+  fds.push_back({wake_fd_.get(), POLLIN, 0});
+  fds.push_back({accepting ? listen_fd_.get() : -1, POLLIN, 0});
+  for (const Conn& c : conns) {
+    fds.push_back({c.fd.get(), static_cast<short>(c.replying ? POLLOUT : POLLIN), 0});
+    next = std::min(next, c.deadline);
+  }
+  return next == TimePoint::max() ? -1 : net::poll_ms(next, 1h);
+}
+
+// The server's thread: closes connections past their deadline, polls, serves
+// the ready ones and accepts new ones, until stop() wakes it.
+void MetricsServer::loop() {
   std::vector<Conn> conns;  // in accept order: the oldest first
   std::vector<pollfd> fds;
   TimePoint accept_paused_until{};
-
-  // One connection's turn when its socket is ready; false once it is done with.
-  auto serve = [&](Conn& c) {
-    if (!c.replying) {
-      switch (c.read_head(opt_.max_request_head)) {
-        case Conn::Read::kMore: return true;
-        case Conn::Read::kGone: return false;
-        case Conn::Read::kTooLarge:
-          c.out = reply("431 Request Header Fields Too Large", kText, make_body("request head too large\n"));
-          break;
-        case Conn::Read::kHead: {
-          Body latest = page();
-          c.out = answer(c.in, latest ? latest : kNothingYet);
-          break;
-        }
-      }
-      c.replying = true;
-      c.in = std::string();
-    }
-    return c.write_some();
-  };
-
   while (true) {
     const TimePoint now = SteadyClock::now();
     const size_t before = conns.size();
@@ -230,17 +273,7 @@ void MetricsServer::loop() {
     if (conns.size() != before) {
       ERUN_LOG_DEBUG("metrics: closed {} scraper connection(s) at their deadline", before - conns.size());
     }
-
-    const bool accepting = now >= accept_paused_until;
-    TimePoint next = accepting ? TimePoint::max() : accept_paused_until;
-    fds.clear();
-    fds.push_back({wake_fd_.get(), POLLIN, 0});
-    fds.push_back({accepting ? listen_fd_.get() : -1, POLLIN, 0});
-    for (const Conn& c : conns) {
-      fds.push_back({c.fd.get(), static_cast<short>(c.replying ? POLLOUT : POLLIN), 0});
-      next = std::min(next, c.deadline);
-    }
-    const int timeout = next == TimePoint::max() ? -1 : net::poll_ms(next, 1h);
+    const int timeout = poll_set(conns, now >= accept_paused_until, accept_paused_until, fds);
     if (::poll(fds.data(), fds.size(), timeout) < 0) {
       if (errno != EINTR) {
         ERUN_LOG_WARN("metrics: poll: {}", std::strerror(errno));
@@ -254,27 +287,7 @@ void MetricsServer::loop() {
       if (fds[i + 2].revents && !serve(conns[i])) conns[i].fd.reset();
     }
     std::erase_if(conns, [](const Conn& c) { return !c.fd; });
-
-    if (!(fds[1].revents & POLLIN)) continue;
-    while (true) {
-      Fd fd = net::accept(listen_fd_.get());  // non-blocking, close-on-exec
-      if (!fd) {
-        if (errno == EINTR || errno == ECONNABORTED) continue;
-        if (errno == EAGAIN || errno == EWOULDBLOCK) break;
-        // Out of descriptors or memory: the listener stays readable, so rest
-        // it a while instead of spinning on it.
-        ERUN_LOG_WARN("metrics: cannot accept a scraper's connection: {}", std::strerror(errno));
-        accept_paused_until = SteadyClock::now() + 1s;
-        break;
-      }
-      if (conns.size() >= opt_.max_connections) {
-        // Dropping the oldest, not refusing the newest: stuck clients cannot
-        // lock a real scraper out for a whole deadline.
-        ERUN_LOG_DEBUG("metrics: {} scraper connections open: dropping the oldest", conns.size());
-        conns.erase(conns.begin());
-      }
-      conns.emplace_back(std::move(fd), SteadyClock::now() + opt_.connection_deadline);
-    }
+    if (fds[1].revents & POLLIN) accept_waiting(conns, accept_paused_until);
   }
 }
 

@@ -11,10 +11,13 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "common/clock.h"
 #include "common/fd.h"
 #include "common/status.h"
+
+struct pollfd;
 
 namespace erun {
 
@@ -49,6 +52,10 @@ class MetricsServer {
  private:
   struct Conn;
   void loop();
+  bool serve(Conn& c) const;
+  void accept_waiting(std::vector<Conn>& conns, TimePoint& accept_paused_until) const;
+  int poll_set(const std::vector<Conn>& conns, bool accepting, TimePoint accept_paused_until,
+               std::vector<pollfd>& fds) const;
   std::shared_ptr<const std::string> page() const;
 
   MetricsServerOptions opt_;

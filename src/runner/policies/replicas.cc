@@ -150,61 +150,68 @@ void CommitReplicas::plan(const std::vector<std::string>& holders, const std::ve
   }
 }
 
-void CommitReplicas::tick() {
-  const TimePoint now = clock_.now();
+// Forgets the keepers whose retirement is due: their agents drop the replicas.
+void CommitReplicas::retire_due(TimePoint now) {
   for (auto it = keepers_.begin(); it != keepers_.end();) {
-    if (!it->second.retiring) {
+    if (!it->second.retiring || now < it->second.retire_at) {
       ++it;
       continue;
     }
-    if (now >= it->second.retire_at) {
-      ERUN_LOG_DEBUG("commit replicas: {} keeps no more, and its replicas go", it->first);
-      launcher_for_(it->first).unkeep(it->first, /*forget=*/true);
-      holders_.erase(it->first);
-      it = keepers_.erase(it);
-    } else {
-      ++it;
+    ERUN_LOG_DEBUG("commit replicas: {} keeps no more, and its replicas go", it->first);
+    launcher_for_(it->first).unkeep(it->first, /*forget=*/true);
+    holders_.erase(it->first);
+    it = keepers_.erase(it);
+  }
+}
+
+// Whether the keeper on `host` listens (asking it to keep, or again after a
+// back-off); false while it has no port to push to.
+bool CommitReplicas::keeper_listens(const std::string& host, Keeper& k, TimePoint now) {
+  Launcher& launcher = launcher_for_(host);
+  if (!k.asked) {
+    if (now < k.retry_at) return false;
+    k.asked = launcher.keep(host, commit_dir_(host), secret_);
+    k.port = 0;
+    k.kept_at = now;
+    if (!k.asked) {
+      back_off(k, now);
+      return false;
     }
   }
+  const std::optional<int> port = launcher.keeper_port(host);
+  if (k.port == 0 && !port) return false;  // no answer yet
+  if (port.value_or(k.port) == 0) {
+    // It could not keep (its agent said why), or its agent was lost: ask
+    // again after a while.
+    k.asked = false;
+    k.port = 0;
+    back_off(k, now);
+    drop(host, k);
+    return false;
+  }
+  if (port && *port != k.port) {
+    // The first answer, or a keeper started again on a new port (KEEP is
+    // repeated, and an agent whose keeper ended starts another): the
+    // holder is told the new port at once.
+    if (k.port != 0) k.told_at = TimePoint{};
+    k.port = *port;
+    k.backoff = Duration{};
+  }
+  return true;
+}
+
+void CommitReplicas::tick() {
+  const TimePoint now = clock_.now();
+  retire_due(now);
   for (auto& [host, k] : keepers_) {
-    if (k.retiring) continue;
-    const std::string& holder = holders_.at(host);
-    Launcher& launcher = launcher_for_(host);
-    if (!k.asked) {
-      if (now < k.retry_at) continue;
-      k.asked = launcher.keep(host, commit_dir_(host), secret_);
-      k.port = 0;
-      k.kept_at = now;
-      if (!k.asked) {
-        back_off(k, now);
-        continue;
-      }
-    }
-    const std::optional<int> port = launcher.keeper_port(host);
-    if (k.port == 0 && !port) continue;  // no answer yet
-    if (port.value_or(k.port) == 0) {
-      // It could not keep (its agent said why), or its agent was lost: ask
-      // again after a while.
-      k.asked = false;
-      k.port = 0;
-      back_off(k, now);
-      drop(host, k);
-      continue;
-    }
-    if (port && *port != k.port) {
-      // The first answer, or a keeper started again on a new port (KEEP is
-      // repeated, and an agent whose keeper ended starts another): the
-      // holder is told the new port at once.
-      if (k.port != 0) k.told_at = TimePoint{};
-      k.port = *port;
-      k.backoff = Duration{};
-    }
+    if (k.retiring || !keeper_listens(host, k, now)) continue;
     if (now >= k.kept_at + kRetry) {
-      (void)launcher.keep(host, commit_dir_(host), secret_);
+      (void)launcher_for_(host).keep(host, commit_dir_(host), secret_);
       k.kept_at = now;
     }
     // Said again now and then: a holder's agent started anew since has no
     // pusher (an agent ignores the same target twice).
+    const std::string& holder = holders_.at(host);
     if (k.told != holder || now >= k.told_at + kRetry) {
       if (k.told != holder) {
         ERUN_LOG_DEBUG("commit replicas: {} pushes to the keeper on {} (port {})", holder, host, k.port);

@@ -83,6 +83,8 @@ class CommitReplicas {
   // Stops the pushes to `host`'s keeper.
   void drop(const std::string& host, Keeper& k);
   void back_off(Keeper& k, TimePoint now);
+  void retire_due(TimePoint now);
+  bool keeper_listens(const std::string& host, Keeper& k, TimePoint now);
 
   int replicas_;
   std::string secret_;

@@ -112,6 +112,100 @@ std::string encode_record(const JobRecord& r, const RecordClock& clock) {
   return out;
 }
 
+namespace {
+
+// A record's count: a number from 0 up, stored into a field of any integer type.
+template <class Field>
+bool read_count(const std::string& value, Field& field) {
+  long n = 0;
+  if (!to_long(value, n) || n < 0) return false;
+  field = static_cast<Field>(n);
+  return true;
+}
+
+// "host NAME FAILS TIMES MS": a host's history, with the time its
+// blacklisting has left as of the writing.
+bool decode_host(const std::vector<std::string>& values, const RecordClock& clock, JobRecord& r) {
+  long fails = 0, times = 0, ms = 0;
+  bool ok = values.size() == 4 && to_long(values[1], fails) && to_long(values[2], times) &&
+            to_long(values[3], ms) && fails >= 0 && times >= 0 && ms >= 0 && fails < (1 << 30) &&
+            times < (1 << 30) && ms < kMaxWallMs;
+  if (!ok || r.hosts.count(values[0])) return false;
+  HostHistory& h = r.hosts[values[0]];
+  h.failures_in_a_row = static_cast<int>(fails);
+  h.times_blacklisted = static_cast<int>(times);
+  // Time left as of the writing (an erun before host_until wrote only
+  // this): from now, when nothing more exact follows.
+  if (ms > 0) h.blacklisted_until = clock.steady + std::chrono::milliseconds(ms);
+  return true;
+}
+
+// "host_until NAME MS": when the blacklisting of a host named above ends, on
+// the wall clock; read onto this driver's clock (in the past, when it is over).
+bool decode_host_until(const std::vector<std::string>& values, const RecordClock& clock, JobRecord& r) {
+  long ms = 0;
+  if (values.size() != 2 || !r.hosts.count(values[0]) || !to_long(values[1], ms) || ms <= 0 ||
+      ms >= kMaxWallMs) {
+    return false;
+  }
+  const auto now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(clock.wall.time_since_epoch()).count();
+  r.hosts[values[0]].blacklisted_until = clock.steady + std::chrono::milliseconds(ms - now_ms);
+  return true;
+}
+
+// A key of one value: a text, a count or a flag. An unknown key (from a
+// newer erun) is left alone.
+bool decode_scalar(const std::string& key, const std::string& value, JobRecord& r) {
+  const std::pair<std::string_view, std::string*> texts[] = {
+      {"name", &r.name},     {"driver_host", &r.driver_host}, {"job_id", &r.job_id},
+      {"secret", &r.secret}, {"commit_dir", &r.commit_dir},   {"cwd", &r.cwd},
+  };
+  for (auto& [name, field] : texts) {
+    if (key == name) {
+      *field = value;
+      return true;
+    }
+  }
+  if (key == "arg") {
+    r.args.push_back(value);
+    return true;
+  }
+  if (key == "term") return read_count(value, r.term);
+  if (key == "driver_pid") return read_count(value, r.driver_pid);
+  if (key == "rendezvous_port") return read_count(value, r.rendezvous_port);
+  if (key == "generation") return read_count(value, r.generation);
+  if (key == "resets") return read_count(value, r.resets);
+  if (key == "restarts") return read_count(value, r.restarts);
+  if (key == "in_place") {
+    r.in_place = value == "1";
+    return value == "0" || value == "1";
+  }
+  return true;
+}
+
+// One "key value..." line's values (unescaped) into the record; false when
+// they do not fit the key.
+bool decode_field(const std::string& key, const std::vector<std::string>& values, const RecordClock& clock,
+                  JobRecord& r) {
+  if (key == "slot") {
+    long n = 0;
+    if (values.size() != 2 || !to_long(values[1], n) || n < 0) return false;
+    r.plan.push_back(SlotKey{values[0], static_cast<int>(n)});
+    return true;
+  }
+  if (key == "host") return decode_host(values, clock, r);
+  if (key == "host_until") return decode_host_until(values, clock, r);
+  if (key == "keeper") return values.size() == 2 && r.keepers.emplace(values[0], values[1]).second;
+  if (key == "agent") {
+    if (values.size() != 2) return false;
+    r.agents.push_back(JobRecord::Agent{values[0], values[1]});
+    return true;
+  }
+  return values.size() == 1 && decode_scalar(key, values[0], r);
+}
+
+}  // namespace
+
 Result<JobRecord> decode_record(std::string_view text, const RecordClock& clock) {
   using R = Result<JobRecord>;
   JobRecord r;
@@ -136,85 +230,13 @@ Result<JobRecord> decode_record(std::string_view text, const RecordClock& clock)
     auto words = split(std::string(line), ' ');
     auto bad = [&] { return R::error(fmt::format("line {} is malformed", line_no)); };
     if (words.size() < 2) return bad();
-    const std::string& key = words[0];
     std::vector<std::string> values;
     for (size_t i = 1; i < words.size(); ++i) {
       auto v = unescape(words[i]);
       if (!v) return bad();
       values.push_back(std::move(*v));
     }
-    long n = 0;
-    auto number = [&](auto& field) {
-      if (values.size() != 1 || !to_long(values[0], n) || n < 0) return false;
-      field = static_cast<std::remove_reference_t<decltype(field)>>(n);
-      return true;
-    };
-    bool ok = true;
-    if (key == "slot") {
-      ok = values.size() == 2 && to_long(values[1], n) && n >= 0;
-      if (ok) r.plan.push_back(SlotKey{values[0], static_cast<int>(n)});
-    } else if (key == "host") {
-      long fails = 0, times = 0, ms = 0;
-      ok = values.size() == 4 && to_long(values[1], fails) && to_long(values[2], times) && to_long(values[3], ms) &&
-           fails >= 0 && times >= 0 && ms >= 0 && fails < (1 << 30) && times < (1 << 30) &&
-           ms < kMaxWallMs;
-      ok = ok && !r.hosts.count(values[0]);
-      if (ok) {
-        HostHistory& h = r.hosts[values[0]];
-        h.failures_in_a_row = static_cast<int>(fails);
-        h.times_blacklisted = static_cast<int>(times);
-        // Time left as of the writing (an erun before host_until wrote
-        // only this): from now, when nothing more exact follows.
-        if (ms > 0) h.blacklisted_until = clock.steady + std::chrono::milliseconds(ms);
-      }
-    } else if (key == "host_until") {
-      // When the blacklisting of a host named above ends, on the wall
-      // clock: onto this driver's clock (in the past, when it is over).
-      long ms = 0;
-      ok = values.size() == 2 && r.hosts.count(values[0]) && to_long(values[1], ms) && ms > 0 && ms < kMaxWallMs;
-      if (ok) {
-        const auto now_ms =
-            std::chrono::duration_cast<std::chrono::milliseconds>(clock.wall.time_since_epoch()).count();
-        r.hosts[values[0]].blacklisted_until = clock.steady + std::chrono::milliseconds(ms - now_ms);
-      }
-    } else if (key == "keeper") {
-      ok = values.size() == 2 && r.keepers.emplace(values[0], values[1]).second;
-    } else if (key == "agent") {
-      ok = values.size() == 2;
-      if (ok) r.agents.push_back(JobRecord::Agent{values[0], values[1]});
-    } else if (values.size() != 1) {
-      ok = false;
-    } else if (key == "name") {
-      r.name = values[0];
-    } else if (key == "driver_host") {
-      r.driver_host = values[0];
-    } else if (key == "job_id") {
-      r.job_id = values[0];
-    } else if (key == "secret") {
-      r.secret = values[0];
-    } else if (key == "commit_dir") {
-      r.commit_dir = values[0];
-    } else if (key == "cwd") {
-      r.cwd = values[0];
-    } else if (key == "arg") {
-      r.args.push_back(values[0]);
-    } else if (key == "term") {
-      ok = number(r.term);
-    } else if (key == "driver_pid") {
-      ok = number(r.driver_pid);
-    } else if (key == "rendezvous_port") {
-      ok = number(r.rendezvous_port);
-    } else if (key == "generation") {
-      ok = number(r.generation);
-    } else if (key == "resets") {
-      ok = number(r.resets);
-    } else if (key == "restarts") {
-      ok = number(r.restarts);
-    } else if (key == "in_place") {
-      ok = values[0] == "0" || values[0] == "1";
-      r.in_place = values[0] == "1";
-    }  // an unknown key from a newer erun is left alone
-    if (!ok) return bad();
+    if (!decode_field(words[0], values, clock, r)) return bad();
   }
   if (!ended) return R::error("it is cut short (no end line)");
   if (r.job_id.empty() || r.secret.empty()) return R::error("it names no job id or secret");
