@@ -191,8 +191,7 @@ void Driver::publish(bool fresh, bool after_failure) {
   gen_.published_at = clock_.now();
   gen_.fresh = fresh;
   gen_.after_failure = after_failure;
-  recent_plans_.push_back(plan_);
-  if (recent_plans_.size() > 4) recent_plans_.erase(recent_plans_.begin());
+  reports_.published(plan_);
   if (d_.membership) d_.membership->publish(rec_.generation, plan_.ranks);
   d_.events->emit(
       ev::GenerationStarted{.generation = rec_.generation, .size = plan_.size(), .plan = plan_.to_string()});
@@ -354,7 +353,9 @@ bool Driver::Worker::fresh() const { return stage != WorkerStage::kSettled; }
 bool Driver::Worker::left_out() const {
   return state == WorkerState::kRetiring || state == WorkerState::kDismissed || state == WorkerState::kExcluded;
 }
-WorkerView Driver::Worker::view() const { return WorkerView{key, assignment, state, stage, alive(), started}; }
+WorkerView Driver::Worker::view() const {
+  return WorkerView{key, assignment, state, stage, alive(), started, launched_generation};
+}
 
 void Driver::Worker::set_state(WorkerState next) {
   ERUN_CHECK(transition_allowed(state, next));
@@ -559,7 +560,7 @@ void Driver::wait_for_hosts() {
 void Driver::supervise() {
   MembershipSnapshot m = take_snapshot();
   update_joined(m);
-  handle_rejoins(m);
+  apply(reports_.take(snapshot(), m.rejoined));
   retire_workers(m);
   if (drains_.any()) apply(drains_.tend(snapshot(&m)));
   if (d_.account) {

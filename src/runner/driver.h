@@ -19,6 +19,7 @@
 #include "runner/policies/crash_loop.h"
 #include "runner/policies/drain.h"
 #include "runner/policies/host_memory.h"
+#include "runner/policies/peer_reports.h"
 #include "runner/policies/policy.h"
 #include "runner/policies/straggler_watch.h"
 #include "runner/driver_record.h"
@@ -233,33 +234,6 @@ class Driver {
   // ---- in place (driver_in_place.cc) ----
   // The membership's state this tick (empty without a rendezvous).
   MembershipSnapshot take_snapshot();
-  // Logs each re-join with the reason its worker gave, and kills and excludes
-  // every worker the re-joining survivors reported as failed (a failure of the
-  // generation, recovered in place); a rank reported silent (over the
-  // network) only by the rule of exclude_silent().
-  void handle_rejoins(const MembershipSnapshot& m);
-  void note_rolled_back(const JoinRequest& j);
-  // Kills the worker that held the reported rank in the report's generation
-  // and leaves it out; `why` is added to the log line.
-  void exclude_reported(const JoinRequest& report, const std::string& why = "");
-  // Excludes members named silent once the other members of their generation
-  // re-joined or ended (see the comment in driver_in_place.cc).
-  void exclude_silent();
-  struct LeftGeneration;
-  // exclude_silent() for one left generation that has silent reports.
-  void exclude_silent_of(long generation, const Plan& left, LeftGeneration& g);
-  // Kills the open members of `generation` that neither re-joined nor ended
-  // (more than one, or one beside an ended member), naming who reported each.
-  void exclude_open_members(long generation, const std::vector<const RankAssignment*>& open,
-                            const JoinRequest& report, const std::vector<JoinRequest>& reports);
-  // Kills `w`, which held `failed` in `generation`, and leaves it out: the
-  // generation's failure unless it already has one.
-  void exclude_worker(Worker& w, long generation, const RankAssignment& failed, PeerState state);
-  // who() of the survivor that sent `report`.
-  std::string reporter(const JoinRequest& report) const;
-  // The worker that held `slot` in `generation` (the latest launched by
-  // then), or null.
-  Worker* worker_of(long generation, const SlotKey& slot);
   // Members of the current generation that ended or were left out, not yet
   // reported: Membership::notify_peers_lost() tells the survivors at once.
   void tell_survivors_of_losses();
@@ -340,9 +314,6 @@ class Driver {
   // Publishes plan_ as the generation (its facts start anew in gen_): `fresh`,
   // every worker was launched for it; `after_failure`, it re-forms after one.
   void publish(bool fresh, bool after_failure);
-  // The plan of a recent generation (reports name ranks of the generation the
-  // reporter left), or null.
-  const Plan* plan_of(long generation) const;
   WorkerSpec make_spec(const RankAssignment& a, const std::string& master_addr, int master_port) const;
   // kRunning, after follow_membership() brought plan_cache_ up to date:
   // spare hosts keep replicas of the commits (--commit-replicas).
@@ -427,21 +398,8 @@ class Driver {
   Outcome outcome_;
   long launched_ = 0;              // worker processes started (the job summary's count)
   long rolled_back_logged_ = -1;   // the generation whose rolled_back event was written
+  PeerReports reports_;            // what survivors report of their lost peers
   Plan plan_;  // the running plan, rec_.plan's slots with their ranks (set_plan())
-  std::vector<Plan> recent_plans_;  // the last few published plans, oldest first
-  // Per left generation (one of recent_plans_): the slots that re-joined
-  // from it, and the reports naming one of its ranks silent.
-  struct LeftGeneration {
-    std::set<SlotKey> left;
-    std::vector<JoinRequest> silent;
-    size_t settled = 0;      // members that re-joined or ended, when last counted
-    TimePoint changed_at{};  // when that count last changed
-  };
-  // How long the members of a left generation must stay as they are before
-  // several open members (or one beside a member that ended) are excluded
-  // together on a silent report (see exclude_silent()).
-  static constexpr Duration kSilentSettle = std::chrono::milliseconds(500);
-  std::map<long, LeftGeneration> leaving_;
   std::vector<Worker> workers_;
   long next_key_ = 1;
   // Waiting for hosts: the phases that do (kWaitingForHosts,

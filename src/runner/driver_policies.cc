@@ -59,6 +59,15 @@ void Driver::apply(const Actions& actions) {
             }
           } else if constexpr (std::is_same_v<A, act::Replan>) {
             plan_cache_.invalidate();
+          } else if constexpr (std::is_same_v<A, act::RolledBack>) {
+            if (!d_.account || rolled_back_logged_ == a.generation) return;  // once per generation
+            auto lost = d_.account->rolled_back_to(a.commit, realtime_seconds());
+            if (!lost) return;
+            rolled_back_logged_ = a.generation;
+            d_.events->emit(
+                ev::RolledBack{.generation = a.generation, .commit = static_cast<long>(a.commit), .seconds = *lost});
+          } else if constexpr (std::is_same_v<A, act::FailGeneration>) {
+            fail_generation(Failure{rec_.generation, a.host, a.rank, a.status, a.stderr_tail, a.after_s});
           } else if constexpr (std::is_same_v<A, act::CountReset>) {
             count_reset(a.reason.c_str());
           } else if constexpr (std::is_same_v<A, act::Emit>) {

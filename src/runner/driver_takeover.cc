@@ -34,7 +34,7 @@ void Driver::take_over(DriverDeps::Takeover& t) {
 void Driver::adopt(DriverDeps::Takeover& t) {
   const bool in_place = rec_.in_place;  // as its last driver left it
   set_plan(plan_over_slots(rec_.generation, rec_.plan));
-  recent_plans_.push_back(plan_);
+  reports_.published(plan_);
   int kept = 0, ended = 0, strays = 0;
   std::set<std::string> hosts;
   for (auto& a : t.workers) {

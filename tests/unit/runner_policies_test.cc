@@ -9,6 +9,7 @@
 
 #include "runner/policies/drain.h"
 #include "runner/policies/host_memory.h"
+#include "runner/policies/peer_reports.h"
 #include "runner/policies/standbys.h"
 #include "runner/policies/straggler_watch.h"
 
@@ -481,6 +482,79 @@ TEST(StandbyPolicy, AReadyStandbyOvertakesAReplacementStillStarting) {
   // A replacement already waiting keeps its place.
   job.s.waiting.insert({"b", 0});
   EXPECT_TRUE(standbys.overtake(job.s).empty());
+}
+
+// ---- PeerReports ----
+
+JoinRequest rejoin(const SlotKey& slot, long left, int failed_rank, PeerState state) {
+  JoinRequest j;
+  j.slot = slot;
+  j.left_generation = left;
+  j.reason = JoinReason::kPeerLost;
+  j.failed_rank = failed_rank;
+  j.failed_state = state;
+  j.commit_id = 7;
+  return j;
+}
+
+TEST(PeerReports, ARankReportedExitedIsExcludedOnceAndTheGenerationFails) {
+  Job job({{"a", 0}, {"b", 0}, {"c", 0}}, {"a", "b", "c"});
+  PeerReports reports;
+  reports.published(job.plan);
+  Actions out = reports.take(job.s, {rejoin({"a", 0}, 3, 2, PeerState::kDead),
+                                     rejoin({"b", 0}, 3, 2, PeerState::kDead)});
+  EXPECT_EQ(events_of<ev::Rejoined>(out).size(), 2u);
+  EXPECT_EQ(all_of<act::RolledBack>(out).size(), 2u) << "the driver writes it once per generation";
+  ASSERT_EQ(all_of<act::Exclude>(out).size(), 1u) << "two reports, one exclusion";
+  EXPECT_EQ(all_of<act::Exclude>(out)[0].worker, 3);
+  ASSERT_EQ(all_of<act::FailGeneration>(out).size(), 1u);
+  EXPECT_EQ(all_of<act::FailGeneration>(out)[0].host, "c");
+  EXPECT_EQ(all_of<act::FailGeneration>(out)[0].rank, 2);
+  EXPECT_EQ(events_of<ev::WorkerExcluded>(out)[0].state, to_string(PeerState::kDead));
+}
+
+TEST(PeerReports, NoOneIsExcludedForReportingItselfOrForARankThatReJoinedItself) {
+  Job job({{"a", 0}, {"b", 0}}, {"a", "b"});
+  PeerReports reports;
+  reports.published(job.plan);
+  EXPECT_TRUE(all_of<act::Exclude>(reports.take(job.s, {rejoin({"a", 0}, 3, 0, PeerState::kAlive)})).empty());
+  // b re-joins from generation 3 in the same turn as a's report naming it.
+  JoinRequest b_back = rejoin({"b", 0}, 3, -1, PeerState::kUnknown);
+  EXPECT_TRUE(
+      all_of<act::Exclude>(reports.take(job.s, {rejoin({"a", 0}, 3, 1, PeerState::kAlive), b_back})).empty());
+  // A report of a generation no longer kept names nobody.
+  EXPECT_TRUE(all_of<act::Exclude>(reports.take(job.s, {rejoin({"a", 0}, 1, 1, PeerState::kDead)})).empty());
+}
+
+TEST(PeerReports, ASilentRankIsExcludedAloneAtOnceButSeveralOnlyOnceTheGenerationSettles) {
+  {
+    Job job({{"a", 0}, {"b", 0}, {"c", 0}}, {"a", "b", "c"});
+    PeerReports reports;
+    reports.published(job.plan);
+    Actions out = reports.take(job.s, {rejoin({"a", 0}, 3, 2, PeerState::kSilent)});
+    EXPECT_TRUE(all_of<act::Exclude>(out).empty()) << "b neither re-joined nor ended yet";
+    out = reports.take(job.s, {rejoin({"b", 0}, 3, -1, PeerState::kUnknown)});
+    ASSERT_EQ(all_of<act::Exclude>(out).size(), 1u) << "every other member re-joined: c alone is open";
+    EXPECT_EQ(all_of<act::Exclude>(out)[0].worker, 3);
+  }
+  {
+    // Four ranks: a names c silent, b re-joins; c and d stay open together.
+    Job job({{"a", 0}, {"b", 0}, {"c", 0}, {"d", 0}}, {"a", "b", "c", "d"});
+    PeerReports reports;
+    reports.published(job.plan);
+    Actions out = reports.take(job.s, {rejoin({"a", 0}, 3, 2, PeerState::kSilent),
+                                       rejoin({"b", 0}, 3, -1, PeerState::kUnknown)});
+    EXPECT_TRUE(all_of<act::Exclude>(out).empty());
+    job.s.now += std::chrono::milliseconds(400);
+    EXPECT_TRUE(all_of<act::Exclude>(reports.take(job.s, {})).empty()) << "not settled for 500 ms yet";
+    job.s.now += std::chrono::milliseconds(200);
+    out = reports.take(job.s, {});
+    auto excluded = all_of<act::Exclude>(out);
+    ASSERT_EQ(excluded.size(), 2u);
+    EXPECT_EQ(excluded[0].worker, 3);
+    EXPECT_EQ(excluded[1].worker, 4);
+    EXPECT_TRUE(all_of<act::Exclude>(reports.take(job.s, {})).empty()) << "decided once";
+  }
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "common/clock.h"
+#include "common/subprocess.h"
 #include "discovery/discovery.h"
 #include "rendezvous/membership.h"
 #include "runner/driver_states.h"
@@ -33,6 +34,7 @@ struct WorkerView {
   WorkerStage stage = WorkerStage::kSettled;
   bool alive = false;  // running: its exit is not seen yet
   TimePoint started{};  // when it was launched
+  long launched_generation = 0;  // the generation it was launched in
 
   bool pending() const { return state == WorkerState::kPending; }
   // Out of the running plan for good: retiring, dismissed or excluded.
@@ -105,6 +107,23 @@ struct Promote {
 };
 // The next plan must be made again (its slots changed hands).
 struct Replan {};
+// A survivor of `generation` re-joined at `commit`, which it restored: the
+// work since then was thrown away (the account's rolled-back time; written
+// once per generation).
+struct RolledBack {
+  long generation = 0;
+  uint64_t commit = 0;
+};
+// The current generation failed: rank `rank` on `host` ended with `status`
+// after `after_s` (`stderr_tail`: what to show of it). The first failure of
+// a generation stands.
+struct FailGeneration {
+  std::string host;
+  int rank = 0;
+  ExitStatus status;
+  std::vector<std::string> stderr_tail;
+  double after_s = 0;
+};
 // One more reset (--reset-limit counts them).
 struct CountReset {
   std::string reason;
@@ -131,7 +150,7 @@ struct UnkeepMemory {
 
 using Action = std::variant<act::Dismiss, act::Stop, act::Kill, act::Exclude, act::SetStage, act::CountReset,
                             act::Emit, act::SlotsChanged, act::HostsChanged, act::KeepMemory, act::UnkeepMemory,
-                            act::LaunchStandby, act::Promote, act::Replan>;
+                            act::LaunchStandby, act::Promote, act::Replan, act::RolledBack, act::FailGeneration>;
 using Actions = std::vector<Action>;
 
 }  // namespace erun
