@@ -448,7 +448,7 @@ void Driver::finish_with_failure(const Failure& f) {
     int code = f.status.shell_code();
     if (code == 0) code = 1;
     d_.events->emit(ev::JobFinished{
-        .exit_code = code, .generation = rec_.generation, .resets = rec_.resets, .launched = launched_});
+        .exit_code = code, .generation = rec_.generation, .resets = rec_.resets, .launched = rec_.launched});
     return code;
   });
 }
@@ -465,7 +465,7 @@ int Driver::job_exit_code() {
   ERUN_LOG_INFO("job {} finished with exit code {} after {} generation{} and {} reset{}", d_.job_id, code,
                 rec_.generation, rec_.generation == 1 ? "" : "s", rec_.resets, rec_.resets == 1 ? "" : "s");
   d_.events->emit(
-      ev::JobFinished{.exit_code = code, .generation = rec_.generation, .resets = rec_.resets, .launched = launched_});
+      ev::JobFinished{.exit_code = code, .generation = rec_.generation, .resets = rec_.resets, .launched = rec_.launched});
   return code;
 }
 

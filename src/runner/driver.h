@@ -396,7 +396,6 @@ class Driver {
     bool any_success = false;             // a worker finished successfully
   };
   Outcome outcome_;
-  long launched_ = 0;              // worker processes started (the job summary's count)
   long rolled_back_logged_ = -1;   // the generation whose rolled_back event was written
   PeerReports reports_;            // what survivors report of their lost peers
   Plan plan_;  // the running plan, rec_.plan's slots with their ranks (set_plan())

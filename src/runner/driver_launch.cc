@@ -60,7 +60,7 @@ bool Driver::launch_worker(const RankAssignment& a, const std::string& master_ad
     return false;
   }
   w.handle = std::move(h.value());
-  ++launched_;
+  ++rec_.launched;
   if (d_.output) d_.output->add(w.key, a.rank, w.handle->take_stdout(), w.handle->take_stderr());
   ERUN_LOG_DEBUG("{}: launched (pid {})", who(rec_.generation, a.slot.host, a.rank), w.handle->pid());
   workers_.push_back(std::move(w));

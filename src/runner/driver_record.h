@@ -20,6 +20,7 @@ struct DriverRecord {
   long generation = 0;        // the last published generation: the next one goes on after it
   int resets = 0;             // --reset-limit counts on
   int restarts = 0;           // generations started after the first (TORCHELASTIC_RESTART_COUNT)
+  long launched = 0;          // worker processes started over the whole job (job_finished's `launched`)
   // A member of the running plan joined the rendezvous (the workers use
   // erun's library: they re-join in place); of the workers, as of the
   // driver's last step.

@@ -39,6 +39,7 @@ JobRecord sample() {
   r.generation = 12;
   r.resets = 3;
   r.restarts = 1;
+  r.launched = 17;
   r.in_place = true;
   r.plan = {{"node a", 0}, {"node a", 1}, {"b", 0}};
   r.agents = {{"node a", "/tmp/erun-agent-x/attach"}, {"b", ""}};

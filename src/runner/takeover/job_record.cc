@@ -88,6 +88,7 @@ std::string encode_record(const JobRecord& r, const RecordClock& clock) {
   line("generation", std::to_string(r.generation));
   line("resets", std::to_string(r.resets));
   line("restarts", std::to_string(r.restarts));
+  line("launched", std::to_string(r.launched));
   line("in_place", r.in_place ? "1" : "0");
   for (auto& s : r.plan) out += fmt::format("slot {} {}\n", escape(s.host), s.local_index);
   for (auto& a : r.agents) out += fmt::format("agent {} {}\n", escape(a.host), escape(a.attach_path));
@@ -176,6 +177,7 @@ bool decode_scalar(const std::string& key, const std::string& value, JobRecord& 
   if (key == "generation") return read_count(value, r.generation);
   if (key == "resets") return read_count(value, r.resets);
   if (key == "restarts") return read_count(value, r.restarts);
+  if (key == "launched") return read_count(value, r.launched);  // 0 from an erun before it was kept
   if (key == "in_place") {
     r.in_place = value == "1";
     return value == "0" || value == "1";
