@@ -311,10 +311,6 @@ std::vector<std::string> Driver::stderr_tail(const Worker& w) const {
   return d_.output ? d_.output->tail(w.key) : std::vector<std::string>{};
 }
 
-bool Driver::all_exited() const {
-  return std::all_of(workers_.begin(), workers_.end(), [](const Worker& w) { return w.exit.has_value(); });
-}
-
 void Driver::set_phase(JobPhase next) {
   ERUN_CHECK(transition_allowed(phase_, next));
   if (next == phase_) return;
@@ -340,32 +336,6 @@ const HostManager& Driver::host_manager() const { return hosts_; }
 
 void Driver::fail_generation(Failure f) {
   if (!gen_.failure) gen_.failure = std::move(f);
-}
-
-bool Driver::Worker::alive() const { return !exit && handle; }
-bool Driver::Worker::pending() const { return state == WorkerState::kPending; }
-bool Driver::Worker::standby() const { return is_standby(stage); }
-bool Driver::Worker::standby_ready() const { return stage == WorkerStage::kStandbyReady; }
-bool Driver::Worker::replacement() const {
-  return pending() && (stage == WorkerStage::kReplacement || stage == WorkerStage::kGrowth);
-}
-bool Driver::Worker::fresh() const { return stage != WorkerStage::kSettled; }
-bool Driver::Worker::left_out() const {
-  return state == WorkerState::kRetiring || state == WorkerState::kDismissed || state == WorkerState::kExcluded;
-}
-WorkerView Driver::Worker::view() const {
-  return WorkerView{key, assignment, state, stage, alive(), started, launched_generation};
-}
-
-void Driver::Worker::set_state(WorkerState next) {
-  ERUN_CHECK(transition_allowed(state, next));
-  if (state == WorkerState::kPending && next == WorkerState::kMember) set_stage(WorkerStage::kFresh);  // admitted
-  state = next;
-}
-
-void Driver::Worker::set_stage(WorkerStage next) {
-  ERUN_CHECK(transition_allowed(stage, next));
-  stage = next;
 }
 
 void Driver::done(int code) {
@@ -400,7 +370,7 @@ void Driver::begin_stop(int sig) {
 
 void Driver::continue_stop() {
   reap();
-  if (!all_exited()) {
+  if (!all_exited(workers_)) {
     auto now = clock_.now();
     if (!stop_.killed) {
       if (now < stop_.kill_at && !stop_.kill_requested) return;
@@ -573,12 +543,12 @@ void Driver::supervise() {
     handle_generation_failure();
     return;
   }
-  if (all_exited()) {
+  if (all_exited(workers_)) {
     done(job_exit_code());
     return;
   }
-  if (!outcome_.any_success && in_place_possible()) {
-    if (auto why = rejoin_requested(m)) {
+  if (!outcome_.any_success && in_place_possible(o_.mode, d_.membership != nullptr, workers_)) {
+    if (auto why = (d_.membership ? rejoin_requested(workers_, m) : std::nullopt)) {
       reconfigure(fmt::format("re-forming ({})", to_string(*why)).c_str(), *why != JoinReason::kHostsUpdated);
       return;
     }
@@ -604,7 +574,7 @@ void Driver::supervise() {
 }
 
 void Driver::handle_generation_failure() {
-  if (in_place_possible()) tell_survivors_of_losses();
+  if (in_place_possible(o_.mode, d_.membership != nullptr, workers_)) tell_survivors_of_losses();
   Failure f = *gen_.failure;
   if (!outcome_.first_failure) outcome_.first_failure = f;
   const bool fatal_code = f.status.signal == 0 && f.status.code == kFatalExitCode;
@@ -643,7 +613,7 @@ void Driver::handle_generation_failure() {
     return;
   }
   count_reset("worker failed");
-  const bool in_place = in_place_possible();
+  const bool in_place = in_place_possible(o_.mode, d_.membership != nullptr, workers_);
   ERUN_LOG_WARN("{}: {} failed; {} (reset {}{})", who(rec_.generation), who(-1, f.host, f.rank),
                 in_place ? "survivors re-join in place" : "restarting all workers", rec_.resets,
                 o_.reset_limit >= 0 ? fmt::format(" of {}", o_.reset_limit) : "");
@@ -697,17 +667,17 @@ bool Driver::held_below_min_np(const Plan& next, const HostSet& usable, bool in_
 void Driver::follow_membership() {
   // Recomputed only when the hosts, the blacklist, the plan or the
   // blacklisted hosts kept for their survivors changed.
-  const bool in_place = in_place_possible();
+  const bool in_place = in_place_possible(o_.mode, d_.membership != nullptr, workers_);
   Plan scratch;
-  plan_cache_.update(discovery_.epoch, discovery_.hosts, hosts_, rec_.generation, plan_with_pending(scratch), o_.max_np,
-                     in_place ? blacklisted_with_survivors() : std::vector<std::string>{});
+  plan_cache_.update(discovery_.epoch, discovery_.hosts, hosts_, rec_.generation, plan_with_pending(workers_, plan_, scratch), o_.max_np,
+                     in_place ? blacklisted_with_survivors(workers_, hosts_) : std::vector<std::string>{});
   const HostSet& usable = plan_cache_.usable();
   // The cached plan, unless a straggler's slot sits out (no copy per tick).
   const bool resting_slots = stragglers_.any_resting();
   Plan filtered;
   if (resting_slots) filtered = stragglers_.without_resting(plan_cache_.next());
   const Plan& next = resting_slots ? filtered : plan_cache_.next();
-  if (replacements_cover(next)) return;  // they join first (admit_replacements())
+  if (replacements_cover(workers_, plan_, next)) return;  // they join first (admit_replacements())
   if (next.same_layout(plan_)) {
     waiting_.below_min_logged = false;
     return;
@@ -750,7 +720,7 @@ void Driver::finish() {
     ERUN_LOG_ERROR("{}: {}", who(rec_.generation), finishing_.because);
     finishing_.deadline = now;
   }
-  if (all_exited()) {
+  if (all_exited(workers_)) {
     done(job_exit_code());
     return;
   }

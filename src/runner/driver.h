@@ -24,6 +24,7 @@
 #include "runner/policies/straggler_watch.h"
 #include "runner/driver_record.h"
 #include "runner/driver_states.h"
+#include "runner/driver_workers.h"
 #include "runner/observe/event_log.h"
 #include "runner/hosts/host_manager.h"
 #include "runner/observe/job_account.h"
@@ -110,40 +111,7 @@ class Driver {
   const HostManager& host_manager() const;
 
  private:
-  struct Worker {
-    long key = 0;
-    RankAssignment assignment;
-    std::unique_ptr<WorkerHandle> handle;
-    // Its lifecycle: two checked tables (driver_states.h), changed only
-    // through set_state() and set_stage().
-    WorkerState state = WorkerState::kMember;
-    WorkerStage stage = WorkerStage::kSettled;
-    // Facts, not stages: where it runs, what it did, what was sent about it.
-    bool local = false;
-    bool joined = false;     // it joined the rendezvous at least once (in-place capable)
-    bool loss_told = false;  // its loss went to the survivors, or it is no member of the current generation
-    long launched_generation = 0;
-    TimePoint retire_by{};  // kRetiring: stopped at this deadline unless it re-joins first
-    std::optional<ExitStatus> exit;
-    TimePoint started{};
-    // Checked against transition_allowed(); a pending worker admitted as a
-    // member leaves its pending stage for kFresh.
-    void set_state(WorkerState next);
-    void set_stage(WorkerStage next);
-    bool alive() const;
-    bool pending() const;
-    // A standby not promoted (also once stopped: its end is no failure).
-    bool standby() const;
-    bool standby_ready() const;
-    // Pending for a plan: a failed rank's replacement or a growth's worker (not a standby).
-    bool replacement() const;
-    // Launched into a running job and not yet a member of a complete generation.
-    bool fresh() const;
-    // Out of the running plan for good: retiring, dismissed or excluded.
-    bool left_out() const;
-    // What the policies see of it.
-    WorkerView view() const;
-  };
+  using Worker = DriverWorker;
   struct Failure {
     long generation = 0;
     std::string host;
@@ -206,7 +174,6 @@ class Driver {
   void stop_then_end(int signal, std::function<int()> exit_code);
   void begin_stop(int signal);
   void done(int code);
-  bool all_exited() const;
 
   void refresh_hosts();
   // Every change of the discovered hosts goes through here (keeps discovery_.all_local).
@@ -237,9 +204,6 @@ class Driver {
   // Members of the current generation that ended or were left out, not yet
   // reported: Membership::notify_peers_lost() tells the survivors at once.
   void tell_survivors_of_losses();
-  // A live member of the current generation is blocked in a join: it asks for
-  // a newer generation. The reason it gave, or nullopt.
-  std::optional<JoinReason> rejoin_requested(const MembershipSnapshot& m) const;
   // Plans the next generation over the survivors and new slots and publishes
   // it; below --min-np, keeps the survivors waiting in the rendezvous.
   // `after_failure`: the survivors' collectives broke, so each live one
@@ -261,20 +225,12 @@ class Driver {
   // once with `stop_retired` (their generation failed: nothing they do is
   // needed), else when they re-join. Returns how many retire.
   int reassign_workers(const Plan& next, const Plan* full, bool stop_retired);
-  // The running plan, plus the slots of live pending replacements after it:
-  // the previous plan the next one keeps first (make_plan()), so a worker
-  // starting on a slot is not passed over for another free one when it
-  // joins. `scratch` holds the copy when there are pending ones.
-  const Plan& plan_with_pending(Plan& scratch) const;
   // Pending replacements (launched after a failure while the survivors went
   // on alone, or for new slots): one that does not join within --rendezvous-timeout is killed;
   // once all wait in the rendezvous and the survivors formed their
   // generation, the driver announces a membership change and publishes the
   // next generation with them. True when it did.
   bool admit_replacements(const MembershipSnapshot& m);
-  // `next` differs from the running plan only by the slots of live pending
-  // replacements: no membership change until they joined.
-  bool replacements_cover(const Plan& next) const;
   // A pending replacement ended, or is killed, before it joined: a failure of
   // its host, not of the survivors' generation.
   void replacement_failed(Worker& w, const std::string& why);
@@ -287,20 +243,12 @@ class Driver {
   // and ones assigned to a generation the finished ranks never joined): they
   // hold nothing to finish, and would wait for their peers forever.
   void drop_fresh_workers();
-  // Survivors of the current plan: alive, not excluded, not leaving.
-  bool survivor(const Worker& w) const;
-  // A survivor holds `slot` (a pending replacement counts with `pending_too`).
-  bool slot_held(const SlotKey& slot, bool pending_too) const;
-  bool have_survivors() const;
   // Discovered hosts that may carry the next plan: the usable ones, and
   // blacklisted ones where survivors still run (their progress is kept).
   HostSet plannable_hosts() const;
-  // Blacklisted hosts where joined survivors run (sorted): they stay in the plan.
-  std::vector<std::string> blacklisted_with_survivors() const;
   // kWaitingWithSurvivors (the survivors wait in the rendezvous): re-form
   // once --min-np slots are back, give up after --elastic-timeout.
   void wait_with_survivors();
-  bool in_place_possible() const;
   void update_joined(const MembershipSnapshot& m);
   // A generation of workers that all started in it joined: logs the commit
   // its members' hosts kept, where training resumes (the event log's

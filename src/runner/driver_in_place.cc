@@ -26,39 +26,13 @@ MembershipSnapshot Driver::take_snapshot() {
   return m;
 }
 
-bool Driver::survivor(const Worker& w) const { return w.alive() && !w.left_out(); }
-
-bool Driver::slot_held(const SlotKey& slot, bool pending_too) const {
-  return std::any_of(workers_.begin(), workers_.end(), [&](const Worker& w) {
-    return survivor(w) && (pending_too || !w.pending()) && w.assignment.slot == slot;
-  });
-}
-
-bool Driver::have_survivors() const {
-  // A pending replacement holds no commit.
-  return std::any_of(workers_.begin(), workers_.end(),
-                     [&](const Worker& w) { return survivor(w) && w.joined && !w.pending(); });
-}
-
 HostSet Driver::plannable_hosts() const {
-  const std::vector<std::string> keep = blacklisted_with_survivors();
+  const std::vector<std::string> keep = blacklisted_with_survivors(workers_, hosts_);
   std::vector<Host> out;
   for (auto& h : discovery_.hosts.hosts()) {
     if (!hosts_.is_blacklisted(h.name) || std::binary_search(keep.begin(), keep.end(), h.name)) out.push_back(h);
   }
   return HostSet(std::move(out));
-}
-
-std::vector<std::string> Driver::blacklisted_with_survivors() const {
-  std::vector<std::string> keep;
-  for (auto& w : workers_) {
-    if (survivor(w) && w.joined && !w.pending() && hosts_.is_blacklisted(w.assignment.slot.host)) {
-      keep.push_back(w.assignment.slot.host);
-    }
-  }
-  std::sort(keep.begin(), keep.end());
-  keep.erase(std::unique(keep.begin(), keep.end()), keep.end());
-  return keep;
 }
 
 void Driver::update_joined(const MembershipSnapshot& m) {
@@ -138,29 +112,6 @@ void Driver::tell_survivors_of_losses() {
   d_.membership->notify_peers_lost(rec_.generation, ranks);
 }
 
-std::optional<JoinReason> Driver::rejoin_requested(const MembershipSnapshot& m) const {
-  if (!d_.membership) return std::nullopt;
-  for (auto& j : m.waiting) {
-    // Joins for the current generation are answered at once; one still
-    // waiting asks for a newer generation. A pending replacement waits for
-    // admit_replacements().
-    if (slot_held(j.slot, /*pending_too=*/false)) return j.reason;
-  }
-  return std::nullopt;
-}
-
-bool Driver::in_place_possible() const {
-  if (!d_.membership || o_.mode == WorkerMode::kRestart) return false;
-  if (o_.mode == WorkerMode::kElastic) return true;
-  bool any = false;
-  for (auto& w : workers_) {
-    if (w.exit || w.left_out()) continue;
-    if (!w.joined) return false;
-    any = true;
-  }
-  return any;
-}
-
 // A worker launched for this generation has --rendezvous-timeout to join it.
 // So has a survivor, except after a failure: then its collectives broke (a
 // peer died or stopped), so a live survivor re-joins within
@@ -230,7 +181,7 @@ void Driver::reconfigure(const char* reason, bool after_failure) {
   Plan scratch;
   const Plan full =
       standbys_.with_standbys(snapshot(), stragglers_.without_resting(make_plan(rec_.generation + 1, usable, o_.max_np,
-                                                                               &plan_with_pending(scratch))));
+                                                                               &plan_with_pending(workers_, plan_, scratch))));
   Plan next = full;
   const bool alone = after_failure && survivors_alone(full, next);
   ++rec_.generation;
@@ -241,7 +192,7 @@ void Driver::reconfigure(const char* reason, bool after_failure) {
   publish(/*fresh=*/false, after_failure);
   int launched = 0, pending = 0;
   for (auto& a : full.ranks) {
-    if (slot_held(a.slot, /*pending_too=*/true)) {
+    if (slot_held(workers_, a.slot, /*pending_too=*/true)) {
       if (alone && !plan_.contains(a.slot)) ++pending;
       continue;
     }
@@ -261,7 +212,7 @@ bool Driver::survivors_alone(const Plan& full, Plan& next) {
   const JobSnapshot s = snapshot();
   std::vector<SlotKey> kept;
   for (auto& r : full.ranks) {
-    if (slot_held(r.slot, /*pending_too=*/false) || standby_ready_at(s, r.slot)) kept.push_back(r.slot);
+    if (slot_held(workers_, r.slot, /*pending_too=*/false) || standby_ready_at(s, r.slot)) kept.push_back(r.slot);
   }
   if (kept.size() == full.ranks.size() || static_cast<int>(kept.size()) < std::max(o_.min_np, 1)) return false;
   next = plan_over_slots(rec_.generation + 1, kept);
@@ -269,7 +220,7 @@ bool Driver::survivors_alone(const Plan& full, Plan& next) {
 }
 
 void Driver::wait_below_min_np(const HostSet& usable) {
-  if (!have_survivors()) {
+  if (!have_survivors(workers_)) {
     ERUN_LOG_WARN("{}: {} usable slots are fewer than --min-np {} and no worker holds a commit: waiting for hosts",
                   who(rec_.generation), usable.total_slots(), o_.min_np);
     stop_then_wait();
@@ -321,31 +272,6 @@ int Driver::reassign_workers(const Plan& next, const Plan* full, bool stop_retir
   return retired;
 }
 
-const Plan& Driver::plan_with_pending(Plan& scratch) const {
-  std::vector<SlotKey> slots;
-  for (auto& w : workers_) {
-    if (w.replacement() && survivor(w) && !plan_.contains(w.assignment.slot)) slots.push_back(w.assignment.slot);
-  }
-  if (slots.empty()) return plan_;
-  std::vector<SlotKey> all;
-  all.reserve(plan_.ranks.size() + slots.size());
-  for (auto& r : plan_.ranks) all.push_back(r.slot);
-  all.insert(all.end(), slots.begin(), slots.end());
-  scratch = plan_over_slots(plan_.generation, all);
-  return scratch;
-}
-
-bool Driver::replacements_cover(const Plan& next) const {
-  std::set<SlotKey> running, pending;
-  for (auto& r : plan_.ranks) running.insert(r.slot);
-  for (auto& w : workers_) {
-    if (w.replacement() && survivor(w)) pending.insert(w.assignment.slot);
-  }
-  if (pending.empty() || static_cast<size_t>(next.size()) != running.size() + pending.size()) return false;
-  return std::all_of(next.ranks.begin(), next.ranks.end(),
-                     [&](const RankAssignment& r) { return running.count(r.slot) || pending.count(r.slot); });
-}
-
 void Driver::replacement_failed(Worker& w, const std::string& why) {
   const std::string& host = w.assignment.slot.host;
   ERUN_LOG_WARN("{}: replacement {} before it joined; the job goes on with {} rank{}",
@@ -359,12 +285,12 @@ void Driver::grow_pending(const Plan& next) {
   std::vector<std::string> names;
   for (auto& w : workers_) {
     // A standby on a slot the job grows into is the new worker, already waiting.
-    if (w.standby() && survivor(w) && next.contains(w.assignment.slot)) {
+    if (w.standby() && w.survivor() && next.contains(w.assignment.slot)) {
       apply({act::Promote{w.key, -1, WorkerStage::kGrowth, "the job grows"}});
     }
   }
   for (auto& a : next.ranks) {
-    if (slot_held(a.slot, /*pending_too=*/true)) continue;
+    if (slot_held(workers_, a.slot, /*pending_too=*/true)) continue;
     launch_worker(a, next.ranks.front().slot.host, 0, WorkerStage::kGrowth);
     names.push_back(fmt::format("{}[{}]", a.slot.host, a.slot.local_index));
   }
@@ -391,7 +317,7 @@ bool Driver::admit_replacements(const MembershipSnapshot& m) {
   int ready = 0, starting = 0;
   std::optional<JobSnapshot> now;  // for the pre-flight checks, made once
   for (auto& w : workers_) {
-    if (!w.replacement() || !survivor(w)) continue;
+    if (!w.replacement() || !w.survivor()) continue;
     if (auto it = waiting.find(w.assignment.slot); it != waiting.end()) {
       if (!now) now = snapshot();
       // Held back (its slot rests, it is stopped), or ready to be admitted.
@@ -413,7 +339,7 @@ bool Driver::admit_replacements(const MembershipSnapshot& m) {
   // one hears the announcement).
   if (ready == 0 || starting > 0 || !gen_.complete) return false;
   const bool grows = std::any_of(workers_.begin(), workers_.end(), [&](const Worker& w) {
-    return w.replacement() && w.stage == WorkerStage::kGrowth && survivor(w);
+    return w.replacement() && w.stage == WorkerStage::kGrowth && w.survivor();
   });
   // New slots: a membership change, counted as one (a failure's replacement was counted with it).
   if (grows) count_reset("membership changed");
@@ -425,7 +351,7 @@ bool Driver::admit_replacements(const MembershipSnapshot& m) {
 }
 
 void Driver::wait_with_survivors() {
-  if (!have_survivors()) {  // they ended while waiting: nobody holds a commit any more
+  if (!have_survivors(workers_)) {  // they ended while waiting: nobody holds a commit any more
     set_phase(JobPhase::kWaitingForHosts);
     wait_for_hosts();
     return;

@@ -15,7 +15,7 @@ JobSnapshot Driver::snapshot(const MembershipSnapshot* m) const {
   s.plan = &plan_;
   s.listed = &discovery_.listed;
   s.hosts = &discovery_.hosts;
-  s.in_place = in_place_possible();
+  s.in_place = in_place_possible(o_.mode, d_.membership != nullptr, workers_);
   s.min_np = o_.min_np;
   s.workers.reserve(workers_.size());
   for (const Worker& w : workers_) s.workers.push_back(w.view());
@@ -145,7 +145,7 @@ bool Driver::draining_members() const {
   // A straggler's slot that rests leaves the same way.
   if (!drains_.any() && !stragglers_.any_resting()) return false;
   return std::any_of(workers_.begin(), workers_.end(), [&](const Worker& w) {
-    return survivor(w) && !w.pending() &&
+    return w.survivor() && !w.pending() &&
            (drains_.draining(w.assignment.slot.host) || stragglers_.resting(w.assignment.slot));
   });
 }
