@@ -183,6 +183,17 @@ double detection_seconds(const std::string& dir, int rank, int64_t since_ns) {
   return (at - since_ns) / 1e9;
 }
 
+// The CommError rank `rank` wrote; on TCP it names the collective it broke in.
+void expect_failed_in(const std::string& dir, int rank, Transport transport, Collective what) {
+  if (transport != Transport::kTcp) return;
+  std::ifstream in(dir + "/error." + std::to_string(rank));
+  std::string at, error;
+  std::getline(in, at);
+  std::getline(in, error);
+  const std::string name = what == Collective::kAllreduce ? ": allreduce (" : ": reduce_scatter (";
+  EXPECT_NE(error.find(name), std::string::npos) << "rank " << rank << ": " << error;
+}
+
 void expect_all_gone(const std::vector<pid_t>& original) {
   for (pid_t p : original) EXPECT_NE(::kill(p, 0), 0) << "process " << p << " is still there";
 }
@@ -204,6 +215,7 @@ void expect_killed_peer_seen_quickly(Transport transport, Collective what) {
     ASSERT_EQ(ranks.wait(r, 60s), kCommErrorSeen) << "rank " << r;
     double took = detection_seconds(dir.path(), r, killed_at);
     std::printf("rank %d saw the SIGKILLed peer after %.3f s (timeout 20 s)\n", r, took);
+    expect_failed_in(dir.path(), r, transport, what);
     fastest = std::min(fastest, took);
     // Half the timeout: a loaded 2-core machine may take seconds to schedule
     // the ranks, but seeing the death (not waiting out the timeout) is the point.
@@ -236,6 +248,7 @@ void expect_stopped_peer_seen_within_timeout(Transport transport, Collective wha
     ASSERT_EQ(ranks.wait(r, 60s), kCommErrorSeen) << "rank " << r;
     double took = detection_seconds(dir.path(), r, stopped_at);
     std::printf("rank %d saw the SIGSTOPped peer after %.3f s (timeout 2 s)\n", r, took);
+    expect_failed_in(dir.path(), r, transport, what);
     EXPECT_LT(took, 2.0 + 8.0) << "a hung peer must be seen within the timeout plus a margin";
   }
   ranks.kill_and_reap(victim);
