@@ -13,7 +13,10 @@
 // machine with a CPU per rank, the sender thread writes the frames to the
 // right neighbour meanwhile, so the copy into the kernel overlaps the copy out
 // of it and the reduction. Every rank reduces the same inputs in the same
-// order, so the allreduce's result is bitwise the same on every rank.
+// order, so the allreduce's result is bitwise the same on every rank. The
+// reduction of block b starts from the input of the rank that sends it at
+// step 0: rank b in the allreduce, rank b+1 in the reduce-scatter, so float
+// sums of the two may differ in their last bits (integers never do).
 #include <algorithm>
 #include <map>
 #include <utility>
