@@ -1,12 +1,14 @@
 // Allreduce (float32, sum) of erun's CPU communicators among N local
 // processes bootstrapped over a FileKvStore in a temp dir:
-//   shm_allreduce_bench [shm|gloo|hier] [--step B] [--small B] [--reduce-scatter] NP [BYTES...]
+//   shm_allreduce_bench [shm|tcp|gloo|hier] [--step B] [--small B] [--reduce-scatter] NP [BYTES...]
 // (backend default: shm; --step/--small set ShmOptions' staging sizes;
 // --reduce-scatter also times Communicator::reduce_scatter of the same
 // BYTES in all, split evenly, right after the allreduce of each size:
 // busbw = algbw * (n-1)/n for it, as nccl-tests define it)
 // (default sizes 4 KiB, 64 KiB, 1 MiB, 16 MiB, 64 MiB, 256 MiB). "hier" is the
-// hierarchical factory with every rank on one host (what erun::init() builds).
+// hierarchical factory with every rank on one host (what erun::init() builds);
+// "tcp" is erun's TCP transport with rank r on 127.0.0.(2+r), every rank
+// counted on this machine (TcpOptions::machine_ranks = NP).
 // Per size: warm-up, then 5 repetitions; prints the median time per op (and
 // min-max over repetitions), algbw = bytes/time and busbw = algbw * 2(n-1)/n,
 // as nccl-tests define them. The slowest rank's time counts.
@@ -26,6 +28,7 @@
 #include "collectives/gloo/gloo_communicator.h"
 #include "collectives/hierarchical.h"
 #include "collectives/shm/shm_communicator.h"
+#include "collectives/tcp/tcp_communicator.h"
 
 using namespace erun;
 
@@ -42,6 +45,17 @@ std::unique_ptr<Communicator> make(const std::string& backend, KvStore& store, i
     o.size = np;
     o.timeout = timeout;
     return make_gloo_communicator(store, o);
+  }
+  if (backend == "tcp") {
+    TcpOptions o;
+    o.rank = rank;
+    o.size = np;
+    o.timeout = timeout;
+    o.address = "127.0.0." + std::to_string(2 + rank);
+    o.job_id = "bench";
+    o.secret = "shm-allreduce-bench-secret-0123456789";
+    o.machine_ranks = np;
+    return make_tcp_communicator(store, o);
   }
   if (backend == "hier") {
     HierOptions o;
@@ -113,7 +127,8 @@ int rank_main(const std::string& backend, const std::string& dir, int rank, int 
 int main(int argc, char** argv) {
   int arg = 1;
   std::string backend = "shm";
-  if (arg < argc && (!std::strcmp(argv[arg], "shm") || !std::strcmp(argv[arg], "gloo") || !std::strcmp(argv[arg], "hier"))) {
+  if (arg < argc && (!std::strcmp(argv[arg], "shm") || !std::strcmp(argv[arg], "tcp") || !std::strcmp(argv[arg], "gloo") ||
+                     !std::strcmp(argv[arg], "hier"))) {
     backend = argv[arg++];
   }
   while (arg < argc && (!std::strcmp(argv[arg], "--step") || !std::strcmp(argv[arg], "--small") ||
@@ -129,7 +144,7 @@ int main(int argc, char** argv) {
   }
   const int np = arg < argc ? std::atoi(argv[arg++]) : 0;
   if (np < 1) {
-    std::fprintf(stderr, "usage: %s [shm|gloo|hier] NP [BYTES...]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s [shm|tcp|gloo|hier] NP [BYTES...]\n", argv[0]);
     return 2;
   }
   std::vector<size_t> sizes;

@@ -1,8 +1,9 @@
 // Cross-host collectives among real processes (fork) over a FileKvStore, for
 // erun's TCP transport (each rank on its own loopback address) and Gloo: a
-// peer that is SIGKILLed mid-allreduce makes the others throw CommError at
-// once; a peer that is SIGSTOPped makes them throw within the collective
-// timeout; a peer SIGKILLed while the mesh forms fails the others without a
+// peer that is SIGKILLed mid-allreduce (on TCP also mid-reduce-scatter, the
+// ring with its sender thread) makes the others throw CommError at once; a
+// peer that is SIGSTOPped makes them throw within the collective timeout; a
+// peer SIGKILLed while the mesh forms fails the others without a
 // connect-timeout wait. No process is left behind.
 #include <gtest/gtest.h>
 
@@ -60,6 +61,9 @@ constexpr int kNoError = 10;
 constexpr int kOtherError = 11;
 
 enum class Transport { kTcp, kGloo };
+// What the ranks run in a loop: an allreduce of 256 KiB, or a reduce-scatter
+// of 12 MiB (over 3 ranks, blocks of 4 MiB: TCP's ring on its sender thread).
+enum class Collective { kAllreduce, kReduceScatter };
 
 // The communicators as the in-process tests make them (support/rank_threads.h),
 // with this test's timeouts, their keys under `prefix` in `store`.
@@ -79,22 +83,33 @@ std::unique_ptr<Communicator> make_comm(Transport t, KvStore& store, int rank, i
   return make_tcp_communicator(scoped, o);
 }
 
+// One collective of `what` on `v`; a reduce-scatter leaves each rank's block in `out`.
+void collective(Collective what, Communicator& comm, std::vector<float>& v, std::vector<float>& out) {
+  if (what == Collective::kAllreduce) return comm.allreduce(v, ReduceOp::kAverage);
+  const size_t n = static_cast<size_t>(comm.size());
+  std::vector<size_t> counts(n, v.size() / n);
+  counts[0] += v.size() % n;
+  out.resize(counts[static_cast<size_t>(comm.rank())]);
+  comm.reduce_scatter(v.data(), out.data(), counts, DataType::kFloat32, ReduceOp::kAverage);
+}
+
 // A rank: builds its communicator, writes "<dir>/running.<rank>" after a few
-// allreduces, and loops until a CommError, which it timestamps in
+// collectives, and loops until a CommError, which it timestamps in
 // "<dir>/error.<rank>".
-[[noreturn]] void rank_main(Transport t, const std::string& dir, int rank, int size, Duration timeout) {
+[[noreturn]] void rank_main(Transport t, Collective what, const std::string& dir, int rank, int size,
+                            Duration timeout) {
   int code = kOtherError;
   // As erun::init() does: Gloo writes without MSG_NOSIGNAL.
   ::signal(SIGPIPE, SIG_IGN);
   try {
     FileKvStore store(dir + "/store");
     auto comm = make_comm(t, store, rank, size, timeout, "fault");
-    std::vector<float> v(1 << 16, 1.0f);
+    std::vector<float> v(what == Collective::kAllreduce ? 1 << 16 : 3 << 20, 1.0f), out;
     const auto give_up = std::chrono::steady_clock::now() + 120s;
     code = kNoError;
     for (int i = 0; std::chrono::steady_clock::now() < give_up; ++i) {
       try {
-        comm->allreduce(v, ReduceOp::kAverage);
+        collective(what, *comm, v, out);
       } catch (const CommError& e) {
         std::ofstream(dir + "/error." + std::to_string(rank)) << now_ns() << "\n" << e.what() << "\n";
         code = kCommErrorSeen;
@@ -140,13 +155,13 @@ struct Ranks {
   }
 };
 
-Ranks start_ranks(Transport t, const std::string& dir, int size, Duration timeout) {
+Ranks start_ranks(Transport t, Collective what, const std::string& dir, int size, Duration timeout) {
   Ranks ranks;
   std::fflush(nullptr);
   for (int r = 0; r < size; ++r) {
     pid_t pid = ::fork();
     ERUN_CHECK(pid >= 0);
-    if (pid == 0) rank_main(t, dir, r, size, timeout);
+    if (pid == 0) rank_main(t, what, dir, r, size, timeout);
     ranks.pids.push_back(pid);
   }
   return ranks;
@@ -168,17 +183,28 @@ double detection_seconds(const std::string& dir, int rank, int64_t since_ns) {
   return (at - since_ns) / 1e9;
 }
 
+// The CommError rank `rank` wrote; on TCP it names the collective it broke in.
+void expect_failed_in(const std::string& dir, int rank, Transport transport, Collective what) {
+  if (transport != Transport::kTcp) return;
+  std::ifstream in(dir + "/error." + std::to_string(rank));
+  std::string at, error;
+  std::getline(in, at);
+  std::getline(in, error);
+  const std::string name = what == Collective::kAllreduce ? ": allreduce (" : ": reduce_scatter (";
+  EXPECT_NE(error.find(name), std::string::npos) << "rank " << rank << ": " << error;
+}
+
 void expect_all_gone(const std::vector<pid_t>& original) {
   for (pid_t p : original) EXPECT_NE(::kill(p, 0), 0) << "process " << p << " is still there";
 }
 
-class CollectivesFault : public ::testing::TestWithParam<Transport> {};
-
-TEST_P(CollectivesFault, KilledPeerFailsTheOthersQuickly) {
+// Rank 2 of 3 SIGKILLed while the ranks loop on `what`: the others see it
+// well before the 20 s timeout.
+void expect_killed_peer_seen_quickly(Transport transport, Collective what) {
   TempDir dir;
   const int size = 3, victim = 2;
   const Duration timeout = 20s;
-  Ranks ranks = start_ranks(GetParam(), dir.path(), size, timeout);
+  Ranks ranks = start_ranks(transport, what, dir.path(), size, timeout);
   const auto original = ranks.pids;
   ASSERT_TRUE(wait_for_file(dir.path() + "/running." + std::to_string(victim), 60s)) << "ranks never got going";
   const int64_t killed_at = now_ns();
@@ -189,10 +215,11 @@ TEST_P(CollectivesFault, KilledPeerFailsTheOthersQuickly) {
     ASSERT_EQ(ranks.wait(r, 60s), kCommErrorSeen) << "rank " << r;
     double took = detection_seconds(dir.path(), r, killed_at);
     std::printf("rank %d saw the SIGKILLed peer after %.3f s (timeout 20 s)\n", r, took);
+    expect_failed_in(dir.path(), r, transport, what);
     fastest = std::min(fastest, took);
     // Half the timeout: a loaded 2-core machine may take seconds to schedule
     // the ranks, but seeing the death (not waiting out the timeout) is the point.
-    if (GetParam() == Transport::kTcp) {
+    if (transport == Transport::kTcp) {
       EXPECT_LT(took, 10.0) << "a dead peer must be seen well before the 20 s timeout";
     } else {
       // Gloo: a rank blocked on a survivor (not on the dead rank) can wait out
@@ -205,11 +232,13 @@ TEST_P(CollectivesFault, KilledPeerFailsTheOthersQuickly) {
   expect_all_gone(original);
 }
 
-TEST_P(CollectivesFault, StoppedPeerFailsTheOthersWithinTheTimeout) {
+// Rank 1 of 3 SIGSTOPped while the ranks loop on `what`: the others fail
+// within the 2 s timeout (plus a margin for a loaded machine).
+void expect_stopped_peer_seen_within_timeout(Transport transport, Collective what) {
   TempDir dir;
   const int size = 3, victim = 1;
   const Duration timeout = 2s;
-  Ranks ranks = start_ranks(GetParam(), dir.path(), size, timeout);
+  Ranks ranks = start_ranks(transport, what, dir.path(), size, timeout);
   const auto original = ranks.pids;
   ASSERT_TRUE(wait_for_file(dir.path() + "/running." + std::to_string(victim), 60s)) << "ranks never got going";
   const int64_t stopped_at = now_ns();
@@ -219,10 +248,30 @@ TEST_P(CollectivesFault, StoppedPeerFailsTheOthersWithinTheTimeout) {
     ASSERT_EQ(ranks.wait(r, 60s), kCommErrorSeen) << "rank " << r;
     double took = detection_seconds(dir.path(), r, stopped_at);
     std::printf("rank %d saw the SIGSTOPped peer after %.3f s (timeout 2 s)\n", r, took);
+    expect_failed_in(dir.path(), r, transport, what);
     EXPECT_LT(took, 2.0 + 8.0) << "a hung peer must be seen within the timeout plus a margin";
   }
   ranks.kill_and_reap(victim);
   expect_all_gone(original);
+}
+
+class CollectivesFault : public ::testing::TestWithParam<Transport> {};
+
+TEST_P(CollectivesFault, KilledPeerFailsTheOthersQuickly) {
+  expect_killed_peer_seen_quickly(GetParam(), Collective::kAllreduce);
+}
+
+TEST_P(CollectivesFault, StoppedPeerFailsTheOthersWithinTheTimeout) {
+  expect_stopped_peer_seen_within_timeout(GetParam(), Collective::kAllreduce);
+}
+
+// TCP's native reduce-scatter (Gloo's is an allreduce, tested above).
+TEST(CollectivesFaultTcp, KilledPeerMidReduceScatterFailsTheOthersQuickly) {
+  expect_killed_peer_seen_quickly(Transport::kTcp, Collective::kReduceScatter);
+}
+
+TEST(CollectivesFaultTcp, StoppedPeerMidReduceScatterFailsTheOthersWithinTheTimeout) {
+  expect_stopped_peer_seen_within_timeout(Transport::kTcp, Collective::kReduceScatter);
 }
 
 TEST_P(CollectivesFault, ProcessesAgreeThroughTheFileStore) {

@@ -1,6 +1,7 @@
 // Conformance: every collective of the Communicator interface, on every
 // DataType and ReduceOp, against every backend (shm, tcp, gloo, hierarchical;
-// staged over tcp when built with CUDA and a device is visible), with ranks as
+// staged over tcp when built with CUDA and a device is visible; tcp also with
+// one rank), with ranks as
 // threads (support/rank_threads.h) and the serial reference of
 // support/collective_reference.h. Allreduce at 0, 1, an odd count, a medium
 // count and one past the backends' direct/one-step thresholds; broadcast from
@@ -45,8 +46,9 @@ struct Case {
 void PrintTo(const Case& c, std::ostream* os) { *os << c.backend.name << " world " << c.size; }
 
 std::vector<Case> cases() {
-  return {{testing::shm_backend(), 2},  {testing::shm_backend(), 3},    {testing::tcp_backend(), 2},
-          {testing::tcp_backend(), 3},  {testing::gloo_backend(), 2},   {testing::gloo_backend(), 3},
+  return {{testing::shm_backend(), 2},  {testing::shm_backend(), 3},    {testing::tcp_backend(), 1},
+          {testing::tcp_backend(), 2},  {testing::tcp_backend(), 3},    {testing::gloo_backend(), 2},
+          {testing::gloo_backend(), 3},
           {testing::hier_backend(), 3}, {testing::hier_backend(), 4},   {testing::staged_backend(), 2},
           {testing::staged_backend(), 3}};
 }
@@ -137,24 +139,29 @@ TEST_P(Conformance, LargeFloatSumIsBitwiseEqualOnEveryRank) {
   EXPECT_EQ(bad, 0u);
 }
 
-// Every split (even, torch.chunk, all on one rank) at every op, past the
-// shm step and the direct thresholds; the input stays as it was.
+// Every split (even, torch.chunk, all on one rank) at every op and type,
+// past the shm step and the direct thresholds (tcp with 2 ranks: its ring);
+// the input stays as it was.
 TEST_P(Conformance, ReduceScatterGivesEachRankItsBlock) {
   run([&](int rank, Communicator& comm) {
     testing::check_reduce_scatter<float>(rank, comm, {0, 1, 7, 1001, 300007});
+    testing::check_reduce_scatter<double>(rank, comm, {7, 300007});
+    testing::check_reduce_scatter<int32_t>(rank, comm, {1001, 300007});
     testing::check_reduce_scatter<int64_t>(rank, comm, {5, 300007});
-    testing::check_reduce_scatter<uint8_t>(rank, comm, {1001});
+    testing::check_reduce_scatter<uint8_t>(rank, comm, {1001, 300007});
   });
 }
 
 TEST_P(Conformance, ReduceScatterWithWrongCountsIsRefusedByName) {
   run([&](int, Communicator& comm) {
-    std::vector<float> in(4), out(4);
+    const size_t wrong = static_cast<size_t>(comm.size()) + 1;
+    std::vector<float> in(wrong), out(wrong);
     try {
-      comm.reduce_scatter(in.data(), out.data(), {4}, DataType::kFloat32, ReduceOp::kSum);
-      ADD_FAILURE() << "one count for a world of " << comm.size() << " was taken";
+      comm.reduce_scatter(in.data(), out.data(), std::vector<size_t>(wrong, 1), DataType::kFloat32, ReduceOp::kSum);
+      ADD_FAILURE() << wrong << " counts for a world of " << comm.size() << " were taken";
     } catch (const std::invalid_argument& e) {
-      EXPECT_NE(std::string(e.what()).find("reduce_scatter got 1 counts"), std::string::npos) << e.what();
+      const std::string want = "reduce_scatter got " + std::to_string(wrong) + " counts";
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
     }
     comm.barrier();  // still usable
   });

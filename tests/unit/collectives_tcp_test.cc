@@ -1,7 +1,8 @@
 // TcpCommunicator with ranks as threads over a MemoryKvStore, each rank on its
 // own loopback address (127.0.0.2, .3, ...) so that every byte crosses TCP:
 // every operation, type and reduction against the serial reference (both the
-// direct and the ring algorithms), world sizes 1 to 4; abort() and timeouts;
+// direct and the ring algorithms; reduce_scatter over uneven splits), world
+// sizes 1 to 4; abort() and timeouts;
 // and the attacks the transport must survive: strangers on the pair port
 // (silent, garbage, wrong secret, another generation), a peer with the wrong
 // secret, frames that are corrupted, from another generation or out of
@@ -134,6 +135,29 @@ TEST_P(TcpWorld, RingOnTheSenderThreadMatchesTheReference) {
     check(int64_t{}, ReduceOp::kMax);
     check(double{}, ReduceOp::kMin);
     check(float{}, ReduceOp::kAverage);
+  });
+}
+
+// Reduce-scatter over the even, torch.chunk and one-rank splits (ranks that
+// get nothing), every op: every type at direct sizes (with 3 and 4 ranks
+// up to 4 MiB), then the ring: 6 MiB (blocks under 4 MiB: sends and
+// receives on one thread) and blocks over 4 MiB (the sender thread).
+TEST_P(TcpWorld, ReduceScatterEveryTypeAndOpMatchesSerialReference) {
+  run_ranks(GetParam(), [](int rank, Communicator& comm) {
+    testing::check_reduce_scatter<float>(rank, comm, {0, 1, 7, 70001, 300007});
+    testing::check_reduce_scatter<double>(rank, comm, {1, 70001, 300007});
+    testing::check_reduce_scatter<int32_t>(rank, comm, {7, 300007});
+    testing::check_reduce_scatter<int64_t>(rank, comm, {7, 300007});
+    testing::check_reduce_scatter<uint8_t>(rank, comm, {7, 300007});
+  });
+}
+
+TEST_P(TcpWorld, ReduceScatterRingMatchesSerialReference) {
+  if (GetParam() < 2) GTEST_SKIP() << "no ring with one rank";
+  run_ranks(GetParam(), [](int rank, Communicator& comm) {
+    const size_t n = static_cast<size_t>(comm.size());
+    testing::check_reduce_scatter<int64_t>(rank, comm, {(6u << 20) / sizeof(int64_t) + 1});
+    testing::check_reduce_scatter<float>(rank, comm, {n * ((5u << 20) / sizeof(float)) + 3});
   });
 }
 
@@ -542,6 +566,73 @@ TEST(TcpCommunicator, MismatchedCountsAreAnError) {
   EXPECT_NE(e1.find("rank 1 called #1 allreduce(11 x int32, max) but rank 0 called #1 allreduce(10 x int32, max)"),
             std::string::npos) << e1;
   EXPECT_EQ(v, std::vector<int32_t>(10, 1)) << "a mismatched frame must not be reduced into the buffer";
+}
+
+// The same total split two ways is a mismatch of the call, named on both
+// ranks, and nothing reaches the output.
+TEST(TcpCommunicator, ReduceScatterWithAnotherSplitIsAMismatch) {
+  MemoryKvStore store;
+  auto [c0, c1] = pair_of(store, 10s);
+  std::string e0, e1;
+  std::vector<float> in(10, 1.0f), out0(6, 7.0f), out1(5, 7.0f);
+  std::thread t([&] {
+    try {
+      c1->reduce_scatter(in.data(), out1.data(), {5, 5}, DataType::kFloat32, ReduceOp::kSum);
+    } catch (const CommError& e) {
+      e1 = e.what();
+    }
+  });
+  try {
+    c0->reduce_scatter(in.data(), out0.data(), {6, 4}, DataType::kFloat32, ReduceOp::kSum);
+  } catch (const CommError& e) {
+    e0 = e.what();
+  }
+  t.join();
+  for (const std::string& e : {e0, e1}) {
+    EXPECT_NE(e.find("collective mismatch"), std::string::npos) << e;
+    EXPECT_NE(e.find("reduce_scatter(10 x float32, sum, split 0x"), std::string::npos) << e;
+  }
+  EXPECT_EQ(out0, std::vector<float>(6, 7.0f)) << "a mismatched frame must not be reduced into the output";
+  EXPECT_EQ(out1, std::vector<float>(5, 7.0f)) << "a mismatched frame must not be reduced into the output";
+}
+
+// A ring reduce-scatter (blocks of 16 MiB) whose peer never calls: it times
+// out naming the peer, as the allreduce does, and abort() wakes it at once.
+TEST(TcpCommunicator, RingReduceScatterTimesOutOrIsAborted) {
+  const std::vector<size_t> counts{4u << 20, 4u << 20};
+  std::vector<float> in(8u << 20, 1.0f), out(4u << 20);
+  {
+    MemoryKvStore store;
+    auto [c0, c1] = pair_of(store, 1s);
+    auto start = std::chrono::steady_clock::now();
+    try {
+      c0->reduce_scatter(in.data(), out.data(), counts, DataType::kFloat32, ReduceOp::kSum);
+      ADD_FAILURE() << "the ring reduce-scatter returned without its peer";
+    } catch (const CommError& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("reduce_scatter (collective #1): timed out after 1.0 s"), std::string::npos) << msg;
+      EXPECT_EQ(e.failed_rank(), 1) << msg;
+    }
+    EXPECT_LT(std::chrono::steady_clock::now() - start, 6s);
+    start = std::chrono::steady_clock::now();
+    EXPECT_THROW(c0->reduce_scatter(in.data(), out.data(), counts, DataType::kFloat32, ReduceOp::kSum), CommError);
+    EXPECT_LT(std::chrono::steady_clock::now() - start, 1s) << "a failed communicator must not wait again";
+  }
+  MemoryKvStore store;
+  auto [c0, c1] = pair_of(store, 60s);
+  std::thread aborter([&] {
+    std::this_thread::sleep_for(300ms);
+    c0->abort();
+  });
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    c0->reduce_scatter(in.data(), out.data(), counts, DataType::kFloat32, ReduceOp::kSum);
+    ADD_FAILURE() << "the ring reduce-scatter returned without its peer";
+  } catch (const CommError& e) {
+    EXPECT_NE(std::string(e.what()).find("aborted"), std::string::npos) << e.what();
+  }
+  aborter.join();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s) << "abort() did not wake the ring reduce-scatter";
 }
 
 // ---- a hand-made peer, speaking the documented wire format ----------------

@@ -116,6 +116,16 @@ class GlooCommunicator final : public Communicator {
     });
   }
 
+  // reduce_scatter stays the base class's allreduce of a copy. The Gloo
+  // installed here (Debian's 2022 snapshot) has one reduce-scatter,
+  // gloo::ReduceScatterHalvingDoubling, from its older API, and it cannot
+  // keep erun's contract: it waits with the pairs' fixed timeout (the
+  // connect timeout, GlooOptions::connect_timeout), not the operation's; it
+  // takes slots from the context's own counter, beside the tags this class
+  // numbers from 0 for the newer API; it reduces in place (a full copy of
+  // the const input) into two more buffers of the input's size it allocates
+  // per call; and its counts are int.
+
   void broadcast(void* data, size_t bytes, int root) override {
     ERUN_CHECK(root >= 0 && root < size());
     run("broadcast", [&] {

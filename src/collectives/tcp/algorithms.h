@@ -20,6 +20,9 @@ struct Workspace {
   Sender& sender;
   bool cpu_per_rank = true;  // the job has no more ranks on this machine than it has CPUs
   std::vector<char> scratch;
+  // A ring reduce-scatter's partial blocks (all but two of the n blocks);
+  // kept, as scratch is, at its largest size so far.
+  std::vector<char> partials;
 };
 
 // Byte offsets of the n blocks of `total` units of `unit` bytes each: block i
@@ -36,6 +39,17 @@ void allreduce_scatter_gather(Workspace& w, const Call& c, char* data, size_t co
 // Large (ring.cc): one pipelined ring stream, its sends on the sender thread
 // for large blocks.
 void allreduce_ring(Workspace& w, const Call& c, char* data, size_t count, size_t esize, ReduceFn fn);
+
+// Reduce-scatters of the blocks [off[i], off[i+1]) (byte offsets, whole
+// elements, any of them empty) of `in`, which is only read: rank i ends with
+// block i reduced at `out`. Direct (scatter_gather.cc): every rank sends
+// block q to rank q in one step, which reduces the n inputs in rank order.
+// Ring (ring.cc): the allreduce ring's first n-1 steps, pipelined the same
+// way, the partial blocks in w.partials.
+void direct_reduce_scatter(Workspace& w, const Call& c, const char* in, char* out, const std::vector<size_t>& off,
+                           size_t esize, ReduceFn fn);
+void reduce_scatter_ring(Workspace& w, const Call& c, const char* in, char* out, const std::vector<size_t>& off,
+                         size_t esize, ReduceFn fn);
 // out = slot 0 op slot 1 op ... op slot n-1 (slots of `bytes` each, one per
 // rank, in rank order), so that every rank computing it gets the same bits.
 void reduce_slots(int n, char* out, const char* slots, size_t bytes, size_t count, ReduceFn fn);

@@ -39,6 +39,10 @@ std::string describe(uint8_t op, uint8_t dtype, uint8_t reduce, uint64_t count, 
     case Op::kAllgathervSizes:
     case Op::kAllgatherv: return "allgatherv";
     case Op::kBarrier: return "barrier";
+    case Op::kReduceScatter:
+      return fmt::format("reduce_scatter({} x {}, {}, split {:#x})", count,
+                         dtype <= 6 ? to_string(static_cast<DataType>(dtype)) : "?",
+                         reduce <= 4 ? to_string(static_cast<ReduceOp>(reduce)) : "?", static_cast<uint32_t>(root));
   }
   return fmt::format("unknown operation {}", op);
 }
@@ -120,8 +124,14 @@ const char* op_name(uint8_t op) {
     case Op::kAllgathervSizes:
     case Op::kAllgatherv: return "allgatherv";
     case Op::kBarrier: return "barrier";
+    case Op::kReduceScatter: return "reduce_scatter";
   }
   return "unknown-op";
+}
+
+int32_t split_fingerprint(const std::vector<size_t>& counts) {
+  std::vector<uint64_t> words(counts.begin(), counts.end());
+  return static_cast<int32_t>(fnv1a(words.data(), words.size() * sizeof(uint64_t)) & 0x7fffffffu);
 }
 
 FrameHeader frame_header(const Call& c, long generation, int from, uint64_t seq, uint64_t offset, uint64_t length) {

@@ -18,7 +18,15 @@ namespace erun::tcp {
 
 // ---- data frames ------------------------------------------------------------
 
-enum class Op : uint8_t { kAllreduce = 1, kBroadcast = 2, kAllgather = 3, kAllgathervSizes = 4, kAllgatherv = 5, kBarrier = 6 };
+enum class Op : uint8_t {
+  kAllreduce = 1,
+  kBroadcast = 2,
+  kAllgather = 3,
+  kAllgathervSizes = 4,
+  kAllgatherv = 5,
+  kBarrier = 6,
+  kReduceScatter = 7
+};
 
 const char* op_name(uint8_t op);
 inline const char* op_name(Op op) { return op_name(static_cast<uint8_t>(op)); }
@@ -28,9 +36,14 @@ struct Call {
   Op op = Op::kBarrier;
   uint8_t dtype = 0;
   uint8_t reduce = 0;
-  uint64_t count = 0;  // elements for allreduce, bytes otherwise
-  int32_t root = 0;
+  uint64_t count = 0;  // elements for allreduce and reduce_scatter (in all), bytes otherwise
+  int32_t root = 0;    // broadcast: the root; reduce_scatter: split_fingerprint(counts)
 };
+
+// A reduce_scatter's split as the frames carry it: FNV-1a of the counts,
+// 31 bits, so that ranks that split the same total differently disagree on
+// the call, not on the algorithm.
+int32_t split_fingerprint(const std::vector<size_t>& counts);
 
 struct FrameHeader {
   uint32_t magic;
