@@ -16,6 +16,7 @@
 #include <fstream>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
 #include <thread>
@@ -343,6 +344,17 @@ TEST_F(ErunElastic, FrozenWorkerIsLeftOutAndSurvivorsComputeWithinTheCollectiveT
   EXPECT_NE(p.err().find("alive but not arriving; killing it"), std::string::npos) << p.err();
   EXPECT_EQ(count_events(dir_.file("events.jsonl"), "generation_started"), 3u);  // alone, then grown
   EXPECT_EQ(count_events(dir_.file("events.jsonl"), "worker_excluded"), 1u);
+  // The survivors' time blocked on the frozen worker, up to the collective
+  // timeout, is lost, not training: it lies between their last commit and
+  // the reset, so it is rolled back with the steps since that commit.
+  nlohmann::json summary;
+  std::ifstream log(dir_.file("events.jsonl"));
+  for (std::string line; std::getline(log, line);) {
+    auto e = nlohmann::json::parse(line);
+    if (e["event"] == "job_summary") summary = e;
+  }
+  ASSERT_TRUE(summary.is_object()) << p.err();
+  EXPECT_GE(summary["rolled_back_s"].get<double>(), kCollectiveTimeout - 0.2) << summary.dump();
 }
 
 // The frozen worker alone on its simulated host (node-a:2, node-b:1): the
