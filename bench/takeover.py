@@ -11,7 +11,7 @@ erun's exec it measures:
             workers reconnected and re-joined: the job is driven again),
 and checks the training: every epoch printed once, the final checksum equal
 to an uninterrupted run's, and no worker rolled back ("resumed at commit").
-With --standby, a standby driver (erun --standby --attach NAME) watches the
+With --standby, a standby driver (erun --watch --attach NAME) watches the
 job instead, nobody runs anything again, and the times count from the kill.
 
   python3 bench/takeover.py --build build [--runs 5] [--hosts 2] [--slots 2] [--standby]

@@ -23,8 +23,8 @@ import tempfile
 CONTAINER = re.compile(r"^(?:template\s*<.*>\s*)?(?:inline\s+)?(namespace|class|struct|union|enum|extern)\b", re.S)
 ACCESS = re.compile(r"^\s*(?:public|private|protected)\s*:(?!:)")
 NOT_A_BODY = {"const", "noexcept", "override", "final", "mutable", "try"}
+RAW_STRING = re.compile(r'R"([^(\s]*)\(')  # R"delim( opens a raw string literal
 IDENT_END = re.compile(r"([A-Za-z_][A-Za-z_0-9]*)\s*$")
-NAME = re.compile(r"(~?[A-Za-z_][A-Za-z_0-9:<>~,\s]*?|operator\s*\S+?)\s*\($")
 
 
 def blank(text):
@@ -57,8 +57,9 @@ def blank(text):
             j = n if j < 0 else j + 2
             out.append(re.sub(r"[^\n]", " ", text[i:j]))
             i = j
-        elif c == "R" and re.match(r'R"([^(\s]*)\(', text[i:i + 20]) and not (i and (text[i - 1].isalnum() or text[i - 1] == "_")):
-            delim = re.match(r'R"([^(\s]*)\(', text[i:i + 20]).group(1)
+        elif c == "R" and (raw := RAW_STRING.match(text, i, i + 20)) and not (
+                i and (text[i - 1].isalnum() or text[i - 1] == "_")):
+            delim = raw.group(1)
             end = text.find(")" + delim + '"', i)
             j = n if end < 0 else end + len(delim) + 2
             out.append('""' + re.sub(r"[^\n]", " ", text[i + 2:j]))

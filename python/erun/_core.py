@@ -311,7 +311,7 @@ def reduce_scatter(x: T, op: Op = Average, split: str = "chunk") -> T:
     end) of x's first dimension that erun.shard_rows(rows, rank, size,
     split) names ("chunk": as torch.chunk and FSDP2's Shard(0); "even": the
     first rows % size ranks one more row). Each rank receives only its rows
-    (shared memory and MPI reduce only those). CPU tensors and arrays;
+    (shared memory, TCP and MPI reduce only those). CPU tensors and arrays;
     float16/bfloat16 go through a float32 copy, as allreduce_'s."""
     if split not in ("chunk", "even"):
         raise Error(f"erun.reduce_scatter: split must be 'chunk' or 'even', not {split!r}")

@@ -650,8 +650,7 @@ void Agent::finish() {
 
 }  // namespace internal
 
-int run_agent(const AgentOptions& options, Env& env) { return internal::Agent(options, env).run(); }
 
-int run_agent(const AgentOptions& options) { return run_agent(options, Env::real()); }
+int run_agent(const AgentOptions& options) { return internal::Agent(options, Env::real()).run(); }
 
 }  // namespace erun::agent

@@ -38,13 +38,11 @@ struct AgentOptions {
   Duration drain_timeout = Duration::zero();
 };
 
-class Env;  // agent/env.h: the agent's side effects
 
 // Runs until the driver is gone or says SHUTDOWN; returns the agent's exit
 // code (0 after SHUTDOWN, 1 when the driver's channel was lost or broken).
 // Every process, signal, file and socket call goes through `env`.
-int run_agent(const AgentOptions& options, Env& env);
-int run_agent(const AgentOptions& options);  // on Env::real()
+int run_agent(const AgentOptions& options);  // on Env::real() (agent/env.h)
 
 // `erun --agent --attach PATH`: connects to a running agent's attach socket
 // and carries bytes between it and this process's stdin and stdout, so that
@@ -52,6 +50,5 @@ int run_agent(const AgentOptions& options);  // on Env::real()
 // over ssh) and no new port is opened. Returns 0 when either side ended, 1
 // when the socket cannot be reached (the agent is gone).
 int run_attach_pump(const std::string& path, int in_fd = 0, int out_fd = 1);
-int run_attach_pump(const std::string& path, int in_fd, int out_fd, Env& env);
 
 }  // namespace erun::agent

@@ -371,10 +371,7 @@ int pump(Env& env, int sock, int in_fd, int out_fd) {
 }  // namespace
 
 int run_attach_pump(const std::string& path, int in_fd, int out_fd) {
-  return run_attach_pump(path, in_fd, out_fd, Env::real());
-}
-
-int run_attach_pump(const std::string& path, int in_fd, int out_fd, Env& env) {
+  Env& env = Env::real();
   env.ignore_sigpipe();
   net::Address a;
   if (!net::unix_address(path, &a)) {

@@ -2,7 +2,7 @@
 // agent_channel.cc, agent_commits.cc) on its host, behind one interface in the
 // manner of leveldb's Env: processes and signals, descriptors and sockets,
 // files, the helper processes it forks, and the clock. Env::real() makes the
-// system calls; a fake (tests/support/fake_agent_env.h) keeps descriptors in
+// system calls; a fake (tests/unit/agent_fake_env.h) keeps descriptors in
 // memory and lets a test script a worker's exit, a signal or time passing, so
 // that the agent's own logic runs in a unit test.
 // Contract: only the agent's one thread calls it. Descriptors are ints that

@@ -180,7 +180,9 @@ void Driver::set_discovered(HostSet hosts) {
   discovery_.listed = std::move(hosts);
   if (discovery_.listed.any_draining()) {
     for (auto& h : discovery_.listed.hosts()) {
-      if (h.draining) apply(drains_.start(snapshot(), h.name, "discovery lists it draining", /*from_discovery=*/true));
+      if (h.draining && !drains_.draining(h.name)) {
+        apply(drains_.start(snapshot(), h.name, "discovery lists it draining", /*from_discovery=*/true));
+      }
     }
   }
   derive_usable_hosts();
@@ -530,14 +532,16 @@ void Driver::wait_for_hosts() {
 void Driver::supervise() {
   MembershipSnapshot m = take_snapshot();
   update_joined(m);
-  apply(reports_.take(snapshot(), m.rejoined));
+  if (reports_.pending(m.rejoined)) apply(reports_.take(snapshot(), m.rejoined));
   retire_workers(m);
   if (drains_.any()) apply(drains_.tend(snapshot(&m)));
   if (d_.account) {
     const double now = realtime_seconds();
     for (auto& t : m.timings) d_.account->commit_seen(t.commit_id, now);
   }
-  if (stragglers_.watching(m.timings)) apply(stragglers_.watch(snapshot(), gen_.complete && d_.membership, m.timings));
+  if (stragglers_.watching(m.timings)) {
+    apply(stragglers_.watch(snapshot(nullptr, /*workers=*/false), gen_.complete && d_.membership, m.timings));
+  }
   enforce_rejoin_deadline(m);
   if (gen_.failure) {
     handle_generation_failure();
@@ -548,7 +552,7 @@ void Driver::supervise() {
     return;
   }
   if (!outcome_.any_success && in_place_possible(o_.mode, d_.membership != nullptr, workers_)) {
-    if (auto why = (d_.membership ? rejoin_requested(workers_, m) : std::nullopt)) {
+    if (auto why = rejoin_requested(workers_, m)) {
       reconfigure(fmt::format("re-forming ({})", to_string(*why)).c_str(), *why != JoinReason::kHostsUpdated);
       return;
     }

@@ -131,8 +131,9 @@ class Driver {
   // An agent obeys a newer driver: leave the job to it.
   bool check_superseded();
   // ---- policies (driver_policies.cc): each reads a snapshot, returns actions ----
-  // The job now, as the policies see it (`m`: the membership's waiting slots too).
-  JobSnapshot snapshot(const MembershipSnapshot* m = nullptr) const;
+  // The job now, as the policies see it (`m`: the membership's waiting slots
+  // too; without `workers`, for a policy that reads none: StragglerWatch).
+  JobSnapshot snapshot(const MembershipSnapshot* m = nullptr, bool workers = true) const;
   // Applies what a policy returned, in order: the one place its actions
   // touch workers, the event log and the hosts.
   void apply(const Actions& actions);

@@ -357,7 +357,7 @@ void Driver::wait_with_survivors() {
     return;
   }
   const MembershipSnapshot m = take_snapshot();
-  apply(reports_.take(snapshot(), m.rejoined));
+  if (reports_.pending(m.rejoined)) apply(reports_.take(snapshot(), m.rejoined));
   if (drains_.any()) apply(drains_.tend(snapshot(&m)));
   if (gen_.failure) {
     if (!outcome_.first_failure) outcome_.first_failure = gen_.failure;

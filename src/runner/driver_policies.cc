@@ -8,7 +8,7 @@
 
 namespace erun {
 
-JobSnapshot Driver::snapshot(const MembershipSnapshot* m) const {
+JobSnapshot Driver::snapshot(const MembershipSnapshot* m, bool workers) const {
   JobSnapshot s;
   s.now = clock_.now();
   s.generation = rec_.generation;
@@ -17,8 +17,10 @@ JobSnapshot Driver::snapshot(const MembershipSnapshot* m) const {
   s.hosts = &discovery_.hosts;
   s.in_place = in_place_possible(o_.mode, d_.membership != nullptr, workers_);
   s.min_np = o_.min_np;
-  s.workers.reserve(workers_.size());
-  for (const Worker& w : workers_) s.workers.push_back(w.view());
+  if (workers) {
+    s.workers.reserve(workers_.size());
+    for (const Worker& w : workers_) s.workers.push_back(w.view());
+  }
   if (m) {
     for (auto& j : m->waiting) s.waiting.insert(j.slot);
   }
@@ -83,7 +85,6 @@ void Driver::apply(const Actions& actions) {
           } else if constexpr (std::is_same_v<A, act::UnkeepMemory>) {
             bool local;
             specs_.launcher_for(a.host, &local).unkeep(a.host, /*forget=*/false);
-            memory_.kept(a.host, false);
           } else {
             static_assert(sizeof(A) == 0, "an action the driver does not apply");
           }

@@ -77,18 +77,22 @@ const char* to_string(JobPhase phase);
 const char* to_string(WorkerState state);
 const char* to_string(WorkerStage stage);
 
-// erun asked this worker to end: its exit is no failure of the generation.
-inline bool is_stopping(WorkerState s) {
-  return s == WorkerState::kRetiring || s == WorkerState::kDismissed || s == WorkerState::kExcluded ||
-         s == WorkerState::kStopping;
+// Out of the running plan for good: retiring, dismissed or excluded.
+inline bool is_left_out(WorkerState s) {
+  return s == WorkerState::kRetiring || s == WorkerState::kDismissed || s == WorkerState::kExcluded;
 }
+
+// erun asked this worker to end: its exit is no failure of the generation.
+inline bool is_stopping(WorkerState s) { return is_left_out(s) || s == WorkerState::kStopping; }
 
 // A standby not promoted (whatever its state now).
 inline bool is_standby(WorkerStage s) { return s == WorkerStage::kStandby || s == WorkerStage::kStandbyReady; }
 
+// A pending worker in one of these stages is for a plan: a failed rank's
+// replacement or a growth's worker (not a standby).
+inline bool is_replacing(WorkerStage s) { return s == WorkerStage::kReplacement || s == WorkerStage::kGrowth; }
+
 // The stages a worker launched as kPending has until it is admitted.
-inline bool is_pending_stage(WorkerStage s) {
-  return is_standby(s) || s == WorkerStage::kReplacement || s == WorkerStage::kGrowth;
-}
+inline bool is_pending_stage(WorkerStage s) { return is_standby(s) || is_replacing(s); }
 
 }  // namespace erun

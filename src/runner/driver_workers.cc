@@ -13,13 +13,9 @@ bool DriverWorker::alive() const { return !exit && handle; }
 bool DriverWorker::pending() const { return state == WorkerState::kPending; }
 bool DriverWorker::standby() const { return is_standby(stage); }
 bool DriverWorker::standby_ready() const { return stage == WorkerStage::kStandbyReady; }
-bool DriverWorker::replacement() const {
-  return pending() && (stage == WorkerStage::kReplacement || stage == WorkerStage::kGrowth);
-}
+bool DriverWorker::replacement() const { return pending() && is_replacing(stage); }
 bool DriverWorker::fresh() const { return stage != WorkerStage::kSettled; }
-bool DriverWorker::left_out() const {
-  return state == WorkerState::kRetiring || state == WorkerState::kDismissed || state == WorkerState::kExcluded;
-}
+bool DriverWorker::left_out() const { return is_left_out(state); }
 WorkerView DriverWorker::view() const {
   return WorkerView{key, assignment, state, stage, alive(), started, launched_generation};
 }

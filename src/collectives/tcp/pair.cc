@@ -30,19 +30,18 @@ uint32_t fnv1a(const void* p, size_t n) {
 }
 
 std::string describe(uint8_t op, uint8_t dtype, uint8_t reduce, uint64_t count, int32_t root) {
+  // A peer's numbers may be out of range: named only when known.
+  const char* type = dtype <= 6 ? to_string(static_cast<DataType>(dtype)) : "?";
+  const char* how = reduce <= 4 ? to_string(static_cast<ReduceOp>(reduce)) : "?";
   switch (static_cast<Op>(op)) {
-    case Op::kAllreduce:
-      return fmt::format("allreduce({} x {}, {})", count, dtype <= 6 ? to_string(static_cast<DataType>(dtype)) : "?",
-                         reduce <= 4 ? to_string(static_cast<ReduceOp>(reduce)) : "?");
+    case Op::kAllreduce: return fmt::format("allreduce({} x {}, {})", count, type, how);
     case Op::kBroadcast: return fmt::format("broadcast({} bytes, root {})", count, root);
     case Op::kAllgather: return fmt::format("allgather({} bytes each)", count);
     case Op::kAllgathervSizes:
     case Op::kAllgatherv: return "allgatherv";
     case Op::kBarrier: return "barrier";
     case Op::kReduceScatter:
-      return fmt::format("reduce_scatter({} x {}, {}, split {:#x})", count,
-                         dtype <= 6 ? to_string(static_cast<DataType>(dtype)) : "?",
-                         reduce <= 4 ? to_string(static_cast<ReduceOp>(reduce)) : "?", static_cast<uint32_t>(root));
+      return fmt::format("reduce_scatter({} x {}, {}, split {:#x})", count, type, how, static_cast<uint32_t>(root));
   }
   return fmt::format("unknown operation {}", op);
 }

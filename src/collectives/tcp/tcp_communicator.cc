@@ -59,13 +59,19 @@ class TcpCommunicator final : public Communicator {
       char* p = static_cast<char*>(data);
       if (bytes <= kDirectAllreduceBytes || count < static_cast<size_t>(size())) {
         tcp::allreduce_direct(w_, c, p, count, esize, fn);
-      } else if (bytes <= kScatterGatherBytes && size() > 2 && size() <= kScatterGatherRanks) {
+      } else if (medium_direct(bytes)) {
         tcp::allreduce_scatter_gather(w_, c, p, count, esize, fn);
       } else {
         tcp::allreduce_ring(w_, c, p, count, esize, fn);
       }
     });
     if (op == ReduceOp::kAverage && size() > 1) divide(data, count, type);
+  }
+
+  // A medium size among 3 to 8 ranks: scattered and gathered directly (the
+  // allreduce and the reduce-scatter choose alike).
+  bool medium_direct(size_t bytes) const {
+    return bytes <= kScatterGatherBytes && size() > 2 && size() <= kScatterGatherRanks;
   }
 
   // Reduces only what this rank keeps: each rank sends and receives (n-1)/n
@@ -87,8 +93,7 @@ class TcpCommunicator final : public Communicator {
       char* o = static_cast<char*>(out);
       if (size() == 1) {
         if (mine) std::memmove(o, i, mine);
-      } else if (bytes <= kDirectAllreduceBytes ||
-                 (bytes <= kScatterGatherBytes && size() > 2 && size() <= kScatterGatherRanks)) {
+      } else if (bytes <= kDirectAllreduceBytes || medium_direct(bytes)) {
         tcp::direct_reduce_scatter(w_, c, i, o, off, esize, fn);
       } else {
         tcp::reduce_scatter_ring(w_, c, i, o, off, esize, fn);

@@ -41,6 +41,11 @@ const WorkerView* PeerReports::worker_of(const JobSnapshot& s, long generation, 
   return found;
 }
 
+bool PeerReports::pending(const std::vector<JoinRequest>& rejoined) const {
+  return !rejoined.empty() ||
+         std::any_of(leaving_.begin(), leaving_.end(), [](const auto& g) { return !g.second.silent.empty(); });
+}
+
 Actions PeerReports::take(const JobSnapshot& s, const std::vector<JoinRequest>& rejoined) {
   excluded_.clear();
   Actions out;

@@ -29,6 +29,8 @@ class PeerReports {
   // ranks reported failed are excluded; then every left generation's silent
   // reports are looked at again (settle()).
   Actions take(const JobSnapshot& s, const std::vector<JoinRequest>& rejoined);
+  // take() has something to do: re-joins came, or silent reports wait to be settled.
+  bool pending(const std::vector<JoinRequest>& rejoined) const;
 
  private:
   // Per left generation (one of plans_): the slots that re-joined from it,

@@ -38,9 +38,9 @@ struct WorkerView {
 
   bool pending() const { return state == WorkerState::kPending; }
   // Out of the running plan for good: retiring, dismissed or excluded.
-  bool left_out() const {
-    return state == WorkerState::kRetiring || state == WorkerState::kDismissed || state == WorkerState::kExcluded;
-  }
+  bool left_out() const { return is_left_out(state); }
+  // Pending for a plan: a failed rank's replacement or a growth's worker.
+  bool replacement() const { return pending() && is_replacing(stage); }
   // Alive and still part of the job's plan (a pending one included).
   bool survivor() const { return alive && !left_out(); }
 };

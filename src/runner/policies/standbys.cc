@@ -177,9 +177,7 @@ Actions StandbyPolicy::overtake(const JobSnapshot& s) {
   std::set<long> taken;
   Actions out;
   for (const WorkerView& r : s.workers) {
-    const bool replacement =
-        r.pending() && (r.stage == WorkerStage::kReplacement || r.stage == WorkerStage::kGrowth);
-    if (!replacement || !r.survivor() || s.waiting.count(r.assignment.slot)) continue;
+    if (!r.replacement() || !r.survivor() || s.waiting.count(r.assignment.slot)) continue;
     // The nearest ready standby: on the replacement's host, else in its rack, else the first.
     const WorkerView* best = nullptr;
     int best_distance = 3;

@@ -29,6 +29,7 @@ class StragglerWatch {
   // Each turn: ends the cooldowns that passed; with `complete` (every rank
   // of the running generation joined it), feeds the members' commit
   // intervals to the detector and decides on each straggler it found.
+  // Reads no worker of `s` (the driver leaves them out).
   Actions watch(const JobSnapshot& s, bool complete, const std::vector<RankTiming>& timings);
   // watch() has something to do: intervals came, or a slot rests.
   bool watching(const std::vector<RankTiming>& timings) const { return !timings.empty() || any_resting(); }

@@ -642,10 +642,10 @@ def _alltoall_result(tensor: torch.Tensor, splits: Optional[Any]) -> Any:
 # --- reducescatter -------------------------------------------------------------------
 
 def _reducescatter(t: torch.Tensor, op: ReduceOp, prescale: float, postscale: float) -> torch.Tensor:
-    work = _contiguous_copy(t)
+    work = t.detach().contiguous().cpu()  # only read: no copy of a contiguous CPU tensor
     if prescale != 1.0:
-        work.mul_(prescale)
-    out = _core.reduce_scatter(work.cpu(), op, split="even").to(t.device)
+        work = work * prescale
+    out = _core.reduce_scatter(work, op, split="even").to(t.device)
     if postscale != 1.0:
         out.mul_(postscale)
     return out
