@@ -10,6 +10,7 @@ venv=1
 
 packages=(
   build-essential cmake ninja-build pkg-config
+  ccache   # the venv's `pip install .` reuses the objects of scripts/build.sh (scripts/venv.sh)
   dpkg-dev   # dpkg-shlibdeps: the Depends of the Debian package (cpack -G DEB)
   libboost-dev libboost-program-options-dev libspdlog-dev libfmt-dev
   nlohmann-json3-dev   # erun report reads event logs (src/runner/observe/job_account.cc)

@@ -22,6 +22,13 @@ if ! "$venv/bin/python" -c "import $modules" 2>/dev/null; then
   echo "venv: ${packages[*]} installed from PyPI in $(( $(date +%s) - start )) s"
 fi
 start=$(date +%s)
+# Through ccache where it is installed, with the compilers scripts/build.sh
+# uses (Python's sysconfig would name x86_64-linux-gnu-g++, a different key):
+# after scripts/build.sh, whose Release objects have the same flags, the
+# compile is nearly all cache hits (3 min 45 s -> 17 s here).
+if command -v ccache >/dev/null; then
+  export CMAKE_C_COMPILER_LAUNCHER=ccache CMAKE_CXX_COMPILER_LAUNCHER=ccache CC=${CC:-cc} CXX=${CXX:-c++}
+fi
 # --no-build-isolation: scikit-build-core and pybind11 come from the venv, so a
 # re-install needs no download and reuses build-pip/.
 "$venv/bin/pip" install -q --no-build-isolation .
