@@ -204,7 +204,7 @@ void Agent::add_worker(const Start& s, const Spawned& p) {
 // private and never through a link (common/private_files.h). A file that
 // cannot be opened is logged and skipped: the output still reaches erun.
 void Agent::open_output_files(Worker& w, const Start& s) {
-  // The driver made it absolute from its own directory (make_spec).
+  // The driver made it absolute from its own directory (WorkerSpecs::make()).
   std::filesystem::path dir = std::filesystem::path(s.output_dir) / fmt::format("rank.{}", s.rank);
   auto who_s = who(s.generation, o_.host, s.rank);
   Status made = env_.ensure_private_dir(dir.string(), "--output-filename directory",

@@ -63,7 +63,8 @@ Driver::Driver(DriverOptions options, DriverDeps deps)
       drains_(o_.drain_timeout),
       stragglers_(o_),
       standbys_(o_),
-      crash_loop_(o_.crash_loop_limit, o_.crash_loop_progress) {
+      crash_loop_(o_.crash_loop_limit, o_.crash_loop_progress),
+      rejoin_(o_) {
   if (!d_.commit_dir.empty() && d_.membership && o_.commit_replicas > 0) {
     replicas_ = std::make_unique<CommitReplicas>(
         o_.commit_replicas, d_.secret, [this](const std::string& host) { return specs_.host_commit_dir(host); },
@@ -126,56 +127,6 @@ Status Driver::start() {
   return Status::ok();
 }
 
-bool Driver::record_host_failure(const std::string& host, bool unreachable) {
-  const HostManager::Blacklisting b = hosts_.record_failure(host, unreachable);
-  if (!b) return false;
-  if (b.again) {
-    ERUN_LOG_WARN("{} still cannot be reached: it sits out another {:.0f} s (the same cooldown: an outage is not the "
-                  "host's fault), then is tried again",
-                  host, seconds(hosts_.blacklisted_until(host) - clock_.now()));
-  } else {
-    ERUN_LOG_WARN("{} blacklisted for {:.0f} s after {} failure(s) in a row: the job goes on without it, then tries "
-                  "it again (see --blacklist-after and --blacklist-cooldown-range)",
-                  host, seconds(hosts_.blacklisted_until(host) - clock_.now()), o_.blacklist_after);
-  }
-  d_.events->emit(ev::HostBlacklisted{.host = host});
-  return true;
-}
-
-void Driver::refresh_hosts() {
-  if (!o_.elastic) return;  // a static host set never changes
-  if (d_.synchronous_discovery) {
-    if (clock_.now() - discovery_.last_at < o_.discovery_interval) return;
-    discovery_.last_at = clock_.now();
-    auto r = d_.discovery->discover();
-    if (!r) {
-      if (r.message() != discovery_.last_error) {
-        ERUN_LOG_WARN("host discovery failed, keeping the previous {} host(s): {}; erun runs the script again every "
-                      "{:.0f} s: fix the script or what it reads",
-                      discovery_.listed.size(), r.message(), seconds(o_.discovery_interval));
-      }
-      discovery_.last_error = r.message();
-      return;
-    }
-    discovery_.last_error.clear();
-    if (!(*r == discovery_.listed)) {
-      ERUN_LOG_INFO("hosts changed: {} (now {})", diff_hosts(discovery_.listed, *r).summary(), r->summary());
-      d_.events->emit(ev::HostsChanged{.hosts = r->to_string()});
-      set_discovered(*r);
-    }
-    return;
-  }
-  if (loop_->version() == discovery_.version) return;  // no copy of the host set per tick
-  auto snap = loop_->snapshot();
-  if (snap.version != discovery_.version) {
-    ERUN_LOG_INFO("hosts changed: {} (now {})", diff_hosts(discovery_.listed, snap.hosts).summary(),
-                  snap.hosts.summary());
-    d_.events->emit(ev::HostsChanged{.hosts = snap.hosts.to_string()});
-    set_discovered(snap.hosts);
-    discovery_.version = snap.version;
-  }
-}
-
 void Driver::set_discovered(HostSet hosts) {
   discovery_.listed = std::move(hosts);
   if (discovery_.listed.any_draining()) {
@@ -185,7 +136,7 @@ void Driver::set_discovered(HostSet hosts) {
       }
     }
   }
-  derive_usable_hosts();
+  discovery_.derive(drains_.usable(discovery_.listed), [this](const std::string& h) { return specs_.is_local(h); });
 }
 
 void Driver::publish(bool fresh, bool after_failure) {
@@ -210,19 +161,11 @@ bool Driver::start_generation(const HostSet& usable) {
   int master_port = specs_.launcher_for(rank0_host, &rank0_local).free_port(rank0_host, d_.secret, o_.ssh_connect_timeout);
   ERUN_LOG_INFO("{}: starting {} (MASTER_ADDR={} MASTER_PORT={})", who(rec_.generation), plan_.to_string(),
                 master_addr, master_port);
-  drop_workers(/*ended_only=*/false);
+  drop_workers(workers_, d_.output, /*ended_only=*/false);
   publish(/*fresh=*/true, /*after_failure=*/false);
   for (auto& a : plan_.ranks) launch_worker(a, master_addr, master_port);
   set_phase(JobPhase::kRunning);
   return true;
-}
-
-void Driver::drop_workers(bool ended_only) {
-  auto dropped = [ended_only](const Worker& w) { return !ended_only || w.exit.has_value(); };
-  for (const Worker& w : workers_) {
-    if (dropped(w) && d_.output) d_.output->forget(w.key);
-  }
-  workers_.erase(std::remove_if(workers_.begin(), workers_.end(), dropped), workers_.end());
 }
 
 void Driver::reap() {
@@ -280,7 +223,7 @@ void Driver::worker_ended(Worker& w, const ExitStatus& s) {
   if (s.ok()) {
     ERUN_LOG_INFO("{}: finished successfully after {:.1f} s", who(rec_.generation, a.slot.host, a.rank), after);
     outcome_.any_success = true;
-    drop_fresh_workers();
+    stop_fresh_workers(workers_, rec_.generation);
     if (finishing_.first.empty()) {
       finishing_.first = who(-1, a.slot.host, a.rank);
       finishing_.first_at = clock_.now();
@@ -300,17 +243,7 @@ void Driver::worker_ended(Worker& w, const ExitStatus& s) {
     crash_loop_.worker_failed(a.slot.host, s);
   }
   ERUN_LOG_WARN("{}: failed with {} after {:.1f} s", who(rec_.generation, a.slot.host, a.rank), s.describe(), after);
-  fail_generation(Failure{rec_.generation, a.slot.host, a.rank, s, stderr_tail(w), after, w.handle->host_unreachable()});
-}
-
-std::vector<std::string> Driver::stderr_tail(const Worker& w) const {
-  // The agent's report holds what the worker wrote even when forwarding lost
-  // it (dropped, not read in time, a stuck terminal); an agent that was lost
-  // sent none, and then what was forwarded is all there is.
-  if (w.handle) {
-    if (auto reported = w.handle->exit_stderr()) return std::move(*reported);
-  }
-  return d_.output ? d_.output->tail(w.key) : std::vector<std::string>{};
+  gen_.fail(Failure{rec_.generation, a.slot.host, a.rank, s, stderr_tail(w, d_.output), after, w.handle->host_unreachable()});
 }
 
 void Driver::set_phase(JobPhase next) {
@@ -327,134 +260,39 @@ void Driver::set_phase(JobPhase next) {
 }
 
 void Driver::request_stop(int signal) { stop_signal_.store(signal); }
-long Driver::generation() const { return rec_.generation; }
 JobPhase Driver::phase() const { return phase_; }
-int Driver::resets() const { return rec_.resets; }
-int Driver::restarts() const { return rec_.restarts; }
 uint64_t Driver::superseded_by() const { return superseded_by_; }
 const Plan& Driver::plan() const { return plan_; }
 const DriverRecord& Driver::record() const { return rec_; }
 const HostManager& Driver::host_manager() const { return hosts_; }
-
-void Driver::fail_generation(Failure f) {
-  if (!gen_.failure) gen_.failure = std::move(f);
-}
 
 void Driver::done(int code) {
   outcome_.exit_code = code;
   set_phase(JobPhase::kDone);
 }
 
-void Driver::stop_then_wait() {
-  stop_.then = JobPhase::kWaitingForHosts;
-  stop_.exit_code = nullptr;
-  begin_stop(SIGTERM);
-}
-
-void Driver::stop_then_end(int signal, std::function<int()> exit_code) {
-  stop_.then = JobPhase::kDone;
-  stop_.exit_code = std::move(exit_code);
-  begin_stop(signal);
-}
-
-void Driver::begin_stop(int sig) {
-  for (auto& w : workers_) {
-    if (!w.alive()) continue;
-    if (w.state == WorkerState::kPending || w.state == WorkerState::kMember) w.set_state(WorkerState::kStopping);
-    if (sig == SIGTERM || sig == 0) w.handle->terminate();
-    else w.handle->signal(sig);
-  }
-  stop_.kill_at = clock_.now() + o_.term_grace + std::chrono::seconds(2);
-  stop_.killed = false;
+void Driver::stop(JobPhase then, int signal, std::function<int()> exit_code) {
+  stop_.begin(workers_, signal, then, std::move(exit_code), clock_.now(), o_.term_grace);
   set_phase(JobPhase::kStopping);
   continue_stop();  // workers that are gone already end it at once
 }
 
 void Driver::continue_stop() {
   reap();
-  if (!all_exited(workers_)) {
-    auto now = clock_.now();
-    if (!stop_.killed) {
-      if (now < stop_.kill_at && !stop_.kill_requested) return;
-      for (auto& w : workers_) {
-        if (!w.alive()) continue;
-        ERUN_LOG_WARN("{}: did not stop within {:.1f} s of SIGTERM, killing it (raise --term-grace if it "
-                      "needs longer to shut down)",
-                      who(rec_.generation, w.assignment.slot.host, w.assignment.rank), seconds(o_.term_grace));
-        w.handle->kill();
-      }
-      stop_.killed = true;
-      stop_.give_up_at = now + std::chrono::seconds(10);
-      return;
-    }
-    if (now < stop_.give_up_at) return;
-    for (auto& w : workers_) {
-      if (w.exit) continue;
-      ERUN_LOG_ERROR("{}: still not gone 10 s after SIGKILL; it may be stuck in the kernel (D state) or its "
-                     "host unreachable: check the host",
-                     who(rec_.generation, w.assignment.slot.host, w.assignment.rank));
-    }
-  }
+  if (!stop_.settled(workers_, clock_.now(), o_.term_grace, rec_.generation)) return;
   for (auto& w : workers_) {
     if (d_.output && w.handle) d_.output->drain(w.key, 200);
   }
-  if (stop_.then == JobPhase::kWaitingForHosts) {
+  if (stop_.then() == JobPhase::kWaitingForHosts) {
     set_phase(JobPhase::kWaitingForHosts);
     return;
   }
-  done(stop_.exit_code ? stop_.exit_code() : 1);
-}
-
-void Driver::report_failure(const Failure& f) {
-  ERUN_LOG_ERROR("root cause: {} exited with {} after {:.1f} s", who(f.generation, f.host, f.rank),
-                 f.status.describe(), f.after_s);
-  if (!f.stderr_tail.empty()) {
-    ERUN_LOG_ERROR("last stderr lines of rank {}:", f.rank);
-    for (auto& l : f.stderr_tail) ERUN_LOG_ERROR("  {}", l);
-  }
-}
-
-void Driver::finish_with_failure(const Failure& f) {
-  stop_then_end(SIGTERM, [this, f] {
-    report_failure(f);
-    int code = f.status.shell_code();
-    if (code == 0) code = 1;
-    d_.events->emit(ev::JobFinished{
-        .exit_code = code, .generation = rec_.generation, .resets = rec_.resets, .launched = rec_.launched});
-    return code;
-  });
-}
-
-int Driver::give_up_code() {
-  if (outcome_.first_failure) report_failure(*outcome_.first_failure);
-  return outcome_.first_failure ? std::max(1, outcome_.first_failure->status.shell_code()) : 1;
-}
-
-int Driver::job_exit_code() {
-  // The final generation decides: earlier failures were recovered from.
-  int code = gen_.failure ? std::max(1, gen_.failure->status.shell_code()) : 0;
-  if (gen_.failure) report_failure(*gen_.failure);
-  ERUN_LOG_INFO("job {} finished with exit code {} after {} generation{} and {} reset{}", d_.job_id, code,
-                rec_.generation, rec_.generation == 1 ? "" : "s", rec_.resets, rec_.resets == 1 ? "" : "s");
-  d_.events->emit(
-      ev::JobFinished{.exit_code = code, .generation = rec_.generation, .resets = rec_.resets, .launched = rec_.launched});
-  return code;
-}
-
-void Driver::log_waiting(const HostSet& usable) {
-  auto now = clock_.now();
-  if (now - waiting_.last_log < std::chrono::seconds(5)) return;
-  waiting_.last_log = now;
-  auto bl = hosts_.blacklisted();
-  ERUN_LOG_INFO("waiting for hosts: {} usable slot{} of --min-np {} ({:.0f} s of --elastic-timeout {:.0f} s){}",
-                usable.total_slots(), usable.total_slots() == 1 ? "" : "s", o_.min_np,
-                seconds(now - waiting_.since), seconds(o_.elastic_timeout),
-                bl.empty() ? "" : "; blacklisted: " + join(bl, ","));
+  done(stop_.exit_code());
 }
 
 std::optional<int> Driver::step() {
   auto code = turn();
-  rec_.in_place = members_joined();
+  rec_.in_place = members_joined(workers_);
   return code;
 }
 
@@ -468,8 +306,16 @@ std::optional<int> Driver::turn() {
   if (phase_ != JobPhase::kDone && check_superseded()) return outcome_.exit_code;
   if (int sig = stop_signal_.exchange(0)) on_signal(sig);
   if (phase_ == JobPhase::kDone) return outcome_.exit_code;
-  refresh_hosts();
-  take_drains();
+  if (o_.elastic) {  // a static host set never changes
+    auto listed = discovery_.refresh(*loop_, *d_.discovery, d_.synchronous_discovery, o_.discovery_interval,
+                                     clock_.now(), *d_.events);
+    if (listed) set_discovered(std::move(*listed));
+  }
+  // DRAINING notices the launchers' agents sent since the last turn.
+  for (Launcher* l : {d_.local_launcher, d_.remote_launcher != d_.local_launcher ? d_.remote_launcher : nullptr}) {
+    if (!l) continue;
+    for (auto& [host, why] : l->take_drains()) apply(drains_.start(snapshot(), host, why, /*from_discovery=*/false));
+  }
   reap();
   if (memory_.due(clock_.now()) && phase_ != JobPhase::kStopping && phase_ != JobPhase::kFinishing &&
       phase_ != JobPhase::kDone) {
@@ -493,21 +339,13 @@ void Driver::on_signal(int sig) {
   if (phase_ == JobPhase::kDone) return;
   ERUN_LOG_WARN("received signal {} ({}): stopping all workers", sig, strsignal(sig));
   d_.events->emit(ev::Signal{.signal = sig});
-  if (sig == SIGKILL) stop_.kill_requested = true;
+  if (sig == SIGKILL) stop_.kill_now();
   const int forward = sig == SIGHUP ? SIGTERM : sig;
   if (phase_ != JobPhase::kStopping) {
-    stop_then_end(forward, [sig] { return 128 + sig; });
+    stop(JobPhase::kDone, forward, [sig] { return 128 + sig; });
     return;
   }
-  // Already stopping: pass the signal on; a stop that would have waited for
-  // hosts ends the job instead.
-  for (auto& w : workers_) {
-    if (w.alive() && forward != SIGTERM) w.handle->signal(forward);
-  }
-  if (stop_.then == JobPhase::kWaitingForHosts) {
-    stop_.then = JobPhase::kDone;
-    stop_.exit_code = [sig] { return 128 + sig; };
-  }
+  stop_.again(workers_, sig, forward);
   continue_stop();
 }
 
@@ -523,17 +361,19 @@ void Driver::wait_for_hosts() {
                    "or lower --min-np",
                    seconds(o_.elastic_timeout), usable.total_slots(), usable.total_slots() == 1 ? "" : "s",
                    o_.min_np);
-    done(give_up_code());
+    done(give_up_code(outcome_.first_failure));
     return;
   }
-  log_waiting(usable);
+  waiting_.log(usable, hosts_, o_.min_np, o_.elastic_timeout, clock_.now());
 }
 
 void Driver::supervise() {
-  MembershipSnapshot m = take_snapshot();
+  MembershipSnapshot m = stragglers_.look(d_.membership);
   update_joined(m);
   if (reports_.pending(m.rejoined)) apply(reports_.take(snapshot(), m.rejoined));
-  retire_workers(m);
+  if (std::any_of(workers_.begin(), workers_.end(), [](const Worker& w) { return w.state == WorkerState::kRetiring && !w.exit; })) {
+    apply(retire_due(snapshot(&m)));
+  }
   if (drains_.any()) apply(drains_.tend(snapshot(&m)));
   if (d_.account) {
     const double now = realtime_seconds();
@@ -542,13 +382,15 @@ void Driver::supervise() {
   if (stragglers_.watching(m.timings)) {
     apply(stragglers_.watch(snapshot(nullptr, /*workers=*/false), gen_.complete && d_.membership, m.timings));
   }
-  enforce_rejoin_deadline(m);
+  if (d_.membership && !gen_.complete && rejoin_.due(gen_.published_at, gen_.after_failure, clock_.now())) {
+    apply(rejoin_.watch(snapshot(&m), m));
+  }
   if (gen_.failure) {
     handle_generation_failure();
     return;
   }
   if (all_exited(workers_)) {
-    done(job_exit_code());
+    done(finished_code(gen_.failure, d_.job_id, rec_, *d_.events));
     return;
   }
   if (!outcome_.any_success && in_place_possible(o_.mode, d_.membership != nullptr, workers_)) {
@@ -562,7 +404,8 @@ void Driver::supervise() {
     if (admit_replacements(m)) return;
   }
   if (outcome_.any_success) {
-    begin_finishing();
+    finishing_.begin(rec_.generation, o_.finish_timeout, clock_.now());
+    set_phase(JobPhase::kFinishing);
     return;
   }
   follow_membership();
@@ -574,11 +417,14 @@ void Driver::supervise() {
   turn.finishing = outcome_.any_success;
   turn.resting = [&](const SlotKey& slot) { return stragglers_.resting(slot); };
   apply(standbys_.tend(snapshot(&m), turn));
-  tend_replicas();
+  // Spare hosts keep replicas of the commits (--commit-replicas).
+  if (replicas_) replicas_->tend(plan_, plan_cache_.usable(), discovery_.hosts, hosts_, plan_cache_.recomputations());
 }
 
 void Driver::handle_generation_failure() {
-  if (in_place_possible(o_.mode, d_.membership != nullptr, workers_)) tell_survivors_of_losses();
+  if (d_.membership && in_place_possible(o_.mode, true, workers_)) {
+    tell_survivors_of_losses(workers_, plan_, rec_.generation, *d_.membership, *d_.events);
+  }
   Failure f = *gen_.failure;
   if (!outcome_.first_failure) outcome_.first_failure = f;
   const bool fatal_code = f.status.signal == 0 && f.status.code == kFatalExitCode;
@@ -587,10 +433,10 @@ void Driver::handle_generation_failure() {
                    "ending the job without a retry: fix the program and start the job again",
                    who(rec_.generation), who(-1, f.host, f.rank),
                    fatal_code ? fmt::format("exit code {}", kFatalExitCode) : std::string("marked not retried"));
-    finish_with_failure(f);
+    stop(JobPhase::kDone, SIGTERM, [this, f] { return failed_code(f, rec_, *d_.events); });
     return;
   }
-  record_host_failure(f.host, f.unreachable);
+  hosts_.count_failure(f.host, f.unreachable, *d_.events);
   for (auto& h : plan_.hosts()) {
     if (h != f.host) hosts_.record_success(h);
   }
@@ -606,14 +452,14 @@ void Driver::handle_generation_failure() {
   } else if (auto loop = crash_loop_.generation_failed(clock_.now() - gen_.published_at)) {
     ERUN_LOG_ERROR("{}: {}", who(rec_.generation), *loop);
     d_.events->emit(ev::CrashLoop{.generations = crash_loop_.streak()});
-    finish_with_failure(f);
+    stop(JobPhase::kDone, SIGTERM, [this, f] { return failed_code(f, rec_, *d_.events); });
     return;
   }
   if (o_.reset_limit >= 0 && rec_.resets >= o_.reset_limit) {
     ERUN_LOG_ERROR("{}: --reset-limit {} reached, so this failure ends the job (raise --reset-limit to "
                    "allow more restarts)",
                    who(rec_.generation), o_.reset_limit);
-    finish_with_failure(f);
+    stop(JobPhase::kDone, SIGTERM, [this, f] { return failed_code(f, rec_, *d_.events); });
     return;
   }
   count_reset("worker failed");
@@ -624,7 +470,7 @@ void Driver::handle_generation_failure() {
   if (in_place) {
     reconfigure("recovering", /*after_failure=*/true);
   } else {
-    stop_then_wait();
+    stop(JobPhase::kWaitingForHosts);
   }
 }
 
@@ -633,23 +479,12 @@ void Driver::count_reset(const char* reason) {
   d_.events->emit(ev::Reset{.generation = rec_.generation, .reason = reason, .resets = rec_.resets});
 }
 
-void Driver::begin_finishing() {
-  finishing_.deadline = clock_.now() + o_.finish_timeout;
-  finishing_.because = fmt::format(
-      "{} finished successfully {:.0f} s ago and the others did not finish within --finish-timeout {:.0f} s "
-      "(raise --finish-timeout if ranks legitimately finish far apart)",
-      finishing_.first, seconds(o_.finish_timeout), seconds(o_.finish_timeout));
-  ERUN_LOG_INFO("{}: {} finished; waiting up to --finish-timeout {:.0f} s for the others", who(rec_.generation),
-                finishing_.first, seconds(o_.finish_timeout));
-  set_phase(JobPhase::kFinishing);
-}
-
 bool Driver::held_below_min_np(const Plan& next, const HostSet& usable, bool in_place) {
   if (next.size() >= std::max(o_.min_np, 1)) {
     waiting_.below_min_logged = false;
     return false;
   }
-  if (in_place && draining_members()) {
+  if (in_place && draining_members(workers_, drains_, stragglers_)) {
     // A host leaves on notice whatever the plan: its workers leave at the
     // commit, and the survivors wait in the rendezvous for --min-np.
     count_reset("membership changed");
@@ -694,7 +529,7 @@ void Driver::follow_membership() {
     ERUN_LOG_ERROR("{}: hosts of the job were removed and --reset-limit {} is reached, so the job ends "
                    "(raise --reset-limit to let it resize)",
                    who(rec_.generation), o_.reset_limit);
-    stop_then_end(SIGTERM, [] { return 1; });
+    stop(JobPhase::kDone, SIGTERM, [] { return 1; });
     return;
   }
   if (in_place && next.size() > plan_.size() && keeps_every_slot) {
@@ -707,7 +542,7 @@ void Driver::follow_membership() {
   if (in_place) {
     reconfigure("membership changes", /*after_failure=*/false);
   } else {
-    stop_then_wait();
+    stop(JobPhase::kWaitingForHosts);
   }
 }
 
@@ -725,7 +560,7 @@ void Driver::finish() {
     finishing_.deadline = now;
   }
   if (all_exited(workers_)) {
-    done(job_exit_code());
+    done(finished_code(gen_.failure, d_.job_id, rec_, *d_.events));
     return;
   }
   if (now < finishing_.deadline) return;
@@ -741,10 +576,10 @@ void Driver::finish() {
                  finishing_.because);
   if (!stragglers.empty()) {
     const Worker& w = *stragglers.front();
-    fail_generation(Failure{rec_.generation, w.assignment.slot.host, w.assignment.rank, ExitStatus{1, 0},
+    gen_.fail(Failure{rec_.generation, w.assignment.slot.host, w.assignment.rank, ExitStatus{1, 0},
                             {"still running --finish-timeout after another rank finished"}, seconds(now - w.started)});
   }
-  stop_then_end(SIGTERM, [this] { return job_exit_code(); });
+  stop(JobPhase::kDone, SIGTERM, [this] { return finished_code(gen_.failure, d_.job_id, rec_, *d_.events); });
 }
 
 int Driver::run() {

@@ -11,16 +11,21 @@
 
 namespace erun {
 
-WorkerSpec Driver::make_spec(const RankAssignment& a, const std::string& master_addr, int master_port) const {
+namespace {
+
+// What a worker's spec takes from the running job.
+WorkerSpecs::Now spec_now(const DriverRecord& rec, const Plan& plan, bool all_local, const StragglerWatch& stragglers) {
   WorkerSpecs::Now now;
-  now.generation = rec_.generation;
-  now.restarts = rec_.restarts;
-  now.plan = &plan_;
-  now.all_local = discovery_.all_local;
-  now.preflight = stragglers_.preflight_on();
-  now.probe_peer = [this](const std::string& host) { return stragglers_.probe_peer_for(host, plan_); };
-  return specs_.make(a, master_addr, master_port, now);
+  now.generation = rec.generation;
+  now.restarts = rec.restarts;
+  now.plan = &plan;
+  now.all_local = all_local;
+  now.preflight = stragglers.preflight_on();
+  now.probe_peer = [&stragglers, &plan](const std::string& host) { return stragglers.probe_peer_for(host, plan); };
+  return now;
 }
+
+}  // namespace
 
 bool Driver::launch_worker(const RankAssignment& a, const std::string& master_addr, int master_port,
                            WorkerStage stage) {
@@ -34,7 +39,7 @@ bool Driver::launch_worker(const RankAssignment& a, const std::string& master_ad
   w.joined = stage != WorkerStage::kSettled;  // launched into a running elastic job: it runs the same program
   w.launched_generation = rec_.generation;
   w.started = clock_.now();
-  auto spec = make_spec(a, master_addr, master_port);
+  auto spec = specs_.make(a, master_addr, master_port, spec_now(rec_, plan_, discovery_.all_local, stragglers_));
   // A standby waits in its first join for as long as it takes (the driver stops it).
   if (standby) spec.env.emplace_back("ERUN_STANDBY", "1");
   auto& launcher = specs_.launcher_for(a.slot.host, &w.local);
@@ -55,7 +60,7 @@ bool Driver::launch_worker(const RankAssignment& a, const std::string& master_ad
       return false;
     }
     crash_loop_.worker_failed(a.slot.host, *w.exit);
-    fail_generation(Failure{rec_.generation, a.slot.host, a.rank, *w.exit, {h.message()}, 0});
+    gen_.fail(Failure{rec_.generation, a.slot.host, a.rank, *w.exit, {h.message()}, 0});
     workers_.push_back(std::move(w));
     return false;
   }
@@ -82,7 +87,7 @@ int Driver::dry_run(std::FILE* out) {
   for (auto& a : plan_.ranks) {
     bool local;
     auto& launcher = specs_.launcher_for(a.slot.host, &local);
-    auto spec = make_spec(a, master_addr, 0);
+    auto spec = specs_.make(a, master_addr, 0, spec_now(rec_, plan_, discovery_.all_local, stragglers_));
     if (agents.insert(a.slot.host).second) {
       std::vector<std::string> quoted;
       for (auto& w : launcher.command_line(spec)) quoted.push_back(shell_quote(w));

@@ -12,6 +12,9 @@ JobSnapshot Driver::snapshot(const MembershipSnapshot* m, bool workers) const {
   JobSnapshot s;
   s.now = clock_.now();
   s.generation = rec_.generation;
+  s.published_at = gen_.published_at;
+  s.after_failure = gen_.after_failure;
+  s.complete = gen_.complete;
   s.plan = &plan_;
   s.listed = &discovery_.listed;
   s.hosts = &discovery_.hosts;
@@ -40,13 +43,45 @@ long target_of(const Action& action) {
       },
       action);
 }
+
+// An action that names the worker `w`: the one place a policy's action
+// touches a worker's handle and state.
+void apply_to(DriverWorker& w, const Action& action, long generation, EventSink& events) {
+  std::visit(
+      [&](const auto& a) {
+        using A = std::decay_t<decltype(a)>;
+        const bool runs = w.alive();  // a signal goes only to a worker that still runs
+        if constexpr (std::is_same_v<A, act::Dismiss> || std::is_same_v<A, act::Stop>) {
+          if (!runs) return;
+          w.handle->terminate();
+          w.set_state(std::is_same_v<A, act::Dismiss> ? WorkerState::kDismissed : WorkerState::kStopping);
+        } else if constexpr (std::is_same_v<A, act::Kill> || std::is_same_v<A, act::Exclude>) {
+          if (!runs) return;
+          w.handle->kill();
+          if (std::is_same_v<A, act::Exclude>) w.set_state(WorkerState::kExcluded);
+        } else if constexpr (std::is_same_v<A, act::SetStage>) {
+          w.set_stage(a.stage);
+        } else if constexpr (std::is_same_v<A, act::Promote>) {
+          if (a.rank >= 0) w.assignment.rank = a.rank;
+          w.set_stage(a.stage);
+          const SlotKey& slot = w.assignment.slot;
+          ERUN_LOG_INFO("{}: standby {}[{}] promoted ({}): it joins without starting again", who(generation),
+                        slot.host, slot.local_index, a.reason);
+          events.emit(ev::StandbyPromoted{
+              .generation = generation, .host = slot.host, .slot = slot.local_index, .reason = a.reason});
+        } else if constexpr (requires { a.worker; }) {
+          static_assert(sizeof(A) == 0, "an action on a worker the driver does not apply");
+        }
+      },
+      action);
+}
 }  // namespace
 
 void Driver::apply(const Actions& actions) {
   for (const Action& action : actions) {
     if (const long key = target_of(action)) {
       auto it = std::find_if(workers_.begin(), workers_.end(), [&](const Worker& w) { return w.key == key; });
-      if (it != workers_.end()) apply_to(*it, action);  // else forgotten meanwhile
+      if (it != workers_.end()) apply_to(*it, action, rec_.generation, *d_.events);  // else forgotten meanwhile
       continue;
     }
     std::visit(
@@ -69,7 +104,7 @@ void Driver::apply(const Actions& actions) {
             d_.events->emit(
                 ev::RolledBack{.generation = a.generation, .commit = static_cast<long>(a.commit), .seconds = *lost});
           } else if constexpr (std::is_same_v<A, act::FailGeneration>) {
-            fail_generation(Failure{rec_.generation, a.host, a.rank, a.status, a.stderr_tail, a.after_s});
+            gen_.fail(Failure{rec_.generation, a.host, a.rank, a.status, a.stderr_tail, a.after_s});
           } else if constexpr (std::is_same_v<A, act::CountReset>) {
             count_reset(a.reason.c_str());
           } else if constexpr (std::is_same_v<A, act::Emit>) {
@@ -77,7 +112,8 @@ void Driver::apply(const Actions& actions) {
           } else if constexpr (std::is_same_v<A, act::SlotsChanged>) {
             ++discovery_.epoch;
           } else if constexpr (std::is_same_v<A, act::HostsChanged>) {
-            derive_usable_hosts();
+            discovery_.derive(drains_.usable(discovery_.listed),
+                              [this](const std::string& h) { return specs_.is_local(h); });
           } else if constexpr (std::is_same_v<A, act::KeepMemory>) {
             bool local;
             Launcher& launcher = specs_.launcher_for(a.host, &local);
@@ -93,62 +129,5 @@ void Driver::apply(const Actions& actions) {
   }
 }
 
-void Driver::apply_to(Worker& w, const Action& action) {
-  std::visit(
-      [&](const auto& a) {
-        using A = std::decay_t<decltype(a)>;
-        const bool runs = w.alive();  // a signal goes only to a worker that still runs
-        if constexpr (std::is_same_v<A, act::Dismiss> || std::is_same_v<A, act::Stop>) {
-          if (!runs) return;
-          w.handle->terminate();
-          w.set_state(std::is_same_v<A, act::Dismiss> ? WorkerState::kDismissed : WorkerState::kStopping);
-        } else if constexpr (std::is_same_v<A, act::Kill> || std::is_same_v<A, act::Exclude>) {
-          if (!runs) return;
-          w.handle->kill();
-          if (std::is_same_v<A, act::Exclude>) w.set_state(WorkerState::kExcluded);
-        } else if constexpr (std::is_same_v<A, act::SetStage>) {
-          w.set_stage(a.stage);
-        } else if constexpr (std::is_same_v<A, act::Promote>) {
-          if (a.rank >= 0) w.assignment.rank = a.rank;
-          w.set_stage(a.stage);
-          const SlotKey& slot = w.assignment.slot;
-          ERUN_LOG_INFO("{}: standby {}[{}] promoted ({}): it joins without starting again", who(rec_.generation),
-                        slot.host, slot.local_index, a.reason);
-          d_.events->emit(ev::StandbyPromoted{
-              .generation = rec_.generation, .host = slot.host, .slot = slot.local_index, .reason = a.reason});
-        } else if constexpr (requires { a.worker; }) {
-          static_assert(sizeof(A) == 0, "an action on a worker the driver does not apply");
-        }
-      },
-      action);
-}
-
-void Driver::take_drains() {
-  Launcher* remote = d_.remote_launcher != d_.local_launcher ? d_.remote_launcher : nullptr;
-  for (Launcher* l : {d_.local_launcher, remote}) {
-    if (!l) continue;
-    for (auto& [host, why] : l->take_drains()) apply(drains_.start(snapshot(), host, why, /*from_discovery=*/false));
-  }
-}
-
-void Driver::derive_usable_hosts() {
-  discovery_.hosts = drains_.usable(discovery_.listed);
-  ++discovery_.epoch;
-  discovery_.all_local = true;
-  for (auto& h : discovery_.hosts.hosts()) {
-    bool local;
-    specs_.launcher_for(h.name, &local);
-    discovery_.all_local = discovery_.all_local && local;
-  }
-}
-
-bool Driver::draining_members() const {
-  // A straggler's slot that rests leaves the same way.
-  if (!drains_.any() && !stragglers_.any_resting()) return false;
-  return std::any_of(workers_.begin(), workers_.end(), [&](const Worker& w) {
-    return w.survivor() && !w.pending() &&
-           (drains_.draining(w.assignment.slot.host) || stragglers_.resting(w.assignment.slot));
-  });
-}
 
 }  // namespace erun

@@ -83,11 +83,6 @@ void Driver::adopt(DriverDeps::Takeover& t) {
   (void)ended;
 }
 
-bool Driver::members_joined() const {
-  return std::any_of(workers_.begin(), workers_.end(),
-                     [](const Worker& w) { return w.joined && w.state == WorkerState::kMember; });
-}
-
 bool Driver::check_superseded() {
   uint64_t term = d_.local_launcher->superseded();
   if (d_.remote_launcher) term = std::max(term, d_.remote_launcher->superseded());

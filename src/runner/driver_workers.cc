@@ -4,8 +4,16 @@
 #include <set>
 #include <string>
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include "common/check.h"
 #include "common/log.h"
+#include "runner/launch/output.h"
+#include "runner/observe/event_log.h"
+#include "runner/policies/drain.h"
+#include "runner/policies/standbys.h"
+#include "runner/policies/straggler_watch.h"
 
 namespace erun {
 
@@ -17,7 +25,7 @@ bool DriverWorker::replacement() const { return pending() && is_replacing(stage)
 bool DriverWorker::fresh() const { return stage != WorkerStage::kSettled; }
 bool DriverWorker::left_out() const { return is_left_out(state); }
 WorkerView DriverWorker::view() const {
-  return WorkerView{key, assignment, state, stage, alive(), started, launched_generation};
+  return WorkerView{key, assignment, state, stage, alive(), started, launched_generation, joined, retire_by};
 }
 
 void DriverWorker::set_state(WorkerState next) {
@@ -106,6 +114,92 @@ bool replacements_cover(const Workers& workers, const Plan& plan, const Plan& ne
   if (pending.empty() || static_cast<size_t>(next.size()) != running.size() + pending.size()) return false;
   return std::all_of(next.ranks.begin(), next.ranks.end(),
                      [&](const RankAssignment& r) { return running.count(r.slot) || pending.count(r.slot); });
+}
+
+bool members_joined(const Workers& workers) {
+  return std::any_of(workers.begin(), workers.end(),
+                     [](const DriverWorker& w) { return w.joined && w.state == WorkerState::kMember; });
+}
+
+bool draining_members(const Workers& workers, const DrainPolicy& drains, const StragglerWatch& stragglers) {
+  // A straggler's slot that rests leaves the same way.
+  if (!drains.any() && !stragglers.any_resting()) return false;
+  return std::any_of(workers.begin(), workers.end(), [&](const DriverWorker& w) {
+    return w.survivor() && !w.pending() &&
+           (drains.draining(w.assignment.slot.host) || stragglers.resting(w.assignment.slot));
+  });
+}
+
+HostSet plannable_hosts(const HostSet& hosts, const HostManager& manager, const Workers& workers) {
+  const std::vector<std::string> keep = blacklisted_with_survivors(workers, manager);
+  std::vector<Host> out;
+  for (auto& h : hosts.hosts()) {
+    if (!manager.is_blacklisted(h.name) || std::binary_search(keep.begin(), keep.end(), h.name)) out.push_back(h);
+  }
+  return HostSet(std::move(out));
+}
+
+bool survivors_alone(const Workers& workers, const JobSnapshot& s, int min_np, const Plan& full, Plan& next) {
+  std::vector<SlotKey> kept;
+  for (auto& r : full.ranks) {
+    if (slot_held(workers, r.slot, /*pending_too=*/false) || standby_ready_at(s, r.slot)) kept.push_back(r.slot);
+  }
+  if (kept.size() == full.ranks.size() || static_cast<int>(kept.size()) < std::max(min_np, 1)) return false;
+  next = plan_over_slots(s.generation + 1, kept);
+  return true;
+}
+
+std::vector<std::string> stderr_tail(const DriverWorker& w, OutputForwarder* output) {
+  // The agent's report holds what the worker wrote even when forwarding lost
+  // it (dropped, not read in time, a stuck terminal); an agent that was lost
+  // sent none, and then what was forwarded is all there is.
+  if (w.handle) {
+    if (auto reported = w.handle->exit_stderr()) return std::move(*reported);
+  }
+  return output ? output->tail(w.key) : std::vector<std::string>{};
+}
+
+void drop_workers(Workers& workers, OutputForwarder* output, bool ended_only) {
+  auto dropped = [ended_only](const DriverWorker& w) { return !ended_only || w.exit.has_value(); };
+  for (const DriverWorker& w : workers) {
+    if (dropped(w) && output) output->forget(w.key);
+  }
+  workers.erase(std::remove_if(workers.begin(), workers.end(), dropped), workers.end());
+}
+
+void tell_survivors_of_losses(Workers& workers, const Plan& plan, long generation, Membership& membership,
+                              EventSink& events) {
+  std::vector<int> ranks;
+  for (auto& w : workers) {
+    if (w.loss_told || w.state == WorkerState::kRetiring || w.state == WorkerState::kDismissed ||
+        w.launched_generation > generation) {
+      continue;
+    }
+    if (w.state != WorkerState::kExcluded && !(w.exit && !w.exit->ok())) continue;
+    w.loss_told = true;
+    // Only a rank of the current plan: a replacement that failed before it
+    // was admitted holds a rank of a plan the survivors never formed.
+    const RankAssignment* held = plan.find(w.assignment.slot);
+    if (held && held->rank == w.assignment.rank) ranks.push_back(w.assignment.rank);
+  }
+  if (ranks.empty()) return;
+  std::sort(ranks.begin(), ranks.end());
+  ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
+  ERUN_LOG_INFO("{}: telling the survivors that rank{} {} {} gone", who(generation), ranks.size() == 1 ? "" : "s",
+                fmt::join(ranks, ","), ranks.size() == 1 ? "is" : "are");
+  events.emit(ev::PeersLost{.generation = generation, .ranks = fmt::format("{}", fmt::join(ranks, ","))});
+  membership.notify_peers_lost(generation, ranks);
+}
+
+void stop_fresh_workers(Workers& workers, long generation) {
+  for (auto& w : workers) {
+    if (!w.fresh() || !w.alive() || is_stopping(w.state)) continue;
+    ERUN_LOG_INFO("{}: training is over for a rank; stopping this worker, which joined after the others' last "
+                  "generation",
+                  who(generation, w.assignment.slot.host, w.assignment.rank));
+    w.handle->terminate();
+    w.set_state(WorkerState::kExcluded);
+  }
 }
 
 }  // namespace erun

@@ -20,6 +20,12 @@
 
 namespace erun {
 
+class DrainPolicy;
+class EventSink;
+class Membership;
+class OutputForwarder;
+class StragglerWatch;
+
 struct DriverWorker {
   long key = 0;
   RankAssignment assignment;
@@ -82,5 +88,35 @@ const Plan& plan_with_pending(const Workers& workers, const Plan& plan, Plan& sc
 // `next` differs from `plan` only by the slots of live pending
 // replacements: no membership change until they joined.
 bool replacements_cover(const Workers& workers, const Plan& plan, const Plan& next);
+// Some live member of the running plan has joined the rendezvous (the
+// job's workers use erun's library: a takeover keeps them in place).
+bool members_joined(const Workers& workers);
+// A live member of the running plan is on a draining host, or on a slot
+// that rests (a straggler's): it leaves at the next commit.
+bool draining_members(const Workers& workers, const DrainPolicy& drains, const StragglerWatch& stragglers);
+// Discovered hosts that may carry the next plan: the usable ones, and
+// blacklisted ones where survivors still run (their progress is kept).
+HostSet plannable_hosts(const HostSet& hosts, const HostManager& manager, const Workers& workers);
+// After a failure, survivors that alone meet `min_np` go on at once in a
+// generation of their own: true, with `next` their plan (over their slots
+// and ready standbys' of `full`). False when they hold every slot of
+// `full` or are too few.
+bool survivors_alone(const Workers& workers, const JobSnapshot& s, int min_np, const Plan& full, Plan& next);
+// A failed worker's last stderr lines: its agent's exit report, else (no
+// report: a lost agent) the lines forwarded through `output` (may be null).
+std::vector<std::string> stderr_tail(const DriverWorker& w, OutputForwarder* output);
+// Forgets the workers (`ended_only`: those whose exit is known), their
+// output's pipes and stderr lines with them (bench/long_run.py found them
+// held for the job's life otherwise).
+void drop_workers(Workers& workers, OutputForwarder* output, bool ended_only);
+// Members of generation `generation` that ended or were left out, not yet
+// reported: the survivors hear of them at once (Membership::notify_peers_lost()).
+void tell_survivors_of_losses(Workers& workers, const Plan& plan, long generation, Membership& membership,
+                              EventSink& events);
+// Training is over for a rank: stops the workers launched into the running
+// job that were never a member of a complete generation (pending ones, and
+// ones assigned to a generation the finished ranks never joined): they hold
+// nothing to finish, and would wait for their peers forever.
+void stop_fresh_workers(Workers& workers, long generation);
 
 }  // namespace erun

@@ -194,8 +194,8 @@ TEST_F(DriverTest, FailureRestartsEveryWorkerUntilTheResetLimit) {
   for (int reset = 1; reset <= 2; ++reset) {
     launcher.finish(launcher.running_rank(2), ExitStatus{1, 0});
     EXPECT_FALSE(steps(2));
-    EXPECT_EQ(driver->resets(), reset);
-    EXPECT_EQ(driver->generation(), reset + 1);
+    EXPECT_EQ(driver->record().resets, reset);
+    EXPECT_EQ(driver->record().generation, reset + 1);
     ASSERT_EQ(launcher.running().size(), 4u);
     EXPECT_EQ(env_of(*launcher.running_rank(0))["TORCHELASTIC_RESTART_COUNT"], std::to_string(reset));
   }
@@ -213,7 +213,7 @@ TEST_F(DriverTest, FatalExitCodeEndsAnElasticJobWithoutARetry) {
   ASSERT_EQ(launcher.running().size(), 4u);
   launcher.finish(launcher.running_rank(2), ExitStatus{kFatalExitCode, 0});
   EXPECT_EQ(steps(2), kFatalExitCode);
-  EXPECT_EQ(driver->resets(), 0);
+  EXPECT_EQ(driver->record().resets, 0);
   EXPECT_EQ(launcher.launched().size(), 4u);
   EXPECT_TRUE(launcher.running().empty());
 }
@@ -229,7 +229,7 @@ TEST_F(DriverTest, NoRetryMarkInTheAgentsExitReportEndsAnElasticJob) {
   launcher.finish(launcher.running_rank(2), ExitStatus{1, 0},
                   {"Traceback (most recent call last):", std::string(kNoRetryMark) + "allreduce shapes differ"});
   EXPECT_EQ(steps(2), 1);
-  EXPECT_EQ(driver->resets(), 0);
+  EXPECT_EQ(driver->record().resets, 0);
   EXPECT_EQ(launcher.launched().size(), 4u);
 }
 
@@ -240,7 +240,7 @@ TEST_F(DriverTest, AFailureWithoutTheMarkInItsExitReportIsRetried) {
   steps(1);
   launcher.finish(launcher.running_rank(2), ExitStatus{1, 0}, {"RuntimeError: peer went away"});
   EXPECT_FALSE(steps(2));
-  EXPECT_EQ(driver->resets(), 1);
+  EXPECT_EQ(driver->record().resets, 1);
 }
 
 TEST_F(DriverTest, RecoveredFailureDoesNotFailTheJob) {
@@ -251,7 +251,7 @@ TEST_F(DriverTest, RecoveredFailureDoesNotFailTheJob) {
   steps(1);
   launcher.finish(launcher.running_rank(1), ExitStatus{0, SIGKILL});
   steps(2);
-  EXPECT_EQ(driver->generation(), 2);
+  EXPECT_EQ(driver->record().generation, 2);
   finish_all(ExitStatus{0, 0});
   EXPECT_EQ(steps(2), 0);
 }
@@ -265,23 +265,23 @@ TEST_F(DriverTest, GrowsShrinksAndWaitsForMinNp) {
   // A host appears: the job restarts at 4 ranks, a's ranks first.
   discovery.set(HostSet({{"a", 2}, {"b", 4}}));
   steps(15);
-  EXPECT_EQ(driver->generation(), 2);
+  EXPECT_EQ(driver->record().generation, 2);
   EXPECT_EQ(driver->plan().to_string(), "4 ranks: a[0-1] b[2-3]");
   EXPECT_EQ(launcher.running().size(), 4u);
   // More slots than max-np change nothing.
   discovery.set(HostSet({{"a", 2}, {"b", 4}, {"c", 4}}));
   steps(15);
-  EXPECT_EQ(driver->generation(), 2);
+  EXPECT_EQ(driver->record().generation, 2);
   // a leaves: b takes ranks 0-3.
   discovery.set(HostSet({{"b", 4}, {"c", 4}}));
   steps(15);
-  EXPECT_EQ(driver->generation(), 3);
+  EXPECT_EQ(driver->record().generation, 3);
   EXPECT_EQ(driver->plan().to_string(), "4 ranks: b[0-3]");
   // Everything but one slot goes: below --min-np the running workers are kept.
   discovery.set(HostSet({{"c", 1}}));
   steps(15);
   EXPECT_EQ(launcher.running().size(), 4u);
-  EXPECT_EQ(driver->generation(), 3);
+  EXPECT_EQ(driver->record().generation, 3);
   // A worker fails: the job waits for --min-np slots, then the elastic timeout ends it.
   launcher.finish(launcher.running_rank(1), ExitStatus{5, 0});
   steps(2);
@@ -297,7 +297,7 @@ TEST_F(DriverTest, DiscoveryErrorsKeepTheJobRunning) {
   steps(1);
   discovery.set_error("script exited with exit code 1");
   EXPECT_FALSE(steps(30));
-  EXPECT_EQ(driver->generation(), 1);
+  EXPECT_EQ(driver->record().generation, 1);
   EXPECT_EQ(launcher.running().size(), 2u);
 }
 
@@ -515,7 +515,7 @@ TEST_F(DriverTest, CrashLoopEndsTheJobWithTheProgramsExitCode) {
     code = steps(2);
   }
   EXPECT_EQ(code, 127);
-  EXPECT_EQ(driver->generation(), 3);
+  EXPECT_EQ(driver->record().generation, 3);
   EXPECT_TRUE(launcher.running().empty());
   EXPECT_NE(log.text().find("crash loop: generations 1-3"), std::string::npos) << log.text();
   EXPECT_NE(log.text().find("root cause: gen 3"), std::string::npos) << log.text();
@@ -533,7 +533,7 @@ TEST_F(DriverTest, CrashLoopLimitZeroKeepsRestarting) {
     finish_all(ExitStatus{127, 0});
     EXPECT_FALSE(steps(2));
   }
-  EXPECT_EQ(driver->generation(), 7);
+  EXPECT_EQ(driver->record().generation, 7);
 }
 
 TEST_F(DriverTest, FinishingAfterAFailureSaysWhoFinishedWhoFailedAndWhy) {
@@ -673,11 +673,11 @@ TEST_F(DriverTest, StoppingForARestartIsAPhaseTimedByTheClock) {
   EXPECT_FALSE(steps(45));  // 4.5 s of the 5 s
   EXPECT_EQ(driver->phase(), JobPhase::kStopping);
   EXPECT_FALSE(stubborn->killed);
-  EXPECT_EQ(driver->generation(), 1);
+  EXPECT_EQ(driver->record().generation, 1);
   EXPECT_FALSE(steps(10));
   EXPECT_TRUE(stubborn->killed);
   EXPECT_EQ(driver->phase(), JobPhase::kRunning);
-  EXPECT_EQ(driver->generation(), 2);
+  EXPECT_EQ(driver->record().generation, 2);
   EXPECT_EQ(launcher.running().size(), 2u);
 }
 

@@ -60,7 +60,7 @@ class InPlaceTest : public ::testing::Test {
     EXPECT_FALSE(steps(1));
     membership.join_all();
     EXPECT_FALSE(steps(1));
-    ASSERT_EQ(driver->generation(), 1);
+    ASSERT_EQ(driver->record().generation, 1);
   }
   std::optional<int> steps(int n) {
     for (int i = 0; i < n; ++i) {
@@ -110,7 +110,7 @@ class InPlaceTest : public ::testing::Test {
     discovery.set(HostSet({{"a", 2}}));
     clock.advance(std::chrono::seconds(1));
     EXPECT_FALSE(steps(1));
-    ASSERT_EQ(driver->generation(), 2);
+    ASSERT_EQ(driver->record().generation, 2);
   }
 
   FakeDiscovery discovery;
@@ -134,7 +134,7 @@ TEST_F(InPlaceTest, FrozenWorkerReportedBySurvivorsIsKilledAndLeftOutAtOnce) {
   EXPECT_FALSE(steps(1));
 
   EXPECT_TRUE(frozen->killed);
-  EXPECT_EQ(driver->generation(), 2);
+  EXPECT_EQ(driver->record().generation, 2);
   ASSERT_EQ(membership.published().back(), 2);
   // The survivors are members of generation 2 at once; slot 3 gets a new worker.
   for (auto& s : {a0, a1, a2}) EXPECT_TRUE(membership.is_member(s)) << s.local_index;
@@ -147,7 +147,7 @@ TEST_F(InPlaceTest, FrozenWorkerReportedBySurvivorsIsKilledAndLeftOutAtOnce) {
   EXPECT_EQ(membership.ranks().size(), 3u);
   membership.join(a3, -1);
   EXPECT_FALSE(steps(2));
-  EXPECT_EQ(driver->generation(), 3);
+  EXPECT_EQ(driver->record().generation, 3);
   EXPECT_EQ(membership.ranks().size(), 4u);
   launcher.finish(frozen, ExitStatus{0, SIGKILL});
   for (auto& w : launcher.running()) launcher.finish(w, ExitStatus{0, 0});
@@ -174,7 +174,7 @@ TEST_F(InPlaceTest, ARankNamedAliveThatReJoinedItselfStays) {
     EXPECT_FALSE(steps(1));
     EXPECT_FALSE(leader->killed);
     EXPECT_TRUE(frozen->killed);
-    EXPECT_EQ(driver->generation(), 2);
+    EXPECT_EQ(driver->record().generation, 2);
     EXPECT_TRUE(membership.is_member(a0));
     EXPECT_TRUE(membership.is_member(a1));
     driver.reset();
@@ -188,7 +188,7 @@ TEST_F(InPlaceTest, AReportAboutAnOlderGenerationDoesNotKillTheReplacement) {
   start_joined(elastic(4, 2, 4));
   membership.join(a0, 1, JoinReason::kPeerLost, 3, PeerState::kAlive, 7);
   EXPECT_FALSE(steps(1));
-  ASSERT_EQ(driver->generation(), 2);
+  ASSERT_EQ(driver->record().generation, 2);
   Worker replacement = worker_at(a3);
   ASSERT_TRUE(replacement);
   // A late report from another survivor about generation 1's rank 3.
@@ -205,13 +205,13 @@ TEST_F(InPlaceTest, ReportAboutAMemberOfTheNewGenerationReformsWithoutIt) {
   start_joined(elastic(3, 1, 3));
   survivors_rejoin({a0, a1}, 1);
   EXPECT_FALSE(steps(1));
-  ASSERT_EQ(driver->generation(), 2);  // re-formed: same three workers
+  ASSERT_EQ(driver->record().generation, 2);  // re-formed: same three workers
   EXPECT_EQ(launcher.launched().size(), 3u);
   Worker stuck = worker_at(a2);
   membership.join(a0, 2, JoinReason::kFormFailed, 2, PeerState::kUnknown, 7);
   EXPECT_FALSE(steps(1));
   EXPECT_TRUE(stuck->killed);
-  EXPECT_EQ(driver->generation(), 3);
+  EXPECT_EQ(driver->record().generation, 3);
   EXPECT_EQ(launcher.launched().size(), 4u);  // slot 2 relaunched
 }
 
@@ -223,7 +223,7 @@ TEST_F(InPlaceTest, AFailureTellsTheMembersOfTheFailedGenerationAtOnce) {
   EXPECT_TRUE(membership.notified().empty());
   launcher.finish(worker_at(c0), ExitStatus{0, SIGKILL});
   EXPECT_FALSE(steps(1));
-  EXPECT_EQ(driver->generation(), 2);
+  EXPECT_EQ(driver->record().generation, 2);
   EXPECT_EQ(membership.notified(), std::vector<long>{1});
 }
 
@@ -232,7 +232,7 @@ TEST_F(InPlaceTest, ReJoinWithoutAReportReformsWithTheSameWorkers) {
   start_joined(elastic(2, 1, 2));
   survivors_rejoin({a0}, 1);
   EXPECT_FALSE(steps(1));
-  EXPECT_EQ(driver->generation(), 2);
+  EXPECT_EQ(driver->record().generation, 2);
   EXPECT_EQ(launcher.launched().size(), 2u);
   EXPECT_TRUE(launcher.running().size() == 2u);
 }
@@ -244,19 +244,19 @@ TEST_F(InPlaceTest, HostsUpdatedReJoinsDoNotExcludeAnyone) {
   clock.advance(std::chrono::seconds(1));
   EXPECT_FALSE(steps(1));
   // The new worker starts while the others train; announced once it waits.
-  EXPECT_EQ(driver->generation(), 1);
+  EXPECT_EQ(driver->record().generation, 1);
   EXPECT_TRUE(membership.notified().empty());
-  EXPECT_EQ(driver->resets(), 0);
+  EXPECT_EQ(driver->record().resets, 0);
   membership.join(b0, -1);
   EXPECT_FALSE(steps(1));
-  ASSERT_EQ(driver->generation(), 2);
+  ASSERT_EQ(driver->record().generation, 2);
   ASSERT_EQ(membership.notified(), std::vector<long>{1});
-  EXPECT_EQ(driver->resets(), 1);
+  EXPECT_EQ(driver->record().resets, 1);
   // A hosts-updated re-join never names a failed rank that the driver acts on.
   membership.join(a0, 1, JoinReason::kHostsUpdated, 1, PeerState::kAlive, 7);
   membership.join(a1, 1, JoinReason::kHostsUpdated);
   EXPECT_FALSE(steps(1));
-  EXPECT_EQ(driver->generation(), 2);
+  EXPECT_EQ(driver->record().generation, 2);
   EXPECT_FALSE(worker_at(a1)->killed);
   EXPECT_EQ(launcher.launched().size(), 3u);
 }
@@ -270,14 +270,14 @@ TEST_F(InPlaceTest, SurvivorsBelowMinNpWaitInTheRendezvousAndGoOnWhenSlotsReturn
   launcher.finish(worker_at(c0), ExitStatus{1, 0});
   survivors_rejoin({a0, b0}, 1);
   EXPECT_FALSE(steps(100));  // 10 s
-  EXPECT_EQ(driver->generation(), 1);
+  EXPECT_EQ(driver->record().generation, 1);
   ASSERT_EQ(launcher.running().size(), 2u);
   for (auto& w : launcher.running()) EXPECT_FALSE(w->terminated);
   EXPECT_TRUE(membership.is_waiting(a0));
   // c returns: the survivors go on in generation 2 with a new worker on c.
   discovery.set(HostSet({{"a", 1}, {"b", 1}, {"c", 1}}));
   EXPECT_FALSE(steps(15));
-  EXPECT_EQ(driver->generation(), 2);
+  EXPECT_EQ(driver->record().generation, 2);
   EXPECT_TRUE(membership.is_member(a0));
   EXPECT_TRUE(membership.is_member(b0));
   EXPECT_EQ(launcher.launched().size(), 4u);
@@ -310,7 +310,7 @@ TEST_F(InPlaceTest, ABlacklistedHostWhoseSurvivorsLiveKeepsThemInPlace) {
   survivors_rejoin({a1, a3}, 1);
   EXPECT_FALSE(steps(1));
   EXPECT_TRUE(driver->host_manager().is_blacklisted("a"));
-  EXPECT_EQ(driver->generation(), 2);
+  EXPECT_EQ(driver->record().generation, 2);
   for (auto& s : {a0, a1, a3}) {
     EXPECT_TRUE(membership.is_member(s));
     EXPECT_FALSE(worker_at(s)->terminated);
@@ -327,7 +327,7 @@ TEST_F(InPlaceTest, WhenNoWorkerHoldsACommitTheJobRestartsFromScratch) {
   EXPECT_FALSE(steps(5));
   discovery.set(HostSet({{"a", 1}, {"b", 1}}));
   EXPECT_FALSE(steps(15));
-  EXPECT_EQ(driver->generation(), 2);
+  EXPECT_EQ(driver->record().generation, 2);
   EXPECT_EQ(launcher.launched().size(), 4u);  // both started again
 }
 
@@ -379,25 +379,25 @@ TEST_F(InPlaceTest, AStandbyReadyBeforeTheColdReplacementTakesItsPlace) {
   launcher.finish(worker_at(a0), ExitStatus{0, SIGKILL});
   survivors_rejoin({a1}, 1, 0, PeerState::kDead);
   EXPECT_FALSE(steps(1));
-  ASSERT_EQ(driver->generation(), 2);
+  ASSERT_EQ(driver->record().generation, 2);
   ASSERT_EQ(membership.ranks().size(), 1u) << "the survivor goes on alone";
   Worker cold = worker_at(a0);
   ASSERT_TRUE(cold);
   EXPECT_FALSE(steps(5));
-  EXPECT_EQ(driver->generation(), 2);
+  EXPECT_EQ(driver->record().generation, 2);
   membership.join(a2, -1);  // the standby reaches its join first
   EXPECT_FALSE(steps(3));
   EXPECT_TRUE(cold->terminated);
   EXPECT_FALSE(standby->terminated);
-  ASSERT_EQ(driver->generation(), 3);
+  ASSERT_EQ(driver->record().generation, 3);
   ASSERT_EQ(membership.ranks().size(), 2u);
   EXPECT_TRUE(membership.is_member(a2));
   std::set<SlotKey> planned;
   for (auto& r : membership.ranks()) planned.insert(r.slot);
   EXPECT_EQ(planned, (std::set<SlotKey>{a1, a2}));
-  EXPECT_EQ(driver->resets(), 1);
+  EXPECT_EQ(driver->record().resets, 1);
   EXPECT_FALSE(steps(5));
-  EXPECT_EQ(driver->generation(), 3) << "the stopped replacement is no failure";
+  EXPECT_EQ(driver->record().generation, 3) << "the stopped replacement is no failure";
 }
 
 // The plan a joined replacement enters keeps its slot, even where a lower
@@ -413,7 +413,7 @@ TEST_F(InPlaceTest, AJoinedReplacementKeepsItsSlotOverALowerOneOfAStartingStandb
   launcher.finish(worker_at(a0), ExitStatus{0, SIGKILL});
   survivors_rejoin({a1}, 1, 0, PeerState::kDead);
   EXPECT_FALSE(steps(1));
-  ASSERT_EQ(driver->generation(), 2);
+  ASSERT_EQ(driver->record().generation, 2);
   ASSERT_EQ(membership.ranks().size(), 2u);
   EXPECT_TRUE(membership.is_member(a2));
   EXPECT_FALSE(steps(2));
@@ -427,12 +427,12 @@ TEST_F(InPlaceTest, AJoinedReplacementKeepsItsSlotOverALowerOneOfAStartingStandb
   launcher.finish(worker_at(a1), ExitStatus{0, SIGKILL});
   survivors_rejoin({a2}, 2, a1_rank, PeerState::kDead);
   EXPECT_FALSE(steps(1));
-  ASSERT_EQ(driver->generation(), 3);
+  ASSERT_EQ(driver->record().generation, 3);
   Worker cold = worker_at(a1);
   ASSERT_TRUE(cold);
   membership.join(a1, -1);
   EXPECT_FALSE(steps(2));
-  ASSERT_EQ(driver->generation(), 4);
+  ASSERT_EQ(driver->record().generation, 4);
   EXPECT_TRUE(membership.is_member(a1));
   EXPECT_FALSE(membership.is_member(a0));
   EXPECT_FALSE(cold->terminated);
@@ -463,7 +463,7 @@ TEST_F(InPlaceTest, AReadyStandbyOnASpareHostTakesALostMembersPlace) {
   launcher.finish(worker_at(a0), ExitStatus{0, SIGKILL});
   survivors_rejoin({a1}, 1, 0, PeerState::kDead);
   EXPECT_FALSE(steps(1));
-  ASSERT_EQ(driver->generation(), 2);
+  ASSERT_EQ(driver->record().generation, 2);
   ASSERT_EQ(membership.ranks().size(), 2u) << "the spare's standby joins with the survivor";
   EXPECT_TRUE(membership.is_member(b0));
   EXPECT_FALSE(standby->terminated);
@@ -485,7 +485,7 @@ TEST_F(InPlaceTest, ABlacklistedHostKeepsTheRunningHostsCommits) {
   launcher.finish(worker_at(b0), ExitStatus{1, 0});
   survivors_rejoin({a0}, 1, 1, PeerState::kDead);
   EXPECT_FALSE(steps(3));
-  ASSERT_EQ(driver->generation(), 2);
+  ASSERT_EQ(driver->record().generation, 2);
   ASSERT_EQ(driver->plan().size(), 1);
   EXPECT_FALSE(worker_at(b0)) << "b is blacklisted";
   EXPECT_GE(launcher.kept().count("b") ? launcher.kept().at("b") : 0, 1) << "b keeps no replica of a's commits";
@@ -516,7 +516,7 @@ TEST_F(InPlaceTest, ADrainingHostLeavesAtTheNextCommitWithNoFailure) {
   start_joined(elastic(4, 1, 4));
   launcher.drain("b", "SIGTERM to the agent");
   EXPECT_FALSE(steps(1));
-  ASSERT_EQ(driver->generation(), 2);
+  ASSERT_EQ(driver->record().generation, 2);
   EXPECT_EQ(driver->plan().size(), 2);
   EXPECT_EQ(membership.drains_notified(), std::vector<long>{1});
   Worker b_0 = worker_at(b0), b_1 = worker_at(SlotKey{"b", 1});
@@ -528,7 +528,7 @@ TEST_F(InPlaceTest, ADrainingHostLeavesAtTheNextCommitWithNoFailure) {
   EXPECT_TRUE(b_1->terminated);
   EXPECT_FALSE(b_0->killed);
   EXPECT_FALSE(driver->host_manager().is_blacklisted("b"));
-  EXPECT_EQ(driver->resets(), 1);
+  EXPECT_EQ(driver->record().resets, 1);
   EXPECT_TRUE(worker_at(a0) && worker_at(a1)) << "a survivor was stopped";
   // Discovery still lists b: it stays out (no worker is started there).
   const size_t launched = launcher.launched().size();
@@ -549,7 +549,7 @@ TEST_F(InPlaceTest, ADrainPastItsTimeoutKillsAndADiscoveryMarkDrainsUntilItIsGon
   discovery.set(HostSet({Host{"a", 1}, Host{"b", 1, /*draining=*/true}}));
   clock.advance(std::chrono::seconds(1));
   EXPECT_FALSE(steps(1));
-  ASSERT_EQ(driver->generation(), 2);
+  ASSERT_EQ(driver->record().generation, 2);
   EXPECT_EQ(membership.drains_notified(), std::vector<long>{1});
   Worker b_0 = worker_at(b0);
   ASSERT_TRUE(b_0);
@@ -557,7 +557,7 @@ TEST_F(InPlaceTest, ADrainPastItsTimeoutKillsAndADiscoveryMarkDrainsUntilItIsGon
   EXPECT_FALSE(b_0->killed);
   EXPECT_FALSE(steps(10));
   EXPECT_TRUE(b_0->killed) << "not stopped at --drain-timeout";
-  EXPECT_EQ(driver->resets(), 2) << "the membership change, and the failure";
+  EXPECT_EQ(driver->record().resets, 2) << "the membership change, and the failure";
   // Listed again without the mark: b grows the job again.
   discovery.set(HostSet({{"a", 1}, {"b", 1}}));
   clock.advance(std::chrono::seconds(1));
@@ -604,7 +604,7 @@ TEST_F(InPlaceTest, AStragglerLeavesAtTheNextCommitAndItsSlotReturnsAfterTheCool
   start_joined(o);
   slow_intervals(membership, {a0, a1, b0, b1}, b1, 1);
   EXPECT_FALSE(steps(1));
-  ASSERT_EQ(driver->generation(), 2);
+  ASSERT_EQ(driver->record().generation, 2);
   EXPECT_EQ(driver->plan().size(), 3);
   EXPECT_FALSE(driver->plan().contains(b1));
   EXPECT_EQ(membership.drains_notified(), std::vector<long>{1});
@@ -616,7 +616,7 @@ TEST_F(InPlaceTest, AStragglerLeavesAtTheNextCommitAndItsSlotReturnsAfterTheCool
   EXPECT_TRUE(slow->terminated);
   EXPECT_FALSE(slow->killed);
   EXPECT_FALSE(driver->host_manager().is_blacklisted("b"));
-  EXPECT_EQ(driver->resets(), 1);
+  EXPECT_EQ(driver->record().resets, 1);
   // Out for the cooldown, then a new worker in that slot.
   EXPECT_FALSE(steps(40));
   EXPECT_FALSE(worker_at(b1));
@@ -636,7 +636,7 @@ TEST_F(InPlaceTest, AStragglerAtMinNpOrUnderReportIsOnlyReported) {
     start_joined(o);
     slow_intervals(membership, {a0, b0}, b0, 1);
     EXPECT_FALSE(steps(5));
-    EXPECT_EQ(driver->generation(), 1) << at_min;
+    EXPECT_EQ(driver->record().generation, 1) << at_min;
     EXPECT_EQ(driver->plan().size(), 2) << at_min;
     EXPECT_TRUE(membership.drains_notified().empty()) << at_min;
   }
@@ -723,13 +723,13 @@ TEST_F(InPlaceTest, AWorkerThatDoesNotJoinWithinTheRendezvousTimeoutIsKilled) {
   start_joined(elastic(2, 1, 2));
   survivors_rejoin({a0}, 1);  // a1 never re-joins (a worker hung outside collectives)
   EXPECT_FALSE(steps(1));
-  ASSERT_EQ(driver->generation(), 2);
+  ASSERT_EQ(driver->record().generation, 2);
   Worker hung = worker_at(a1);
   EXPECT_FALSE(steps(150));  // 15 s of the 20 s
   EXPECT_FALSE(hung->killed);
   EXPECT_FALSE(steps(60));
   EXPECT_TRUE(hung->killed);
-  EXPECT_EQ(driver->generation(), 3);  // recovered in place: its slot gets a new worker
+  EXPECT_EQ(driver->record().generation, 3);  // recovered in place: its slot gets a new worker
   EXPECT_EQ(launcher.launched().size(), 3u);
 }
 
@@ -742,13 +742,13 @@ TEST_F(InPlaceTest, AfterAFailureASurvivorThatDoesNotReJoinWithinTheCollectiveTi
   start_joined(o);
   survivors_rejoin({a0, b0}, 1);
   EXPECT_FALSE(steps(1));
-  ASSERT_EQ(driver->generation(), 2);  // re-formed with c0 still in it
+  ASSERT_EQ(driver->record().generation, 2);  // re-formed with c0 still in it
   Worker stopped = worker_at(c0);
   EXPECT_FALSE(steps(25));  // 2.5 s
   EXPECT_FALSE(stopped->killed);
   EXPECT_FALSE(steps(6));  // past 3 s: killed and left out, long before --rendezvous-timeout
   EXPECT_TRUE(stopped->killed);
-  EXPECT_EQ(driver->generation(), 3);
+  EXPECT_EQ(driver->record().generation, 3);
   EXPECT_FALSE(worker_at(a0)->killed);
   EXPECT_FALSE(worker_at(b0)->killed);
 }
@@ -758,12 +758,12 @@ TEST_F(InPlaceTest, AWorkerWaitingInTheRendezvousIsNeverKilledByTheDeadline) {
   start_joined(elastic(2, 1, 2));
   survivors_rejoin({a0}, 1);
   EXPECT_FALSE(steps(1));
-  ASSERT_EQ(driver->generation(), 2);
+  ASSERT_EQ(driver->record().generation, 2);
   EXPECT_FALSE(steps(199));  // just before the 20 s deadline a1 has not joined generation 2...
   membership.join(a1, 2, JoinReason::kFormFailed);  // ...and now waits for a newer one, as the deadline passes
   EXPECT_FALSE(steps(2));
   EXPECT_FALSE(worker_at(a1)->killed);
-  EXPECT_EQ(driver->generation(), 3);
+  EXPECT_EQ(driver->record().generation, 3);
   EXPECT_TRUE(membership.is_member(a1));
 }
 
@@ -777,7 +777,7 @@ TEST_F(InPlaceTest, SurvivorsGoOnAloneAndGrowOnceTheReplacementWaitsInTheRendezv
   launcher.finish(worker_at(a1), ExitStatus{0, SIGKILL});
   survivors_rejoin({a0, a2, a3}, 1, 1, PeerState::kDead);
   EXPECT_FALSE(steps(1));
-  ASSERT_EQ(driver->generation(), 2);
+  ASSERT_EQ(driver->record().generation, 2);
   // Generation 2 is the survivors' alone, with dense local ranks (a hole at slot 1).
   ASSERT_EQ(membership.ranks().size(), 3u);
   const std::vector<SlotKey> expect{a0, a2, a3};
@@ -798,22 +798,22 @@ TEST_F(InPlaceTest, SurvivorsGoOnAloneAndGrowOnceTheReplacementWaitsInTheRendezv
   // free slot is not a membership change. (Generation 1's members were told
   // it ended, so that any still forming it give up at once.)
   EXPECT_FALSE(steps(50));
-  EXPECT_EQ(driver->generation(), 2);
+  EXPECT_EQ(driver->record().generation, 2);
   EXPECT_EQ(membership.notified(), std::vector<long>{1});
-  EXPECT_EQ(driver->resets(), 1);
+  EXPECT_EQ(driver->record().resets, 1);
   // It waits in the rendezvous: announce, and publish the grown generation.
   membership.join(a1, -1);
   EXPECT_FALSE(steps(1));
   EXPECT_EQ(membership.notified(), (std::vector<long>{1, 2}));
-  ASSERT_EQ(driver->generation(), 3);
+  ASSERT_EQ(driver->record().generation, 3);
   ASSERT_EQ(membership.ranks().size(), 4u);
   EXPECT_TRUE(membership.is_member(a1));
-  EXPECT_EQ(driver->resets(), 1);  // one failure, one reset
+  EXPECT_EQ(driver->record().resets, 1);  // one failure, one reset
   // The survivors re-join at their next commit and are members at once.
   for (auto& s : expect) membership.join(s, 2, JoinReason::kHostsUpdated);
   EXPECT_FALSE(steps(1));
   for (auto& s : {a0, a1, a2, a3}) EXPECT_TRUE(membership.is_member(s));
-  EXPECT_EQ(driver->generation(), 3);
+  EXPECT_EQ(driver->record().generation, 3);
   EXPECT_EQ(launcher.launched().size(), 5u);
   for (auto& w : launcher.running()) EXPECT_FALSE(w->terminated);
 }
@@ -824,12 +824,12 @@ TEST_F(InPlaceTest, SurvivorsBelowMinNpAloneWaitForTheReplacementAsBefore) {
   launcher.finish(worker_at(a1), ExitStatus{0, SIGKILL});
   survivors_rejoin({a0}, 1, 1, PeerState::kDead);
   EXPECT_FALSE(steps(1));
-  ASSERT_EQ(driver->generation(), 2);
+  ASSERT_EQ(driver->record().generation, 2);
   EXPECT_EQ(membership.ranks().size(), 2u);  // the replacement is in the generation
   membership.join(a1, -1);
   EXPECT_FALSE(steps(2));
   EXPECT_TRUE(membership.is_member(a1));
-  EXPECT_EQ(driver->generation(), 2);
+  EXPECT_EQ(driver->record().generation, 2);
   EXPECT_EQ(membership.notified(), std::vector<long>{1});  // only the failed generation's end
 }
 
@@ -842,16 +842,16 @@ TEST_F(InPlaceTest, AReplacementThatFailsBeforeJoiningDoesNotFailTheSurvivorsGen
   launcher.finish(worker_at(b0), ExitStatus{0, SIGKILL});
   survivors_rejoin({a0, a1}, 1, 2, PeerState::kDead);
   EXPECT_FALSE(steps(1));
-  ASSERT_EQ(driver->generation(), 2);
-  EXPECT_EQ(driver->resets(), 1);
+  ASSERT_EQ(driver->record().generation, 2);
+  EXPECT_EQ(driver->record().resets, 1);
   Worker replacement = worker_at(b0);
   ASSERT_TRUE(replacement);
   launcher.finish(replacement, ExitStatus{1, 0});  // e.g. an import error on b
   EXPECT_FALSE(steps(30));
   // No reset, no new generation: the survivors never saw it. Its host is
   // blacklisted (its second failure in a row), so nothing more starts there.
-  EXPECT_EQ(driver->generation(), 2);
-  EXPECT_EQ(driver->resets(), 1);
+  EXPECT_EQ(driver->record().generation, 2);
+  EXPECT_EQ(driver->record().resets, 1);
   EXPECT_TRUE(driver->host_manager().is_blacklisted("b"));
   EXPECT_EQ(launcher.launched().size(), 4u);
   for (auto& s : {a0, a1}) EXPECT_FALSE(worker_at(s)->terminated);
@@ -861,24 +861,24 @@ TEST_F(InPlaceTest, AReplacementThatFailsBeforeJoiningDoesNotFailTheSurvivorsGen
 
 TEST_F(InPlaceTest, AReplacementThatNeverJoinsIsKilledAtTheRendezvousTimeoutAndTheSurvivorsGoOn) {
   lose_a2(2);
-  ASSERT_EQ(driver->generation(), 2);
+  ASSERT_EQ(driver->record().generation, 2);
   Worker stuck = worker_at(a2);
   ASSERT_TRUE(stuck);
   EXPECT_FALSE(steps(190));  // 19 s of --rendezvous-timeout 20 s
   EXPECT_FALSE(stuck->killed);
-  EXPECT_EQ(driver->generation(), 2);
+  EXPECT_EQ(driver->record().generation, 2);
   EXPECT_FALSE(steps(15));
   EXPECT_TRUE(stuck->killed);
   for (auto& s : {a0, a1}) EXPECT_FALSE(worker_at(s)->terminated);
-  EXPECT_EQ(driver->resets(), 1);  // the survivors' generation did not fail
-  EXPECT_EQ(driver->generation(), 2);
+  EXPECT_EQ(driver->record().resets, 1);  // the survivors' generation did not fail
+  EXPECT_EQ(driver->record().generation, 2);
   // The slot gets another pending worker; the survivors still train alone.
   Worker next = worker_at(a2);
   ASSERT_TRUE(next);
   EXPECT_NE(next, stuck);
   membership.join(a2, -1);
   EXPECT_FALSE(steps(1));
-  EXPECT_EQ(driver->generation(), 3);
+  EXPECT_EQ(driver->record().generation, 3);
   EXPECT_EQ(membership.notified(), (std::vector<long>{1, 2}));
 }
 
@@ -898,7 +898,7 @@ TEST_F(InPlaceTest, AReplacementInAGenerationTheFinishedRanksNeverJoinedIsStoppe
   lose_a2(1);
   membership.join(a2, -1);
   EXPECT_FALSE(steps(1));
-  ASSERT_EQ(driver->generation(), 3);
+  ASSERT_EQ(driver->record().generation, 3);
   Worker replacement = worker_at(a2);
   ASSERT_TRUE(replacement);
   EXPECT_TRUE(membership.is_member(a2));
@@ -966,12 +966,12 @@ class InPlaceSilentTest : public InPlaceTest {
   // and are members of that one at once.
   void expect_members_after_leaving_the_reformed_generation(const std::vector<SlotKey>& slots) {
     for (auto& s : slots) {
-      if (!membership.is_member(s)) membership.join(s, driver->generation() - 1, JoinReason::kFormFailed);
+      if (!membership.is_member(s)) membership.join(s, driver->record().generation - 1, JoinReason::kFormFailed);
     }
-    const long gen = driver->generation();
+    const long gen = driver->record().generation;
     EXPECT_FALSE(steps(1));
     for (auto& s : slots) EXPECT_TRUE(membership.is_member(s)) << s.host;
-    EXPECT_EQ(driver->generation(), gen);
+    EXPECT_EQ(driver->record().generation, gen);
   }
   std::map<SlotKey, Worker> at_start;
   std::vector<SlotKey> frozen_;
@@ -1001,7 +1001,7 @@ TEST_P(InPlaceSilentRingTest, AFrozenRankIsLeftOutOnceEveryOtherMemberReJoined) 
   for (auto& r : membership.ranks()) EXPECT_NE(r.slot, c0);
   expect_members_after_leaving_the_reformed_generation({a0, b0, d0});
   expect_no_healthy_worker_killed("at the end");
-  EXPECT_EQ(driver->resets(), 1);  // one failure
+  EXPECT_EQ(driver->record().resets, 1);  // one failure
 }
 
 INSTANTIATE_TEST_SUITE_P(EveryOrder, InPlaceSilentRingTest,
@@ -1164,7 +1164,7 @@ TEST_F(InPlaceTest, AWorkerThatDiesIsReportedToTheSurvivorsBeforeTheNextGenerati
   launcher.finish(worker_at(SlotKey{"b", 1}), ExitStatus{255, 0});
   EXPECT_FALSE(steps(1));
   EXPECT_EQ(membership.peers_lost(), (Lost{{1, {3}}}));
-  EXPECT_EQ(driver->generation(), 2);
+  EXPECT_EQ(driver->record().generation, 2);
   // Told once: later ticks and the next generation do not repeat it.
   survivors_rejoin({a0, a1, b0}, 1, 3);
   EXPECT_FALSE(steps(3));
@@ -1192,7 +1192,7 @@ TEST_F(InPlaceTest, ARankReportedBySurvivorsIsToldToTheOthers) {
   // In generation 2 (the survivors alone) the frozen worker is no member; its
   // replacement joins them in generation 3, and a later loss names only the
   // new one, in the generation it was lost from.
-  ASSERT_EQ(driver->generation(), 2);
+  ASSERT_EQ(driver->record().generation, 2);
   membership.join(b0, 1, JoinReason::kPeerLost, 2);
   membership.join(c0, -1);
   EXPECT_FALSE(steps(1));
@@ -1212,7 +1212,7 @@ TEST_F(InPlaceTest, AFailedReplacementIsNotToldToTheSurvivorsAsALostRank) {
   launcher.finish(worker_at(a1), ExitStatus{0, SIGKILL});
   survivors_rejoin({a0, b0, SlotKey{"b", 1}}, 1, 1, PeerState::kDead);
   EXPECT_FALSE(steps(1));
-  ASSERT_EQ(driver->generation(), 2);  // a0, b0, b1 as ranks 0-2; a1's replacement pending with rank 1
+  ASSERT_EQ(driver->record().generation, 2);  // a0, b0, b1 as ranks 0-2; a1's replacement pending with rank 1
   membership.join_all();
   EXPECT_FALSE(steps(1));
   launcher.finish(worker_at(a1), ExitStatus{1, 0});
@@ -1239,7 +1239,7 @@ TEST_F(InPlaceTest, SurvivorsBelowMinNpWaitInTheirOwnPhase) {
   discovery.set(HostSet({{"a", 1}, {"b", 1}, {"c", 1}}));
   EXPECT_FALSE(steps(15));
   EXPECT_EQ(driver->phase(), JobPhase::kRunning);
-  EXPECT_EQ(driver->generation(), 2);
+  EXPECT_EQ(driver->record().generation, 2);
   // Below --min-np again, then every survivor dies while waiting.
   discovery.set(HostSet({{"a", 1}}));
   clock.advance(std::chrono::seconds(1));
@@ -1333,7 +1333,7 @@ TEST_F(InPlaceTest, ANewGenerationWithoutSurvivorsSaysWhichCommitItResumesAt) {
   EXPECT_FALSE(steps(1));
   for (auto& w : launcher.running()) launcher.finish(w, ExitStatus{0, SIGKILL});
   EXPECT_FALSE(steps(3));
-  ASSERT_EQ(driver->generation(), 2);
+  ASSERT_EQ(driver->record().generation, 2);
   membership.join(a0, -1, JoinReason::kStart, -1, PeerState::kUnknown, 41);
   membership.join(b0, -1, JoinReason::kStart, -1, PeerState::kUnknown, 42);
   EXPECT_FALSE(steps(1));

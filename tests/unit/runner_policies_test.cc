@@ -1,7 +1,9 @@
 // The driver's policies on snapshots built by hand, with no driver
-// (runner/policies/policy.h): draining, stragglers and pre-flight, and the
-// agents kept for the job's host memory.
+// (runner/policies/policy.h): draining, stragglers and pre-flight, the
+// agents kept for the job's host memory, and the generation's joining.
 #include <gtest/gtest.h>
+
+#include <signal.h>
 
 #include <string>
 #include <variant>
@@ -10,6 +12,7 @@
 #include "runner/policies/drain.h"
 #include "runner/policies/host_memory.h"
 #include "runner/policies/peer_reports.h"
+#include "runner/policies/rejoin.h"
 #include "runner/policies/standbys.h"
 #include "runner/policies/straggler_watch.h"
 
@@ -555,6 +558,94 @@ TEST(PeerReports, ASilentRankIsExcludedAloneAtOnceButSeveralOnlyOnceTheGeneratio
     EXPECT_EQ(excluded[1].worker, 4);
     EXPECT_TRUE(all_of<act::Exclude>(reports.take(job.s, {})).empty()) << "decided once";
   }
+}
+
+// ---- RejoinDeadlines and retire_due ----
+
+DriverOptions rejoin_options(WorkerMode mode = WorkerMode::kElastic) {
+  DriverOptions o;
+  o.rendezvous_timeout = seconds(60);
+  o.collective_timeout = seconds(5);
+  o.mode = mode;
+  return o;
+}
+
+MembershipSnapshot joined_slots(const std::vector<SlotKey>& members, const std::vector<SlotKey>& waiting = {}) {
+  std::vector<JoinRequest> m, w;
+  for (auto& s : members) m.push_back(JoinRequest{s});
+  for (auto& s : waiting) w.push_back(JoinRequest{s});
+  MembershipSnapshot snap;
+  snap.members = std::move(m);
+  snap.waiting = std::move(w);
+  return snap;
+}
+
+TEST(RejoinDeadlines, AfterAFailureASurvivorHasTheCollectiveTimeoutAndANewWorkerTheRendezvousTimeout) {
+  Job job({{"a", 0}, {"b", 0}, {"c", 0}}, {"a", "b", "c"});
+  for (auto& w : job.s.workers) {
+    w.joined = true;
+    w.launched_generation = 2;  // survivors of generation 2
+  }
+  job.worker(3).launched_generation = 3;  // c's worker was launched for this generation
+  job.worker(3).joined = false;
+  job.s.after_failure = true;
+  job.s.published_at = job.s.now;
+  const RejoinDeadlines rejoin(rejoin_options());
+  const MembershipSnapshot m = joined_slots({{"a", 0}});
+  job.s.now += seconds(5);
+  EXPECT_FALSE(rejoin.due(job.s.published_at, true, job.s.now)) << "collective timeout + 1 s not over";
+  EXPECT_TRUE(rejoin.watch(job.s, m).empty());
+  job.s.now += seconds(2);
+  ASSERT_TRUE(rejoin.due(job.s.published_at, true, job.s.now));
+  Actions out = rejoin.watch(job.s, m);
+  // b, a survivor that did not re-join, fails the generation and is left out; a joined; c still has time.
+  ASSERT_EQ(all_of<act::Exclude>(out).size(), 1u);
+  EXPECT_EQ(all_of<act::Exclude>(out)[0].worker, 2);
+  auto failed = all_of<act::FailGeneration>(out);
+  ASSERT_EQ(failed.size(), 1u);
+  EXPECT_EQ(failed[0].host, "b");
+  EXPECT_EQ(failed[0].status.signal, SIGKILL);
+  // Not after a failure: survivors get the rendezvous timeout too.
+  job.s.after_failure = false;
+  EXPECT_FALSE(rejoin.due(job.s.published_at, false, job.s.now));
+  EXPECT_TRUE(rejoin.watch(job.s, m).empty());
+  job.s.now = job.s.published_at + seconds(61);
+  out = rejoin.watch(job.s, m);
+  ASSERT_EQ(all_of<act::Exclude>(out).size(), 2u) << "b and c are late now";
+  // A complete generation has no deadline; a worker waiting in the rendezvous is never late.
+  job.s.complete = true;
+  EXPECT_TRUE(rejoin.watch(job.s, m).empty());
+  job.s.complete = false;
+  EXPECT_EQ(all_of<act::Exclude>(rejoin.watch(job.s, joined_slots({{"a", 0}}, {{"b", 0}, {"c", 0}}))).size(), 0u);
+}
+
+TEST(RejoinDeadlines, ARestartModeWorkerThatNeverJoinedIsNotLateAndPendingOrLeftOutOnesAreSkipped) {
+  Job job({{"a", 0}, {"b", 0}, {"c", 0}}, {"a", "b", "c"});
+  job.s.published_at = job.s.now - seconds(120);
+  job.worker(2).state = WorkerState::kPending;
+  job.worker(3).state = WorkerState::kRetiring;
+  const MembershipSnapshot none;
+  EXPECT_TRUE(RejoinDeadlines(rejoin_options(WorkerMode::kAuto)).watch(job.s, none).empty())
+      << "never joined, mode auto: a program that does not use erun's rendezvous";
+  Actions out = RejoinDeadlines(rejoin_options(WorkerMode::kElastic)).watch(job.s, none);
+  ASSERT_EQ(all_of<act::Exclude>(out).size(), 1u);
+  EXPECT_EQ(all_of<act::Exclude>(out)[0].worker, 1);
+}
+
+TEST(RetireDue, ARetiringWorkerStopsOnceItWaitsInTheRendezvousOrAtItsDeadline) {
+  Job job({{"a", 0}, {"b", 0}, {"c", 0}}, {"a", "b", "c"});
+  job.worker(2).state = WorkerState::kRetiring;
+  job.worker(2).retire_by = job.s.now + seconds(60);
+  job.worker(3).state = WorkerState::kRetiring;
+  job.worker(3).retire_by = job.s.now + seconds(60);
+  EXPECT_TRUE(retire_due(job.s).empty());
+  job.s.waiting = {{"b", 0}};
+  EXPECT_EQ(keys(all_of<act::Dismiss>(retire_due(job.s))), (std::vector<long>{2}));
+  job.s.waiting.clear();
+  job.s.now += seconds(60);
+  EXPECT_EQ(keys(all_of<act::Dismiss>(retire_due(job.s))), (std::vector<long>{2, 3}));
+  job.worker(3).alive = false;  // ended meanwhile: nothing to stop
+  EXPECT_EQ(keys(all_of<act::Dismiss>(retire_due(job.s))), (std::vector<long>{2}));
 }
 
 }  // namespace

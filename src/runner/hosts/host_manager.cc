@@ -2,7 +2,26 @@
 
 #include <algorithm>
 
+#include "common/log.h"
+#include "runner/observe/event_log.h"
+
 namespace erun {
+
+bool HostManager::count_failure(const std::string& host, bool unreachable, EventSink& events) {
+  const Blacklisting b = record_failure(host, unreachable);
+  if (!b) return false;
+  if (b.again) {
+    ERUN_LOG_WARN("{} still cannot be reached: it sits out another {:.0f} s (the same cooldown: an outage is not the "
+                  "host's fault), then is tried again",
+                  host, seconds(blacklisted_until(host) - clock_.now()));
+  } else {
+    ERUN_LOG_WARN("{} blacklisted for {:.0f} s after {} failure(s) in a row: the job goes on without it, then tries "
+                  "it again (see --blacklist-after and --blacklist-cooldown-range)",
+                  host, seconds(blacklisted_until(host) - clock_.now()), policy_.blacklist_after);
+  }
+  events.emit(ev::HostBlacklisted{.host = host});
+  return true;
+}
 
 HostManager::Blacklisting HostManager::record_failure(const std::string& host, bool unreachable) {
   auto& r = history_[host];

@@ -20,6 +20,8 @@
 
 namespace erun {
 
+class EventSink;
+
 struct BlacklistPolicy {
   int blacklist_after = 2;
   Duration cooldown_min = std::chrono::seconds(10);
@@ -58,6 +60,9 @@ class HostManager {
   // answered), rather than a failure on it; such failures of a host that
   // sits out already (the try's other workers) count nothing.
   Blacklisting record_failure(const std::string& host, bool unreachable = false);
+  // record_failure(), saying so (a warning and a host_blacklisted event)
+  // when it blacklists the host. Returns whether it did.
+  bool count_failure(const std::string& host, bool unreachable, EventSink& events);
   void record_success(const std::string& host);
   bool is_blacklisted(const std::string& host) const;
   // When a blacklisted host may be used again.

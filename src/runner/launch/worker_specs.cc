@@ -27,6 +27,12 @@ Launcher& WorkerSpecs::launcher_for(const std::string& host, bool* local) const 
   return is_local ? *site_.local : *site_.remote;
 }
 
+bool WorkerSpecs::is_local(const std::string& host) const {
+  bool local;
+  launcher_for(host, &local);
+  return local;
+}
+
 std::string WorkerSpecs::master_address(const Plan& plan) const {
   const std::string& host = plan.ranks.front().slot.host;
   bool all_local = true;

@@ -46,6 +46,8 @@ class WorkerSpecs {
 
   // The launcher that starts `host`'s workers; `local`: the local one.
   Launcher& launcher_for(const std::string& host, bool* local) const;
+  // launcher_for()'s `local` alone: `host` runs its agent on this machine.
+  bool is_local(const std::string& host) const;
   // `a`'s worker: its program, directory, environment, secret.
   WorkerSpec make(const RankAssignment& a, const std::string& master_addr, int master_port, const Now& now) const;
   // MASTER_ADDR for `plan`: 127.0.0.1 when every rank is local, else rank 0's host.

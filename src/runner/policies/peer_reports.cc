@@ -106,7 +106,7 @@ Actions PeerReports::take(const JobSnapshot& s, const std::vector<JoinRequest>& 
 //   kSilentSettle instead of the re-join deadline (twice the timeout + 1 s).
 // When no open member was named (a frozen rank whose only watcher died), the
 // open members are left to the re-join deadline (the driver's
-// enforce_rejoin_deadline()).
+// RejoinDeadlines, policies/rejoin.h).
 void PeerReports::settle(const JobSnapshot& s, Actions& out) {
   for (auto it = leaving_.begin(); it != leaving_.end();) {
     const Plan* left = plan_of(it->first);

@@ -35,6 +35,8 @@ struct WorkerView {
   bool alive = false;  // running: its exit is not seen yet
   TimePoint started{};  // when it was launched
   long launched_generation = 0;  // the generation it was launched in
+  bool joined = false;  // it joined the rendezvous at least once (in-place capable)
+  TimePoint retire_by{};  // kRetiring: stopped at this deadline unless it re-joins first
 
   bool pending() const { return state == WorkerState::kPending; }
   // Out of the running plan for good: retiring, dismissed or excluded.
@@ -48,6 +50,9 @@ struct WorkerView {
 struct JobSnapshot {
   TimePoint now{};
   long generation = 0;
+  TimePoint published_at{};            // when the current generation was published
+  bool after_failure = false;          // it re-forms after a failure
+  bool complete = false;               // every rank of its plan joined it
   const Plan* plan = nullptr;          // the running plan (never null in a snapshot the driver built)
   std::vector<WorkerView> workers;     // every worker not yet forgotten
   const HostSet* listed = nullptr;     // the hosts as discovery lists them (draining marks included)

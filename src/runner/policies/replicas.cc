@@ -231,4 +231,29 @@ std::map<std::string, std::string> CommitReplicas::serving() const {
   return out;
 }
 
+void CommitReplicas::tend(const Plan& running, const HostSet& usable, const HostSet& discovered,
+                          const HostManager& hosts, long recomputations) {
+  if (recomputations != planned_at_) {
+    planned_at_ = recomputations;
+    std::vector<std::string> holders, spares;
+    std::set<std::string> seen;
+    for (auto& r : running.ranks) {
+      if (seen.insert(r.slot.host).second) holders.push_back(r.slot.host);
+    }
+    for (auto& h : usable.hosts()) {
+      if (seen.insert(h.name).second) spares.push_back(h.name);
+    }
+    // A blacklisted host still keeps, and is sent, replicas (after the
+    // usable spares): its workers failed, not its memory, which may hold
+    // the only other copy when the holders are lost.
+    if (hosts.epoch().blacklisted_now > 0) {
+      for (auto& h : discovered.hosts()) {
+        if (hosts.is_blacklisted(h.name) && seen.insert(h.name).second) spares.push_back(h.name);
+      }
+    }
+    plan(holders, spares);
+  }
+  tick();
+}
+
 }  // namespace erun

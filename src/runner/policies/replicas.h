@@ -17,6 +17,8 @@
 #include <vector>
 
 #include "common/clock.h"
+#include "runner/hosts/host_manager.h"
+#include "runner/hosts/planner.h"
 #include "runner/launch/launcher.h"
 
 namespace erun {
@@ -60,6 +62,13 @@ class CommitReplicas {
   // Moves the agents toward the plan as their answers come; cheap (a few
   // keepers), called every tick of the running job.
   void tick();
+  // Each turn of the running job: plan() again when the plan cache made a
+  // new plan (`recomputations` moved on: the hosts, the blacklist or the
+  // running plan changed; with 20,000 hosts a tick must not list them),
+  // then tick(). The holders are `running`'s hosts; the spares the `usable`
+  // hosts beyond them, then the blacklisted hosts of `discovered`.
+  void tend(const Plan& running, const HostSet& usable, const HostSet& discovered, const HostManager& hosts,
+            long recomputations);
 
   // host -> the holder it keeps for, once its keeper pushes reach it.
   std::map<std::string, std::string> serving() const;
@@ -68,6 +77,7 @@ class CommitReplicas {
   const std::map<std::string, std::string>& keepers() const { return holders_; }
 
  private:
+  long planned_at_ = -1;  // the recomputations of the last plan() by tend()
   // A keeper's state beside its holder (in holders_, under the same host).
   struct Keeper {
     bool asked = false;      // KEEP sent

@@ -200,4 +200,11 @@ Plan StragglerWatch::without_resting(Plan p) const {
   return plan_over_slots(p.generation, kept);
 }
 
+MembershipSnapshot StragglerWatch::look(Membership* membership) {
+  if (!membership) return {};
+  MembershipSnapshot m = membership->snapshot();
+  note_probe_responders(m);
+  return m;
+}
+
 }  // namespace erun

@@ -48,6 +48,9 @@ class StragglerWatch {
   // The members' link probe responders (a few, one per host), noted again
   // when the generation or its member count changes.
   void note_probe_responders(const MembershipSnapshot& m);
+  // The membership's state this turn (empty without a rendezvous), its
+  // probe responders noted.
+  MembershipSnapshot look(Membership* membership);
   // The responder a worker launched on `host` times its link with (its
   // slot and probe port): one on another host of the running plan; none
   // when `host` is not new to the job or no such member answers probes.
