@@ -567,12 +567,33 @@ erun::JobRecord record_base(const erun::DriverOptions& options, const JobIdentit
   return base;
 }
 
-// A job taken over: its account from its start, read back from its event
-// log (none without --event-log: the account starts with this erun).
-void restore_account(const std::string& event_log, const std::string& job_id, erun::JobAccount& account) {
-  if (event_log.empty()) return;
-  std::ifstream log(event_log);
-  account.restore(log, job_id);
+// Where the job's events go besides --event-log: without one, a job that
+// can be taken over (it has a record) keeps them in its directory, so that
+// a taking-over erun reads its account back from them too; the file goes
+// with the record when the job ends. Returns the log to read a taken-over
+// job's account from ("" when there is none).
+std::string account_log(const erun::DriverOptions& options, erun::JobStore* store, bool taken_over,
+                        erun::EventLog& events) {
+  if (!options.event_log.empty() || !store) return options.event_log;
+  const std::string path = store->events_path();
+  if (!taken_over) ::unlink(path.c_str());  // a crashed job's, whose record is gone
+  if (auto s = events.open(path); !s) {
+    ERUN_LOG_WARN("job events for a takeover's account: {}; a driver that takes this job over accounts only "
+                  "for its own time",
+                  s.message());
+    return "";
+  }
+  return path;
+}
+
+// The job's account: a job taken over (`taken_over`) has its account from
+// its start read back from its events (account_log()).
+void restore_account(const erun::DriverOptions& options, erun::JobStore* store, bool taken_over,
+                     const std::string& job_id, erun::EventLog& events, erun::JobAccount& account) {
+  const std::string log = account_log(options, store, taken_over, events);
+  if (!taken_over || log.empty()) return;
+  std::ifstream in(log);
+  account.restore(in, job_id);
 }
 
 // Runs the job to its end under the status line and /metrics, then says its
@@ -647,7 +668,7 @@ int run_driver(const erun::DriverOptions& options, erun::HostDiscovery& discover
   }
   // What the job's time went to: the status line, /metrics and the summary at the end.
   erun::JobAccount account;
-  if (previous) restore_account(options.event_log, id.server.job_id, account);
+  if (!options.dry_run) restore_account(options, store.get(), previous.has_value(), id.server.job_id, events, account);
   events.set_observer([&account](const erun::Stamp& at, const erun::Event& e) { account.observe(at, e); });
   deps.account = &account;
   std::optional<erun::RecordKeeper> keeper;

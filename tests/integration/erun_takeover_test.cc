@@ -9,7 +9,8 @@
 // again: after the grace every process and the host memory are gone. A
 // host that left discovery meanwhile is left out in place. `erun --attach
 // NAME` takes the job over by the name the first erun logged. The summary
-// after a takeover is the whole job's (read back from its event log). Two
+// after a takeover is the whole job's (read back from its event log, or
+// without one from the job's own copy of its events). Two
 // takeovers racing: one wins. Another user reaches neither the record nor
 // the agents.
 #include <gtest/gtest.h>
@@ -111,6 +112,24 @@ class ErunTakeover : public ::testing::Test {
     return before;
   }
 
+  // SIGKILLs one of the job's two workers, waits until the job recovered in
+  // place (its events, at `events`, show a reset and then the next
+  // generation joined), then SIGKILLs erun.
+  void kill_a_worker_then_erun(ErunProcess& erun, const std::string& events) {
+    std::set<pid_t> before = workers();
+    ASSERT_EQ(before.size(), 2u);
+    ASSERT_EQ(::kill(*before.rbegin(), SIGKILL), 0);
+    auto recovered = [&events] {
+      const std::string text = read_file(events);
+      const size_t reset = text.find("\"event\":\"reset\"");
+      return reset != std::string::npos && text.find("\"event\":\"generation_joined\"", reset) != std::string::npos;
+    };
+    for (int i = 0; i < 600 && !recovered(); ++i) std::this_thread::sleep_for(100ms);
+    ASSERT_TRUE(recovered()) << read_file(events) << erun.err();
+    erun.signal(SIGKILL);
+    ASSERT_TRUE(erun.wait(10s));
+  }
+
   TempDir dir_;
   std::string program_;
 };
@@ -177,24 +196,38 @@ TEST_F(ErunTakeover, AWorkerKilledWithoutADriverIsRecoveredInPlaceByTheNext) {
 // the job's event log back, so its summary (and status line and /metrics)
 // counts the failure, the reset and the time of the erun before it, and says
 // what `erun report` says of the whole log.
+// Without --event-log too: the job keeps its events in its directory (a
+// private file, gone with the record at the end), and the erun that takes
+// it over reads them back.
+TEST_F(ErunTakeover, WithoutAnEventLogTheSummaryAfterATakeoverIsTheWholeJobsToo) {
+  ErunProcess first(args({"-np", "2", "--min-np", "1"}), env());
+  const std::string name = job_name(first);
+  ASSERT_FALSE(name.empty()) << first.err();
+  const std::string events = dir_.file("jobs") + "/" + name + "/events";
+  ASSERT_TRUE(first.wait_output(":epoch 1 loss=", 120s)) << first.out() << first.err();
+  struct stat st{};
+  ASSERT_EQ(::lstat(events.c_str(), &st), 0) << events;
+  EXPECT_TRUE(S_ISREG(st.st_mode));
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  ASSERT_NO_FATAL_FAILURE(kill_a_worker_then_erun(first, events));
+
+  ErunProcess again(args({"-np", "2", "--min-np", "1"}), env());
+  ASSERT_NO_FATAL_FAILURE(expect_trained_exactly(again, uninterrupted_checksum()));
+  const std::string said = again.err();
+  EXPECT_NE(said.find("took the job over"), std::string::npos) << said;
+  // The first erun's failure and reset, and the takeover, are in the summary.
+  EXPECT_NE(said.find("1 worker failed)"), std::string::npos) << "the reset: " << said;
+  EXPECT_NE(said.find("; 1 worker failed, "), std::string::npos) << "the failed worker: " << said;
+  EXPECT_NE(said.find("1 driver takeover"), std::string::npos) << said;
+  EXPECT_FALSE(std::filesystem::exists(events)) << "the job's events outlived it";
+}
+
 TEST_F(ErunTakeover, TheSummaryAfterATakeoverIsTheWholeJobs) {
   const std::string log = dir_.file("events.jsonl");
   const auto began = std::chrono::steady_clock::now();
   ErunProcess first(args({"-np", "2", "--min-np", "1", "--event-log", log}), env());
   ASSERT_TRUE(first.wait_output(":epoch 1 loss=", 120s)) << first.out() << first.err();
-  std::set<pid_t> before = workers();
-  ASSERT_EQ(before.size(), 2u);
-  ASSERT_EQ(::kill(*before.rbegin(), SIGKILL), 0);
-  // Recovered in place (a reset, the next generation joined), then erun dies.
-  auto recovered = [&log] {
-    const std::string text = read_file(log);
-    const size_t reset = text.find("\"event\":\"reset\"");
-    return reset != std::string::npos && text.find("\"event\":\"generation_joined\"", reset) != std::string::npos;
-  };
-  for (int i = 0; i < 600 && !recovered(); ++i) std::this_thread::sleep_for(100ms);
-  ASSERT_TRUE(recovered()) << read_file(log) << first.err();
-  first.signal(SIGKILL);
-  ASSERT_TRUE(first.wait(10s));
+  ASSERT_NO_FATAL_FAILURE(kill_a_worker_then_erun(first, log));
   const double first_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
 
   ErunProcess again(args({"-np", "2", "--min-np", "1", "--event-log", log}), env());

@@ -395,7 +395,10 @@ Status JobStore::write(const JobRecord& r) {
   return Status::ok();
 }
 
-void JobStore::remove() { ::unlinkat(dir_fd_.get(), "record", 0); }
+void JobStore::remove() {
+  ::unlinkat(dir_fd_.get(), "record", 0);
+  ::unlinkat(dir_fd_.get(), "events", 0);
+}
 
 std::optional<JobRecord> peek_record(const std::string& jobs_dir, const std::string& name) {
   const std::string dir = jobs_dir + "/" + name;

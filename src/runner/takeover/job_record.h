@@ -89,9 +89,12 @@ class JobStore {
   // Replaces the record atomically (a private temporary file, fsync, rename);
   // refused when the record there names a newer driver term of the job.
   Status write(const JobRecord& r);
-  // The job ended: its record goes (the lock stays until this store goes).
+  // The job ended: its record and events go (the lock stays until this store goes).
   void remove();
   std::string record_path() const { return dir_ + "/record"; }
+  // The job's events when erun has no --event-log (a private file of the
+  // job's directory): a taking-over erun reads its account back from them.
+  std::string events_path() const { return dir_ + "/events"; }
 
  private:
   JobStore(std::string dir, Fd dir_fd, Fd lock) : dir_(std::move(dir)), dir_fd_(std::move(dir_fd)), lock_(std::move(lock)) {}
