@@ -152,7 +152,8 @@ void Driver::publish(bool fresh, bool after_failure) {
 
 bool Driver::start_generation(const HostSet& usable) {
   ++rec_.generation;
-  set_plan(stragglers_.without_resting(make_plan(rec_.generation, usable, o_.max_np, plan_.empty() ? nullptr : &plan_)));
+  set_running_plan(stragglers_.without_resting(make_plan(rec_.generation, usable, o_.max_np, plan_.empty() ? nullptr : &plan_)),
+                   plan_, rec_);
   if (rec_.generation > 1) ++rec_.restarts;
   crash_loop_.generation_started(rec_.generation, plan_.hosts());
   std::string master_addr = specs_.master_address(plan_);
@@ -296,12 +297,6 @@ std::optional<int> Driver::step() {
   return code;
 }
 
-void Driver::set_plan(Plan p) {
-  rec_.plan.clear();
-  for (auto& a : p.ranks) rec_.plan.push_back(a.slot);
-  plan_ = std::move(p);
-}
-
 std::optional<int> Driver::turn() {
   if (phase_ != JobPhase::kDone && check_superseded()) return outcome_.exit_code;
   if (int sig = stop_signal_.exchange(0)) on_signal(sig);
@@ -369,7 +364,9 @@ void Driver::wait_for_hosts() {
 
 void Driver::supervise() {
   MembershipSnapshot m = stragglers_.look(d_.membership);
-  update_joined(m);
+  if (d_.membership && !gen_.complete && note_joins(workers_, m, plan_, crash_loop_)) {
+    gen_.joined(rec_.generation, plan_.size(), m, clock_.now(), *d_.events);
+  }
   if (reports_.pending(m.rejoined)) apply(reports_.take(snapshot(), m.rejoined));
   if (std::any_of(workers_.begin(), workers_.end(), [](const Worker& w) { return w.state == WorkerState::kRetiring && !w.exit; })) {
     apply(retire_due(snapshot(&m)));
@@ -462,7 +459,7 @@ void Driver::handle_generation_failure() {
     stop(JobPhase::kDone, SIGTERM, [this, f] { return failed_code(f, rec_, *d_.events); });
     return;
   }
-  count_reset("worker failed");
+  count_reset(rec_, *d_.events, "worker failed");
   const bool in_place = in_place_possible(o_.mode, d_.membership != nullptr, workers_);
   ERUN_LOG_WARN("{}: {} failed; {} (reset {}{})", who(rec_.generation), who(-1, f.host, f.rank),
                 in_place ? "survivors re-join in place" : "restarting all workers", rec_.resets,
@@ -474,11 +471,6 @@ void Driver::handle_generation_failure() {
   }
 }
 
-void Driver::count_reset(const char* reason) {
-  ++rec_.resets;
-  d_.events->emit(ev::Reset{.generation = rec_.generation, .reason = reason, .resets = rec_.resets});
-}
-
 bool Driver::held_below_min_np(const Plan& next, const HostSet& usable, bool in_place) {
   if (next.size() >= std::max(o_.min_np, 1)) {
     waiting_.below_min_logged = false;
@@ -487,7 +479,7 @@ bool Driver::held_below_min_np(const Plan& next, const HostSet& usable, bool in_
   if (in_place && draining_members(workers_, drains_, stragglers_)) {
     // A host leaves on notice whatever the plan: its workers leave at the
     // commit, and the survivors wait in the rendezvous for --min-np.
-    count_reset("membership changed");
+    count_reset(rec_, *d_.events, "membership changed");
     reconfigure("a host drains", /*after_failure=*/false);
     return true;
   }
@@ -536,7 +528,7 @@ void Driver::follow_membership() {
     grow_pending(next);  // announced once the new workers joined (admit_replacements())
     return;
   }
-  count_reset("membership changed");
+  count_reset(rec_, *d_.events, "membership changed");
   ERUN_LOG_INFO("{}: membership changes ({} -> {}); {} (reset {})", who(rec_.generation), plan_.to_string(),
                 next.to_string(), in_place ? "notifying workers" : "restarting all workers", rec_.resets);
   if (in_place) {

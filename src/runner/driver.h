@@ -117,8 +117,6 @@ class Driver {
   // start() of a job taken over: adopts its workers, or (none of the plan
   // left) starts it anew after the record's generation.
   void take_over(DriverDeps::Takeover& t);
-  // Makes the taken-over job's workers this driver's.
-  void adopt(DriverDeps::Takeover& t);
   // An agent obeys a newer driver: leave the job to it.
   bool check_superseded();
   // ---- policies (driver_policies.cc): each reads a snapshot, returns actions ----
@@ -146,8 +144,6 @@ class Driver {
   // follow_membership()'s plan `next` has fewer slots than --min-np: the
   // running workers stay (a draining host still leaves). True when it did.
   bool held_below_min_np(const Plan& next, const HostSet& usable, bool in_place);
-  // One more reset (--reset-limit counts them), with its event-log line.
-  void count_reset(const char* reason);
   // -> kStopping (JobStop): sends `signal` (SIGTERM: terminate()) to every
   // live worker; once all are gone the job goes to `then`: it waits for
   // hosts, or ends (kDone) with what `exit_code` returns, called then.
@@ -180,9 +176,6 @@ class Driver {
   // admitted later by admit_replacements(): survivors never wait for a new
   // worker's start-up (a Python worker spends seconds importing torch).
   void reconfigure(const char* reason, bool after_failure);
-  // reconfigure() below --min-np: the survivors wait in the rendezvous
-  // (kWaitingWithSurvivors), or, with none, every worker stops.
-  void wait_below_min_np(const HostSet& usable);
   // Moves each worker to its rank in `next`; with `full` (the survivors go on
   // alone), a pending one keeps its rank there. The rest retire, stopped at
   // once with `stop_retired` (their generation failed: nothing they do is
@@ -200,10 +193,6 @@ class Driver {
   // kWaitingWithSurvivors (the survivors wait in the rendezvous): re-form
   // once --min-np slots are back, give up after --elastic-timeout.
   void wait_with_survivors();
-  void update_joined(const MembershipSnapshot& m);
-  // The running plan is `p`: its slots go in the record, the plan itself
-  // in plan_ (a takeover plans it from the record's slots: adopt()).
-  void set_plan(Plan p);
   // Publishes plan_ as the generation (its facts start anew in gen_): `fresh`,
   // every worker was launched for it; `after_failure`, it re-forms after one.
   void publish(bool fresh, bool after_failure);
@@ -236,7 +225,7 @@ class Driver {
   Outcome outcome_;      // how the job is doing, for its exit code
   long rolled_back_logged_ = -1;   // the generation whose rolled_back event was written
   PeerReports reports_;            // what survivors report of their lost peers
-  Plan plan_;  // the running plan, rec_.plan's slots with their ranks (set_plan())
+  Plan plan_;  // the running plan, rec_.plan's slots with their ranks (set_running_plan())
   std::vector<Worker> workers_;
   long next_key_ = 1;
   Waiting waiting_;  // for hosts, or below --min-np

@@ -19,40 +19,6 @@
 
 namespace erun {
 
-void Driver::update_joined(const MembershipSnapshot& m) {
-  if (!d_.membership || gen_.complete) return;
-  std::set<SlotKey> members, waiting;
-  for (auto& j : m.members) {
-    members.insert(j.slot);
-    crash_loop_.commit_seen(j.commit_id);
-  }
-  for (auto& j : m.waiting) {
-    waiting.insert(j.slot);
-    crash_loop_.commit_seen(j.commit_id);
-  }
-  size_t in_current = 0;
-  for (auto& w : workers_) {
-    if (w.exit) continue;
-    bool member = members.count(w.assignment.slot) > 0;
-    if (member || waiting.count(w.assignment.slot)) w.joined = true;
-    if (member && !w.left_out()) ++in_current;
-  }
-  if (in_current == static_cast<size_t>(plan_.size())) {
-    gen_.complete = true;
-    for (auto& w : workers_) {
-      // A pending worker's slot is in no published plan: only members settle.
-      if (members.count(w.assignment.slot) && !w.exit && w.stage == WorkerStage::kFresh) {
-        w.set_stage(WorkerStage::kSettled);
-      }
-    }
-    ERUN_LOG_INFO("{}: all {} ranks joined in {:.3f} s", who(rec_.generation), plan_.size(),
-                  seconds(clock_.now() - gen_.published_at));
-    d_.events->emit(
-        ev::GenerationJoined{.generation = rec_.generation, .seconds = seconds(clock_.now() - gen_.published_at)});
-    if (gen_.fresh) log_resumed_commit(m, rec_.generation, *d_.events);
-  }
-}
-
 void Driver::reconfigure(const char* reason, bool after_failure) {
   // The current generation is over, whatever ends it: its members that are
   // still forming it (waiting for a peer's pair connection that will never
@@ -62,7 +28,19 @@ void Driver::reconfigure(const char* reason, bool after_failure) {
   HostSet usable = plannable_hosts(discovery_.hosts, hosts_, workers_);
   gen_.failure.reset();
   if (usable.total_slots() < std::max(o_.min_np, 1)) {
-    wait_below_min_np(usable);
+    if (!have_survivors(workers_)) {
+      ERUN_LOG_WARN("{}: {} usable slots are fewer than --min-np {} and no worker holds a commit: waiting for hosts",
+                    who(rec_.generation), usable.total_slots(), o_.min_np);
+      stop(JobPhase::kWaitingForHosts);
+      return;
+    }
+    // The survivors hold the last commit: they wait in the rendezvous.
+    ERUN_LOG_WARN("{}: {} usable slot{} fewer than --min-np {}: the survivors wait in the rendezvous with their "
+                  "state for up to --elastic-timeout {:.0f} s",
+                  who(rec_.generation), usable.total_slots(), usable.total_slots() == 1 ? " is" : "s are", o_.min_np,
+                  seconds(o_.elastic_timeout));
+    d_.events->emit(ev::SurvivorsWaiting{.generation = rec_.generation, .usable_slots = usable.total_slots()});
+    set_phase(JobPhase::kWaitingWithSurvivors);
     return;
   }
   // Survivors keep their processes, excluded ones are kept until reaped.
@@ -77,7 +55,7 @@ void Driver::reconfigure(const char* reason, bool after_failure) {
   ++rec_.generation;
   set_phase(JobPhase::kRunning);
   const int retired = reassign_workers(next, alone ? &full : nullptr, /*stop_retired=*/after_failure);
-  set_plan(next);
+  set_running_plan(next, plan_, rec_);
   crash_loop_.generation_started(rec_.generation, plan_.hosts());
   publish(/*fresh=*/false, after_failure);
   int launched = 0, pending = 0;
@@ -96,22 +74,6 @@ void Driver::reconfigure(const char* reason, bool after_failure) {
                 alone ? fmt::format("; the survivors go on alone, {} replacement{} join{} them once started", pending,
                                     pending == 1 ? "" : "s", pending == 1 ? "s" : "")
                       : "");
-}
-
-void Driver::wait_below_min_np(const HostSet& usable) {
-  if (!have_survivors(workers_)) {
-    ERUN_LOG_WARN("{}: {} usable slots are fewer than --min-np {} and no worker holds a commit: waiting for hosts",
-                  who(rec_.generation), usable.total_slots(), o_.min_np);
-    stop(JobPhase::kWaitingForHosts);
-    return;
-  }
-  // The survivors hold the last commit: they wait in the rendezvous.
-  ERUN_LOG_WARN("{}: {} usable slot{} fewer than --min-np {}: the survivors wait in the rendezvous with their "
-                "state for up to --elastic-timeout {:.0f} s",
-                who(rec_.generation), usable.total_slots(), usable.total_slots() == 1 ? " is" : "s are", o_.min_np,
-                seconds(o_.elastic_timeout));
-  d_.events->emit(ev::SurvivorsWaiting{.generation = rec_.generation, .usable_slots = usable.total_slots()});
-  set_phase(JobPhase::kWaitingWithSurvivors);
 }
 
 int Driver::reassign_workers(const Plan& next, const Plan* full, bool stop_retired) {
@@ -210,7 +172,7 @@ bool Driver::admit_replacements(const MembershipSnapshot& m) {
     return w.replacement() && w.stage == WorkerStage::kGrowth && w.survivor();
   });
   // New slots: a membership change, counted as one (a failure's replacement was counted with it).
-  if (grows) count_reset("membership changed");
+  if (grows) count_reset(rec_, *d_.events, "membership changed");
   ERUN_LOG_INFO("{}: {} replacement{} joined the rendezvous; announcing a membership change: the survivors grow "
                 "at their next commit",
                 who(rec_.generation), ready, ready == 1 ? "" : "s");

@@ -80,7 +80,7 @@ int Driver::dry_run(std::FILE* out) {
     return 1;
   }
   rec_.generation = 1;
-  set_plan(make_plan(1, usable, o_.max_np, nullptr));
+  set_running_plan(make_plan(1, usable, o_.max_np, nullptr), plan_, rec_);
   std::fprintf(out, "job %s, generation 1: %s\n", d_.job_id.c_str(), plan_.to_string().c_str());
   std::string master_addr = specs_.master_address(plan_);
   std::set<std::string> agents;

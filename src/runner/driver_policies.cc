@@ -106,7 +106,7 @@ void Driver::apply(const Actions& actions) {
           } else if constexpr (std::is_same_v<A, act::FailGeneration>) {
             gen_.fail(Failure{rec_.generation, a.host, a.rank, a.status, a.stderr_tail, a.after_s});
           } else if constexpr (std::is_same_v<A, act::CountReset>) {
-            count_reset(a.reason.c_str());
+            count_reset(rec_, *d_.events, a.reason);
           } else if constexpr (std::is_same_v<A, act::Emit>) {
             d_.events->emit(a.event);
           } else if constexpr (std::is_same_v<A, act::SlotsChanged>) {

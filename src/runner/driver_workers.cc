@@ -11,6 +11,7 @@
 #include "common/log.h"
 #include "runner/launch/output.h"
 #include "runner/observe/event_log.h"
+#include "runner/policies/crash_loop.h"
 #include "runner/policies/drain.h"
 #include "runner/policies/standbys.h"
 #include "runner/policies/straggler_watch.h"
@@ -200,6 +201,33 @@ void stop_fresh_workers(Workers& workers, long generation) {
     w.handle->terminate();
     w.set_state(WorkerState::kExcluded);
   }
+}
+
+bool note_joins(Workers& workers, const MembershipSnapshot& m, const Plan& plan, CrashLoopDetector& crash_loop) {
+  std::set<SlotKey> members, waiting;
+  for (auto& j : m.members) {
+    members.insert(j.slot);
+    crash_loop.commit_seen(j.commit_id);
+  }
+  for (auto& j : m.waiting) {
+    waiting.insert(j.slot);
+    crash_loop.commit_seen(j.commit_id);
+  }
+  size_t in_current = 0;
+  for (auto& w : workers) {
+    if (w.exit) continue;
+    bool member = members.count(w.assignment.slot) > 0;
+    if (member || waiting.count(w.assignment.slot)) w.joined = true;
+    if (member && !w.left_out()) ++in_current;
+  }
+  if (in_current != static_cast<size_t>(plan.size())) return false;
+  for (auto& w : workers) {
+    // A pending worker's slot is in no published plan: only members settle.
+    if (members.count(w.assignment.slot) && !w.exit && w.stage == WorkerStage::kFresh) {
+      w.set_stage(WorkerStage::kSettled);
+    }
+  }
+  return true;
 }
 
 }  // namespace erun

@@ -20,6 +20,7 @@
 
 namespace erun {
 
+class CrashLoopDetector;
 class DrainPolicy;
 class EventSink;
 class Membership;
@@ -113,6 +114,11 @@ void drop_workers(Workers& workers, OutputForwarder* output, bool ended_only);
 // reported: the survivors hear of them at once (Membership::notify_peers_lost()).
 void tell_survivors_of_losses(Workers& workers, const Plan& plan, long generation, Membership& membership,
                               EventSink& events);
+// The rendezvous's members and waiting joins this turn (`m`): the workers
+// on their slots have joined at least once (`crash_loop` sees each join's
+// commit). When every rank of `plan` is a live member, its fresh members
+// settle and the generation is complete: true.
+bool note_joins(Workers& workers, const MembershipSnapshot& m, const Plan& plan, CrashLoopDetector& crash_loop);
 // Training is over for a rank: stops the workers launched into the running
 // job that were never a member of a complete generation (pending ones, and
 // ones assigned to a generation the finished ranks never joined): they hold

@@ -16,6 +16,25 @@ void GenerationFacts::fail(Failure f) {
   if (!failure) failure = std::move(f);
 }
 
+void GenerationFacts::joined(long generation, int size, const MembershipSnapshot& m, TimePoint now,
+                             EventSink& events) {
+  complete = true;
+  ERUN_LOG_INFO("{}: all {} ranks joined in {:.3f} s", who(generation), size, seconds(now - published_at));
+  events.emit(ev::GenerationJoined{.generation = generation, .seconds = seconds(now - published_at)});
+  if (fresh) log_resumed_commit(m, generation, events);
+}
+
+void count_reset(DriverRecord& rec, EventSink& events, const std::string& reason) {
+  ++rec.resets;
+  events.emit(ev::Reset{.generation = rec.generation, .reason = reason, .resets = rec.resets});
+}
+
+void set_running_plan(Plan next, Plan& running, DriverRecord& rec) {
+  rec.plan.clear();
+  for (auto& a : next.ranks) rec.plan.push_back(a.slot);
+  running = std::move(next);
+}
+
 void Waiting::log(const HostSet& usable, const HostManager& hosts, int min_np, Duration elastic_timeout,
                   TimePoint now) {
   if (now - last_log < std::chrono::seconds(5)) return;

@@ -14,6 +14,7 @@
 #include "common/subprocess.h"
 #include "discovery/discovery.h"
 #include "runner/driver_record.h"
+#include "runner/hosts/planner.h"
 
 namespace erun {
 
@@ -34,7 +35,7 @@ struct Failure {
 };
 
 // The current generation, as the driver learns of it; Driver::publish()
-// starts it anew (a takeover: Driver::adopt()).
+// starts it anew (a takeover: Driver::take_over()).
 struct GenerationFacts {
   TimePoint published_at{};
   bool after_failure = false;      // published after a failure: its re-join deadline is the collective timeout's
@@ -46,6 +47,10 @@ struct GenerationFacts {
   // The generation failed: the first failure noted stands (its report and
   // exit code); later ones of the same generation add nothing.
   void fail(Failure f);
+  // Every rank of generation `generation` (`size` of them) joined it (`m`):
+  // it is complete. Logged and written as generation_joined, with the
+  // commit it resumes from when every worker of it started in it.
+  void joined(long generation, int size, const MembershipSnapshot& m, TimePoint now, EventSink& events);
 };
 
 // Waiting for hosts: the phases that do (kWaitingForHosts,
@@ -92,6 +97,11 @@ int finished_code(const std::optional<Failure>& last, const std::string& job_id,
 // The exit code of a job that `f` ends (no retry): its code, at least 1;
 // reports it and writes job_finished.
 int failed_code(const Failure& f, const DriverRecord& rec, EventSink& events);
+// One more reset (--reset-limit counts them), in the record, and its event.
+void count_reset(DriverRecord& rec, EventSink& events, const std::string& reason);
+// The running plan is `next`: its slots go in the record (a takeover plans
+// from them), the plan itself, with its ranks, in `running`.
+void set_running_plan(Plan next, Plan& running, DriverRecord& rec);
 // A generation of workers that all started in it joined: logs the commit
 // its members' hosts kept, where training resumes (the event log's
 // commit_restored).

@@ -36,6 +36,14 @@ class ErunSharded : public ::testing::Test {
     a.push_back("--zero");
     return a;
   }
+  // A sharded commit is whole only once every rank committed its piece: a
+  // rank killed between the others' commit and its own takes that commit
+  // with it, and the job goes on from the one before (a commit interval of
+  // 5 steps of 40 ms back). Right after an epoch's line, the commit before
+  // that line may be the one to go, and the epoch would end twice. A kill
+  // 10 steps after the line (the ranks step together) lands after the
+  // first commit past it.
+  static void after_the_epochs_commit() { std::this_thread::sleep_for(std::chrono::milliseconds(400)); }
   static bool wait_count(const ErunProcess& p, const std::string& text, size_t n, Duration timeout) {
     auto deadline = std::chrono::steady_clock::now() + timeout;
     while (std::chrono::steady_clock::now() < deadline) {
@@ -70,6 +78,7 @@ TEST_F(ErunSharded, ZeroMomentumIsReshardedThroughAKillAGrowAndAShrinkAndEndsExa
   auto victims = workers("node-b");
   ASSERT_EQ(victims.size(), 2u);
   const size_t resharded = p.count("resharded commit");
+  after_the_epochs_commit();
   ::kill(victims.front(), SIGKILL);
   ASSERT_TRUE(wait_count(p, "resharded commit", resharded + 1, 60s)) << p.out() << p.err();
   ASSERT_TRUE(wait_count(p, "-> 4 (generation", 4, 60s)) << p.out() << p.err();  // the replacement is in
@@ -116,6 +125,7 @@ TEST_F(ErunSharded, AHostThatLeavesAndAHostLostWholeComeBackFromBuddyCopies) {
   ASSERT_EQ(on_b.size(), 1u);
   const pid_t agent = parent_of(on_b.front());
   ASSERT_GT(agent, 0);
+  after_the_epochs_commit();
   dir_.write("hosts", "node-a:2\n");
   ::kill(agent, SIGKILL);
   ::kill(on_b.front(), SIGKILL);

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "runner/driver_workers.h"
+#include "runner/policies/crash_loop.h"
 
 namespace erun {
 namespace {
@@ -85,6 +86,32 @@ TEST(DriverWorkers, PendingReplacementsExtendThePlanAndCoverAPlanThatOnlyAddsThe
   EXPECT_FALSE(replacements_cover(ws, plan, plan_over_slots(6, {{"a", 0}, {"b", 0}})));
   Workers none;
   EXPECT_EQ(&plan_with_pending(none, plan, scratch), &plan) << "no copy without pending workers";
+}
+
+TEST(DriverWorkers, JoinsMarkTheirWorkersAndAGenerationOfLiveMembersIsCompleteAndSettles) {
+  const Plan plan = plan_over_slots(4, {{"a", 0}, {"b", 0}});
+  Workers ws;
+  ws.push_back(worker({"a", 0}, WorkerState::kMember, WorkerStage::kFresh, true, /*joined=*/false));
+  ws.push_back(worker({"b", 0}, WorkerState::kMember, WorkerStage::kFresh, true, /*joined=*/false));
+  ws.push_back(worker({"c", 0}, WorkerState::kPending, WorkerStage::kReplacement, true, /*joined=*/false));
+  ws = with_handles(std::move(ws));
+  CrashLoopDetector crash_loop(3, Duration::zero());
+  MembershipSnapshot m;
+  m.members = std::vector<JoinRequest>{JoinRequest{{"a", 0}, 7}};
+  m.waiting = std::vector<JoinRequest>{JoinRequest{{"c", 0}}};
+  EXPECT_FALSE(note_joins(ws, m, plan, crash_loop)) << "b has not joined";
+  EXPECT_TRUE(ws[0].joined);
+  EXPECT_FALSE(ws[1].joined);
+  EXPECT_TRUE(ws[2].joined) << "waiting in the rendezvous counts as joined";
+  EXPECT_EQ(ws[0].stage, WorkerStage::kFresh) << "nothing settles before the generation is complete";
+  m.members = std::vector<JoinRequest>{JoinRequest{{"a", 0}, 7}, JoinRequest{{"b", 0}, 7}};
+  EXPECT_TRUE(note_joins(ws, m, plan, crash_loop));
+  EXPECT_EQ(ws[0].stage, WorkerStage::kSettled);
+  EXPECT_EQ(ws[1].stage, WorkerStage::kSettled);
+  EXPECT_EQ(ws[2].stage, WorkerStage::kReplacement) << "a pending worker is in no published plan";
+  // A member left out (or ended) does not count toward the plan.
+  ws[1].set_state(WorkerState::kExcluded);
+  EXPECT_FALSE(note_joins(ws, m, plan, crash_loop));
 }
 
 }  // namespace
