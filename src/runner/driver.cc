@@ -377,7 +377,7 @@ void Driver::supervise() {
     for (auto& t : m.timings) d_.account->commit_seen(t.commit_id, now);
   }
   if (stragglers_.watching(m.timings)) {
-    apply(stragglers_.watch(snapshot(nullptr, /*workers=*/false), gen_.complete && d_.membership, m.timings));
+    apply(stragglers_.watch(snapshot(nullptr, /*workers=*/false), m.timings));  // timings come from a rendezvous only
   }
   if (d_.membership && !gen_.complete && rejoin_.due(gen_.published_at, gen_.after_failure, clock_.now())) {
     apply(rejoin_.watch(snapshot(&m), m));

@@ -11,6 +11,14 @@
 #include "runner/observe/event_log.h"
 
 namespace erun {
+namespace {
+
+// The job_finished event: the job's code and its counts, from the record.
+void job_finished(int code, const DriverRecord& rec, EventSink& events) {
+  events.emit(ev::JobFinished{.exit_code = code, .generation = rec.generation, .resets = rec.resets, .launched = rec.launched});
+}
+
+}  // namespace
 
 void GenerationFacts::fail(Failure f) {
   if (!failure) failure = std::move(f);
@@ -75,14 +83,14 @@ int finished_code(const std::optional<Failure>& last, const std::string& job_id,
   if (last) report_failure(*last);
   ERUN_LOG_INFO("job {} finished with exit code {} after {} generation{} and {} reset{}", job_id, code,
                 rec.generation, rec.generation == 1 ? "" : "s", rec.resets, rec.resets == 1 ? "" : "s");
-  events.emit(ev::JobFinished{.exit_code = code, .generation = rec.generation, .resets = rec.resets, .launched = rec.launched});
+  job_finished(code, rec, events);
   return code;
 }
 
 int failed_code(const Failure& f, const DriverRecord& rec, EventSink& events) {
   report_failure(f);
   const int code = f.status.shell_code() == 0 ? 1 : f.status.shell_code();
-  events.emit(ev::JobFinished{.exit_code = code, .generation = rec.generation, .resets = rec.resets, .launched = rec.launched});
+  job_finished(code, rec, events);
   return code;
 }
 

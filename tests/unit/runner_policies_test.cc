@@ -201,9 +201,9 @@ std::vector<RankTiming> round_with(const Job& job, const SlotKey& slow, uint64_t
 TEST(StragglerWatch, AStragglerIsEvictedItsSlotRestsAndComesBackAfterTheCooldown) {
   Job job({{"a", 0}, {"b", 0}, {"c", 0}}, {"a", "b", "c"});
   StragglerWatch watch(straggler_options());
-  EXPECT_TRUE(watch.watch(job.s, /*complete=*/false, round_with(job, {"c", 0}, 1)).empty())
-      << "a generation is watched once complete";
-  Actions out = watch.watch(job.s, true, round_with(job, {"c", 0}, 2));
+  EXPECT_TRUE(watch.watch(job.s, round_with(job, {"c", 0}, 1)).empty()) << "a generation is watched once complete";
+  job.s.complete = true;
+  Actions out = watch.watch(job.s, round_with(job, {"c", 0}, 2));
   auto found = events_of<ev::Straggler>(out);
   ASSERT_EQ(found.size(), 1u);
   EXPECT_EQ(found[0].host, "c");
@@ -215,9 +215,9 @@ TEST(StragglerWatch, AStragglerIsEvictedItsSlotRestsAndComesBackAfterTheCooldown
   EXPECT_EQ(watch.without_resting(job.plan).size(), 2);
   EXPECT_FALSE(watch.without_resting(job.plan).contains({"c", 0}));
   job.s.now += seconds(9);
-  EXPECT_TRUE(watch.watch(job.s, true, {}).empty());
+  EXPECT_TRUE(watch.watch(job.s, {}).empty());
   job.s.now += seconds(2);
-  out = watch.watch(job.s, true, {});
+  out = watch.watch(job.s, {});
   EXPECT_EQ(all_of<act::SlotsChanged>(out).size(), 1u);
   EXPECT_FALSE(watch.resting({"c", 0}));
   EXPECT_FALSE(watch.any_resting());
@@ -236,8 +236,9 @@ TEST(StragglerWatch, AStragglerIsOnlyReportedWhereLeavingWouldHurt) {
     Job job({{"a", 0}, {"b", 0}, {"c", 0}}, {"a", "b", "c"});
     job.s.in_place = c.in_place;
     job.s.min_np = c.min_np;
+    job.s.complete = true;
     StragglerWatch watch(straggler_options(c.mode));
-    Actions out = watch.watch(job.s, true, round_with(job, {"c", 0}, 1));
+    Actions out = watch.watch(job.s, round_with(job, {"c", 0}, 1));
     auto found = events_of<ev::Straggler>(out);
     ASSERT_EQ(found.size(), 1u) << c.why;
     EXPECT_EQ(found[0].action, "report") << c.why;
@@ -245,8 +246,9 @@ TEST(StragglerWatch, AStragglerIsOnlyReportedWhereLeavingWouldHurt) {
     EXPECT_FALSE(watch.any_resting()) << c.why;
   }
   Job job({{"a", 0}, {"b", 0}, {"c", 0}}, {"a", "b", "c"});
+  job.s.complete = true;
   StragglerWatch off(straggler_options(StragglerPolicy::kOff));
-  EXPECT_TRUE(off.watch(job.s, true, round_with(job, {"c", 0}, 1)).empty());
+  EXPECT_TRUE(off.watch(job.s, round_with(job, {"c", 0}, 1)).empty());
 }
 
 JoinRequest join_of(const SlotKey& slot, uint32_t probe_us, uint32_t link_us, uint32_t probe_port = 0) {

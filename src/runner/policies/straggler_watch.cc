@@ -32,7 +32,7 @@ StragglerWatch::StragglerWatch(const DriverOptions& o)
       preflight_(o.preflight),
       detector_(StragglerOptions{o.straggler_factor, o.straggler_window}) {}
 
-Actions StragglerWatch::watch(const JobSnapshot& s, bool complete, const std::vector<RankTiming>& timings) {
+Actions StragglerWatch::watch(const JobSnapshot& s, const std::vector<RankTiming>& timings) {
   Actions out;
   for (auto& [slot, rest] : resting_) {
     if (rest.active && s.now >= rest.until) {
@@ -43,7 +43,7 @@ Actions StragglerWatch::watch(const JobSnapshot& s, bool complete, const std::ve
     }
   }
   if (mode_ == StragglerPolicy::kOff) return out;
-  if (complete && detector_gen_ != s.generation) {
+  if (s.complete && detector_gen_ != s.generation) {
     std::vector<SlotKey> members;
     for (auto& r : s.running().ranks) members.push_back(r.slot);
     detector_.start_generation(s.generation, members);

@@ -26,11 +26,11 @@ class StragglerWatch {
  public:
   explicit StragglerWatch(const DriverOptions& o);
 
-  // Each turn: ends the cooldowns that passed; with `complete` (every rank
-  // of the running generation joined it), feeds the members' commit
-  // intervals to the detector and decides on each straggler it found.
-  // Reads no worker of `s` (the driver leaves them out).
-  Actions watch(const JobSnapshot& s, bool complete, const std::vector<RankTiming>& timings);
+  // Each turn: ends the cooldowns that passed; once the running generation
+  // is complete (`s.complete`: every rank joined it), feeds the members'
+  // commit intervals to the detector and decides on each straggler it
+  // found. Reads no worker of `s` (the driver leaves them out).
+  Actions watch(const JobSnapshot& s, const std::vector<RankTiming>& timings);
   // watch() has something to do: intervals came, or a slot rests.
   bool watching(const std::vector<RankTiming>& timings) const { return !timings.empty() || any_resting(); }
   // A pending worker `w` on a host new to the job whose link probe (its
