@@ -128,6 +128,7 @@ Status Driver::start() {
 }
 
 void Driver::set_discovered(HostSet hosts) {
+  departed_.listed(discovery_.listed, hosts);
   discovery_.listed = std::move(hosts);
   if (discovery_.listed.any_draining()) {
     for (auto& h : discovery_.listed.hosts()) {
@@ -317,6 +318,11 @@ std::optional<int> Driver::turn() {
     apply(memory_.tend(
         snapshot(), [&](const std::string& host) { bool local; return specs_.launcher_for(host, &local).agent_alive(host); },
         [&](const std::string& host) { return hosts_.is_blacklisted(host); }));
+  }
+  if (departed_.due(clock_.now()) && phase_ != JobPhase::kDone) {
+    apply(departed_.tend(snapshot(), [&](const std::string& host) {
+      return replicas_ && replicas_->keepers().count(host) > 0;
+    }));
   }
   switch (phase_) {
     case JobPhase::kWaitingForHosts: wait_for_hosts(); break;

@@ -19,6 +19,7 @@
 #include "common/clock.h"
 #include "discovery/discovery.h"
 #include "runner/policies/crash_loop.h"
+#include "runner/policies/departed.h"
 #include "runner/policies/drain.h"
 #include "runner/policies/host_memory.h"
 #include "runner/policies/peer_reports.h"
@@ -212,6 +213,7 @@ class Driver {
   DrainPolicy drains_;
   StragglerWatch stragglers_;
   HostMemoryKeeper memory_;
+  DepartedHosts departed_;  // hosts discovery dropped, whose agent goes once nothing of the job runs there
   StandbyPolicy standbys_;
   PlanCache plan_cache_;
   CrashLoopDetector crash_loop_;

@@ -121,6 +121,10 @@ void Driver::apply(const Actions& actions) {
           } else if constexpr (std::is_same_v<A, act::UnkeepMemory>) {
             bool local;
             specs_.launcher_for(a.host, &local).unkeep(a.host, /*forget=*/false);
+          } else if constexpr (std::is_same_v<A, act::ReleaseAgent>) {
+            bool local;
+            specs_.launcher_for(a.host, &local).release(a.host);
+            memory_.forget(a.host);
           } else {
             static_assert(sizeof(A) == 0, "an action the driver does not apply");
           }

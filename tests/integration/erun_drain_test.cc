@@ -149,6 +149,41 @@ TEST_F(ErunDrain, ADrainingDiscoveryLineDrainsTheHostInPlace) {
   ASSERT_NO_FATAL_FAILURE(expect_drained_in_place(p, survivor, "discovery lists it draining"));
 }
 
+// Not a drain, but a host leaving the same way: discovery stops listing it.
+// Once its worker has left, its agent (and erun's connection to it: a
+// thread and three descriptors) goes, instead of staying until the job ends;
+// listed again, the host gets a new agent and rejoins.
+TEST_F(ErunDrain, AHostDiscoveryDropsLosesItsAgentAndRejoinsWithANewOne) {
+  ErunProcess p(args(local_hosts()));
+  ASSERT_TRUE(p.wait_output(":epoch 1 loss=", 120s)) << p.out() << p.err();
+  const pid_t survivor = worker_on("127.0.0.2"), leaving = worker_on("127.0.0.3");
+  ASSERT_GT(survivor, 0);
+  ASSERT_GT(leaving, 0);
+  const pid_t agent = parent_of(leaving);
+  ASSERT_NE(cmdline_of(agent).find("--agent"), std::string::npos) << cmdline_of(agent);
+  auto agents = [&] {
+    std::vector<pid_t> out;
+    for (pid_t c : children_of(p.pid())) {
+      if (cmdline_of(c).find(" --agent ") != std::string::npos) out.push_back(c);
+    }
+    return out;
+  };
+  ASSERT_EQ(agents().size(), 2u) << describe_pids(agents());
+  dir_.write("hosts", "127.0.0.2:1\n");
+  ASSERT_TRUE(p.wait_output("world size 2 -> 1", 60s)) << p.out() << p.err();
+  EXPECT_TRUE(wait_pid_gone(agent, 10s)) << "the agent of a host discovery dropped stayed\n" << p.err();
+  EXPECT_TRUE(p.wait_output("agent on 127.0.0.3: told to end", 5s)) << p.err();
+  EXPECT_EQ(agents(), std::vector<pid_t>{parent_of(survivor)}) << describe_pids(agents());
+  // Listed again: a new agent, and the job grows back.
+  dir_.write("hosts", "127.0.0.2:1\n127.0.0.3:1\n");
+  ASSERT_TRUE(p.wait_output("world size 1 -> 2", 60s)) << p.out() << p.err();
+  const pid_t back = worker_on("127.0.0.3");
+  EXPECT_GT(back, 0);
+  EXPECT_NE(parent_of(back), agent);
+  EXPECT_EQ(worker_on("127.0.0.2"), survivor) << "the survivor did not keep its process";
+  ASSERT_NO_FATAL_FAILURE(expect_trained_exactly(p, uninterrupted_checksum()));
+}
+
 TEST_F(ErunDrain, WithoutACommitWithinTheTimeoutTheHostLeavesAsAFailure) {
   // Commits only at the end of each epoch, about 1.3 s apart; the notice is 0.5 s.
   std::vector<std::string> program_args = kTrainMlpArgs;

@@ -9,6 +9,7 @@
 #include <variant>
 #include <vector>
 
+#include "runner/policies/departed.h"
 #include "runner/policies/drain.h"
 #include "runner/policies/host_memory.h"
 #include "runner/policies/peer_reports.h"
@@ -353,6 +354,58 @@ TEST(HostMemoryKeeper, AHostOutOfDiscoveryOrDrainingGetsNoKeeper) {
     EXPECT_TRUE(keeper.tend(job.s, dead, blacklisted).empty());
     job.s.now += seconds(3);
   }
+}
+
+// ---- DepartedHosts ----
+
+HostSet hosts_named(const std::vector<std::string>& names) {
+  std::vector<Host> v;
+  for (auto& n : names) v.push_back(Host{.name = n, .slots = 2});
+  return HostSet(v);
+}
+
+TEST(DepartedHosts, AHostDiscoveryDroppedIsReleasedOnceNothingOfTheJobRunsOrIsKeptThere) {
+  // Ranks on a, b and c; discovery now lists a and d only.
+  Job job({{"a", 0}, {"b", 0}, {"c", 0}}, {"a", "d"});
+  DepartedHosts departed;
+  EXPECT_FALSE(departed.due(job.s.now)) << "nothing dropped yet";
+  departed.listed(hosts_named({"a", "b", "c", "e"}), job.listed);
+  EXPECT_EQ(departed.pending(), 3u) << "b, c and e left discovery";
+  auto keeps = [](const std::string& host) { return host == "e"; };  // e keeps a commit replica
+  ASSERT_TRUE(departed.due(job.s.now));
+  EXPECT_TRUE(departed.tend(job.s, keeps).empty()) << "b's and c's workers still run; e keeps a replica";
+  EXPECT_FALSE(departed.due(job.s.now + seconds(1) / 2)) << "once a second";
+  job.worker(2).alive = false;  // b's worker ended (dismissed)
+  job.s.now += seconds(1);
+  Actions out = departed.tend(job.s, keeps);
+  ASSERT_EQ(all_of<act::ReleaseAgent>(out).size(), 1u);
+  EXPECT_EQ(all_of<act::ReleaseAgent>(out)[0].host, "b");
+  EXPECT_EQ(out.size(), 1u) << "a released host gets nothing else";
+  EXPECT_EQ(departed.pending(), 2u) << "b is released once";
+  job.s.now += seconds(1);
+  EXPECT_TRUE(departed.tend(job.s, keeps).empty()) << "c's worker runs, e keeps";
+  job.worker(3).alive = false;
+  job.s.now += seconds(1);
+  out = departed.tend(job.s, keeps);
+  ASSERT_EQ(all_of<act::ReleaseAgent>(out).size(), 1u);
+  EXPECT_EQ(all_of<act::ReleaseAgent>(out)[0].host, "c");
+  EXPECT_EQ(departed.pending(), 1u) << "e waits while it keeps a replica";
+}
+
+TEST(DepartedHosts, AHostListedAgainBeforeItsWorkersEndedKeepsItsAgent) {
+  Job job({{"a", 0}, {"b", 0}}, {"a"});
+  DepartedHosts departed;
+  departed.listed(hosts_named({"a", "b"}), job.listed);
+  ASSERT_EQ(departed.pending(), 1u);
+  departed.listed(job.listed, hosts_named({"a", "b"}));  // b is back
+  EXPECT_EQ(departed.pending(), 0u);
+  EXPECT_FALSE(departed.due(job.s.now));
+  // Dropped again; listed again in the snapshot before a tend looked.
+  departed.listed(hosts_named({"a", "b"}), hosts_named({"a"}));
+  Job back({{"a", 0}}, {"a", "b"});
+  EXPECT_TRUE(departed.tend(back.s, [](const std::string&) { return false; }).empty())
+      << "the snapshot lists b: it stays";
+  EXPECT_EQ(departed.pending(), 0u);
 }
 
 // ---- StandbyPolicy ----

@@ -147,6 +147,11 @@ class Launcher {
   // ends; with `forget` the replicas it stored go at once (when no worker
   // runs there), otherwise once its workers hold a commit as new.
   virtual void unkeep(const std::string& host, bool forget) { (void)host, (void)forget; }
+  // The job needs no agent on `host` any more (it left discovery, runs no
+  // worker of the job, keeps no replica): its agent, when it has one, is
+  // told SHUTDOWN and let go off the caller's thread; the host's next
+  // worker starts a new one. Returns at once.
+  virtual void release(const std::string& host) { (void)host; }
 
   // Taking a job over (docs/protocol.md, "Taking a job over"); only the
   // launchers that run agents have it. attach() reaches each (host, attach

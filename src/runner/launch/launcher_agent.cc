@@ -112,6 +112,7 @@ AgentLauncher::AgentLauncher(AgentCommand agent_command,
       stderr_hint_(std::move(stderr_hint)) {}
 
 AgentLauncher::~AgentLauncher() {
+  for (Released& r : released_) r.waiter.join();  // each within its agent's shutdown limit
   if (abandoned_) return;  // the connections went without a word
   for (auto& [host, c] : agents_) c->begin_shutdown();
   // The job is over: the agents lost on the way that hold workers still get
@@ -295,6 +296,33 @@ void AgentLauncher::unkeep(const std::string& host, bool forget) {
   auto it = agents_.find(host);
   if (it == agents_.end() || it->second->lost()) return;
   it->second->unkeep(forget);
+}
+
+void AgentLauncher::release(const std::string& host) {
+  std::erase_if(released_, [](Released& r) {
+    if (!r.done->load()) return false;
+    r.waiter.join();
+    return true;
+  });
+  auto it = agents_.find(host);
+  if (it == agents_.end()) return;
+  std::shared_ptr<AgentConnection> c = std::move(it->second);
+  agents_.erase(it);
+  paths_version_->fetch_add(1);  // the record names it no more
+  if (abandoned_) return;
+  const bool lost = c->lost();
+  ERUN_LOG_INFO("agent on {}: {}: the host left discovery and runs no worker of the job", host,
+                lost ? "forgotten (it was lost)" : "told to end");
+  c->begin_shutdown();
+  // Its workers are gone: the agent ends within a heartbeat or two; the
+  // connection (its reader thread, its pipes) goes with the last reference.
+  auto done = std::make_shared<std::atomic<bool>>(false);
+  std::thread waiter([c = std::move(c), done]() mutable {
+    c->finish_shutdown(8s);
+    c.reset();
+    done->store(true);
+  });
+  released_.push_back(Released{std::move(waiter), std::move(done)});
 }
 
 std::shared_ptr<AgentConnection> AgentLauncher::send_attach(const std::string& host, const std::string& path,

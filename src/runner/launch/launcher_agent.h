@@ -16,6 +16,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "runner/launch/launcher.h"
@@ -60,6 +61,7 @@ class AgentLauncher final : public Launcher {
   void replicate(const std::string& holder, const std::string& keeper, int port,
                  const std::string& keeper_dir) override;
   void unkeep(const std::string& host, bool forget) override;
+  void release(const std::string& host) override;
   std::vector<AttachOutcome> attach(const std::vector<std::pair<std::string, std::string>>& agents,
                                     const AttachRequest& request) override;
   std::vector<std::pair<std::string, std::string>> attach_paths() override;
@@ -105,6 +107,13 @@ class AgentLauncher final : public Launcher {
   StderrHint stderr_hint_;
   uint64_t next_id_ = 1;
   std::map<std::string, std::shared_ptr<AgentConnection>> agents_;  // by host
+  // Agents released (release()) whose end a thread of their own waits for;
+  // `done` once it has, then joined by the next release() or the destructor.
+  struct Released {
+    std::thread waiter;
+    std::shared_ptr<std::atomic<bool>> done;
+  };
+  std::vector<Released> released_;
 };
 
 }  // namespace erun

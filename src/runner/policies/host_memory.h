@@ -28,6 +28,9 @@ class HostMemoryKeeper {
                const std::function<bool(const std::string&)>& blacklisted);
   // Whether the KeepMemory for `host` started an agent there.
   void kept(const std::string& host, bool started);
+  // `host` left the job (discovery dropped it and its agent was released):
+  // it holds nothing of the job's any more.
+  void forget(const std::string& host) { hosts_.erase(host); }
 
  private:
   struct Hold {

@@ -151,11 +151,17 @@ struct KeepMemory {
 struct UnkeepMemory {
   std::string host;
 };
+// The job needs no agent on the host any more (it left discovery, runs no
+// worker of the job and keeps no replica): its agent is told SHUTDOWN.
+struct ReleaseAgent {
+  std::string host;
+};
 }  // namespace act
 
 using Action = std::variant<act::Dismiss, act::Stop, act::Kill, act::Exclude, act::SetStage, act::CountReset,
                             act::Emit, act::SlotsChanged, act::HostsChanged, act::KeepMemory, act::UnkeepMemory,
-                            act::LaunchStandby, act::Promote, act::Replan, act::RolledBack, act::FailGeneration>;
+                            act::ReleaseAgent, act::LaunchStandby, act::Promote, act::Replan, act::RolledBack,
+                            act::FailGeneration>;
 using Actions = std::vector<Action>;
 
 }  // namespace erun
