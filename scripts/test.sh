@@ -10,10 +10,30 @@ took() {  # took WHAT: when WHAT ended, from the start (where the time of a CI r
   now=$(date +%s)
   echo "test.sh: $1 done at +$(( now - start )) s"
 }
+# What runs in the background (below) goes when this script ends early.
+venv_pid= asan_pid= venv_log= asan_log=
+cleanup() {
+  [ -n "$venv_pid" ] && kill "$venv_pid" 2>/dev/null
+  [ -n "$asan_pid" ] && kill -- "-$asan_pid" 2>/dev/null
+  rm -f "$venv_log" "$asan_log"
+  true
+}
+trap cleanup EXIT
 bash scripts/setup.sh --debian-only
 took setup
+# The venv's PyPI packages download and unpack while erun compiles (the
+# network and the disk beside the CPUs); its log follows once both are done.
+venv_log=$(mktemp)
+bash scripts/venv.sh --packages-only >"$venv_log" 2>&1 &
+venv_pid=$!
 bash scripts/build.sh
 took build
+venv_rc=0
+wait "$venv_pid" || venv_rc=$?
+venv_pid=
+cat "$venv_log"
+rm -f "$venv_log"
+[ "$venv_rc" = 0 ] || { echo "test.sh: the venv's PyPI packages failed to install (above)" >&2; exit "$venv_rc"; }
 # After the build: the venv's `pip install .` then takes its objects from
 # ccache (scripts/venv.sh). Configuring again registers the latest-torch pass,
 # which needs the venv (tests/CMakeLists.txt); it builds nothing new.
@@ -22,6 +42,24 @@ bash scripts/build.sh
 took "the venv"
 bash scripts/install.sh   # erun, liberun, headers, examples into /usr/local
 build=${ERUN_BUILD_DIR:-build}
+# ERUN_ASAN_BESIDE_CTEST=1 (.ci/run): the sanitizer build (scripts/sanitize.sh
+# --build-only) compiles beside ctest at the idle scheduling class, so it
+# takes only the CPU time the tests leave (most of them wait on timeouts,
+# and the last minutes run one or two at a time); the tests are not slowed
+# (1,434 s against 1,426 s alone, docs/performance.md §14b). Its log is shown
+# once ctest is done; .ci/run then runs the sanitized tests.
+if [ -n "${ERUN_ASAN_BESIDE_CTEST:-}" ]; then
+  asan_log=$(mktemp)
+  idle=()
+  command -v chrt >/dev/null && idle=(chrt --idle 0)
+  # A process group of its own (setsid): a failed run stops the whole build.
+  setsid "${idle[@]}" nice -n 19 bash scripts/sanitize.sh --build-only >"$asan_log" 2>&1 &
+  asan_pid=$!
+fi
+# The order the tests start in (scripts/ctest_schedule.py): ctest's cost data,
+# which a fresh clone lacks; the lanes below then end together.
+mkdir -p "$build/Testing/Temporary"
+cp tests/ctest_schedule.txt "$build/Testing/Temporary/CTestCostData.txt"
 # Three at a time on two cores: most of the tests that start real processes
 # wait on timeouts, not the CPU. They hold RESOURCE_LOCKs (tests/CMakeLists.txt):
 # one C++ test of real processes (they find workers by the program's path),
@@ -44,4 +82,13 @@ if [ -z "${ERUN_SKIP_GPU_BUNDLE:-}" ] && [ -x /usr/local/cuda/bin/nvcc ]; then
   # From the build above (made with CUDA here): no third build of erun.
   ERUN_GPU_BUILD_DIR=$build ERUN_GPU_REUSE_BUILD=1 bash scripts/check_gpu_bundle.sh
   took "the GPU bundle check"
+fi
+if [ -n "$asan_pid" ]; then
+  asan_rc=0
+  wait "$asan_pid" || asan_rc=$?
+  asan_pid=
+  tail -n 3 "$asan_log"
+  rm -f "$asan_log"
+  [ "$asan_rc" = 0 ] || { echo "test.sh: the sanitizer build beside ctest failed (above)" >&2; exit "$asan_rc"; }
+  took "the sanitizer build (beside ctest)"
 fi
