@@ -7,11 +7,8 @@
 # torch (scripts/setup.sh); scripts/test.sh runs the Python suite against both.
 # The PyPI packages are installed once; erun is re-installed on every run,
 # incrementally (pyproject.toml keeps its build in build-pip/).
-# --packages-only: the PyPI packages, not erun (scripts/test.sh, beside the build).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-packages_only=0
-[ "${1:-}" = "--packages-only" ] && packages_only=1
 venv=${ERUN_VENV:-.venv}
 packages=(torch numpy pytest mypy lightning accelerate scikit-build-core pybind11)
 modules="torch, numpy, pytest, mypy, lightning, accelerate, scikit_build_core, pybind11"
@@ -24,7 +21,6 @@ if ! "$venv/bin/python" -c "import $modules" 2>/dev/null; then
   "$venv/bin/pip" install -q --upgrade "${packages[@]}"
   echo "venv: ${packages[*]} installed from PyPI in $(( $(date +%s) - start )) s"
 fi
-[ "$packages_only" = 1 ] && exit 0
 start=$(date +%s)
 # Through ccache where it is installed, with the compilers scripts/build.sh
 # uses (Python's sysconfig would name x86_64-linux-gnu-g++, a different key):

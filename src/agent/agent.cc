@@ -394,6 +394,13 @@ void Agent::ensure_watchdog() {
   if (!attach_dir_.empty()) (void)write_fully(watchdog_fd_, fmt::format("T {}\n", attach_dir_));
   if (!commit_dir_.empty()) (void)write_fully(watchdog_fd_, fmt::format("C {}\n", commit_dir_));
   tell_watchdog_grace();
+  tell_watchdog_channel();
+}
+
+void Agent::tell_watchdog_channel() {
+  // The channel this agent writes its frames to: should it die without a
+  // word, the watchdog writes ENDED there (agent/watchdog.h).
+  (void)send_channel_to_watchdog(watchdog_fd_, out_open_ ? out_fd_ : -1);
 }
 
 void Agent::tell_watchdog_grace() {
@@ -641,7 +648,10 @@ void Agent::finish() {
     env_.unlink(attach_dir_ + "/" + kDriverFileTemp);
     env_.rmdir(attach_dir_);
   }
-  close_fd(watchdog_fd_);  // the watchdog finds no group left and exits
+  // "E": this end is on purpose (no ENDED for the driver); the watchdog finds
+  // no group left and exits.
+  if (watchdog_fd_ >= 0) (void)write_fully(watchdog_fd_, "E\n");
+  close_fd(watchdog_fd_);
   close_fd(helper_err_read_);
   close_fd(helper_err_write_);
   close_fd(sig_fd_);

@@ -57,6 +57,7 @@ void Agent::close_channel() {
   driver_open_ = out_open_ = attached_ = false;
   head_sent_ = 0;  // the next driver gets the first frame whole
   reader_ = FrameReader();
+  tell_watchdog_channel();  // it lets go of its copy: the driver sees the end
 }
 
 void Agent::lose_driver(const std::string& why) {
@@ -226,6 +227,7 @@ void Agent::take_over_channel(int fd, const Attach& a, std::string_view rest) {
   attached_ = driver_open_ = out_open_ = true;
   last_heard_ = env_.now();
   tell_watchdog_grace();  // a driver holds the job again
+  tell_watchdog_channel();
   if (relay_) relay_->resume(a.rdzv_host, static_cast<int>(a.rdzv_port));
   tell_direct_workers(a);
   size_t held = outbound_.size();

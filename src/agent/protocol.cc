@@ -306,6 +306,15 @@ Result<Message> decode(std::string_view body) {
   return m;
 }
 
+std::optional<Ended> FrameReader::trailing_ended() const {
+  std::string_view left(buffer_.data() + consumed_, buffer_.size() - consumed_);
+  for (uint8_t oom : {uint8_t{0}, uint8_t{1}}) {
+    const std::string frame = encode(Ended{oom});
+    if (left.size() >= frame.size() && left.substr(left.size() - frame.size()) == frame) return Ended{oom};
+  }
+  return std::nullopt;
+}
+
 Result<std::optional<Message>> FrameReader::next() {
   using R = Result<std::optional<Message>>;
   size_t available = buffer_.size() - consumed_;

@@ -23,7 +23,8 @@ namespace erun::agent {
 // 6: DRAINING (a host that leaves on notice).
 // 7: RETIRE and RETIRED (an agent its driver lost is told that the job moved on).
 // 8: EXITED says whether the kernel's OOM killer ended the worker.
-inline constexpr uint32_t kProtocolVersion = 8;
+// 9: ENDED (the agent's watchdog: the agent died without a word).
+inline constexpr uint32_t kProtocolVersion = 9;
 inline constexpr size_t kMaxFrame = 4u << 20;   // whole frame, header included
 inline constexpr size_t kMaxSecret = 4096;      // the secret line
 // Bounds of EXITED's stderr lines: at most this many lines, each at most
@@ -256,9 +257,24 @@ struct Retired {
   auto fields() { return std::tie(workers); }
 };
 
+// agent -> driver, written by the agent's watchdog on the agent's channel
+// once the agent died without ending on purpose (SIGKILL, a crash), as the
+// last bytes of the stream: over ssh the driver sees only ssh's exit 255,
+// and this says what happened on the host. `oom_killed`: the OOM kill count
+// of the agent's memory cgroup rose since the agent was last heard
+// (common/oom.h). A frame the agent left half written before it (its
+// channel is non-blocking) tears the framing: FrameReader::trailing_ended()
+// finds this frame at the stream's end all the same.
+struct Ended {
+  static constexpr uint8_t kType = 12;
+  static constexpr const char* kName = "ENDED";
+  uint8_t oom_killed = 0;
+  auto fields() { return std::tie(oom_killed); }
+};
+
 using Message = std::variant<Hello, Started, StartFailed, Output, Exited, Heartbeat, Start, Signal, Terminate,
                              Kill, Shutdown, Keeping, Keep, Replicate, Unkeep, Attach, State, Superseded, Recorded,
-                             Draining, Retire, Retired>;
+                             Draining, Retire, Retired, Ended>;
 
 // The frame for one message, header included.
 std::string encode(const Message& message);
@@ -292,6 +308,10 @@ class FrameReader {
   void feed(std::string_view bytes) { buffer_.append(bytes); }
   Result<std::optional<Message>> next();
   size_t buffered() const { return buffer_.size() - consumed_; }
+  // At the stream's end, with bytes left that next() could not make a
+  // message of (a frame cut short by the writer's death): the ENDED frame
+  // they end with, if any.
+  std::optional<Ended> trailing_ended() const;
 
  private:
   std::string buffer_;

@@ -3,14 +3,18 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstring>
 
 #include "agent/commit_dir.h"
 #include "agent/detached.h"
+#include "agent/protocol.h"
+#include "common/oom.h"
 #include "common/strings.h"
 
 namespace erun::agent {
@@ -38,6 +42,14 @@ void WatchdogState::apply(std::string_view line) {
     attach_dir = std::string(line.substr(2));
     return;
   }
+  if (line == "E") {
+    ended_on_purpose = true;
+    return;
+  }
+  if (line == "o") {
+    channel_dropped = true;
+    return;
+  }
   auto words = split(line, ' ');
   long pgid = 0, grace = 0;
   if (words.size() == 3 && words[0] == "A" && parse_int(words[1], pgid) && parse_int(words[2], grace) && pgid > 1) {
@@ -54,9 +66,47 @@ namespace {
 
 using SteadyClock = std::chrono::steady_clock;
 
+// One read of the agent's channel: its bytes into `chunk`, and the
+// descriptor it passed with them (SCM_RIGHTS), if any, into `*fd`.
+ssize_t receive(int channel, char* chunk, size_t size, int* fd) {
+  iovec io{chunk, size};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+  msghdr m{};
+  m.msg_iov = &io;
+  m.msg_iovlen = 1;
+  m.msg_control = control;
+  m.msg_controllen = sizeof control;
+  ssize_t n = ::recvmsg(channel, &m, MSG_CMSG_CLOEXEC);
+  for (cmsghdr* c = n > 0 ? CMSG_FIRSTHDR(&m) : nullptr; c; c = CMSG_NXTHDR(&m, c)) {
+    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS && c->cmsg_len == CMSG_LEN(sizeof(int))) {
+      std::memcpy(fd, CMSG_DATA(c), sizeof(int));
+    }
+  }
+  return n;
+}
+
+// The agent's channel to its driver, as the agent last handed it over, and
+// the OOM count of the agent's cgroup as of the agent's last word.
+struct DriverChannel {
+  int fd = -1;
+  OomWatch oom;
+  void take(int new_fd) {
+    if (fd >= 0) ::close(fd);
+    fd = new_fd;
+  }
+  // The agent ended without a word: ENDED is the stream's last frame.
+  void tell_ended() {
+    if (fd < 0) return;
+    ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);  // the agent, which shared it, is gone
+    const std::string frame = encode(Ended{static_cast<uint8_t>(oom.fired() ? 1 : 0)});
+    (void)!::write(fd, frame.data(), frame.size());
+  }
+};
+
 // Reads the agent's lines into `state` until the channel ends or the agent has
-// been silent for `silence_ms` (0: never), which SIGKILLs the agent.
-void listen(int fd, pid_t agent, long silence_ms, WatchdogState& state) {
+// been silent for `silence_ms` (0: never), which SIGKILLs the agent. Keeps
+// the agent's driver channel in `driver` (closed on "o" and "E").
+void listen(int fd, pid_t agent, long silence_ms, WatchdogState& state, DriverChannel& driver) {
   char chunk[4096];
   auto last_word = SteadyClock::now();
   while (true) {
@@ -74,11 +124,26 @@ void listen(int fd, pid_t agent, long silence_ms, WatchdogState& state) {
     int ready = ::poll(&p, 1, wait_ms);
     if (ready < 0 && errno != EINTR) return;
     if (ready <= 0) continue;
-    ssize_t n = ::read(fd, chunk, sizeof chunk);
+    int passed = -1;
+    ssize_t n = receive(fd, chunk, sizeof chunk, &passed);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) return;
     last_word = SteadyClock::now();
     state.feed(std::string_view(chunk, static_cast<size_t>(n)));
+    // In the order sent: the lines of this read, then the descriptor that
+    // came with its "O" (a read ends with the bytes that carry one).
+    if (state.channel_dropped || state.ended_on_purpose) {
+      state.channel_dropped = false;
+      driver.take(-1);
+    }
+    if (passed >= 0 && state.ended_on_purpose) {
+      ::close(passed);
+    } else if (passed >= 0) {
+      driver.take(passed);
+    }
+    // Alive and talking: a later OOM kill is what ENDED reports (read again
+    // each time: the agent may have been moved to another cgroup).
+    if (driver.fd >= 0 && ::getppid() == agent) driver.oom = OomWatch::of(agent);
   }
 }
 
@@ -102,7 +167,10 @@ void stop_groups(const std::map<pid_t, long>& groups) {
 // descriptor but its channel (fd) closed.
 [[noreturn]] void watchdog_main(int fd, pid_t agent, long silence_ms) {
   WatchdogState state;
-  listen(fd, agent, silence_ms, state);
+  DriverChannel driver;
+  listen(fd, agent, silence_ms, state, driver);
+  if (!state.ended_on_purpose) driver.tell_ended();
+  driver.take(-1);  // the driver's side of the channel ends with this
   stop_groups(state.groups);
   // A killed agent leaves the relay's socket behind: unlink and rmdir, never
   // through a link, never a directory with anything else in it.
@@ -128,6 +196,31 @@ void stop_groups(const std::map<pid_t, long>& groups) {
 }
 
 }  // namespace
+
+bool send_channel_to_watchdog(int watchdog_fd, int channel_fd) {
+  if (watchdog_fd < 0) return false;
+  char text[] = "O\n";
+  if (channel_fd < 0) text[0] = 'o';
+  iovec io{text, 2};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr m{};
+  m.msg_iov = &io;
+  m.msg_iovlen = 1;
+  if (channel_fd >= 0) {
+    m.msg_control = control;
+    m.msg_controllen = sizeof control;
+    cmsghdr* c = CMSG_FIRSTHDR(&m);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(c), &channel_fd, sizeof(int));
+  }
+  ssize_t n;
+  do {
+    n = ::sendmsg(watchdog_fd, &m, MSG_NOSIGNAL);
+  } while (n < 0 && errno == EINTR);
+  return n == 2;
+}
 
 int spawn_watchdog(long silence_ms) {
   const pid_t agent = ::getpid();

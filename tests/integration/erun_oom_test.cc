@@ -6,8 +6,10 @@
 // kill is recovered in place and its line says "killed by the OOM killer"
 // (the agent reads its cgroup's OOM kill count); an agent's kill fails its
 // host, says the same, and the job resumes at the last commit. Both end at
-// the uninterrupted model with nothing left behind. Skips without root or a
-// memory cgroup it can make.
+// the uninterrupted model with nothing left behind. An agent on another host,
+// reached over ssh, is named so too: its watchdog tells erun (ENDED), where
+// erun itself sees only ssh's exit 255. Skips without root or a memory
+// cgroup it can make.
 #include <gtest/gtest.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -27,6 +29,7 @@
 #include "common/oom.h"
 #include "support/erun_process.h"
 #include "support/process_utils.h"
+#include "support/sshd.h"
 
 namespace erun::testing {
 namespace {
@@ -159,10 +162,12 @@ class ErunOom : public ::testing::Test {
     ::chmod(program_.c_str(), 0755);
     dir_.write("discover.sh", "#!/bin/sh\necho localhost:2\n", true);
   }
-  std::unique_ptr<ErunProcess> start() {
-    std::vector<std::string> a = {"--host-discovery-script", dir_.file("discover.sh"), "--launcher", "local",
-                                  "-np", "2", "--min-np", "1", "--blacklist-after", "5", "--term-grace", "2",
-                                  "--event-log", dir_.file("events.jsonl"), program_};
+  std::unique_ptr<ErunProcess> start(std::vector<std::string> launch = {"--launcher", "local"}) {
+    std::vector<std::string> a = {"--host-discovery-script", dir_.file("discover.sh"), "-np", "2", "--min-np", "1",
+                                  "--blacklist-after", "5", "--term-grace", "2", "--event-log",
+                                  dir_.file("events.jsonl")};
+    a.insert(a.end(), launch.begin(), launch.end());
+    a.push_back(program_);
     a.insert(a.end(), kTrainMlpArgs.begin(), kTrainMlpArgs.end());
     return std::make_unique<ErunProcess>(a, std::vector<std::string>{}, cgroup_.wrapper());
   }
@@ -217,6 +222,35 @@ TEST_F(ErunOom, AnAgentTheOomKillerEndsFailsItsHostAndTheJobResumesAtTheLastComm
   ASSERT_TRUE(cgroup_.oom_kill(agent)) << "the kernel killed nothing\n" << p->err();
   ASSERT_TRUE(p->wait_output("agent on localhost lost", 20s)) << p->err();
   EXPECT_NE(p->err().find("ended with signal 9 (killed by the OOM killer)"), std::string::npos) << p->err();
+  ASSERT_NO_FATAL_FAILURE(expect_exact_and_nothing_left(*p));
+  EXPECT_NE((p->err() + p->out()).find("from host memory"), std::string::npos) << "not resumed at the last commit";
+}
+
+TEST_F(ErunOom, AnAgentOverSshTheOomKillerEndsIsNamedSoThoughSshSaysOnly255) {
+  auto server = SshServer::start({"127.0.0.2"});
+  ERUN_REQUIRE_SSHD(server);
+  dir_.write("discover.sh", "#!/bin/sh\necho 127.0.0.2:2\n", true);
+  auto p = start(server->erun_args());
+  ASSERT_TRUE(p->wait_output("epoch 2 ", 120s)) << p->out() << p->err();
+  // The agent runs under the test's sshd: this job's agent is its worker's
+  // parent. Into the job's cgroup with it (not its workers), so that the
+  // kernel's OOM killer there may choose it.
+  auto w = workers();
+  ASSERT_FALSE(w.empty());
+  const pid_t agent = parent_of(w[0]);
+  ASSERT_NE(cmdline_of(agent).find(" --agent "), std::string::npos) << cmdline_of(agent);
+  {
+    std::ofstream procs(cgroup_.dir() + "/cgroup.procs");
+    procs << agent << "\n";
+  }
+  ASSERT_NE(read_file(cgroup_.dir() + "/cgroup.procs").find(std::to_string(agent)), std::string::npos);
+  std::this_thread::sleep_for(2500ms);  // its watchdog reads the agent's cgroup at its next word (every second)
+  ASSERT_TRUE(cgroup_.oom_kill(agent)) << "the kernel killed nothing\n" << p->err();
+  ASSERT_TRUE(p->wait_output("agent on 127.0.0.2 lost", 20s)) << p->err();
+  EXPECT_NE(p->err().find("the agent was killed by the OOM killer on the host (its ssh process ended with exit code 255"),
+            std::string::npos)
+      << p->err();
+  EXPECT_NE(p->err().find("the memory of the host"), std::string::npos) << "no OOM hint\n" << p->err();
   ASSERT_NO_FATAL_FAILURE(expect_exact_and_nothing_left(*p));
   EXPECT_NE((p->err() + p->out()).find("from host memory"), std::string::npos) << "not resumed at the last commit";
 }

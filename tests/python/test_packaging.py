@@ -5,6 +5,7 @@ what the latest-torch pass tests (tests/CMakeLists.txt, pytorch_latest_*)."""
 import importlib.util
 import os
 import pathlib
+import shutil
 import subprocess
 
 import pytest
@@ -70,6 +71,11 @@ def _pip_install_into_fresh_venv(tmp_path, *pip_args):
     subprocess.run(["/usr/bin/python3", "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=120)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "ERUN_BIN")}
     env["PATH"] = f"{venv / 'bin'}:{env.get('PATH', '/usr/bin:/bin')}"
+    if shutil.which("ccache"):
+        # As scripts/venv.sh builds: the compiles are ccache's hits. Without
+        # it, each of the two installs compiled erun whole, beside the other
+        # tests (715 s of a fresh clone's ctest, against about 60 s).
+        env.update(CMAKE_C_COMPILER_LAUNCHER="ccache", CMAKE_CXX_COMPILER_LAUNCHER="ccache", CC="cc", CXX="c++")
     r = subprocess.run([str(venv / "bin/pip"), "install", "-q", *pip_args], capture_output=True, text=True,
                        timeout=1500, env=env, cwd=tmp_path)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]

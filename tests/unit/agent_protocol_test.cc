@@ -269,6 +269,37 @@ TEST(AgentProtocol, DrainingRoundTrips) {
   EXPECT_STREQ(message_name(Draining{}), "DRAINING");
 }
 
+TEST(AgentProtocol, EndedIsFoundAtTheEndOfAStreamAFrameLeftHalfWritten) {
+  EXPECT_EQ(std::get<Ended>(one(encode(Ended{1}))).oom_killed, 1);
+  EXPECT_STREQ(message_name(Ended{}), "ENDED");
+  // Whole frames, then ENDED: next() reads it; nothing is left to look at.
+  FrameReader whole;
+  whole.feed(encode(Heartbeat{}) + encode(Ended{1}));
+  ASSERT_TRUE(whole.next().is_ok());
+  auto m = whole.next();
+  ASSERT_TRUE(m.is_ok() && m->has_value());
+  EXPECT_EQ(std::get<Ended>(**m).oom_killed, 1);
+  EXPECT_FALSE(whole.trailing_ended());
+  // The agent died after writing part of an OUTPUT frame; its watchdog's
+  // ENDED follows: next() waits for the rest of OUTPUT, the tail is ENDED.
+  for (uint8_t oom : {uint8_t{0}, uint8_t{1}}) {
+    const std::string output = encode(Output{7, 1, std::string(1000, 'x')});
+    FrameReader torn;
+    torn.feed(encode(Heartbeat{}) + output.substr(0, 300) + encode(Ended{oom}));
+    ASSERT_TRUE(torn.next().is_ok());
+    auto rest = torn.next();
+    ASSERT_TRUE(rest.is_ok());
+    EXPECT_FALSE(rest->has_value()) << "the torn frame waits for bytes that never come";
+    auto tail = torn.trailing_ended();
+    ASSERT_TRUE(tail);
+    EXPECT_EQ(tail->oom_killed, oom);
+  }
+  // A stream cut short without ENDED has none.
+  FrameReader cut;
+  cut.feed(encode(Output{7, 1, "line\n"}).substr(0, 9));
+  EXPECT_FALSE(cut.trailing_ended());
+}
+
 TEST(AgentProtocol, AnOlderAgentsHelloStillNamesItsVersion) {
   // Version 4's HELLO ends after the pid: read as such, so that the driver
   // can refuse the version in words instead of a malformed frame.

@@ -2,7 +2,16 @@
 // directories it would stop and remove out.
 #include "agent/watchdog.h"
 
+#include <fcntl.h>
+#include <poll.h>
+#include <unistd.h>
+
 #include <gtest/gtest.h>
+
+#include <chrono>
+#include <string>
+
+#include "agent/protocol.h"
 
 namespace erun::agent {
 namespace {
@@ -59,6 +68,56 @@ TEST(AgentWatchdogTest, KeepsCommitsThroughTheDriversGraceUntilADriverIsBack) {
   s.feed("G 0\n");
   EXPECT_EQ(s.keep_commits_until, std::chrono::steady_clock::time_point{});
   EXPECT_TRUE(s.groups.empty());
+}
+
+TEST(AgentWatchdogTest, NotesAnEndOnPurposeAndAChannelLetGo) {
+  WatchdogState s;
+  s.feed("H\no\n");
+  EXPECT_TRUE(s.channel_dropped);
+  EXPECT_FALSE(s.ended_on_purpose);
+  s.feed("O\nE\n");
+  EXPECT_TRUE(s.ended_on_purpose);
+}
+
+// What the driver reads on the channel it handed the watchdog, until the
+// watchdog and this test have let go of it (5 s at most).
+std::string read_to_end(int fd) {
+  std::string out;
+  char buf[256];
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (std::chrono::steady_clock::now() < until) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 100) <= 0) continue;
+    ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n <= 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  return out;
+}
+
+// A real watchdog (this process plays its agent): handed the driver's
+// channel, it writes ENDED there when its agent's channel ends without "E",
+// and nothing when it ends with one.
+TEST(AgentWatchdogTest, WritesEndedOnTheDriversChannelOnlyWhenTheAgentDiesWithoutAWord) {
+  for (bool on_purpose : {false, true}) {
+    int driver[2];
+    ASSERT_EQ(::pipe2(driver, O_CLOEXEC), 0);
+    const int wd = spawn_watchdog(0);
+    ASSERT_GE(wd, 0);
+    ASSERT_TRUE(send_channel_to_watchdog(wd, driver[1]));
+    ::close(driver[1]);  // the watchdog's copy is the only writer now
+    if (on_purpose) {
+      ASSERT_EQ(::write(wd, "E\n", 2), 2);
+    }
+    ::close(wd);  // the agent's end: its death, or its exit after "E"
+    const std::string got = read_to_end(driver[0]);
+    ::close(driver[0]);
+    if (on_purpose) {
+      EXPECT_EQ(got, "") << "an end on purpose tells the driver nothing";
+    } else {
+      EXPECT_EQ(got, encode(Ended{0})) << "no OOM kill in this process's cgroup";
+    }
+  }
 }
 
 }  // namespace

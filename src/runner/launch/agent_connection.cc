@@ -431,6 +431,8 @@ void AgentConnection::handle(agent::Message m) {
       it->second.exit_stderr = std::move(e->stderr_tail);
       close_writers(it->second);
     }
+  } else if (auto* en = std::get_if<agent::Ended>(&m)) {
+    ended_ = *en;
   } else if (std::holds_alternative<agent::Heartbeat>(m)) {
     // last_heard_ is set for every frame
   } else if (auto* st = std::get_if<agent::State>(&m)) {
@@ -524,6 +526,12 @@ void AgentConnection::run() {
     if (n > 0 && p[0].revents) eof = !read_frames(reader, chunk);
     check_heartbeats();
   }
+  if (eof) {
+    // A frame the dying agent left half written tears the stream; its
+    // watchdog's ENDED is still its last bytes.
+    std::lock_guard lock(mu_);
+    if (!ended_) ended_ = reader.trailing_ended();
+  }
   channel_ended(eof);
   std::lock_guard lock(mu_);
   reader_done_ = true;
@@ -579,12 +587,9 @@ void AgentConnection::check_heartbeats() {
   }
 }
 
-void AgentConnection::channel_ended(bool eof) {
-  {
-    std::lock_guard lock(mu_);
-    // Left to another driver: the agent goes on, nothing here is lost.
-    if (abandoned_ || superseded_ > 0) return;
-  }
+// How the agent's process ended (nullopt: there was none, or it would not
+// end), waited for briefly and SIGKILLed past that; an OOM kill noted.
+std::optional<ExitStatus> AgentConnection::reap_process(bool eof) {
   // A channel without a process (an agent reached through its attach
   // socket) has no exit to wait for.
   std::optional<ExitStatus> status;
@@ -593,25 +598,54 @@ void AgentConnection::channel_ended(bool eof) {
     ::kill(-process_.pid(), SIGKILL);
     status = process_.wait_for(std::chrono::seconds(2));
   }
+  std::lock_guard lock(mu_);
   if (status && status->signal == SIGKILL && process_oom_.fired()) {
     status->oom_killed = true;
-    std::lock_guard lock(mu_);
     agent_oom_killed_ = true;
   }
-  bool closing;
-  {
-    std::lock_guard wlock(write_mu_);
-    closing = closing_;
-  }
-  if (!eof || stop_.load()) return;
+  if (ended_ && ended_->oom_killed) agent_oom_killed_ = true;
+  return status;
+}
+
+std::string AgentConnection::end_reason(const std::optional<ExitStatus>& status) {
   std::string why = status ? fmt::format("its {} process ended with {}", via_, status->describe())
                            : std::string("its channel closed");
+  std::optional<agent::Ended> ended;
+  {
+    std::lock_guard lock(mu_);
+    ended = ended_;
+  }
+  // Over ssh or srun that process is not the agent (nor is there one for an
+  // agent reached through its attach socket): its watchdog said what became
+  // of the agent on the host.
+  if (ended && (via_ != "local" || !status)) {
+    why = fmt::format("the agent {} on the host ({})",
+                      ended->oom_killed ? "was killed by the OOM killer" : "ended without a word (killed, or it crashed)",
+                      why);
+  }
   // A shell's "command not found": the agent binary is not there.
   if (status && status->code == 127 && !hello_seen()) {
     why += fmt::format(" before it started: {} is not there (install the same erun on that host, or pass "
                        "--agent-path with the path it has there)",
                        options_.agent_path);
   }
+  return why;
+}
+
+void AgentConnection::channel_ended(bool eof) {
+  {
+    std::lock_guard lock(mu_);
+    // Left to another driver: the agent goes on, nothing here is lost.
+    if (abandoned_ || superseded_ > 0) return;
+  }
+  const std::optional<ExitStatus> status = reap_process(eof);
+  bool closing;
+  {
+    std::lock_guard wlock(write_mu_);
+    closing = closing_;
+  }
+  if (!eof || stop_.load()) return;
+  const std::string why = end_reason(status);
   if (status && status->code == 255 && !hello_seen()) {
     std::lock_guard lock(mu_);
     unreachable_ = true;  // ssh's "could not reach or log in to the host"

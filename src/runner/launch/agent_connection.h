@@ -215,6 +215,10 @@ class AgentConnection {
   void adopt_state_locked(const agent::State& st);
 
   void run();
+  // channel_ended()'s parts: how the agent's process ended (an OOM kill
+  // noted), and the reason its loss gives.
+  std::optional<ExitStatus> reap_process(bool eof);
+  std::string end_reason(const std::optional<ExitStatus>& status);
 
   // Reads what the agent sent and handles every whole frame; false at the
   // channel's end (EOF, an error, a malformed frame: then it is lost).
@@ -233,6 +237,9 @@ class AgentConnection {
   Subprocess process_;
   OomWatch process_oom_;  // taken at its start: was its SIGKILL the OOM killer's?
   bool agent_oom_killed_ = false;  // it was (mu_)
+  // ENDED from the agent's watchdog: the agent died on its host without a
+  // word, killed by the OOM killer or not (mu_).
+  std::optional<agent::Ended> ended_;
   AgentLaunchOptions options_;
   std::string via_;
   StderrHint stderr_hint_;
