@@ -58,6 +58,20 @@ class ErunDrain : public ::testing::Test {
             "0.2"};
   }
   pid_t worker_on(const std::string& host) const { return worker_on_host(program_, host); }
+  // Once training runs: the worker that stays (127.0.0.2), the one whose
+  // host leaves (127.0.0.3), and that one's agent.
+  struct Hosts {
+    pid_t survivor = 0, leaving = 0, agent = 0;
+  };
+  void training_on_both(ErunProcess& p, Hosts& h) {
+    ASSERT_TRUE(p.wait_output(":epoch 1 loss=", 120s)) << p.out() << p.err();
+    h.survivor = worker_on("127.0.0.2");
+    h.leaving = worker_on("127.0.0.3");
+    ASSERT_GT(h.survivor, 0);
+    ASSERT_GT(h.leaving, 0);
+    h.agent = parent_of(h.leaving);
+    ASSERT_NE(cmdline_of(h.agent).find("--agent"), std::string::npos) << cmdline_of(h.agent);
+  }
   std::string events() const { return read_file(dir_.file("events.jsonl")); }
   // What every drained run must show: no failure, no rollback, the
   // survivor's process kept, and the model exact.
@@ -84,15 +98,11 @@ class ErunDrain : public ::testing::Test {
   }
   // Once training runs: SIGTERM to 127.0.0.3's agent, and what must follow.
   void sigterm_agent_then_expect_drain(ErunProcess& p) {
-    ASSERT_TRUE(p.wait_output(":epoch 1 loss=", 120s)) << p.out() << p.err();
-    const pid_t survivor = worker_on("127.0.0.2"), leaving = worker_on("127.0.0.3");
-    ASSERT_GT(survivor, 0);
-    ASSERT_GT(leaving, 0);
-    const pid_t agent = parent_of(leaving);
-    ASSERT_NE(cmdline_of(agent).find("--agent"), std::string::npos) << cmdline_of(agent);
-    ASSERT_EQ(::kill(agent, SIGTERM), 0);
-    ASSERT_NO_FATAL_FAILURE(expect_drained_in_place(p, survivor, "SIGTERM to the agent"));
-    EXPECT_TRUE(wait_pid_gone(agent, 10s)) << "the drained agent did not end";
+    Hosts h;
+    ASSERT_NO_FATAL_FAILURE(training_on_both(p, h));
+    ASSERT_EQ(::kill(h.agent, SIGTERM), 0);
+    ASSERT_NO_FATAL_FAILURE(expect_drained_in_place(p, h.survivor, "SIGTERM to the agent"));
+    EXPECT_TRUE(wait_pid_gone(h.agent, 10s)) << "the drained agent did not end";
   }
   // Seconds from the host_draining event to the first generation_started
   // after it (the smaller generation), from the event log's clock.
@@ -126,18 +136,15 @@ TEST_F(ErunDrain, SigtermToAHostsAgentDrainsItInPlace) {
 
 TEST_F(ErunDrain, SigtermToEveryProcessOfAHostAtOnceDrainsItInPlace) {
   ErunProcess p(args(local_hosts()));
-  ASSERT_TRUE(p.wait_output(":epoch 1 loss=", 120s)) << p.out() << p.err();
-  const pid_t survivor = worker_on("127.0.0.2"), leaving = worker_on("127.0.0.3");
-  ASSERT_GT(survivor, 0);
-  ASSERT_GT(leaving, 0);
+  Hosts h;
+  ASSERT_NO_FATAL_FAILURE(training_on_both(p, h));
   // The agent, and everything it started: its watchdog and helpers, and the
   // worker. Each gets one SIGTERM, back to back, as from a cgroup signal.
-  const pid_t agent = parent_of(leaving);
-  std::vector<pid_t> host = {agent};
-  for (pid_t c : children_of(agent)) host.push_back(c);
+  std::vector<pid_t> host = {h.agent};
+  for (pid_t c : children_of(h.agent)) host.push_back(c);
   ASSERT_GE(host.size(), 3u) << "agent, watchdog, worker: " << describe_pids(host);
   for (pid_t pid : host) ::kill(pid, SIGTERM);
-  ASSERT_NO_FATAL_FAILURE(expect_drained_in_place(p, survivor, "SIGTERM to"));
+  ASSERT_NO_FATAL_FAILURE(expect_drained_in_place(p, h.survivor, "SIGTERM to"));
 }
 
 TEST_F(ErunDrain, ADrainingDiscoveryLineDrainsTheHostInPlace) {
@@ -155,12 +162,9 @@ TEST_F(ErunDrain, ADrainingDiscoveryLineDrainsTheHostInPlace) {
 // listed again, the host gets a new agent and rejoins.
 TEST_F(ErunDrain, AHostDiscoveryDropsLosesItsAgentAndRejoinsWithANewOne) {
   ErunProcess p(args(local_hosts()));
-  ASSERT_TRUE(p.wait_output(":epoch 1 loss=", 120s)) << p.out() << p.err();
-  const pid_t survivor = worker_on("127.0.0.2"), leaving = worker_on("127.0.0.3");
-  ASSERT_GT(survivor, 0);
-  ASSERT_GT(leaving, 0);
-  const pid_t agent = parent_of(leaving);
-  ASSERT_NE(cmdline_of(agent).find("--agent"), std::string::npos) << cmdline_of(agent);
+  Hosts h;
+  ASSERT_NO_FATAL_FAILURE(training_on_both(p, h));
+  const pid_t survivor = h.survivor, agent = h.agent;
   auto agents = [&] {
     std::vector<pid_t> out;
     for (pid_t c : children_of(p.pid())) {

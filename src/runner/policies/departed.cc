@@ -9,7 +9,7 @@ void DepartedHosts::listed(const HostSet& before, const HostSet& after) {
   now.reserve(after.size());
   for (const Host& h : after.hosts()) {
     now.insert(h.name);
-    if (!hosts_.empty()) hosts_.erase(h.name);
+    hosts_.erase(h.name);
   }
   for (const Host& h : before.hosts()) {
     if (!now.count(h.name)) hosts_.insert(h.name);
@@ -19,15 +19,10 @@ void DepartedHosts::listed(const HostSet& before, const HostSet& after) {
 Actions DepartedHosts::tend(const JobSnapshot& s, const std::function<bool(const std::string&)>& keeps) {
   if (hosts_.empty() || s.now < next_tend_) return {};
   next_tend_ = s.now + std::chrono::seconds(1);
-  std::set<std::string> working;
-  for (const WorkerView& w : s.workers) {
-    if (w.alive) working.insert(w.assignment.slot.host);
-  }
+  const std::set<std::string> working = s.working_hosts();
   Actions out;
   for (auto it = hosts_.begin(); it != hosts_.end();) {
-    if (s.discovered(*it)) {  // listed again meanwhile (listed() was not told)
-      it = hosts_.erase(it);
-    } else if (working.count(*it) || keeps(*it)) {
+    if (working.count(*it) || keeps(*it)) {
       ++it;
     } else {
       out.push_back(act::ReleaseAgent{*it});

@@ -19,8 +19,9 @@ namespace erun {
 
 class DepartedHosts {
  public:
-  // Discovery's list went from `before` to `after`: the hosts it dropped
-  // are departed; a host listed again is not. O(hosts).
+  // Discovery's list went from `before` to `after` (the driver tells every
+  // change): the hosts it dropped are departed; a host listed again is not.
+  // O(hosts).
   void listed(const HostSet& before, const HostSet& after);
   // Departed hosts not released yet.
   size_t pending() const { return hosts_.size(); }

@@ -17,10 +17,7 @@ Actions HostMemoryKeeper::tend(const JobSnapshot& s, const std::function<bool(co
                                const std::function<bool(const std::string&)>& blacklisted) {
   if (hosts_.empty() || s.now < next_tend_) return {};
   next_tend_ = s.now + std::chrono::seconds(1);
-  std::set<std::string> working;
-  for (const WorkerView& w : s.workers) {
-    if (w.alive) working.insert(w.assignment.slot.host);
-  }
+  const std::set<std::string> working = s.working_hosts();
   Actions out;
   for (auto& [host, hold] : hosts_) {
     if (working.count(host)) {

@@ -66,6 +66,14 @@ struct JobSnapshot {
   bool discovered(const std::string& host) const { return listed && listed->find(host) >= 0; }
   // The plans may use `host`: discovery lists it and it does not drain.
   bool usable(const std::string& host) const { return hosts && hosts->find(host) >= 0; }
+  // The hosts where a worker of the job runs now (its exit not seen yet).
+  std::set<std::string> working_hosts() const {
+    std::set<std::string> out;
+    for (const WorkerView& w : workers) {
+      if (w.alive) out.insert(w.assignment.slot.host);
+    }
+    return out;
+  }
 };
 
 namespace act {
