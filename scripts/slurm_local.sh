@@ -141,6 +141,32 @@ start() {
   log "ready: nodes $node1,$node2 (partition debug) and $node3 (partitions spare and urgent) with 8 CPUs each; export SLURM_CONF=$conf"
 }
 
+# Takes the line start added out of /etc/hosts in place: the lines after it
+# move up over it, then the file is cut to its new length. The file is never
+# empty nor without its other lines for a moment, as it was while `cat`
+# rewrote it: a test beside this one that resolved localhost then could fail.
+# (No rename: /etc/hosts is often a bind mount, as in containers.)
+remove_hosts_line() {
+  python3 - "$hosts_line" <<'PY'
+import sys
+
+line = (sys.argv[1] + "\n").encode()
+with open("/etc/hosts", "r+b") as f:
+    data = f.read()
+    while True:
+        at = data.find(line)
+        while at > 0 and data[at - 1:at] != b"\n":
+            at = data.find(line, at + 1)
+        if at < 0:
+            break
+        data = data[:at] + data[at + len(line):]
+        f.seek(at)
+        f.write(data[at:])
+        f.flush()
+        f.truncate(len(data))
+PY
+}
+
 stop() {
   export SLURM_CONF=$conf
   # Jobs first, so that slurmd ends their steps (KillWait=5).
@@ -155,9 +181,8 @@ stop() {
     kill -9 "$pid" 2>/dev/null || true
     rm -f "$f"
   done
-  if grep -qF "$hosts_line" /etc/hosts 2>/dev/null; then
-    grep -vF "$hosts_line" /etc/hosts > "$dir/hosts.new" || true
-    cat "$dir/hosts.new" > /etc/hosts
+  if grep -qxF "$hosts_line" /etc/hosts 2>/dev/null; then
+    remove_hosts_line
   fi
   if [ -e "$dir/munged.started" ]; then
     pid=$(cat /run/munge/munged.pid 2>/dev/null || true)

@@ -55,7 +55,14 @@ cp tests/ctest_schedule.txt "$build/Testing/Temporary/CTestCostData.txt"
 # wait on timeouts, not the CPU. They hold RESOURCE_LOCKs (tests/CMakeLists.txt):
 # one C++ test of real processes (they find workers by the program's path),
 # one multi-process test of each Python pass, and unit tests share the slots.
-ctest --test-dir "$build" --output-on-failure --timeout 300 -j3 "$@"
+ctest_rc=0
+ctest --test-dir "$build" --output-on-failure --timeout 300 -j3 "$@" || ctest_rc=$?
+if [ "$ctest_rc" != 0 ]; then
+  # The failures' first lines last, where the tail of a CI log shows them.
+  echo "test.sh: ctest failed; where:"
+  awk -f scripts/ctest_failures.awk "$build/Testing/Temporary/LastTest.log" || true
+  exit "$ctest_rc"
+fi
 took ctest
 # Where CUDA is found the build above uses it; check that erun also builds
 # without it and that the GPU API then fails with a clear error.

@@ -228,11 +228,22 @@ TEST_F(ErunHostMemory, AFullDevShmFailsACommitCleanlyAndTheJobGoesOn) {
 // Three total losses in a row, each after the new workers committed: every
 // generation made progress (their first joins report the commit their host
 // kept), so it is no crash loop, and the job ends at the exact model.
+// train_mlp prints an epoch's line before the commit that ends the epoch, so
+// each kill waits for a commit newer than the host held at the line: else a
+// kill in between (CI, under load) rightly ran that epoch's end again.
 TEST_F(ErunHostMemory, RepeatedTotalLossesAfterProgressAreNoCrashLoop) {
   dir_.write("hosts", "localhost:2\n");
   ErunProcess p(erun_args({"-np", "2", "--min-np", "1", "--blacklist-after", "10"}));
   for (int epoch = 1; epoch <= 3; ++epoch) {
     ASSERT_TRUE(p.wait_output(fmt_epoch(epoch), 120s)) << p.out() << p.err();
+    const std::string dir = commit_dir();
+    ASSERT_FALSE(dir.empty()) << p.err();
+    const uint64_t at_line = newest_id(dir);
+    const auto deadline = std::chrono::steady_clock::now() + 30s;
+    while (newest_id(dir) <= at_line && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(5ms);
+    }
+    ASSERT_GT(newest_id(dir), at_line) << "no commit after epoch " << epoch << "'s line\n" << p.err();
     auto victims = workers();
     ASSERT_EQ(victims.size(), 2u);
     for (pid_t pid : victims) ::kill(pid, SIGKILL);
