@@ -1,12 +1,17 @@
 // Allreduce (float32, sum) of erun's CPU communicators among N local
 // processes bootstrapped over a FileKvStore in a temp dir:
-//   shm_allreduce_bench [shm|tcp|gloo|hier] [--step B] [--small B] [--reduce-scatter] NP [BYTES...]
+//   shm_allreduce_bench [shm|tcp|gloo|hier|hier2] [--step B] [--small B] [--reduce-scatter] NP [BYTES...]
 // (backend default: shm; --step/--small set ShmOptions' staging sizes;
 // --reduce-scatter also times Communicator::reduce_scatter of the same
 // BYTES in all, split evenly, right after the allreduce of each size:
-// busbw = algbw * (n-1)/n for it, as nccl-tests define it)
+// busbw = algbw * (n-1)/n for it, as nccl-tests define it; and then the
+// base class's reduce-scatter, an allreduce of a copy, as op
+// reduce_scatter_fallback: what a backend without its own one runs)
 // (default sizes 4 KiB, 64 KiB, 1 MiB, 16 MiB, 64 MiB, 256 MiB). "hier" is the
 // hierarchical factory with every rank on one host (what erun::init() builds);
+// "hier2" the hierarchical communicator of two simulated hosts, 127.0.0.2
+// (ranks 0 .. NP/2-1) and 127.0.0.3 (the rest), each its own shm segment,
+// their leaders over erun's TCP transport;
 // "tcp" is erun's TCP transport with rank r on 127.0.0.(2+r), every rank
 // counted on this machine (TcpOptions::machine_ranks = NP).
 // Per size: warm-up, then 5 repetitions; prints the median time per op (and
@@ -57,6 +62,22 @@ std::unique_ptr<Communicator> make(const std::string& backend, KvStore& store, i
     o.machine_ranks = np;
     return make_tcp_communicator(store, o);
   }
+  if (backend == "hier2") {
+    const int first = np / 2, host = rank < first ? 0 : 1;
+    HierOptions o;
+    o.rank = rank;
+    o.size = np;
+    o.local_rank = host == 0 ? rank : rank - first;
+    o.local_size = host == 0 ? first : np - first;
+    o.cross_rank = host;
+    o.cross_size = o.local_rank < std::min(first, np - first) ? 2 : 1;
+    o.hostname = "127.0.0." + std::to_string(2 + host);
+    o.timeout = timeout;
+    o.job_id = "bench";
+    o.secret = "shm-allreduce-bench-secret-0123456789";
+    o.segment_tag = "bench";
+    return make_hierarchical_communicator(store, o);
+  }
   if (backend == "hier") {
     HierOptions o;
     o.rank = o.local_rank = rank;
@@ -85,11 +106,14 @@ int rank_main(const std::string& backend, const std::string& dir, int rank, int 
     std::vector<size_t> counts(static_cast<size_t>(np));
     for (size_t r = 0; r < counts.size(); ++r) counts[r] = v.size() / np + (r < v.size() % np ? 1 : 0);
     std::vector<float> mine(counts[static_cast<size_t>(rank)]);
-    for (bool scatter : {false, true}) {
+    for (int kind : {0, 1, 2}) {
+      const bool scatter = kind != 0;
       if (scatter && !g_reduce_scatter) break;
       auto op = [&] {
-        if (scatter) {
+        if (kind == 1) {
           comm->reduce_scatter(v.data(), mine.data(), counts, DataType::kFloat32, ReduceOp::kSum);
+        } else if (kind == 2) {
+          comm->Communicator::reduce_scatter(v.data(), mine.data(), counts, DataType::kFloat32, ReduceOp::kSum);
         } else {
           comm->allreduce(v, ReduceOp::kSum);
         }
@@ -114,7 +138,7 @@ int rank_main(const std::string& backend, const std::string& dir, int rank, int 
         std::printf("np=%d bytes=%zu iters=%d time=%.2f us min=%.2f us max=%.2f us algbw=%.3f GB/s busbw=%.3f GB/s "
                     "backend=%s op=%s\n",
                     np, bytes, iters, t * 1e6, times.front() * 1e6, times.back() * 1e6, algbw, busbw,
-                    backend.c_str(), scatter ? "reduce_scatter" : "allreduce");
+                    backend.c_str(), kind == 0 ? "allreduce" : kind == 1 ? "reduce_scatter" : "reduce_scatter_fallback");
         std::fflush(stdout);
       }
     }
@@ -128,7 +152,7 @@ int main(int argc, char** argv) {
   int arg = 1;
   std::string backend = "shm";
   if (arg < argc && (!std::strcmp(argv[arg], "shm") || !std::strcmp(argv[arg], "tcp") || !std::strcmp(argv[arg], "gloo") ||
-                     !std::strcmp(argv[arg], "hier"))) {
+                     !std::strcmp(argv[arg], "hier") || !std::strcmp(argv[arg], "hier2"))) {
     backend = argv[arg++];
   }
   while (arg < argc && (!std::strcmp(argv[arg], "--step") || !std::strcmp(argv[arg], "--small") ||
@@ -144,7 +168,7 @@ int main(int argc, char** argv) {
   }
   const int np = arg < argc ? std::atoi(argv[arg++]) : 0;
   if (np < 1) {
-    std::fprintf(stderr, "usage: %s [shm|tcp|gloo|hier] NP [BYTES...]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s [shm|tcp|gloo|hier|hier2] NP [BYTES...]\n", argv[0]);
     return 2;
   }
   std::vector<size_t> sizes;

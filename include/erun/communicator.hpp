@@ -55,7 +55,8 @@ class ERUN_API Communicator {
   // counts[r-1] (ZeRO's and FSDP's gradient step: each rank gets the sum of
   // its own rows only). Integer average truncates, as allreduce's. This
   // implementation is an allreduce of a copy, kept where a backend has
-  // nothing better; shared memory, TCP and MPI reduce only each rank's part.
+  // nothing better (Gloo); shared memory, TCP, MPI and the hierarchical
+  // communicator reduce only each rank's (or each host's) part.
   virtual void reduce_scatter(const void* in, void* out, const std::vector<size_t>& counts, DataType type,
                               ReduceOp op);
   virtual void barrier() = 0;

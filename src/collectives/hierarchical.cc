@@ -218,15 +218,45 @@ class HierCommunicator final : public Communicator {
       if (leader() && cross_->size() > 1) across_hosts([&] { cross_->allreduce(data, count, type, inner); });
       local_->broadcast(data, bytes, 0);
     });
-    if (op != ReduceOp::kAverage) return;
-    switch (type) {
-      case DataType::kFloat32: return divide_typed<float>(data, count, size());
-      case DataType::kFloat64: return divide_typed<double>(data, count, size());
-      case DataType::kInt32: return divide_typed<int32_t>(data, count, size());
-      case DataType::kInt64: return divide_typed<int64_t>(data, count, size());
-      case DataType::kUInt8: return divide_typed<uint8_t>(data, count, size());
-      default: ERUN_CHECK(false);
+    if (op == ReduceOp::kAverage) divide(data, count, type);
+  }
+
+  // Each host reduces the whole vector in shared memory, the leaders
+  // reduce-scatter it among the hosts (each host's part: its ranks' blocks),
+  // and each leader hands its host's part to its ranks. Only a host's part
+  // crosses the network towards it, once, where an allreduce would carry the
+  // whole vector there and back. The caller's blocks are in rank order and a
+  // host's ranks need not be adjacent: the vector is laid out host by host
+  // first.
+  void reduce_scatter(const void* in, void* out, const std::vector<size_t>& counts, DataType type,
+                      ReduceOp op) override {
+    if (counts.size() != static_cast<size_t>(size()) || type == DataType::kFloat16 || type == DataType::kBFloat16) {
+      return Communicator::reduce_scatter(in, out, counts, type, op);  // its error, as every backend's
     }
+    const size_t esize = data_type_size(type);
+    const HostLayout layout = host_layout(counts);
+    std::vector<char>& all = scratch_all_;  // kept: a fresh 64 MiB a call doubled its time (page faults)
+    all.resize(layout.total * esize);
+    for (int r = 0; r < size(); ++r) {
+      const size_t n = counts[static_cast<size_t>(r)] * esize;
+      if (n) std::memcpy(all.data() + layout.at[r] * esize, static_cast<const char*>(in) + layout.given_at[r] * esize, n);
+    }
+    const ReduceOp inner = op == ReduceOp::kAverage ? ReduceOp::kSum : op;
+    const int host = host_of_[rank()];
+    std::vector<char>& part = scratch_part_;
+    part.resize(layout.host_counts[host] * esize);
+    guarded([&] {
+      local_->allreduce(all.data(), layout.total, type, inner);
+      if (leader() && cross_->size() > 1) {
+        across_hosts([&] { cross_->reduce_scatter(all.data(), part.data(), layout.host_counts, type, inner); });
+      } else if (leader() && !part.empty()) {
+        std::memcpy(part.data(), all.data(), part.size());
+      }
+      local_->broadcast(part.data(), part.size(), 0);
+    });
+    const size_t mine = counts[static_cast<size_t>(rank())];
+    if (mine) std::memcpy(out, part.data() + (layout.at[rank()] - layout.host_at[host]) * esize, mine * esize);
+    if (op == ReduceOp::kAverage) divide(out, mine, type);
   }
 
   void broadcast(void* data, size_t bytes, int root) override {
@@ -276,6 +306,48 @@ class HierCommunicator final : public Communicator {
   };
 
   bool leader() const { return o_.local_rank == 0; }
+
+  // A sum over all ranks into their average.
+  void divide(void* data, size_t count, DataType type) const {
+    switch (type) {
+      case DataType::kFloat32: return divide_typed<float>(data, count, size());
+      case DataType::kFloat64: return divide_typed<double>(data, count, size());
+      case DataType::kInt32: return divide_typed<int32_t>(data, count, size());
+      case DataType::kInt64: return divide_typed<int64_t>(data, count, size());
+      case DataType::kUInt8: return divide_typed<uint8_t>(data, count, size());
+      default: ERUN_CHECK(false);
+    }
+  }
+
+  // A reduce-scatter's vector laid out host by host (the hosts in the
+  // leaders' rank order, each host's ranks in rank order), in elements.
+  struct HostLayout {
+    size_t total = 0;
+    std::vector<size_t> given_at;     // by rank: its block in the caller's vector
+    std::vector<size_t> at;           // by rank: its block in the host-by-host vector
+    std::vector<size_t> host_at;      // by host: its part in the host-by-host vector
+    std::vector<size_t> host_counts;  // by host: its part's length
+  };
+
+  HostLayout host_layout(const std::vector<size_t>& counts) const {
+    HostLayout l;
+    l.given_at.resize(size());
+    l.at.resize(size());
+    l.host_at.assign(hosts(), 0);
+    l.host_counts.assign(hosts(), 0);
+    for (int r = 0; r < size(); ++r) {
+      l.given_at[r] = l.total;
+      l.total += counts[static_cast<size_t>(r)];
+      l.host_counts[host_of_[r]] += counts[static_cast<size_t>(r)];
+    }
+    for (int h = 1; h < hosts(); ++h) l.host_at[h] = l.host_at[h - 1] + l.host_counts[h - 1];
+    std::vector<size_t> next = l.host_at;
+    for (int r = 0; r < size(); ++r) {
+      l.at[r] = next[host_of_[r]];
+      next[host_of_[r]] += counts[static_cast<size_t>(r)];
+    }
+    return l;
+  }
 
   // Runs the leader's part among the hosts, marked in the segment as work
   // outside it: a rank of this host that times out waiting for the leader
@@ -444,6 +516,10 @@ class HierCommunicator final : public Communicator {
   bool pipeline_ = false;  // the same on every rank
   std::vector<int32_t> local_of_;
   std::vector<int> global_of_local_;  // global rank of each local rank of this host
+  // reduce_scatter's vector laid out host by host, and this host's part:
+  // kept from call to call (the size of the largest so far).
+  std::vector<char> scratch_all_;
+  std::vector<char> scratch_part_;
   // A leader's pipelined cross-host steps. Declared last: its thread is
   // joined before the communicators it uses are destroyed.
   StepThread crossing_;

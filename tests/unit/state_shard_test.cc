@@ -5,7 +5,11 @@
 // those of the uninterrupted run.
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
+#include <signal.h>
 #include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <functional>
@@ -449,6 +453,108 @@ TEST_F(ShardServerTest, AStrangerThatSaysNothingHoldsTheServerOnlyForTheHandshak
                            std::chrono::seconds(20));
   EXPECT_TRUE(ok.is_ok()) << ok.message();
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(15));
+}
+
+// A frozen buddy: the keeper runs in a child process (its own BuddyKeeper
+// thread, as in a worker) that is SIGSTOPped, before a push and in the
+// middle of one (once its first MiB has landed in the buddy file). Its
+// listening socket still takes the connection, so only the pusher's timeout
+// ends the push: it fails within it, saying which commit has no copy, and
+// the keeper, once it runs again, keeps the next push. (A sync and the next
+// commit wait for a push: without the bound a frozen buddy would hold the
+// job for good.)
+TEST(BuddyPush, APushToAFrozenBuddyFailsWithinItsTimeoutAndTheKeeperTakesTheNextOnceThawed) {
+  char tmpl[] = "/tmp/erun-frozen-buddy-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  int port_pipe[2];
+  ASSERT_EQ(::pipe(port_pipe), 0);
+  const pid_t keeper = ::fork();
+  ASSERT_GE(keeper, 0);
+  if (keeper == 0) {
+    ::close(port_pipe[0]);
+    BuddyKeeper k("127.0.0.1", dir, "job", "secret", std::chrono::seconds(2));
+    const int port = k.port();
+    if (::write(port_pipe[1], &port, sizeof port) != sizeof port) ::_exit(3);
+    for (;;) ::pause();
+  }
+  ::close(port_pipe[1]);
+  int port = 0;
+  ASSERT_EQ(::read(port_pipe[0], &port, sizeof port), static_cast<ssize_t>(sizeof port));
+  ::close(port_pipe[0]);
+  ASSERT_GT(port, 0);
+  std::vector<char> piece(32u << 20);
+  const std::string entry = "w";
+  const Duration timeout = std::chrono::seconds(2);
+  // Commit `id`'s piece is every byte `id`.
+  auto push = [&](uint64_t id) {
+    std::fill(piece.begin(), piece.end(), static_cast<char>(id));
+    return push_to_buddy("127.0.0.1", port, "job", "secret", "buddy-slot-a-0", id, {EntryRef::of(entry, piece)},
+                         timeout);
+  };
+  Status first = push(1);
+  ASSERT_TRUE(first.is_ok()) << first.message();
+  // Where the piece lies in the buddy files (the same layout in both).
+  const std::string stem = dir + "/buddy-slot-a-0";
+  auto listing = HostCommits::list(HostCommits::open_own(stem + ".a").get());
+  ASSERT_TRUE(listing.has_value());
+  const uint64_t probe = listing->offsets[0] + (1u << 20);
+  // True once the keeper has written byte `id` at the piece's first MiB, in either file.
+  auto landed = [&](uint64_t id) {
+    for (const char* ab : {".a", ".b"}) {
+      Fd fd(::open((stem + ab).c_str(), O_RDONLY | O_CLOEXEC));
+      char c = 0;
+      if (fd.get() >= 0 && ::pread(fd.get(), &c, 1, static_cast<off_t>(probe)) == 1 && c == static_cast<char>(id)) {
+        return true;
+      }
+    }
+    return false;
+  };
+
+  // Pushes commit `id` while the keeper is frozen (mid_push: from the moment
+  // its first MiB has landed); the push's status and how long it took.
+  auto push_frozen = [&](uint64_t id, bool mid_push, double* took) {
+    if (!mid_push) ::kill(keeper, SIGSTOP);
+    std::thread freezer;
+    if (mid_push) {
+      freezer = std::thread([&] {
+        const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+        while (!landed(id) && std::chrono::steady_clock::now() < give_up) std::this_thread::yield();
+        ::kill(keeper, SIGSTOP);
+      });
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    Status s = push(id);
+    *took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (freezer.joinable()) freezer.join();
+    return s;
+  };
+  uint64_t id = 2;
+  for (const bool mid_push : {false, true}) {
+    double took = 0;
+    Status frozen = push_frozen(id, mid_push, &took);
+    // The rest of the piece may beat the SIGSTOP on a busy machine: try again.
+    for (int again = 0; mid_push && frozen.is_ok() && again < 3; ++again) {
+      ::kill(keeper, SIGCONT);
+      frozen = push_frozen(++id, mid_push, &took);
+    }
+    EXPECT_FALSE(frozen.is_ok()) << (mid_push ? "mid-push" : "before the push");
+    EXPECT_NE(frozen.message().find("keeping commit " + std::to_string(id)), std::string::npos) << frozen.message();
+    // One step (a connect, a send, the receipt) waits up to the timeout; a margin for a loaded machine.
+    EXPECT_LT(took, 2.0 + 10.0) << frozen.message();
+    ::kill(keeper, SIGCONT);
+    // The keeper drops the pusher that went away (its own I/O timeout), then takes the next.
+    Status after = Status::error("not tried");
+    for (int attempt = 0; attempt < 10 && !after.is_ok(); ++attempt) {
+      after = push(++id);
+      if (!after.is_ok()) std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    }
+    EXPECT_TRUE(after.is_ok()) << after.message();
+    ++id;
+  }
+  ::kill(keeper, SIGKILL);
+  ::waitpid(keeper, nullptr, 0);
+  std::filesystem::remove_all(dir);
 }
 
 TEST(ShardTable, ATableRoundTripsAndGarbageIsAnErrorNamingTheSource) {
