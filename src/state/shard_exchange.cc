@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <mutex>
 #include <optional>
 
 #include <fmt/format.h>
@@ -31,6 +32,8 @@ constexpr uint32_t kMaxEntries = 1u << 16;
 constexpr uint32_t kMaxRanges = 1u << 20;
 constexpr size_t kChunk = 4u << 20;  // bytes per send or receive, each within the I/O bound
 constexpr Duration kHandshakeTime = std::chrono::seconds(5);
+// The pushes a buddy keeper takes at the same time.
+constexpr int kPushesAtOnce = 8;
 
 handshake::Proofs proofs(const std::string& job_id, const std::string& secret,
                          const handshake::Scheme& scheme = kScheme) {
@@ -247,7 +250,15 @@ struct BuddyKeeper::Impl {
   std::string dir;
   handshake::Proofs proofs;
   Duration io_timeout;
-  std::map<std::string, std::unique_ptr<HostCommits>> pairs;  // by name
+  // A buddy file pair, by name. Pushes of other names go on at once (the
+  // server answers several); two of one name (a pusher that came back while
+  // its last push hangs) take turns.
+  struct Pair {
+    std::mutex mu;
+    std::unique_ptr<HostCommits> commits;  // under mu
+  };
+  std::mutex pairs_mu;
+  std::map<std::string, std::unique_ptr<Pair>> pairs;  // under pairs_mu
   Impl(std::string d, const std::string& job_id, const std::string& secret, Duration t)
       : dir(std::move(d)), proofs(state_internal::proofs(job_id, secret, kBuddyScheme)), io_timeout(t) {}
   TimePoint step() const { return std::chrono::steady_clock::now() + io_timeout; }
@@ -308,7 +319,15 @@ struct BuddyKeeper::Impl {
   // Lays the offered commit out in its buddy file and receives its bytes
   // straight into it; a commit cut short stays torn.
   Status receive(int fd, const net::Interrupt* stop, const Offer& offer) {
-    auto& pair = pairs[offer.name];
+    Pair* entry = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(pairs_mu);
+      auto& p = pairs[offer.name];
+      if (!p) p = std::make_unique<Pair>();
+      entry = p.get();
+    }
+    std::lock_guard<std::mutex> turn(entry->mu);
+    auto& pair = entry->commits;
     if (!pair) pair = std::make_unique<HostCommits>(dir + "/" + offer.name);
     std::vector<const char*> placed;
     std::shared_ptr<Completion> landed;
@@ -350,11 +369,16 @@ struct BuddyKeeper::Impl {
 BuddyKeeper::BuddyKeeper(const std::string& address, std::string dir, const std::string& job_id,
                          const std::string& secret, Duration io_timeout)
     : impl_(std::make_unique<Impl>(std::move(dir), job_id, secret, io_timeout)) {
+  // Several pushers may have this worker as their buddy (a host with fewer
+  // workers than the one before it): their pushes go on side by side, and
+  // one that hangs (a frozen pusher) holds only its own.
   server_ = std::make_unique<net::SerialServer>(
-      address, 64, [this](int fd, const net::Address& peer, const net::Interrupt& stop) {
+      address, 64,
+      [this](int fd, const net::Address& peer, const net::Interrupt& stop) {
         Status s = impl_->keep(fd, stop);
         if (!s.is_ok()) ERUN_LOG_WARN("erun: buddy copy from {} not kept: {}", peer.name(), s.message());
-      });
+      },
+      kPushesAtOnce);
 }
 
 BuddyKeeper::~BuddyKeeper() = default;

@@ -455,76 +455,96 @@ TEST_F(ShardServerTest, AStrangerThatSaysNothingHoldsTheServerOnlyForTheHandshak
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(15));
 }
 
-// A frozen buddy: the keeper runs in a child process (its own BuddyKeeper
-// thread, as in a worker) that is SIGSTOPped, before a push and in the
-// middle of one (once its first MiB has landed in the buddy file). Its
-// listening socket still takes the connection, so only the pusher's timeout
-// ends the push: it fails within it, saying which commit has no copy, and
-// the keeper, once it runs again, keeps the next push. (A sync and the next
-// commit wait for a push: without the bound a frozen buddy would hold the
-// job for good.)
-TEST(BuddyPush, APushToAFrozenBuddyFailsWithinItsTimeoutAndTheKeeperTakesTheNextOnceThawed) {
-  char tmpl[] = "/tmp/erun-frozen-buddy-XXXXXX";
-  ASSERT_NE(::mkdtemp(tmpl), nullptr);
-  const std::string dir = tmpl;
-  int port_pipe[2];
-  ASSERT_EQ(::pipe(port_pipe), 0);
-  const pid_t keeper = ::fork();
-  ASSERT_GE(keeper, 0);
-  if (keeper == 0) {
+// A BuddyKeeper in a child process of its own (its server threads, as in a
+// worker), to be frozen with SIGSTOP, and pushes to it of 32 MiB pieces whose
+// every byte is the commit's id.
+class BuddyPush : public ::testing::Test {
+ protected:
+  static constexpr Duration kTimeout = std::chrono::seconds(2);
+  void SetUp() override {
+    char tmpl[] = "/tmp/erun-buddy-push-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    int port_pipe[2];
+    ASSERT_EQ(::pipe(port_pipe), 0);
+    keeper_ = ::fork();  // before this process has any thread of its own
+    ASSERT_GE(keeper_, 0);
+    if (keeper_ == 0) {
+      ::close(port_pipe[0]);
+      // The keeper's I/O bound, as a worker's (its collective timeout): far
+      // longer than a pusher's here, so that a push it is stuck on shows.
+      BuddyKeeper k("127.0.0.1", dir_, "job", "secret", std::chrono::seconds(30));
+      const int port = k.port();
+      if (::write(port_pipe[1], &port, sizeof port) != sizeof port) ::_exit(3);
+      for (;;) ::pause();
+    }
+    ::close(port_pipe[1]);
+    ASSERT_EQ(::read(port_pipe[0], &port_, sizeof port_), static_cast<ssize_t>(sizeof port_));
     ::close(port_pipe[0]);
-    BuddyKeeper k("127.0.0.1", dir, "job", "secret", std::chrono::seconds(2));
-    const int port = k.port();
-    if (::write(port_pipe[1], &port, sizeof port) != sizeof port) ::_exit(3);
-    for (;;) ::pause();
+    ASSERT_GT(port_, 0);
   }
-  ::close(port_pipe[1]);
-  int port = 0;
-  ASSERT_EQ(::read(port_pipe[0], &port, sizeof port), static_cast<ssize_t>(sizeof port));
-  ::close(port_pipe[0]);
-  ASSERT_GT(port, 0);
-  std::vector<char> piece(32u << 20);
-  const std::string entry = "w";
-  const Duration timeout = std::chrono::seconds(2);
-  // Commit `id`'s piece is every byte `id`.
-  auto push = [&](uint64_t id) {
-    std::fill(piece.begin(), piece.end(), static_cast<char>(id));
-    return push_to_buddy("127.0.0.1", port, "job", "secret", "buddy-slot-a-0", id, {EntryRef::of(entry, piece)},
-                         timeout);
-  };
-  Status first = push(1);
-  ASSERT_TRUE(first.is_ok()) << first.message();
-  // Where the piece lies in the buddy files (the same layout in both).
-  const std::string stem = dir + "/buddy-slot-a-0";
-  auto listing = HostCommits::list(HostCommits::open_own(stem + ".a").get());
-  ASSERT_TRUE(listing.has_value());
-  const uint64_t probe = listing->offsets[0] + (1u << 20);
-  // True once the keeper has written byte `id` at the piece's first MiB, in either file.
-  auto landed = [&](uint64_t id) {
+  void TearDown() override {
+    for (pid_t pid : {keeper_, pusher_}) {
+      if (pid <= 0) continue;
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+    }
+    std::filesystem::remove_all(dir_);
+  }
+  Status push(const std::string& name, uint64_t id, Duration timeout = kTimeout) {
+    std::vector<char> piece(32u << 20, static_cast<char>(id));
+    return push_to_buddy("127.0.0.1", port_, "job", "secret", name, id, {EntryRef::of("w", piece)}, timeout);
+  }
+  // True once the keeper has written byte `id` at the first MiB of the piece
+  // of buddy file pair `name` (either file), which a push of `id` to it
+  // completed before gave the layout of.
+  bool landed(const std::string& name, uint64_t id) {
+    const std::string stem = dir_ + "/" + name;
+    if (probe_ == 0) {
+      auto listing = HostCommits::list(HostCommits::open_own(stem + ".a").get());
+      if (!listing) return false;
+      probe_ = listing->offsets[0] + (1u << 20);
+    }
     for (const char* ab : {".a", ".b"}) {
       Fd fd(::open((stem + ab).c_str(), O_RDONLY | O_CLOEXEC));
       char c = 0;
-      if (fd.get() >= 0 && ::pread(fd.get(), &c, 1, static_cast<off_t>(probe)) == 1 && c == static_cast<char>(id)) {
+      if (fd.get() >= 0 && ::pread(fd.get(), &c, 1, static_cast<off_t>(probe_)) == 1 && c == static_cast<char>(id)) {
         return true;
       }
     }
     return false;
-  };
+  }
+  // Waits (up to 20 s) for the first MiB of `id` to land in pair `name`, then freezes `pid`.
+  void freeze_once_landed(pid_t pid, const std::string& name, uint64_t id) {
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (!landed(name, id) && std::chrono::steady_clock::now() < give_up) std::this_thread::yield();
+    ::kill(pid, SIGSTOP);
+  }
+  std::string dir_;
+  pid_t keeper_ = -1;
+  pid_t pusher_ = -1;
+  int port_ = 0;
+  uint64_t probe_ = 0;
+};
 
+// A frozen buddy: the keeper is SIGSTOPped before a push and in the middle
+// of one (once its first MiB has landed). Its listening socket still takes
+// the connection, so only the pusher's timeout ends the push: it fails
+// within it, saying which commit has no copy, and the keeper, once it runs
+// again, keeps the next push. (A sync and the next commit wait for a push:
+// without the bound a frozen buddy would hold the job for good.)
+TEST_F(BuddyPush, APushToAFrozenBuddyFailsWithinItsTimeoutAndTheKeeperTakesTheNextOnceThawed) {
+  const std::string name = "buddy-slot-a-0";
+  Status first = push(name, 1);
+  ASSERT_TRUE(first.is_ok()) << first.message();
   // Pushes commit `id` while the keeper is frozen (mid_push: from the moment
   // its first MiB has landed); the push's status and how long it took.
   auto push_frozen = [&](uint64_t id, bool mid_push, double* took) {
-    if (!mid_push) ::kill(keeper, SIGSTOP);
+    if (!mid_push) ::kill(keeper_, SIGSTOP);
     std::thread freezer;
-    if (mid_push) {
-      freezer = std::thread([&] {
-        const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-        while (!landed(id) && std::chrono::steady_clock::now() < give_up) std::this_thread::yield();
-        ::kill(keeper, SIGSTOP);
-      });
-    }
+    if (mid_push) freezer = std::thread([&] { freeze_once_landed(keeper_, name, id); });
     const auto t0 = std::chrono::steady_clock::now();
-    Status s = push(id);
+    Status s = push(name, id);
     *took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (freezer.joinable()) freezer.join();
     return s;
@@ -535,26 +555,43 @@ TEST(BuddyPush, APushToAFrozenBuddyFailsWithinItsTimeoutAndTheKeeperTakesTheNext
     Status frozen = push_frozen(id, mid_push, &took);
     // The rest of the piece may beat the SIGSTOP on a busy machine: try again.
     for (int again = 0; mid_push && frozen.is_ok() && again < 3; ++again) {
-      ::kill(keeper, SIGCONT);
+      ::kill(keeper_, SIGCONT);
       frozen = push_frozen(++id, mid_push, &took);
     }
     EXPECT_FALSE(frozen.is_ok()) << (mid_push ? "mid-push" : "before the push");
     EXPECT_NE(frozen.message().find("keeping commit " + std::to_string(id)), std::string::npos) << frozen.message();
     // One step (a connect, a send, the receipt) waits up to the timeout; a margin for a loaded machine.
     EXPECT_LT(took, 2.0 + 10.0) << frozen.message();
-    ::kill(keeper, SIGCONT);
-    // The keeper drops the pusher that went away (its own I/O timeout), then takes the next.
+    ::kill(keeper_, SIGCONT);
+    // The keeper drops the pusher that went away, then takes the next.
     Status after = Status::error("not tried");
     for (int attempt = 0; attempt < 10 && !after.is_ok(); ++attempt) {
-      after = push(++id);
+      after = push(name, ++id);
       if (!after.is_ok()) std::this_thread::sleep_for(std::chrono::milliseconds(500));
     }
     EXPECT_TRUE(after.is_ok()) << after.message();
     ++id;
   }
-  ::kill(keeper, SIGKILL);
-  ::waitpid(keeper, nullptr, 0);
-  std::filesystem::remove_all(dir);
+}
+
+// Two pushers with one buddy (a host with fewer workers than the one before
+// it). One is frozen in the middle of its push: the keeper, which waits up
+// to its own 30 s bound for the rest, takes the other's push meanwhile, at
+// once, where one push at a time made it fail at its 2 s handshake.
+TEST_F(BuddyPush, AFrozenPusherHoldsOnlyItsOwnPushAndTheOtherPusherIsKept) {
+  const std::string frozen_name = "buddy-slot-a-0", other = "buddy-slot-a-1";
+  Status first = push(frozen_name, 1);
+  ASSERT_TRUE(first.is_ok()) << first.message();
+  pusher_ = ::fork();  // this process has no thread of its own: the keeper is a child
+  ASSERT_GE(pusher_, 0);
+  if (pusher_ == 0) ::_exit(push(frozen_name, 2, std::chrono::seconds(30)).is_ok() ? 0 : 1);
+  freeze_once_landed(pusher_, frozen_name, 2);
+  ASSERT_TRUE(landed(frozen_name, 2)) << "the first pusher's push never began";
+  const auto t0 = std::chrono::steady_clock::now();
+  Status s = push(other, 1);
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_TRUE(s.is_ok()) << s.message();
+  EXPECT_LT(took, 10.0) << "the keeper waited for the frozen pusher";
 }
 
 TEST(ShardTable, ATableRoundTripsAndGarbageIsAnErrorNamingTheSource) {
