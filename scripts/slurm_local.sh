@@ -122,7 +122,9 @@ start() {
   if ! getent hosts "$node1" >/dev/null || ! getent hosts "$node2" >/dev/null || ! getent hosts "$node3" >/dev/null; then
     echo "$hosts_line" >> /etc/hosts
   fi
-  spawn slurmctld slurmctld -D -i -f "$conf"
+  # -c: no job of an earlier start is recovered (stop cancels them, but one
+  # still completing when the daemons go would hold nodes at the next start).
+  spawn slurmctld slurmctld -D -c -i -f "$conf"
   spawn "slurmd-$node1" slurmd -D -N "$node1" -f "$dir/$node1/slurm.conf"
   spawn "slurmd-$node2" slurmd -D -N "$node2" -f "$dir/$node2/slurm.conf"
   spawn "slurmd-$node3" slurmd -D -N "$node3" -f "$dir/$node3/slurm.conf"
