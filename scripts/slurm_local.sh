@@ -150,22 +150,18 @@ start() {
 # (No rename: /etc/hosts is often a bind mount, as in containers.)
 remove_hosts_line() {
   python3 - "$hosts_line" <<'PY'
+import os.path
 import sys
 
-line = (sys.argv[1] + "\n").encode()
+ours = sys.argv[1].encode()
 with open("/etc/hosts", "r+b") as f:
     data = f.read()
-    while True:
-        at = data.find(line)
-        while at > 0 and data[at - 1:at] != b"\n":
-            at = data.find(line, at + 1)
-        if at < 0:
-            break
-        data = data[:at] + data[at + len(line):]
-        f.seek(at)
-        f.write(data[at:])
-        f.flush()
-        f.truncate(len(data))
+    kept = b"".join(l for l in data.splitlines(keepends=True) if l.rstrip(b"\n") != ours)
+    at = len(os.path.commonprefix([data, kept]))
+    f.seek(at)
+    f.write(kept[at:])
+    f.flush()
+    f.truncate(len(kept))
 PY
 }
 

@@ -147,11 +147,6 @@ class StepThread {
   std::thread thread_;
 };
 
-template <typename T>
-void divide_typed(void* data, size_t count, int by) {
-  kernels::divide(static_cast<T*>(data), count, by);
-}
-
 class HierCommunicator final : public Communicator {
  public:
   HierCommunicator(KvStore& store, const HierOptions& o) : o_(o) {
@@ -218,16 +213,16 @@ class HierCommunicator final : public Communicator {
       if (leader() && cross_->size() > 1) across_hosts([&] { cross_->allreduce(data, count, type, inner); });
       local_->broadcast(data, bytes, 0);
     });
-    if (op == ReduceOp::kAverage) divide(data, count, type);
+    if (op == ReduceOp::kAverage) kernels::divide(data, count, type, size());
   }
 
   // Each host reduces the whole vector in shared memory, the leaders
   // reduce-scatter it among the hosts (each host's part: its ranks' blocks),
-  // and each leader hands its host's part to its ranks. Only a host's part
-  // crosses the network towards it, once, where an allreduce would carry the
-  // whole vector there and back. The caller's blocks are in rank order and a
-  // host's ranks need not be adjacent: the vector is laid out host by host
-  // first.
+  // and each leader hands its host's part to its ranks. Among the leaders
+  // this is the first half of an allreduce's bytes (TCP's reduce-scatter),
+  // and on each host the broadcast carries the host's part, not the whole
+  // vector. The caller's blocks are in rank order and a host's ranks need
+  // not be adjacent: the vector is laid out host by host first.
   void reduce_scatter(const void* in, void* out, const std::vector<size_t>& counts, DataType type,
                       ReduceOp op) override {
     if (counts.size() != static_cast<size_t>(size()) || type == DataType::kFloat16 || type == DataType::kBFloat16) {
@@ -256,7 +251,7 @@ class HierCommunicator final : public Communicator {
     });
     const size_t mine = counts[static_cast<size_t>(rank())];
     if (mine) std::memcpy(out, part.data() + (layout.at[rank()] - layout.host_at[host]) * esize, mine * esize);
-    if (op == ReduceOp::kAverage) divide(out, mine, type);
+    if (op == ReduceOp::kAverage) kernels::divide(out, mine, type, size());
   }
 
   void broadcast(void* data, size_t bytes, int root) override {
@@ -306,18 +301,6 @@ class HierCommunicator final : public Communicator {
   };
 
   bool leader() const { return o_.local_rank == 0; }
-
-  // A sum over all ranks into their average.
-  void divide(void* data, size_t count, DataType type) const {
-    switch (type) {
-      case DataType::kFloat32: return divide_typed<float>(data, count, size());
-      case DataType::kFloat64: return divide_typed<double>(data, count, size());
-      case DataType::kInt32: return divide_typed<int32_t>(data, count, size());
-      case DataType::kInt64: return divide_typed<int64_t>(data, count, size());
-      case DataType::kUInt8: return divide_typed<uint8_t>(data, count, size());
-      default: ERUN_CHECK(false);
-    }
-  }
 
   // A reduce-scatter's vector laid out host by host (the hosts in the
   // leaders' rank order, each host's ranks in rank order), in elements.

@@ -143,4 +143,13 @@ decltype(auto) visit_cpu_type(DataType type, F&& f) {
                               "; convert to float32 or use the NCCL communicator for GPU buffers");
 }
 
+// Average's last step for a buffer of `type`: the sum over `by` ranks,
+// divided by their number.
+inline void divide(void* data, size_t n, DataType type, int by) {
+  visit_cpu_type(type, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    divide(static_cast<T*>(data), n, by);
+  });
+}
+
 }  // namespace erun::kernels

@@ -66,9 +66,9 @@ void SerialServer::answer_beside(Fd conn, const Address& peer) {
   std::lock_guard<std::mutex> lock(mu_);
   answering_.push_back(std::make_unique<Answering>());
   Answering* a = answering_.back().get();
-  a->thread = std::thread([this, a, peer, fd = std::make_shared<Fd>(std::move(conn))] {
-    handler_(fd->get(), peer, stop_);
-    fd->reset();
+  a->thread = std::thread([this, a, peer, fd = std::move(conn)]() mutable {
+    handler_(fd.get(), peer, stop_);
+    fd.reset();
     {
       std::lock_guard<std::mutex> done_lock(mu_);
       a->done = true;

@@ -65,7 +65,7 @@ class TcpCommunicator final : public Communicator {
         tcp::allreduce_ring(w_, c, p, count, esize, fn);
       }
     });
-    if (op == ReduceOp::kAverage && size() > 1) divide(data, count, type);
+    if (op == ReduceOp::kAverage && size() > 1) kernels::divide(data, count, type, size());
   }
 
   // A medium size among 3 to 8 ranks: scattered and gathered directly (the
@@ -99,7 +99,7 @@ class TcpCommunicator final : public Communicator {
         tcp::reduce_scatter_ring(w_, c, i, o, off, esize, fn);
       }
     });
-    if (op == ReduceOp::kAverage && size() > 1) divide(out, counts[rank()], type);
+    if (op == ReduceOp::kAverage && size() > 1) kernels::divide(out, counts[rank()], type, size());
   }
 
   void broadcast(void* data, size_t bytes, int root) override {
@@ -164,14 +164,6 @@ class TcpCommunicator final : public Communicator {
   // already 2 steps, and it pipelines the block in segments.
   static constexpr size_t kScatterGatherBytes = 4 << 20;
   static constexpr int kScatterGatherRanks = 8;
-
-  // Average's last step: the sum over the ranks, divided by their number.
-  void divide(void* data, size_t count, DataType type) const {
-    kernels::visit_cpu_type(type, [&](auto* tag) {
-      using T = std::remove_pointer_t<decltype(tag)>;
-      kernels::divide(static_cast<T*>(data), count, size());
-    });
-  }
 
   // Runs one collective: checks the communicator is usable, numbers it, and
   // turns every failure into a CommError that names the operation and rank,
