@@ -68,19 +68,33 @@ def erun_mode(o):
               f"{now / 1024:.1f} MiB", flush=True)
         before["kib"] = now
 
+    steps, commits = [], []  # seconds a step took (its commit included), and its commit alone
+
     @erun.run
     def train(state):
         if state.commit_id == 0:
             state.commit()
             print(f"rank {erun.rank()} ready", flush=True)
         while state.step < o.steps:
+            t0 = time.perf_counter()
             time.sleep(o.step_ms / 1000)
             erun.barrier()
             state.step += 1
             if state.step % o.commit_every == 0:
+                c0 = time.perf_counter()
                 state.commit()
+                commits.append(time.perf_counter() - c0)
+            steps.append(time.perf_counter() - t0)
 
     train(state)
+    if o.timing and erun.rank() == 0:
+        # The first commit interval aside: the first commit of each file
+        # allocates its pages.
+        skip = 2 * o.commit_every
+        s, c = sorted(steps[skip:]), sorted(commits[2:])
+        print(f"timing: {len(s)} steps, mean step {1e3 * sum(s) / len(s):.2f} ms, median step "
+              f"{1e3 * s[len(s) // 2]:.2f} ms; {len(c)} commits, median commit {1e3 * c[len(c) // 2]:.2f} ms, "
+              f"slowest {1e3 * c[-1]:.2f} ms", flush=True)
 
 
 def dcp_mode(o, load):
@@ -121,6 +135,7 @@ def main():
     ap.add_argument("--step-ms", type=int, default=50)
     ap.add_argument("--commit-every", type=int, default=10)
     ap.add_argument("--dir", default="")
+    ap.add_argument("--timing", action="store_true", help="rank 0 prints its step and commit times at the end")
     o = ap.parse_args()
     if o.mode == "erun":
         erun_mode(o)

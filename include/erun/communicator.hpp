@@ -54,9 +54,9 @@ class ERUN_API Communicator {
   // receives in `out` the counts[r] elements that start at counts[0] + ... +
   // counts[r-1] (ZeRO's and FSDP's gradient step: each rank gets the sum of
   // its own rows only). Integer average truncates, as allreduce's. This
-  // implementation is an allreduce of a copy, kept where a backend has
-  // nothing better (Gloo); shared memory, TCP, MPI and the hierarchical
-  // communicator reduce only each rank's (or each host's) part.
+  // implementation is an allreduce of a copy, for a backend with nothing
+  // better; shared memory, TCP, MPI, Gloo and the hierarchical communicator
+  // reduce only each rank's (or each host's) part.
   virtual void reduce_scatter(const void* in, void* out, const std::vector<size_t>& counts, DataType type,
                               ReduceOp op);
   virtual void barrier() = 0;

@@ -105,6 +105,9 @@ class ERUN_API Context {
     std::string address;
     std::string job_id;
     std::string secret;
+    // Hosts besides this one that keep a copy of each commit's pieces
+    // (--commit-replicas): 0 means no buddy copies at all.
+    int replicas = 1;
   };
   virtual PeerLink peer_link() const { return {}; }
 

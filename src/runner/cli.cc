@@ -204,7 +204,7 @@ void add_worker_flags(po::options_description& desc, DriverOptions& o, RawFlags&
     ("driver-address", po::value<std::string>(&o.driver_address), "address workers use to reach this driver (default: detected)")
     ("checkpoint-dir", po::value<std::string>(&o.checkpoint_dir), "directory for durable commits of elastic state (written in the background by each host's agent from host memory)")
     ("persist-interval", po::value<double>(&r.persist_interval), "seconds between background writes of the newest commit to --checkpoint-dir (default 5; 0: each commit as soon as the last write ended)")
-    ("commit-replicas", po::value<int>(&o.commit_replicas), "hosts besides its maker's that keep each commit in memory: when the job's hosts are fewer, spare hosts (discovered, running no worker) keep replicas that the others push to them (default 1; 0: none)")
+    ("commit-replicas", po::value<int>(&o.commit_replicas), "hosts besides its maker's that keep each commit in memory: when the job's hosts are fewer, spare hosts (discovered, running no worker) keep replicas that the others push to them; a sharded State's pieces each go to one other host, a buddy (default 1; 0: none, no buddy copies either)")
     ("no-host-commits", po::bool_switch(&r.no_host_commits), "keep commits in worker memory only, not also in each host's /dev/shm (then a failure that kills every worker loses them)")
     ("no-agent-relay", po::bool_switch(&r.no_agent_relay), "workers connect to the driver's rendezvous themselves, one TCP connection each, instead of through their host's agent (one connection per host)");
 }

@@ -143,6 +143,7 @@ struct State::Impl {
   // push of the commit before (State::commit).
   bool many_hosts = false;
   bool buddy_failing = false;  // the last push failed (logged once per streak)
+  bool no_copies = false;      // --commit-replicas 0: no buddy keeps this job's pieces
   // After a commit written to host memory: its pieces to the buddy, from a
   // thread of their own while training goes on. The push reads the commit
   // where it lies in this worker's own file, which nothing rewrites before
@@ -203,6 +204,7 @@ struct State::Impl {
     std::string address;
     std::string job_id;
     std::string secret;
+    int replicas = 1;  // 0: no buddy (--commit-replicas 0)
   };
   // What this rank holds, with the server of its host's files started in
   // `server` when other ranks may read them.
@@ -216,7 +218,7 @@ struct State::Impl {
   // durable pieces files).
   std::vector<si::EntryRef> shard_refs() const;
   // A sharded entry's new storage, read for rows `want` of commit `id`, installed as its commit.
-  static void install_rows(Entry& e, si::RowRange want, uint64_t id);
+  void install_rows(Entry& e, si::RowRange want, uint64_t id);
   // The sync goes on from `choice`: StateLost when nothing is whole (on
   // every rank); ids written since are skipped from now on, so that an id
   // never names two commits.

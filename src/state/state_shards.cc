@@ -95,6 +95,13 @@ void State::Impl::install_rows(Entry& e, si::RowRange want, uint64_t id) {
   s.held = want;
   s.commit = id;
   e.has_committed = true;
+  // The pieces' table goes with them into the host file and the buddy's:
+  // without it neither copy is readable as pieces (list_pieces skips the
+  // file), and a worker that joined by a grow, whose table had never been
+  // committed, was lost with its rows until its first commit was whole.
+  for (Entry& t : entries) {
+    if (t.is<si::ShardTableKind>()) t.has_committed = true;
+  }
 }
 
 void State::Impl::push_to_buddy(const Context& ctx) {
@@ -279,7 +286,7 @@ si::Offer State::Impl::offer(const WorkerInfo& info, const Link& link, const std
     // no host-memory files: the first commit says why
   }
   if (adoptable) mine.whole.push_back(adoptable->id);
-  if (!keeper && !link.address.empty()) {
+  if (!keeper && !link.address.empty() && link.replicas > 0) {
     keeper = std::make_unique<si::BuddyKeeper>(link.address, dir, link.job_id, link.secret, timeout);
     if (keeper->port() == 0) ERUN_LOG_WARN("erun: rank {} keeps no buddy copies: {}", info.rank, keeper->error());
   }
@@ -297,7 +304,8 @@ si::Offer State::Impl::offer(const WorkerInfo& info, const Link& link, const std
 
 void State::Impl::pair_buddy(const si::Holdings& held, int rank, const std::string& stem, const Link& link) {
   buddy.reset();
-  const int b = si::choose_buddy(held, rank);
+  no_copies = link.replicas == 0;
+  const int b = no_copies ? -1 : si::choose_buddy(held, rank);
   if (b < 0 || host == nullptr) return;
   const si::Offer& k = held.offers[static_cast<size_t>(b)];
   const std::string own = si::HostCommits::stem_of(stem, ordinal);
@@ -463,9 +471,11 @@ void State::Impl::go_on_from(const si::CommitChoice& choice, int rank) {
   if (choice.newest != 0 && choice.target == 0) {
     throw StateLost(fmt::format(
         "erun: commit {} of the sharded entries cannot be put back together: no living host holds {}; every copy "
-        "of those rows was lost (their workers' hosts failed), and no older commit is whole either. Restart from a "
+        "of those rows was lost (their workers' hosts failed{}), and no older commit is whole either. Restart from a "
         "durable checkpoint",
-        choice.newest, choice.lost));
+        choice.newest, choice.lost,
+        no_copies ? "; with --commit-replicas 0 no other host keeps a copy: leave it at 1 or give --checkpoint-dir"
+                  : ""));
   }
   if (choice.target < choice.newest && rank == 0) {
     ERUN_LOG_WARN("erun: commit {} of the sharded entries is not whole ({} missing: a worker died before it "
@@ -509,7 +519,7 @@ void State::sync_sharded(int rejoined_from) {
   const std::string stem = ctx_.host_commit_stem();
   const std::string dir = stem.empty() ? std::string() : stem.substr(0, stem.rfind('/'));
   const Context::PeerLink peer = ctx_.peer_link();
-  const Impl::Link link{peer.address, peer.job_id, peer.secret};
+  const Impl::Link link{peer.address, peer.job_id, peer.secret, peer.replicas};
   const Duration timeout = ctx_.collective_timeout();
 
   // 1. What each rank holds: its memory's commit, its files' commits, the

@@ -61,6 +61,7 @@ struct WorkerOptions {
   // host:port of a worker on another host to time the link with before the
   // first join (ERUN_PROBE_PEER: the driver names one for a host new to the job).
   std::string probe_peer;
+  int commit_replicas = 1;  // ERUN_COMMIT_REPLICAS (--commit-replicas; 0: no buddy copies of sharded pieces)
 };
 
 std::string env_or(const char* name, const std::string& fallback = "") {
@@ -110,6 +111,7 @@ WorkerOptions read_worker_options() {
   o.timing = env_or("ERUN_STEP_TIMING") != "0";
   o.preflight = env_or("ERUN_PREFLIGHT") != "0";
   o.probe_peer = env_or("ERUN_PROBE_PEER");
+  o.commit_replicas = static_cast<int>(env_int("ERUN_COMMIT_REPLICAS", 1));
   if (o.rdzv_port <= 0 || o.job_id.empty() || o.secret.empty()) {
     throw Error("erun: ERUN_RDZV_ADDR is set but ERUN_RDZV_PORT, ERUN_JOB_ID or the job secret is missing; "
                 "start workers through erun, not by hand");
@@ -244,7 +246,7 @@ class ElasticContext final : public Context {
   }
   bool elastic() const override { return true; }
   std::string checkpoint_dir() const override { return o_.checkpoint_dir; }
-  PeerLink peer_link() const override { return {o_.advertise, o_.job_id, o_.secret}; }
+  PeerLink peer_link() const override { return {o_.advertise, o_.job_id, o_.secret, o_.commit_replicas}; }
   std::string host_commit_stem() const override {
     if (o_.commit_dir.empty()) return {};
     // Simulated hosts (--launcher local with 127.0.0.2, ...) share this

@@ -143,5 +143,63 @@ TEST_F(ErunSharded, AHostThatLeavesAndAHostLostWholeComeBackFromBuddyCopies) {
   EXPECT_TRUE(wait_no_process(program_, 20s, &left)) << describe_pids(left);
 }
 
+// --commit-replicas 0: no host keeps another's pieces. No buddy file is
+// ever written, a worker's death is still recovered in place from its
+// host's memory, and a host lost whole ends the job with an error that
+// names the rows lost and the flag (never training on a hole).
+TEST_F(ErunSharded, WithoutCommitReplicasAHostLostWholeEndsTheJobNamingItsRows) {
+  dir_.write("hosts", "node-a:2\nnode-b:1\n");
+  ErunProcess p(erun_args({"-np", "3", "--min-np", "1", "--launcher", "local", "--commit-replicas", "0",
+                           "--blacklist-after", "1", "--blacklist-cooldown-range", "600", "600"}));
+  ASSERT_TRUE(p.wait_output("epoch 1 ", 60s)) << p.out() << p.err();
+  auto on_a = workers("node-a");
+  auto on_b = workers("node-b");
+  ASSERT_EQ(on_a.size(), 2u);
+  ASSERT_EQ(on_b.size(), 1u);
+  std::vector<std::string> dirs;
+  for (pid_t pid : {on_a.front(), on_b.front()}) {
+    const std::string env = environ_of(pid);
+    EXPECT_NE(env.find("\nERUN_COMMIT_REPLICAS=0\n"), std::string::npos) << env;
+    const size_t at = env.find("\nERUN_COMMIT_DIR=");
+    ASSERT_NE(at, std::string::npos) << env;
+    const size_t from = at + std::string("\nERUN_COMMIT_DIR=").size();
+    dirs.push_back(env.substr(from, env.find('\n', from) - from));
+  }
+
+  // A worker of node-a dies: its rows come back from its file on node-a.
+  const size_t resharded = p.count("resharded commit");
+  after_the_epochs_commit();
+  ::kill(on_a.front(), SIGKILL);
+  ASSERT_TRUE(wait_count(p, "resharded commit", resharded + 1, 60s)) << p.out() << p.err();
+  ASSERT_TRUE(p.wait_output("epoch 3 ", 60s)) << p.out() << p.err();
+  // Every commit so far stayed on its own host.
+  for (const std::string& d : dirs) {
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(d, ec)) {
+      EXPECT_NE(e.path().filename().string().rfind("buddy-", 0), 0u) << e.path();
+    }
+    EXPECT_FALSE(ec) << d << ": " << ec.message();
+  }
+
+  // node-b lost whole: its rows were nowhere else.
+  on_b = workers("node-b");
+  ASSERT_EQ(on_b.size(), 1u);
+  const pid_t agent = parent_of(on_b.front());
+  ASSERT_GT(agent, 0);
+  dir_.write("hosts", "node-a:2\n");
+  ::kill(agent, SIGKILL);
+  ::kill(on_b.front(), SIGKILL);
+  auto s = p.wait(120s);
+  ASSERT_TRUE(s) << p.out() << p.err();
+  EXPECT_NE(s->shell_code(), 0) << p.out() << p.err();
+  const std::string all = p.out() + p.err();
+  EXPECT_TRUE(std::regex_search(all, std::regex("cannot be put back together: no living host holds [^;]*rows")))
+      << all;
+  EXPECT_NE(all.find("with --commit-replicas 0 no other host keeps a copy"), std::string::npos) << all;
+  EXPECT_EQ(all.find("final checksum"), std::string::npos) << all;  // no training on a hole
+  std::vector<pid_t> left;
+  EXPECT_TRUE(wait_no_process(program_, 20s, &left)) << describe_pids(left);
+}
+
 }  // namespace
 }  // namespace erun::testing

@@ -180,8 +180,8 @@ def test_a_slowed_worker_is_left_out_at_a_commit_and_the_model_is_exact(ws, refe
     library reports, leaves at a commit, and the others go on in place with
     nothing rolled back; TorchState ends bit-identical to the uninterrupted run."""
     ws.hosts("node-a:1\nnode-b:1\nnode-c:1\n")
-    job = ws.erun(["-np", "3", "--min-np", "2", "--blacklist-cooldown-range", "600", "600"], "train_exact.py",
-                  ARGS + ["--step-ms", "50"], discovery=True)
+    job = ws.erun(["-np", "3", "--min-np", "2", "--blacklist-cooldown-range", "600", "600", "--stragglers", "evict"],
+                  "train_exact.py", ARGS + ["--step-ms", "50"], discovery=True)
     assert job.wait_output(r"epoch 0 ", 180), job.out + job.err
     by_host = {host_of(p): p for p in started_pids(job, 3)}
     assert set(by_host) == {"node-a", "node-b", "node-c"}, by_host

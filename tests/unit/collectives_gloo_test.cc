@@ -47,6 +47,16 @@ TEST_P(GlooWorld, AllreduceEveryTypeAndOpMatchesSerialReference) {
   });
 }
 
+// The ring's steps over 1 to 4 ranks: blocks of every size, empty ones
+// (the chunk split's short tail, one rank holding all), every type and op.
+TEST_P(GlooWorld, ReduceScatterGivesEachRankItsBlock) {
+  run_ranks(GetParam(), [](int rank, Communicator& comm) {
+    testing::check_reduce_scatter<float>(rank, comm, {0, 1, 5, 1001});
+    testing::check_reduce_scatter<int64_t>(rank, comm, {3, 4096});
+    testing::check_reduce_scatter<uint8_t>(rank, comm, {7});
+  });
+}
+
 TEST_P(GlooWorld, LargeFloatSum) {
   const size_t n = (8u << 20) / sizeof(float);  // 8 MiB
   run_ranks(GetParam(), [&](int rank, Communicator& comm) {
@@ -125,6 +135,49 @@ TEST(GlooCommunicator, OperationTimesOutAndNamesOpAndRank) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, 20s);
   // After a failure the communicator only throws.
   EXPECT_THROW(c0->barrier(), CommError);
+}
+
+// The reduce-scatter is gloo point to point: its waits keep the operation's
+// timeout (1 s here), not the pairs' connect timeout (60 s).
+TEST(GlooCommunicator, ReduceScatterTimesOutWithTheOperationsTimeout) {
+  MemoryKvStore store;
+  std::unique_ptr<Communicator> c0, c1;
+  auto opts = [](int rank) {
+    GlooOptions o = options(rank, 2, 1s);
+    o.connect_timeout = 60s;
+    return o;
+  };
+  std::thread t([&] { c1 = make_gloo_communicator(store, opts(1)); });
+  c0 = make_gloo_communicator(store, opts(0));
+  t.join();
+  std::vector<float> in(1000, 1.0f), out(500);
+  auto start = std::chrono::steady_clock::now();
+  try {
+    c0->reduce_scatter(in.data(), out.data(), {500, 500}, DataType::kFloat32, ReduceOp::kSum);  // rank 1 never comes
+    FAIL() << "reduce_scatter without the peer returned";
+  } catch (const CommError& e) {
+    EXPECT_NE(std::string(e.what()).find("reduce_scatter"), std::string::npos) << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 10s);
+  EXPECT_THROW(c0->barrier(), CommError);
+}
+
+TEST(GlooCommunicator, AbortWakesABlockedReduceScatter) {
+  MemoryKvStore store;
+  std::unique_ptr<Communicator> c0, c1;
+  std::thread t([&] { c1 = make_gloo_communicator(store, options(1, 2, 60s)); });
+  c0 = make_gloo_communicator(store, options(0, 2, 60s));
+  t.join();
+  std::vector<double> in(4000, 1.0), out(2000);
+  std::thread aborter([&] {
+    std::this_thread::sleep_for(200ms);  // rank 1 is not in it: rank 0 blocks
+    c0->abort();
+  });
+  auto start = std::chrono::steady_clock::now();
+  EXPECT_THROW(c0->reduce_scatter(in.data(), out.data(), {2000, 2000}, DataType::kFloat64, ReduceOp::kSum),
+               CommError);
+  aborter.join();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 10s) << "abort() did not wake the blocked reduce_scatter";
 }
 
 TEST(GlooCommunicator, AbortWakesABlockedOperationAndThePeer) {

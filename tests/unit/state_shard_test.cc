@@ -180,6 +180,61 @@ TEST_F(ShardTest, ShrinkAfterADeathAndGrowAfterAJoinKeepEveryRowExact) {
   EXPECT_EQ(out[0].resets, (std::vector<std::pair<int, int>>{{4, 3}, {3, 4}}));
 }
 
+// A worker that joins by a grow gets its rows at the sync, which keeps
+// them in its host's memory and pushes them to its buddy before its first
+// commit: both copies must be readable as pieces (their table with them),
+// else a loss of that worker in the window before its first commit is whole
+// leaves its rows nowhere (the Python sharded test found it under load).
+TEST_F(ShardTest, AJoinersRowsAreReadableAsPiecesBeforeItsFirstCommit) {
+  const State::ShardSpec spec{kRows, kCols, State::ShardSplit::kChunk};
+  FakeHub hub(2);
+  const int newcomer = 2;  // on host B; slots 0 and 1 on host A
+  std::atomic<bool> added{false};
+  std::vector<Outcome> out(3);
+  std::vector<std::string> own, buddy;  // what host B's and host A's files held for the joiner
+  run_threads(3, [&](int slot) {
+    if (slot == newcomer) {
+      while (!added.load()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    bool looked = false;
+    train(hub, slot, slot == newcomer, spec, out[static_cast<size_t>(slot)], [&](Context& c, int64_t step) {
+      if (slot == 0 && step == 3 && c.size() == 2) {
+        ASSERT_EQ(hub.add_slot(), newcomer);
+        added = true;
+        hub.set_host_update(0);
+      }
+      if (slot != newcomer || looked) return;
+      looked = true;  // its first step after the sync, before any commit of its own
+      auto [b, e] = State::shard_rows(spec, c.rank(), c.size());
+      auto holds = [&](const std::string& host, const std::string& file_prefix, std::vector<std::string>& seen) {
+        for (const auto& f : state_internal::list_pieces(dir_ + "/" + host, 0)) {
+          seen.push_back(f.file + " " + std::to_string(f.piece.held.begin) + ".." + std::to_string(f.piece.held.end));
+          if (f.file.rfind(file_prefix, 0) == 0 && f.piece.name == "w" && f.piece.held.begin == b &&
+              f.piece.held.end == e) {
+            return true;
+          }
+        }
+        return false;
+      };
+      EXPECT_TRUE(holds("B", "slot-2", own)) << "rows " << b << ".." << e << "; host B's pieces: "
+                                             << ::testing::PrintToString(own);
+      // The push runs beside training: give it a few seconds.
+      bool pushed = false;
+      for (int i = 0; i < 500 && !pushed; ++i) {
+        buddy.clear();
+        pushed = holds("A", "buddy-slot-2", buddy);
+        if (!pushed) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+      EXPECT_TRUE(pushed) << "rows " << b << ".." << e << "; host A's pieces: " << ::testing::PrintToString(buddy);
+    }, {});
+  });
+  for (int slot : {0, 1, 2}) {
+    const Outcome& o = out[static_cast<size_t>(slot)];
+    ASSERT_EQ(o.size, 3) << "slot " << slot;
+    expect_exact(o, spec, 10);
+  }
+}
+
 // Slot 3 dies after the step's collectives and before its commit 4, which
 // the others make: commit 4 is not whole anywhere, so the job goes on from
 // commit 3 (whole entries from the survivors' files) and redoes step 3. A

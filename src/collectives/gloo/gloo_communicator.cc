@@ -17,6 +17,8 @@
 #include <gloo/common/error.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
+#include <gloo/transport/unbound_buffer.h>
+#include <gloo/types.h>
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/tcp/pair.h>
 
@@ -32,6 +34,9 @@ using Millis = std::chrono::milliseconds;
 // gloo sizes are size_t, but keep single transfers well below 2 GiB so that no
 // int inside a transport or the kernel's socket calls ever sees a larger count.
 constexpr size_t kMaxChunkBytes = size_t{1} << 30;
+// Slots of reduce_scatter's point-to-point steps, apart from gloo's own
+// collectives' prefixes (gloo/types.h: 0x01 to 0x08).
+constexpr uint8_t kReduceScatterSlotPrefix = 0x10;
 
 Millis to_millis(Duration d) {
   return std::max(Millis(1), std::chrono::duration_cast<Millis>(d));
@@ -116,15 +121,26 @@ class GlooCommunicator final : public Communicator {
     });
   }
 
-  // reduce_scatter stays the base class's allreduce of a copy. The Gloo
-  // installed here (Debian's 2022 snapshot) has one reduce-scatter,
-  // gloo::ReduceScatterHalvingDoubling, from its older API, and it cannot
-  // keep erun's contract: it waits with the pairs' fixed timeout (the
-  // connect timeout, GlooOptions::connect_timeout), not the operation's; it
-  // takes slots from the context's own counter, beside the tags this class
-  // numbers from 0 for the newer API; it reduces in place (a full copy of
-  // the const input) into two more buffers of the input's size it allocates
-  // per call; and its counts are int.
+  // A ring over gloo's point-to-point buffers, not gloo's own
+  // reduce-scatter: the Gloo installed here (Debian's 2022 snapshot) has
+  // only gloo::ReduceScatterHalvingDoubling, from its older API, which waits
+  // with the pairs' fixed timeout (GlooOptions::connect_timeout) instead of
+  // the operation's, takes slots from the context's own counter beside the
+  // tags numbered here, copies the whole input and allocates two more
+  // buffers of its size per call, and counts in int. Each rank sends and
+  // receives (size - 1) / size of the input once, half of what an allreduce
+  // moves, and keeps two blocks of scratch.
+  void reduce_scatter(const void* in, void* out, const std::vector<size_t>& counts, DataType type,
+                      ReduceOp op) override {
+    if (counts.size() != static_cast<size_t>(size()) || size() == 1) {
+      Communicator::reduce_scatter(in, out, counts, type, op);  // its error, or a world of one
+      return;
+    }
+    kernels::visit_cpu_type(type, [&](auto* tag) {
+      using T = std::remove_pointer_t<decltype(tag)>;
+      ring_reduce_scatter<T>(static_cast<const T*>(in), static_cast<T*>(out), counts, op);
+    });
+  }
 
   void broadcast(void* data, size_t bytes, int root) override {
     ERUN_CHECK(root >= 0 && root < size());
@@ -222,6 +238,55 @@ class GlooCommunicator final : public Communicator {
     if (op == ReduceOp::kAverage) kernels::divide(static_cast<T*>(data), count, size());
   }
 
+  // Step s of size - 1: this rank sends its running result for block
+  // r - s - 1 (at step 0 its own input) to the right, receives the left's
+  // for block r - s - 2 and adds its own input to it; the last step's
+  // block is r, whole. Every step takes a tag, sent or not, so the ranks
+  // agree; a step whose block is empty sends nothing (both ends know).
+  template <typename T>
+  void ring_reduce_scatter(const T* in, T* out, const std::vector<size_t>& counts, ReduceOp op) {
+    const int n = size();
+    const int r = rank();
+    std::vector<size_t> start(1, 0);  // block k begins at start[k]
+    for (size_t c : counts) start.push_back(start.back() + c);
+    auto block = [n](int k) { return static_cast<size_t>(((k % n) + n) % n); };
+    const size_t most = *std::max_element(counts.begin(), counts.end());
+    auto fn = reduce_function<T>(op);
+    run("reduce_scatter", [&] {
+      if (scratch_.size() < 2 * most * sizeof(T)) scratch_.resize(2 * most * sizeof(T));
+      T* sent = reinterpret_cast<T*>(scratch_.data());
+      T* got = sent + most;
+      const int right = (r + 1) % n;
+      const int left = (r + n - 1) % n;
+      const T* from = in + start[block(r - 1)];
+      for (int s = 0; s < n - 1; ++s) {
+        const uint32_t tag = next_tag();
+        const size_t out_block = block(r - s - 1);
+        const size_t in_block = block(r - s - 2);
+        const size_t out_n = counts[out_block];
+        const size_t in_n = counts[in_block];
+        std::unique_ptr<gloo::transport::UnboundBuffer> send, recv;
+        const uint64_t slot = gloo::Slot::build(kReduceScatterSlotPrefix, tag);
+        if (in_n > 0) {
+          recv = context_->createUnboundBuffer(got, in_n * sizeof(T));
+          recv->recv(left, slot);
+        }
+        if (out_n > 0) {
+          send = context_->createUnboundBuffer(const_cast<T*>(from), out_n * sizeof(T));
+          send->send(right, slot);
+        }
+        if (recv && !recv->waitRecv(timeout_)) throw CommError("the receive was aborted");
+        if (send && !send->waitSend(timeout_)) throw CommError("the send was aborted");
+        if (aborted_) throw CommError("aborted");
+        // out may be this rank's block of in itself: fn reads each element before it writes it.
+        T* into = s == n - 2 ? out : sent;
+        if (in_n > 0) fn(into, got, in + start[in_block], in_n);
+        from = into;
+      }
+    });
+    if (op == ReduceOp::kAverage) kernels::divide(out, counts[static_cast<size_t>(r)], n);
+  }
+
   uint32_t next_tag() { return tag_++; }
 
   // Runs one operation and turns every failure into a CommError; after one, the
@@ -268,6 +333,7 @@ class GlooCommunicator final : public Communicator {
   std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::rendezvous::Context> context_;
   uint32_t tag_ = 0;
+  std::vector<char> scratch_;  // reduce_scatter's two blocks, kept between calls
   bool broken_ = false;
   std::string broken_reason_;
   std::mutex abort_mu_;

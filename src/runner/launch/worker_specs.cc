@@ -132,6 +132,8 @@ std::vector<std::pair<std::string, std::string>> WorkerSpecs::env(const RankAssi
   if (!o_.checkpoint_dir.empty()) put("ERUN_CHECKPOINT_DIR", o_.checkpoint_dir);
   if (!site_.commit_dir.empty() && site_.rendezvous) {
     put("ERUN_COMMIT_DIR", host_commit_dir(a.slot.host));
+    // 0: a sharded State pushes no buddy copies either (docs/state.md).
+    put("ERUN_COMMIT_REPLICAS", o_.commit_replicas);
     // Read by the agent, which then writes the durable files; a worker given
     // both ERUN_CHECKPOINT_DIR and ERUN_COMMIT_DIR leaves them to it.
     if (!o_.checkpoint_dir.empty()) {
