@@ -337,6 +337,17 @@ void HostCommits::settle() {
   }
 }
 
+void HostCommits::forget_writes() {
+  if (!opened_) return;  // open_files() reads them
+  settle();
+  ERUN_CHECK(pending_ == nullptr);
+  for (int i = 0; i < 2; ++i) {
+    auto listing = fd_[i] >= 0 ? read_listing(fd_[i]) : std::nullopt;
+    held_[i] = listing ? listing->id : 0;
+  }
+  wrote_ = false;
+}
+
 void HostCommits::abandon() {
   if (pending_ == nullptr) return;
   pending_->abandoned_.store(true, std::memory_order_release);

@@ -93,6 +93,12 @@ class HostCommits {
   // The commit whose fillers will not all finish stays torn; the next write
   // may reuse its file. Call only when no filler writes into it any more.
   void abandon();
+  // Reads what the files hold again and writes next as a new writer would
+  // (over the older commit): for a pair that other processes may have
+  // written since this one's last write (a buddy file pair, whose pusher
+  // may have had another keeper on this host in between). No write may be
+  // in progress.
+  void forget_writes();
   // A commit that write() must not write over while a file holds it (0:
   // none): a durable copy keeps the commit its job's erun-state.bin names,
   // though a newer one (not agreed on by every rank) is in the other file or

@@ -329,6 +329,10 @@ struct BuddyKeeper::Impl {
     std::lock_guard<std::mutex> turn(entry->mu);
     auto& pair = entry->commits;
     if (!pair) pair = std::make_unique<HostCommits>(dir + "/" + offer.name);
+    // Another worker of this host may have kept this pusher's copies since
+    // (the pairs change at each generation): write over the older commit the
+    // files hold now, never over the newest one this keeper did not write.
+    pair->forget_writes();
     std::vector<const char*> placed;
     std::shared_ptr<Completion> landed;
     std::optional<std::string> err;

@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <mutex>
 #include <regex>
+#include <set>
 #include <thread>
 
 #include "commits/host_commits.h"
@@ -647,6 +648,41 @@ TEST_F(BuddyPush, AFrozenPusherHoldsOnlyItsOwnPushAndTheOtherPusherIsKept) {
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_TRUE(s.is_ok()) << s.message();
   EXPECT_LT(took, 10.0) << "the keeper waited for the frozen pusher";
+}
+
+// A pusher's buddy moves between the workers of a host (the pairs change at
+// each generation) and back: the keeper it comes back to writes over the
+// older commit the files hold now, not over the one the other keeper wrote
+// last (which a push cut short would then have left the host without).
+TEST(BuddyKeepers, AKeeperThatServesAPusherAgainWritesOverTheOlderCommit) {
+  char tmpl[] = "/tmp/erun-buddy-keepers-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  {
+    BuddyKeeper k0("127.0.0.1", dir, "job", "secret", std::chrono::seconds(10));
+    BuddyKeeper k1("127.0.0.1", dir, "job", "secret", std::chrono::seconds(10));
+    ASSERT_NE(k0.port(), 0) << k0.error();
+    ASSERT_NE(k1.port(), 0) << k1.error();
+    const std::string name = "buddy-slot-b-0";
+    auto push = [&](const BuddyKeeper& k, uint64_t id) {
+      std::vector<char> piece(4096, static_cast<char>(id));
+      Status s = push_to_buddy("127.0.0.1", k.port(), "job", "secret", name, id, {EntryRef::of("w", piece)},
+                               std::chrono::seconds(10));
+      ASSERT_TRUE(s.is_ok()) << "commit " << id << ": " << s.message();
+    };
+    auto held = [&] {
+      HostCommits pair(dir + "/" + name);
+      auto [a, b] = pair.held_ids();
+      return std::set<uint64_t>{a, b};
+    };
+    push(k0, 1);
+    push(k0, 2);
+    push(k1, 3);  // the pairs changed: k1 writes over 1
+    EXPECT_EQ(held(), (std::set<uint64_t>{2, 3}));
+    push(k0, 4);  // and back: over 2, never over 3
+    EXPECT_EQ(held(), (std::set<uint64_t>{3, 4}));
+  }
+  std::filesystem::remove_all(dir);
 }
 
 TEST(ShardTable, ATableRoundTripsAndGarbageIsAnErrorNamingTheSource) {
