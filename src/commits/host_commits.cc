@@ -342,7 +342,7 @@ void HostCommits::forget_writes() {
   settle();
   ERUN_CHECK(pending_ == nullptr);
   for (int i = 0; i < 2; ++i) {
-    auto listing = fd_[i] >= 0 ? read_listing(fd_[i]) : std::nullopt;
+    auto listing = read_listing(fd_[i]);  // open_files() opened both or threw
     held_[i] = listing ? listing->id : 0;
   }
   wrote_ = false;

@@ -143,7 +143,6 @@ struct State::Impl {
   // push of the commit before (State::commit).
   bool many_hosts = false;
   bool buddy_failing = false;  // the last push failed (logged once per streak)
-  bool no_copies = false;      // --commit-replicas 0: no buddy keeps this job's pieces
   // After a commit written to host memory: its pieces to the buddy, from a
   // thread of their own while training goes on. The push reads the commit
   // where it lies in this worker's own file, which nothing rewrites before
@@ -221,8 +220,9 @@ struct State::Impl {
   void install_rows(Entry& e, si::RowRange want, uint64_t id);
   // The sync goes on from `choice`: StateLost when nothing is whole (on
   // every rank); ids written since are skipped from now on, so that an id
-  // never names two commits.
-  void go_on_from(const si::CommitChoice& choice, int rank);
+  // never names two commits. `copies_elsewhere`: the job keeps buddy
+  // copies (--commit-replicas not 0), which StateLost's advice depends on.
+  void go_on_from(const si::CommitChoice& choice, int rank, bool copies_elsewhere);
   // Every rank takes commit `target`'s whole entries from one root.
   void take_whole(Communicator& comm, const WorkerInfo& info, const si::Holdings& held, uint64_t target);
   // Whether this rank holds exactly its rows of `target` for the world.

@@ -304,8 +304,8 @@ si::Offer State::Impl::offer(const WorkerInfo& info, const Link& link, const std
 
 void State::Impl::pair_buddy(const si::Holdings& held, int rank, const std::string& stem, const Link& link) {
   buddy.reset();
-  no_copies = link.replicas == 0;
-  const int b = no_copies ? -1 : si::choose_buddy(held, rank);
+  // With --commit-replicas 0 no rank offers a keeper (offer()), so none is chosen.
+  const int b = si::choose_buddy(held, rank);
   if (b < 0 || host == nullptr) return;
   const si::Offer& k = held.offers[static_cast<size_t>(b)];
   const std::string own = si::HostCommits::stem_of(stem, ordinal);
@@ -467,15 +467,15 @@ bool State::Impl::reshard(Communicator& comm, const si::Holdings& held, uint64_t
   return true;
 }
 
-void State::Impl::go_on_from(const si::CommitChoice& choice, int rank) {
+void State::Impl::go_on_from(const si::CommitChoice& choice, int rank, bool copies_elsewhere) {
   if (choice.newest != 0 && choice.target == 0) {
     throw StateLost(fmt::format(
         "erun: commit {} of the sharded entries cannot be put back together: no living host holds {}; every copy "
         "of those rows was lost (their workers' hosts failed{}), and no older commit is whole either. Restart from a "
         "durable checkpoint",
         choice.newest, choice.lost,
-        no_copies ? "; with --commit-replicas 0 no other host keeps a copy: leave it at 1 or give --checkpoint-dir"
-                  : ""));
+        copies_elsewhere ? ""
+                         : "; with --commit-replicas 0 no other host keeps a copy: leave it at 1 or give --checkpoint-dir"));
   }
   if (choice.target < choice.newest && rank == 0) {
     ERUN_LOG_WARN("erun: commit {} of the sharded entries is not whole ({} missing: a worker died before it "
@@ -539,7 +539,7 @@ void State::sync_sharded(int rejoined_from) {
   // than it (every copy in memory lost, or a job started again) wins.
   const si::CommitChoice choice = si::choose_commit(held, im.shard_shapes());
   if (im.go_on_from_durable(ctx_, comm, choice)) return;
-  im.go_on_from(choice, rank);
+  im.go_on_from(choice, rank, link.replicas > 0);
 
   // 3. The whole entries, and the reset due.
   im.take_whole(comm, info, held, choice.target);

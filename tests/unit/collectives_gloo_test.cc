@@ -39,6 +39,19 @@ void run_ranks(int size, const std::function<void(int, Communicator&)>& fn, Dura
   testing::run_comms(backend, size, fn);
 }
 
+// Ranks 0 and 1 of a world of two, connected (each made on its own thread,
+// as connecting needs both); the tests then use rank 0 alone.
+struct TwoRanks {
+  std::unique_ptr<Communicator> c0, c1;
+};
+TwoRanks connect_two(KvStore& store, const GlooOptions& o0, const GlooOptions& o1) {
+  TwoRanks t;
+  std::thread other([&] { t.c1 = make_gloo_communicator(store, o1); });
+  t.c0 = make_gloo_communicator(store, o0);
+  other.join();
+  return t;
+}
+
 class GlooWorld : public ::testing::TestWithParam<int> {};
 
 TEST_P(GlooWorld, AllreduceEveryTypeAndOpMatchesSerialReference) {
@@ -118,10 +131,7 @@ TEST(GlooCommunicator, ConstructionTimesOutWhenAPeerNeverComes) {
 
 TEST(GlooCommunicator, OperationTimesOutAndNamesOpAndRank) {
   MemoryKvStore store;
-  std::unique_ptr<Communicator> c0, c1;
-  std::thread t([&] { c1 = make_gloo_communicator(store, options(1, 2, 1s)); });
-  c0 = make_gloo_communicator(store, options(0, 2, 1s));
-  t.join();
+  auto [c0, c1] = connect_two(store, options(0, 2, 1s), options(1, 2, 1s));
   std::vector<float> v(10, 1.0f);
   auto start = std::chrono::steady_clock::now();
   try {
@@ -141,15 +151,12 @@ TEST(GlooCommunicator, OperationTimesOutAndNamesOpAndRank) {
 // timeout (1 s here), not the pairs' connect timeout (60 s).
 TEST(GlooCommunicator, ReduceScatterTimesOutWithTheOperationsTimeout) {
   MemoryKvStore store;
-  std::unique_ptr<Communicator> c0, c1;
   auto opts = [](int rank) {
     GlooOptions o = options(rank, 2, 1s);
     o.connect_timeout = 60s;
     return o;
   };
-  std::thread t([&] { c1 = make_gloo_communicator(store, opts(1)); });
-  c0 = make_gloo_communicator(store, opts(0));
-  t.join();
+  auto [c0, c1] = connect_two(store, opts(0), opts(1));
   std::vector<float> in(1000, 1.0f), out(500);
   auto start = std::chrono::steady_clock::now();
   try {
@@ -164,10 +171,7 @@ TEST(GlooCommunicator, ReduceScatterTimesOutWithTheOperationsTimeout) {
 
 TEST(GlooCommunicator, AbortWakesABlockedReduceScatter) {
   MemoryKvStore store;
-  std::unique_ptr<Communicator> c0, c1;
-  std::thread t([&] { c1 = make_gloo_communicator(store, options(1, 2, 60s)); });
-  c0 = make_gloo_communicator(store, options(0, 2, 60s));
-  t.join();
+  auto [c0, c1] = connect_two(store, options(0, 2, 60s), options(1, 2, 60s));
   std::vector<double> in(4000, 1.0), out(2000);
   std::thread aborter([&] {
     std::this_thread::sleep_for(200ms);  // rank 1 is not in it: rank 0 blocks
@@ -182,10 +186,7 @@ TEST(GlooCommunicator, AbortWakesABlockedReduceScatter) {
 
 TEST(GlooCommunicator, AbortWakesABlockedOperationAndThePeer) {
   MemoryKvStore store;
-  std::unique_ptr<Communicator> c0, c1;
-  std::thread t([&] { c1 = make_gloo_communicator(store, options(1, 2, 60s)); });
-  c0 = make_gloo_communicator(store, options(0, 2, 60s));
-  t.join();
+  auto [c0, c1] = connect_two(store, options(0, 2, 60s), options(1, 2, 60s));
   std::vector<float> v(1000, 1.0f);
   std::atomic<bool> started{false};
   std::thread aborter([&] {
