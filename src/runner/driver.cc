@@ -365,7 +365,7 @@ void Driver::wait_for_hosts() {
     done(give_up_code(outcome_.first_failure));
     return;
   }
-  waiting_.log(usable, hosts_, o_.min_np, o_.elastic_timeout, clock_.now());
+  waiting_.log(usable.total_slots(), hosts_, o_.min_np, o_.elastic_timeout, clock_.now());
 }
 
 void Driver::supervise() {
@@ -418,7 +418,9 @@ void Driver::supervise() {
   turn.hosts_epoch = discovery_.epoch;
   turn.starts = gen_.complete && phase_ == JobPhase::kRunning;
   turn.finishing = outcome_.any_success;
-  turn.resting = [&](const SlotKey& slot) { return stragglers_.resting(slot); };
+  // A straggler's slot rests, and so do a blacklisted host's (one kept in
+  // the plan for its survivors, whose slots are held anyway).
+  turn.resting = [&](const SlotKey& slot) { return stragglers_.resting(slot) || hosts_.is_blacklisted(slot.host); };
   apply(standbys_.tend(snapshot(&m), turn));
   // Spare hosts keep replicas of the commits (--commit-replicas).
   if (replicas_) replicas_->tend(plan_, plan_cache_.usable(), discovery_.hosts, hosts_, plan_cache_.recomputations());
@@ -477,7 +479,7 @@ void Driver::handle_generation_failure() {
   }
 }
 
-bool Driver::held_below_min_np(const Plan& next, const HostSet& usable, bool in_place) {
+bool Driver::held_below_min_np(const Plan& next, int usable_slots, bool in_place) {
   if (next.size() >= std::max(o_.min_np, 1)) {
     waiting_.below_min_logged = false;
     return false;
@@ -494,8 +496,7 @@ bool Driver::held_below_min_np(const Plan& next, const HostSet& usable, bool in_
   if (!waiting_.below_min_logged) {
     ERUN_LOG_WARN("{}: discovery offers {} usable slot{}, fewer than --min-np {}; keeping the {} running "
                   "workers until hosts return",
-                  who(rec_.generation), usable.total_slots(), usable.total_slots() == 1 ? "" : "s", o_.min_np,
-                  plan_.size());
+                  who(rec_.generation), usable_slots, usable_slots == 1 ? "" : "s", o_.min_np, plan_.size());
     waiting_.below_min_logged = true;
   }
   return true;
@@ -507,8 +508,7 @@ void Driver::follow_membership() {
   const bool in_place = in_place_possible(o_.mode, d_.membership != nullptr, workers_);
   Plan scratch;
   plan_cache_.update(discovery_.epoch, discovery_.hosts, hosts_, rec_.generation, plan_with_pending(workers_, plan_, scratch), o_.max_np,
-                     in_place ? blacklisted_with_survivors(workers_, hosts_) : std::vector<std::string>{});
-  const HostSet& usable = plan_cache_.usable();
+                     in_place ? blacklisted_with_survivors(workers_, hosts_) : std::vector<SlotKey>{});
   // The cached plan, unless a straggler's slot sits out (no copy per tick).
   const bool resting_slots = stragglers_.any_resting();
   Plan filtered;
@@ -519,7 +519,7 @@ void Driver::follow_membership() {
     waiting_.below_min_logged = false;
     return;
   }
-  if (held_below_min_np(next, usable, in_place)) return;
+  if (held_below_min_np(next, plan_cache_.usable_slots(), in_place)) return;
   const bool keeps_every_slot = std::all_of(plan_.ranks.begin(), plan_.ranks.end(),
                                             [&](const RankAssignment& r) { return next.contains(r.slot); });
   if (o_.reset_limit >= 0 && rec_.resets >= o_.reset_limit) {

@@ -144,7 +144,7 @@ class Driver {
   void follow_membership();
   // follow_membership()'s plan `next` has fewer slots than --min-np: the
   // running workers stay (a draining host still leaves). True when it did.
-  bool held_below_min_np(const Plan& next, const HostSet& usable, bool in_place);
+  bool held_below_min_np(const Plan& next, int usable_slots, bool in_place);
   // -> kStopping (JobStop): sends `signal` (SIGTERM: terminate()) to every
   // live worker; once all are gone the job goes to `then`: it waits for
   // hosts, or ends (kDone) with what `exit_code` returns, called then.

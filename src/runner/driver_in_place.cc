@@ -25,21 +25,21 @@ void Driver::reconfigure(const char* reason, bool after_failure) {
   // come) give it up now instead of at their connect timeout, and the others
   // re-join at their next check (their collectives fail anyway if a peer died).
   d_.membership->notify_hosts_updated(rec_.generation, draining_members(workers_, drains_, stragglers_));
-  HostSet usable = plannable_hosts(discovery_.hosts, hosts_, workers_);
+  const PlannableHosts usable = plannable_hosts(discovery_.hosts, hosts_, workers_);
+  const int slots = usable.slots();
   gen_.failure.reset();
-  if (usable.total_slots() < std::max(o_.min_np, 1)) {
+  if (slots < std::max(o_.min_np, 1)) {
     if (!have_survivors(workers_)) {
       ERUN_LOG_WARN("{}: {} usable slots are fewer than --min-np {} and no worker holds a commit: waiting for hosts",
-                    who(rec_.generation), usable.total_slots(), o_.min_np);
+                    who(rec_.generation), slots, o_.min_np);
       stop(JobPhase::kWaitingForHosts);
       return;
     }
     // The survivors hold the last commit: they wait in the rendezvous.
     ERUN_LOG_WARN("{}: {} usable slot{} fewer than --min-np {}: the survivors wait in the rendezvous with their "
                   "state for up to --elastic-timeout {:.0f} s",
-                  who(rec_.generation), usable.total_slots(), usable.total_slots() == 1 ? " is" : "s are", o_.min_np,
-                  seconds(o_.elastic_timeout));
-    d_.events->emit(ev::SurvivorsWaiting{.generation = rec_.generation, .usable_slots = usable.total_slots()});
+                  who(rec_.generation), slots, slots == 1 ? " is" : "s are", o_.min_np, seconds(o_.elastic_timeout));
+    d_.events->emit(ev::SurvivorsWaiting{.generation = rec_.generation, .usable_slots = slots});
     set_phase(JobPhase::kWaitingWithSurvivors);
     return;
   }
@@ -48,8 +48,9 @@ void Driver::reconfigure(const char* reason, bool after_failure) {
   // A slot no member holds goes to a ready standby (driver_standby_workers.cc).
   Plan scratch;
   const Plan full =
-      standbys_.with_standbys(snapshot(), stragglers_.without_resting(make_plan(rec_.generation + 1, usable, o_.max_np,
-                                                                               &plan_with_pending(workers_, plan_, scratch))));
+      standbys_.with_standbys(snapshot(), stragglers_.without_resting(make_plan(rec_.generation + 1, usable.hosts, o_.max_np,
+                                                                               &plan_with_pending(workers_, plan_, scratch),
+                                                                               usable.only)));
   Plan next = full;
   const bool alone = after_failure && survivors_alone(workers_, snapshot(), o_.min_np, full, next);
   ++rec_.generation;
@@ -193,19 +194,19 @@ void Driver::wait_with_survivors() {
     if (!outcome_.first_failure) outcome_.first_failure = gen_.failure;
     gen_.failure.reset();
   }
-  HostSet usable = plannable_hosts(discovery_.hosts, hosts_, workers_);
-  if (usable.total_slots() >= std::max(o_.min_np, 1)) {
+  const PlannableHosts usable = plannable_hosts(discovery_.hosts, hosts_, workers_);
+  if (usable.slots() >= std::max(o_.min_np, 1)) {
     reconfigure("hosts returned; re-forming", /*after_failure=*/false);
     return;
   }
   if (clock_.now() - waiting_.since > o_.elastic_timeout) {
     ERUN_LOG_ERROR("gave up after --elastic-timeout {:.0f} s: {} usable slot{}, --min-np is {}; stopping the "
                    "survivors; add hosts or lower --min-np",
-                   seconds(o_.elastic_timeout), usable.total_slots(), usable.total_slots() == 1 ? "" : "s", o_.min_np);
+                   seconds(o_.elastic_timeout), usable.slots(), usable.slots() == 1 ? "" : "s", o_.min_np);
     stop(JobPhase::kDone, SIGTERM, [this] { return give_up_code(outcome_.first_failure); });
     return;
   }
-  waiting_.log(usable, hosts_, o_.min_np, o_.elastic_timeout, clock_.now());
+  waiting_.log(usable.slots(), hosts_, o_.min_np, o_.elastic_timeout, clock_.now());
 }
 
 }  // namespace erun

@@ -58,11 +58,11 @@ bool all_exited(const Workers& workers) {
 
 // The hosts of joined survivors that are blacklisted (sorted, once each):
 // they stay in the plan (their progress is kept).
-std::vector<std::string> blacklisted_with_survivors(const Workers& workers, const HostManager& hosts) {
-  std::vector<std::string> keep;
+std::vector<SlotKey> blacklisted_with_survivors(const Workers& workers, const HostManager& hosts) {
+  std::vector<SlotKey> keep;
   for (auto& w : workers) {
     if (w.survivor() && w.joined && !w.pending() && hosts.is_blacklisted(w.assignment.slot.host)) {
-      keep.push_back(w.assignment.slot.host);
+      keep.push_back(w.assignment.slot);
     }
   }
   std::sort(keep.begin(), keep.end());
@@ -131,13 +131,10 @@ bool draining_members(const Workers& workers, const DrainPolicy& drains, const S
   });
 }
 
-HostSet plannable_hosts(const HostSet& hosts, const HostManager& manager, const Workers& workers) {
-  const std::vector<std::string> keep = blacklisted_with_survivors(workers, manager);
-  std::vector<Host> out;
-  for (auto& h : hosts.hosts()) {
-    if (!manager.is_blacklisted(h.name) || std::binary_search(keep.begin(), keep.end(), h.name)) out.push_back(h);
-  }
-  return HostSet(std::move(out));
+PlannableHosts plannable_hosts(const HostSet& hosts, const HostManager& manager, const Workers& workers) {
+  std::vector<SlotKey> only = blacklisted_with_survivors(workers, manager);
+  HostSet usable = manager.usable(hosts, only);
+  return {std::move(usable), std::move(only)};
 }
 
 bool survivors_alone(const Workers& workers, const JobSnapshot& s, int min_np, const Plan& full, Plan& next) {

@@ -72,9 +72,10 @@ bool slot_held(const Workers& workers, const SlotKey& slot, bool pending_too);
 bool have_survivors(const Workers& workers);
 // Every worker's exit is known.
 bool all_exited(const Workers& workers);
-// The blacklisted hosts where joined survivors run (sorted, once each):
-// they stay in the plan, their progress is kept.
-std::vector<std::string> blacklisted_with_survivors(const Workers& workers, const HostManager& hosts);
+// The slots of blacklisted hosts that joined survivors hold (sorted): they
+// stay in the plan, their progress is kept, but their hosts get no new
+// worker while they sit out (make_plan's `only`).
+std::vector<SlotKey> blacklisted_with_survivors(const Workers& workers, const HostManager& hosts);
 // A live member of the current generation is blocked in a join: it asks
 // for a newer generation. The reason it gave, or nullopt.
 std::optional<JoinReason> rejoin_requested(const Workers& workers, const MembershipSnapshot& m);
@@ -96,8 +97,14 @@ bool members_joined(const Workers& workers);
 // that rests (a straggler's): it leaves at the next commit.
 bool draining_members(const Workers& workers, const DrainPolicy& drains, const StragglerWatch& stragglers);
 // Discovered hosts that may carry the next plan: the usable ones, and
-// blacklisted ones where survivors still run (their progress is kept).
-HostSet plannable_hosts(const HostSet& hosts, const HostManager& manager, const Workers& workers);
+// blacklisted ones where survivors still run, for those survivors' slots
+// alone (their progress is kept; the host gets no new worker).
+struct PlannableHosts {
+  HostSet hosts;
+  std::vector<SlotKey> only;  // make_plan's `only`
+  int slots() const { return plannable_slots(hosts, only); }
+};
+PlannableHosts plannable_hosts(const HostSet& hosts, const HostManager& manager, const Workers& workers);
 // After a failure, survivors that alone meet `min_np` go on at once in a
 // generation of their own: true, with `next` their plan (over their slots
 // and ready standbys' of `full`). False when they hold every slot of

@@ -43,13 +43,13 @@ void set_running_plan(Plan next, Plan& running, DriverRecord& rec) {
   running = std::move(next);
 }
 
-void Waiting::log(const HostSet& usable, const HostManager& hosts, int min_np, Duration elastic_timeout,
+void Waiting::log(int usable_slots, const HostManager& hosts, int min_np, Duration elastic_timeout,
                   TimePoint now) {
   if (now - last_log < std::chrono::seconds(5)) return;
   last_log = now;
   auto bl = hosts.blacklisted();
   ERUN_LOG_INFO("waiting for hosts: {} usable slot{} of --min-np {} ({:.0f} s of --elastic-timeout {:.0f} s){}",
-                usable.total_slots(), usable.total_slots() == 1 ? "" : "s", min_np, seconds(now - since),
+                usable_slots, usable_slots == 1 ? "" : "s", min_np, seconds(now - since),
                 seconds(elastic_timeout), bl.empty() ? "" : "; blacklisted: " + join(bl, ","));
 }
 

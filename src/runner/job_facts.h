@@ -61,7 +61,7 @@ struct Waiting {
   bool below_min_logged = false;  // said once that the job is below --min-np (Driver::follow_membership())
 
   // The "waiting for hosts" line, at most every 5 s.
-  void log(const HostSet& usable, const HostManager& hosts, int min_np, Duration elastic_timeout, TimePoint now);
+  void log(int usable_slots, const HostManager& hosts, int min_np, Duration elastic_timeout, TimePoint now);
 };
 
 // JobPhase::kFinishing: a rank finished.

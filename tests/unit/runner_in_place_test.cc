@@ -316,6 +316,37 @@ TEST_F(InPlaceTest, ABlacklistedHostWhoseSurvivorsLiveKeepsThemInPlace) {
     EXPECT_FALSE(worker_at(s)->terminated);
   }
   EXPECT_TRUE(frozen->killed);
+  // The host keeps its survivors, but no new worker while it sits out: the
+  // frozen worker's slot stays empty, and the job stays at 3.
+  EXPECT_FALSE(steps(50));
+  EXPECT_FALSE(worker_at(a2)) << "a new worker on a blacklisted host";
+  EXPECT_EQ(driver->record().generation, 2);
+  EXPECT_EQ(launcher.launched().size(), 4u);
+  // Its cooldown over, the slot grows the job again.
+  clock.advance(std::chrono::seconds(600));
+  EXPECT_FALSE(steps(3));
+  EXPECT_FALSE(driver->host_manager().is_blacklisted("a"));
+  EXPECT_TRUE(worker_at(a2)) << "the slot did not return after the cooldown";
+}
+
+TEST_F(InPlaceTest, ABlacklistedHostsFreeSlotsGoToOtherHostsUnderMaxNp) {
+  // a:2 b:2 with --max-np 3 (a0, a1, b0); a1 fails and a is blacklisted.
+  // The plan keeps a0 (a survivor) and takes b1, not a's free slot.
+  discovery.set(HostSet({{"a", 2}, {"b", 2}}));
+  auto o = elastic(3, 2, 3);
+  o.blacklist_after = 1;
+  o.cooldown_min_s = o.cooldown_max_s = 600;
+  o.standby = 0;  // b1 is free, not a standby's
+  start_joined(o);
+  ASSERT_TRUE(worker_at(a1));
+  ASSERT_FALSE(worker_at(SlotKey{"b", 1}));
+  launcher.finish(worker_at(a1), ExitStatus{1, 0});
+  survivors_rejoin({a0, b0}, 1, 1, PeerState::kDead);
+  EXPECT_FALSE(steps(20));
+  EXPECT_TRUE(driver->host_manager().is_blacklisted("a"));
+  EXPECT_FALSE(worker_at(a0)->terminated);
+  EXPECT_FALSE(worker_at(a1)) << "a new worker on a blacklisted host";
+  EXPECT_TRUE(worker_at(SlotKey{"b", 1})) << "the free place went nowhere";
 }
 
 TEST_F(InPlaceTest, WhenNoWorkerHoldsACommitTheJobRestartsFromScratch) {
@@ -398,6 +429,36 @@ TEST_F(InPlaceTest, AStandbyReadyBeforeTheColdReplacementTakesItsPlace) {
   EXPECT_EQ(driver->record().resets, 1);
   EXPECT_FALSE(steps(5));
   EXPECT_EQ(driver->record().generation, 3) << "the stopped replacement is no failure";
+}
+
+// A ready standby on a host that a failure blacklists, where a survivor
+// stays: it takes no place (not the failed worker's, nor any other) and is
+// stopped; the job goes on without the host's free slots.
+TEST_F(InPlaceTest, AStandbyOnAHostThatIsBlacklistedIsStoppedNotPromoted) {
+  const SlotKey b1{"b", 1}, b2{"b", 2};
+  discovery.set(HostSet({{"a", 2}, {"b", 3}}));
+  auto o = elastic(4, 2, 4);
+  o.blacklist_after = 1;
+  o.cooldown_min_s = o.cooldown_max_s = 600;
+  start_joined(o);
+  EXPECT_FALSE(steps(1));
+  Worker standby = worker_at(b2);
+  ASSERT_TRUE(standby) << "no standby on the free slot";
+  membership.join(b2, -1);
+  EXPECT_FALSE(steps(1));  // ready
+  launcher.finish(worker_at(b1), ExitStatus{1, 0});
+  survivors_rejoin({a0, a1, b0}, 1, 3, PeerState::kDead);
+  EXPECT_FALSE(steps(2));
+  EXPECT_TRUE(driver->host_manager().is_blacklisted("b"));
+  ASSERT_EQ(driver->record().generation, 2);
+  std::set<SlotKey> planned;
+  for (auto& r : membership.ranks()) planned.insert(r.slot);
+  EXPECT_EQ(planned, (std::set<SlotKey>{a0, a1, b0}));
+  EXPECT_TRUE(standby->terminated) << "a standby kept on a blacklisted host";
+  EXPECT_FALSE(steps(20));
+  EXPECT_FALSE(worker_at(b1));
+  EXPECT_FALSE(worker_at(b2));
+  EXPECT_FALSE(worker_at(b0)->terminated);
 }
 
 // The plan a joined replacement enters keeps its slot, even where a lower

@@ -49,6 +49,27 @@ TEST(Planner, SurvivorsKeepOrderNewHostsAppendedRankZeroOnSurvivor) {
   EXPECT_EQ(p3.hosts(), (std::vector<std::string>{"c", "a"}));
 }
 
+// A blacklisted host kept for its survivors: only their slots, even the
+// previous plan's others (a failed worker's), and its free places go to
+// other hosts under --max-np.
+TEST(Planner, AHostNamedInOnlyTakesJustTheSlotsListedForIt) {
+  const HostSet usable = hosts({{"a", 3}, {"b", 3}});
+  Plan p1 = make_plan(1, usable, 4, nullptr);
+  ASSERT_EQ(p1.to_string(), "4 ranks: a[0-2] b[3]");
+  const std::vector<SlotKey> only{{"a", 0}, {"a", 2}};
+  Plan p2 = make_plan(2, usable, 4, &p1, only);
+  EXPECT_EQ(p2.to_string(), "4 ranks: a[0-1] b[2-3]");
+  EXPECT_TRUE(p2.contains(SlotKey{"a", 2}));
+  EXPECT_FALSE(p2.contains(SlotKey{"a", 1}));
+  EXPECT_TRUE(p2.contains(SlotKey{"b", 1}));
+  EXPECT_EQ(plannable_slots(usable, only), 5);
+  // No limit: every open slot.
+  EXPECT_EQ(make_plan(2, usable, 0, &p1, only).size(), 5);
+  // A listed slot beyond the host's slots counts nothing.
+  EXPECT_EQ(plannable_slots(usable, {{"a", 0}, {"a", 5}}), 4);
+  EXPECT_EQ(plannable_slots(usable, {}), 6);
+}
+
 TEST(Planner, SameLayoutIgnoresGeneration) {
   Plan a = make_plan(1, hosts({{"a", 2}}), 0, nullptr);
   Plan b = make_plan(7, hosts({{"a", 2}, {"b", 1}}), 2, &a);
@@ -201,6 +222,16 @@ TEST(PlanCache, RecomputesOnlyWhenHostsBlacklistOrPlanChange) {
   c.update(2, discovered, m, 1, running, 0);
   EXPECT_EQ(c.recomputations(), 5);
   EXPECT_EQ(c.next().to_string(), "5 ranks: a[0-1] b[2-3] c[4]");
+  // b blacklisted again, with a survivor kept at b[1]: b is usable for it
+  // alone.
+  EXPECT_TRUE(m.record_failure("b"));
+  const std::vector<SlotKey> keep{{"b", 1}};
+  c.update(2, discovered, m, 1, running, 0, keep);
+  EXPECT_EQ(c.recomputations(), 6);
+  EXPECT_EQ(c.usable_slots(), 4);
+  EXPECT_EQ(c.next().to_string(), "4 ranks: a[0-1] b[2] c[3]");
+  EXPECT_TRUE(c.next().contains(SlotKey{"b", 1}));
+  EXPECT_EQ(c.kept(), keep);
 }
 
 // 20,000 hosts with the previous plan on the last ones: linear ordering.

@@ -70,6 +70,16 @@ HostSet HostManager::usable(const HostSet& discovered) const {
   return HostSet(std::move(out));
 }
 
+HostSet HostManager::usable(const HostSet& discovered, const std::vector<SlotKey>& kept) const {
+  if (kept.empty()) return usable(discovered);
+  std::vector<Host> out;
+  for (auto& h : discovered.hosts()) {
+    const bool holds = std::any_of(kept.begin(), kept.end(), [&](const SlotKey& s) { return s.host == h.name; });
+    if (holds || !is_blacklisted(h.name)) out.push_back(h);
+  }
+  return HostSet(std::move(out));
+}
+
 HostManager::Epoch HostManager::epoch() const {
   Epoch e;
   auto now = clock_.now();

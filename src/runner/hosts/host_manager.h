@@ -17,6 +17,7 @@
 
 #include "common/clock.h"
 #include "discovery/host_set.h"
+#include "rendezvous/membership.h"
 
 namespace erun {
 
@@ -69,6 +70,10 @@ class HostManager {
   TimePoint blacklisted_until(const std::string& host) const;
   // The discovered hosts minus the blacklisted ones, order kept.
   HostSet usable(const HostSet& discovered) const;
+  // The same, with the blacklisted hosts that `kept` names (slots survivors
+  // of an in-place job hold) left in: a plan takes only those slots there
+  // (make_plan's `only`).
+  HostSet usable(const HostSet& discovered, const std::vector<SlotKey>& kept) const;
   std::vector<std::string> blacklisted() const;
   // Changes whenever usable() may give a different answer for the same input:
   // a new blacklisting, or a cooldown that ended.

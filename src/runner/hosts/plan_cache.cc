@@ -1,11 +1,9 @@
 #include "runner/hosts/plan_cache.h"
 
-#include <algorithm>
-
 namespace erun {
 
 void PlanCache::update(long discovered_epoch, const HostSet& discovered, const HostManager& hosts,
-                       long generation, const Plan& running, int max_np, const std::vector<std::string>& keep) {
+                       long generation, const Plan& running, int max_np, const std::vector<SlotKey>& keep) {
   auto blacklist = hosts.epoch();
   if (valid_ && discovered_epoch == discovered_epoch_ && blacklist == blacklist_ &&
       generation == generation_ && running.generation == plan_generation_ &&
@@ -20,17 +18,9 @@ void PlanCache::update(long discovered_epoch, const HostSet& discovered, const H
   plan_size_ = running.ranks.size();
   max_np_ = max_np;
   keep_ = keep;
-  if (keep.empty()) {
-    usable_ = hosts.usable(discovered);
-  } else {
-    std::vector<Host> out;
-    for (auto& h : discovered.hosts()) {
-      if (!hosts.is_blacklisted(h.name) || std::binary_search(keep.begin(), keep.end(), h.name)) out.push_back(h);
-    }
-    usable_ = HostSet(std::move(out));
-  }
-  usable_slots_ = usable_.total_slots();
-  next_ = make_plan(generation + 1, usable_, max_np, running.empty() ? nullptr : &running);
+  usable_ = hosts.usable(discovered, keep);
+  usable_slots_ = plannable_slots(usable_, keep);
+  next_ = make_plan(generation + 1, usable_, max_np, running.empty() ? nullptr : &running, keep);
   ++recomputations_;
 }
 

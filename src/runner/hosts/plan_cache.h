@@ -7,7 +7,6 @@
 // tick must not. Driver thread only.
 #pragma once
 
-#include <string>
 #include <vector>
 
 #include "discovery/host_set.h"
@@ -19,16 +18,22 @@ namespace erun {
 class PlanCache {
  public:
   // Brings the cache up to date; cheap when nothing changed.
-  // `keep`: blacklisted hosts that stay usable (sorted; survivors holding the
-  // last commit run there).
+  // `keep`: slots of blacklisted hosts that stay in the plan (sorted;
+  // survivors holding the last commit run there): their hosts are usable
+  // for those slots alone.
   void update(long discovered_epoch, const HostSet& discovered, const HostManager& hosts,
-              long generation, const Plan& running, int max_np, const std::vector<std::string>& keep = {});
+              long generation, const Plan& running, int max_np, const std::vector<SlotKey>& keep = {});
   // The next update() recomputes (the running plan changed in a way its
   // generation and size do not tell: a pending worker's slot).
   void invalidate() { valid_ = false; }
+  // The usable hosts, the blacklisted ones of `keep` among them with all
+  // their slots: a plan takes only what `keep` lists there (kept()).
   const HostSet& usable() const { return usable_; }
+  const std::vector<SlotKey>& kept() const { return keep_; }
+  // The slots a plan may take: usable()'s, less those `keep` rules out.
   int usable_slots() const { return usable_slots_; }
-  // make_plan(generation + 1, usable(), max_np, &running) (running may be empty).
+  // make_plan(generation + 1, usable(), max_np, &running, kept()) (running
+  // may be empty).
   const Plan& next() const { return next_; }
   long recomputations() const { return recomputations_; }
 
@@ -40,7 +45,7 @@ class PlanCache {
   long plan_generation_ = 0;
   size_t plan_size_ = 0;
   int max_np_ = 0;
-  std::vector<std::string> keep_;
+  std::vector<SlotKey> keep_;
   HostSet usable_;
   int usable_slots_ = 0;
   Plan next_;

@@ -70,9 +70,36 @@ std::vector<Host> order_hosts(const HostSet& usable, const Plan* previous) {
   return out;
 }
 
-Plan make_plan(long generation, const HostSet& usable, int max_np, const Plan* previous) {
+namespace {
+
+// The hosts `only` names, each with the slots it may take.
+std::map<std::string, std::vector<int>, std::less<>> only_by_host(const std::vector<SlotKey>& only) {
+  std::map<std::string, std::vector<int>, std::less<>> out;
+  for (auto& s : only) out[s.host].push_back(s.local_index);
+  return out;
+}
+
+}  // namespace
+
+int plannable_slots(const HostSet& usable, const std::vector<SlotKey>& only) {
+  int slots = usable.total_slots();
+  for (auto& [host, indices] : only_by_host(only)) {
+    const int have = usable.slots_of(host);
+    const auto within = std::count_if(indices.begin(), indices.end(), [&](int s) { return s < have; });
+    slots -= have - static_cast<int>(within);
+  }
+  return slots;
+}
+
+Plan make_plan(long generation, const HostSet& usable, int max_np, const Plan* previous,
+               const std::vector<SlotKey>& only) {
   auto hosts = order_hosts(usable, previous);
   const size_t limit = static_cast<size_t>(max_np > 0 ? max_np : usable.total_slots());
+  const auto restricted = only_by_host(only);
+  auto open = [&](const std::string& host, int s) {
+    auto it = restricted.find(host);
+    return it == restricted.end() || std::find(it->second.begin(), it->second.end(), s) != it->second.end();
+  };
   // The slots the previous plan used come first, on every host, then the
   // lowest free ones, host by host: a plan that took a standby's slot in
   // place of a failed one's keeps it (docs/design.md, "Standbys"), also when
@@ -86,7 +113,7 @@ Plan make_plan(long generation, const HostSet& usable, int max_np, const Plan* p
   for (size_t i = 0; i < hosts.size() && taken < limit; ++i) {
     if (auto it = kept.find(hosts[i].name); it != kept.end()) {
       for (int s : it->second) {
-        if (taken < limit && s < hosts[i].slots &&
+        if (taken < limit && s < hosts[i].slots && open(hosts[i].name, s) &&
             std::find(chosen[i].begin(), chosen[i].end(), s) == chosen[i].end()) {
           chosen[i].push_back(s);
           ++taken;
@@ -96,7 +123,7 @@ Plan make_plan(long generation, const HostSet& usable, int max_np, const Plan* p
   }
   for (size_t i = 0; i < hosts.size() && taken < limit; ++i) {
     for (int s = 0; s < hosts[i].slots && taken < limit; ++s) {
-      if (std::find(chosen[i].begin(), chosen[i].end(), s) == chosen[i].end()) {
+      if (open(hosts[i].name, s) && std::find(chosen[i].begin(), chosen[i].end(), s) == chosen[i].end()) {
         chosen[i].push_back(s);
         ++taken;
       }

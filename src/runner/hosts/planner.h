@@ -35,7 +35,14 @@ struct Plan {
 std::vector<Host> order_hosts(const HostSet& usable, const Plan* previous);
 
 // Plans generation `generation` over `usable` with at most max_np ranks.
-Plan make_plan(long generation, const HostSet& usable, int max_np, const Plan* previous);
+// On a host that `only` names, just the slots `only` lists for it are taken
+// (a blacklisted host kept for its survivors: they stay, but it gets no new
+// worker), and the places its other slots would have taken go to other
+// hosts. `only` is sorted.
+Plan make_plan(long generation, const HostSet& usable, int max_np, const Plan* previous,
+               const std::vector<SlotKey>& only = {});
+// The slots make_plan() may take from `usable` with that `only`.
+int plannable_slots(const HostSet& usable, const std::vector<SlotKey>& only);
 
 // Plans generation `generation` over exactly `slots`, in that order (each
 // host's slots together): rank i is slots[i]; local ranks count a host's

@@ -62,8 +62,9 @@ int StandbyPolicy::tend_live(const JobSnapshot& s, const Turn& turn, Actions& ou
   for (const WorkerView& w : s.workers) {
     if (!is_standby(w.stage) || !w.survivor()) continue;
     const SlotKey& slot = w.assignment.slot;
-    if (!usable_slot(slot) || turn.finishing) {
-      // Its host left (discovery, a drain, the blacklist) or training is over.
+    if (!usable_slot(slot) || turn.resting(slot) || turn.finishing) {
+      // Its host left (discovery, a drain, the blacklist: one kept for its
+      // survivors still rests its free slots) or training is over.
       ERUN_LOG_INFO("{}[{}]: standby stopped ({})", slot.host, slot.local_index,
                     turn.finishing ? "the job is finishing" : "its host left the job");
       out.push_back(act::Stop{w.key});
