@@ -71,6 +71,11 @@ struct JoinRequest {
   // own link probe responder listens on at its advertised address (0: none).
   uint32_t link_us = 0;
   uint32_t probe_port = 0;
+  // How long before this JOIN the worker made `commit_id`, in milliseconds
+  // (at least 1; 0: unknown). A failure's rolled-back time is dated by it:
+  // ranks report their commits to the driver at most every 100 ms, so the
+  // last one before a failure is often one the driver never saw.
+  uint32_t commit_age_ms = 0;
 };
 // The link probe's bound: a worker whose round trip did not finish within
 // it reports at least this, and the driver holds its host back.

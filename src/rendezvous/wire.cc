@@ -139,6 +139,7 @@ std::string encode_join(const JoinRequest& j) {
       .u32(j.probe_us)
       .u32(j.link_us)
       .u32(j.probe_port)
+      .u32(j.commit_age_ms)
       .str();
 }
 
@@ -159,6 +160,8 @@ std::optional<JoinRequest> decode_join(std::string_view payload) {
     j.link_us = r.u32();
     j.probe_port = r.u32();
   }
+  // And the commit's age.
+  if (!r.done() && !r.failed()) j.commit_age_ms = r.u32();
   if (!r.done() || reason > static_cast<uint8_t>(JoinReason::kHostsUpdated) ||
       state > static_cast<uint8_t>(PeerState::kSilent) || j.failed_rank < -1 || j.pid <= 0 ||
       j.slot.local_index < 0 || j.probe_port > 65535) {

@@ -98,7 +98,9 @@ void Driver::apply(const Actions& actions) {
             plan_cache_.invalidate();
           } else if constexpr (std::is_same_v<A, act::RolledBack>) {
             if (!d_.account || rolled_back_logged_ == a.generation) return;  // once per generation
-            auto lost = d_.account->rolled_back_to(a.commit, realtime_seconds());
+            const double now = realtime_seconds();
+            auto lost = d_.account->rolled_back_to(
+                a.commit, now, a.commit_age_s >= 0 ? std::optional<double>(now - a.commit_age_s) : std::nullopt);
             if (!lost) return;
             rolled_back_logged_ = a.generation;
             d_.events->emit(

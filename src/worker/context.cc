@@ -230,10 +230,12 @@ class ElasticContext final : public Context {
   // thousand. Several States commit at the same steps: the first commit of
   // a step (its id is new) ends an interval.
   void committed(uint64_t commit_id) override {
-    if (!o_.timing || commit_id == last_commit_seen_) return;
-    last_commit_seen_ = commit_id;
-    ++commits_since_report_;
+    if (commit_id == last_commit_seen_) return;
     const auto now = std::chrono::steady_clock::now();
+    last_commit_seen_ = commit_id;
+    last_commit_at_ = now;
+    if (!o_.timing) return;
+    ++commits_since_report_;
     if (now - interval_start_ < kTimingEvery) return;
     const int64_t wait_ns = wait_ns_.exchange(0, std::memory_order_relaxed);
     const int64_t interval_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(now - interval_start_).count();
@@ -343,6 +345,11 @@ class ElasticContext final : public Context {
     req.probe_us = probe_us_;
     req.link_us = link_us_;
     req.probe_port = responder_ ? static_cast<uint32_t>(responder_->port()) : 0;
+    if (commit_id != 0 && commit_id == last_commit_seen_) {
+      const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() -
+                                                                            last_commit_at_).count();
+      req.commit_age_ms = static_cast<uint32_t>(std::clamp<int64_t>(ms, 1, UINT32_MAX));
+    }
     while (true) {
       long gen = -1;
       auto t0 = std::chrono::steady_clock::now();
@@ -465,6 +472,7 @@ class ElasticContext final : public Context {
   std::atomic<int64_t> wait_ns_{0};
   std::chrono::steady_clock::time_point interval_start_ = std::chrono::steady_clock::now();
   uint64_t last_commit_seen_ = 0;
+  std::chrono::steady_clock::time_point last_commit_at_{};  // when last_commit_seen_ was made
   uint32_t probe_us_ = 0;  // the pre-flight check's time, in every JOIN
   uint32_t link_us_ = 0;   // the pre-flight link probe's time, in every JOIN
   // Answers other workers' link probes while this worker lives (preflight on).

@@ -547,14 +547,15 @@ TEST(RendezvousWire, EveryFailedStateRoundTripsAndAnUnknownOneIsRefused) {
     EXPECT_EQ(back->failed_rank, 3);
   }
   std::string bad = wire::encode_join(j);
-  // failed_state is the byte before the pre-flight fields' twelve
-  bad[bad.size() - 13] = static_cast<char>(static_cast<uint8_t>(PeerState::kSilent) + 1);
+  // failed_state is the byte before the pre-flight fields' twelve and the
+  // commit's age (four)
+  bad[bad.size() - 17] = static_cast<char>(static_cast<uint8_t>(PeerState::kSilent) + 1);
   EXPECT_FALSE(wire::decode_join(bad));
 }
 
 // The pre-flight link probe's time and the responder's port travel in JOIN;
-// a JOIN from before them (without the last eight bytes) is whole, with
-// none; a port past 65535 is malformed.
+// a JOIN from before them (without those eight bytes and the commit's age
+// after them) is whole, with none; a port past 65535 is malformed.
 TEST(RendezvousWire, TheLinkProbeFieldsRoundTripAndAnOlderJoinHasNone) {
   JoinRequest j;
   j.slot = SlotKey{"h0", 1};
@@ -568,7 +569,7 @@ TEST(RendezvousWire, TheLinkProbeFieldsRoundTripAndAnOlderJoinHasNone) {
   EXPECT_EQ(back->link_us, 2345u);
   EXPECT_EQ(back->probe_port, 40001u);
   std::string older = wire::encode_join(j);
-  older.resize(older.size() - 8);
+  older.resize(older.size() - 12);
   back = wire::decode_join(older);
   ASSERT_TRUE(back);
   EXPECT_EQ(back->probe_us, 61000u);
@@ -576,6 +577,27 @@ TEST(RendezvousWire, TheLinkProbeFieldsRoundTripAndAnOlderJoinHasNone) {
   EXPECT_EQ(back->probe_port, 0u);
   j.probe_port = 65536;
   EXPECT_FALSE(wire::decode_join(wire::encode_join(j)));
+}
+
+// The age of the commit a worker re-joins at travels in JOIN; a JOIN from
+// before it (without the last four bytes) has none.
+TEST(RendezvousWire, TheCommitsAgeRoundTripsAndAnOlderJoinHasNone) {
+  JoinRequest j;
+  j.slot = SlotKey{"h0", 1};
+  j.pid = 42;
+  j.commit_id = 9;
+  j.probe_port = 40001;
+  j.commit_age_ms = 2150;
+  auto back = wire::decode_join(wire::encode_join(j));
+  ASSERT_TRUE(back);
+  EXPECT_EQ(back->commit_age_ms, 2150u);
+  EXPECT_EQ(back->probe_port, 40001u);
+  std::string older = wire::encode_join(j);
+  older.resize(older.size() - 4);
+  back = wire::decode_join(older);
+  ASSERT_TRUE(back);
+  EXPECT_EQ(back->commit_age_ms, 0u);
+  EXPECT_EQ(back->probe_port, 40001u);
 }
 
 TEST(RendezvousServer, ReJoinTellsTheSnapshotItsReasonAndTheRankThatFailedIt) {

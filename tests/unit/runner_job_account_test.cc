@@ -212,6 +212,11 @@ TEST(JobAccount, RollbackIsDatedByTheCommitsSeen) {
   EXPECT_NEAR(*a.rolled_back_to(7, later), 0.0, 1e-3) << "a commit after the last seen: at the pace of the others, "
                                                         "never after the fault";
   EXPECT_FALSE(a.rolled_back_to(4, later).has_value()) << "before every commit seen";
+  // A survivor that says when it made the commit dates it, seen or not.
+  EXPECT_NEAR(*a.rolled_back_to(7, later, t0 + 2.5), 2.25, 1e-3);
+  EXPECT_NEAR(*a.rolled_back_to(6, later, t0 + 3.9), 0.85, 1e-3) << "before the report of it arrived";
+  EXPECT_NEAR(*a.rolled_back_to(4, later, t0 + 1), 3.75, 1e-3);
+  EXPECT_NEAR(*a.rolled_back_to(8, later, t0 + 5), 0.0, 1e-3) << "never negative";
 }
 
 // Before the reset, the failure dates it; before the driver has seen the

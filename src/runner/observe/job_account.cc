@@ -364,7 +364,7 @@ void JobAccount::commit_seen(uint64_t id, double at) {
   if (commit_times_.size() > kMaxCommitHistory) commit_times_.pop_front();
 }
 
-std::optional<double> JobAccount::rolled_back_to(uint64_t commit, double now) const {
+std::optional<double> JobAccount::rolled_back_to(uint64_t commit, double now, std::optional<double> made_at) const {
   // The failure is dated by its reset; before that, by this generation's
   // fault; before the driver has seen that (the survivors can report it
   // first), by now.
@@ -374,6 +374,14 @@ std::optional<double> JobAccount::rolled_back_to(uint64_t commit, double now) co
   } else if (last_fault_ >= 0 && last_fault_ >= joined_at_) {
     fault = last_fault_;
   }
+  // The survivor's own word dates the commit best: the driver sees a report
+  // only after it was sent and read.
+  const std::optional<double> at = made_at ? made_at : seen_at(commit, fault);
+  if (!at) return std::nullopt;
+  return std::max(0.0, fault - *at);
+}
+
+std::optional<double> JobAccount::seen_at(uint64_t commit, double fault) const {
   // Ranks report at most every 100 ms, so an id may never have been seen:
   // it is dated between the ids seen around it, or after the last one at
   // the pace of the recent commits.
@@ -386,20 +394,17 @@ std::optional<double> JobAccount::rolled_back_to(uint64_t commit, double now) co
       break;
     }
   }
-  double at;
-  if (below && below->first == commit) {
-    at = below->second;
-  } else if (below && above) {
-    at = below->second + (above->second - below->second) * static_cast<double>(commit - below->first) /
-                             static_cast<double>(above->first - below->first);
-  } else if (below && commit_times_.size() >= 2 && commit_times_.back().first > commit_times_.front().first) {
+  if (below && below->first == commit) return below->second;
+  if (below && above) {
+    return below->second + (above->second - below->second) * static_cast<double>(commit - below->first) /
+                               static_cast<double>(above->first - below->first);
+  }
+  if (below && commit_times_.size() >= 2 && commit_times_.back().first > commit_times_.front().first) {
     const double per_id = (commit_times_.back().second - commit_times_.front().second) /
                           static_cast<double>(commit_times_.back().first - commit_times_.front().first);
-    at = std::min(fault, below->second + per_id * static_cast<double>(commit - below->first));
-  } else {
-    return std::nullopt;
+    return std::min(fault, below->second + per_id * static_cast<double>(commit - below->first));
   }
-  return std::max(0.0, fault - at);
+  return std::nullopt;
 }
 
 JobSummary JobAccount::summary(double now) const {

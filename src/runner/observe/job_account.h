@@ -91,8 +91,10 @@ class JobAccount {
   // The seconds of work a failure threw away when its survivors restore
   // `commit`: from that commit (when first seen) to the last reset, or to
   // the failure when no reset followed it yet, or to `now` when the failure
-  // itself was not seen yet. Empty when no commit near it was seen.
-  std::optional<double> rolled_back_to(uint64_t commit, double now) const;
+  // itself was not seen yet. `made_at`: when the commit was made, if known
+  // (a survivor's JOIN says how long before it the commit was made);
+  // otherwise the commits seen date it. Empty when neither dates it.
+  std::optional<double> rolled_back_to(uint64_t commit, double now, std::optional<double> made_at = {}) const;
 
   // Everything up to `now` (seconds since the epoch; after the last event,
   // or the job's end when it ended).
@@ -115,6 +117,8 @@ class JobAccount {
   const std::vector<double>& recoveries() const { return recoveries_; }  // seconds each, in order
 
  private:
+  // When `commit` was made, by the reports seen (never after `fault`).
+  std::optional<double> seen_at(uint64_t commit, double fault) const;
   struct Phase {
     double start, end;
     Spent kind;

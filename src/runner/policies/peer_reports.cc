@@ -72,7 +72,8 @@ Actions PeerReports::take(const JobSnapshot& s, const std::vector<JoinRequest>& 
                                          .commit = static_cast<long>(j.commit_id)}});
     // A survivor of a failure re-joins at the commit it restored.
     if (j.reason != JoinReason::kHostsUpdated && j.reason != JoinReason::kStart && j.commit_id > 0) {
-      out.push_back(act::RolledBack{j.left_generation, j.commit_id});
+      out.push_back(act::RolledBack{j.left_generation, j.commit_id,
+                                    j.commit_age_ms > 0 ? j.commit_age_ms / 1000.0 : -1.0});
     }
     if (j.failed_rank < 0 || j.reason == JoinReason::kHostsUpdated) continue;
     if (j.failed_state == PeerState::kSilent) {

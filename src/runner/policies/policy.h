@@ -126,6 +126,7 @@ struct Replan {};
 struct RolledBack {
   long generation = 0;
   uint64_t commit = 0;
+  double commit_age_s = -1;  // how long before its JOIN the survivor made it (-1: unknown)
 };
 // The current generation failed: rank `rank` on `host` ended with `status`
 // after `after_s` (`stderr_tail`: what to show of it). The first failure of
