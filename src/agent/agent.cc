@@ -378,22 +378,26 @@ void Agent::ensure_watchdog() {
     ERUN_LOG_WARN("{}: the watchdog ended: starting another", me_);
     close_fd(watchdog_fd_);
   }
+  // What it must know, in its channel before it starts: an agent killed
+  // between the start and a later write would leave its workers running
+  // and its directories behind.
+  std::string lines;
+  for (auto& [id, w] : workers_) {
+    if (w.reaped) continue;
+    auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(w.grace).count();
+    lines += fmt::format("A {} {}\n", w.pid, ms);
+  }
+  if (relay_) lines += fmt::format("D {}\n", relay_->directory());
+  if (!attach_dir_.empty()) lines += fmt::format("T {}\n", attach_dir_);
+  if (!commit_dir_.empty()) lines += fmt::format("C {}\n", commit_dir_);
+  lines += grace_line();
   watchdog_fd_ = env_.spawn_watchdog(
-      std::chrono::duration_cast<std::chrono::milliseconds>(o_.heartbeat_timeout + kWatchdogSlack).count());
+      std::chrono::duration_cast<std::chrono::milliseconds>(o_.heartbeat_timeout + kWatchdogSlack).count(), lines);
   last_watchdog_word_ = env_.now();
   if (watchdog_fd_ < 0) {
     ERUN_LOG_ERROR("{}: cannot start the watchdog: {}", me_, std::strerror(errno));
     return;
   }
-  for (auto& [id, w] : workers_) {
-    if (w.reaped) continue;
-    auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(w.grace).count();
-    (void)write_fully(watchdog_fd_, fmt::format("A {} {}\n", w.pid, ms));
-  }
-  if (relay_) (void)write_fully(watchdog_fd_, fmt::format("D {}\n", relay_->directory()));
-  if (!attach_dir_.empty()) (void)write_fully(watchdog_fd_, fmt::format("T {}\n", attach_dir_));
-  if (!commit_dir_.empty()) (void)write_fully(watchdog_fd_, fmt::format("C {}\n", commit_dir_));
-  tell_watchdog_grace();
   tell_watchdog_channel();
 }
 
@@ -403,14 +407,17 @@ void Agent::tell_watchdog_channel() {
   (void)send_channel_to_watchdog(watchdog_fd_, out_open_ ? out_fd_ : -1);
 }
 
-void Agent::tell_watchdog_grace() {
-  if (watchdog_fd_ < 0) return;
+std::string Agent::grace_line() {
   long ms = 0;
   if (holding() || silent_) {
     ms = std::max<long>(
         1, std::chrono::duration_cast<std::chrono::milliseconds>(grace_until_ - env_.now()).count());
   }
-  (void)write_fully(watchdog_fd_, fmt::format("G {}\n", ms));
+  return fmt::format("G {}\n", ms);
+}
+
+void Agent::tell_watchdog_grace() {
+  if (watchdog_fd_ >= 0) (void)write_fully(watchdog_fd_, grace_line());
 }
 
 int Agent::run() {

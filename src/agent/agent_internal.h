@@ -168,6 +168,7 @@ class Agent {
   // agent: until grace_until_ while no driver holds the job, else its
   // default (a driver starts the host's agent again).
   void tell_watchdog_grace();
+  std::string grace_line();  // its "G <ms>" line
   // Hands the watchdog the driver's channel (send_channel_to_watchdog()), or "o" when there is none.
   void tell_watchdog_channel();
   void relay_env(std::map<std::string, std::string>& env);

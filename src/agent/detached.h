@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <functional>
+#include <string_view>
 
 namespace erun::agent {
 
@@ -22,7 +23,10 @@ pid_t fork_detached(int child_end, bool keep_stderr);
 // `keep_stderr`: the agent's, so that its errors reach the driver) and runs
 // `body(3)` in it, its end of the channel; `body` must not return. Returns
 // the agent's end (close-on-exec), or -1 with errno set.
-int spawn_helper(const std::function<void(int channel)>& body, bool keep_stderr = true);
+// `first`: bytes the helper finds on its channel before anything else,
+// written before it starts (a helper killed or ended right after its start
+// still had them).
+int spawn_helper(const std::function<void(int channel)>& body, bool keep_stderr = true, std::string_view first = {});
 
 // Where the stderr of the helpers forked from now on goes when they keep it:
 // `fd` (the agent's pipe, which it copies to its own stderr while that is

@@ -155,7 +155,9 @@ class RealEnv final : public Env {
     return state_internal::remove_replicas(dir, all);
   }
 
-  int spawn_watchdog(long silence_ms) override { return agent::spawn_watchdog(silence_ms); }
+  int spawn_watchdog(long silence_ms, const std::string& first_lines) override {
+    return agent::spawn_watchdog(silence_ms, first_lines);
+  }
   KeeperProcess spawn_keeper(const std::string& commit_dir, const std::string& secret, const std::string& me,
                              std::string* error) override {
     return agent::spawn_keeper(commit_dir, secret, me, error);

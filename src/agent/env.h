@@ -110,7 +110,8 @@ class Env {
   virtual state_internal::RemovedReplicas remove_replicas(const std::string& dir, bool all) = 0;
 
   // ---- helper processes (agent/watchdog.h, persister.h, replicas.h, detached.h)
-  virtual int spawn_watchdog(long silence_ms) = 0;
+  // `first_lines` are in its channel before it starts (agent/watchdog.h).
+  virtual int spawn_watchdog(long silence_ms, const std::string& first_lines) = 0;
   virtual KeeperProcess spawn_keeper(const std::string& commit_dir, const std::string& secret, const std::string& me,
                                      std::string* error) = 0;
   virtual int spawn_pusher(const std::string& commit_dir, const std::string& secret, const std::string& host,

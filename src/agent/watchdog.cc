@@ -222,13 +222,13 @@ bool send_channel_to_watchdog(int watchdog_fd, int channel_fd) {
   return n == 2;
 }
 
-int spawn_watchdog(long silence_ms) {
+int spawn_watchdog(long silence_ms, std::string_view first_lines) {
   const pid_t agent = ::getpid();
   // stderr on /dev/null: the watchdog outlives the driver's connection.
   // It is not the agent's to reap through SIGCHLD bookkeeping: it is reaped
   // with the workers' waitpid(-1) and ignored there.
   return spawn_helper([agent, silence_ms](int channel) { watchdog_main(channel, agent, silence_ms); },
-                      /*keep_stderr=*/false);
+                      /*keep_stderr=*/false, first_lines);
 }
 
 }  // namespace erun::agent

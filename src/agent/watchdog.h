@@ -50,7 +50,10 @@ struct WatchdogState {
 
 // Forks the watchdog (spawn_helper()); returns the agent's end of its
 // channel (close-on-exec), or -1 with errno set. `silence_ms` 0: the agent is never taken for silent.
-int spawn_watchdog(long silence_ms);
+// `first_lines`: what it must know from its start (the groups, the
+// directories), in its channel before it runs: an agent killed right after
+// starting it leaves nothing it had not told.
+int spawn_watchdog(long silence_ms, std::string_view first_lines = {});
 
 // Hands the watchdog (its channel `watchdog_fd`) a copy of the agent's
 // channel to its driver, `channel_fd`, with an "O" line; -1 says "o" (no

@@ -211,9 +211,11 @@ class FakeAgentEnv final : public Env {
   }
   state_internal::RemovedReplicas remove_replicas(const std::string&, bool) override { return {}; }
 
-  int spawn_watchdog(long) override {
+  int spawn_watchdog(long, const std::string& first_lines) override {
     helpers.push_back("watchdog");
-    return helper(&watchdog_peer_);
+    const int fd = helper(&watchdog_peer_);
+    if (!first_lines.empty()) write(fd, first_lines);
+    return fd;
   }
   KeeperProcess spawn_keeper(const std::string&, const std::string&, const std::string&, std::string*) override {
     helpers.push_back("keeper");

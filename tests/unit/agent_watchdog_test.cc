@@ -4,11 +4,14 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <string>
 
 #include "agent/protocol.h"
@@ -118,6 +121,40 @@ TEST(AgentWatchdogTest, WritesEndedOnTheDriversChannelOnlyWhenTheAgentDiesWithou
       EXPECT_EQ(got, encode(Ended{0})) << "no OOM kill in this process's cgroup";
     }
   }
+}
+
+// What the agent tells a watchdog as it starts it is in the channel before
+// the watchdog runs: an agent SIGKILLed right after the start (here: its
+// end closed without another word) still has its workers' group stopped
+// and its relay directory removed.
+TEST(AgentWatchdogTest, AnAgentLostRightAfterStartingItsWatchdogLeavesNothing) {
+  char dir_template[] = "/tmp/erun-watchdog-test-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir_template), nullptr);
+  const std::string relay_dir = dir_template;
+  const pid_t worker = ::fork();
+  ASSERT_GE(worker, 0);
+  if (worker == 0) {
+    ::setpgid(0, 0);
+    ::execlp("sleep", "sleep", "60", static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  ::setpgid(worker, worker);
+  const int wd = spawn_watchdog(0, "A " + std::to_string(worker) + " 100\nD " + relay_dir + "\n");
+  ASSERT_GE(wd, 0);
+  ::close(wd);
+  int status = 0;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  pid_t got = 0;
+  while (got == 0 && std::chrono::steady_clock::now() < until) {
+    got = ::waitpid(worker, &status, WNOHANG);
+    if (got == 0) ::usleep(10'000);
+  }
+  if (got == 0) ::kill(worker, SIGKILL);
+  ASSERT_EQ(got, worker) << "the worker's group was not stopped";
+  EXPECT_TRUE(WIFSIGNALED(status)) << status;
+  while (::access(relay_dir.c_str(), F_OK) == 0 && std::chrono::steady_clock::now() < until) ::usleep(10'000);
+  EXPECT_NE(::access(relay_dir.c_str(), F_OK), 0) << relay_dir << " outlived its agent";
+  ::rmdir(relay_dir.c_str());
 }
 
 }  // namespace
