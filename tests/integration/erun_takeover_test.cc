@@ -150,9 +150,10 @@ TEST_F(ErunTakeover, TheSameCommandAgainTakesTheJobOverInPlace) {
   // Every epoch once: none ran twice, and the lines printed while no erun
   // was there reached the new one.
   expect_each_epoch_once(first, again);
-  // The job is over: its record is gone, so the command starts anew next time.
+  // The job is over: its record is gone, so the command starts anew next
+  // time, and so is the rest of its directory.
   for (auto& e : std::filesystem::directory_iterator(dir_.file("jobs"))) {
-    EXPECT_FALSE(std::filesystem::exists(e.path() / "record")) << e.path();
+    ADD_FAILURE() << e.path() << " is left behind";
   }
 }
 
@@ -455,6 +456,8 @@ TEST_F(ErunTakeover, AStandbyDriverTakesTheJobOverWhenItsErunIsKilled) {
   ASSERT_NO_FATAL_FAILURE(expect_trained_exactly(standby, uninterrupted_checksum()));
   EXPECT_NE(standby.err().find("and 0 resets"), std::string::npos) << standby.err();
   expect_each_epoch_once(first, standby);
+  ASSERT_TRUE(standby.wait(30s));
+  EXPECT_FALSE(std::filesystem::exists(dir_.file("jobs/" + name))) << "the job's directory is left behind";
 }
 
 // A standby on another machine: a network namespace of its own (its own

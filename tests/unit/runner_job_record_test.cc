@@ -4,6 +4,8 @@
 // record atomically with a private file, and only one holder at a time gets
 // a job's lock (the second is told who holds it and what to do).
 #include <gtest/gtest.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -192,8 +194,37 @@ TEST(JobStore, WritesPrivatelyAndAtomicallyAndLocksOneHolder) {
 
   store.value()->remove();
   EXPECT_FALSE(peek_record(dir.file("jobs"), "j1"));
+  EXPECT_NE(::access(dir.file("jobs/j1").c_str(), F_OK), 0) << "the ended job's directory is left behind";
   store.value().reset();  // the lock goes with it
   EXPECT_TRUE(JobStore::lock(dir.file("jobs"), "j1").is_ok());
+}
+
+// A job that ends removes its lock file and directory; whoever opened them
+// before (a standby driver, another erun of the same name) never holds a
+// removed lock: it takes a new one, or none.
+TEST(JobStore, ALockRemovedByTheEndedJobIsNoLock) {
+  testing::TempDir dir;
+  auto ended = JobStore::lock(dir.file("jobs"), "j");
+  ASSERT_TRUE(ended.is_ok());
+  auto standby = JobStore::open_unlocked(dir.file("jobs"), "j");
+  ASSERT_TRUE(standby.is_ok());
+  // Another erun's descriptor of the lock file, opened before the end.
+  const int stale = ::open(dir.file("jobs/j/lock").c_str(), O_RDWR | O_CLOEXEC);
+  ASSERT_GE(stale, 0);
+  ended.value()->remove();
+  ended.value().reset();
+  EXPECT_EQ(::flock(stale, LOCK_EX | LOCK_NB), 0) << "the old file can be locked, but it is no one's lock now";
+  EXPECT_FALSE(standby.value()->try_lock()) << "a lock in the removed directory";
+  auto next = JobStore::lock(dir.file("jobs"), "j");
+  ASSERT_TRUE(next.is_ok()) << next.message();
+  EXPECT_FALSE(JobStore::lock(dir.file("jobs"), "j").is_ok()) << "two holders";
+  ::close(stale);
+  // A store that does not hold the lock removes the record, not the lock.
+  auto unlocked = JobStore::open_unlocked(dir.file("jobs"), "j");
+  ASSERT_TRUE(unlocked.is_ok());
+  unlocked.value()->remove();
+  EXPECT_EQ(::access(dir.file("jobs/j/lock").c_str(), F_OK), 0);
+  EXPECT_FALSE(JobStore::lock(dir.file("jobs"), "j").is_ok()) << "still held by `next`";
 }
 
 TEST(JobStore, ARecordOthersCouldChangeIsIgnored) {

@@ -304,32 +304,62 @@ std::optional<JobRecord> read_record_at(int dir_fd, const std::string& dir) {
   return std::move(r).value();
 }
 
+// The job's lock file in `dir_fd`, locked without waiting; an empty Fd
+// with errno set when not. A job that ends removes its lock file and its
+// directory (JobStore::remove()): a lock taken on a file that was removed
+// meanwhile is no lock (EAGAIN: look again), nor is one in a directory that
+// is gone (ENOENT).
+Fd take_lock_at(int dir_fd) {
+  Fd lock(::openat(dir_fd, "lock", O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600));
+  if (!lock || ::flock(lock.get(), LOCK_EX | LOCK_NB) != 0) return Fd();
+  struct stat held {}, named {};
+  if (::fstat(lock.get(), &held) != 0) return Fd();
+  if (::fstatat(dir_fd, "lock", &named, AT_SYMLINK_NOFOLLOW) != 0 || held.st_ino != named.st_ino ||
+      held.st_dev != named.st_dev) {
+    errno = EAGAIN;
+    return Fd();
+  }
+  return lock;
+}
+
+// The error for a job whose lock another erun holds: who, and what to do.
+std::string held_elsewhere(int dir_fd, const std::string& dir, const std::string& name) {
+  auto held = read_record_at(dir_fd, dir);
+  std::string who = held ? fmt::format("erun pid {} on {}", held->driver_pid, held->driver_host) : "another erun";
+  std::string where = held && !held->cwd.empty() ? fmt::format(" (run from {})", held->cwd) : "";
+  return fmt::format(
+      "job {} is already driven by {}{}: to run a separate job beside it, give this one --job-name OTHER; to take "
+      "this one over, end that erun first (its workers train on for --driver-grace) and run the same command "
+      "again, or erun --attach {}",
+      name, who, where, name);
+}
+
 }  // namespace
 
 Result<std::unique_ptr<JobStore>> JobStore::lock(const std::string& jobs_dir, const std::string& name, bool* held_out) {
   using R = Result<std::unique_ptr<JobStore>>;
   if (held_out) *held_out = false;
   const std::string dir = jobs_dir + "/" + name;
-  if (Status s = ensure_private_dir(dir, "job record directory", DirPolicy{.refuse_shared_write = true, .refuse_link = true});
-      !s) {
-    return R::error(s.message() + " (set ERUN_JOB_DIR to a directory of your own)");
+  // A job of the same name that ends meanwhile removes the directory and
+  // its lock: then again, with a new one.
+  for (int attempt = 1;; ++attempt) {
+    if (Status s = ensure_private_dir(dir, "job record directory",
+                                      DirPolicy{.refuse_shared_write = true, .refuse_link = true});
+        !s) {
+      return R::error(s.message() + " (set ERUN_JOB_DIR to a directory of your own)");
+    }
+    Fd dir_fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    if (!dir_fd && errno == ENOENT && attempt < 10) continue;
+    if (!dir_fd) return R::error(fmt::format("cannot open the job record directory {}: {}", dir, std::strerror(errno)));
+    Fd lock = take_lock_at(dir_fd.get());
+    if (lock) return R(std::unique_ptr<JobStore>(new JobStore(dir, std::move(dir_fd), std::move(lock))));
+    if ((errno == EAGAIN || errno == ENOENT) && attempt < 10) continue;
+    if (errno != EWOULDBLOCK) {
+      return R::error(fmt::format("cannot lock the job lock {}/lock: {}", dir, std::strerror(errno)));
+    }
+    if (held_out) *held_out = true;
+    return R::error(held_elsewhere(dir_fd.get(), dir, name));
   }
-  Fd dir_fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
-  if (!dir_fd) return R::error(fmt::format("cannot open the job record directory {}: {}", dir, std::strerror(errno)));
-  Fd lock(::openat(dir_fd.get(), "lock", O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600));
-  if (!lock) return R::error(fmt::format("cannot open the job lock {}/lock: {}", dir, std::strerror(errno)));
-  if (::flock(lock.get(), LOCK_EX | LOCK_NB) != 0) {
-    if (held_out) *held_out = errno == EWOULDBLOCK;
-    auto held = read_record_at(dir_fd.get(), dir);
-    std::string who = held ? fmt::format("erun pid {} on {}", held->driver_pid, held->driver_host) : "another erun";
-    std::string where = held && !held->cwd.empty() ? fmt::format(" (run from {})", held->cwd) : "";
-    return R::error(fmt::format(
-        "job {} is already driven by {}{}: to run a separate job beside it, give this one --job-name OTHER; to take "
-        "this one over, end that erun first (its workers train on for --driver-grace) and run the same command "
-        "again, or erun --attach {}",
-        name, who, where, name));
-  }
-  return R(std::unique_ptr<JobStore>(new JobStore(dir, std::move(dir_fd), std::move(lock))));
 }
 
 Result<std::unique_ptr<JobStore>> JobStore::open_unlocked(const std::string& jobs_dir, const std::string& name) {
@@ -346,10 +376,8 @@ Result<std::unique_ptr<JobStore>> JobStore::open_unlocked(const std::string& job
 
 bool JobStore::try_lock() {
   if (lock_) return true;
-  Fd lock(::openat(dir_fd_.get(), "lock", O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600));
-  if (!lock || ::flock(lock.get(), LOCK_EX | LOCK_NB) != 0) return false;
-  lock_ = std::move(lock);
-  return true;
+  lock_ = take_lock_at(dir_fd_.get());
+  return static_cast<bool>(lock_);
 }
 
 void JobStore::touch() { (void)::utimensat(dir_fd_.get(), "record", nullptr, AT_SYMLINK_NOFOLLOW); }
@@ -398,6 +426,13 @@ Status JobStore::write(const JobRecord& r) {
 void JobStore::remove() {
   ::unlinkat(dir_fd_.get(), "record", 0);
   ::unlinkat(dir_fd_.get(), "events", 0);
+  if (!lock_) return;
+  // The lock file goes while this store still holds it (whoever opened it
+  // before finds, once it has it, that it is no longer the job's lock:
+  // take_lock_at()), then the directory, when nothing else is in it.
+  ::unlinkat(dir_fd_.get(), "lock", 0);
+  ::unlinkat(dir_fd_.get(), "standby", 0);  // a standby driver's marker (erun --standby): the job is over
+  ::rmdir(dir_.c_str());
 }
 
 std::optional<JobRecord> peek_record(const std::string& jobs_dir, const std::string& name) {

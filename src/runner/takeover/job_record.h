@@ -89,7 +89,9 @@ class JobStore {
   // Replaces the record atomically (a private temporary file, fsync, rename);
   // refused when the record there names a newer driver term of the job.
   Status write(const JobRecord& r);
-  // The job ended: its record and events go (the lock stays until this store goes).
+  // The job ended: its record and events go, and with this store's lock its
+  // lock file and its directory (when nothing else is left in it); the
+  // lock itself is held until this store goes.
   void remove();
   std::string record_path() const { return dir_ + "/record"; }
   // The job's events when erun has no --event-log (a private file of the

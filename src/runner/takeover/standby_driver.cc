@@ -73,6 +73,9 @@ std::variant<std::unique_ptr<JobStore>, int> stand_by(const std::string& jobs_di
       auto store = std::move(locked).value();
       if (!store->read()) {
         ERUN_LOG_INFO("job {}: it ended (its record is gone): the standby has nothing to take over", name);
+        // Nothing of the job is left: its marker, its lock, its directory.
+        ::unlink(marker.c_str());
+        store->remove();
         return 0;
       }
       ERUN_LOG_WARN("job {}: its driver is gone: the standby takes the job over", name);
