@@ -345,14 +345,13 @@ class ElasticContext final : public Context {
     req.probe_us = probe_us_;
     req.link_us = link_us_;
     req.probe_port = responder_ ? static_cast<uint32_t>(responder_->port()) : 0;
-    if (commit_id != 0 && commit_id == last_commit_seen_) {
-      const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() -
-                                                                            last_commit_at_).count();
-      req.commit_age_ms = static_cast<uint32_t>(std::clamp<int64_t>(ms, 1, UINT32_MAX));
-    }
     while (true) {
       long gen = -1;
       auto t0 = std::chrono::steady_clock::now();
+      if (commit_id != 0 && commit_id == last_commit_seen_) {
+        const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(t0 - last_commit_at_).count();
+        req.commit_age_ms = static_cast<uint32_t>(std::clamp<int64_t>(ms, 1, UINT32_MAX));
+      }
       auto r = client_.join(req, &gen);
       if (!r) {
         throw CommError(fmt::format("erun: {} slot {}: join failed: {}", o_.host, o_.local_index, r.message()));
