@@ -241,8 +241,10 @@ struct State::Impl {
                  const Link& link, Duration timeout);
   // Gives every rank its rows of `target` (collective); whether this one's
   // pieces changed. `moved` adds the bytes read from other hosts.
+  // `phase(name)` ends each of its phases (the reading, the agreement).
   bool reshard(Communicator& comm, const si::Holdings& held, uint64_t target, const std::string& dir,
-               const Link& link, Duration timeout, std::unique_ptr<si::ShardServer> server, uint64_t* moved);
+               const Link& link, Duration timeout, std::unique_ptr<si::ShardServer> server, uint64_t* moved,
+               const std::function<void(const char*)>& phase);
   std::vector<std::function<void(int, int)>> reset_callbacks;
   // World size before this worker's last re-join, until the next sync (0: none).
   int rejoined_from = 0;

@@ -423,7 +423,7 @@ void State::Impl::read_rows(RowsPlan& m, const si::Holdings& held, uint64_t targ
 
 bool State::Impl::reshard(Communicator& comm, const si::Holdings& held, uint64_t target, const std::string& dir,
                           const Link& link, Duration timeout, std::unique_ptr<si::ShardServer> server,
-                          uint64_t* moved) {
+                          uint64_t* moved, const std::function<void(const char*)>& phase) {
   const int rank = comm.rank();
   const int size = comm.size();
   if (comm.allreduce_value<int64_t>(holds_its_rows(held, target, rank, size) ? 0 : 1, ReduceOp::kMax) == 0) {
@@ -455,9 +455,11 @@ bool State::Impl::reshard(Communicator& comm, const si::Holdings& held, uint64_t
     failure = e.what();
     code = 1;
   }
+  phase("the rows");
   // Nobody installs until every rank has read what it needs: the servers
   // and the files stay as they are until then.
   const int64_t failed = comm.allreduce_value<int64_t>(code, ReduceOp::kMax);
+  phase("waiting for the others");
   server.reset();
   const std::string what =
       fmt::format("erun: resharding commit {} failed{}", target, failure.empty() ? " on another rank" : ": " + failure);
@@ -508,10 +510,20 @@ bool State::Impl::go_on_from_durable(const Context& ctx, Communicator& comm, con
 
 void State::sync_sharded(int rejoined_from) {
   const auto started = std::chrono::steady_clock::now();
+  // Where a sync's time goes, for the debug log at its end.
+  auto mark = started;
+  std::string phases;
+  auto phase = [&](const char* name) {
+    const auto now = std::chrono::steady_clock::now();
+    phases += fmt::format("{}{} {:.1f} ms", phases.empty() ? "" : ", ", name,
+                          std::chrono::duration<double, std::milli>(now - mark).count());
+    mark = now;
+  };
   Impl& im = *impl_;
   // The push of the last commit ends first: the buddy then holds it (or
   // the push failed and says so), whatever this sync rewrites.
   im.finish_push();
+  phase("the last push");
   Communicator& comm = ctx_.comm();
   const int rank = comm.rank();
   const int size = comm.size();
@@ -531,6 +543,7 @@ void State::sync_sharded(int rejoined_from) {
     offers.push_back(si::decode_offer(bytes, static_cast<int>(offers.size())));
   }
   const si::Holdings held(std::move(offers));
+  phase("offers");
   im.pair_buddy(held, rank, stem, link);
   im.many_hosts = !held.host_of.empty() && *std::max_element(held.host_of.begin(), held.host_of.end()) > 0;
 
@@ -556,14 +569,19 @@ void State::sync_sharded(int rejoined_from) {
     return;
   }
   uint64_t moved = 0;
-  const bool resharded = im.reshard(comm, held, choice.target, dir, link, timeout, std::move(server), &moved);
+  phase("the buddy, the commit, the whole entries");
+  const bool resharded = im.reshard(comm, held, choice.target, dir, link, timeout, std::move(server), &moved, phase);
+  phase(resharded ? "installing" : "the rows in place");
   if (resharded) {
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
     ERUN_LOG_INFO("{}: resharded commit {} for {} ranks ({} bytes from other hosts, {:.1f} ms)",
                   who(info.generation, info.host, rank), choice.target, size, moved, ms);
   }
   im.keep_in_host_memory(info, resharded);
+  phase("the host's file");
   if (resharded) im.push_rewritten(ctx_);
+  phase("the push's start");
+  ERUN_LOG_DEBUG("{}: sync of the sharded entries: {}", who(info.generation, info.host, rank), phases);
 }
 
 }  // namespace erun
