@@ -311,13 +311,18 @@ std::optional<JobRecord> read_record_at(int dir_fd, const std::string& dir) {
 // is gone (ENOENT).
 Fd take_lock_at(int dir_fd) {
   Fd lock(::openat(dir_fd, "lock", O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600));
-  if (!lock || ::flock(lock.get(), LOCK_EX | LOCK_NB) != 0) return Fd();
+  if (!lock) return Fd();
+  auto none = [&lock](int error) {
+    lock = Fd();
+    errno = error;
+    return Fd();
+  };
+  if (::flock(lock.get(), LOCK_EX | LOCK_NB) != 0) return none(errno);
   struct stat held {}, named {};
-  if (::fstat(lock.get(), &held) != 0) return Fd();
+  if (::fstat(lock.get(), &held) != 0) return none(errno);
   if (::fstatat(dir_fd, "lock", &named, AT_SYMLINK_NOFOLLOW) != 0 || held.st_ino != named.st_ino ||
       held.st_dev != named.st_dev) {
-    errno = EAGAIN;
-    return Fd();
+    return none(EAGAIN);
   }
   return lock;
 }
