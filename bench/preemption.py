@@ -69,7 +69,7 @@ def one_run(erun, program, work, drain, target, commit_every, reference, delay):
             job.kill()
             raise RuntimeError("erun did not reach epoch 1")
         time.sleep(delay)  # somewhere in the commit interval
-        leaving = worker_on(program, "127.0.0.3")
+        leaving = worker_on(program, "127.0.0.3", work)
         agent = parent_of(leaving)
         pids = [agent] + (children_of(agent) if target == "host" else [])
         start = time.time()

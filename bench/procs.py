@@ -62,11 +62,14 @@ def checksum(text):
     return m.group(1) if m else None
 
 
-def worker_on(program, host):
-    """The pid of the process running `program` for `host` (its ERUN_HOSTNAME), or None."""
+def worker_on(program, host, cwd):
+    """The pid of the process running `program` for `host` (its ERUN_HOSTNAME) in the directory `cwd` (the job's
+    own, where erun ran: never a process of another job on the machine, a test's or another benchmark's), or None."""
     for pid in subprocess.run(["pgrep", "-f", program], capture_output=True, text=True).stdout.split():
         try:
             if open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")[0].decode() != program:
+                continue
+            if os.path.realpath(f"/proc/{pid}/cwd") != os.path.realpath(cwd):
                 continue
             if f"ERUN_HOSTNAME={host}".encode() in open(f"/proc/{pid}/environ", "rb").read().split(b"\0"):
                 return int(pid)

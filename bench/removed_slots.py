@@ -47,7 +47,7 @@ def one_run(erun, build, work, failure):
         if not wait_for(out, "epoch 1 ", 120):
             job.kill()
             raise RuntimeError("the job did not start:\n" + open(err).read()[-2000:])
-        victim = worker_on(program, "127.0.0.2")
+        victim = worker_on(program, "127.0.0.2", work)
         with open(os.path.join(work, "hosts"), "w") as f:
             f.write("127.0.0.2:2\n")
         if not wait_events(ev, "reset", 1, 30):

@@ -114,7 +114,7 @@ def erun_run(build, python, mib, work):
             res["shrink"] = phase(out, err, lambda: write_hosts(work, "node-a:2\nnode-b:1\n"), r"reset 4 -> 3", 3)
             time.sleep(1.0)
             # A failure: node-b's worker is SIGKILLed; the others go on (alone, then with its replacement).
-            victim = worker_on(python, "node-b")
+            victim = worker_on(python, "node-b", work)
             res["kill"] = phase(out, err, lambda: os.kill(victim, signal.SIGKILL), r"reset 3 -> \d", 2)
             wait_count(out, r"-> 3 at=", 3 + 3, 300)
             time.sleep(1.0)

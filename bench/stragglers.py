@@ -58,7 +58,7 @@ def epoch_run(erun, build, policy, slowed, reference):
                 raise RuntimeError("no epoch 0")
             start = time.time()
             if slowed:
-                thread = threading.Thread(target=slow_down, args=(worker_on(program, "127.0.0.5"), stop))
+                thread = threading.Thread(target=slow_down, args=(worker_on(program, "127.0.0.5", work), stop))
                 thread.start()
             smaller = None
             while job.poll() is None:
