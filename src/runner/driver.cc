@@ -415,7 +415,9 @@ void Driver::supervise() {
   // The plan cache's hosts (follow_membership() brought them up to date this turn).
   StandbyPolicy::Turn turn;
   turn.usable = &plan_cache_.usable();
-  turn.hosts_epoch = discovery_.epoch;
+  // Bumps with the hosts and with the blacklist (a cooldown that ends frees
+  // a slot without changing the hosts or, under --max-np, the plan).
+  turn.hosts_epoch = plan_cache_.recomputations();
   turn.starts = gen_.complete && phase_ == JobPhase::kRunning;
   turn.finishing = outcome_.any_success;
   // A straggler's slot rests, and so do a blacklisted host's (one kept in

@@ -461,6 +461,60 @@ TEST_F(InPlaceTest, AStandbyOnAHostThatIsBlacklistedIsStoppedNotPromoted) {
   EXPECT_FALSE(worker_at(b0)->terminated);
 }
 
+// A ready standby on a blacklisted host takes no place on another host
+// either: the free slot elsewhere gets a cold worker of its own.
+TEST_F(InPlaceTest, AStandbyOnABlacklistedHostDoesNotTakeAFreePlaceElsewhere) {
+  const SlotKey b1{"b", 1}, b2{"b", 2};
+  discovery.set(HostSet({{"a", 2}, {"b", 3}, {"c", 1}}));
+  auto o = elastic(4, 2, 4);
+  o.blacklist_after = 1;
+  o.cooldown_min_s = o.cooldown_max_s = 600;
+  start_joined(o);
+  EXPECT_FALSE(steps(1));
+  Worker standby = worker_at(b2);
+  ASSERT_TRUE(standby) << "no standby beside the members";
+  membership.join(b2, -1);
+  EXPECT_FALSE(steps(1));  // ready
+  launcher.finish(worker_at(b1), ExitStatus{1, 0});
+  survivors_rejoin({a0, a1, b0}, 1, 3, PeerState::kDead);
+  EXPECT_FALSE(steps(2));
+  ASSERT_TRUE(driver->host_manager().is_blacklisted("b"));
+  EXPECT_FALSE(membership.is_member(b2)) << "the standby on the blacklisted host became a member";
+  EXPECT_TRUE(standby->terminated);
+  Worker cold = worker_at(c0);
+  ASSERT_TRUE(cold) << "c's free slot got no worker";
+  membership.join(c0, -1);
+  EXPECT_FALSE(steps(3));
+  EXPECT_TRUE(membership.is_member(c0));
+  EXPECT_FALSE(membership.is_member(b2));
+}
+
+// A host's cooldown ends while the plan stays the same (--max-np reached):
+// its free slot gets a standby again.
+TEST_F(InPlaceTest, AStandbyReturnsToABlacklistedHostsSlotAfterItsCooldown) {
+  const SlotKey b1{"b", 1};
+  discovery.set(HostSet({{"a", 2}, {"b", 2}}));
+  auto o = elastic(3, 2, 3);
+  o.blacklist_after = 1;
+  o.cooldown_min_s = o.cooldown_max_s = 600;
+  start_joined(o);
+  EXPECT_FALSE(steps(1));
+  ASSERT_TRUE(worker_at(b1)) << "no standby on the free slot";
+  membership.join(b1, -1);
+  EXPECT_FALSE(steps(1));  // ready
+  launcher.finish(worker_at(a1), ExitStatus{1, 0});
+  survivors_rejoin({a0, b0}, 1, 1, PeerState::kDead);
+  EXPECT_FALSE(steps(5));
+  ASSERT_TRUE(driver->host_manager().is_blacklisted("a"));
+  EXPECT_TRUE(membership.is_member(b1)) << "the standby took a1's place";
+  EXPECT_FALSE(worker_at(a1)) << "a standby on a blacklisted host";
+  clock.advance(std::chrono::seconds(600));
+  EXPECT_FALSE(steps(3));
+  EXPECT_FALSE(driver->host_manager().is_blacklisted("a"));
+  EXPECT_TRUE(worker_at(a1)) << "no standby after the cooldown";
+  EXPECT_FALSE(membership.is_member(a1)) << "a standby, not a member: the plan is at --max-np";
+}
+
 // The plan a joined replacement enters keeps its slot, even where a lower
 // free slot holds a standby that is still starting.
 TEST_F(InPlaceTest, AJoinedReplacementKeepsItsSlotOverALowerOneOfAStartingStandby) {

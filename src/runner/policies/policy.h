@@ -10,6 +10,7 @@
 // hand and checks what comes back, with no driver.
 #pragma once
 
+#include <algorithm>
 #include <functional>
 #include <set>
 #include <string>
@@ -60,12 +61,17 @@ struct JobSnapshot {
   std::set<SlotKey> waiting;           // slots whose worker waits in the rendezvous for a newer generation
   bool in_place = false;               // the job recovers in place (else it restarts every worker)
   int min_np = 1;                      // --min-np
+  std::vector<std::string> sitting_out;  // the blacklisted hosts (sorted): no new member there
 
   const Plan& running() const { return *plan; }
   // Discovery lists `host` (draining or not).
   bool discovered(const std::string& host) const { return listed && listed->find(host) >= 0; }
   // The plans may use `host`: discovery lists it and it does not drain.
   bool usable(const std::string& host) const { return hosts && hosts->find(host) >= 0; }
+  // `host` is blacklisted: its live workers stay, but nothing there becomes a member.
+  bool sits_out(const std::string& host) const {
+    return std::binary_search(sitting_out.begin(), sitting_out.end(), host);
+  }
   // The hosts where a worker of the job runs now (its exit not seen yet).
   std::set<std::string> working_hosts() const {
     std::set<std::string> out;

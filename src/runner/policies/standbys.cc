@@ -15,6 +15,8 @@ constexpr double kBackoffFirst = 1.0;  // seconds before a dead standby's slot g
 constexpr double kBackoffMax = 60.0;
 
 bool ready(const WorkerView& w) { return w.stage == WorkerStage::kStandbyReady && w.survivor(); }
+// Ready, and on a host that is not blacklisted: it may become a member.
+bool promotable(const JobSnapshot& s, const WorkerView& w) { return ready(w) && !s.sits_out(w.assignment.slot.host); }
 
 // A survivor holds `slot` (a pending one included), other than those in
 // `leaving` (told to stop in this turn).
@@ -37,7 +39,7 @@ std::set<long> stopped_by(const Actions& out) {
 
 bool standby_ready_at(const JobSnapshot& s, const SlotKey& slot) {
   return std::any_of(s.workers.begin(), s.workers.end(),
-                     [&](const WorkerView& w) { return ready(w) && w.assignment.slot == slot; });
+                     [&](const WorkerView& w) { return promotable(s, w) && w.assignment.slot == slot; });
 }
 
 int StandbyPolicy::wanted(const JobSnapshot& s) const {
@@ -149,7 +151,7 @@ Actions StandbyPolicy::tend(const JobSnapshot& s, const Turn& turn) {
 Plan StandbyPolicy::with_standbys(const JobSnapshot& s, const Plan& full) const {
   std::vector<const WorkerView*> waiting;
   for (const WorkerView& w : s.workers) {
-    if (ready(w) && !full.contains(w.assignment.slot)) waiting.push_back(&w);
+    if (promotable(s, w) && !full.contains(w.assignment.slot)) waiting.push_back(&w);
   }
   if (waiting.empty()) return full;
   std::vector<SlotKey> slots;
@@ -174,7 +176,7 @@ Plan StandbyPolicy::with_standbys(const JobSnapshot& s, const Plan& full) const 
 Actions StandbyPolicy::overtake(const JobSnapshot& s) {
   // Every tick: nothing to look at unless a standby is ready.
   if (std::none_of(s.workers.begin(), s.workers.end(), ready)) return {};
-  auto waits = [&](const WorkerView& w) { return ready(w) && s.waiting.count(w.assignment.slot) > 0; };
+  auto waits = [&](const WorkerView& w) { return promotable(s, w) && s.waiting.count(w.assignment.slot) > 0; };
   std::set<long> taken;
   Actions out;
   for (const WorkerView& r : s.workers) {
