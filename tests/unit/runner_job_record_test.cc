@@ -199,6 +199,27 @@ TEST(JobStore, WritesPrivatelyAndAtomicallyAndLocksOneHolder) {
   EXPECT_TRUE(JobStore::lock(dir.file("jobs"), "j1").is_ok());
 }
 
+// A standby driver standing by (its marker held) keeps its marker, and so
+// the directory, when the job ends: it sees the end and cleans up itself.
+// Without one, the marker goes with the rest.
+TEST(JobStore, AnEndedJobLeavesALiveStandbysMarker) {
+  testing::TempDir dir;
+  auto ended = JobStore::lock(dir.file("jobs"), "j");
+  ASSERT_TRUE(ended.is_ok());
+  const int standby = ::open(dir.file("jobs/j/standby").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  ASSERT_GE(standby, 0);
+  ASSERT_EQ(::flock(standby, LOCK_EX | LOCK_NB), 0);
+  ended.value()->remove();
+  EXPECT_EQ(::access(dir.file("jobs/j/standby").c_str(), F_OK), 0) << "a live standby's marker removed";
+  EXPECT_NE(::access(dir.file("jobs/j/lock").c_str(), F_OK), 0);
+  ended.value().reset();
+  ::close(standby);  // the standby left without cleaning up: the next end does
+  auto next = JobStore::lock(dir.file("jobs"), "j");
+  ASSERT_TRUE(next.is_ok()) << next.message();
+  next.value()->remove();
+  EXPECT_NE(::access(dir.file("jobs/j").c_str(), F_OK), 0) << "the directory is left behind";
+}
+
 // A job that ends removes its lock file and directory; whoever opened them
 // before (a standby driver, another erun of the same name) never holds a
 // removed lock: it takes a new one, or none.

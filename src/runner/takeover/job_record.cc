@@ -305,10 +305,10 @@ std::optional<JobRecord> read_record_at(int dir_fd, const std::string& dir) {
 }
 
 // The job's lock file in `dir_fd`, locked without waiting; an empty Fd
-// with errno set when not. A job that ends removes its lock file and its
-// directory (JobStore::remove()): a lock taken on a file that was removed
-// meanwhile is no lock (EAGAIN: look again), nor is one in a directory that
-// is gone (ENOENT).
+// with errno set when not (EWOULDBLOCK: another erun holds it). A job that
+// ends removes its lock file and its directory (JobStore::remove()): a
+// lock taken on a file that was removed meanwhile is no lock (ESTALE: look
+// again), nor is one in a directory that is gone (ENOENT).
 Fd take_lock_at(int dir_fd) {
   Fd lock(::openat(dir_fd, "lock", O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600));
   if (!lock) return Fd();
@@ -322,7 +322,7 @@ Fd take_lock_at(int dir_fd) {
   if (::fstat(lock.get(), &held) != 0) return none(errno);
   if (::fstatat(dir_fd, "lock", &named, AT_SYMLINK_NOFOLLOW) != 0 || held.st_ino != named.st_ino ||
       held.st_dev != named.st_dev) {
-    return none(EAGAIN);
+    return none(ESTALE);
   }
   return lock;
 }
@@ -348,17 +348,19 @@ Result<std::unique_ptr<JobStore>> JobStore::lock(const std::string& jobs_dir, co
   // A job of the same name that ends meanwhile removes the directory and
   // its lock: then again, with a new one.
   for (int attempt = 1;; ++attempt) {
+    const bool last = attempt == 10;
     if (Status s = ensure_private_dir(dir, "job record directory",
                                       DirPolicy{.refuse_shared_write = true, .refuse_link = true});
         !s) {
+      if (!last && ::access(dir.c_str(), F_OK) != 0 && errno == ENOENT) continue;  // removed between its steps
       return R::error(s.message() + " (set ERUN_JOB_DIR to a directory of your own)");
     }
     Fd dir_fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
-    if (!dir_fd && errno == ENOENT && attempt < 10) continue;
+    if (!dir_fd && errno == ENOENT && !last) continue;
     if (!dir_fd) return R::error(fmt::format("cannot open the job record directory {}: {}", dir, std::strerror(errno)));
     Fd lock = take_lock_at(dir_fd.get());
     if (lock) return R(std::unique_ptr<JobStore>(new JobStore(dir, std::move(dir_fd), std::move(lock))));
-    if ((errno == EAGAIN || errno == ENOENT) && attempt < 10) continue;
+    if ((errno == ESTALE || errno == ENOENT) && !last) continue;
     if (errno != EWOULDBLOCK) {
       return R::error(fmt::format("cannot lock the job lock {}/lock: {}", dir, std::strerror(errno)));
     }
@@ -436,7 +438,12 @@ void JobStore::remove() {
   // before finds, once it has it, that it is no longer the job's lock:
   // take_lock_at()), then the directory, when nothing else is in it.
   ::unlinkat(dir_fd_.get(), "lock", 0);
-  ::unlinkat(dir_fd_.get(), "standby", 0);  // a standby driver's marker (erun --standby): the job is over
+  // A standby driver's marker (erun --standby) goes only when no standby
+  // holds it: one that does sees the job end and cleans up itself.
+  if (Fd marker(::openat(dir_fd_.get(), "standby", O_RDWR | O_NOFOLLOW | O_CLOEXEC));
+      marker && ::flock(marker.get(), LOCK_EX | LOCK_NB) == 0) {
+    ::unlinkat(dir_fd_.get(), "standby", 0);
+  }
   ::rmdir(dir_.c_str());
 }
 

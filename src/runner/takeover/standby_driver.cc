@@ -2,10 +2,12 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <thread>
 
@@ -51,6 +53,24 @@ std::optional<TakeoverForm> parse_takeover_form(const std::vector<std::string>& 
   return f;
 }
 
+namespace {
+
+// Lets go of this standby's marker: its file goes while still held, when it
+// is still the one named there (the job's directory may have been removed
+// and made again), so that one standby per job holds after it too.
+void release_marker(const std::string& marker, int& fd) {
+  if (fd < 0) return;
+  struct stat held {}, named {};
+  if (::fstat(fd, &held) == 0 && ::lstat(marker.c_str(), &named) == 0 && held.st_ino == named.st_ino &&
+      held.st_dev == named.st_dev) {
+    ::unlink(marker.c_str());
+  }
+  ::close(fd);
+  fd = -1;
+}
+
+}  // namespace
+
 std::variant<std::unique_ptr<JobStore>, int> stand_by(const std::string& jobs_dir, const std::string& name,
                                                       Duration silence) {
   using Steady = std::chrono::steady_clock;
@@ -58,7 +78,12 @@ std::variant<std::unique_ptr<JobStore>, int> stand_by(const std::string& jobs_di
   const std::string marker = jobs_dir + "/" + name + "/standby";
   static int standby_fd = -1;  // held for the process's life
   standby_fd = ::open(marker.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
-  if (standby_fd < 0 || ::flock(standby_fd, LOCK_EX | LOCK_NB) != 0) {
+  if (standby_fd < 0) {
+    std::fprintf(stderr, "erun --standby: job %s: cannot create %s: %s (did the job just end?)\n", name.c_str(),
+                 marker.c_str(), std::strerror(errno));
+    return 2;
+  }
+  if (::flock(standby_fd, LOCK_EX | LOCK_NB) != 0) {
     std::fprintf(stderr, "erun --standby: job %s has a standby driver already (%s): one is enough\n", name.c_str(),
                  marker.c_str());
     return 2;
@@ -74,11 +99,12 @@ std::variant<std::unique_ptr<JobStore>, int> stand_by(const std::string& jobs_di
       if (!store->read()) {
         ERUN_LOG_INFO("job {}: it ended (its record is gone): the standby has nothing to take over", name);
         // Nothing of the job is left: its marker, its lock, its directory.
-        ::unlink(marker.c_str());
+        release_marker(marker, standby_fd);
         store->remove();
         return 0;
       }
       ERUN_LOG_WARN("job {}: its driver is gone: the standby takes the job over", name);
+      release_marker(marker, standby_fd);  // a driver now: another erun --standby may stand by for it
       return store;
     }
     if (!held) {
@@ -107,6 +133,7 @@ std::variant<std::unique_ptr<JobStore>, int> stand_by(const std::string& jobs_di
         std::fprintf(stderr, "erun --standby: %s\n", store.message().c_str());
         return 2;
       }
+      release_marker(marker, standby_fd);
       return std::move(store).value();
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
