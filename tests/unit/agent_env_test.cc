@@ -190,6 +190,23 @@ TEST(AgentEnv, AWorkersExitIsReportedWithItsStatusAndLastStderrLines) {
   EXPECT_TRUE(h.running);  // the agent waits for the driver's next word
 }
 
+// A watchdog that ends is replaced, and the new one has the workers and
+// the directories in its channel before it runs: an agent killed right
+// after starting it would otherwise leave a watchdog that knows nothing.
+TEST(AgentEnv, ANewWatchdogStartsKnowingTheWorkersAndTheDirectories) {
+  Harness h(options());
+  const pid_t pid = h.begin_with_worker("/dev/shm/erun-job-test");
+  ASSERT_NE(pid, 0);
+  ASSERT_EQ(h.env.watchdog_starts.size(), 1u);
+  h.env.end_watchdog();
+  h.pass(10ms);
+  ASSERT_EQ(h.env.watchdog_starts.size(), 2u) << "no new watchdog";
+  const std::string& first = h.env.watchdog_starts.back();
+  EXPECT_NE(first.find(fmt::format("A {} ", pid)), std::string::npos) << first;
+  EXPECT_NE(first.find("C /dev/shm/erun-job-test\n"), std::string::npos) << first;
+  EXPECT_NE(first.find("G "), std::string::npos) << first;
+}
+
 TEST(AgentEnv, ALostDriversWorkersRunThroughTheGraceThenStopAndTheHostMemoryGoes) {
   AgentOptions o = options();
   o.driver_grace = 30s;

@@ -84,11 +84,14 @@ class FakeAgentEnv final : public Env {
   }
   // The lines the agent wrote to its watchdog so far (and not taken before).
   std::string watchdog_lines() { return watchdog_peer_ < 0 ? "" : take(watchdog_peer_); }
+  // The watchdog ends (its end of the channel closes).
+  void end_watchdog() { close_fd(watchdog_peer_); }
 
   // ---- what the agent asked
   std::vector<Process> processes;
   std::vector<SentSignal> sent;
   std::vector<std::string> held_dirs, released_dirs, removed, helpers;
+  std::vector<std::string> watchdog_starts;  // what each watchdog had in its channel as it started
   bool stderr_detached = false;
   std::string stderr_text;
 
@@ -213,6 +216,7 @@ class FakeAgentEnv final : public Env {
 
   int spawn_watchdog(long, const std::string& first_lines) override {
     helpers.push_back("watchdog");
+    watchdog_starts.push_back(first_lines);
     const int fd = helper(&watchdog_peer_);
     if (!first_lines.empty()) write(fd, first_lines);
     return fd;
