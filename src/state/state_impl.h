@@ -342,6 +342,8 @@ struct State::Impl {
   void keep_in_host_memory(const WorkerInfo& info, bool resharded = false);
   // A reshard without host memory: the new pieces are the commit.
   void keep_shards_in_worker_memory();
+  // A sync that found no commit: each rank's pieces are those it made for this world.
+  void keep_own_pieces(int rank, int size);
 
   // A commit's device entries: copied straight into their places in the
   // host file (`placed`, one per committed entry), which is whole once every

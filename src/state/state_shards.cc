@@ -469,6 +469,13 @@ bool State::Impl::reshard(Communicator& comm, const si::Holdings& held, uint64_t
   return true;
 }
 
+void State::Impl::keep_own_pieces(int rank, int size) {
+  // Nobody committed: each rank keeps the piece it made for this world.
+  for (Entry& e : entries) {
+    if (auto* s = e.as<si::ShardKind>()) s->held = si::split_rows(s->rows, s->rule, rank, size);
+  }
+}
+
 void State::Impl::go_on_from(const si::CommitChoice& choice, int rank, bool copies_elsewhere) {
   if (choice.newest != 0 && choice.target == 0) {
     throw StateLost(fmt::format(
@@ -508,17 +515,41 @@ bool State::Impl::go_on_from_durable(const Context& ctx, Communicator& comm, con
   return true;
 }
 
-void State::sync_sharded(int rejoined_from) {
-  const auto started = std::chrono::steady_clock::now();
-  // Where a sync's time goes, for the debug log at its end.
-  auto mark = started;
-  std::string phases;
-  auto phase = [&](const char* name) {
+namespace {
+
+// Where a sync's time goes, for the debug log at its end.
+class SyncPhases {
+ public:
+  void operator()(const char* name) {
     const auto now = std::chrono::steady_clock::now();
-    phases += fmt::format("{}{} {:.1f} ms", phases.empty() ? "" : ", ", name,
-                          std::chrono::duration<double, std::milli>(now - mark).count());
-    mark = now;
-  };
+    text_ += fmt::format("{}{} {:.1f} ms", text_.empty() ? "" : ", ", name, ms(mark_, now));
+    mark_ = now;
+  }
+  double total_ms() const { return ms(start_, std::chrono::steady_clock::now()); }
+  const std::string& text() const { return text_; }
+
+ private:
+  static double ms(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
+    return std::chrono::duration<double, std::milli>(b - a).count();
+  }
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+  std::chrono::steady_clock::time_point mark_ = start_;
+  std::string text_;
+};
+
+// Every rank's offer (the sync's first step), read back.
+si::Holdings gather_offers(Communicator& comm, const std::string& offer) {
+  std::vector<si::Offer> offers;
+  for (const auto& bytes : comm.allgatherv(offer.data(), offer.size())) {
+    offers.push_back(si::decode_offer(bytes, static_cast<int>(offers.size())));
+  }
+  return si::Holdings(std::move(offers));
+}
+
+}  // namespace
+
+void State::sync_sharded(int rejoined_from) {
+  SyncPhases phase;
   Impl& im = *impl_;
   // The push of the last commit ends first: the buddy then holds it (or
   // the push failed and says so), whatever this sync rewrites.
@@ -537,12 +568,8 @@ void State::sync_sharded(int rejoined_from) {
   // 1. What each rank holds: its memory's commit, its files' commits, the
   // pieces its host's files hold (a dead worker's and buddy copies too).
   std::unique_ptr<si::ShardServer> server;
-  const std::string offer = si::encode_offer(im.offer(info, link, dir, rejoined_from, size, timeout, &server));
-  std::vector<si::Offer> offers;
-  for (const auto& bytes : comm.allgatherv(offer.data(), offer.size())) {
-    offers.push_back(si::decode_offer(bytes, static_cast<int>(offers.size())));
-  }
-  const si::Holdings held(std::move(offers));
+  const si::Holdings held =
+      gather_offers(comm, si::encode_offer(im.offer(info, link, dir, rejoined_from, size, timeout, &server)));
   phase("offers");
   im.pair_buddy(held, rank, stem, link);
   im.many_hosts = !held.host_of.empty() && *std::max_element(held.host_of.begin(), held.host_of.end()) > 0;
@@ -561,27 +588,21 @@ void State::sync_sharded(int rejoined_from) {
   }
 
   // 4. The sharded entries.
-  if (choice.target == 0) {
-    // Nobody committed: each rank keeps the piece it made for this world.
-    for (Impl::Entry& e : im.entries) {
-      if (auto* s = e.as<si::ShardKind>()) s->held = si::split_rows(s->rows, s->rule, rank, size);
-    }
-    return;
-  }
+  if (choice.target == 0) return im.keep_own_pieces(rank, size);
   uint64_t moved = 0;
   phase("the buddy, the commit, the whole entries");
-  const bool resharded = im.reshard(comm, held, choice.target, dir, link, timeout, std::move(server), &moved, phase);
+  const bool resharded =
+      im.reshard(comm, held, choice.target, dir, link, timeout, std::move(server), &moved, std::ref(phase));
   phase(resharded ? "installing" : "the rows in place");
   if (resharded) {
-    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
     ERUN_LOG_INFO("{}: resharded commit {} for {} ranks ({} bytes from other hosts, {:.1f} ms)",
-                  who(info.generation, info.host, rank), choice.target, size, moved, ms);
+                  who(info.generation, info.host, rank), choice.target, size, moved, phase.total_ms());
   }
   im.keep_in_host_memory(info, resharded);
   phase("the host's file");
   if (resharded) im.push_rewritten(ctx_);
   phase("the push's start");
-  ERUN_LOG_DEBUG("{}: sync of the sharded entries: {}", who(info.generation, info.host, rank), phases);
+  ERUN_LOG_DEBUG("{}: sync of the sharded entries: {}", who(info.generation, info.host, rank), phase.text());
 }
 
 }  // namespace erun

@@ -69,6 +69,24 @@ void release_marker(const std::string& marker, int& fd) {
   fd = -1;
 }
 
+// Takes the job's standby marker (one standby per job): its descriptor,
+// held locked, or -1 after saying why not.
+int take_marker(const std::string& marker, const std::string& name) {
+  const int fd = ::open(marker.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    std::fprintf(stderr, "erun --standby: job %s: cannot create %s: %s (did the job just end?)\n", name.c_str(),
+                 marker.c_str(), std::strerror(errno));
+    return -1;
+  }
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    std::fprintf(stderr, "erun --standby: job %s has a standby driver already (%s): one is enough\n", name.c_str(),
+                 marker.c_str());
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
 }  // namespace
 
 std::variant<std::unique_ptr<JobStore>, int> stand_by(const std::string& jobs_dir, const std::string& name,
@@ -76,18 +94,9 @@ std::variant<std::unique_ptr<JobStore>, int> stand_by(const std::string& jobs_di
   using Steady = std::chrono::steady_clock;
   // One standby per job.
   const std::string marker = jobs_dir + "/" + name + "/standby";
-  static int standby_fd = -1;  // held for the process's life
-  standby_fd = ::open(marker.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
-  if (standby_fd < 0) {
-    std::fprintf(stderr, "erun --standby: job %s: cannot create %s: %s (did the job just end?)\n", name.c_str(),
-                 marker.c_str(), std::strerror(errno));
-    return 2;
-  }
-  if (::flock(standby_fd, LOCK_EX | LOCK_NB) != 0) {
-    std::fprintf(stderr, "erun --standby: job %s has a standby driver already (%s): one is enough\n", name.c_str(),
-                 marker.c_str());
-    return 2;
-  }
+  static int standby_fd = -1;  // held while it stands by (release_marker())
+  standby_fd = take_marker(marker, name);
+  if (standby_fd < 0) return 2;
   std::string stamp = record_stamp(jobs_dir, name);
   auto changed_at = Steady::now();
   uint64_t term = 0;
