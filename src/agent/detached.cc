@@ -46,17 +46,12 @@ int spawn_helper(const std::function<void(int channel)>& body, bool keep_stderr,
   if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) return -1;
   // Into the socket's buffer before the fork: never lost to a parent that
   // dies between the fork and its first write.
-  for (size_t at = 0; at < first.size();) {
-    const ssize_t n = ::write(fds[0], first.data() + at, first.size() - at);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int saved = errno;
-      ::close(fds[0]);
-      ::close(fds[1]);
-      errno = saved;
-      return -1;
-    }
-    at += static_cast<size_t>(n);
+  if (!write_all(fds[0], first)) {
+    const int saved = errno;
+    ::close(fds[0]);
+    ::close(fds[1]);
+    errno = saved;
+    return -1;
   }
   pid_t pid = fork_detached(fds[1], keep_stderr);
   if (pid < 0) {

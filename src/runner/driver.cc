@@ -420,9 +420,7 @@ void Driver::supervise() {
   turn.hosts_epoch = plan_cache_.recomputations();
   turn.starts = gen_.complete && phase_ == JobPhase::kRunning;
   turn.finishing = outcome_.any_success;
-  // A straggler's slot rests, and so do a blacklisted host's (one kept in
-  // the plan for its survivors, whose slots are held anyway).
-  turn.resting = [&](const SlotKey& slot) { return stragglers_.resting(slot) || hosts_.is_blacklisted(slot.host); };
+  turn.resting = [&](const SlotKey& slot) { return stragglers_.resting(slot); };
   apply(standbys_.tend(snapshot(&m), turn));
   // Spare hosts keep replicas of the commits (--commit-replicas).
   if (replicas_) replicas_->tend(plan_, plan_cache_.usable(), discovery_.hosts, hosts_, plan_cache_.recomputations());

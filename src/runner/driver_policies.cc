@@ -20,7 +20,7 @@ JobSnapshot Driver::snapshot(const MembershipSnapshot* m, bool workers) const {
   s.hosts = &discovery_.hosts;
   s.in_place = in_place_possible(o_.mode, d_.membership != nullptr, workers_);
   s.min_np = o_.min_np;
-  s.sitting_out = hosts_.blacklisted();
+  s.blacklist = &hosts_;
   if (workers) {
     s.workers.reserve(workers_.size());
     for (const Worker& w : workers_) s.workers.push_back(w.view());

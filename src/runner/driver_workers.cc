@@ -56,8 +56,6 @@ bool all_exited(const Workers& workers) {
   return std::all_of(workers.begin(), workers.end(), [](const DriverWorker& w) { return w.exit.has_value(); });
 }
 
-// The hosts of joined survivors that are blacklisted (sorted, once each):
-// they stay in the plan (their progress is kept).
 std::vector<SlotKey> blacklisted_with_survivors(const Workers& workers, const HostManager& hosts) {
   std::vector<SlotKey> keep;
   for (auto& w : workers) {

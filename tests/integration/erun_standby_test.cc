@@ -191,6 +191,7 @@ TEST_F(ErunStandby, TheJobGrowsBackThroughAStandbyReadyBeforeTheColdReplacement)
   const std::string other_host = standby_host == "127.0.0.2" ? "127.0.0.3" : "127.0.0.2";
   const pid_t second = worker_at(other_host, 0);
   ASSERT_GT(second, 0);
+  const size_t err_before_second = p.err().size();
   ASSERT_EQ(::kill(second, SIGKILL), 0);
   ASSERT_TRUE(wait_events("standby_promoted", 2, 60s)) << p.err();
   const auto promoted = events("standby_promoted")[1];
@@ -209,8 +210,11 @@ TEST_F(ErunStandby, TheJobGrowsBackThroughAStandbyReadyBeforeTheColdReplacement)
   // slot's failures are the SIGKILLs alone.
   EXPECT_TRUE(events("host_blacklisted").empty());
   EXPECT_EQ(p.count("replacement ended"), 0u) << p.err();
-  // The promoted standby kept its place: the grown generation formed.
-  EXPECT_EQ(p.count("failed to form"), 0u) << p.err();
+  // The promoted standby kept its place: the grown generation formed. (At
+  // the first loss a generation may fail to form: the survivors' report can
+  // reach the driver before the killed worker's end, and it re-forms once
+  // more; ErunStandby is about the second loss.)
+  EXPECT_EQ(p.err().find("failed to form", err_before_second), std::string::npos) << p.err();
   EXPECT_EQ(p.count("slot left the job"), 0u) << p.err();
 }
 

@@ -553,51 +553,39 @@ TEST(RendezvousWire, EveryFailedStateRoundTripsAndAnUnknownOneIsRefused) {
   EXPECT_FALSE(wire::decode_join(bad));
 }
 
-// The pre-flight link probe's time and the responder's port travel in JOIN;
-// a JOIN from before them (without those eight bytes and the commit's age
-// after them) is whole, with none; a port past 65535 is malformed.
-TEST(RendezvousWire, TheLinkProbeFieldsRoundTripAndAnOlderJoinHasNone) {
+// The optional fields at JOIN's end, each added later: the pre-flight link
+// probe's time and the responder's port, then the commit's age. A JOIN from
+// before a field (cut where it starts) is whole, with none of it; a port
+// past 65535 is malformed.
+TEST(RendezvousWire, TheOptionalTrailingFieldsRoundTripAndAnOlderJoinHasNone) {
   JoinRequest j;
   j.slot = SlotKey{"h0", 1};
   j.pid = 42;
+  j.commit_id = 9;
   j.probe_us = 61000;
   j.link_us = 2345;
   j.probe_port = 40001;
-  auto back = wire::decode_join(wire::encode_join(j));
+  j.commit_age_ms = 2150;
+  const std::string whole = wire::encode_join(j);
+  auto back = wire::decode_join(whole);
   ASSERT_TRUE(back);
   EXPECT_EQ(back->probe_us, 61000u);
   EXPECT_EQ(back->link_us, 2345u);
   EXPECT_EQ(back->probe_port, 40001u);
-  std::string older = wire::encode_join(j);
-  older.resize(older.size() - 12);
-  back = wire::decode_join(older);
+  EXPECT_EQ(back->commit_age_ms, 2150u);
+  // Before the commit's age.
+  back = wire::decode_join(whole.substr(0, whole.size() - 4));
+  ASSERT_TRUE(back);
+  EXPECT_EQ(back->probe_port, 40001u);
+  EXPECT_EQ(back->commit_age_ms, 0u);
+  // Before the link probe's fields.
+  back = wire::decode_join(whole.substr(0, whole.size() - 12));
   ASSERT_TRUE(back);
   EXPECT_EQ(back->probe_us, 61000u);
   EXPECT_EQ(back->link_us, 0u);
   EXPECT_EQ(back->probe_port, 0u);
   j.probe_port = 65536;
   EXPECT_FALSE(wire::decode_join(wire::encode_join(j)));
-}
-
-// The age of the commit a worker re-joins at travels in JOIN; a JOIN from
-// before it (without the last four bytes) has none.
-TEST(RendezvousWire, TheCommitsAgeRoundTripsAndAnOlderJoinHasNone) {
-  JoinRequest j;
-  j.slot = SlotKey{"h0", 1};
-  j.pid = 42;
-  j.commit_id = 9;
-  j.probe_port = 40001;
-  j.commit_age_ms = 2150;
-  auto back = wire::decode_join(wire::encode_join(j));
-  ASSERT_TRUE(back);
-  EXPECT_EQ(back->commit_age_ms, 2150u);
-  EXPECT_EQ(back->probe_port, 40001u);
-  std::string older = wire::encode_join(j);
-  older.resize(older.size() - 4);
-  back = wire::decode_join(older);
-  ASSERT_TRUE(back);
-  EXPECT_EQ(back->commit_age_ms, 0u);
-  EXPECT_EQ(back->probe_port, 40001u);
 }
 
 TEST(RendezvousServer, ReJoinTellsTheSnapshotItsReasonAndTheRankThatFailedIt) {

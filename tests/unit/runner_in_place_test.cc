@@ -90,6 +90,28 @@ class InPlaceTest : public ::testing::Test {
                         PeerState state = PeerState::kUnknown) {
     for (auto& s : slots) membership.join(s, left, JoinReason::kPeerLost, failed_rank, state, 7);
   }
+  // elastic(), with a host blacklisted at its first failure for 600 s.
+  DriverOptions blacklisting_at_once(int np, int min_np, int max_np) {
+    DriverOptions o = elastic(np, min_np, max_np);
+    o.blacklist_after = 1;
+    o.cooldown_min_s = o.cooldown_max_s = 600;
+    return o;
+  }
+  // The standby that starts on `slot`, once it waits in the rendezvous.
+  Worker ready_standby(const SlotKey& slot) {
+    EXPECT_FALSE(steps(1));
+    Worker standby = worker_at(slot);
+    if (!standby) return nullptr;
+    membership.join(slot, -1);
+    EXPECT_FALSE(steps(1));
+    return standby;
+  }
+  // Rank `rank` of generation 1, on `slot`, fails (exit code 1) and the
+  // `survivors` report it dead.
+  void fail_in_first_generation(const SlotKey& slot, int rank, const std::vector<SlotKey>& survivors) {
+    launcher.finish(worker_at(slot), ExitStatus{1, 0});
+    survivors_rejoin(survivors, 1, rank, PeerState::kDead);
+  }
 
   // Three ranks on host a; a2 is SIGKILLed and the others report it: with
   // --min-np `min_np` (at most 2) they go on alone in generation 2 while a2's
@@ -301,10 +323,7 @@ TEST_F(InPlaceTest, SurvivorsBelowMinNpAreStoppedOnlyAfterTheElasticTimeout) {
 
 TEST_F(InPlaceTest, ABlacklistedHostWhoseSurvivorsLiveKeepsThemInPlace) {
   discovery.set(HostSet({{"a", 4}}));
-  auto o = elastic(4, 2, 4);
-  o.blacklist_after = 1;
-  o.cooldown_min_s = o.cooldown_max_s = 600;
-  start_joined(o);
+  start_joined(blacklisting_at_once(4, 2, 4));
   Worker frozen = worker_at(a2);
   membership.join(a0, 1, JoinReason::kPeerLost, 2, PeerState::kAlive, 7);
   survivors_rejoin({a1, a3}, 1);
@@ -333,15 +352,12 @@ TEST_F(InPlaceTest, ABlacklistedHostsFreeSlotsGoToOtherHostsUnderMaxNp) {
   // a:2 b:2 with --max-np 3 (a0, a1, b0); a1 fails and a is blacklisted.
   // The plan keeps a0 (a survivor) and takes b1, not a's free slot.
   discovery.set(HostSet({{"a", 2}, {"b", 2}}));
-  auto o = elastic(3, 2, 3);
-  o.blacklist_after = 1;
-  o.cooldown_min_s = o.cooldown_max_s = 600;
+  auto o = blacklisting_at_once(3, 2, 3);
   o.standby = 0;  // b1 is free, not a standby's
   start_joined(o);
   ASSERT_TRUE(worker_at(a1));
   ASSERT_FALSE(worker_at(SlotKey{"b", 1}));
-  launcher.finish(worker_at(a1), ExitStatus{1, 0});
-  survivors_rejoin({a0, b0}, 1, 1, PeerState::kDead);
+  fail_in_first_generation(a1, 1, {a0, b0});
   EXPECT_FALSE(steps(20));
   EXPECT_TRUE(driver->host_manager().is_blacklisted("a"));
   EXPECT_FALSE(worker_at(a0)->terminated);
@@ -437,17 +453,10 @@ TEST_F(InPlaceTest, AStandbyReadyBeforeTheColdReplacementTakesItsPlace) {
 TEST_F(InPlaceTest, AStandbyOnAHostThatIsBlacklistedIsStoppedNotPromoted) {
   const SlotKey b1{"b", 1}, b2{"b", 2};
   discovery.set(HostSet({{"a", 2}, {"b", 3}}));
-  auto o = elastic(4, 2, 4);
-  o.blacklist_after = 1;
-  o.cooldown_min_s = o.cooldown_max_s = 600;
-  start_joined(o);
-  EXPECT_FALSE(steps(1));
-  Worker standby = worker_at(b2);
+  start_joined(blacklisting_at_once(4, 2, 4));
+  Worker standby = ready_standby(b2);
   ASSERT_TRUE(standby) << "no standby on the free slot";
-  membership.join(b2, -1);
-  EXPECT_FALSE(steps(1));  // ready
-  launcher.finish(worker_at(b1), ExitStatus{1, 0});
-  survivors_rejoin({a0, a1, b0}, 1, 3, PeerState::kDead);
+  fail_in_first_generation(b1, 3, {a0, a1, b0});
   EXPECT_FALSE(steps(2));
   EXPECT_TRUE(driver->host_manager().is_blacklisted("b"));
   ASSERT_EQ(driver->record().generation, 2);
@@ -466,17 +475,10 @@ TEST_F(InPlaceTest, AStandbyOnAHostThatIsBlacklistedIsStoppedNotPromoted) {
 TEST_F(InPlaceTest, AStandbyOnABlacklistedHostDoesNotTakeAFreePlaceElsewhere) {
   const SlotKey b1{"b", 1}, b2{"b", 2};
   discovery.set(HostSet({{"a", 2}, {"b", 3}, {"c", 1}}));
-  auto o = elastic(4, 2, 4);
-  o.blacklist_after = 1;
-  o.cooldown_min_s = o.cooldown_max_s = 600;
-  start_joined(o);
-  EXPECT_FALSE(steps(1));
-  Worker standby = worker_at(b2);
+  start_joined(blacklisting_at_once(4, 2, 4));
+  Worker standby = ready_standby(b2);
   ASSERT_TRUE(standby) << "no standby beside the members";
-  membership.join(b2, -1);
-  EXPECT_FALSE(steps(1));  // ready
-  launcher.finish(worker_at(b1), ExitStatus{1, 0});
-  survivors_rejoin({a0, a1, b0}, 1, 3, PeerState::kDead);
+  fail_in_first_generation(b1, 3, {a0, a1, b0});
   EXPECT_FALSE(steps(2));
   ASSERT_TRUE(driver->host_manager().is_blacklisted("b"));
   EXPECT_FALSE(membership.is_member(b2)) << "the standby on the blacklisted host became a member";
@@ -494,16 +496,9 @@ TEST_F(InPlaceTest, AStandbyOnABlacklistedHostDoesNotTakeAFreePlaceElsewhere) {
 TEST_F(InPlaceTest, AStandbyReturnsToABlacklistedHostsSlotAfterItsCooldown) {
   const SlotKey b1{"b", 1};
   discovery.set(HostSet({{"a", 2}, {"b", 2}}));
-  auto o = elastic(3, 2, 3);
-  o.blacklist_after = 1;
-  o.cooldown_min_s = o.cooldown_max_s = 600;
-  start_joined(o);
-  EXPECT_FALSE(steps(1));
-  ASSERT_TRUE(worker_at(b1)) << "no standby on the free slot";
-  membership.join(b1, -1);
-  EXPECT_FALSE(steps(1));  // ready
-  launcher.finish(worker_at(a1), ExitStatus{1, 0});
-  survivors_rejoin({a0, b0}, 1, 1, PeerState::kDead);
+  start_joined(blacklisting_at_once(3, 2, 3));
+  ASSERT_TRUE(ready_standby(b1)) << "no standby on the free slot";
+  fail_in_first_generation(a1, 1, {a0, b0});
   EXPECT_FALSE(steps(5));
   ASSERT_TRUE(driver->host_manager().is_blacklisted("a"));
   EXPECT_TRUE(membership.is_member(b1)) << "the standby took a1's place";

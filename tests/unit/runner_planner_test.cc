@@ -231,7 +231,6 @@ TEST(PlanCache, RecomputesOnlyWhenHostsBlacklistOrPlanChange) {
   EXPECT_EQ(c.usable_slots(), 4);
   EXPECT_EQ(c.next().to_string(), "4 ranks: a[0-1] b[2] c[3]");
   EXPECT_TRUE(c.next().contains(SlotKey{"b", 1}));
-  EXPECT_EQ(c.kept(), keep);
 }
 
 // 20,000 hosts with the previous plan on the last ones: linear ordering.

@@ -60,22 +60,18 @@ TimePoint HostManager::blacklisted_until(const std::string& host) const {
   return it == history_.end() ? TimePoint{} : it->second.blacklisted_until;
 }
 
-HostSet HostManager::usable(const HostSet& discovered) const {
+HostSet HostManager::usable(const HostSet& discovered, const std::vector<SlotKey>& kept) const {
   if (epoch().blacklisted_now == 0) return discovered;
+  // `kept` is sorted: a host's slots lie together.
+  auto holds = [&](const std::string& host) {
+    auto it = std::lower_bound(kept.begin(), kept.end(), host,
+                               [](const SlotKey& k, const std::string& h) { return k.host < h; });
+    return it != kept.end() && it->host == host;
+  };
   std::vector<Host> out;
   out.reserve(discovered.size());
   for (auto& h : discovered.hosts()) {
-    if (!is_blacklisted(h.name)) out.push_back(h);
-  }
-  return HostSet(std::move(out));
-}
-
-HostSet HostManager::usable(const HostSet& discovered, const std::vector<SlotKey>& kept) const {
-  if (kept.empty()) return usable(discovered);
-  std::vector<Host> out;
-  for (auto& h : discovered.hosts()) {
-    const bool holds = std::any_of(kept.begin(), kept.end(), [&](const SlotKey& s) { return s.host == h.name; });
-    if (holds || !is_blacklisted(h.name)) out.push_back(h);
+    if (!is_blacklisted(h.name) || holds(h.name)) out.push_back(h);
   }
   return HostSet(std::move(out));
 }

@@ -68,12 +68,10 @@ class HostManager {
   bool is_blacklisted(const std::string& host) const;
   // When a blacklisted host may be used again.
   TimePoint blacklisted_until(const std::string& host) const;
-  // The discovered hosts minus the blacklisted ones, order kept.
-  HostSet usable(const HostSet& discovered) const;
-  // The same, with the blacklisted hosts that `kept` names (slots survivors
-  // of an in-place job hold) left in: a plan takes only those slots there
-  // (make_plan's `only`).
-  HostSet usable(const HostSet& discovered, const std::vector<SlotKey>& kept) const;
+  // The discovered hosts minus the blacklisted ones, order kept, except
+  // those that `kept` names (sorted slots that survivors of an in-place job
+  // hold): a plan takes only those slots there (make_plan's `only`).
+  HostSet usable(const HostSet& discovered, const std::vector<SlotKey>& kept = {}) const;
   std::vector<std::string> blacklisted() const;
   // Changes whenever usable() may give a different answer for the same input:
   // a new blacklisting, or a cooldown that ended.

@@ -27,12 +27,11 @@ class PlanCache {
   // generation and size do not tell: a pending worker's slot).
   void invalidate() { valid_ = false; }
   // The usable hosts, the blacklisted ones of `keep` among them with all
-  // their slots: a plan takes only what `keep` lists there (kept()).
+  // their slots: a plan takes only what `keep` lists there.
   const HostSet& usable() const { return usable_; }
-  const std::vector<SlotKey>& kept() const { return keep_; }
   // The slots a plan may take: usable()'s, less those `keep` rules out.
   int usable_slots() const { return usable_slots_; }
-  // make_plan(generation + 1, usable(), max_np, &running, kept()) (running
+  // make_plan(generation + 1, usable(), max_np, &running, keep) (running
   // may be empty).
   const Plan& next() const { return next_; }
   long recomputations() const { return recomputations_; }

@@ -10,7 +10,6 @@
 // hand and checks what comes back, with no driver.
 #pragma once
 
-#include <algorithm>
 #include <functional>
 #include <set>
 #include <string>
@@ -22,6 +21,7 @@
 #include "discovery/discovery.h"
 #include "rendezvous/membership.h"
 #include "runner/driver_states.h"
+#include "runner/hosts/host_manager.h"
 #include "runner/hosts/planner.h"
 #include "runner/observe/events.h"
 
@@ -61,7 +61,7 @@ struct JobSnapshot {
   std::set<SlotKey> waiting;           // slots whose worker waits in the rendezvous for a newer generation
   bool in_place = false;               // the job recovers in place (else it restarts every worker)
   int min_np = 1;                      // --min-np
-  std::vector<std::string> sitting_out;  // the blacklisted hosts (sorted): no new member there
+  const HostManager* blacklist = nullptr;  // the driver's: a blacklisted host gets no new member
 
   const Plan& running() const { return *plan; }
   // Discovery lists `host` (draining or not).
@@ -69,9 +69,7 @@ struct JobSnapshot {
   // The plans may use `host`: discovery lists it and it does not drain.
   bool usable(const std::string& host) const { return hosts && hosts->find(host) >= 0; }
   // `host` is blacklisted: its live workers stay, but nothing there becomes a member.
-  bool sits_out(const std::string& host) const {
-    return std::binary_search(sitting_out.begin(), sitting_out.end(), host);
-  }
+  bool sits_out(const std::string& host) const { return blacklist && blacklist->is_blacklisted(host); }
   // The hosts where a worker of the job runs now (its exit not seen yet).
   std::set<std::string> working_hosts() const {
     std::set<std::string> out;

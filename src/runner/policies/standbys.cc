@@ -64,9 +64,9 @@ int StandbyPolicy::tend_live(const JobSnapshot& s, const Turn& turn, Actions& ou
   for (const WorkerView& w : s.workers) {
     if (!is_standby(w.stage) || !w.survivor()) continue;
     const SlotKey& slot = w.assignment.slot;
-    if (!usable_slot(slot) || turn.resting(slot) || turn.finishing) {
-      // Its host left (discovery, a drain, the blacklist: one kept for its
-      // survivors still rests its free slots) or training is over.
+    if (!usable_slot(slot) || s.sits_out(slot.host) || turn.finishing) {
+      // Its host left (discovery, a drain, the blacklist: a host kept in the
+      // plan for its survivors gets no new worker) or training is over.
       ERUN_LOG_INFO("{}[{}]: standby stopped ({})", slot.host, slot.local_index,
                     turn.finishing ? "the job is finishing" : "its host left the job");
       out.push_back(act::Stop{w.key});
@@ -123,7 +123,7 @@ void StandbyPolicy::start_more(const JobSnapshot& s, const Turn& turn, int live,
   auto consider = [&](const Host* h) {
     for (int i = 0; i < h->slots && live < want; ++i) {
       const SlotKey slot{h->name, i};
-      if (plan.contains(slot) || held(s, slot, leaving) || turn.resting(slot)) continue;
+      if (plan.contains(slot) || held(s, slot, leaving) || turn.resting(slot) || s.sits_out(h->name)) continue;
       found_ = true;
       if (!backoff_over(slot, s.now)) continue;
       RankAssignment a = plan_over_slots(s.generation, {slot}).ranks.front();
