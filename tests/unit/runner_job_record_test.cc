@@ -296,5 +296,46 @@ TEST(JobStore, AStandbyWatchesTheHeartbeatAndAReplacedDriverCannotWriteBack) {
   EXPECT_FALSE(JobStore::lock(dir.file("jobs"), "j").is_ok());
 }
 
+// A driver replaced while it was frozen or cut off, that ends without having
+// heard of it, leaves the job to its replacement: its record, its events,
+// the lock file it holds and the directory. The replacement's own end
+// removes them.
+TEST(JobStore, AReplacedDriverThatEndsLeavesTheJobToItsReplacement) {
+  testing::TempDir dir;
+  auto old_driver = JobStore::lock(dir.file("jobs"), "j");
+  ASSERT_TRUE(old_driver.is_ok());
+  JobRecord r = sample();
+  ASSERT_TRUE(old_driver.value()->write(r).is_ok());
+  auto replacement = JobStore::open_unlocked(dir.file("jobs"), "j");
+  ASSERT_TRUE(replacement.is_ok());
+  JobRecord taken = r;
+  taken.term = r.term + 1;
+  ASSERT_TRUE(replacement.value()->write(taken).is_ok());
+  {
+    std::ofstream events(replacement.value()->events_path());
+    events << "{}\n";
+  }
+  EXPECT_FALSE(old_driver.value()->remove());
+  ASSERT_TRUE(peek_record(dir.file("jobs"), "j"));
+  EXPECT_EQ(peek_record(dir.file("jobs"), "j")->term, taken.term);
+  EXPECT_EQ(::access(dir.file("jobs/j/events").c_str(), F_OK), 0) << "the replacement's events removed";
+  EXPECT_EQ(::access(dir.file("jobs/j/lock").c_str(), F_OK), 0) << "the job's lock file removed";
+  old_driver.value().reset();
+  ASSERT_TRUE(replacement.value()->try_lock()) << "the lock the old driver held is the job's lock still";
+  EXPECT_TRUE(replacement.value()->remove());
+  EXPECT_NE(::access(dir.file("jobs/j").c_str(), F_OK), 0) << "the job's directory left behind";
+  // Another job of the same name, or one the store never wrote: removed.
+  auto again = JobStore::lock(dir.file("jobs"), "j");
+  ASSERT_TRUE(again.is_ok());
+  JobRecord other = sample();
+  other.job_id = "another-id";
+  other.term = 9;
+  ASSERT_TRUE(again.value()->write(other).is_ok());
+  auto never_wrote = JobStore::open_unlocked(dir.file("jobs"), "j");
+  ASSERT_TRUE(never_wrote.is_ok());
+  EXPECT_TRUE(never_wrote.value()->remove());
+  EXPECT_FALSE(peek_record(dir.file("jobs"), "j"));
+}
+
 }  // namespace
 }  // namespace erun

@@ -494,6 +494,31 @@ TEST(StandbyPolicy, StandbysStopWhenTheirHostLeavesOrTheJobFinishes) {
   EXPECT_EQ(all_of<act::Stop>(standbys.tend(job.s, turn)).size(), 2u);
 }
 
+// A standby told to stop is on its way out until its exit is seen: it is not
+// stopped again each turn, nor counted, nor promoted, and its slot gets no
+// other standby until it is gone.
+TEST(StandbyPolicy, AStandbyBeingStoppedIsNeitherCountedNorPromoted) {
+  Job job({{"a", 0}, {"b", 0}}, {"a", "b"});
+  job.worker(2).alive = false;  // rank 1 on b was lost
+  job.s.workers.push_back(standby_on(3, {"b", 1}, WorkerStage::kStandbyReady, job.s.now));
+  job.s.workers.back().state = WorkerState::kStopping;
+  job.s.waiting = {{"b", 1}};
+  StandbyPolicy standbys(standby_options(1));
+  StandbyPolicy::Turn turn;
+  turn.usable = &job.hosts;
+  turn.starts = true;
+  Actions out = standbys.tend(job.s, turn);
+  EXPECT_TRUE(all_of<act::Stop>(out).empty()) << "stopped again";
+  EXPECT_TRUE(all_of<act::SetStage>(out).empty());
+  auto launched = all_of<act::LaunchStandby>(out);
+  ASSERT_EQ(launched.size(), 1u) << "the one wanted is not counted as live";
+  EXPECT_NE(launched[0].assignment.slot, (SlotKey{"b", 1})) << "a slot still held by the stopping standby";
+  EXPECT_FALSE(standby_ready_at(job.s, {"b", 1}));
+  Plan full = plan_over_slots(4, {{"a", 0}, {"b", 0}});
+  EXPECT_EQ(standbys.with_standbys(job.s, full).ranks[1].slot, (SlotKey{"b", 0})) << "promoted while stopping";
+  EXPECT_TRUE(standbys.overtake(job.s).empty());
+}
+
 TEST(StandbyPolicy, ALostMembersSlotGoesToTheNearestReadyStandby) {
   // Racks: a and b in r1, c in r2. Rank 1 (on b) was lost.
   Job job({{"a", 0}, {"b", 0}}, {"a", "b", "c"});

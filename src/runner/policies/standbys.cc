@@ -14,7 +14,10 @@ namespace {
 constexpr double kBackoffFirst = 1.0;  // seconds before a dead standby's slot gets another
 constexpr double kBackoffMax = 60.0;
 
-bool ready(const WorkerView& w) { return w.stage == WorkerStage::kStandbyReady && w.survivor(); }
+// A standby erun stops (its host left, the job finishes) is on its way out:
+// it holds its slot until it exits, but it is no standby any more.
+bool stopped(const WorkerView& w) { return w.state == WorkerState::kStopping; }
+bool ready(const WorkerView& w) { return w.stage == WorkerStage::kStandbyReady && w.survivor() && !stopped(w); }
 // Ready, and on a host that is not blacklisted: it may become a member.
 bool promotable(const JobSnapshot& s, const WorkerView& w) { return ready(w) && !s.sits_out(w.assignment.slot.host); }
 
@@ -62,7 +65,7 @@ int StandbyPolicy::tend_live(const JobSnapshot& s, const Turn& turn, Actions& ou
   auto usable_slot = [&](const SlotKey& k) { return k.local_index < turn.usable->slots_of(k.host); };
   int live = 0;
   for (const WorkerView& w : s.workers) {
-    if (!is_standby(w.stage) || !w.survivor()) continue;
+    if (!is_standby(w.stage) || !w.survivor() || stopped(w)) continue;
     const SlotKey& slot = w.assignment.slot;
     if (!usable_slot(slot) || s.sits_out(slot.host) || turn.finishing) {
       // Its host left (discovery, a drain, the blacklist: a host kept in the

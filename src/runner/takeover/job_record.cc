@@ -427,13 +427,21 @@ Status JobStore::write(const JobRecord& r) {
     ::unlinkat(dir_fd_.get(), tmp.c_str(), 0);
     return Status::error(fmt::format("cannot replace the job record {}/record: {}", dir_, std::strerror(e)));
   }
+  written_job_ = r.job_id;
+  written_term_ = r.term;
   return Status::ok();
 }
 
-void JobStore::remove() {
+bool JobStore::remove() {
+  if (auto now = read(); now && !written_job_.empty() && now->job_id == written_job_ && now->term > written_term_) {
+    ERUN_LOG_WARN("job {}: driver term {} (erun pid {} on {}) holds it now, not this erun's term {}: its record is "
+                  "left to that driver",
+                  now->name, now->term, now->driver_pid, now->driver_host, written_term_);
+    return false;
+  }
   ::unlinkat(dir_fd_.get(), "record", 0);
   ::unlinkat(dir_fd_.get(), "events", 0);
-  if (!lock_) return;
+  if (!lock_) return true;
   // The lock file goes while this store still holds it (whoever opened it
   // before finds, once it has it, that it is no longer the job's lock:
   // take_lock_at()), then the directory, when nothing else is in it.
@@ -445,6 +453,7 @@ void JobStore::remove() {
     ::unlinkat(dir_fd_.get(), "standby", 0);
   }
   ::rmdir(dir_.c_str());
+  return true;
 }
 
 std::optional<JobRecord> peek_record(const std::string& jobs_dir, const std::string& name) {

@@ -91,8 +91,10 @@ class JobStore {
   Status write(const JobRecord& r);
   // The job ended: its record and events go, and with this store's lock its
   // lock file and its directory (when nothing else is left in it); the
-  // lock itself is held until this store goes.
-  void remove();
+  // lock itself is held until this store goes. Nothing goes when the record
+  // there names a newer driver term than this store wrote (a driver replaced
+  // while frozen or cut off, ending without having heard of it): false.
+  bool remove();
   std::string record_path() const { return dir_ + "/record"; }
   // The job's events when erun has no --event-log (a private file of the
   // job's directory): a taking-over erun reads its account back from them.
@@ -103,6 +105,8 @@ class JobStore {
   std::string dir_;
   Fd dir_fd_;
   Fd lock_;
+  std::string written_job_;  // the job id and driver term this store last wrote
+  uint64_t written_term_ = 0;
 };
 
 // Reads the record of job `name` under `jobs_dir` without taking its lock
