@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <sys/statvfs.h>
+#include <time.h>
 #include <unistd.h>
 
 #if defined(__SSE2__)
@@ -71,6 +72,13 @@ uint64_t get_u64(const char* p) {
   uint64_t v;
   std::memcpy(&v, p, sizeof v);
   return v;
+}
+// When a file was claimed, on a clock every process of the host shares and
+// no one sets: which of two files holding the same commit was written last.
+uint64_t boot_nanoseconds() {
+  timespec t{};
+  ::clock_gettime(CLOCK_BOOTTIME, &t);
+  return static_cast<uint64_t>(t.tv_sec) * 1000000000u + static_cast<uint64_t>(t.tv_nsec);
 }
 // Copies into the host file with non-temporal stores where the CPU has
 // them: the file is read again only after a failure, so its lines need not
@@ -142,7 +150,8 @@ void claim(char* m, uint64_t commit_id, uint32_t flags, const std::vector<EntryR
   std::atomic_thread_fence(std::memory_order_seq_cst);
   put_u64(m + 24, entries.size());
   put_u64(m + 32, l.trailer);
-  std::memset(m + 40, 0, kHeaderBytes - 40);
+  put_u64(m + 40, boot_nanoseconds());
+  std::memset(m + 48, 0, kHeaderBytes - 48);
   size_t at = kHeaderBytes;
   for (size_t k = 0; k < entries.size(); ++k) {
     const EntryRef& e = entries[k];
@@ -237,6 +246,7 @@ std::optional<HostCommits::Listing> read_listing(int fd) {
       if (get_u32(trailer + 8) != crc32c(0, meta.data(), *end)) return std::nullopt;
       l.id = c->id;
       l.flags = get_u32(meta.data() + 12);
+      l.written_ns = get_u64(meta.data() + 40);
       return l;
     }
     if (want == c->trailer) return std::nullopt;  // the table runs into the trailer
@@ -344,6 +354,7 @@ void HostCommits::forget_writes() {
   for (int i = 0; i < 2; ++i) {
     auto listing = read_listing(fd_[i]);  // open_files() opened both or threw
     held_[i] = listing ? listing->id : 0;
+    written_[i] = listing ? listing->written_ns : 0;
   }
   wrote_ = false;
 }
@@ -392,6 +403,7 @@ void HostCommits::open_files() {
     // What a previous worker of this slot left: keep its newest commit whole.
     auto listing = read_listing(fd);
     held_[i] = listing ? listing->id : 0;
+    written_[i] = listing ? listing->written_ns : 0;
   }
 }
 
@@ -424,9 +436,15 @@ int HostCommits::map(int i, size_t size) {
 // higher id (a sharded State that went back to an older commit, the newer
 // one not whole across the job, wrote that one again in its new layout). A
 // new writer keeps its predecessor's newest commit: it writes the file of the
-// older one. Either way, never over the commit keep_commit() names.
+// older one; when both hold the same commit (its second layout, written by
+// a sharded State's reshard or a buddy push after it), the one written
+// first. Either way, never over the commit keep_commit() names.
 int HostCommits::file_to_write() const {
-  int i = wrote_ ? 1 - last_ : held_[0] != held_[1] ? (held_[0] < held_[1] ? 0 : 1) : 1 - last_;
+  auto older = [](const uint64_t (&v)[2]) { return v[0] < v[1] ? 0 : 1; };
+  int i = wrote_                    ? 1 - last_
+          : held_[0] != held_[1]    ? older(held_)
+          : written_[0] != written_[1] ? older(written_)
+                                      : 1 - last_;
   if (keep_ != 0 && held_[i] == keep_ && held_[1 - i] != keep_) i = 1 - i;
   return i;
 }

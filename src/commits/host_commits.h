@@ -169,6 +169,7 @@ class HostCommits {
   struct Listing {
     uint64_t id = 0;
     uint32_t flags = 0;
+    uint64_t written_ns = 0;  // when its writer claimed it (CLOCK_BOOTTIME; 0: an older erun's file)
     std::vector<std::string> names;
     std::vector<uint64_t> sizes;
     std::vector<uint64_t> offsets;  // of each entry's bytes in the file
@@ -193,6 +194,7 @@ class HostCommits {
   std::string stem_;
   int fd_[2] = {-1, -1};
   uint64_t held_[2] = {0, 0};      // the commit id each file holds whole (0: none)
+  uint64_t written_[2] = {0, 0};   // when each was claimed, as read (Listing::written_ns)
   int last_ = 1;                   // the file written last (with equal ids, the other one is written next)
   bool wrote_ = false;             // this writer wrote a whole commit: the next one goes to 1 - last_
   uint64_t keep_ = 0;              // keep_commit()

@@ -177,6 +177,29 @@ TEST_F(HostCommitsTest, AfterGoingBackToAnOlderCommitTheFileWrittenLastIsKept) {
   EXPECT_EQ(f->snapshot.entries[0].second, six_again);
 }
 
+// A pair may hold one commit twice: a sharded State's reshard (or a buddy
+// push after it) writes the commit again in its new layout. A new writer of
+// the pair (another keeper of the same pusher, a replacement in the slot)
+// writes over the layout written first, never the newer one.
+TEST_F(HostCommitsTest, ANewWriterOfOneCommitInTwoLayoutsKeepsTheOneWrittenLast) {
+  std::vector<char> five(64, 5), six_first(64, 6), six_again(4096, 16);
+  {
+    si::HostCommits first(dir_ + "/slot-0");
+    ASSERT_FALSE(first.write(5, entries(name_, five)));       // .a
+    ASSERT_FALSE(first.write(6, entries(name_, six_first)));  // .b
+    ASSERT_FALSE(first.write(6, entries(name_, six_again)));  // .a: the new layout
+  }
+  si::HostCommits next(dir_ + "/slot-0");
+  std::vector<char> seven(64, 7);
+  ASSERT_FALSE(next.write(7, entries(name_, seven)));
+  auto a = si::HostCommits::read(dir_ + "/slot-0.a");
+  auto b = si::HostCommits::read(dir_ + "/slot-0.b");
+  ASSERT_TRUE(a && b);
+  EXPECT_EQ(b->commit_id, 7u) << "written over the new layout";
+  EXPECT_EQ(a->commit_id, 6u);
+  EXPECT_EQ(a->entries[0].second, six_again);
+}
+
 // A durable copy keeps the commit its job's erun-state.bin names, whoever
 // wrote it and whatever was written since: a new writer of the pair, and a
 // writer whose newer commit was not agreed on, write over the other file.
