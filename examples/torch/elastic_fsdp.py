@@ -17,6 +17,11 @@ final parameters (gathered, for the check only) to an .npz file: a run that
 grows, shrinks and loses workers ends within rounding of a run alone.
 
     elastic_fsdp.py [--epochs 3] [--samples 512] [--global-batch 32] [--step-ms 0] [--out params.npz]
+                    [--device cpu|cuda]
+
+--device cuda trains on the GPU of the worker's local rank over NCCL (which
+takes one rank per GPU): the pieces are staged through host memory at each
+commit and go back to the GPU when the model is rebuilt.
 """
 import argparse
 import hashlib
@@ -61,21 +66,28 @@ def main():
     ap.add_argument("--global-batch", type=int, default=32)
     ap.add_argument("--step-ms", type=int, default=0, help="sleep per step, to watch it")
     ap.add_argument("--out", help="write the final parameters here (.npz)")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="cuda: one GPU per rank (NCCL)")
     o = ap.parse_args()
     torch.set_num_threads(1)
     erun.init()  # erun: instead of dist.init_process_group
+    device = "cpu"
+    if o.device == "cuda":
+        device = f"cuda:{erun.local_rank() % torch.cuda.device_count()}"
+        torch.cuda.set_device(device)
     g = torch.Generator().manual_seed(1)
     x = torch.randn(o.samples, IN, generator=g, dtype=torch.float64)
     y = torch.sin(x @ torch.linspace(-1, 1, IN, dtype=torch.float64))[:, None]
+    x, y = x.to(device), y.to(device)
     sampler = erun.torch.ElasticSampler(o.samples, seed=4)
     state = erun.torch.FSDPState(build, lambda model: torch.optim.Adam(model.parameters(), lr=3e-3),  # erun
-                                 sampler=sampler, epoch=0, step=0, seen=np.zeros(o.samples, dtype=np.int64))
+                                 sampler=sampler, device=device, epoch=0, step=0,
+                                 seen=np.zeros(o.samples, dtype=np.int64))
 
     @state.on_reset
     def report(old_size, new_size):
         print(f"pid {os.getpid()}: reset: world size {old_size} -> {new_size} at step {state.step}", flush=True)
 
-    print(f"pid {os.getpid()} rank {erun.rank()} started", flush=True)
+    print(f"pid {os.getpid()} rank {erun.rank()} started on {device}", flush=True)
 
     @erun.run  # erun: the loop survives failures and resizes
     def train(state):
@@ -88,7 +100,7 @@ def main():
                 state.seen = np.zeros(o.samples, dtype=np.int64)
             while sampler.remaining > 0:
                 global_batch = min(o.global_batch, sampler.remaining)
-                idx = torch.tensor(sampler.next_batch(global_batch), dtype=torch.int64)
+                idx = torch.tensor(sampler.next_batch(global_batch), dtype=torch.int64, device=device)
                 opt.zero_grad()
                 # FSDP averages the gradients over the ranks: scale a sum to the global batch's mean.
                 loss = ((model(x[idx]) - y[idx]) ** 2).sum() * erun.size() / global_batch
@@ -112,7 +124,7 @@ def main():
             state.commit()
 
     train(state)
-    full = {name: p.detach().full_tensor().numpy() for name, p in state.model.named_parameters()}
+    full = {name: p.detach().full_tensor().cpu().numpy() for name, p in state.model.named_parameters()}
     if erun.rank() == 0:
         h = hashlib.sha256()
         for name in sorted(full):

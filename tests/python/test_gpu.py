@@ -4,21 +4,29 @@ sharing the one GPU (the host-staged path) and a world of one (NCCL), and
 DistributedOptimizer on CUDA gradients. Training on CUDA in place (issue 18):
 the exact model (train_exact.py --device cuda) across a grow and a SIGKILL,
 and with every worker SIGKILLed at once, ends at the uninterrupted CUDA run's
-checksum; DDP and erun's gradient hooks on CUDA across a SIGKILL and a grow.
+checksum; DDP and erun's gradient hooks on CUDA across a SIGKILL and a grow;
+FSDP2 (erun.torch.FSDPState) on CUDA over NCCL, its shards through host
+memory, across a SIGKILL (and, with two GPUs, a grow).
 They need torch with CUDA and a GPU, and skip with the reason otherwise
 (Debian's torch is CPU-only); a GPU machine runs them through
 scripts/gpu_tests.sh. The checks of the error a
 non-CPU tensor gets run everywhere."""
 import os
 import re
+import shutil
 import signal
+import time
 
 import pytest
 import torch
 
 import erun
 
+import numpy as np
+
+from conftest import wait_for
 from test_ddp import ddp_across_a_sigkill_and_a_grow
+from test_fsdp import EXAMPLE as FSDP_EXAMPLE, has_fsdp2
 from test_elastic import (ARGS, every_worker_killed_at_once, expect_trained_exactly, started_pids,
                           uninterrupted_checksum, wait_count)
 
@@ -111,3 +119,57 @@ def test_cuda_ddp_in_place_across_a_sigkill_and_a_grow(ws, grads):
     """DDP reduces CUDA buckets over the Gloo group (grads=ddp), or erun's
     DistributedOptimizer reduces CUDA gradients through the staged path (hooks)."""
     ddp_across_a_sigkill_and_a_grow(ws, grads, "cuda")
+
+
+def fsdp_on_cuda(ws, workers, *, grow_to=0):
+    """examples/torch/elastic_fsdp.py --device cuda (NCCL: one rank per GPU)
+    alone, then under erun with `workers` ranks: grown to `grow_to` ranks when
+    given, then a worker SIGKILLed once an epoch ended. It must end within
+    1e-9 of the run alone, every epoch checked once per pass, no epoch run
+    from the start again."""
+    shutil.copy(FSDP_EXAMPLE, ws.path / "elastic_fsdp.py")
+    args = ["--epochs", "3", "--device", "cuda"]
+    alone = ws.python("elastic_fsdp.py", args + ["--out", str(ws.path / "alone.npz")])
+    assert alone.wait(300) == 0, alone.out + alone.err
+    assert "started on cuda:0" in alone.out, alone.out
+    ws.hosts(f"node-a:{workers}\n")
+    job = ws.erun(["-np", str(workers), "--min-np", "1", "--max-np", str(max(workers, grow_to)),
+                   "--blacklist-after", "5"], "elastic_fsdp.py",
+                  args + ["--step-ms", "150", "--out", str(ws.path / "job.npz")], discovery=True,
+                  env={"ERUN_LOG_LEVEL": "info"})
+    assert wait_for(job, r"rank 0 committed step 10", 1, timeout=240), job.out + job.err
+    if grow_to:
+        ws.hosts(f"node-a:{grow_to}\n")
+        assert wait_for(job, rf"fsdp rank \d of {grow_to}", grow_to, timeout=240), job.out + job.err
+    assert wait_for(job, r"epoch 0 world=", 1, timeout=240), job.out + job.err
+    time.sleep(0.6)  # a few steps into epoch 1: its first commit made
+    started = set(int(p) for p in re.findall(r"pid (\d+) rank \d+ started on cuda", job.out))
+    os.kill(max(started), signal.SIGKILL)
+    assert job.wait(600) == 0, job.out + job.err
+    assert set(re.findall(r"epoch (\d) world=\d exactly-once=yes", job.out)) == {"0", "1", "2"}, job.out
+    assert "exactly-once=NO" not in job.out
+    assert job.out.count("epoch 0 world=") == 1, job.out  # resumed from its commit, not from the start
+    assert len(re.findall(r"started on cuda", job.out)) > len(started), job.out  # the killed one came back
+    want, got = np.load(ws.path / "alone.npz"), np.load(ws.path / "job.npz")
+    assert sorted(want.files) == sorted(got.files)
+    for name in want.files:
+        assert np.max(np.abs(want[name] - got[name])) < 1e-9, name
+    assert ws.wait_no_workers("elastic_fsdp.py")
+    return job
+
+
+@needs_gpu
+@pytest.mark.skipif(not has_fsdp2(), reason="this torch has no FSDP2 (fully_shard)")
+def test_cuda_fsdp2_world_of_one_resumes_its_shards_from_host_memory_after_a_sigkill(ws):
+    """A world of one (NCCL takes one rank per GPU): the worker's pieces of
+    the model and of Adam's state, staged into host memory at each commit,
+    come back onto the GPU in its replacement."""
+    fsdp_on_cuda(ws, 1)
+
+
+@needs_gpu
+@pytest.mark.skipif(not has_fsdp2(), reason="this torch has no FSDP2 (fully_shard)")
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL takes one rank per GPU: growing needs 2 GPUs")
+def test_cuda_fsdp2_is_resharded_on_the_gpus_through_a_grow_and_a_sigkill(ws):
+    job = fsdp_on_cuda(ws, 1, grow_to=2)
+    assert re.search(r"resharded commit \d+ for 2 ranks", job.out + job.err), job.out + job.err
