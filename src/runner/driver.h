@@ -83,6 +83,10 @@ struct DriverDeps {
   Takeover* takeover = nullptr;
   // Called by run() after every step (main keeps the job record with it).
   std::function<void(const Driver&)> after_step;
+  // The newer driver term the job record names, if any (main's
+  // RecordKeeper reads it at each heartbeat): a driver replaced while it was
+  // frozen or cut off learns it here even when no agent could tell it.
+  std::function<uint64_t()> record_superseded;
 };
 
 class Driver {

@@ -105,6 +105,7 @@ void Driver::take_over(DriverDeps::Takeover& t) {
 bool Driver::check_superseded() {
   uint64_t term = d_.local_launcher->superseded();
   if (d_.remote_launcher) term = std::max(term, d_.remote_launcher->superseded());
+  if (d_.record_superseded) term = std::max(term, d_.record_superseded());
   if (term == 0) return false;
   superseded_by_ = term;
   ERUN_LOG_ERROR("job {}: driver term {} took the job over: this erun leaves it to that one and exits without "

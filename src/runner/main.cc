@@ -448,6 +448,10 @@ std::variant<JobClaim, int> claim_job(const erun::DriverOptions& options, const 
   c.store = std::move(standby_store);
   if (c.store) {
     c.previous = c.store->read();
+    if (!c.previous) {  // it ended after the standby chose to take it over: never run it again
+      ERUN_LOG_INFO("job {}: it ended (its record is gone): the standby has nothing to take over", name);
+      return 0;
+    }
   } else if (!options.dry_run && options.driver_grace > erun::Duration::zero()) {
     bool held = false;
     auto locked = erun::JobStore::lock(erun::jobs_directory(), name, &held);
@@ -493,8 +497,9 @@ std::unique_ptr<erun::RendezvousServer> start_rendezvous(const erun::DriverOptio
 }
 
 // Claims a job whose driver is gone: a newer term in its record (before any
-// agent hears of it), then its agents and their workers.
-void claim_takeover(const erun::DriverOptions& options, Launchers& launchers, erun::JobStore& store,
+// agent hears of it), then its agents and their workers. False when another
+// erun claimed it first (its term is in the record): this one leaves it.
+bool claim_takeover(const erun::DriverOptions& options, Launchers& launchers, erun::JobStore& store,
                     const erun::JobRecord& previous, const std::string& name, int rdzv_port,
                     erun::DriverDeps::Takeover& takeover) {
   ERUN_LOG_WARN("job {}: its driver (erun pid {} on {}) is gone: taking the job over", name, previous.driver_pid,
@@ -503,13 +508,22 @@ void claim_takeover(const erun::DriverOptions& options, Launchers& launchers, er
   claimed.term = previous.term + 1;
   claimed.driver_pid = ::getpid();
   claimed.driver_host = this_host();
-  (void)store.write(claimed);
+  if (auto s = store.write(claimed); !s) {
+    auto there = store.read();
+    if (!there || there->job_id != claimed.job_id || there->term < claimed.term) {
+      ERUN_LOG_WARN("job {}: {}: a new erun could not take this job over", name, s.message());
+      return true;  // no other claim there: go on without a record
+    }
+    ERUN_LOG_ERROR("job {}: another erun took it over first ({}): this one leaves it to that one", name, s.message());
+    return false;
+  }
   take_over(options, launchers, previous, rdzv_port, takeover);
   if (takeover.workers.empty()) {
     ERUN_LOG_WARN("job {}: no worker of it is left (its agents ended, or their --driver-grace ran out): starting it "
                   "anew; it resumes from what host memory or --checkpoint-dir still hold",
                   name);
   }
+  return true;
 }
 
 // Who the job is: its one name (in every line, the summary, the event log and
@@ -659,7 +673,7 @@ int run_driver(const erun::DriverOptions& options, erun::HostDiscovery& discover
   deps.commit_dir = id.commit_dir;
   erun::DriverDeps::Takeover takeover;
   if (previous) {
-    claim_takeover(options, *launchers, *store, *previous, id.name, rendezvous->port(), takeover);
+    if (!claim_takeover(options, *launchers, *store, *previous, id.name, rendezvous->port(), takeover)) return 3;
     deps.takeover = &takeover;
   }
   if (!options.dry_run) {
@@ -676,6 +690,7 @@ int run_driver(const erun::DriverOptions& options, erun::HostDiscovery& discover
     keeper.emplace(*store, record_base(options, id, previous, rendezvous->port(), args), launchers->all());
     if (!previous) say_how_to_take_over(options, id.name);
     deps.after_step = [&keeper](const erun::Driver& d) { (*keeper)(d); };
+    deps.record_superseded = [&keeper] { return keeper->superseded(); };
   }
   if (options.dry_run) {
     erun::Driver driver(options, deps);

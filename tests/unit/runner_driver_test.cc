@@ -5,22 +5,24 @@
 
 #include <map>
 #include <set>
+#include <thread>
 
 #include "common/no_retry.h"
 #include "discovery/discovery.h"
 #include "erun/errors.hpp"
 #include "runner/driver.h"
 #include "runner/launch/fake_launcher.h"
+#include "runner/takeover/record_keeper.h"
+#include "support/erun_process.h"
 
 namespace erun {
 namespace {
 
 class DriverTest : public ::testing::Test {
  protected:
-  void make(DriverOptions o) {
+  void make(DriverOptions o, DriverDeps d = {}) {
     o.command = {"./train"};
     o.term_grace = std::chrono::milliseconds(10);
-    DriverDeps d;
     d.discovery = &discovery;
     d.local_launcher = &launcher;
     d.clock = &clock;
@@ -708,6 +710,54 @@ TEST_F(DriverTest, WaitingForHostsEndsAfterTheElasticTimeout) {
   EXPECT_TRUE(launcher.launched().empty());
   EXPECT_EQ(steps(20), 1);
   EXPECT_EQ(driver->phase(), JobPhase::kDone);
+}
+
+// A driver replaced while it was frozen or cut off whose agents could not
+// tell it (the SUPERSEDED line lost): its record keeper finds the newer
+// term in the job record, stops keeping that driver's heartbeat, and the
+// driver leaves the job to it (exit 3) without touching the workers.
+TEST_F(DriverTest, ADriverWhoseRecordNamesANewerTermLeavesTheJob) {
+  testing::TempDir dir;
+  auto store = JobStore::lock(dir.file("jobs"), "j");
+  ASSERT_TRUE(store.is_ok()) << store.message();
+  JobRecord base;
+  base.name = "j";
+  base.job_id = "job";
+  base.term = 1;
+  base.driver_pid = 100;
+  base.driver_host = "login1";
+  base.secret = "s3cret";
+  RecordKeeper keeper(*store.value(), base, {&launcher});
+  discovery.set(HostSet({{"a", 2}}));
+  DriverOptions o = elastic(2, 1, 2);
+  DriverDeps d;
+  d.record_superseded = [&keeper] { return keeper.superseded(); };
+  make(o, d);
+  ASSERT_TRUE(driver->start());
+  EXPECT_FALSE(steps(1));
+  keeper(*driver);
+  ASSERT_TRUE(store.value()->read());
+  EXPECT_EQ(store.value()->read()->term, 1u);
+  EXPECT_FALSE(steps(1));
+  keeper(*driver);
+  EXPECT_EQ(keeper.superseded(), 0u) << "its own record";
+
+  auto other = JobStore::open_unlocked(dir.file("jobs"), "j");  // a standby that took the job over
+  ASSERT_TRUE(other.is_ok()) << other.message();
+  JobRecord taken = *store.value()->read();
+  taken.term = 2;
+  taken.driver_pid = 200;
+  ASSERT_TRUE(other.value()->write(taken).is_ok());
+  const std::string stamp = record_stamp(dir.file("jobs"), "j");
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));  // a heartbeat is due
+  keeper(*driver);
+  EXPECT_EQ(keeper.superseded(), 2u);
+  EXPECT_EQ(record_stamp(dir.file("jobs"), "j"), stamp) << "the new driver's heartbeat kept by the old one";
+  const size_t running = launcher.running().size();
+  EXPECT_EQ(steps(1), 3);
+  EXPECT_EQ(driver->superseded_by(), 2u);
+  EXPECT_EQ(launcher.running().size(), running) << "a worker stopped by the replaced driver";
+  EXPECT_EQ(store.value()->read()->driver_pid, 200) << "the record written back";
 }
 
 }  // namespace

@@ -288,8 +288,18 @@ TEST(JobStore, AStandbyWatchesTheHeartbeatAndAReplacedDriverCannotWriteBack) {
   r.generation += 1;
   auto refused = old_driver.value()->write(r);
   EXPECT_FALSE(refused.is_ok());
-  EXPECT_NE(refused.message().find("term 8 holds it"), std::string::npos) << refused.message();
+  EXPECT_NE(refused.message().find("term 8 (erun pid 4242 on login1) holds it"), std::string::npos) << refused.message();
   EXPECT_EQ(peek_record(dir.file("jobs"), "j")->term, taken.term);
+  // A second erun that took the same silent driver over claims the same
+  // term: refused, the first one's claim stays.
+  JobRecord twin = taken;
+  twin.driver_pid = taken.driver_pid + 1;
+  auto second = JobStore::open_unlocked(dir.file("jobs"), "j");
+  ASSERT_TRUE(second.is_ok());
+  EXPECT_FALSE(second.value()->write(twin).is_ok());
+  EXPECT_EQ(peek_record(dir.file("jobs"), "j")->driver_pid, taken.driver_pid);
+  taken.generation += 1;
+  EXPECT_TRUE(standby.value()->write(taken).is_ok()) << "the claimant's own next write";
   old_driver.value().reset();  // it leaves
   EXPECT_TRUE(standby.value()->try_lock());
   EXPECT_TRUE(standby.value()->holds_lock());
@@ -324,6 +334,12 @@ TEST(JobStore, AReplacedDriverThatEndsLeavesTheJobToItsReplacement) {
   ASSERT_TRUE(replacement.value()->try_lock()) << "the lock the old driver held is the job's lock still";
   EXPECT_TRUE(replacement.value()->remove());
   EXPECT_NE(::access(dir.file("jobs/j").c_str(), F_OK), 0) << "the job's directory left behind";
+  // A standby that chose to take over a job that then ended finds nothing
+  // to open: the directory is not made again for a job that is over.
+  auto ended = JobStore::open_unlocked(dir.file("jobs"), "j");
+  ASSERT_FALSE(ended.is_ok());
+  EXPECT_NE(ended.message().find("job j ended"), std::string::npos) << ended.message();
+  EXPECT_NE(::access(dir.file("jobs/j").c_str(), F_OK), 0) << "an ended job's directory made again";
   // Another job of the same name, or one the store never wrote: removed.
   auto again = JobStore::lock(dir.file("jobs"), "j");
   ASSERT_TRUE(again.is_ok());

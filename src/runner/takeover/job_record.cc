@@ -304,6 +304,9 @@ std::optional<JobRecord> read_record_at(int dir_fd, const std::string& dir) {
   return std::move(r).value();
 }
 
+// A job's directory: this user's, no link, nobody else may write to it.
+constexpr DirPolicy kJobDirPolicy{.refuse_shared_write = true, .refuse_link = true};
+
 // The job's lock file in `dir_fd`, locked without waiting; an empty Fd
 // with errno set when not (EWOULDBLOCK: another erun holds it). A job that
 // ends removes its lock file and its directory (JobStore::remove()): a
@@ -349,15 +352,17 @@ Result<std::unique_ptr<JobStore>> JobStore::lock(const std::string& jobs_dir, co
   // its lock: then again, with a new one.
   for (int attempt = 1;; ++attempt) {
     const bool last = attempt == 10;
-    if (Status s = ensure_private_dir(dir, "job record directory",
-                                      DirPolicy{.refuse_shared_write = true, .refuse_link = true});
-        !s) {
+    if (Status s = ensure_private_dir(dir, "job record directory", kJobDirPolicy); !s) {
       if (!last && ::access(dir.c_str(), F_OK) != 0 && errno == ENOENT) continue;  // removed between its steps
       return R::error(s.message() + " (set ERUN_JOB_DIR to a directory of your own)");
     }
     Fd dir_fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
     if (!dir_fd && errno == ENOENT && !last) continue;
     if (!dir_fd) return R::error(fmt::format("cannot open the job record directory {}: {}", dir, std::strerror(errno)));
+    // The directory checked is the one opened (not one swapped in between).
+    if (Status s = check_private_dir(dir_fd.get(), dir, "job record directory", kJobDirPolicy); !s) {
+      return R::error(s.message() + " (set ERUN_JOB_DIR to a directory of your own)");
+    }
     Fd lock = take_lock_at(dir_fd.get());
     if (lock) return R(std::unique_ptr<JobStore>(new JobStore(dir, std::move(dir_fd), std::move(lock))));
     if ((errno == ESTALE || errno == ENOENT) && !last) continue;
@@ -372,12 +377,13 @@ Result<std::unique_ptr<JobStore>> JobStore::lock(const std::string& jobs_dir, co
 Result<std::unique_ptr<JobStore>> JobStore::open_unlocked(const std::string& jobs_dir, const std::string& name) {
   using R = Result<std::unique_ptr<JobStore>>;
   const std::string dir = jobs_dir + "/" + name;
-  if (Status s = ensure_private_dir(dir, "job record directory", DirPolicy{.refuse_shared_write = true, .refuse_link = true});
-      !s) {
+  // Never made here: a job whose directory is gone has ended.
+  Fd dir_fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!dir_fd && errno == ENOENT) return R::error(fmt::format("job {} ended: its directory {} is gone", name, dir));
+  if (!dir_fd) return R::error(fmt::format("cannot open the job record directory {}: {}", dir, std::strerror(errno)));
+  if (Status s = check_private_dir(dir_fd.get(), dir, "job record directory", kJobDirPolicy); !s) {
     return R::error(s.message());
   }
-  Fd dir_fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
-  if (!dir_fd) return R::error(fmt::format("cannot open the job record directory {}: {}", dir, std::strerror(errno)));
   return R(std::unique_ptr<JobStore>(new JobStore(dir, std::move(dir_fd), Fd())));
 }
 
@@ -399,12 +405,23 @@ std::string record_stamp(const std::string& jobs_dir, const std::string& name) {
 
 std::optional<JobRecord> JobStore::read() const { return read_record_at(dir_fd_.get(), dir_); }
 
+uint64_t JobStore::record_inode() const {
+  struct stat st {};
+  if (::fstatat(dir_fd_.get(), "record", &st, AT_SYMLINK_NOFOLLOW) != 0) return 0;
+  return static_cast<uint64_t>(st.st_ino);
+}
+
 Status JobStore::write(const JobRecord& r) {
   // A driver that was frozen or cut off while a standby took the job over
   // must not put its older view back (it learns from the agents that it was
   // replaced, and exits).
-  if (auto now = read(); now && now->job_id == r.job_id && now->term > r.term) {
-    return Status::error(fmt::format("job {}: driver term {} holds it now", r.name, now->term));
+  // Nor may two eruns claim one term (both took over the same silent driver):
+  // the second finds the first's claim.
+  if (auto now = read(); now && now->job_id == r.job_id &&
+                         (now->term > r.term || (now->term == r.term && (now->driver_pid != r.driver_pid ||
+                                                                          now->driver_host != r.driver_host)))) {
+    return Status::error(fmt::format("job {}: driver term {} (erun pid {} on {}) holds it now", r.name, now->term,
+                                     now->driver_pid, now->driver_host));
   }
   std::string tmp;
   auto fd = create_private_temp(dir_fd_.get(), dir_, ".record-", &tmp);

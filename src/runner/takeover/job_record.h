@@ -86,6 +86,8 @@ class JobStore {
   void touch();
   // The record, when one is there; a damaged one is reported and ignored.
   std::optional<JobRecord> read() const;
+  // The record file's inode (0: none): it changes with every write().
+  uint64_t record_inode() const;
   // Replaces the record atomically (a private temporary file, fsync, rename);
   // refused when the record there names a newer driver term of the job.
   Status write(const JobRecord& r);

@@ -36,8 +36,20 @@ class RecordKeeper {
     // itself: a blacklisting's end is a time point (the text holds it as a
     // wall-clock time).
     const bool changed = version != version_ || now_kept != static_cast<const DriverRecord&>(last_);
-    if (!changed && now < next_) return;
+    if (superseded_ != 0 || (!changed && now < next_)) return;
     next_ = now + std::chrono::seconds(1);
+    // A newer driver holds the job (it took it over while this one was
+    // frozen or cut off): its heartbeat is not this one's to keep, nor its
+    // record to write; the driver reads superseded() and leaves.
+    // (Read again only when another file was put there: a write renames one
+    // over it; this driver's heartbeat changes only its time.)
+    if (const uint64_t inode = store_.record_inode(); inode != seen_inode_) {
+      seen_inode_ = inode;
+      if (auto there = store_.read(); there && there->job_id == base_.job_id && there->term > base_.term) {
+        superseded_ = there->term;
+        return;
+      }
+    }
     // The heartbeat a standby driver watches (erun --watch --attach), and
     // the lock once a replaced driver let it go (a standby that took the job
     // from a silent one holds none at first).
@@ -51,16 +63,22 @@ class RecordKeeper {
     }
     if (r == last_) return;
     if (auto s = store_.write(r); !s) {
-      if (auto now_there = store_.read(); now_there && now_there->term > base_.term) return;  // replaced
+      if (auto now_there = store_.read(); now_there && now_there->term > base_.term) {
+        superseded_ = now_there->term;
+        return;
+      }
       if (!warned_) ERUN_LOG_WARN("{}: a new erun could not take this job over", s.message());
       warned_ = true;
       return;
     }
+    seen_inode_ = store_.record_inode();
     std::vector<std::pair<std::string, std::string>> named;
     for (auto& a : r.agents) named.emplace_back(a.host, a.attach_path);
     for (Launcher* launcher : launchers_) launcher->recorded(named);
     last_ = std::move(r);
   }
+  // The newer driver term found in the record (0: none): this driver was replaced.
+  uint64_t superseded() const { return superseded_; }
 
  private:
   JobStore& store_;
@@ -70,6 +88,8 @@ class RecordKeeper {
   uint64_t version_ = 0;
   std::chrono::steady_clock::time_point next_{};
   bool warned_ = false;
+  uint64_t superseded_ = 0;
+  uint64_t seen_inode_ = 0;  // the record file last read or written
 };
 
 }  // namespace erun

@@ -138,9 +138,16 @@ std::variant<std::unique_ptr<JobStore>, int> stand_by(const std::string& jobs_di
                     name, record->driver_pid, record->driver_host, term,
                     std::chrono::duration<double>(now - changed_at).count());
       auto store = JobStore::open_unlocked(jobs_dir, name);
-      if (!store) {
-        std::fprintf(stderr, "erun --standby: %s\n", store.message().c_str());
-        return 2;
+      if (!store || !store.value()->read()) {
+        // The driver was slow, not gone: it ended the job meanwhile (and
+        // removed its directory, or is removing it). Nothing to take over.
+        release_marker(marker, standby_fd);
+        if (!store && ::access((jobs_dir + "/" + name).c_str(), F_OK) == 0) {
+          std::fprintf(stderr, "erun --standby: %s\n", store.message().c_str());
+          return 2;
+        }
+        ERUN_LOG_INFO("job {}: it ended (its record is gone): the standby has nothing to take over", name);
+        return 0;
       }
       release_marker(marker, standby_fd);
       return std::move(store).value();
