@@ -634,6 +634,22 @@ int run_job(const erun::DriverOptions& options, erun::DriverDeps& deps, erun::Ev
   return code;
 }
 
+// The driver's parts that main made (the job's own, as `id` names them).
+erun::DriverDeps driver_parts(Launchers& launchers, erun::HostDiscovery& discovery, erun::Clock& clock,
+                              erun::OutputForwarder& output, erun::EventLog& events, const JobIdentity& id) {
+  erun::DriverDeps deps;
+  deps.discovery = &discovery;
+  deps.local_launcher = launchers.local.get();
+  deps.remote_launcher = launchers.remote.get();
+  deps.clock = &clock;
+  deps.output = &output;
+  deps.events = &events;
+  deps.job_id = id.server.job_id;
+  deps.secret = id.server.secret;
+  deps.commit_dir = id.commit_dir;
+  return deps;
+}
+
 // The driver and its parts (launchers, event log, output, rendezvous), then
 // the job or its dry run. `args`: erun's arguments, for the job's name and
 // record; `standby_store`: the job a standby driver takes over (stand_by()).
@@ -661,16 +677,7 @@ int run_driver(const erun::DriverOptions& options, erun::HostDiscovery& discover
   if (previous) keep_identity(id, *previous);
   auto rendezvous = start_rendezvous(options, id.server, previous.has_value());
   if (!rendezvous) return 1;
-  erun::DriverDeps deps;
-  deps.discovery = &discovery;
-  deps.local_launcher = launchers->local.get();
-  deps.remote_launcher = launchers->remote.get();
-  deps.clock = &clock;
-  deps.output = &output;
-  deps.events = &events;
-  deps.job_id = id.server.job_id;
-  deps.secret = id.server.secret;
-  deps.commit_dir = id.commit_dir;
+  erun::DriverDeps deps = driver_parts(*launchers, discovery, clock, output, events, id);
   erun::DriverDeps::Takeover takeover;
   if (previous) {
     if (!claim_takeover(options, *launchers, *store, *previous, id.name, rendezvous->port(), takeover)) return 3;

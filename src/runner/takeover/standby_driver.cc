@@ -87,6 +87,20 @@ int take_marker(const std::string& marker, const std::string& name) {
   return fd;
 }
 
+// The job of a driver that went silent, without its lock (that driver
+// holds it); 0 when the job ended meanwhile (the driver was slow, not gone,
+// and removed its directory, or is removing it): nothing to take over.
+std::variant<std::unique_ptr<JobStore>, int> take_from_silent(const std::string& jobs_dir, const std::string& name) {
+  auto store = JobStore::open_unlocked(jobs_dir, name);
+  if (store && store.value()->read()) return std::move(store).value();
+  if (!store && ::access((jobs_dir + "/" + name).c_str(), F_OK) == 0) {
+    std::fprintf(stderr, "erun --standby: %s\n", store.message().c_str());
+    return 2;
+  }
+  ERUN_LOG_INFO("job {}: it ended (its record is gone): the standby has nothing to take over", name);
+  return 0;
+}
+
 }  // namespace
 
 std::variant<std::unique_ptr<JobStore>, int> stand_by(const std::string& jobs_dir, const std::string& name,
@@ -137,20 +151,8 @@ std::variant<std::unique_ptr<JobStore>, int> stand_by(const std::string& jobs_di
                     "the job over; should that erun come back, it finds itself replaced and leaves",
                     name, record->driver_pid, record->driver_host, term,
                     std::chrono::duration<double>(now - changed_at).count());
-      auto store = JobStore::open_unlocked(jobs_dir, name);
-      if (!store || !store.value()->read()) {
-        // The driver was slow, not gone: it ended the job meanwhile (and
-        // removed its directory, or is removing it). Nothing to take over.
-        release_marker(marker, standby_fd);
-        if (!store && ::access((jobs_dir + "/" + name).c_str(), F_OK) == 0) {
-          std::fprintf(stderr, "erun --standby: %s\n", store.message().c_str());
-          return 2;
-        }
-        ERUN_LOG_INFO("job {}: it ended (its record is gone): the standby has nothing to take over", name);
-        return 0;
-      }
       release_marker(marker, standby_fd);
-      return std::move(store).value();
+      return take_from_silent(jobs_dir, name);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
