@@ -168,14 +168,17 @@ void State::commit() {
   // size: both before anything changed.
   Impl::Staged staged = impl_->stage();
   impl_->check_shard_sizes(staged.pieces, ctx_.rank(), ctx_.size());
-  impl_->take_staged(staged, direct, std::max(impl_->commit_id + 1, impl_->next_id), ctx_.rank(), ctx_.size());
   // The buddy has the previous commit (or its push failed) before this one
   // is written: it is never more than one commit behind. And no rank writes
   // over the commit before the previous one until every rank's buddy holds
   // the previous one: otherwise a host lost with its push in flight would
   // leave its rows at the commit before, which the others no longer keep.
+  // Before anything changed: a barrier that fails leaves the previous
+  // commit whole (taken first, the values were the new commit's and the
+  // rows, in the host file, the previous one's).
   impl_->finish_push();
   if (impl_->many_hosts && impl_->has_shards()) ctx_.comm().barrier();
+  impl_->take_staged(staged, direct, std::max(impl_->commit_id + 1, impl_->next_id), ctx_.rank(), ctx_.size());
   const bool in_host_memory = impl_->write_host_commit(ctx_.info(), direct, &staged.pieces, /*devices_later=*/true);
   staged = {};  // the ranges were copied
   if (in_host_memory && impl_->buddy) impl_->push_to_buddy(ctx_);

@@ -236,11 +236,10 @@ TEST_F(ShardTest, AJoinersRowsAreReadableAsPiecesBeforeItsFirstCommit) {
   }
 }
 
-// Slot 3 dies after the step's collectives and before its commit 4, which
-// the others make: commit 4 is not whole anywhere, so the job goes on from
-// commit 3 (whole entries from the survivors' files) and redoes step 3. A
-// replacement on host B starts at once and offers the newest commit its
-// host's files claim (4, a survivor's): it is passed over too.
+// Slot 3 dies after the step's collectives and before its commit 4: the
+// others' commit barrier fails, so none of them makes commit 4 either, and
+// the job goes on from commit 3 (whole entries from the survivors' files)
+// and redoes step 3. A replacement on host B starts at once and joins.
 TEST_F(ShardTest, AWorkerThatDiesBeforeItsCommitSendsTheJobBackOneCommitExactly) {
   const State::ShardSpec spec{kRows, kCols, State::ShardSplit::kChunk};
   FakeHub hub(4);
@@ -264,10 +263,36 @@ TEST_F(ShardTest, AWorkerThatDiesBeforeItsCommitSendsTheJobBackOneCommitExactly)
     const Outcome& o = out[static_cast<size_t>(slot)];
     ASSERT_EQ(o.size, 4) << "slot " << slot;
     expect_exact(o, spec, 10);
-    // Commit 4 of the lost attempt is never named again: 3, then 5 onward.
-    EXPECT_EQ(o.id, 11u) << "slot " << slot;
+    // The lost attempt's commit 4 was never made (the commit's barrier
+    // failed before any rank took it): 3, then 4 again onward.
+    EXPECT_EQ(o.id, 10u) << "slot " << slot;
   }
   EXPECT_EQ(out[0].resets, (std::vector<std::pair<int, int>>{{4, 4}}));
+}
+
+// Every rank reaches a commit whose barrier fails while all of them live (a
+// push, or a rank, slower than the collective timeout): that commit was not
+// made, on any rank, and the job goes on from the one before with its rows
+// and its values together. (Taken into memory before the barrier, the
+// values were the new commit's and the rows, in the host files, the old
+// one's: the job went on a step ahead of its rows.)
+TEST_F(ShardTest, ACommitWhoseBarrierFailsOnEveryRankIsNotMadeHalfway) {
+  const State::ShardSpec spec{kRows, kCols, State::ShardSplit::kChunk};
+  FakeHub hub(4);
+  std::vector<Outcome> out(4);
+  std::atomic<bool> broke{false};
+  run_threads(4, [&](int slot) {
+    train(hub, slot, false, spec, out[static_cast<size_t>(slot)], {}, [&](Context&, int64_t step) {
+      // Every rank is past step 4's allreduce: each one's next collective is its commit's barrier.
+      if (slot == 0 && step == 4 && !broke.exchange(true)) hub.break_generation();
+    });
+  });
+  ASSERT_TRUE(broke.load());
+  for (int slot = 0; slot < 4; ++slot) {
+    const Outcome& o = out[static_cast<size_t>(slot)];
+    ASSERT_EQ(o.size, 4) << "slot " << slot;
+    expect_exact(o, spec, 10);
+  }
 }
 
 // Both workers of host B die at once: their rows come back from the buddy
