@@ -105,20 +105,57 @@ void Holdings::sources(const ShardPiece& e, uint64_t id, std::vector<RowSource>*
   }
 }
 
-std::vector<RowRange> Holdings::holes(const ShardPiece& e, uint64_t id) const {
-  std::vector<RowSource> s;
-  std::vector<std::string> files;
-  sources(e, id, &s, &files);
-  std::sort(s.begin(), s.end(), [](const auto& a, const auto& b) { return a.rows.begin < b.rows.begin; });
+namespace {
+
+// The rows of `rows` that none of `copies` holds, in order.
+std::vector<RowRange> uncovered(uint64_t rows, std::vector<RowSource> copies) {
+  std::sort(copies.begin(), copies.end(), [](const auto& a, const auto& b) { return a.rows.begin < b.rows.begin; });
   std::vector<RowRange> out;
   uint64_t at = 0;
-  for (const RowSource& c : s) {
+  for (const RowSource& c : copies) {
     if (c.rows.size() == 0) continue;
     if (c.rows.begin > at) out.push_back({at, c.rows.begin});
     at = std::max(at, c.rows.end);
   }
-  if (at < e.rows) out.push_back({at, e.rows});
+  if (at < rows) out.push_back({at, rows});
   return out;
+}
+
+}  // namespace
+
+std::vector<RowRange> Holdings::holes(const ShardPiece& e, uint64_t id, std::optional<SplitRule> rule) const {
+  std::vector<RowSource> s;
+  std::vector<std::string> files;
+  sources(e, id, &s, &files);
+  if (!rule) return uncovered(e.rows, std::move(s));
+  // What the files leave out, each part then looked for in the memory of
+  // the rank that keeps it in the new world.
+  std::vector<RowSource> in_files, in_memory;
+  for (const RowSource& c : s) (c.memory ? in_memory : in_files).push_back(c);
+  const int size = static_cast<int>(offers.size());
+  std::vector<RowRange> out;
+  for (const RowRange& hole : uncovered(e.rows, std::move(in_files))) {
+    for (int r = 0; r < size; ++r) {
+      const RowRange mine = split_rows(e.rows, *rule, r, size);
+      const RowRange part{std::max(mine.begin, hole.begin), std::min(mine.end, hole.end)};
+      if (part.begin >= part.end) continue;
+      std::vector<RowSource> own;  // rank r's memory within `part`, counted from part.begin
+      for (const RowSource& c : in_memory) {
+        const uint64_t b = std::max(c.rows.begin, part.begin), end = std::min(c.rows.end, part.end);
+        if (c.server == r && b < end) own.push_back(RowSource{{b - part.begin, end - part.begin}});
+      }
+      for (const RowRange& left : uncovered(part.size(), std::move(own))) {
+        out.push_back({part.begin + left.begin, part.begin + left.end});
+      }
+    }
+  }
+  // Adjacent parts as one range.
+  std::vector<RowRange> merged;
+  for (const RowRange& r : out) {
+    if (!merged.empty() && merged.back().end == r.begin) merged.back().end = r.end;
+    else merged.push_back(r);
+  }
+  return merged;
 }
 std::string rows_text(const std::vector<RowRange>& ranges) {
   std::string out;
@@ -149,7 +186,8 @@ int choose_buddy(const Holdings& held, int rank) {
 }
 
 
-CommitChoice choose_commit(const Holdings& held, const std::vector<ShardPiece>& entries) {
+CommitChoice choose_commit(const Holdings& held, const std::vector<ShardPiece>& entries,
+                           const std::vector<SplitRule>& rules) {
   CommitChoice c;
   std::set<uint64_t, std::greater<>> ids;
   for (const Offer& o : held.offers) {
@@ -162,8 +200,9 @@ CommitChoice choose_commit(const Holdings& held, const std::vector<ShardPiece>& 
   c.seen = std::max(c.seen, c.newest);
   auto lost_at = [&](uint64_t id) {
     std::vector<std::string> lost;
-    for (const ShardPiece& e : entries) {
-      auto holes = held.holes(e, id);
+    for (size_t k = 0; k < entries.size(); ++k) {
+      const ShardPiece& e = entries[k];
+      auto holes = held.holes(e, id, k < rules.size() ? std::optional<SplitRule>(rules[k]) : std::nullopt);
       if (!holes.empty()) lost.push_back(fmt::format("'{}' {} of {}", e.name, rows_text(holes), e.rows));
     }
     return fmt::format("{}", fmt::join(lost, "; "));

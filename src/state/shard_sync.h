@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -42,8 +43,11 @@ struct Holdings {
   // (empty: a rank's memory). Throws erun::Error when a copy has another
   // shape than `e`.
   void sources(const ShardPiece& e, uint64_t id, std::vector<RowSource>* out, std::vector<std::string>* files) const;
-  // The rows of entry `e` that no copy of commit `id` holds.
-  std::vector<RowRange> holes(const ShardPiece& e, uint64_t id) const;
+  // The rows of entry `e` that no copy of commit `id` holds. With `rule`,
+  // for the new world (a rank per offer) as it splits them: a row found only
+  // in a rank's memory counts only where that rank keeps it, since memory
+  // is read by its own rank alone (other ranks read files).
+  std::vector<RowRange> holes(const ShardPiece& e, uint64_t id, std::optional<SplitRule> rule = std::nullopt) const;
 };
 
 // This rank's buddy for the generation: a worker of the next host (in rank
@@ -61,7 +65,10 @@ struct CommitChoice {
   uint64_t any_rejoin = 0;  // the largest world size a rank re-joined from
   std::string lost;      // what the newest commit lacks ("'w' rows 3..9 of 12; ..."), empty when whole
 };
-CommitChoice choose_commit(const Holdings& held, const std::vector<ShardPiece>& entries);
+// `rules`: each entry's split, for the new world (empty: rows in any
+// rank's memory count as held).
+CommitChoice choose_commit(const Holdings& held, const std::vector<ShardPiece>& entries,
+                           const std::vector<SplitRule>& rules = {});
 
 // "row 3", "rows 4..9, row 12".
 std::string rows_text(const std::vector<RowRange>& ranges);

@@ -213,6 +213,8 @@ struct State::Impl {
   void pair_buddy(const si::Holdings& held, int rank, const std::string& stem, const Link& link);
   // The sharded entries' shapes (their rows held: this rank's last).
   std::vector<si::ShardPiece> shard_shapes() const;
+  // Each sharded entry's split, in shard_shapes()'s order.
+  std::vector<si::SplitRule> shard_rules() const;
   // The committed sharded pieces and their table (the buddy's push, the
   // durable pieces files).
   std::vector<si::EntryRef> shard_refs() const;
@@ -221,8 +223,10 @@ struct State::Impl {
   // The sync goes on from `choice`: StateLost when nothing is whole (on
   // every rank); ids written since are skipped from now on, so that an id
   // never names two commits. `copies_elsewhere`: the job keeps buddy
-  // copies (--commit-replicas not 0), which StateLost's advice depends on.
-  void go_on_from(const si::CommitChoice& choice, int rank, bool copies_elsewhere);
+  // copies (--commit-replicas not 0), which StateLost's advice depends on;
+  // `host_files`: the worker has host-memory commit files (ERUN_COMMIT_DIR),
+  // without which rows cannot move between ranks (`size`: the new world's).
+  void go_on_from(const si::CommitChoice& choice, int rank, int size, bool copies_elsewhere, bool host_files);
   // Every rank takes commit `target`'s whole entries from one root.
   void take_whole(Communicator& comm, const WorkerInfo& info, const si::Holdings& held, uint64_t target);
   // Whether this rank holds exactly its rows of `target` for the world.

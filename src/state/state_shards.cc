@@ -313,6 +313,14 @@ void State::Impl::pair_buddy(const si::Holdings& held, int rank, const std::stri
                 link.secret};
 }
 
+std::vector<si::SplitRule> State::Impl::shard_rules() const {
+  std::vector<si::SplitRule> out;
+  for (const Entry& e : entries) {
+    if (const auto* s = e.as<si::ShardKind>()) out.push_back(s->rule);
+  }
+  return out;
+}
+
 std::vector<si::ShardPiece> State::Impl::shard_shapes() const {
   std::vector<si::ShardPiece> out;
   for (const Entry& e : entries) {
@@ -476,12 +484,20 @@ void State::Impl::keep_own_pieces(int rank, int size) {
   }
 }
 
-void State::Impl::go_on_from(const si::CommitChoice& choice, int rank, bool copies_elsewhere) {
+void State::Impl::go_on_from(const si::CommitChoice& choice, int rank, int size, bool copies_elsewhere,
+                             bool host_files) {
+  if (choice.newest != 0 && choice.target == 0 && !host_files) {
+    throw StateLost(fmt::format(
+        "erun: commit {} of the sharded entries cannot be put back together for {} ranks: {} lie only in other "
+        "ranks' memory, and sharded rows move between ranks through host-memory commit files (ERUN_COMMIT_DIR), "
+        "which this worker has not (--no-host-commits?); give --checkpoint-dir to resume from disk",
+        choice.newest, size, choice.lost));
+  }
   if (choice.newest != 0 && choice.target == 0) {
     throw StateLost(fmt::format(
         "erun: commit {} of the sharded entries cannot be put back together: no living host holds {}; every copy "
-        "of those rows was lost (their workers' hosts failed{}), and no older commit is whole either. Restart from a "
-        "durable checkpoint",
+        "of those rows was lost (their workers' hosts failed, or their commits stayed in worker memory: a full "
+        "/dev/shm{}), and no older commit is whole either. Restart from a durable checkpoint",
         choice.newest, choice.lost,
         copies_elsewhere ? ""
                          : "; with --commit-replicas 0 no other host keeps a copy: leave it at 1 or give --checkpoint-dir"));
@@ -577,9 +593,9 @@ void State::sync_sharded(int rejoined_from) {
   // 2. The commit: the newest whole one. Ids written since are skipped
   // from now on: an id never names two commits. A durable commit newer
   // than it (every copy in memory lost, or a job started again) wins.
-  const si::CommitChoice choice = si::choose_commit(held, im.shard_shapes());
+  const si::CommitChoice choice = si::choose_commit(held, im.shard_shapes(), im.shard_rules());
   if (im.go_on_from_durable(ctx_, comm, choice)) return;
-  im.go_on_from(choice, rank, link.replicas > 0);
+  im.go_on_from(choice, rank, size, link.replicas > 0, !dir.empty());
 
   // 3. The whole entries, and the reset due.
   im.take_whole(comm, info, held, choice.target);

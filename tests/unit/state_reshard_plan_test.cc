@@ -228,5 +228,34 @@ TEST(CommitChoice, NothingWholeLeavesNoTargetAndSaysWhatTheNewestLacks) {
   EXPECT_THROW(choose_commit(h, {{"w", 13, 8, {}}}), Error);  // another shape than the pieces'
 }
 
+// A commit whose rows lie in the ranks' memory only (its host-memory writes
+// failed: /dev/shm full) is whole for the world that keeps each rank's rows
+// where they are, not for one that moves rows between ranks (memory is read
+// by its own rank alone): the job then goes back to the commit the files
+// hold, instead of choosing one it cannot put together.
+TEST(CommitChoice, RowsOnlyInAnotherRanksMemoryDoNotMakeACommitWholeForANewLayout) {
+  const ShardPiece w{"w", 12, 8, {}};
+  Holdings same = offering(5, {{0, 6}, {6, 12}}, {4});
+  same.offers[0].files.push_back({"slot-a.a", 4, {"w", 12, 8, {0, 6}}, 64});
+  same.offers[1].files.push_back({"slot-b.a", 4, {"w", 12, 8, {6, 12}}, 64});
+  same.publishes = {true, true};
+  EXPECT_EQ(choose_commit(same, {w}, {SplitRule::kEven}).target, 5u) << "each rank keeps its rows";
+  EXPECT_TRUE(same.holes(w, 5, SplitRule::kEven).empty());
+
+  // A third rank joins: the layout 0..3, 4..7, 8..11 moves rows 4..5 from
+  // rank 0's memory to rank 1, and 8..11 from rank 1's to rank 2.
+  Offer joiner;
+  joiner.host = "h2";
+  same.offers.push_back(joiner);
+  Holdings grown(same.offers);
+  grown.publishes = {true, true, false};
+  EXPECT_EQ(grown.holes(w, 5).size(), 0u) << "without the new layout every row counts";
+  EXPECT_EQ(rows_text(grown.holes(w, 5, SplitRule::kEven)), "rows 4..5, rows 8..11");
+  const CommitChoice c = choose_commit(grown, {w}, {SplitRule::kEven});
+  EXPECT_EQ(c.newest, 5u);
+  EXPECT_EQ(c.target, 4u) << "the commit the files hold whole";
+  EXPECT_EQ(c.lost, "'w' rows 4..5, rows 8..11 of 12");
+}
+
 }  // namespace
 }  // namespace erun::state_internal
