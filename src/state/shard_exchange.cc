@@ -25,7 +25,8 @@ namespace {
 
 constexpr char kShardMagic[8] = {'E', 'R', 'U', 'N', 'S', 'H', 'R', 'D'};
 constexpr handshake::Scheme kScheme{"erun-shard-reader", "erun-shard-server", handshake::Scheme::Layout::kNoncesLast};
-constexpr char kBuddyMagic[8] = {'E', 'R', 'U', 'N', 'B', 'U', 'D', 'Y'};
+// (ERUNBUDY before the commit to keep was sent: such a pusher is refused.)
+constexpr char kBuddyMagic[8] = {'E', 'R', 'U', 'N', 'B', 'U', 'D', '2'};
 constexpr handshake::Scheme kBuddyScheme{"erun-buddy-pusher", "erun-buddy-keeper",
                                          handshake::Scheme::Layout::kNoncesLast};
 constexpr uint32_t kMaxEntries = 1u << 16;
@@ -212,7 +213,8 @@ Status fetch_ranges(const std::string& host, int port, const std::string& job_id
 }
 
 Status push_to_buddy(const std::string& host, int port, const std::string& job_id, const std::string& secret,
-                     const std::string& name, uint64_t id, const std::vector<EntryRef>& entries, Duration timeout) {
+                     const std::string& name, uint64_t id, uint64_t keep, const std::vector<EntryRef>& entries,
+                     Duration timeout) {
   auto fail = [&](const std::string& what) {
     return Status::error(fmt::format("keeping commit {} on {}:{}: {}", id, host, port, what));
   };
@@ -226,7 +228,7 @@ Status push_to_buddy(const std::string& host, int port, const std::string& job_i
     return fail(st.message());
   }
   PayloadWriter w;
-  w.bytes(name).u64(id).u32(static_cast<uint32_t>(entries.size()));
+  w.bytes(name).u64(id).u64(keep).u32(static_cast<uint32_t>(entries.size()));
   for (const EntryRef& e : entries) w.bytes(*e.name).u64(e.size);
   if (auto o = net::send_all(fd, w.str(), step()); !o.ok()) return fail(o.text());
   for (const EntryRef& e : entries) {
@@ -268,6 +270,7 @@ struct BuddyKeeper::Impl {
   struct Offer {
     std::string name;
     uint64_t id = 0;
+    uint64_t keep = 0;  // the commit the push must not write over
     std::vector<std::string> names;
     std::vector<EntryRef> entries;
   };
@@ -291,10 +294,11 @@ struct BuddyKeeper::Impl {
   // (too large, not a buddy file's name) is refused to the pusher.
   Status read_offer(int fd, const net::Interrupt* stop, Offer& offer) const {
     if (!read_string(fd, stop, &offer.name, 255)) return Status::error("a malformed header");
-    char head[12];
+    char head[20];
     if (auto o = net::recv_exact(fd, head, sizeof head, step(), stop); !o.ok()) return Status::error(o.text());
     offer.id = get_le(head, 8);
-    const auto count = static_cast<uint32_t>(get_le(head + 8, 4));
+    offer.keep = get_le(head + 8, 8);
+    const auto count = static_cast<uint32_t>(get_le(head + 16, 4));
     if (count > kMaxEntries) return refuse(fd, fmt::format("{} entries, more than {}", count, kMaxEntries), step(), stop);
     offer.names.resize(count);
     uint64_t total = 0;
@@ -331,8 +335,11 @@ struct BuddyKeeper::Impl {
     if (!pair) pair = std::make_unique<HostCommits>(dir + "/" + offer.name);
     // Another worker of this host may have kept this pusher's copies since
     // (the pairs change at each generation): write over the older commit the
-    // files hold now, never over the newest one this keeper did not write.
+    // files hold now, never over the newest one this keeper did not write,
+    // nor over the commit the pusher goes on from (after going back to an
+    // older commit, the newer one it abandoned goes first).
     pair->forget_writes();
+    pair->keep_commit(offer.keep);
     std::vector<const char*> placed;
     std::shared_ptr<Completion> landed;
     std::optional<std::string> err;

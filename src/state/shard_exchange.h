@@ -19,9 +19,10 @@
 // Buddy copies: after each commit, a rank pushes its pieces (and the table)
 // to a BuddyKeeper on another host, which writes them into a file pair of
 // its host's commit directory named kBuddyPrefix + the pusher's stem name:
-//   pusher: "ERUNBUDY" nonce(32)        keeper: nonce(32) proof(32)
-//   pusher: proof(32), u32 name length, name, u64 commit id, u32 entries,
-//     per entry u32 name length, name, u64 size; then the entries' bytes
+//   pusher: "ERUNBUD2" nonce(32)        keeper: nonce(32) proof(32)
+//   pusher: proof(32), u32 name length, name, u64 commit id, u64 commit to
+//     keep (0: none), u32 entries, per entry u32 name length, name, u64
+//     size; then the entries' bytes
 //   keeper: u8 1 (the pair holds the commit whole), or u8 0, u32 length, why
 // One commit per connection.
 #pragma once
@@ -85,10 +86,13 @@ Status fetch_ranges(const std::string& host, int port, const std::string& job_id
 // handshake, or asks for a file outside the directory, a link, or bytes
 // outside the file, is refused and changes nothing.
 // Sends commit `id` of `entries` to the BuddyKeeper at host:port, to be
-// kept under `name` (kBuddyPrefix + the pusher's stem name); OK once the
+// kept under `name` (kBuddyPrefix + the pusher's stem name), never over the
+// pair's copy of commit `keep` (the pusher's commit before this one, or
+// the same commit in its layout before a reshard; 0: none); OK once the
 // keeper has it whole.
 Status push_to_buddy(const std::string& host, int port, const std::string& job_id, const std::string& secret,
-                     const std::string& name, uint64_t id, const std::vector<EntryRef>& entries, Duration timeout);
+                     const std::string& name, uint64_t id, uint64_t keep, const std::vector<EntryRef>& entries,
+                     Duration timeout);
 
 // Keeps other hosts' pieces in `dir` (see above) from a thread of its own,
 // one push at a time. A push that fails the handshake, names a file that is

@@ -178,10 +178,11 @@ void State::commit() {
   // rows, in the host file, the previous one's).
   impl_->finish_push();
   if (impl_->many_hosts && impl_->has_shards()) ctx_.comm().barrier();
+  const uint64_t previous = impl_->commit_id;  // the buddy's copy of it stays while this one is pushed
   impl_->take_staged(staged, direct, std::max(impl_->commit_id + 1, impl_->next_id), ctx_.rank(), ctx_.size());
   const bool in_host_memory = impl_->write_host_commit(ctx_.info(), direct, &staged.pieces, /*devices_later=*/true);
   staged = {};  // the ranges were copied
-  if (in_host_memory && impl_->buddy) impl_->push_to_buddy(ctx_);
+  if (in_host_memory && impl_->buddy) impl_->push_to_buddy(ctx_, previous);
   // Sharded entries: every rank's pieces on disk first; the whole entries
   // then name a commit whose pieces are all there.
   const bool sharded_durable = !impl_->checkpoint_dir.empty() && impl_->has_shards();

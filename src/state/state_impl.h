@@ -150,7 +150,7 @@ struct State::Impl {
   // State's end wait for it first. So the buddy is at most one commit
   // behind, and a worker that leaves (a drain) leaves its last commit on
   // the next host.
-  void push_to_buddy(const Context& ctx);
+  void push_to_buddy(const Context& ctx, uint64_t keep);
   // Sharded entries with a checkpoint directory: each rank writes its
   // pieces of every commit (with their table) to a file pair of
   // CHECKPOINT_DIR/erun-shards named after its rank, and rank 0 writes the

@@ -104,7 +104,7 @@ void State::Impl::install_rows(Entry& e, si::RowRange want, uint64_t id) {
   }
 }
 
-void State::Impl::push_to_buddy(const Context& ctx) {
+void State::Impl::push_to_buddy(const Context& ctx, uint64_t keep) {
   finish_push();
   std::vector<si::EntryRef> out = shard_refs();
   const WorkerInfo& info = ctx.info();
@@ -112,8 +112,8 @@ void State::Impl::push_to_buddy(const Context& ctx) {
   push->id = commit_id;
   push->who = who(info.generation, info.host, info.rank);
   Push* p = push.get();
-  p->thread = std::thread([p, b = *buddy, out = std::move(out), timeout = ctx.collective_timeout()] {
-    p->result = si::push_to_buddy(b.address, b.port, b.job_id, b.secret, b.name, p->id, out, timeout);
+  p->thread = std::thread([p, keep, b = *buddy, out = std::move(out), timeout = ctx.collective_timeout()] {
+    p->result = si::push_to_buddy(b.address, b.port, b.job_id, b.secret, b.name, p->id, keep, out, timeout);
   });
 }
 
@@ -121,7 +121,9 @@ void State::Impl::push_rewritten(const Context& ctx) {
   // The commit in its new layout, to the buddy too: until the next commit
   // has reached it, the old layout's copies may be all the others keep.
   try {
-    if (buddy && host && commit_id != 0 && host->holds(commit_id)) push_to_buddy(ctx);
+    // Not over the same commit in its old layout: until this push ends it
+    // may be the buddy's only copy of these rows.
+    if (buddy && host && commit_id != 0 && host->holds(commit_id)) push_to_buddy(ctx, commit_id);
   } catch (const Error&) {
     // no host-memory files: the commit stays in worker memory, unpushed
   }

@@ -574,7 +574,7 @@ class BuddyPush : public ::testing::Test {
   }
   Status push(const std::string& name, uint64_t id, Duration timeout = kTimeout) {
     std::vector<char> piece(32u << 20, static_cast<char>(id));
-    return push_to_buddy("127.0.0.1", port_, "job", "secret", name, id, {EntryRef::of("w", piece)}, timeout);
+    return push_to_buddy("127.0.0.1", port_, "job", "secret", name, id, id - 1, {EntryRef::of("w", piece)}, timeout);
   }
   // True once the keeper has written byte `id` at the first MiB of the piece
   // of buddy file pair `name` (either file), which a push of `id` to it
@@ -691,7 +691,7 @@ TEST(BuddyKeepers, AKeeperThatServesAPusherAgainWritesOverTheOlderCommit) {
     const std::string name = "buddy-slot-b-0";
     auto push = [&](const BuddyKeeper& k, uint64_t id) {
       std::vector<char> piece(4096, static_cast<char>(id));
-      Status s = push_to_buddy("127.0.0.1", k.port(), "job", "secret", name, id, {EntryRef::of("w", piece)},
+      Status s = push_to_buddy("127.0.0.1", k.port(), "job", "secret", name, id, id - 1, {EntryRef::of("w", piece)},
                                std::chrono::seconds(10));
       ASSERT_TRUE(s.is_ok()) << "commit " << id << ": " << s.message();
     };
@@ -706,6 +706,48 @@ TEST(BuddyKeepers, AKeeperThatServesAPusherAgainWritesOverTheOlderCommit) {
     EXPECT_EQ(held(), (std::set<uint64_t>{2, 3}));
     push(k0, 4);  // and back: over 2, never over 3
     EXPECT_EQ(held(), (std::set<uint64_t>{3, 4}));
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// A job that went back to commit 3 (its commit 4 was not whole across the
+// job) pushes 3 again in its new layout, then goes on with 5: the keeper
+// writes each over the abandoned 4, never over the pusher's copy of 3 (it
+// may be the host's only copy of those rows until the next push lands),
+// then over 3's old layout. (By ids alone it wrote 3's new layout over
+// its old one, and 5 over the new one, keeping the abandoned 4.)
+TEST(BuddyKeepers, AfterGoingBackTheKeeperWritesOverTheAbandonedCommitFirst) {
+  char tmpl[] = "/tmp/erun-buddy-keepers-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  {
+    BuddyKeeper k0("127.0.0.1", dir, "job", "secret", std::chrono::seconds(10));
+    BuddyKeeper k1("127.0.0.1", dir, "job", "secret", std::chrono::seconds(10));
+    ASSERT_NE(k0.port(), 0) << k0.error();
+    const std::string name = "buddy-slot-b-0";
+    auto push = [&](const BuddyKeeper& k, uint64_t id, uint64_t keep, size_t bytes, char fill) {
+      std::vector<char> piece(bytes, fill);
+      Status s = push_to_buddy("127.0.0.1", k.port(), "job", "secret", name, id, keep, {EntryRef::of("w", piece)},
+                               std::chrono::seconds(10));
+      ASSERT_TRUE(s.is_ok()) << "commit " << id << ": " << s.message();
+    };
+    // What each file of the pair holds: commit id and its piece's size.
+    auto held = [&] {
+      std::set<std::pair<uint64_t, size_t>> out;
+      for (const char* ab : {".a", ".b"}) {
+        auto c = HostCommits::read(dir + "/" + name + ab);
+        if (c) out.insert({c->commit_id, c->entries.at(0).second.size()});
+      }
+      return out;
+    };
+    push(k0, 3, 2, 4096, 3);
+    push(k0, 4, 3, 4096, 4);
+    ASSERT_EQ(held(), (std::set<std::pair<uint64_t, size_t>>{{3, 4096}, {4, 4096}}));
+    push(k1, 3, 3, 1024, 13);  // 3 in its new layout, kept by another worker of the host
+    EXPECT_EQ(held(), (std::set<std::pair<uint64_t, size_t>>{{3, 4096}, {3, 1024}})) << "the abandoned 4 stayed";
+    push(k0, 5, 3, 1024, 5);
+    EXPECT_EQ(held(), (std::set<std::pair<uint64_t, size_t>>{{3, 1024}, {5, 1024}}))
+        << "the pusher's copy of 3 written over";
   }
   std::filesystem::remove_all(dir);
 }
