@@ -462,6 +462,17 @@ std::variant<JobClaim, int> claim_job(const erun::DriverOptions& options, const 
     if (locked) {
       c.store = std::move(locked).value();
       c.previous = c.store->read();
+      if (c.previous && c.previous->unlocked && c.store->record_age() &&
+          *c.store->record_age() < options.heartbeat_timeout) {
+        // The lock was the silent driver's; the job's driver now beats
+        // without it (it took the job over from that one).
+        std::fprintf(stderr,
+                     "erun: job %s is driven by erun pid %ld on %s, which took it over from a silent driver and "
+                     "does not hold the job's lock yet: to run a separate job beside it, give this one --job-name "
+                     "OTHER; to take this one over, end that erun first and run the same command again\n",
+                     name.c_str(), c.previous->driver_pid, c.previous->driver_host.c_str());
+        return 2;
+      }
     } else {
       ERUN_LOG_WARN("{}: this job runs without a record, so no new erun can take it over should this one die",
                     locked.message());
@@ -508,6 +519,7 @@ bool claim_takeover(const erun::DriverOptions& options, Launchers& launchers, er
   claimed.term = previous.term + 1;
   claimed.driver_pid = ::getpid();
   claimed.driver_host = this_host();
+  claimed.unlocked = !store.holds_lock();
   if (auto s = store.write(claimed); !s) {
     auto there = store.read();
     if (!there || there->job_id != claimed.job_id || there->term < claimed.term) {

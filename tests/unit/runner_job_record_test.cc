@@ -9,13 +9,16 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <thread>
+#include <variant>
 
 #include "common/clock.h"
 #include "runner/hosts/host_manager.h"
 #include "runner/takeover/job_record.h"
+#include "runner/takeover/standby_driver.h"
 #include "support/erun_process.h"
 
 namespace erun {
@@ -56,6 +59,9 @@ TEST(JobRecord, EveryFieldSurvivesTheTextForm) {
   ASSERT_TRUE(back.is_ok()) << back.message();
   EXPECT_EQ(back.value(), r);
   EXPECT_EQ(encode_record(r).find('\0'), std::string::npos);
+  r.unlocked = true;  // written only when set: an older erun's record has none
+  EXPECT_EQ(decode_record(encode_record(r, kAt), kAt).value(), r);
+  EXPECT_EQ(encode_record(sample()).find("unlocked"), std::string::npos);
 }
 
 TEST(JobRecord, DamagedOrForeignTextIsRefused) {
@@ -351,6 +357,52 @@ TEST(JobStore, AReplacedDriverThatEndsLeavesTheJobToItsReplacement) {
   ASSERT_TRUE(never_wrote.is_ok());
   EXPECT_TRUE(never_wrote.value()->remove());
   EXPECT_FALSE(peek_record(dir.file("jobs"), "j"));
+}
+
+// A standby driver that gets the job's lock while the job's driver beats
+// without it (it took the job over from a silent driver, which held the
+// lock and has now gone) does not take over from that live driver: it keeps
+// the lock and stands by until that one is silent, then takes over with it.
+TEST(StandBy, ALockFreedUnderADriverThatTookOverWithoutItIsNoSignThatDriverIsGone) {
+  testing::TempDir dir;
+  const std::string jobs = dir.file("jobs");
+  auto silent = JobStore::lock(jobs, "j");  // the first driver, frozen: it holds the lock
+  ASSERT_TRUE(silent.is_ok());
+  JobRecord r = sample();
+  r.job_id = "job";
+  ASSERT_TRUE(silent.value()->write(r).is_ok());
+  auto live = JobStore::open_unlocked(jobs, "j");  // the driver that took it over
+  ASSERT_TRUE(live.is_ok());
+  JobRecord taken = r;
+  taken.term = r.term + 1;
+  taken.driver_pid = 5151;
+  taken.unlocked = true;
+  ASSERT_TRUE(live.value()->write(taken).is_ok());
+  EXPECT_TRUE(peek_record(jobs, "j")->unlocked);
+
+  std::atomic<bool> beating{true};
+  std::thread heart([&] {
+    while (beating) {
+      live.value()->touch();
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  });
+  std::thread gone([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    silent.value().reset();  // the frozen driver goes: its lock is free
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    beating = false;  // then the live one goes silent too
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  auto got = stand_by(jobs, "j", std::chrono::milliseconds(700));
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  gone.join();
+  heart.join();
+  ASSERT_TRUE(std::holds_alternative<std::unique_ptr<JobStore>>(got));
+  auto& store = std::get<std::unique_ptr<JobStore>>(got);
+  EXPECT_GE(waited, std::chrono::milliseconds(1800 + 700)) << "took over while the live driver beat";
+  EXPECT_TRUE(store->holds_lock());
+  EXPECT_EQ(store->read()->driver_pid, 5151);
 }
 
 }  // namespace

@@ -90,6 +90,7 @@ std::string encode_record(const JobRecord& r, const RecordClock& clock) {
   line("restarts", std::to_string(r.restarts));
   line("launched", std::to_string(r.launched));
   line("in_place", r.in_place ? "1" : "0");
+  if (r.unlocked) line("unlocked", "1");  // only then: an older erun reads the rest
   for (auto& s : r.plan) out += fmt::format("slot {} {}\n", escape(s.host), s.local_index);
   for (auto& a : r.agents) out += fmt::format("agent {} {}\n", escape(a.host), escape(a.attach_path));
   using std::chrono::milliseconds;
@@ -180,6 +181,10 @@ bool decode_scalar(const std::string& key, const std::string& value, JobRecord& 
   if (key == "launched") return read_count(value, r.launched);  // 0 from an erun before it was kept
   if (key == "in_place") {
     r.in_place = value == "1";
+    return value == "0" || value == "1";
+  }
+  if (key == "unlocked") {
+    r.unlocked = value == "1";
     return value == "0" || value == "1";
   }
   return true;
@@ -404,6 +409,14 @@ std::string record_stamp(const std::string& jobs_dir, const std::string& name) {
 }
 
 std::optional<JobRecord> JobStore::read() const { return read_record_at(dir_fd_.get(), dir_); }
+
+std::optional<Duration> JobStore::record_age() const {
+  struct stat st {};
+  if (::fstatat(dir_fd_.get(), "record", &st, AT_SYMLINK_NOFOLLOW) != 0) return std::nullopt;
+  const auto mtime = std::chrono::system_clock::time_point(std::chrono::duration_cast<std::chrono::system_clock::duration>(
+      std::chrono::seconds(st.st_mtim.tv_sec) + std::chrono::nanoseconds(st.st_mtim.tv_nsec)));
+  return std::chrono::duration_cast<Duration>(std::chrono::system_clock::now() - mtime);
+}
 
 uint64_t JobStore::record_inode() const {
   struct stat st {};

@@ -42,6 +42,10 @@ struct JobRecord : DriverRecord {
     bool operator==(const Agent&) const = default;
   };
   std::vector<Agent> agents;
+  // Its driver does not hold the job's lock: it took the job over from a
+  // silent driver, which held it (the lock comes once that one is gone). A
+  // lock taken meanwhile by another erun is no sign that this driver is gone.
+  bool unlocked = false;
   bool operator==(const JobRecord&) const = default;
 };
 
@@ -86,6 +90,9 @@ class JobStore {
   void touch();
   // The record, when one is there; a damaged one is reported and ignored.
   std::optional<JobRecord> read() const;
+  // How long ago the record was written or touched (the wall clock), when
+  // there is one.
+  std::optional<Duration> record_age() const;
   // The record file's inode (0: none): it changes with every write().
   uint64_t record_inode() const;
   // Replaces the record atomically (a private temporary file, fsync, rename);

@@ -58,6 +58,7 @@ class RecordKeeper {
     version_ = version;
     JobRecord r = base_;
     static_cast<DriverRecord&>(r) = now_kept;
+    r.unlocked = !store_.holds_lock();
     for (Launcher* launcher : launchers_) {
       for (auto& [host, path] : launcher->attach_paths()) r.agents.push_back({host, path});
     }

@@ -101,6 +101,20 @@ std::variant<std::unique_ptr<JobStore>, int> take_from_silent(const std::string&
   return 0;
 }
 
+// Takes the job's lock into `mine` unless another erun holds it; false
+// after saying why when it cannot be taken for another reason.
+bool take_job_lock(const std::string& jobs_dir, const std::string& name, std::unique_ptr<JobStore>& mine) {
+  bool held = false;
+  auto locked = JobStore::lock(jobs_dir, name, &held);
+  if (locked) {
+    mine = std::move(locked).value();
+  } else if (!held) {
+    std::fprintf(stderr, "erun --standby: %s\n", locked.message().c_str());
+    return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 std::variant<std::unique_ptr<JobStore>, int> stand_by(const std::string& jobs_dir, const std::string& name,
@@ -114,25 +128,22 @@ std::variant<std::unique_ptr<JobStore>, int> stand_by(const std::string& jobs_di
   std::string stamp = record_stamp(jobs_dir, name);
   auto changed_at = Steady::now();
   uint64_t term = 0;
+  // The job's lock once this standby has it while a driver that took the job
+  // over without it still beats (JobRecord::unlocked): kept for the takeover.
+  std::unique_ptr<JobStore> mine;
   while (true) {
-    bool held = false;
-    auto locked = JobStore::lock(jobs_dir, name, &held);
-    if (locked) {
-      auto store = std::move(locked).value();
-      if (!store->read()) {
-        ERUN_LOG_INFO("job {}: it ended (its record is gone): the standby has nothing to take over", name);
-        // Nothing of the job is left: its marker, its lock, its directory.
-        release_marker(marker, standby_fd);
-        store->remove();
-        return 0;
+    if (!mine) {
+      if (!take_job_lock(jobs_dir, name, mine)) return 2;
+      if (auto record = mine ? mine->read() : std::nullopt) {
+        if (!(record->unlocked && Steady::now() - changed_at <= silence)) {
+          ERUN_LOG_WARN("job {}: its driver is gone: the standby takes the job over", name);
+          release_marker(marker, standby_fd);  // a driver now: another erun --standby may stand by for it
+          return std::move(mine);
+        }
+        ERUN_LOG_INFO("job {}: its driver (erun pid {} on {}) took it over without the job's lock, which this standby "
+                      "holds now: standing by until that one is silent",
+                      name, record->driver_pid, record->driver_host);
       }
-      ERUN_LOG_WARN("job {}: its driver is gone: the standby takes the job over", name);
-      release_marker(marker, standby_fd);  // a driver now: another erun --standby may stand by for it
-      return store;
-    }
-    if (!held) {
-      std::fprintf(stderr, "erun --standby: %s\n", locked.message().c_str());
-      return 2;
     }
     const auto now = Steady::now();
     if (std::string s = record_stamp(jobs_dir, name); s != stamp) {
@@ -140,6 +151,13 @@ std::variant<std::unique_ptr<JobStore>, int> stand_by(const std::string& jobs_di
       changed_at = now;
     }
     auto record = peek_record(jobs_dir, name);
+    if (!record && mine) {
+      ERUN_LOG_INFO("job {}: it ended (its record is gone): the standby has nothing to take over", name);
+      // Nothing of the job is left: its marker, its lock, its directory.
+      release_marker(marker, standby_fd);
+      mine->remove();
+      return 0;
+    }
     if (record && record->term != term) {
       term = record->term;
       ERUN_LOG_INFO("job {}: standing by for its driver (erun pid {} on {}, term {}): taking the job over when it is "
@@ -152,6 +170,7 @@ std::variant<std::unique_ptr<JobStore>, int> stand_by(const std::string& jobs_di
                     name, record->driver_pid, record->driver_host, term,
                     std::chrono::duration<double>(now - changed_at).count());
       release_marker(marker, standby_fd);
+      if (mine) return std::move(mine);
       return take_from_silent(jobs_dir, name);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
