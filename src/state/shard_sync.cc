@@ -62,14 +62,20 @@ Offer decode_offer(const std::vector<char>& bytes, int rank) {
 
 Holdings::Holdings(std::vector<Offer> all) : offers(std::move(all)) {
   std::map<std::string, int> index;
-  std::vector<bool> published;
-  for (const Offer& o : offers) {
-    auto [it, fresh] = index.emplace(o.host, static_cast<int>(index.size()));
-    if (fresh) published.push_back(false);
-    const auto h = static_cast<size_t>(it->second);
-    host_of.push_back(it->second);
-    publishes.push_back(!published[h] && !o.files.empty());
-    if (publishes.back()) published[h] = true;
+  for (const Offer& o : offers) host_of.push_back(index.emplace(o.host, static_cast<int>(index.size())).first->second);
+  // Each host's files are offered once, by its lowest rank that found some
+  // and serves them to other hosts; by its lowest that found some when none
+  // serves (its own host's ranks read them still).
+  std::vector<int> by(index.size(), -1);
+  for (size_t r = 0; r < offers.size(); ++r) {
+    const Offer& o = offers[r];
+    int& chosen = by[static_cast<size_t>(host_of[r])];
+    if (o.files.empty()) continue;
+    if (chosen < 0 || (offers[static_cast<size_t>(chosen)].port == 0 && o.port != 0)) chosen = static_cast<int>(r);
+  }
+  publishes.assign(offers.size(), false);
+  for (int r : by) {
+    if (r >= 0) publishes[static_cast<size_t>(r)] = true;
   }
 }
 

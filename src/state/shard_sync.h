@@ -36,7 +36,8 @@ Offer decode_offer(const std::vector<char>& bytes, int rank);
 struct Holdings {
   std::vector<Offer> offers;
   std::vector<int> host_of;     // per rank, its host's number (hosts numbered in rank order)
-  std::vector<bool> publishes;  // per rank: it serves its host's files (the host's lowest rank that found some)
+  std::vector<bool> publishes;  // per rank: it serves its host's files (the host's lowest rank that found some and
+                                // serves them, else the lowest that found some)
 
   explicit Holdings(std::vector<Offer> all);
   // The copies of entry `e`'s rows at commit `id`, and per copy its file

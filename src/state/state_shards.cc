@@ -506,7 +506,8 @@ void State::Impl::go_on_from(const si::CommitChoice& choice, int rank, int size,
   }
   if (choice.target < choice.newest && rank == 0) {
     ERUN_LOG_WARN("erun: commit {} of the sharded entries is not whole ({} missing: a worker died before it "
-                  "committed); the job goes on from commit {}",
+                  "committed, or a host was lost before its copies reached another host); the job goes on from "
+                  "commit {}",
                   choice.newest, choice.lost, choice.target);
   }
   next_id = std::max(next_id, choice.seen + 1);

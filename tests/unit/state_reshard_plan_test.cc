@@ -257,5 +257,23 @@ TEST(CommitChoice, RowsOnlyInAnotherRanksMemoryDoNotMakeACommitWholeForANewLayou
   EXPECT_EQ(c.lost, "'w' rows 4..5, rows 8..11 of 12");
 }
 
+// A host's files are offered by one rank: the lowest that found some and
+// serves them, not one whose shard server could not listen (port 0: readers
+// on other hosts could not reach them through it).
+TEST(Holdings, AHostsFilesAreOfferedByItsLowestRankThatServesThem) {
+  std::vector<Offer> offers(4);
+  offers[0].host = offers[1].host = offers[2].host = "a";
+  offers[3].host = "b";
+  FilePiece f{"slot-a-0.a", 1, {"w", 12, 8, {0, 6}}, 64};
+  for (Offer& o : offers) o.files = {f};
+  offers[0].port = 0;  // it could not listen
+  offers[1].port = 4001;
+  offers[2].port = 4002;
+  offers[3].port = 0;  // b's only rank: none serves, its own host still reads
+  Holdings h(offers);
+  EXPECT_EQ(h.host_of, (std::vector<int>{0, 0, 0, 1}));
+  EXPECT_EQ(h.publishes, (std::vector<bool>{false, true, false, true}));
+}
+
 }  // namespace
 }  // namespace erun::state_internal
