@@ -35,6 +35,8 @@ constexpr size_t kChunk = 4u << 20;  // bytes per send or receive, each within t
 constexpr Duration kHandshakeTime = std::chrono::seconds(5);
 // The pushes a buddy keeper takes at the same time.
 constexpr int kPushesAtOnce = 8;
+// The readers a shard server answers at the same time.
+constexpr int kReadersAtOnce = 8;
 
 handshake::Proofs proofs(const std::string& job_id, const std::string& secret,
                          const handshake::Scheme& scheme = kScheme) {
@@ -398,7 +400,6 @@ struct ShardServer::Impl {
   std::string dir;
   handshake::Proofs proofs;
   Duration io_timeout;
-  std::vector<char> buffer;
   Impl(std::string d, const std::string& job_id, const std::string& secret, Duration t)
       : dir(std::move(d)), proofs(state_internal::proofs(job_id, secret)), io_timeout(t) {}
 
@@ -443,7 +444,7 @@ struct ShardServer::Impl {
       }
     }
     if (auto o = net::send_all(fd, std::string(1, '\1'), step(), stop); !o.ok()) return Status::error(o.text());
-    buffer.resize(kChunk);
+    std::vector<char> buffer(kChunk);  // this reader's: others are answered beside it
     for (uint32_t i = 0; i < count; ++i) {
       const uint64_t off = get_le(table.data() + i * 16, 8);
       const uint64_t n = get_le(table.data() + i * 16 + 8, 8);
@@ -465,11 +466,16 @@ struct ShardServer::Impl {
 ShardServer::ShardServer(const std::string& address, std::string dir, const std::string& job_id,
                          const std::string& secret, Duration io_timeout)
     : impl_(std::make_unique<Impl>(std::move(dir), job_id, secret, io_timeout)) {
+  // Several readers at once (every rank of a new world may read this
+  // host's rows): one slow or frozen reader holds only itself, not the
+  // others past their collective timeout.
   server_ = std::make_unique<net::SerialServer>(
-      address, 64, [this](int fd, const net::Address& peer, const net::Interrupt& stop) {
+      address, 64,
+      [this](int fd, const net::Address& peer, const net::Interrupt& stop) {
         Status s = impl_->answer(fd, stop);
         if (!s.is_ok()) ERUN_LOG_WARN("erun: shard reader from {} refused: {}", peer.name(), s.message());
-      });
+      },
+      kReadersAtOnce);
 }
 
 ShardServer::~ShardServer() = default;

@@ -81,8 +81,8 @@ Status fetch_ranges(const std::string& host, int port, const std::string& job_id
                     const std::string& file, uint64_t id, const std::vector<ByteRange>& ranges, Duration timeout);
 
 // Serves the files of one commit directory on `address` (an ephemeral
-// port) from a thread of its own, one connection at a time, each read and
-// written within `io_timeout` per chunk. A connection that fails the
+// port), up to 8 connections at a time on threads of their own, each read
+// and written within `io_timeout` per chunk. A connection that fails the
 // handshake, or asks for a file outside the directory, a link, or bytes
 // outside the file, is refused and changes nothing.
 // Sends commit `id` of `entries` to the BuddyKeeper at host:port, to be

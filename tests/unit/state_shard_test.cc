@@ -536,6 +536,23 @@ TEST_F(ShardServerTest, AStrangerThatSaysNothingHoldsTheServerOnlyForTheHandshak
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(15));
 }
 
+// Readers are answered side by side: one that connects and says nothing
+// (or reads slowly) does not hold another past its own timeout.
+TEST_F(ShardServerTest, AReaderIsAnsweredBesideOneThatHangs) {
+  ShardServer server("127.0.0.1", dir_, "job", "secret", std::chrono::seconds(30));
+  ASSERT_NE(server.port(), 0) << server.error();
+  auto addrs = net::resolve("127.0.0.1", std::to_string(server.port()));
+  ASSERT_TRUE(addrs.is_ok());
+  net::Socket silent = net::connect(addrs.value().front(), std::chrono::steady_clock::now() + std::chrono::seconds(5));
+  ASSERT_TRUE(silent.ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the server took it first
+  std::vector<char> a(5);
+  Status ok = fetch_ranges("127.0.0.1", server.port(), "job", "secret", "slot-a-0.a", 3, {{offset_, 5, a.data()}},
+                           std::chrono::seconds(2));
+  EXPECT_TRUE(ok.is_ok()) << ok.message();
+  EXPECT_TRUE(std::equal(a.begin(), a.end(), bytes_.begin()));
+}
+
 // A BuddyKeeper in a child process of its own (its server threads, as in a
 // worker), to be frozen with SIGSTOP, and pushes to it of 32 MiB pieces whose
 // every byte is the commit's id.
