@@ -529,7 +529,13 @@ bool claim_takeover(const erun::DriverOptions& options, Launchers& launchers, er
     ERUN_LOG_ERROR("job {}: another erun took it over first ({}): this one leaves it to that one", name, s.message());
     return false;
   }
-  take_over(options, launchers, previous, rdzv_port, takeover);
+  {
+    // Attaching waits up to its timeout for agents that do not answer: the
+    // record beats meanwhile, so that a standby does not take this driver
+    // for a silent one.
+    erun::RecordHeartbeat beat(store, std::chrono::seconds(1));
+    take_over(options, launchers, previous, rdzv_port, takeover);
+  }
   if (takeover.workers.empty()) {
     ERUN_LOG_WARN("job {}: no worker of it is left (its agents ended, or their --driver-grace ran out): starting it "
                   "anew; it resumes from what host memory or --checkpoint-dir still hold",

@@ -18,6 +18,7 @@
 #include "common/clock.h"
 #include "runner/hosts/host_manager.h"
 #include "runner/takeover/job_record.h"
+#include "runner/takeover/record_keeper.h"
 #include "runner/takeover/standby_driver.h"
 #include "support/erun_process.h"
 
@@ -357,6 +358,31 @@ TEST(JobStore, AReplacedDriverThatEndsLeavesTheJobToItsReplacement) {
   ASSERT_TRUE(never_wrote.is_ok());
   EXPECT_TRUE(never_wrote.value()->remove());
   EXPECT_FALSE(peek_record(dir.file("jobs"), "j"));
+}
+
+// While a taking-over driver attaches to its agents (it cannot step), its
+// record beats from a thread, and stops beating when that ends.
+TEST(RecordHeartbeat, TouchesTheRecordUntilItGoes) {
+  testing::TempDir dir;
+  auto store = JobStore::lock(dir.file("jobs"), "j");
+  ASSERT_TRUE(store.is_ok());
+  ASSERT_TRUE(store.value()->write(sample()).is_ok());
+  std::string stamp = record_stamp(dir.file("jobs"), "j");
+  {
+    RecordHeartbeat beat(*store.value(), std::chrono::milliseconds(50));
+    int changes = 0;
+    for (int i = 0; i < 40 && changes < 3; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(30));
+      if (std::string now = record_stamp(dir.file("jobs"), "j"); now != stamp) {
+        stamp = now;
+        ++changes;
+      }
+    }
+    EXPECT_GE(changes, 3) << "the record did not beat";
+  }
+  stamp = record_stamp(dir.file("jobs"), "j");
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(record_stamp(dir.file("jobs"), "j"), stamp) << "it beat on after it went";
 }
 
 // A standby driver that gets the job's lock while the job's driver beats

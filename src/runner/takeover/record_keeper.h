@@ -4,6 +4,9 @@
 #pragma once
 
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
 #include <cstdint>
 #include <vector>
 
@@ -13,6 +16,36 @@
 #include "runner/launch/launcher.h"
 
 namespace erun {
+
+// The driver's heartbeat while it cannot step: the record touched every
+// `every` on a thread of its own until this goes (a takeover attaching to
+// agents that do not answer waits up to the attach timeout, longer than a
+// standby's silence).
+class RecordHeartbeat {
+ public:
+  RecordHeartbeat(JobStore& store, Duration every) : thread_([this, &store, every] {
+    std::unique_lock<std::mutex> lock(mu_);
+    do {
+      store.touch();
+    } while (!done_cv_.wait_for(lock, every, [this] { return done_; }));
+  }) {}
+  ~RecordHeartbeat() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_ = true;
+    }
+    done_cv_.notify_all();
+    thread_.join();
+  }
+  RecordHeartbeat(const RecordHeartbeat&) = delete;
+  RecordHeartbeat& operator=(const RecordHeartbeat&) = delete;
+
+ private:
+  std::mutex mu_;
+  std::condition_variable done_cv_;
+  bool done_ = false;
+  std::thread thread_;  // last: it starts once the rest is made
+};
 
 // Keeps the job record up to date from the driver: written whenever the
 // driver's record or the agents changed, and touched once a second.
