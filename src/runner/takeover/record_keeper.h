@@ -5,9 +5,9 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <mutex>
 #include <thread>
-#include <cstdint>
 #include <vector>
 
 #include "common/log.h"
