@@ -692,39 +692,57 @@ TEST_F(BuddyPush, AFrozenPusherHoldsOnlyItsOwnPushAndTheOtherPusherIsKept) {
   EXPECT_LT(took, 10.0) << "the keeper waited for the frozen pusher";
 }
 
+// Two buddy keepers of one host (two of its workers) over one commit
+// directory, and pushes of one pusher's pair to either.
+class BuddyKeepers : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/erun-buddy-keepers-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    k0_ = std::make_unique<BuddyKeeper>("127.0.0.1", dir_, "job", "secret", std::chrono::seconds(10));
+    k1_ = std::make_unique<BuddyKeeper>("127.0.0.1", dir_, "job", "secret", std::chrono::seconds(10));
+    ASSERT_NE(k0_->port(), 0) << k0_->error();
+    ASSERT_NE(k1_->port(), 0) << k1_->error();
+  }
+  void TearDown() override {
+    k0_.reset();
+    k1_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+  // Commit `id` of a piece of `bytes` bytes of `fill`, never over `keep`.
+  void push(const BuddyKeeper& k, uint64_t id, uint64_t keep, size_t bytes, char fill) {
+    std::vector<char> piece(bytes, fill);
+    Status s = push_to_buddy("127.0.0.1", k.port(), "job", "secret", kName, id, keep, {EntryRef::of("w", piece)},
+                             std::chrono::seconds(10));
+    ASSERT_TRUE(s.is_ok()) << "commit " << id << ": " << s.message();
+  }
+  // What each file of the pair holds: commit id and its piece's size.
+  std::set<std::pair<uint64_t, size_t>> held() const {
+    std::set<std::pair<uint64_t, size_t>> out;
+    for (const char* ab : {".a", ".b"}) {
+      auto c = HostCommits::read(dir_ + "/" + kName + ab);
+      if (c) out.insert({c->commit_id, c->entries.at(0).second.size()});
+    }
+    return out;
+  }
+  static constexpr const char* kName = "buddy-slot-b-0";
+  std::string dir_;
+  std::unique_ptr<BuddyKeeper> k0_, k1_;
+};
+
 // A pusher's buddy moves between the workers of a host (the pairs change at
 // each generation) and back: the keeper it comes back to writes over the
 // older commit the files hold now, not over the one the other keeper wrote
 // last (which a push cut short would then have left the host without).
-TEST(BuddyKeepers, AKeeperThatServesAPusherAgainWritesOverTheOlderCommit) {
-  char tmpl[] = "/tmp/erun-buddy-keepers-XXXXXX";
-  ASSERT_NE(::mkdtemp(tmpl), nullptr);
-  const std::string dir = tmpl;
-  {
-    BuddyKeeper k0("127.0.0.1", dir, "job", "secret", std::chrono::seconds(10));
-    BuddyKeeper k1("127.0.0.1", dir, "job", "secret", std::chrono::seconds(10));
-    ASSERT_NE(k0.port(), 0) << k0.error();
-    ASSERT_NE(k1.port(), 0) << k1.error();
-    const std::string name = "buddy-slot-b-0";
-    auto push = [&](const BuddyKeeper& k, uint64_t id) {
-      std::vector<char> piece(4096, static_cast<char>(id));
-      Status s = push_to_buddy("127.0.0.1", k.port(), "job", "secret", name, id, id - 1, {EntryRef::of("w", piece)},
-                               std::chrono::seconds(10));
-      ASSERT_TRUE(s.is_ok()) << "commit " << id << ": " << s.message();
-    };
-    auto held = [&] {
-      HostCommits pair(dir + "/" + name);
-      auto [a, b] = pair.held_ids();
-      return std::set<uint64_t>{a, b};
-    };
-    push(k0, 1);
-    push(k0, 2);
-    push(k1, 3);  // the pairs changed: k1 writes over 1
-    EXPECT_EQ(held(), (std::set<uint64_t>{2, 3}));
-    push(k0, 4);  // and back: over 2, never over 3
-    EXPECT_EQ(held(), (std::set<uint64_t>{3, 4}));
-  }
-  std::filesystem::remove_all(dir);
+TEST_F(BuddyKeepers, AKeeperThatServesAPusherAgainWritesOverTheOlderCommit) {
+  using Held = std::set<std::pair<uint64_t, size_t>>;
+  push(*k0_, 1, 0, 4096, 1);
+  push(*k0_, 2, 1, 4096, 2);
+  push(*k1_, 3, 2, 4096, 3);  // the pairs changed: k1 writes over 1
+  EXPECT_EQ(held(), (Held{{2, 4096}, {3, 4096}}));
+  push(*k0_, 4, 3, 4096, 4);  // and back: over 2, never over 3
+  EXPECT_EQ(held(), (Held{{3, 4096}, {4, 4096}}));
 }
 
 // A job that went back to commit 3 (its commit 4 was not whole across the
@@ -733,40 +751,15 @@ TEST(BuddyKeepers, AKeeperThatServesAPusherAgainWritesOverTheOlderCommit) {
 // may be the host's only copy of those rows until the next push lands),
 // then over 3's old layout. (By ids alone it wrote 3's new layout over
 // its old one, and 5 over the new one, keeping the abandoned 4.)
-TEST(BuddyKeepers, AfterGoingBackTheKeeperWritesOverTheAbandonedCommitFirst) {
-  char tmpl[] = "/tmp/erun-buddy-keepers-XXXXXX";
-  ASSERT_NE(::mkdtemp(tmpl), nullptr);
-  const std::string dir = tmpl;
-  {
-    BuddyKeeper k0("127.0.0.1", dir, "job", "secret", std::chrono::seconds(10));
-    BuddyKeeper k1("127.0.0.1", dir, "job", "secret", std::chrono::seconds(10));
-    ASSERT_NE(k0.port(), 0) << k0.error();
-    const std::string name = "buddy-slot-b-0";
-    auto push = [&](const BuddyKeeper& k, uint64_t id, uint64_t keep, size_t bytes, char fill) {
-      std::vector<char> piece(bytes, fill);
-      Status s = push_to_buddy("127.0.0.1", k.port(), "job", "secret", name, id, keep, {EntryRef::of("w", piece)},
-                               std::chrono::seconds(10));
-      ASSERT_TRUE(s.is_ok()) << "commit " << id << ": " << s.message();
-    };
-    // What each file of the pair holds: commit id and its piece's size.
-    auto held = [&] {
-      std::set<std::pair<uint64_t, size_t>> out;
-      for (const char* ab : {".a", ".b"}) {
-        auto c = HostCommits::read(dir + "/" + name + ab);
-        if (c) out.insert({c->commit_id, c->entries.at(0).second.size()});
-      }
-      return out;
-    };
-    push(k0, 3, 2, 4096, 3);
-    push(k0, 4, 3, 4096, 4);
-    ASSERT_EQ(held(), (std::set<std::pair<uint64_t, size_t>>{{3, 4096}, {4, 4096}}));
-    push(k1, 3, 3, 1024, 13);  // 3 in its new layout, kept by another worker of the host
-    EXPECT_EQ(held(), (std::set<std::pair<uint64_t, size_t>>{{3, 4096}, {3, 1024}})) << "the abandoned 4 stayed";
-    push(k0, 5, 3, 1024, 5);
-    EXPECT_EQ(held(), (std::set<std::pair<uint64_t, size_t>>{{3, 1024}, {5, 1024}}))
-        << "the pusher's copy of 3 written over";
-  }
-  std::filesystem::remove_all(dir);
+TEST_F(BuddyKeepers, AfterGoingBackTheKeeperWritesOverTheAbandonedCommitFirst) {
+  using Held = std::set<std::pair<uint64_t, size_t>>;
+  push(*k0_, 3, 2, 4096, 3);
+  push(*k0_, 4, 3, 4096, 4);
+  ASSERT_EQ(held(), (Held{{3, 4096}, {4, 4096}}));
+  push(*k1_, 3, 3, 1024, 13);  // 3 in its new layout, kept by another worker of the host
+  EXPECT_EQ(held(), (Held{{3, 4096}, {3, 1024}})) << "the abandoned 4 stayed";
+  push(*k0_, 5, 3, 1024, 5);
+  EXPECT_EQ(held(), (Held{{3, 1024}, {5, 1024}})) << "the pusher's copy of 3 written over";
 }
 
 TEST(ShardTable, ATableRoundTripsAndGarbageIsAnErrorNamingTheSource) {
