@@ -35,6 +35,7 @@
 #include "runner/launch/launcher.h"
 #include "runner/launch/launcher_srun.h"
 #include "runner/takeover/record_keeper.h"
+#include "runner/hosts/host_sources.h"
 #include "runner/hosts/slurm_grow.h"
 #include "runner/takeover/standby_driver.h"
 #include "runner/launch/output.h"
@@ -67,77 +68,6 @@ void on_signal(int sig) {
 std::string env_or_empty(const char* name) {
   const char* v = std::getenv(name);
   return v ? std::string(v) : std::string();
-}
-
-// The allocation's hosts: names from SLURM_JOB_NODELIST, slots from
-// --slots-per-host, SLURM_TASKS_PER_NODE or SLURM_JOB_CPUS_PER_NODE.
-erun::Result<erun::HostSet> slurm_allocation(const erun::DriverOptions& o) {
-  std::string nodelist = env_or_empty("SLURM_JOB_NODELIST");
-  if (nodelist.empty()) nodelist = env_or_empty("SLURM_NODELIST");
-  if (nodelist.empty()) {
-    return erun::Result<erun::HostSet>::error(
-        "--slurm: SLURM_JOB_NODELIST is not set; run erun inside an allocation (salloc, sbatch) or give -H/--hostfile");
-  }
-  std::string counts = o.slots_per_host > 0 ? std::to_string(o.slots_per_host) : env_or_empty("SLURM_TASKS_PER_NODE");
-  const char* counts_from = o.slots_per_host > 0 ? "--slots-per-host" : "SLURM_TASKS_PER_NODE";
-  if (counts.empty()) {
-    counts = env_or_empty("SLURM_JOB_CPUS_PER_NODE");
-    counts_from = "SLURM_JOB_CPUS_PER_NODE";
-  }
-  auto hs = erun::slurm_hosts(nodelist, counts);
-  if (!hs) {
-    return erun::Result<erun::HostSet>::error(fmt::format("--slurm: SLURM_JOB_NODELIST={} with {}={}: {}", nodelist,
-                                                          counts_from, counts, hs.message()));
-  }
-  return hs;
-}
-
-// True when every worker of the job runs on this machine: --launcher local,
-// or a fixed host set (no discovery script) of local or loopback hosts.
-bool loopback_only(const erun::DriverOptions& o, erun::HostDiscovery& discovery) {
-  if (o.launcher == erun::LauncherKind::kLocal) return true;
-  if (!o.discovery_script.empty() || o.launcher == erun::LauncherKind::kSrun || o.slurm) return false;
-  if (!o.driver_address.empty()) return false;
-  auto hosts = discovery.discover();  // a StaticDiscovery: no I/O
-  if (!hosts || hosts->empty()) return false;
-  for (auto& h : hosts->hosts()) {
-    bool loopback = erun::is_local_host(h.name) || erun::starts_with(h.name, "127.") || h.name == "::1";
-    if (!loopback) return false;
-  }
-  return true;
-}
-
-erun::Result<std::unique_ptr<erun::HostDiscovery>> make_discovery(const erun::DriverOptions& o) {
-  using R = erun::Result<std::unique_ptr<erun::HostDiscovery>>;
-  int default_slots = o.slots_per_host > 0 ? o.slots_per_host : 1;
-  // With --slurm, a discovery script stays the source (it may drop drained nodes).
-  if (o.slurm && o.discovery_script.empty()) {
-    auto hs = slurm_allocation(o);
-    if (!hs) return R::error(hs.message());
-    return R(std::unique_ptr<erun::HostDiscovery>(
-        std::make_unique<erun::StaticDiscovery>(*hs, "the Slurm allocation " + hs->to_string())));
-  }
-  if (!o.discovery_script.empty()) {
-    return R(std::unique_ptr<erun::HostDiscovery>(
-        std::make_unique<erun::ScriptDiscovery>(o.discovery_script, o.discovery_timeout, default_slots)));
-  }
-  if (!o.hosts.empty()) {
-    auto hs = erun::parse_hosts_flag(o.hosts, default_slots);
-    if (!hs) return R::error(fmt::format("-H {}: {}", o.hosts, hs.message()));
-    return R(std::unique_ptr<erun::HostDiscovery>(std::make_unique<erun::StaticDiscovery>(*hs, "-H")));
-  }
-  if (!o.hostfile.empty()) {
-    std::ifstream in(o.hostfile);
-    if (!in) return R::error(fmt::format("--hostfile {}: cannot read the file", o.hostfile));
-    std::stringstream text;
-    text << in.rdbuf();
-    auto hs = erun::parse_hostfile(text.str(), default_slots);
-    if (!hs) return R::error(fmt::format("--hostfile {}: {}", o.hostfile, hs.message()));
-    return R(std::unique_ptr<erun::HostDiscovery>(std::make_unique<erun::StaticDiscovery>(*hs, "--hostfile")));
-  }
-  int slots = o.slots_per_host > 0 ? o.slots_per_host : std::max(o.np, o.max_np);
-  return R(std::unique_ptr<erun::HostDiscovery>(std::make_unique<erun::StaticDiscovery>(
-      erun::HostSet({erun::Host{"localhost", slots}}), "this machine")));
 }
 
 // --launcher mpirun: one discovery, then erun becomes mpirun (a static job).
@@ -561,7 +491,7 @@ JobIdentity job_identity(const erun::DriverOptions& options, erun::HostDiscovery
   id.server.secret = random_hex(32);
   id.commit_dir = options.host_commits ? "/dev/shm/erun-commits-" + random_hex(12) : "-";
   // Only this machine's workers will connect: nothing else needs to reach the port.
-  if (loopback_only(options, discovery)) id.server.bind_address = "127.0.0.1";
+  if (erun::loopback_only(options, discovery)) id.server.bind_address = "127.0.0.1";
   return id;
 }
 
@@ -788,7 +718,7 @@ int main(int argc, char** argv) {
   ::setenv("ERUN_LOG_LEVEL", erun::log_level_name(options.log_level), 1);
   if (!resolve_forwarded_env(options)) return 2;
 
-  auto discovery = make_discovery(options);
+  auto discovery = erun::make_discovery(options);
   if (!discovery) {
     std::fprintf(stderr, "erun: %s\n", discovery.message().c_str());
     return 2;
