@@ -167,9 +167,17 @@ struct State::Impl {
   // This rank's pieces of the commit just made; false when they were not
   // written (said once a streak).
   bool write_durable_pieces(int rank);
-  // The commit erun-state.bin holds (0: none, or unreadable), read by rank 0
-  // and agreed on by every rank.
-  uint64_t durable_id(Communicator& comm) const;
+  // What the checkpoint directory holds, read by rank 0 and agreed on by
+  // every rank: the commit erun-state.bin names (0: none, or unreadable), and
+  // the newest commit any pieces file of this State claims, agreed on or not
+  // (a crash between the pieces and erun-state.bin leaves one). A commit id is
+  // never used again while a file claims it, or that file's pieces would pass
+  // for the new commit's.
+  struct DurableIds {
+    uint64_t agreed = 0;
+    uint64_t newest = 0;
+  };
+  DurableIds durable_ids(Communicator& comm) const;
   // Every rank's rows of commit `id` from the durable files, the whole
   // entries from erun-state.bin. Throws StateLost naming rows no file holds.
   void take_durable(Communicator& comm, uint64_t id);

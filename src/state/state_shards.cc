@@ -173,11 +173,19 @@ bool State::Impl::write_durable_pieces(int rank) {
   return err.empty();
 }
 
-uint64_t State::Impl::durable_id(Communicator& comm) const {
-  // The header's claim only: take_durable() reads and checks the whole file.
-  const int64_t id =
-      comm.rank() == 0 ? static_cast<int64_t>(si::file_commit_id(checkpoint_dir + "/" + si::kStateFile)) : 0;
-  return static_cast<uint64_t>(comm.allreduce_value<int64_t>(id, ReduceOp::kMax));
+State::Impl::DurableIds State::Impl::durable_ids(Communicator& comm) const {
+  // The headers' claims only: take_durable() reads and checks the files.
+  std::vector<int64_t> ids{0, 0};
+  if (comm.rank() == 0) {
+    ids[0] = static_cast<int64_t>(si::file_commit_id(checkpoint_dir + "/" + si::kStateFile));
+    for (const ClaimedCommit& c : claimed_commits(durable_dir())) {
+      if (si::HostCommits::ordinal_of(c.name) == std::max(ordinal, 0)) {
+        ids[1] = std::max(ids[1], static_cast<int64_t>(c.id));
+      }
+    }
+  }
+  comm.allreduce(ids, ReduceOp::kMax);
+  return {static_cast<uint64_t>(ids[0]), static_cast<uint64_t>(ids[1])};
 }
 
 si::Snapshot State::Impl::read_durable_whole(Communicator& comm, uint64_t id) const {
@@ -514,8 +522,10 @@ void State::Impl::go_on_from(const si::CommitChoice& choice, int rank, int size,
 }
 
 bool State::Impl::go_on_from_durable(const Context& ctx, Communicator& comm, const si::CommitChoice& choice) {
-  const uint64_t durable = checkpoint_dir.empty() ? 0 : durable_id(comm);
+  const DurableIds disk = checkpoint_dir.empty() ? DurableIds{} : durable_ids(comm);
+  const uint64_t durable = disk.agreed;
   durable_agreed = durable;
+  next_id = std::max(next_id, disk.newest + 1);
   if (durable <= choice.target) return false;
   next_id = std::max(next_id, choice.seen + 1);
   if (comm.rank() == 0) {

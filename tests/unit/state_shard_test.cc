@@ -415,31 +415,39 @@ TEST_F(ShardTest, AShardRegisteredAfterTheCheckpointDirectoryIsRefusedByName) {
 // there (rank 0 the whole entries once all have); a job of another size
 // started from that directory alone (no host memory) resumes at the last
 // commit, each rank with exactly its new rows.
+// A worker of `hub` on `host` with the job's checkpoint directory `ckpt`,
+// synced, then trained until `steps` steps, each committed. `garbage`: its
+// steps write -1 everywhere instead (a commit that is never agreed on).
+void train_durable(FakeHub& hub, int slot, const std::string& host, const std::string& ckpt, int64_t steps,
+                   Outcome* o, bool garbage = false) {
+  const State::ShardSpec spec{kRows, kCols, State::ShardSplit::kChunk};
+  FakeContext ctx(hub, slot);
+  ctx.set_host(host);
+  const std::string memory = std::filesystem::path(ckpt).parent_path().string() + "/" + host;
+  std::filesystem::create_directories(memory);
+  ctx.set_host_commit_stem(memory + "/slot-" + std::to_string(slot));
+  State st(ctx);
+  int64_t step = 0;
+  std::vector<double> piece = initial_piece(spec, ctx.rank(), ctx.size());
+  st.register_value("step", &step);
+  st.register_shard("w", &piece, spec);
+  st.set_checkpoint_dir(ckpt);
+  st.sync();
+  while (step < steps) {
+    take_step(piece, spec, ctx, step);
+    if (garbage) std::fill(piece.begin(), piece.end(), -1.0);
+    ++step;
+    st.commit();
+  }
+  if (o != nullptr) *o = Outcome{ctx.rank(), ctx.size(), step, st.commit_id(), piece, {}};
+}
+
 TEST_F(ShardTest, ACheckpointDirectoryKeepsEveryPieceAndAnotherWorldResumesFromIt) {
   const State::ShardSpec spec{kRows, kCols, State::ShardSplit::kChunk};
   const std::string ckpt = dir_ + "/ckpt";
-  // A worker of `hub` on `host` with the job's checkpoint directory,
-  // synced; `steps` steps, each committed.
-  auto work = [&](FakeHub& hub, int slot, const std::string& host, int64_t steps, Outcome* o) {
-    FakeContext ctx(hub, slot);
-    place(ctx, host, slot);
-    State st(ctx);
-    int64_t step = 0;
-    std::vector<double> piece = initial_piece(spec, ctx.rank(), ctx.size());
-    st.register_value("step", &step);
-    st.register_shard("w", &piece, spec);
-    st.set_checkpoint_dir(ckpt);
-    st.sync();
-    while (step < steps) {
-      take_step(piece, spec, ctx, step);
-      ++step;
-      st.commit();
-    }
-    if (o != nullptr) *o = Outcome{ctx.rank(), ctx.size(), step, st.commit_id(), piece, {}};
-  };
   {
     FakeHub hub(3);
-    run_threads(3, [&](int slot) { work(hub, slot, "A", 4, nullptr); });
+    run_threads(3, [&](int slot) { train_durable(hub, slot, "A", ckpt, 4, nullptr); });
   }
   EXPECT_TRUE(std::filesystem::exists(ckpt + "/erun-state.bin"));
   for (int r = 0; r < 3; ++r) {
@@ -449,10 +457,48 @@ TEST_F(ShardTest, ACheckpointDirectoryKeepsEveryPieceAndAnotherWorldResumesFromI
   FakeHub hub(2);
   // On another host: its memory holds nothing of the job. No step: the
   // pieces are as the sync resumed them.
-  run_threads(2, [&](int slot) { work(hub, slot, "B", 0, &out[static_cast<size_t>(slot)]); });
+  run_threads(2, [&](int slot) { train_durable(hub, slot, "B", ckpt, 0, &out[static_cast<size_t>(slot)]); });
   for (const Outcome& o : out) {
     EXPECT_EQ(o.id, 4u);
     expect_exact(o, spec, 4);  // the step too: a whole entry of the file
+  }
+}
+
+// A job crashes after every rank wrote its pieces of commit 5 but before
+// erun-state.bin named it; it resumes from commit 4 on 2 ranks, commits,
+// and crashes again; then 3 ranks resume. Had the second job numbered its
+// commit 5 too, rank 2's file of the first job's commit 5 (never agreed on,
+// here all -1) would pass for a piece of it.
+TEST_F(ShardTest, AResumeFromDiskNeverReusesTheIdOfACommitLeftInThePiecesFiles) {
+  const State::ShardSpec spec{kRows, kCols, State::ShardSplit::kChunk};
+  const std::string ckpt = dir_ + "/ckpt";
+  const std::string agreed = dir_ + "/erun-state.bin.4";
+  {
+    FakeHub hub(3);
+    run_threads(3, [&](int slot) { train_durable(hub, slot, "A", ckpt, 4, nullptr); });
+  }
+  std::filesystem::copy_file(ckpt + "/erun-state.bin", agreed);
+  {
+    FakeHub hub(3);
+    run_threads(3, [&](int slot) { train_durable(hub, slot, "A", ckpt, 5, nullptr, /*garbage=*/true); });
+  }
+  // The crash: the pieces hold commit 5, erun-state.bin still names 4.
+  std::filesystem::copy_file(agreed, ckpt + "/erun-state.bin", std::filesystem::copy_options::overwrite_existing);
+  std::vector<Outcome> second(2);
+  {
+    FakeHub hub(2);
+    run_threads(2, [&](int slot) { train_durable(hub, slot, "B", ckpt, 5, &second[static_cast<size_t>(slot)]); });
+  }
+  for (const Outcome& o : second) {
+    EXPECT_GT(o.id, 5u) << "commit 5 of the pieces files was never agreed on";
+    expect_exact(o, spec, 5);
+  }
+  std::vector<Outcome> third(3);
+  FakeHub hub(3);
+  run_threads(3, [&](int slot) { train_durable(hub, slot, "C", ckpt, 5, &third[static_cast<size_t>(slot)]); });
+  for (const Outcome& o : third) {
+    EXPECT_EQ(o.id, second[0].id);
+    expect_exact(o, spec, 5);
   }
 }
 
