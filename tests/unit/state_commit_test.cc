@@ -7,11 +7,20 @@
 #include <cstdio>
 #include <numeric>
 
+#include <sys/resource.h>
+
 #include "erun/erun.hpp"
 #include "state_fake_world.h"
 
 namespace erun {
 namespace {
+
+// This process's minor page faults so far.
+long minor_faults() {
+  rusage u{};
+  ::getrusage(RUSAGE_SELF, &u);
+  return u.ru_minflt;
+}
 
 using testing::FakeContext;
 using testing::FakeHub;
@@ -263,30 +272,31 @@ TEST_F(StateCommit, HostUpdateOnASingleRankRaisesAfterTheCommit) {
 
 // Commit of 256 MiB against memcpy of the same size: the steady-state commit
 // reuses its allocation, so it should cost about one memcpy.
-TEST_F(StateCommit, LargeCommitCostsAboutOneMemcpy) {
+// A commit copies into the memory the last one used: no fresh allocation
+// per commit (its pages would fault in again, one fault per 4 KiB page with
+// THP on madvise, as here). Its speed against memcpy is a benchmark's
+// (bench/commit_bench.cc, docs/performance.md), not a unit test's: a timing
+// here failed under load.
+TEST_F(StateCommit, ALargeCommitReusesTheMemoryOfThePreviousOne) {
   const size_t bytes = size_t{256} << 20;
-  std::vector<char> live(bytes, 1), dst(bytes, 0);
+  std::vector<char> live(bytes, 1);
   state.register_buffer("params", live.data(), bytes);
-  state.commit();  // first commit allocates
-  using clock = std::chrono::steady_clock;
-  double best_commit = 1e9, best_copy = 1e9;
-  for (int i = 0; i < 5; ++i) {
+  state.commit();  // the first commit allocates
+  long fewest = -1;
+  for (int i = 0; i < 4; ++i) {
     live[static_cast<size_t>(i)] = char(i);
-    auto t0 = clock::now();
+    const long before = minor_faults();
     state.commit();
-    auto t1 = clock::now();
-    std::memcpy(dst.data(), live.data(), bytes);
-    auto t2 = clock::now();
-    best_commit = std::min(best_commit, std::chrono::duration<double>(t1 - t0).count());
-    best_copy = std::min(best_copy, std::chrono::duration<double>(t2 - t1).count());
+    const long faults = minor_faults() - before;
+    fewest = fewest < 0 ? faults : std::min(fewest, faults);
   }
-  const double gb = static_cast<double>(bytes) / 1e9;
-  std::printf("commit 256 MiB: %.2f GB/s (%.1f ms); memcpy: %.2f GB/s (%.1f ms)\n",
-              gb / best_commit, best_commit * 1e3, gb / best_copy, best_copy * 1e3);
-  ::testing::Test::RecordProperty("commit_gbps", std::to_string(gb / best_commit));
-  ::testing::Test::RecordProperty("memcpy_gbps", std::to_string(gb / best_copy));
-  // Generous: a second copy or a fresh allocation per commit would show as >= 2x.
-  EXPECT_LT(best_commit, 3.0 * best_copy + 0.01);
+  const long pages = static_cast<long>(bytes / 4096);
+  EXPECT_LT(fewest, pages / 4) << "a commit of " << pages << " pages faulted in at least " << fewest;
+  std::fill(live.begin(), live.end(), 0);
+  state.restore();
+  EXPECT_EQ(live[2], char(2));
+  EXPECT_EQ(live[3], char(3));
+  EXPECT_EQ(live[bytes - 1], char(1));
 }
 
 }  // namespace
