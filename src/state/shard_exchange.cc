@@ -262,7 +262,9 @@ struct BuddyKeeper::Impl {
     std::unique_ptr<HostCommits> commits;  // under mu
   };
   std::mutex pairs_mu;
-  std::map<std::string, std::unique_ptr<Pair>> pairs;  // under pairs_mu
+  // Shared with the push that writes into one, which may outlive its place
+  // here (forget_pairs_except).
+  std::map<std::string, std::shared_ptr<Pair>> pairs;  // under pairs_mu
   Impl(std::string d, const std::string& job_id, const std::string& secret, Duration t)
       : dir(std::move(d)), proofs(state_internal::proofs(job_id, secret, kBuddyScheme)), io_timeout(t) {}
   TimePoint step() const { return std::chrono::steady_clock::now() + io_timeout; }
@@ -325,12 +327,12 @@ struct BuddyKeeper::Impl {
   // Lays the offered commit out in its buddy file and receives its bytes
   // straight into it; a commit cut short stays torn.
   Status receive(int fd, const net::Interrupt* stop, const Offer& offer) {
-    Pair* entry = nullptr;
+    std::shared_ptr<Pair> entry;
     {
       std::lock_guard<std::mutex> lock(pairs_mu);
       auto& p = pairs[offer.name];
-      if (!p) p = std::make_unique<Pair>();
-      entry = p.get();
+      if (!p) p = std::make_shared<Pair>();
+      entry = p;
     }
     std::lock_guard<std::mutex> turn(entry->mu);
     auto& pair = entry->commits;
@@ -395,6 +397,19 @@ BuddyKeeper::BuddyKeeper(const std::string& address, std::string dir, const std:
 }
 
 BuddyKeeper::~BuddyKeeper() = default;
+
+void BuddyKeeper::forget_pairs_except(const std::set<std::string>& keep) {
+  std::vector<std::shared_ptr<Impl::Pair>> gone;  // unmapped outside the lock, once their last push ends
+  std::lock_guard<std::mutex> lock(impl_->pairs_mu);
+  for (auto it = impl_->pairs.begin(); it != impl_->pairs.end();) {
+    if (keep.count(it->first) != 0) {
+      ++it;
+      continue;
+    }
+    gone.push_back(std::move(it->second));
+    it = impl_->pairs.erase(it);
+  }
+}
 
 struct ShardServer::Impl {
   std::string dir;

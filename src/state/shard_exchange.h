@@ -29,6 +29,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -107,6 +108,10 @@ class BuddyKeeper {
   BuddyKeeper& operator=(const BuddyKeeper&) = delete;
   int port() const { return server_->port(); }
   const std::string& error() const { return server_->error(); }
+  // Lets go of the pairs whose names are not in `keep` (their files' memory
+  // goes once they are removed); a push into one of them that is under way
+  // ends first, into the file it has.
+  void forget_pairs_except(const std::set<std::string>& keep);
 
  private:
   struct Impl;

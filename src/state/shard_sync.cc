@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "commits/commit_files.h"
 #include "common/codec.h"
 #include "erun/errors.hpp"
 
@@ -24,6 +25,7 @@ std::string encode_offer(const Offer& o) {
   for (const FilePiece& f : o.files) {
     w.bytes(f.file).u64(f.id).u64(f.offset).bytes(encode_shard_table({f.piece}));
   }
+  w.bytes(o.stem);
   return w.str();
 }
 
@@ -54,6 +56,7 @@ Offer decode_offer(const std::vector<char>& bytes, int rank) {
     f.piece = std::move(pieces.front());
     o.files.push_back(std::move(f));
   }
+  o.stem = r.bytes();
   if (!r.done() || o.files.size() != n || o.whole.size() != ids) {
     throw Error(fmt::format("erun: {} is malformed", source));
   }
@@ -191,6 +194,17 @@ int choose_buddy(const Holdings& held, int rank) {
   return -1;
 }
 
+std::set<std::string> pairs_to_keep(const Holdings& held, int host) {
+  std::set<std::string> keep;
+  for (size_t r = 0; r < held.offers.size(); ++r) {
+    const std::string& stem = held.offers[r].stem;
+    if (stem.empty()) continue;
+    if (held.host_of[r] == host) keep.insert(stem);
+    const int b = choose_buddy(held, static_cast<int>(r));
+    if (b >= 0 && held.host_of[static_cast<size_t>(b)] == host) keep.insert(kBuddyPrefix + stem);
+  }
+  return keep;
+}
 
 CommitChoice choose_commit(const Holdings& held, const std::vector<ShardPiece>& entries,
                            const std::vector<SplitRule>& rules) {

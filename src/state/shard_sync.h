@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,7 @@ struct Offer {
   std::vector<uint64_t> whole;      // commits whose whole entries it can give (its memory, its files)
   std::vector<ShardPiece> memory;   // the pieces of its memory commit
   std::vector<FilePiece> files;     // the pieces its host's files hold
+  std::string stem;                 // its own file pair's name in its host's directory (empty: none)
 };
 std::string encode_offer(const Offer& o);
 // Throws erun::Error naming rank `rank` when the bytes are not an offer.
@@ -55,6 +57,13 @@ struct Holdings {
 // order, around) that keeps copies, the one at this rank's place among its
 // host's ranks (modulo their number). -1: none (one host).
 int choose_buddy(const Holdings& held, int rank);
+
+// The file pairs (names without .a/.b) that host `host`'s commit directory
+// keeps for this generation: its ranks' own pairs, and the buddy pairs of
+// the ranks that push to a rank of it. Once the generation's first commit
+// shows every rank's rows in these, the others are stale (pairs of slots no
+// worker uses now, copies for pushers that now push elsewhere).
+std::set<std::string> pairs_to_keep(const Holdings& held, int host);
 
 // The commit a sharded State goes on from: the newest that some rank can
 // give whole and whose sharded rows (of `entries`, shapes only) the job

@@ -177,7 +177,15 @@ void State::commit() {
   // commit whole (taken first, the values were the new commit's and the
   // rows, in the host file, the previous one's).
   impl_->finish_push();
-  if (impl_->many_hosts && impl_->has_shards()) ctx_.comm().barrier();
+  if (impl_->prune && impl_->has_shards()) {
+    const bool kept = impl_->rows_in_kept_pairs();
+    if (ctx_.comm().allreduce_value<int64_t>(kept ? 1 : 0, ReduceOp::kMin) == 1) {
+      impl_->prune_stale_pairs(ctx_.rank());
+      impl_->prune.reset();
+    }
+  } else if (impl_->many_hosts && impl_->has_shards()) {
+    ctx_.comm().barrier();
+  }
   const uint64_t previous = impl_->commit_id;  // the buddy's copy of it stays while this one is pushed
   impl_->take_staged(staged, direct, std::max(impl_->commit_id + 1, impl_->next_id), ctx_.rank(), ctx_.size());
   const bool in_host_memory = impl_->write_host_commit(ctx_.info(), direct, &staged.pieces, /*devices_later=*/true);

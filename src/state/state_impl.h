@@ -15,6 +15,7 @@
 #include <array>
 #include <cstring>
 #include <optional>
+#include <set>
 #include <thread>
 #include <unordered_map>
 
@@ -143,6 +144,22 @@ struct State::Impl {
   // push of the commit before (State::commit).
   bool many_hosts = false;
   bool buddy_failing = false;  // the last push failed (logged once per streak)
+  uint64_t pushed = 0;          // the last commit that reached this generation's buddy (0: none yet)
+  // Set by a sharded sync: the file pairs (no .a/.b) this host's commit
+  // directory keeps for the generation (si::pairs_to_keep). At each commit,
+  // once every rank's commit before it is in its own pair and its buddy's
+  // (one allreduce, in place of the commit's barrier), the directory's other
+  // pairs of this State are stale: the host's lowest rank removes them and
+  // every keeper lets go of its mappings of them (prune_stale_pairs). Until
+  // then they may hold the only other copy of some rows.
+  struct Prune {
+    std::string dir;
+    std::set<std::string> keep;
+    bool remover = false;  // this rank is its host's lowest
+  };
+  std::optional<Prune> prune;
+  bool rows_in_kept_pairs() const;
+  void prune_stale_pairs(int rank);
   // After a commit written to host memory: its pieces to the buddy, from a
   // thread of their own while training goes on. The push reads the commit
   // where it lies in this worker's own file, which nothing rewrites before

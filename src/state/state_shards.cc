@@ -5,6 +5,9 @@
 // state/shard_exchange.h for the bytes).
 #include "state/state_impl.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
@@ -12,6 +15,7 @@
 #include <set>
 
 #include "commits/commit_files.h"
+#include "common/fd.h"
 #include "state/shard_sync.h"
 
 namespace erun {
@@ -141,7 +145,45 @@ void State::Impl::finish_push() {
     ERUN_LOG_INFO("{}: commit {} is on another host again", push->who, push->id);
   }
   buddy_failing = failed;
+  if (!failed) pushed = push->id;
   push.reset();
+}
+
+bool State::Impl::rows_in_kept_pairs() const {
+  if (prune->dir.empty() || commit_id == 0) return true;  // no host files, or nothing committed
+  try {
+    if (!host || !host->holds(commit_id)) return false;
+  } catch (const Error&) {
+    return false;
+  }
+  return !buddy || pushed == commit_id;
+}
+
+void State::Impl::prune_stale_pairs(int rank) {
+  if (keeper) keeper->forget_pairs_except(prune->keep);
+  if (!prune->remover || prune->dir.empty()) return;
+  Fd dir(::open(prune->dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!dir) return;
+  std::vector<std::string> stale;
+  for (const ClaimedCommit& c : claimed_commits(prune->dir, /*buddies=*/true)) {
+    if (si::HostCommits::ordinal_of(c.name) == ordinal && prune->keep.count(c.name.substr(0, c.name.size() - 2)) == 0) {
+      stale.push_back(c.name);
+    }
+  }
+  uint64_t bytes = 0;
+  size_t removed = 0;
+  for (const std::string& name : stale) {
+    struct stat st {};
+    if (::fstatat(dir.get(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode)) continue;
+    if (::unlinkat(dir.get(), name.c_str(), 0) != 0) continue;
+    bytes += static_cast<uint64_t>(st.st_size);
+    ++removed;
+  }
+  if (removed > 0) {
+    ERUN_LOG_INFO("erun: rank {} removed {} commit files of this host that the job no longer needs ({:.1f} MiB): "
+                  "slots no worker uses now, and copies for workers that now push elsewhere",
+                  rank, removed, static_cast<double>(bytes) / (1 << 20));
+  }
 }
 
 bool State::Impl::write_durable_pieces(int rank) {
@@ -301,6 +343,7 @@ si::Offer State::Impl::offer(const WorkerInfo& info, const Link& link, const std
     if (keeper->port() == 0) ERUN_LOG_WARN("erun: rank {} keeps no buddy copies: {}", info.rank, keeper->error());
   }
   if (keeper) mine.buddy_port = keeper->port();
+  mine.stem = host->stem().substr(host->stem().rfind('/') + 1);
   mine.files = si::list_pieces(dir, ordinal);
   if (!mine.files.empty() && !link.address.empty() && size > 1) {
     *server = std::make_unique<si::ShardServer>(link.address, dir, link.job_id, link.secret, timeout);
@@ -314,6 +357,7 @@ si::Offer State::Impl::offer(const WorkerInfo& info, const Link& link, const std
 
 void State::Impl::pair_buddy(const si::Holdings& held, int rank, const std::string& stem, const Link& link) {
   buddy.reset();
+  pushed = 0;
   // With --commit-replicas 0 no rank offers a keeper (offer()), so none is chosen.
   const int b = si::choose_buddy(held, rank);
   if (b < 0 || host == nullptr) return;
@@ -602,6 +646,9 @@ void State::sync_sharded(int rejoined_from) {
   phase("offers");
   im.pair_buddy(held, rank, stem, link);
   im.many_hosts = !held.host_of.empty() && *std::max_element(held.host_of.begin(), held.host_of.end()) > 0;
+  const int my_host = held.host_of[static_cast<size_t>(rank)];
+  const auto first_here = std::find(held.host_of.begin(), held.host_of.end(), my_host) - held.host_of.begin();
+  im.prune = Impl::Prune{dir, si::pairs_to_keep(held, my_host), first_here == rank};
 
   // 2. The commit: the newest whole one. Ids written since are skipped
   // from now on: an id never names two commits. A durable commit newer

@@ -275,5 +275,32 @@ TEST(Holdings, AHostsFilesAreOfferedByItsLowestRankThatServesThem) {
   EXPECT_EQ(h.publishes, (std::vector<bool>{false, true, false, true}));
 }
 
+// Hosts a (ranks 0, 1) and b (rank 2), each rank with a keeper: a's ranks
+// push to b's rank, b's rank to a's first. A host keeps its ranks' own pairs
+// and the buddy pairs of the ranks that push to it, nothing of a rank
+// without files.
+TEST(Holdings, AHostKeepsItsRanksPairsAndThoseOfTheRanksThatPushToIt) {
+  std::vector<Offer> offers(4);
+  offers[0].host = offers[1].host = "a";
+  offers[2].host = offers[3].host = "b";
+  const char* stems[] = {"slot-a-0", "slot-a-1", "slot-b-0", ""};  // rank 3 has no host-memory files
+  for (size_t r = 0; r < offers.size(); ++r) {
+    offers[r].stem = stems[r];
+    offers[r].buddy_port = r == 3 ? 0 : 4000 + static_cast<int>(r);
+  }
+  const Holdings h(offers);
+  EXPECT_EQ(pairs_to_keep(h, 0), (std::set<std::string>{"buddy-slot-b-0", "slot-a-0", "slot-a-1"}));
+  EXPECT_EQ(pairs_to_keep(h, 1), (std::set<std::string>{"buddy-slot-a-0", "buddy-slot-a-1", "slot-b-0"}));
+  // One host: no buddies.
+  offers.resize(2);
+  EXPECT_EQ(pairs_to_keep(Holdings(offers), 0), (std::set<std::string>{"slot-a-0", "slot-a-1"}));
+  // The stem goes through the offer's encoding.
+  EXPECT_EQ(decode_offer([&] {
+              const std::string e = encode_offer(offers[1]);
+              return std::vector<char>(e.begin(), e.end());
+            }(), 1).stem,
+            "slot-a-1");
+}
+
 }  // namespace
 }  // namespace erun::state_internal
