@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <optional>
 #include <set>
 
@@ -94,7 +95,11 @@ struct Header {
   uint64_t id = 0, total = 0;
   std::vector<std::string> names;
   std::vector<uint64_t> sizes;
+  std::string source;  // a sharded State's: the worker's stem
 };
+
+// The longest worker stem a keeper takes.
+constexpr uint32_t kMaxSource = 200;
 
 uint64_t total_of(const HostCommits::Listing& l) {
   uint64_t total = 0;
@@ -102,12 +107,17 @@ uint64_t total_of(const HostCommits::Listing& l) {
   return total;
 }
 
-std::string encode_header(int ordinal, const HostCommits::Listing& l) {
+std::string encode_header(int ordinal, const HostCommits::Listing& l, const std::string& source) {
   PayloadWriter w;
   w.u32(static_cast<uint32_t>(ordinal)).u32(l.flags).u64(l.id).u32(static_cast<uint32_t>(l.names.size()));
   w.u64(total_of(l));
   for (size_t k = 0; k < l.names.size(); ++k) w.bytes(l.names[k]).u64(l.sizes[k]);
+  w.bytes(source);
   return w.str();
+}
+
+bool sharded(const HostCommits::Listing& l) {
+  return std::find(l.names.begin(), l.names.end(), kShardTable) != l.names.end();
 }
 
 uint32_t le32(const char* p) { return static_cast<uint32_t>(get_le(p, 4)); }
@@ -137,10 +147,30 @@ Header read_header(Wire& wire, const char* fixed) {
     sum += h.sizes.back();
   }
   if (sum != h.total) wire.fail("entry sizes that do not add up to the commit's");
+  char len[4];
+  wire.recv(len, 4, "the worker's stem");
+  if (le32(len) > kMaxSource) wire.fail(fmt::format("a worker stem of {} bytes", le32(len)));
+  h.source = wire.recv(le32(len), "the worker's stem");
+  // A name of the keeper's directory, of the header's State, and no keeper
+  // pair's own name.
+  if (!h.source.empty() &&
+      (h.source.find('/') != std::string::npos || h.source[0] == '.' || !commit_file_name(h.source + ".a") ||
+       HostCommits::ordinal_of(h.source + ".a") != static_cast<int>(h.ordinal) || replica_stem(h.source))) {
+    wire.fail(fmt::format("'{}' is not a worker's stem of State {}", h.source, h.ordinal));
+  }
   return h;
 }
 
 }  // namespace
+
+std::string sharded_replica_stem(const std::string& worker_stem) {
+  return std::string(kReplicaStem) + "-of-" + worker_stem;
+}
+
+bool replica_stem(const std::string& stem) {
+  return stem.rfind(kReplicaStem, 0) == 0 &&
+         (stem.size() == std::strlen(kReplicaStem) || stem[std::strlen(kReplicaStem)] == '-');
+}
 
 handshake::Proofs replica_proofs(std::shared_ptr<const handshake::Key> key, const std::string& keeper_dir) {
   return handshake::Proofs(std::move(key), kReplicaScheme, keeper_dir);
@@ -156,47 +186,106 @@ void ReplicaPusher::target(const net::Address& keeper, const std::string& keeper
   sent_.clear();
 }
 
+void ReplicaPusher::connect_and_prove(net::Socket& sock, Duration io_timeout) {
+  sock = net::connect(keeper_, std::chrono::steady_clock::now() + io_timeout, interrupt_);
+  if (!sock.ok()) {
+    throw Error(fmt::format("erun: commit replica: cannot connect to the keeper at {}: {}", keeper_.name(),
+                            sock.outcome.text()));
+  }
+  Wire wire(sock.fd.get(), keeper_.name(), io_timeout, interrupt_);
+  handshake::Initiator hs;
+  PayloadWriter hello;
+  hello.fixed(std::string_view(kReplicaMagic, 8)).u32(kReplicaVersion).fixed(hs.nonce());
+  wire.send(hello.str(), "the hello");
+  if (!hs.challenged(wire.recv(handshake::kNonceBytes, "the keeper's nonce"))) wire.fail("a malformed nonce");
+  const handshake::Proofs proofs = replica_proofs(key_, keeper_dir_);
+  wire.send(hs.proof(proofs), "the proof");
+  if (!hs.verify(proofs, wire.recv(handshake::kMacBytes, "the keeper's proof"))) {
+    wire.fail("the keeper could not prove the job secret: another job's keeper (or not erun) listens there");
+  }
+}
+
+namespace {
+
+// Per sharded State number (its files hold the shard table), the worker
+// stems whose newest whole commit goes to the keeper now: those that hold
+// the newest commit any of them holds. None while another file's newest is
+// the commit before that one (or between): its worker is still writing the
+// newest, and the keeper, which keeps two commits per file, could end up
+// with no commit of every worker's rows. Files further behind are left out:
+// a slot no worker uses now.
+std::map<int, std::set<std::string>> sharded_ready(const std::string& dir) {
+  std::map<int, std::map<std::string, std::vector<uint64_t>>> held;  // ordinal -> stem -> whole ids
+  for (const ClaimedCommit& c : claimed_commits(dir)) {
+    const std::string stem = c.name.substr(0, c.name.size() - 2);
+    const int ordinal = HostCommits::ordinal_of(c.name);
+    if (ordinal < 0 || replica_stem(stem)) continue;
+    Fd fd = HostCommits::open_own(dir + "/" + c.name);
+    if (!fd) continue;
+    const auto l = HostCommits::list(fd.get());
+    if (l && sharded(*l)) held[ordinal][stem].push_back(l->id);
+  }
+  std::map<int, std::set<std::string>> ready;
+  for (auto& [ordinal, stems] : held) {
+    uint64_t newest = 0, before = 0;
+    for (auto& [stem, ids] : stems) {
+      std::sort(ids.begin(), ids.end(), std::greater<>());
+      newest = std::max(newest, ids.front());
+    }
+    for (const auto& [stem, ids] : stems) {
+      if (ids.front() == newest && ids.size() > 1) before = std::max(before, ids[1]);
+    }
+    bool writing = false;
+    for (const auto& [stem, ids] : stems) writing = writing || (ids.front() < newest && before > 0 && ids.front() >= before);
+    std::set<std::string>& go = ready[ordinal];  // there even when empty: a sharded State
+    for (const auto& [stem, ids] : stems) {
+      if (!writing && ids.front() == newest) go.insert(stem);
+    }
+  }
+  return ready;
+}
+
+}  // namespace
+
 void ReplicaPusher::push(Duration io_timeout, std::vector<Pushed>* pushed) {
   if (!has_target_) return;
   net::Socket sock;
-  std::set<int> looked;  // State numbers whose newest whole commit was found
+  const std::map<int, std::set<std::string>> ready = sharded_ready(commit_dir_);
+  // Replicas whose newest whole commit was found: a State number, or a
+  // sharded State's worker stem (each of its workers' files holds other rows).
+  std::set<std::string> looked;
+  auto sent = [&](const std::string& key) {
+    auto it = sent_.find(key);
+    return it == sent_.end() ? uint64_t{0} : it->second;
+  };
   for (const ClaimedCommit& c : claimed_commits(commit_dir_)) {  // newest first
     const int ordinal = HostCommits::ordinal_of(c.name);
-    if (ordinal < 0 || looked.count(ordinal) || c.id <= sent_[ordinal]) continue;
-    const std::string path = commit_dir_ + "/" + c.name;
-    Fd fd = HostCommits::open_own(path);
+    const std::string stem = c.name.substr(0, c.name.size() - 2);
+    if (ordinal < 0 || replica_stem(stem)) continue;
+    const auto shards = ready.find(ordinal);
+    const bool per_file = shards != ready.end();
+    if (per_file && shards->second.count(stem) == 0) continue;
+    const std::string key = per_file ? stem : fmt::format("#{}", ordinal);
+    if (looked.count(key) || c.id <= sent(key)) continue;
+    Fd fd = HostCommits::open_own(commit_dir_ + "/" + c.name);
     if (!fd) continue;
     auto listing = HostCommits::list(fd.get());
-    if (!listing || listing->id <= sent_[ordinal]) continue;  // torn, or older than its header said
-    looked.insert(ordinal);
-    if (!sock.fd) {
-      sock = net::connect(keeper_, std::chrono::steady_clock::now() + io_timeout, interrupt_);
-      if (!sock.ok()) {
-        throw Error(fmt::format("erun: commit replica: cannot connect to the keeper at {}: {}", keeper_.name(),
-                                sock.outcome.text()));
-      }
-      Wire wire(sock.fd.get(), keeper_.name(), io_timeout, interrupt_);
-      handshake::Initiator hs;
-      PayloadWriter hello;
-      hello.fixed(std::string_view(kReplicaMagic, 8)).u32(kReplicaVersion).fixed(hs.nonce());
-      wire.send(hello.str(), "the hello");
-      if (!hs.challenged(wire.recv(handshake::kNonceBytes, "the keeper's nonce"))) wire.fail("a malformed nonce");
-      const handshake::Proofs proofs = replica_proofs(key_, keeper_dir_);
-      wire.send(hs.proof(proofs), "the proof");
-      if (!hs.verify(proofs, wire.recv(handshake::kMacBytes, "the keeper's proof"))) {
-        wire.fail("the keeper could not prove the job secret: another job's keeper (or not erun) listens there");
-      }
-    }
-    if (push_one(sock.fd.get(), fd.get(), *listing, ordinal, io_timeout)) {
-      sent_[ordinal] = listing->id;
-      pushed->push_back(Pushed{ordinal, listing->id, total_of(*listing)});
+    // Torn, older than its header said, sent, or another State's since the look.
+    if (!listing || listing->id <= sent(key) || sharded(*listing) != per_file) continue;
+    looked.insert(key);
+    if (!sock.fd) connect_and_prove(sock, io_timeout);
+    const std::string source = per_file ? stem : std::string();
+    if (push_one(sock.fd.get(), fd.get(), *listing, ordinal, source, io_timeout)) {
+      sent_[key] = listing->id;
+      pushed->push_back(Pushed{ordinal, listing->id, total_of(*listing), source});
     }
   }
 }
 
-bool ReplicaPusher::push_one(int sock, int fd, const HostCommits::Listing& l, int ordinal, Duration io_timeout) {
+bool ReplicaPusher::push_one(int sock, int fd, const HostCommits::Listing& l, int ordinal, const std::string& source,
+                             Duration io_timeout) {
   Wire wire(sock, keeper_.name(), io_timeout, interrupt_);
-  wire.send(encode_header(ordinal, l), "a commit's header");
+  wire.send(encode_header(ordinal, l, source), "a commit's header");
   if (wire.u8("the keeper's answer") != 1) {
     char len[4];
     wire.recv(len, 4, "the keeper's reason");
@@ -228,9 +317,9 @@ ReplicaStore::ReplicaStore(std::string commit_dir, std::shared_ptr<const handsha
 
 ReplicaStore::~ReplicaStore() = default;
 
-HostCommits& ReplicaStore::files(int ordinal) {
-  auto& f = files_[ordinal];
-  if (!f) f = std::make_unique<HostCommits>(HostCommits::stem_of(commit_dir_ + "/" + kReplicaStem, ordinal));
+HostCommits& ReplicaStore::files(const std::string& stem) {
+  auto& f = files_[stem];
+  if (!f) f = std::make_unique<HostCommits>(commit_dir_ + "/" + stem);
   return *f;
 }
 
@@ -308,7 +397,9 @@ int ReplicaStore::serve(int sock, const std::string& peer, Duration io_timeout) 
     char fixed[4 + 4 + 8 + 4 + 8];
     if (wire.closed_before(fixed, sizeof fixed, "a commit's header")) return stored;
     const Header h = read_header(wire, fixed);
-    const bool whole = receive_commit(wire, h, files(static_cast<int>(h.ordinal)));
+    const std::string stem = h.source.empty() ? HostCommits::stem_of(kReplicaStem, static_cast<int>(h.ordinal))
+                                              : sharded_replica_stem(h.source);
+    const bool whole = receive_commit(wire, h, files(stem));
     if (whole) ++stored;
     wire.send(std::string_view(whole ? "\1" : "\0", 1), "the receipt");
   }
@@ -342,7 +433,7 @@ RemovedReplicas remove_replicas(const std::string& dir, bool all) {
     const auto listing = HostCommits::list(fd.get());
     const uint64_t whole = listing ? listing->id : 0;
     const int ordinal = HostCommits::ordinal_of(name);
-    if (name.substr(0, name.size() - 2) == HostCommits::stem_of(kReplicaStem, ordinal)) {
+    if (replica_stem(name.substr(0, name.size() - 2))) {
       kept[ordinal].push_back({name, whole, size});
     } else {
       own[ordinal] = std::max(own[ordinal], whole);

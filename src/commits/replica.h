@@ -11,12 +11,18 @@
 // socket and from the socket into the keeper's mapped file, with no copy of
 // the whole state in either process. An object belongs to one thread.
 //
+// A State with sharded entries (state/shard_exchange.h) holds different
+// rows in each worker's file: its replica is every worker's newest commit,
+// each in a pair of its own, `replica-of-<the worker's stem>`, whose pieces
+// a sync on the keeper's host reads as it reads a dead worker's file.
+//
 // The exchange (docs/protocol.md, "Commit replicas"), all integers
 // little-endian:
 //   pusher: "ERUNREPL" u32 version, nonce(32)      keeper: nonce(32)
 //   pusher: proof(32)                              keeper: proof(32)
 //   per commit, pusher: u32 ordinal, u32 flags, u64 id, u32 entries, u64 bytes,
-//     then per entry u32 name length, name, u64 size
+//     then per entry u32 name length, name, u64 size; then u32 length and
+//     the worker's stem (sharded; empty: the State's one replica)
 //   keeper: u8 1 (send) or 0, u32 length, why
 //   pusher: the entries' bytes, then u8 1 (the source still held it whole
 //     after the copy) or 0 (its worker began to overwrite it)
@@ -38,9 +44,13 @@
 namespace erun::state_internal {
 
 inline constexpr char kReplicaMagic[8] = {'E', 'R', 'U', 'N', 'R', 'E', 'P', 'L'};
-inline constexpr uint32_t kReplicaVersion = 1;
+inline constexpr uint32_t kReplicaVersion = 2;  // 2: the worker's stem (sharded States)
 // The stem of the keeper's files within its commit directory.
 inline constexpr const char* kReplicaStem = "replica";
+// The stem of a sharded State's replica of one worker's file (its stem).
+std::string sharded_replica_stem(const std::string& worker_stem);
+// Whether `stem` (a file's name without .a/.b) is one of a keeper's pairs.
+bool replica_stem(const std::string& stem);
 
 // The proofs of one keeper's exchanges: the job secret, bound to the
 // keeper's commit directory (which names the job and the host), so that a
@@ -64,6 +74,7 @@ struct Pushed {
   int ordinal = 0;
   uint64_t id = 0;
   uint64_t bytes = 0;  // the entries' bytes
+  std::string source;  // a sharded State's: the worker's stem (empty: the State's one replica)
 };
 
 class ReplicaPusher {
@@ -77,7 +88,8 @@ class ReplicaPusher {
   void target(const net::Address& keeper, const std::string& keeper_dir);
 
   // Pushes, over one connection, each State number's newest commit that
-  // this host holds whole and that the keeper was not sent yet, appending
+  // this host holds whole and that the keeper was not sent yet (of a
+  // sharded State, each worker file's newest), appending
   // each one the keeper stored to `pushed`. Connects only when there is
   // such a commit. A commit whose worker began to overwrite it under the
   // copy is skipped (the next push sends the newer one). Each read or write
@@ -92,13 +104,17 @@ class ReplicaPusher {
  private:
   // One commit, listed from the open file `fd`, over the open connection;
   // whether the keeper stored it whole.
-  bool push_one(int sock, int fd, const HostCommits::Listing& l, int ordinal, Duration io_timeout);
+  bool push_one(int sock, int fd, const HostCommits::Listing& l, int ordinal, const std::string& source,
+                Duration io_timeout);
+  void connect_and_prove(net::Socket& sock, Duration io_timeout);
   std::string commit_dir_;
   std::shared_ptr<const handshake::Key> key_;
   bool has_target_ = false;
   net::Address keeper_;
   std::string keeper_dir_;
-  std::map<int, uint64_t> sent_;  // per State number, the newest commit the keeper stored
+  // Per replica (a State number, or a sharded State's worker stem), the
+  // newest commit the keeper stored.
+  std::map<std::string, uint64_t> sent_;
   std::vector<char> chunk_;
   const net::Interrupt* interrupt_ = nullptr;
 };
@@ -121,10 +137,10 @@ class ReplicaStore {
   void set_interrupt(const net::Interrupt* interrupt) { interrupt_ = interrupt; }
 
  private:
-  HostCommits& files(int ordinal);
+  HostCommits& files(const std::string& stem);
   std::string commit_dir_;
   std::shared_ptr<const handshake::Key> key_;
-  std::map<int, std::unique_ptr<HostCommits>> files_;
+  std::map<std::string, std::unique_ptr<HostCommits>> files_;  // by stem
   const net::Interrupt* interrupt_ = nullptr;
 };
 

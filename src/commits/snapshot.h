@@ -17,6 +17,9 @@ namespace erun::state_internal {
 inline constexpr char kMagic[8] = {'E', 'R', 'U', 'N', 'S', 'T', 'A', 'T'};
 inline constexpr uint32_t kVersion = 1;
 inline constexpr const char* kStateFile = "erun-state.bin";
+// The entry of a commit that lists its sharded pieces (state/shard_exchange.h):
+// a file with it holds some rows of a sharded State, not all.
+inline constexpr const char* kShardTable = "erun.shards";
 
 uint32_t crc32c(uint32_t crc, const void* data, size_t n);
 

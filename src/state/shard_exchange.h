@@ -41,8 +41,8 @@
 
 namespace erun::state_internal {
 
-// The entry of a host-memory commit that lists its sharded pieces.
-inline constexpr const char* kShardTable = "erun.shards";
+// kShardTable (commits/snapshot.h): the entry of a host-memory commit that
+// lists its sharded pieces.
 
 // One sharded entry's piece in a commit: the global rows, the bytes of a
 // row, and the rows the piece holds.

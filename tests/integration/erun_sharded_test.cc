@@ -11,6 +11,7 @@
 
 #include <filesystem>
 #include <regex>
+#include <set>
 #include <thread>
 
 #include "support/erun_process.h"
@@ -137,6 +138,61 @@ TEST_F(ErunSharded, AHostThatLeavesAndAHostLostWholeComeBackFromBuddyCopies) {
   EXPECT_EQ(all.find("cannot be put back together"), std::string::npos) << all;
   // At 2 ranks every living rank is on node-a: node-b's rows came from the
   // buddy files there, read locally.
+  EXPECT_TRUE(std::regex_search(all, std::regex("resharded commit [0-9]+ for 2 ranks \\(0 bytes from other hosts, ")))
+      << all;
+  std::vector<pid_t> left;
+  EXPECT_TRUE(wait_no_process(program_, 20s, &left)) << describe_pids(left);
+}
+
+// A one-host job (-np 2, --max-np 2) with a spare host in discovery. One
+// host has no buddy: the spare's keeper holds each worker file's newest
+// commit in a pair of its own (replica-of-<stem>). The host is then lost
+// whole (its agent and workers SIGKILLed as it leaves discovery): the
+// spare's standbys take the members' places, their sync reads every row
+// from the replicas on their own host, and the run ends exact, every epoch
+// once. (Before, the spare kept one worker's file: half the rows.)
+TEST_F(ErunSharded, TheOnlyHostLostWholeResumesOnTheSpareFromEachWorkersReplica) {
+  const std::string reference = uninterrupted_checksum();
+  ASSERT_FALSE(reference.empty());
+  dir_.write("hosts", "node-a:2\nnode-b:2\n");
+  ErunProcess p(erun_args({"-np", "2", "--min-np", "2", "--max-np", "2", "--launcher", "local", "--blacklist-after",
+                           "1", "--blacklist-cooldown-range", "600", "600"}));
+  ASSERT_TRUE(p.wait_output("epoch 1 ", 60s)) << p.out() << p.err();
+  ASSERT_TRUE(p.wait_output("commit replicas on spare hosts: node-b from node-a", 30s)) << p.err();
+  auto on_a = workers("node-a");
+  ASSERT_EQ(on_a.size(), 2u);
+  const std::string env = environ_of(on_a.front());
+  const size_t at = env.find("\nERUN_COMMIT_DIR=");
+  ASSERT_NE(at, std::string::npos) << env;
+  const size_t from = at + std::string("\nERUN_COMMIT_DIR=").size();
+  const std::string dir_a = env.substr(from, env.find('\n', from) - from);
+  ASSERT_EQ(dir_a.substr(dir_a.size() - 6), "node-a") << dir_a;
+  const std::string dir_b = dir_a.substr(0, dir_a.size() - 6) + "node-b";
+  // A replica pair per worker on the spare.
+  auto replicas = [&] {
+    std::set<std::string> stems;
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(dir_b, ec)) {
+      const std::string name = e.path().filename().string();
+      if (name.rfind("replica-of-", 0) == 0) stems.insert(name.substr(0, name.size() - 2));
+    }
+    return stems.size();
+  };
+  auto deadline = std::chrono::steady_clock::now() + 30s;
+  while (replicas() < 2 && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(50ms);
+  ASSERT_EQ(replicas(), 2u) << "no replica of each worker's file in " << dir_b << "\n" << p.err();
+
+  const pid_t agent = parent_of(on_a.front());
+  ASSERT_GT(agent, 0);
+  after_the_epochs_commit();
+  dir_.write("hosts", "node-b:2\n");
+  ::kill(agent, SIGKILL);
+  for (pid_t w : on_a) ::kill(w, SIGKILL);
+
+  ASSERT_NO_FATAL_FAILURE(expect_trained_exactly(p, reference));
+  EXPECT_EQ(p.count("exactly-once=yes"), 10u) << p.out();
+  const std::string all = p.out() + p.err();
+  EXPECT_EQ(all.find("cannot be put back together"), std::string::npos) << all;
   EXPECT_TRUE(std::regex_search(all, std::regex("resharded commit [0-9]+ for 2 ranks \\(0 bytes from other hosts, ")))
       << all;
   std::vector<pid_t> left;

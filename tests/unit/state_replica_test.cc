@@ -172,10 +172,11 @@ class RawPusher {
     send(hs.proof(proofs));
     EXPECT_TRUE(hs.verify(proofs, recv(handshake::kMacBytes)));
   }
-  void header(uint64_t id, uint32_t count, uint64_t each) {
+  void header(uint64_t id, uint32_t count, uint64_t each, const std::string& source = "") {
     PayloadWriter w;
     w.u32(0).u32(0).u64(id).u32(count).u64(count * each);
     for (uint32_t k = 0; k < count; ++k) w.bytes(k == 0 ? "a" : "b").u64(each);
+    w.bytes(source);
     send(w.str());
   }
   void send(std::string_view s) { ASSERT_TRUE(net::send_all(sock_.fd.get(), s, deadline()).ok()); }
@@ -257,6 +258,80 @@ TEST_F(ReplicaTest, ACommitCutShortOrDeclaredTornNeverReplacesThePreviousOne) {
   ASSERT_EQ(push(pusher).size(), 1u);
   EXPECT_EQ(served.get(), "stored 1");
   expect_commit(si::HostCommits::newest(kept_, 0), 9, 1000);
+}
+
+// A sharded State's commit in a worker's file: its rows of "w" (a pattern of
+// the commit, the worker and `n`) and a shard table (contents not read here).
+void commit_rows(si::HostCommits& h, uint64_t id, int worker, size_t n) {
+  static const std::string w = "w", table = si::kShardTable;
+  auto rows = fill(id, n, 10 + worker);
+  const std::vector<char> t(8, static_cast<char>(worker));
+  ASSERT_FALSE(h.write(id, {si::EntryRef::of(w, rows), si::EntryRef::of(table, t)}, nullptr, 0));
+}
+
+void expect_rows(const std::string& path, uint64_t id, int worker, size_t n) {
+  auto snap = si::HostCommits::read(path);
+  ASSERT_TRUE(snap) << path << " holds no whole commit";
+  EXPECT_EQ(snap->commit_id, id) << path;
+  ASSERT_FALSE(snap->entries.empty());
+  EXPECT_EQ(snap->entries[0].second, fill(id, n, 10 + worker)) << path;
+}
+
+// Each worker's file of a sharded State holds other rows: each one's newest
+// commit has a replica pair of its own at the keeper (where a sync reads its
+// pieces as a dead worker's), sent once every worker wrote it (the keeper
+// keeps two commits per file: pairs pushed a commit apart could leave it no
+// commit of every worker's rows); a file further behind is a slot no
+// worker uses. A stem that is no worker's is refused; the keeper's replicas
+// go once its host's own workers hold a commit as new.
+TEST_F(ReplicaTest, EachWorkersFileOfAShardedStateHasAReplicaOfItsOwn) {
+  si::HostCommits w0(holder_ + "/slot-h-0"), w1(holder_ + "/slot-h-1"), unused(holder_ + "/slot-h-2");
+  commit_rows(unused, 1, 2, 300);
+  commit_rows(w0, 3, 0, 4000);
+  commit_rows(w1, 3, 1, 5000);
+  commit_rows(w0, 4, 0, 4000);  // worker 1 is still writing commit 4
+  Keeper keeper(kept_, secret_);
+  si::ReplicaPusher pusher(holder_, std::make_shared<handshake::Key>(secret_));
+  pusher.target(keeper.address(), kept_);
+  EXPECT_TRUE(push(pusher).empty());
+  EXPECT_FALSE(keeper.connection_waiting());
+  commit_rows(w1, 4, 1, 5000);
+  auto served = keeper.serve_next();
+  auto pushed = push(pusher);
+  EXPECT_EQ(served.get(), "stored 2");
+  std::set<std::string> sources;
+  for (const si::Pushed& p : pushed) sources.insert(p.source + "@" + std::to_string(p.id));
+  EXPECT_EQ(sources, (std::set<std::string>{"slot-h-0@4", "slot-h-1@4"}));
+  expect_rows(kept_ + "/replica-of-slot-h-0.a", 4, 0, 4000);
+  expect_rows(kept_ + "/replica-of-slot-h-1.a", 4, 1, 5000);
+  EXPECT_TRUE(push(pusher).empty());
+  EXPECT_FALSE(keeper.connection_waiting());
+  // The next commit goes into each pair's other file.
+  commit_rows(w0, 5, 0, 4000);
+  commit_rows(w1, 5, 1, 5000);
+  served = keeper.serve_next();
+  EXPECT_EQ(push(pusher).size(), 2u);
+  EXPECT_EQ(served.get(), "stored 2");
+  expect_rows(kept_ + "/replica-of-slot-h-0.b", 5, 0, 4000);
+  expect_rows(kept_ + "/replica-of-slot-h-1.b", 5, 1, 5000);
+  EXPECT_FALSE(std::filesystem::exists(kept_ + "/replica-of-slot-h-2.a"));
+
+  for (const std::string bad : {"../slot-h-0", "replica-of-slot-h-0", "slot-h-0-s3", ".a"}) {
+    served = keeper.serve_next();
+    RawPusher raw(keeper, secret_);
+    raw.header(9, 2, 10, bad);
+    EXPECT_NE(served.get().find("is not a worker's stem of State 0"), std::string::npos) << bad;
+  }
+  expect_rows(kept_ + "/replica-of-slot-h-0.b", 5, 0, 4000);
+
+  si::HostCommits own(kept_ + "/slot-k-0");
+  commit_rows(own, 4, 2, 100);  // older than the replicas' newest
+  EXPECT_TRUE(si::remove_replicas(kept_, false).names.empty());
+  commit_rows(own, 5, 2, 100);
+  const si::RemovedReplicas r = si::remove_replicas(kept_, false);
+  EXPECT_EQ(std::set<std::string>(r.names.begin(), r.names.end()),
+            (std::set<std::string>{"replica-of-slot-h-0.a", "replica-of-slot-h-0.b", "replica-of-slot-h-1.a",
+                                   "replica-of-slot-h-1.b"}));
 }
 
 // What a keeper leaves: once its host's workers hold a commit as new, a
