@@ -34,9 +34,11 @@
 #include "runner/observe/metrics_server.h"
 #include "runner/launch/launcher.h"
 #include "runner/launch/launcher_srun.h"
+#include "runner/launch/launchers.h"
 #include "runner/takeover/record_keeper.h"
 #include "runner/hosts/host_sources.h"
 #include "runner/hosts/slurm_grow.h"
+#include "runner/takeover/job_claim.h"
 #include "runner/takeover/standby_driver.h"
 #include "runner/launch/output.h"
 #include "rendezvous/rendezvous.h"
@@ -100,9 +102,7 @@ int exec_mpirun(const erun::DriverOptions& o, erun::HostDiscovery& discovery) {
 int agent_main(int argc, char** argv) {
   erun::init_logging(erun::log_level_from_env(erun::LogLevel::kInfo));
   erun::agent::AgentOptions o;
-  char name[256] = {};
-  ::gethostname(name, sizeof name - 1);
-  o.host = name;
+  o.host = erun::this_host_name();
   if (const char* tmp = std::getenv("TMPDIR"); tmp && tmp[0] == '/') o.relay_dir = tmp;
   if (argc == 4 && std::string(argv[2]) == "--attach") return erun::agent::run_attach_pump(argv[3]);
   for (int i = 2; i < argc; ++i) {
@@ -173,56 +173,6 @@ bool resolve_forwarded_env(erun::DriverOptions& options) {
   return true;
 }
 
-// The launchers: the local one for this machine's workers, srun or ssh for
-// the others.
-struct Launchers {
-  std::unique_ptr<erun::Launcher> local;
-  std::unique_ptr<erun::Launcher> remote;
-  std::vector<erun::Launcher*> all() const {
-    std::vector<erun::Launcher*> out;
-    for (auto* l : {local.get(), remote.get()}) {
-      if (l) out.push_back(l);
-    }
-    return out;
-  }
-};
-
-erun::Result<Launchers> make_launchers(const erun::DriverOptions& options,
-                                      const std::shared_ptr<erun::SlurmGrow>& slurm_grow) {
-  erun::AgentLaunchOptions agent;
-  agent.agent_path = options.agent_path.empty() ? erun::own_executable() : options.agent_path;
-  agent.heartbeat_timeout = options.heartbeat_timeout;
-  agent.relay = options.agent_relay;
-  agent.driver_grace = options.driver_grace;
-  agent.drain_timeout = options.drain_timeout;
-  agent.log_level = options.log_level;
-  if (agent.agent_path.empty()) {
-    return erun::Result<Launchers>::error(
-        "cannot find erun's own executable (/proc/self/exe): pass --agent-path PATH");
-  }
-  Launchers l;
-  l.local = erun::make_local_launcher(agent);
-  if (options.launcher == erun::LauncherKind::kSrun ||
-      (options.launcher == erun::LauncherKind::kAuto && options.slurm)) {
-    erun::SrunOptions srun;
-    if (slurm_grow) {
-      // A node lent by a placeholder: its agent is a step of that job.
-      srun.job_of = [slurm_grow](const std::string& host) { return slurm_grow->job_of(host); };
-    }
-    l.remote = erun::make_srun_launcher(srun, agent);
-  } else {
-    erun::SshOptions ssh;
-    ssh.port = options.ssh_port;
-    ssh.identity_file = options.ssh_identity_file;
-    ssh.connect_timeout = options.ssh_connect_timeout;
-    ssh.extra_options = options.ssh_options;
-    // The ssh connection is part of an agent's start; the local agent keeps the default.
-    agent.start_timeout = options.ssh_connect_timeout + std::chrono::seconds(60);
-    l.remote = erun::make_ssh_launcher(ssh, agent);
-  }
-  return l;
-}
-
 // --dry-run: the plan and the commands, nothing launched.
 int dry_run(erun::Driver& driver) {
   if (auto s = driver.start(); !s) {
@@ -258,64 +208,6 @@ int run_with_signals(erun::Driver& driver, bool hangup_leaves) {
 std::string current_directory() {
   char cwd[4096];
   return ::getcwd(cwd, sizeof cwd) ? std::string(cwd) : std::string();
-}
-
-std::string this_host() {
-  char name[256] = {};
-  ::gethostname(name, sizeof name - 1);
-  return name;
-}
-
-// The launcher of `host`'s agent, as the driver picks it.
-erun::Launcher& launcher_of(const erun::DriverOptions& o, Launchers& l, const std::string& host) {
-  bool local = o.launcher == erun::LauncherKind::kLocal ||
-               (o.launcher == erun::LauncherKind::kAuto && erun::is_local_host(host)) || !l.remote;
-  return local ? *l.local : *l.remote;
-}
-
-// A job whose driver is gone: attaches to every agent its record names
-// (term one above the record's) and collects their workers. Agents that are
-// gone are logged and left out.
-void take_over(const erun::DriverOptions& o, Launchers& l, const erun::JobRecord& record, int rdzv_port,
-               erun::DriverDeps::Takeover& t) {
-  t.term = record.term + 1;
-  t.record = static_cast<const erun::DriverRecord&>(record);
-  erun::AttachRequest req;
-  req.secret = record.secret;
-  req.term = t.term;
-  // The agents' relays reconnect to the address their workers were given
-  // (port 0: the same port too), unless this driver runs elsewhere than the
-  // record's: a standby on another machine (another host name, or an
-  // address of its own given) is reached by remote hosts at its own
-  // address. Local agents (this machine's) are sent 127.0.0.1 then: they
-  // may have followed a driver elsewhere before this one (X, then Y, then
-  // X again).
-  const bool moved = record.driver_host != this_host() || !o.driver_address.empty();
-  req.rdzv_port = rdzv_port == record.rendezvous_port ? 0 : rdzv_port;
-  erun::AttachRequest remote_req = req;
-  if (moved) {
-    req.rdzv_host = "127.0.0.1";
-    req.rdzv_port = rdzv_port;
-    remote_req.rdzv_host = o.driver_address.empty() ? this_host() : o.driver_address;
-    remote_req.rdzv_port = rdzv_port;
-    if (record.driver_host != this_host()) {
-      ERUN_LOG_INFO("job {}: its last driver ran on {}: remote agents' relays reconnect to {}:{}", record.name,
-                    record.driver_host, remote_req.rdzv_host, rdzv_port);
-    }
-  }
-  req.timeout = remote_req.timeout = std::max<erun::Duration>(o.heartbeat_timeout, std::chrono::seconds(10));
-  // Each launcher attaches to its agents all at once.
-  std::map<erun::Launcher*, std::vector<std::pair<std::string, std::string>>> by_launcher;
-  for (auto& a : record.agents) by_launcher[&launcher_of(o, l, a.host)].emplace_back(a.host, a.attach_path);
-  for (auto& [launcher, agents] : by_launcher) {
-    for (auto& got : launcher->attach(agents, launcher == l.local.get() ? req : remote_req)) {
-      if (!got.status) {
-        ERUN_LOG_WARN("job {}: cannot take over the agent on {}: {}", record.name, got.host, got.status.message());
-        continue;
-      }
-      for (auto& w : got.workers) t.workers.push_back(std::move(w));
-    }
-  }
 }
 
 // The status line and /metrics, from the job's account, refreshed after the
@@ -365,52 +257,6 @@ class JobView {
   std::chrono::steady_clock::time_point next_status_{}, next_metrics_{};
 };
 
-// The job's record and lock (with --driver-grace, or a standby's job): the
-// store (null: no record) and what it held (a job to take over); or the exit
-// code when another erun holds the job.
-struct JobClaim {
-  std::unique_ptr<erun::JobStore> store;
-  std::optional<erun::JobRecord> previous;
-};
-std::variant<JobClaim, int> claim_job(const erun::DriverOptions& options, const std::string& name,
-                                      std::unique_ptr<erun::JobStore> standby_store) {
-  JobClaim c;
-  c.store = std::move(standby_store);
-  if (c.store) {
-    c.previous = c.store->read();
-    if (!c.previous) {  // it ended after the standby chose to take it over: never run it again
-      ERUN_LOG_INFO("job {}: it ended (its record is gone): the standby has nothing to take over", name);
-      return 0;
-    }
-  } else if (!options.dry_run && options.driver_grace > erun::Duration::zero()) {
-    bool held = false;
-    auto locked = erun::JobStore::lock(erun::jobs_directory(), name, &held);
-    if (!locked && held) {
-      std::fprintf(stderr, "erun: %s\n", locked.message().c_str());
-      return 2;
-    }
-    if (locked) {
-      c.store = std::move(locked).value();
-      c.previous = c.store->read();
-      if (c.previous && c.previous->unlocked && c.store->record_age() &&
-          *c.store->record_age() < options.heartbeat_timeout) {
-        // The lock was the silent driver's; the job's driver now beats
-        // without it (it took the job over from that one).
-        std::fprintf(stderr,
-                     "erun: job %s is driven by erun pid %ld on %s, which took it over from a silent driver and "
-                     "does not hold the job's lock yet: to run a separate job beside it, give this one --job-name "
-                     "OTHER; to take this one over, end that erun first and run the same command again\n",
-                     name.c_str(), c.previous->driver_pid, c.previous->driver_host.c_str());
-        return 2;
-      }
-    } else {
-      ERUN_LOG_WARN("{}: this job runs without a record, so no new erun can take it over should this one die",
-                    locked.message());
-    }
-  }
-  return c;
-}
-
 // The rendezvous server, started (not in a dry run); on the port of the job
 // taken over where it is free. Null (and logged) when it cannot listen.
 std::unique_ptr<erun::RendezvousServer> start_rendezvous(const erun::DriverOptions& options,
@@ -435,43 +281,6 @@ std::unique_ptr<erun::RendezvousServer> start_rendezvous(const erun::DriverOptio
     return nullptr;
   }
   return rendezvous;
-}
-
-// Claims a job whose driver is gone: a newer term in its record (before any
-// agent hears of it), then its agents and their workers. False when another
-// erun claimed it first (its term is in the record): this one leaves it.
-bool claim_takeover(const erun::DriverOptions& options, Launchers& launchers, erun::JobStore& store,
-                    const erun::JobRecord& previous, const std::string& name, int rdzv_port,
-                    erun::DriverDeps::Takeover& takeover) {
-  ERUN_LOG_WARN("job {}: its driver (erun pid {} on {}) is gone: taking the job over", name, previous.driver_pid,
-                previous.driver_host);
-  erun::JobRecord claimed = previous;
-  claimed.term = previous.term + 1;
-  claimed.driver_pid = ::getpid();
-  claimed.driver_host = this_host();
-  claimed.unlocked = !store.holds_lock();
-  if (auto s = store.write(claimed); !s) {
-    auto there = store.read();
-    if (!there || there->job_id != claimed.job_id || there->term < claimed.term) {
-      ERUN_LOG_WARN("job {}: {}: a new erun could not take this job over", name, s.message());
-      return true;  // no other claim there: go on without a record
-    }
-    ERUN_LOG_ERROR("job {}: another erun took it over first ({}): this one leaves it to that one", name, s.message());
-    return false;
-  }
-  {
-    // Attaching waits up to its timeout for agents that do not answer: the
-    // record beats meanwhile, so that a standby does not take this driver
-    // for a silent one.
-    erun::RecordHeartbeat beat(store, std::chrono::seconds(1));
-    take_over(options, launchers, previous, rdzv_port, takeover);
-  }
-  if (takeover.workers.empty()) {
-    ERUN_LOG_WARN("job {}: no worker of it is left (its agents ended, or their --driver-grace ran out): starting it "
-                  "anew; it resumes from what host memory or --checkpoint-dir still hold",
-                  name);
-  }
-  return true;
 }
 
 // Who the job is: its one name (in every line, the summary, the event log and
@@ -519,7 +328,7 @@ erun::JobRecord record_base(const erun::DriverOptions& options, const JobIdentit
   base.name = id.name;
   base.term = previous ? previous->term + 1 : 1;
   base.driver_pid = ::getpid();
-  base.driver_host = this_host();
+  base.driver_host = erun::this_host_name();
   base.job_id = id.server.job_id;
   base.secret = id.server.secret;
   base.rendezvous_port = rdzv_port;
@@ -583,7 +392,7 @@ int run_job(const erun::DriverOptions& options, erun::DriverDeps& deps, erun::Ev
 }
 
 // The driver's parts that main made (the job's own, as `id` names them).
-erun::DriverDeps driver_parts(Launchers& launchers, erun::HostDiscovery& discovery, erun::Clock& clock,
+erun::DriverDeps driver_parts(erun::Launchers& launchers, erun::HostDiscovery& discovery, erun::Clock& clock,
                               erun::OutputForwarder& output, erun::EventLog& events, const JobIdentity& id) {
   erun::DriverDeps deps;
   deps.discovery = &discovery;
@@ -604,7 +413,7 @@ erun::DriverDeps driver_parts(Launchers& launchers, erun::HostDiscovery& discove
 int run_driver(const erun::DriverOptions& options, erun::HostDiscovery& discovery,
                const std::vector<std::string>& args, const std::shared_ptr<erun::SlurmGrow>& slurm_grow,
                std::unique_ptr<erun::JobStore> standby_store) {
-  auto launchers = make_launchers(options, slurm_grow);
+  auto launchers = erun::make_launchers(options, slurm_grow);
   if (!launchers) {
     std::fprintf(stderr, "erun: %s\n", launchers.message().c_str());
     return 2;
@@ -619,16 +428,16 @@ int run_driver(const erun::DriverOptions& options, erun::HostDiscovery& discover
   JobIdentity id = job_identity(options, discovery, args);
   // With --driver-grace the job has a record that a new erun takes it over
   // from, and a lock: one driver at a time.
-  auto claimed = claim_job(options, id.name, std::move(standby_store));
+  auto claimed = erun::claim_job(options, id.name, std::move(standby_store));
   if (auto* code = std::get_if<int>(&claimed)) return *code;
-  auto& [store, previous] = std::get<JobClaim>(claimed);
+  auto& [store, previous] = std::get<erun::JobClaim>(claimed);
   if (previous) keep_identity(id, *previous);
   auto rendezvous = start_rendezvous(options, id.server, previous.has_value());
   if (!rendezvous) return 1;
   erun::DriverDeps deps = driver_parts(*launchers, discovery, clock, output, events, id);
   erun::DriverDeps::Takeover takeover;
   if (previous) {
-    if (!claim_takeover(options, *launchers, *store, *previous, id.name, rendezvous->port(), takeover)) return 3;
+    if (!erun::claim_takeover(options, *launchers, *store, *previous, id.name, rendezvous->port(), takeover)) return 3;
     deps.takeover = &takeover;
   }
   if (!options.dry_run) {
@@ -656,54 +465,13 @@ int run_driver(const erun::DriverOptions& options, erun::HostDiscovery& discover
 
 }  // namespace
 
-// `erun --attach NAME` or `erun --watch --attach NAME` (--job-record FILE):
-// the job taken over, by its name.
-struct Attach {
-  std::string name, address;
-  bool standby = false;
-};
-
-// For the takeover forms: fills `attach`, enters the job's directory and
-// puts the job's own command line into `args`. An exit code when erun
-// stops here (a wrong form, no such job).
-std::optional<int> resolve_takeover(std::vector<std::string>& args, Attach& attach) {
-  auto takeover = erun::parse_takeover_form(args);
-  if (!takeover) return std::nullopt;
-  if (!takeover->error.empty()) {
-    std::fprintf(stderr, "erun: %s\n", takeover->error.c_str());
-    return 2;
-  }
-  attach = Attach{takeover->name, takeover->driver_address, takeover->standby};
-  if (!takeover->jobs_dir.empty()) ::setenv("ERUN_JOB_DIR", takeover->jobs_dir.c_str(), 1);
-  const bool valid = erun::valid_job_name(attach.name);
-  auto record = valid ? erun::peek_record(erun::jobs_directory(), attach.name) : std::nullopt;
-  // A standby started with the job may come before its first record.
-  for (int i = 0; attach.standby && !record && i < 150 && valid; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    record = erun::peek_record(erun::jobs_directory(), attach.name);
-  }
-  if (!record) {
-    std::fprintf(stderr, "erun --attach %s: no such job in %s (a job has a record only while it runs with "
-                         "--driver-grace; its name is in erun's log)\n",
-                 attach.name.c_str(), erun::jobs_directory().c_str());
-    return 2;
-  }
-  if (!record->cwd.empty() && ::chdir(record->cwd.c_str()) != 0) {
-    std::fprintf(stderr, "erun --attach %s: cannot enter the job's directory %s: %s\n", attach.name.c_str(),
-                 record->cwd.c_str(), std::strerror(errno));
-    return 2;
-  }
-  args = record->args;
-  return std::nullopt;
-}
-
 int main(int argc, char** argv) {
   if (argc >= 2 && std::string(argv[1]) == "--agent") return agent_main(argc, argv);
   // `erun report EVENTS.jsonl [-o FILE]` (a program named report: erun ./report)
   if (argc >= 2 && std::string(argv[1]) == "report") return erun::report_main(argc - 1, argv + 1);
   std::vector<std::string> args(argv + 1, argv + argc);
-  Attach attach;
-  if (auto code = resolve_takeover(args, attach)) return *code;
+  erun::Attach attach;
+  if (auto code = erun::resolve_takeover(args, attach)) return *code;
   std::vector<char*> cargs = {argv[0]};
   for (auto& a : args) cargs.push_back(a.data());
   auto parsed = parse_options(static_cast<int>(cargs.size()), cargs.data());

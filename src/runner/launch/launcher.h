@@ -243,4 +243,7 @@ Status validate_worker_spec(const WorkerSpec& spec);
 // remote hosts on purpose: tests use them as distinct machines.
 bool is_local_host(const std::string& host);
 
+// This machine's host name, as gethostname() gives it ("" when it fails).
+std::string this_host_name();
+
 }  // namespace erun

@@ -129,6 +129,12 @@ std::unique_ptr<Launcher> make_ssh_launcher(SshOptions options, AgentLaunchOptio
   return std::make_unique<AgentLauncher>(command, agent, "ssh", "is openssh-client installed?", hint);
 }
 
+std::string this_host_name() {
+  char name[256] = {};
+  if (::gethostname(name, sizeof name - 1) != 0) return {};
+  return name;
+}
+
 bool is_local_host(const std::string& host) {
   std::string h = lower(host);
   if (h == "localhost" || h == "localhost.localdomain" || h == "127.0.0.1" || h == "::1" ||

@@ -12,14 +12,6 @@
 
 namespace erun {
 
-namespace {
-std::string this_host_name() {
-  char name[256] = {};
-  ::gethostname(name, sizeof name - 1);
-  return name;
-}
-}  // namespace
-
 Launcher& WorkerSpecs::launcher_for(const std::string& host, bool* local) const {
   bool is_local = o_.launcher == LauncherKind::kLocal ||
                   (o_.launcher == LauncherKind::kAuto && is_local_host(host)) || !site_.remote;
