@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstring>
 #include <optional>
 #include <set>
@@ -96,7 +97,18 @@ struct Header {
   std::vector<std::string> names;
   std::vector<uint64_t> sizes;
   std::string source;  // a sharded State's: the worker's stem
+  uint64_t keep = 0;   // the commit the pair keeps (0: none)
 };
+
+// `text` with its bytes outside printable ASCII as \\xNN, for a message.
+std::string printable(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    const auto u = static_cast<unsigned char>(c);
+    out += u >= 0x20 && u < 0x7f ? std::string(1, c) : fmt::format("\\x{:02x}", u);
+  }
+  return out;
+}
 
 // The longest worker stem a keeper takes.
 constexpr uint32_t kMaxSource = 200;
@@ -107,12 +119,12 @@ uint64_t total_of(const HostCommits::Listing& l) {
   return total;
 }
 
-std::string encode_header(int ordinal, const HostCommits::Listing& l, const std::string& source) {
+std::string encode_header(int ordinal, const HostCommits::Listing& l, const std::string& source, uint64_t keep) {
   PayloadWriter w;
   w.u32(static_cast<uint32_t>(ordinal)).u32(l.flags).u64(l.id).u32(static_cast<uint32_t>(l.names.size()));
   w.u64(total_of(l));
   for (size_t k = 0; k < l.names.size(); ++k) w.bytes(l.names[k]).u64(l.sizes[k]);
-  w.bytes(source);
+  w.bytes(source).u64(keep);
   return w.str();
 }
 
@@ -151,13 +163,19 @@ Header read_header(Wire& wire, const char* fixed) {
   wire.recv(len, 4, "the worker's stem");
   if (le32(len) > kMaxSource) wire.fail(fmt::format("a worker stem of {} bytes", le32(len)));
   h.source = wire.recv(le32(len), "the worker's stem");
-  // A name of the keeper's directory, of the header's State, and no keeper
-  // pair's own name.
-  if (!h.source.empty() &&
-      (h.source.find('/') != std::string::npos || h.source[0] == '.' || !commit_file_name(h.source + ".a") ||
-       HostCommits::ordinal_of(h.source + ".a") != static_cast<int>(h.ordinal) || replica_stem(h.source))) {
-    wire.fail(fmt::format("'{}' is not a worker's stem of State {}", h.source, h.ordinal));
+  // A worker's stem as erun names them (letters, digits, '.', '-', '_'; no
+  // leading dot), of the header's State, and no keeper pair's own name.
+  const bool plain = std::all_of(h.source.begin(), h.source.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == '_';
+  });
+  if (!h.source.empty() && (!plain || h.source[0] == '.' || !commit_file_name(h.source + ".a") ||
+                            HostCommits::ordinal_of(h.source + ".a") != static_cast<int>(h.ordinal) ||
+                            replica_stem(h.source))) {
+    wire.fail(fmt::format("'{}' is not a worker's stem of State {}", printable(h.source), h.ordinal));
   }
+  char keep[8];
+  wire.recv(keep, 8, "the commit to keep");
+  h.keep = get_le(keep, 8);
   return h;
 }
 
@@ -184,6 +202,7 @@ void ReplicaPusher::target(const net::Address& keeper, const std::string& keeper
   keeper_dir_ = keeper_dir;
   has_target_ = true;
   sent_.clear();
+  complete_.clear();
 }
 
 void ReplicaPusher::connect_and_prove(net::Socket& sock, Duration io_timeout) {
@@ -275,17 +294,30 @@ void ReplicaPusher::push(Duration io_timeout, std::vector<Pushed>* pushed) {
     looked.insert(key);
     if (!sock.fd) connect_and_prove(sock, io_timeout);
     const std::string source = per_file ? stem : std::string();
-    if (push_one(sock.fd.get(), fd.get(), *listing, ordinal, source, io_timeout)) {
+    const uint64_t keep = per_file ? complete_[ordinal] : 0;
+    if (push_one(sock.fd.get(), fd.get(), *listing, ordinal, source, keep, io_timeout)) {
       sent_[key] = listing->id;
       pushed->push_back(Pushed{ordinal, listing->id, total_of(*listing), source});
     }
   }
+  // A sharded State whose every ready worker file the keeper now holds at
+  // the same commit: that commit is whole there, kept from now on.
+  for (const auto& [ordinal, stems] : ready) {
+    uint64_t id = 0;
+    bool same = !stems.empty();
+    for (const std::string& stem : stems) {
+      const uint64_t at = sent(stem);
+      same = same && at != 0 && (id == 0 || at == id);
+      id = at;
+    }
+    if (same) complete_[ordinal] = std::max(complete_[ordinal], id);
+  }
 }
 
 bool ReplicaPusher::push_one(int sock, int fd, const HostCommits::Listing& l, int ordinal, const std::string& source,
-                             Duration io_timeout) {
+                             uint64_t keep, Duration io_timeout) {
   Wire wire(sock, keeper_.name(), io_timeout, interrupt_);
-  wire.send(encode_header(ordinal, l, source), "a commit's header");
+  wire.send(encode_header(ordinal, l, source, keep), "a commit's header");
   if (wire.u8("the keeper's answer") != 1) {
     char len[4];
     wire.recv(len, 4, "the keeper's reason");
@@ -358,6 +390,7 @@ bool receive_commit(Wire& wire, const Header& h, HostCommits& f) {
   std::shared_ptr<Completion> completion;
   std::optional<std::string> refused;
   try {
+    f.keep_commit(h.keep);
     refused = f.write(h.id, entries, &placed, h.flags, &completion);
   } catch (const Error& e) {
     refused = e.what();
@@ -433,7 +466,10 @@ RemovedReplicas remove_replicas(const std::string& dir, bool all) {
     const auto listing = HostCommits::list(fd.get());
     const uint64_t whole = listing ? listing->id : 0;
     const int ordinal = HostCommits::ordinal_of(name);
-    if (replica_stem(name.substr(0, name.size() - 2))) {
+    const std::string stem = name.substr(0, name.size() - 2);
+    if (!all && stem.rfind(sharded_replica_stem(""), 0) == 0) {
+      ++removed.left;  // the State's to remove (see replica.h)
+    } else if (replica_stem(stem)) {
       kept[ordinal].push_back({name, whole, size});
     } else {
       own[ordinal] = std::max(own[ordinal], whole);

@@ -22,7 +22,8 @@
 //   pusher: proof(32)                              keeper: proof(32)
 //   per commit, pusher: u32 ordinal, u32 flags, u64 id, u32 entries, u64 bytes,
 //     then per entry u32 name length, name, u64 size; then u32 length and
-//     the worker's stem (sharded; empty: the State's one replica)
+//     the worker's stem (sharded; empty: the State's one replica), u64 the
+//     commit the keeper's pair must not write over (0: none)
 //   keeper: u8 1 (send) or 0, u32 length, why
 //   pusher: the entries' bytes, then u8 1 (the source still held it whole
 //     after the copy) or 0 (its worker began to overwrite it)
@@ -61,8 +62,10 @@ handshake::Proofs replica_proofs(std::shared_ptr<const handshake::Key> key, cons
 // directory that no keeper writes into any more. With `all`, every one;
 // otherwise only those of a State number whose newest whole commit a
 // worker's own file of `dir` holds too, or a newer one (the replica adds
-// nothing there: a keeper whose host now runs workers). Never follows a
-// link.
+// nothing there: a keeper whose host now runs workers), and never a sharded
+// State's (`replica-of-*`: one worker's file as new says nothing of the
+// others' rows; the State removes them once its first commit there is
+// whole, docs/state.md "Memory per host"). Never follows a link.
 struct RemovedReplicas {
   std::vector<std::string> names;
   uint64_t bytes = 0;  // their sizes
@@ -98,6 +101,12 @@ class ReplicaPusher {
   void push(Duration io_timeout, std::vector<Pushed>* pushed);
 
   bool has_target() const { return has_target_; }
+  // The newest commit of sharded State `ordinal` whose every ready worker
+  // file the keeper holds (0: none yet): each push asks the keeper to keep it.
+  uint64_t kept_whole(int ordinal) const {
+    auto it = complete_.find(ordinal);
+    return it == complete_.end() ? 0 : it->second;
+  }
   // Ends a push early (its error says "aborted") when it fires; null: none.
   void set_interrupt(const net::Interrupt* interrupt) { interrupt_ = interrupt; }
 
@@ -105,7 +114,7 @@ class ReplicaPusher {
   // One commit, listed from the open file `fd`, over the open connection;
   // whether the keeper stored it whole.
   bool push_one(int sock, int fd, const HostCommits::Listing& l, int ordinal, const std::string& source,
-                Duration io_timeout);
+                uint64_t keep, Duration io_timeout);
   void connect_and_prove(net::Socket& sock, Duration io_timeout);
   std::string commit_dir_;
   std::shared_ptr<const handshake::Key> key_;
@@ -115,6 +124,10 @@ class ReplicaPusher {
   // Per replica (a State number, or a sharded State's worker stem), the
   // newest commit the keeper stored.
   std::map<std::string, uint64_t> sent_;
+  // Per sharded State number, the newest commit whose every ready worker
+  // file the keeper stored: no pair of it is written over while it is the
+  // newest (each pair keeps two commits, and a push cut short tears one).
+  std::map<int, uint64_t> complete_;
   std::vector<char> chunk_;
   const net::Interrupt* interrupt_ = nullptr;
 };

@@ -215,6 +215,7 @@ bool State::Impl::write_host_commit(const WorkerInfo& info, bool direct, const s
   if (err && !host_failing) ERUN_LOG_ERROR("{}", *err);
   if (!err && host_failing) ERUN_LOG_INFO("host-memory commit {} written to {} again", commit_id, host->stem());
   host_failing = err.has_value();
+  if (!err) laid_out = commit_id;
   return !err;
 }
 
@@ -243,7 +244,10 @@ void State::Impl::keep_in_host_memory(const WorkerInfo& info, bool resharded) {
   }
   if (!resharded) {
     try {
-      if (host->holds(commit_id)) return;
+      if (host->holds(commit_id)) {  // and its rows stayed where they were
+        laid_out = commit_id;
+        return;
+      }
     } catch (const Error&) {
       return;  // said again at the first commit, which keeps to worker memory
     }

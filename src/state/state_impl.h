@@ -145,6 +145,11 @@ struct State::Impl {
   bool many_hosts = false;
   bool buddy_failing = false;  // the last push failed (logged once per streak)
   uint64_t pushed = 0;          // the last commit that reached this generation's buddy (0: none yet)
+  // The last commit this worker's own files hold in this generation's
+  // layout (0: none yet): a sync's rewrite of the commit it goes on from
+  // may fail (a full /dev/shm) while the file still holds that commit in
+  // the old layout.
+  uint64_t laid_out = 0;
   // Set by a sharded sync: the file pairs (no .a/.b) this host's commit
   // directory keeps for the generation (si::pairs_to_keep). At each commit,
   // once every rank's commit before it is in its own pair and its buddy's

@@ -151,12 +151,7 @@ void State::Impl::finish_push() {
 
 bool State::Impl::rows_in_kept_pairs() const {
   if (prune->dir.empty() || commit_id == 0) return true;  // no host files, or nothing committed
-  try {
-    if (!host || !host->holds(commit_id)) return false;
-  } catch (const Error&) {
-    return false;
-  }
-  return !buddy || pushed == commit_id;
+  return host && laid_out == commit_id && (!buddy || pushed == commit_id);
 }
 
 void State::Impl::prune_stale_pairs(int rank) {
@@ -164,9 +159,22 @@ void State::Impl::prune_stale_pairs(int rank) {
   if (!prune->remover || prune->dir.empty()) return;
   Fd dir(::open(prune->dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
   if (!dir) return;
+  // A pair goes when no pair the host keeps is of its worker (or pusher),
+  // whatever the State: should two processes number their States apart,
+  // a live file of another State is never taken for a stale one of this.
+  auto worker_of = [](const std::string& stem) {
+    const int k = si::HostCommits::ordinal_of(stem + ".a");
+    const std::string suffix = fmt::format("-s{}", k);
+    return k > 0 && stem.size() > suffix.size() && stem.compare(stem.size() - suffix.size(), suffix.size(), suffix) == 0
+               ? stem.substr(0, stem.size() - suffix.size())
+               : stem;
+  };
+  std::set<std::string> kept_workers;
+  for (const std::string& k : prune->keep) kept_workers.insert(worker_of(k));
   std::vector<std::string> stale;
   for (const ClaimedCommit& c : claimed_commits(prune->dir, /*buddies=*/true)) {
-    if (si::HostCommits::ordinal_of(c.name) == ordinal && prune->keep.count(c.name.substr(0, c.name.size() - 2)) == 0) {
+    const std::string stem = c.name.substr(0, c.name.size() - 2);
+    if (si::HostCommits::ordinal_of(c.name) == ordinal && kept_workers.count(worker_of(stem)) == 0) {
       stale.push_back(c.name);
     }
   }
@@ -649,6 +657,7 @@ void State::sync_sharded(int rejoined_from) {
   const int my_host = held.host_of[static_cast<size_t>(rank)];
   const auto first_here = std::find(held.host_of.begin(), held.host_of.end(), my_host) - held.host_of.begin();
   im.prune = Impl::Prune{dir, si::pairs_to_keep(held, my_host), first_here == rank};
+  im.laid_out = 0;  // until this generation writes its layout
 
   // 2. The commit: the newest whole one. Ids written since are skipped
   // from now on: an id never names two commits. A durable commit newer

@@ -172,11 +172,11 @@ class RawPusher {
     send(hs.proof(proofs));
     EXPECT_TRUE(hs.verify(proofs, recv(handshake::kMacBytes)));
   }
-  void header(uint64_t id, uint32_t count, uint64_t each, const std::string& source = "") {
+  void header(uint64_t id, uint32_t count, uint64_t each, const std::string& source = "", uint64_t keep = 0) {
     PayloadWriter w;
     w.u32(0).u32(0).u64(id).u32(count).u64(count * each);
     for (uint32_t k = 0; k < count; ++k) w.bytes(k == 0 ? "a" : "b").u64(each);
-    w.bytes(source);
+    w.bytes(source).u64(keep);
     send(w.str());
   }
   void send(std::string_view s) { ASSERT_TRUE(net::send_all(sock_.fd.get(), s, deadline()).ok()); }
@@ -295,6 +295,7 @@ TEST_F(ReplicaTest, EachWorkersFileOfAShardedStateHasAReplicaOfItsOwn) {
   pusher.target(keeper.address(), kept_);
   EXPECT_TRUE(push(pusher).empty());
   EXPECT_FALSE(keeper.connection_waiting());
+  EXPECT_EQ(pusher.kept_whole(0), 0u);
   commit_rows(w1, 4, 1, 5000);
   auto served = keeper.serve_next();
   auto pushed = push(pusher);
@@ -304,6 +305,7 @@ TEST_F(ReplicaTest, EachWorkersFileOfAShardedStateHasAReplicaOfItsOwn) {
   EXPECT_EQ(sources, (std::set<std::string>{"slot-h-0@4", "slot-h-1@4"}));
   expect_rows(kept_ + "/replica-of-slot-h-0.a", 4, 0, 4000);
   expect_rows(kept_ + "/replica-of-slot-h-1.a", 4, 1, 5000);
+  EXPECT_EQ(pusher.kept_whole(0), 4u);
   EXPECT_TRUE(push(pusher).empty());
   EXPECT_FALSE(keeper.connection_waiting());
   // The next commit goes into each pair's other file.
@@ -316,19 +318,49 @@ TEST_F(ReplicaTest, EachWorkersFileOfAShardedStateHasAReplicaOfItsOwn) {
   expect_rows(kept_ + "/replica-of-slot-h-1.b", 5, 1, 5000);
   EXPECT_FALSE(std::filesystem::exists(kept_ + "/replica-of-slot-h-2.a"));
 
-  for (const std::string bad : {"../slot-h-0", "replica-of-slot-h-0", "slot-h-0-s3", ".a"}) {
+  EXPECT_EQ(pusher.kept_whole(0), 5u);
+
+  // Worker 1's next two pushes are cut short (its host died mid-copy, say),
+  // worker 0's go through, each asking to keep commit 5: both pairs still
+  // hold it, so the keeper keeps a commit of every worker's rows. (Without
+  // the keep, worker 0's pair would hold 6 and 7 and worker 1's 5 only.)
+  for (uint64_t id : {6, 7}) {
+    served = keeper.serve_next();
+    {
+      RawPusher raw(keeper, secret_);
+      raw.header(id, 2, 10, "slot-h-0", 5);
+      EXPECT_EQ(raw.recv(1), std::string("\1"));
+      raw.send(std::string(20, 'z'));
+      raw.send(std::string_view("\1", 1));
+      EXPECT_EQ(raw.recv(1), std::string("\1"));
+      raw.header(id, 2, 10, "slot-h-1", 5);
+      EXPECT_EQ(raw.recv(1), std::string("\1"));
+      raw.send(std::string(7, 'z'));
+      raw.close();
+    }
+    EXPECT_NE(served.get().find("connection closed"), std::string::npos);
+  }
+  expect_rows(kept_ + "/replica-of-slot-h-0.b", 5, 0, 4000);
+  expect_rows(kept_ + "/replica-of-slot-h-1.b", 5, 1, 5000);
+  EXPECT_EQ(si::HostCommits::read(kept_ + "/replica-of-slot-h-0.a")->commit_id, 7u);
+
+  for (const std::string& bad : std::vector<std::string>{"../slot-h-0", "replica-of-slot-h-0", "slot-h-0-s3", ".a",
+                                                          std::string("slot\0x", 6), "slot-\n"}) {
     served = keeper.serve_next();
     RawPusher raw(keeper, secret_);
     raw.header(9, 2, 10, bad);
     EXPECT_NE(served.get().find("is not a worker's stem of State 0"), std::string::npos) << bad;
   }
   expect_rows(kept_ + "/replica-of-slot-h-0.b", 5, 0, 4000);
-
+  // While workers run here, a sharded State's replicas are the State's to
+  // remove (one worker's file as new says nothing of the others' rows).
   si::HostCommits own(kept_ + "/slot-k-0");
-  commit_rows(own, 4, 2, 100);  // older than the replicas' newest
-  EXPECT_TRUE(si::remove_replicas(kept_, false).names.empty());
-  commit_rows(own, 5, 2, 100);
-  const si::RemovedReplicas r = si::remove_replicas(kept_, false);
+  commit_rows(own, 9, 2, 100);
+  si::RemovedReplicas r = si::remove_replicas(kept_, false);
+  EXPECT_TRUE(r.names.empty());
+  EXPECT_EQ(r.left, 4);
+  r = si::remove_replicas(kept_, true);
+
   EXPECT_EQ(std::set<std::string>(r.names.begin(), r.names.end()),
             (std::set<std::string>{"replica-of-slot-h-0.a", "replica-of-slot-h-0.b", "replica-of-slot-h-1.a",
                                    "replica-of-slot-h-1.b"}));
