@@ -265,6 +265,7 @@ struct BuddyKeeper::Impl {
   // Shared with the push that writes into one, which may outlive its place
   // here (forget_pairs_except).
   std::map<std::string, std::shared_ptr<Pair>> pairs;  // under pairs_mu
+  std::optional<std::set<std::string>> only;           // under pairs_mu: the names taken (none: any)
   Impl(std::string d, const std::string& job_id, const std::string& secret, Duration t)
       : dir(std::move(d)), proofs(state_internal::proofs(job_id, secret, kBuddyScheme)), io_timeout(t) {}
   TimePoint step() const { return std::chrono::steady_clock::now() + io_timeout; }
@@ -330,6 +331,10 @@ struct BuddyKeeper::Impl {
     std::shared_ptr<Pair> entry;
     {
       std::lock_guard<std::mutex> lock(pairs_mu);
+      if (only && only->count(offer.name) == 0) {
+        return refuse(fd, fmt::format("'{}' is no longer kept here: its pusher's generation is over", offer.name),
+                      step(), stop);
+      }
       auto& p = pairs[offer.name];
       if (!p) p = std::make_shared<Pair>();
       entry = p;
@@ -398,9 +403,15 @@ BuddyKeeper::BuddyKeeper(const std::string& address, std::string dir, const std:
 
 BuddyKeeper::~BuddyKeeper() = default;
 
+void BuddyKeeper::accept_any() {
+  std::lock_guard<std::mutex> lock(impl_->pairs_mu);
+  impl_->only.reset();
+}
+
 void BuddyKeeper::forget_pairs_except(const std::set<std::string>& keep) {
   std::vector<std::shared_ptr<Impl::Pair>> gone;  // unmapped outside the lock, once their last push ends
   std::lock_guard<std::mutex> lock(impl_->pairs_mu);
+  impl_->only = keep;
   for (auto it = impl_->pairs.begin(); it != impl_->pairs.end();) {
     if (keep.count(it->first) != 0) {
       ++it;

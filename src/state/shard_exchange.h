@@ -110,8 +110,12 @@ class BuddyKeeper {
   const std::string& error() const { return server_->error(); }
   // Lets go of the pairs whose names are not in `keep` (their files' memory
   // goes once they are removed); a push into one of them that is under way
-  // ends first, into the file it has.
+  // ends first, into the file it has. Until accept_any(), a push of another
+  // name is refused: a frozen pusher of an older generation would make its
+  // pair again.
   void forget_pairs_except(const std::set<std::string>& keep);
+  // Takes pushes of any name again (a new generation's pushers may differ).
+  void accept_any();
 
  private:
   struct Impl;

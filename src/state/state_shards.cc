@@ -350,7 +350,10 @@ si::Offer State::Impl::offer(const WorkerInfo& info, const Link& link, const std
     keeper = std::make_unique<si::BuddyKeeper>(link.address, dir, link.job_id, link.secret, timeout);
     if (keeper->port() == 0) ERUN_LOG_WARN("erun: rank {} keeps no buddy copies: {}", info.rank, keeper->error());
   }
-  if (keeper) mine.buddy_port = keeper->port();
+  if (keeper) {
+    keeper->accept_any();  // this generation's pushers, whoever they are
+    mine.buddy_port = keeper->port();
+  }
   mine.stem = host->stem().substr(host->stem().rfind('/') + 1);
   mine.files = si::list_pieces(dir, ordinal);
   if (!mine.files.empty() && !link.address.empty() && size > 1) {

@@ -831,6 +831,23 @@ class BuddyKeepers : public ::testing::Test {
   std::unique_ptr<BuddyKeeper> k0_, k1_;
 };
 
+// Once a generation's stale pairs are gone, a late push of one (a frozen
+// pusher of an older generation) is refused rather than making it again;
+// the next generation's sync takes any name again.
+TEST_F(BuddyKeepers, APushOfAForgottenPairIsRefusedUntilTheNextGeneration) {
+  push(*k0_, 1, 0, 4096, 1);
+  k0_->forget_pairs_except({"buddy-slot-c-0"});
+  std::vector<char> piece(4096, 2);
+  Status s = push_to_buddy("127.0.0.1", k0_->port(), "job", "secret", kName, 2, 1, {EntryRef::of("w", piece)},
+                           std::chrono::seconds(10));
+  EXPECT_FALSE(s.is_ok());
+  EXPECT_NE(s.message().find("no longer kept here"), std::string::npos) << s.message();
+  EXPECT_EQ(held(), (std::set<std::pair<uint64_t, size_t>>{{1, 4096}}));
+  k0_->accept_any();
+  push(*k0_, 2, 1, 4096, 2);
+  EXPECT_EQ(held(), (std::set<std::pair<uint64_t, size_t>>{{1, 4096}, {2, 4096}}));
+}
+
 // A pusher's buddy moves between the workers of a host (the pairs change at
 // each generation) and back: the keeper it comes back to writes over the
 // older commit the files hold now, not over the one the other keeper wrote
