@@ -255,7 +255,9 @@ std::map<int, std::set<std::string>> sharded_ready(const std::string& dir) {
       if (ids.front() == newest && ids.size() > 1) before = std::max(before, ids[1]);
     }
     bool writing = false;
-    for (const auto& [stem, ids] : stems) writing = writing || (ids.front() < newest && before > 0 && ids.front() >= before);
+    for (const auto& [stem, ids] : stems) {
+      writing = writing || (before > 0 && ids.front() < newest && ids.front() >= before);
+    }
     std::set<std::string>& go = ready[ordinal];  // there even when empty: a sharded State
     for (const auto& [stem, ids] : stems) {
       if (!writing && ids.front() == newest) go.insert(stem);
