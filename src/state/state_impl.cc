@@ -4,6 +4,33 @@
 
 namespace erun {
 
+void state_internal::broadcast_blob(Communicator& comm, std::vector<char>& blob, int root) {
+  int64_t bytes = static_cast<int64_t>(blob.size());
+  comm.broadcast(&bytes, sizeof(bytes), root);
+  if (comm.rank() != root) blob.resize(static_cast<size_t>(bytes));
+  comm.broadcast(blob.data(), blob.size(), root);
+}
+
+si::PiecesKind* State::Impl::Entry::pieces() {
+  if (auto* s = as<si::ShardKind>()) return &s->pieces;
+  return as<si::PiecesKind>();
+}
+
+si::HostCopy* State::Impl::Entry::host_copy() {
+  if (auto* b = as<si::BufferKind>()) return &b->held;
+  si::PiecesKind* p = pieces();
+  return p != nullptr ? &p->held : nullptr;
+}
+
+void State::Impl::Entry::drop_host_copy() {
+  if (si::HostCopy* h = host_copy()) *h = {};
+}
+
+void State::Impl::Entry::save_committed() {
+  save(committed);
+  drop_host_copy();
+}
+
 void State::Impl::concat(const std::vector<si::Piece>& ranges, std::vector<char>& out) {
   size_t total = 0;
   for (const si::Piece& r : ranges) total += r.second;

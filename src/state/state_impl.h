@@ -38,12 +38,7 @@ namespace si = state_internal;
 namespace state_internal {
 // Collective: `blob` from `root` to every rank (its size first), resized
 // on the others.
-inline void broadcast_blob(Communicator& comm, std::vector<char>& blob, int root) {
-  int64_t bytes = static_cast<int64_t>(blob.size());
-  comm.broadcast(&bytes, sizeof(bytes), root);
-  if (comm.rank() != root) blob.resize(static_cast<size_t>(bytes));
-  comm.broadcast(blob.data(), blob.size(), root);
-}
+void broadcast_blob(Communicator& comm, std::vector<char>& blob, int root);
 }  // namespace state_internal
 
 struct State::Impl {
@@ -72,34 +67,22 @@ struct State::Impl {
     // A sharded entry's shard (erun knows it is one).
     si::ShardKind& shard() { return std::get<si::ShardKind>(kind); }
     // A pieces entry's ranges, a sharded one's included (null for other kinds).
-    si::PiecesKind* pieces() {
-      if (auto* s = as<si::ShardKind>()) return &s->pieces;
-      return as<si::PiecesKind>();
-    }
+    si::PiecesKind* pieces();
     // register_pieces entries, sharded ones included: their bytes are
     // ranges gathered anew at each commit.
     bool gathers() const { return is<si::PiecesKind>() || is<si::ShardKind>(); }
     // A direct entry's copy in the host file: buffers and pieces (sharded
     // ones too), which commits copy straight there from their own memory
     // (null for the other kinds).
-    si::HostCopy* host_copy() {
-      if (auto* b = as<si::BufferKind>()) return &b->held;
-      si::PiecesKind* p = pieces();
-      return p != nullptr ? &p->held : nullptr;
-    }
+    si::HostCopy* host_copy();
     const si::HostCopy* host_copy() const { return const_cast<Entry*>(this)->host_copy(); }
     // Whether the entry travels in sync()'s blob and the durable file (not
     // a sharded piece, nor their table).
     bool whole() const { return !is<si::ShardKind>() && !is<si::ShardTableKind>(); }
     // Its commit now worker memory only (not the host file's copy).
-    void drop_host_copy() {
-      if (si::HostCopy* h = host_copy()) *h = {};
-    }
+    void drop_host_copy();
     // save() into `committed`, which becomes the commit.
-    void save_committed() {
-      save(committed);
-      drop_host_copy();
-    }
+    void save_committed();
   };
   std::vector<Entry> entries;
   std::unordered_map<std::string, size_t> by_name;
